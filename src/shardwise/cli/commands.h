@@ -1,0 +1,28 @@
+#pragma once
+// The shardwise subcommands; each writes to `out` and returns the exit code. Bad input throws
+// shardwise::Error, which the caller prints as one line.
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace shardwise::cli {
+
+struct RulesOptions {
+  bool list_ops = false;
+};
+int cmd_rules(const RulesOptions& options, std::ostream& out);
+
+struct InferOptions {
+  std::string op, mesh, shapes, placements, dtypes, attrs;
+  std::string part = "forward";
+};
+int cmd_infer(const InferOptions& options, std::ostream& out);
+
+struct VerifyCliOptions {
+  std::vector<std::string> ops;
+  std::vector<std::string> meshes;
+  bool quiet = false;
+};
+int cmd_verify(const VerifyCliOptions& options, std::ostream& out);
+
+}  // namespace shardwise::cli

@@ -1,0 +1,12 @@
+#pragma once
+// One registration function per op family; builtin.cc calls each of them.
+#include "shardwise/ops/op.h"
+
+namespace shardwise::ops {
+
+void register_unary_ops(OpRegistry& registry);
+void register_binary_ops(OpRegistry& registry);
+void register_reduction_ops(OpRegistry& registry);
+void register_matmul_ops(OpRegistry& registry);
+
+}  // namespace shardwise::ops

@@ -1,0 +1,56 @@
+#include "shardwise/ops/op.h"
+
+#include <algorithm>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::ops {
+
+void OpRegistry::add(OpDef op) {
+  SW_CHECK(!op.name.empty(), "an op needs a name");
+  SW_CHECK(find(op.name) == nullptr, "op '{}' is registered twice", op.name);
+  SW_CHECK(op.infer && op.forward, "op '{}' needs shape inference and a kernel", op.name);
+  SW_CHECK(!op.rule.empty(), "op '{}' names no SPMD rule", op.name);
+  ops_.push_back(std::move(op));
+}
+
+const OpDef* OpRegistry::find(std::string_view name) const {
+  for (const OpDef& op : ops_) {
+    if (op.name == name) return &op;
+  }
+  return nullptr;
+}
+
+const OpDef& OpRegistry::get(std::string_view name) const {
+  if (const OpDef* op = find(name)) return *op;
+  std::vector<std::string_view> names;
+  for (const OpDef& op : ops_) names.push_back(op.name);
+  std::sort(names.begin(), names.end());
+  fail("unknown op '{}'; known ops: {}", name, fmt::join(names, ", "));
+}
+
+std::vector<const OpDef*> OpRegistry::all() const {
+  std::vector<const OpDef*> out;
+  for (const OpDef& op : ops_) out.push_back(&op);
+  std::sort(out.begin(), out.end(), [](const OpDef* a, const OpDef* b) {
+    return a->family != b->family ? a->family < b->family : a->name < b->name;
+  });
+  return out;
+}
+
+const OpRegistry& op_registry() {
+  static const OpRegistry registry = [] {
+    OpRegistry r;
+    register_builtin_ops(r);
+    return r;
+  }();
+  return registry;
+}
+
+std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs) {
+  SW_CHECK(static_cast<int>(inputs.size()) == op.num_inputs, "op '{}' takes {} inputs, got {}", op.name,
+           op.num_inputs, inputs.size());
+  return op.infer(inputs, attrs);
+}
+
+}  // namespace shardwise::ops

@@ -1,0 +1,84 @@
+#pragma once
+// The op registry: everything about an op in one entry — shape inference, reference CPU kernel,
+// analytic gradient kernel, the name of its SPMD rule, and the cases the numerical verifier runs.
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardwise/core/attrs.h"
+#include "shardwise/spmd/rule.h"
+#include "shardwise/tensor/tensor.h"
+
+namespace shardwise::ops {
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+// Output shapes and dtypes from input shapes and dtypes; Error on a mismatch, naming the op.
+using InferFn = std::function<std::vector<TensorMeta>(std::span<const TensorMeta> inputs, const Attrs&)>;
+// The CPU kernel: also the local kernel each rank runs on its shards.
+using KernelFn = std::function<std::vector<Tensor>(std::span<const Tensor> inputs, const Attrs&)>;
+// Analytic gradient: one tensor per forward input (undefined for an input that takes no
+// gradient, such as an integer index or a boolean condition).
+using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                                     std::span<const Tensor> out_grads, const Attrs&)>;
+
+// How the verifier draws an input's values.
+struct ValueGen {
+  enum class Kind {
+    Uniform,    // uniform real in [lo, hi) (integers: uniform integer in [lo, hi])
+    SmallInts,  // integers in [lo, hi] stored in the input dtype: ties are frequent (max/min ties)
+    Index,      // integers in [lo, hi] for index inputs
+  };
+  Kind kind = Kind::Uniform;
+  double lo = -2.0;
+  double hi = 2.0;
+};
+
+// One verification case: input shapes, dtypes, attributes and value generators (one per input;
+// a missing generator means Uniform[-2, 2)). Provide cases whose dims divide every test mesh
+// (use multiples of 12), dims that do not (5, 7), and a dim smaller than the mesh (1 or 2).
+struct VerifyCase {
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  Attrs attrs;
+  std::vector<ValueGen> values;
+};
+
+struct OpDef {
+  std::string name;
+  std::string family;
+  std::string rule;  // name in spmd::rules()
+  std::string summary;
+  int num_inputs = 1;  // fixed arity
+  int num_outputs = 1;
+  InferFn infer;
+  KernelFn forward;
+  BackwardFn backward;  // empty when the op has no gradient
+  std::vector<VerifyCase> cases;
+};
+
+class OpRegistry {
+ public:
+  void add(OpDef op);  // Error on duplicates or missing parts
+  const OpDef& get(std::string_view name) const;  // Error listing near names
+  const OpDef* find(std::string_view name) const;
+  std::vector<const OpDef*> all() const;  // sorted by family, then name
+  size_t size() const { return ops_.size(); }
+
+ private:
+  std::vector<OpDef> ops_;
+};
+
+// The built-in ops, registered once on first use by register_builtin_ops (ops/builtin.cc).
+const OpRegistry& op_registry();
+void register_builtin_ops(OpRegistry& registry);
+
+// Runs an op's shape inference after checking the input count; Error names the op.
+std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs);
+
+}  // namespace shardwise::ops

@@ -1,0 +1,13 @@
+// The one place where the built-in rule families are registered.
+#include "shardwise/spmd/rules/families.h"
+
+namespace shardwise::spmd {
+
+void register_builtin_rules(RuleRegistry& registry) {
+  register_unary_rules(registry);
+  register_binary_rules(registry);
+  register_reduction_rules(registry);
+  register_matmul_rules(registry);
+}
+
+}  // namespace shardwise::spmd

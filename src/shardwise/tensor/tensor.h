@@ -1,0 +1,93 @@
+#pragma once
+// A contiguous, row-major CPU tensor. Copies share storage (like a handle); clone() copies data.
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardwise/core/dtype.h"
+#include "shardwise/core/error.h"
+#include "shardwise/core/shape.h"
+
+namespace shardwise {
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+  Tensor(DType dtype, const Shape& shape);  // zero-filled
+
+  template <class T>
+  static Tensor from(const Shape& shape, std::span<const T> values) {
+    Tensor t(dtype_v<T>, shape);
+    SW_CHECK(static_cast<int64_t>(values.size()) == t.numel(),
+             "tensor of shape {} needs {} values, got {}", shape.to_string(), t.numel(), values.size());
+    std::copy(values.begin(), values.end(), t.data<T>());
+    return t;
+  }
+  template <class T>
+  static Tensor from(const Shape& shape, const std::vector<T>& values) {
+    return from<T>(shape, std::span<const T>(values));
+  }
+  template <class T>
+  static Tensor scalar(T value) {
+    return from<T>(Shape{}, std::vector<T>{value});
+  }
+  static Tensor full(DType dtype, const Shape& shape, double value);
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return shape_.ndim(); }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+
+  template <class T>
+  T* data() {
+    check_type(dtype_v<T>);
+    return reinterpret_cast<T*>(storage_.get());
+  }
+  template <class T>
+  const T* data() const {
+    check_type(dtype_v<T>);
+    return reinterpret_cast<const T*>(storage_.get());
+  }
+  std::byte* raw() { return storage_.get(); }
+  const std::byte* raw() const { return storage_.get(); }
+
+  // Slow element access through double, for tests and the verifier.
+  double at(int64_t flat_index) const;
+  void set_at(int64_t flat_index, double value);
+
+  Tensor clone() const;
+  Tensor to(DType dtype) const;  // converting copy (C++ conversion rules; bool is value != 0)
+  // Same data, new shape with the same element count (shares storage).
+  Tensor reshaped(const Shape& shape) const;
+
+  // Copy of the block [offsets, offsets + sizes) of this tensor.
+  Tensor slice(std::span<const int64_t> offsets, const Shape& sizes) const;
+  // Writes `block` into this tensor at `offsets`.
+  void paste(const Tensor& block, std::span<const int64_t> offsets);
+
+  std::string to_string(int max_elements = 16) const;
+
+ private:
+  void check_type(DType requested) const;
+
+  DType dtype_ = DType::F32;
+  Shape shape_;
+  int64_t numel_ = 0;
+  std::shared_ptr<std::byte[]> storage_;
+};
+
+// True when both have the same shape and dtype and every element is equal (NaN == NaN), bit for
+// bit for integers and within `atol + rtol * |expected|` for floats.
+struct CompareResult {
+  bool equal = true;
+  int64_t first_bad = -1;
+  double actual = 0, expected = 0, max_abs_diff = 0;
+  std::string message;  // filled when !equal
+};
+CompareResult compare(const Tensor& actual, const Tensor& expected, double rtol = 0, double atol = 0);
+
+}  // namespace shardwise

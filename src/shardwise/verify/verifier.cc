@@ -1,0 +1,375 @@
+#include "shardwise/verify/verifier.h"
+
+#include <algorithm>
+#include <map>
+
+#include "shardwise/spmd/rule.h"
+#include "shardwise/verify/sim_mesh.h"
+
+namespace shardwise::verify {
+
+using mesh::DistAttr;
+using mesh::Placement;
+using mesh::ProcessMesh;
+using mesh::ReduceOp;
+using spmd::SpmdResult;
+using spmd::TensorSpec;
+
+std::vector<ProcessMesh> default_meshes() {
+  return {ProcessMesh(Shape{2}), ProcessMesh(Shape{3}), ProcessMesh(Shape{2, 2}), ProcessMesh(Shape{2, 3})};
+}
+
+namespace {
+
+// Every placement one mesh dim can take for a tensor of rank `ndim` and this dtype. Partial sum
+// and avg make no sense for bool (there is no bool addition), so they are left out for bool.
+std::vector<Placement> placement_options(int ndim, DType dtype) {
+  std::vector<Placement> out = {Placement::replicate()};
+  for (int d = 0; d < ndim; ++d) out.push_back(Placement::shard(d));
+  if (dtype != DType::Bool) {
+    out.push_back(Placement::partial(ReduceOp::Sum));
+    out.push_back(Placement::partial(ReduceOp::Avg));
+  }
+  out.push_back(Placement::partial(ReduceOp::Max));
+  out.push_back(Placement::partial(ReduceOp::Min));
+  return out;
+}
+
+// Mixed-radix enumeration of one placement per (tensor, mesh dim).
+struct Enumerator {
+  std::vector<std::vector<Placement>> options;  // per tensor
+  int mesh_ndim = 0;
+  int64_t total = 1;
+
+  Enumerator(const std::vector<std::pair<int, DType>>& tensors, int mesh_ndim_) : mesh_ndim(mesh_ndim_) {
+    for (auto [ndim, dtype] : tensors) {
+      options.push_back(placement_options(ndim, dtype));
+      for (int m = 0; m < mesh_ndim; ++m) total *= static_cast<int64_t>(options.back().size());
+    }
+  }
+  std::vector<DistAttr> at(int64_t index) const {
+    std::vector<DistAttr> dists;
+    for (const auto& opts : options) {
+      DistAttr d(mesh_ndim);
+      for (int m = 0; m < mesh_ndim; ++m) {
+        auto k = static_cast<int64_t>(opts.size());
+        d.set(m, opts[static_cast<size_t>(index % k)]);
+        index /= k;
+      }
+      dists.push_back(d);
+    }
+    return dists;
+  }
+  // The indices to check: all of them, or an evenly spaced subset of `cap`.
+  std::vector<int64_t> indices(int64_t cap) const {
+    std::vector<int64_t> out;
+    if (total <= cap) {
+      for (int64_t i = 0; i < total; ++i) out.push_back(i);
+    } else {
+      for (int64_t i = 0; i < cap; ++i) out.push_back(static_cast<int64_t>((static_cast<__int128>(i) * total) / cap));
+    }
+    return out;
+  }
+};
+
+std::pair<double, double> tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::F64: return {1e-9, 1e-9};
+    case DType::F32: return {2e-4, 2e-5};
+    case DType::F16: case DType::BF16: return {3e-2, 3e-2};
+    default: return {0.0, 0.0};
+  }
+}
+
+std::string describe(const std::vector<TensorSpec>& specs) {
+  std::string out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (i) out += "; ";
+    out += fmt::format("{} {} [{}]", dtype_name(specs[i].dtype), specs[i].shape.to_string(), specs[i].dist.to_string());
+  }
+  return out;
+}
+
+std::string dist_list(const std::vector<DistAttr>& dists) {
+  std::string out;
+  for (size_t i = 0; i < dists.size(); ++i) out += (i ? "; [" : "[") + dists[i].to_string() + "]";
+  return out;
+}
+
+class OpVerifier {
+ public:
+  OpVerifier(const ops::OpDef& op, const spmd::Rule& rule, const VerifyOptions& options, Report& report)
+      : op_(op), rule_(rule), options_(options), report_(report) {}
+
+  void run() {
+    std::vector<ProcessMesh> meshes = options_.meshes.empty() ? default_meshes() : options_.meshes;
+    for (size_t mi = 0; mi < meshes.size(); ++mi) {
+      const ProcessMesh& mesh = meshes[mi];
+      Coverage row;
+      row.op = op_.name;
+      row.mesh = mesh.to_string();
+      for (size_t ci = 0; ci < op_.cases.size(); ++ci) run_case(mesh, ci, row);
+      report_.rows.push_back(row);
+    }
+  }
+
+ private:
+  struct CaseData {
+    std::vector<Tensor> inputs, outputs, out_grads, ref_grads;
+    std::vector<ops::TensorMeta> in_meta, out_meta;
+    const Attrs* attrs = nullptr;
+  };
+
+  void record(Coverage& row, const ProcessMesh& mesh, const char* part, const std::vector<TensorSpec>& specs,
+              std::string message) {
+    ++row.failures;
+    ++report_.total_failures;
+    if (recorded_ >= options_.max_failures_per_op) return;
+    ++recorded_;
+    report_.failures.push_back({op_.name, mesh.to_string(), part, describe(specs), std::move(message)});
+  }
+
+  void run_case(const ProcessMesh& mesh, size_t ci, Coverage& row) {
+    const ops::VerifyCase& vc = op_.cases[ci];
+    CaseData data;
+    data.attrs = &vc.attrs;
+    bool even_case = true;
+    for (size_t i = 0; i < vc.shapes.size(); ++i) {
+      DType dtype = i < vc.dtypes.size() ? vc.dtypes[i] : DType::F64;
+      ops::ValueGen gen = i < vc.values.size() ? vc.values[i] : ops::ValueGen{};
+      Philox rng(options_.seed, stream_id(op_.name) + ci * 131 + i);
+      data.inputs.push_back(random_tensor(vc.shapes[i], dtype, gen, rng));
+      data.in_meta.push_back({vc.shapes[i], dtype});
+      for (int d = 0; d < vc.shapes[i].ndim(); ++d) {
+        int64_t extent = vc.shapes[i][d];
+        // Even: every dim splits evenly however the mesh shards it (co-sharding included).
+        if (extent % mesh.size() != 0) even_case = false;
+        for (int m = 0; m < mesh.ndim(); ++m) {
+          if (extent % mesh.dim_size(m) != 0) row.uneven = true;
+          if (extent < mesh.dim_size(m)) row.empty_shards = true;
+        }
+      }
+    }
+    if (even_case) row.even = true;
+    try {
+      data.out_meta = ops::infer_checked(op_, data.in_meta, vc.attrs);
+      data.outputs = op_.forward(data.inputs, vc.attrs);
+    } catch (const Error& e) {
+      record(row, mesh, "forward", {}, fmt::format("case {}: the single-device op failed: {}", ci, e.what()));
+      return;
+    }
+    if (options_.forward) check_forward(mesh, data, row, ci);
+    if (options_.reverse) check_reverse(mesh, data, row, ci);
+    if (options_.grad && op_.backward) check_grad(mesh, data, row, ci);
+  }
+
+  std::vector<TensorSpec> specs_of(const std::vector<ops::TensorMeta>& metas, const std::vector<DistAttr>& dists,
+                                   size_t first = 0) {
+    std::vector<TensorSpec> out;
+    for (size_t i = 0; i < metas.size(); ++i) out.push_back({metas[i].shape, metas[i].dtype, dists[first + i]});
+    return out;
+  }
+
+  // Runs `kernel` on every rank's shards (cut from `globals` as `required` says) and compares
+  // each assembled output (laid out as `claimed` says) with `expected`. Returns "" on success.
+  template <class Kernel>
+  std::string run_sharded(const ProcessMesh& mesh, const std::vector<Tensor>& globals,
+                          const std::vector<DistAttr>& required, const std::vector<DistAttr>& claimed,
+                          const std::vector<Tensor>& expected, uint64_t stream, Kernel&& kernel) {
+    if (required.size() != globals.size() || claimed.size() != expected.size()) {
+      return fmt::format("the rule returned {} input and {} output distributions; the op has {} and {}",
+                         required.size(), claimed.size(), globals.size(), expected.size());
+    }
+    auto n = static_cast<size_t>(mesh.size());
+    std::vector<std::vector<Tensor>> local_in(n);
+    for (size_t i = 0; i < globals.size(); ++i) {
+      if (!globals[i].defined()) {
+        for (size_t r = 0; r < n; ++r) local_in[r].emplace_back();
+        continue;
+      }
+      std::string what = fmt::format("required input {}", i);
+      required[i].validate(globals[i].ndim(), mesh.ndim(), what);
+      std::vector<Tensor> parts = distribute(globals[i], required[i], mesh, Philox(options_.seed, stream * 7919 + i));
+      for (size_t r = 0; r < n; ++r) local_in[r].push_back(parts[r]);
+    }
+    std::vector<std::vector<Tensor>> local_out(n);
+    for (size_t r = 0; r < n; ++r) {
+      try {
+        local_out[r] = kernel(local_in[r]);
+      } catch (const Error& e) {
+        return fmt::format("the local kernel failed on rank {}: {}", r, e.what());
+      }
+      if (local_out[r].size() != expected.size()) {
+        return fmt::format("rank {} produced {} outputs, expected {}", r, local_out[r].size(), expected.size());
+      }
+    }
+    for (size_t o = 0; o < expected.size(); ++o) {
+      if (!expected[o].defined()) continue;
+      claimed[o].validate(expected[o].ndim(), mesh.ndim(), fmt::format("claimed output {}", o));
+      std::vector<Tensor> parts;
+      for (size_t r = 0; r < n; ++r) parts.push_back(local_out[r][o]);
+      std::string error;
+      Tensor got = assemble(parts, expected[o].shape(), expected[o].dtype(), claimed[o], mesh, error);
+      if (!got.defined()) return fmt::format("output {}: {}", o, error);
+      auto [rtol, atol] = tolerance(expected[o].dtype());
+      CompareResult cmp = compare(got, expected[o], rtol, atol);
+      if (!cmp.equal) return fmt::format("output {} under [{}] differs from the single-device result: {}", o,
+                                         claimed[o].to_string(), cmp.message);
+    }
+    return {};
+  }
+
+  void check(const ProcessMesh& mesh, Coverage& row, const char* part, const std::vector<TensorSpec>& specs,
+             const std::function<SpmdResult()>& ask, const std::vector<Tensor>& globals,
+             const std::vector<Tensor>& expected, uint64_t stream,
+             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& kernel) {
+    SpmdResult result;
+    try {
+      result = ask();
+    } catch (const Error& e) {
+      record(row, mesh, part, specs, fmt::format("the rule threw on valid input: {}", e.what()));
+      return;
+    }
+    std::string error;
+    try {
+      error = run_sharded(mesh, globals, result.inputs, result.outputs, expected, stream, kernel);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (!error.empty()) {
+      record(row, mesh, part, specs,
+             fmt::format("rule requires {} and claims {}: {}", dist_list(result.inputs), dist_list(result.outputs), error));
+    }
+  }
+
+  void check_forward(const ProcessMesh& mesh, const CaseData& data, Coverage& row, size_t ci) {
+    std::vector<std::pair<int, DType>> shape_types;
+    for (const auto& m : data.in_meta) shape_types.emplace_back(m.shape.ndim(), m.dtype);
+    Enumerator en(shape_types, mesh.ndim());
+    auto kernel = [&](const std::vector<Tensor>& in) { return op_.forward(in, *data.attrs); };
+    for (int64_t idx : en.indices(INT64_MAX)) {
+      std::vector<TensorSpec> specs = specs_of(data.in_meta, en.at(idx));
+      check(mesh, row, "forward", specs, [&] { return rule_.forward(mesh, specs, *data.attrs); }, data.inputs,
+            data.outputs, static_cast<uint64_t>(idx) * 31 + ci, kernel);
+      ++row.forward;
+    }
+  }
+
+  void check_reverse(const ProcessMesh& mesh, const CaseData& data, Coverage& row, size_t ci) {
+    std::vector<std::pair<int, DType>> shape_types;
+    for (const auto& m : data.out_meta) shape_types.emplace_back(m.shape.ndim(), m.dtype);
+    Enumerator en(shape_types, mesh.ndim());
+    std::vector<DistAttr> replicated(data.in_meta.size(), DistAttr(mesh.ndim()));
+    std::vector<TensorSpec> in_specs = specs_of(data.in_meta, replicated);
+    auto kernel = [&](const std::vector<Tensor>& in) { return op_.forward(in, *data.attrs); };
+    for (int64_t idx : en.indices(options_.max_combinations)) {
+      std::vector<TensorSpec> out_specs = specs_of(data.out_meta, en.at(idx));
+      check(mesh, row, "reverse", out_specs, [&] { return rule_.reverse(mesh, in_specs, out_specs, *data.attrs); },
+            data.inputs, data.outputs, static_cast<uint64_t>(idx) * 37 + ci, kernel);
+      ++row.reverse;
+    }
+  }
+
+  void check_grad(const ProcessMesh& mesh, const CaseData& data, Coverage& row, size_t ci) {
+    // Global output grads and the single-device gradient.
+    std::vector<Tensor> out_grads;
+    for (size_t o = 0; o < data.outputs.size(); ++o) {
+      Philox rng(options_.seed ^ 0xD1B54A32D192ED03ull, stream_id(op_.name) + ci * 131 + o);
+      out_grads.push_back(random_tensor(data.out_meta[o].shape, data.out_meta[o].dtype, {}, rng));
+    }
+    std::vector<Tensor> ref;
+    try {
+      ref = op_.backward(data.inputs, data.outputs, out_grads, *data.attrs);
+    } catch (const Error& e) {
+      record(row, mesh, "grad", {}, fmt::format("case {}: the single-device gradient failed: {}", ci, e.what()));
+      return;
+    }
+    size_t nin = data.inputs.size(), nout = data.outputs.size();
+    // Enumerate the forward inputs' placements and the output grads' placements; the forward
+    // outputs take what the forward rule gives for those inputs.
+    std::vector<std::pair<int, DType>> shape_types;
+    for (const auto& m : data.in_meta) shape_types.emplace_back(m.shape.ndim(), m.dtype);
+    for (const auto& m : data.out_meta) shape_types.emplace_back(m.shape.ndim(), m.dtype);
+    Enumerator en(shape_types, mesh.ndim());
+    std::vector<Tensor> globals = data.inputs;
+    globals.insert(globals.end(), data.outputs.begin(), data.outputs.end());
+    globals.insert(globals.end(), out_grads.begin(), out_grads.end());
+    auto kernel = [&](const std::vector<Tensor>& in) {
+      std::span<const Tensor> all(in);
+      return op_.backward(all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout, nout), *data.attrs);
+    };
+    for (int64_t idx : en.indices(options_.max_combinations)) {
+      std::vector<DistAttr> dists = en.at(idx);
+      std::vector<TensorSpec> in_specs = specs_of(data.in_meta, dists);
+      std::vector<TensorSpec> specs = in_specs;
+      SpmdResult fwd;
+      try {
+        fwd = rule_.forward(mesh, in_specs, *data.attrs);
+      } catch (const Error& e) {
+        record(row, mesh, "grad", in_specs, fmt::format("the forward rule threw on valid input: {}", e.what()));
+        continue;
+      }
+      std::vector<TensorSpec> out_specs = specs_of(data.out_meta, fwd.outputs);
+      std::vector<TensorSpec> grad_specs = specs_of(data.out_meta, dists, nin);
+      specs.insert(specs.end(), out_specs.begin(), out_specs.end());
+      specs.insert(specs.end(), grad_specs.begin(), grad_specs.end());
+      check(mesh, row, "grad", specs, [&] { return rule_.grad(mesh, specs, *data.attrs); }, globals, ref,
+            static_cast<uint64_t>(idx) * 41 + ci, kernel);
+      ++row.grad;
+    }
+  }
+
+  const ops::OpDef& op_;
+  const spmd::Rule& rule_;
+  const VerifyOptions& options_;
+  Report& report_;
+  int recorded_ = 0;
+};
+
+}  // namespace
+
+Report verify_op(const ops::OpDef& op, const VerifyOptions& options, const spmd::Rule* rule) {
+  Report report;
+  const spmd::Rule& r = rule ? *rule : spmd::rules().get(op.rule);
+  OpVerifier(op, r, options, report).run();
+  return report;
+}
+
+Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& options) {
+  Report report;
+  std::vector<const ops::OpDef*> selected;
+  if (names.empty()) {
+    selected = ops::op_registry().all();
+  } else {
+    for (const auto& n : names) selected.push_back(&ops::op_registry().get(n));
+  }
+  for (const ops::OpDef* op : selected) {
+    Report one = verify_op(*op, options);
+    report.rows.insert(report.rows.end(), one.rows.begin(), one.rows.end());
+    report.failures.insert(report.failures.end(), one.failures.begin(), one.failures.end());
+    report.total_failures += one.total_failures;
+  }
+  return report;
+}
+
+std::string Report::table() const {
+  std::string out = fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9}  {:<5} {:<6} {:<5} {:>8}\n", "op", "mesh", "forward",
+                                "grad", "reverse", "even", "uneven", "empty", "failures");
+  int64_t f = 0, g = 0, r = 0;
+  for (const Coverage& c : rows) {
+    out += fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9}  {:<5} {:<6} {:<5} {:>8}\n", c.op, c.mesh, c.forward, c.grad,
+                       c.reverse, c.even ? "yes" : "no", c.uneven ? "yes" : "no", c.empty_shards ? "yes" : "no",
+                       c.failures);
+    f += c.forward;
+    g += c.grad;
+    r += c.reverse;
+  }
+  out += fmt::format("total: {} forward, {} grad, {} reverse placement combinations checked; {} failures\n", f, g, r,
+                     total_failures);
+  for (const Failure& fl : failures) {
+    out += fmt::format("FAIL {} on {} ({}): inputs {}: {}\n", fl.op, fl.mesh, fl.part, fl.inputs, fl.message);
+  }
+  return out;
+}
+
+}  // namespace shardwise::verify

@@ -1,0 +1,64 @@
+#pragma once
+// The numerical verifier: proves each SPMD rule right by running the op on simulated ranks.
+//
+// For each op, each mesh and each verification case, every combination of input placements is
+// enumerated (each mesh dim: Replicate, Shard(every dim), Partial(sum|avg|max|min)). For each:
+//  1. the rule is asked for the required input and the claimed output distributions;
+//  2. random global inputs are cut into the required shards; a Partial input is split into
+//     unequal random parts that reduce to the global value;
+//  3. the op's kernel runs on every simulated rank;
+//  4. the global output is rebuilt from the claimed distributions (shards pasted, partials
+//     reduced, replicas checked to be identical) and compared with the single-device kernel.
+// The gradient rule is checked the same way against the single-device gradient kernel, and the
+// reverse rule by running the op on the layout it returns.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardwise/mesh/process_mesh.h"
+#include "shardwise/ops/op.h"
+
+namespace shardwise::verify {
+
+struct VerifyOptions {
+  std::vector<mesh::ProcessMesh> meshes;  // empty: [2], [3], [2,2], [2,3]
+  bool forward = true;
+  bool grad = true;
+  bool reverse = true;
+  // Gradient and reverse checks enumerate (inputs x output grads) / output placements; above
+  // this many combinations per case they take an evenly spaced deterministic subset.
+  int64_t max_combinations = 20000;
+  uint64_t seed = 20261122;
+  int max_failures_per_op = 5;  // stop recording (not checking) after this many
+};
+
+struct Failure {
+  std::string op, mesh, part;  // part: forward | grad | reverse
+  std::string inputs;          // shapes, dtypes and given distributions
+  std::string message;
+};
+
+struct Coverage {
+  std::string op, mesh;
+  int64_t forward = 0, grad = 0, reverse = 0;  // combinations checked
+  bool even = false, uneven = false, empty_shards = false;
+  int64_t failures = 0;
+};
+
+struct Report {
+  std::vector<Coverage> rows;
+  std::vector<Failure> failures;
+  int64_t total_failures = 0;
+  std::string table() const;  // op x mesh x cases checked, with even/uneven/empty columns
+  bool ok() const { return total_failures == 0; }
+};
+
+std::vector<mesh::ProcessMesh> default_meshes();
+
+// Verifies one op against the rule it names (or against `rule` when given: used to show that a
+// wrong rule is caught).
+Report verify_op(const ops::OpDef& op, const VerifyOptions& options = {}, const spmd::Rule* rule = nullptr);
+// Verifies every registered op whose name is in `names` (all ops when empty).
+Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& options = {});
+
+}  // namespace shardwise::verify
