@@ -30,7 +30,10 @@ build: deps $(BUILD)/build.ninja
 
 # Release build with assertions on; every GoogleTest test through ctest.
 test: build
+	@rm -rf $(BUILD)/tests/verify_coverage
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1200
+	@echo; echo "== verifier coverage (op x mesh x placement combinations checked)"
+	@cat $(BUILD)/tests/verify_coverage/*.txt 2>/dev/null | awk 'NR == 1 || !/^op /' | grep -v '^total:' || true
 
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: deps

@@ -10,16 +10,35 @@ RuleCall make(const std::string& label, const std::string& op, std::vector<std::
   return c;
 }
 
+// The gradient rule call for the same op: forward outputs take the forward rule's placements and
+// the output grads the same placements.
+RuleCall grad_of(RuleCall c, const std::string& op) {
+  std::vector<ops::TensorMeta> metas;
+  for (auto& in : c.inputs) metas.push_back({in.shape, in.dtype});
+  auto outs = ops::infer_checked(ops::op_registry().get(op), metas, c.attrs);
+  spmd::SpmdResult fwd = c.call();
+  for (int twice = 0; twice < 2; ++twice) {
+    for (size_t i = 0; i < outs.size(); ++i) c.inputs.push_back({outs[i].shape, outs[i].dtype, fwd.outputs[i]});
+  }
+  c.label = "grad " + c.label;
+  c.grad = true;
+  return c;
+}
+
 }  // namespace
 
 std::vector<RuleCall> rule_calls() {
-  return {
-      make("unary gelu [S(0),P(sum)]", "gelu", {{Shape{1024, 4096}, "S(0),P(sum)"}}),
-      make("binary add broadcast [S(0),S(1)]+[R,S(0)]", "add", {{Shape{8, 1024, 4096}, "S(0),S(2)"}, {Shape{4096}, "R,S(0)"}}),
-      make("reduction sum axis=[1] [S(0),S(1)]", "sum", {{Shape{1024, 4096}, "S(0),S(1)"}}, Attrs{{"axis", std::vector<int64_t>{1}}}),
-      make("matmul column-parallel [S(0),R]x[R,S(1)]", "matmul", {{Shape{8, 1024, 4096}, "S(0),R"}, {Shape{4096, 16384}, "R,S(1)"}}),
-      make("matmul row-parallel [S(0),S(2)]x[R,S(0)]", "matmul", {{Shape{8, 1024, 16384}, "S(0),S(2)"}, {Shape{16384, 4096}, "R,S(0)"}}),
-  };
+  RuleCall gelu = make("unary gelu [S(0),P(sum)]", "gelu", {{Shape{1024, 4096}, "S(0),P(sum)"}});
+  RuleCall add = make("binary add broadcast [S(0),S(2)]+[R,S(0)]", "add",
+                      {{Shape{8, 1024, 4096}, "S(0),S(2)"}, {Shape{4096}, "R,S(0)"}});
+  RuleCall sum = make("reduction sum axis=[1] [S(0),S(1)]", "sum", {{Shape{1024, 4096}, "S(0),S(1)"}},
+                      Attrs{{"axis", std::vector<int64_t>{1}}});
+  RuleCall col = make("matmul column-parallel [S(0),R]x[R,S(1)]", "matmul",
+                      {{Shape{8, 1024, 4096}, "S(0),R"}, {Shape{4096, 16384}, "R,S(1)"}});
+  RuleCall row = make("matmul row-parallel [S(0),S(2)]x[R,S(0)]", "matmul",
+                      {{Shape{8, 1024, 16384}, "S(0),S(2)"}, {Shape{16384, 4096}, "R,S(0)"}});
+  return {gelu, add, sum, col, row, grad_of(gelu, "gelu"), grad_of(add, "add"), grad_of(sum, "sum"),
+          grad_of(row, "matmul")};
 }
 
 }  // namespace shardwise::bench

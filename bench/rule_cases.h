@@ -13,7 +13,10 @@ struct RuleCall {
   mesh::ProcessMesh mesh;
   std::vector<spmd::TensorSpec> inputs;
   Attrs attrs;
-  spmd::SpmdResult call() const { return rule->forward(mesh, inputs, attrs); }
+  bool grad = false;  // call the gradient rule (inputs = x.., out.., dout..) instead of forward
+  spmd::SpmdResult call() const {
+    return grad ? rule->grad(mesh, inputs, attrs) : rule->forward(mesh, inputs, attrs);
+  }
 };
 
 std::vector<RuleCall> rule_calls();

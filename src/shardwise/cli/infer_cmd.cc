@@ -58,8 +58,8 @@ int cmd_infer(const InferOptions& o, std::ostream& out) {
   const spmd::Rule& rule = spmd::rules().get(op.rule);
   mesh::ProcessMesh mesh = mesh::parse_mesh(o.mesh);
   std::vector<Shape> shapes = parse_shapes(o.shapes);
-  SW_CHECK(static_cast<int>(shapes.size()) == op.num_inputs, "op '{}' takes {} inputs but --shapes gives {}", op.name,
-           op.num_inputs, shapes.size());
+  SW_CHECK(op.num_inputs < 0 || static_cast<int>(shapes.size()) == op.num_inputs,
+           "op '{}' takes {} inputs but --shapes gives {}", op.name, op.num_inputs, shapes.size());
   std::vector<ops::TensorMeta> in_meta;
   std::vector<std::string> dtypes = o.dtypes.empty() ? std::vector<std::string>{} : split(o.dtypes, ',');
   SW_CHECK(dtypes.empty() || dtypes.size() == shapes.size(), "--dtypes gives {} dtypes for {} inputs", dtypes.size(),

@@ -146,6 +146,15 @@ void DistAttr::validate(int tensor_ndim, int mesh_ndim, std::string_view what) c
   }
 }
 
+bool DistAttr::is_valid(int tensor_ndim, int mesh_ndim) const {
+  if (ndim_ != mesh_ndim) return false;
+  for (int m = 0; m < ndim_; ++m) {
+    const Placement& p = placements_[static_cast<size_t>(m)];
+    if (p.is_shard() && (p.dim < 0 || p.dim >= tensor_ndim)) return false;
+  }
+  return true;
+}
+
 std::vector<int64_t> DistAttr::dims_mapping(int tensor_ndim) const {
   std::vector<int64_t> out(static_cast<size_t>(tensor_ndim), -1);
   for (int d = 0; d < tensor_ndim; ++d) {

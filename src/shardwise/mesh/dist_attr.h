@@ -74,6 +74,7 @@ class DistAttr {
   // Error unless every Shard names a dim of a tensor of rank `tensor_ndim` and the mesh has
   // `mesh_ndim` dims; `what` names the tensor in the message.
   void validate(int tensor_ndim, int mesh_ndim, std::string_view what = "tensor") const;
+  bool is_valid(int tensor_ndim, int mesh_ndim) const;
 
   // PaddlePaddle's view: dims_mapping[tensor dim] = mesh dim sharding it or -1, plus the partial
   // status {mesh dim: reduce op}. A co-sharded dim cannot be expressed: Error.

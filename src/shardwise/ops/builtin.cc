@@ -8,6 +8,10 @@ void register_builtin_ops(OpRegistry& registry) {
   register_binary_ops(registry);
   register_reduction_ops(registry);
   register_matmul_ops(registry);
+  register_shape_ops(registry);
+  register_norm_ops(registry);
+  register_softmax_ops(registry);
+  register_index_ops(registry);
 }
 
 }  // namespace shardwise::ops

@@ -8,5 +8,9 @@ void register_unary_ops(OpRegistry& registry);
 void register_binary_ops(OpRegistry& registry);
 void register_reduction_ops(OpRegistry& registry);
 void register_matmul_ops(OpRegistry& registry);
+void register_shape_ops(OpRegistry& registry);
+void register_norm_ops(OpRegistry& registry);
+void register_softmax_ops(OpRegistry& registry);
+void register_index_ops(OpRegistry& registry);
 
 }  // namespace shardwise::ops

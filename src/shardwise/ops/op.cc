@@ -48,9 +48,16 @@ const OpRegistry& op_registry() {
 }
 
 std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs) {
-  SW_CHECK(static_cast<int>(inputs.size()) == op.num_inputs, "op '{}' takes {} inputs, got {}", op.name,
-           op.num_inputs, inputs.size());
-  return op.infer(inputs, attrs);
+  if (op.num_inputs < 0) {
+    SW_CHECK(!inputs.empty(), "op '{}' takes at least one input", op.name);
+  } else {
+    SW_CHECK(static_cast<int>(inputs.size()) == op.num_inputs, "op '{}' takes {} inputs, got {}", op.name,
+             op.num_inputs, inputs.size());
+  }
+  std::vector<TensorMeta> outputs = op.infer(inputs, attrs);
+  SW_CHECK(op.num_outputs < 0 || static_cast<int>(outputs.size()) == op.num_outputs,
+           "op '{}' inferred {} outputs, but it declares {}", op.name, outputs.size(), op.num_outputs);
+  return outputs;
 }
 
 }  // namespace shardwise::ops

@@ -54,8 +54,8 @@ struct OpDef {
   std::string family;
   std::string rule;  // name in spmd::rules()
   std::string summary;
-  int num_inputs = 1;  // fixed arity
-  int num_outputs = 1;
+  int num_inputs = 1;   // fixed arity, or -1: any number >= 1 (concat, stack, index_put)
+  int num_outputs = 1;  // fixed, or -1: as many as shape inference returns (split)
   InferFn infer;
   KernelFn forward;
   BackwardFn backward;  // empty when the op has no gradient

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <unordered_map>
 
 #include "shardwise/spmd/rule.h"
 #include "shardwise/verify/sim_mesh.h"
@@ -96,6 +98,20 @@ std::string dist_list(const std::vector<DistAttr>& dists) {
   return out;
 }
 
+struct LocalRun {
+  std::string error;                         // set when the local kernels could not run
+  std::vector<std::vector<Tensor>> outputs;  // per rank
+};
+
+std::string layout_key(const char* part, const std::vector<DistAttr>& dists) {
+  std::string key = part;
+  for (const DistAttr& d : dists) {
+    key += '|';
+    key += d.to_string();
+  }
+  return key;
+}
+
 class OpVerifier {
  public:
   OpVerifier(const ops::OpDef& op, const spmd::Rule& rule, const VerifyOptions& options, Report& report)
@@ -158,9 +174,12 @@ class OpVerifier {
       record(row, mesh, "forward", {}, fmt::format("case {}: the single-device op failed: {}", ci, e.what()));
       return;
     }
+    runs_.clear();
+    verdicts_.clear();
     if (options_.forward) check_forward(mesh, data, row, ci);
     if (options_.reverse) check_reverse(mesh, data, row, ci);
     if (options_.grad && op_.backward) check_grad(mesh, data, row, ci);
+    row.layouts += static_cast<int64_t>(verdicts_.size());
   }
 
   std::vector<TensorSpec> specs_of(const std::vector<ops::TensorMeta>& metas, const std::vector<DistAttr>& dists,
@@ -173,55 +192,86 @@ class OpVerifier {
   // Runs `kernel` on every rank's shards (cut from `globals` as `required` says) and compares
   // each assembled output (laid out as `claimed` says) with `expected`. Returns "" on success.
   template <class Kernel>
-  std::string run_sharded(const ProcessMesh& mesh, const std::vector<Tensor>& globals,
+  std::string run_sharded(const ProcessMesh& mesh, const char* part, const std::vector<Tensor>& globals,
                           const std::vector<DistAttr>& required, const std::vector<DistAttr>& claimed,
-                          const std::vector<Tensor>& expected, uint64_t stream, Kernel&& kernel) {
+                          const std::vector<Tensor>& expected, Kernel&& kernel) {
     if (required.size() != globals.size() || claimed.size() != expected.size()) {
       return fmt::format("the rule returned {} input and {} output distributions; the op has {} and {}",
                          required.size(), claimed.size(), globals.size(), expected.size());
     }
+    std::string run_key = layout_key(part, required);
+    std::string verdict_key = run_key + "->" + layout_key("", claimed);
+    if (auto it = verdicts_.find(verdict_key); it != verdicts_.end()) return it->second;
+    std::shared_ptr<LocalRun>& run = runs_[run_key];
+    if (!run) run = run_locally(mesh, globals, required, expected.size(), kernel);
+    std::string verdict = run->error.empty() ? compare_outputs(mesh, *run, claimed, expected) : run->error;
+    verdicts_.emplace(std::move(verdict_key), verdict);
+    return verdict;
+  }
+
+  template <class Kernel>
+  std::shared_ptr<LocalRun> run_locally(const ProcessMesh& mesh, const std::vector<Tensor>& globals,
+                                        const std::vector<DistAttr>& required, size_t num_outputs, Kernel&& kernel) {
+    auto run = std::make_shared<LocalRun>();
     auto n = static_cast<size_t>(mesh.size());
     std::vector<std::vector<Tensor>> local_in(n);
-    for (size_t i = 0; i < globals.size(); ++i) {
-      if (!globals[i].defined()) {
-        for (size_t r = 0; r < n; ++r) local_in[r].emplace_back();
-        continue;
+    try {
+      for (size_t i = 0; i < globals.size(); ++i) {
+        if (!globals[i].defined()) {
+          for (size_t r = 0; r < n; ++r) local_in[r].emplace_back();
+          continue;
+        }
+        required[i].validate(globals[i].ndim(), mesh.ndim(), fmt::format("required input {}", i));
+        std::vector<Tensor> parts = distribute(globals[i], required[i], mesh, Philox(options_.seed, 7919 + i));
+        for (size_t r = 0; r < n; ++r) local_in[r].push_back(parts[r]);
       }
-      std::string what = fmt::format("required input {}", i);
-      required[i].validate(globals[i].ndim(), mesh.ndim(), what);
-      std::vector<Tensor> parts = distribute(globals[i], required[i], mesh, Philox(options_.seed, stream * 7919 + i));
-      for (size_t r = 0; r < n; ++r) local_in[r].push_back(parts[r]);
+    } catch (const Error& e) {
+      run->error = e.what();
+      return run;
     }
-    std::vector<std::vector<Tensor>> local_out(n);
+    run->outputs.resize(n);
     for (size_t r = 0; r < n; ++r) {
       try {
-        local_out[r] = kernel(local_in[r]);
+        run->outputs[r] = kernel(local_in[r]);
       } catch (const Error& e) {
-        return fmt::format("the local kernel failed on rank {}: {}", r, e.what());
+        run->error = fmt::format("the local kernel failed on rank {}: {}", r, e.what());
+        return run;
       }
-      if (local_out[r].size() != expected.size()) {
-        return fmt::format("rank {} produced {} outputs, expected {}", r, local_out[r].size(), expected.size());
+      if (run->outputs[r].size() != num_outputs) {
+        run->error = fmt::format("rank {} produced {} outputs, expected {}", r, run->outputs[r].size(), num_outputs);
+        return run;
       }
     }
+    return run;
+  }
+
+  std::string compare_outputs(const ProcessMesh& mesh, const LocalRun& run, const std::vector<DistAttr>& claimed,
+                              const std::vector<Tensor>& expected) {
     for (size_t o = 0; o < expected.size(); ++o) {
       if (!expected[o].defined()) continue;
-      claimed[o].validate(expected[o].ndim(), mesh.ndim(), fmt::format("claimed output {}", o));
+      try {
+        claimed[o].validate(expected[o].ndim(), mesh.ndim(), fmt::format("claimed output {}", o));
+      } catch (const Error& e) {
+        return e.what();
+      }
       std::vector<Tensor> parts;
-      for (size_t r = 0; r < n; ++r) parts.push_back(local_out[r][o]);
+      for (const auto& rank_outputs : run.outputs) parts.push_back(rank_outputs[o]);
       std::string error;
       Tensor got = assemble(parts, expected[o].shape(), expected[o].dtype(), claimed[o], mesh, error);
       if (!got.defined()) return fmt::format("output {}: {}", o, error);
       auto [rtol, atol] = tolerance(expected[o].dtype());
       CompareResult cmp = compare(got, expected[o], rtol, atol);
-      if (!cmp.equal) return fmt::format("output {} under [{}] differs from the single-device result: {}", o,
-                                         claimed[o].to_string(), cmp.message);
+      if (!cmp.equal) {
+        return fmt::format("output {} under [{}] differs from the single-device result: {}", o, claimed[o].to_string(),
+                           cmp.message);
+      }
     }
     return {};
   }
 
   void check(const ProcessMesh& mesh, Coverage& row, const char* part, const std::vector<TensorSpec>& specs,
              const std::function<SpmdResult()>& ask, const std::vector<Tensor>& globals,
-             const std::vector<Tensor>& expected, uint64_t stream,
+             const std::vector<Tensor>& expected,
              const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& kernel) {
     SpmdResult result;
     try {
@@ -232,7 +282,7 @@ class OpVerifier {
     }
     std::string error;
     try {
-      error = run_sharded(mesh, globals, result.inputs, result.outputs, expected, stream, kernel);
+      error = run_sharded(mesh, part, globals, result.inputs, result.outputs, expected, kernel);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -247,10 +297,10 @@ class OpVerifier {
     for (const auto& m : data.in_meta) shape_types.emplace_back(m.shape.ndim(), m.dtype);
     Enumerator en(shape_types, mesh.ndim());
     auto kernel = [&](const std::vector<Tensor>& in) { return op_.forward(in, *data.attrs); };
-    for (int64_t idx : en.indices(INT64_MAX)) {
+    for (int64_t idx : en.indices(options_.max_forward_combinations)) {
       std::vector<TensorSpec> specs = specs_of(data.in_meta, en.at(idx));
       check(mesh, row, "forward", specs, [&] { return rule_.forward(mesh, specs, *data.attrs); }, data.inputs,
-            data.outputs, static_cast<uint64_t>(idx) * 31 + ci, kernel);
+            data.outputs, kernel);
       ++row.forward;
     }
   }
@@ -265,7 +315,7 @@ class OpVerifier {
     for (int64_t idx : en.indices(options_.max_combinations)) {
       std::vector<TensorSpec> out_specs = specs_of(data.out_meta, en.at(idx));
       check(mesh, row, "reverse", out_specs, [&] { return rule_.reverse(mesh, in_specs, out_specs, *data.attrs); },
-            data.inputs, data.outputs, static_cast<uint64_t>(idx) * 37 + ci, kernel);
+            data.inputs, data.outputs, kernel);
       ++row.reverse;
     }
   }
@@ -313,8 +363,7 @@ class OpVerifier {
       std::vector<TensorSpec> grad_specs = specs_of(data.out_meta, dists, nin);
       specs.insert(specs.end(), out_specs.begin(), out_specs.end());
       specs.insert(specs.end(), grad_specs.begin(), grad_specs.end());
-      check(mesh, row, "grad", specs, [&] { return rule_.grad(mesh, specs, *data.attrs); }, globals, ref,
-            static_cast<uint64_t>(idx) * 41 + ci, kernel);
+      check(mesh, row, "grad", specs, [&] { return rule_.grad(mesh, specs, *data.attrs); }, globals, ref, kernel);
       ++row.grad;
     }
   }
@@ -324,6 +373,11 @@ class OpVerifier {
   const VerifyOptions& options_;
   Report& report_;
   int recorded_ = 0;
+  // Per case and part: the local outputs for each distinct required-input layout, and the
+  // verdict for each distinct (required, claimed) pair. Every combination still asks the rule;
+  // each distinct answer is run and compared once.
+  std::unordered_map<std::string, std::shared_ptr<LocalRun>> runs_;
+  std::unordered_map<std::string, std::string> verdicts_;
 };
 
 }  // namespace
@@ -353,13 +407,13 @@ Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& op
 }
 
 std::string Report::table() const {
-  std::string out = fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9}  {:<5} {:<6} {:<5} {:>8}\n", "op", "mesh", "forward",
-                                "grad", "reverse", "even", "uneven", "empty", "failures");
+  std::string out = fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9} {:>8}  {:<5} {:<6} {:<5} {:>8}\n", "op", "mesh",
+                                "forward", "grad", "reverse", "layouts", "even", "uneven", "empty", "failures");
   int64_t f = 0, g = 0, r = 0;
   for (const Coverage& c : rows) {
-    out += fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9}  {:<5} {:<6} {:<5} {:>8}\n", c.op, c.mesh, c.forward, c.grad,
-                       c.reverse, c.even ? "yes" : "no", c.uneven ? "yes" : "no", c.empty_shards ? "yes" : "no",
-                       c.failures);
+    out += fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9} {:>8}  {:<5} {:<6} {:<5} {:>8}\n", c.op, c.mesh, c.forward,
+                       c.grad, c.reverse, c.layouts, c.even ? "yes" : "no", c.uneven ? "yes" : "no",
+                       c.empty_shards ? "yes" : "no", c.failures);
     f += c.forward;
     g += c.grad;
     r += c.reverse;

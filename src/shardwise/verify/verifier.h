@@ -25,8 +25,10 @@ struct VerifyOptions {
   bool forward = true;
   bool grad = true;
   bool reverse = true;
-  // Gradient and reverse checks enumerate (inputs x output grads) / output placements; above
-  // this many combinations per case they take an evenly spaced deterministic subset.
+  // Forward checks take every combination of input placements up to max_forward_combinations
+  // per case; gradient checks enumerate (inputs x output grads) and reverse checks the outputs'
+  // placements up to max_combinations. Above a cap, an evenly spaced deterministic subset.
+  int64_t max_forward_combinations = 200000;
   int64_t max_combinations = 20000;
   uint64_t seed = 20261122;
   int max_failures_per_op = 5;  // stop recording (not checking) after this many
@@ -40,7 +42,8 @@ struct Failure {
 
 struct Coverage {
   std::string op, mesh;
-  int64_t forward = 0, grad = 0, reverse = 0;  // combinations checked
+  int64_t forward = 0, grad = 0, reverse = 0;  // placement combinations whose rule answer was checked
+  int64_t layouts = 0;  // distinct (required inputs, claimed outputs) answers run on the simulated mesh
   bool even = false, uneven = false, empty_shards = false;
   int64_t failures = 0;
 };

@@ -8,6 +8,10 @@ void register_builtin_rules(RuleRegistry& registry) {
   register_binary_rules(registry);
   register_reduction_rules(registry);
   register_matmul_rules(registry);
+  register_shape_rules(registry);
+  register_norm_rules(registry);
+  register_softmax_rules(registry);
+  register_index_rules(registry);
 }
 
 }  // namespace shardwise::spmd

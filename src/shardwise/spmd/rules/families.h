@@ -8,5 +8,9 @@ void register_unary_rules(RuleRegistry& registry);
 void register_binary_rules(RuleRegistry& registry);
 void register_reduction_rules(RuleRegistry& registry);
 void register_matmul_rules(RuleRegistry& registry);
+void register_shape_rules(RuleRegistry& registry);
+void register_norm_rules(RuleRegistry& registry);
+void register_softmax_rules(RuleRegistry& registry);
+void register_index_rules(RuleRegistry& registry);
 
 }  // namespace shardwise::spmd

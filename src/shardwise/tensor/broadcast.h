@@ -1,0 +1,71 @@
+#pragma once
+// NumPy broadcasting: shape rules, a strided N-d walk over a broadcast result, and the reduction
+// of a broadcast gradient back to an input's shape.
+//
+// Shapes are aligned to the right; two extents are compatible when equal or when one is 1 (it is
+// repeated along that dim). A missing leading dim counts as 1.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "shardwise/core/shape.h"
+#include "shardwise/tensor/tensor.h"
+
+namespace shardwise {
+
+// The broadcast shape of the operands; Error naming every shape and the clashing dim otherwise.
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+Shape broadcast_shapes(const Shape& a, const Shape& b, const Shape& c);
+
+// True when `from` broadcasts to exactly `to` (every dim of `from` is 1 or equal, rank <= to's).
+bool broadcasts_to(const Shape& from, const Shape& to);
+
+// Element strides of a contiguous tensor of shape `in` read as shape `out` (right-aligned):
+// 0 on broadcast dims (and on leading dims `in` lacks). `in` must broadcast to `out`.
+std::array<int64_t, kMaxDims> broadcast_strides(const Shape& in, const Shape& out);
+
+// Calls fn(i, offsets) for every element i (row-major) of `out`, where offsets[k] is the flat index
+// of the matching element of a contiguous input of shape ins[k] (each must broadcast to `out`).
+// The index is walked like an odometer with per-input strides: no division per element.
+template <size_t N, class Fn>
+void broadcast_for_each(const Shape& out, const std::array<Shape, N>& ins, Fn&& fn) {
+  const int64_t total = out.numel();
+  if (total == 0) return;
+  const int nd = out.ndim();
+  std::array<int64_t, N> off{};
+  if (nd == 0) {
+    fn(int64_t{0}, off);
+    return;
+  }
+  std::array<std::array<int64_t, kMaxDims>, N> strides;
+  for (size_t k = 0; k < N; ++k) strides[k] = broadcast_strides(ins[k], out);
+  const auto last = static_cast<size_t>(nd - 1);
+  const int64_t inner = out[nd - 1];
+  std::array<int64_t, N> inner_stride;
+  for (size_t k = 0; k < N; ++k) inner_stride[k] = strides[k][last];
+  std::array<int64_t, kMaxDims> idx{};
+  std::array<int64_t, N> base{};
+  for (int64_t row = 0; row < total; row += inner) {
+    off = base;
+    for (int64_t j = 0; j < inner; ++j) {
+      fn(row + j, off);
+      for (size_t k = 0; k < N; ++k) off[k] += inner_stride[k];
+    }
+    // Advance the outer dims (odometer), moving each base by its stride.
+    for (int d = nd - 2; d >= 0; --d) {
+      auto du = static_cast<size_t>(d);
+      for (size_t k = 0; k < N; ++k) base[k] += strides[k][du];
+      if (++idx[du] < out[d]) break;
+      for (size_t k = 0; k < N; ++k) base[k] -= strides[k][du] * out[d];
+      idx[du] = 0;
+    }
+  }
+}
+
+// Sums `grad` (of a broadcast result's shape) over the dims along which an operand of `shape` was
+// broadcast, giving a tensor of `shape` and grad's dtype: the gradient of that operand. Floats
+// accumulate in double. Returns `grad` itself when the shapes are equal. Error unless `shape`
+// broadcasts to grad's shape.
+Tensor reduce_to_shape(const Tensor& grad, const Shape& shape);
+
+}  // namespace shardwise

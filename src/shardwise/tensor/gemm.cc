@@ -1,0 +1,280 @@
+#include "shardwise/tensor/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace shardwise {
+
+namespace {
+
+// Checks one row stride against the stored matrix's column count.
+int64_t resolve_ld(int64_t ld, int64_t cols, const char* name) {
+  if (ld == -1) return cols;
+  SW_CHECK(ld >= cols, "gemm: {} = {} is below the {} columns of the stored matrix (allowed: >= {}, or -1 "
+           "for packed)", name, ld, cols, cols);
+  return ld;
+}
+
+int64_t resolve_stride(int64_t stride, int64_t rows, int64_t ld, const char* name) {
+  if (stride == -1) return rows * ld;
+  SW_CHECK(stride >= 0, "gemm: {} = {} is negative (allowed: >= 0, or -1 for packed)", name, stride);
+  return stride;
+}
+
+bool fits_blas(int64_t v) {
+  if constexpr (sizeof(blasint) >= sizeof(int64_t)) {
+    return true;
+  } else {
+    return v <= INT_MAX;
+  }
+}
+
+// The element type arithmetic runs in: float for 16-bit floats, uint64 (wrapping) for integers.
+template <class T>
+using acc_t = std::conditional_t<std::is_integral_v<T>, uint64_t, compute_t<T>>;
+
+template <class T>
+acc_t<T> load(T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<uint64_t>(static_cast<int64_t>(v));
+  } else {
+    return static_cast<acc_t<T>>(v);
+  }
+}
+
+template <class T>
+T store(acc_t<T> v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(static_cast<int64_t>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+template <class T>
+acc_t<T> scalar_of(double v, const char* name) {
+  if constexpr (std::is_integral_v<T>) {
+    SW_CHECK(std::trunc(v) == v && std::fabs(v) < 9.2e18, "gemm: {} = {} must be a whole number for {}", name, v,
+             dtype_name(dtype_v<T>));
+    return static_cast<uint64_t>(static_cast<int64_t>(v));
+  } else {
+    return static_cast<acc_t<T>>(v);
+  }
+}
+
+// C = beta * C for every batch item (the k == 0 case: op(A) * op(B) is all zeros).
+template <class T>
+void scale_c(const GemmArgs& g, T* c) {
+  acc_t<T> beta = scalar_of<T>(g.beta, "beta");
+  for (int64_t b = 0; b < g.batch; ++b) {
+    T* cb = c + b * g.stride_c;
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        T& e = cb[i * g.ldc + j];
+        e = g.beta == 0 ? T{} : store<T>(static_cast<acc_t<T>>(beta * load(e)));
+      }
+    }
+  }
+}
+
+// Reference loops (i, p, j order over a row accumulator), for the types BLAS does not cover.
+template <class T>
+void naive_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
+  using Acc = acc_t<T>;
+  Acc alpha = scalar_of<T>(g.alpha, "alpha");
+  Acc beta = scalar_of<T>(g.beta, "beta");
+  // a(i, p) = a[i * a_i + p * a_p];  b(p, j) = b[p * b_p + j * b_j]
+  int64_t a_i = g.trans_a ? 1 : g.lda, a_p = g.trans_a ? g.lda : 1;
+  int64_t b_p = g.trans_b ? 1 : g.ldb, b_j = g.trans_b ? g.ldb : 1;
+  std::vector<Acc> row(static_cast<size_t>(g.n));
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    const T* ab = a + bi * g.stride_a;
+    const T* bb = b + bi * g.stride_b;
+    T* cb = c + bi * g.stride_c;
+    for (int64_t i = 0; i < g.m; ++i) {
+      std::fill(row.begin(), row.end(), Acc{});
+      for (int64_t p = 0; p < g.k; ++p) {
+        Acc av = load(ab[i * a_i + p * a_p]);
+        const T* brow = bb + p * b_p;
+        for (int64_t j = 0; j < g.n; ++j) row[static_cast<size_t>(j)] += av * load(brow[j * b_j]);
+      }
+      T* crow = cb + i * g.ldc;
+      for (int64_t j = 0; j < g.n; ++j) {
+        Acc v = static_cast<Acc>(alpha * row[static_cast<size_t>(j)]);
+        if (g.beta != 0) v = static_cast<Acc>(v + beta * load(crow[j]));
+        crow[j] = store<T>(v);
+      }
+    }
+  }
+}
+
+template <class T>
+void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
+  SW_CHECK(fits_blas(g.m) && fits_blas(g.n) && fits_blas(g.k) && fits_blas(g.lda) && fits_blas(g.ldb) &&
+               fits_blas(g.ldc),
+           "gemm: m={} n={} k={} lda={} ldb={} ldc={} exceed the BLAS integer range", g.m, g.n, g.k, g.lda, g.ldb,
+           g.ldc);
+  auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
+  auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
+  auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    const T* ab = a + bi * g.stride_a;
+    const T* bb = b + bi * g.stride_b;
+    T* cb = c + bi * g.stride_c;
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha), ab, lda, bb, ldb,
+                  static_cast<float>(g.beta), cb, ldc);
+    } else {
+      cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, ab, lda, bb, ldb, g.beta, cb, ldc);
+    }
+  }
+}
+
+template <class T>
+void gemm_typed(const GemmArgs& g, const T* a, const T* b, T* c) {
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return;
+  SW_CHECK(c != nullptr, "gemm: C is null for a {}x{} result", g.m, g.n);
+  if (g.k == 0) {
+    scale_c(g, c);
+    return;
+  }
+  SW_CHECK(a != nullptr && b != nullptr, "gemm: A or B is null for m={} n={} k={}", g.m, g.n, g.k);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    blas_gemm(g, a, b, c);
+  } else {
+    naive_gemm(g, a, b, c);
+  }
+}
+
+}  // namespace
+
+bool gemm_supports(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+    case DType::F64:
+    case DType::F16:
+    case DType::BF16:
+    case DType::I32:
+    case DType::I64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+GemmArgs resolve_gemm_args(const GemmArgs& args) {
+  GemmArgs g = args;
+  SW_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0,
+           "gemm: m={} n={} k={} batch={} (allowed: all >= 0)", g.m, g.n, g.k, g.batch);
+  int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  g.lda = resolve_ld(g.lda, a_cols, "lda");
+  g.ldb = resolve_ld(g.ldb, b_cols, "ldb");
+  g.ldc = resolve_ld(g.ldc, g.n, "ldc");
+  g.stride_a = resolve_stride(g.stride_a, a_rows, g.lda, "stride_a");
+  g.stride_b = resolve_stride(g.stride_b, b_rows, g.ldb, "stride_b");
+  g.stride_c = resolve_stride(g.stride_c, g.m, g.ldc, "stride_c");
+  return g;
+}
+
+void gemm(DType dtype, const GemmArgs& args, const void* a, const void* b, void* c) {
+  GemmArgs g = resolve_gemm_args(args);
+  switch (dtype) {
+    case DType::F32:
+      return gemm_typed(g, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c));
+    case DType::F64:
+      return gemm_typed(g, static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c));
+    case DType::F16:
+      return gemm_typed(g, static_cast<const f16*>(a), static_cast<const f16*>(b), static_cast<f16*>(c));
+    case DType::BF16:
+      return gemm_typed(g, static_cast<const bf16*>(a), static_cast<const bf16*>(b), static_cast<bf16*>(c));
+    case DType::I32:
+      return gemm_typed(g, static_cast<const int32_t*>(a), static_cast<const int32_t*>(b),
+                        static_cast<int32_t*>(c));
+    case DType::I64:
+      return gemm_typed(g, static_cast<const int64_t*>(a), static_cast<const int64_t*>(b),
+                        static_cast<int64_t*>(c));
+    default:
+      fail("gemm does not support {} (allowed: f32, f64, f16, bf16, i32, i64)", dtype_name(dtype));
+  }
+}
+
+Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  SW_CHECK(a.defined() && b.defined(), "gemm: an operand is undefined");
+  SW_CHECK(a.dtype() == b.dtype(), "gemm: operands hold {} and {} (allowed: the same dtype)", dtype_name(a.dtype()),
+           dtype_name(b.dtype()));
+  SW_CHECK((a.ndim() == 2 || a.ndim() == 3) && (b.ndim() == 2 || b.ndim() == 3),
+           "gemm: operands of shapes {} and {} (allowed: 2-D or 3-D)", a.shape().to_string(), b.shape().to_string());
+  int64_t ba = a.ndim() == 3 ? a.shape()[0] : 1, bb = b.ndim() == 3 ? b.shape()[0] : 1;
+  SW_CHECK(ba == bb || ba == 1 || bb == 1, "gemm: batch {} of {} and batch {} of {} differ", ba,
+           a.shape().to_string(), bb, b.shape().to_string());
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = trans_a ? as[as.ndim() - 1] : as[as.ndim() - 2];
+  g.k = trans_a ? as[as.ndim() - 2] : as[as.ndim() - 1];
+  int64_t kb = trans_b ? bs[bs.ndim() - 1] : bs[bs.ndim() - 2];
+  g.n = trans_b ? bs[bs.ndim() - 2] : bs[bs.ndim() - 1];
+  SW_CHECK(g.k == kb, "gemm: inner dims differ: {} (trans {}) has k = {}, {} (trans {}) has k = {}", as.to_string(),
+           trans_a, g.k, bs.to_string(), trans_b, kb);
+  g.batch = std::max(ba, bb);
+  if (ba == 1 && g.batch != 1) g.stride_a = 0;
+  if (bb == 1 && g.batch != 1) g.stride_b = 0;
+  Shape out = (a.ndim() == 3 || b.ndim() == 3) ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n};
+  Tensor c(a.dtype(), out);
+  gemm(a.dtype(), g, a.raw(), b.raw(), c.raw());
+  return c;
+}
+
+MatmulDims matmul_dims(const Shape& x, const Shape& y, bool trans_x, bool trans_y) {
+  SW_CHECK(x.ndim() >= 1 && y.ndim() >= 1, "matmul: x {} and y {} must both have rank >= 1", x.to_string(),
+           y.to_string());
+  MatmulDims d;
+  d.x_vector = x.ndim() == 1;
+  d.y_vector = y.ndim() == 1;
+  d.trans_x = trans_x && !d.x_vector;
+  d.trans_y = trans_y && !d.y_vector;
+  int64_t kx;
+  if (d.x_vector) {
+    kx = x[0];
+  } else {
+    d.m = d.trans_x ? x[x.ndim() - 1] : x[x.ndim() - 2];
+    kx = d.trans_x ? x[x.ndim() - 2] : x[x.ndim() - 1];
+  }
+  int64_t ky;
+  if (d.y_vector) {
+    ky = y[0];
+  } else {
+    ky = d.trans_y ? y[y.ndim() - 1] : y[y.ndim() - 2];
+    d.n = d.trans_y ? y[y.ndim() - 2] : y[y.ndim() - 1];
+  }
+  SW_CHECK(kx == ky,
+           "matmul: x {} (trans_x={}) and y {} (trans_y={}) disagree on the contracted dim: {} vs {}",
+           x.to_string(), trans_x, y.to_string(), trans_y, kx, ky);
+  d.k = kx;
+  d.x_batch_ndim = d.x_vector ? 0 : x.ndim() - 2;
+  d.y_batch_ndim = d.y_vector ? 0 : y.ndim() - 2;
+  int nb = std::max(d.x_batch_ndim, d.y_batch_ndim);
+  for (int i = 0; i < nb; ++i) {
+    int xi = i - (nb - d.x_batch_ndim), yi = i - (nb - d.y_batch_ndim);
+    int64_t xe = xi >= 0 ? x[xi] : 1, ye = yi >= 0 ? y[yi] : 1;
+    SW_CHECK(xe == ye || xe == 1 || ye == 1,
+             "matmul: batch dims of x {} and y {} do not broadcast ({} vs {} at output batch dim {})", x.to_string(),
+             y.to_string(), xe, ye, i);
+    d.batch.push_back(xe == 1 ? ye : xe);
+  }
+  d.out = d.batch;
+  if (!d.x_vector) d.out.push_back(d.m);
+  if (!d.y_vector) d.out.push_back(d.n);
+  return d;
+}
+
+}  // namespace shardwise

@@ -1,0 +1,70 @@
+#pragma once
+// Strided, batched GEMM on row-major matrices, and the shape algebra of matmul.
+//
+//   C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b]     for b = 0, 1, ..., batch - 1 (in order)
+//
+// op(X) is X or X^T; op(A) is m x k, op(B) is k x n, C is m x n. f32 / f64 run on OpenBLAS;
+// f16 / bf16 accumulate in float; i32 / i64 accumulate in 64-bit two's complement (exact unless
+// the true result overflows int64, in which case it wraps). beta == 0 overwrites C without
+// reading it (a NaN in C does not survive). k == 0 gives beta * C (zeros for beta == 0).
+// Batches run in order, so stride_c == 0 with beta == 1 accumulates the sum over the batch.
+#include <cstdint>
+
+#include "shardwise/core/dtype.h"
+#include "shardwise/core/shape.h"
+#include "shardwise/tensor/tensor.h"
+
+namespace shardwise {
+
+struct GemmArgs {
+  bool trans_a = false;  // A is stored k x m (op(A) = A^T)
+  bool trans_b = false;  // B is stored n x k (op(B) = B^T)
+  int64_t m = 0, n = 0, k = 0;
+  // Row strides (elements) of the stored matrices: lda >= columns of stored A (k, or m when
+  // trans_a), ldb >= columns of stored B (n, or k when trans_b), ldc >= n. -1: packed.
+  int64_t lda = -1, ldb = -1, ldc = -1;
+  int64_t batch = 1;
+  // Elements between consecutive batch items; 0 repeats the same matrix. -1: packed (rows * ld).
+  int64_t stride_a = -1, stride_b = -1, stride_c = -1;
+  double alpha = 1.0;
+  double beta = 0.0;  // integer dtypes: alpha and beta must be whole numbers
+};
+
+// Fills the -1 fields of `args` with their packed values and checks every field; Error names the
+// bad field and what is allowed.
+GemmArgs resolve_gemm_args(const GemmArgs& args);
+
+// Type-erased entry point: dispatches on `dtype` (f32, f64, f16, bf16, i32, i64; others: Error).
+void gemm(DType dtype, const GemmArgs& args, const void* a, const void* b, void* c);
+
+template <class T>
+void gemm(const GemmArgs& args, const T* a, const T* b, T* c) {
+  gemm(dtype_v<T>, args, a, b, c);
+}
+
+// Tensor form: a and b are 2-D, or 3-D with equal batch (a batch of 1 broadcasts);
+// returns op(a) * op(b) as a new tensor ([m, n] or [batch, m, n]).
+Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+bool gemm_supports(DType dtype);
+
+// The shapes of matmul(x, y) with PaddlePaddle / NumPy semantics: x is [..., m, k] ([..., k, m]
+// when trans_x), y is [..., k, n] ([..., n, k] when trans_y); a 1-D x is a row vector [k] (m = 1,
+// dropped from the output), a 1-D y a column vector [k] (n = 1, dropped); trans flags are ignored
+// for 1-D operands. Batch dims broadcast NumPy-style (right-aligned, size 1 stretches).
+struct MatmulDims {
+  int64_t m = 1, k = 0, n = 1;
+  bool x_vector = false, y_vector = false;  // 1-D operands
+  bool trans_x = false, trans_y = false;    // effective flags (false for 1-D operands)
+  int x_batch_ndim = 0, y_batch_ndim = 0;
+  Shape batch;  // broadcast batch shape of the output
+  Shape out;    // output shape: batch ++ [m unless x_vector] ++ [n unless y_vector]
+  int64_t x_matrix() const { return m * k; }  // elements of one x / y / out matrix
+  int64_t y_matrix() const { return k * n; }
+  int64_t out_matrix() const { return m * n; }
+};
+
+// Error (naming both shapes) when a rank is 0, k differs or the batch dims do not broadcast.
+MatmulDims matmul_dims(const Shape& x, const Shape& y, bool trans_x, bool trans_y);
+
+}  // namespace shardwise

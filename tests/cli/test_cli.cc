@@ -1,0 +1,92 @@
+// The shardwise command as a user runs it: output of `infer` and `rules`, and one clear error
+// line with a non-zero exit for bad input.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  std::string cmd = std::string(bin ? bin : "shardwise") + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.out.append(buf.data(), n);
+  int status = pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Cli, InferPrintsRequiredPlacementsOutputsAndLocalShapes) {
+  Result r = run("infer matmul --mesh 2,2 --shapes 8x16,16x4 --placements \"S(0),R;R,S(1)\"");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Column-parallel: out [8,4] is S(0) on mesh dim 0 and S(1) on mesh dim 1: local 4x2.
+  EXPECT_NE(r.out.find("output 0: f32 8x4 [S(0),S(1)]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 3 1,1: local 4x2 at offset [4,2]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("input 1: f32 16x4 [R,S(1)]"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InferShowsPartialSumForAShardedContraction) {
+  Result r = run("infer matmul --mesh 2 --shapes 8x16,16x4 --placements \"S(1);S(0)\"");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("output 0: f32 8x4 [P(sum)]"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InferWithAttrsAndUnevenShards) {
+  Result r = run("infer sum --mesh 3 --shapes 5x7 --placements \"S(1)\" --attrs \"axis=[1],keepdim=true\"");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("output 0: f32 5x1 [P(sum)]"), std::string::npos) << r.out;
+  // 7 over 3 ranks: 3, 3, 1.
+  EXPECT_NE(r.out.find("rank 2 2: local 5x1 at offset [0,6]"), std::string::npos) << r.out;
+}
+
+TEST(Cli, RulesListsEveryFamily) {
+  Result r = run("rules");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* s : {"[elementwise]", "[reduction]", "[matmul]", "ops: add, subtract", "reduce_sum"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  }
+}
+
+TEST(Cli, BadInputGivesOneErrorLineAndExitStatus2) {
+  const char* cases[][2] = {
+      {"infer nosuchop --mesh 2 --shapes 4 --placements R", "unknown op 'nosuchop'"},
+      {"infer add --mesh 2 --shapes 4 --placements R", "takes 2 inputs but --shapes gives 1"},
+      {"infer exp --mesh 2,2 --shapes 4x4 --placements \"S(0)\"", "name 1 mesh dims but the mesh has 2"},
+      {"infer exp --mesh 2 --shapes 4x4 --placements \"S(2)\"", "names tensor dim 2, but the tensor has rank 2"},
+      {"infer exp --mesh 2x0 --shapes 4 --placements R", "not a positive size"},
+      {"infer exp --mesh 2 --shapes 4xq --placements R", "cannot read shape"},
+      {"infer exp --mesh 2 --shapes 4 --placements \"Q(1)\"", "cannot read placement"},
+      {"infer sum --mesh 2 --shapes 4x4 --placements R --attrs \"axis=[5]\"", "axis"},
+  };
+  for (auto& [args, expected] : cases) {
+    Result r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_EQ(lines(r.out), 1) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("shardwise: error: ", 0), 0u) << r.out;
+    EXPECT_NE(r.out.find(expected), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+TEST(Cli, UnknownOptionIsRejected) {
+  Result r = run("infer exp --mesh 2 --shapes 4 --placements R --bogus 1");
+  EXPECT_NE(r.status, 0);
+}
+
+}  // namespace

@@ -1,0 +1,288 @@
+// The matmul op: shape inference, forward against an independent broadcast-by-index reference,
+// hand-computed products, and the backward against central finite differences in f64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "shardwise/core/error.h"
+#include "shardwise/ops/op.h"
+
+namespace shardwise::ops {
+namespace {
+
+const OpDef& matmul_op() { return op_registry().get("matmul"); }
+
+Tensor random_tensor(const Shape& shape, DType dtype, int seed) {
+  Tensor t(dtype, shape);
+  uint64_t s = 0xD1B54A32D192ED03ull * static_cast<uint64_t>(seed + 7);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    double u = static_cast<double>(s >> 11) / static_cast<double>(1ull << 53);
+    t.set_at(i, is_floating(dtype) ? u * 4 - 2 : std::floor(u * 7) - 3);
+  }
+  return t;
+}
+
+Attrs trans_attrs(bool tx, bool ty) {
+  Attrs a;
+  a.set("trans_x", tx);
+  a.set("trans_y", ty);
+  return a;
+}
+
+// Reference in double: every output element is computed on its own from its multi-index, with
+// NumPy's rules applied literally (promote 1-D operands, right-align and stretch batch dims).
+Tensor reference_matmul(const Tensor& x, const Tensor& y, bool tx, bool ty) {
+  bool xv = x.ndim() == 1, yv = y.ndim() == 1;
+  if (xv) tx = false;
+  if (yv) ty = false;
+  Shape xs = xv ? Shape{1, x.shape()[0]} : x.shape();
+  Shape ys = yv ? Shape{y.shape()[0], 1} : y.shape();
+  int xr = xs.ndim(), yr = ys.ndim();
+  int64_t m = tx ? xs[xr - 1] : xs[xr - 2], k = tx ? xs[xr - 2] : xs[xr - 1];
+  int64_t n = ty ? ys[yr - 2] : ys[yr - 1];
+  int nb = std::max(xr, yr) - 2;
+  std::vector<int64_t> batch(static_cast<size_t>(nb));
+  for (int i = 0; i < nb; ++i) {
+    int xi = i - (nb - (xr - 2)), yi = i - (nb - (yr - 2));
+    int64_t xe = xi >= 0 ? xs[xi] : 1, ye = yi >= 0 ? ys[yi] : 1;
+    batch[static_cast<size_t>(i)] = std::max(xe, ye) == 1 ? 1 : (xe == 1 ? ye : xe);
+    if (xe == 0 || ye == 0) batch[static_cast<size_t>(i)] = 0;
+  }
+  Shape out;
+  for (int64_t b : batch) out.push_back(b);
+  if (!xv) out.push_back(m);
+  if (!yv) out.push_back(n);
+  Tensor result(DType::F64, out);
+  int64_t total = 1;
+  for (int64_t b : batch) total *= b;
+  for (int64_t flat = 0; flat < total * m * n; ++flat) {
+    int64_t rem = flat;
+    int64_t j = rem % n;
+    rem /= n;
+    int64_t i = rem % m;
+    rem /= m;
+    std::vector<int64_t> idx(static_cast<size_t>(nb));
+    for (int d = nb - 1; d >= 0; --d) {
+      idx[static_cast<size_t>(d)] = rem % batch[static_cast<size_t>(d)];
+      rem /= batch[static_cast<size_t>(d)];
+    }
+    // Flat offset of batch item `idx` in an operand of shape s (its last two dims excluded).
+    auto base = [&](const Shape& s) {
+      int r = s.ndim();
+      int64_t off = 0;
+      for (int d = 0; d < r - 2; ++d) {
+        int64_t e = s[d];
+        int64_t id = e == 1 ? 0 : idx[static_cast<size_t>(d + nb - (r - 2))];
+        off = off * e + id;
+      }
+      return off * s[r - 2] * s[r - 1];
+    };
+    int64_t xb = base(xs), yb = base(ys);
+    double sum = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      double xe = x.at(xb + (tx ? p * m + i : i * k + p));
+      double ye = y.at(yb + (ty ? j * k + p : p * n + j));
+      sum += xe * ye;
+    }
+    result.set_at(flat, sum);
+  }
+  return result;
+}
+
+struct Case {
+  Shape x, y;
+  bool tx = false, ty = false;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {{12, 6}, {6, 12}},          {{5, 7}, {7, 3}},           {{6, 2}, {2, 5}},
+      {{7, 5}, {7, 3}, true},      {{5, 7}, {3, 7}, false, true}, {{7, 5}, {3, 7}, true, true},
+      {{2, 5, 3}, {3, 4}},         {{1, 4, 3}, {2, 3, 5}},     {{3, 1, 2, 4}, {5, 4, 6}},
+      {{2, 3, 4}, {2, 5, 3}, true, true},
+      {{7}, {7, 3}},               {{5, 7}, {7}},              {{7}, {7}},
+      {{4}, {2, 4, 3}},            {{2, 4, 3}, {4}, true, true},  // trans ignored on the 1-D y
+      {{0, 3}, {3, 4}},            {{2, 0}, {0, 3}},           {{2, 0, 3}, {1, 3, 2}},
+  };
+  return c;
+}
+
+TEST(MatmulOp, Registered) {
+  const OpDef& op = matmul_op();
+  EXPECT_EQ(op.family, "matmul");
+  EXPECT_EQ(op.rule, "matmul");
+  EXPECT_EQ(op.num_inputs, 2);
+  EXPECT_TRUE(op.backward);
+  EXPECT_GE(op.cases.size(), 8u);
+  for (const VerifyCase& c : op.cases) {
+    std::vector<TensorMeta> in = {{c.shapes[0], c.dtypes[0]}, {c.shapes[1], c.dtypes[1]}};
+    EXPECT_NO_THROW(infer_checked(op, in, c.attrs));
+  }
+}
+
+TEST(MatmulOp, HandComputed) {
+  const OpDef& op = matmul_op();
+  Tensor x = Tensor::from<double>({2, 2}, std::vector<double>{1, 2, 3, 4});
+  Tensor y = Tensor::from<double>({2, 2}, std::vector<double>{5, 6, 7, 8});
+  std::vector<Tensor> in = {x, y};
+  Tensor out = op.forward(in, {})[0];
+  EXPECT_EQ(out.shape(), (Shape{2, 2}));
+  std::vector<double> want = {19, 22, 43, 50};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out.at(i), want[static_cast<size_t>(i)]);
+  // x^T y = [1 3; 2 4][5 6; 7 8] = [26 30; 38 44]
+  out = op.forward(in, trans_attrs(true, false))[0];
+  want = {26, 30, 38, 44};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out.at(i), want[static_cast<size_t>(i)]);
+  // x y^T = [1 2; 3 4][5 7; 6 8] = [17 23; 39 53]
+  out = op.forward(in, trans_attrs(false, true))[0];
+  want = {17, 23, 39, 53};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out.at(i), want[static_cast<size_t>(i)]);
+  // Row vector times matrix: [1 2 3] [1 0; 0 1; 1 1] = [4 5]
+  std::vector<Tensor> vm = {Tensor::from<int64_t>({3}, std::vector<int64_t>{1, 2, 3}),
+                            Tensor::from<int64_t>({3, 2}, std::vector<int64_t>{1, 0, 0, 1, 1, 1})};
+  out = op.forward(vm, {})[0];
+  EXPECT_EQ(out.shape(), (Shape{2}));
+  EXPECT_EQ(out.at(0), 4);
+  EXPECT_EQ(out.at(1), 5);
+  // Dot product of two vectors: a scalar.
+  std::vector<Tensor> vv = {Tensor::from<int32_t>({3}, std::vector<int32_t>{1, 2, 3}),
+                            Tensor::from<int32_t>({3}, std::vector<int32_t>{4, -5, 6})};
+  out = op.forward(vv, {})[0];
+  EXPECT_EQ(out.shape(), Shape{});
+  EXPECT_EQ(out.at(0), 12);
+}
+
+TEST(MatmulOp, ForwardMatchesReference) {
+  const OpDef& op = matmul_op();
+  int seed = 0;
+  for (const Case& c : cases()) {
+    for (DType dt : {DType::F64, DType::F32, DType::BF16, DType::I64, DType::I32}) {
+      Tensor x = random_tensor(c.x, dt, seed++), y = random_tensor(c.y, dt, seed++);
+      std::vector<Tensor> in = {x, y};
+      Tensor out = op.forward(in, trans_attrs(c.tx, c.ty))[0];
+      Tensor want = reference_matmul(x, y, c.tx, c.ty);
+      ASSERT_EQ(out.dtype(), dt);
+      std::vector<TensorMeta> metas = {{c.x, dt}, {c.y, dt}};
+      EXPECT_EQ(op.infer(metas, trans_attrs(c.tx, c.ty))[0].shape, want.shape());
+      double tol = dt == DType::F64 ? 1e-12 : dt == DType::F32 ? 1e-5 : dt == DType::BF16 ? 3e-2 : 0;
+      CompareResult r = compare(out.to(DType::F64), want, tol, tol);
+      EXPECT_TRUE(r.equal) << c.x.to_string() << " * " << c.y.to_string() << " tx=" << c.tx << " ty=" << c.ty
+                           << " " << dtype_name(dt) << ": " << r.message;
+    }
+  }
+}
+
+// d/dv sum(out * w) by central differences; exact up to rounding since matmul is linear in each input.
+Tensor finite_difference(const OpDef& op, std::vector<Tensor> in, size_t which, const Tensor& w, const Attrs& a) {
+  Tensor grad(DType::F64, in[which].shape());
+  const double h = 1e-3;
+  auto loss = [&] {
+    Tensor out = op.forward(in, a)[0];
+    double s = 0;
+    for (int64_t i = 0; i < out.numel(); ++i) s += out.at(i) * w.at(i);
+    return s;
+  };
+  Tensor v = in[which].clone();
+  in[which] = v;
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    double orig = v.at(i);
+    v.set_at(i, orig + h);
+    double up = loss();
+    v.set_at(i, orig - h);
+    double down = loss();
+    v.set_at(i, orig);
+    grad.set_at(i, (up - down) / (2 * h));
+  }
+  return grad;
+}
+
+TEST(MatmulOp, BackwardMatchesFiniteDifferences) {
+  const OpDef& op = matmul_op();
+  int seed = 100;
+  for (const Case& c : cases()) {
+    Attrs a = trans_attrs(c.tx, c.ty);
+    std::vector<Tensor> in = {random_tensor(c.x, DType::F64, seed++), random_tensor(c.y, DType::F64, seed++)};
+    Tensor out = op.forward(in, a)[0];
+    Tensor w = random_tensor(out.shape(), DType::F64, seed++);
+    std::vector<Tensor> outs = {out}, grads = {w};
+    std::vector<Tensor> g = op.backward(in, outs, grads, a);
+    ASSERT_EQ(g.size(), 2u);
+    for (size_t t = 0; t < 2; ++t) {
+      Tensor fd = finite_difference(op, in, t, w, a);
+      CompareResult r = compare(g[t], fd, 1e-7, 1e-7);
+      EXPECT_TRUE(r.equal) << "d" << (t ? "y" : "x") << " of " << c.x.to_string() << " * " << c.y.to_string()
+                           << " tx=" << c.tx << " ty=" << c.ty << ": " << r.message;
+    }
+  }
+}
+
+TEST(MatmulOp, IntegerBackwardIsExact) {
+  const OpDef& op = matmul_op();
+  int seed = 300;
+  for (const Case& c : cases()) {
+    Attrs a = trans_attrs(c.tx, c.ty);
+    std::vector<Tensor> in = {random_tensor(c.x, DType::I64, seed++), random_tensor(c.y, DType::I64, seed++)};
+    Tensor out = op.forward(in, a)[0];
+    Tensor w = random_tensor(out.shape(), DType::I64, seed++);
+    std::vector<Tensor> outs = {out}, grads = {w};
+    std::vector<Tensor> g = op.backward(in, outs, grads, a);
+    std::vector<Tensor> in64 = {in[0].to(DType::F64), in[1].to(DType::F64)};
+    for (size_t t = 0; t < 2; ++t) {
+      // Integer-valued data: the f64 finite difference is exact up to rounding.
+      Tensor fd = finite_difference(op, in64, t, w.to(DType::F64), a);
+      CompareResult r = compare(g[t].to(DType::F64), fd, 1e-9, 1e-9);
+      EXPECT_TRUE(r.equal) << c.x.to_string() << " * " << c.y.to_string() << ": " << r.message;
+    }
+  }
+}
+
+TEST(MatmulOp, BackwardSumsOverBroadcastBatch) {
+  // x [2, 1, 2] * y [2, 1] (y broadcast over the batch): dy = sum_b x[b]^T dout[b].
+  const OpDef& op = matmul_op();
+  Tensor x = Tensor::from<double>({2, 1, 2}, std::vector<double>{1, 2, 3, 4});
+  Tensor y = Tensor::from<double>({2, 1}, std::vector<double>{1, 1});
+  Tensor dout = Tensor::from<double>({2, 1, 1}, std::vector<double>{10, 100});
+  std::vector<Tensor> in = {x, y}, outs = {Tensor(DType::F64, {2, 1, 1})}, grads = {dout};
+  std::vector<Tensor> g = op.backward(in, outs, grads, {});
+  EXPECT_EQ(g[1].shape(), (Shape{2, 1}));
+  EXPECT_EQ(g[1].at(0), 1 * 10 + 3 * 100);
+  EXPECT_EQ(g[1].at(1), 2 * 10 + 4 * 100);
+  EXPECT_EQ(g[0].shape(), (Shape{2, 1, 2}));
+  EXPECT_EQ(g[0].at(0), 10);
+  EXPECT_EQ(g[0].at(3), 100);
+}
+
+TEST(MatmulOp, Errors) {
+  const OpDef& op = matmul_op();
+  auto infer = [&](Shape x, Shape y, DType xt = DType::F32, DType yt = DType::F32, Attrs a = {}) {
+    std::vector<TensorMeta> in = {{x, xt}, {y, yt}};
+    return infer_checked(op, in, a);
+  };
+  try {
+    infer({4, 5}, {6, 3});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("4x5"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("6x3"), std::string::npos) << msg;
+  }
+  try {
+    infer({2, 4, 5}, {3, 5, 3});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("2x4x5"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("3x5x3"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(infer({4, 5}, {5, 3}, DType::F32, DType::F64), Error);
+  EXPECT_THROW(infer({4, 5}, {5, 3}, DType::Bool, DType::Bool), Error);
+  EXPECT_THROW(infer({4, 5}, {4, 3}), Error);
+  EXPECT_NO_THROW(infer({5, 4}, {4, 3}));
+  EXPECT_EQ(infer({5, 4}, {3, 5}, DType::F32, DType::F32, trans_attrs(true, true))[0].shape, (Shape{4, 3}));
+  EXPECT_THROW(infer(Shape{}, {3}), Error);
+}
+
+}  // namespace
+}  // namespace shardwise::ops

@@ -1,0 +1,276 @@
+// GEMM kernels against a naive double-precision triple loop written here, and hand-computed products.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "shardwise/core/error.h"
+#include "shardwise/tensor/gemm.h"
+
+namespace shardwise {
+namespace {
+
+// Deterministic pseudo-random values in [-2, 2) with a few exact small integers mixed in.
+std::vector<double> values(int64_t n, int seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint64_t s = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(seed + 1);
+  for (auto& e : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    e = static_cast<double>(s >> 11) / static_cast<double>(1ull << 53) * 4.0 - 2.0;
+  }
+  return v;
+}
+
+// Reference: element (i, j) of batch b of alpha * op(A) op(B) + beta * C, all in double.
+// Stored A has row stride lda; op(A)(i, p) = trans ? A[p][i] : A[i][p].
+std::vector<double> reference(const GemmArgs& g, const std::vector<double>& a, const std::vector<double>& b,
+                              const std::vector<double>& c0) {
+  std::vector<double> c = c0;
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < g.k; ++p) {
+          double av = g.trans_a ? a[static_cast<size_t>(bi * g.stride_a + p * g.lda + i)]
+                                : a[static_cast<size_t>(bi * g.stride_a + i * g.lda + p)];
+          double bv = g.trans_b ? b[static_cast<size_t>(bi * g.stride_b + j * g.ldb + p)]
+                                : b[static_cast<size_t>(bi * g.stride_b + p * g.ldb + j)];
+          sum += av * bv;
+        }
+        auto& e = c[static_cast<size_t>(bi * g.stride_c + i * g.ldc + j)];
+        e = g.alpha * sum + (g.beta == 0 ? 0.0 : g.beta * e);
+      }
+    }
+  }
+  return c;
+}
+
+template <class T>
+std::vector<T> cast(const std::vector<double>& v) {
+  std::vector<T> out;
+  for (double e : v) out.push_back(static_cast<T>(static_cast<compute_t<T>>(e)));
+  return out;
+}
+
+int64_t buffer_size(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
+  return (batch > 0 ? (batch - 1) * stride : 0) + rows * ld;
+}
+
+// Runs gemm<T> on random data laid out per `args` and compares with the double reference.
+template <class T>
+void check_against_reference(GemmArgs args, double tol, int seed) {
+  GemmArgs g = resolve_gemm_args(args);
+  int64_t a_rows = g.trans_a ? g.k : g.m, b_rows = g.trans_b ? g.n : g.k;
+  auto a = values(buffer_size(g.batch, g.stride_a, a_rows, g.lda), seed);
+  auto b = values(buffer_size(g.batch, g.stride_b, b_rows, g.ldb), seed + 1);
+  auto c = values(buffer_size(g.batch, g.stride_c, g.m, g.ldc), seed + 2);
+  if constexpr (!is_float_v<T>) {
+    for (auto* v : {&a, &b, &c}) {
+      for (double& e : *v) e = std::round(e * 3);
+    }
+  }
+  // Round the inputs through T so that the reference sees the same values.
+  auto at = cast<T>(a), bt = cast<T>(b), ct = cast<T>(c);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<compute_t<T>>(at[i]);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<compute_t<T>>(bt[i]);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<compute_t<T>>(ct[i]);
+  auto expected = reference(g, a, b, c);
+  gemm<T>(args, at.data(), bt.data(), ct.data());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    double got = static_cast<compute_t<T>>(ct[i]);
+    ASSERT_NEAR(got, expected[i], tol * (1 + std::fabs(expected[i])))
+        << "element " << i << " m=" << g.m << " n=" << g.n << " k=" << g.k << " ta=" << g.trans_a
+        << " tb=" << g.trans_b << " batch=" << g.batch;
+  }
+}
+
+template <class T>
+void check_all_layouts(double tol) {
+  int seed = 0;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (auto [m, n, k] : {std::array<int64_t, 3>{3, 4, 5}, {1, 7, 2}, {6, 1, 9}, {5, 3, 1}}) {
+        GemmArgs g;
+        g.trans_a = ta;
+        g.trans_b = tb;
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        check_against_reference<T>(g, tol, seed++);
+        // Padded leading dims, a batch of 3 with a broadcast B, alpha and beta.
+        g.lda = (ta ? m : k) + 2;
+        g.ldb = (tb ? k : n) + 1;
+        g.ldc = n + 3;
+        g.batch = 3;
+        g.stride_b = 0;
+        g.alpha = 2;
+        g.beta = -1;
+        check_against_reference<T>(g, tol, seed++);
+      }
+    }
+  }
+}
+
+TEST(Gemm, F64MatchesNaiveLoop) { check_all_layouts<double>(1e-12); }
+TEST(Gemm, F32MatchesNaiveLoop) { check_all_layouts<float>(1e-5); }
+TEST(Gemm, F16MatchesNaiveLoop) { check_all_layouts<f16>(4e-3); }
+TEST(Gemm, BF16MatchesNaiveLoop) { check_all_layouts<bf16>(3e-2); }
+TEST(Gemm, I64MatchesNaiveLoopExactly) { check_all_layouts<int64_t>(0); }
+TEST(Gemm, I32MatchesNaiveLoopExactly) { check_all_layouts<int32_t>(0); }
+
+TEST(Gemm, HandComputedProduct) {
+  // [1 2 3; 4 5 6] * [7 8; 9 10; 11 12] = [58 64; 139 154]
+  std::vector<double> a = {1, 2, 3, 4, 5, 6}, b = {7, 8, 9, 10, 11, 12}, c(4, -1);
+  GemmArgs g;
+  g.m = 2;
+  g.n = 2;
+  g.k = 3;
+  gemm<double>(g, a.data(), b.data(), c.data());
+  EXPECT_EQ(c, (std::vector<double>{58, 64, 139, 154}));
+  // A^T with A stored [3, 2]: [1 3 5; 2 4 6] * B = [1*7+3*9+5*11, ...] = [89 98; 116 128]
+  std::vector<double> at = {1, 2, 3, 4, 5, 6};
+  g.trans_a = true;
+  gemm<double>(g, at.data(), b.data(), c.data());
+  EXPECT_EQ(c, (std::vector<double>{89, 98, 116, 128}));
+}
+
+TEST(Gemm, IntegerAccumulationIsExactBeyondDoublePrecision) {
+  // (2^30 + 1)(2^30 + 3) - 21 needs 61 bits: a double accumulator would round it.
+  int64_t p = int64_t{1} << 30;
+  std::vector<int64_t> a = {p + 1, 3}, b = {p + 3, -7}, c(1, 0);
+  GemmArgs g;
+  g.m = 1;
+  g.n = 1;
+  g.k = 2;
+  gemm<int64_t>(g, a.data(), b.data(), c.data());
+  EXPECT_EQ(c[0], (p + 1) * (p + 3) - 21);
+  std::vector<int32_t> a3 = {40000, -3}, b3 = {50000, 7}, c3(1, 5);
+  gemm<int32_t>(g, a3.data(), b3.data(), c3.data());
+  EXPECT_EQ(c3[0], 2000000000 - 21);
+}
+
+TEST(Gemm, ZeroSizedDims) {
+  std::vector<double> a(6, 1.0), b(6, 1.0);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // k = 0: the product is zeros; beta = 0 overwrites even a NaN.
+  std::vector<double> c(6, nan);
+  GemmArgs g;
+  g.m = 2;
+  g.n = 3;
+  g.k = 0;
+  gemm<double>(g, a.data(), b.data(), c.data());
+  EXPECT_EQ(c, std::vector<double>(6, 0.0));
+  // k = 0 with beta = 2 scales C.
+  std::vector<double> c2 = {1, 2, 3, 4, 5, 6};
+  g.beta = 2;
+  gemm<double>(g, nullptr, nullptr, c2.data());
+  EXPECT_EQ(c2, (std::vector<double>{2, 4, 6, 8, 10, 12}));
+  // m = 0 or n = 0: nothing is touched (null pointers are fine).
+  g.m = 0;
+  g.k = 4;
+  EXPECT_NO_THROW(gemm<double>(g, nullptr, nullptr, nullptr));
+  g.m = 2;
+  g.n = 0;
+  EXPECT_NO_THROW(gemm<float>(g, nullptr, nullptr, nullptr));
+  // Same for the naive path and k = 0.
+  std::vector<f16> h(6, f16(3.0f));
+  g.n = 3;
+  g.k = 0;
+  g.beta = 0;
+  gemm<f16>(g, nullptr, nullptr, h.data());
+  for (f16 e : h) EXPECT_EQ(static_cast<float>(e), 0.0f);
+}
+
+TEST(Gemm, BroadcastCAccumulatesOverBatch) {
+  // stride_c = 0, beta = 1: C = sum_b A[b] * B[b].
+  std::vector<double> a = {1, 2, 3}, b = {10, 20, 30}, c = {0.5};
+  GemmArgs g;
+  g.m = 1;
+  g.n = 1;
+  g.k = 1;
+  g.batch = 3;
+  g.stride_c = 0;
+  g.beta = 1;
+  gemm<double>(g, a.data(), b.data(), c.data());
+  EXPECT_DOUBLE_EQ(c[0], 0.5 + 10 + 40 + 90);
+}
+
+TEST(Gemm, RejectsBadArguments) {
+  GemmArgs g;
+  g.m = 2;
+  g.n = 3;
+  g.k = 4;
+  g.lda = 3;  // below k = 4
+  EXPECT_THROW(resolve_gemm_args(g), Error);
+  g.lda = -1;
+  g.ldc = 2;  // below n = 3
+  EXPECT_THROW(resolve_gemm_args(g), Error);
+  g.ldc = -1;
+  g.m = -1;
+  EXPECT_THROW(resolve_gemm_args(g), Error);
+  g.m = 2;
+  std::vector<uint8_t> a(8), b(12), c(6);
+  EXPECT_THROW(gemm(DType::U8, g, a.data(), b.data(), c.data()), Error);
+  std::vector<int64_t> ai(8), bi(12), ci(6);
+  g.alpha = 0.5;  // not a whole number for an integer gemm
+  EXPECT_THROW(gemm<int64_t>(g, ai.data(), bi.data(), ci.data()), Error);
+}
+
+TEST(Gemm, TensorFormBroadcastsBatchOfOne) {
+  Tensor a = Tensor::from<double>({1, 2, 2}, std::vector<double>{1, 2, 3, 4});
+  Tensor b = Tensor::from<double>({2, 2, 1}, std::vector<double>{1, 1, 2, -1});
+  Tensor c = gemm(a, b);
+  ASSERT_EQ(c.shape(), (Shape{2, 2, 1}));
+  // [1 2; 3 4] * [1; 1] = [3; 7];  [1 2; 3 4] * [2; -1] = [0; 2]
+  EXPECT_EQ(c.at(0), 3);
+  EXPECT_EQ(c.at(1), 7);
+  EXPECT_EQ(c.at(2), 0);
+  EXPECT_EQ(c.at(3), 2);
+  Tensor ct = gemm(a.reshaped({2, 2}), b.reshaped({2, 2}), true, false);  // [1 3; 2 4] * [1 1; 2 -1]
+  EXPECT_EQ(ct.at(0), 7);
+  EXPECT_EQ(ct.at(1), -2);
+  EXPECT_EQ(ct.at(2), 10);
+  EXPECT_EQ(ct.at(3), -2);
+  EXPECT_THROW(gemm(a.reshaped({2, 2}), Tensor::from<double>({3, 1}, std::vector<double>{1, 2, 3})), Error);
+}
+
+TEST(MatmulDims, ShapesAndErrors) {
+  MatmulDims d = matmul_dims({2, 5, 3}, {3, 4}, false, false);
+  EXPECT_EQ(d.out, (Shape{2, 5, 4}));
+  EXPECT_EQ(d.m, 5);
+  EXPECT_EQ(d.k, 3);
+  EXPECT_EQ(d.n, 4);
+  d = matmul_dims({1, 4, 3}, {2, 3, 5}, false, false);
+  EXPECT_EQ(d.out, (Shape{2, 4, 5}));
+  d = matmul_dims({7}, {7, 3}, true, false);  // trans ignored on a 1-D operand
+  EXPECT_EQ(d.out, (Shape{3}));
+  d = matmul_dims({5, 7}, {7}, false, true);
+  EXPECT_EQ(d.out, (Shape{5}));
+  d = matmul_dims({7}, {7}, false, false);
+  EXPECT_EQ(d.out, Shape{});
+  d = matmul_dims({7, 5}, {3, 7}, true, true);
+  EXPECT_EQ(d.out, (Shape{5, 3}));
+  d = matmul_dims({3, 1, 2, 4}, {5, 4, 6}, false, false);
+  EXPECT_EQ(d.out, (Shape{3, 5, 2, 6}));
+  try {
+    matmul_dims({5, 7}, {6, 3}, false, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("5x7"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("6x3"), std::string::npos) << msg;
+  }
+  try {
+    matmul_dims({2, 5, 7}, {3, 7, 3}, false, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("2x5x7"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("3x7x3"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(matmul_dims(Shape{}, {3}, false, false), Error);
+}
+
+}  // namespace
+}  // namespace shardwise
