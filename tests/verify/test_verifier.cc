@@ -199,5 +199,32 @@ TEST(Verifier, CatchesAClaimedShardThatTheKernelDoesNotProduce) {
   EXPECT_NE(bad.failures[0].message.find("give it"), std::string::npos) << bad.failures[0].message;
 }
 
+// y[i, j] = x[i, j] + (global flat index of (i, j)): right on a shard only if the kernel reads
+// its shard's global offset from the context.
+ops::OpDef plus_global_index(bool use_offsets) {
+  ops::OpDef op = unary_op("toy_index", [](double x) { return x; }, [](double) { return 1.0; });
+  op.forward = nullptr;
+  op.forward_in_context = [use_offsets](std::span<const Tensor> in, const Attrs&, const ops::KernelContext& ctx) {
+    const ops::ShardInfo& info = ctx.tensors[0];
+    Tensor y = in[0].clone();
+    int64_t cols = in[0].shape()[1];
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      int64_t gi = i / std::max<int64_t>(cols, 1) + (use_offsets ? info.offset[0] : 0);
+      int64_t gj = i % std::max<int64_t>(cols, 1) + (use_offsets ? info.offset[1] : 0);
+      y.set_at(i, in[0].at(i) + static_cast<double>(gi * info.global_shape[1] + gj));
+    }
+    return std::vector<Tensor>{y};
+  };
+  return op;
+}
+
+TEST(Verifier, PassesShardOffsetsToContextKernels) {
+  spmd::Rule rule = elementwise_rule({});
+  VerifyOptions o = small();
+  o.grad = false;
+  EXPECT_TRUE(verify_op(plus_global_index(true), o, &rule).ok());
+  EXPECT_FALSE(verify_op(plus_global_index(false), o, &rule).ok());
+}
+
 }  // namespace
 }  // namespace shardwise::verify

@@ -9,7 +9,7 @@ namespace shardwise::ops {
 void OpRegistry::add(OpDef op) {
   SW_CHECK(!op.name.empty(), "an op needs a name");
   SW_CHECK(find(op.name) == nullptr, "op '{}' is registered twice", op.name);
-  SW_CHECK(op.infer && op.forward, "op '{}' needs shape inference and a kernel", op.name);
+  SW_CHECK(op.infer && (op.forward || op.forward_in_context), "op '{}' needs shape inference and a kernel", op.name);
   SW_CHECK(!op.rule.empty(), "op '{}' names no SPMD rule", op.name);
   ops_.push_back(std::move(op));
 }
@@ -45,6 +45,34 @@ const OpRegistry& op_registry() {
     return r;
   }();
   return registry;
+}
+
+KernelContext KernelContext::single_device(std::span<const Tensor> tensors) {
+  KernelContext ctx;
+  for (const Tensor& t : tensors) ctx.tensors.push_back({t.defined() ? t.shape() : Shape{}, {}});
+  return ctx;
+}
+
+std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
+                                const KernelContext* context) {
+  if (op.forward_in_context) {
+    if (context) return op.forward_in_context(inputs, attrs, *context);
+    return op.forward_in_context(inputs, attrs, KernelContext::single_device(inputs));
+  }
+  return op.forward(inputs, attrs);
+}
+
+std::vector<Tensor> run_backward(const OpDef& op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                 std::span<const Tensor> out_grads, const Attrs& attrs, const KernelContext* context) {
+  SW_CHECK(op.has_backward(), "op '{}' has no gradient", op.name);
+  if (op.backward_in_context) {
+    if (context) return op.backward_in_context(inputs, outputs, out_grads, attrs, *context);
+    std::vector<Tensor> all(inputs.begin(), inputs.end());
+    all.insert(all.end(), outputs.begin(), outputs.end());
+    all.insert(all.end(), out_grads.begin(), out_grads.end());
+    return op.backward_in_context(inputs, outputs, out_grads, attrs, KernelContext::single_device(all));
+  }
+  return op.backward(inputs, outputs, out_grads, attrs);
 }
 
 std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs) {

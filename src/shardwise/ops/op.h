@@ -1,6 +1,7 @@
 #pragma once
 // The op registry: everything about an op in one entry — shape inference, reference CPU kernel,
 // analytic gradient kernel, the name of its SPMD rule, and the cases the numerical verifier runs.
+#include <array>
 #include <functional>
 #include <span>
 #include <string>
@@ -26,6 +27,25 @@ using KernelFn = std::function<std::vector<Tensor>(std::span<const Tensor> input
 // gradient, such as an integer index or a boolean condition).
 using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
                                                      std::span<const Tensor> out_grads, const Attrs&)>;
+
+// Where a kernel's local tensors sit in the global ones. The runtime and the verifier pass it to
+// kernels that need global coordinates: vocab-parallel embedding (its shard's vocab offset),
+// dropout (the global element index keys the counter-based generator). For a single-device call
+// every global shape equals the local one and every offset is 0.
+struct ShardInfo {
+  Shape global_shape;
+  std::array<int64_t, kMaxDims> offset{};
+};
+struct KernelContext {
+  // Forward: one entry per input. Backward: inputs ++ outputs ++ output grads.
+  std::vector<ShardInfo> tensors;
+  static KernelContext single_device(std::span<const Tensor> tensors);
+};
+using ContextKernelFn =
+    std::function<std::vector<Tensor>(std::span<const Tensor> inputs, const Attrs&, const KernelContext&)>;
+using ContextBackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                                            std::span<const Tensor> out_grads, const Attrs&,
+                                                            const KernelContext&)>;
 
 // How the verifier draws an input's values.
 struct ValueGen {
@@ -60,6 +80,11 @@ struct OpDef {
   KernelFn forward;
   BackwardFn backward;  // empty when the op has no gradient
   std::vector<VerifyCase> cases;
+  // Kernels that need global coordinates set these instead of (or besides) forward/backward;
+  // when set they are used. Call ops through run_forward / run_backward below.
+  ContextKernelFn forward_in_context;
+  ContextBackwardFn backward_in_context;
+  bool has_backward() const { return backward || backward_in_context; }
 };
 
 class OpRegistry {
@@ -77,6 +102,13 @@ class OpRegistry {
 // The built-in ops, registered once on first use by register_builtin_ops (ops/builtin.cc).
 const OpRegistry& op_registry();
 void register_builtin_ops(OpRegistry& registry);
+
+// Runs an op's kernel (the context-aware one when the op has it). Without a context: single device.
+std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
+                                const KernelContext* context = nullptr);
+std::vector<Tensor> run_backward(const OpDef& op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                 std::span<const Tensor> out_grads, const Attrs& attrs,
+                                 const KernelContext* context = nullptr);
 
 // Runs an op's shape inference after checking the input count; Error names the op.
 std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs);

@@ -5,6 +5,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "shardwise/mesh/shard_math.h"
 #include "shardwise/spmd/rule.h"
 #include "shardwise/verify/sim_mesh.h"
 
@@ -169,7 +170,7 @@ class OpVerifier {
     if (even_case) row.even = true;
     try {
       data.out_meta = ops::infer_checked(op_, data.in_meta, vc.attrs);
-      data.outputs = op_.forward(data.inputs, vc.attrs);
+      data.outputs = ops::run_forward(op_, data.inputs, vc.attrs);
     } catch (const Error& e) {
       record(row, mesh, "forward", {}, fmt::format("case {}: the single-device op failed: {}", ci, e.what()));
       return;
@@ -178,7 +179,7 @@ class OpVerifier {
     verdicts_.clear();
     if (options_.forward) check_forward(mesh, data, row, ci);
     if (options_.reverse) check_reverse(mesh, data, row, ci);
-    if (options_.grad && op_.backward) check_grad(mesh, data, row, ci);
+    if (options_.grad && op_.has_backward()) check_grad(mesh, data, row, ci);
     row.layouts += static_cast<int64_t>(verdicts_.size());
   }
 
@@ -215,15 +216,23 @@ class OpVerifier {
     auto run = std::make_shared<LocalRun>();
     auto n = static_cast<size_t>(mesh.size());
     std::vector<std::vector<Tensor>> local_in(n);
+    std::vector<ops::KernelContext> contexts(n);
     try {
       for (size_t i = 0; i < globals.size(); ++i) {
         if (!globals[i].defined()) {
-          for (size_t r = 0; r < n; ++r) local_in[r].emplace_back();
+          for (size_t r = 0; r < n; ++r) {
+            local_in[r].emplace_back();
+            contexts[r].tensors.emplace_back();
+          }
           continue;
         }
         required[i].validate(globals[i].ndim(), mesh.ndim(), fmt::format("required input {}", i));
         std::vector<Tensor> parts = distribute(globals[i], required[i], mesh, Philox(options_.seed, 7919 + i));
-        for (size_t r = 0; r < n; ++r) local_in[r].push_back(parts[r]);
+        for (size_t r = 0; r < n; ++r) {
+          local_in[r].push_back(parts[r]);
+          auto block = mesh::local_block(globals[i].shape(), required[i], mesh, mesh.coords(static_cast<int64_t>(r)));
+          contexts[r].tensors.push_back({globals[i].shape(), block.offset});
+        }
       }
     } catch (const Error& e) {
       run->error = e.what();
@@ -232,7 +241,7 @@ class OpVerifier {
     run->outputs.resize(n);
     for (size_t r = 0; r < n; ++r) {
       try {
-        run->outputs[r] = kernel(local_in[r]);
+        run->outputs[r] = kernel(local_in[r], contexts[r]);
       } catch (const Error& e) {
         run->error = fmt::format("the local kernel failed on rank {}: {}", r, e.what());
         return run;
@@ -272,7 +281,7 @@ class OpVerifier {
   void check(const ProcessMesh& mesh, Coverage& row, const char* part, const std::vector<TensorSpec>& specs,
              const std::function<SpmdResult()>& ask, const std::vector<Tensor>& globals,
              const std::vector<Tensor>& expected,
-             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& kernel) {
+             const std::function<std::vector<Tensor>(const std::vector<Tensor>&, const ops::KernelContext&)>& kernel) {
     SpmdResult result;
     try {
       result = ask();
@@ -296,7 +305,9 @@ class OpVerifier {
     std::vector<std::pair<int, DType>> shape_types;
     for (const auto& m : data.in_meta) shape_types.emplace_back(m.shape.ndim(), m.dtype);
     Enumerator en(shape_types, mesh.ndim());
-    auto kernel = [&](const std::vector<Tensor>& in) { return op_.forward(in, *data.attrs); };
+    auto kernel = [&](const std::vector<Tensor>& in, const ops::KernelContext& ctx) {
+      return ops::run_forward(op_, in, *data.attrs, &ctx);
+    };
     for (int64_t idx : en.indices(options_.max_forward_combinations)) {
       std::vector<TensorSpec> specs = specs_of(data.in_meta, en.at(idx));
       check(mesh, row, "forward", specs, [&] { return rule_.forward(mesh, specs, *data.attrs); }, data.inputs,
@@ -311,7 +322,9 @@ class OpVerifier {
     Enumerator en(shape_types, mesh.ndim());
     std::vector<DistAttr> replicated(data.in_meta.size(), DistAttr(mesh.ndim()));
     std::vector<TensorSpec> in_specs = specs_of(data.in_meta, replicated);
-    auto kernel = [&](const std::vector<Tensor>& in) { return op_.forward(in, *data.attrs); };
+    auto kernel = [&](const std::vector<Tensor>& in, const ops::KernelContext& ctx) {
+      return ops::run_forward(op_, in, *data.attrs, &ctx);
+    };
     for (int64_t idx : en.indices(options_.max_combinations)) {
       std::vector<TensorSpec> out_specs = specs_of(data.out_meta, en.at(idx));
       check(mesh, row, "reverse", out_specs, [&] { return rule_.reverse(mesh, in_specs, out_specs, *data.attrs); },
@@ -329,7 +342,7 @@ class OpVerifier {
     }
     std::vector<Tensor> ref;
     try {
-      ref = op_.backward(data.inputs, data.outputs, out_grads, *data.attrs);
+      ref = ops::run_backward(op_, data.inputs, data.outputs, out_grads, *data.attrs);
     } catch (const Error& e) {
       record(row, mesh, "grad", {}, fmt::format("case {}: the single-device gradient failed: {}", ci, e.what()));
       return;
@@ -344,9 +357,10 @@ class OpVerifier {
     std::vector<Tensor> globals = data.inputs;
     globals.insert(globals.end(), data.outputs.begin(), data.outputs.end());
     globals.insert(globals.end(), out_grads.begin(), out_grads.end());
-    auto kernel = [&](const std::vector<Tensor>& in) {
+    auto kernel = [&](const std::vector<Tensor>& in, const ops::KernelContext& ctx) {
       std::span<const Tensor> all(in);
-      return op_.backward(all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout, nout), *data.attrs);
+      return ops::run_backward(op_, all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout, nout),
+                               *data.attrs, &ctx);
     };
     for (int64_t idx : en.indices(options_.max_combinations)) {
       std::vector<DistAttr> dists = en.at(idx);
