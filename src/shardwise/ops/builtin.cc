@@ -12,6 +12,8 @@ void register_builtin_ops(OpRegistry& registry) {
   register_norm_ops(registry);
   register_softmax_ops(registry);
   register_index_ops(registry);
+  register_channel_norm_ops(registry);
+  register_misc_ops(registry);
 }
 
 }  // namespace shardwise::ops

@@ -12,5 +12,7 @@ void register_shape_ops(OpRegistry& registry);
 void register_norm_ops(OpRegistry& registry);
 void register_softmax_ops(OpRegistry& registry);
 void register_index_ops(OpRegistry& registry);
+void register_channel_norm_ops(OpRegistry& registry);
+void register_misc_ops(OpRegistry& registry);
 
 }  // namespace shardwise::ops

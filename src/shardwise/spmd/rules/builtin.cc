@@ -12,6 +12,8 @@ void register_builtin_rules(RuleRegistry& registry) {
   register_norm_rules(registry);
   register_softmax_rules(registry);
   register_index_rules(registry);
+  register_channel_norm_rules(registry);
+  register_misc_rules(registry);
 }
 
 }  // namespace shardwise::spmd

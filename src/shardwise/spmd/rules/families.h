@@ -12,5 +12,7 @@ void register_shape_rules(RuleRegistry& registry);
 void register_norm_rules(RuleRegistry& registry);
 void register_softmax_rules(RuleRegistry& registry);
 void register_index_rules(RuleRegistry& registry);
+void register_channel_norm_rules(RuleRegistry& registry);
+void register_misc_rules(RuleRegistry& registry);
 
 }  // namespace shardwise::spmd

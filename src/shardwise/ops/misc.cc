@@ -1,0 +1,7 @@
+#include "shardwise/ops/families.h"
+
+namespace shardwise::ops {
+
+void register_misc_ops(OpRegistry& registry) {}
+
+}  // namespace shardwise::ops
