@@ -226,5 +226,40 @@ TEST(Verifier, PassesShardOffsetsToContextKernels) {
   EXPECT_FALSE(verify_op(plus_global_index(false), o, &rule).ok());
 }
 
+// y[i, j] = x[i, j] - sum_i' x[i', j]: with dim 0 sharded the kernel must all-reduce the local
+// column sums over the mesh dims that shard dim 0 (a collective kernel, run as threads).
+ops::OpDef minus_column_sum(bool all_reduce) {
+  ops::OpDef op = unary_op("toy_colsum", [](double x) { return x; }, [](double) { return 1.0; });
+  op.forward = nullptr;
+  op.collective = true;
+  op.forward_in_context = [all_reduce](std::span<const Tensor> in, const Attrs&, const ops::KernelContext& ctx) {
+    const Tensor& x = in[0];
+    int64_t rows = x.shape()[0], cols = x.shape()[1];
+    Tensor sums(DType::F64, Shape{cols});
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) sums.set_at(j, sums.at(j) + x.at(i * cols + j));
+    }
+    mesh::MeshDimList dims = ctx.tensors[0].dist.mesh_dims_of(0);
+    if (all_reduce && ctx.mesh_comm && !dims.empty()) {
+      std::vector<int> mesh_dims(dims.begin(), dims.end());
+      ctx.mesh_comm->along(mesh_dims).all_reduce(sums, comm::Reduce::Sum);
+    }
+    Tensor y = x.clone();
+    for (int64_t i = 0; i < y.numel(); ++i) y.set_at(i, x.at(i) - sums.at(i % cols));
+    return std::vector<Tensor>{y};
+  };
+  return op;
+}
+
+TEST(Verifier, RunsCollectiveKernelsAsThreads) {
+  spmd::Rule rule = elementwise_rule({});
+  VerifyOptions o = small();
+  o.grad = false;
+  Report right = verify_op(minus_column_sum(true), o, &rule);
+  EXPECT_TRUE(right.ok()) << right.table();
+  Report wrong = verify_op(minus_column_sum(false), o, &rule);
+  EXPECT_FALSE(wrong.ok());
+}
+
 }  // namespace
 }  // namespace shardwise::verify

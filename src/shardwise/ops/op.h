@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardwise/comm/communicator.h"
 #include "shardwise/core/attrs.h"
 #include "shardwise/spmd/rule.h"
 #include "shardwise/tensor/tensor.h"
@@ -35,10 +36,14 @@ using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> inp
 struct ShardInfo {
   Shape global_shape;
   std::array<int64_t, kMaxDims> offset{};
+  mesh::DistAttr dist;  // the tensor's distribution (empty: single device)
 };
 struct KernelContext {
   // Forward: one entry per input. Backward: inputs ++ outputs ++ output grads.
   std::vector<ShardInfo> tensors;
+  // For ops marked `collective`: this rank's communicators along mesh dims (null on one device:
+  // a kernel then behaves as if every group had one rank).
+  comm::MeshComm* mesh_comm = nullptr;
   static KernelContext single_device(std::span<const Tensor> tensors);
 };
 using ContextKernelFn =
@@ -84,6 +89,9 @@ struct OpDef {
   // when set they are used. Call ops through run_forward / run_backward below.
   ContextKernelFn forward_in_context;
   ContextBackwardFn backward_in_context;
+  // Its context kernels call collectives (sync_batch_norm, vocab-parallel cross-entropy): the
+  // verifier and the runtime run its ranks concurrently with a communicator in the context.
+  bool collective = false;
   bool has_backward() const { return backward || backward_in_context; }
 };
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "shardwise/comm/local.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/spmd/rule.h"
 #include "shardwise/verify/sim_mesh.h"
@@ -231,7 +232,7 @@ class OpVerifier {
         for (size_t r = 0; r < n; ++r) {
           local_in[r].push_back(parts[r]);
           auto block = mesh::local_block(globals[i].shape(), required[i], mesh, mesh.coords(static_cast<int64_t>(r)));
-          contexts[r].tensors.push_back({globals[i].shape(), block.offset});
+          contexts[r].tensors.push_back({globals[i].shape(), block.offset, required[i]});
         }
       }
     } catch (const Error& e) {
@@ -239,9 +240,24 @@ class OpVerifier {
       return run;
     }
     run->outputs.resize(n);
+    if (op_.collective) {
+      // Ranks run as threads so the kernels' collectives can meet.
+      try {
+        comm::LocalWorld::run(static_cast<int>(n), [&](comm::Communicator& world) {
+          auto r = static_cast<size_t>(world.rank());
+          comm::MeshComm mesh_comm(mesh, world.group(world.members()));
+          contexts[r].mesh_comm = &mesh_comm;
+          run->outputs[r] = kernel(local_in[r], contexts[r]);
+          contexts[r].mesh_comm = nullptr;
+        }, std::chrono::seconds(60));
+      } catch (const Error& e) {
+        run->error = fmt::format("the local kernels failed: {}", e.what());
+        return run;
+      }
+    }
     for (size_t r = 0; r < n; ++r) {
       try {
-        run->outputs[r] = kernel(local_in[r], contexts[r]);
+        if (!op_.collective) run->outputs[r] = kernel(local_in[r], contexts[r]);
       } catch (const Error& e) {
         run->error = fmt::format("the local kernel failed on rank {}: {}", r, e.what());
         return run;

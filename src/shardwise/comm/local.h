@@ -1,0 +1,50 @@
+#pragma once
+// The `local` backend: N ranks as threads of one process, exchanging through shared memory.
+//
+// Every collective is a rendezvous of the group's members: each deposits its buffers, all wait
+// until all have arrived, each computes its own result (reductions add in rank order, so every
+// rank gets the same bits), and all wait again before returning, so no buffer is reused while a
+// peer still reads it. If a rank fails, LocalWorld::run aborts the world: every rank blocked in a
+// collective gets an Error (naming the failed rank) within about 50 ms. A rank that never arrives
+// makes the others fail with an Error after `timeout`.
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include "shardwise/comm/communicator.h"
+
+namespace shardwise::comm {
+
+class LocalWorld : public std::enable_shared_from_this<LocalWorld> {
+ public:
+  static std::shared_ptr<LocalWorld> create(int size, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  int size() const { return size_; }
+  // The world communicator of `rank`.
+  std::shared_ptr<Communicator> communicator(int rank);
+  // Marks the world failed: every rank waiting in (or later entering) a collective throws.
+  void abort(std::string reason);
+  bool aborted() const { return aborted_.load(); }
+  std::string abort_reason() const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Runs fn(comm) on `size` threads, one per rank. If any rank throws, the world is aborted and
+  // the first error is rethrown here (prefixed with the rank) after every thread has finished.
+  static void run(int size, const std::function<void(Communicator&)>& fn,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(300));
+
+  struct Group;  // shared state of one group (internal)
+  std::shared_ptr<Group> group_state(const std::vector<int>& members);
+
+ private:
+  LocalWorld(int size, std::chrono::milliseconds timeout) : size_(size), timeout_(timeout) {}
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
+  std::map<std::vector<int>, std::shared_ptr<Group>> groups_;
+};
+
+}  // namespace shardwise::comm

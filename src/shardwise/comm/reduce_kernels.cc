@@ -1,0 +1,57 @@
+#include "shardwise/comm/reduce_kernels.h"
+
+#include <cmath>
+#include <limits>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::comm {
+namespace {
+
+template <class T>
+void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Reduce op) {
+  using C = std::conditional_t<std::is_same_v<T, bool>, bool, compute_t<T>>;
+  auto at = [&](size_t r, int64_t i) { return static_cast<C>(static_cast<const T*>(inputs[r])[i]); };
+  for (int64_t i = 0; i < count; ++i) {
+    C acc = at(0, i);
+    for (size_t r = 1; r < inputs.size(); ++r) {
+      C v = at(r, i);
+      switch (op) {
+        case Reduce::Sum:
+        case Reduce::Avg:
+          if constexpr (std::is_same_v<C, bool>) acc = acc || v;
+          else acc = static_cast<C>(acc + v);
+          break;
+        case Reduce::Prod:
+          if constexpr (std::is_same_v<C, bool>) acc = acc && v;
+          else acc = static_cast<C>(acc * v);
+          break;
+        case Reduce::Max:
+          if constexpr (std::is_floating_point_v<C>) {
+            if (std::isnan(v) || std::isnan(acc)) { acc = std::numeric_limits<C>::quiet_NaN(); break; }
+          }
+          acc = v > acc ? v : acc;
+          break;
+        case Reduce::Min:
+          if constexpr (std::is_floating_point_v<C>) {
+            if (std::isnan(v) || std::isnan(acc)) { acc = std::numeric_limits<C>::quiet_NaN(); break; }
+          }
+          acc = v < acc ? v : acc;
+          break;
+      }
+    }
+    if (op == Reduce::Avg) {
+      if constexpr (!std::is_same_v<C, bool>) acc = static_cast<C>(acc / static_cast<C>(inputs.size()));
+    }
+    out[i] = static_cast<T>(acc);
+  }
+}
+
+}  // namespace
+
+void reduce_buffers(std::span<const void* const> inputs, void* out, int64_t count, DType dtype, Reduce op) {
+  SW_CHECK(!inputs.empty(), "reduce of no buffers");
+  SW_DISPATCH(dtype, [&] { reduce_typed<T>(inputs, static_cast<T*>(out), count, op); });
+}
+
+}  // namespace shardwise::comm

@@ -1,0 +1,127 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <numeric>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::comm {
+namespace {
+
+// Rank r contributes value(r, i) = (r + 1) * 10 + i.
+double value(int r, int i) { return (r + 1) * 10.0 + i; }
+
+TEST(LocalComm, AllReduceEveryOpOn1To4Ranks) {
+  for (int n = 1; n <= 4; ++n) {
+    for (Reduce op : {Reduce::Sum, Reduce::Avg, Reduce::Max, Reduce::Min, Reduce::Prod}) {
+      LocalWorld::run(n, [&](Communicator& c) {
+        std::vector<double> in(5), out(5);
+        for (int i = 0; i < 5; ++i) in[static_cast<size_t>(i)] = value(c.rank(), i) * (c.rank() % 2 ? -1 : 1);
+        c.all_reduce(in.data(), out.data(), 5, DType::F64, op);
+        for (int i = 0; i < 5; ++i) {
+          double expect = op == Reduce::Prod ? 1.0 : op == Reduce::Max ? -1e300 : op == Reduce::Min ? 1e300 : 0.0;
+          for (int r = 0; r < n; ++r) {
+            double v = value(r, i) * (r % 2 ? -1 : 1);
+            if (op == Reduce::Sum || op == Reduce::Avg) expect += v;
+            if (op == Reduce::Prod) expect *= v;
+            if (op == Reduce::Max) expect = std::max(expect, v);
+            if (op == Reduce::Min) expect = std::min(expect, v);
+          }
+          if (op == Reduce::Avg) expect /= n;
+          ASSERT_DOUBLE_EQ(out[static_cast<size_t>(i)], expect) << "n=" << n << " op=" << reduce_name(op);
+        }
+      });
+    }
+  }
+}
+
+TEST(LocalComm, InPlaceAllReduceAndIntegers) {
+  LocalWorld::run(3, [](Communicator& c) {
+    Tensor t = Tensor::full(DType::I32, Shape{4}, c.rank() + 1);
+    c.all_reduce(t, Reduce::Sum);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(t.at(i), 6);
+  });
+}
+
+TEST(LocalComm, AllGatherAndBroadcast) {
+  for (int n = 1; n <= 4; ++n) {
+    LocalWorld::run(n, [n](Communicator& c) {
+      std::vector<int64_t> in = {c.rank() * 100, c.rank() * 100 + 1};
+      std::vector<int64_t> out(static_cast<size_t>(2 * n));
+      c.all_gather(in.data(), out.data(), 2, DType::I64);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(out[static_cast<size_t>(2 * r)], r * 100);
+        ASSERT_EQ(out[static_cast<size_t>(2 * r + 1)], r * 100 + 1);
+      }
+      std::vector<float> b(3, static_cast<float>(c.rank()));
+      c.broadcast(b.data(), 3, DType::F32, n - 1);
+      for (float v : b) ASSERT_EQ(v, static_cast<float>(n - 1));
+      // Zero-size collectives are fine.
+      c.all_gather(nullptr, nullptr, 0, DType::F32);
+      c.barrier();
+    });
+  }
+}
+
+TEST(LocalComm, MeshSubGroupsReduceAlongOneDim) {
+  // Mesh [2,3]: along dim 1 the groups are {0,1,2} and {3,4,5}; along dim 0 {0,3}, {1,4}, {2,5}.
+  mesh::ProcessMesh mesh(Shape{2, 3});
+  std::vector<std::vector<int64_t>> got(6);
+  LocalWorld::run(6, [&](Communicator& world) {
+    std::shared_ptr<Communicator> self = world.group(world.members());
+    MeshComm mc(mesh, self);
+    int64_t mine = int64_t{1} << world.rank();
+    int64_t along1 = 0, along0 = 0, both = 0;
+    int dim1[] = {1}, dim0[] = {0}, all[] = {0, 1};
+    mc.along(dim1).all_reduce(&mine, &along1, 1, DType::I64, Reduce::Sum);
+    mc.along(dim0).all_reduce(&mine, &along0, 1, DType::I64, Reduce::Sum);
+    mc.along(all).all_reduce(&mine, &both, 1, DType::I64, Reduce::Sum);
+    got[static_cast<size_t>(world.rank())] = {along1, along0, both, mc.along(dim1).rank(), mc.along(dim0).size()};
+  });
+  EXPECT_EQ(got[0], (std::vector<int64_t>{0b000111, 0b001001, 0b111111, 0, 2}));
+  EXPECT_EQ(got[4], (std::vector<int64_t>{0b111000, 0b010010, 0b111111, 1, 2}));
+  EXPECT_EQ(got[5], (std::vector<int64_t>{0b111000, 0b100100, 0b111111, 2, 2}));
+}
+
+TEST(LocalComm, SizeMismatchIsAnErrorNamingBothSizes) {
+  try {
+    LocalWorld::run(2, [](Communicator& c) {
+      std::vector<float> in(8), out(8);
+      c.all_reduce(in.data(), out.data(), c.rank() == 0 ? 8 : 6, DType::F32, Reduce::Sum);
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("8 elements"), std::string::npos) << m;
+    EXPECT_NE(m.find("6 elements"), std::string::npos) << m;
+  }
+}
+
+TEST(LocalComm, AFailingRankReleasesTheOthersPromptly) {
+  auto start = std::chrono::steady_clock::now();
+  try {
+    LocalWorld::run(4, [](Communicator& c) {
+      if (c.rank() == 2) throw Error("rank two broke");
+      c.barrier();  // ranks 0, 1, 3 wait here for rank 2
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 failed: rank two broke"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(LocalComm, AMissingRankTimesOut) {
+  try {
+    LocalWorld::run(2, [](Communicator& c) {
+      if (c.rank() == 0) c.barrier();  // rank 1 never comes, but does not fail either
+    }, std::chrono::milliseconds(200));
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("never came"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardwise::comm
