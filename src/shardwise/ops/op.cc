@@ -49,7 +49,7 @@ const OpRegistry& op_registry() {
 
 KernelContext KernelContext::single_device(std::span<const Tensor> tensors) {
   KernelContext ctx;
-  for (const Tensor& t : tensors) ctx.tensors.push_back({t.defined() ? t.shape() : Shape{}, {}});
+  for (const Tensor& t : tensors) ctx.tensors.push_back({t.defined() ? t.shape() : Shape{}, {}, {}});
   return ctx;
 }
 

@@ -1,7 +1,137 @@
+// softmax, log_softmax and cross_entropy (kernels in tensor/softmax.h, rules in
+// spmd/rules/softmax.cc).
+//   softmax(x; axis=-1), log_softmax(x; axis=-1): one output of x's shape.
+//   cross_entropy(logits [..., C], labels [...] i64/i32; ignore_index=-100, reduction="mean")
+//     -> loss ([...] for "none", a scalar for "sum" / "mean"); labels take no gradient.
+#include <string>
+
 #include "shardwise/ops/families.h"
+#include "shardwise/tensor/softmax.h"
 
 namespace shardwise::ops {
 
-void register_softmax_ops(OpRegistry& registry) {}
+namespace {
+
+using Kind = ValueGen::Kind;
+
+VerifyCase softmax_case(Shape shape, int64_t axis, DType dtype) {
+  Attrs a;
+  a.set("axis", axis);
+  return VerifyCase{{shape}, {dtype}, std::move(a), {ValueGen{}}};
+}
+
+// 12x6 divides [2], [3], [2,3] and 4x12 divides [2], [2,2] (even); 5x7 does not (uneven); 1x6
+// and 2x3x4 have a dim smaller than a mesh dim (empty shards). Both axes of a 2-D tensor, the
+// middle axis of a 3-D one, and an f32 case.
+std::vector<VerifyCase> softmax_cases() {
+  const DType f64 = DType::F64;
+  return {
+      softmax_case({12, 6}, -1, f64), softmax_case({12, 6}, 0, f64),  softmax_case({4, 12}, 1, f64),
+      softmax_case({5, 7}, -1, f64),  softmax_case({5, 7}, 0, f64),   softmax_case({1, 6}, -1, f64),
+      softmax_case({2, 3, 4}, 1, f64), softmax_case({5, 7}, -1, DType::F32),
+  };
+}
+
+OpDef make_softmax(bool log) {
+  OpDef def;
+  def.name = log ? "log_softmax" : "softmax";
+  def.family = "softmax";
+  def.rule = "softmax";
+  def.summary = log ? "log_softmax(x; axis=-1) = x - max - log(sum(exp(x - max))) along axis; gradient dx = dout - "
+                      "exp(out) * sum(dout)"
+                    : "softmax(x; axis=-1) = exp(x - max) / sum(exp(x - max)) along axis; gradient dx = out * (dout - "
+                      "sum(dout * out))";
+  def.num_inputs = 1;
+  def.num_outputs = 1;
+  std::string_view name = log ? "log_softmax" : "softmax";
+  def.infer = [name](std::span<const TensorMeta> in, const Attrs& attrs) {
+    softmax_axis(attrs, in[0].shape.ndim(), name);
+    SW_CHECK(is_floating(in[0].dtype), "{}: x must have a floating dtype (f32, f64, f16, bf16), got {}", name,
+             dtype_name(in[0].dtype));
+    return std::vector<TensorMeta>{in[0]};
+  };
+  def.forward = [log, name](std::span<const Tensor> in, const Attrs& attrs) {
+    int axis = softmax_axis(attrs, in[0].ndim(), name);
+    return std::vector<Tensor>{log ? log_softmax(in[0], axis) : softmax(in[0], axis)};
+  };
+  def.backward = [log, name](std::span<const Tensor>, std::span<const Tensor> out, std::span<const Tensor> dout,
+                             const Attrs& attrs) {
+    int axis = softmax_axis(attrs, out[0].ndim(), name);
+    return std::vector<Tensor>{log ? log_softmax_backward(out[0], dout[0], axis)
+                                   : softmax_backward(out[0], dout[0], axis)};
+  };
+  def.cases = softmax_cases();
+  return def;
+}
+
+VerifyCase ce_case(Shape logits, const char* reduction, DType dtype = DType::F64, int64_t ignore_index = -100) {
+  Shape labels;
+  for (int d = 0; d + 1 < logits.ndim(); ++d) labels.push_back(logits[d]);
+  Attrs a;
+  a.set("reduction", std::string(reduction));
+  if (ignore_index != -100) a.set("ignore_index", ignore_index);
+  double classes = static_cast<double>(logits.back());
+  return VerifyCase{{logits, labels}, {dtype, DType::I64}, std::move(a),
+                    {ValueGen{}, ValueGen{Kind::Index, 0, classes - 1}}};
+}
+
+// Every reduction on: 12x6 logits (even on [2], [3], [2,3]), 4x12 (even on [2], [2,2]), 5x7
+// (uneven), 1x6 (a batch of 1: empty shards), 2x3x4 (two batch dims); ignore_index = 0 is a real
+// class, so some labels are ignored; 2x2 logits (C = 2) with ignore_index 0 ignore about half the
+// labels, often a whole shard; and f32.
+std::vector<VerifyCase> ce_cases() {
+  std::vector<VerifyCase> cases;
+  for (const char* r : {"mean", "sum", "none"}) {
+    cases.push_back(ce_case({12, 6}, r));
+    cases.push_back(ce_case({4, 12}, r, DType::F64, 0));
+    cases.push_back(ce_case({5, 7}, r, DType::F64, 0));
+    cases.push_back(ce_case({1, 6}, r));
+    cases.push_back(ce_case({2, 3, 4}, r, DType::F64, 2));
+    cases.push_back(ce_case({2, 2}, r, DType::F64, 0));
+  }
+  cases.push_back(ce_case({5, 7}, "mean", DType::F32));
+  cases.push_back(ce_case({5, 7}, "none", DType::F32, 0));
+  return cases;
+}
+
+OpDef make_cross_entropy() {
+  OpDef def;
+  def.name = "cross_entropy";
+  def.family = "softmax";
+  def.rule = "cross_entropy";
+  def.summary =
+      "cross_entropy(logits [..., C], labels [...] i64/i32; ignore_index=-100, reduction=mean|sum|none): loss_i = "
+      "logsumexp(logits_i) - logits_i[label_i], 0 where label_i == ignore_index; mean divides by the count of "
+      "non-ignored labels (NaN when none). Gradient: dlogits = (softmax - onehot) * dloss (/ count), 0 on ignored "
+      "rows; no gradient for labels";
+  def.num_inputs = 2;
+  def.num_outputs = 1;
+  def.infer = [](std::span<const TensorMeta> in, const Attrs& attrs) {
+    check_cross_entropy_args(in[0].shape, in[0].dtype, in[1].shape, in[1].dtype);
+    cross_entropy_ignore_index(attrs);
+    LossReduction r = loss_reduction(attrs, "cross_entropy");
+    return std::vector<TensorMeta>{{cross_entropy_loss_shape(in[1].shape, r), in[0].dtype}};
+  };
+  def.forward = [](std::span<const Tensor> in, const Attrs& attrs) {
+    return std::vector<Tensor>{cross_entropy(in[0], in[1], cross_entropy_ignore_index(attrs),
+                                             loss_reduction(attrs, "cross_entropy"))};
+  };
+  def.backward = [](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
+                    const Attrs& attrs) {
+    return std::vector<Tensor>{cross_entropy_backward(in[0], in[1], dout[0], cross_entropy_ignore_index(attrs),
+                                                      loss_reduction(attrs, "cross_entropy")),
+                               Tensor()};
+  };
+  def.cases = ce_cases();
+  return def;
+}
+
+}  // namespace
+
+void register_softmax_ops(OpRegistry& registry) {
+  registry.add(make_softmax(false));
+  registry.add(make_softmax(true));
+  registry.add(make_cross_entropy());
+}
 
 }  // namespace shardwise::ops

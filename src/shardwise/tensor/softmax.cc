@@ -1,0 +1,274 @@
+#include "shardwise/tensor/softmax.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <variant>
+#include <vector>
+
+namespace shardwise {
+
+namespace {
+
+template <class T>
+double to_f64(T v) {
+  return static_cast<double>(static_cast<compute_t<T>>(v));
+}
+template <class T>
+T from_f64(double v) {
+  return static_cast<T>(static_cast<compute_t<T>>(v));
+}
+
+// Calls fn.template operator()<T>() for a floating dtype; Error naming `op` otherwise.
+template <class Fn>
+void dispatch_float(DType dtype, std::string_view op, Fn&& fn) {
+  SW_DISPATCH(dtype, [&] {
+    if constexpr (is_float_v<T>) {
+      fn.template operator()<T>();
+    } else {
+      fail("{}: needs a floating dtype (f32, f64, f16, bf16), got {}", op, dtype_name(dtype));
+    }
+  });
+}
+
+// x viewed as [outer, n, inner] around `axis`: element (o, j, i) sits at (o * n + j) * inner + i.
+struct AxisView {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+
+AxisView view_around(const Shape& shape, int axis) {
+  AxisView v;
+  for (int d = 0; d < shape.ndim(); ++d) {
+    if (d < axis) v.outer *= shape[d];
+    if (d == axis) v.n = shape[d];
+    if (d > axis) v.inner *= shape[d];
+  }
+  return v;
+}
+
+// Calls fn(base, stride) for every slice along the axis: its elements are base + j * stride.
+template <class Fn>
+void for_each_slice(const AxisView& v, Fn&& fn) {
+  for (int64_t o = 0; o < v.outer; ++o) {
+    for (int64_t i = 0; i < v.inner; ++i) fn(o * v.n * v.inner + i, v.inner);
+  }
+}
+
+int checked_axis(int64_t axis, int ndim, std::string_view op) {
+  SW_CHECK(ndim >= 1, "{}: x must have at least one dim, got a scalar", op);
+  SW_CHECK(axis >= -ndim && axis < ndim, "{}: axis {} is out of range for x of rank {} (allowed {}..{})", op, axis,
+           ndim, -ndim, ndim - 1);
+  return static_cast<int>(axis < 0 ? axis + ndim : axis);
+}
+
+// softmax (log = false) or log_softmax (log = true) of every slice.
+Tensor softmax_impl(const Tensor& x, int axis, bool log) {
+  std::string_view op = log ? "log_softmax" : "softmax";
+  SW_CHECK(x.defined(), "{}: x is undefined", op);
+  axis = checked_axis(axis, x.ndim(), op);
+  Tensor out(x.dtype(), x.shape());
+  AxisView v = view_around(x.shape(), axis);
+  dispatch_float(x.dtype(), op, [&]<class T>() {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    std::vector<double> e(static_cast<size_t>(v.n));
+    for_each_slice(v, [&](int64_t base, int64_t stride) {
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < v.n; ++j) mx = std::max(mx, to_f64(px[base + j * stride]));
+      double sum = 0;
+      for (int64_t j = 0; j < v.n; ++j) {
+        e[static_cast<size_t>(j)] = std::exp(to_f64(px[base + j * stride]) - mx);
+        sum += e[static_cast<size_t>(j)];
+      }
+      double log_sum = std::log(sum);
+      for (int64_t j = 0; j < v.n; ++j) {
+        double r = log ? to_f64(px[base + j * stride]) - mx - log_sum : e[static_cast<size_t>(j)] / sum;
+        po[base + j * stride] = from_f64<T>(r);
+      }
+    });
+  });
+  return out;
+}
+
+Tensor softmax_backward_impl(const Tensor& out, const Tensor& dout, int axis, bool log) {
+  std::string_view op = log ? "log_softmax backward" : "softmax backward";
+  SW_CHECK(out.defined() && dout.defined(), "{}: out or dout is undefined", op);
+  SW_CHECK(out.shape() == dout.shape() && out.dtype() == dout.dtype(),
+           "{}: dout ({} {}) must have out's shape and dtype ({} {})", op, dtype_name(dout.dtype()),
+           dout.shape().to_string(), dtype_name(out.dtype()), out.shape().to_string());
+  axis = checked_axis(axis, out.ndim(), op);
+  Tensor dx(out.dtype(), out.shape());
+  AxisView v = view_around(out.shape(), axis);
+  dispatch_float(out.dtype(), op, [&]<class T>() {
+    const T* py = out.data<T>();
+    const T* pg = dout.data<T>();
+    T* pdx = dx.data<T>();
+    for_each_slice(v, [&](int64_t base, int64_t stride) {
+      double s = 0;
+      for (int64_t j = 0; j < v.n; ++j) {
+        int64_t at = base + j * stride;
+        s += log ? to_f64(pg[at]) : to_f64(pg[at]) * to_f64(py[at]);
+      }
+      for (int64_t j = 0; j < v.n; ++j) {
+        int64_t at = base + j * stride;
+        double y = to_f64(py[at]), g = to_f64(pg[at]);
+        pdx[at] = from_f64<T>(log ? g - std::exp(y) * s : y * (g - s));
+      }
+    });
+  });
+  return dx;
+}
+
+// labels as int64 (i64 or i32 input).
+std::vector<int64_t> read_labels(const Tensor& labels) {
+  std::vector<int64_t> out(static_cast<size_t>(labels.numel()));
+  if (labels.dtype() == DType::I64) {
+    const int64_t* p = labels.data<int64_t>();
+    out.assign(p, p + labels.numel());
+  } else {
+    const int32_t* p = labels.data<int32_t>();
+    for (size_t i = 0; i < out.size(); ++i) out[i] = p[i];
+  }
+  return out;
+}
+
+// Validated labels and the number of non-ignored ones.
+struct LabelRows {
+  std::vector<int64_t> labels;
+  int64_t count = 0;
+};
+
+LabelRows check_labels(const Tensor& labels, int64_t classes, int64_t ignore_index) {
+  LabelRows r{read_labels(labels), 0};
+  for (size_t i = 0; i < r.labels.size(); ++i) {
+    int64_t y = r.labels[i];
+    if (y == ignore_index) continue;
+    SW_CHECK(y >= 0 && y < classes,
+             "cross_entropy: label {} at position {} is out of range: labels must be in [0, {}) or equal "
+             "ignore_index ({})",
+             y, i, classes, ignore_index);
+    ++r.count;
+  }
+  return r;
+}
+
+void check_inputs_defined(const Tensor& logits, const Tensor& labels) {
+  SW_CHECK(logits.defined() && labels.defined(), "cross_entropy: logits or labels is undefined");
+  check_cross_entropy_args(logits.shape(), logits.dtype(), labels.shape(), labels.dtype());
+}
+
+}  // namespace
+
+int softmax_axis(const Attrs& attrs, int ndim, std::string_view op) {
+  const AttrValue* v = attrs.find("axis");
+  int64_t axis = -1;
+  if (v != nullptr) {
+    const auto* i = std::get_if<int64_t>(v);
+    SW_CHECK(i != nullptr, "{}: attribute axis must be an int, got '{}'", op, attrs.to_string());
+    axis = *i;
+  }
+  return checked_axis(axis, ndim, op);
+}
+
+Tensor softmax(const Tensor& x, int axis) { return softmax_impl(x, axis, false); }
+Tensor log_softmax(const Tensor& x, int axis) { return softmax_impl(x, axis, true); }
+Tensor softmax_backward(const Tensor& out, const Tensor& dout, int axis) {
+  return softmax_backward_impl(out, dout, axis, false);
+}
+Tensor log_softmax_backward(const Tensor& out, const Tensor& dout, int axis) {
+  return softmax_backward_impl(out, dout, axis, true);
+}
+
+LossReduction loss_reduction(const Attrs& attrs, std::string_view op) {
+  const AttrValue* v = attrs.find("reduction");
+  if (v == nullptr) return LossReduction::Mean;
+  const auto* s = std::get_if<std::string>(v);
+  if (s != nullptr) {
+    if (*s == "mean") return LossReduction::Mean;
+    if (*s == "sum") return LossReduction::Sum;
+    if (*s == "none") return LossReduction::None;
+  }
+  fail("{}: attribute reduction must be \"mean\", \"sum\" or \"none\", got '{}'", op, attrs.to_string());
+}
+
+void check_cross_entropy_args(const Shape& logits, DType logits_dtype, const Shape& labels, DType labels_dtype) {
+  SW_CHECK(is_floating(logits_dtype), "cross_entropy: logits must have a floating dtype (f32, f64, f16, bf16), got {}",
+           dtype_name(logits_dtype));
+  SW_CHECK(logits.ndim() >= 1, "cross_entropy: logits must have a class dim (shape [..., C]), got a scalar");
+  SW_CHECK(labels_dtype == DType::I64 || labels_dtype == DType::I32,
+           "cross_entropy: labels must be i64 or i32 class ids, got {}", dtype_name(labels_dtype));
+  bool ok = labels.ndim() == logits.ndim() - 1;
+  for (int d = 0; ok && d < labels.ndim(); ++d) ok = labels[d] == logits[d];
+  SW_CHECK(ok, "cross_entropy: labels must have logits' shape without the class dim: logits {} needs labels of shape "
+               "[{}], got {}",
+           logits.to_string(), fmt::join(logits.span().first(static_cast<size_t>(logits.ndim() - 1)), ","),
+           labels.to_string());
+}
+
+Shape cross_entropy_loss_shape(const Shape& labels, LossReduction reduction) {
+  return reduction == LossReduction::None ? labels : Shape{};
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, LossReduction reduction) {
+  check_inputs_defined(logits, labels);
+  const int64_t classes = logits.shape().back();
+  LabelRows rows = check_labels(labels, classes, ignore_index);
+  Tensor loss(logits.dtype(), cross_entropy_loss_shape(labels.shape(), reduction));
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    const T* px = logits.data<T>();
+    T* pl = loss.data<T>();
+    double total = 0;
+    for (size_t i = 0; i < rows.labels.size(); ++i) {
+      double li = 0;
+      if (rows.labels[i] != ignore_index) {
+        const T* row = px + static_cast<int64_t>(i) * classes;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, to_f64(row[c]));
+        double sum = 0;
+        for (int64_t c = 0; c < classes; ++c) sum += std::exp(to_f64(row[c]) - mx);
+        li = mx + std::log(sum) - to_f64(row[rows.labels[i]]);
+      }
+      if (reduction == LossReduction::None) pl[i] = from_f64<T>(li);
+      total += li;
+    }
+    if (reduction == LossReduction::Sum) pl[0] = from_f64<T>(total);
+    if (reduction == LossReduction::Mean) pl[0] = from_f64<T>(total / static_cast<double>(rows.count));
+  });
+  return loss;
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
+                              LossReduction reduction) {
+  check_inputs_defined(logits, labels);
+  Shape want = cross_entropy_loss_shape(labels.shape(), reduction);
+  SW_CHECK(dloss.defined() && dloss.shape() == want && dloss.dtype() == logits.dtype(),
+           "cross_entropy backward: dloss must be {} {}, got {} {}", dtype_name(logits.dtype()), want.to_string(),
+           dloss.defined() ? dtype_name(dloss.dtype()) : "undefined", dloss.shape().to_string());
+  const int64_t classes = logits.shape().back();
+  LabelRows rows = check_labels(labels, classes, ignore_index);
+  Tensor dx(logits.dtype(), logits.shape());
+  dispatch_float(logits.dtype(), "cross_entropy backward", [&]<class T>() {
+    const T* px = logits.data<T>();
+    const T* pg = dloss.data<T>();
+    T* pdx = dx.data<T>();
+    for (size_t i = 0; i < rows.labels.size(); ++i) {
+      const int64_t y = rows.labels[i];
+      if (y == ignore_index) continue;  // dx stays 0
+      double w = reduction == LossReduction::None ? to_f64(pg[i]) : to_f64(pg[0]);
+      if (reduction == LossReduction::Mean) w /= static_cast<double>(rows.count);
+      const T* row = px + static_cast<int64_t>(i) * classes;
+      T* drow = pdx + static_cast<int64_t>(i) * classes;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, to_f64(row[c]));
+      double sum = 0;
+      for (int64_t c = 0; c < classes; ++c) sum += std::exp(to_f64(row[c]) - mx);
+      for (int64_t c = 0; c < classes; ++c) {
+        double p = std::exp(to_f64(row[c]) - mx) / sum;
+        drow[c] = from_f64<T>((p - (c == y ? 1.0 : 0.0)) * w);
+      }
+    }
+  });
+  return dx;
+}
+
+}  // namespace shardwise

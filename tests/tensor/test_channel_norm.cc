@@ -1,0 +1,399 @@
+// Channel-normalization kernels against hand values, naive references (every element's channel /
+// group found by div/mod of its multi-index, two-pass mean and variance) and f64 central finite
+// differences of a weighted-sum loss for the gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "shardwise/tensor/channel_norm.h"
+
+namespace shardwise {
+namespace {
+
+Tensor random(const Shape& s, uint32_t seed, double lo = -2, double hi = 2, DType dtype = DType::F64) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Tensor t(dtype, s);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set_at(i, dist(gen));
+  return t;
+}
+
+Tensor f64(const Shape& s, std::vector<double> v) { return Tensor::from<double>(s, v); }
+
+std::vector<int64_t> unravel(int64_t flat, const Shape& s) {
+  std::vector<int64_t> idx(s.size());
+  for (int d = s.ndim() - 1; d >= 0; --d) {
+    idx[static_cast<size_t>(d)] = flat % s[d];
+    flat /= s[d];
+  }
+  return idx;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    EXPECT_NEAR(got.at(i), want.at(i), tol) << what << " element " << i;
+  }
+}
+
+// ---- naive references: a "key" per element (its statistics bucket), two-pass statistics.
+
+struct Naive {
+  Tensor out;
+  std::vector<double> mean, var;  // per bucket
+};
+
+// key(idx) gives the bucket of the element at multi-index idx; chan(idx) its channel.
+Naive naive_norm(const Tensor& x, const Tensor& scale, const Tensor& bias, int64_t buckets, double eps,
+                 const std::function<int64_t(const std::vector<int64_t>&)>& key,
+                 const std::function<int64_t(const std::vector<int64_t>&)>& chan) {
+  Naive r;
+  std::vector<double> sum(static_cast<size_t>(buckets)), cnt(static_cast<size_t>(buckets));
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    auto k = static_cast<size_t>(key(unravel(i, x.shape())));
+    sum[k] += x.at(i);
+    cnt[k] += 1;
+  }
+  r.mean.resize(sum.size());
+  r.var.assign(sum.size(), 0.0);
+  for (size_t k = 0; k < sum.size(); ++k) r.mean[k] = sum[k] / cnt[k];
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    auto k = static_cast<size_t>(key(unravel(i, x.shape())));
+    r.var[k] += (x.at(i) - r.mean[k]) * (x.at(i) - r.mean[k]) / cnt[k];
+  }
+  r.out = Tensor(x.dtype(), x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    auto idx = unravel(i, x.shape());
+    auto k = static_cast<size_t>(key(idx));
+    int64_t c = chan(idx);
+    r.out.set_at(i, (x.at(i) - r.mean[k]) / std::sqrt(r.var[k] + eps) * scale.at(c) + bias.at(c));
+  }
+  return r;
+}
+
+// Central differences of L = sum(f(t) * w) with respect to every element of t.
+Tensor finite_diff(Tensor t, const Tensor& w, const std::function<Tensor(const Tensor&)>& f) {
+  const double h = 1e-6;
+  Tensor g(DType::F64, t.shape());
+  auto loss = [&](const Tensor& v) {
+    Tensor out = f(v);
+    double s = 0;
+    for (int64_t i = 0; i < out.numel(); ++i) s += out.at(i) * w.at(i);
+    return s;
+  };
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    Tensor p = t.clone(), m = t.clone();
+    p.set_at(i, t.at(i) + h);
+    m.set_at(i, t.at(i) - h);
+    g.set_at(i, (loss(p) - loss(m)) / (2 * h));
+  }
+  return g;
+}
+
+// ---- batch_norm
+
+TEST(BatchNorm, HandValuesAndRunningUpdate) {
+  // N = 4, C = 1: mean 2.5, biased var 1.25, unbiased 5/3.
+  Tensor x = f64({4, 1}, {1, 2, 3, 4});
+  BatchNormOptions o;
+  o.epsilon = 0;
+  o.momentum = 0.9;
+  BatchNormOutputs r = batch_norm(x, f64({1}, {2}), f64({1}, {1}), f64({1}, {0.5}), f64({1}, {1}), o);
+  double rstd = 1 / std::sqrt(1.25);
+  EXPECT_NEAR(r.out.at(0), (1 - 2.5) * rstd * 2 + 1, 1e-12);
+  EXPECT_NEAR(r.out.at(3), (4 - 2.5) * rstd * 2 + 1, 1e-12);
+  EXPECT_NEAR(r.saved_mean.at(0), 2.5, 1e-12);
+  EXPECT_NEAR(r.saved_rstd.at(0), rstd, 1e-12);
+  EXPECT_NEAR(r.running_mean.at(0), 0.9 * 0.5 + 0.1 * 2.5, 1e-12);
+  EXPECT_NEAR(r.running_var.at(0), 0.9 * 1 + 0.1 * 5.0 / 3.0, 1e-12);
+}
+
+TEST(BatchNorm, TrainingMatchesNaiveBothFormats) {
+  struct Case {
+    Shape x;
+    bool last;
+  };
+  for (const Case& c : {Case{{5, 3}, false}, Case{{2, 3, 4}, false}, Case{{2, 3, 2, 2}, false},
+                        Case{{3, 2, 4}, true}, Case{{2, 2, 2, 3}, true}, Case{{2, 3, 1, 2, 2}, false}}) {
+    int ca = c.last ? c.x.ndim() - 1 : 1;
+    int64_t C = c.x[ca];
+    Tensor x = random(c.x, 1), scale = random({C}, 2), bias = random({C}, 3), rm = random({C}, 4),
+           rv = random({C}, 5, 0.5, 2);
+    BatchNormOptions o;
+    o.channels_last = c.last;
+    o.momentum = 0.7;
+    o.epsilon = 1e-3;
+    BatchNormOutputs r = batch_norm(x, scale, bias, rm, rv, o);
+    auto chan = [&](const std::vector<int64_t>& idx) { return idx[static_cast<size_t>(ca)]; };
+    Naive n = naive_norm(x, scale, bias, C, 1e-3, chan, chan);
+    expect_close(r.out, n.out, 1e-12, "out");
+    double count = static_cast<double>(x.numel() / C);
+    for (int64_t k = 0; k < C; ++k) {
+      auto u = static_cast<size_t>(k);
+      EXPECT_NEAR(r.saved_mean.at(k), n.mean[u], 1e-12);
+      EXPECT_NEAR(r.saved_rstd.at(k), 1 / std::sqrt(n.var[u] + 1e-3), 1e-12);
+      EXPECT_NEAR(r.running_mean.at(k), 0.7 * rm.at(k) + 0.3 * n.mean[u], 1e-12);
+      EXPECT_NEAR(r.running_var.at(k), 0.7 * rv.at(k) + 0.3 * n.var[u] * count / (count - 1), 1e-12);
+    }
+  }
+}
+
+TEST(BatchNorm, InferenceUsesRunningStatsAndPassesThemThrough) {
+  Tensor x = random({3, 4, 2}, 7), scale = random({4}, 8), bias = random({4}, 9), rm = random({4}, 10),
+         rv = random({4}, 11, 0.5, 2);
+  BatchNormOptions o;
+  o.training = false;
+  BatchNormOutputs r = batch_norm(x, scale, bias, rm, rv, o);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    int64_t c = unravel(i, x.shape())[1];
+    EXPECT_NEAR(r.out.at(i), (x.at(i) - rm.at(c)) / std::sqrt(rv.at(c) + 1e-5) * scale.at(c) + bias.at(c), 1e-12);
+  }
+  expect_close(r.running_mean, rm, 0, "running_mean");
+  expect_close(r.running_var, rv, 0, "running_var");
+  expect_close(r.saved_mean, rm, 0, "saved_mean");
+  for (int64_t c = 0; c < 4; ++c) EXPECT_NEAR(r.saved_rstd.at(c), 1 / std::sqrt(rv.at(c) + 1e-5), 1e-12);
+}
+
+TEST(BatchNorm, GradientsMatchFiniteDifferences) {
+  for (bool training : {true, false}) {
+    for (bool last : {false, true}) {
+      Shape xs = last ? Shape{3, 2, 3} : Shape{3, 3, 2};
+      Tensor x = random(xs, 20), scale = random({3}, 21), bias = random({3}, 22), rm = random({3}, 23),
+             rv = random({3}, 24, 0.5, 2), w = random(xs, 25);
+      BatchNormOptions o;
+      o.training = training;
+      o.channels_last = last;
+      BatchNormOutputs r = batch_norm(x, scale, bias, rm, rv, o);
+      NormGrads g = batch_norm_backward(x, scale, r.saved_mean, r.saved_rstd, w, o);
+      auto out_of = [&](const Tensor& xv, const Tensor& sv, const Tensor& bv) {
+        return batch_norm(xv, sv, bv, rm, rv, o).out;
+      };
+      expect_close(g.dx, finite_diff(x, w, [&](const Tensor& v) { return out_of(v, scale, bias); }), 1e-6, "dx");
+      expect_close(g.dscale, finite_diff(scale, w, [&](const Tensor& v) { return out_of(x, v, bias); }), 1e-6,
+                   "dscale");
+      expect_close(g.dbias, finite_diff(bias, w, [&](const Tensor& v) { return out_of(x, scale, v); }), 1e-6,
+                   "dbias");
+    }
+  }
+}
+
+// The sync_batch_norm contract: sums of batch slices add up to the global sums, and the gradient
+// computed per slice from the all-reduced gradient sums is the slice of the global gradient.
+TEST(BatchNorm, LocalSumsCombineAcrossBatchSlices) {
+  Tensor x = random({5, 3, 2}, 30), dy = random({5, 3, 2}, 31), scale = random({3}, 32), bias = random({3}, 33),
+         rm = random({3}, 34), rv = random({3}, 35, 0.5, 2);
+  BatchNormOptions o;
+  BatchNormOutputs global = batch_norm(x, scale, bias, rm, rv, o);
+  NormGrads gg = batch_norm_backward(x, scale, global.saved_mean, global.saved_rstd, dy, o);
+  std::vector<int64_t> at0{0, 0, 0}, at2{2, 0, 0};
+  Tensor x0 = x.slice(at0, {2, 3, 2}), x1 = x.slice(at2, {3, 3, 2});
+  Tensor d0 = dy.slice(at0, {2, 3, 2}), d1 = dy.slice(at2, {3, 3, 2});
+  ChannelSums s0 = batch_norm_local_sums(x0, false), s1 = batch_norm_local_sums(x1, false);
+  ChannelSums all = batch_norm_local_sums(x, false);
+  EXPECT_EQ(s0.count + s1.count, all.count);
+  ChannelSums merged = s0;
+  merged.count += s1.count;
+  for (size_t c = 0; c < 3; ++c) {
+    merged.sum[c] += s1.sum[c];
+    merged.sum_sq[c] += s1.sum_sq[c];
+    EXPECT_NEAR(merged.sum[c], all.sum[c], 1e-12);
+  }
+  ChannelStats st = batch_norm_stats(merged);
+  for (int64_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR(st.mean[static_cast<size_t>(c)], global.saved_mean.at(c), 1e-12);
+    EXPECT_NEAR(1 / std::sqrt(st.var[static_cast<size_t>(c)] + o.epsilon), global.saved_rstd.at(c), 1e-12);
+  }
+  ChannelGradSums g0 = batch_norm_local_grad_sums(x0, d0, global.saved_mean, global.saved_rstd, false);
+  ChannelGradSums g1 = batch_norm_local_grad_sums(x1, d1, global.saved_mean, global.saved_rstd, false);
+  for (size_t c = 0; c < 3; ++c) {
+    g0.sum_dy[c] += g1.sum_dy[c];
+    g0.sum_dy_xhat[c] += g1.sum_dy_xhat[c];
+  }
+  NormGrads p1 = batch_norm_backward_from_sums(x1, scale, global.saved_mean, global.saved_rstd, d1, g0, all.count, o);
+  expect_close(p1.dx, gg.dx.slice(at2, {3, 3, 2}), 1e-12, "dx of the second slice");
+  expect_close(p1.dscale, gg.dscale, 1e-12, "dscale from all-reduced sums");
+  expect_close(p1.dbias, gg.dbias, 1e-12, "dbias from all-reduced sums");
+}
+
+TEST(BatchNorm, EmptyAndMixedPrecision) {
+  BatchNormOptions o;
+  // No channels: everything is empty, nothing fails.
+  BatchNormOutputs e = batch_norm(Tensor(DType::F64, {4, 0}), Tensor(DType::F64, {0}), Tensor(DType::F64, {0}),
+                                  Tensor(DType::F64, {0}), Tensor(DType::F64, {0}), o);
+  EXPECT_EQ(e.out.shape(), (Shape{4, 0}));
+  EXPECT_EQ(e.saved_rstd.shape(), (Shape{0}));
+  // Inference on an empty batch: empty out, running stats passed through.
+  o.training = false;
+  Tensor rm = f64({2}, {0.5, -1}), rv = f64({2}, {1, 2});
+  BatchNormOutputs ie = batch_norm(Tensor(DType::F64, {0, 2, 3}), f64({2}, {1, 1}), f64({2}, {0, 0}), rm, rv, o);
+  EXPECT_EQ(ie.out.numel(), 0);
+  expect_close(ie.running_var, rv, 0, "running_var");
+  // f16 x with f32 parameters; f32 everywhere.
+  o.training = true;
+  Tensor x = random({4, 3}, 40);
+  Tensor p1 = Tensor::full(DType::F32, {3}, 1), p0 = Tensor::full(DType::F32, {3}, 0);
+  BatchNormOutputs h = batch_norm(x.to(DType::F16), p1, p0, p0, p1, o);
+  EXPECT_EQ(h.out.dtype(), DType::F16);
+  EXPECT_EQ(h.saved_mean.dtype(), DType::F32);
+  BatchNormOutputs ref = batch_norm(x, p1.to(DType::F64), p0.to(DType::F64), p0.to(DType::F64), p1.to(DType::F64), o);
+  expect_close(h.out, ref.out, 2e-2, "f16 out");
+  BatchNormOutputs f = batch_norm(x.to(DType::F32), p1, p0, p0, p1, o);
+  expect_close(f.out, ref.out, 1e-5, "f32 out");
+}
+
+TEST(BatchNorm, Errors) {
+  BatchNormOptions o;
+  Tensor p = f64({2}, {1, 1});
+  EXPECT_THROW(batch_norm(f64({1, 2}, {1, 2}), p, p, p, p, o), Error);  // one value per channel
+  EXPECT_THROW(batch_norm(random({3, 2}, 1), f64({3}, {1, 1, 1}), p, p, p, o), Error);
+  EXPECT_THROW(batch_norm(random({3, 2}, 1), p.to(DType::F32), p, p, p, o), Error);
+  EXPECT_THROW(batch_norm(random({3, 2}, 1, -2, 2, DType::I64), p, p, p, p, o), Error);
+  EXPECT_THROW(batch_norm_options(Attrs{{"data_format", std::string("NWCH")}}), Error);
+  EXPECT_TRUE(batch_norm_options(Attrs{{"data_format", std::string("NHWC")}}).channels_last);
+  EXPECT_FALSE(batch_norm_options(Attrs{{"training", false}}).training);
+  o.training = false;
+  EXPECT_NO_THROW(batch_norm(f64({1, 2}, {1, 2}), p, p, p, p, o));  // inference needs no batch statistics
+}
+
+// ---- group_norm
+
+Naive naive_group(const Tensor& x, const Tensor& scale, const Tensor& bias, int64_t groups, bool last, double eps) {
+  int ca = last ? x.ndim() - 1 : 1;
+  int64_t C = x.shape()[ca];
+  int64_t cpg = C / groups;
+  auto chan = [=](const std::vector<int64_t>& idx) { return idx[static_cast<size_t>(ca)]; };
+  auto key = [=](const std::vector<int64_t>& idx) { return idx[0] * groups + idx[static_cast<size_t>(ca)] / cpg; };
+  return naive_norm(x, scale, bias, x.shape()[0] * groups, eps, key, chan);
+}
+
+TEST(GroupNorm, MatchesNaiveBothFormats) {
+  struct Case {
+    Shape x;
+    int64_t groups;
+    bool last;
+  };
+  for (const Case& c : {Case{{2, 6, 3}, 3, false}, Case{{2, 6, 3}, 2, false}, Case{{3, 2, 6}, 3, true},
+                        Case{{2, 4, 2, 2}, 1, false}, Case{{2, 4, 2, 2}, 4, false}, Case{{3, 6}, 2, false},
+                        Case{{2, 2, 2, 4}, 2, true}}) {
+    int64_t C = c.x[c.last ? c.x.ndim() - 1 : 1];
+    Tensor x = random(c.x, 50), scale = random({C}, 51), bias = random({C}, 52);
+    GroupNormOptions o{c.groups, 1e-4, c.last};
+    NormOutputs r = group_norm(x, scale, bias, o);
+    Naive n = naive_group(x, scale, bias, c.groups, c.last, 1e-4);
+    expect_close(r.out, n.out, 1e-12, "out");
+    ASSERT_EQ(r.mean.shape(), (Shape{c.x[0], c.groups}));
+    for (int64_t k = 0; k < r.mean.numel(); ++k) {
+      EXPECT_NEAR(r.mean.at(k), n.mean[static_cast<size_t>(k)], 1e-12);
+      EXPECT_NEAR(r.rstd.at(k), 1 / std::sqrt(n.var[static_cast<size_t>(k)] + 1e-4), 1e-12);
+    }
+  }
+}
+
+TEST(GroupNorm, GradientsMatchFiniteDifferences) {
+  for (bool last : {false, true}) {
+    Shape xs = last ? Shape{2, 3, 4} : Shape{2, 4, 3};
+    Tensor x = random(xs, 60), scale = random({4}, 61), bias = random({4}, 62), w = random(xs, 63);
+    GroupNormOptions o{2, 1e-5, last};
+    NormOutputs r = group_norm(x, scale, bias, o);
+    NormGrads g = group_norm_backward(x, scale, r.mean, r.rstd, w, o);
+    auto out_of = [&](const Tensor& xv, const Tensor& sv, const Tensor& bv) { return group_norm(xv, sv, bv, o).out; };
+    expect_close(g.dx, finite_diff(x, w, [&](const Tensor& v) { return out_of(v, scale, bias); }), 1e-6, "dx");
+    expect_close(g.dscale, finite_diff(scale, w, [&](const Tensor& v) { return out_of(x, v, bias); }), 1e-6, "dscale");
+    expect_close(g.dbias, finite_diff(bias, w, [&](const Tensor& v) { return out_of(x, scale, v); }), 1e-6, "dbias");
+  }
+}
+
+// A rank holding whole groups computes exactly its slice of the global result.
+TEST(GroupNorm, ChannelShardOnGroupBoundaries) {
+  Tensor x = random({2, 6, 3}, 70), scale = random({6}, 71), bias = random({6}, 72), dy = random({2, 6, 3}, 73);
+  GroupNormOptions o{3, 1e-5, false};  // 2 channels per group
+  NormOutputs global = group_norm(x, scale, bias, o);
+  NormGrads gg = group_norm_backward(x, scale, global.mean, global.rstd, dy, o);
+  std::vector<int64_t> xo{0, 2, 0}, po{2}, so{0, 1};
+  Tensor xl = x.slice(xo, {2, 4, 3}), sl = scale.slice(po, {4}), bl = bias.slice(po, {4});
+  NormOutputs local = group_norm(xl, sl, bl, o, {6, 2});
+  expect_close(local.out, global.out.slice(xo, {2, 4, 3}), 0, "local out");
+  expect_close(local.mean, global.mean.slice(so, {2, 2}), 0, "local mean");
+  NormGrads gl = group_norm_backward(xl, sl, local.mean, local.rstd, dy.slice(xo, {2, 4, 3}), o, {6, 2});
+  expect_close(gl.dx, gg.dx.slice(xo, {2, 4, 3}), 0, "local dx");
+  expect_close(gl.dscale, gg.dscale.slice(po, {4}), 0, "local dscale");
+  // Channels [1, 3) split group 0 and group 1: an Error, not a wrong answer.
+  std::vector<int64_t> bad{0, 1, 0}, bad_p{1};
+  EXPECT_THROW(group_norm(x.slice(bad, {2, 2, 3}), scale.slice(bad_p, {2}), bias.slice(bad_p, {2}), o, {6, 1}),
+               Error);
+  // An empty channel block holds no group.
+  NormOutputs empty = group_norm(Tensor(DType::F64, {2, 0, 3}), Tensor(DType::F64, {0}), Tensor(DType::F64, {0}), o,
+                                 {6, 6});
+  EXPECT_EQ(empty.mean.shape(), (Shape{2, 0}));
+}
+
+TEST(GroupNorm, Errors) {
+  Tensor x = random({2, 6, 3}, 80), p = random({6}, 81);
+  EXPECT_THROW(group_norm(x, p, p, GroupNormOptions{4, 1e-5, false}), Error);  // 4 does not divide 6
+  EXPECT_THROW(group_norm(x, p, p, GroupNormOptions{0, 1e-5, false}), Error);
+  EXPECT_THROW(group_norm(x, p, p, GroupNormOptions{3, 1e-5, true}), Error);  // C = 3 in NHWC: scale [6] wrong
+  EXPECT_THROW(group_norm_options(Attrs{}), Error);                           // groups is required
+  EXPECT_EQ(group_norm_options(Attrs{{"groups", int64_t{3}}}).groups, 3);
+  NormOutputs e = group_norm(Tensor(DType::F64, {0, 6, 3}), p, p, GroupNormOptions{3, 1e-5, false});
+  EXPECT_EQ(e.mean.shape(), (Shape{0, 3}));
+}
+
+// ---- instance_norm
+
+TEST(InstanceNorm, MatchesNaiveAndGroupNormWithOneChannelPerGroup) {
+  for (Shape xs : {Shape{2, 3, 4}, Shape{2, 3, 2, 2}, Shape{1, 2, 2, 1, 3}}) {
+    int64_t C = xs[1];
+    Tensor x = random(xs, 90), scale = random({C}, 91), bias = random({C}, 92);
+    NormOutputs r = instance_norm(x, scale, bias, 1e-5);
+    auto chan = [](const std::vector<int64_t>& idx) { return idx[1]; };
+    auto key = [C](const std::vector<int64_t>& idx) { return idx[0] * C + idx[1]; };
+    Naive n = naive_norm(x, scale, bias, xs[0] * C, 1e-5, key, chan);
+    expect_close(r.out, n.out, 1e-12, "out");
+    ASSERT_EQ(r.mean.shape(), (Shape{xs[0], C}));
+    for (int64_t k = 0; k < r.mean.numel(); ++k) {
+      EXPECT_NEAR(r.mean.at(k), n.mean[static_cast<size_t>(k)], 1e-12);
+      EXPECT_NEAR(r.rstd.at(k), 1 / std::sqrt(n.var[static_cast<size_t>(k)] + 1e-5), 1e-12);
+    }
+  }
+}
+
+TEST(InstanceNorm, HandValues) {
+  // One sample, one channel, spatial {0, 2}: mean 1, var 1.
+  NormOutputs r = instance_norm(f64({1, 1, 2}, {0, 2}), f64({1}, {3}), f64({1}, {0.5}), 0);
+  EXPECT_NEAR(r.out.at(0), -3 + 0.5, 1e-12);
+  EXPECT_NEAR(r.out.at(1), 3 + 0.5, 1e-12);
+  EXPECT_NEAR(r.mean.at(0), 1, 1e-12);
+  EXPECT_NEAR(r.rstd.at(0), 1, 1e-12);
+}
+
+TEST(InstanceNorm, GradientsMatchFiniteDifferences) {
+  Tensor x = random({2, 3, 4}, 100), scale = random({3}, 101), bias = random({3}, 102), w = random({2, 3, 4}, 103);
+  NormOutputs r = instance_norm(x, scale, bias, 1e-5);
+  NormGrads g = instance_norm_backward(x, scale, r.mean, r.rstd, w);
+  auto out_of = [&](const Tensor& xv, const Tensor& sv, const Tensor& bv) {
+    return instance_norm(xv, sv, bv, 1e-5).out;
+  };
+  expect_close(g.dx, finite_diff(x, w, [&](const Tensor& v) { return out_of(v, scale, bias); }), 1e-6, "dx");
+  expect_close(g.dscale, finite_diff(scale, w, [&](const Tensor& v) { return out_of(x, v, bias); }), 1e-6, "dscale");
+  expect_close(g.dbias, finite_diff(bias, w, [&](const Tensor& v) { return out_of(x, scale, v); }), 1e-6, "dbias");
+}
+
+TEST(InstanceNorm, ErrorsAndEmpty) {
+  Tensor p = f64({2}, {1, 1});
+  EXPECT_THROW(instance_norm(random({3, 2}, 1), p, p, 1e-5), Error);  // rank 2
+  EXPECT_THROW(instance_norm(random({1, 2, 1, 1, 1, 2}, 1), p, p, 1e-5), Error);  // rank 6
+  EXPECT_THROW(instance_norm(random({3, 2, 2}, 1), f64({3}, {1, 1, 1}), p, 1e-5), Error);
+  NormOutputs e = instance_norm(Tensor(DType::F64, {0, 2, 3}), p, p, 1e-5);
+  EXPECT_EQ(e.mean.shape(), (Shape{0, 2}));
+  NormOutputs f = instance_norm(random({2, 2, 3}, 5, -2, 2, DType::F32), p.to(DType::F32), p.to(DType::F32), 1e-5);
+  EXPECT_EQ(f.out.dtype(), DType::F32);
+  NormOutputs ref = instance_norm(random({2, 2, 3}, 5, -2, 2, DType::F32).to(DType::F64), p, p, 1e-5);
+  expect_close(f.out, ref.out, 1e-5, "f32 out");
+}
+
+}  // namespace
+}  // namespace shardwise

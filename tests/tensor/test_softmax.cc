@@ -1,0 +1,190 @@
+// softmax / log_softmax / cross_entropy kernels against independent references: hand values,
+// a naive reference that walks every element by its multi-index (div / mod) and sums over the
+// axis without subtracting the max, and central finite differences in f64 for the backward.
+#include "shardwise/tensor/softmax.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise {
+namespace {
+
+Tensor f64(const Shape& s, std::vector<double> v) { return Tensor::from<double>(s, v); }
+Tensor i64(const Shape& s, std::vector<int64_t> v) { return Tensor::from<int64_t>(s, v); }
+
+Tensor random_f64(const Shape& s, unsigned seed, double lo = -2, double hi = 2) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<double> v(static_cast<size_t>(s.numel()));
+  for (double& x : v) x = d(gen);
+  return f64(s, v);
+}
+
+void expect_near(const Tensor& got, const std::vector<double>& want, double tol, const char* what) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size())) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got.at(static_cast<int64_t>(i)), want[i], tol) << what << " at " << i;
+  }
+}
+
+TEST(Softmax, HandValues) {
+  Tensor x = f64({3}, {0, std::log(2.0), std::log(3.0)});
+  expect_near(softmax(x, -1), {1.0 / 6, 2.0 / 6, 3.0 / 6}, 1e-15, "softmax");
+  expect_near(log_softmax(x, 0), {std::log(1.0 / 6), std::log(2.0 / 6), std::log(0.5)}, 1e-15, "log_softmax");
+  // Stable for large inputs: the max is subtracted before exp.
+  Tensor big = f64({2}, {1000, 1000});
+  expect_near(softmax(big, 0), {0.5, 0.5}, 1e-15, "large");
+  expect_near(log_softmax(f64({2}, {-1000, 0}), 0), {-1000, 0}, 1e-12, "log_softmax large gap");
+  // Axis 0 of a 2-D tensor: columns.
+  Tensor m = f64({2, 2}, {0, 5, 0, 5});
+  expect_near(softmax(m, 0), {0.5, 0.5, 0.5, 0.5}, 1e-15, "axis 0");
+}
+
+// Naive reference: for every element, recover (outer, j, inner) by div / mod and sum exp over
+// the axis directly (inputs in [-2, 2], so no max subtraction is needed).
+std::vector<double> naive_softmax(const Tensor& x, int axis, bool log) {
+  const Shape& s = x.shape();
+  int64_t inner = 1;
+  for (int d = axis + 1; d < s.ndim(); ++d) inner *= s[d];
+  int64_t n = s[axis];
+  std::vector<double> out;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    int64_t j = (i / inner) % n;
+    int64_t first = i - j * inner;
+    double sum = 0;
+    for (int64_t t = 0; t < n; ++t) sum += std::exp(x.at(first + t * inner));
+    out.push_back(log ? x.at(i) - std::log(sum) : std::exp(x.at(i)) / sum);
+  }
+  return out;
+}
+
+TEST(Softmax, MatchesNaiveReferenceOnEveryAxis) {
+  Shape shape{3, 4, 5};
+  Tensor x = random_f64(shape, 1);
+  for (int axis : {0, 1, 2, -1, -2}) {
+    int a = axis < 0 ? axis + 3 : axis;
+    expect_near(softmax(x, axis), naive_softmax(x, a, false), 1e-14, "softmax");
+    expect_near(log_softmax(x, axis), naive_softmax(x, a, true), 1e-13, "log_softmax");
+  }
+  EXPECT_EQ(softmax_axis(Attrs{}, 3, "t"), 2);
+  EXPECT_EQ(softmax_axis(Attrs{{"axis", int64_t{-3}}}, 3, "t"), 0);
+  EXPECT_THROW(softmax_axis(Attrs{{"axis", int64_t{3}}}, 3, "t"), Error);
+  EXPECT_THROW(softmax(x, 3), Error);
+  EXPECT_THROW(softmax(x.to(DType::I32), 0), Error);
+}
+
+TEST(Softmax, EmptyAndLowPrecision) {
+  EXPECT_EQ(softmax(Tensor(DType::F64, {0, 3}), 1).shape(), (Shape{0, 3}));
+  EXPECT_EQ(log_softmax(Tensor(DType::F64, {2, 0}), 1).shape(), (Shape{2, 0}));
+  Tensor x = random_f64({4, 6}, 2);
+  EXPECT_TRUE(compare(softmax(x.to(DType::F32), 1).to(DType::F64), softmax(x, 1), 1e-6, 1e-7).equal);
+  EXPECT_TRUE(compare(log_softmax(x.to(DType::BF16), 1).to(DType::F64), log_softmax(x, 1), 3e-2, 3e-2).equal);
+}
+
+std::vector<double> numeric_grad(Tensor& t, const Tensor& w, const std::function<Tensor()>& out) {
+  const double h = 1e-6;
+  std::vector<double> g;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.at(i);
+    auto loss = [&](double at) {
+      t.set_at(i, at);
+      Tensor o = out();
+      double l = 0;
+      for (int64_t j = 0; j < o.numel(); ++j) l += o.at(j) * w.at(j);
+      return l;
+    };
+    double up = loss(v + h), down = loss(v - h);
+    t.set_at(i, v);
+    g.push_back((up - down) / (2 * h));
+  }
+  return g;
+}
+
+TEST(Softmax, BackwardMatchesFiniteDifferences) {
+  Shape shape{2, 3, 4};
+  for (int axis : {0, 1, 2}) {
+    Tensor x = random_f64(shape, 3);
+    Tensor w = random_f64(shape, 4);
+    Tensor y = softmax(x, axis), ly = log_softmax(x, axis);
+    expect_near(softmax_backward(y, w, axis), numeric_grad(x, w, [&] { return softmax(x, axis); }), 1e-7,
+                "softmax dx");
+    expect_near(log_softmax_backward(ly, w, axis), numeric_grad(x, w, [&] { return log_softmax(x, axis); }), 1e-7,
+                "log_softmax dx");
+  }
+  EXPECT_THROW(softmax_backward(softmax(random_f64({2, 3}, 5), 1), random_f64({3, 2}, 6), 1), Error);
+}
+
+TEST(CrossEntropy, HandValues) {
+  // Row 0 probabilities [1/6, 2/6, 3/6], label 2: loss ln 2. Row 1 uniform, label 0: loss ln 3.
+  Tensor logits = f64({2, 3}, {0, std::log(2.0), std::log(3.0), 1, 1, 1});
+  Tensor labels = i64({2}, {2, 0});
+  expect_near(cross_entropy(logits, labels, -100, LossReduction::None), {std::log(2.0), std::log(3.0)}, 1e-15,
+              "none");
+  expect_near(cross_entropy(logits, labels, -100, LossReduction::Sum), {std::log(6.0)}, 1e-15, "sum");
+  expect_near(cross_entropy(logits, labels, -100, LossReduction::Mean), {std::log(6.0) / 2}, 1e-15, "mean");
+  // Ignoring class 0 drops row 1: it contributes 0 and the mean divides by 1.
+  expect_near(cross_entropy(logits, labels, 0, LossReduction::None), {std::log(2.0), 0}, 1e-15, "none ignored");
+  expect_near(cross_entropy(logits, labels, 0, LossReduction::Mean), {std::log(2.0)}, 1e-15, "mean ignored");
+  // i32 labels, a scalar-label single sample.
+  expect_near(cross_entropy(logits, labels.to(DType::I32), -100, LossReduction::Sum), {std::log(6.0)}, 1e-15, "i32");
+  Tensor one = cross_entropy(f64({3}, {1, 1, 1}), Tensor::scalar<int64_t>(1), -100, LossReduction::None);
+  EXPECT_EQ(one.ndim(), 0);
+  EXPECT_NEAR(one.at(0), std::log(3.0), 1e-15);
+  // Stable for large logits.
+  expect_near(cross_entropy(f64({1, 2}, {1000, 0}), i64({1}, {1}), -100, LossReduction::Sum), {1000}, 1e-9, "large");
+}
+
+TEST(CrossEntropy, AllIgnoredMeanIsNaNAndGradientZero) {
+  Tensor logits = random_f64({3, 4}, 7);
+  Tensor labels = i64({3}, {-100, -100, -100});
+  EXPECT_TRUE(std::isnan(cross_entropy(logits, labels, -100, LossReduction::Mean).at(0)));
+  EXPECT_EQ(cross_entropy(logits, labels, -100, LossReduction::Sum).at(0), 0.0);
+  Tensor dx = cross_entropy_backward(logits, labels, f64({}, {1.0}), -100, LossReduction::Mean);
+  for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_EQ(dx.at(i), 0.0);
+  // No rows at all: mean is NaN as well, sum 0, none empty.
+  Tensor empty_logits(DType::F64, {0, 4});
+  Tensor empty_labels(DType::I64, {0});
+  EXPECT_TRUE(std::isnan(cross_entropy(empty_logits, empty_labels, -100, LossReduction::Mean).at(0)));
+  EXPECT_EQ(cross_entropy(empty_logits, empty_labels, -100, LossReduction::Sum).at(0), 0.0);
+  EXPECT_EQ(cross_entropy(empty_logits, empty_labels, -100, LossReduction::None).shape(), (Shape{0}));
+}
+
+TEST(CrossEntropy, RejectsBadArguments) {
+  Tensor logits = random_f64({2, 3}, 8);
+  EXPECT_THROW(cross_entropy(logits, i64({2}, {0, 3}), -100, LossReduction::Sum), Error);  // label == C
+  EXPECT_THROW(cross_entropy(logits, i64({2}, {-1, 0}), -100, LossReduction::Sum), Error);
+  EXPECT_THROW(cross_entropy(logits, i64({3}, {0, 0, 0}), -100, LossReduction::Sum), Error);  // shape
+  EXPECT_THROW(cross_entropy(logits, logits, -100, LossReduction::Sum), Error);  // float labels
+  EXPECT_THROW(cross_entropy(logits.to(DType::I64), i64({2}, {0, 0}), -100, LossReduction::Sum), Error);
+  EXPECT_THROW(loss_reduction(Attrs{{"reduction", std::string("avg")}}, "t"), Error);
+  EXPECT_EQ(loss_reduction(Attrs{}, "t"), LossReduction::Mean);
+  EXPECT_EQ(loss_reduction(Attrs{{"reduction", std::string("none")}}, "t"), LossReduction::None);
+  EXPECT_THROW(cross_entropy_backward(logits, i64({2}, {0, 1}), f64({2}, {1, 1}), -100, LossReduction::Sum), Error);
+  try {
+    cross_entropy(logits, i64({2}, {0, 7}), -100, LossReduction::Sum);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 7"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
+  Tensor logits = random_f64({2, 3, 4}, 9);
+  Tensor labels = i64({2, 3}, {0, 3, 1, 1, 2, 3});  // ignore_index 1 drops two rows
+  for (LossReduction r : {LossReduction::None, LossReduction::Sum, LossReduction::Mean}) {
+    Tensor dloss = r == LossReduction::None ? random_f64({2, 3}, 10) : f64({}, {0.7});
+    Tensor dx = cross_entropy_backward(logits, labels, dloss, 1, r);
+    auto out = [&] { return cross_entropy(logits, labels, 1, r); };
+    expect_near(dx, numeric_grad(logits, dloss, out), 1e-7, "dlogits");
+  }
+}
+
+}  // namespace
+}  // namespace shardwise
