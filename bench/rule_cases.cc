@@ -37,8 +37,19 @@ std::vector<RuleCall> rule_calls() {
                       {{Shape{8, 1024, 4096}, "S(0),R"}, {Shape{4096, 16384}, "R,S(1)"}});
   RuleCall row = make("matmul row-parallel [S(0),S(2)]x[R,S(0)]", "matmul",
                       {{Shape{8, 1024, 16384}, "S(0),S(2)"}, {Shape{16384, 4096}, "R,S(0)"}});
-  return {gelu, add, sum, col, row, grad_of(gelu, "gelu"), grad_of(add, "add"), grad_of(sum, "sum"),
-          grad_of(row, "matmul")};
+  RuleCall ln = make("layer_norm [S(0),S(1)] x 8x1024x4096", "layer_norm",
+                     {{Shape{8, 1024, 4096}, "S(0),S(1)"}, {Shape{4096}, "R,R"}, {Shape{4096}, "R,R"}});
+  RuleCall bn = make("batch_norm inference NCHW [S(0),S(1)]", "batch_norm",
+                     {{Shape{32, 256, 56, 56}, "S(0),S(1)"}, {Shape{256}, "R,R"}, {Shape{256}, "R,R"},
+                      {Shape{256}, "R,R"}, {Shape{256}, "R,R"}},
+                     Attrs{{"training", false}});
+  RuleCall put = make("index_put k=1 [R,S(1)]", "index_put",
+                      {{Shape{4096, 1024}, "R,S(1)"}, {Shape{512}, "R,R"}, {Shape{512, 1024}, "R,S(1)"}});
+  put.inputs[1].dtype = DType::I64;
+  RuleCall reshape = make("reshape 1x512x4096 -> 1x2x256x4096 [S(1),S(2)]", "reshape",
+                          {{Shape{1, 512, 4096}, "S(1),S(2)"}}, Attrs{{"shape", std::vector<int64_t>{1, 2, 256, 4096}}});
+  return {gelu, add, sum, col, row, ln, bn, put, reshape, grad_of(gelu, "gelu"), grad_of(add, "add"),
+          grad_of(sum, "sum"), grad_of(row, "matmul"), grad_of(ln, "layer_norm")};
 }
 
 }  // namespace shardwise::bench
