@@ -7,14 +7,7 @@
 namespace shardwise {
 
 int norm_begin_axis(const Attrs& attrs, int ndim, std::string_view op) {
-  const AttrValue* v = attrs.find("begin_norm_axis");
-  int64_t k = -1;
-  if (v != nullptr) {
-    const auto* i = std::get_if<int64_t>(v);
-    SW_CHECK(i != nullptr, "{}: attribute begin_norm_axis must be an int, got '{}'", op, attrs.to_string());
-    k = *i;
-  }
-  return resolve_norm_axis(k, ndim, op);
+  return resolve_norm_axis(attrs.get_int("begin_norm_axis", -1), ndim, op);
 }
 
 int resolve_norm_axis(int64_t k, int ndim, std::string_view op) {

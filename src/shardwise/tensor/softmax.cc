@@ -160,14 +160,7 @@ void check_inputs_defined(const Tensor& logits, const Tensor& labels) {
 }  // namespace
 
 int softmax_axis(const Attrs& attrs, int ndim, std::string_view op) {
-  const AttrValue* v = attrs.find("axis");
-  int64_t axis = -1;
-  if (v != nullptr) {
-    const auto* i = std::get_if<int64_t>(v);
-    SW_CHECK(i != nullptr, "{}: attribute axis must be an int, got '{}'", op, attrs.to_string());
-    axis = *i;
-  }
-  return checked_axis(axis, ndim, op);
+  return checked_axis(attrs.get_int("axis", -1), ndim, op);
 }
 
 Tensor softmax(const Tensor& x, int axis) { return softmax_impl(x, axis, false); }
