@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardwise/core/error.h"
+#include "numeric_grad.h"
 
 namespace shardwise {
 namespace {
@@ -162,25 +163,7 @@ TEST(LayerNorm, EmptyRowsGiveEmptyOutputsAndZeroParamGrads) {
   EXPECT_EQ(values(qg.dscale), std::vector<double>(4, 0.0));
 }
 
-// Central differences of L = sum(w * out(inputs)) with respect to every element of `t`.
-std::vector<double> numeric_grad(Tensor& t, const Tensor& w, const std::function<Tensor()>& out) {
-  const double h = 1e-6;
-  std::vector<double> g;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    double v = t.at(i);
-    auto loss = [&](double at) {
-      t.set_at(i, at);
-      Tensor o = out();
-      double l = 0;
-      for (int64_t j = 0; j < o.numel(); ++j) l += o.at(j) * w.at(j);
-      return l;
-    };
-    double up = loss(v + h), down = loss(v - h);
-    t.set_at(i, v);
-    g.push_back((up - down) / (2 * h));
-  }
-  return g;
-}
+using testing_util::numeric_grad;
 
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   for (auto [shape, k] : {std::pair<Shape, int>{{3, 5}, -1}, {{2, 3, 4}, 1}, {{2, 3}, 0}}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardwise/core/error.h"
+#include "numeric_grad.h"
 
 namespace shardwise {
 namespace {
@@ -89,24 +90,7 @@ TEST(Softmax, EmptyAndLowPrecision) {
   EXPECT_TRUE(compare(log_softmax(x.to(DType::BF16), 1).to(DType::F64), log_softmax(x, 1), 3e-2, 3e-2).equal);
 }
 
-std::vector<double> numeric_grad(Tensor& t, const Tensor& w, const std::function<Tensor()>& out) {
-  const double h = 1e-6;
-  std::vector<double> g;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    double v = t.at(i);
-    auto loss = [&](double at) {
-      t.set_at(i, at);
-      Tensor o = out();
-      double l = 0;
-      for (int64_t j = 0; j < o.numel(); ++j) l += o.at(j) * w.at(j);
-      return l;
-    };
-    double up = loss(v + h), down = loss(v - h);
-    t.set_at(i, v);
-    g.push_back((up - down) / (2 * h));
-  }
-  return g;
-}
+using testing_util::numeric_grad;
 
 TEST(Softmax, BackwardMatchesFiniteDifferences) {
   Shape shape{2, 3, 4};
