@@ -3,6 +3,7 @@
 #include <chrono>
 #include <numeric>
 
+#include "collective_checks.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 
@@ -33,6 +34,79 @@ TEST(LocalComm, AllReduceEveryOpOn1To4Ranks) {
         }
       });
     }
+  }
+}
+
+TEST(LocalComm, EveryOperationOn1To4Ranks) {
+  for (int n = 1; n <= 4; ++n) {
+    SCOPED_TRACE(n);
+    LocalWorld::run(n, [](Communicator& c) { checks::all(c); });
+  }
+}
+
+TEST(LocalComm, UnequalAllToAllVCountsAreAnErrorNamingBothCounts) {
+  try {
+    LocalWorld::run(3, [](Communicator& c) {
+      std::vector<int64_t> send = {1, 1, 1}, recv = {1, 1, 1};
+      if (c.rank() == 2) recv[0] = 4;  // rank 0 sends 1 element to rank 2, which expects 4
+      std::vector<float> in(3), out(6);
+      c.all_to_all_v(in.data(), send, out.data(), recv, DType::F32);
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 sends 1 elements to rank 2, but rank 2 expects 4"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(LocalComm, MismatchedOperationsRootsAndMessagesAreErrors) {
+  auto message_of = [](const std::function<void(Communicator&)>& fn) -> std::string {
+    try {
+      LocalWorld::run(2, fn);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  std::string m = message_of([](Communicator& c) {
+    int64_t x = 0;
+    if (c.rank() == 0) c.broadcast(&x, 1, DType::I64, 0);
+    else c.all_reduce(&x, &x, 1, DType::I64, Reduce::Sum);
+  });
+  EXPECT_NE(m.find("called broadcast while rank 1 called all_reduce"), std::string::npos) << m;
+  m = message_of([](Communicator& c) {
+    int64_t x = 0;
+    c.broadcast(&x, 1, DType::I64, c.rank());
+  });
+  EXPECT_NE(m.find("rank 0 uses root 0 but rank 1 uses root 1"), std::string::npos) << m;
+  m = message_of([](Communicator& c) {
+    std::vector<float> buf(4);
+    if (c.rank() == 0) c.send(buf.data(), 4, DType::F32, 1);
+    else c.recv(buf.data(), 3, DType::F32, 0);
+  });
+  EXPECT_NE(m.find("expects 3 elements of f32 (12 bytes) from rank 0 (tag 0), but the message has 16 bytes"),
+            std::string::npos) << m;
+  m = message_of([](Communicator& c) {
+    std::vector<int64_t> counts = {1, 2};
+    if (c.rank() == 1) counts = {2, 2};
+    std::vector<float> in(2), out(4);
+    c.all_gather_v(in.data(), out.data(), counts, DType::F32);
+  });
+  EXPECT_NE(m.find("rank 0 passes counts [1,2] but rank 1 passes [2,2]"), std::string::npos) << m;
+  m = message_of([](Communicator& c) { c.broadcast(nullptr, 0, DType::F32, 5); });
+  EXPECT_NE(m.find("root 5 is not a rank of a group of 2"), std::string::npos) << m;
+}
+
+TEST(LocalComm, ARankFailingWhileOthersWaitInRecvReleasesThem) {
+  try {
+    LocalWorld::run(3, [](Communicator& c) {
+      float x = 0;
+      if (c.rank() == 1) throw Error("rank one broke");
+      c.recv(&x, 1, DType::F32, c.rank() == 0 ? 1 : 0);  // nobody ever sends
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 failed: rank one broke"), std::string::npos) << e.what();
   }
 }
 

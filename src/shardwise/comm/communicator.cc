@@ -32,11 +32,56 @@ void Communicator::all_reduce(const Tensor& in, Tensor& out, Reduce op) {
   all_reduce(in.raw(), out.raw(), in.numel(), in.dtype(), op);
 }
 
+void Communicator::check_root(const char* op, int root) const {
+  SW_CHECK(root >= 0 && root < size(), "{}: root {} is not a rank of a group of {}", op, root, size());
+}
+
+void Communicator::check_peer(const char* op, int peer) const {
+  SW_CHECK(peer >= 0 && peer < size(), "{}: peer {} is not a rank of a group of {}", op, peer, size());
+  SW_CHECK(peer != rank(), "{}: rank {} names itself as its peer", op, rank());
+}
+
+void Communicator::check_counts(const char* op, std::span<const int64_t> counts) const {
+  SW_CHECK(static_cast<int>(counts.size()) == size(), "{}: {} counts given for a group of {} ranks", op,
+           counts.size(), size());
+  for (size_t r = 0; r < counts.size(); ++r) {
+    SW_CHECK(counts[r] >= 0, "{}: negative count {} for rank {}", op, counts[r], r);
+  }
+}
+
+std::vector<std::byte> Communicator::broadcast_bytes(std::span<const std::byte> bytes, int root) {
+  check_root("broadcast_bytes", root);
+  int64_t n = rank() == root ? static_cast<int64_t>(bytes.size()) : 0;
+  broadcast(&n, 1, DType::I64, root);
+  std::vector<std::byte> out(static_cast<size_t>(n));
+  if (rank() == root && n) std::copy(bytes.begin(), bytes.end(), out.begin());
+  broadcast(out.data(), n, DType::U8, root);
+  return out;
+}
+
+std::vector<std::vector<std::byte>> Communicator::all_gather_bytes(std::span<const std::byte> bytes) {
+  int64_t mine = static_cast<int64_t>(bytes.size());
+  std::vector<int64_t> counts(static_cast<size_t>(size()));
+  all_gather(&mine, counts.data(), 1, DType::I64);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<std::byte> packed(static_cast<size_t>(total));
+  all_gather_v(bytes.data(), packed.data(), counts, DType::U8);
+  std::vector<std::vector<std::byte>> out;
+  int64_t at = 0;
+  for (int64_t c : counts) {
+    out.emplace_back(packed.begin() + at, packed.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
 MeshComm::MeshComm(mesh::ProcessMesh mesh, std::shared_ptr<Communicator> world)
     : mesh_(std::move(mesh)), world_(std::move(world)) {
-  SW_CHECK(world_->size() == mesh_.size(), "mesh {} has {} ranks but the communicator has {}", mesh_.to_string(),
-           mesh_.size(), world_->size());
-  rank_index_ = world_->rank();
+  int me = world_->members()[static_cast<size_t>(world_->rank())];
+  SW_CHECK(mesh_.contains(me), "rank {} is not a process of mesh {} (processes {})", me, mesh_.to_string(),
+           fmt::join(mesh_.process_ids(), ","));
+  rank_index_ = mesh_.rank_index_of_process(me);
 }
 
 Communicator& MeshComm::along(std::span<const int> mesh_dims) {
@@ -61,7 +106,7 @@ Communicator& MeshComm::along(std::span<const int> mesh_dims) {
       c[static_cast<size_t>(m)] = rest % mesh_.dim_size(m);
       rest /= mesh_.dim_size(m);
     }
-    members.push_back(world_->members()[static_cast<size_t>(mesh_.rank_index(c))]);
+    members.push_back(static_cast<int>(mesh_.process_ids()[static_cast<size_t>(mesh_.rank_index(c))]));
   }
   groups_.emplace_back(key, world_->group(members));
   return *groups_.back().second;

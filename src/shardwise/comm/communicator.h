@@ -1,11 +1,24 @@
 #pragma once
 // One interface for collectives, whatever carries them (threads of one process, MPI processes,
-// NCCL on GPUs). Argument order is (input, output) everywhere; counts are in elements.
-// A size or count mismatch between ranks is an Error naming both sizes, never a hang.
+// NCCL on GPUs).
+//
+// Conventions, stated once for every operation below:
+// - Argument order is (input, output). Counts are in elements of `dtype`, never bytes.
+// - "v" variants take one count per rank of the group (`counts[r]` = elements of rank r); every
+//   rank passes the same counts. Zero counts are allowed, all-zero too.
+// - Packed layout: a buffer holding one block per rank stores them back to back in rank order,
+//   without gaps (block r starts at the sum of the counts before r).
+// - A count, dtype, root or operation mismatch between ranks is an Error that names both ranks and
+//   both values, raised on every rank of the call, never a hang or a crash.
+// - Reductions of floats are deterministic: every rank gets the same bits.
+// - in == out is allowed for all_reduce; other operations need distinct buffers.
+// - send may return before the matching recv is posted, or not: callers order their sends and
+//   receives so that blocking sends cannot deadlock (as with MPI_Send).
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardwise/core/dtype.h"
@@ -23,6 +36,7 @@ std::string_view reduce_name(Reduce op);
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  virtual std::string_view backend() const = 0;  // "local", "mpi", "nccl"
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // The global ranks of this group's members, in group-rank order.
@@ -32,21 +46,55 @@ class Communicator {
   // a member of it; every member must call it (collective over the sub-group only).
   virtual std::shared_ptr<Communicator> group(std::span<const int> global_ranks) = 0;
 
-  // out = reduce over ranks of in; in == out allowed. Every rank gets the same bits.
+  // out = reduce over ranks of in.
   virtual void all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) = 0;
-  // out (count * size elements) = concatenation of every rank's `count` elements, in rank order.
-  virtual void all_gather(const void* in, void* out, int64_t count, DType dtype) = 0;
+  // out on `root` = reduce over ranks of in; out is not touched (may be null) elsewhere.
+  virtual void reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) = 0;
   // Root's buffer is copied to every rank's buffer.
   virtual void broadcast(void* buffer, int64_t count, DType dtype, int root) = 0;
+  // out (count * size elements) = every rank's `count` elements, packed.
+  virtual void all_gather(const void* in, void* out, int64_t count, DType dtype) = 0;
+  // Rank r contributes counts[r] elements; out = all of them, packed.
+  virtual void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype) = 0;
+  // in holds size blocks of `count` elements; rank r gets the reduction of every rank's block r.
+  virtual void reduce_scatter(const void* in, void* out, int64_t count, DType dtype, Reduce op) = 0;
+  // in holds blocks of counts[0], counts[1], ... elements, packed; rank r gets block r reduced.
+  virtual void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype,
+                                Reduce op) = 0;
+  // in: block p (count elements) goes to rank p; out: block p came from rank p.
+  virtual void all_to_all(const void* in, void* out, int64_t count, DType dtype) = 0;
+  // send_counts[p] elements go to rank p (in packed), recv_counts[p] come from rank p (out
+  // packed). Rank q's send_counts[p] must equal rank p's recv_counts[q].
+  virtual void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
+                            std::span<const int64_t> recv_counts, DType dtype) = 0;
+  // Point to point within this group (peer is a group rank). The receiver names the exact count;
+  // a message of another size is an Error on the receiver naming both sizes.
+  virtual void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) = 0;
+  virtual void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual void barrier() = 0;
 
   // Tensor helpers (contiguous tensors; shapes must agree across ranks).
   void all_reduce(const Tensor& in, Tensor& out, Reduce op);
   void all_reduce(Tensor& inout, Reduce op) { all_reduce(inout, inout, op); }
+  void broadcast(Tensor& t, int root) { broadcast(t.raw(), t.numel(), t.dtype(), root); }
+  void send(const Tensor& t, int peer, int tag = 0) { send(t.raw(), t.numel(), t.dtype(), peer, tag); }
+  void recv(Tensor& t, int peer, int tag = 0) { recv(t.raw(), t.numel(), t.dtype(), peer, tag); }
+
+  // Bytes (any serialization): every rank gets root's bytes / every rank's bytes in rank order.
+  std::vector<std::byte> broadcast_bytes(std::span<const std::byte> bytes, int root);
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> bytes);
+  // Objects (nested numbers, strings, lists, maps) travel as JSON text: comm/objects.h.
+
+ protected:
+  // Shared argument checks of the implementations (Error with the operation's name).
+  void check_root(const char* op, int root) const;
+  void check_peer(const char* op, int peer) const;
+  void check_counts(const char* op, std::span<const int64_t> counts) const;  // one per rank, >= 0
 };
 
 // The communicators of one rank along mesh dims: for each subset of mesh dims, the group of
 // ranks that differ from this rank only in those dims (e.g. the tp group of a dp x tp mesh).
+// The mesh's process ids are ranks of `world`.
 class MeshComm {
  public:
   MeshComm(mesh::ProcessMesh mesh, std::shared_ptr<Communicator> world);
@@ -55,6 +103,7 @@ class MeshComm {
   // The group along `mesh_dims` (in that order of mesh dims). Created on first use: every rank of
   // the group must ask for it in the same order.
   Communicator& along(std::span<const int> mesh_dims);
+  Communicator& along(int mesh_dim) { return along(std::span<const int>(&mesh_dim, 1)); }
   Communicator& world() { return *world_; }
 
  private:

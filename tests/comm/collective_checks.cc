@@ -1,0 +1,243 @@
+#include "collective_checks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "shardwise/comm/objects.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::comm::checks {
+namespace {
+
+// Rank r's element i: distinct per rank and element, signed, exact in float.
+double value(int r, int64_t i) { return (r % 2 ? -1.0 : 1.0) * ((r + 1) * 100.0 + static_cast<double>(i % 97)); }
+
+template <class T>
+std::vector<T> values(int r, int64_t n, int64_t first = 0) {
+  std::vector<T> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<T>(value(r, first + i));
+  return v;
+}
+
+double reduce_expected(Reduce op, int n, int64_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = value(r, i);
+    switch (op) {
+      case Reduce::Sum: case Reduce::Avg: acc += v; break;
+      case Reduce::Prod: acc *= v; break;
+      case Reduce::Max: acc = std::max(acc, v); break;
+      case Reduce::Min: acc = std::min(acc, v); break;
+    }
+  }
+  return op == Reduce::Avg ? acc / n : acc;
+}
+
+void expect(bool ok, const char* op, Communicator& c, int64_t i, double got, double want) {
+  if (!ok) fail("{} on rank {} of {} ({}): element {} is {}, expected {}", op, c.rank(), c.size(), c.backend(), i, got, want);
+}
+
+void expect_near(const char* op, Communicator& c, int64_t i, double got, double want) {
+  expect(std::abs(got - want) <= 1e-9 * std::max(1.0, std::abs(want)), op, c, i, got, want);
+}
+
+constexpr Reduce kOps[] = {Reduce::Sum, Reduce::Avg, Reduce::Max, Reduce::Min, Reduce::Prod};
+
+// Unequal counts: rank r has (r * 3 + 1) % 5 elements, so some ranks have none at sizes >= 4.
+std::vector<int64_t> unequal_counts(int n) {
+  std::vector<int64_t> c(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = (r * 3 + 1) % 5;
+  return c;
+}
+
+}  // namespace
+
+void all_reduce_every_op(Communicator& c) {
+  const int64_t n = 37;
+  for (Reduce op : kOps) {
+    std::vector<double> in = values<double>(c.rank(), n), out(n);
+    c.all_reduce(in.data(), out.data(), n, DType::F64, op);
+    for (int64_t i = 0; i < n; ++i) expect_near("all_reduce f64", c, i, out[static_cast<size_t>(i)], reduce_expected(op, c.size(), i));
+    // In place, float32 (sum of small integers is exact).
+    std::vector<float> f = values<float>(c.rank(), n);
+    c.all_reduce(f.data(), f.data(), n, DType::F32, op);
+    for (int64_t i = 0; i < n; ++i) {
+      double want = reduce_expected(op, c.size(), i);
+      expect(std::abs(f[static_cast<size_t>(i)] - want) <= 1e-6 * std::max(1.0, std::abs(want)), "all_reduce f32 in place", c, i,
+             f[static_cast<size_t>(i)], want);
+    }
+  }
+  std::vector<int32_t> ints = values<int32_t>(c.rank(), 5);
+  c.all_reduce(ints.data(), ints.data(), 5, DType::I32, Reduce::Max);
+  for (int64_t i = 0; i < 5; ++i) expect(ints[static_cast<size_t>(i)] == reduce_expected(Reduce::Max, c.size(), i), "all_reduce i32", c, i, ints[static_cast<size_t>(i)], reduce_expected(Reduce::Max, c.size(), i));
+  c.all_reduce(nullptr, nullptr, 0, DType::F32, Reduce::Sum);  // zero elements
+}
+
+void reduce_to_every_root(Communicator& c) {
+  const int64_t n = 11;
+  for (int root = 0; root < c.size(); ++root) {
+    for (Reduce op : {Reduce::Sum, Reduce::Min}) {
+      std::vector<double> in = values<double>(c.rank(), n), out(n, -7.0);
+      c.reduce(in.data(), out.data(), n, DType::F64, op, root);
+      for (int64_t i = 0; i < n; ++i) {
+        double want = c.rank() == root ? reduce_expected(op, c.size(), i) : -7.0;  // untouched off root
+        expect_near("reduce", c, i, out[static_cast<size_t>(i)], want);
+      }
+    }
+  }
+}
+
+void broadcast_from_every_root(Communicator& c) {
+  for (int root = 0; root < c.size(); ++root) {
+    std::vector<int64_t> buf = values<int64_t>(c.rank(), 9);
+    c.broadcast(buf.data(), 9, DType::I64, root);
+    for (int64_t i = 0; i < 9; ++i) expect(buf[static_cast<size_t>(i)] == value(root, i), "broadcast", c, i, buf[static_cast<size_t>(i)], value(root, i));
+    Tensor t = Tensor::full(DType::F32, Shape{2, 3}, c.rank());
+    c.broadcast(t, root);
+    for (int64_t i = 0; i < 6; ++i) expect(t.at(i) == root, "broadcast tensor", c, i, t.at(i), root);
+  }
+  c.broadcast(nullptr, 0, DType::F32, 0);
+}
+
+void all_gather_equal_and_unequal(Communicator& c) {
+  const int64_t n = 6;
+  std::vector<float> in = values<float>(c.rank(), n), out(static_cast<size_t>(n * c.size()));
+  c.all_gather(in.data(), out.data(), n, DType::F32);
+  for (int r = 0; r < c.size(); ++r)
+    for (int64_t i = 0; i < n; ++i) expect(out[static_cast<size_t>(r * n + i)] == value(r, i), "all_gather", c, r * n + i, out[static_cast<size_t>(r * n + i)], value(r, i));
+  std::vector<int64_t> counts = unequal_counts(c.size());
+  int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<double> vin = values<double>(c.rank(), counts[static_cast<size_t>(c.rank())]), vout(static_cast<size_t>(total), -1);
+  c.all_gather_v(vin.data(), vout.data(), counts, DType::F64);
+  int64_t at = 0;
+  for (int r = 0; r < c.size(); ++r)
+    for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i, ++at) expect(vout[static_cast<size_t>(at)] == value(r, i), "all_gather_v", c, at, vout[static_cast<size_t>(at)], value(r, i));
+  std::vector<int64_t> zeros(static_cast<size_t>(c.size()), 0);
+  c.all_gather_v(nullptr, nullptr, zeros, DType::F32);
+}
+
+void reduce_scatter_equal_and_unequal(Communicator& c) {
+  const int64_t n = 5;
+  for (Reduce op : kOps) {
+    std::vector<double> in = values<double>(c.rank(), n * c.size()), out(n);
+    c.reduce_scatter(in.data(), out.data(), n, DType::F64, op);
+    for (int64_t i = 0; i < n; ++i) expect_near("reduce_scatter", c, i, out[static_cast<size_t>(i)], reduce_expected(op, c.size(), c.rank() * n + i));
+  }
+  std::vector<int64_t> counts = unequal_counts(c.size());
+  int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  int64_t first = std::accumulate(counts.begin(), counts.begin() + c.rank(), int64_t{0});
+  std::vector<double> in = values<double>(c.rank(), total), out(static_cast<size_t>(counts[static_cast<size_t>(c.rank())]));
+  c.reduce_scatter_v(in.data(), out.data(), counts, DType::F64, Reduce::Sum);
+  for (int64_t i = 0; i < counts[static_cast<size_t>(c.rank())]; ++i)
+    expect_near("reduce_scatter_v", c, i, out[static_cast<size_t>(i)], reduce_expected(Reduce::Sum, c.size(), first + i));
+}
+
+void all_to_all_equal_and_v(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  // Equal: block p of rank q holds value(q, p * 4 + i).
+  std::vector<int32_t> in = values<int32_t>(me, 4 * n), out(static_cast<size_t>(4 * n));
+  c.all_to_all(in.data(), out.data(), 4, DType::I32);
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < 4; ++i) expect(out[static_cast<size_t>(p * 4 + i)] == value(p, me * 4 + i), "all_to_all", c, p * 4 + i, out[static_cast<size_t>(p * 4 + i)], value(p, me * 4 + i));
+  // Unequal: rank q sends (q + 2p) % 3 elements to p (zero for some pairs).
+  auto count = [](int from, int to) { return int64_t((from + 2 * to) % 3); };
+  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) send[static_cast<size_t>(p)] = count(me, p), recv[static_cast<size_t>(p)] = count(p, me);
+  // The elements rank q sends to p are value(q, 10 * p + i).
+  std::vector<double> vin, vout(static_cast<size_t>(std::accumulate(recv.begin(), recv.end(), int64_t{0})), -1);
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < send[static_cast<size_t>(p)]; ++i) vin.push_back(value(me, 10 * p + i));
+  c.all_to_all_v(vin.data(), send, vout.data(), recv, DType::F64);
+  int64_t at = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < recv[static_cast<size_t>(p)]; ++i, ++at) expect(vout[static_cast<size_t>(at)] == value(p, 10 * me + i), "all_to_all_v", c, at, vout[static_cast<size_t>(at)], value(p, 10 * me + i));
+  std::vector<int64_t> zeros(static_cast<size_t>(n), 0);
+  c.all_to_all_v(nullptr, zeros, nullptr, zeros, DType::F32);  // all-zero
+}
+
+void send_recv_ring_and_tags(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  if (n == 1) return;
+  int next = (me + 1) % n, prev = (me + n - 1) % n;
+  // Even ranks send first, odd ranks receive first: no deadlock even with blocking sends.
+  std::vector<float> mine = values<float>(me, 8), got(8);
+  std::vector<int64_t> tagged = {me * 7, me * 7 + 1}, tagged_got(2);
+  auto do_send = [&] {
+    c.send(mine.data(), 8, DType::F32, next, 3);
+    c.send(tagged.data(), 2, DType::I64, next, 5);
+  };
+  auto do_recv = [&] {
+    c.recv(got.data(), 8, DType::F32, prev, 3);
+    c.recv(tagged_got.data(), 2, DType::I64, prev, 5);
+  };
+  if (me % 2 == 0) do_send(), do_recv();
+  else do_recv(), do_send();
+  for (int64_t i = 0; i < 8; ++i) expect(got[static_cast<size_t>(i)] == value(prev, i), "recv", c, i, got[static_cast<size_t>(i)], value(prev, i));
+  expect(tagged_got[0] == prev * 7 && tagged_got[1] == prev * 7 + 1, "recv (tag 5)", c, 0, tagged_got[0], prev * 7);
+  c.barrier();
+  // Zero-size message.
+  if (me == 0) c.send(nullptr, 0, DType::F32, 1, 9);
+  if (me == 1) c.recv(nullptr, 0, DType::F32, 0, 9);
+  c.barrier();
+}
+
+void objects_and_bytes(Communicator& c) {
+  nlohmann::json mine = {{"rank", c.rank()},
+                         {"name", fmt::format("r{}", c.rank())},
+                         {"list", {1.5, "two", nullptr, {{"nested", true}}}},
+                         {"map", {{"a", c.rank() * 2}}}};
+  for (int root = 0; root < c.size(); ++root) {
+    nlohmann::json got = broadcast_object(c, mine, root);
+    if (got["rank"] != root || got["name"] != fmt::format("r{}", root) || got["list"][3]["nested"] != true)
+      fail("broadcast_object on rank {}: got {}", c.rank(), got.dump());
+  }
+  auto all = all_gather_object(c, mine);
+  if (static_cast<int>(all.size()) != c.size()) fail("all_gather_object: {} objects for {} ranks", all.size(), c.size());
+  for (int r = 0; r < c.size(); ++r)
+    if (all[static_cast<size_t>(r)]["map"]["a"] != r * 2) fail("all_gather_object on rank {}: object {} is {}", c.rank(), r, all[static_cast<size_t>(r)].dump());
+  // Bytes of different lengths, one of them empty.
+  std::vector<std::byte> bytes(static_cast<size_t>(c.rank() * 3), std::byte{static_cast<unsigned char>(c.rank())});
+  auto gathered = c.all_gather_bytes(bytes);
+  for (int r = 0; r < c.size(); ++r)
+    if (gathered[static_cast<size_t>(r)].size() != static_cast<size_t>(r * 3)) fail("all_gather_bytes on rank {}: {} bytes from rank {}", c.rank(), gathered[static_cast<size_t>(r)].size(), r);
+}
+
+void sub_groups(Communicator& c) {
+  // Two groups: even ranks and odd ranks (in reverse order, to check group-rank order).
+  std::vector<int> evens, odds;
+  for (int r = 0; r < c.size(); ++r) (r % 2 ? odds : evens).push_back(c.members()[static_cast<size_t>(r)]);
+  std::reverse(odds.begin(), odds.end());
+  auto g = c.group(c.rank() % 2 ? odds : evens);
+  const auto& mine = c.rank() % 2 ? odds : evens;
+  int64_t id = c.members()[static_cast<size_t>(c.rank())], sum = 0;
+  g->all_reduce(&id, &sum, 1, DType::I64, Reduce::Sum);
+  int64_t want = std::accumulate(mine.begin(), mine.end(), int64_t{0});
+  expect(sum == want, "sub-group all_reduce", c, 0, double(sum), double(want));
+  std::vector<int64_t> order(mine.size());
+  g->all_gather(&id, order.data(), 1, DType::I64);
+  for (size_t i = 0; i < mine.size(); ++i) expect(order[i] == mine[i], "sub-group member order", c, int64_t(i), double(order[i]), mine[i]);
+  // A mesh [n] communicator along its only dim is the whole group.
+  MeshComm mc(mesh::ProcessMesh(Shape{c.size()}, [&] {
+                std::vector<int64_t> ids(c.members().begin(), c.members().end());
+                return ids;
+              }()),
+              c.group(c.members()));
+  int64_t one = 1, n = 0;
+  mc.along(0).all_reduce(&one, &n, 1, DType::I64, Reduce::Sum);
+  expect(n == c.size(), "MeshComm along 0", c, 0, double(n), c.size());
+}
+
+void all(Communicator& c) {
+  all_reduce_every_op(c);
+  reduce_to_every_root(c);
+  broadcast_from_every_root(c);
+  all_gather_equal_and_unequal(c);
+  reduce_scatter_equal_and_unequal(c);
+  all_to_all_equal_and_v(c);
+  send_recv_ring_and_tags(c);
+  objects_and_bytes(c);
+  sub_groups(c);
+}
+
+}  // namespace shardwise::comm::checks

@@ -1,0 +1,23 @@
+#pragma once
+// Backend-independent checks of every Communicator operation. Each check runs on every rank of
+// `comm`, computes the expected result from a closed formula of (rank, index) and throws
+// shardwise::Error naming the operation, rank and element on the first difference. The local
+// tests run them on 1..4 threads; the MPI tests on 2 and 4 processes.
+#include "shardwise/comm/communicator.h"
+
+namespace shardwise::comm::checks {
+
+void all_reduce_every_op(Communicator& comm);
+void reduce_to_every_root(Communicator& comm);
+void broadcast_from_every_root(Communicator& comm);
+void all_gather_equal_and_unequal(Communicator& comm);
+void reduce_scatter_equal_and_unequal(Communicator& comm);
+void all_to_all_equal_and_v(Communicator& comm);  // includes zero and all-zero counts
+void send_recv_ring_and_tags(Communicator& comm);
+void objects_and_bytes(Communicator& comm);
+void sub_groups(Communicator& comm);
+
+// Every check above, in order.
+void all(Communicator& comm);
+
+}  // namespace shardwise::comm::checks
