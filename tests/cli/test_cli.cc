@@ -89,4 +89,20 @@ TEST(Cli, UnknownOptionIsRejected) {
   EXPECT_NE(r.status, 0);
 }
 
+TEST(Cli, PlanReshardPrintsTheStepsAndTheirCost) {
+  Result r = run("plan-reshard --shape 1024x4096 --from \"mesh=2x2 S(0),P\" --to \"mesh=2x2 R,S(1)\"");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // 16 MiB f32: reduce_scatter over tp leaves a quarter on each rank, then all_gather over dp.
+  EXPECT_NE(r.out.find("1. reduce_scatter(sum) along mesh dim 1 onto tensor dim 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2. all_gather along mesh dim 0 of tensor dim 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("total: 2 step(s), 8388608 B sent by the busiest rank"), std::string::npos) << r.out;
+  r = run("plan-reshard --shape 8x8 --from \"mesh=2 ranks=0,1 S(0)\" --to \"mesh=2 ranks=2,3 S(1)\"");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("send_recv"), std::string::npos) << r.out;
+  r = run("plan-reshard --shape 8x8 --from \"mesh=2 S(2)\" --to \"mesh=2 R\"");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("shardwise: error: the source layout"), std::string::npos) << r.out;
+}
+
 }  // namespace

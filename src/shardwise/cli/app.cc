@@ -36,6 +36,20 @@ int run(int argc, char** argv) {
   verify_cmd->add_option("--mesh", verify_opts.meshes, "meshes (default: 2 3 2,2 2,3)");
   verify_cmd->add_flag("--quiet", verify_opts.quiet, "print only the summary line");
 
+  PlanReshardOptions reshard_opts;
+  auto* reshard_cmd = app.add_subcommand("plan-reshard", "Show how a tensor moves from one layout to another, and its cost");
+  reshard_cmd->add_option("--shape", reshard_opts.shape, "global shape, e.g. 1024x4096")->required();
+  reshard_cmd->add_option("--from", reshard_opts.from, "source layout, e.g. \"mesh=2x2 S(0),P\" (ranks=4-7 to name processes)")
+      ->required();
+  reshard_cmd->add_option("--to", reshard_opts.to, "target layout, e.g. \"mesh=2x2 R,S(1)\"")->required();
+  reshard_cmd->add_option("--dtype", reshard_opts.dtype, "element type (default f32)");
+  reshard_cmd->add_option("--strategy", reshard_opts.strategy, "auto (cheapest), collectives or redistribute")
+      ->check(CLI::IsMember({"auto", "collectives", "redistribute"}));
+  reshard_cmd->add_option("--alpha-us", reshard_opts.alpha_us, "latency per message in microseconds (default 5)");
+  reshard_cmd->add_option("--bandwidth-gbps", reshard_opts.bandwidth_gbps, "bandwidth in GB/s (default 10)");
+  reshard_cmd->add_option("--dim-bandwidth-gbps", reshard_opts.dim_bandwidth_gbps, "bandwidth per mesh dim, e.g. 100,10")
+      ->delimiter(',');
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -45,6 +59,7 @@ int run(int argc, char** argv) {
     if (*rules_cmd) return cmd_rules(rules_opts, std::cout);
     if (*infer_cmd) return cmd_infer(infer_opts, std::cout);
     if (*verify_cmd) return cmd_verify(verify_opts, std::cout);
+    if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
   } catch (const Error& e) {
     std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;

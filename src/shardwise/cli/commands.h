@@ -25,4 +25,14 @@ struct VerifyCliOptions {
 };
 int cmd_verify(const VerifyCliOptions& options, std::ostream& out);
 
+struct PlanReshardOptions {
+  std::string shape, from, to;
+  std::string dtype = "f32";
+  std::string strategy = "auto";
+  double alpha_us = 5;
+  double bandwidth_gbps = 10;
+  std::vector<double> dim_bandwidth_gbps;
+};
+int cmd_plan_reshard(const PlanReshardOptions& options, std::ostream& out);
+
 }  // namespace shardwise::cli

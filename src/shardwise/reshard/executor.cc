@@ -1,0 +1,256 @@
+#include "shardwise/reshard/executor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "shardwise/core/error.h"
+#include "shardwise/reshard/blocks.h"
+
+namespace shardwise::reshard {
+namespace {
+
+std::vector<int64_t> relative(const Box& inner, const Box& outer) {
+  std::vector<int64_t> off(static_cast<size_t>(inner.shape.ndim()));
+  for (size_t d = 0; d < off.size(); ++d) off[d] = inner.offset[d] - outer.offset[d];
+  return off;
+}
+
+// The part `inner` (global coordinates) of a tensor holding the box `outer`.
+Tensor cut(const Tensor& t, const Box& outer, const Box& inner) {
+  if (inner.shape == outer.shape && relative(inner, outer) == std::vector<int64_t>(relative(inner, outer).size(), 0))
+    return t;
+  return t.slice(relative(inner, outer), inner.shape);
+}
+
+void put(Tensor& t, const Box& outer, const Tensor& piece, const Box& inner) {
+  if (inner.numel() == 0) return;
+  t.paste(piece, relative(inner, outer));
+}
+
+// Concatenates the raw bytes of `pieces`.
+Tensor pack(const std::vector<Tensor>& pieces, DType dtype) {
+  int64_t n = 0;
+  for (const Tensor& p : pieces) n += p.numel();
+  Tensor out(dtype, Shape{n});
+  size_t at = 0;
+  for (const Tensor& p : pieces) {
+    if (p.nbytes()) std::memcpy(out.raw() + at, p.raw(), p.nbytes());
+    at += p.nbytes();
+  }
+  return out;
+}
+
+Tensor view(const Tensor& packed, int64_t first, const Shape& shape) {
+  Tensor out(packed.dtype(), shape);
+  if (out.nbytes()) std::memcpy(out.raw(), packed.raw() + first * static_cast<int64_t>(dtype_size(packed.dtype())), out.nbytes());
+  return out;
+}
+
+std::vector<int64_t> with_coord(std::span<const int64_t> coords, int m, int64_t v) {
+  std::vector<int64_t> c(coords.begin(), coords.end());
+  c[static_cast<size_t>(m)] = v;
+  return c;
+}
+
+}  // namespace
+
+Resharder::Resharder(std::shared_ptr<comm::Communicator> world) : world_(std::move(world)) {
+  me_ = world_->members()[static_cast<size_t>(world_->rank())];
+}
+
+comm::Communicator& Resharder::group(const mesh::ProcessMesh& mesh, std::span<const int64_t> coords,
+                                     std::span<const int> dims) {
+  Layout l{mesh, mesh::DistAttr(mesh.ndim())};
+  std::vector<int> members;
+  for (const Holder& h : holders(Shape{}, l, coords, dims)) members.push_back(static_cast<int>(h.process));
+  auto& g = groups_[members];
+  if (!g) g = world_->group(members);
+  return *g;
+}
+
+Tensor Resharder::run(const Plan& plan, const Tensor& local) {
+  Tensor t;
+  if (plan.from.mesh.contains(me_)) {
+    auto coords = plan.from.mesh.coords(plan.from.mesh.rank_index_of_process(me_));
+    Box mine = block_at(plan.shape, plan.from, coords);
+    SW_CHECK(local.defined() && local.shape() == mine.shape && local.dtype() == plan.dtype,
+             "reshard: rank {} holds {} {} but its block of {} {} under {} is {} {}", me_,
+             local.defined() ? dtype_name(local.dtype()) : "nothing",
+             local.defined() ? local.shape().to_string() : "", dtype_name(plan.dtype), plan.shape.to_string(),
+             plan.from.to_string(), dtype_name(plan.dtype), mine.shape.to_string());
+    t = local;
+  }
+  for (const Step& step : plan.steps) {
+    if (step.kind == StepKind::SendRecv) {
+      t = send_recv(step, plan, t);
+    } else if (step.before.mesh.contains(me_)) {
+      t = run_step(step, plan, t);
+    }
+  }
+  return plan.to.mesh.contains(me_) ? t : Tensor();
+}
+
+Tensor Resharder::run_step(const Step& step, const Plan& plan, Tensor t) {
+  const mesh::ProcessMesh& mesh = step.before.mesh;
+  auto coords = mesh.coords(mesh.rank_index_of_process(me_));
+  const int m = step.mesh_dim;
+  const DType dtype = plan.dtype;
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  Box before = block_at(plan.shape, step.before, coords), after = block_at(plan.shape, step.after, coords);
+  switch (step.kind) {
+    case StepKind::AllReduce: {
+      comm::Communicator& g = group(mesh, coords, std::span<const int>(&m, 1));
+      Tensor out(dtype, t.shape());
+      g.all_reduce(t.raw(), out.raw(), t.numel(), dtype, comm::to_reduce(step.op));
+      bytes_sent_ += 2 * (g.size() - 1) * t.numel() * elem / g.size();
+      return out;
+    }
+    case StepKind::ReduceScatter: {
+      comm::Communicator& g = group(mesh, coords, std::span<const int>(&m, 1));
+      std::vector<Tensor> pieces;
+      std::vector<int64_t> counts;
+      for (int64_t p = 0; p < mesh.dim_size(m); ++p) {
+        Box b = block_at(plan.shape, step.after, with_coord(coords, m, p));
+        pieces.push_back(cut(t, before, b));
+        counts.push_back(b.numel());
+      }
+      Tensor packed = pack(pieces, dtype), out(dtype, after.shape);
+      g.reduce_scatter_v(packed.raw(), out.raw(), counts, dtype, comm::to_reduce(step.op));
+      bytes_sent_ += (packed.numel() - out.numel()) * elem;
+      return out;
+    }
+    case StepKind::AllGather: {
+      comm::Communicator& g = group(mesh, coords, std::span<const int>(&m, 1));
+      std::vector<Box> boxes;
+      std::vector<int64_t> counts;
+      int64_t total = 0;
+      for (int64_t p = 0; p < mesh.dim_size(m); ++p) {
+        boxes.push_back(block_at(plan.shape, step.before, with_coord(coords, m, p)));
+        counts.push_back(boxes.back().numel());
+        total += counts.back();
+      }
+      Tensor packed(dtype, Shape{total}), out(dtype, after.shape);
+      g.all_gather_v(t.raw(), packed.raw(), counts, dtype);
+      int64_t at = 0;
+      for (size_t p = 0; p < boxes.size(); ++p) {
+        put(out, after, view(packed, at, boxes[p].shape), boxes[p]);
+        at += counts[p];
+      }
+      bytes_sent_ += (g.size() - 1) * t.numel() * elem;
+      return out;
+    }
+    case StepKind::AllToAll: return exchange(step, plan, t, std::span<const int>(&m, 1));
+    case StepKind::Redistribute: return exchange(step, plan, t, step.group_dims);
+    case StepKind::LocalSlice: return cut(t, before, after);
+    case StepKind::Partialize:
+      if (step.op == mesh::ReduceOp::Sum && coords[static_cast<size_t>(m)] != 0) return Tensor(dtype, t.shape());
+      return t;
+    case StepKind::SendRecv: break;
+  }
+  fail("internal: unexpected reshard step {}", step_kind_name(step.kind));
+}
+
+Tensor Resharder::exchange(const Step& step, const Plan& plan, const Tensor& t, std::span<const int> dims) {
+  const mesh::ProcessMesh& mesh = step.before.mesh;
+  auto coords = mesh.coords(mesh.rank_index_of_process(me_));
+  comm::Communicator& g = group(mesh, coords, dims);
+  auto src = holders(plan.shape, step.before, coords, dims), dst = holders(plan.shape, step.after, coords, dims);
+  std::vector<Transfer> transfers = plan_transfers(src, dst);
+  Box before = block_at(plan.shape, step.before, coords), after = block_at(plan.shape, step.after, coords);
+  const auto n = static_cast<size_t>(g.size());
+  std::vector<int64_t> send(n, 0), recv(n, 0);
+  std::vector<Tensor> pieces(n);
+  std::vector<const Transfer*> incoming(n, nullptr);
+  auto index_of = [&](int64_t process) {
+    for (size_t i = 0; i < n; ++i) {
+      if (src[i].process == process) return i;
+    }
+    fail("internal: process {} is not in the exchange group", process);
+  };
+  for (const Transfer& tr : transfers) {
+    if (tr.src == me_) {
+      size_t p = index_of(tr.dst);
+      pieces[p] = cut(t, before, tr.box);
+      send[p] = tr.box.numel();
+      if (tr.dst != me_) bytes_sent_ += send[p] * static_cast<int64_t>(dtype_size(plan.dtype));
+    }
+    if (tr.dst == me_) {
+      size_t p = index_of(tr.src);
+      incoming[p] = &tr;
+      recv[p] = tr.box.numel();
+    }
+  }
+  std::vector<Tensor> nonempty;
+  for (auto& piece : pieces) {
+    if (piece.defined()) nonempty.push_back(piece);
+  }
+  Tensor packed = pack(nonempty, plan.dtype);
+  int64_t total = 0;
+  for (int64_t c : recv) total += c;
+  Tensor received(plan.dtype, Shape{total}), out(plan.dtype, after.shape);
+  g.all_to_all_v(packed.raw(), send, received.raw(), recv, plan.dtype);
+  int64_t at = 0;
+  for (size_t p = 0; p < n; ++p) {
+    if (!incoming[p]) continue;
+    put(out, after, view(received, at, incoming[p]->box.shape), incoming[p]->box);
+    at += recv[p];
+  }
+  return out;
+}
+
+Tensor Resharder::send_recv(const Step& step, const Plan& plan, const Tensor& t) {
+  const Layout &from = step.before, &to = step.after;
+  bool in_from = from.mesh.contains(me_), in_to = to.mesh.contains(me_);
+  if (!in_from && !in_to) return Tensor();
+  std::vector<Transfer> transfers;
+  if (from.dist == to.dist && from.mesh.shape() == to.mesh.shape()) {
+    // Same placements on a mesh of the same shape: rank i's part (Partial or not) goes to rank i.
+    for (int64_t i = 0; i < from.mesh.size(); ++i) {
+      Box b = block_at(plan.shape, from, from.mesh.coords(i));
+      transfers.push_back({from.mesh.process_ids()[static_cast<size_t>(i)], to.mesh.process_ids()[static_cast<size_t>(i)], b});
+    }
+  } else {
+    std::vector<int> all_from(static_cast<size_t>(from.mesh.ndim())), all_to(static_cast<size_t>(to.mesh.ndim()));
+    for (size_t i = 0; i < all_from.size(); ++i) all_from[i] = static_cast<int>(i);
+    for (size_t i = 0; i < all_to.size(); ++i) all_to[i] = static_cast<int>(i);
+    std::vector<int64_t> zf(all_from.size(), 0), zt(all_to.size(), 0);
+    transfers = plan_transfers(holders(plan.shape, from, zf, all_from), holders(plan.shape, to, zt, all_to));
+  }
+  // One global order of messages (by the pair, then the sender) that every process follows:
+  // blocking sends cannot deadlock, whatever the protocol.
+  std::sort(transfers.begin(), transfers.end(), [](const Transfer& a, const Transfer& b) {
+    auto key = [](const Transfer& x) {
+      return std::make_tuple(std::min(x.src, x.dst), std::max(x.src, x.dst), x.src);
+    };
+    return key(a) < key(b);
+  });
+  Box mine_from, mine_to;
+  if (in_from) mine_from = block_at(plan.shape, from, from.mesh.coords(from.mesh.rank_index_of_process(me_)));
+  Tensor out;
+  if (in_to) {
+    mine_to = block_at(plan.shape, to, to.mesh.coords(to.mesh.rank_index_of_process(me_)));
+    out = Tensor(plan.dtype, mine_to.shape);
+  }
+  auto peer = [&](int64_t process) {
+    const auto& m = world_->members();
+    auto it = std::find(m.begin(), m.end(), static_cast<int>(process));
+    SW_CHECK(it != m.end(), "reshard: process {} of the plan is not in the communicator", process);
+    return static_cast<int>(it - m.begin());
+  };
+  for (const Transfer& tr : transfers) {
+    if (tr.src == me_ && tr.dst == me_) {
+      put(out, mine_to, cut(t, mine_from, tr.box), tr.box);
+    } else if (tr.src == me_) {
+      Tensor piece = cut(t, mine_from, tr.box);
+      world_->send(piece.raw(), piece.numel(), plan.dtype, peer(tr.dst), 0);
+      bytes_sent_ += static_cast<int64_t>(piece.nbytes());
+    } else if (tr.dst == me_) {
+      Tensor piece(plan.dtype, tr.box.shape);
+      world_->recv(piece.raw(), piece.numel(), plan.dtype, peer(tr.src), 0);
+      put(out, mine_to, piece, tr.box);
+    }
+  }
+  return out;
+}
+
+}  // namespace shardwise::reshard

@@ -1,0 +1,40 @@
+#pragma once
+// Runs reshard plans on a Communicator.
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "shardwise/comm/communicator.h"
+#include "shardwise/reshard/plan.h"
+#include "shardwise/tensor/tensor.h"
+
+namespace shardwise::reshard {
+
+class Resharder {
+ public:
+  // `world` must hold every process of the meshes of the plans it runs (mesh process ids are
+  // global ranks, i.e. entries of world->members()).
+  explicit Resharder(std::shared_ptr<comm::Communicator> world);
+
+  // This process's block under plan.to, from its block `local` under plan.from. A process outside
+  // plan.from passes an undefined tensor; outside plan.to it gets one. Every process of either
+  // mesh must call run with the same plan. `local` is never modified.
+  Tensor run(const Plan& plan, const Tensor& local);
+
+  // Bytes this process has sent to other processes so far (all runs).
+  int64_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  comm::Communicator& group(const mesh::ProcessMesh& mesh, std::span<const int64_t> coords,
+                            std::span<const int> dims);
+  Tensor run_step(const Step& step, const Plan& plan, Tensor t);
+  Tensor exchange(const Step& step, const Plan& plan, const Tensor& t, std::span<const int> dims);
+  Tensor send_recv(const Step& step, const Plan& plan, const Tensor& t);
+
+  std::shared_ptr<comm::Communicator> world_;
+  int64_t me_ = 0;  // this process's global rank
+  std::map<std::vector<int>, std::shared_ptr<comm::Communicator>> groups_;
+  int64_t bytes_sent_ = 0;
+};
+
+}  // namespace shardwise::reshard
