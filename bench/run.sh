@@ -17,3 +17,6 @@ while IFS=$'\t' read -r idx label; do
   a=$(count "$idx" "$n"); b=$(count "$idx" $((2 * n)))
   printf '%-50s %8d instructions/call\n' "$label" $(( (b - a) / n ))
 done < <("$build/bench/rule_calls" --list)
+echo
+echo "== reshard plan time (auto strategy: both candidate plans built and costed)"
+"$build/bench/bench_reshard" --benchmark_min_time=0.2 --benchmark_format=console
