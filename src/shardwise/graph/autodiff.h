@@ -1,0 +1,21 @@
+#pragma once
+// Reverse-mode autodiff on the graph: appends, after the forward nodes, one Backward node per
+// forward node on a path from a parameter to the loss (the op's analytic gradient), Fill nodes for
+// the seed d(loss)/d(loss) = 1 and for outputs nothing differentiates (zeros), and `add` nodes
+// where a value is used more than once (contributions summed in the order of their consumers).
+// The gradient of value "x" is named "x@grad".
+#include "shardwise/graph/graph.h"
+
+namespace shardwise::graph {
+
+struct AutodiffOptions {
+  // A parameter the loss does not depend on is an Error (it would never train) unless allowed.
+  bool allow_unused_params = false;
+};
+
+// Appends the backward graph of the scalar `loss`; sets Value::grad of every value that takes
+// one. Returns the gradients of the parameters in Graph::params() order (-1 for unused ones when
+// allowed).
+std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptions& options = {});
+
+}  // namespace shardwise::graph

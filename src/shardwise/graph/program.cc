@@ -1,0 +1,148 @@
+#include "shardwise/graph/program.h"
+
+#include <map>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::graph {
+namespace {
+
+using mesh::DistAttr;
+
+class Lowerer {
+ public:
+  Lowerer(const Graph& g, const Completion& c, const reshard::CostModel& cost) : g_(g), c_(c), cost_(cost) {
+    p_.mesh = c.mesh;
+    p_.value_slot.assign(g.values().size(), -1);
+  }
+
+  Program run() {
+    for (const Value& v : g_.values()) {
+      if (v.producer < 0) p_.value_slot[static_cast<size_t>(v.id)] = slot(v.id, c_.dist[static_cast<size_t>(v.id)]);
+    }
+    for (const Node& n : g_.nodes()) lower(n);
+    for (ValueId p : g_.params()) {
+      ValueId grad = g_.value(p).grad;
+      p_.param_grad_slot.push_back(grad < 0 ? -1 : in_dist(grad, slot_of(grad), c_.dist[static_cast<size_t>(p)]));
+    }
+    return std::move(p_);
+  }
+
+ private:
+  static std::string key(ValueId v, const DistAttr& d) { return fmt::format("{}|{}", v, d.to_string()); }
+
+  int slot(ValueId v, const DistAttr& d) {
+    auto [it, fresh] = slots_.try_emplace(key(v, d), static_cast<int>(p_.slots.size()));
+    if (fresh) {
+      const Value& val = g_.value(v);
+      bool canonical = d == c_.dist[static_cast<size_t>(v)];
+      p_.slots.push_back({canonical ? val.name : fmt::format("{}[{}]", val.name, d.to_string()), val.meta, d, v});
+    }
+    return it->second;
+  }
+  int slot_of(ValueId v) const { return p_.value_slot[static_cast<size_t>(v)]; }
+
+  // The slot of value v in distribution `want`, resharding from slot `from` when needed.
+  int in_dist(ValueId v, int from, const DistAttr& want) {
+    const Slot& src = p_.slots[static_cast<size_t>(from)];
+    if (src.dist == want) return from;
+    if (auto it = slots_.find(key(v, want)); it != slots_.end()) return it->second;
+    int to = slot(v, want);
+    Instr r;
+    r.kind = InstrKind::Reshard;
+    r.in = {from};
+    r.out = {to};
+    r.plan = reshard::plan_reshard(src.meta.shape, src.meta.dtype, {p_.mesh, src.dist}, {p_.mesh, want}, cost_);
+    p_.reshard_cost_s += r.plan.cost_s;
+    p_.reshard_bytes += r.plan.bytes;
+    p_.instrs.push_back(std::move(r));
+    return to;
+  }
+
+  void lower(const Node& n) {
+    auto ni = static_cast<size_t>(n.id);
+    Instr ins;
+    ins.node = n.id;
+    if (n.kind == NodeKind::Fill) {
+      ins.kind = InstrKind::Fill;
+    } else {
+      ins.kind = n.kind == NodeKind::Forward ? InstrKind::Kernel : InstrKind::Backward;
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        ValueId v = n.inputs[k];
+        int from = slot_of(v);
+        if (n.kind == NodeKind::Backward) {
+          // Forward operands and outputs: the buffers the forward kernel read and wrote.
+          const Node& f = g_.node(n.forward);
+          size_t nin = f.inputs.size(), nout = f.outputs.size();
+          if (k < nin) from = slot(v, c_.node_inputs[static_cast<size_t>(f.id)][k]);
+          else if (k < nin + nout) from = slot(v, c_.node_outputs[static_cast<size_t>(f.id)][k - nin]);
+        }
+        SW_CHECK(from >= 0, "internal: node {} reads '{}' before it is produced", n.to_string(g_), g_.value(v).name);
+        ins.in.push_back(in_dist(v, from, c_.node_inputs[ni][k]));
+      }
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      ValueId o = n.outputs[k];
+      ins.out.push_back(o < 0 ? -1 : slot(o, c_.node_outputs[ni][k]));
+    }
+    std::vector<int> outs = ins.out;
+    p_.instrs.push_back(std::move(ins));
+    for (size_t k = 0; k < outs.size(); ++k) {
+      ValueId o = n.outputs[k];
+      if (o < 0) continue;
+      // An annotated output that the rule lays out differently is resharded right away.
+      p_.value_slot[static_cast<size_t>(o)] = in_dist(o, outs[k], c_.dist[static_cast<size_t>(o)]);
+    }
+  }
+
+  const Graph& g_;
+  const Completion& c_;
+  const reshard::CostModel& cost_;
+  Program p_;
+  std::map<std::string, int> slots_;
+};
+
+}  // namespace
+
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost) { return Lowerer(g, c, cost).run(); }
+
+std::vector<std::pair<std::string, int>> Program::collective_counts() const {
+  std::map<std::string, int> counts;
+  for (const Instr& i : instrs) {
+    if (i.kind != InstrKind::Reshard) continue;
+    for (const reshard::Step& s : i.plan.steps) {
+      if (s.kind == reshard::StepKind::LocalSlice || s.kind == reshard::StepKind::Partialize) continue;
+      ++counts[std::string(reshard::step_kind_name(s.kind))];
+    }
+  }
+  return {counts.begin(), counts.end()};
+}
+
+std::string Program::to_string(const Graph& g) const {
+  std::string out = fmt::format("program on mesh {}: {} instructions\n", mesh.to_string(), instrs.size());
+  auto slot_text = [&](int s) {
+    if (s < 0) return std::string("_");
+    return fmt::format("{}[{}]", slots[static_cast<size_t>(s)].name, slots[static_cast<size_t>(s)].dist.to_string());
+  };
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    const Instr& ins = instrs[i];
+    std::vector<std::string> ins_text, outs_text;
+    for (int s : ins.in) ins_text.push_back(slot_text(s));
+    for (int s : ins.out) outs_text.push_back(slot_text(s));
+    if (ins.kind == InstrKind::Reshard) {
+      out += fmt::format("{:4}  reshard {} -> [{}]: {} B, {:.3g} us\n", i, slot_text(ins.in[0]),
+                         slots[static_cast<size_t>(ins.out[0])].dist.to_string(), ins.plan.bytes, ins.plan.cost_s * 1e6);
+      for (const reshard::Step& s : ins.plan.steps) out += fmt::format("          {}\n", s.to_string());
+      continue;
+    }
+    const Node& n = g.node(ins.node);
+    std::string call = ins.kind == InstrKind::Backward ? "grad_" + n.op : n.op;
+    out += fmt::format("{:4}  {} = {}({})\n", i, fmt::join(outs_text, ", "), call, fmt::join(ins_text, ", "));
+  }
+  out += fmt::format("reshards: {:.3g} us estimated, {} B sent by the busiest rank; collectives:", reshard_cost_s * 1e6,
+                     reshard_bytes);
+  for (auto& [kind, count] : collective_counts()) out += fmt::format(" {} x{}", kind, count);
+  return out + "\n";
+}
+
+}  // namespace shardwise::graph

@@ -1,0 +1,51 @@
+#pragma once
+// Lowering: a completed graph becomes a program of instructions over buffers ("slots": a value in
+// one distribution). Wherever a consumer needs a value in another distribution than its producer
+// gives, a reshard instruction (the planner's steps) converts it once; later consumers needing the
+// same distribution reuse that buffer. Partial values are therefore reduced lazily: only where a
+// consumer's rule requires them reduced.
+#include <string>
+#include <vector>
+
+#include "shardwise/graph/completion.h"
+#include "shardwise/graph/graph.h"
+#include "shardwise/reshard/plan.h"
+
+namespace shardwise::graph {
+
+struct Slot {
+  std::string name;  // "h" or "h[R,S(1)]" for a resharded copy
+  ops::TensorMeta meta;
+  mesh::DistAttr dist;
+  ValueId value = -1;
+};
+
+enum class InstrKind { Kernel, Backward, Fill, Reshard };
+
+struct Instr {
+  InstrKind kind = InstrKind::Kernel;
+  NodeId node = -1;  // Kernel, Backward, Fill
+  std::vector<int> in, out;  // slots (-1: none)
+  reshard::Plan plan;        // Reshard
+};
+
+struct Program {
+  mesh::ProcessMesh mesh;
+  std::vector<Slot> slots;
+  std::vector<Instr> instrs;
+  std::vector<int> value_slot;  // per graph value: its slot in its completed distribution (-1: never produced)
+  // Per parameter (Graph::params() order): the slot of its gradient in the parameter's distribution.
+  std::vector<int> param_grad_slot;
+  double reshard_cost_s = 0;  // planner estimate, all reshards
+  int64_t reshard_bytes = 0;  // bytes sent by the busiest rank, all reshards
+
+  // One line per instruction: node with its operands' distributions, and each reshard with its
+  // collectives and bytes; then totals and the count of each collective.
+  std::string to_string(const Graph& g) const;
+  // How many collective steps of each kind the reshards perform: {"all_reduce": 2, ...}.
+  std::vector<std::pair<std::string, int>> collective_counts() const;
+};
+
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost = {});
+
+}  // namespace shardwise::graph

@@ -1,0 +1,188 @@
+#include "shardwise/runtime/runtime.h"
+#include <algorithm>
+
+#include "shardwise/core/error.h"
+#include "shardwise/mesh/shard_math.h"
+
+namespace shardwise::runtime {
+
+using graph::InstrKind;
+using graph::ValueId;
+
+Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr<comm::Communicator> world)
+    : g_(g), p_(p), world_(world), resharder_(world) {
+  mesh_comm_ = std::make_unique<comm::MeshComm>(p.mesh, world_->group(world_->members()));
+  coords_ = p.mesh.coords(mesh_comm_->rank_index());
+  buffers_.resize(p.slots.size());
+  kept_.assign(p.slots.size(), false);
+  last_use_.assign(p.slots.size(), -1);
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    for (int s : p.instrs[i].in) {
+      if (s >= 0) last_use_[static_cast<size_t>(s)] = static_cast<int>(i);
+    }
+  }
+  // Leaves (bound by the caller), parameter gradients and values nobody reads stay.
+  for (const graph::Value& v : g.values()) {
+    int s = p.value_slot[static_cast<size_t>(v.id)];
+    if (s >= 0 && (v.producer < 0 || last_use_[static_cast<size_t>(s)] < 0)) kept_[static_cast<size_t>(s)] = true;
+  }
+  for (int s : p.param_grad_slot) {
+    if (s >= 0) kept_[static_cast<size_t>(s)] = true;
+  }
+}
+
+Runtime::~Runtime() = default;
+
+int Runtime::value_slot(std::string_view name) const {
+  int s = p_.value_slot[static_cast<size_t>(g_.get(name))];
+  SW_CHECK(s >= 0, "value '{}' is never produced by the program", name);
+  return s;
+}
+
+void Runtime::bind(int slot, Tensor t) {
+  const graph::Slot& s = p_.slots[static_cast<size_t>(slot)];
+  Shape want = mesh::local_shape(s.meta.shape, s.dist, p_.mesh, coords_);
+  SW_CHECK(t.defined() && t.shape() == want && t.dtype() == s.meta.dtype,
+           "'{}' on rank {} must be a {} block of shape {} (global {} under [{}]), got {} {}", s.name,
+           mesh_comm_->rank_index(), dtype_name(s.meta.dtype), want.to_string(), s.meta.shape.to_string(),
+           s.dist.to_string(), t.defined() ? dtype_name(t.dtype()) : "nothing", t.defined() ? t.shape().to_string() : "");
+  buffers_[static_cast<size_t>(slot)] = std::move(t);
+}
+
+void Runtime::set_local(std::string_view name, const Tensor& local) {
+  ValueId v = g_.get(name);
+  SW_CHECK(g_.value(v).producer < 0, "'{}' is computed by the program; only inputs and parameters are set", name);
+  bind(value_slot(name), local);
+}
+
+void Runtime::set_global(std::string_view name, const Tensor& global) {
+  int s = value_slot(name);
+  const graph::Slot& slot = p_.slots[static_cast<size_t>(s)];
+  SW_CHECK(global.shape() == slot.meta.shape && global.dtype() == slot.meta.dtype, "'{}' is {} {}, got {} {}", name,
+           dtype_name(slot.meta.dtype), slot.meta.shape.to_string(), dtype_name(global.dtype()), global.shape().to_string());
+  SW_CHECK(!slot.dist.has_partial(), "'{}' is annotated Partial [{}]: set its local part with set_local", name,
+           slot.dist.to_string());
+  mesh::LocalBlock b = mesh::local_block(slot.meta.shape, slot.dist, p_.mesh, coords_);
+  set_local(name, global.slice(b.offsets(), b.shape));
+}
+
+void Runtime::keep(std::string_view name) { kept_[static_cast<size_t>(value_slot(name))] = true; }
+
+ops::KernelContext Runtime::context(const std::vector<int>& slots) const {
+  ops::KernelContext ctx;
+  for (int s : slots) {
+    if (s < 0) {
+      ctx.tensors.emplace_back();
+      continue;
+    }
+    const graph::Slot& slot = p_.slots[static_cast<size_t>(s)];
+    mesh::LocalBlock b = mesh::local_block(slot.meta.shape, slot.dist, p_.mesh, coords_);
+    ctx.tensors.push_back({slot.meta.shape, b.offset, slot.dist});
+  }
+  ctx.mesh_comm = mesh_comm_.get();
+  return ctx;
+}
+
+void Runtime::run() {
+  stats_ = {};
+  int64_t sent_before = resharder_.bytes_sent();
+  int64_t live = 0;
+  for (const Tensor& t : buffers_) live += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  stats_.peak_bytes = live;
+  for (size_t i = 0; i < p_.instrs.size(); ++i) {
+    const graph::Instr& ins = p_.instrs[i];
+    std::vector<Tensor> in;
+    for (int s : ins.in) {
+      const Tensor& t = buffers_[static_cast<size_t>(s)];
+      SW_CHECK(t.defined(), "'{}' is not set: bind every input and parameter before run()",
+               p_.slots[static_cast<size_t>(s)].name);
+      in.push_back(t);
+    }
+    std::vector<Tensor> out;
+    if (ins.kind == InstrKind::Reshard) {
+      out.push_back(resharder_.run(ins.plan, in[0]));
+      ++stats_.reshards;
+    } else if (ins.kind == InstrKind::Fill) {
+      const graph::Slot& s = p_.slots[static_cast<size_t>(ins.out[0])];
+      Shape local = mesh::local_shape(s.meta.shape, s.dist, p_.mesh, coords_);
+      out.push_back(Tensor::full(s.meta.dtype, local, g_.node(ins.node).attrs.get_float("value", 0.0)));
+    } else {
+      const graph::Node& n = g_.node(ins.node);
+      const ops::OpDef& def = ops::op_registry().get(n.op);
+      ops::KernelContext ctx = context(ins.in);
+      try {
+        if (ins.kind == InstrKind::Kernel) {
+          out = ops::run_forward(def, in, n.attrs, &ctx);
+        } else {
+          size_t nin = g_.node(n.forward).inputs.size(), nout = g_.node(n.forward).outputs.size();
+          std::span<const Tensor> all(in);
+          out = ops::run_backward(def, all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout), n.attrs, &ctx);
+        }
+      } catch (const Error& e) {
+        fail("node {} on rank {}: {}", n.to_string(g_), mesh_comm_->rank_index(), e.what());
+      }
+      ++stats_.kernels;
+    }
+    for (size_t k = 0; k < ins.out.size(); ++k) {
+      int s = ins.out[k];
+      if (s < 0 || k >= out.size()) continue;
+      live -= buffers_[static_cast<size_t>(s)].defined() ? static_cast<int64_t>(buffers_[static_cast<size_t>(s)].nbytes()) : 0;
+      buffers_[static_cast<size_t>(s)] = out[k];
+      live += out[k].defined() ? static_cast<int64_t>(out[k].nbytes()) : 0;
+    }
+    stats_.peak_bytes = std::max(stats_.peak_bytes, live);
+    for (int s : ins.in) {
+      auto si = static_cast<size_t>(s);
+      if (last_use_[si] == static_cast<int>(i) && !kept_[si] && buffers_[si].defined()) {
+        live -= static_cast<int64_t>(buffers_[si].nbytes());
+        buffers_[si] = Tensor();
+      }
+    }
+    // Outputs nobody reads (an op's auxiliary outputs) go at once.
+    for (int s : ins.out) {
+      if (s >= 0 && last_use_[static_cast<size_t>(s)] < 0 && !kept_[static_cast<size_t>(s)] && buffers_[static_cast<size_t>(s)].defined()) {
+        live -= static_cast<int64_t>(buffers_[static_cast<size_t>(s)].nbytes());
+        buffers_[static_cast<size_t>(s)] = Tensor();
+      }
+    }
+  }
+  stats_.bytes_sent = resharder_.bytes_sent() - sent_before;
+}
+
+Tensor Runtime::local(std::string_view name) const {
+  int s = p_.value_slot[static_cast<size_t>(g_.get(name))];
+  SW_CHECK(s >= 0 && buffers_[static_cast<size_t>(s)].defined(),
+           "'{}' is not held after run(): ask Runtime::keep(\"{}\") before running", name, name);
+  return buffers_[static_cast<size_t>(s)];
+}
+
+Tensor Runtime::local_grad(std::string_view param) const {
+  ValueId v = g_.get(param);
+  auto params = g_.params();
+  auto it = std::find(params.begin(), params.end(), v);
+  SW_CHECK(it != params.end(), "'{}' is not a parameter", param);
+  int s = p_.param_grad_slot[static_cast<size_t>(it - params.begin())];
+  SW_CHECK(s >= 0 && buffers_[static_cast<size_t>(s)].defined(), "parameter '{}' has no gradient", param);
+  return buffers_[static_cast<size_t>(s)];
+}
+
+Tensor Runtime::gather_slot(int s) {
+  const graph::Slot& slot = p_.slots[static_cast<size_t>(s)];
+  reshard::Plan plan = reshard::plan_reshard(slot.meta.shape, slot.meta.dtype, {p_.mesh, slot.dist},
+                                             {p_.mesh, mesh::DistAttr(p_.mesh.ndim())});
+  return resharder_.run(plan, buffers_[static_cast<size_t>(s)]);
+}
+
+Tensor Runtime::gather(std::string_view name) {
+  local(name);  // the Error when it is gone
+  return gather_slot(p_.value_slot[static_cast<size_t>(g_.get(name))]);
+}
+
+Tensor Runtime::gather_grad(std::string_view param) {
+  local_grad(param);
+  ValueId v = g_.get(param);
+  auto params = g_.params();
+  return gather_slot(p_.param_grad_slot[static_cast<size_t>(std::find(params.begin(), params.end(), v) - params.begin())]);
+}
+
+}  // namespace shardwise::runtime

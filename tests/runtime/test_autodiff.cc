@@ -1,0 +1,120 @@
+// Autodiff checked against central finite differences of the loss (float64, one device).
+#include <gtest/gtest.h>
+
+#include "harness.h"
+#include "shardwise/core/philox.h"
+#include "shardwise/verify/sim_mesh.h"
+
+namespace shardwise {
+namespace {
+
+using testing_support::run_graph;
+
+Tensor random(const Shape& s, uint64_t stream, double lo = -1, double hi = 1) {
+  ops::ValueGen gen;
+  gen.lo = lo, gen.hi = hi;
+  return verify::random_tensor(s, DType::F64, gen, Philox(7, stream));
+}
+
+// A graph that uses a value twice (g feeds both operands of multiply and a residual add) and
+// an op with auxiliary outputs (layer_norm's mean and rstd).
+void build(graph::Graph& g) {
+  auto x = g.input("x", Shape{4, 3}, DType::F64);
+  auto w = g.param("w", Shape{3, 5}, DType::F64);
+  auto b = g.param("b", Shape{5}, DType::F64);
+  auto s = g.param("ln_scale", Shape{5}, DType::F64);
+  auto t = g.param("ln_bias", Shape{5}, DType::F64);
+  auto h = g.add(g.matmul(x, w, false, "xw"), b, "h");
+  auto a = g.gelu(h, "a");
+  auto sq = g.multiply(a, a, "sq");
+  auto r = g.add(sq, a, "r");
+  auto n = g.layer_norm(r, s, t, -1, 1e-5, "n");
+  g.mean(g.multiply(n, n, "n2"), {}, false, "loss");
+}
+
+TEST(Autodiff, GradientsMatchFiniteDifferences) {
+  std::map<std::string, Tensor> data = {{"x", random(Shape{4, 3}, 1)},
+                                        {"w", random(Shape{3, 5}, 2)},
+                                        {"b", random(Shape{5}, 3)},
+                                        {"ln_scale", random(Shape{5}, 4, 0.5, 1.5)},
+                                        {"ln_bias", random(Shape{5}, 5)}};
+  mesh::ProcessMesh one(Shape{1});
+  auto result = run_graph(build, one, data, "loss", {"loss"});
+  for (const char* p : {"w", "b", "ln_scale", "ln_bias"}) {
+    Tensor grad = result.grads.at(p);
+    for (int64_t i = 0; i < grad.numel(); ++i) {
+      const double eps = 1e-6;
+      auto loss_with = [&](double delta) {
+        auto d = data;
+        d[p] = data[p].clone();
+        d[p].set_at(i, data[p].at(i) + delta);
+        return run_graph(build, one, d, "loss", {"loss"}).values.at("loss").at(0);
+      };
+      double numeric = (loss_with(eps) - loss_with(-eps)) / (2 * eps);
+      EXPECT_NEAR(grad.at(i), numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << p << " element " << i;
+    }
+  }
+}
+
+TEST(Autodiff, NamesGradientsAndSumsRepeatedUses) {
+  graph::Graph g;
+  build(g);
+  auto grads = graph::append_backward(g, g.get("loss"));
+  ASSERT_EQ(grads.size(), 4u);
+  EXPECT_EQ(g.value(grads[0]).name, "w@grad");
+  // `a` is read three times (twice by multiply, once by add): its gradient is a sum of three.
+  const graph::Value& da = g.value(g.value(g.get("a")).grad);
+  EXPECT_EQ(da.name, "a@grad");
+  EXPECT_EQ(g.node(da.producer).op, "add");
+}
+
+TEST(Autodiff, AParameterWithoutAGradientPathIsAnError) {
+  graph::Graph g;
+  auto x = g.input("x", Shape{2, 2});
+  auto w = g.param("w", Shape{2, 2});
+  g.param("unused", Shape{3});
+  g.sum(g.matmul(x, w), {}, false, "loss");
+  try {
+    graph::append_backward(g, g.get("loss"));
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'unused' has no gradient path to the loss 'loss'"), std::string::npos)
+        << e.what();
+  }
+  graph::AutodiffOptions allow;
+  allow.allow_unused_params = true;
+  graph::Graph g2;
+  auto x2 = g2.input("x", Shape{2, 2});
+  auto w2 = g2.param("w", Shape{2, 2});
+  g2.param("unused", Shape{3});
+  g2.sum(g2.matmul(x2, w2), {}, false, "loss");
+  EXPECT_EQ(graph::append_backward(g2, g2.get("loss"), allow)[1], -1);
+}
+
+TEST(Builder, ShapeMismatchAndUnknownOpNameTheNode) {
+  graph::Graph g;
+  auto x = g.input("x", Shape{2, 3});
+  auto w = g.param("w", Shape{4, 5});
+  try {
+    g.matmul(x, w, false, "h");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'h' (matmul(x 2x3, w 4x5))"), std::string::npos) << e.what();
+  }
+  try {
+    g.op1("no_such_op", {x});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown op 'no_such_op'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(g.input("x", Shape{1}), Error);  // names are unique
+  try {
+    g.annotate(x, "S(2),R");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("annotation of 'x'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardwise
