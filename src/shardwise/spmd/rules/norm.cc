@@ -17,9 +17,9 @@
 //    out and the statistics' gradients are not read by the backward kernel (the latter are
 //    ignored): they keep their given distribution, no reshard.
 //    dx is laid out like x; dscale and dbias are Partial(sum) on every mesh dim that shards a row
-//    letter (each rank sums over its own rows; an empty shard adds 0). On a mesh dim that shards
-//    nothing, a P(sum) / P(avg) dout passes to dx, dscale and dbias (all three are linear in dout
-//    for a fixed x), x, scale and the statistics being Replicate there.
+//    letter (each rank sums over its own rows; an empty shard adds 0). A Partial dout is reduced
+//    first (Replicate): passing it on would cost the same reduction of dx later plus one of
+//    dscale and dbias each; reducing dout is where Megatron-LM places the all-reduce.
 #include <array>
 
 #include "shardwise/core/error.h"
@@ -104,8 +104,6 @@ SpmdResult norm_reverse(const NormKind& kind, const ProcessMesh& mesh, std::span
   return norm_forward(kind, mesh, std::span<const TensorSpec>(specs.data(), in.size()), attrs);
 }
 
-bool is_linear_partial(const Placement& p) { return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg); }
-
 SpmdResult norm_grad(const NormKind& kind, const ProcessMesh& mesh, std::span<const TensorSpec> g,
                      const Attrs& attrs) {
   const auto params = static_cast<size_t>(kind.params), stats = static_cast<size_t>(kind.stats);
@@ -136,13 +134,6 @@ SpmdResult norm_grad(const NormKind& kind, const ProcessMesh& mesh, std::span<co
   r.outputs.reserve(1 + params);
   r.outputs.push_back(x);
   for (size_t p = 0; p < params; ++p) r.outputs.push_back(dparam);
-  for (int m = 0; m < nd; ++m) {
-    if (axes.letter_of(m) != 0) continue;
-    const Placement& p = g[dout_i].dist[m];
-    if (!is_linear_partial(p)) continue;
-    r.inputs[dout_i].set(m, p);
-    for (DistAttr& o : r.outputs) o.set(m, p);
-  }
   return r;
 }
 
@@ -166,12 +157,12 @@ void register_norm_rules(RuleRegistry& registry) {
            "x's leading dims [0, k) keep their sharding, normalized dims [k, ndim) -> R, scale/bias -> R, every "
            "Partial -> R; out like x, mean/rstd like x's leading dims. Grad: x, dout, mean, rstd merged on the "
            "leading dims (normalized -> R, scale R); dx like x, dscale/dbias P(sum) on mesh dims sharding a leading "
-           "dim; dout P(sum|avg) on an otherwise unused mesh dim -> dx, dscale, dbias same");
+           "dim; a Partial dout -> R first (as Megatron-LM reduces it), so dscale/dbias need no extra reduction");
   add_rule(registry, kRmsNorm,
            "x's leading dims [0, k) keep their sharding, normalized dims [k, ndim) -> R, scale -> R, every Partial "
            "-> R; out like x, inv_rms like x's leading dims. Grad: x, dout, inv_rms merged on the leading dims "
-           "(normalized -> R, scale R); dx like x, dscale P(sum) on mesh dims sharding a leading dim; dout "
-           "P(sum|avg) on an otherwise unused mesh dim -> dx, dscale same");
+           "(normalized -> R, scale R); dx like x, dscale P(sum) on mesh dims sharding a leading dim; a Partial "
+           "dout -> R first (as Megatron-LM reduces it), so dscale needs no extra reduction");
 }
 
 }  // namespace shardwise::spmd
