@@ -20,3 +20,6 @@ done < <("$build/bench/rule_calls" --list)
 echo
 echo "== reshard plan time (auto strategy: both candidate plans built and costed)"
 "$build/bench/bench_reshard" --benchmark_min_time=0.2 --benchmark_format=console
+echo
+echo "== completion of a 96-layer GPT (forward + backward) on [dp=2,tp=4]"
+"$build/bench/bench_completion" --benchmark_format=console

@@ -105,4 +105,22 @@ TEST(Cli, PlanReshardPrintsTheStepsAndTheirCost) {
   EXPECT_NE(r.out.find("shardwise: error: the source layout"), std::string::npos) << r.out;
 }
 
+TEST(Cli, PlanShowsTheProgramAndExplainsAPlacement) {
+  Result r = run("plan --mesh tp=2 --layers 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // The row-parallel projection's Partial sum is all-reduced, once, before the bias and residual.
+  EXPECT_NE(r.out.find("transformer.h.0.attn.c_proj.mm[P(sum)] = matmul("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("all_reduce(sum) along mesh dim 0"), std::string::npos) << r.out;
+  r = run("plan --mesh dp=2,tp=2 --explain transformer.h.0.attn.q_proj.mm");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[S(0),S(2)] — output 0 of node transformer.h.0.attn.q_proj.mm = matmul"), std::string::npos)
+      << r.out;
+  r = run("plan --mesh dp=2,tp=3 --heads 4");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("4 heads do not divide over tp=3"), std::string::npos) << r.out;
+  r = run("plan --mesh dp=2,xp=2");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("name every dim dp, tp or pp"), std::string::npos) << r.out;
+}
+
 }  // namespace

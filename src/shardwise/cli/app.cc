@@ -50,6 +50,20 @@ int run(int argc, char** argv) {
   reshard_cmd->add_option("--dim-bandwidth-gbps", reshard_opts.dim_bandwidth_gbps, "bandwidth per mesh dim, e.g. 100,10")
       ->delimiter(',');
 
+  PlanOptions plan_opts;
+  auto* plan_cmd = app.add_subcommand("plan", "Show how the GPT model runs on a mesh: placements, reshards, collectives");
+  plan_cmd->add_option("--mesh", plan_opts.mesh, "mesh with named dims dp, tp (default tp=2)");
+  plan_cmd->add_flag("--sp", plan_opts.sp, "sequence parallelism on the tp dim");
+  plan_cmd->add_option("--layers", plan_opts.layers, "transformer layers (default 2)");
+  plan_cmd->add_option("--heads", plan_opts.heads, "attention heads (default 4)");
+  plan_cmd->add_option("--hidden", plan_opts.hidden, "hidden size (default 64)");
+  plan_cmd->add_option("--seq", plan_opts.seq, "sequence length (default 32)");
+  plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size (default 256)");
+  plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per micro-batch (default 4)");
+  plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
+      ->delimiter(',');
+  plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,6 +74,7 @@ int run(int argc, char** argv) {
     if (*infer_cmd) return cmd_infer(infer_opts, std::cout);
     if (*verify_cmd) return cmd_verify(verify_opts, std::cout);
     if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
+    if (*plan_cmd) return cmd_plan(plan_opts, std::cout);
   } catch (const Error& e) {
     std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;

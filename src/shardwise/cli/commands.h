@@ -35,4 +35,13 @@ struct PlanReshardOptions {
 };
 int cmd_plan_reshard(const PlanReshardOptions& options, std::ostream& out);
 
+struct PlanOptions {
+  std::string mesh = "tp=2";
+  bool sp = false;
+  int64_t layers = 2, heads = 4, hidden = 64, seq = 32, vocab = 256, micro_batch = 4;
+  std::vector<std::string> explain;
+  bool summary = false;
+};
+int cmd_plan(const PlanOptions& options, std::ostream& out);
+
 }  // namespace shardwise::cli

@@ -29,9 +29,7 @@ std::string Node::to_string(const Graph& g) const {
 
 ValueId Graph::new_value(std::string name, ops::TensorMeta meta, ValueKind kind) {
   SW_CHECK(!name.empty(), "a value needs a name");
-  auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
-                             [](const auto& entry, const std::string& n) { return entry.first < n; });
-  SW_CHECK(it == by_name_.end() || it->first != name, "the name '{}' is used twice (value names are unique)", name);
+  SW_CHECK(!by_name_.contains(name), "the name '{}' is used twice (value names are unique)", name);
   Value v;
   v.id = static_cast<ValueId>(values_.size());
   v.name = name;
@@ -39,7 +37,7 @@ ValueId Graph::new_value(std::string name, ops::TensorMeta meta, ValueKind kind)
   v.kind = kind;
   v.requires_grad = kind == ValueKind::Param;
   values_.push_back(std::move(v));
-  by_name_.insert(it, {std::move(name), values_.back().id});
+  by_name_.emplace(std::move(name), values_.back().id);
   return values_.back().id;
 }
 
@@ -170,9 +168,8 @@ const Node& Graph::node(NodeId n) const {
 Node& Graph::node(NodeId n) { return const_cast<Node&>(std::as_const(*this).node(n)); }
 
 std::optional<ValueId> Graph::find(std::string_view name) const {
-  auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
-                             [](const auto& entry, std::string_view n) { return entry.first < n; });
-  if (it == by_name_.end() || it->first != name) return std::nullopt;
+  auto it = by_name_.find(std::string(name));
+  if (it == by_name_.end()) return std::nullopt;
   return it->second;
 }
 
@@ -182,6 +179,7 @@ ValueId Graph::get(std::string_view name) const {
   for (const auto& [n, id] : by_name_) {
     if (n.find(name) != std::string::npos || name.find(n) != std::string_view::npos) near.push_back(n);
   }
+  std::sort(near.begin(), near.end());
   fail("no value named '{}'{}", name, near.empty() ? "" : fmt::format(" (similar: {})", fmt::join(near, ", ")));
 }
 

@@ -13,6 +13,7 @@
 //   Fill      a constant tensor (zeros, ones) of a given shape: autodiff's seed and the gradients
 //             of outputs nothing reads.
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -112,7 +113,7 @@ class Graph {
   ValueId new_value(std::string name, ops::TensorMeta meta, ValueKind kind);
   std::vector<Value> values_;
   std::vector<Node> nodes_;
-  std::vector<std::pair<std::string, ValueId>> by_name_;  // sorted by name
+  std::unordered_map<std::string, ValueId> by_name_;
   int stage_ = -1;
 };
 

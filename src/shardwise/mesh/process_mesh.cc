@@ -109,7 +109,8 @@ ProcessMesh parse_mesh(std::string_view text) {
   bool named = false;
   size_t pos = 0;
   while (pos <= t.size()) {
-    size_t end = t.find_first_of(",x", pos);
+    // "2x3" separates by 'x'; named dims ("dp=2,xp=3") only by commas.
+    size_t end = t.find_first_of(t.find('=') == std::string_view::npos ? ",x" : ",", pos);
     if (end == std::string_view::npos) end = t.size();
     std::string_view part = t.substr(pos, end - pos);
     std::string name;

@@ -1,0 +1,42 @@
+// `shardwise plan`: the completed, lowered program of the GPT model on a mesh — every node with
+// its operands' placements and every reshard with its collectives and bytes — or, with
+// --explain, which rule and which neighbour decided one value's placement.
+#include <chrono>
+
+#include "shardwise/cli/commands.h"
+#include "shardwise/core/error.h"
+#include "shardwise/graph/autodiff.h"
+#include "shardwise/graph/program.h"
+#include "shardwise/train/gpt.h"
+
+namespace shardwise::cli {
+
+int cmd_plan(const PlanOptions& o, std::ostream& out) {
+  train::GptConfig c;
+  c.layers = o.layers, c.heads = o.heads, c.hidden = o.hidden, c.seq = o.seq, c.vocab = o.vocab;
+  train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), o.sp);
+  auto start = std::chrono::steady_clock::now();
+  train::GptGraph m = train::build_gpt(c, s, o.micro_batch);
+  graph::append_backward(m.g, m.loss);
+  graph::Completion done = graph::complete(m.g, s.mesh);
+  graph::Program p = graph::lower(m.g, done);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!o.explain.empty()) {
+    for (const std::string& name : o.explain) out << graph::explain(m.g, done, m.g.get(name)) << "\n";
+    return 0;
+  }
+  if (!o.summary) out << p.to_string(m.g);
+  else {
+    out << fmt::format("reshards: {:.3g} us estimated, {} B sent by the busiest rank; collectives:", p.reshard_cost_s * 1e6,
+                       p.reshard_bytes);
+    for (auto& [kind, count] : p.collective_counts()) out << fmt::format(" {} x{}", kind, count);
+    out << "\n";
+  }
+  out << fmt::format("GPT {} layers, hidden {}, {} heads, seq {}, vocab {}, micro-batch {} on {}: {} nodes, {} "
+                     "instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
+                     c.layers, c.hidden, c.heads, c.seq, c.vocab, o.micro_batch, s.to_string(), m.g.nodes().size(),
+                     p.instrs.size(), ms);
+  return 0;
+}
+
+}  // namespace shardwise::cli

@@ -1,0 +1,147 @@
+#include "shardwise/train/gpt.h"
+
+#include <cmath>
+
+#include "shardwise/core/error.h"
+#include "shardwise/core/philox.h"
+
+namespace shardwise::train {
+
+void GptConfig::validate() const {
+  SW_CHECK(layers >= 1, "layers must be at least 1, got {}", layers);
+  SW_CHECK(heads >= 1 && hidden >= 1 && hidden % heads == 0,
+           "hidden size {} must be a positive multiple of the number of heads {}", hidden, heads);
+  SW_CHECK(seq >= 1, "sequence length must be at least 1, got {}", seq);
+  SW_CHECK(vocab >= 2, "vocabulary must hold at least 2 tokens, got {}", vocab);
+}
+
+Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel) {
+  Strategy s;
+  s.mesh = mesh;
+  s.sequence_parallel = sequence_parallel;
+  const auto& names = mesh.dim_names();
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    std::string n = names.empty() ? "" : names[static_cast<size_t>(m)];
+    if (n == "dp") s.dp = m;
+    else if (n == "tp") s.tp = m;
+    else if (n == "pp") s.pp = m;
+    else
+      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp or pp (e.g. dp=2,tp=2)", mesh.to_string(), m,
+           n.empty() ? "(unnamed)" : n);
+  }
+  SW_CHECK(!sequence_parallel || s.tp >= 0, "sequence parallelism (--sp) runs on the tp dim: the mesh {} has none",
+           mesh.to_string());
+  return s;
+}
+
+std::string Strategy::to_string() const {
+  return fmt::format("mesh {}{}", mesh.to_string(), sequence_parallel ? " + sequence parallel" : "");
+}
+
+namespace {
+
+// "S(1)" on the tp dim, `other` on dp, R elsewhere.
+std::string placements(const Strategy& s, const char* on_tp, const char* on_dp = "R") {
+  std::vector<std::string> parts(static_cast<size_t>(s.mesh.ndim()), "R");
+  if (s.tp >= 0) parts[static_cast<size_t>(s.tp)] = on_tp;
+  if (s.dp >= 0) parts[static_cast<size_t>(s.dp)] = on_dp;
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+}  // namespace
+
+GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch) {
+  c.validate();
+  SW_CHECK(micro_batch >= 1, "micro-batch must be at least 1 sequence, got {}", micro_batch);
+  SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
+           s.tp_size());
+  SW_CHECK(micro_batch % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", micro_batch,
+           s.dp_size());
+  const int64_t B = micro_batch, S = c.seq, H = c.hidden, NH = c.heads, HD = H / NH, V = c.vocab;
+  GptGraph out;
+  out.micro_batch = micro_batch;
+  graph::Graph& g = out.g;
+  auto annotate = [&](graph::ValueId v, const std::string& p) {
+    if (s.mesh.ndim() > 0) g.annotate(v, p);
+  };
+  auto ids = g.input("ids", Shape{B, S}, DType::I64);
+  auto labels = g.input("labels", Shape{B, S}, DType::I64);
+  auto mask = g.input("causal_mask", Shape{S, S});
+  annotate(ids, placements(s, "R", "S(0)"));
+  annotate(labels, placements(s, "R", "S(0)"));
+  annotate(mask, placements(s, "R"));
+  auto wte = g.param("transformer.wte.weight", Shape{V, H});
+  auto wpe = g.param("transformer.wpe.weight", Shape{S, H});
+  if (s.tp >= 0) annotate(wte, placements(s, "S(0)"));
+  auto x = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
+  if (s.sequence_parallel) annotate(x, placements(s, "S(1)", "S(0)"));
+
+  auto ln = [&](graph::ValueId in, const std::string& name) {
+    auto w = g.param(name + ".weight", Shape{H});
+    auto b = g.param(name + ".bias", Shape{H});
+    auto y = g.layer_norm(in, w, b, -1, c.layer_norm_epsilon, name + ".out");
+    if (s.sequence_parallel) annotate(y, placements(s, "R", "S(0)"));  // gathered before the column-parallel matmuls
+    return y;
+  };
+  // tp_kind: "col" (weight S(1), bias S(0) on tp), "row" (weight S(0), output resharded per sp).
+  auto linear = [&](graph::ValueId in, const std::string& name, int64_t n_in, int64_t n_out, bool column) {
+    auto w = g.param(name + ".weight", Shape{n_in, n_out});
+    auto b = g.param(name + ".bias", Shape{n_out});
+    if (s.tp >= 0) {
+      annotate(w, placements(s, column ? "S(1)" : "S(0)"));
+      if (column) annotate(b, placements(s, "S(0)"));
+    }
+    auto mm = g.matmul(in, w, false, name + ".mm");
+    if (!column && s.sequence_parallel) annotate(mm, placements(s, "S(1)", "S(0)"));  // reduce-scatter onto the sequence
+    return g.add(mm, b, name + ".out");
+  };
+  for (int64_t l = 0; l < c.layers; ++l) {
+    std::string p = fmt::format("transformer.h.{}", l);
+    auto h = ln(x, p + ".ln_1");
+    auto heads = [&](graph::ValueId t, const std::string& name) {
+      return g.transpose(g.reshape(t, {B, S, NH, HD}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
+    };
+    auto q = heads(linear(h, p + ".attn.q_proj", H, H, true), p + ".attn.q");
+    auto k = heads(linear(h, p + ".attn.k_proj", H, H, true), p + ".attn.k");
+    auto v = heads(linear(h, p + ".attn.v_proj", H, H, true), p + ".attn.v");
+    auto scores = g.scale(g.matmul(q, k, true, p + ".attn.qk"), 1.0 / std::sqrt(static_cast<double>(HD)), 0.0,
+                          p + ".attn.scores");
+    auto probs = g.softmax(g.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs");
+    auto ctx = g.reshape(g.transpose(g.matmul(probs, v, false, p + ".attn.ctx.heads"), {0, 2, 1, 3}, p + ".attn.ctx.t"),
+                         {B, S, H}, p + ".attn.ctx");
+    x = g.add(x, linear(ctx, p + ".attn.c_proj", H, H, false), p + ".attn.residual");
+    auto h2 = ln(x, p + ".ln_2");
+    auto m = linear(g.gelu(linear(h2, p + ".mlp.c_fc", H, 4 * H, true), p + ".mlp.act"), p + ".mlp.c_proj", 4 * H, H,
+                    false);
+    x = g.add(x, m, p + ".mlp.residual");
+  }
+  auto logits = g.matmul(ln(x, "transformer.ln_f"), wte, true, "logits");
+  // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
+  // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
+  auto total = g.cross_entropy(logits, labels, "sum", "loss_sum");
+  out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, "loss");
+  return out;
+}
+
+Tensor init_param(const GptConfig& c, const std::string& name, const Shape& shape, uint64_t seed) {
+  Tensor t(DType::F32, shape);
+  bool is_ln = name.find(".ln_") != std::string::npos;
+  if (name.ends_with(".bias")) return t;
+  if (is_ln) return Tensor::full(DType::F32, shape, 1.0);
+  double std = c.init_std;
+  if (name.ends_with("c_proj.weight")) std /= std::sqrt(2.0 * static_cast<double>(c.layers));
+  Philox rng(seed, stream_id(name));
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
+  return t;
+}
+
+Tensor causal_mask(int64_t seq) {
+  Tensor t(DType::F32, Shape{seq, seq});
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < seq; ++i)
+    for (int64_t j = 0; j < seq; ++j) p[i * seq + j] = j <= i ? 0.0f : -1e9f;
+  return t;
+}
+
+}  // namespace shardwise::train

@@ -1,0 +1,60 @@
+#pragma once
+// A GPT-2-style decoder built with the graph builder: token + position embeddings, pre-LayerNorm
+// blocks (causal multi-head attention, GELU MLP 4x), a final LayerNorm and an LM head tied to the
+// token embedding; mean cross-entropy over the next tokens. Parallel strategies are annotations:
+//   dp  ids and labels sharded on the batch
+//   tp  Megatron: q/k/v and fc column-parallel, the projections row-parallel, the embedding (and so
+//       the tied head) vocab-parallel
+//   sp  (with tp) the residual stream and the norms sharded on the sequence over tp
+// Parameter names follow Hugging Face's GPT-2 ("transformer.h.0.ln_1.weight", ...), with separate
+// q/k/v projections; they are the checkpoint keys.
+#include <string>
+#include <vector>
+
+#include "shardwise/graph/graph.h"
+#include "shardwise/mesh/process_mesh.h"
+#include "shardwise/tensor/tensor.h"
+
+namespace shardwise::train {
+
+struct GptConfig {
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t hidden = 256;
+  int64_t seq = 256;
+  int64_t vocab = 256;
+  double layer_norm_epsilon = 1e-5;
+  double init_std = 0.02;
+  void validate() const;  // Error naming the bad field
+};
+
+// Which mesh dims play which role: found by name ("dp", "tp", "pp") in the mesh.
+struct Strategy {
+  mesh::ProcessMesh mesh;
+  int dp = -1, tp = -1, pp = -1;
+  bool sequence_parallel = false;
+  static Strategy from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel);
+  int64_t dp_size() const { return dp < 0 ? 1 : mesh.dim_size(dp); }
+  int64_t tp_size() const { return tp < 0 ? 1 : mesh.dim_size(tp); }
+  std::string to_string() const;
+};
+
+struct GptGraph {
+  graph::Graph g;
+  graph::ValueId loss = -1;
+  int64_t micro_batch = 0;
+};
+
+// The graph of one micro-batch of `micro_batch` sequences (inputs "ids", "labels" [B, S] i64 and
+// "causal_mask" [S, S]), annotated for `strategy`. Errors name what does not divide.
+GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t micro_batch);
+
+// The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
+// global element index (so any sharding holds the same numbers); std = init_std, and
+// init_std / sqrt(2 * layers) for the residual projections (GPT-2); LayerNorm weight 1, biases 0.
+Tensor init_param(const GptConfig& config, const std::string& name, const Shape& shape, uint64_t seed);
+
+// The [S, S] additive causal mask: 0 on and below the diagonal, -1e9 above.
+Tensor causal_mask(int64_t seq);
+
+}  // namespace shardwise::train
