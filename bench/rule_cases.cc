@@ -43,12 +43,15 @@ std::vector<RuleCall> rule_calls() {
                      {{Shape{32, 256, 56, 56}, "S(0),S(1)"}, {Shape{256}, "R,R"}, {Shape{256}, "R,R"},
                       {Shape{256}, "R,R"}, {Shape{256}, "R,R"}},
                      Attrs{{"training", false}});
+  RuleCall sbn = make("sync_batch_norm training NCHW [S(0),S(2)]", "sync_batch_norm",
+                      {{Shape{32, 256, 56, 56}, "S(0),S(2)"}, {Shape{256}, "R,R"}, {Shape{256}, "R,R"},
+                       {Shape{256}, "R,R"}, {Shape{256}, "R,R"}});
   RuleCall put = make("index_put k=1 [R,S(1)]", "index_put",
                       {{Shape{4096, 1024}, "R,S(1)"}, {Shape{512}, "R,R"}, {Shape{512, 1024}, "R,S(1)"}});
   put.inputs[1].dtype = DType::I64;
   RuleCall reshape = make("reshape 1x512x4096 -> 1x2x256x4096 [S(1),S(2)]", "reshape",
                           {{Shape{1, 512, 4096}, "S(1),S(2)"}}, Attrs{{"shape", std::vector<int64_t>{1, 2, 256, 4096}}});
-  return {gelu, add, sum, col, row, ln, bn, put, reshape, grad_of(gelu, "gelu"), grad_of(add, "add"),
+  return {gelu, add, sum, col, row, ln, bn, sbn, put, reshape, grad_of(gelu, "gelu"), grad_of(add, "add"),
           grad_of(sum, "sum"), grad_of(row, "matmul"), grad_of(ln, "layer_norm")};
 }
 

@@ -56,6 +56,20 @@ TEST(Cli, InferWithAttrsAndUnevenShards) {
   EXPECT_NE(r.out.find("rank 2 2: local 5x1 at offset [0,6]"), std::string::npos) << r.out;
 }
 
+// Collective ops (context kernels only) work with infer, their gradient rules included.
+TEST(Cli, InferCollectiveOpsForwardAndGrad) {
+  Result r = run("infer vocab_parallel_cross_entropy --mesh 2,2 --shapes 8x5,8 --dtypes f32,i64 "
+                 "--placements \"S(0),S(1);R,R\" --attrs reduction=sum");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("input 0: f32 8x5 [S(0),S(1)]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("output 0: f32 scalar [P(sum),R]"), std::string::npos) << r.out;
+  r = run("infer sync_batch_norm --part grad --mesh 2 --shapes 8x4,4,4,4,4 "
+          "--placements \"S(0);R;R;R;R;S(0);R;R;R;R\"");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("grad 0: f32 8x4 [S(0)]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grad 1: f32 4 [R]"), std::string::npos) << r.out;
+}
+
 TEST(Cli, RulesListsEveryFamily) {
   Result r = run("rules");
   ASSERT_EQ(r.status, 0) << r.out;

@@ -60,7 +60,7 @@ Attrs bn(bool training, const char* format = "NCHW") {
 std::vector<Shape> bn_shapes(Shape x, int64_t c) { return {x, {c}, {c}, {c}, {c}}; }
 
 TEST(ChannelNormRules, RegisteredWithSummaries) {
-  for (const char* name : {"batch_norm", "group_norm", "instance_norm"}) {
+  for (const char* name : {"batch_norm", "sync_batch_norm", "group_norm", "instance_norm"}) {
     const Rule& r = rules().get(name);
     EXPECT_EQ(r.family, "channel_norm");
     EXPECT_FALSE(r.summary.empty());
@@ -145,6 +145,44 @@ TEST(BatchNormRule, Grad) {
   EXPECT_EQ(r,
             "R,S(1) ; R,S(0) ; R,S(0) ; R,S(0) ; R,S(0) ; R,R ; R,R ; R,R ; R,S(0) ; R,S(0) ; P(avg),S(1) ; "
             "R,R ; R,R ; R,R ; R,R | P(avg),S(1) ; P(avg),S(0) ; P(avg),S(0) ; R,R ; R,R");
+}
+
+TEST(SyncBatchNormRule, BatchAndSpatialStaySharded) {
+  ProcessMesh m(Shape{2, 2});
+  auto shapes = bn_shapes({4, 6}, 6);
+  // Training keeps the batch sharding (batch_norm would make it R); stats are global: R on it.
+  EXPECT_EQ(fwd("sync_batch_norm", m, shapes, {"S(0),S(1)"}, bn(true)),
+            "S(0),S(1) ; R,S(0) ; R,S(0) ; R,S(0) ; R,S(0) | S(0),S(1) ; R,S(0) ; R,S(0) ; R,S(0) ; R,S(0)");
+  EXPECT_EQ(fwd("sync_batch_norm", m, shapes, {"S(0),S(0)"}, bn(true)),
+            "S(0),S(0) ; R,R ; R,R ; R,R ; R,R | S(0),S(0) ; R,R ; R,R ; R,R ; R,R");
+  // Partial inputs -> R.
+  EXPECT_EQ(fwd("sync_batch_norm", m, shapes, {"P(sum),S(0)", "R,R", "P(avg),R"}, bn(true)),
+            "R,S(0) ; R,R ; R,R ; R,R ; R,R | R,S(0) ; R,R ; R,R ; R,R ; R,R");
+  // NHWC on [2,3]: batch on mesh dim 0, H on mesh dim 1.
+  ProcessMesh m23(Shape{2, 3});
+  EXPECT_EQ(fwd("sync_batch_norm", m23, bn_shapes({2, 3, 4}, 4), {"S(0),S(1)"}, bn(true, "NHWC")),
+            "S(0),S(1) ; R,R ; R,R ; R,R ; R,R | S(0),S(1) ; R,R ; R,R ; R,R ; R,R");
+  // A wanted batch sharding is produced (batch_norm's training reverse cannot).
+  ProcessMesh m2(Shape{2});
+  EXPECT_EQ(rev("sync_batch_norm", m2, shapes, shapes, {"S(0)", "R", "R", "R", "R"}, bn(true)),
+            "S(0) ; R ; R ; R ; R | S(0) ; R ; R ; R ; R");
+  EXPECT_THROW(fwd("sync_batch_norm", m, bn_shapes({4, 6, 2, 2, 2, 2}, 6), {}, bn(true)), Error);  // rank 6
+}
+
+TEST(SyncBatchNormRule, GradParamsReplicateInTrainingPartialInInference) {
+  ProcessMesh m(Shape{2, 2});
+  auto shapes = bn_grad_shapes({4, 6}, 6);
+  std::vector<std::string> d(15, "R,R");
+  d[0] = "S(0),S(1)";
+  d[10] = "S(0),S(1)";
+  // Training: dscale / dbias all-reduced in the kernel -> R on the batch mesh dim.
+  EXPECT_EQ(grad("sync_batch_norm", m, shapes, d, bn(true)),
+            "S(0),S(1) ; R,S(0) ; R,S(0) ; R,S(0) ; R,S(0) ; R,R ; R,R ; R,R ; R,S(0) ; R,S(0) ; S(0),S(1) ; "
+            "R,R ; R,R ; R,R ; R,R | S(0),S(1) ; R,S(0) ; R,S(0) ; R,R ; R,R");
+  // Inference: no reduction in the kernel -> P(sum).
+  EXPECT_EQ(grad("sync_batch_norm", m, shapes, d, bn(false)),
+            "S(0),S(1) ; R,S(0) ; R,S(0) ; R,S(0) ; R,S(0) ; R,R ; R,R ; R,R ; R,S(0) ; R,S(0) ; S(0),S(1) ; "
+            "R,R ; R,R ; R,R ; R,R | S(0),S(1) ; P(sum),S(0) ; P(sum),S(0) ; R,R ; R,R");
 }
 
 Attrs gn(int64_t groups, const char* format = "NCHW") {

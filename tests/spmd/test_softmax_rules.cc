@@ -45,7 +45,7 @@ std::string sm_grad(Shape x, int64_t a, const std::string& dx, const std::string
 }
 
 TEST(SoftmaxRules, RegisteredWithSummaries) {
-  for (const char* name : {"softmax", "cross_entropy"}) {
+  for (const char* name : {"softmax", "cross_entropy", "vocab_parallel_cross_entropy"}) {
     const Rule& r = rules().get(name);
     EXPECT_EQ(r.family, "softmax");
     EXPECT_FALSE(r.summary.empty());
@@ -81,25 +81,30 @@ Shape batch_of(const Shape& logits) {
   return s;
 }
 
-std::string ce_fwd(Shape logits, const std::string& dl, const std::string& dy, const char* reduction) {
+constexpr const char* kVp = "vocab_parallel_cross_entropy";
+
+std::string ce_fwd(Shape logits, const std::string& dl, const std::string& dy, const char* reduction,
+                   const char* rule = "cross_entropy") {
   std::vector<TensorSpec> in = {spec(logits, dl), spec(batch_of(logits), dy, DType::I64)};
-  SpmdResult r = rules().get("cross_entropy").forward(kMesh22, in, ce(reduction));
+  SpmdResult r = rules().get(rule).forward(kMesh22, in, ce(reduction));
   return join(r.inputs) + " -> " + join(r.outputs);
 }
 
-std::string ce_rev(Shape logits, const std::string& dl, const std::string& want, const char* reduction) {
+std::string ce_rev(Shape logits, const std::string& dl, const std::string& want, const char* reduction,
+                   const char* rule = "cross_entropy") {
   std::vector<TensorSpec> in = {spec(logits, dl), spec(batch_of(logits), "R,R", DType::I64)};
   Shape loss = std::string(reduction) == "none" ? batch_of(logits) : Shape{};
   std::vector<TensorSpec> out = {spec(loss, want)};
-  SpmdResult r = rules().get("cross_entropy").reverse(kMesh22, in, out, ce(reduction));
+  SpmdResult r = rules().get(rule).reverse(kMesh22, in, out, ce(reduction));
   return join(r.inputs) + " -> " + join(r.outputs);
 }
 
-std::string ce_grad(Shape logits, std::vector<std::string> d, const char* reduction) {
+std::string ce_grad(Shape logits, std::vector<std::string> d, const char* reduction,
+                    const char* rule = "cross_entropy") {
   Shape loss = std::string(reduction) == "none" ? batch_of(logits) : Shape{};
   std::vector<TensorSpec> in = {spec(logits, d[0]), spec(batch_of(logits), d[1], DType::I64), spec(loss, d[2]),
                                 spec(loss, d[3])};
-  SpmdResult r = rules().get("cross_entropy").grad(kMesh22, in, ce(reduction));
+  SpmdResult r = rules().get(rule).grad(kMesh22, in, ce(reduction));
   EXPECT_EQ(r.outputs.size(), 2u);
   return join(r.inputs) + " -> " + join(r.outputs);
 }
@@ -143,6 +148,35 @@ TEST(CrossEntropyRules, Grad) {
   // mean: everything Replicate; dloss P(sum) passes to dlogits.
   EXPECT_EQ(ce_grad({4, 6}, {"S(0),S(1)", "S(0),R", "R,R", "P(sum),P(max)"}, "mean"),
             "R,R | R,R | R,R | P(sum),R -> P(sum),R | R,R");
+}
+
+TEST(VocabParallelCrossEntropyRules, ClassDimStaysSharded) {
+  // The class dim keeps its sharding (co-sharded too); labels and loss are Replicate on it.
+  EXPECT_EQ(ce_fwd({4, 6}, "S(0),S(1)", "R,R", "sum", kVp), "S(0),S(1) | S(0),R -> P(sum),R");
+  EXPECT_EQ(ce_fwd({4, 6}, "S(0),S(1)", "R,R", "none", kVp), "S(0),S(1) | S(0),R -> S(0),R");
+  EXPECT_EQ(ce_fwd({4, 5}, "S(1),S(1)", "S(0),R", "none", kVp), "S(1),S(1) | R,R -> R,R");
+  // mean: the batch is Replicate (global divisor), the class dim is not.
+  EXPECT_EQ(ce_fwd({4, 6}, "S(0),S(1)", "R,R", "mean", kVp), "R,S(1) | R,R -> R,R");
+  // Partial logits -> R; labels' batch sharding is taken where logits have none.
+  EXPECT_EQ(ce_fwd({4, 6}, "P(sum),S(1)", "S(0),R", "sum", kVp), "S(0),S(1) | S(0),R -> P(sum),R");
+  // The same inputs under cross_entropy lose the class sharding.
+  EXPECT_EQ(ce_fwd({4, 6}, "S(0),S(1)", "R,R", "sum"), "S(0),R | S(0),R -> P(sum),R");
+}
+
+TEST(VocabParallelCrossEntropyRules, ReverseKeepsTheGivenClassSharding) {
+  EXPECT_EQ(ce_rev({4, 6}, "R,S(1)", "P(sum),R", "sum", kVp), "S(0),S(1) | S(0),R -> P(sum),R");
+  EXPECT_EQ(ce_rev({4, 6}, "S(1),R", "R,R", "mean", kVp), "S(1),R | R,R -> R,R");
+  // The wanted loss takes mesh dim 1 for the batch; the class keeps mesh dim 0.
+  EXPECT_EQ(ce_rev({4, 6}, "S(1),S(1)", "R,S(0)", "none", kVp), "S(1),S(0) | R,S(0) -> R,S(0)");
+}
+
+TEST(VocabParallelCrossEntropyRules, Grad) {
+  // dlogits keeps the class sharding; dloss (none) follows labels.
+  EXPECT_EQ(ce_grad({4, 6}, {"R,S(1)", "R,R", "R,R", "S(0),R"}, "none", kVp),
+            "S(0),S(1) | S(0),R | R,R | S(0),R -> S(0),S(1) | S(0),R");
+  // A dloss Partial on the class-sharding mesh dim cannot pass: Replicate there.
+  EXPECT_EQ(ce_grad({4, 6}, {"R,S(1)", "R,R", "R,R", "P(sum),P(sum)"}, "sum", kVp),
+            "R,S(1) | R,R | R,R | P(sum),R -> P(sum),S(1) | R,R");
 }
 
 }  // namespace

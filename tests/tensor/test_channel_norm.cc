@@ -6,6 +6,8 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "shardwise/tensor/channel_norm.h"
@@ -217,6 +219,71 @@ TEST(BatchNorm, LocalSumsCombineAcrossBatchSlices) {
   expect_close(p1.dx, gg.dx.slice(at2, {3, 3, 2}), 1e-12, "dx of the second slice");
   expect_close(p1.dscale, gg.dscale, 1e-12, "dscale from all-reduced sums");
   expect_close(p1.dbias, gg.dbias, 1e-12, "dbias from all-reduced sums");
+}
+
+// sync_batch_norm's forward contract: moments of uneven batch slices (one empty) merged in order
+// give the two-pass mean and M2 of the whole batch, and batch_norm_with_stats on them is batch_norm.
+TEST(BatchNorm, MomentsMergeAcrossUnevenSlices) {
+  Tensor x = random({7, 3, 2}, 50), scale = random({3}, 51), bias = random({3}, 52), rm = random({3}, 53),
+         rv = random({3}, 54, 0.5, 2);
+  ChannelMoments merged = batch_norm_local_moments(x.slice(std::vector<int64_t>{0, 0, 0}, {3, 3, 2}), false);
+  for (auto [at, rows] : {std::pair<int64_t, int64_t>{3, 0}, {3, 4}}) {
+    Tensor part = x.slice(std::vector<int64_t>{at, 0, 0}, {rows, 3, 2});
+    merge_channel_moments(merged, batch_norm_local_moments(part, false));
+  }
+  auto chan = [](const std::vector<int64_t>& idx) { return idx[1]; };
+  Naive n = naive_norm(x, scale, bias, 3, 1e-5, chan, chan);
+  EXPECT_EQ(merged.count, 14);
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR(merged.mean[c], n.mean[c], 1e-13);
+    EXPECT_NEAR(merged.m2[c], n.var[c] * 14, 1e-12);
+  }
+  BatchNormOptions o;
+  o.momentum = 0.6;
+  BatchNormOutputs want = batch_norm(x, scale, bias, rm, rv, o);
+  BatchNormOutputs got = batch_norm_with_stats(x, scale, bias, rm, rv, batch_norm_stats(merged), merged.count, o);
+  expect_close(got.out, want.out, 1e-12, "out");
+  expect_close(got.running_mean, want.running_mean, 1e-12, "running_mean");
+  expect_close(got.running_var, want.running_var, 1e-12, "running_var");
+  expect_close(got.saved_rstd, want.saved_rstd, 1e-12, "saved_rstd");
+  // Empty moments: a no-op when merged, NaN statistics on their own.
+  ChannelMoments empty = batch_norm_local_moments(Tensor(DType::F64, {0, 3}), false);
+  EXPECT_EQ(empty.count, 0);
+  EXPECT_TRUE(std::isnan(batch_norm_stats(empty).var[0]));
+  ChannelMoments copy = merged;
+  merge_channel_moments(copy, empty);
+  EXPECT_EQ(copy.mean, merged.mean);
+  EXPECT_EQ(copy.m2, merged.m2);
+}
+
+// Far from zero (|mean| = 1e8, std ~ 0.6) the variance from E[x^2] - E[x]^2 keeps no correct digit;
+// the merged two-pass moments keep about eight.
+TEST(BatchNorm, MomentsStayAccurateFarFromZero) {
+  Tensor x = random({64, 1}, 55, 1e8 - 1, 1e8 + 1);
+  ChannelMoments m = batch_norm_local_moments(x.slice(std::vector<int64_t>{0, 0}, {40, 1}), false);
+  merge_channel_moments(m, batch_norm_local_moments(x.slice(std::vector<int64_t>{40, 0}, {24, 1}), false));
+  long double mean = 0, m2 = 0;
+  for (int64_t i = 0; i < 64; ++i) mean += x.at(i);
+  mean /= 64;
+  for (int64_t i = 0; i < 64; ++i) m2 += (x.at(i) - mean) * (x.at(i) - mean);
+  double var = static_cast<double>(m2 / 64);
+  EXPECT_NEAR(batch_norm_stats(m).var[0], var, 1e-8 * var);
+  EXPECT_NEAR(m.mean[0], static_cast<double>(mean), 1e-6);
+}
+
+TEST(BatchNorm, WithStatsErrors) {
+  Tensor x = random({3, 2}, 56), p = f64({2}, {1, 1});
+  BatchNormOptions o;
+  ChannelStats st{{0, 0}, {1, 1}};
+  EXPECT_THROW(batch_norm_with_stats(x, p, p, p, p, st, 1, o, "sync_batch_norm"), Error);  // count <= 1
+  EXPECT_THROW(batch_norm_with_stats(x, p, p, p, p, ChannelStats{{0}, {1}}, 6, o), Error);  // 1 stat, 2 channels
+  ChannelMoments two = batch_norm_local_moments(x, false);
+  EXPECT_THROW(merge_channel_moments(two, batch_norm_local_moments(random({3, 3}, 57), false)), Error);
+  try {
+    batch_norm_with_stats(x, p, p, p, p, st, 1, o, "sync_batch_norm");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sync_batch_norm: training needs more than 1 value"), std::string::npos);
+  }
 }
 
 TEST(BatchNorm, EmptyAndMixedPrecision) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -168,6 +169,57 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
     auto out = [&] { return cross_entropy(logits, labels, 1, r); };
     expect_near(dx, numeric_grad(logits, dloss, out), 1e-7, "dlogits");
   }
+}
+
+// The vocab-parallel pieces on class blocks of 2, 2, 1 and 0 (V = 5 over 4 ranks), combined as the
+// collectives would (max of the maxima, sum of the sums), give cross_entropy and, block by block,
+// its gradient.
+TEST(CrossEntropy, ClassBlocksCombineToTheWholeRow) {
+  Tensor logits = random_f64({3, 5}, 11);
+  Tensor labels = i64({3}, {4, 0, 1});
+  const int64_t ignore = 0;
+  const int64_t offsets[] = {0, 2, 4, 5}, sizes[] = {2, 2, 1, 0};
+  std::vector<Tensor> blocks;
+  std::vector<double> mx(3, -std::numeric_limits<double>::infinity());
+  for (int b = 0; b < 4; ++b) {
+    blocks.push_back(logits.slice(std::vector<int64_t>{0, offsets[b]}, {3, sizes[b]}));
+    std::vector<double> local = cross_entropy_local_max(blocks.back());
+    for (size_t i = 0; i < 3; ++i) mx[i] = std::max(mx[i], local[i]);
+  }
+  EXPECT_EQ(cross_entropy_local_max(blocks[3])[0], -std::numeric_limits<double>::infinity());
+  CrossEntropyRowSums sums{std::vector<double>(3, 0.0), std::vector<double>(3, 0.0)};
+  for (int b = 0; b < 4; ++b) {
+    CrossEntropyRowSums local = cross_entropy_local_sums(blocks[static_cast<size_t>(b)], labels, mx, ignore,
+                                                         ClassShard{5, offsets[b]});
+    // Only the block holding a row's label contributes its target logit.
+    EXPECT_EQ(local.target[0] != 0, b == 2) << "block " << b;
+    for (size_t i = 0; i < 3; ++i) {
+      sums.sum_exp[i] += local.sum_exp[i];
+      sums.target[i] += local.target[i];
+    }
+  }
+  for (LossReduction r : {LossReduction::None, LossReduction::Sum, LossReduction::Mean}) {
+    Tensor want = cross_entropy(logits, labels, ignore, r);
+    Tensor got = cross_entropy_from_rows(labels, DType::F64, mx, sums, ignore, r);
+    std::vector<double> w(static_cast<size_t>(want.numel()));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = want.at(static_cast<int64_t>(i));
+    expect_near(got, w, 1e-14, "loss");
+    Tensor dloss = r == LossReduction::None ? random_f64({3}, 12) : f64({}, {0.7});
+    Tensor dx = cross_entropy_backward(logits, labels, dloss, ignore, r);
+    for (int b = 0; b < 3; ++b) {
+      Tensor part = cross_entropy_backward_from_rows(blocks[static_cast<size_t>(b)], labels, dloss, mx, sums.sum_exp,
+                                                     ignore, r, ClassShard{5, offsets[b]});
+      Tensor ref = dx.slice(std::vector<int64_t>{0, offsets[b]}, {3, sizes[b]});
+      std::vector<double> rv(static_cast<size_t>(ref.numel()));
+      for (size_t i = 0; i < rv.size(); ++i) rv[i] = ref.at(static_cast<int64_t>(i));
+      expect_near(part, rv, 1e-14, "dlogits block");
+    }
+  }
+  // A label outside the GLOBAL classes is an Error on every block, so is a block outside them.
+  EXPECT_THROW(cross_entropy_local_sums(blocks[0], i64({3}, {5, 0, 1}), mx, ignore, ClassShard{5, 0}), Error);
+  EXPECT_THROW(cross_entropy_local_sums(blocks[0], labels, mx, ignore, ClassShard{5, 4}), Error);
+  EXPECT_THROW(cross_entropy_from_rows(labels, DType::F64, std::vector<double>(2), sums, ignore, LossReduction::Sum),
+               Error);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ TEST_P(EveryRule, IsNumericallyRightOnEveryMesh) {
   for (const Coverage& row : report.rows) {
     EXPECT_GT(row.forward, 0) << op.name << " on " << row.mesh;
     EXPECT_GT(row.reverse, 0) << op.name << " on " << row.mesh;
-    if (op.backward) {
+    if (op.has_backward()) {
       EXPECT_GT(row.grad, 0) << op.name << " on " << row.mesh;
     }
     // The cases must include shapes that divide every split, shapes that do not, and a dim

@@ -94,7 +94,7 @@ int cmd_infer(const InferOptions& o, std::ostream& out) {
     result = rule.reverse(mesh, in_specs, to_specs(out_meta, 0, "output"), attrs);
   } else {
     // grad: placements of the inputs, then of the output grads; outputs take the forward rule's.
-    SW_CHECK(op.backward, "op '{}' has no gradient", op.name);
+    SW_CHECK(op.has_backward(), "op '{}' has no gradient", op.name);
     SW_CHECK(lists.size() == in_meta.size() + out_meta.size(),
              "--part grad: --placements gives {} lists; expected {} (inputs, then output grads)", lists.size(),
              in_meta.size() + out_meta.size());

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "shardwise/cli/commands.h"
@@ -11,10 +12,14 @@ namespace shardwise::cli {
 
 int cmd_rules(const RulesOptions& options, std::ostream& out) {
   const auto& ops = ops::op_registry();
+  // Column widths fit the longest op and rule names.
+  size_t op_w = 14, rule_w = 26;
+  for (const ops::OpDef* op : ops.all()) op_w = std::max(op_w, op->name.size());
+  for (const spmd::Rule* rule : spmd::rules().all()) rule_w = std::max(rule_w, rule->name.size());
   if (options.list_ops) {
-    out << fmt::format("{:<14} {:<12} {:<26} {}\n", "op", "family", "rule", "summary");
+    out << fmt::format("{:<{}} {:<12} {:<{}} {}\n", "op", op_w, "family", "rule", rule_w, "summary");
     for (const ops::OpDef* op : ops.all()) {
-      out << fmt::format("{:<14} {:<12} {:<26} {}\n", op->name, op->family, op->rule, op->summary);
+      out << fmt::format("{:<{}} {:<12} {:<{}} {}\n", op->name, op_w, op->family, op->rule, rule_w, op->summary);
     }
     return 0;
   }
@@ -22,7 +27,7 @@ int cmd_rules(const RulesOptions& options, std::ostream& out) {
   for (const ops::OpDef* op : ops.all()) ops_of_rule[op->rule].push_back(op->name);
   out << fmt::format("{} rules, {} ops\n", spmd::rules().size(), ops.size());
   for (const spmd::Rule* rule : spmd::rules().all()) {
-    out << fmt::format("{:<26} [{}] ops: {}\n    {}\n", rule->name, rule->family,
+    out << fmt::format("{:<{}} [{}] ops: {}\n    {}\n", rule->name, rule_w, rule->family,
                        fmt::join(ops_of_rule[rule->name], ", "), rule->summary);
   }
   return 0;

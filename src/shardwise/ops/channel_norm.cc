@@ -1,4 +1,4 @@
-// The channel normalizations: batch_norm, group_norm, instance_norm (kernels in
+// The channel normalizations: batch_norm, sync_batch_norm, group_norm, instance_norm (kernels in
 // tensor/channel_norm.h, rules in spmd/rules/channel_norm.cc).
 //
 // Attributes: epsilon (default 1e-5); data_format "NCHW" (default; also NC, NCL, NCDHW) or "NHWC"
@@ -7,8 +7,11 @@
 // groups (required).
 // Gradients: dx, dscale, dbias from the gradient of `out`; the running statistics take no gradient
 // (undefined tensors) and the gradients of the running / saved outputs are ignored.
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "shardwise/ops/families.h"
 #include "shardwise/tensor/channel_norm.h"
@@ -101,6 +104,88 @@ std::vector<VerifyCase> batch_norm_cases() {
       bn_case({2, 1, 3}, f64, true),
       bn_case({1, 3, 4}, f64, false, "NHWC"),
       bn_case({2, 3, 2, 2}, f64, true),
+      bn_case({7, 5}, DType::F32, true),
+  };
+}
+
+// ---- sync_batch_norm
+
+constexpr std::string_view kSyncBatchNorm = "sync_batch_norm";
+
+// The group of ranks holding other parts of x's batch / spatial dims (every dim but C); null on
+// one device.
+comm::Communicator* batch_group(const Tensor& x, bool channels_last, const KernelContext& ctx) {
+  uint32_t non_channel = (1u << x.ndim()) - 1u;
+  non_channel &= ~(1u << channel_axis(x.ndim(), channels_last));
+  return ctx.group_sharding(0, non_channel, kSyncBatchNorm);
+}
+
+// Every rank's (count, mean, M2), gathered and merged in group-rank order: the same bits on every
+// rank (a sum / sum-of-squares all-reduce would be one collective too, but cancels catastrophically
+// when |mean| >> std).
+ChannelMoments gather_moments(comm::Communicator& group, const ChannelMoments& local) {
+  const size_t nc = local.mean.size(), block = 2 * nc + 1;
+  std::vector<double> mine(block), all(block * static_cast<size_t>(group.size()));
+  mine[0] = static_cast<double>(local.count);  // exact below 2^53
+  std::copy(local.mean.begin(), local.mean.end(), mine.begin() + 1);
+  std::copy(local.m2.begin(), local.m2.end(), mine.begin() + 1 + static_cast<std::ptrdiff_t>(nc));
+  group.all_gather(mine.data(), all.data(), static_cast<int64_t>(block), DType::F64);
+  ChannelMoments merged{0, std::vector<double>(nc, 0.0), std::vector<double>(nc, 0.0)};
+  for (size_t r = 0; r < static_cast<size_t>(group.size()); ++r) {
+    auto it = all.begin() + static_cast<std::ptrdiff_t>(r * block);
+    ChannelMoments part{static_cast<int64_t>(it[0]), {it + 1, it + 1 + static_cast<std::ptrdiff_t>(nc)},
+                        {it + 1 + static_cast<std::ptrdiff_t>(nc), it + static_cast<std::ptrdiff_t>(block)}};
+    merge_channel_moments(merged, part);
+  }
+  return merged;
+}
+
+std::vector<Tensor> sync_batch_norm_forward(std::span<const Tensor> in, const Attrs& attrs, const KernelContext& ctx) {
+  BatchNormOptions o = batch_norm_options(attrs);
+  if (!o.training) return batch_norm_forward(in, attrs);  // running statistics: nothing to share
+  ChannelMoments m = batch_norm_local_moments(in[0], o.channels_last);
+  if (comm::Communicator* group = batch_group(in[0], o.channels_last, ctx)) m = gather_moments(*group, m);
+  BatchNormOutputs r =
+      batch_norm_with_stats(in[0], in[1], in[2], in[3], in[4], batch_norm_stats(m), m.count, o, kSyncBatchNorm);
+  return {r.out, r.running_mean, r.running_var, r.saved_mean, r.saved_rstd};
+}
+
+std::vector<Tensor> sync_batch_norm_grad(std::span<const Tensor> in, std::span<const Tensor> out,
+                                         std::span<const Tensor> out_grads, const Attrs& attrs,
+                                         const KernelContext& ctx) {
+  BatchNormOptions o = batch_norm_options(attrs);
+  if (!o.training) return batch_norm_grad(in, out, out_grads, attrs);
+  SW_CHECK(in.size() == 5 && out.size() == 5, "sync_batch_norm backward takes 5 inputs and 5 outputs");
+  Tensor dy = grad_or_zeros(out_grads, in[0]);
+  ChannelGradSums sums = batch_norm_local_grad_sums(in[0], dy, out[3], out[4], o.channels_last);
+  // [sum(dy) | sum(dy * xhat) | count]: one all-reduce; the sums are well conditioned (xhat is
+  // centred), so summing them is sound.
+  const size_t nc = sums.sum_dy.size();
+  std::vector<double> buf(sums.sum_dy);
+  buf.insert(buf.end(), sums.sum_dy_xhat.begin(), sums.sum_dy_xhat.end());
+  int64_t count = 1;  // values per channel here: the product of the non-channel extents
+  for (int d = 0; d < in[0].ndim(); ++d) {
+    if (d != channel_axis(in[0].ndim(), o.channels_last)) count *= in[0].shape()[d];
+  }
+  buf.push_back(static_cast<double>(count));
+  if (comm::Communicator* group = batch_group(in[0], o.channels_last, ctx)) {
+    group->all_reduce(buf.data(), buf.data(), static_cast<int64_t>(buf.size()), DType::F64, comm::Reduce::Sum);
+  }
+  std::copy(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(nc), sums.sum_dy.begin());
+  std::copy(buf.begin() + static_cast<std::ptrdiff_t>(nc), buf.end() - 1, sums.sum_dy_xhat.begin());
+  NormGrads g = batch_norm_backward_from_sums(in[0], in[1], out[3], out[4], dy, sums,
+                                              static_cast<int64_t>(buf.back()), o);
+  return {g.dx, g.dscale, g.dbias, Tensor(), Tensor()};
+}
+
+// Training with the batch sharded is the point: 12x12 (even), 5x7 and NHWC 3x2x5 (uneven), 2x1x3
+// (C = 1: empty channel shards) and 2x3x2x2 (N = 2: empty batch shards on [3]); inference once;
+// one f32 case.
+std::vector<VerifyCase> sync_batch_norm_cases() {
+  const DType f64 = DType::F64;
+  return {
+      bn_case({12, 12}, f64, true),        bn_case({5, 7}, f64, true),   bn_case({3, 2, 5}, f64, true, "NHWC"),
+      bn_case({2, 1, 3}, f64, true),       bn_case({2, 3, 2, 2}, f64, true), bn_case({2, 5, 3}, f64, false),
       bn_case({7, 5}, DType::F32, true),
   };
 }
@@ -222,6 +307,26 @@ void register_channel_norm_ops(OpRegistry& registry) {
   bn.backward = batch_norm_grad;
   bn.cases = batch_norm_cases();
   registry.add(std::move(bn));
+
+  OpDef sbn;
+  sbn.name = "sync_batch_norm";
+  sbn.family = "channel_norm";
+  sbn.rule = "sync_batch_norm";
+  sbn.summary =
+      "sync_batch_norm: batch_norm's inputs, attributes and outputs; training statistics over the GLOBAL batch "
+      "although the batch/spatial dims stay sharded: the kernel all-gathers every rank's per-channel (count, mean, "
+      "M2) along the mesh dims sharding them and merges them in rank order (Chan et al.), so out, saved stats and "
+      "the running update (unbiased with the global count) equal batch_norm over the global batch. Grad: one "
+      "all-reduce of [sum(dy), sum(dy * xhat), count] per channel; dx, dscale, dbias. Inference: batch_norm (no "
+      "communication)";
+  sbn.num_inputs = 5;
+  sbn.num_outputs = 5;
+  sbn.infer = [](std::span<const TensorMeta> in, const Attrs& attrs) { return batch_norm_infer(in, attrs); };
+  sbn.forward_in_context = sync_batch_norm_forward;
+  sbn.backward_in_context = sync_batch_norm_grad;
+  sbn.collective = true;
+  sbn.cases = sync_batch_norm_cases();
+  registry.add(std::move(sbn));
 
   OpDef gn;
   gn.name = "group_norm";

@@ -53,6 +53,21 @@ KernelContext KernelContext::single_device(std::span<const Tensor> tensors) {
   return ctx;
 }
 
+comm::Communicator* KernelContext::group_sharding(size_t index, uint32_t tensor_dims, std::string_view op) const {
+  if (index >= tensors.size()) return nullptr;
+  const mesh::DistAttr& dist = tensors[index].dist;
+  std::vector<int> mesh_dims;
+  for (int m = 0; m < dist.mesh_ndim(); ++m) {
+    const mesh::Placement& p = dist[m];
+    SW_CHECK(!p.is_partial(),
+             "{}: input {} is Partial on mesh dim {} ({}); the kernel needs it Replicate or Shard there", op, index, m,
+             dist.to_string());
+    if (p.is_shard() && p.dim < 32 && ((tensor_dims >> p.dim) & 1u) != 0) mesh_dims.push_back(m);
+  }
+  if (mesh_comm == nullptr || mesh_dims.empty()) return nullptr;
+  return &mesh_comm->along(mesh_dims);
+}
+
 std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
                                 const KernelContext* context) {
   if (op.forward_in_context) {

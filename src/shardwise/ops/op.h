@@ -45,6 +45,12 @@ struct KernelContext {
   // a kernel then behaves as if every group had one rank).
   comm::MeshComm* mesh_comm = nullptr;
   static KernelContext single_device(std::span<const Tensor> tensors);
+  // For collective kernels: the group along the mesh dims (in mesh-dim order) on which
+  // tensors[index] is sharded on a tensor dim whose bit is set in `tensor_dims`; null without a
+  // communicator or without such a mesh dim (the kernel then runs as on one device). A Partial
+  // placement of that tensor is an Error naming `op`: these kernels reduce statistics of their
+  // shards, so a partial value is never a valid input.
+  comm::Communicator* group_sharding(size_t index, uint32_t tensor_dims, std::string_view op) const;
 };
 using ContextKernelFn =
     std::function<std::vector<Tensor>(std::span<const Tensor> inputs, const Attrs&, const KernelContext&)>;

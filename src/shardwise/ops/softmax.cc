@@ -3,7 +3,14 @@
 //   softmax(x; axis=-1), log_softmax(x; axis=-1): one output of x's shape.
 //   cross_entropy(logits [..., C], labels [...] i64/i32; ignore_index=-100, reduction="mean")
 //     -> loss ([...] for "none", a scalar for "sum" / "mean"); labels take no gradient.
+//   vocab_parallel_cross_entropy: the same op with a collective kernel, so that logits may stay
+//     sharded on the class dim. A separate op rather than a collective cross_entropy: whether to
+//     keep the vocab sharded (two all-reduces of one or two values per row) or to gather the logits is a plan
+//     decision made by choosing the op, as Megatron-LM does, and cross_entropy stays a pure local
+//     kernel that never needs ranks run together.
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "shardwise/ops/families.h"
 #include "shardwise/tensor/softmax.h"
@@ -126,12 +133,111 @@ OpDef make_cross_entropy() {
   return def;
 }
 
+// ---- vocab_parallel_cross_entropy
+
+constexpr std::string_view kVocabParallel = "vocab_parallel_cross_entropy";
+
+// The class block of the local logits (tensor 0 of the context) and the group of ranks holding
+// the other blocks of the same rows (null on one device).
+struct ClassBlock {
+  ClassShard shard;
+  comm::Communicator* group = nullptr;
+};
+ClassBlock class_block(const Tensor& logits, const KernelContext& ctx) {
+  SW_CHECK(logits.defined() && logits.ndim() >= 1, "{}: logits must have a class dim", kVocabParallel);
+  const int cls = logits.ndim() - 1;
+  ClassBlock b;
+  if (!ctx.tensors.empty() && ctx.tensors[0].global_shape.ndim() == logits.ndim()) {
+    b.shard = {ctx.tensors[0].global_shape[cls], ctx.tensors[0].offset[static_cast<size_t>(cls)]};
+  }
+  b.group = ctx.group_sharding(0, 1u << cls, kVocabParallel);
+  return b;
+}
+
+void all_reduce_rows(comm::Communicator* group, std::vector<double>& rows, comm::Reduce op) {
+  if (group) group->all_reduce(rows.data(), rows.data(), static_cast<int64_t>(rows.size()), DType::F64, op);
+}
+
+// The global row max (all-reduce max) and this block's sums given it.
+CrossEntropyRowSums global_row_sums(const Tensor& logits, const Tensor& labels, int64_t ignore_index,
+                                    const ClassBlock& b, std::vector<double>& row_max) {
+  row_max = cross_entropy_local_max(logits);
+  all_reduce_rows(b.group, row_max, comm::Reduce::Max);
+  return cross_entropy_local_sums(logits, labels, row_max, ignore_index, b.shard);
+}
+
+std::vector<Tensor> vp_ce_forward(std::span<const Tensor> in, const Attrs& attrs, const KernelContext& ctx) {
+  const int64_t ignore_index = cross_entropy_ignore_index(attrs);
+  const LossReduction reduction = loss_reduction(attrs, kVocabParallel);
+  ClassBlock b = class_block(in[0], ctx);
+  std::vector<double> row_max;
+  CrossEntropyRowSums s = global_row_sums(in[0], in[1], ignore_index, b, row_max);
+  // sum_exp and the target logit (0 on the ranks without the label) in one all-reduce.
+  const size_t rows = s.sum_exp.size();
+  std::vector<double> buf(s.sum_exp);
+  buf.insert(buf.end(), s.target.begin(), s.target.end());
+  all_reduce_rows(b.group, buf, comm::Reduce::Sum);
+  s.sum_exp.assign(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(rows));
+  s.target.assign(buf.begin() + static_cast<std::ptrdiff_t>(rows), buf.end());
+  return {cross_entropy_from_rows(in[1], in[0].dtype(), row_max, s, ignore_index, reduction)};
+}
+
+// Recomputes the global row max and sum of exponentials (two all-reduces of one value per row)
+// rather than saving them as extra forward outputs: the op keeps cross_entropy's signature.
+std::vector<Tensor> vp_ce_backward(std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
+                                   const Attrs& attrs, const KernelContext& ctx) {
+  const int64_t ignore_index = cross_entropy_ignore_index(attrs);
+  const LossReduction reduction = loss_reduction(attrs, kVocabParallel);
+  ClassBlock b = class_block(in[0], ctx);
+  std::vector<double> row_max;
+  CrossEntropyRowSums s = global_row_sums(in[0], in[1], ignore_index, b, row_max);
+  all_reduce_rows(b.group, s.sum_exp, comm::Reduce::Sum);
+  return {cross_entropy_backward_from_rows(in[0], in[1], dout[0], row_max, s.sum_exp, ignore_index, reduction,
+                                           b.shard),
+          Tensor()};
+}
+
+// Each reduction on 12x12 (even on every mesh) and 3x5 (uneven; C = 5 over [2,2] and [2,3]
+// leaves empty class shards) with ignore_index 0 (a real class, so some rows are ignored); 1x6
+// (empty batch shards) and 2x2x3 (two batch dims) once each; one f32 case.
+std::vector<VerifyCase> vp_ce_cases() {
+  std::vector<VerifyCase> cases;
+  for (const char* r : {"mean", "sum", "none"}) {
+    cases.push_back(ce_case({12, 12}, r));
+    cases.push_back(ce_case({3, 5}, r, DType::F64, 0));
+  }
+  cases.push_back(ce_case({1, 6}, "sum"));
+  cases.push_back(ce_case({2, 2, 3}, "none", DType::F64, 2));
+  cases.push_back(ce_case({3, 5}, "mean", DType::F32));
+  return cases;
+}
+
+OpDef make_vocab_parallel_cross_entropy() {
+  OpDef def = make_cross_entropy();
+  def.name = std::string(kVocabParallel);
+  def.rule = std::string(kVocabParallel);
+  def.summary =
+      "vocab_parallel_cross_entropy: cross_entropy's inputs, attributes, loss and gradient, with logits that may "
+      "stay sharded on the class dim (Megatron-LM): the kernel all-reduces (max) the row max, then (sum) each row's "
+      "sum of exp(logit - max) and its target logit (picked by the rank whose class block holds the label, 0 "
+      "elsewhere). Gradient: dlogits = (softmax - onehot) * w on each rank's class block, the global row max and "
+      "sum recomputed (two all-reduces of one value per row)";
+  def.forward = nullptr;
+  def.backward = nullptr;
+  def.forward_in_context = vp_ce_forward;
+  def.backward_in_context = vp_ce_backward;
+  def.collective = true;
+  def.cases = vp_ce_cases();
+  return def;
+}
+
 }  // namespace
 
 void register_softmax_ops(OpRegistry& registry) {
   registry.add(make_softmax(false));
   registry.add(make_softmax(true));
   registry.add(make_cross_entropy());
+  registry.add(make_vocab_parallel_cross_entropy());
 }
 
 }  // namespace shardwise::ops

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <utility>
 
 #include "shardwise/core/error.h"
 
@@ -45,6 +46,20 @@ const RuleRegistry& rules() {
     return r;
   }();
   return registry;
+}
+
+Rule named_rule(std::string_view name, std::string family, std::string summary, NamedForwardRule forward,
+                NamedReverseRule reverse, NamedForwardRule grad) {
+  return Rule{
+      std::string(name), std::move(family), std::move(summary),
+      [name, forward](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
+        return forward(name, mesh, in, attrs);
+      },
+      [name, reverse](const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
+                      const Attrs& attrs) { return reverse(name, mesh, in, out, attrs); },
+      [name, grad](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
+        return grad(name, mesh, in, attrs);
+      }};
 }
 
 void check_inputs(std::string_view rule, const ProcessMesh& mesh, std::span<const TensorSpec> inputs,

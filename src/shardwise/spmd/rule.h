@@ -74,6 +74,16 @@ const RuleRegistry& rules();
 // The one place where every built-in rule family is registered (spmd/rules/builtin.cc).
 void register_builtin_rules(RuleRegistry& registry);
 
+// A rule whose three parts take the rule's name (for their messages) first: one implementation
+// shared by several rules (batch_norm / sync_batch_norm, cross_entropy / its vocab-parallel form).
+// `name` must outlive the rule (a string literal or a constant): the parts keep a view of it.
+using NamedForwardRule = SpmdResult (*)(std::string_view name, const ProcessMesh&, std::span<const TensorSpec>,
+                                        const Attrs&);
+using NamedReverseRule = SpmdResult (*)(std::string_view name, const ProcessMesh&, std::span<const TensorSpec>,
+                                        std::span<const TensorSpec>, const Attrs&);
+Rule named_rule(std::string_view name, std::string family, std::string summary, NamedForwardRule forward,
+                NamedReverseRule reverse, NamedForwardRule grad);
+
 // Checks that every input distribution is valid for its tensor on `mesh` (rank of the tensor,
 // mesh dims count); throws an Error naming the input. Rules call this first.
 void check_inputs(std::string_view rule, const ProcessMesh& mesh, std::span<const TensorSpec> inputs,

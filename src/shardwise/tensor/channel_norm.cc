@@ -155,47 +155,130 @@ ChannelStats batch_norm_stats(const ChannelSums& sums) {
   return st;
 }
 
+namespace {
+
+// Checks x and the four [C] tensors (sharing scale's dtype); returns x's channel blocks.
+Blocks check_batch_norm_args(std::string_view op, const Tensor& x, const Tensor& scale, const Tensor& bias,
+                             const Tensor& running_mean, const Tensor& running_var, bool channels_last) {
+  check_x(op, x);
+  SW_CHECK(x.ndim() <= 5, "{}: x must have rank 2..5, got shape {}", op, x.shape().to_string());
+  Blocks b = channel_blocks(x.shape(), channels_last);
+  SW_CHECK(scale.defined(), "{}: scale is undefined", op);
+  DType pt = scale.dtype();
+  check_param(op, scale, "scale", x, b.channels, pt);
+  check_param(op, bias, "bias", x, b.channels, pt);
+  check_param(op, running_mean, "running_mean", x, b.channels, pt);
+  check_param(op, running_var, "running_var", x, b.channels, pt);
+  return b;
+}
+
+// out and the saved statistics from per-channel mean and rstd.
+void normalize_into(BatchNormOutputs& r, const Tensor& x, const Blocks& b, const Tensor& scale, const Tensor& bias,
+                    const std::vector<double>& mean, const std::vector<double>& rstd) {
+  r.out = normalize_channels(x, b, mean, rstd, to_doubles(scale), to_doubles(bias));
+  r.saved_mean = from_doubles(scale.dtype(), scale.shape(), mean);
+  r.saved_rstd = from_doubles(scale.dtype(), scale.shape(), rstd);
+}
+
+}  // namespace
+
+ChannelMoments batch_norm_local_moments(const Tensor& x, bool channels_last) {
+  check_batch_norm_x(x);
+  Blocks b = channel_blocks(x.shape(), channels_last);
+  auto nc = static_cast<size_t>(b.channels);
+  ChannelMoments m;
+  m.count = b.outer * b.inner;
+  m.mean.assign(nc, 0.0);
+  m.m2.assign(nc, 0.0);
+  if (m.count == 0) return m;
+  std::vector<double> xd = to_doubles(x);
+  for (int pass = 0; pass < 2; ++pass) {
+    size_t p = 0;
+    for (int64_t o = 0; o < b.outer; ++o) {
+      for (size_t c = 0; c < nc; ++c) {
+        for (int64_t i = 0; i < b.inner; ++i, ++p) {
+          if (pass == 0) {
+            m.mean[c] += xd[p];
+          } else {
+            double d = xd[p] - m.mean[c];
+            m.m2[c] += d * d;
+          }
+        }
+      }
+    }
+    if (pass == 0) {
+      for (double& v : m.mean) v /= static_cast<double>(m.count);
+    }
+  }
+  return m;
+}
+
+void merge_channel_moments(ChannelMoments& into, const ChannelMoments& part) {
+  SW_CHECK(into.mean.size() == part.mean.size() && into.m2.size() == part.m2.size() &&
+               part.mean.size() == part.m2.size(),
+           "batch_norm: cannot merge the moments of {} channels into those of {}", part.mean.size(),
+           into.mean.size());
+  if (part.count == 0) return;
+  auto na = static_cast<double>(into.count), nb = static_cast<double>(part.count);
+  double n = na + nb;
+  for (size_t c = 0; c < into.mean.size(); ++c) {
+    double delta = part.mean[c] - into.mean[c];
+    into.mean[c] += delta * (nb / n);
+    into.m2[c] += part.m2[c] + delta * delta * (na * nb / n);
+  }
+  into.count += part.count;
+}
+
+ChannelStats batch_norm_stats(const ChannelMoments& moments) {
+  ChannelStats st{moments.mean, moments.m2};
+  auto n = static_cast<double>(moments.count);
+  for (size_t c = 0; c < st.var.size(); ++c) {
+    if (moments.count == 0) st.mean[c] = std::nan("");
+    st.var[c] /= n;  // count 0: NaN
+  }
+  return st;
+}
+
+BatchNormOutputs batch_norm_with_stats(const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                       const Tensor& running_mean, const Tensor& running_var, const ChannelStats& stats,
+                                       int64_t count, const BatchNormOptions& options, std::string_view op) {
+  Blocks b = check_batch_norm_args(op, x, scale, bias, running_mean, running_var, options.channels_last);
+  auto nc = static_cast<size_t>(b.channels);
+  SW_CHECK(stats.mean.size() == nc && stats.var.size() == nc, "{}: {} statistics for {} channels", op,
+           stats.mean.size(), nc);
+  SW_CHECK(count > 1,
+           "{}: training needs more than 1 value per channel to estimate the variance, the batch has {} (x {}; use "
+           "training=false, or a larger batch)",
+           op, count, x.shape().to_string());
+  std::vector<double> rm = to_doubles(running_mean), rv = to_doubles(running_var), rstd(nc);
+  auto n = static_cast<double>(count);
+  double m = options.momentum;
+  for (size_t c = 0; c < nc; ++c) {
+    rstd[c] = 1.0 / std::sqrt(stats.var[c] + options.epsilon);
+    rm[c] = m * rm[c] + (1.0 - m) * stats.mean[c];
+    rv[c] = m * rv[c] + (1.0 - m) * stats.var[c] * n / (n - 1.0);
+  }
+  BatchNormOutputs r;
+  r.running_mean = from_doubles(scale.dtype(), scale.shape(), rm);
+  r.running_var = from_doubles(scale.dtype(), scale.shape(), rv);
+  normalize_into(r, x, b, scale, bias, stats.mean, rstd);
+  return r;
+}
+
 BatchNormOutputs batch_norm(const Tensor& x, const Tensor& scale, const Tensor& bias, const Tensor& running_mean,
                             const Tensor& running_var, const BatchNormOptions& options) {
-  check_batch_norm_x(x);
-  Blocks b = channel_blocks(x.shape(), options.channels_last);
-  SW_CHECK(scale.defined(), "batch_norm: scale is undefined");
-  DType pt = scale.dtype();
-  check_param(kBatchNorm, scale, "scale", x, b.channels, pt);
-  check_param(kBatchNorm, bias, "bias", x, b.channels, pt);
-  check_param(kBatchNorm, running_mean, "running_mean", x, b.channels, pt);
-  check_param(kBatchNorm, running_var, "running_var", x, b.channels, pt);
-  auto nc = static_cast<size_t>(b.channels);
-  std::vector<double> rm = to_doubles(running_mean), rv = to_doubles(running_var);
-  std::vector<double> mean, rstd(nc);
-  BatchNormOutputs r;
-  Shape cs = scale.shape();
+  Blocks b = check_batch_norm_args(kBatchNorm, x, scale, bias, running_mean, running_var, options.channels_last);
   if (options.training) {
     ChannelSums sums = batch_norm_local_sums(x, options.channels_last);
-    SW_CHECK(sums.count > 1,
-             "batch_norm: training needs more than 1 value per channel to estimate the variance, x {} has {} (use "
-             "training=false, or a larger batch)",
-             x.shape().to_string(), sums.count);
-    ChannelStats st = batch_norm_stats(sums);
-    auto n = static_cast<double>(sums.count);
-    double m = options.momentum;
-    for (size_t c = 0; c < nc; ++c) {
-      rstd[c] = 1.0 / std::sqrt(st.var[c] + options.epsilon);
-      rm[c] = m * rm[c] + (1.0 - m) * st.mean[c];
-      rv[c] = m * rv[c] + (1.0 - m) * st.var[c] * n / (n - 1.0);
-    }
-    mean = std::move(st.mean);
-    r.running_mean = from_doubles(pt, cs, rm);
-    r.running_var = from_doubles(pt, cs, rv);
-  } else {
-    for (size_t c = 0; c < nc; ++c) rstd[c] = 1.0 / std::sqrt(rv[c] + options.epsilon);
-    mean = rm;
-    r.running_mean = running_mean.clone();
-    r.running_var = running_var.clone();
+    return batch_norm_with_stats(x, scale, bias, running_mean, running_var, batch_norm_stats(sums), sums.count,
+                                 options);
   }
-  r.out = normalize_channels(x, b, mean, rstd, to_doubles(scale), to_doubles(bias));
-  r.saved_mean = from_doubles(pt, cs, mean);
-  r.saved_rstd = from_doubles(pt, cs, rstd);
+  std::vector<double> rv = to_doubles(running_var), rstd(static_cast<size_t>(b.channels));
+  for (size_t c = 0; c < rstd.size(); ++c) rstd[c] = 1.0 / std::sqrt(rv[c] + options.epsilon);
+  BatchNormOutputs r;
+  r.running_mean = running_mean.clone();
+  r.running_var = running_var.clone();
+  normalize_into(r, x, b, scale, bias, to_doubles(running_mean), rstd);
   return r;
 }
 

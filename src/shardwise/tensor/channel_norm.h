@@ -70,6 +70,30 @@ struct ChannelStats {
 };
 ChannelStats batch_norm_stats(const ChannelSums& sums);
 
+// Per-channel moments: count, mean and M2 = sum((x - mean)^2), two passes over the data (no
+// E[x^2] - E[x]^2 cancellation, which loses every digit of the variance once |mean| >> std).
+// sync_batch_norm gathers every rank's moments and merges them in rank order: one collective,
+// sound, and the same bits on every rank. count 0 gives mean = M2 = 0.
+struct ChannelMoments {
+  int64_t count = 0;
+  std::vector<double> mean, m2;  // [C]
+};
+ChannelMoments batch_norm_local_moments(const Tensor& x, bool channels_last);
+// Chan et al.'s pairwise update: `into` becomes the moments of both parts (an empty part is a
+// no-op). Error unless both hold the same channel count.
+void merge_channel_moments(ChannelMoments& into, const ChannelMoments& part);
+// mean and the biased var = M2 / count (count 0 gives NaN).
+ChannelStats batch_norm_stats(const ChannelMoments& moments);
+
+// The training forward from statistics already computed over `count` values per channel (the
+// local batch for batch_norm, the global one for sync_batch_norm): out, the running-statistics
+// update (unbiased variance with this count; count <= 1 is an Error naming `op`) and the saved
+// statistics.
+BatchNormOutputs batch_norm_with_stats(const Tensor& x, const Tensor& scale, const Tensor& bias,
+                                       const Tensor& running_mean, const Tensor& running_var, const ChannelStats& stats,
+                                       int64_t count, const BatchNormOptions& options,
+                                       std::string_view op = "batch_norm");
+
 // The two per-channel reductions of the training gradient: sum(dy) and sum(dy * xhat) with
 // xhat = (x - mean) * rstd; sync_batch_norm all-reduces them too.
 struct ChannelGradSums {

@@ -202,66 +202,134 @@ Shape cross_entropy_loss_shape(const Shape& labels, LossReduction reduction) {
   return reduction == LossReduction::None ? labels : Shape{};
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, LossReduction reduction) {
-  check_inputs_defined(logits, labels);
-  const int64_t classes = logits.shape().back();
-  LabelRows rows = check_labels(labels, classes, ignore_index);
-  Tensor loss(logits.dtype(), cross_entropy_loss_shape(labels.shape(), reduction));
+namespace {
+
+// Error unless the block [offset, offset + C_local) lies in [0, classes); returns the global count.
+int64_t checked_classes(const Tensor& logits, const ClassShard& shard) {
+  int64_t local = logits.shape().back();
+  int64_t classes = shard.classes < 0 ? local : shard.classes;
+  SW_CHECK(shard.offset >= 0 && shard.offset + local <= classes,
+           "cross_entropy: the logits block holds classes [{}, {}), outside the {} classes", shard.offset,
+           shard.offset + local, classes);
+  return classes;
+}
+
+void check_rows(std::string_view what, std::span<const double> values, size_t rows) {
+  SW_CHECK(values.size() == rows, "cross_entropy: {} has {} rows, labels {}", what, values.size(), rows);
+}
+
+}  // namespace
+
+std::vector<double> cross_entropy_local_max(const Tensor& logits) {
+  SW_CHECK(logits.defined() && logits.ndim() >= 1, "cross_entropy: logits must be defined with a class dim");
+  const int64_t c_local = logits.shape().back();
+  int64_t rows = 1;  // the leading extents (logits may hold no class, so not numel / C)
+  for (int d = 0; d + 1 < logits.ndim(); ++d) rows *= logits.shape()[d];
+  std::vector<double> mx(static_cast<size_t>(rows), -std::numeric_limits<double>::infinity());
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     const T* px = logits.data<T>();
+    for (size_t i = 0; i < mx.size(); ++i) {
+      const T* row = px + static_cast<int64_t>(i) * c_local;
+      for (int64_t c = 0; c < c_local; ++c) mx[i] = std::max(mx[i], to_f64(row[c]));
+    }
+  });
+  return mx;
+}
+
+CrossEntropyRowSums cross_entropy_local_sums(const Tensor& logits, const Tensor& labels,
+                                             std::span<const double> row_max, int64_t ignore_index,
+                                             const ClassShard& shard) {
+  check_inputs_defined(logits, labels);
+  const int64_t c_local = logits.shape().back();
+  LabelRows rows = check_labels(labels, checked_classes(logits, shard), ignore_index);
+  check_rows("the row max", row_max, rows.labels.size());
+  CrossEntropyRowSums s{std::vector<double>(rows.labels.size(), 0.0), std::vector<double>(rows.labels.size(), 0.0)};
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    const T* px = logits.data<T>();
+    for (size_t i = 0; i < rows.labels.size(); ++i) {
+      const T* row = px + static_cast<int64_t>(i) * c_local;
+      for (int64_t c = 0; c < c_local; ++c) s.sum_exp[i] += std::exp(to_f64(row[c]) - row_max[i]);
+      int64_t local_label = rows.labels[i] - shard.offset;
+      if (rows.labels[i] != ignore_index && local_label >= 0 && local_label < c_local) {
+        s.target[i] = to_f64(row[local_label]);
+      }
+    }
+  });
+  return s;
+}
+
+Tensor cross_entropy_from_rows(const Tensor& labels, DType dtype, std::span<const double> row_max,
+                               const CrossEntropyRowSums& sums, int64_t ignore_index, LossReduction reduction) {
+  std::vector<int64_t> ids = read_labels(labels);
+  check_rows("the row max", row_max, ids.size());
+  check_rows("the sum of exponentials", sums.sum_exp, ids.size());
+  check_rows("the target logits", sums.target, ids.size());
+  Tensor loss(dtype, cross_entropy_loss_shape(labels.shape(), reduction));
+  dispatch_float(dtype, "cross_entropy", [&]<class T>() {
     T* pl = loss.data<T>();
     double total = 0;
-    for (size_t i = 0; i < rows.labels.size(); ++i) {
+    int64_t count = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
       double li = 0;
-      if (rows.labels[i] != ignore_index) {
-        const T* row = px + static_cast<int64_t>(i) * classes;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, to_f64(row[c]));
-        double sum = 0;
-        for (int64_t c = 0; c < classes; ++c) sum += std::exp(to_f64(row[c]) - mx);
-        li = mx + std::log(sum) - to_f64(row[rows.labels[i]]);
+      if (ids[i] != ignore_index) {
+        li = row_max[i] + std::log(sums.sum_exp[i]) - sums.target[i];
+        ++count;
       }
       if (reduction == LossReduction::None) pl[i] = from_f64<T>(li);
       total += li;
     }
     if (reduction == LossReduction::Sum) pl[0] = from_f64<T>(total);
-    if (reduction == LossReduction::Mean) pl[0] = from_f64<T>(total / static_cast<double>(rows.count));
+    if (reduction == LossReduction::Mean) pl[0] = from_f64<T>(total / static_cast<double>(count));
   });
   return loss;
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
-                              LossReduction reduction) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, LossReduction reduction) {
+  check_inputs_defined(logits, labels);
+  std::vector<double> mx = cross_entropy_local_max(logits);
+  CrossEntropyRowSums sums = cross_entropy_local_sums(logits, labels, mx, ignore_index);
+  return cross_entropy_from_rows(labels, logits.dtype(), mx, sums, ignore_index, reduction);
+}
+
+Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
+                                        std::span<const double> row_max, std::span<const double> sum_exp,
+                                        int64_t ignore_index, LossReduction reduction, const ClassShard& shard) {
   check_inputs_defined(logits, labels);
   Shape want = cross_entropy_loss_shape(labels.shape(), reduction);
   SW_CHECK(dloss.defined() && dloss.shape() == want && dloss.dtype() == logits.dtype(),
            "cross_entropy backward: dloss must be {} {}, got {} {}", dtype_name(logits.dtype()), want.to_string(),
            dloss.defined() ? dtype_name(dloss.dtype()) : "undefined", dloss.shape().to_string());
-  const int64_t classes = logits.shape().back();
-  LabelRows rows = check_labels(labels, classes, ignore_index);
+  const int64_t c_local = logits.shape().back();
+  LabelRows rows = check_labels(labels, checked_classes(logits, shard), ignore_index);
+  check_rows("the row max", row_max, rows.labels.size());
+  check_rows("the sum of exponentials", sum_exp, rows.labels.size());
   Tensor dx(logits.dtype(), logits.shape());
   dispatch_float(logits.dtype(), "cross_entropy backward", [&]<class T>() {
     const T* px = logits.data<T>();
     const T* pg = dloss.data<T>();
     T* pdx = dx.data<T>();
     for (size_t i = 0; i < rows.labels.size(); ++i) {
-      const int64_t y = rows.labels[i];
-      if (y == ignore_index) continue;  // dx stays 0
+      if (rows.labels[i] == ignore_index) continue;  // dx stays 0
+      const int64_t y = rows.labels[i] - shard.offset;
       double w = reduction == LossReduction::None ? to_f64(pg[i]) : to_f64(pg[0]);
       if (reduction == LossReduction::Mean) w /= static_cast<double>(rows.count);
-      const T* row = px + static_cast<int64_t>(i) * classes;
-      T* drow = pdx + static_cast<int64_t>(i) * classes;
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, to_f64(row[c]));
-      double sum = 0;
-      for (int64_t c = 0; c < classes; ++c) sum += std::exp(to_f64(row[c]) - mx);
-      for (int64_t c = 0; c < classes; ++c) {
-        double p = std::exp(to_f64(row[c]) - mx) / sum;
+      const T* row = px + static_cast<int64_t>(i) * c_local;
+      T* drow = pdx + static_cast<int64_t>(i) * c_local;
+      for (int64_t c = 0; c < c_local; ++c) {
+        double p = std::exp(to_f64(row[c]) - row_max[i]) / sum_exp[i];
         drow[c] = from_f64<T>((p - (c == y ? 1.0 : 0.0)) * w);
       }
     }
   });
   return dx;
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
+                              LossReduction reduction) {
+  check_inputs_defined(logits, labels);
+  std::vector<double> mx = cross_entropy_local_max(logits);
+  CrossEntropyRowSums sums = cross_entropy_local_sums(logits, labels, mx, ignore_index);
+  return cross_entropy_backward_from_rows(logits, labels, dloss, mx, sums.sum_exp, ignore_index, reduction);
 }
 
 }  // namespace shardwise

@@ -19,7 +19,9 @@
 //   the gradient is all zeros, not NaN). labels get no gradient (undefined Tensor). Rows and sums
 //   compute in double; loss has logits' dtype.
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "shardwise/core/attrs.h"
 #include "shardwise/tensor/tensor.h"
@@ -50,5 +52,32 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
 // dlogits; dloss has cross_entropy_loss_shape and logits' dtype.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
                               LossReduction reduction);
+
+// Vocab-parallel cross_entropy (Megatron-LM's scheme) in pieces around the collectives; the two
+// functions above are these pieces on one block that holds every class. The local logits
+// [..., C_local] hold classes [offset, offset + C_local) of `classes`; labels are global class ids
+// (checked against `classes`); rows are the positions of labels.
+struct ClassShard {
+  int64_t classes = -1;  // the global class count; -1: logits' own C
+  int64_t offset = 0;
+};
+// Per row, the max logit of this block (-inf when it holds no class): all-reduce (max) it.
+std::vector<double> cross_entropy_local_max(const Tensor& logits);
+// Per row, given the GLOBAL row max: the sum of exp(logit - max) over this block, and the label's
+// logit where this block holds the label (0 elsewhere and on ignored rows): all-reduce (sum) both.
+struct CrossEntropyRowSums {
+  std::vector<double> sum_exp, target;
+};
+CrossEntropyRowSums cross_entropy_local_sums(const Tensor& logits, const Tensor& labels,
+                                             std::span<const double> row_max, int64_t ignore_index,
+                                             const ClassShard& shard = {});
+// The loss (in `dtype`) from the global row max and sums: loss_i = max_i + log(sum_exp_i) -
+// target_i, 0 on ignored rows, then the reduction.
+Tensor cross_entropy_from_rows(const Tensor& labels, DType dtype, std::span<const double> row_max,
+                               const CrossEntropyRowSums& sums, int64_t ignore_index, LossReduction reduction);
+// This block's dlogits from the global row max and sum_exp: (softmax - onehot) * w as above.
+Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labels, const Tensor& dloss,
+                                        std::span<const double> row_max, std::span<const double> sum_exp,
+                                        int64_t ignore_index, LossReduction reduction, const ClassShard& shard = {});
 
 }  // namespace shardwise

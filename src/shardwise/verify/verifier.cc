@@ -437,11 +437,16 @@ Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& op
 }
 
 std::string Report::table() const {
-  std::string out = fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9} {:>8}  {:<5} {:<6} {:<5} {:>8}\n", "op", "mesh",
+  // One op column width for every registered op, so the tables of single ops line up when
+  // concatenated (make test prints them one after another).
+  size_t w = 14;
+  for (const ops::OpDef* op : ops::op_registry().all()) w = std::max(w, op->name.size());
+  for (const Coverage& c : rows) w = std::max(w, c.op.size());
+  std::string out = fmt::format("{:<{}} {:<8} {:>9} {:>9} {:>9} {:>8}  {:<5} {:<6} {:<5} {:>8}\n", "op", w, "mesh",
                                 "forward", "grad", "reverse", "layouts", "even", "uneven", "empty", "failures");
   int64_t f = 0, g = 0, r = 0;
   for (const Coverage& c : rows) {
-    out += fmt::format("{:<14} {:<8} {:>9} {:>9} {:>9} {:>8}  {:<5} {:<6} {:<5} {:>8}\n", c.op, c.mesh, c.forward,
+    out += fmt::format("{:<{}} {:<8} {:>9} {:>9} {:>9} {:>8}  {:<5} {:<6} {:<5} {:>8}\n", c.op, w, c.mesh, c.forward,
                        c.grad, c.reverse, c.layouts, c.even ? "yes" : "no", c.uneven ? "yes" : "no",
                        c.empty_shards ? "yes" : "no", c.failures);
     f += c.forward;

@@ -1,4 +1,4 @@
-// SPMD rules of the channel normalizations: batch_norm, group_norm, instance_norm.
+// SPMD rules of the channel normalizations: batch_norm, sync_batch_norm, group_norm, instance_norm.
 //
 // Labels: x's dims are "ab.." (batch 'a' first); the channel dim (1, or the last for a
 // channels-last data_format) has the channel letter; scale, bias and batch_norm's running / saved
@@ -19,6 +19,13 @@
 //  saved_rstd follow C; dx is sharded like x; dscale / dbias Shard like C, and in inference
 //  Partial(sum) on the mesh dims sharding batch / spatial (in training those are Replicate, so no
 //  Partial arises). The running-stat grads do not exist: Replicate is claimed.
+// sync_batch_norm: batch_norm's layouts with nothing required Replicate in training either: the
+//  kernel merges the per-channel statistics of the ranks along the mesh dims sharding batch /
+//  spatial dims, so every [C] output is the global statistic (Replicate on those mesh dims, Shard
+//  like C). grad: dscale / dbias are Replicate on those mesh dims in training — the kernel must
+//  all-reduce sum(dy) and sum(dy * xhat) to compute dx, and those ARE dbias and dscale, so a
+//  Partial(sum) would save nothing and only make the graph reduce them a second time; in inference
+//  (no reduction in the kernel) Partial(sum), as batch_norm.
 // group_norm: statistics per (sample, group). The batch dim may stay sharded; spatial dims ->
 //  Replicate; C may stay sharded only on group boundaries: with chunk semantics over the mesh dims
 //  sharding C (in split order), every chunk boundary at every nesting level must be a multiple of
@@ -53,6 +60,7 @@ namespace shardwise::spmd {
 namespace {
 
 constexpr std::string_view kBatchNorm = "batch_norm";
+constexpr std::string_view kSyncBatchNorm = "sync_batch_norm";
 constexpr std::string_view kGroupNorm = "group_norm";
 constexpr std::string_view kInstanceNorm = "instance_norm";
 
@@ -123,13 +131,20 @@ void pass_dout_partial(SpmdResult& r, const AxisMap& axes, const TensorSpec& dou
 struct BatchNormSetup {
   Labels labels;
   bool training;
-  std::string_view replicated() const { return training ? labels.non_channel() : std::string_view(); }
+  bool sync;  // sync_batch_norm: the kernel shares the statistics, so nothing must be replicated
+  std::string_view replicated() const {
+    return training && !sync ? labels.non_channel() : std::string_view();
+  }
+  // Training sync_batch_norm all-reduces dscale / dbias in the kernel (dx needs those sums), so
+  // they come out Replicate; inference has no reduction, so they are Partial(sum) there.
+  bool partial_param_grads() const { return !training; }
 };
 
-BatchNormSetup batch_norm_setup(const Shape& x, const Attrs& attrs) {
-  SW_CHECK(x.ndim() >= 2 && x.ndim() <= 5, "batch_norm: x must have rank 2..5, got shape {}", x.to_string());
-  bool last = channels_last_format(attrs, kBatchNorm);
-  return {Labels(x.ndim(), channel_axis(x.ndim(), last)), attrs.get_bool("training", true)};
+// `name` is batch_norm or sync_batch_norm (the same labels and layouts).
+BatchNormSetup batch_norm_setup(std::string_view name, const Shape& x, const Attrs& attrs) {
+  SW_CHECK(x.ndim() >= 2 && x.ndim() <= 5, "{}: x must have rank 2..5, got shape {}", name, x.to_string());
+  bool last = channels_last_format(attrs, name);
+  return {Labels(x.ndim(), channel_axis(x.ndim(), last)), attrs.get_bool("training", true), name == kSyncBatchNorm};
 }
 
 // Inputs x + 4 [C] tensors; outputs out + 4 [C] statistics.
@@ -142,27 +157,28 @@ SpmdResult batch_norm_layout(const Labels& l, const AxisMap& axes, int nd) {
   return r;
 }
 
-SpmdResult batch_norm_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs(kBatchNorm, mesh, in, 5);
-  BatchNormSetup s = batch_norm_setup(in[0].shape, attrs);
+SpmdResult batch_norm_forward(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
+                              const Attrs& attrs) {
+  check_inputs(name, mesh, in, 5);
+  BatchNormSetup s = batch_norm_setup(name, in[0].shape, attrs);
   const Labels& l = s.labels;
-  check_shapes(kBatchNorm, in, l.channel - 'a', 2, 5, {1, 2, 3, 4});
+  check_shapes(name, in, l.channel - 'a', 2, 5, {1, 2, 3, 4});
   std::string_view c = l.c();
   AxisMap axes = merge_axes({l.x(), c, c, c, c}, {in[0].dist, in[1].dist, in[2].dist, in[3].dist, in[4].dist},
                             s.replicated());
   return batch_norm_layout(l, axes, mesh.ndim());
 }
 
-SpmdResult batch_norm_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in,
+SpmdResult batch_norm_reverse(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
                               std::span<const TensorSpec> out, const Attrs& attrs) {
-  check_inputs(kBatchNorm, mesh, in, 5);
-  check_inputs("batch_norm (outputs)", mesh, out, 5);
-  BatchNormSetup s = batch_norm_setup(in[0].shape, attrs);
+  check_inputs(name, mesh, in, 5);
+  check_inputs(name, mesh, out, 5);
+  BatchNormSetup s = batch_norm_setup(name, in[0].shape, attrs);
   const Labels& l = s.labels;
-  check_shapes(kBatchNorm, in, l.channel - 'a', 2, 5, {1, 2, 3, 4});
-  SW_CHECK(out[0].shape == in[0].shape, "batch_norm reverse: out {} must have x's shape {}",
+  check_shapes(name, in, l.channel - 'a', 2, 5, {1, 2, 3, 4});
+  SW_CHECK(out[0].shape == in[0].shape, "{} reverse: out {} must have x's shape {}", name,
            out[0].shape.to_string(), in[0].shape.to_string());
-  check_stat_shapes(kBatchNorm, out, in[1].shape, {1, 2, 3, 4});
+  check_stat_shapes(name, out, in[1].shape, {1, 2, 3, 4});
   std::string_view c = l.c();
   AxisMap axes = merge_axes({l.x(), c, c, c, c}, {out[0].dist, out[1].dist, out[2].dist, out[3].dist, out[4].dist},
                             s.replicated());
@@ -171,13 +187,14 @@ SpmdResult batch_norm_reverse(const ProcessMesh& mesh, std::span<const TensorSpe
 
 // Grad inputs: 0 x, 1 scale, 2 bias, 3 running_mean, 4 running_var, 5 out, 6 running_mean_out,
 // 7 running_var_out, 8 saved_mean, 9 saved_rstd, 10 dout, 11..14 grads of outputs 1..4.
-SpmdResult batch_norm_grad(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs("batch_norm grad", mesh, in, 15);
-  BatchNormSetup s = batch_norm_setup(in[0].shape, attrs);
+SpmdResult batch_norm_grad(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
+                           const Attrs& attrs) {
+  check_inputs(name, mesh, in, 15);
+  BatchNormSetup s = batch_norm_setup(name, in[0].shape, attrs);
   const Labels& l = s.labels;
-  check_shapes("batch_norm grad", in, l.channel - 'a', 2, 5, {1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14});
+  check_shapes(name, in, l.channel - 'a', 2, 5, {1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14});
   SW_CHECK(in[5].shape == in[0].shape && in[10].shape == in[0].shape,
-           "batch_norm grad: out {} and dout {} must have x's shape {}", in[5].shape.to_string(),
+           "{} grad: out {} and dout {} must have x's shape {}", name, in[5].shape.to_string(),
            in[10].shape.to_string(), in[0].shape.to_string());
   int nd = mesh.ndim();
   std::string_view c = l.c();
@@ -193,7 +210,7 @@ SpmdResult batch_norm_grad(const ProcessMesh& mesh, std::span<const TensorSpec> 
   r.inputs[8] = r.inputs[9] = cd;
   for (size_t i = 11; i <= 14; ++i) r.inputs[i] = in[i - 5].dist;  // ignored grads: their output's layout
   DistAttr dparam = cd;
-  if (!s.training) add_partial_for(dparam, l.non_channel(), axes, ReduceOp::Sum);
+  if (s.partial_param_grads()) add_partial_for(dparam, l.non_channel(), axes, ReduceOp::Sum);
   r.outputs = {x, dparam, dparam, DistAttr(nd), DistAttr(nd)};
   pass_dout_partial(r, axes, in[10], 10, {0, 1, 2});
   return r;
@@ -320,42 +337,39 @@ SpmdResult group_grad(std::string_view name, const ProcessMesh& mesh, std::span<
   return r;
 }
 
-// `name` must be a string literal: the rule parts keep a view of it for their messages.
-Rule group_rule(std::string_view name, std::string summary) {
-  return Rule{
-      std::string(name), "channel_norm", std::move(summary),
-      [name](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-        return group_forward(name, mesh, in, attrs);
-      },
-      [name](const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-             const Attrs& attrs) { return group_reverse(name, mesh, in, out, attrs); },
-      [name](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-        return group_grad(name, mesh, in, attrs);
-      }};
-}
-
 }  // namespace
 
 void register_channel_norm_rules(RuleRegistry& registry) {
-  registry.add(Rule{
-      "batch_norm", "channel_norm",
+  registry.add(named_rule(
+      kBatchNorm, "channel_norm",
       "C keeps its sharding and every [C] tensor (scale, bias, running stats in and out, saved stats) follows it "
       "(Shard, never Partial); training: batch/spatial dims -> R (statistics must be global); inference: they may "
       "stay sharded; Partial inputs -> R. Grad: dx like x, dscale/dbias Shard like C (+ P(sum) over sharded "
       "batch/spatial in inference); dout P(sum|avg) on a free mesh dim -> all grads the same; unread grad inputs "
       "are asked for their forward layout",
-      batch_norm_forward, batch_norm_reverse, batch_norm_grad});
-  registry.add(group_rule(
-      kGroupNorm,
+      batch_norm_forward, batch_norm_reverse, batch_norm_grad));
+  registry.add(named_rule(
+      kSyncBatchNorm, "channel_norm",
+      "batch_norm's layouts, but batch/spatial dims keep their sharding in training too (the kernel shares the "
+      "statistics along the mesh dims sharding them); C keeps its sharding, every [C] tensor follows it and is "
+      "Replicate on the batch-sharding mesh dims (global statistics); Partial inputs -> R. Grad: dx like x; "
+      "dscale/dbias Shard like C and REPLICATE on the batch-sharding mesh dims in training (the kernel all-reduces "
+      "sum(dy) and sum(dy * xhat) for dx anyway, so a Partial would only defer a second reduction), P(sum) there "
+      "in inference (no reduction in the kernel); dout P(sum|avg) on a free mesh dim -> all grads the same",
+      batch_norm_forward, batch_norm_reverse, batch_norm_grad));
+  registry.add(named_rule(
+      kGroupNorm, "channel_norm",
       "N keeps its sharding; spatial -> R; C keeps a mesh dim only while every nested chunk boundary of C is a "
       "multiple of C/groups (greedy in split order), else R; scale/bias follow C, mean/rstd [N, groups] follow N "
       "and C; Partial inputs -> R. Grad: dscale/dbias Shard like C + P(sum) over the mesh dims sharding N; dout "
-      "P(sum|avg) on a free mesh dim -> all grads the same; unread grad inputs are asked for their forward layout"));
-  registry.add(group_rule(
-      kInstanceNorm,
+      "P(sum|avg) on a free mesh dim -> all grads the same; unread grad inputs are asked for their forward layout",
+      group_forward, group_reverse, group_grad));
+  registry.add(named_rule(
+      kInstanceNorm, "channel_norm",
       "N and C keep their sharding; spatial -> R; scale/bias follow C, saved stats [N, C] follow N and C; Partial "
       "inputs -> R. Grad: dscale/dbias Shard like C + P(sum) over the mesh dims sharding N; dout P(sum|avg) on a "
-      "free mesh dim -> all grads the same; unread grad inputs are asked for their forward layout"));
+      "free mesh dim -> all grads the same; unread grad inputs are asked for their forward layout",
+      group_forward, group_reverse, group_grad));
 }
 
 }  // namespace shardwise::spmd

@@ -1,4 +1,4 @@
-// SPMD rules of softmax / log_softmax ("softmax") and of cross_entropy.
+// SPMD rules of softmax / log_softmax ("softmax"), cross_entropy and vocab_parallel_cross_entropy.
 //
 // softmax (shared by softmax and log_softmax), x labelled "abc..":
 //  forward: every dim but `axis` keeps x's sharding (co-shard order included); the softmax axis is
@@ -32,6 +32,14 @@
 //    on the mesh dims that shard a batch letter; for "mean" everything is Replicate. On a mesh dim
 //    that shards nothing, a P(sum) / P(avg) dloss passes to dlogits (linear in dloss). loss is not
 //    read: it keeps its given distribution. dlabels (always undefined) is given labels' layout.
+//
+// vocab_parallel_cross_entropy: the same rule with the class letter free to stay sharded (the
+//  kernel all-reduces the row max, the sum of exponentials and the target logit along the mesh
+//  dims sharding it). Labels and the loss carry no class letter, so they are Replicate on those
+//  mesh dims: every rank of a row block ends with the whole loss of its rows. "mean" still makes
+//  the batch letters Replicate (the global divisor), not the class letter. Reverse: as above, then
+//  the given logits' class sharding is kept on the mesh dims the wanted loss left free. Grad:
+//  dlogits keeps the class sharding (softmax - onehot is computed on each class block).
 #include <array>
 
 #include "shardwise/core/error.h"
@@ -101,23 +109,34 @@ SpmdResult softmax_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, 
   return r;
 }
 
+constexpr std::string_view kCrossEntropy = "cross_entropy";
+constexpr std::string_view kVocabParallel = "vocab_parallel_cross_entropy";
+
 struct CeLabels {
   std::string_view logits, batch, cls;
   LossReduction reduction;
-  // Letters that are never sharded: the class letter, and every letter for "mean".
-  std::string_view replicated() const { return reduction == LossReduction::Mean ? logits : cls; }
+  bool vocab_parallel;  // the kernel shares row statistics along the class-sharding mesh dims
+  // The class letter when it must be Replicate (not vocab-parallel), else none.
+  std::string_view class_replicated() const { return vocab_parallel ? std::string_view() : cls; }
+  // Letters that are never sharded: those, and the batch letters too for "mean".
+  std::string_view replicated() const {
+    if (reduction != LossReduction::Mean) return class_replicated();
+    return vocab_parallel ? batch : logits;
+  }
 };
 
-CeLabels ce_labels(const TensorSpec& logits, const TensorSpec& labels, const Attrs& attrs) {
+// `name` is cross_entropy or vocab_parallel_cross_entropy.
+CeLabels ce_labels(std::string_view name, const TensorSpec& logits, const TensorSpec& labels, const Attrs& attrs) {
   check_cross_entropy_args(logits.shape, logits.dtype, labels.shape, labels.dtype);
   std::string_view letters = axis_letters(logits.shape.ndim());
   auto nb = static_cast<size_t>(logits.shape.ndim() - 1);
-  return {letters, letters.substr(0, nb), letters.substr(nb, 1), loss_reduction(attrs, "cross_entropy")};
+  return {letters, letters.substr(0, nb), letters.substr(nb, 1), loss_reduction(attrs, name), name == kVocabParallel};
 }
 
-SpmdResult ce_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs("cross_entropy", mesh, in, 2);
-  CeLabels l = ce_labels(in[0], in[1], attrs);
+SpmdResult ce_forward(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
+                      const Attrs& attrs) {
+  check_inputs(name, mesh, in, 2);
+  CeLabels l = ce_labels(name, in[0], in[1], attrs);
   int nd = mesh.ndim();
   AxisMap axes = merge_axes({l.logits, l.batch}, {in[0].dist, in[1].dist}, l.replicated());
   SpmdResult r{{dist_from_axes(l.logits, axes, nd), dist_from_axes(l.batch, axes, nd)}, {}};
@@ -130,13 +149,13 @@ SpmdResult ce_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, c
   return r;
 }
 
-SpmdResult ce_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                      const Attrs& attrs) {
-  check_inputs("cross_entropy", mesh, in, 2);
-  check_inputs("cross_entropy (outputs)", mesh, out, 1);
-  CeLabels l = ce_labels(in[0], in[1], attrs);
+SpmdResult ce_reverse(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
+                      std::span<const TensorSpec> out, const Attrs& attrs) {
+  check_inputs(name, mesh, in, 2);
+  check_inputs(name, mesh, out, 1);
+  CeLabels l = ce_labels(name, in[0], in[1], attrs);
   SW_CHECK(out[0].shape == cross_entropy_loss_shape(in[1].shape, l.reduction),
-           "cross_entropy reverse: loss has shape {}, expected {} for labels {}", out[0].shape.to_string(),
+           "{} reverse: loss has shape {}, expected {} for labels {}", name, out[0].shape.to_string(),
            cross_entropy_loss_shape(in[1].shape, l.reduction).to_string(), in[1].shape.to_string());
   int nd = mesh.ndim();
   std::array<TensorSpec, 2> specs{TensorSpec{in[0].shape, in[0].dtype, DistAttr(nd)},
@@ -154,19 +173,28 @@ SpmdResult ce_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, s
       specs[1].dist.set(m, Placement::shard(d));
     }
   }
-  return ce_forward(mesh, specs, attrs);
+  if (l.vocab_parallel) {
+    // The loss says nothing of the class dim: keep the given logits' class sharding where the
+    // wanted loss left the mesh dim free (gathering the vocab is what this op avoids).
+    const int cls = in[0].shape.ndim() - 1;
+    for (int m = 0; m < nd; ++m) {
+      if (specs[0].dist[m].is_replicate() && in[0].dist[m].is_shard(cls)) specs[0].dist.set(m, Placement::shard(cls));
+    }
+  }
+  return ce_forward(name, mesh, specs, attrs);
 }
 
-SpmdResult ce_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-  check_inputs("cross_entropy grad", mesh, g, 4);
-  CeLabels l = ce_labels(g[0], g[1], attrs);
+SpmdResult ce_grad(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
+  check_inputs(name, mesh, g, 4);
+  CeLabels l = ce_labels(name, g[0], g[1], attrs);
   Shape loss_shape = cross_entropy_loss_shape(g[1].shape, l.reduction);
   SW_CHECK(g[2].shape == loss_shape && g[3].shape == loss_shape,
-           "cross_entropy grad: loss {} and dloss {} must have shape {}", g[2].shape.to_string(),
+           "{} grad: loss {} and dloss {} must have shape {}", name, g[2].shape.to_string(),
            g[3].shape.to_string(), loss_shape.to_string());
   int nd = mesh.ndim();
   bool none = l.reduction == LossReduction::None;
-  AxisMap axes = none ? merge_axes({l.logits, l.batch, l.batch}, {g[0].dist, g[1].dist, g[3].dist}, l.cls)
+  AxisMap axes = none ? merge_axes({l.logits, l.batch, l.batch}, {g[0].dist, g[1].dist, g[3].dist},
+                                   l.class_replicated())
                       : merge_axes({l.logits, l.batch}, {g[0].dist, g[1].dist}, l.replicated());
   DistAttr logits = dist_from_axes(l.logits, axes, nd);
   DistAttr labels = dist_from_axes(l.batch, axes, nd);
@@ -183,13 +211,22 @@ void register_softmax_rules(RuleRegistry& registry) {
                     "R; out like x. Grad: out and dout merged (axis R), dx like them, x not read (kept); dout "
                     "P(sum|avg) on an otherwise unused mesh dim -> dx same",
                     softmax_forward, softmax_reverse, softmax_grad});
-  registry.add(Rule{"cross_entropy", "softmax",
-                    "class dim of logits -> R; batch dims of logits and labels merged (logits first) and kept; "
-                    "Partial logits/labels -> R; loss: none -> like labels, sum -> P(sum) on mesh dims sharding the "
-                    "batch, mean -> batch R too and loss R (the divisor is the global non-ignored count). Grad: "
-                    "dlogits like logits (dloss like labels for none, R where the batch is sharded for sum); dloss "
-                    "P(sum|avg) on an otherwise unused mesh dim -> dlogits same",
-                    ce_forward, ce_reverse, ce_grad});
+  registry.add(named_rule(
+      kCrossEntropy, "softmax",
+      "class dim of logits -> R; batch dims of logits and labels merged (logits first) and kept; Partial "
+      "logits/labels -> R; loss: none -> like labels, sum -> P(sum) on mesh dims sharding the batch, mean -> batch R "
+      "too and loss R (the divisor is the global non-ignored count). Grad: dlogits like logits (dloss like labels "
+      "for none, R where the batch is sharded for sum); dloss P(sum|avg) on an otherwise unused mesh dim -> dlogits "
+      "same",
+      ce_forward, ce_reverse, ce_grad));
+  registry.add(named_rule(
+      kVocabParallel, "softmax",
+      "cross_entropy's rule with the class dim of logits KEPT sharded (the kernel all-reduces the row max, sum of "
+      "exponentials and target logit along the class-sharding mesh dims); labels and loss are Replicate on those "
+      "mesh dims (every rank of a row block gets the whole row loss); batch dims as cross_entropy (mean -> R). "
+      "Grad: dlogits sharded like logits (class dim included), dloss like labels for none, R for sum/mean on the "
+      "mesh dims sharding the batch or the classes; reverse keeps the given logits' class sharding",
+      ce_forward, ce_reverse, ce_grad));
 }
 
 }  // namespace shardwise::spmd
