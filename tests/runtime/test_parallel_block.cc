@@ -40,6 +40,7 @@ struct Case {
   std::vector<int64_t> mesh;
   Placements placements;
   bool embedding = true;
+  bool vocab_parallel_loss = false;
 };
 
 class BlockOnMesh : public testing::TestWithParam<Case> {};
@@ -47,6 +48,7 @@ class BlockOnMesh : public testing::TestWithParam<Case> {};
 TEST_P(BlockOnMesh, EqualsTheSingleDeviceRun) {
   BlockConfig cfg;
   cfg.embedding = GetParam().embedding;
+  cfg.vocab_parallel_loss = GetParam().vocab_parallel_loss;
   auto data = testing_support::block_data(cfg);
   std::vector<std::string> outputs = {"loss", "x2"};
   RunResult ref = run_graph([&](graph::Graph& g) { build_block(g, cfg, {}); }, mesh::ProcessMesh(Shape{1}), data, "loss",
@@ -98,7 +100,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"dp2_tp2", {2, 2}, merged(megatron(2, 1, true), {{"ids", "S(0),R"}, {"labels", "S(0),R"}})},
                     Case{"dp2_sp2", {2, 2}, merged(sequence_parallel(2, 1, "S(0)"), {{"ids", "S(0),R"}, {"labels", "S(0),R"}})},
                     Case{"tp2_dp2_swapped_dims", {2, 2}, merged(megatron(2, 0, true), {{"ids", "R,S(0)"}, {"labels", "R,S(0)"}})},
-                    Case{"block_only_tp2", {2}, megatron(1, 0, false), false}),
+                    Case{"block_only_tp2", {2}, megatron(1, 0, false), false},
+                    Case{"tp4_vocab_parallel_loss", {4}, megatron(1, 0, true), true, true},
+                    Case{"dp2_tp2_vocab_parallel_loss", {2, 2},
+                         merged(megatron(2, 1, true), {{"ids", "S(0),R"}, {"labels", "S(0),R"}}), true, true}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Megatron-LM's tensor parallelism performs, per transformer block, one all-reduce after the

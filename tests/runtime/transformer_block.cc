@@ -44,7 +44,8 @@ void build_block(graph::Graph& g, const BlockConfig& c, const std::map<std::stri
   if (c.embedding) {
     auto labels = g.input("labels", Shape{B, S}, DType::I64);
     auto logits = g.matmul(ln(x2, "ln_f"), wte, true, "logits");
-    g.cross_entropy(logits, labels, "mean", "loss");
+    g.op1(c.vocab_parallel_loss ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
+          {{"reduction", std::string("mean")}}, "loss");
   } else {
     g.mean(g.multiply(x2, x2, "x2sq"), {}, false, "loss");
   }

@@ -11,6 +11,7 @@ namespace shardwise::testing_support {
 
 struct BlockConfig {
   int64_t batch = 4, seq = 8, hidden = 16, heads = 4, vocab = 12;
+  bool vocab_parallel_loss = false;  // vocab_parallel_cross_entropy instead of cross_entropy
   bool embedding = true;  // false: the block reads a parameter "x" (a previous layer's output) and its loss is mean(out^2)
 };
 

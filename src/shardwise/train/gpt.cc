@@ -118,7 +118,9 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch) {
   auto logits = g.matmul(ln(x, "transformer.ln_f"), wte, true, "logits");
   // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
   // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
-  auto total = g.cross_entropy(logits, labels, "sum", "loss_sum");
+  // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).
+  auto total = g.op1(s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
+                     {{"reduction", std::string("sum")}}, "loss_sum");
   out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, "loss");
   return out;
 }
