@@ -78,6 +78,11 @@ void fail_all_to_all_counts(int from, int64_t sent, int to, int64_t expected) {
        expected, from);
 }
 
+void fail_recv_size(int receiver, int64_t count, DType dtype, int64_t want, int sender, int tag, int64_t got) {
+  fail("recv: rank {} expects {} elements of {} ({} bytes) from rank {} (tag {}), but the message has {} bytes", receiver,
+       count, dtype_name(dtype), want, sender, tag, got);
+}
+
 void check_call(const CheckExchange& exchange, const CallSignature& mine, std::span<const int> members,
                 std::span<const int64_t> counts, std::span<const int64_t> a2a_send, std::span<const int64_t> a2a_recv) {
   const size_t n = members.size();

@@ -41,6 +41,9 @@ void check_same_counts(Collective op, std::span<const std::span<const int64_t>> 
 // `expected` (global ranks).
 [[noreturn]] void fail_all_to_all_counts(int from, int64_t sent, int to, int64_t expected);
 
+// The Error of a recv of `count` elements (`want` bytes) that found a message of `got` bytes.
+[[noreturn]] void fail_recv_size(int receiver, int64_t count, DType dtype, int64_t want, int sender, int tag, int64_t got);
+
 // The whole check for backends that exchange signatures through messages. `all_gather(mine,
 // all, bytes)` gathers `bytes` bytes from every rank, packed in rank order, without checks of its
 // own; `all_to_all_counts(send, recv)` sends send[p] to rank p and receives recv[q] from rank q.

@@ -202,10 +202,10 @@ class LocalComm final : public Communicator {
     it->second.pop_front();
     if (it->second.empty()) g.mailbox.erase(it);
     size_t want = bytes(count, dtype);
-    SW_CHECK(message.size() == want,
-             "recv: rank {} expects {} elements of {} ({} bytes) from rank {} (tag {}), but the message has {} bytes",
-             g.members[static_cast<size_t>(rank_)], count, dtype_name(dtype), want, g.members[static_cast<size_t>(peer)],
-             tag, message.size());
+    if (message.size() != want) {
+      fail_recv_size(g.members[static_cast<size_t>(rank_)], count, dtype, static_cast<int64_t>(want),
+                     g.members[static_cast<size_t>(peer)], tag, static_cast<int64_t>(message.size()));
+    }
     if (want) std::memcpy(out, message.data(), want);
   }
 

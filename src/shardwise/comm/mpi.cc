@@ -390,9 +390,7 @@ void MpiComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
     std::vector<std::byte> discard(static_cast<size_t>(got));
     Block block(got, DType::U8, max_count_);
     check_mpi(MPI_Recv(discard.data(), block.count(), block.type(), peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-    fail("recv: rank {} expects {} elements of {} ({} bytes) from rank {} (tag {}), but the message has {} bytes",
-         members_[static_cast<size_t>(rank_)], count, dtype_name(dtype), want, members_[static_cast<size_t>(peer)], tag,
-         got);
+    fail_recv_size(members_[static_cast<size_t>(rank_)], count, dtype, want, members_[static_cast<size_t>(peer)], tag, got);
   }
   Block block(count, dtype, max_count_);
   check_mpi(MPI_Recv(out, block.count(), block.type(), peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
