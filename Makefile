@@ -6,9 +6,9 @@ CMAKE_FLAGS ?=
 
 # Debian packages the build needs (installed only when missing).
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
-                libcli11-dev libfmt-dev libopenblas-dev valgrind
+                libcli11-dev libfmt-dev libopenblas-dev valgrind libopenmpi-dev openmpi-bin
 
-.PHONY: all deps build test test-asan demo bench clean
+.PHONY: all deps build test test-asan demo bench bench-comm clean
 
 all: build
 
@@ -48,6 +48,10 @@ demo: build
 
 bench: build
 	@bash bench/run.sh $(BUILD)
+
+# Collectives: mpi backend vs raw MPI (mpirun -np 2), local backend vs memcpy.
+bench-comm: build
+	@bash bench/run_comm.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,5 +1,7 @@
 #include "shardwise/comm/communicator.h"
 
+#include <algorithm>
+
 #include "shardwise/core/error.h"
 
 namespace shardwise::comm {
@@ -47,6 +49,21 @@ void Communicator::check_counts(const char* op, std::span<const int64_t> counts)
   for (size_t r = 0; r < counts.size(); ++r) {
     SW_CHECK(counts[r] >= 0, "{}: negative count {} for rank {}", op, counts[r], r);
   }
+}
+
+int Communicator::group_index(std::span<const int> global_ranks) const {
+  const std::vector<int>& parent = members();
+  int me = parent[static_cast<size_t>(rank())];
+  int index = -1;
+  for (size_t i = 0; i < global_ranks.size(); ++i) {
+    SW_CHECK(std::count(parent.begin(), parent.end(), global_ranks[i]) == 1,
+             "group: rank {} is not a member of the parent group", global_ranks[i]);
+    SW_CHECK(std::count(global_ranks.begin(), global_ranks.end(), global_ranks[i]) == 1, "group: rank {} is listed twice",
+             global_ranks[i]);
+    if (global_ranks[i] == me) index = static_cast<int>(i);
+  }
+  SW_CHECK(index >= 0, "group: rank {} asked for a group it is not in", me);
+  return index;
 }
 
 std::vector<std::byte> Communicator::broadcast_bytes(std::span<const std::byte> bytes, int root) {

@@ -90,6 +90,9 @@ class Communicator {
   void check_root(const char* op, int root) const;
   void check_peer(const char* op, int peer) const;
   void check_counts(const char* op, std::span<const int64_t> counts) const;  // one per rank, >= 0
+  // Checks the argument of group() (members of this group, each once, this rank among them) and
+  // returns this rank's index in it.
+  int group_index(std::span<const int> global_ranks) const;
 };
 
 // The communicators of one rank along mesh dims: for each subset of mesh dims, the group of

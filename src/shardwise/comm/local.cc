@@ -7,6 +7,7 @@
 #include <thread>
 #include <tuple>
 
+#include "shardwise/comm/call_check.h"
 #include "shardwise/comm/reduce_kernels.h"
 #include "shardwise/core/error.h"
 
@@ -22,18 +23,14 @@ struct LocalWorld::Group {
   struct Slot {
     const void* in = nullptr;
     void* out = nullptr;
-    int64_t count = 0;
-    DType dtype = DType::F32;
-    int root = -1;
-    const char* op = "";
-    Reduce reduce = Reduce::Sum;
+    CallSignature call;
     std::span<const int64_t> counts;       // per-rank counts (v variants; all_to_all_v: send)
     std::span<const int64_t> recv_counts;  // all_to_all_v
   };
-  static Slot slot(const char* op, const void* in, void* out, int64_t count, DType dtype, int root = -1,
+  static Slot slot(Collective op, const void* in, void* out, int64_t count, DType dtype, int root = -1,
                    Reduce reduce = Reduce::Sum) {
     Slot s;
-    s.in = in, s.out = out, s.count = count, s.dtype = dtype, s.root = root, s.op = op, s.reduce = reduce;
+    s.in = in, s.out = out, s.call = signature(op, count, dtype, reduce, root);
     return s;
   }
   std::vector<Slot> slots;
@@ -62,22 +59,13 @@ class LocalComm final : public Communicator {
   const std::vector<int>& members() const override { return group_->members; }
 
   std::shared_ptr<Communicator> group(std::span<const int> global_ranks) override {
+    int index = group_index(global_ranks);
     std::vector<int> members(global_ranks.begin(), global_ranks.end());
-    int me = group_->members[static_cast<size_t>(rank_)];
-    int index = -1;
-    for (size_t i = 0; i < members.size(); ++i) {
-      SW_CHECK(std::count(group_->members.begin(), group_->members.end(), members[i]) == 1,
-               "group: rank {} is not a member of the parent group", members[i]);
-      SW_CHECK(std::count(members.begin(), members.end(), members[i]) == 1, "group: rank {} is listed twice",
-               members[i]);
-      if (members[i] == me) index = static_cast<int>(i);
-    }
-    SW_CHECK(index >= 0, "group: rank {} asked for a group it is not in", me);
     return std::make_shared<LocalComm>(world_, world_->group_state(members), index);
   }
 
   void all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) override {
-    Group::Slot s = Group::slot("all_reduce", in, out, count, dtype, -1, op);
+    Group::Slot s = Group::slot(Collective::AllReduce, in, out, count, dtype, -1, op);
     enter(s);
     // Reduce in rank order into a private buffer: peers may still read our input if out == in.
     std::vector<std::byte> result(bytes(count, dtype));
@@ -88,7 +76,7 @@ class LocalComm final : public Communicator {
 
   void reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) override {
     check_root("reduce", root);
-    Group::Slot s = Group::slot("reduce", in, out, count, dtype, root, op);
+    Group::Slot s = Group::slot(Collective::Reduce, in, out, count, dtype, root, op);
     enter(s);
     if (rank_ == root) {
       std::vector<std::byte> result(bytes(count, dtype));
@@ -101,7 +89,7 @@ class LocalComm final : public Communicator {
   }
 
   void all_gather(const void* in, void* out, int64_t count, DType dtype) override {
-    enter(Group::slot("all_gather", in, out, count, dtype, -1));
+    enter(Group::slot(Collective::AllGather, in, out, count, dtype, -1));
     size_t b = bytes(count, dtype);
     for (size_t r = 0; r < group_->slots.size(); ++r) {
       if (b) std::memcpy(static_cast<std::byte*>(out) + r * b, group_->slots[r].in, b);
@@ -111,10 +99,11 @@ class LocalComm final : public Communicator {
 
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype) override {
     check_counts("all_gather_v", counts);
-    Group::Slot s = Group::slot("all_gather_v", in, out, counts[static_cast<size_t>(rank_)], dtype, -1);
+    Group::Slot s = Group::slot(Collective::AllGatherV, in, out, counts[static_cast<size_t>(rank_)], dtype, -1);
     s.counts = counts;
-    enter(s, /*same_count=*/false);
-    check_same_vectors("all_gather_v", "counts", &Group::Slot::counts);
+    s.call.same_count = 0;
+    enter(s);
+    check_same_counts();
     size_t at = 0;
     for (size_t r = 0; r < group_->slots.size(); ++r) {
       size_t b = bytes(counts[r], dtype);
@@ -125,7 +114,7 @@ class LocalComm final : public Communicator {
   }
 
   void reduce_scatter(const void* in, void* out, int64_t count, DType dtype, Reduce op) override {
-    enter(Group::slot("reduce_scatter", in, out, count, dtype, -1, op));
+    enter(Group::slot(Collective::ReduceScatter, in, out, count, dtype, -1, op));
     reduce_block(count * rank_, count, dtype, op, out);
     rendezvous();
   }
@@ -133,17 +122,17 @@ class LocalComm final : public Communicator {
   void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype,
                         Reduce op) override {
     check_counts("reduce_scatter_v", counts);
-    Group::Slot s = Group::slot("reduce_scatter_v", in, out, sum_of(counts, counts.size()), dtype, -1, op);
+    Group::Slot s = Group::slot(Collective::ReduceScatterV, in, out, sum_of(counts, counts.size()), dtype, -1, op);
     s.counts = counts;
     enter(s);
-    check_same_vectors("reduce_scatter_v", "counts", &Group::Slot::counts);
+    check_same_counts();
     auto r = static_cast<size_t>(rank_);
     reduce_block(sum_of(counts, r), counts[r], dtype, op, out);
     rendezvous();
   }
 
   void all_to_all(const void* in, void* out, int64_t count, DType dtype) override {
-    enter(Group::slot("all_to_all", in, out, count, dtype, -1));
+    enter(Group::slot(Collective::AllToAll, in, out, count, dtype, -1));
     size_t b = bytes(count, dtype);
     for (size_t p = 0; p < group_->slots.size(); ++p) {
       if (b) std::memcpy(static_cast<std::byte*>(out) + p * b,
@@ -156,7 +145,7 @@ class LocalComm final : public Communicator {
                     std::span<const int64_t> recv_counts, DType dtype) override {
     check_counts("all_to_all_v (send counts)", send_counts);
     check_counts("all_to_all_v (receive counts)", recv_counts);
-    Group::Slot s = Group::slot("all_to_all_v", in, out, 0, dtype, -1);
+    Group::Slot s = Group::slot(Collective::AllToAllV, in, out, 0, dtype, -1);
     s.counts = send_counts;
     s.recv_counts = recv_counts;
     enter(s);
@@ -165,9 +154,7 @@ class LocalComm final : public Communicator {
     for (size_t q = 0; q < slots.size(); ++q) {
       for (size_t p = 0; p < slots.size(); ++p) {
         if (slots[q].counts[p] != slots[p].recv_counts[q]) {
-          fail("all_to_all_v: rank {} sends {} elements to rank {}, but rank {} expects {} from rank {}",
-               group_->members[q], slots[q].counts[p], group_->members[p], group_->members[p],
-               slots[p].recv_counts[q], group_->members[q]);
+          fail_all_to_all_counts(group_->members[q], slots[q].counts[p], group_->members[p], slots[p].recv_counts[q]);
         }
       }
     }
@@ -184,7 +171,7 @@ class LocalComm final : public Communicator {
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     check_root("broadcast", root);
-    enter(Group::slot("broadcast", buffer, buffer, count, dtype, root));
+    enter(Group::slot(Collective::Broadcast, buffer, buffer, count, dtype, root));
     size_t b = bytes(count, dtype);
     if (rank_ != root && b) std::memcpy(buffer, group_->slots[static_cast<size_t>(root)].in, b);
     rendezvous();
@@ -215,15 +202,15 @@ class LocalComm final : public Communicator {
     it->second.pop_front();
     if (it->second.empty()) g.mailbox.erase(it);
     size_t want = bytes(count, dtype);
-    SW_CHECK(message.size() == want,
-             "recv: rank {} expects {} elements of {} ({} bytes) from rank {} (tag {}), but the message has {} bytes",
-             g.members[static_cast<size_t>(rank_)], count, dtype_name(dtype), want, g.members[static_cast<size_t>(peer)],
-             tag, message.size());
+    if (message.size() != want) {
+      fail_recv_size(g.members[static_cast<size_t>(rank_)], count, dtype, static_cast<int64_t>(want),
+                     g.members[static_cast<size_t>(peer)], tag, static_cast<int64_t>(message.size()));
+    }
     if (want) std::memcpy(out, message.data(), want);
   }
 
   void barrier() override {
-    enter(Group::slot("barrier", nullptr, nullptr, 0, DType::U8, -1));
+    enter(Group::slot(Collective::Barrier, nullptr, nullptr, 0, DType::U8, -1));
     rendezvous();
   }
 
@@ -231,15 +218,17 @@ class LocalComm final : public Communicator {
   static size_t bytes(int64_t count, DType dtype) { return static_cast<size_t>(count) * dtype_size(dtype); }
 
   // Deposits this rank's call, waits for every member, and checks that all called alike.
-  void enter(const Group::Slot& slot, bool same_count = true) {
-    SW_CHECK(slot.count >= 0, "{}: negative count {}", slot.op, slot.count);
+  void enter(const Group::Slot& slot) {
+    SW_CHECK(slot.call.count >= 0, "{}: negative count {}", collective_name(slot.call.op), slot.call.count);
     {
       std::lock_guard lock(group_->mu);
       if (group_->slots.size() != group_->members.size()) group_->slots.resize(group_->members.size());
       group_->slots[static_cast<size_t>(rank_)] = slot;
     }
     rendezvous();
-    check_alike(same_count);
+    std::vector<CallSignature> calls;
+    for (const auto& s : group_->slots) calls.push_back(s.call);
+    check_alike(calls, group_->members);
   }
 
   // Reduction of the elements [offset, offset + count) of every rank's input, in rank order.
@@ -284,39 +273,10 @@ class LocalComm final : public Communicator {
     }
   }
 
-  // Every rank checks every other rank's call: all of them throw the same Error on a mismatch.
-  void check_alike(bool same_count) {
-    const auto& slots = group_->slots;
-    const auto& members = group_->members;
-    const Group::Slot& a = slots[0];
-    for (size_t r = 1; r < slots.size(); ++r) {
-      const Group::Slot& b = slots[r];
-      if (std::strcmp(a.op, b.op) != 0) {
-        fail("collective mismatch: rank {} called {} while rank {} called {}", members[0], a.op, members[r], b.op);
-      }
-      if ((same_count && a.count != b.count) || a.dtype != b.dtype) {
-        fail("{}: rank {} passes {} elements of {} but rank {} passes {} elements of {}", a.op, members[0], a.count,
-             dtype_name(a.dtype), members[r], b.count, dtype_name(b.dtype));
-      }
-      if (a.root != b.root) {
-        fail("{}: rank {} uses root {} but rank {} uses root {}", a.op, members[0], a.root, members[r], b.root);
-      }
-      if (a.reduce != b.reduce) {
-        fail("{}: rank {} reduces with {} but rank {} with {}", a.op, members[0], reduce_name(a.reduce), members[r],
-             reduce_name(b.reduce));
-      }
-    }
-  }
-
-  void check_same_vectors(const char* op, const char* what, std::span<const int64_t> Group::Slot::*field) {
-    const auto& slots = group_->slots;
-    for (size_t r = 1; r < slots.size(); ++r) {
-      auto a = slots[0].*field, b = slots[r].*field;
-      if (!std::equal(a.begin(), a.end(), b.begin(), b.end())) {
-        fail("{}: rank {} passes {} [{}] but rank {} passes [{}]", op, group_->members[0], what, fmt::join(a, ","),
-             group_->members[r], fmt::join(b, ","));
-      }
-    }
+  void check_same_counts() {
+    std::vector<std::span<const int64_t>> counts;
+    for (const auto& s : group_->slots) counts.push_back(s.counts);
+    comm::check_same_counts(group_->slots[0].call.op, counts, group_->members);
   }
 
   std::shared_ptr<LocalWorld> world_;

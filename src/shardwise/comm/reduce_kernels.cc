@@ -29,12 +29,15 @@ void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Re
         case Reduce::Max:
           if constexpr (std::is_floating_point_v<C>) {
             if (std::isnan(v) || std::isnan(acc)) { acc = std::numeric_limits<C>::quiet_NaN(); break; }
+            // max(-0, +0) = +0 in either order: the result must not depend on the operand order.
+            if (v == acc && std::signbit(acc)) acc = v;
           }
           acc = v > acc ? v : acc;
           break;
         case Reduce::Min:
           if constexpr (std::is_floating_point_v<C>) {
             if (std::isnan(v) || std::isnan(acc)) { acc = std::numeric_limits<C>::quiet_NaN(); break; }
+            if (v == acc && std::signbit(v)) acc = v;  // min(-0, +0) = -0 in either order
           }
           acc = v < acc ? v : acc;
           break;

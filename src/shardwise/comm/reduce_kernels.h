@@ -1,5 +1,7 @@
 #pragma once
-// Elementwise reduction of several equally sized buffers, in buffer order (deterministic).
+// Elementwise reduction of several equally sized buffers, in buffer order (deterministic). Max and
+// min propagate NaN and order signed zeros, so that two operands give the same bits in either order
+// (MPI and NCCL combine partial results in orders that differ between ranks).
 #include <span>
 
 #include "shardwise/comm/communicator.h"

@@ -1,0 +1,474 @@
+#include "shardwise/comm/mpi.h"
+
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "shardwise/comm/call_check.h"
+#include "shardwise/comm/reduce_kernels.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::comm {
+namespace {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  fail("{} failed: {} (MPI error code {})", call, std::string_view(text, static_cast<size_t>(length)), code);
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::F16:
+    case DType::BF16: return MPI_UINT16_T;  // moved as bits; reduced by the user ops below
+    case DType::I64: return MPI_INT64_T;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I8: return MPI_INT8_T;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::Bool: return MPI_C_BOOL;
+  }
+  fail("mpi: unknown dtype code {}", static_cast<int>(dtype));
+}
+
+// reduce_buffers as an MPI_Op: inout = in (op) inout. Commutative to the bit (reduce_kernels.h).
+template <DType D, Reduce R>
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) noexcept {
+  const void* inputs[2] = {in, inout};
+  reduce_buffers(inputs, inout, *len, D, R);
+}
+
+constexpr DType kUserTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16};
+constexpr Reduce kUserOps[] = {Reduce::Sum, Reduce::Prod, Reduce::Max, Reduce::Min};
+
+template <DType D>
+void create_ops(MPI_Op* ops) {
+  check_mpi(MPI_Op_create(&user_reduce<D, Reduce::Sum>, 1, &ops[0]), "MPI_Op_create");
+  check_mpi(MPI_Op_create(&user_reduce<D, Reduce::Prod>, 1, &ops[1]), "MPI_Op_create");
+  check_mpi(MPI_Op_create(&user_reduce<D, Reduce::Max>, 1, &ops[2]), "MPI_Op_create");
+  check_mpi(MPI_Op_create(&user_reduce<D, Reduce::Min>, 1, &ops[3]), "MPI_Op_create");
+}
+
+MPI_Op user_op(DType dtype, Reduce op) {
+  static std::array<MPI_Op, 16> ops;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    create_ops<DType::F32>(&ops[0]);
+    create_ops<DType::F64>(&ops[4]);
+    create_ops<DType::F16>(&ops[8]);
+    create_ops<DType::BF16>(&ops[12]);
+  });
+  size_t t = 0, o = 0;
+  while (kUserTypes[t] != dtype) ++t;
+  Reduce base = op == Reduce::Avg ? Reduce::Sum : op;
+  while (kUserOps[o] != base) ++o;
+  return ops[t * 4 + o];
+}
+
+MPI_Op mpi_op(DType dtype, Reduce op) {
+  if (dtype == DType::Bool) {  // as in the local backend: sum/avg/max = or, prod/min = and
+    return op == Reduce::Prod || op == Reduce::Min ? MPI_LAND : MPI_LOR;
+  }
+  bool half = dtype == DType::F16 || dtype == DType::BF16;
+  // MPI's float max/min neither propagate NaN nor order signed zeros alike on every rank.
+  if (half || (is_floating(dtype) && (op == Reduce::Max || op == Reduce::Min))) return user_op(dtype, op);
+  switch (op) {
+    case Reduce::Sum:
+    case Reduce::Avg: return MPI_SUM;
+    case Reduce::Prod: return MPI_PROD;
+    case Reduce::Max: return MPI_MAX;
+    case Reduce::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// Avg = sum, then divide in the compute type (integers truncate), as reduce_kernels does.
+void divide_by(void* data, int64_t count, DType dtype, int n) {
+  SW_DISPATCH(dtype, [&] {
+    if constexpr (!std::is_same_v<T, bool>) {
+      using C = compute_t<T>;
+      T* p = static_cast<T*>(data);
+      for (int64_t i = 0; i < count; ++i) p[i] = static_cast<T>(static_cast<C>(p[i]) / static_cast<C>(n));
+    }
+  });
+}
+
+// `count` elements of `dtype` as (MPI type, int count): the base type when count fits in
+// max_count, else one element of a derived type that spans the whole block.
+class Block {
+ public:
+  Block(int64_t count, DType dtype, int64_t max_count) : type_(mpi_type(dtype)) {
+    if (count <= max_count) {
+      count_ = static_cast<int>(count);
+      return;
+    }
+    int64_t chunks = count / max_count, rest = count % max_count;
+    SW_CHECK(chunks <= INT_MAX, "mpi: {} elements of {} are beyond what one message can describe", count,
+             dtype_name(dtype));
+    auto size = static_cast<MPI_Aint>(dtype_size(dtype));
+    MPI_Datatype chunk, joined;
+    check_mpi(MPI_Type_contiguous(static_cast<int>(max_count), type_, &chunk), "MPI_Type_contiguous");
+    int lengths[2] = {static_cast<int>(chunks), static_cast<int>(rest)};
+    MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(chunks * max_count) * size};
+    MPI_Datatype types[2] = {chunk, type_};
+    check_mpi(MPI_Type_create_struct(rest ? 2 : 1, lengths, offsets, types, &joined), "MPI_Type_create_struct");
+    // The extent is exactly the block, so that consecutive blocks (all_gather, all_to_all) abut.
+    check_mpi(MPI_Type_create_resized(joined, 0, static_cast<MPI_Aint>(count) * size, &type_),
+              "MPI_Type_create_resized");
+    check_mpi(MPI_Type_commit(&type_), "MPI_Type_commit");
+    MPI_Type_free(&chunk);
+    MPI_Type_free(&joined);
+    owned_ = true;
+    count_ = 1;
+  }
+  ~Block() {
+    if (owned_) MPI_Type_free(&type_);
+  }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  MPI_Datatype type() const { return type_; }
+  int count() const { return count_; }
+
+ private:
+  MPI_Datatype type_;
+  int count_ = 0;
+  bool owned_ = false;
+};
+
+std::byte* at(void* base, int64_t elements, DType dtype) {
+  return base ? static_cast<std::byte*>(base) + elements * static_cast<int64_t>(dtype_size(dtype)) : nullptr;
+}
+const std::byte* at(const void* base, int64_t elements, DType dtype) {
+  return base ? static_cast<const std::byte*>(base) + elements * static_cast<int64_t>(dtype_size(dtype)) : nullptr;
+}
+
+int64_t total_of(std::span<const int64_t> counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+// Counts and displacements as MPI's ints (the caller checked that the total fits).
+void to_ints(std::span<const int64_t> counts, std::vector<int>& ints, std::vector<int>& displacements) {
+  int64_t at = 0;
+  for (int64_t c : counts) {
+    ints.push_back(static_cast<int>(c));
+    displacements.push_back(static_cast<int>(at));
+    at += c;
+  }
+}
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm, std::vector<int> members)
+    : comm_(comm), members_(std::move(members)), checks_(call_checks_default()), max_count_(INT_MAX) {
+  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  int size = 0;
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
+  SW_CHECK(size == static_cast<int>(members_.size()), "mpi: a communicator of {} ranks given {} member ids", size,
+           members_.size());
+  int* tag_ub = nullptr;
+  int found = 0;
+  check_mpi(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
+  internal_tag_ = found && tag_ub ? *tag_ub : 32767;
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::set_max_count(int64_t max_count) {
+  SW_CHECK(max_count >= 1 && max_count <= INT_MAX, "mpi: max count {} is outside 1 .. {}", max_count, INT_MAX);
+  max_count_ = max_count;
+}
+
+void MpiComm::check_call(const CallSignature& call, std::span<const int64_t> counts,
+                         std::span<const int64_t> a2a_send, std::span<const int64_t> a2a_recv) {
+  SW_CHECK(call.count >= 0, "{}: negative count {}", collective_name(call.op), call.count);
+  if (!checks_) return;
+  CheckExchange exchange{
+      [this](const void* mine, void* all, size_t bytes) {
+        check_mpi(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes), MPI_BYTE, comm_),
+                  "MPI_Allgather");
+      },
+      [this](const int64_t* send, int64_t* recv) {
+        check_mpi(MPI_Alltoall(send, 1, MPI_INT64_T, recv, 1, MPI_INT64_T, comm_), "MPI_Alltoall");
+      }};
+  comm::check_call(exchange, call, members_, counts, a2a_send, a2a_recv);
+}
+
+std::shared_ptr<Communicator> MpiComm::group(std::span<const int> global_ranks) {
+  group_index(global_ranks);
+  std::vector<int> local_ranks;
+  for (int g : global_ranks) {
+    local_ranks.push_back(static_cast<int>(std::find(members_.begin(), members_.end(), g) - members_.begin()));
+  }
+  MPI_Group parent, sub;
+  check_mpi(MPI_Comm_group(comm_, &parent), "MPI_Comm_group");
+  check_mpi(MPI_Group_incl(parent, static_cast<int>(local_ranks.size()), local_ranks.data(), &sub), "MPI_Group_incl");
+  MPI_Comm created = MPI_COMM_NULL;
+  int code = MPI_Comm_create_group(comm_, sub, 0, &created);
+  MPI_Group_free(&sub);
+  MPI_Group_free(&parent);
+  check_mpi(code, "MPI_Comm_create_group");
+  auto child = std::make_shared<MpiComm>(created, std::vector<int>(global_ranks.begin(), global_ranks.end()));
+  child->checks_ = checks_;
+  child->max_count_ = max_count_;
+  return child;
+}
+
+// Reduction in chunks of at most max_count_ elements, to every rank (root < 0) or to root.
+void MpiComm::reduce_chunks(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) {
+  MPI_Datatype type = mpi_type(dtype);
+  MPI_Op mop = mpi_op(dtype, op);
+  bool in_place = in == out;
+  for (int64_t first = 0; first < count; first += max_count_) {
+    int n = static_cast<int>(std::min(max_count_, count - first));
+    const void* src = at(in, first, dtype);
+    if (root < 0) {
+      check_mpi(MPI_Allreduce(in_place ? MPI_IN_PLACE : src, at(out, first, dtype), n, type, mop, comm_),
+                "MPI_Allreduce");
+    } else if (rank_ == root) {
+      check_mpi(MPI_Reduce(in_place ? MPI_IN_PLACE : src, at(out, first, dtype), n, type, mop, root, comm_),
+                "MPI_Reduce");
+    } else {
+      check_mpi(MPI_Reduce(src, nullptr, n, type, mop, root, comm_), "MPI_Reduce");
+    }
+  }
+}
+
+void MpiComm::all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) {
+  check_call(signature(Collective::AllReduce, count, dtype, op));
+  reduce_chunks(in, out, count, dtype, op, -1);
+  if (op == Reduce::Avg) divide_by(out, count, dtype, size());
+}
+
+void MpiComm::reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) {
+  check_root("reduce", root);
+  check_call(signature(Collective::Reduce, count, dtype, op, root));
+  reduce_chunks(in, out, count, dtype, op, root);
+  if (op == Reduce::Avg && rank_ == root) divide_by(out, count, dtype, size());
+}
+
+void MpiComm::broadcast(void* buffer, int64_t count, DType dtype, int root) {
+  check_root("broadcast", root);
+  check_call(signature(Collective::Broadcast, count, dtype, Reduce::Sum, root));
+  Block block(count, dtype, max_count_);
+  check_mpi(MPI_Bcast(buffer, block.count(), block.type(), root, comm_), "MPI_Bcast");
+}
+
+void MpiComm::all_gather(const void* in, void* out, int64_t count, DType dtype) {
+  check_call(signature(Collective::AllGather, count, dtype));
+  Block block(count, dtype, max_count_);
+  check_mpi(MPI_Allgather(in, block.count(), block.type(), out, block.count(), block.type(), comm_), "MPI_Allgather");
+}
+
+void MpiComm::all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype) {
+  check_counts("all_gather_v", counts);
+  CallSignature call = signature(Collective::AllGatherV, counts[static_cast<size_t>(rank_)], dtype);
+  call.same_count = 0;
+  call.counts_hash = hash_counts(counts);
+  check_call(call, counts);
+  if (total_of(counts) <= max_count_) {
+    std::vector<int> ints, displacements;
+    to_ints(counts, ints, displacements);
+    check_mpi(MPI_Allgatherv(in, ints[static_cast<size_t>(rank_)], mpi_type(dtype), out, ints.data(),
+                             displacements.data(), mpi_type(dtype), comm_),
+              "MPI_Allgatherv");
+    return;
+  }
+  // Displacements beyond int: one broadcast per rank, straight into place.
+  int64_t first = 0;
+  for (int r = 0; r < size(); ++r) {
+    int64_t c = counts[static_cast<size_t>(r)];
+    std::byte* dst = at(out, first, dtype);
+    if (r == rank_ && c) std::memcpy(dst, in, static_cast<size_t>(c) * dtype_size(dtype));
+    Block block(c, dtype, max_count_);
+    check_mpi(MPI_Bcast(dst, block.count(), block.type(), r, comm_), "MPI_Bcast");
+    first += c;
+  }
+}
+
+void MpiComm::reduce_scatter(const void* in, void* out, int64_t count, DType dtype, Reduce op) {
+  check_call(signature(Collective::ReduceScatter, count, dtype, op));
+  if (count * size() <= max_count_) {
+    check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), mpi_type(dtype), mpi_op(dtype, op), comm_),
+              "MPI_Reduce_scatter_block");
+  } else {
+    for (int r = 0; r < size(); ++r) reduce_chunks(at(in, count * r, dtype), r == rank_ ? out : nullptr, count, dtype, op, r);
+  }
+  if (op == Reduce::Avg) divide_by(out, count, dtype, size());
+}
+
+void MpiComm::reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype, Reduce op) {
+  check_counts("reduce_scatter_v", counts);
+  int64_t total = total_of(counts);
+  CallSignature call = signature(Collective::ReduceScatterV, total, dtype, op);
+  call.counts_hash = hash_counts(counts);
+  check_call(call, counts);
+  if (total <= max_count_) {
+    std::vector<int> ints, displacements;
+    to_ints(counts, ints, displacements);
+    check_mpi(MPI_Reduce_scatter(in, out, ints.data(), mpi_type(dtype), mpi_op(dtype, op), comm_), "MPI_Reduce_scatter");
+  } else {
+    int64_t first = 0;
+    for (int r = 0; r < size(); ++r) {
+      int64_t c = counts[static_cast<size_t>(r)];
+      reduce_chunks(at(in, first, dtype), r == rank_ ? out : nullptr, c, dtype, op, r);
+      first += c;
+    }
+  }
+  if (op == Reduce::Avg) divide_by(out, counts[static_cast<size_t>(rank_)], dtype, size());
+}
+
+void MpiComm::all_to_all(const void* in, void* out, int64_t count, DType dtype) {
+  check_call(signature(Collective::AllToAll, count, dtype));
+  Block block(count, dtype, max_count_);
+  check_mpi(MPI_Alltoall(in, block.count(), block.type(), out, block.count(), block.type(), comm_), "MPI_Alltoall");
+}
+
+void MpiComm::all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
+                           std::span<const int64_t> recv_counts, DType dtype) {
+  check_counts("all_to_all_v (send counts)", send_counts);
+  check_counts("all_to_all_v (receive counts)", recv_counts);
+  check_call(signature(Collective::AllToAllV, 0, dtype), {}, send_counts, recv_counts);
+  // Whether some rank's counts leave the int range is known only to that rank: agree on the path.
+  int large = total_of(send_counts) > max_count_ || total_of(recv_counts) > max_count_;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &large, 1, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce");
+  if (!large) {
+    std::vector<int> sc, sd, rc, rd;
+    to_ints(send_counts, sc, sd);
+    to_ints(recv_counts, rc, rd);
+    check_mpi(MPI_Alltoallv(in, sc.data(), sd.data(), mpi_type(dtype), out, rc.data(), rd.data(), mpi_type(dtype), comm_),
+              "MPI_Alltoallv");
+    return;
+  }
+  // Pairwise exchange with whole-block datatypes, on the reserved tag.
+  std::vector<int64_t> send_first(send_counts.size()), recv_first(recv_counts.size());
+  for (size_t p = 1; p < send_counts.size(); ++p) {
+    send_first[p] = send_first[p - 1] + send_counts[p - 1];
+    recv_first[p] = recv_first[p - 1] + recv_counts[p - 1];
+  }
+  for (int step = 0; step < size(); ++step) {
+    auto to = static_cast<size_t>((rank_ + step) % size()), from = static_cast<size_t>((rank_ - step + size()) % size());
+    Block sent(send_counts[to], dtype, max_count_), received(recv_counts[from], dtype, max_count_);
+    check_mpi(MPI_Sendrecv(at(in, send_first[to], dtype), sent.count(), sent.type(), static_cast<int>(to), internal_tag_,
+                           at(out, recv_first[from], dtype), received.count(), received.type(), static_cast<int>(from),
+                           internal_tag_, comm_, MPI_STATUS_IGNORE),
+              "MPI_Sendrecv");
+  }
+}
+
+void MpiComm::send(const void* in, int64_t count, DType dtype, int peer, int tag) {
+  check_peer("send", peer);
+  SW_CHECK(count >= 0, "send: negative count {}", count);
+  SW_CHECK(tag >= 0 && tag < internal_tag_, "send: tag {} is outside 0 .. {}", tag, internal_tag_ - 1);
+  Block block(count, dtype, max_count_);
+  check_mpi(MPI_Send(in, block.count(), block.type(), peer, tag, comm_), "MPI_Send");
+}
+
+void MpiComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
+  check_peer("recv", peer);
+  SW_CHECK(count >= 0, "recv: negative count {}", count);
+  SW_CHECK(tag >= 0 && tag < internal_tag_, "recv: tag {} is outside 0 .. {}", tag, internal_tag_ - 1);
+  MPI_Status status;
+  check_mpi(MPI_Probe(peer, tag, comm_, &status), "MPI_Probe");
+  MPI_Count got = 0;
+  check_mpi(MPI_Get_elements_x(&status, MPI_BYTE, &got), "MPI_Get_elements_x");
+  auto want = static_cast<MPI_Count>(count) * static_cast<MPI_Count>(dtype_size(dtype));
+  if (got != want) {
+    // Take the message off the channel (as the local backend does), then report both sizes.
+    std::vector<std::byte> discard(static_cast<size_t>(got));
+    Block block(got, DType::U8, max_count_);
+    check_mpi(MPI_Recv(discard.data(), block.count(), block.type(), peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    fail_recv_size(members_[static_cast<size_t>(rank_)], count, dtype, want, members_[static_cast<size_t>(peer)], tag, got);
+  }
+  Block block(count, dtype, max_count_);
+  check_mpi(MPI_Recv(out, block.count(), block.type(), peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+}
+
+void MpiComm::barrier() {
+  check_call(signature(Collective::Barrier, 0, DType::U8));
+  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
+
+bool launched_by_mpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"}) {
+    if (std::getenv(name)) return true;
+  }
+  return false;
+}
+
+namespace {
+void finalize_mpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+}  // namespace
+
+std::shared_ptr<MpiComm> mpi_world() {
+  static std::shared_ptr<MpiComm> world;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialized = 0;
+    check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
+    if (!initialized) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      std::atexit(finalize_mpi);
+    }
+    check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    // A duplicate keeps shardwise's messages apart from the program's own use of MPI_COMM_WORLD.
+    MPI_Comm dup;
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
+    int size = 0;
+    check_mpi(MPI_Comm_size(dup, &size), "MPI_Comm_size");
+    std::vector<int> members(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) members[static_cast<size_t>(r)] = r;
+    world = std::make_shared<MpiComm>(dup, std::move(members));
+  });
+  return world;
+}
+
+namespace {
+[[noreturn]] void abort_job(int rank, const char* message) {
+  if (rank < 0) {
+    const char* env = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!env) env = std::getenv("PMI_RANK");
+    rank = env ? std::atoi(env) : 0;
+  }
+  std::fprintf(stderr, "shardwise: error: rank %d: %s\n", rank, message);
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+}  // namespace
+
+int run_mpi_main(const std::function<void(Communicator&)>& fn) {
+  int rank = -1;
+  try {
+    auto world = mpi_world();
+    rank = world->rank();
+    fn(*world);
+  } catch (const std::exception& e) {
+    abort_job(rank, e.what());
+  } catch (...) {
+    abort_job(rank, "an exception that is not a std::exception");
+  }
+  return 0;
+}
+
+}  // namespace shardwise::comm
