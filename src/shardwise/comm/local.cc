@@ -26,6 +26,7 @@ struct LocalWorld::Group {
     CallSignature call;
     std::span<const int64_t> counts;       // per-rank counts (v variants; all_to_all_v: send)
     std::span<const int64_t> recv_counts;  // all_to_all_v
+    const std::byte* part = nullptr;       // all_reduce: the chunk this rank reduced
   };
   static Slot slot(Collective op, const void* in, void* out, int64_t count, DType dtype, int root = -1,
                    Reduce reduce = Reduce::Sum) {
@@ -67,11 +68,20 @@ class LocalComm final : public Communicator {
   void all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) override {
     Group::Slot s = Group::slot(Collective::AllReduce, in, out, count, dtype, -1, op);
     enter(s);
-    // Reduce in rank order into a private buffer: peers may still read our input if out == in.
-    std::vector<std::byte> result(bytes(count, dtype));
-    reduce_block(0, count, dtype, op, result.data());
+    // Each rank reduces one chunk of every input, in rank order, into a private buffer (peers may
+    // still read our input if out == in); then every rank copies every chunk. Every element is
+    // reduced once, by one rank, so all get the same bits.
+    const int64_t n = size(), per = (count + n - 1) / n;
+    const int64_t first = std::min(count, per * rank_), mine = std::min(count, first + per) - first;
+    std::vector<std::byte> part(bytes(mine, dtype));
+    reduce_block(first, mine, dtype, op, part.data());
+    group_->slots[static_cast<size_t>(rank_)].part = part.data();
     rendezvous();
-    if (count) std::memcpy(out, result.data(), result.size());
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t at = std::min(count, per * r), len = std::min(count, at + per) - at;
+      if (len) std::memcpy(static_cast<std::byte*>(out) + bytes(at, dtype), group_->slots[static_cast<size_t>(r)].part, bytes(len, dtype));
+    }
+    rendezvous();  // nobody frees its chunk while a peer copies it
   }
 
   void reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) override {

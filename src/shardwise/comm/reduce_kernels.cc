@@ -8,8 +8,27 @@
 namespace shardwise::comm {
 namespace {
 
+// Sum/avg of float or double: the same additions in the same order as the general loop below
+// (((in0 + in1) + in2) ...), but buffer by buffer so the compiler vectorizes them.
+template <class T>
+void sum_buffers(std::span<const void* const> inputs, T* out, int64_t count, bool average) {
+  const T* first = static_cast<const T*>(inputs[0]);
+  for (int64_t i = 0; i < count; ++i) out[i] = first[i];
+  for (size_t r = 1; r < inputs.size(); ++r) {
+    const T* in = static_cast<const T*>(inputs[r]);
+    for (int64_t i = 0; i < count; ++i) out[i] += in[i];
+  }
+  if (average) {
+    const T n = static_cast<T>(inputs.size());
+    for (int64_t i = 0; i < count; ++i) out[i] /= n;
+  }
+}
+
 template <class T>
 void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Reduce op) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (op == Reduce::Sum || op == Reduce::Avg) return sum_buffers(inputs, out, count, op == Reduce::Avg);
+  }
   using C = std::conditional_t<std::is_same_v<T, bool>, bool, compute_t<T>>;
   auto at = [&](size_t r, int64_t i) { return static_cast<C>(static_cast<const T*>(inputs[r])[i]); };
   for (int64_t i = 0; i < count; ++i) {

@@ -35,8 +35,7 @@ class Lowerer {
     auto [it, fresh] = slots_.try_emplace(key(v, d), static_cast<int>(p_.slots.size()));
     if (fresh) {
       const Value& val = g_.value(v);
-      bool canonical = d == c_.dist[static_cast<size_t>(v)];
-      p_.slots.push_back({canonical ? val.name : fmt::format("{}[{}]", val.name, d.to_string()), val.meta, d, v});
+      p_.slots.push_back({val.name, val.meta, d, v});  // printed as name[dist]
     }
     return it->second;
   }

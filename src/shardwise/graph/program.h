@@ -14,7 +14,7 @@
 namespace shardwise::graph {
 
 struct Slot {
-  std::string name;  // "h" or "h[R,S(1)]" for a resharded copy
+  std::string name;  // the value's name (several slots of one value differ in dist)
   ops::TensorMeta meta;
   mesh::DistAttr dist;
   ValueId value = -1;
