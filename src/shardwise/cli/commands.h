@@ -2,6 +2,8 @@
 // The shardwise subcommands; each writes to `out` and returns the exit code. Bad input throws
 // shardwise::Error, which the caller prints as one line.
 #include <ostream>
+
+#include "shardwise/train/trainer.h"
 #include <string>
 #include <vector>
 
@@ -43,5 +45,14 @@ struct PlanOptions {
   bool summary = false;
 };
 int cmd_plan(const PlanOptions& options, std::ostream& out);
+
+struct TrainOptions {
+  train::TrainConfig config;
+  int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
+  std::string run_dir = "runs/latest";
+  int64_t eval_every = 0;  // 0: never (the addition task: at the end, see app.cc)
+  int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
+};
+int cmd_train(const TrainOptions& options, std::ostream& out);
 
 }  // namespace shardwise::cli

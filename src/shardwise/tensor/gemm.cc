@@ -278,3 +278,11 @@ MatmulDims matmul_dims(const Shape& x, const Shape& y, bool trans_x, bool trans_
 }
 
 }  // namespace shardwise
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace shardwise {
+void set_blas_threads(int threads) {
+  if (threads > 0) openblas_set_num_threads(threads);
+}
+}  // namespace shardwise

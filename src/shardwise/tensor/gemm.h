@@ -68,3 +68,9 @@ struct MatmulDims {
 MatmulDims matmul_dims(const Shape& x, const Shape& y, bool trans_x, bool trans_y);
 
 }  // namespace shardwise
+
+namespace shardwise {
+// Threads OpenBLAS may use per call (ranks that run as threads each call it: 1 avoids
+// oversubscribing the cores). <= 0 leaves OpenBLAS's default.
+void set_blas_threads(int threads);
+}  // namespace shardwise

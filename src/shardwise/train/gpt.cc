@@ -50,7 +50,7 @@ std::string placements(const Strategy& s, const char* on_tp, const char* on_dp =
 
 }  // namespace
 
-GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch) {
+GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, bool training) {
   c.validate();
   SW_CHECK(micro_batch >= 1, "micro-batch must be at least 1 sequence, got {}", micro_batch);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
@@ -65,10 +65,8 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch) {
     if (s.mesh.ndim() > 0) g.annotate(v, p);
   };
   auto ids = g.input("ids", Shape{B, S}, DType::I64);
-  auto labels = g.input("labels", Shape{B, S}, DType::I64);
   auto mask = g.input("causal_mask", Shape{S, S});
   annotate(ids, placements(s, "R", "S(0)"));
-  annotate(labels, placements(s, "R", "S(0)"));
   annotate(mask, placements(s, "R"));
   auto wte = g.param("transformer.wte.weight", Shape{V, H});
   auto wpe = g.param("transformer.wpe.weight", Shape{S, H});
@@ -116,6 +114,12 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch) {
     x = g.add(x, m, p + ".mlp.residual");
   }
   auto logits = g.matmul(ln(x, "transformer.ln_f"), wte, true, "logits");
+  if (!training) {
+    out.predictions = g.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
+    return out;
+  }
+  auto labels = g.input("labels", Shape{B, S}, DType::I64);
+  annotate(labels, placements(s, "R", "S(0)"));
   // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
   // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
   // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).
@@ -126,15 +130,31 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch) {
 }
 
 Tensor init_param(const GptConfig& c, const std::string& name, const Shape& shape, uint64_t seed) {
-  Tensor t(DType::F32, shape);
+  std::vector<int64_t> zeros(static_cast<size_t>(shape.ndim()), 0);
+  return init_param_block(c, name, shape, zeros, shape, seed);
+}
+
+Tensor init_param_block(const GptConfig& c, const std::string& name, const Shape& shape,
+                        std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
+  Tensor t(DType::F32, block);
   bool is_ln = name.find(".ln_") != std::string::npos;
   if (name.ends_with(".bias")) return t;
-  if (is_ln) return Tensor::full(DType::F32, shape, 1.0);
+  if (is_ln) return Tensor::full(DType::F32, block, 1.0);
   double std = c.init_std;
   if (name.ends_with("c_proj.weight")) std /= std::sqrt(2.0 * static_cast<double>(c.layers));
   Philox rng(seed, stream_id(name));
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
+  // Element j of the block is the global element at offset + its coordinates (row-major index).
+  std::vector<int64_t> coord(static_cast<size_t>(block.ndim()), 0);
+  for (int64_t j = 0; j < t.numel(); ++j) {
+    uint64_t global = 0;
+    for (int d = 0; d < shape.ndim(); ++d) global = global * static_cast<uint64_t>(shape[d]) + static_cast<uint64_t>(offset[static_cast<size_t>(d)] + coord[static_cast<size_t>(d)]);
+    p[j] = static_cast<float>(std * rng.normal(global));
+    for (int d = block.ndim() - 1; d >= 0; --d) {
+      if (++coord[static_cast<size_t>(d)] < block[d]) break;
+      coord[static_cast<size_t>(d)] = 0;
+    }
+  }
   return t;
 }
 

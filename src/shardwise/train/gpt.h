@@ -41,18 +41,23 @@ struct Strategy {
 
 struct GptGraph {
   graph::Graph g;
-  graph::ValueId loss = -1;
+  graph::ValueId loss = -1;         // training graph: mean cross-entropy
+  graph::ValueId predictions = -1;  // evaluation graph: argmax of the logits [B, S] i64
   int64_t micro_batch = 0;
 };
 
-// The graph of one micro-batch of `micro_batch` sequences (inputs "ids", "labels" [B, S] i64 and
-// "causal_mask" [S, S]), annotated for `strategy`. Errors name what does not divide.
-GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t micro_batch);
+// The graph of one micro-batch of `micro_batch` sequences (inputs "ids" [B, S] i64, "labels"
+// [B, S] i64 for training, "causal_mask" [S, S]), annotated for `strategy`. With `training` the
+// output is the loss, else the greedy next-token predictions. Errors name what does not divide.
+GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t micro_batch, bool training = true);
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
 // global element index (so any sharding holds the same numbers); std = init_std, and
 // init_std / sqrt(2 * layers) for the residual projections (GPT-2); LayerNorm weight 1, biases 0.
 Tensor init_param(const GptConfig& config, const std::string& name, const Shape& shape, uint64_t seed);
+// The same numbers for one block [offset, offset + block) of the parameter only.
+Tensor init_param_block(const GptConfig& config, const std::string& name, const Shape& shape,
+                        std::span<const int64_t> offset, const Shape& block, uint64_t seed);
 
 // The [S, S] additive causal mask: 0 on and below the diagonal, -1e9 above.
 Tensor causal_mask(int64_t seq);

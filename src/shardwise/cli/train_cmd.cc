@@ -1,0 +1,109 @@
+// `shardwise train`: trains the GPT model on the ranks of a mesh (threads by default, MPI
+// processes under mpirun) with a live progress line, a summary, metrics.jsonl and a loss curve.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+
+#include "shardwise/cli/commands.h"
+#include "shardwise/comm/local.h"
+#include "shardwise/comm/mpi.h"
+#include "shardwise/core/error.h"
+#include "shardwise/tensor/gemm.h"
+#include "shardwise/train/metrics.h"
+
+namespace shardwise::cli {
+namespace {
+
+std::string duration(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+}
+
+// The loop every rank runs; rank 0 reports.
+void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
+                std::shared_ptr<comm::Communicator> world, std::ostream& out) {
+  train::Trainer trainer(config, world);
+  const bool report = world_ref.rank() == 0;
+  const bool addition = config.data.empty();
+  std::unique_ptr<train::MetricsLog> log;
+  if (report) {
+    log = std::make_unique<train::MetricsLog>(o.run_dir);
+    const auto& c = trainer.config();
+    out << fmt::format("shardwise train: GPT {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
+                       c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
+                       trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
+    out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}; {} steps, lr {} "
+                       "(warm-up {}, cosine to {})\n",
+                       trainer.dataset().describe(), c.global_batch, c.micro_batch, c.accumulation,
+                       trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
+    out.flush();
+  }
+  const bool tty = report && &out == &std::cout && isatty(STDOUT_FILENO);
+  const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
+  auto start = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  double best = -1, last_acc = -1;
+  train::StepResult last;
+  for (int64_t s = 0; s < config.steps; ++s) {
+    last = trainer.step();
+    tokens += last.tokens;
+    std::optional<double> acc;
+    bool eval_now = addition && o.eval_every > 0 && (last.step % o.eval_every == 0 || last.step == config.steps);
+    if (eval_now) acc = trainer.evaluate().accuracy();
+    if (!report) continue;
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double tps = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
+    log->add({last, elapsed, tps, acc});
+    if (acc) best = std::max(best, *acc), last_acc = *acc;
+    double eta = elapsed / static_cast<double>(last.step) * static_cast<double>(config.steps - last.step);
+    std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
+                                   config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
+                                   last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
+    if (tty) out << "\r" << line << "\033[K" << std::flush;
+    else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
+  }
+  if (!report) return;
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string curve = log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()));
+  const auto& rec = log->records();
+  out << (tty ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
+                                          duration(elapsed), rec.front().step.loss, rec.back().step.loss,
+                                          static_cast<double>(tokens) / elapsed);
+  if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
+  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve);
+}
+
+}  // namespace
+
+int cmd_train(const TrainOptions& o, std::ostream& out) {
+  train::TrainConfig c = o.config;
+  const bool mpi = comm::launched_by_mpirun();
+  int64_t ranks = o.ranks;
+  if (mpi) {
+    int64_t world = comm::mpi_world()->size();
+    SW_CHECK(ranks == 0 || ranks == world, "--ranks {} but mpirun started {} processes", ranks, world);
+    ranks = world;
+  } else if (ranks == 0) {
+    ranks = mesh::parse_mesh(c.mesh).size();
+  }
+  SW_CHECK(ranks >= 1, "--ranks must be at least 1, got {}", ranks);
+  c.check(ranks);  // every check before anything starts
+  set_blas_threads(mpi || ranks > 1 ? 1 : 0);
+  if (mpi) {
+    return comm::run_mpi_main([&](comm::Communicator& world) {
+      train_rank(o, c, world, comm::mpi_world(), out);
+    });
+  }
+  std::mutex io;
+  comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
+    auto self = world.group(world.members());
+    train_rank(o, c, world, self, out);
+  });
+  return 0;
+}
+
+}  // namespace shardwise::cli

@@ -1,0 +1,86 @@
+#include "shardwise/train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::train {
+
+MetricsLog::MetricsLog(const std::string& run_dir) : dir_(run_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  SW_CHECK(!ec, "cannot create the run directory '{}': {}", run_dir, ec.message());
+  out_.open(jsonl_path(), std::ios::trunc);
+  SW_CHECK(out_.good(), "cannot write '{}'", jsonl_path());
+}
+
+void MetricsLog::add(const StepRecord& r) {
+  nlohmann::json j = {{"step", r.step.step},          {"loss", r.step.loss},         {"lr", r.step.lr},
+                      {"grad_norm", r.step.grad_norm}, {"tokens", r.step.tokens},    {"elapsed_s", r.elapsed_s},
+                      {"tokens_per_s", r.tokens_per_s}};
+  if (r.accuracy) j["accuracy"] = *r.accuracy;
+  out_ << j.dump() << "\n";
+  out_.flush();
+  records_.push_back(r);
+}
+
+std::string MetricsLog::write_curve(const std::string& title) const {
+  std::string path = dir_ + "/loss_curve.svg";
+  std::ofstream f(path, std::ios::trunc);
+  SW_CHECK(f.good(), "cannot write '{}'", path);
+  f << loss_curve_svg(records_, title);
+  return path;
+}
+
+std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title) {
+  const double W = 720, H = 400, left = 60, right = 60, top = 40, bottom = 50;
+  double max_step = 1, lo = 0, hi = 1;
+  if (!records.empty()) {
+    max_step = static_cast<double>(std::max<int64_t>(1, records.back().step.step));
+    lo = hi = records.front().step.loss;
+    for (const auto& r : records) lo = std::min(lo, r.step.loss), hi = std::max(hi, r.step.loss);
+    if (hi - lo < 1e-9) hi = lo + 1;
+    lo = std::max(0.0, lo - 0.05 * (hi - lo));
+  }
+  auto x = [&](double step) { return left + (W - left - right) * step / max_step; };
+  auto y = [&](double loss) { return top + (H - top - bottom) * (1 - (loss - lo) / (hi - lo)); };
+  auto y_acc = [&](double acc) { return top + (H - top - bottom) * (1 - acc); };
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"22\" font-size=\"14\">{}</text>\n",
+      W, H, left, title);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left, top, H - bottom);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left, H - bottom, W - right);
+  for (int i = 0; i <= 4; ++i) {
+    double v = lo + (hi - lo) * i / 4.0;
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3g}</text>\n", left - 6, y(v) + 4, v);
+    double st = max_step * i / 4.0;
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", x(st), H - bottom + 18, st);
+  }
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", (W + left - right) / 2, H - 10);
+  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" fill=\"#1f77b4\">loss</text>\n", H / 2, H / 2);
+  std::string points;
+  for (const auto& r : records) points += fmt::format("{:.1f},{:.1f} ", x(static_cast<double>(r.step.step)), y(r.step.loss));
+  s += fmt::format("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n", points);
+  bool any_acc = false;
+  for (const auto& r : records) {
+    if (!r.accuracy) continue;
+    any_acc = true;
+    s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#d62728\"/>\n", x(static_cast<double>(r.step.step)),
+                     y_acc(*r.accuracy));
+  }
+  if (any_acc) {
+    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#d62728\"/>\n", W - right, top, H - bottom);
+    for (int i = 0; i <= 4; ++i) {
+      s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#d62728\">{}%</text>\n", W - right + 6, y_acc(i / 4.0) + 4, i * 25);
+    }
+    s += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#d62728\" transform=\"rotate(90 {} {})\">held-out exact match</text>\n",
+                     W - 14, H / 2 - 50, W - 14, H / 2 - 50);
+  }
+  return s + "</svg>\n";
+}
+
+}  // namespace shardwise::train

@@ -1,0 +1,99 @@
+#pragma once
+// The GPT trainer of one rank. Every rank of the mesh constructs one with the same configuration
+// and calls step() / evaluate() together (threads of one process or MPI processes).
+//
+// Batches: the global batch is micro_batch x accumulation x dp sequences (micro_batch counted per
+// data-parallel rank); the trainer derives whichever of the three numbers is left out (0) and
+// refuses a combination that does not divide. Step k trains on samples
+// [k * global_batch, (k + 1) * global_batch) of the dataset, whatever the mesh.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardwise/comm/communicator.h"
+#include "shardwise/runtime/runtime.h"
+#include "shardwise/train/data.h"
+#include "shardwise/train/gpt.h"
+#include "shardwise/train/optimizer.h"
+
+namespace shardwise::train {
+
+struct TrainConfig {
+  GptConfig model;
+  std::string mesh = "dp=1";  // named dims dp, tp (and pp later)
+  bool sequence_parallel = false;
+  int64_t steps = 100;
+  int64_t micro_batch = 0, accumulation = 0, global_batch = 0;  // 0: derived (see above)
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 10;
+  AdamWConfig adamw;
+  double clip = 1.0;  // global-norm clipping (<= 0: none)
+  bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
+  uint64_t seed = 1234;
+  std::string data;  // "" = the embedded addition task
+  int digits = 2;
+  int64_t eval_samples = 128;
+
+  // Fills the derived batch number; Error naming the numbers that do not fit.
+  void resolve_batch(int64_t dp_size);
+  // Every check a run makes before it starts (mesh vs. ranks, heads vs. tp, batch sizes, the data
+  // file, the vocabulary): one Error with what is wrong. Fills the derived batch number.
+  void check(int64_t ranks);
+};
+
+struct StepResult {
+  int64_t step = 0;  // completed optimizer steps
+  double loss = 0, grad_norm = 0, lr = 0;
+  int64_t tokens = 0;  // tokens in this step's global batch
+};
+
+struct EvalResult {
+  int64_t problems = 0, exact = 0;  // held-out addition problems, and those answered exactly
+  double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
+};
+
+class Trainer {
+ public:
+  Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
+  ~Trainer();
+
+  StepResult step();
+  // Exact-match accuracy on held-out addition problems (greedy answers: a causal model answers a
+  // problem exactly iff its argmax at every answer position, given the true prefix, is right).
+  // Error for datasets other than the addition task.
+  EvalResult evaluate();
+
+  const TrainConfig& config() const { return c_; }
+  const Strategy& strategy() const { return strategy_; }
+  const Dataset& dataset() const { return *data_; }
+  int64_t steps_done() const { return step_; }
+  int64_t consumed_samples() const { return consumed_; }
+  std::vector<ParamState>& params() { return params_; }
+  const graph::Program& program() const { return train_.program; }
+  const runtime::RunStats& last_run_stats() const { return last_stats_; }
+  // The whole parameter (collective: every rank calls it), for tests and exports.
+  Tensor gather_param(const std::string& name);
+
+ private:
+  struct Compiled {
+    GptGraph model;
+    graph::Program program;
+    std::unique_ptr<runtime::Runtime> runtime;
+  };
+  void compile(Compiled& c, bool training, int64_t micro_batch);
+  void bind_params(runtime::Runtime& rt);
+
+  TrainConfig c_;
+  std::shared_ptr<comm::Communicator> world_;
+  Strategy strategy_;
+  std::unique_ptr<Dataset> data_;
+  Compiled train_, eval_;
+  std::vector<ParamState> params_;
+  AdamW adamw_;
+  LrSchedule schedule_;
+  Tensor mask_;
+  int64_t step_ = 0, consumed_ = 0;
+  runtime::RunStats last_stats_;
+};
+
+}  // namespace shardwise::train

@@ -1,0 +1,77 @@
+// The same 20 training steps on different meshes follow the single-rank loss curve: the initial
+// weights, the data order and every update are the same numbers whatever the sharding.
+#include <gtest/gtest.h>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/train/trainer.h"
+
+namespace shardwise::train {
+namespace {
+
+TrainConfig small(const std::string& mesh) {
+  TrainConfig c;
+  c.model.layers = 2, c.model.heads = 4, c.model.hidden = 32, c.model.seq = 10, c.model.vocab = 128;
+  c.mesh = mesh;
+  c.steps = 20;
+  c.global_batch = 8;
+  c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 3;
+  c.digits = 2;
+  return c;
+}
+
+std::vector<double> losses(TrainConfig c, int ranks) {
+  std::vector<double> out;
+  comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
+    Trainer t(c, world.group(world.members()));
+    for (int64_t s = 0; s < c.steps; ++s) {
+      StepResult r = t.step();
+      if (world.rank() == 0) out.push_back(r.loss);
+    }
+  });
+  return out;
+}
+
+void expect_same_curve(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(got[i], ref[i], 1e-5 * std::abs(ref[i])) << what << ": step " << i + 1;
+  }
+}
+
+TEST(Topology, LossCurvesOnEveryMeshFollowTheSingleRankCurve) {
+  std::vector<double> ref = losses(small("dp=1"), 1);
+  ASSERT_EQ(ref.size(), 20u);
+  EXPECT_LT(ref.back(), ref.front() * 0.8) << "the loss should fall";
+  expect_same_curve(losses(small("dp=2"), 2), ref, "dp=2");
+  expect_same_curve(losses(small("tp=2"), 2), ref, "tp=2");
+  expect_same_curve(losses(small("dp=2,tp=2"), 4), ref, "dp=2,tp=2");
+  TrainConfig sp = small("tp=2");
+  sp.sequence_parallel = true;
+  expect_same_curve(losses(sp, 2), ref, "tp=2 + sp");
+  TrainConfig accumulate = small("dp=1");
+  accumulate.accumulation = 2;  // micro-batch 4 twice instead of 8 at once
+  expect_same_curve(losses(accumulate, 1), ref, "accumulation 2");
+}
+
+TEST(Topology, BadBatchCombinationsAreRefusedWithTheNumbers) {
+  TrainConfig c = small("dp=2");
+  c.global_batch = 10, c.micro_batch = 4;
+  try {
+    c.resolve_batch(2);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global batch 10 is not a multiple of micro-batch 4 x dp 2"), std::string::npos)
+        << e.what();
+  }
+  TrainConfig d = small("dp=2");
+  d.global_batch = 0, d.micro_batch = 3, d.accumulation = 2;
+  d.resolve_batch(2);
+  EXPECT_EQ(d.global_batch, 12);
+  TrainConfig e = small("dp=2");
+  e.global_batch = 16, e.micro_batch = 0, e.accumulation = 2;
+  e.resolve_batch(2);
+  EXPECT_EQ(e.micro_batch, 4);
+}
+
+}  // namespace
+}  // namespace shardwise::train
