@@ -5,7 +5,9 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -135,6 +137,52 @@ TEST(Cli, PlanShowsTheProgramAndExplainsAPlacement) {
   r = run("plan --mesh dp=2,xp=2");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("name every dim dp, tp or pp"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TrainRefusesBadConfigurationsBeforeItStarts) {
+  struct Bad {
+    std::string args, message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"train --mesh dp=2,tp=2 --ranks 3", "mesh [dp=2,tp=2] has 4 ranks but 3 ranks run"},
+           {"train --mesh tp=3 --heads 4", "4 heads do not divide over tp=3"},
+           {"train --data /nonexistent/file.txt", "cannot read the data file '/nonexistent/file.txt'"},
+           {"train --mesh dp=2 --global-batch 10 --micro-batch 4", "global batch 10 is not a multiple of micro-batch 4 x dp 2"},
+           {"train --digits 3 --seq 8", "sequence length 8 is too short for 3-digit addition"},
+           {"train --mesh dp=2,zp=2", "mesh [dp=2,zp=2]: dim 1 is named 'zp'; name every dim dp, tp or pp"},
+       }) {
+    Result r = run(b.args + " --run-dir /tmp/shardwise-cli-bad-run");
+    EXPECT_EQ(r.status, 2) << b.args << "\n" << r.out;
+    EXPECT_EQ(lines(r.out), 1) << b.args << "\n" << r.out;
+    EXPECT_NE(r.out.find("shardwise: error: " + b.message), std::string::npos) << b.args << "\n" << r.out;
+  }
+  Result r = run("train --no-such-option 3");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("--no-such-option"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TrainWritesItsLogAndCurveAndLearns) {
+  std::string dir = "/tmp/shardwise-cli-train-run";
+  std::system(("rm -rf " + dir).c_str());
+  Result r = run("train --mesh dp=2 --layers 1 --hidden 32 --steps 30 --global-batch 16 --lr 0.003 --warmup 5 --eval-every 10 "
+                 "--run-dir " + dir);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("done: 30 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("held-out exact match"), std::string::npos) << r.out;
+  std::ifstream jsonl(dir + "/metrics.jsonl");
+  std::string line, first, last;
+  int n = 0;
+  while (std::getline(jsonl, line)) {
+    if (n++ == 0) first = line;
+    last = line;
+  }
+  EXPECT_EQ(n, 30);
+  EXPECT_NE(last.find("\"accuracy\""), std::string::npos) << last;
+  auto loss_of = [](const std::string& l) { return std::stod(l.substr(l.find("\"loss\":") + 7)); };
+  EXPECT_LT(loss_of(last), loss_of(first) * 0.7) << first << "\n" << last;
+  std::ifstream svg(dir + "/loss_curve.svg");
+  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<polyline"), std::string::npos);
 }
 
 }  // namespace

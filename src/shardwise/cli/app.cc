@@ -58,44 +58,45 @@ int run(int argc, char** argv) {
   plan_cmd->add_option("--heads", plan_opts.heads, "attention heads (default 4)");
   plan_cmd->add_option("--hidden", plan_opts.hidden, "hidden size (default 64)");
   plan_cmd->add_option("--seq", plan_opts.seq, "sequence length (default 32)");
-  plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size (default 256)");
+  plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size (default 128)");
   plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per micro-batch (default 4)");
   plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
       ->delimiter(',');
   plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
 
   TrainOptions train_opts;
-  train_opts.config.eval_samples = 128;
+  train_opts.run_dir = "runs/demo";
+  train_opts.eval_every = 300;
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   {
     auto& c = train_opts.config;
     auto* t = train_cmd;
     t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
-    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp (default dp=1)");
+    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp (default dp=2,tp=2)");
     t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
     t->add_option("--ranks", train_opts.ranks, "ranks as threads (default: the mesh's size)");
-    t->add_option("--steps", c.steps, "optimizer steps (default 100)");
+    t->add_option("--steps", c.steps, "optimizer steps (default 1800)");
     t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch");
     t->add_option("--accumulation", c.accumulation, "micro-batches per step");
-    t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp");
-    t->add_option("--lr", c.lr, "peak learning rate (default 1e-3)");
+    t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (default 64)");
+    t->add_option("--lr", c.lr, "peak learning rate (default 2e-3)");
     t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay (default 1e-4)");
-    t->add_option("--warmup", c.warmup, "linear warm-up steps (default 10)");
-    t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices (default 0.1)");
+    t->add_option("--warmup", c.warmup, "linear warm-up steps (default 50)");
+    t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices (default 0.01)");
     t->add_option("--beta1", c.adamw.beta1, "AdamW beta1 (default 0.9)");
     t->add_option("--beta2", c.adamw.beta2, "AdamW beta2 (default 0.95)");
     t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none (default 1)");
     t->add_option("--seed", c.seed, "seed of the initial weights and the data order (default 1234)");
     t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");
     t->add_option("--digits", c.digits, "digits of the embedded addition task (default 2)");
-    t->add_option("--layers", c.model.layers, "transformer layers (default 4)");
+    t->add_option("--layers", c.model.layers, "transformer layers (default 2)");
     t->add_option("--heads", c.model.heads, "attention heads (default 4)");
-    t->add_option("--hidden", c.model.hidden, "hidden size (default 256)");
-    t->add_option("--seq", c.model.seq, "sequence length (default 256)");
-    t->add_option("--vocab", c.model.vocab, "vocabulary size (default 256)");
-    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; 0: at the end)");
+    t->add_option("--hidden", c.model.hidden, "hidden size (default 128)");
+    t->add_option("--seq", c.model.seq, "sequence length (default: the longest addition problem, or 256 for a file)");
+    t->add_option("--vocab", c.model.vocab, "vocabulary size (default 128)");
+    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; default 300; 0: at the end)");
     t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation (default 128)");
-    t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go (default runs/latest)");
+    t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go (default runs/demo)");
     t->add_option("--log-every", train_opts.log_every, "progress line every N steps when not on a terminal");
   }
 

@@ -49,8 +49,8 @@ int cmd_plan(const PlanOptions& options, std::ostream& out);
 struct TrainOptions {
   train::TrainConfig config;
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
-  std::string run_dir = "runs/latest";
-  int64_t eval_every = 0;  // 0: never (the addition task: at the end, see app.cc)
+  std::string run_dir = "runs/demo";
+  int64_t eval_every = 300;  // 0: at the end only (the addition task)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
 };
 int cmd_train(const TrainOptions& options, std::ostream& out);

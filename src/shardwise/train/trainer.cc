@@ -41,6 +41,7 @@ void TrainConfig::check(int64_t ranks) {
   SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            s.mesh.to_string(), s.mesh.size(), ranks, s.mesh.size(), s.mesh.size());
   SW_CHECK(s.pp < 0, "pipeline parallelism (pp) is not supported by the trainer yet");
+  if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : 256;
   model.validate();
   SW_CHECK(model.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)",
            model.heads, s.tp_size());

@@ -18,20 +18,28 @@
 
 namespace shardwise::train {
 
+inline GptConfig demo_model() {
+  GptConfig m;
+  m.layers = 2, m.heads = 4, m.hidden = 128, m.seq = 0, m.vocab = 128;
+  return m;
+}
+
+// The defaults are `make demo`'s run (examples/demo.toml): a small GPT that learns 2-digit
+// addition in about two minutes on 4 threads of a 2-core machine.
 struct TrainConfig {
-  GptConfig model;
-  std::string mesh = "dp=1";  // named dims dp, tp (and pp later)
+  GptConfig model = demo_model();
+  std::string mesh = "dp=2,tp=2";  // named dims dp, tp (and pp later)
   bool sequence_parallel = false;
-  int64_t steps = 100;
-  int64_t micro_batch = 0, accumulation = 0, global_batch = 0;  // 0: derived (see above)
-  double lr = 1e-3, min_lr = 1e-4;
-  int64_t warmup = 10;
-  AdamWConfig adamw;
+  int64_t steps = 1800;
+  int64_t micro_batch = 0, accumulation = 0, global_batch = 64;  // 0: derived (see above)
+  double lr = 2e-3, min_lr = 1e-4;
+  int64_t warmup = 50;
+  AdamWConfig adamw = {0.9, 0.95, 1e-8, 0.01};
   double clip = 1.0;  // global-norm clipping (<= 0: none)
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
   uint64_t seed = 1234;
   std::string data;  // "" = the embedded addition task
-  int digits = 2;
+  int digits = 2;  // model.seq 0 = the longest problem (addition) or 256 (a file)
   int64_t eval_samples = 128;
 
   // Fills the derived batch number; Error naming the numbers that do not fit.
