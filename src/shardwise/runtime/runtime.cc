@@ -1,4 +1,6 @@
 #include "shardwise/runtime/runtime.h"
+#include <malloc.h>
+
 #include <algorithm>
 
 #include "shardwise/core/error.h"
@@ -9,8 +11,25 @@ namespace shardwise::runtime {
 using graph::InstrKind;
 using graph::ValueId;
 
+namespace {
+
+// Training allocates and frees the same large buffers every step. glibc returns blocks above its
+// mmap threshold to the kernel on free, so each step would fault every page in again; keeping them
+// in the heap makes the next step reuse them.
+void keep_freed_memory() {
+  static const bool done = [] {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
 Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr<comm::Communicator> world)
     : g_(g), p_(p), world_(world), resharder_(world) {
+  keep_freed_memory();
   mesh_comm_ = std::make_unique<comm::MeshComm>(p.mesh, world_->group(world_->members()));
   coords_ = p.mesh.coords(mesh_comm_->rank_index());
   buffers_.resize(p.slots.size());

@@ -148,7 +148,7 @@ Tensor binary(BinaryOp op, const Tensor& x, const Tensor& y) {
   SW_CHECK(x.defined() && y.defined(), "{}: an input is undefined", binary_op_name(op));
   DType dtype = binary_result_dtype(op, x.dtype(), y.dtype());
   Shape shape = broadcast_shapes(x.shape(), y.shape());
-  Tensor out(dtype, shape);
+  Tensor out = Tensor::uninitialized(dtype, shape);
   SW_DISPATCH(dtype, [&] {
     using C = compute_t<T>;
     const T* px = x.data<T>();
@@ -260,7 +260,7 @@ Tensor where(const Tensor& cond, const Tensor& x, const Tensor& y) {
   SW_CHECK(cond.defined() && x.defined() && y.defined(), "where: an input is undefined");
   DType dtype = where_result_dtype(cond.dtype(), x.dtype(), y.dtype());
   Shape shape = broadcast_shapes(cond.shape(), x.shape(), y.shape());
-  Tensor out(dtype, shape);
+  Tensor out = Tensor::uninitialized(dtype, shape);
   const bool* pc = cond.data<bool>();
   SW_DISPATCH(dtype, [&] {
     const T* px = x.data<T>();

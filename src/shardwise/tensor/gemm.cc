@@ -229,7 +229,7 @@ Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   if (ba == 1 && g.batch != 1) g.stride_a = 0;
   if (bb == 1 && g.batch != 1) g.stride_b = 0;
   Shape out = (a.ndim() == 3 || b.ndim() == 3) ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n};
-  Tensor c(a.dtype(), out);
+  Tensor c = Tensor::uninitialized(a.dtype(), out);  // beta = 0: every element is written
   gemm(a.dtype(), g, a.raw(), b.raw(), c.raw());
   return c;
 }

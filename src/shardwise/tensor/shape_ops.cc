@@ -271,7 +271,7 @@ Shape transpose_shape(const Shape& in, const Perm& perm) {
 Tensor transpose(const Tensor& x, const Perm& perm) {
   SW_CHECK(perm.n == x.ndim(), "transpose: a permutation of {} dims for an input {}", perm.n, x.shape().to_string());
   const Shape out_shape = transpose_shape(x.shape(), perm);
-  Tensor out(x.dtype(), out_shape);
+  Tensor out = Tensor::uninitialized(x.dtype(), out_shape);
   const auto xs = contiguous_strides(x.shape());
   std::array<int64_t, kMaxDims> strides{};  // x's stride along each output dim
   for (int j = 0; j < perm.n; ++j)

@@ -66,7 +66,7 @@ Tensor softmax_impl(const Tensor& x, int axis, bool log) {
   std::string_view op = log ? "log_softmax" : "softmax";
   SW_CHECK(x.defined(), "{}: x is undefined", op);
   axis = checked_axis(axis, x.ndim(), op);
-  Tensor out(x.dtype(), x.shape());
+  Tensor out = Tensor::uninitialized(x.dtype(), x.shape());
   AxisView v = view_around(x.shape(), axis);
   dispatch_float(x.dtype(), op, [&]<class T>() {
     const T* px = x.data<T>();
@@ -97,7 +97,7 @@ Tensor softmax_backward_impl(const Tensor& out, const Tensor& dout, int axis, bo
            "{}: dout ({} {}) must have out's shape and dtype ({} {})", op, dtype_name(dout.dtype()),
            dout.shape().to_string(), dtype_name(out.dtype()), out.shape().to_string());
   axis = checked_axis(axis, out.ndim(), op);
-  Tensor dx(out.dtype(), out.shape());
+  Tensor dx = Tensor::uninitialized(out.dtype(), out.shape());
   AxisView v = view_around(out.shape(), axis);
   dispatch_float(out.dtype(), op, [&]<class T>() {
     const T* py = out.data<T>();

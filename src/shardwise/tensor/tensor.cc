@@ -11,8 +11,18 @@ Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape), 
   storage_ = std::shared_ptr<std::byte[]>(new std::byte[bytes ? bytes : 1]());
 }
 
+Tensor Tensor::uninitialized(DType dtype, const Shape& shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.numel_ = shape.numel();
+  size_t bytes = t.nbytes();
+  t.storage_ = std::shared_ptr<std::byte[]>(new std::byte[bytes ? bytes : 1]);
+  return t;
+}
+
 Tensor Tensor::full(DType dtype, const Shape& shape, double value) {
-  Tensor t(dtype, shape);
+  Tensor t = uninitialized(dtype, shape);
   SW_DISPATCH(dtype, [&] {
     T* p = t.data<T>();
     T v = static_cast<T>(static_cast<compute_t<T>>(value));
@@ -41,14 +51,14 @@ void Tensor::set_at(int64_t i, double value) {
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
-  Tensor t(dtype_, shape_);
+  Tensor t = uninitialized(dtype_, shape_);
   std::memcpy(t.raw(), raw(), nbytes());
   return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
-  Tensor out(dtype, shape_);
+  Tensor out = uninitialized(dtype, shape_);
   SW_DISPATCH(dtype_, [&] {
     using Src = T;
     const Src* src = data<Src>();
@@ -119,7 +129,7 @@ void check_block(const Shape& shape, std::span<const int64_t> offsets, const Sha
 
 Tensor Tensor::slice(std::span<const int64_t> offsets, const Shape& sizes) const {
   check_block(shape_, offsets, sizes, "slice");
-  Tensor out(dtype_, sizes);
+  Tensor out = uninitialized(dtype_, sizes);  // copy_block writes every element
   std::array<int64_t, kMaxDims> zero{};
   copy_block(raw(), shape_, offsets, out.raw(), sizes, {zero.data(), sizes.size()}, sizes,
              dtype_size(dtype_));

@@ -16,6 +16,8 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
   Tensor(DType dtype, const Shape& shape);  // zero-filled
+  // Storage left uninitialized: for kernels that write every element (no zero-fill pass).
+  static Tensor uninitialized(DType dtype, const Shape& shape);
 
   template <class T>
   static Tensor from(const Shape& shape, std::span<const T> values) {

@@ -214,7 +214,7 @@ void check_unary_dtype(UnaryOp op, DType dtype) {
 Tensor unary(UnaryOp op, const Tensor& x) {
   SW_CHECK(x.defined(), "{}: the input is undefined", unary_op_name(op));
   check_unary_dtype(op, x.dtype());
-  Tensor y(x.dtype(), x.shape());
+  Tensor y = Tensor::uninitialized(x.dtype(), x.shape());
   SW_DISPATCH(x.dtype(), [&] {
     if constexpr (is_float_v<T>) {
       unary_float<T>(op, x.data<T>(), y.data<T>(), x.numel());
@@ -235,7 +235,7 @@ Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& out, const Tens
   Reads reads = grad_reads(op);
   if (reads == Reads::X) check_same(op, x, dy, "the input");
   if (reads == Reads::Out) check_same(op, out, dy, "the output");
-  Tensor dx(dy.dtype(), dy.shape());
+  Tensor dx = Tensor::uninitialized(dy.dtype(), dy.shape());
   SW_DISPATCH(dy.dtype(), [&] {
     if constexpr (is_float_v<T>) {
       const T* xp = reads == Reads::X ? x.data<T>() : nullptr;
@@ -259,7 +259,7 @@ void check_scale_args(DType dtype, double scale, double bias) {
 Tensor scale(const Tensor& x, double scale, double bias, bool bias_after_scale) {
   SW_CHECK(x.defined(), "scale: the input is undefined");
   check_scale_args(x.dtype(), scale, bias);
-  Tensor y(x.dtype(), x.shape());
+  Tensor y = Tensor::uninitialized(x.dtype(), x.shape());
   int64_t n = x.numel();
   SW_DISPATCH(x.dtype(), [&] {
     const T* xp = x.data<T>();
@@ -288,7 +288,7 @@ Tensor scale(const Tensor& x, double scale, double bias, bool bias_after_scale) 
 Tensor scale_backward(const Tensor& dy, double scale) {
   SW_CHECK(dy.defined(), "scale backward: the output gradient is undefined");
   if (!is_floating(dy.dtype())) return {};
-  Tensor dx(dy.dtype(), dy.shape());
+  Tensor dx = Tensor::uninitialized(dy.dtype(), dy.shape());
   SW_DISPATCH(dy.dtype(), [&] {
     if constexpr (is_float_v<T>) {
       using C = compute_t<T>;
