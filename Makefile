@@ -6,7 +6,8 @@ CMAKE_FLAGS ?=
 
 # Debian packages the build needs (installed only when missing).
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
-                libcli11-dev libfmt-dev libopenblas-dev valgrind
+                libcli11-dev libfmt-dev libopenblas-dev valgrind \
+                libxxhash-dev libssl-dev
 
 .PHONY: all deps build test test-asan demo bench clean
 
