@@ -22,6 +22,7 @@ namespace {
 }
 
 std::atomic<int64_t> g_kill_at{0};
+std::atomic<CrashAction> g_action{CrashAction::Kill};
 std::atomic<int64_t> g_points{0};
 std::atomic<uint64_t> g_temp_counter{0};
 
@@ -213,14 +214,18 @@ std::string read_text_file(const fs::path& path) {
   return std::string(reinterpret_cast<const char*>(f.data()), f.size());
 }
 
-void crash_point(std::string_view) {
+void crash_point(std::string_view what) {
   int64_t n = g_points.fetch_add(1) + 1;
   int64_t k = g_kill_at.load();
-  if (k > 0 && n == k) ::raise(SIGKILL);
+  if (k > 0 && n == k) {
+    if (g_action.load() == CrashAction::Kill) ::raise(SIGKILL);
+    fail("injected failure at crash point {} ({})", k, what);
+  }
 }
 
-void kill_at_crash_point(int64_t k) {
+void arm_crash_point(int64_t k, CrashAction action) {
   g_points.store(0);
+  g_action.store(action);
   g_kill_at.store(k);
 }
 

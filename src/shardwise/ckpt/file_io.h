@@ -78,10 +78,12 @@ fs::path temp_path_beside(const fs::path& path);
 void rename_path(const fs::path& from, const fs::path& to);
 
 // Crash points: every durable step of a save (a file written, fsync'ed, renamed) calls
-// crash_point(). A test process that called kill_at_crash_point(k) raises SIGKILL on itself at
-// the k-th one (k >= 1); 0 disables. crash_points_passed() counts the points reached so far.
+// crash_point(). A test that called arm_crash_point(k, action) makes the k-th one (k >= 1, counted
+// from the call) raise SIGKILL on the process or throw an Error; 0 disarms.
+// crash_points_passed() counts the points reached since the last arm_crash_point.
+enum class CrashAction { Kill, Throw };
 void crash_point(std::string_view what);
-void kill_at_crash_point(int64_t k);
+void arm_crash_point(int64_t k, CrashAction action = CrashAction::Kill);
 int64_t crash_points_passed();
 
 }  // namespace shardwise::ckpt

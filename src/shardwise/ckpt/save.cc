@@ -70,6 +70,16 @@ void raise_if_error(const json& answer, const SavePlan& plan) {
   }
 }
 
+// A small file of the checkpoint, written and fsync'ed in place (the .tmp directory is private).
+void write_synced(const fs::path& path, std::string_view text) {
+  FileHandle h(path, O_WRONLY | O_CREAT | O_TRUNC);
+  h.write_all(std::as_bytes(std::span<const char>(text)));
+  crash_point("file written");
+  h.sync();
+  crash_point("file fsync");
+  h.close();
+}
+
 void write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
   const int me = comm.rank();
   std::set<size_t> touched;
@@ -99,14 +109,7 @@ void write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources&
     crash_point("file written");
   }
   if (me == 0) {
-    for (const auto& [name, text] : plan.text_files) {
-      FileHandle h(plan.tmp_dir / name, O_WRONLY | O_CREAT | O_TRUNC);
-      h.write_all(std::as_bytes(std::span<const char>(text)));
-      crash_point("file written");
-      h.sync();
-      crash_point("file fsync");
-      h.close();
-    }
+    for (const auto& [name, text] : plan.text_files) write_synced(plan.tmp_dir / name, text);
   }
 }
 
@@ -138,12 +141,7 @@ fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
     }
   }
   std::string text = make_manifest(plan.step, files, plan.groups, plan.saved_on).dump(2) + "\n";
-  FileHandle h(plan.tmp_dir / kManifestName, O_WRONLY | O_CREAT | O_TRUNC);
-  h.write_all(std::as_bytes(std::span<const char>(text)));
-  crash_point("file written");
-  h.sync();
-  crash_point("file fsync");
-  h.close();
+  write_synced(plan.tmp_dir / kManifestName, text);
   fs::path dir = finish_commit(plan.root, plan.step);
   rotate_checkpoints(plan.root, plan.step, plan.options.save_total_limit);
   return dir;
