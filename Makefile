@@ -1,15 +1,17 @@
 # shardwise — the two set-up commands are `make demo` and `make test` (see README.md).
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 # Debian packages the build needs (installed only when missing).
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
                 libcli11-dev libfmt-dev libopenblas-dev valgrind \
-                libxxhash-dev libssl-dev
+                libxxhash-dev libssl-dev clang
 
-.PHONY: all deps build test test-asan demo bench clean
+.PHONY: all deps build test test-asan fuzz demo bench clean
 
 all: build
 
@@ -43,6 +45,16 @@ test-asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 3600
 
+# libFuzzer on the safetensors reader (clang, ASan + UBSan), seeded with the committed corpus in
+# fuzz/corpus; new inputs go to $(FUZZ_BUILD)/corpus. Not part of `make test`.
+fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DSHARDWISE_FUZZ=ON -DSHARDWISE_BUILD_TESTS=OFF -DSHARDWISE_BUILD_BENCH=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_safetensors
+	mkdir -p $(FUZZ_BUILD)/corpus
+	$(FUZZ_BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
+	  $(FUZZ_BUILD)/corpus fuzz/corpus
+
 # Until the trainer exists: show what the rules infer for a few ops, then prove every rule.
 demo: build
 	@bash examples/demo.sh $(BUILD)/bin/shardwise
@@ -51,4 +63,4 @@ bench: build
 	@bash bench/run.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

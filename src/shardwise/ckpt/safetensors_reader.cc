@@ -108,6 +108,29 @@ StTensorInfo parse_entry(std::string_view file, const std::string& name, const o
   return info;
 }
 
+// Nesting depth of JSON text (brackets outside strings), counted without recursion: a valid header
+// nests 3 levels, and the JSON library recurses on deep values (a stack overflow, not an Error).
+size_t json_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr size_t kMaxJsonDepth = 64;
+
 }  // namespace
 
 bool is_valid_utf8(std::string_view s) {
@@ -169,6 +192,9 @@ StHeader parse_safetensors(std::span<const std::byte> bytes, std::string_view fi
   }
   std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<size_t>(h.header_size));
   if (!is_valid_utf8(text)) broken(file, "", "header UTF-8", "the JSON header is not valid UTF-8");
+  if (json_depth(text) > kMaxJsonDepth) {
+    broken(file, "", "header JSON", fmt::format("nested deeper than {} levels (a header needs 3)", kMaxJsonDepth));
+  }
 
   // Duplicate keys: nlohmann keeps the last silently; the format has one value per name.
   std::vector<std::set<std::string>> seen;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/core/error.h"
 
@@ -50,6 +51,8 @@ int run(int argc, char** argv) {
   reshard_cmd->add_option("--dim-bandwidth-gbps", reshard_opts.dim_bandwidth_gbps, "bandwidth per mesh dim, e.g. 100,10")
       ->delimiter(',');
 
+  auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,6 +63,7 @@ int run(int argc, char** argv) {
     if (*infer_cmd) return cmd_infer(infer_opts, std::cout);
     if (*verify_cmd) return cmd_verify(verify_opts, std::cout);
     if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
+    if (ckpt_cmds->chosen()) return ckpt_cmds->run(std::cout);
   } catch (const Error& e) {
     std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;
