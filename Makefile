@@ -11,7 +11,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
                 libcli11-dev libfmt-dev libopenblas-dev valgrind \
                 libxxhash-dev libssl-dev clang
 
-.PHONY: all deps build test test-asan fuzz demo bench clean
+.PHONY: all deps build test test-asan fuzz parity demo bench clean
 
 all: build
 
@@ -54,6 +54,12 @@ fuzz: deps
 	mkdir -p $(FUZZ_BUILD)/corpus
 	$(FUZZ_BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
 	  $(FUZZ_BUILD)/corpus fuzz/corpus
+
+# Files written by shardwise, loaded by Hugging Face's safetensors (pip) and compared byte for byte
+# with its save_file. Not part of `make test` (needs PyPI).
+parity: build
+	python3 -c "import safetensors, numpy" 2>/dev/null || pip install -q safetensors numpy
+	python3 tools/ckpt_parity.py $(BUILD)/bin/shardwise tests/ckpt/fixtures/hf_mlp_f32_with_metadata.safetensors
 
 # Until the trainer exists: show what the rules infer for a few ops, then prove every rule.
 demo: build
