@@ -1,14 +1,19 @@
 # shardwise — the two set-up commands are `make demo` and `make test` (see README.md).
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 # Debian packages the build needs (installed only when missing).
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
-                libcli11-dev libfmt-dev libopenblas-dev valgrind libopenmpi-dev openmpi-bin
+                libcli11-dev libfmt-dev libopenblas-dev valgrind libopenmpi-dev openmpi-bin \
+                libxxhash-dev libssl-dev
+# Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
+FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test test-asan demo bench bench-comm clean
+.PHONY: all deps build test test-asan fuzz parity demo bench bench-comm clean
 
 all: build
 
@@ -42,7 +47,25 @@ test-asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 3600
 
-# Until the trainer exists: show what the rules infer for a few ops, then prove every rule.
+# libFuzzer on the safetensors reader (clang, ASan + UBSan), seeded with the committed corpus in
+# fuzz/corpus; new inputs go to $(FUZZ_BUILD)/corpus. Not part of `make test`.
+fuzz: deps
+	@dpkg-query -W -f='$${Status}' clang 2>/dev/null | grep -q "install ok installed" || \
+	  { SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; $$SUDO apt-get install -y -qq $(FUZZ_PACKAGES); }
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DSHARDWISE_FUZZ=ON -DSHARDWISE_BUILD_TESTS=OFF -DSHARDWISE_BUILD_BENCH=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_safetensors
+	mkdir -p $(FUZZ_BUILD)/corpus
+	$(FUZZ_BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
+	  $(FUZZ_BUILD)/corpus fuzz/corpus
+
+# Files written by shardwise, loaded by Hugging Face's safetensors (pip) and compared byte for byte
+# with its save_file. Not part of `make test` (needs PyPI).
+parity: build
+	python3 -c "import safetensors, numpy" 2>/dev/null || pip install -q safetensors numpy
+	python3 tools/ckpt_parity.py $(BUILD)/bin/shardwise tests/ckpt/fixtures/hf_mlp_f32_with_metadata.safetensors
+
+# The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
 demo: build
 	@bash examples/demo.sh $(BUILD)/bin/shardwise
 
@@ -54,4 +77,4 @@ bench-comm: build
 	@bash bench/run_comm.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

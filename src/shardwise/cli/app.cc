@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/core/error.h"
 
@@ -99,6 +100,7 @@ int run(int argc, char** argv) {
     t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go (default runs/demo)");
     t->add_option("--log-every", train_opts.log_every, "progress line every N steps when not on a terminal");
   }
+  auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
 
   try {
     app.parse(argc, argv);
@@ -115,6 +117,7 @@ int run(int argc, char** argv) {
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }
+    if (ckpt_cmds->chosen()) return ckpt_cmds->run(std::cout);
   } catch (const Error& e) {
     std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;

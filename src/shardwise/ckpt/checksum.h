@@ -1,0 +1,23 @@
+#pragma once
+// File checksums of the manifest: xxHash64 (fast, always) and SHA-256 (optional, for integrity
+// against tampering rather than accidents).
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "shardwise/ckpt/file_io.h"
+
+namespace shardwise::ckpt {
+
+struct FileDigest {
+  uint64_t size = 0;
+  std::string xxh64;   // 16 lowercase hex digits
+  std::string sha256;  // 64 lowercase hex digits, empty when not computed
+};
+
+std::string xxh64_hex(std::span<const std::byte> bytes);
+std::string sha256_hex(std::span<const std::byte> bytes);
+// Reads the file once (mapped) and computes both digests (SHA-256 only when asked).
+FileDigest digest_file(const fs::path& path, bool with_sha256);
+
+}  // namespace shardwise::ckpt

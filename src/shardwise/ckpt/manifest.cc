@@ -1,0 +1,140 @@
+#include "shardwise/ckpt/manifest.h"
+
+#include <set>
+
+#include "shardwise/ckpt/group_reader.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::ckpt {
+
+nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDigest>& files,
+                             const std::map<std::string, std::string>& groups, const nlohmann::json& saved_on) {
+  nlohmann::json m;
+  m["format"] = kManifestFormat;
+  m["version"] = 1;
+  m["step"] = step;
+  m["saved_on"] = saved_on;
+  m["groups"] = groups;
+  nlohmann::json fj = nlohmann::json::object();
+  for (const auto& [name, d] : files) {
+    nlohmann::json e = {{"size", d.size}, {"xxh64", d.xxh64}};
+    if (!d.sha256.empty()) e["sha256"] = d.sha256;
+    fj[name] = e;
+  }
+  m["files"] = fj;
+  return m;
+}
+
+namespace {
+
+void check_group(const fs::path& dir, const std::string& group, VerifyReport& r) {
+  std::string index = index_file_name(group);
+  try {
+    GroupReader g(dir, group);
+    uint64_t total = 0;
+    bool all_read = true;
+    for (const std::string& file : g.file_names()) {
+      std::unique_ptr<SafetensorsFile> f;
+      try {
+        f = std::make_unique<SafetensorsFile>(dir / file);
+      } catch (const Error& e) {
+        r.problems.push_back(fmt::format("{}: {}", file, e.what()));
+        all_read = false;
+        continue;
+      }
+      for (const auto& t : f->tensors()) {
+        total += t.nbytes();
+        if (!g.contains(t.name) || g.file_name_of(t.name) != file) {
+          r.problems.push_back(fmt::format("{}: tensor '{}' is not listed in {} under this file", file, t.name, index));
+        }
+      }
+      for (const std::string& name : g.names()) {
+        if (g.file_name_of(name) == file && !f->header().find(name)) {
+          r.problems.push_back(fmt::format("{}: {} puts tensor '{}' in this file, which does not hold it", file, index, name));
+        }
+      }
+    }
+    if (all_read && fs::exists(dir / index) && g.total_size() != total) {
+      r.problems.push_back(fmt::format("{}: total_size {} != {} bytes of tensors in its shards", index, g.total_size(), total));
+    }
+  } catch (const Error& e) {
+    r.problems.push_back(fmt::format("{}: {}", index, e.what()));
+  }
+}
+
+}  // namespace
+
+VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
+  VerifyReport r;
+  fs::path mpath = dir / kManifestName;
+  if (!fs::is_directory(dir)) {
+    r.problems.push_back(fmt::format("{}: not a directory", dir.string()));
+    return r;
+  }
+  if (!fs::exists(mpath)) {
+    r.problems.push_back(fmt::format("{}: missing (the checkpoint was not completed)", kManifestName));
+    return r;
+  }
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_text_file(mpath));
+    SW_CHECK(m.is_object() && m.value("format", "") == kManifestFormat, "not a {} manifest", kManifestFormat);
+    SW_CHECK(m.contains("files") && m["files"].is_object(), "no \"files\" object");
+    SW_CHECK(m.contains("step") && m["step"].is_number_integer(), "no integer \"step\"");
+    r.step = m["step"].get<int64_t>();
+  } catch (const std::exception& e) {
+    r.problems.push_back(fmt::format("{}: {}", kManifestName, e.what()));
+    return r;
+  }
+  std::set<std::string> listed;
+  for (const auto& [name, e] : m["files"].items()) {
+    listed.insert(name);
+    fs::path p = dir / name;
+    if (name.find('/') != std::string::npos || !fs::is_regular_file(p)) {
+      r.problems.push_back(fmt::format("{}: listed in the manifest but missing", name));
+      continue;
+    }
+    uint64_t want = e.value("size", uint64_t{0});
+    uint64_t size = fs::file_size(p);
+    if (size != want) {
+      r.problems.push_back(fmt::format("{}: {} bytes, the manifest says {}", name, size, want));
+      continue;
+    }
+    if (!checksums) continue;
+    bool with_sha = e.contains("sha256");
+    FileDigest d = digest_file(p, with_sha);
+    if (d.xxh64 != e.value("xxh64", "")) {
+      r.problems.push_back(fmt::format("{}: xxh64 {} != manifest {}", name, d.xxh64, e.value("xxh64", "")));
+    } else if (with_sha && d.sha256 != e.value("sha256", "")) {
+      r.problems.push_back(fmt::format("{}: sha256 {} != manifest {}", name, d.sha256, e.value("sha256", "")));
+    }
+  }
+  std::set<std::string> in_groups;
+  if (m.contains("groups") && m["groups"].is_object()) {
+    for (const auto& [group, index] : m["groups"].items()) {
+      check_group(dir, group, r);
+      if (GroupReader::exists(dir, group)) {
+        try {
+          for (const auto& f : GroupReader(dir, group).file_names()) in_groups.insert(f);
+        } catch (const Error&) {
+        }
+      }
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    if (name == kManifestName) continue;
+    if (!listed.count(name)) r.problems.push_back(fmt::format("{}: present but not listed in the manifest", name));
+    // Safetensors files outside every group still have to follow the format.
+    if (entry.path().extension() == ".safetensors" && !in_groups.count(name) && entry.is_regular_file()) {
+      try {
+        SafetensorsFile f(entry.path());
+      } catch (const Error& e) {
+        r.problems.push_back(fmt::format("{}: {}", name, e.what()));
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace shardwise::ckpt

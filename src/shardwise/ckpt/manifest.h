@@ -1,0 +1,33 @@
+#pragma once
+// manifest.json: the last file of a checkpoint, listing every other file with its size and
+// checksums, the step, the groups and the topology it was saved on. Its presence in a directory
+// without the ".tmp" suffix is what makes a checkpoint complete; verify_checkpoint re-checks it.
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "shardwise/ckpt/checksum.h"
+
+namespace shardwise::ckpt {
+
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kManifestFormat = "shardwise-checkpoint";
+
+// groups: group name -> its index file name.
+nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDigest>& files,
+                             const std::map<std::string, std::string>& groups, const nlohmann::json& saved_on);
+
+struct VerifyReport {
+  int64_t step = -1;
+  std::vector<std::string> problems;  // each names the file at fault
+  bool ok() const { return problems.empty(); }
+};
+
+// Checks the manifest (every file present, sizes, and the checksums when `checksums`), that no
+// file is unlisted, every safetensors file against the format rules, and every index against its
+// shards (each tensor where the index says, no tensor left out, total_size).
+VerifyReport verify_checkpoint(const fs::path& dir, bool checksums = true);
+
+}  // namespace shardwise::ckpt

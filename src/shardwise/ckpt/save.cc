@@ -1,0 +1,180 @@
+// Executing a save plan: every rank writes its pieces as byte ranges of whole tensors into the
+// shared .tmp directory, owners fsync and digest the files, rank 0 writes the manifest last and
+// commits. Ranks talk only to rank 0, by tagged point-to-point messages, after every phase, so a
+// failure anywhere becomes the same Error on every rank instead of a hang.
+#include <fcntl.h>
+
+#include <cstring>
+#include <set>
+
+#include "shardwise/ckpt/commit.h"
+#include "shardwise/ckpt/manifest.h"
+#include "shardwise/ckpt/save_plan.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::ckpt {
+
+namespace detail {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Tags of the save's messages, apart from anything a trainer sends.
+constexpr int kTagReport = 0x636b7001;
+constexpr int kTagAnswer = 0x636b7002;
+
+void send_text(comm::Communicator& comm, const std::string& s, int peer, int tag) {
+  int64_t n = static_cast<int64_t>(s.size());
+  comm.send(&n, 1, DType::I64, peer, tag);
+  comm.send(s.data(), n, DType::U8, peer, tag);
+}
+
+std::string recv_text(comm::Communicator& comm, int peer, int tag) {
+  int64_t n = 0;
+  comm.recv(&n, 1, DType::I64, peer, tag);
+  std::string s(static_cast<size_t>(n), '\0');
+  comm.recv(s.data(), n, DType::U8, peer, tag);
+  return s;
+}
+
+// Every rank reports to rank 0; rank 0 decides (an exception becomes an error answer) and every
+// rank gets the answer. Reports and answers are JSON objects; "error" marks a failure.
+json report_to_root(comm::Communicator& comm, const json& mine, const std::function<json(std::vector<json>&)>& decide) {
+  if (comm.rank() != 0) {
+    send_text(comm, mine.dump(), 0, kTagReport);
+    return json::parse(recv_text(comm, 0, kTagAnswer));
+  }
+  std::vector<json> reports = {mine};
+  for (int r = 1; r < comm.size(); ++r) reports.push_back(json::parse(recv_text(comm, r, kTagReport)));
+  json answer;
+  for (size_t r = 0; r < reports.size() && answer.is_null(); ++r) {
+    if (reports[r].contains("error")) answer = {{"error", fmt::format("rank {}: {}", r, reports[r]["error"].get<std::string>())}};
+  }
+  if (answer.is_null()) {
+    try {
+      answer = decide(reports);
+    } catch (const std::exception& e) {
+      answer = {{"error", fmt::format("rank 0: {}", e.what())}};
+    }
+  }
+  std::string text = answer.dump();
+  for (int r = 1; r < comm.size(); ++r) send_text(comm, text, r, kTagAnswer);
+  return answer;
+}
+
+void raise_if_error(const json& answer, const SavePlan& plan) {
+  if (answer.contains("error")) {
+    fail("save checkpoint-{} into '{}' failed, nothing was committed: {}", plan.step, plan.root.string(),
+         answer["error"].get<std::string>());
+  }
+}
+
+// A small file of the checkpoint, written and fsync'ed in place (the .tmp directory is private).
+void write_synced(const fs::path& path, std::string_view text) {
+  FileHandle h(path, O_WRONLY | O_CREAT | O_TRUNC);
+  h.write_all(std::as_bytes(std::span<const char>(text)));
+  crash_point("file written");
+  h.sync();
+  crash_point("file fsync");
+  h.close();
+}
+
+void write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
+  const int me = comm.rank();
+  std::set<size_t> touched;
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    if (plan.files[f].owner == me) touched.insert(f);
+  }
+  for (const Piece& p : plan.pieces) {
+    if (p.writer == me) touched.insert(p.file);
+  }
+  for (size_t f : touched) {
+    const PlannedFile& pf = plan.files[f];
+    FileHandle h(plan.tmp_dir / pf.name, O_WRONLY | O_CREAT);
+    h.truncate(pf.layout.file_size());  // every writer sets the same final size: order does not matter
+    if (pf.owner == me) h.pwrite_all(std::as_bytes(std::span<const char>(pf.layout.header)), 0);
+    for (const Piece& p : plan.pieces) {
+      if (p.writer != me || p.file != f) continue;
+      const StTensorInfo& info = pf.layout.tensors[p.entry];
+      const BlockSource& src = sources.at({p.group, p.tensor});
+      const size_t es = st_dtype_size(info.dtype);
+      const uint64_t base = pf.layout.data_start() + info.begin;
+      for_each_run(p.box, src.region, Region::whole(info.shape), [&](int64_t s, int64_t d, int64_t n) {
+        h.pwrite_all({src.data + static_cast<size_t>(s) * es, static_cast<size_t>(n) * es},
+                     base + static_cast<uint64_t>(d) * es);
+      });
+    }
+    h.close();
+    crash_point("file written");
+  }
+  if (me == 0) {
+    for (const auto& [name, text] : plan.text_files) write_synced(plan.tmp_dir / name, text);
+  }
+}
+
+json sync_and_digest(comm::Communicator& comm, const SavePlan& plan) {
+  json digests = json::object();
+  auto add = [&](const std::string& name) {
+    FileDigest d = digest_file(plan.tmp_dir / name, plan.options.sha256);
+    digests[name] = {{"size", d.size}, {"xxh64", d.xxh64}, {"sha256", d.sha256}};
+  };
+  for (const PlannedFile& f : plan.files) {
+    if (f.owner != comm.rank()) continue;
+    FileHandle h(plan.tmp_dir / f.name, O_RDONLY);
+    h.sync();  // flushes every writer's pages of the file
+    crash_point("file fsync");
+    h.close();
+    add(f.name);
+  }
+  if (comm.rank() == 0) {
+    for (const auto& [name, text] : plan.text_files) add(name);
+  }
+  return digests;
+}
+
+fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
+  std::map<std::string, FileDigest> files;
+  for (const json& r : reports) {
+    for (const auto& [name, d] : r["digests"].items()) {
+      files[name] = {d["size"].get<uint64_t>(), d["xxh64"].get<std::string>(), d["sha256"].get<std::string>()};
+    }
+  }
+  std::string text = make_manifest(plan.step, files, plan.groups, plan.saved_on).dump(2) + "\n";
+  write_synced(plan.tmp_dir / kManifestName, text);
+  fs::path dir = finish_commit(plan.root, plan.step);
+  rotate_checkpoints(plan.root, plan.step, plan.options.save_total_limit);
+  return dir;
+}
+
+}  // namespace
+
+fs::path execute_save(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
+  json status = json::object();
+  try {
+    write_pieces(comm, plan, sources);
+  } catch (const std::exception& e) {
+    status = {{"error", e.what()}};
+  }
+  raise_if_error(report_to_root(comm, status, [](std::vector<json>&) { return json::object(); }), plan);
+  try {
+    status = {{"digests", sync_and_digest(comm, plan)}};
+  } catch (const std::exception& e) {
+    status = {{"error", e.what()}};
+  }
+  json answer = report_to_root(comm, status, [&](std::vector<json>& reports) {
+    return json{{"dir", commit(plan, reports).string()}};
+  });
+  raise_if_error(answer, plan);
+  return answer["dir"].get<std::string>();
+}
+
+}  // namespace detail
+
+fs::path save_checkpoint(comm::Communicator& comm, const fs::path& root, const CheckpointContent& content,
+                         const SaveOptions& options) {
+  detail::SavePlan plan = detail::plan_save(comm, root, content, options);
+  return detail::execute_save(comm, plan, detail::sources_in(plan, content, comm.rank()));
+}
+
+}  // namespace shardwise::ckpt

@@ -1,0 +1,256 @@
+#include "shardwise/ckpt/save_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <regex>
+#include <set>
+
+#include "shardwise/ckpt/commit.h"
+#include "shardwise/ckpt/group_reader.h"
+#include "shardwise/ckpt/manifest.h"
+#include "shardwise/comm/objects.h"
+#include "shardwise/core/error.h"
+#include "shardwise/mesh/shard_math.h"
+
+namespace shardwise::ckpt::detail {
+
+namespace {
+
+using json = nlohmann::json;
+
+bool plain_name(const std::string& s) { return std::regex_match(s, std::regex("[A-Za-z0-9_.-]+")) && s[0] != '.'; }
+
+// Local checks of one rank; an empty string when its part of the content is fine.
+std::string local_problem(comm::Communicator& comm, const CheckpointContent& content, const SaveOptions& options) {
+  try {
+    SW_CHECK(options.max_shard_bytes > 0, "max_shard_bytes must be > 0");
+    SW_CHECK(content.step >= 0, "step must be >= 0, got {}", content.step);
+    std::set<std::string> files = {kManifestName};
+    for (const TensorGroup& g : content.groups) {
+      SW_CHECK(plain_name(g.name), "group name '{}': use letters, digits, '_', '-', '.'", g.name);
+      SW_CHECK(files.insert(index_file_name(g.name)).second, "group '{}' is given twice", g.name);
+      std::set<std::string> names;
+      for (const DistTensor& t : g.tensors) {
+        SW_CHECK(!t.name.empty() && t.name != "__metadata__", "group '{}': tensor name '{}' is not allowed", g.name, t.name);
+        SW_CHECK(names.insert(t.name).second, "group '{}': tensor '{}' is given twice", g.name, t.name);
+        std::string what = fmt::format("tensor '{}' of group '{}'", t.name, g.name);
+        const auto& mesh = t.layout.mesh;
+        t.layout.dist.validate(t.global_shape.ndim(), mesh.ndim(), what);
+        for (int d = 0; d < mesh.ndim(); ++d) {
+          SW_CHECK(!t.layout.dist[d].is_partial(),
+                   "{}: placement {} on mesh dim {} is Partial; a checkpoint holds values, not parts of a reduction: "
+                   "reshard it to Replicate or Shard first", what, t.layout.dist.to_string(), d);
+        }
+        for (int64_t p : mesh.process_ids()) {
+          SW_CHECK(p >= 0 && p < comm.size(), "{}: mesh {} names process {}, but the communicator has ranks 0..{}", what,
+                   mesh.to_string(), p, comm.size() - 1);
+        }
+        if (!mesh.contains(comm.rank())) continue;
+        auto coords = mesh.coords(mesh.rank_index_of_process(comm.rank()));
+        Shape want = mesh::local_shape(t.global_shape, t.layout.dist, mesh, coords);
+        SW_CHECK(t.local.defined(), "{}: rank {} is in mesh {} but gives no local block", what, comm.rank(), mesh.to_string());
+        SW_CHECK(t.local.dtype() == t.dtype, "{}: local block is {}, the tensor is declared {}", what,
+                 dtype_name(t.local.dtype()), dtype_name(t.dtype));
+        SW_CHECK(t.local.shape() == want, "{}: rank {} holds a block of shape {}, its layout {} gives {}", what,
+                 comm.rank(), t.local.shape().to_string(), t.layout.to_string(), want.to_string());
+      }
+    }
+    for (const auto& [name, value] : content.json_files) {
+      SW_CHECK(plain_name(name) && name.ends_with(".json"), "JSON file name '{}': use a plain name ending in .json", name);
+      SW_CHECK(files.insert(name).second, "JSON file '{}' collides with another file of the checkpoint", name);
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+json describe(const CheckpointContent& content, const SaveOptions& options) {
+  json groups = json::array();
+  for (const TensorGroup& g : content.groups) {
+    json ts = json::array();
+    for (const DistTensor& t : g.tensors) {
+      ts.push_back({t.name, t.global_shape.to_string(), dtype_name(t.dtype), t.layout.mesh.to_string(),
+                    t.layout.mesh.process_ids(), t.layout.dist.to_string()});
+    }
+    groups.push_back({g.name, ts});
+  }
+  json names = json::array();
+  for (const auto& [name, v] : content.json_files) names.push_back(name);
+  return {{"step", content.step}, {"groups", groups}, {"json_files", names},
+          {"options", {options.max_shard_bytes, options.save_total_limit, options.sha256, options.split_bytes}}};
+}
+
+// A candidate piece: a box and the ranks allowed to write it (holders of that box).
+struct Candidate {
+  Piece piece;
+  std::vector<int> writers;
+};
+
+void add_candidates(const DistTensor& t, size_t gi, size_t ti, size_t file, size_t entry, uint64_t split_bytes,
+                    std::vector<Candidate>& out) {
+  const auto& mesh = t.layout.mesh;
+  const size_t es = dtype_size(t.dtype);
+  std::vector<std::pair<reshard::Box, std::vector<int>>> classes;  // distinct boxes and their holders
+  for (int64_t r = 0; r < mesh.size(); ++r) {
+    reshard::Box b = reshard::block_at(t.global_shape, t.layout, mesh.coords(r));
+    int proc = static_cast<int>(mesh.process_ids()[static_cast<size_t>(r)]);
+    auto same = [&](const auto& c) {
+      if (!(c.first.shape == b.shape)) return false;
+      return std::equal(c.first.offset.begin(), c.first.offset.begin() + b.shape.ndim(), b.offset.begin());
+    };
+    auto it = std::find_if(classes.begin(), classes.end(), same);
+    if (it == classes.end()) classes.push_back({b, {proc}});
+    else it->second.push_back(proc);
+  }
+  for (auto& [box, holders] : classes) {
+    std::sort(holders.begin(), holders.end());
+    uint64_t bytes = static_cast<uint64_t>(box.numel()) * es;
+    if (bytes == 0) continue;  // empty blocks and zero-size tensors: the header says it all
+    // Large replicated blocks are cut along dim 0 so that every replica writes a part.
+    int64_t parts = 1;
+    if (holders.size() > 1 && box.shape.ndim() > 0 && bytes >= split_bytes) {
+      parts = std::min<int64_t>(static_cast<int64_t>(holders.size()), box.shape[0]);
+    }
+    for (int64_t k = 0; k < parts; ++k) {
+      reshard::Box part = box;
+      if (parts > 1) {
+        mesh::Range r = mesh::chunk_range(box.shape[0], parts, k);
+        part.offset[0] = box.offset[0] + r.offset;
+        part.shape[0] = r.size;
+      }
+      Candidate c;
+      c.piece = Piece{gi, ti, file, entry, part, holders.front(), static_cast<uint64_t>(part.numel()) * es};
+      c.writers = holders;
+      out.push_back(std::move(c));
+    }
+  }
+}
+
+// Least-loaded assignment: pieces with fewer possible writers first, then larger pieces first.
+void assign_writers(std::vector<Candidate>& cands, int world, std::vector<Piece>& out) {
+  std::vector<uint64_t> load(static_cast<size_t>(world), 0);
+  std::vector<size_t> order(cands.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (cands[a].writers.size() != cands[b].writers.size()) return cands[a].writers.size() < cands[b].writers.size();
+    return cands[a].piece.bytes > cands[b].piece.bytes;
+  });
+  for (size_t i : order) {
+    Candidate& c = cands[i];
+    int best = c.writers.front();
+    for (int w : c.writers) {
+      if (load[static_cast<size_t>(w)] < load[static_cast<size_t>(best)]) best = w;
+    }
+    c.piece.writer = best;
+    load[static_cast<size_t>(best)] += c.piece.bytes;
+  }
+  for (auto& c : cands) out.push_back(c.piece);
+}
+
+}  // namespace
+
+SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const CheckpointContent& content,
+                   const SaveOptions& options) {
+  // 1. Every rank checks its part; all learn every rank's verdict and description.
+  json mine = {{"problem", local_problem(comm, content, options)}, {"content", describe(content, options)}};
+  std::vector<json> all = comm::all_gather_object(comm, mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r]["problem"].get<std::string>().empty()) {
+      fail("save checkpoint (rank {}): {}", r, all[r]["problem"].get<std::string>());
+    }
+  }
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r]["content"] != all[0]["content"]) {
+      fail("save checkpoint: rank {} describes the checkpoint differently from rank 0 (every rank must pass the same "
+           "step, groups, names, shapes, dtypes, layouts, JSON file names and options): rank 0 {} vs rank {} {}",
+           r, all[0]["content"].dump().substr(0, 300), r, all[r]["content"].dump().substr(0, 300));
+    }
+  }
+  // 2. Rank 0 opens the .tmp directory (Error if the checkpoint exists); all learn the outcome.
+  json opened;
+  if (comm.rank() == 0) {
+    try {
+      opened = {{"tmp", begin_commit(root, content.step).string()}};
+    } catch (const std::exception& e) {
+      opened = {{"error", e.what()}};
+    }
+  }
+  opened = comm::broadcast_object(comm, opened, 0);
+  if (opened.contains("error")) fail("save checkpoint: {}", opened["error"].get<std::string>());
+
+  // 3. The plan, the same on every rank.
+  SavePlan plan;
+  plan.step = content.step;
+  plan.root = root;
+  plan.tmp_dir = opened["tmp"].get<std::string>();
+  plan.options = options;
+  std::vector<Candidate> cands;
+  std::set<std::string> meshes;
+  const std::optional<StMetadata> format_pt = StMetadata{{"format", "pt"}};  // what HF loaders require
+  for (size_t gi = 0; gi < content.groups.size(); ++gi) {
+    const TensorGroup& g = content.groups[gi];
+    // Shards as Hugging Face cuts them: in the given order, a new file when the next tensor
+    // would overflow a non-empty one.
+    std::vector<std::vector<size_t>> shards;
+    uint64_t in_shard = 0, total = 0;
+    for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
+      uint64_t b = StSpec{g.tensors[ti].name, to_st_dtype(g.tensors[ti].dtype), g.tensors[ti].global_shape}.nbytes();
+      if (shards.empty() || (in_shard > 0 && in_shard + b > options.max_shard_bytes)) {
+        shards.emplace_back();
+        in_shard = 0;
+      }
+      shards.back().push_back(ti);
+      in_shard += b;
+      total += b;
+    }
+    if (shards.empty()) shards.emplace_back();  // an empty group still gets one (empty) file
+    json weight_map = json::object();
+    for (size_t k = 0; k < shards.size(); ++k) {
+      PlannedFile f;
+      f.name = shard_file_name(g.name, k + 1, shards.size());
+      std::vector<StSpec> specs;
+      for (size_t ti : shards[k]) specs.push_back({g.tensors[ti].name, to_st_dtype(g.tensors[ti].dtype), g.tensors[ti].global_shape});
+      f.layout = layout_safetensors(specs, format_pt, f.name);
+      for (size_t e = 0; e < f.layout.order.size(); ++e) {
+        size_t ti = shards[k][f.layout.order[e]];
+        const DistTensor& t = g.tensors[ti];
+        weight_map[t.name] = f.name;
+        meshes.insert(fmt::format("{} ranks {}", t.layout.mesh.to_string(), fmt::join(t.layout.mesh.process_ids(), ",")));
+        add_candidates(t, gi, ti, plan.files.size(), e, options.split_bytes, cands);
+      }
+      plan.files.push_back(std::move(f));
+    }
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    plan.text_files.emplace_back(index_file_name(g.name), index.dump(2) + "\n");
+    plan.groups[g.name] = index_file_name(g.name);
+  }
+  for (const auto& [name, value] : content.json_files) plan.text_files.emplace_back(name, value.dump(2) + "\n");
+  assign_writers(cands, comm.size(), plan.pieces);
+  // File owners (fsync + digest), balanced by file bytes.
+  std::vector<uint64_t> load(static_cast<size_t>(comm.size()), 0);
+  std::vector<size_t> by_size(plan.files.size());
+  std::iota(by_size.begin(), by_size.end(), size_t{0});
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](size_t a, size_t b) { return plan.files[a].layout.file_size() > plan.files[b].layout.file_size(); });
+  for (size_t i : by_size) {
+    auto best = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    plan.files[i].owner = static_cast<int>(best);
+    load[best] += plan.files[i].layout.file_size();
+  }
+  plan.saved_on = {{"world_size", comm.size()}, {"meshes", meshes}};
+  return plan;
+}
+
+Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int rank) {
+  Sources out;
+  for (const Piece& p : plan.pieces) {
+    if (p.writer != rank) continue;
+    const DistTensor& t = content.groups[p.group].tensors[p.tensor];
+    auto coords = t.layout.mesh.coords(t.layout.mesh.rank_index_of_process(rank));
+    out[{p.group, p.tensor}] = {t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords))};
+  }
+  return out;
+}
+
+}  // namespace shardwise::ckpt::detail

@@ -1,0 +1,249 @@
+#include "shardwise/ckpt/tools.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <regex>
+
+#include "shardwise/ckpt/group_reader.h"
+#include "shardwise/ckpt/manifest.h"
+#include "shardwise/ckpt/safetensors_writer.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::ckpt {
+
+namespace {
+
+std::string human(uint64_t bytes) {
+  if (bytes >= (1ull << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1ull << 30));
+  if (bytes >= (1ull << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1ull << 20));
+  if (bytes >= (1ull << 10)) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / (1ull << 10));
+  return fmt::format("{} B", bytes);
+}
+
+std::string shape_text(const Shape& s) { return fmt::format("[{}]", fmt::join(s.span(), ", ")); }
+
+void print_tensor(std::ostream& out, const StTensorInfo& t, std::string_view file) {
+  out << fmt::format("  {:<40} {:<8} {:<18} {:>12}  {}\n", t.name, st_dtype_name(t.dtype), shape_text(t.shape),
+                     human(t.nbytes()), file);
+}
+
+// The groups of a directory: from the manifest, else every *.safetensors.index.json / *.safetensors.
+std::vector<std::string> groups_in(const fs::path& dir) {
+  std::vector<std::string> groups;
+  if (fs::exists(dir / kManifestName)) {
+    auto m = nlohmann::json::parse(read_text_file(dir / kManifestName));
+    const nlohmann::json listed = m.value("groups", nlohmann::json::object());
+    for (const auto& [g, index] : listed.items()) groups.push_back(g);
+    return groups;
+  }
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string n = e.path().filename().string();
+    if (n.ends_with(".safetensors.index.json")) groups.push_back(n.substr(0, n.size() - 23));
+    else if (n.ends_with(".safetensors") && !std::regex_match(n, std::regex(".*-[0-9]{5}-of-[0-9]{5}\\.safetensors")))
+      groups.push_back(n.substr(0, n.size() - 12));
+  }
+  std::sort(groups.begin(), groups.end());
+  return groups;
+}
+
+bool matches_any(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const auto& p : patterns) {
+    if (::fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+// A tensor of the output: its spec and bytes (borrowed from a mapped source or owned).
+struct OutTensor {
+  StSpec spec;
+  std::span<const std::byte> data;
+  std::shared_ptr<std::vector<std::byte>> owned;
+};
+
+OutTensor converted(const StTensorInfo& info, std::span<const std::byte> bytes, std::optional<DType> dtype) {
+  OutTensor t{{info.name, info.dtype, info.shape}, bytes, nullptr};
+  auto from = to_tensor_dtype(info.dtype);
+  if (!dtype || !from || !is_floating(*from) || *from == *dtype) return t;  // integers, bool, F8, I16 kept as they are
+  Tensor src(*from, info.shape);
+  if (!bytes.empty()) std::memcpy(src.raw(), bytes.data(), bytes.size());
+  Tensor dst = src.to(*dtype);
+  t.owned = std::make_shared<std::vector<std::byte>>(dst.raw(), dst.raw() + dst.nbytes());
+  t.spec.dtype = to_st_dtype(*dtype);
+  t.data = *t.owned;
+  return t;
+}
+
+// Writes OUT as a Hugging Face checkpoint by the commit protocol.
+void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, const fs::path& json_from,
+                         uint64_t max_shard_bytes) {
+  SW_CHECK(max_shard_bytes > 0, "--max-shard-size must be > 0");
+  SW_CHECK(!fs::exists(out), "'{}' already exists: the tools never overwrite (choose a new directory)", out.string());
+  fs::path tmp = out;
+  tmp += ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  std::vector<std::vector<size_t>> shards;
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uint64_t b = tensors[i].data.size();
+    if (shards.empty() || (in_shard > 0 && in_shard + b > max_shard_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += b;
+    total += b;
+  }
+  if (shards.empty()) shards.emplace_back();
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::map<std::string, FileDigest> digests;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::string name = shard_file_name("model", k + 1, shards.size());
+    std::vector<StEntry> entries;
+    for (size_t i : shards[k]) {
+      entries.push_back({tensors[i].spec, tensors[i].data});
+      weight_map[tensors[i].spec.name] = name;
+    }
+    write_safetensors(tmp / name, entries, StMetadata{{"format", "pt"}});
+    digests[name] = digest_file(tmp / name, false);
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic(tmp / index_file_name("model"), index.dump(2) + "\n");
+  digests[index_file_name("model")] = digest_file(tmp / index_file_name("model"), false);
+  for (const char* name : {"config.json", "generation_config.json"}) {
+    if (!fs::exists(json_from / name)) continue;
+    write_file_atomic(tmp / name, read_text_file(json_from / name));
+    digests[name] = digest_file(tmp / name, false);
+  }
+  write_file_atomic(tmp / kManifestName,
+                    make_manifest(0, digests, {{"model", index_file_name("model")}},
+                                  {{"written_by", "shardwise ckpt"}}).dump(2) + "\n");
+  fsync_dir(tmp);
+  rename_path(tmp, out);
+  fsync_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path());
+}
+
+}  // namespace
+
+void inspect(const fs::path& path, std::ostream& out) {
+  if (fs::is_regular_file(path)) {
+    SafetensorsFile f(path);
+    out << fmt::format("{}: safetensors, header {} bytes, data {}, {} tensors\n", path.string(), f.header().header_size,
+                       human(f.header().data_size()), f.tensors().size());
+    for (const auto& [k, v] : f.header().metadata) out << fmt::format("  metadata {} = {}\n", k, v);
+    for (const auto& t : f.tensors()) print_tensor(out, t, "");
+    return;
+  }
+  SW_CHECK(fs::is_directory(path), "'{}' is neither a directory nor a file", path.string());
+  if (fs::exists(path / kManifestName)) {
+    auto m = nlohmann::json::parse(read_text_file(path / kManifestName));
+    out << fmt::format("{}: step {}, {} files\n", path.string(), m.value("step", -1), m["files"].size());
+    if (m.contains("saved_on")) out << "  saved on: " << m["saved_on"].dump() << "\n";
+  } else {
+    out << fmt::format("{}: no manifest (not a shardwise checkpoint, or not completed)\n", path.string());
+  }
+  for (const std::string& g : groups_in(path)) {
+    GroupReader reader(path, g);
+    out << fmt::format("group {}: {} tensors, {} in {} files\n", g, reader.names().size(), human(reader.total_size()),
+                       reader.file_names().size());
+    for (const std::string& name : reader.names()) print_tensor(out, reader.info(name), reader.file_name_of(name));
+  }
+  for (const auto& e : fs::directory_iterator(path)) {
+    std::string n = e.path().filename().string();
+    if (n.ends_with(".json") && !n.ends_with(".index.json") && n != kManifestName) out << "json file: " << n << "\n";
+  }
+}
+
+size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options) {
+  GroupReader reader(dir, "model");
+  std::vector<OutTensor> tensors;
+  for (const std::string& name : reader.names()) {
+    if (matches_any(name, options.remove_keys)) continue;
+    const SafetensorsFile& f = reader.file_of(name);
+    tensors.push_back(converted(f.info(name), f.data(f.info(name)), options.dtype));
+  }
+  write_hf_checkpoint(out, tensors, dir, options.max_shard_bytes);
+  return tensors.size();
+}
+
+namespace {
+
+std::unique_ptr<GroupReader> open_model(const fs::path& path, std::string_view what) {
+  if (fs::is_regular_file(path)) {
+    std::string stem = path.filename().string();
+    SW_CHECK(stem.ends_with(".safetensors"), "{} '{}' is not a .safetensors file", what, path.string());
+    return std::make_unique<GroupReader>(path.parent_path(), stem.substr(0, stem.size() - 12));
+  }
+  if (GroupReader::exists(path, "model")) return std::make_unique<GroupReader>(path, "model");
+  if (GroupReader::exists(path, "adapter_model")) return std::make_unique<GroupReader>(path, "adapter_model");
+  fail("{} '{}' has no model.safetensors(.index.json) or adapter_model.safetensors", what, path.string());
+}
+
+}  // namespace
+
+size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path& out, const LoraOptions& options) {
+  SW_CHECK(options.rank > 0, "--rank must be > 0, got {}", options.rank);
+  auto b = open_model(base, "base");
+  auto a = open_model(adapter, "adapter");
+  const std::regex lora_a(R"(^(?:base_model\.model\.)?(.*)\.lora_A(?:\.[^.]+)?\.weight$)");
+  const std::regex lora_any(R"(.*\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)(\..*)?$)");
+  std::map<std::string, std::pair<std::string, std::string>> pairs;  // base weight -> (A key, B key)
+  for (const std::string& key : a->names()) {
+    std::smatch m;
+    if (!std::regex_match(key, m, lora_a)) continue;
+    std::string b_key = std::regex_replace(key, std::regex(R"(\.lora_A)"), ".lora_B");
+    SW_CHECK(a->contains(b_key), "adapter '{}': '{}' has no matching '{}'", adapter.string(), key, b_key);
+    pairs[m[1].str() + ".weight"] = {key, b_key};
+  }
+  SW_CHECK(!pairs.empty(), "adapter '{}' holds no '*.lora_A.weight' keys", adapter.string());
+  const double scale = options.alpha / static_cast<double>(options.rank);
+  std::vector<OutTensor> tensors;
+  size_t merged = 0;
+  for (const std::string& name : b->names()) {
+    if (std::regex_match(name, lora_any) || matches_any(name, options.rewrite.remove_keys)) continue;
+    const SafetensorsFile& f = b->file_of(name);
+    const StTensorInfo& info = f.info(name);
+    auto it = pairs.find(name);
+    if (it == pairs.end()) {
+      tensors.push_back(converted(info, f.data(info), options.rewrite.dtype));
+      continue;
+    }
+    Tensor w = f.read(name).to(DType::F64);
+    Tensor A = a->file_of(it->second.first).read(it->second.first).to(DType::F64);
+    Tensor B = a->file_of(it->second.second).read(it->second.second).to(DType::F64);
+    SW_CHECK(w.ndim() == 2 && A.ndim() == 2 && B.ndim() == 2, "lora-merge '{}': only 2-d (linear) weights are merged", name);
+    const int64_t rows = w.shape()[0], cols = w.shape()[1], r = options.rank;
+    SW_CHECK(A.shape() == (Shape{r, cols}) && B.shape() == (Shape{rows, r}),
+             "lora-merge '{}': W {} needs lora_A [{}, {}] and lora_B [{}, {}] for --rank {}, got {} and {}", name,
+             shape_text(w.shape()), r, cols, rows, r, r, shape_text(A.shape()), shape_text(B.shape()));
+    double* W = w.data<double>();
+    const double* pa = A.data<double>();
+    const double* pb = B.data<double>();
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < r; ++k) acc += pb[i * r + k] * pa[k * cols + j];
+        W[i * cols + j] += scale * acc;
+      }
+    }
+    Tensor back = w.to(options.rewrite.dtype && is_floating(*to_tensor_dtype(info.dtype)) ? *options.rewrite.dtype
+                                                                                           : *to_tensor_dtype(info.dtype));
+    OutTensor t{{name, to_st_dtype(back.dtype()), back.shape()}, {}, std::make_shared<std::vector<std::byte>>(back.raw(), back.raw() + back.nbytes())};
+    t.data = *t.owned;
+    tensors.push_back(std::move(t));
+    pairs.erase(it);
+    ++merged;
+  }
+  if (!pairs.empty()) {
+    fail("lora-merge: the base '{}' has no weight '{}' for adapter keys '{}'", base.string(), pairs.begin()->first,
+         pairs.begin()->second.first);
+  }
+  write_hf_checkpoint(out, tensors, fs::is_directory(base) ? base : base.parent_path(), options.rewrite.max_shard_bytes);
+  return merged;
+}
+
+}  // namespace shardwise::ckpt

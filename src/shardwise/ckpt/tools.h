@@ -1,0 +1,39 @@
+#pragma once
+// The checkpoint tools behind `shardwise ckpt ...`: inspect, verify, merge, convert, lora-merge.
+// merge/convert/lora-merge read the "model" group of any checkpoint (shardwise's, or a Hugging
+// Face directory with model.safetensors or an index) and write a Hugging Face style checkpoint
+// (index + k-of-n shards with format=pt, config.json and generation_config.json copied, a
+// manifest) through the same commit protocol: OUT.tmp, fsync, rename. OUT must not exist.
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "shardwise/ckpt/file_io.h"
+#include "shardwise/core/dtype.h"
+
+namespace shardwise::ckpt {
+
+// A directory (manifest, groups, tensors) or one .safetensors file.
+void inspect(const fs::path& path, std::ostream& out);
+
+struct RewriteOptions {
+  uint64_t max_shard_bytes = 5'000'000'000;
+  std::optional<DType> dtype;               // convert floating tensors (F64/F32/F16/BF16) to this
+  std::vector<std::string> remove_keys;     // glob patterns of keys left out
+};
+// Returns the number of tensors written.
+size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options = {});
+
+struct LoraOptions {
+  double alpha = 0;
+  int64_t rank = 0;
+  RewriteOptions rewrite;
+};
+// W + (alpha / rank) * B @ A for every weight W with PEFT adapter matrices
+// "<prefix>.lora_A.weight" [rank, in] and "<prefix>.lora_B.weight" [out, rank] (the prefix may
+// start with "base_model.model."); adapter keys are left out of the result. `adapter` is a
+// .safetensors file or a directory holding adapter_model.safetensors. Returns weights merged.
+size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path& out, const LoraOptions& options);
+
+}  // namespace shardwise::ckpt

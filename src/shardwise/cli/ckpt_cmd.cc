@@ -1,0 +1,90 @@
+#include "shardwise/cli/ckpt_cmd.h"
+
+#include <cctype>
+
+#include "shardwise/ckpt/manifest.h"
+#include "shardwise/ckpt/tools.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::cli {
+
+uint64_t parse_byte_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  std::string unit = text.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double value = 0;
+  try {
+    value = i ? std::stod(text.substr(0, i)) : -1;
+  } catch (const std::exception&) {
+    value = -1;
+  }
+  const std::pair<const char*, double> units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},        {"MB", 1e6},
+                                                  {"GB", 1e9},    {"TB", 1e12},      {"KIB", 1024.0},    {"MIB", 1048576.0},
+                                                  {"GIB", 1073741824.0}};
+  for (const auto& [name, factor] : units) {
+    if (unit == name && value > 0) return static_cast<uint64_t>(value * factor);
+  }
+  fail("size '{}': expected a positive number with an optional unit (B, KB, MB, GB, TB, KiB, MiB, GiB), e.g. 5GB", text);
+}
+
+std::unique_ptr<CkptCommands> add_ckpt_commands(CLI::App& app) {
+  auto c = std::make_unique<CkptCommands>();
+  c->ckpt = app.add_subcommand("ckpt", "Checkpoint tools: inspect, verify, merge, lora-merge, convert");
+  c->ckpt->require_subcommand(1);
+  c->inspect = c->ckpt->add_subcommand("inspect", "Tensors, shapes, dtypes, sizes and saving mesh of a checkpoint or file");
+  c->inspect->add_option("path", c->path, "checkpoint directory or .safetensors file")->required();
+  c->verify = c->ckpt->add_subcommand("verify", "Check manifest, checksums, indexes and every file's safetensors rules");
+  c->verify->add_option("dir", c->path, "checkpoint directory")->required();
+  c->verify->add_flag("--no-checksums", c->no_checksums, "check sizes and structure only");
+  c->merge = c->ckpt->add_subcommand("merge", "One Hugging Face style checkpoint (model weights) from any checkpoint");
+  c->merge->add_option("dir", c->path, "checkpoint directory")->required();
+  c->merge->add_option("out", c->out, "new output directory")->required();
+  c->convert = c->ckpt->add_subcommand("convert", "Like merge, converting floating tensors to --dtype");
+  c->convert->add_option("dir", c->path, "checkpoint directory")->required();
+  c->convert->add_option("out", c->out, "new output directory")->required();
+  c->convert->add_option("--dtype", c->dtype, "f32, f16, bf16, f64")->required();
+  c->lora = c->ckpt->add_subcommand("lora-merge", "W + (alpha/rank) B A for every adapted weight, adapter keys removed");
+  c->lora->add_option("base", c->path, "base checkpoint directory or .safetensors file")->required();
+  c->lora->add_option("adapter", c->adapter, "adapter directory (adapter_model.safetensors) or file")->required();
+  c->lora->add_option("out", c->out, "new output directory")->required();
+  c->lora->add_option("--alpha", c->alpha, "LoRA alpha")->required();
+  c->lora->add_option("--rank", c->rank, "LoRA rank r")->required();
+  for (CLI::App* sub : {c->merge, c->convert, c->lora}) {
+    sub->add_option("--max-shard-size", c->max_shard, "largest shard file, e.g. 5GB (default), 500MB");
+    sub->add_option("--remove-keys", c->remove_keys, "glob patterns of keys to leave out")->delimiter(',');
+  }
+  return c;
+}
+
+int CkptCommands::run(std::ostream& os) const {
+  if (*inspect) {
+    ckpt::inspect(path, os);
+    return 0;
+  }
+  if (*verify) {
+    ckpt::VerifyReport r = ckpt::verify_checkpoint(path, !no_checksums);
+    for (const auto& p : r.problems) os << "bad: " << p << "\n";
+    if (!r.ok()) {
+      os << fmt::format("{}: {} problem(s)\n", path, r.problems.size());
+      return 1;
+    }
+    os << fmt::format("{}: ok (step {}{})\n", path, r.step, no_checksums ? ", checksums not checked" : "");
+    return 0;
+  }
+  ckpt::RewriteOptions rw;
+  rw.max_shard_bytes = parse_byte_size(max_shard);
+  rw.remove_keys = remove_keys;
+  if (*convert) rw.dtype = parse_dtype(dtype);
+  if (*merge || *convert) {
+    size_t n = ckpt::merge_checkpoint(path, out, rw);
+    os << fmt::format("wrote {} tensors to {}\n", n, out);
+    return 0;
+  }
+  ckpt::LoraOptions lo{alpha, rank, rw};
+  size_t n = ckpt::lora_merge(path, adapter, out, lo);
+  os << fmt::format("merged {} adapted weights into {}\n", n, out);
+  return 0;
+}
+
+}  // namespace shardwise::cli

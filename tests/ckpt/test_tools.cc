@@ -1,0 +1,171 @@
+// The checkpoint tools: merge/convert produce Hugging Face checkpoints whose every file passes
+// the format rules, lora-merge against W + (alpha/r) B A computed here by hand, verify names the
+// bad file, and the `shardwise ckpt` command line.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <sstream>
+
+#include "ckpt_test_util.h"
+#include "shardwise/ckpt/group_reader.h"
+#include "shardwise/ckpt/manifest.h"
+#include "shardwise/ckpt/safetensors_writer.h"
+#include "shardwise/ckpt/tools.h"
+#include "shardwise/comm/local.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::ckpt {
+namespace {
+
+using namespace testing;
+
+fs::path saved_dp2tp2(const fs::path& root) {
+  SaveOptions o;
+  o.max_shard_bytes = 300;
+  comm::LocalWorld::run(4, [&](comm::Communicator& c) {
+    save_checkpoint(c, root, content_for(small_model(), topologies()[3], c.rank(), 5), o);
+  });
+  return root / "checkpoint-5";
+}
+
+void expect_every_file_valid(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") EXPECT_NO_THROW(SafetensorsFile{e.path()}) << e.path();
+  }
+  VerifyReport r = verify_checkpoint(dir);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.problems.front());
+}
+
+TEST(CkptTools, MergeWritesOneHuggingFaceCheckpointOfTheModel) {
+  ScratchDir scratch("merge");
+  fs::path dir = saved_dp2tp2(scratch.path);
+  fs::path out = scratch.path / "merged";
+  RewriteOptions o;
+  o.remove_keys = {"mask"};
+  EXPECT_EQ(merge_checkpoint(dir, out, o), 7u);
+  expect_every_file_valid(out);
+  EXPECT_TRUE(fs::exists(out / "model-00001-of-00001.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "config.json"));
+  EXPECT_FALSE(fs::exists(out / "optimizer.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(scratch.path / "merged.tmp"));
+  GroupReader g(out, "model");
+  EXPECT_FALSE(g.contains("mask"));
+  for (const auto& t : small_model()) {
+    if (t.group == "model" && t.name != "mask") EXPECT_TRUE(bit_equal(g.file_of(t.name).read(t.name), t.value)) << t.name;
+  }
+  // Never overwrites.
+  EXPECT_THROW(merge_checkpoint(dir, out), Error);
+}
+
+TEST(CkptTools, ConvertChangesFloatingTensorsOnly) {
+  ScratchDir scratch("conv");
+  fs::path dir = saved_dp2tp2(scratch.path);
+  RewriteOptions o;
+  o.dtype = DType::BF16;
+  o.max_shard_bytes = 100;
+  merge_checkpoint(dir, scratch.path / "bf16", o);
+  expect_every_file_valid(scratch.path / "bf16");
+  GroupReader g(scratch.path / "bf16", "model");
+  EXPECT_GT(g.file_names().size(), 1u);
+  for (const auto& t : small_model()) {
+    if (t.group != "model") continue;
+    Tensor got = g.file_of(t.name).read(t.name);
+    if (is_floating(t.value.dtype())) {
+      EXPECT_EQ(got.dtype(), DType::BF16) << t.name;
+      // The formula's values are multiples of 1/8 below 13: exact in bf16.
+      for (int64_t i = 0; i < t.value.numel(); ++i) EXPECT_EQ(got.at(i), t.value.at(i)) << t.name;
+    } else {
+      EXPECT_TRUE(bit_equal(got, t.value)) << t.name;
+    }
+  }
+}
+
+TEST(CkptTools, LoraMergeAddsScaledProductAndDropsAdapterKeys) {
+  ScratchDir scratch("lora");
+  Tensor w = Tensor::from<float>(Shape{3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6});
+  Tensor other = Tensor::from<float>(Shape{2}, std::vector<float>{7, 8});
+  Tensor stray = Tensor::from<float>(Shape{1}, std::vector<float>{9});
+  fs::create_directories(scratch.path / "base");
+  std::vector<StEntry> base = {entry_of("layer.q.weight", w), entry_of("layer.q.bias", other),
+                               entry_of("layer.q.lora_A.weight", stray)};
+  write_safetensors(scratch.path / "base" / "model.safetensors", base, StMetadata{{"format", "pt"}});
+  // rank 2: A [2, 2], B [3, 2].
+  Tensor A = Tensor::from<float>(Shape{2, 2}, std::vector<float>{1, 0, 2, -1});
+  Tensor B = Tensor::from<float>(Shape{3, 2}, std::vector<float>{1, 1, 0, 2, -1, 0});
+  std::vector<StEntry> ad = {entry_of("base_model.model.layer.q.lora_A.weight", A),
+                             entry_of("base_model.model.layer.q.lora_B.weight", B)};
+  write_safetensors(scratch.path / "adapter_model.safetensors", ad);
+  LoraOptions o;
+  o.alpha = 4;
+  o.rank = 2;
+  EXPECT_EQ(lora_merge(scratch.path / "base", scratch.path / "adapter_model.safetensors", scratch.path / "out", o), 1u);
+  expect_every_file_valid(scratch.path / "out");
+  GroupReader g(scratch.path / "out", "model");
+  EXPECT_EQ(g.names(), (std::vector<std::string>{"layer.q.bias", "layer.q.weight"}));
+  // B A = [[3, -1], [4, -2], [-1, 0]]; scale 4 / 2 = 2.
+  const float want[] = {1 + 6, 2 - 2, 3 + 8, 4 - 4, 5 - 2, 6 + 0};
+  Tensor got = g.file_of("layer.q.weight").read("layer.q.weight");
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got.data<float>()[i], want[i]) << i;
+  EXPECT_EQ(load_json(scratch.path / "out", "model.safetensors.index.json")["metadata"]["total_size"], 6 * 4 + 2 * 4);
+  o.rank = 3;
+  EXPECT_THROW(lora_merge(scratch.path / "base", scratch.path / "adapter_model.safetensors", scratch.path / "out3", o),
+               Error);
+}
+
+TEST(CkptTools, VerifyNamesTheBadFile) {
+  ScratchDir scratch("verify");
+  fs::path dir = saved_dp2tp2(scratch.path);
+  ASSERT_TRUE(verify_checkpoint(dir).ok());
+  // Same size, one byte of a shard's header changed: checksum and format both catch it.
+  fs::path victim = dir / "model-00002-of-00005.safetensors";
+  std::string bytes = read_text_file(victim);
+  bytes[12] = '!';
+  write_file_atomic(victim, bytes);
+  VerifyReport r = verify_checkpoint(dir);
+  ASSERT_FALSE(r.ok());
+  for (const auto& p : r.problems) EXPECT_EQ(p.rfind("model-00002-of-00005.safetensors", 0), 0u) << p;
+  EXPECT_GE(r.problems.size(), 2u);
+  fs::remove(dir / "config.json");
+  r = verify_checkpoint(dir, false);
+  EXPECT_NE(std::find(r.problems.begin(), r.problems.end(), "config.json: listed in the manifest but missing"),
+            r.problems.end());
+}
+
+std::pair<int, std::string> shardwise_cli(const std::string& args) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  std::string cmd = std::string(bin ? bin : "shardwise") + " " + args + " 2>&1";
+  std::string out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(CkptTools, CommandLine) {
+  ScratchDir scratch("cli");
+  fs::path dir = saved_dp2tp2(scratch.path);
+  auto [rc, out] = shardwise_cli("ckpt inspect " + dir.string());
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("step 5"), std::string::npos) << out;
+  EXPECT_NE(out.find("[dp=2,tp=2] ranks 0,1,2,3"), std::string::npos) << out;
+  EXPECT_NE(out.find("fc2.weight/exp_avg"), std::string::npos) << out;
+  std::tie(rc, out) = shardwise_cli("ckpt verify " + dir.string());
+  EXPECT_EQ(rc, 0) << out;
+  std::tie(rc, out) = shardwise_cli("ckpt convert " + dir.string() + " " + (scratch.path / "c").string() +
+                                    " --dtype bf16 --max-shard-size 200B");
+  EXPECT_EQ(rc, 0) << out;
+  std::tie(rc, out) = shardwise_cli("ckpt inspect " + (scratch.path / "c" / "model-00001-of-00003.safetensors").string());
+  EXPECT_NE(out.find("BF16"), std::string::npos) << out;
+  std::tie(rc, out) = shardwise_cli("ckpt merge " + dir.string() + " " + (scratch.path / "m").string() + " --max-shard-size 5XB");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("shardwise: error: size '5XB'"), std::string::npos) << out;
+  fs::remove(dir / "model-00001-of-00005.safetensors");
+  std::tie(rc, out) = shardwise_cli("ckpt verify " + dir.string());
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("bad: model-00001-of-00005.safetensors"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace shardwise::ckpt
