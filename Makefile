@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test test-asan fuzz parity demo bench bench-comm clean
+.PHONY: all deps build test test-asan fuzz parity golden demo bench bench-comm clean
 
 all: build
 
@@ -68,6 +68,15 @@ parity: build
 # The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
 demo: build
 	@bash examples/demo.sh $(BUILD)/bin/shardwise
+
+# The PyTorch reference of the trainer: shardwise exports its initial weights and batches, Debian's
+# PyTorch (python3-torch 1.13) trains the same model on them and writes tests/golden/gpt_losses.json,
+# which tests/train/test_golden.cc replays. Not part of `make test`.
+golden: build
+	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
+	  { SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; $$SUDO apt-get install -y -qq python3-torch python3-numpy; }
+	$(BUILD)/tests/golden_export $(BUILD)/golden_inputs.safetensors
+	/usr/bin/python3 tests/golden/gpt_parity.py $(BUILD)/golden_inputs.safetensors tests/golden/gpt_losses.json
 
 bench: build
 	@bash bench/run.sh $(BUILD)

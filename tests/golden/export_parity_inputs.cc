@@ -1,0 +1,37 @@
+// Writes what the PyTorch reference (tests/golden/gpt_parity.py) needs to train the same GPT as
+// tests/train/test_golden.cc: the initial parameters as shardwise initializes them, the batches of
+// every step, and the configuration (safetensors __metadata__ "config", JSON).
+//
+//   build/tests/golden_export OUT.safetensors        (run by `make golden`)
+#include <iostream>
+
+#include "shardwise/ckpt/safetensors_writer.h"
+#include "shardwise/graph/graph.h"
+#include "tests/golden/parity_config.h"
+
+int main(int argc, char** argv) {
+  using namespace shardwise;
+  if (argc != 2) {
+    std::cerr << "usage: golden_export OUT.safetensors\n";
+    return 2;
+  }
+  train::TrainConfig c = golden::parity_config();
+  c.check(1);
+  train::GptGraph model = train::build_gpt(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.mesh), false), c.global_batch);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (graph::ValueId v : model.g.params()) {
+    const auto& val = model.g.value(v);
+    tensors.emplace_back(val.name, train::init_param(c.model, val.name, val.meta.shape, c.seed));
+  }
+  auto data = train::open_dataset(c.data, c.digits, c.model.seq, c.seed);
+  for (int64_t s = 0; s < c.steps; ++s) {
+    train::Batch b = train::make_batch(*data, s * c.global_batch, c.global_batch, c.model.seq);
+    tensors.emplace_back(fmt::format("batch.{}.ids", s), b.ids);
+    tensors.emplace_back(fmt::format("batch.{}.labels", s), b.labels);
+  }
+  std::vector<ckpt::StEntry> entries;
+  for (auto& [name, t] : tensors) entries.push_back(ckpt::entry_of(name, t));
+  ckpt::write_safetensors(argv[1], entries, ckpt::StMetadata{{"config", golden::parity_config_json(c).dump()}});
+  std::cout << "wrote " << tensors.size() << " tensors to " << argv[1] << "\n";
+  return 0;
+}
