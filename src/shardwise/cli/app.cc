@@ -99,6 +99,11 @@ int run(int argc, char** argv) {
     t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation (default 128)");
     t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go (default runs/demo)");
     t->add_option("--log-every", train_opts.log_every, "progress line every N steps when not on a terminal");
+    t->add_option("--save-every", train_opts.save_every, "checkpoint every N steps and at the end (0: never)");
+    t->add_option("--save-dir", train_opts.save_dir, "where checkpoints go (default <run-dir>/checkpoints)");
+    t->add_option("--save-total-limit", train_opts.save_total_limit, "keep the newest N checkpoints (0: all)");
+    t->add_flag("--async-save", train_opts.async_save, "write checkpoints in the background");
+    t->add_option("--resume", train_opts.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
   }
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
 

@@ -52,6 +52,11 @@ struct TrainOptions {
   std::string run_dir = "runs/demo";
   int64_t eval_every = 300;  // 0: at the end only (the addition task)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
+  int64_t save_every = 0;  // 0: no checkpoints
+  std::string save_dir;    // "": <run_dir>/checkpoints
+  int64_t save_total_limit = 0;
+  bool async_save = false;
+  std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
 };
 int cmd_train(const TrainOptions& options, std::ostream& out);
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 
@@ -13,6 +14,8 @@
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
+#include "shardwise/ckpt/commit.h"
+#include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
 
 namespace shardwise::cli {
@@ -30,10 +33,28 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
+  const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
+  if (!o.resume.empty()) {
+    std::filesystem::path dir = o.resume;
+    if (o.resume == "auto") {
+      auto found = ckpt::resume(*world, save_dir);
+      if (found) dir = found->dir;
+      else dir.clear();
+      if (report && !found) out << fmt::format("  resume: no verified checkpoint in {}, starting fresh\n", save_dir);
+    }
+    if (!dir.empty()) {
+      train::load_trainer(trainer, *world, dir);
+      if (report) out << fmt::format("  resumed from {} at step {} ({} samples consumed)\n", dir.string(),
+                                     trainer.steps_done(), trainer.consumed_samples());
+    }
+  }
+  ckpt::SaveOptions save_options;
+  save_options.save_total_limit = o.save_total_limit;
+  train::CheckpointSchedule checkpoints(save_dir, o.save_every, o.async_save, save_options);
   const bool addition = config.data.empty();
   std::unique_ptr<train::MetricsLog> log;
   if (report) {
-    log = std::make_unique<train::MetricsLog>(o.run_dir);
+    log = std::make_unique<train::MetricsLog>(o.run_dir, /*append=*/!o.resume.empty());
     const auto& c = trainer.config();
     out << fmt::format("shardwise train: GPT {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
                        c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
@@ -50,8 +71,10 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   int64_t tokens = 0;
   double best = -1, last_acc = -1;
   train::StepResult last;
-  for (int64_t s = 0; s < config.steps; ++s) {
+  const int64_t first_step = trainer.steps_done();
+  for (int64_t s = first_step; s < config.steps; ++s) {
     last = trainer.step();
+    checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps);
     tokens += last.tokens;
     std::optional<double> acc;
     bool eval_now = addition && o.eval_every > 0 && (last.step % o.eval_every == 0 || last.step == config.steps);
@@ -61,14 +84,18 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     double tps = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
     log->add({last, elapsed, tps, acc});
     if (acc) best = std::max(best, *acc), last_acc = *acc;
-    double eta = elapsed / static_cast<double>(last.step) * static_cast<double>(config.steps - last.step);
+    double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
                                    config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
                                    last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
     if (tty) out << "\r" << line << "\033[K" << std::flush;
     else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
   }
+  auto last_save = checkpoints.finish();
+  (void)last_save;
   if (!report) return;
+  if (o.save_every > 0) out << fmt::format("  checkpoints: {} (newest: step {})\n", save_dir, trainer.steps_done());
+  if (log->records().empty()) return;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string curve = log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()));
   const auto& rec = log->records();

@@ -9,11 +9,11 @@
 
 namespace shardwise::train {
 
-MetricsLog::MetricsLog(const std::string& run_dir) : dir_(run_dir) {
+MetricsLog::MetricsLog(const std::string& run_dir, bool append) : dir_(run_dir) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   SW_CHECK(!ec, "cannot create the run directory '{}': {}", run_dir, ec.message());
-  out_.open(jsonl_path(), std::ios::trunc);
+  out_.open(jsonl_path(), append ? std::ios::app : std::ios::trunc);
   SW_CHECK(out_.good(), "cannot write '{}'", jsonl_path());
 }
 

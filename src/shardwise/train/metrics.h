@@ -18,8 +18,9 @@ struct StepRecord {
 
 class MetricsLog {
  public:
-  // Creates `run_dir` (and parents); Error when it cannot be written.
-  explicit MetricsLog(const std::string& run_dir);
+  // Creates `run_dir` (and parents); Error when it cannot be written. `append` keeps the lines of
+  // an earlier run (a resumed one).
+  explicit MetricsLog(const std::string& run_dir, bool append = false);
   void add(const StepRecord& r);  // appends a line to metrics.jsonl and flushes it
   const std::vector<StepRecord>& records() const { return records_; }
   // Writes loss_curve.svg; returns its path.

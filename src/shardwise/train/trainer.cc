@@ -179,6 +179,15 @@ EvalResult Trainer::evaluate() {
   return out;
 }
 
+Shape Trainer::param_shape(const std::string& name) const { return train_.model.g.value(train_.model.g.get(name)).meta.shape; }
+
+void Trainer::restore_position(int64_t step, int64_t consumed) {
+  SW_CHECK(step >= 0 && consumed >= 0, "a checkpoint's step {} and consumed samples {} must not be negative", step,
+           consumed);
+  step_ = step;
+  consumed_ = consumed;
+}
+
 Tensor Trainer::gather_param(const std::string& name) {
   for (ParamState& p : params_) {
     if (p.name != name) continue;

@@ -1,0 +1,47 @@
+#pragma once
+// The trainer's unified checkpoints (layout in DESIGN.md): model weights as Hugging Face indexed
+// safetensors ("model"), AdamW moments ("optimizer": "<param>/exp_avg", "<param>/exp_avg_sq"),
+// fp32 masters ("master_weights") only when the kernels read lower-precision copies, config.json,
+// generation_config.json and trainer_state.json (step, consumed samples, schedule, data position,
+// each rank's generator state and the saving mesh). Saved on one mesh, loaded on any other.
+#include <memory>
+#include <optional>
+
+#include "shardwise/ckpt/async_saver.h"
+#include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/train/trainer.h"
+
+namespace shardwise::train {
+
+// What one checkpoint of `trainer` holds, with this rank's blocks (shared, not copied).
+ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world);
+
+// Collective. Saves checkpoint-<step> under `root` now.
+ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& root,
+                            const ckpt::SaveOptions& options = {});
+
+// Collective. Loads `dir` into `trainer` (any saving mesh): parameters, moments, step and data
+// position. Errors: a model configuration that differs (naming each field), missing or
+// unexpected tensors (by name).
+void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir);
+
+// Saves on a schedule during training, synchronously or in the background.
+class CheckpointSchedule {
+ public:
+  CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options);
+  // Saves when the trainer's step is a multiple of `every` (or `force`); returns the directory
+  // of a synchronous save.
+  std::optional<ckpt::fs::path> after_step(Trainer& trainer, comm::Communicator& world, bool force = false);
+  // Waits for a background save; raises its error.
+  std::optional<ckpt::fs::path> finish();
+  double last_blocking_s() const { return last_blocking_s_; }
+
+ private:
+  ckpt::fs::path root_;
+  int64_t every_;
+  ckpt::SaveOptions options_;
+  std::unique_ptr<ckpt::AsyncSaver> async_;
+  double last_blocking_s_ = 0;
+};
+
+}  // namespace shardwise::train
