@@ -7,6 +7,7 @@
 
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/comm/local.h"
+#include "small_config.h"
 #include "shardwise/train/checkpointing.h"
 
 namespace shardwise::train {
@@ -14,15 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TrainConfig small(const std::string& mesh) {
-  TrainConfig c;
-  c.model.layers = 2, c.model.heads = 4, c.model.hidden = 32, c.model.seq = 10, c.model.vocab = 128;
-  c.mesh = mesh;
-  c.steps = 16;
-  c.global_batch = 8;
-  c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 3;
-  return c;
-}
+TrainConfig small(const std::string& mesh) { return small_config(mesh, 16); }
 
 int ranks_of(const std::string& mesh) { return static_cast<int>(mesh::parse_mesh(mesh).size()); }
 

@@ -3,21 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "shardwise/comm/local.h"
+#include "small_config.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {
 namespace {
 
-TrainConfig small(const std::string& mesh) {
-  TrainConfig c;
-  c.model.layers = 2, c.model.heads = 4, c.model.hidden = 32, c.model.seq = 10, c.model.vocab = 128;
-  c.mesh = mesh;
-  c.steps = 20;
-  c.global_batch = 8;
-  c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 3;
-  c.digits = 2;
-  return c;
-}
+TrainConfig small(const std::string& mesh) { return small_config(mesh, 20); }
 
 std::vector<double> losses(TrainConfig c, int ranks) {
   std::vector<double> out;
