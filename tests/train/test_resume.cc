@@ -92,6 +92,35 @@ TEST(Resume, WeightsAndMomentsComeBackBitForBitOnEveryMesh) {
   EXPECT_EQ(state["rng"].size(), 2u);
 }
 
+TEST(Resume, Bf16ParametersSaveTheirFp32MastersAndComeBackExactly) {
+  fs::path root = fresh_dir("bf16");
+  std::map<std::string, Tensor> saved, loaded;
+  auto run = [&](const std::string& mesh, int64_t steps, const fs::path& from, const fs::path& to,
+                 std::map<std::string, Tensor>& params) {
+    comm::LocalWorld::run(ranks_of(mesh), [&](comm::Communicator& w) {
+      auto world = w.group(w.members());
+      TrainConfig c = small(mesh);
+      c.bf16 = true;
+      Trainer t(c, world);
+      if (!from.empty()) load_trainer(t, *world, from);
+      for (int64_t s = 0; s < steps; ++s) t.step();
+      if (!to.empty()) save_trainer(t, *world, to);
+      for (ParamState& p : t.params()) {
+        Tensor g = t.gather_param(p.name);  // the fp32 master
+        if (w.rank() == 0) params[p.name] = g;
+      }
+    });
+  };
+  run("dp=2", 2, {}, root, saved);
+  fs::path dir = ckpt::find_resume(root)->dir;
+  EXPECT_TRUE(fs::exists(dir / "master_weights.safetensors.index.json"));
+  run("tp=2", 0, dir, {}, loaded);
+  for (const auto& [name, t] : saved) {
+    CompareResult c = compare(loaded.at(name), t);
+    EXPECT_TRUE(c.equal) << name << ": " << c.message;
+  }
+}
+
 TEST(Resume, AnotherModelIsRefusedNamingTheField) {
   fs::path root = fresh_dir("mismatch");
   train("dp=1", 1, {}, root);

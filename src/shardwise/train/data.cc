@@ -73,6 +73,8 @@ AdditionTask::Problem AdditionTask::encode(int64_t a, int64_t b) const {
 }
 
 void AdditionTask::sample(int64_t index, std::span<int64_t> tokens) const {
+  SW_CHECK(static_cast<int64_t>(tokens.size()) == seq_ + 1, "a sample of sequence length {} has {} tokens, got room for {}",
+           seq_, seq_ + 1, tokens.size());
   auto [a, b] = operands(stream_id("addition/train"), index, false);
   Problem p = encode(a, b);
   std::copy(p.tokens.begin(), p.tokens.end(), tokens.begin());
@@ -105,6 +107,8 @@ TokenFile::TokenFile(const std::string& path, int64_t seq, uint64_t seed) : path
 }
 
 void TokenFile::sample(int64_t index, std::span<int64_t> tokens) const {
+  SW_CHECK(static_cast<int64_t>(tokens.size()) == seq_ + 1, "a sample of sequence length {} has {} tokens, got room for {}",
+           seq_, seq_ + 1, tokens.size());
   Philox rng(seed_, stream_id("token-file"));
   uint64_t positions = tokens_.size() - static_cast<uint64_t>(seq_);
   uint64_t r = static_cast<uint64_t>(rng.bits(2 * static_cast<uint64_t>(index))) << 32 | rng.bits(2 * static_cast<uint64_t>(index) + 1);

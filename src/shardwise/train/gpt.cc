@@ -68,27 +68,31 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
   auto mask = g.input("causal_mask", Shape{S, S});
   annotate(ids, placements(s, "R", "S(0)"));
   annotate(mask, placements(s, "R"));
-  auto wte = g.param("transformer.wte.weight", Shape{V, H});
-  auto wpe = g.param("transformer.wpe.weight", Shape{S, H});
-  if (s.tp >= 0) annotate(wte, placements(s, "S(0)"));
+  // A parameter as stored (f32, or bf16 with fp32 masters kept by the optimizer) and as the
+  // kernels read it: bf16 parameters are cast to f32 right away, so every kernel computes in f32
+  // and the gradient flows back through the cast into a bf16 gradient.
+  auto param = [&](const std::string& name, const Shape& shape, const char* on_tp = nullptr) {
+    auto v = g.param(name, shape, c.param_dtype);
+    if (on_tp && s.tp >= 0) annotate(v, placements(s, on_tp));
+    if (c.param_dtype == DType::F32) return v;
+    return g.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+  };
+  auto wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");
+  auto wpe = param("transformer.wpe.weight", Shape{S, H});
   auto x = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
   if (s.sequence_parallel) annotate(x, placements(s, "S(1)", "S(0)"));
 
   auto ln = [&](graph::ValueId in, const std::string& name) {
-    auto w = g.param(name + ".weight", Shape{H});
-    auto b = g.param(name + ".bias", Shape{H});
+    auto w = param(name + ".weight", Shape{H});
+    auto b = param(name + ".bias", Shape{H});
     auto y = g.layer_norm(in, w, b, -1, c.layer_norm_epsilon, name + ".out");
     if (s.sequence_parallel) annotate(y, placements(s, "R", "S(0)"));  // gathered before the column-parallel matmuls
     return y;
   };
   // tp_kind: "col" (weight S(1), bias S(0) on tp), "row" (weight S(0), output resharded per sp).
   auto linear = [&](graph::ValueId in, const std::string& name, int64_t n_in, int64_t n_out, bool column) {
-    auto w = g.param(name + ".weight", Shape{n_in, n_out});
-    auto b = g.param(name + ".bias", Shape{n_out});
-    if (s.tp >= 0) {
-      annotate(w, placements(s, column ? "S(1)" : "S(0)"));
-      if (column) annotate(b, placements(s, "S(0)"));
-    }
+    auto w = param(name + ".weight", Shape{n_in, n_out}, column ? "S(1)" : "S(0)");
+    auto b = param(name + ".bias", Shape{n_out}, column ? "S(0)" : nullptr);
     auto mm = g.matmul(in, w, false, name + ".mm");
     if (!column && s.sequence_parallel) annotate(mm, placements(s, "S(1)", "S(0)"));  // reduce-scatter onto the sequence
     return g.add(mm, b, name + ".out");

@@ -25,6 +25,7 @@ struct GptConfig {
   int64_t vocab = 256;
   double layer_norm_epsilon = 1e-5;
   double init_std = 0.02;
+  DType param_dtype = DType::F32;  // f32, or bf16 (kernels still compute in f32; fp32 masters)
   void validate() const;  // Error naming the bad field
 };
 

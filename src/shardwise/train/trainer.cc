@@ -86,11 +86,8 @@ Trainer::~Trainer() = default;
 
 void Trainer::compile(Compiled& c, bool training, int64_t micro_batch) {
   GptConfig model = c_.model;
+  model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
   c.model = build_gpt(model, strategy_, micro_batch, training);
-  if (c_.bf16) {
-    // Parameters in bf16: the graph's parameters take that dtype (the masters stay f32).
-    SW_CHECK(false, "--bf16 is not supported yet: the kernels compute in f32");
-  }
   if (training) graph::append_backward(c.model.g, c.model.loss);
   c.program = graph::lower(c.model.g, graph::complete(c.model.g, strategy_.mesh));
   c.runtime = std::make_unique<runtime::Runtime>(c.model.g, c.program, world_);
@@ -107,6 +104,7 @@ StepResult Trainer::step() {
   const int64_t dp = strategy_.dp_size(), per_micro = c_.micro_batch * dp;
   std::vector<Tensor> grads;
   double loss = 0;
+  bind_params(*train_.runtime);  // bf16 parameters are new tensors after each update
   for (int64_t a = 0; a < c_.accumulation; ++a) {
     Batch b = make_batch(*data_, consumed_ + a * per_micro, per_micro, c_.model.seq);
     runtime::Runtime& rt = *train_.runtime;
@@ -117,8 +115,9 @@ StepResult Trainer::step() {
     loss += rt.gather("loss").at(0);
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor g = rt.local_grad(params_[i].name);
+      if (g.dtype() != DType::F32) g = g.to(DType::F32);  // bf16 parameters: the update is in f32
       if (a == 0) {
-        grads.push_back(g.clone());
+        grads.push_back(c_.bf16 ? g : g.clone());  // a converted bf16 gradient is already a copy
       } else {
         float* acc = grads[i].data<float>();
         const float* add = g.data<float>();
