@@ -21,4 +21,12 @@ for ranks in 1 2; do
   rm -rf "$dir/r$ranks"
 done
 "$build/bench/bench_ckpt" async "$dir/async" "$gib"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "-- torch.save / torch.load of the same tensors (Debian's python3-torch)"
+  /usr/bin/python3 "$(dirname "$0")/ckpt_torch.py" save "$dir/torch" "$gib"
+  drop
+  /usr/bin/python3 "$(dirname "$0")/ckpt_torch.py" load "$dir/torch"
+else
+  echo "-- torch.save / torch.load: python3-torch is not installed (apt-get install python3-torch)"
+fi
 rm -rf "$dir"

@@ -1,5 +1,7 @@
 #include "shardwise/ckpt/safetensors_reader.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -297,13 +299,38 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
              "safetensors file '{}': tensor '{}' of shape {}: box dim {} [{}, {}) is out of range", path().string(),
              t.name, t.shape.to_string(), d, box.offset[i], box.offset[i] + box.shape[d]);
   }
-  Tensor out(dtype, box.shape);
+  Tensor out = Tensor::uninitialized(dtype, box.shape);  // every run below writes its part
   const size_t es = dtype_size(dtype);
   const std::byte* src = data(t).data();
   std::byte* dst = out.raw();
-  for_each_run(box, Region::whole(t.shape), Region::of(box), [&](int64_t s, int64_t d, int64_t n) {
-    std::memcpy(dst + static_cast<size_t>(d) * es, src + static_cast<size_t>(s) * es, static_cast<size_t>(n) * es);
-  });
+  struct Run {
+    int64_t s, d, n;
+  };
+  std::vector<Run> runs;
+  for_each_run(box, Region::whole(t.shape), Region::of(box), [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d, n}); });
+  if (runs.empty()) return out;
+  // Reading through the mapping faults every page in one at a time (~0.6 GB/s here); pread of the
+  // span the runs cover moves the same bytes at the disk's sequential rate. Spans mostly made of
+  // unneeded bytes (a narrow column block) are copied run by run from the mapping instead.
+  const int64_t first = runs.front().s, last = runs.back().s + runs.back().n;
+  int64_t needed = 0;
+  for (const Run& r : runs) needed += r.n;
+  const auto file_offset = static_cast<uint64_t>(src - map_.data()) + static_cast<uint64_t>(first) * es;
+  if (runs.size() == 1) {
+    FileHandle(path(), O_RDONLY).pread_all({dst + static_cast<size_t>(runs[0].d) * es, static_cast<size_t>(runs[0].n) * es},
+                                           file_offset);
+  } else if (2 * needed >= last - first) {
+    std::vector<std::byte> span(static_cast<size_t>(last - first) * es);
+    FileHandle(path(), O_RDONLY).pread_all(span, file_offset);
+    for (const Run& r : runs) {
+      std::memcpy(dst + static_cast<size_t>(r.d) * es, span.data() + static_cast<size_t>(r.s - first) * es,
+                  static_cast<size_t>(r.n) * es);
+    }
+  } else {
+    for (const Run& r : runs) {
+      std::memcpy(dst + static_cast<size_t>(r.d) * es, src + static_cast<size_t>(r.s) * es, static_cast<size_t>(r.n) * es);
+    }
+  }
   return out;
 }
 
