@@ -104,6 +104,7 @@ int run(int argc, char** argv) {
     t->add_option("--save-dir", train_opts.save_dir, "where checkpoints go (default <run-dir>/checkpoints)");
     t->add_option("--save-total-limit", train_opts.save_total_limit, "keep the newest N checkpoints (0: all)");
     t->add_flag("--async-save", train_opts.async_save, "write checkpoints in the background");
+    t->add_option("--max-shard-size", train_opts.max_shard_size, "largest safetensors file of a checkpoint (default 5GB)");
     t->add_option("--resume", train_opts.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
   }
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert

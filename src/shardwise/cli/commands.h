@@ -56,6 +56,7 @@ struct TrainOptions {
   std::string save_dir;    // "": <run_dir>/checkpoints
   int64_t save_total_limit = 0;
   bool async_save = false;
+  std::string max_shard_size = "5GB";
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
 };
 int cmd_train(const TrainOptions& options, std::ostream& out);

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <mutex>
 
+#include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
@@ -50,6 +51,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   }
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.save_total_limit;
+  save_options.max_shard_bytes = parse_byte_size(o.max_shard_size);
   train::CheckpointSchedule checkpoints(save_dir, o.save_every, o.async_save, save_options);
   const bool addition = config.data.empty();
   std::unique_ptr<train::MetricsLog> log;
