@@ -105,6 +105,10 @@ const std::vector<Case>& cases() {
       {{7}, {7, 3}},               {{5, 7}, {7}},              {{7}, {7}},
       {{4}, {2, 4, 3}},            {{2, 4, 3}, {4}, true, true},  // trans ignored on the 1-D y
       {{0, 3}, {3, 4}},            {{2, 0}, {0, 3}},           {{2, 0, 3}, {1, 3, 2}},
+      // A batched x with a 2-D (or 1-D) y runs as one GEMM over the folded batch: with trans_y,
+      // two batch dims, a vector y, and an empty batch (dy must still be all zeros).
+      {{2, 5, 3}, {4, 3}, false, true}, {{3, 2, 5, 4}, {4, 6}}, {{2, 5, 3}, {3}},
+      {{0, 5, 3}, {3, 4}},
   };
   return c;
 }

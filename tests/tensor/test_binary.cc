@@ -7,10 +7,12 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/binary.h"
+#include "shardwise/tensor/broadcast.h"
 
 namespace shardwise {
 namespace {
@@ -62,6 +64,52 @@ TEST(BinaryKernel, ArithmeticWithBroadcast) {
   Tensor s = Tensor::scalar<double>(2.0);
   Tensor t = f64({2, 1, 2}, {1, 2, 3, 4});
   EXPECT_EQ(values_of(binary(BinaryOp::Pow, t, s)), (std::vector<double>{1, 4, 9, 16}));
+}
+
+// f32 arithmetic through the row fast paths (same shapes, a repeated row, a repeated column, a
+// scalar, outer products) equals op(a, b) element by element through the broadcast walk, bit
+// for bit; add/subtract gradients are dout (shared) or its sums, negated for subtract's y.
+TEST(BinaryKernel, F32RowPathsEqualTheElementWalk) {
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{4, 5, 6}, {4, 5, 6}}, {{4, 5, 6}, {6}}, {{4, 5, 6}, {5, 6}}, {{6}, {4, 5, 6}}, {{4, 1, 6}, {5, 1}},
+      {{4, 5, 1}, {1}},       {{}, {3, 2}},     {{4, 5, 6}, {4, 5, 1}}, {{0, 6}, {6}}};
+  int seed = 0;
+  for (const auto& [xs, ys] : shapes) {
+    std::vector<double> xv = draw(xs.numel(), seed++, -3, 3), yv = draw(ys.numel(), seed++, 0.5, 2);
+    Tensor x = Tensor::from<float>(xs, std::vector<float>(xv.begin(), xv.end()));
+    Tensor y = Tensor::from<float>(ys, std::vector<float>(yv.begin(), yv.end()));
+    const Shape out = broadcast_shapes(xs, ys);
+    for (BinaryOp op : {BinaryOp::Add, BinaryOp::Subtract, BinaryOp::Multiply, BinaryOp::Divide}) {
+      Tensor got = binary(op, x, y);
+      std::vector<float> want(static_cast<size_t>(out.numel()));
+      const float* px = x.data<float>();
+      const float* py = y.data<float>();
+      broadcast_for_each<2>(out, {xs, ys}, [&](int64_t i, const std::array<int64_t, 2>& o) {
+        float a = px[o[0]], b = py[o[1]];
+        want[static_cast<size_t>(i)] = op == BinaryOp::Add        ? a + b
+                                       : op == BinaryOp::Subtract ? a - b
+                                       : op == BinaryOp::Multiply ? a * b
+                                                                  : a / b;
+      });
+      ASSERT_EQ(got.shape(), out);
+      EXPECT_EQ(values_of(got), values_of(Tensor::from<float>(out, want))) << binary_op_name(op) << " " << xs.to_string()
+                                                                            << " " << ys.to_string();
+    }
+    std::vector<double> gv = draw(out.numel(), seed++, -1, 1);
+    Tensor dout = Tensor::from<float>(out, std::vector<float>(gv.begin(), gv.end()));
+    for (BinaryOp op : {BinaryOp::Add, BinaryOp::Subtract}) {
+      BinaryGrads g = binary_backward(op, x, y, binary(op, x, y), dout);
+      EXPECT_EQ(values_of(g.dx), values_of(reduce_to_shape(dout, xs)));
+      std::vector<double> dy = values_of(reduce_to_shape(dout, ys));
+      if (op == BinaryOp::Subtract) {
+        for (double& d : dy) d = -d;
+      }
+      EXPECT_EQ(values_of(g.dy), dy) << binary_op_name(op);
+      if (xs == out) {
+        EXPECT_EQ(g.dx.raw(), dout.raw()) << "x's gradient is dout itself, not a copy";
+      }
+    }
+  }
 }
 
 TEST(BinaryKernel, MaxMinAndNaN) {

@@ -1,6 +1,7 @@
 // Broadcasting helpers against hand-computed shapes and sums, and a naive div/mod index reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,35 @@ TEST(Broadcast, ReduceToShape3dAndIntegers) {
   EXPECT_EQ(r.dtype(), DType::I64);
   // j: sum over i in {0,1}, k in {0,1} of (100 i + 10 j + k) = 200 + 40 j + 2.
   EXPECT_EQ(values_of(r), (std::vector<double>{202, 242, 282}));
+}
+
+// Every element of the gradient added into its target in row-major order in double, through the
+// element walk: the sums reduce_to_shape must reproduce bit for bit (its bias-gradient fast path
+// keeps that order).
+Tensor naive_reduce_f32(const Tensor& g, const Shape& shape) {
+  std::vector<double> acc(static_cast<size_t>(shape.numel()), 0.0);
+  const float* p = g.data<float>();
+  broadcast_for_each<2>(g.shape(), {g.shape(), shape}, [&](int64_t, const std::array<int64_t, 2>& o) {
+    acc[static_cast<size_t>(o[1])] += static_cast<double>(p[o[0]]);
+  });
+  std::vector<float> out(acc.begin(), acc.end());
+  return Tensor::from<float>(shape, out);
+}
+
+TEST(Broadcast, ReduceToShapeColumnSumsEqualTheElementWalk) {
+  const Shape g_shape{3, 4, 5};
+  std::vector<float> v;
+  for (int64_t i = 0; i < g_shape.numel(); ++i) v.push_back(static_cast<float>(std::sin(0.7 * static_cast<double>(i)) * 1e3));
+  Tensor g = Tensor::from<float>(g_shape, v);
+  for (const Shape& s : {Shape{5}, Shape{4, 5}, Shape{1, 4, 5}, Shape{1, 1, 5}, Shape{1}, Shape{}, Shape{3, 1, 5},
+                         Shape{4, 1}, Shape{1, 4, 1}}) {
+    Tensor got = reduce_to_shape(g, s), want = naive_reduce_f32(g, s);
+    ASSERT_EQ(got.shape(), s);
+    EXPECT_EQ(values_of(got), values_of(want)) << s.to_string();
+  }
+  // A column-sum reduction with extent-1 dims kept in the middle.
+  Tensor h = Tensor::from<float>({2, 1, 3}, std::vector<float>{1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(values_of(reduce_to_shape(h, {1, 1, 3})), (std::vector<double>{5, 7, 9}));
 }
 
 TEST(Broadcast, ReduceToShapeEmptyAndErrors) {

@@ -91,6 +91,53 @@ TEST(Softmax, EmptyAndLowPrecision) {
   EXPECT_TRUE(compare(log_softmax(x.to(DType::BF16), 1).to(DType::F64), log_softmax(x, 1), 3e-2, 3e-2).equal);
 }
 
+// The f32 rows (last axis, contiguous) run in float with a vectorized exp: within ~1e-6 relative
+// of the f64 kernel on wide rows, exactly 0 where a causal mask puts -1e9, NaN for a row with a
+// NaN and the f64 semantics (slow path) for rows with infinities; the backward and cross-entropy
+// f32 paths likewise.
+TEST(Softmax, F32RowsMatchF64) {
+  const Shape shape{6, 300};
+  Tensor x = random_f64(shape, 7, -12, 12);
+  for (int64_t j = 200; j < 300; ++j) x.set_at(j, -1e9);  // row 0: a masked tail
+  x.set_at(300 + 5, std::numeric_limits<double>::quiet_NaN());
+  x.set_at(600 + 7, -std::numeric_limits<double>::infinity());
+  x.set_at(900 + 9, std::numeric_limits<double>::infinity());
+  Tensor x32 = x.to(DType::F32), ref = x32.to(DType::F64);
+  Tensor y = softmax(x32, 1), want = softmax(ref, 1);
+  Tensor ly = log_softmax(x32, 1), lwant = log_softmax(ref, 1);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const int64_t row = i / 300;
+    if (row == 1 || row == 3) {
+      EXPECT_TRUE(std::isnan(y.at(i)) && std::isnan(ly.at(i))) << i;  // NaN row; +inf row is NaN in f64 too
+      continue;
+    }
+    // Relative: a few ulp from exp and the sum, plus the rounding of x - max in float, which moves
+    // exp by up to |x - max| * 2^-24 (about |ln p|, up to ~24 here).
+    EXPECT_NEAR(y.at(i), want.at(i), want.at(i) * (1e-6 + 1e-7 * std::abs(std::log(want.at(i) + 1e-300)))) << i;
+    if (std::isfinite(lwant.at(i))) EXPECT_NEAR(ly.at(i), lwant.at(i), 1e-6 * std::max(1.0, std::abs(lwant.at(i)))) << i;
+  }
+  for (int64_t j = 200; j < 300; ++j) EXPECT_EQ(y.at(j), 0.0) << "masked position " << j;
+  EXPECT_EQ(y.at(600 + 7), 0.0);
+  Tensor dy = random_f64(shape, 8);
+  Tensor dx = softmax_backward(y, dy.to(DType::F32), 1), dx_want = softmax_backward(y.to(DType::F64), dy, 1);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (i / 300 == 1 || i / 300 == 3) continue;
+    EXPECT_NEAR(dx.at(i), dx_want.at(i), 1e-6 * std::abs(dx_want.at(i)) + 1e-7) << i;
+  }
+  // Cross-entropy over the finite rows.
+  Tensor logits = random_f64({5, 257}, 9, -8, 8);
+  Tensor labels = i64({5}, {0, 256, 17, 100, 3});
+  Tensor l32 = logits.to(DType::F32), l64 = l32.to(DType::F64);
+  for (LossReduction r : {LossReduction::Sum, LossReduction::None}) {
+    Tensor got = cross_entropy(l32, labels, -100, r), expect = cross_entropy(l64, labels, -100, r);
+    for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.at(i), expect.at(i), 1e-6 * std::abs(expect.at(i)));
+  }
+  Tensor one = Tensor::scalar<float>(1.0f);
+  Tensor g32 = cross_entropy_backward(l32, labels, one, -100, LossReduction::Sum);
+  Tensor g64 = cross_entropy_backward(l64, labels, Tensor::scalar<double>(1.0), -100, LossReduction::Sum);
+  for (int64_t i = 0; i < g32.numel(); ++i) EXPECT_NEAR(g32.at(i), g64.at(i), 1e-6 * std::abs(g64.at(i)) + 1e-9) << i;
+}
+
 using testing_util::numeric_grad;
 
 TEST(Softmax, BackwardMatchesFiniteDifferences) {

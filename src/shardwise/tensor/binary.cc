@@ -7,6 +7,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/broadcast.h"
+#include "shardwise/tensor/unary.h"
 
 namespace shardwise {
 
@@ -120,6 +121,57 @@ C apply(BinaryOp op, C a, C b) {
   fail("binary op {} is not defined for this dtype", binary_op_name(op));
 }
 
+// out = f(x, y) for the float arithmetic ops, row by row: a contiguous loop (vectorized) where
+// both operands walk the row, a scalar operand where one repeats an element. Each element is the
+// same f(a, b) as in the generic walk.
+template <class T, class F>
+void float_binary_rows(const Shape& shape, const Tensor& x, const Tensor& y, Tensor& out, F f) {
+  using C = compute_t<T>;
+  const T* px = x.data<T>();
+  const T* py = y.data<T>();
+  T* po = out.data<T>();
+  if (x.shape() == shape && y.shape() == shape) {
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) po[i] = static_cast<T>(f(static_cast<C>(px[i]), static_cast<C>(py[i])));
+    return;
+  }
+  broadcast_for_each_row<2>(shape, {x.shape(), y.shape()},
+                            [&](int64_t i, int64_t len, const std::array<int64_t, 2>& o, const std::array<int64_t, 2>& st) {
+    const T* a = px + o[0];
+    const T* b = py + o[1];
+    T* c = po + i;
+    if (st[0] == 1 && st[1] == 1) {
+      for (int64_t j = 0; j < len; ++j) c[j] = static_cast<T>(f(static_cast<C>(a[j]), static_cast<C>(b[j])));
+    } else if (st[0] == 1) {
+      const C bv = static_cast<C>(b[0]);
+      for (int64_t j = 0; j < len; ++j) c[j] = static_cast<T>(f(static_cast<C>(a[j]), bv));
+    } else if (st[1] == 1) {
+      const C av = static_cast<C>(a[0]);
+      for (int64_t j = 0; j < len; ++j) c[j] = static_cast<T>(f(av, static_cast<C>(b[j])));
+    } else {
+      const T v = static_cast<T>(f(static_cast<C>(a[0]), static_cast<C>(b[0])));
+      for (int64_t j = 0; j < len; ++j) c[j] = v;
+    }
+  });
+}
+
+// The float arithmetic ops through float_binary_rows; false for the others.
+template <class T>
+bool float_arithmetic(BinaryOp op, const Shape& shape, const Tensor& x, const Tensor& y, Tensor& out) {
+  if constexpr (!is_float_v<T>) {
+    return false;
+  } else {
+    using C = compute_t<T>;
+    switch (op) {
+      case BinaryOp::Add: float_binary_rows<T>(shape, x, y, out, [](C a, C b) { return a + b; }); return true;
+      case BinaryOp::Subtract: float_binary_rows<T>(shape, x, y, out, [](C a, C b) { return a - b; }); return true;
+      case BinaryOp::Multiply: float_binary_rows<T>(shape, x, y, out, [](C a, C b) { return a * b; }); return true;
+      case BinaryOp::Divide: float_binary_rows<T>(shape, x, y, out, [](C a, C b) { return a / b; }); return true;
+      default: return false;
+    }
+  }
+}
+
 }  // namespace
 
 bool binary_op_has_gradient(BinaryOp op) { return !is_bitwise(op); }
@@ -150,6 +202,7 @@ Tensor binary(BinaryOp op, const Tensor& x, const Tensor& y) {
   Shape shape = broadcast_shapes(x.shape(), y.shape());
   Tensor out = Tensor::uninitialized(dtype, shape);
   SW_DISPATCH(dtype, [&] {
+    if (float_arithmetic<T>(op, shape, x, y, out)) return;
     using C = compute_t<T>;
     const T* px = x.data<T>();
     const T* py = y.data<T>();
@@ -250,7 +303,15 @@ BinaryGrads binary_backward(BinaryOp op, const Tensor& x, const Tensor& y, const
            "{} backward: the output gradient must be {} {}, got {}", binary_op_name(op), dtype_name(dtype),
            shape.to_string(), describe(dout));
   if (!is_floating(dtype)) return {};
-  Tensor gx(dtype, shape), gy(dtype, shape);
+  if (op == BinaryOp::Add || op == BinaryOp::Subtract) {
+    // dout itself (shared, never written in place) or its sums over the broadcast dims; for
+    // subtract, the negated sums (the sum of -g is exactly -(sum of g)).
+    Tensor gx = reduce_to_shape(dout, x.shape()), gy = reduce_to_shape(dout, y.shape());
+    if (op == BinaryOp::Subtract) gy = unary(UnaryOp::Neg, gy);
+    return {gx, gy};
+  }
+  // Every element of both is written by the kernel.
+  Tensor gx = Tensor::uninitialized(dtype, shape), gy = Tensor::uninitialized(dtype, shape);
   SW_DISPATCH(dtype, [&] { binary_grad_kernel<T>(op, x, y, dout, gx, gy); });
   (void)out;  // every gradient is recomputed from x and y: no dependence on the saved output
   return {reduce_to_shape(gx, x.shape()), reduce_to_shape(gy, y.shape())};

@@ -24,6 +24,21 @@ int broadcast_into(Shape& out, const Shape& b) {
   return -1;
 }
 
+// The number of trailing elements kept when `grad` reduces to `shape` by summing only over
+// leading dims (shape right-aligned: some 1s or missing dims, then grad's trailing extents);
+// 0 when the reduction has another form, or when nothing is kept whole.
+int64_t kept_suffix(const Shape& grad, const Shape& shape) {
+  const int lead = grad.ndim() - shape.ndim();
+  int split = grad.ndim();  // first dim of grad from which shape's extents equal grad's
+  while (split > 0 && split - 1 - lead >= 0 && shape[split - 1 - lead] == grad[split - 1]) --split;
+  for (int d = lead; d < split; ++d) {
+    if (shape[d - lead] != 1) return 0;
+  }
+  int64_t cols = 1;
+  for (int d = split; d < grad.ndim(); ++d) cols *= grad[d];
+  return split == grad.ndim() || cols == 0 ? 0 : cols;
+}
+
 // out[j] = sum of the grad elements that broadcast from element j of out.
 template <class T>
 void sum_into(const Tensor& grad, Tensor& out) {
@@ -34,9 +49,21 @@ void sum_into(const Tensor& grad, Tensor& out) {
     using Acc = std::conditional_t<is_float_v<T>, double, compute_t<T>>;
     std::vector<Acc> acc(static_cast<size_t>(out.numel()), Acc{});
     const T* g = grad.data<T>();
-    broadcast_for_each<2>(grad.shape(), {grad.shape(), out.shape()}, [&](int64_t, const std::array<int64_t, 2>& o) {
+    const int64_t cols = kept_suffix(grad.shape(), out.shape());
+    if (cols > 0) {
+      // Leading dims summed, trailing dims kept (a bias gradient): column sums, rows in order (the
+      // order of the general walk below, so the same sums), in a loop that vectorizes.
+      const int64_t rows = grad.numel() / cols;
+      Acc* a = acc.data();
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = g + r * cols;
+        for (int64_t j = 0; j < cols; ++j) a[j] += static_cast<Acc>(static_cast<compute_t<T>>(row[j]));
+      }
+    } else {
+      broadcast_for_each<2>(grad.shape(), {grad.shape(), out.shape()}, [&](int64_t, const std::array<int64_t, 2>& o) {
       acc[static_cast<size_t>(o[1])] += static_cast<Acc>(static_cast<compute_t<T>>(g[o[0]]));
-    });
+      });
+    }
     T* dst = out.data<T>();
     for (size_t i = 0; i < acc.size(); ++i) dst[i] = static_cast<T>(static_cast<compute_t<T>>(acc[i]));
   }

@@ -24,42 +24,53 @@ bool broadcasts_to(const Shape& from, const Shape& to);
 // 0 on broadcast dims (and on leading dims `in` lacks). `in` must broadcast to `out`.
 std::array<int64_t, kMaxDims> broadcast_strides(const Shape& in, const Shape& out);
 
-// Calls fn(i, offsets) for every element i (row-major) of `out`, where offsets[k] is the flat index
-// of the matching element of a contiguous input of shape ins[k] (each must broadcast to `out`).
-// The index is walked like an odometer with per-input strides: no division per element.
+// Walks `out` one row (its last dim) at a time: fn(i, len, offsets, steps) for the row of `len`
+// elements starting at flat index i of `out`, where the matching elements of a contiguous input of
+// shape ins[k] (each must broadcast to `out`) are at offsets[k] + j * steps[k] for j < len
+// (steps[k] is 1, or 0 when input k repeats one element along the row). The outer dims are walked
+// like an odometer with per-input strides: no division per element. Lets a kernel pick a
+// vectorizable loop per row.
 template <size_t N, class Fn>
-void broadcast_for_each(const Shape& out, const std::array<Shape, N>& ins, Fn&& fn) {
+void broadcast_for_each_row(const Shape& out, const std::array<Shape, N>& ins, Fn&& fn) {
   const int64_t total = out.numel();
   if (total == 0) return;
   const int nd = out.ndim();
   std::array<int64_t, N> off{};
   if (nd == 0) {
-    fn(int64_t{0}, off);
+    std::array<int64_t, N> steps{};
+    fn(int64_t{0}, int64_t{1}, off, steps);
     return;
   }
   std::array<std::array<int64_t, kMaxDims>, N> strides;
   for (size_t k = 0; k < N; ++k) strides[k] = broadcast_strides(ins[k], out);
   const auto last = static_cast<size_t>(nd - 1);
   const int64_t inner = out[nd - 1];
-  std::array<int64_t, N> inner_stride;
-  for (size_t k = 0; k < N; ++k) inner_stride[k] = strides[k][last];
+  std::array<int64_t, N> steps;
+  for (size_t k = 0; k < N; ++k) steps[k] = strides[k][last];
   std::array<int64_t, kMaxDims> idx{};
-  std::array<int64_t, N> base{};
   for (int64_t row = 0; row < total; row += inner) {
-    off = base;
-    for (int64_t j = 0; j < inner; ++j) {
-      fn(row + j, off);
-      for (size_t k = 0; k < N; ++k) off[k] += inner_stride[k];
-    }
-    // Advance the outer dims (odometer), moving each base by its stride.
+    fn(row, inner, off, steps);
     for (int d = nd - 2; d >= 0; --d) {
       auto du = static_cast<size_t>(d);
-      for (size_t k = 0; k < N; ++k) base[k] += strides[k][du];
+      for (size_t k = 0; k < N; ++k) off[k] += strides[k][du];
       if (++idx[du] < out[d]) break;
-      for (size_t k = 0; k < N; ++k) base[k] -= strides[k][du] * out[d];
+      for (size_t k = 0; k < N; ++k) off[k] -= strides[k][du] * out[d];
       idx[du] = 0;
     }
   }
+}
+
+// Calls fn(i, offsets) for every element i (row-major) of `out`, where offsets[k] is the flat index
+// of the matching element of a contiguous input of shape ins[k] (each must broadcast to `out`).
+template <size_t N, class Fn>
+void broadcast_for_each(const Shape& out, const std::array<Shape, N>& ins, Fn&& fn) {
+  broadcast_for_each_row<N>(out, ins, [&](int64_t i, int64_t len, std::array<int64_t, N> off,
+                                          const std::array<int64_t, N>& steps) {
+    for (int64_t j = 0; j < len; ++j) {
+      fn(i + j, off);
+      for (size_t k = 0; k < N; ++k) off[k] += steps[k];
+    }
+  });
 }
 
 // Sums `grad` (of a broadcast result's shape) over the dims along which an operand of `shape` was

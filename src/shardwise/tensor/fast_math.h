@@ -6,6 +6,17 @@
 #include <bit>
 #include <cstdint>
 
+// SW_SIMD_CLONES before a (non-template) kernel function: GCC compiles it for AVX-512, AVX2 and
+// baseline x86-64 and picks the widest the CPU has when the program loads. With -ffp-contract=off
+// (CMakeLists.txt) and no fast-math every clone performs the same IEEE operations in the same order,
+// so all give the same bits; only the vector width differs. Off under sanitizers and other compilers.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
+#define SW_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SW_SIMD_CLONES
+#endif
+
 namespace shardwise {
 
 inline float fast_expf(float x) {

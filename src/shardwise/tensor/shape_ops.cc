@@ -139,7 +139,8 @@ Shape local_reshape_shape(const Shape& global_in, const Shape& global_out, const
 }
 
 Tensor reshape_local(const Tensor& x, const Shape& global_in, const Shape& global_out, std::string_view op) {
-  return x.clone().reshaped(local_reshape_shape(global_in, global_out, x.shape(), op));
+  // A view: kernels never write their inputs, so sharing the storage is safe.
+  return x.reshaped(local_reshape_shape(global_in, global_out, x.shape(), op));
 }
 
 Shape reshape_shape(const Shape& in, const Attrs& attrs) {
@@ -276,15 +277,16 @@ Tensor transpose(const Tensor& x, const Perm& perm) {
   std::array<int64_t, kMaxDims> strides{};  // x's stride along each output dim
   for (int j = 0; j < perm.n; ++j)
     strides[static_cast<size_t>(j)] = xs[static_cast<size_t>(perm.to[static_cast<size_t>(j)])];
-  SW_DISPATCH(x.dtype(), [&] {
-    const T* src = x.data<T>();
-    T* dst = out.data<T>();
-    const int64_t total = out.numel();
+  const int64_t total = out.numel();
+  if (total == 0) return out;
+  // Calls copy(o, s) for flat index o of `out` (stepping by `step`) and x's offset s, walking the
+  // first `nd` output dims like an odometer: no division per element.
+  auto walk = [&](int nd, int64_t step, auto&& copy) {
     std::array<int64_t, kMaxDims> idx{};
     int64_t s = 0;
-    for (int64_t o = 0; o < total; ++o) {
-      dst[o] = src[s];
-      for (int d = perm.n - 1; d >= 0; --d) {
+    for (int64_t o = 0; o < total; o += step) {
+      copy(o, s);
+      for (int d = nd - 1; d >= 0; --d) {
         auto u = static_cast<size_t>(d);
         s += strides[u];
         if (++idx[u] < out_shape[d]) break;
@@ -292,6 +294,23 @@ Tensor transpose(const Tensor& x, const Perm& perm) {
         idx[u] = 0;
       }
     }
+  };
+  if (perm.n >= 2 && perm.to[static_cast<size_t>(perm.n - 1)] == perm.n - 1) {
+    // The last dim stays last: copy whole rows of it (head splits and merges: [B, S, NH, HD] <->
+    // [B, NH, S, HD]).
+    const auto elem = static_cast<int64_t>(dtype_size(x.dtype()));
+    const int64_t run = out_shape[perm.n - 1];
+    const std::byte* src = x.raw();
+    std::byte* dst = out.raw();
+    walk(perm.n - 1, run, [&](int64_t o, int64_t s) {
+      std::memcpy(dst + o * elem, src + s * elem, static_cast<size_t>(run * elem));
+    });
+    return out;
+  }
+  SW_DISPATCH(x.dtype(), [&] {
+    const T* src = x.data<T>();
+    T* dst = out.data<T>();
+    walk(perm.n, 1, [&](int64_t o, int64_t s) { dst[o] = src[s]; });
   });
   return out;
 }

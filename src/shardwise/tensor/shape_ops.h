@@ -61,7 +61,7 @@ DimTransform reshape_transform(const Shape& in, const Shape& out);
 // (a non-leading dim of a group sharded, a removed extent-1 dim sharded, a count that does not
 // divide): the SPMD rule must have required Replicate there.
 Shape local_reshape_shape(const Shape& global_in, const Shape& global_out, const Shape& local_in, std::string_view op);
-// A copy of `x` (a shard of `global_in`) reshaped to its part of `global_out`.
+// `x` (a shard of `global_in`) reshaped to its part of `global_out`: a view sharing x's storage.
 Tensor reshape_local(const Tensor& x, const Shape& global_in, const Shape& global_out, std::string_view op);
 
 // Output shapes (global) of the reshape family, from the input shape and the op's attributes.

@@ -1,7 +1,10 @@
 #include "shardwise/tensor/softmax.h"
 
+#include "shardwise/tensor/fast_math.h"
+
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <limits>
 #include <variant>
 #include <vector>
@@ -61,6 +64,109 @@ int checked_axis(int64_t axis, int ndim, std::string_view op) {
   return static_cast<int>(axis < 0 ? axis + ndim : axis);
 }
 
+// Reductions over a contiguous float row in kLanes interleaved partial results (lane l takes
+// elements l, l + kLanes, ...; the lanes combine in a fixed tree): vectorizable, and a function of
+// the row alone, so every rank that holds the row gets the same bits.
+constexpr int64_t kLanes = 8;
+
+SW_SIMD_CLONES float row_max(const float* x, int64_t n) {
+  float m[kLanes];
+  for (float& v : m) v = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  }
+  for (; j < n; ++j) m[0] = x[j] > m[0] ? x[j] : m[0];
+  for (int64_t w = kLanes / 2; w > 0; w /= 2) {
+    for (int64_t l = 0; l < w; ++l) m[l] = m[l + w] > m[l] ? m[l + w] : m[l];
+  }
+  return m[0];
+}
+
+// Whether the row holds a NaN.
+SW_SIMD_CLONES bool row_has_nan(const float* x, int64_t n) {
+  int32_t bad[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) bad[l] |= x[j + l] != x[j + l] ? 1 : 0;
+  }
+  for (; j < n; ++j) bad[0] |= x[j] != x[j] ? 1 : 0;
+  int32_t any = 0;
+  for (int32_t b : bad) any |= b;
+  return any != 0;
+}
+
+double lane_total(const double* acc) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// exp(d) for d = x - max <= 0, in float: fast_expf (~3 ulp), and 0 below e^-80. What is flushed
+// is below 2e-35 of the row's sum (which is >= 1): dropping it changes nothing a float can hold,
+// and it keeps subnormals (slow on x86, and fast_expf would clamp at e^-87 rather than reach 0)
+// out of the probabilities: a causal mask's -1e9 gives exactly 0, as std::exp does.
+inline float exp_shifted(float d) { return d < -80.0f ? 0.0f : fast_expf(d); }
+
+// sum_j exp_shifted(x[j] - mx), accumulated in double; e (when not null) receives the exponentials.
+SW_SIMD_CLONES double row_sum_exp(const float* x, float mx, float* e, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  if (e) {
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const float v = exp_shifted(x[j + l] - mx);
+        e[j + l] = v;
+        acc[l] += static_cast<double>(v);
+      }
+    }
+  } else {
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(exp_shifted(x[j + l] - mx));
+    }
+  }
+  for (; j < n; ++j) {
+    const float v = exp_shifted(x[j] - mx);
+    if (e) e[j] = v;
+    acc[0] += static_cast<double>(v);
+  }
+  return lane_total(acc);
+}
+
+// sum_j a[j] * b[j] in double.
+SW_SIMD_CLONES double row_dot(const float* a, const float* b, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(a[j + l]) * static_cast<double>(b[j + l]);
+  }
+  for (; j < n; ++j) acc[0] += static_cast<double>(a[j]) * static_cast<double>(b[j]);
+  return lane_total(acc);
+}
+
+// f32 softmax / log_softmax of one contiguous row whose max `mx` is finite and that holds no NaN:
+// exponentials in float (exp_shifted), the sum in double, then one multiplication by 1 / sum.
+SW_SIMD_CLONES void softmax_row_f32(const float* x, float* y, int64_t n, float mx, bool log) {
+  if (log) {
+    const auto log_sum = static_cast<float>(std::log(row_sum_exp(x, mx, nullptr, n)));
+    for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - mx) - log_sum;
+    return;
+  }
+  const double sum = row_sum_exp(x, mx, y, n);
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+}
+
+// Whether a row of cross-entropy logits takes the f32 path: f32, a finite max (the global one
+// under vocab parallelism: every local element is <= it) and no NaN in the row.
+template <class T>
+bool fast_f32_row(const T* row, int64_t n, double mx) {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::isfinite(mx) && !row_has_nan(row, n);
+  } else {
+    return false;
+  }
+}
+bool fast_f32_row(const float* row, int64_t n, double mx) { return fast_f32_row<float>(row, n, mx); }
+
 // softmax (log = false) or log_softmax (log = true) of every slice.
 Tensor softmax_impl(const Tensor& x, int axis, bool log) {
   std::string_view op = log ? "log_softmax" : "softmax";
@@ -73,6 +179,15 @@ Tensor softmax_impl(const Tensor& x, int axis, bool log) {
     T* po = out.data<T>();
     std::vector<double> e(static_cast<size_t>(v.n));
     for_each_slice(v, [&](int64_t base, int64_t stride) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (stride == 1) {
+          const float mx = row_max(px + base, v.n);
+          if (std::isfinite(mx) && !row_has_nan(px + base, v.n)) {
+            softmax_row_f32(px + base, po + base, v.n, mx, log);
+            return;
+          }
+        }
+      }
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < v.n; ++j) mx = std::max(mx, to_f64(px[base + j * stride]));
       double sum = 0;
@@ -104,6 +219,17 @@ Tensor softmax_backward_impl(const Tensor& out, const Tensor& dout, int axis, bo
     const T* pg = dout.data<T>();
     T* pdx = dx.data<T>();
     for_each_slice(v, [&](int64_t base, int64_t stride) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (stride == 1 && !log) {
+          // The sum in double lanes; each element as below, in double, rounded once.
+          const double s = row_dot(pg + base, py + base, v.n);
+          for (int64_t j = 0; j < v.n; ++j) {
+            const auto y = static_cast<double>(py[base + j]), g = static_cast<double>(pg[base + j]);
+            pdx[base + j] = static_cast<float>(y * (g - s));
+          }
+          return;
+        }
+      }
       double s = 0;
       for (int64_t j = 0; j < v.n; ++j) {
         int64_t at = base + j * stride;
@@ -230,6 +356,11 @@ std::vector<double> cross_entropy_local_max(const Tensor& logits) {
     const T* px = logits.data<T>();
     for (size_t i = 0; i < mx.size(); ++i) {
       const T* row = px + static_cast<int64_t>(i) * c_local;
+      if constexpr (std::is_same_v<T, float>) {
+        // The same value (a max is exact; NaN is skipped in both), in float lanes.
+        if (c_local > 0) mx[i] = static_cast<double>(row_max(row, c_local));
+        continue;
+      }
       for (int64_t c = 0; c < c_local; ++c) mx[i] = std::max(mx[i], to_f64(row[c]));
     }
   });
@@ -248,7 +379,14 @@ CrossEntropyRowSums cross_entropy_local_sums(const Tensor& logits, const Tensor&
     const T* px = logits.data<T>();
     for (size_t i = 0; i < rows.labels.size(); ++i) {
       const T* row = px + static_cast<int64_t>(i) * c_local;
-      for (int64_t c = 0; c < c_local; ++c) s.sum_exp[i] += std::exp(to_f64(row[c]) - row_max[i]);
+      bool fast = false;
+      if constexpr (std::is_same_v<T, float>) {
+        fast = fast_f32_row(row, c_local, row_max[i]);
+        if (fast) s.sum_exp[i] = row_sum_exp(row, static_cast<float>(row_max[i]), nullptr, c_local);
+      }
+      if (!fast) {
+        for (int64_t c = 0; c < c_local; ++c) s.sum_exp[i] += std::exp(to_f64(row[c]) - row_max[i]);
+      }
       int64_t local_label = rows.labels[i] - shard.offset;
       if (rows.labels[i] != ignore_index && local_label >= 0 && local_label < c_local) {
         s.target[i] = to_f64(row[local_label]);
@@ -315,6 +453,20 @@ Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labe
       if (reduction == LossReduction::Mean) w /= static_cast<double>(rows.count);
       const T* row = px + static_cast<int64_t>(i) * c_local;
       T* drow = pdx + static_cast<int64_t>(i) * c_local;
+      if (fast_f32_row<T>(row, c_local, row_max[i])) {
+        // p = exp_shifted(x - max) / sum, then (p - [c == y]) * w in double as below.
+        const auto mxf = static_cast<float>(row_max[i]);
+        const double inv = 1.0 / sum_exp[i];
+        for (int64_t c = 0; c < c_local; ++c) {
+          const double p = static_cast<double>(exp_shifted(static_cast<float>(row[c]) - mxf)) * inv;
+          drow[c] = static_cast<T>(p * w);
+        }
+        if (y >= 0 && y < c_local) {
+          const double p = static_cast<double>(exp_shifted(static_cast<float>(row[y]) - mxf)) * inv;
+          drow[y] = static_cast<T>((p - 1.0) * w);
+        }
+        continue;
+      }
       for (int64_t c = 0; c < c_local; ++c) {
         double p = std::exp(to_f64(row[c]) - row_max[i]) / sum_exp[i];
         drow[c] = from_f64<T>((p - (c == y ? 1.0 : 0.0)) * w);

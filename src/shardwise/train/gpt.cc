@@ -106,8 +106,10 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
     auto q = heads(linear(h, p + ".attn.q_proj", H, H, true), p + ".attn.q");
     auto k = heads(linear(h, p + ".attn.k_proj", H, H, true), p + ".attn.k");
     auto v = heads(linear(h, p + ".attn.v_proj", H, H, true), p + ".attn.v");
-    auto scores = g.scale(g.matmul(q, k, true, p + ".attn.qk"), 1.0 / std::sqrt(static_cast<double>(HD)), 0.0,
-                          p + ".attn.scores");
+    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
+    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
+    auto q_scaled = g.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
+    auto scores = g.matmul(q_scaled, k, true, p + ".attn.scores");
     auto probs = g.softmax(g.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs");
     auto ctx = g.reshape(g.transpose(g.matmul(probs, v, false, p + ".attn.ctx.heads"), {0, 2, 1, 3}, p + ".attn.ctx.t"),
                          {B, S, H}, p + ".attn.ctx");
