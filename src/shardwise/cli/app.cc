@@ -90,7 +90,10 @@ int run(int argc, char** argv) {
     auto& c = train_opts.config;
     auto* t = train_cmd;
     t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
-    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp (default dp=2,tp=2)");
+    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp (default dp=2,tp=2)");
+    t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1 (default 1f1b)");
+    t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank (default 1)");
+    t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
     t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
     t->add_option("--ranks", train_opts.ranks, "ranks as threads (default: the mesh's size)");
     t->add_option("--steps", c.steps, "optimizer steps (default 1800)");

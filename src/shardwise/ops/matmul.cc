@@ -95,8 +95,8 @@ std::vector<Tensor> matmul_forward(std::span<const Tensor> in, const Attrs& attr
 // dx = dout * op(y)^T and dy = op(x)^T * dout, written in each input's stored layout (transposed
 // when its trans flag is set); beta = 1 accumulates the sum over the batch items an input was
 // broadcast to.
-std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const Tensor> /*outputs*/,
-                                    std::span<const Tensor> out_grads, const Attrs& attrs) {
+std::vector<Tensor> matmul_grads(std::span<const Tensor> in, std::span<const Tensor> out_grads, const Attrs& attrs,
+                                 bool want_dx, bool want_dy) {
   SW_CHECK(in.size() == 2 && out_grads.size() == 1, "matmul backward takes 2 inputs and 1 output grad");
   const Tensor& x = in[0];
   const Tensor& y = in[1];
@@ -110,21 +110,32 @@ std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const 
   GemmArgs gx = tx ? args(ty, true, d.k, d.m, d.n, 1.0) : args(false, !ty, d.m, d.k, d.n, 1.0);
   // dy: [k, n] = op(x)^T * dout, or stored [n, k] = dout^T * op(x) when trans_y.
   GemmArgs gy = ty ? args(true, tx, d.n, d.k, d.m, 1.0) : args(!tx, false, d.k, d.n, d.m, 1.0);
-  Tensor dx(x.dtype(), x.shape()), dy(y.dtype(), y.shape());
+  Tensor dx, dy;
+  if (want_dx) dx = Tensor(x.dtype(), x.shape());
+  if (want_dy) dy = Tensor(y.dtype(), y.shape());
   DType dt = x.dtype();
   for_each_batch(d, x.shape(), y.shape(), [&](int64_t xo, int64_t yo, int64_t oo) {
-    if (tx) {
-      gemm(dt, gx, at(y, yo), at(dout, oo), at(dx, xo));
-    } else {
-      gemm(dt, gx, at(dout, oo), at(y, yo), at(dx, xo));
+    if (want_dx) {
+      if (tx) {
+        gemm(dt, gx, at(y, yo), at(dout, oo), at(dx, xo));
+      } else {
+        gemm(dt, gx, at(dout, oo), at(y, yo), at(dx, xo));
+      }
     }
-    if (ty) {
-      gemm(dt, gy, at(dout, oo), at(x, xo), at(dy, yo));
-    } else {
-      gemm(dt, gy, at(x, xo), at(dout, oo), at(dy, yo));
+    if (want_dy) {
+      if (ty) {
+        gemm(dt, gy, at(dout, oo), at(x, xo), at(dy, yo));
+      } else {
+        gemm(dt, gy, at(x, xo), at(dout, oo), at(dy, yo));
+      }
     }
   });
   return {dx, dy};
+}
+
+std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const Tensor> /*outputs*/,
+                                    std::span<const Tensor> out_grads, const Attrs& attrs) {
+  return matmul_grads(in, out_grads, attrs, true, true);
 }
 
 VerifyCase make_case(Shape x, Shape y, DType dtype, bool trans_x = false, bool trans_y = false) {
@@ -167,6 +178,11 @@ void register_matmul_ops(OpRegistry& registry) {
   op.infer = matmul_infer;
   op.forward = matmul_forward;
   op.backward = matmul_backward;
+  op.backward_partial = [](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> out_grads,
+                           const Attrs& attrs, std::span<const bool> wanted) {
+    return matmul_grads(in, out_grads, attrs, wanted[0], wanted[1]);
+  };
+  op.backward_reads = std::vector<int>{0, 1};  // x and y; not the output
   op.cases = matmul_cases();
   registry.add(std::move(op));
 }

@@ -184,6 +184,17 @@ Schedule zero_bubble_h1(int p, int m) {
   return s;
 }
 
+Schedule forward_only(int p, int v, int m) {
+  check_basic("forward-only", p, m);
+  Schedule s = empty("forward-only", p, v, m, false);
+  s.forward_only = true;
+  for (int r = 0; r < p; ++r)
+    for (int i = 0; i < m; ++i)
+      for (int st : s.stages_of(r)) s.actions[static_cast<size_t>(r)].push_back(compute(ActionKind::Forward, st, i));
+  add_communication(s);
+  return s;
+}
+
 Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual_stages) {
   SW_CHECK(virtual_stages >= 1, "virtual stages per rank must be at least 1, got {}", virtual_stages);
   SW_CHECK(kind == ScheduleKind::Interleaved || virtual_stages == 1,

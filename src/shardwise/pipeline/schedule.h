@@ -55,6 +55,7 @@ struct Schedule {
   int virtual_stages = 1;  // v
   int micro_batches = 1;   // m
   bool split_backward = false;
+  bool forward_only = false;  // no backward actions (evaluation); not a training schedule
   std::vector<std::vector<Action>> actions;  // per pipeline rank, in execution order
 
   int stages() const { return ranks * virtual_stages; }
@@ -71,6 +72,8 @@ Schedule one_f_one_b(int ranks, int micro_batches);                   // PipeDre
 Schedule interleaved_1f1b(int ranks, int virtual_stages, int micro_batches);  // Megatron-LM
 Schedule zero_bubble_h1(int ranks, int micro_batches);                // ZB-H1 (Qi et al. 2023)
 Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual_stages = 1);
+// Forwards only (evaluation): each rank runs its stages for micro-batch 0, 1, ... in turn.
+Schedule forward_only(int ranks, int virtual_stages, int micro_batches);
 
 // Adds the send/recv actions to lists of compute actions (and the optimizer step). The messages
 // are placed where an execution with unit action times (F = B_input = W = 1, B = 2) would pass

@@ -122,6 +122,7 @@ class Validator {
                    action_kind_name(k), st, s_.rank_of(st));
         };
         need(ActionKind::Forward);
+        if (s_.forward_only) continue;
         if (s_.split_backward) {
           need(ActionKind::BackwardInput);
           need(ActionKind::BackwardWeight);

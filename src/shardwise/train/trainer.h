@@ -28,7 +28,12 @@ inline GptConfig demo_model() {
 // addition in about two minutes on 4 threads of a 2-core machine.
 struct TrainConfig {
   GptConfig model = demo_model();
-  std::string mesh = "dp=2,tp=2";  // named dims dp, tp (and pp later)
+  std::string mesh = "dp=2,tp=2";  // named dims dp, tp, pp
+  // On a mesh with pp: the schedule (fthenb, 1f1b, interleaved, zbh1) over `accumulation`
+  // micro-batches, virtual stages per pipeline rank, release of what backward does not need.
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool pipeline_release = true;
   bool sequence_parallel = false;
   int64_t steps = 1800;
   int64_t micro_batch = 0, accumulation = 0, global_batch = 64;  // 0: derived (see above)
@@ -60,6 +65,8 @@ struct EvalResult {
   double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
 };
 
+class PipelineParallel;
+
 class Trainer {
  public:
   Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
@@ -81,6 +88,7 @@ class Trainer {
   const runtime::RunStats& last_run_stats() const { return last_stats_; }
   // The whole parameter (collective: every rank calls it), for tests and exports.
   Tensor gather_param(const std::string& name);
+  PipelineParallel* pipeline() { return pp_.get(); }  // null without pp
 
  private:
   struct Compiled {
@@ -102,6 +110,7 @@ class Trainer {
   Tensor mask_;
   int64_t step_ = 0, consumed_ = 0;
   runtime::RunStats last_stats_;
+  std::unique_ptr<PipelineParallel> pp_;
 };
 
 }  // namespace shardwise::train
