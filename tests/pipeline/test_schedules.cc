@@ -184,3 +184,25 @@ TEST(Schedules, TimelinePictureHasABoxPerComputeAction) {
 
 }  // namespace
 }  // namespace shardwise::pipeline
+
+namespace shardwise::pipeline {
+namespace {
+
+TEST(Schedules, ReplayOfActionTimesEqualsTheStageTimes) {
+  Schedule s = one_f_one_b(3, 5);
+  SimResult planned = simulate(s, times(1.5, 2.5));
+  SimOptions replay;
+  for (const auto& list : s.actions) {
+    replay.durations.emplace_back();
+    for (const Action& a : list)
+      replay.durations.back().push_back(a.kind == ActionKind::Forward ? 1.5 : a.kind == ActionKind::Backward ? 2.5 : 0);
+  }
+  SimResult r = simulate(s, replay);
+  EXPECT_DOUBLE_EQ(r.step_time, planned.step_time);
+  // One slow forward on the first rank delays everyone behind it by the same amount.
+  replay.durations[0][0] += 1;
+  EXPECT_DOUBLE_EQ(simulate(s, replay).step_time, planned.step_time + 1);
+}
+
+}  // namespace
+}  // namespace shardwise::pipeline

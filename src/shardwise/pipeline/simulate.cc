@@ -42,6 +42,12 @@ SimResult simulate(const Schedule& s, const SimOptions& o) {
   std::vector<double> clock(p, 0);
   std::vector<int64_t> held(p, 0);
   std::vector<int> in_flight(p, 0);
+  SW_CHECK(o.durations.empty() || o.durations.size() == p, "simulate: durations for {} ranks, the schedule has {}",
+           o.durations.size(), p);
+  for (size_t r = 0; r < o.durations.size(); ++r)
+    SW_CHECK(o.durations[r].size() == s.actions[r].size(), "simulate: {} durations for rank {}'s {} actions",
+             o.durations[r].size(), r, s.actions[r].size());
+  auto replay = [&](size_t r, size_t i, double planned) { return o.durations.empty() ? planned : o.durations[r][i]; };
   std::map<std::tuple<ActionKind, int, int>, double> arrival;  // keyed by the receive
   for (bool progress = true; progress;) {
     progress = false;
@@ -54,17 +60,20 @@ SimResult simulate(const Schedule& s, const SimOptions& o) {
         if (is_recv(a.kind)) {
           auto it = arrival.find({a.kind, a.stage, a.micro_batch});
           if (it == arrival.end()) break;  // its message is not sent yet
-          end = std::max(start, it->second);
+          end = std::max(start, it->second) + replay(r, pc[r], 0);
         } else if (is_send(a.kind)) {
-          end = start + o.send_time;
-          if (a.kind == ActionKind::SendActivation) arrival[{ActionKind::RecvActivation, a.stage + 1, a.micro_batch}] = end;
-          else arrival[{ActionKind::RecvGrad, a.stage - 1, a.micro_batch}] = end;
+          const double busy = replay(r, pc[r], o.send_time);
+          end = start + busy;
+          const double arrives = start + std::min(busy, o.send_time);
+          if (a.kind == ActionKind::SendActivation) arrival[{ActionKind::RecvActivation, a.stage + 1, a.micro_batch}] = arrives;
+          else arrival[{ActionKind::RecvGrad, a.stage - 1, a.micro_batch}] = arrives;
         } else if (is_compute(a.kind)) {
           const StageCosts& c = costs(a.stage);
-          double d = a.kind == ActionKind::Forward          ? c.forward
-                     : a.kind == ActionKind::Backward       ? c.backward
-                     : a.kind == ActionKind::BackwardInput  ? c.backward_input
-                                                            : c.backward_weight;
+          double d = replay(r, pc[r],
+                            a.kind == ActionKind::Forward          ? c.forward
+                            : a.kind == ActionKind::Backward       ? c.backward
+                            : a.kind == ActionKind::BackwardInput  ? c.backward_input
+                                                                   : c.backward_weight);
           end = start + d;
           rs.compute += d;
           switch (a.kind) {

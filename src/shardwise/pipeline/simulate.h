@@ -26,6 +26,11 @@ struct SimOptions {
   // One entry per stage, or one entry for every stage.
   std::vector<StageCosts> stages = {StageCosts{}};
   double send_time = 0;  // per message, on the sender
+  // A replay: per rank, the duration of each action of its list (measured), instead of the stage
+  // times; a receive's entry is its own time after the message has arrived. A message arrives
+  // send_time after its send starts (or when the send ends, if sooner): a measured send may last
+  // longer than the transfer (the sender descheduled once the message is out).
+  std::vector<std::vector<double>> durations;
 };
 
 struct TimedAction {
