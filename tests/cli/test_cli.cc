@@ -186,3 +186,34 @@ TEST(Cli, TrainWritesItsLogAndCurveAndLearns) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, PipelinePrintsActionListsBubbleAndPeak) {
+  Result r = run("pipeline --schedule 1f1b --stages 4 --micro-batches 8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 0: F0 sendA0>1 F1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 3: recvA0<2 F0"), std::string::npos) << r.out;
+  // (p-1)/(m+p-1) = 3/11; the first rank holds p = 4 micro-batches.
+  EXPECT_NE(r.out.find("bubble fraction 0.2727 (closed form (p-1)/(m+p-1) = 0.2727), peak activations 4 micro-batches"),
+            std::string::npos)
+      << r.out;
+  std::string svg = ::testing::TempDir() + "/pipeline.svg";
+  Result s = run("pipeline --schedule interleaved --stages 2 --virtual 2 --micro-batches 4 --svg " + svg);
+  ASSERT_EQ(s.status, 0) << s.out;
+  EXPECT_NE(s.out.find("(p-1)/(v*m+p-1) = 0.1111"), std::string::npos) << s.out;
+  std::ifstream f(svg);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+}
+
+TEST(Cli, PipelineRefusesImpossibleConfigurations) {
+  Result r = run("pipeline --schedule zbh1 --stages 4 --micro-batches 3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("shardwise: error: zbh1: 3 micro-batches for 4 pipeline ranks"), std::string::npos) << r.out;
+  Result v = run("pipeline --schedule 1f1b --stages 2 --virtual 2");
+  EXPECT_EQ(v.status, 2);
+  EXPECT_NE(v.out.find("needs the interleaved schedule"), std::string::npos) << v.out;
+}
+
+}  // namespace

@@ -65,6 +65,23 @@ int run(int argc, char** argv) {
       ->delimiter(',');
   plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
 
+  PipelineOptions pipe_opts;
+  auto* pipe_cmd = app.add_subcommand("pipeline", "Generate, validate and simulate a pipeline schedule");
+  pipe_cmd->add_option("--schedule", pipe_opts.schedule, "fthenb (gpipe), 1f1b, interleaved or zbh1 (default 1f1b)");
+  pipe_cmd->add_option("--stages", pipe_opts.stages, "pipeline ranks (default 4)");
+  pipe_cmd->add_option("--micro-batches", pipe_opts.micro_batches, "micro-batches per step (default 8)");
+  pipe_cmd->add_option("--virtual", pipe_opts.virtual_stages, "virtual stages per rank, interleaved only (default 1)");
+  pipe_cmd->add_option("--forward-time", pipe_opts.forward_time, "forward time of a rank's layers (default 1)");
+  pipe_cmd->add_option("--input-grad-time", pipe_opts.backward_input_time, "input-gradient time (default 1)");
+  pipe_cmd->add_option("--weight-grad-time", pipe_opts.backward_weight_time,
+                       "weight-gradient time (default 1; backward = input + weight)");
+  pipe_cmd->add_option("--send-time", pipe_opts.send_time, "time of one send (default 0)");
+  pipe_cmd->add_option("--activation-bytes", pipe_opts.activation_bytes,
+                       "activation bytes a micro-batch holds per stage (default 1: count micro-batches)");
+  pipe_cmd->add_option("--weight-grad-bytes", pipe_opts.weight_grad_bytes,
+                       "bytes kept from the input gradient to the weight gradient (split schedules)");
+  pipe_cmd->add_option("--svg", pipe_opts.svg, "write the simulated timeline as an SVG picture");
+
   TrainOptions train_opts;
   train_opts.run_dir = "runs/demo";
   train_opts.eval_every = 300;
@@ -73,7 +90,10 @@ int run(int argc, char** argv) {
     auto& c = train_opts.config;
     auto* t = train_cmd;
     t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
-    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp (default dp=2,tp=2)");
+    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp (default dp=2,tp=2)");
+    t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1 (default 1f1b)");
+    t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank (default 1)");
+    t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
     t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
     t->add_option("--ranks", train_opts.ranks, "ranks as threads (default: the mesh's size)");
     t->add_option("--steps", c.steps, "optimizer steps (default 1800)");
@@ -120,6 +140,7 @@ int run(int argc, char** argv) {
     if (*verify_cmd) return cmd_verify(verify_opts, std::cout);
     if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
     if (*plan_cmd) return cmd_plan(plan_opts, std::cout);
+    if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
     if (*train_cmd) {
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);

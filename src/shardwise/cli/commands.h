@@ -46,6 +46,17 @@ struct PlanOptions {
 };
 int cmd_plan(const PlanOptions& options, std::ostream& out);
 
+struct PipelineOptions {
+  std::string schedule = "1f1b";
+  int stages = 4;  // pipeline ranks (physical stages)
+  int micro_batches = 8;
+  int virtual_stages = 1;
+  double forward_time = 1, backward_input_time = 1, backward_weight_time = 1, send_time = 0;
+  int64_t activation_bytes = 1, weight_grad_bytes = 0;  // per micro-batch and stage (1: count micro-batches)
+  std::string svg;
+};
+int cmd_pipeline(const PipelineOptions& options, std::ostream& out);
+
 struct TrainOptions {
   train::TrainConfig config;
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count

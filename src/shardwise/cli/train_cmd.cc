@@ -65,6 +65,10 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        "(warm-up {}, cosine to {})\n",
                        trainer.dataset().describe(), c.global_batch, c.micro_batch, c.accumulation,
                        trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
+    if (trainer.strategy().pp >= 0)
+      out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
+                         c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,
+                         trainer.strategy().mesh.dim_size(trainer.strategy().pp), c.virtual_stages, c.accumulation);
     out.flush();
   }
   const bool tty = report && &out == &std::cout && isatty(STDOUT_FILENO);

@@ -1,6 +1,7 @@
 #include "shardwise/graph/autodiff.h"
 
 #include <map>
+#include <utility>
 
 #include "shardwise/core/error.h"
 
@@ -19,7 +20,14 @@ NodeId fill(Graph& g, const ops::TensorMeta& meta, double value, const std::stri
 
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptions& options) {
   const Value& l = g.value(loss);
-  SW_CHECK(l.meta.shape.numel() == 1 && is_floating(l.meta.dtype),
+  if (options.seed >= 0) {
+    const Value& s = g.value(options.seed);
+    SW_CHECK(s.kind == ValueKind::Input && s.meta.shape == l.meta.shape && s.meta.dtype == l.meta.dtype,
+             "the seed '{}' of '{}' must be an input of the same shape and dtype ({} {}), got {} {} {}", s.name, l.name,
+             dtype_name(l.meta.dtype), l.meta.shape.to_string(), value_kind_name(s.kind), dtype_name(s.meta.dtype),
+             s.meta.shape.to_string());
+  }
+  SW_CHECK((options.seed >= 0 || l.meta.shape.numel() == 1) && is_floating(l.meta.dtype),
            "the loss '{}' must be a floating scalar (one element), got {} {}", l.name, dtype_name(l.meta.dtype),
            l.meta.shape.to_string());
   SW_CHECK(l.requires_grad, "the loss '{}' does not depend on any parameter: nothing to differentiate", l.name);
@@ -69,7 +77,8 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptio
     return grad;
   };
   g.value(loss).grad = -1;
-  contributions[static_cast<size_t>(loss)].push_back(g.node(fill(g, l.meta, 1.0, grad_name(loss))).outputs[0]);
+  contributions[static_cast<size_t>(loss)].push_back(
+      options.seed >= 0 ? options.seed : g.node(fill(g, g.value(loss).meta, 1.0, grad_name(loss))).outputs[0]);
 
   for (size_t i = forward_count; i-- > 0;) {
     if (!on_path[i]) continue;
@@ -102,11 +111,36 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptio
       names.push_back(uses[static_cast<size_t>(v)] == 1 ? grad_name(v)
                                                         : g.unique_name(fmt::format("{}@grad.{}", g.value(v).name, n)));
     }
-    NodeId b = g.add_node(std::move(back), metas, ValueKind::Grad, names);
-    for (size_t k = 0; k < fwd.inputs.size(); ++k) {
-      ValueId out = g.node(b).outputs[k];
-      if (out >= 0) contributions[static_cast<size_t>(fwd.inputs[k])].push_back(out);
+    // Split: the parameters' gradients in a second node (same kernel, the other inputs wanted).
+    std::vector<std::string> param_names(names.size());
+    bool has_param = false, has_other = false;
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (names[k].empty()) continue;
+      bool is_param = g.value(fwd.inputs[k]).kind == ValueKind::Param;
+      (is_param ? has_param : has_other) = true;
+      if (is_param) param_names[k] = std::exchange(names[k], std::string());
     }
+    std::vector<NodeId> made;
+    if (options.split_param_grads && def.backward_partial && has_param && has_other) {
+      Node weights = back;
+      made.push_back(g.add_node(std::move(back), metas, ValueKind::Grad, names));
+      made.push_back(g.add_node(std::move(weights), metas, ValueKind::Grad, param_names));
+    } else {
+      for (size_t k = 0; k < names.size(); ++k) {
+        if (!param_names[k].empty()) names[k] = param_names[k];
+      }
+      made.push_back(g.add_node(std::move(back), metas, ValueKind::Grad, names));
+    }
+    for (NodeId b : made) {
+      for (size_t k = 0; k < fwd.inputs.size(); ++k) {
+        ValueId out = g.node(b).outputs[k];
+        if (out >= 0) contributions[static_cast<size_t>(fwd.inputs[k])].push_back(out);
+      }
+    }
+  }
+  // Inputs that take a gradient (a pipeline stage's input).
+  for (ValueId v : g.inputs()) {
+    if (g.value(v).requires_grad && !contributions[static_cast<size_t>(v)].empty()) finish(v);
   }
   std::vector<ValueId> grads;
   for (ValueId p : g.params()) {

@@ -71,6 +71,8 @@ OpDef make_binary(const BinarySpec& spec, std::vector<VerifyCase> cases) {
       BinaryGrads g = binary_backward(op, in[0], in[1], out[0], dout[0]);
       return std::vector<Tensor>{g.dx, g.dy};
     };
+    // The gradients of add and subtract are +-dout reduced to each input's shape.
+    if (op == BinaryOp::Add || op == BinaryOp::Subtract) def.backward_reads = std::vector<int>{};
   }
   def.cases = std::move(cases);
   return def;

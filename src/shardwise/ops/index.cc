@@ -207,6 +207,7 @@ void add_embedding(OpRegistry& registry) {
     VocabBlock b = vocab_block(ctx, in[1]);
     return std::vector<Tensor>{Tensor(), embedding_backward(in[0], dout[0], in[1].shape(), b.offset, b.size)};
   };
+  op.backward_reads = std::vector<int>{0};  // the ids; the weight's shape only
   op.cases = embedding_cases();
   registry.add(std::move(op));
 }

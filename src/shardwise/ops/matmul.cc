@@ -107,9 +107,10 @@ std::vector<Tensor> matmul_forward(std::span<const Tensor> in, const Attrs& attr
 
 // dx = dout * op(y)^T and dy = op(x)^T * dout, written in each input's stored layout (transposed
 // when its trans flag is set). The first product into a matrix of dx / dy has beta = 0, later ones
-// beta = 1: they accumulate the sum over the batch items an input was broadcast to.
-std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const Tensor> /*outputs*/,
-                                    std::span<const Tensor> out_grads, const Attrs& attrs) {
+// beta = 1: they accumulate the sum over the batch items an input was broadcast to. want_dx /
+// want_dy leave a gradient undefined (a zero-bubble schedule computes them at different times).
+std::vector<Tensor> matmul_grads(std::span<const Tensor> in, std::span<const Tensor> out_grads, const Attrs& attrs,
+                                 bool want_dx, bool want_dy) {
   SW_CHECK(in.size() == 2 && out_grads.size() == 1, "matmul backward takes 2 inputs and 1 output grad");
   const Tensor& x = in[0];
   const Tensor& y = in[1];
@@ -129,30 +130,37 @@ std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const 
     return ty ? args(true, tx, d.n, d.k, d.m, beta) : args(!tx, false, d.k, d.n, d.m, beta);
   };
   const GemmArgs gx[2] = {x_args(0.0), x_args(1.0)}, gy[2] = {y_args(0.0), y_args(1.0)};
-  Tensor dx = Tensor::uninitialized(x.dtype(), x.shape()), dy = Tensor::uninitialized(y.dtype(), y.shape());
+  Tensor dx, dy;
+  if (want_dx) dx = Tensor::uninitialized(x.dtype(), x.shape());
+  if (want_dy) dy = Tensor::uninitialized(y.dtype(), y.shape());
   // Which matrices of dx / dy hold a product already (their offsets are multiples of a matrix).
   const int64_t x_mat = std::max<int64_t>(d.x_matrix(), 1), y_mat = std::max<int64_t>(d.y_matrix(), 1);
   std::vector<uint8_t> x_done(static_cast<size_t>(std::max<int64_t>(x.numel() / x_mat, 1)), 0);
   std::vector<uint8_t> y_done(static_cast<size_t>(std::max<int64_t>(y.numel() / y_mat, 1)), 0);
   DType dt = x.dtype();
   for_each_batch(d, x.shape(), y.shape(), [&](int64_t xo, int64_t yo, int64_t oo) {
-    const GemmArgs& ga = gx[x_done[static_cast<size_t>(xo / x_mat)]];
-    const GemmArgs& gb = gy[y_done[static_cast<size_t>(yo / y_mat)]];
-    x_done[static_cast<size_t>(xo / x_mat)] = y_done[static_cast<size_t>(yo / y_mat)] = 1;
-    if (tx) {
-      gemm(dt, ga, at(y, yo), at(dout, oo), at(dx, xo));
-    } else {
-      gemm(dt, ga, at(dout, oo), at(y, yo), at(dx, xo));
+    if (want_dx) {
+      const GemmArgs& ga = gx[x_done[static_cast<size_t>(xo / x_mat)]];
+      x_done[static_cast<size_t>(xo / x_mat)] = 1;
+      if (tx) {
+        gemm(dt, ga, at(y, yo), at(dout, oo), at(dx, xo));
+      } else {
+        gemm(dt, ga, at(dout, oo), at(y, yo), at(dx, xo));
+      }
     }
-    if (ty) {
-      gemm(dt, gb, at(dout, oo), at(x, xo), at(dy, yo));
-    } else {
-      gemm(dt, gb, at(x, xo), at(dout, oo), at(dy, yo));
+    if (want_dy) {
+      const GemmArgs& gb = gy[y_done[static_cast<size_t>(yo / y_mat)]];
+      y_done[static_cast<size_t>(yo / y_mat)] = 1;
+      if (ty) {
+        gemm(dt, gb, at(dout, oo), at(x, xo), at(dy, yo));
+      } else {
+        gemm(dt, gb, at(x, xo), at(dout, oo), at(dy, yo));
+      }
     }
   });
   // A matrix no product reached (an empty output batch) is zero.
   auto zero_rest = [](Tensor& t, const std::vector<uint8_t>& done, int64_t mat) {
-    if (t.numel() == 0) return;
+    if (!t.defined() || t.numel() == 0) return;
     const auto bytes = static_cast<size_t>(mat) * dtype_size(t.dtype());
     for (size_t i = 0; i < done.size(); ++i) {
       if (!done[i]) std::memset(t.raw() + i * bytes, 0, bytes);
@@ -161,6 +169,11 @@ std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const 
   zero_rest(dx, x_done, x_mat);
   zero_rest(dy, y_done, y_mat);
   return {dx, dy};
+}
+
+std::vector<Tensor> matmul_backward(std::span<const Tensor> in, std::span<const Tensor> /*outputs*/,
+                                    std::span<const Tensor> out_grads, const Attrs& attrs) {
+  return matmul_grads(in, out_grads, attrs, true, true);
 }
 
 VerifyCase make_case(Shape x, Shape y, DType dtype, bool trans_x = false, bool trans_y = false) {
@@ -203,6 +216,11 @@ void register_matmul_ops(OpRegistry& registry) {
   op.infer = matmul_infer;
   op.forward = matmul_forward;
   op.backward = matmul_backward;
+  op.backward_partial = [](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> out_grads,
+                           const Attrs& attrs, std::span<const bool> wanted) {
+    return matmul_grads(in, out_grads, attrs, wanted[0], wanted[1]);
+  };
+  op.backward_reads = std::vector<int>{0, 1};  // x and y; not the output
   op.cases = matmul_cases();
   registry.add(std::move(op));
 }

@@ -76,6 +76,7 @@ OpDef make_layer_norm() {
     LayerNormGrads g = layer_norm_backward(in[0], in[1], out[1], out[2], dout[0], k);
     return std::vector<Tensor>{g.dx, g.dscale, g.dbias};
   };
+  def.backward_reads = std::vector<int>{0, 1, 4, 5};  // x, scale, mean, rstd; not bias, not the output
   def.cases = norm_cases(2);
   return def;
 }

@@ -77,9 +77,17 @@ std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs,
   return op.forward(inputs, attrs);
 }
 
+bool OpDef::backward_reads_value(int k) const {
+  return !backward_reads || std::find(backward_reads->begin(), backward_reads->end(), k) != backward_reads->end();
+}
+
 std::vector<Tensor> run_backward(const OpDef& op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
-                                 std::span<const Tensor> out_grads, const Attrs& attrs, const KernelContext* context) {
+                                 std::span<const Tensor> out_grads, const Attrs& attrs, const KernelContext* context,
+                                 std::span<const bool> wanted) {
   SW_CHECK(op.has_backward(), "op '{}' has no gradient", op.name);
+  SW_CHECK(wanted.empty() || wanted.size() == inputs.size(), "op '{}': {} gradient flags for {} inputs", op.name,
+           wanted.size(), inputs.size());
+  if (!wanted.empty() && op.backward_partial) return op.backward_partial(inputs, outputs, out_grads, attrs, wanted);
   if (op.backward_in_context) {
     if (context) return op.backward_in_context(inputs, outputs, out_grads, attrs, *context);
     std::vector<Tensor> all(inputs.begin(), inputs.end());

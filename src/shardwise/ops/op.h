@@ -3,6 +3,7 @@
 // analytic gradient kernel, the name of its SPMD rule, and the cases the numerical verifier runs.
 #include <array>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +29,11 @@ using KernelFn = std::function<std::vector<Tensor>(std::span<const Tensor> input
 // gradient, such as an integer index or a boolean condition).
 using BackwardFn = std::function<std::vector<Tensor>(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
                                                      std::span<const Tensor> out_grads, const Attrs&)>;
+// The gradients of the inputs with wanted[k] set only (the others undefined): lets a schedule
+// compute input and weight gradients at different times without computing either twice.
+using PartialBackwardFn =
+    std::function<std::vector<Tensor>(std::span<const Tensor> inputs, std::span<const Tensor> outputs,
+                                      std::span<const Tensor> out_grads, const Attrs&, std::span<const bool> wanted)>;
 
 // Where a kernel's local tensors sit in the global ones. The runtime and the verifier pass it to
 // kernels that need global coordinates: vocab-parallel embedding (its shard's vocab offset),
@@ -98,7 +104,16 @@ struct OpDef {
   // Its context kernels call collectives (sync_batch_norm, vocab-parallel cross-entropy): the
   // verifier and the runtime run its ranks concurrently with a communicator in the context.
   bool collective = false;
+  // Which forward tensors the gradient kernel reads the values of, as indices into inputs ++
+  // outputs; the others it reads the shape of only (a stand-in of the right shape will do).
+  // Unset: it may read all of them. A pipeline stage keeps only these between a micro-batch's
+  // forward and its backward.
+  std::optional<std::vector<int>> backward_reads;
+  // Optional: gradients of a subset of the inputs (see PartialBackwardFn).
+  PartialBackwardFn backward_partial;
   bool has_backward() const { return backward || backward_in_context; }
+  // Whether the gradient kernel reads the value of forward tensor k (index into inputs ++ outputs).
+  bool backward_reads_value(int k) const;
 };
 
 class OpRegistry {
@@ -120,9 +135,11 @@ void register_builtin_ops(OpRegistry& registry);
 // Runs an op's kernel (the context-aware one when the op has it). Without a context: single device.
 std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
                                 const KernelContext* context = nullptr);
+// `wanted` (one flag per input, or empty: all): the op's partial kernel computes only those where it
+// has one; otherwise every gradient is computed and the unwanted ones dropped.
 std::vector<Tensor> run_backward(const OpDef& op, std::span<const Tensor> inputs, std::span<const Tensor> outputs,
                                  std::span<const Tensor> out_grads, const Attrs& attrs,
-                                 const KernelContext* context = nullptr);
+                                 const KernelContext* context = nullptr, std::span<const bool> wanted = {});
 
 // Runs an op's shape inference after checking the input count; Error names the op.
 std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs);

@@ -62,6 +62,7 @@ OpDef reshape_like(const char* name, OutShapeFn out_shape, std::string summary, 
     const Shape& global = global_shape(ctx, 0);
     return std::vector<Tensor>{reshape_local(dout[0], out_shape(global, attrs), global, name)};
   };
+  def.backward_reads = std::vector<int>{};
   def.cases = std::move(cases);
   return def;
 }
@@ -120,6 +121,7 @@ OpDef make_transpose() {
                     const Attrs& attrs) {
     return std::vector<Tensor>{transpose(dout[0], transpose_perm(dout[0].shape(), attrs).inverse())};
   };
+  def.backward_reads = std::vector<int>{};
   auto perm = [](std::vector<int64_t> p) { return Attrs{{"perm", std::move(p)}}; };
   def.cases = {one({12, 12}, f64, perm({1, 0})), one({5, 7}, f64, perm({1, 0})), one({2, 3, 4}, f64, perm({2, 0, 1})),
                one({1, 6}, f32, perm({-1, 0})),  one({5, 7}, i64, perm({1, 0})), one({3, 1, 5}, f64, perm({0, 2, 1}))};

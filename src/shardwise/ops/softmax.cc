@@ -67,6 +67,7 @@ OpDef make_softmax(bool log) {
     return std::vector<Tensor>{log ? log_softmax_backward(out[0], dout[0], axis)
                                    : softmax_backward(out[0], dout[0], axis)};
   };
+  def.backward_reads = std::vector<int>{1};  // the output only
   def.cases = softmax_cases();
   return def;
 }

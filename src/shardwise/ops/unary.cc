@@ -64,6 +64,7 @@ OpDef make_unary(const UnarySpec& spec) {
   def.forward = [op](std::span<const Tensor> in, const Attrs&) { return std::vector<Tensor>{unary(op, in[0])}; };
   def.backward = [op](std::span<const Tensor> in, std::span<const Tensor> out, std::span<const Tensor> dout,
                       const Attrs&) { return std::vector<Tensor>{unary_backward(op, in[0], out[0], dout[0])}; };
+  if (op == UnaryOp::Gelu) def.backward_reads = std::vector<int>{0};  // recomputed from x; not the output
   def.cases = float_cases(spec.gen, spec.three_d);
   if (unary_supports(op, DType::I32)) add_int_cases(def.cases);
   return def;
@@ -93,6 +94,7 @@ OpDef make_scale() {
                     const Attrs& attrs) {
     return std::vector<Tensor>{scale_backward(dout[0], attrs.get_float("scale", 1.0))};
   };
+  def.backward_reads = std::vector<int>{};
   ValueGen uniform{};
   // Every branch of the rule: affine (P(sum) -> R), linear, negative scale (max/min swap),
   // bias before scale, and a zero scale (a constant output).

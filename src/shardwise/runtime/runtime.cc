@@ -2,6 +2,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "shardwise/core/error.h"
 #include "shardwise/mesh/shard_math.h"
@@ -27,23 +28,42 @@ void keep_freed_memory() {
 
 }  // namespace
 
-Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr<comm::Communicator> world)
-    : g_(g), p_(p), world_(world), resharder_(world) {
+Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr<comm::Communicator> world,
+                 RuntimeOptions options)
+    : g_(g), p_(p), options_(std::move(options)), world_(world), resharder_(world) {
   keep_freed_memory();
   mesh_comm_ = std::make_unique<comm::MeshComm>(p.mesh, world_->group(world_->members()));
   coords_ = p.mesh.coords(mesh_comm_->rank_index());
+  order_ = options_.order;
+  if (order_.empty()) {
+    for (size_t i = 0; i < p.instrs.size(); ++i) order_.push_back(static_cast<int>(i));
+  }
+  std::vector<bool> seen(p.instrs.size(), false);
+  for (int i : order_) {
+    SW_CHECK(i >= 0 && static_cast<size_t>(i) < p.instrs.size() && !seen[static_cast<size_t>(i)],
+             "runtime: the execution order must be a permutation of the {} instructions (bad or repeated {})",
+             p.instrs.size(), i);
+    seen[static_cast<size_t>(i)] = true;
+  }
+  SW_CHECK(order_.size() == p.instrs.size(), "runtime: the execution order names {} of the {} instructions",
+           order_.size(), p.instrs.size());
   buffers_.resize(p.slots.size());
   kept_.assign(p.slots.size(), false);
   last_use_.assign(p.slots.size(), -1);
-  for (size_t i = 0; i < p.instrs.size(); ++i) {
-    for (int s : p.instrs[i].in) {
-      if (s >= 0) last_use_[static_cast<size_t>(s)] = static_cast<int>(i);
+  std::vector<bool> read(p.slots.size(), false);  // read by some instruction, value or shape
+  for (size_t pos = 0; pos < order_.size(); ++pos) {
+    const graph::Instr& ins = p.instrs[static_cast<size_t>(order_[pos])];
+    for (size_t k = 0; k < ins.in.size(); ++k) {
+      int s = ins.in[k];
+      if (s < 0) continue;
+      read[static_cast<size_t>(s)] = true;
+      if (reads_value(ins, k)) last_use_[static_cast<size_t>(s)] = static_cast<int>(pos);
     }
   }
   // Leaves (bound by the caller), parameter gradients and values nobody reads stay.
   for (const graph::Value& v : g.values()) {
     int s = p.value_slot[static_cast<size_t>(v.id)];
-    if (s >= 0 && (v.producer < 0 || last_use_[static_cast<size_t>(s)] < 0)) kept_[static_cast<size_t>(s)] = true;
+    if (s >= 0 && (v.producer < 0 || !read[static_cast<size_t>(s)])) kept_[static_cast<size_t>(s)] = true;
   }
   for (int s : p.param_grad_slot) {
     if (s >= 0) kept_[static_cast<size_t>(s)] = true;
@@ -51,6 +71,35 @@ Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr
 }
 
 Runtime::~Runtime() = default;
+
+bool Runtime::reads_value(const graph::Instr& ins, size_t k) const {
+  if (!options_.release_shape_only_reads || ins.kind != InstrKind::Backward) return true;
+  const graph::Node& n = g_.node(ins.node);
+  size_t forward_tensors = g_.node(n.forward).inputs.size() + g_.node(n.forward).outputs.size();
+  return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+}
+
+Tensor Runtime::stand_in(int slot) const {
+  const graph::Slot& s = p_.slots[static_cast<size_t>(slot)];
+  Shape local = mesh::local_shape(s.meta.shape, s.dist, p_.mesh, coords_);
+  if (options_.poison_stand_ins && is_floating(s.meta.dtype)) return Tensor::full(s.meta.dtype, local, std::nan(""));
+  return Tensor::uninitialized(s.meta.dtype, local);
+}
+
+void Runtime::free_after_use(std::string_view name) { kept_[static_cast<size_t>(value_slot(name))] = false; }
+
+void Runtime::drop(std::string_view name) { buffers_[static_cast<size_t>(value_slot(name))] = Tensor(); }
+
+void Runtime::set_buffers(std::vector<Tensor> buffers) {
+  SW_CHECK(buffers.size() == p_.slots.size(), "runtime: {} buffers for {} slots", buffers.size(), p_.slots.size());
+  buffers_ = std::move(buffers);
+}
+
+std::vector<Tensor> Runtime::take_buffers() {
+  std::vector<Tensor> out = std::move(buffers_);
+  buffers_.assign(p_.slots.size(), Tensor());
+  return out;
+}
 
 int Runtime::value_slot(std::string_view name) const {
   int s = p_.value_slot[static_cast<size_t>(g_.get(name))];
@@ -102,17 +151,26 @@ ops::KernelContext Runtime::context(const std::vector<int>& slots) const {
   return ctx;
 }
 
-void Runtime::run() {
+void Runtime::run() { run(0, order_.size()); }
+
+void Runtime::run(size_t begin, size_t end) {
+  SW_CHECK(begin <= end && end <= order_.size(), "runtime: run({}, {}) outside the {} instructions", begin, end,
+           order_.size());
   stats_ = {};
   int64_t sent_before = resharder_.bytes_sent();
   int64_t live = 0;
   for (const Tensor& t : buffers_) live += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
   stats_.peak_bytes = live;
-  for (size_t i = 0; i < p_.instrs.size(); ++i) {
-    const graph::Instr& ins = p_.instrs[i];
+  for (size_t i = begin; i < end; ++i) {
+    const graph::Instr& ins = p_.instrs[static_cast<size_t>(order_[i])];
     std::vector<Tensor> in;
-    for (int s : ins.in) {
+    for (size_t k = 0; k < ins.in.size(); ++k) {
+      int s = ins.in[k];
       const Tensor& t = buffers_[static_cast<size_t>(s)];
+      if (!t.defined() && !reads_value(ins, k)) {
+        in.push_back(stand_in(s));  // released: the kernel reads its shape only
+        continue;
+      }
       SW_CHECK(t.defined(), "'{}' is not set: bind every input and parameter before run()",
                p_.slots[static_cast<size_t>(s)].name);
       in.push_back(t);
@@ -135,7 +193,15 @@ void Runtime::run() {
         } else {
           size_t nin = g_.node(n.forward).inputs.size(), nout = g_.node(n.forward).outputs.size();
           std::span<const Tensor> all(in);
-          out = ops::run_backward(def, all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout), n.attrs, &ctx);
+          // Only the gradients the node names (a split node computes its share only).
+          std::unique_ptr<bool[]> wanted(new bool[ins.out.size()]);
+          bool all_wanted = true;
+          for (size_t k = 0; k < ins.out.size(); ++k) {
+            wanted[k] = ins.out[k] >= 0;
+            all_wanted = all_wanted && wanted[k];
+          }
+          out = ops::run_backward(def, all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout), n.attrs, &ctx,
+                                  all_wanted ? std::span<const bool>() : std::span<const bool>(wanted.get(), ins.out.size()));
         }
       } catch (const Error& e) {
         fail("node {} on rank {}: {}", n.to_string(g_), mesh_comm_->rank_index(), e.what());
@@ -152,7 +218,7 @@ void Runtime::run() {
     stats_.peak_bytes = std::max(stats_.peak_bytes, live);
     for (int s : ins.in) {
       auto si = static_cast<size_t>(s);
-      if (last_use_[si] == static_cast<int>(i) && !kept_[si] && buffers_[si].defined()) {
+      if (s >= 0 && last_use_[si] == static_cast<int>(i) && !kept_[si] && buffers_[si].defined()) {
         live -= static_cast<int64_t>(buffers_[si].nbytes());
         buffers_[si] = Tensor();
       }

@@ -18,10 +18,25 @@ struct RunStats {
   int64_t kernels = 0, reshards = 0;
 };
 
+struct RuntimeOptions {
+  // The order in which run() executes the instructions (a permutation of the program's; empty:
+  // program order). Buffers are freed after their last use in this order.
+  std::vector<int> order;
+  // A gradient kernel's read of a forward tensor whose value it does not need (OpDef::
+  // backward_reads) does not keep the tensor alive: it is freed after its last value use, and the
+  // kernel gets a stand-in of the right shape (never read). Pipelines release this way what
+  // backward does not need between a micro-batch's forward and its backward.
+  bool release_shape_only_reads = false;
+  // Stand-ins are filled with NaN (tests: a kernel that wrongly reads one produces NaN); else
+  // their storage is left uninitialized (and, never touched, costs no memory pages).
+  bool poison_stand_ins = false;
+};
+
 class Runtime {
  public:
   // `world`'s members must include every process of the program's mesh (their global ranks).
-  Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr<comm::Communicator> world);
+  Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr<comm::Communicator> world,
+          RuntimeOptions options = {});
   ~Runtime();
 
   // Binds an input or parameter: the global tensor (this rank keeps its block) or the block.
@@ -30,8 +45,21 @@ class Runtime {
   // Values to keep after run() besides the leaves, the parameters' gradients and the values no
   // node reads (the loss): everything else is freed after its last use.
   void keep(std::string_view name);
+  // A leaf bound for one run only (a pipeline stage's received input or output gradient, a
+  // micro-batch's ids): freed after its last use instead of kept.
+  void free_after_use(std::string_view name);
+  // Frees the buffer of a value now (it may be bound or computed again later).
+  void drop(std::string_view name);
 
   void run();
+  // Positions [begin, end) of the execution order only (a pipeline runs a micro-batch's forward,
+  // later its backward).
+  void run(size_t begin, size_t end);
+  size_t size() const { return order_.size(); }
+  // Every slot's buffer: a pipeline keeps one set per micro-batch in flight and swaps it in.
+  const std::vector<Tensor>& buffers() const { return buffers_; }
+  void set_buffers(std::vector<Tensor> buffers);
+  std::vector<Tensor> take_buffers();
   const RunStats& stats() const { return stats_; }
 
   // This rank's block of a value in its completed distribution (an Error if it was freed).
@@ -41,15 +69,19 @@ class Runtime {
   // Collective (every rank calls it): the whole global value, on every rank.
   Tensor gather(std::string_view name);
   Tensor gather_grad(std::string_view param);
+  int value_slot(std::string_view name) const;  // the slot of a value in its completed distribution
 
  private:
-  int value_slot(std::string_view name) const;
+  bool reads_value(const graph::Instr& ins, size_t k) const;  // does input k's value matter
+  Tensor stand_in(int slot) const;
   Tensor gather_slot(int slot);
   ops::KernelContext context(const std::vector<int>& slots) const;
   void bind(int slot, Tensor t);
 
   const graph::Graph& g_;
   const graph::Program& p_;
+  RuntimeOptions options_;
+  std::vector<int> order_;
   std::shared_ptr<comm::Communicator> world_;
   std::unique_ptr<comm::MeshComm> mesh_comm_;
   reshard::Resharder resharder_;

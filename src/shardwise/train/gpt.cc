@@ -50,7 +50,7 @@ std::string placements(const Strategy& s, const char* on_tp, const char* on_dp =
 
 }  // namespace
 
-GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, bool training) {
+GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, bool training, const GptPart& part) {
   c.validate();
   SW_CHECK(micro_batch >= 1, "micro-batch must be at least 1 sequence, got {}", micro_batch);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
@@ -64,10 +64,7 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
   auto annotate = [&](graph::ValueId v, const std::string& p) {
     if (s.mesh.ndim() > 0) g.annotate(v, p);
   };
-  auto ids = g.input("ids", Shape{B, S}, DType::I64);
-  auto mask = g.input("causal_mask", Shape{S, S});
-  annotate(ids, placements(s, "R", "S(0)"));
-  annotate(mask, placements(s, "R"));
+  const std::string boundary = placements(s, s.sequence_parallel ? "S(1)" : "R", "S(0)");  // between stages
   // A parameter as stored (f32, or bf16 with fp32 masters kept by the optimizer) and as the
   // kernels read it: bf16 parameters are cast to f32 right away, so every kernel computes in f32
   // and the gradient flows back through the cast into a bf16 gradient.
@@ -77,10 +74,21 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
     if (c.param_dtype == DType::F32) return v;
     return g.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
   };
-  auto wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");
-  auto wpe = param("transformer.wpe.weight", Shape{S, H});
-  auto x = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
-  if (s.sequence_parallel) annotate(x, placements(s, "S(1)", "S(0)"));
+  graph::ValueId x, wte = -1;
+  if (part.embeddings) {
+    auto ids = g.input("ids", Shape{B, S}, DType::I64);
+    annotate(ids, placements(s, "R", "S(0)"));
+    wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");
+    auto wpe = param("transformer.wpe.weight", Shape{S, H});
+    x = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
+    if (s.sequence_parallel) annotate(x, placements(s, "S(1)", "S(0)"));
+  } else {
+    out.input = x = g.input("stage_input", Shape{B, S, H});
+    g.value(x).requires_grad = training;
+    annotate(x, boundary);
+  }
+  auto mask = g.input("causal_mask", Shape{S, S});
+  annotate(mask, placements(s, "R"));
 
   auto ln = [&](graph::ValueId in, const std::string& name) {
     auto w = param(name + ".weight", Shape{H});
@@ -97,7 +105,10 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
     if (!column && s.sequence_parallel) annotate(mm, placements(s, "S(1)", "S(0)"));  // reduce-scatter onto the sequence
     return g.add(mm, b, name + ".out");
   };
-  for (int64_t l = 0; l < c.layers; ++l) {
+  const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
+  SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
+           "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
+  for (int64_t l = part.first_layer; l < end_layer; ++l) {
     std::string p = fmt::format("transformer.h.{}", l);
     auto h = ln(x, p + ".ln_1");
     auto heads = [&](graph::ValueId t, const std::string& name) {
@@ -119,6 +130,14 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
                     false);
     x = g.add(x, m, p + ".mlp.residual");
   }
+  if (!part.head) {
+    annotate(x, boundary);
+    out.output = x;
+    out.output_grad = g.input(g.value(x).name + "@grad_in", Shape{B, S, H});
+    annotate(out.output_grad, boundary);
+    return out;
+  }
+  if (wte < 0) wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");  // tied head: the last stage's copy
   auto logits = g.matmul(ln(x, "transformer.ln_f"), wte, true, "logits");
   if (!training) {
     out.predictions = g.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");

@@ -45,12 +45,25 @@ struct GptGraph {
   graph::ValueId loss = -1;         // training graph: mean cross-entropy
   graph::ValueId predictions = -1;  // evaluation graph: argmax of the logits [B, S] i64
   int64_t micro_batch = 0;
+  // A pipeline stage's part: the residual stream it receives ("stage_input"), the one it sends on
+  // and the input that receives the gradient of the latter ("<output>@grad_in"); -1 when absent.
+  graph::ValueId input = -1, output = -1, output_grad = -1;
+};
+
+// The part of the model a pipeline stage builds: layers [first_layer, end_layer) (end -1: to the
+// last), with the embeddings (first stage) and the head and loss (last stage). Default: all of it.
+struct GptPart {
+  int64_t first_layer = 0, end_layer = -1;
+  bool embeddings = true, head = true;
 };
 
 // The graph of one micro-batch of `micro_batch` sequences (inputs "ids" [B, S] i64, "labels"
 // [B, S] i64 for training, "causal_mask" [S, S]), annotated for `strategy`. With `training` the
 // output is the loss, else the greedy next-token predictions. Errors name what does not divide.
-GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t micro_batch, bool training = true);
+// With a `part` the graph is a pipeline stage's: the residual stream enters and leaves it in the
+// layout of the stage boundary (batch on dp; sequence on tp with sp, else replicated on tp).
+GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t micro_batch, bool training = true,
+                   const GptPart& part = {});
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
 // global element index (so any sharding holds the same numbers); std = init_std, and

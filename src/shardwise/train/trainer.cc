@@ -4,6 +4,8 @@
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/mesh/shard_math.h"
+#include "shardwise/pipeline/schedule.h"
+#include "shardwise/train/pipelined.h"
 
 namespace shardwise::train {
 
@@ -40,7 +42,6 @@ void TrainConfig::check(int64_t ranks) {
   Strategy s = Strategy::from_mesh(mesh::parse_mesh(mesh), sequence_parallel);
   SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            s.mesh.to_string(), s.mesh.size(), ranks, s.mesh.size(), s.mesh.size());
-  SW_CHECK(s.pp < 0, "pipeline parallelism (pp) is not supported by the trainer yet");
   if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : 256;
   model.validate();
   SW_CHECK(model.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)",
@@ -50,6 +51,12 @@ void TrainConfig::check(int64_t ranks) {
            lr, min_lr);
   SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
   resolve_batch(s.dp_size());
+  if (s.pp >= 0) {  // the schedule's and the stages' constraints, with their numbers
+    SW_CHECK(!bf16, "--bf16 with a pipeline (pp) is not supported yet: use f32 parameters on pp meshes");
+    const int pp = static_cast<int>(s.mesh.dim_size(s.pp));
+    pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
+    pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
+  }
   auto data_set = open_dataset(data, digits, model.seq, seed);
   SW_CHECK(data_set->vocab_needed() <= model.vocab, "{} needs a vocabulary of {} tokens, the model has {} (--vocab)",
            data_set->describe(), data_set->vocab_needed(), model.vocab);
@@ -62,6 +69,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   data_ = open_dataset(c_.data, c_.digits, c_.model.seq, c_.seed);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   mask_ = causal_mask(c_.model.seq);
+  if (strategy_.pp >= 0) {
+    pp_ = std::make_unique<PipelineParallel>(c_.model, strategy_, c_.sequence_parallel,
+                                             PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release},
+                                             c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),
+                                             c_.seed, mask_, world_);
+    params_ = pp_->params();
+    return;
+  }
   compile(train_, true, c_.micro_batch * strategy_.dp_size());
   // Parameters: this rank's block of each, from the counter-based generator.
   const graph::Graph& g = train_.model.g;
@@ -104,8 +119,14 @@ StepResult Trainer::step() {
   const int64_t dp = strategy_.dp_size(), per_micro = c_.micro_batch * dp;
   std::vector<Tensor> grads;
   double loss = 0;
-  bind_params(*train_.runtime);  // bf16 parameters are new tensors after each update
-  for (int64_t a = 0; a < c_.accumulation; ++a) {
+  if (pp_) {  // every micro-batch through the pipeline: sums like the loop's
+    PipelineParallel::Result pr = pp_->forward_backward(*data_, consumed_);
+    loss = pr.loss;
+    grads = std::move(pr.grads);
+  } else {
+    bind_params(*train_.runtime);  // bf16 parameters are new tensors after each update
+  }
+  for (int64_t a = 0; !pp_ && a < c_.accumulation; ++a) {
     Batch b = make_batch(*data_, consumed_ + a * per_micro, per_micro, c_.model.seq);
     runtime::Runtime& rt = *train_.runtime;
     rt.set_global("ids", b.ids);
@@ -133,7 +154,7 @@ StepResult Trainer::step() {
     }
   }
   r.loss = loss / static_cast<double>(c_.accumulation);
-  r.grad_norm = global_grad_norm(params_, grads, strategy_.mesh, *world_);
+  r.grad_norm = pp_ ? pp_->grad_norm(grads) : global_grad_norm(params_, grads, strategy_.mesh, *world_);
   clip_grad_norm(grads, r.grad_norm, c_.clip);
   r.lr = schedule_.at(step_);
   adamw_.step(params_, grads, r.lr, step_ + 1);
@@ -148,6 +169,10 @@ EvalResult Trainer::evaluate() {
   const auto* task = dynamic_cast<const AdditionTask*>(data_.get());
   SW_CHECK(task != nullptr, "evaluation needs the embedded addition task; {} has no held-out answers",
            data_->describe());
+  if (pp_) {
+    auto [problems, exact] = pp_->evaluate(*task, c_.eval_samples);
+    return EvalResult{problems, exact};
+  }
   const int64_t dp = strategy_.dp_size(), batch = c_.micro_batch * dp, S = c_.model.seq;
   if (!eval_.runtime) {
     compile(eval_, false, batch);
@@ -188,6 +213,7 @@ void Trainer::restore_position(int64_t step, int64_t consumed) {
 }
 
 Tensor Trainer::gather_param(const std::string& name) {
+  if (pp_) return pp_->gather_param(name);
   for (ParamState& p : params_) {
     if (p.name != name) continue;
     reshard::Plan plan = reshard::plan_reshard(train_.program.slots[static_cast<size_t>(train_.program.value_slot[static_cast<size_t>(train_.model.g.get(name))])].meta.shape,

@@ -28,7 +28,12 @@ inline GptConfig demo_model() {
 // addition in about two minutes on 4 threads of a 2-core machine.
 struct TrainConfig {
   GptConfig model = demo_model();
-  std::string mesh = "dp=2,tp=2";  // named dims dp, tp (and pp later)
+  std::string mesh = "dp=2,tp=2";  // named dims dp, tp, pp
+  // On a mesh with pp: the schedule (fthenb, 1f1b, interleaved, zbh1) over `accumulation`
+  // micro-batches, virtual stages per pipeline rank, release of what backward does not need.
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool pipeline_release = true;
   bool sequence_parallel = false;
   int64_t steps = 1800;
   int64_t micro_batch = 0, accumulation = 0, global_batch = 64;  // 0: derived (see above)
@@ -60,6 +65,8 @@ struct EvalResult {
   double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
 };
 
+class PipelineParallel;
+
 class Trainer {
  public:
   Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
@@ -85,6 +92,7 @@ class Trainer {
   const LrSchedule& schedule() const { return schedule_; }
   // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
   void restore_position(int64_t step, int64_t consumed);
+  PipelineParallel* pipeline() { return pp_.get(); }  // null without pp
 
  private:
   struct Compiled {
@@ -106,6 +114,7 @@ class Trainer {
   Tensor mask_;
   int64_t step_ = 0, consumed_ = 0;
   runtime::RunStats last_stats_;
+  std::unique_ptr<PipelineParallel> pp_;
 };
 
 }  // namespace shardwise::train

@@ -1,0 +1,250 @@
+#include "shardwise/pipeline/runner.h"
+
+#include <algorithm>
+
+#include "shardwise/core/error.h"
+#include "shardwise/reshard/plan.h"
+
+namespace shardwise::pipeline {
+
+struct PipelineRunner::Local {
+  StageSpec spec;
+  CompiledStage compiled;
+  std::unique_ptr<runtime::Runtime> rt;
+  std::vector<Tensor> shared;                  // parameters and constants, in every frame
+  std::map<int, std::vector<Tensor>> frames;  // micro-batches in flight
+  std::vector<Tensor> grads;
+  int accumulated = 0;
+  reshard::Plan to_next, from_prev, grad_to_prev, grad_from_next;
+};
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The plan moving a value laid out `dist` on `from` to the same layout on `to` (meshes of one shape).
+reshard::Plan transfer(const graph::Slot& slot, const mesh::ProcessMesh& from, const mesh::ProcessMesh& to) {
+  return reshard::plan_reshard(slot.meta.shape, slot.meta.dtype, {from, slot.dist}, {to, slot.dist});
+}
+
+Tensor take(std::map<std::pair<int, int>, Tensor>& box, int stage, int mb, const char* what) {
+  auto it = box.find({stage, mb});
+  SW_CHECK(it != box.end(), "pipeline: stage {} micro-batch {}: its {} is not there (the schedule is invalid)", stage,
+           mb, what);
+  Tensor t = std::move(it->second);
+  box.erase(it);
+  return t;
+}
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh> stage_meshes,
+                               std::vector<StageSpec> local, std::shared_ptr<comm::Communicator> world,
+                               RunnerOptions options)
+    : schedule_(std::move(schedule)),
+      meshes_(std::move(stage_meshes)),
+      world_(world),
+      p2p_(world->group(world->members())),
+      options_(options),
+      resharder_(p2p_) {
+  const int S = schedule_.stages();
+  SW_CHECK(static_cast<int>(meshes_.size()) == S, "pipeline: {} stage meshes for {} stages", meshes_.size(), S);
+  SW_CHECK(!local.empty(), "pipeline: this process holds no stage");
+  rank_ = schedule_.rank_of(local.front().stage);
+  stages_ = schedule_.stages_of(rank_);
+  SW_CHECK(local.size() == stages_.size(), "pipeline: pipeline rank {} holds {} stages, {} given", rank_,
+           stages_.size(), local.size());
+  std::sort(local.begin(), local.end(), [](const StageSpec& a, const StageSpec& b) { return a.stage < b.stage; });
+  for (size_t i = 0; i < local.size(); ++i) {
+    SW_CHECK(local[i].stage == stages_[i], "pipeline: rank {} holds stages {}, got stage {}", rank_,
+             fmt::join(stages_, ", "), local[i].stage);
+    auto l = std::make_unique<Local>();
+    l->spec = std::move(local[i]);
+    const int s = l->spec.stage;
+    l->compiled = compile_stage(l->spec, meshes_[static_cast<size_t>(s)], schedule_.split_backward);
+    runtime::RuntimeOptions ro;
+    ro.order = l->compiled.order;
+    ro.release_shape_only_reads = options_.release;
+    ro.poison_stand_ins = options_.poison_stand_ins;
+    l->rt = std::make_unique<runtime::Runtime>(*l->spec.graph, l->compiled.program, world, ro);
+    const graph::Program& p = l->compiled.program;
+    auto slot = [&](const std::string& name) -> const graph::Slot& {
+      return p.slots[static_cast<size_t>(l->rt->value_slot(name))];
+    };
+    for (const std::string& f : l->spec.feeds) l->rt->free_after_use(f);
+    if (!l->spec.input.empty()) {
+      l->rt->free_after_use(l->spec.input);
+      l->from_prev = transfer(slot(l->spec.input), meshes_[static_cast<size_t>(s - 1)], meshes_[static_cast<size_t>(s)]);
+      if (l->spec.training)
+        l->grad_to_prev = transfer(slot(l->compiled.input_grad), meshes_[static_cast<size_t>(s)],
+                                   meshes_[static_cast<size_t>(s - 1)]);
+    }
+    if (!l->spec.output.empty()) {
+      l->rt->keep(l->spec.output);
+      l->to_next = transfer(slot(l->spec.output), meshes_[static_cast<size_t>(s)], meshes_[static_cast<size_t>(s + 1)]);
+      if (l->spec.training) {
+        l->rt->free_after_use(l->spec.output_grad);
+        l->grad_from_next = transfer(slot(l->spec.output_grad), meshes_[static_cast<size_t>(s + 1)],
+                                     meshes_[static_cast<size_t>(s)]);
+      }
+    }
+    if (!l->spec.loss.empty()) l->rt->keep(l->spec.loss);
+    if (!l->spec.result.empty()) l->rt->keep(l->spec.result);
+    locals_.push_back(std::move(l));
+  }
+}
+
+PipelineRunner::~PipelineRunner() = default;
+
+PipelineRunner::Local& PipelineRunner::local(int stage) {
+  auto it = std::find(stages_.begin(), stages_.end(), stage);
+  SW_CHECK(it != stages_.end(), "pipeline: stage {} is not on pipeline rank {} (it holds {})", stage, rank_,
+           fmt::join(stages_, ", "));
+  return *locals_[static_cast<size_t>(it - stages_.begin())];
+}
+
+const StageSpec& PipelineRunner::spec(int stage) const { return const_cast<PipelineRunner*>(this)->local(stage).spec; }
+const CompiledStage& PipelineRunner::compiled(int stage) const {
+  return const_cast<PipelineRunner*>(this)->local(stage).compiled;
+}
+runtime::Runtime& PipelineRunner::runtime(int stage) { return *local(stage).rt; }
+const std::vector<Tensor>& PipelineRunner::grads(int stage) const {
+  return const_cast<PipelineRunner*>(this)->local(stage).grads;
+}
+
+int64_t PipelineRunner::frame_bytes(const Local& l, const std::vector<Tensor>& frame) const {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < frame.size(); ++i) {
+    const Tensor& t = frame[i];
+    bool shared = i < l.shared.size() && l.shared[i].defined() && t.raw() == l.shared[i].raw();
+    if (t.defined() && !shared) bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return bytes;
+}
+
+int64_t PipelineRunner::activation_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& l : locals_)
+    for (const auto& [mb, frame] : l->frames) bytes += frame_bytes(*l, frame);
+  return bytes;
+}
+
+void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_result, StepStats& stats) {
+  runtime::Runtime& rt = *l.rt;
+  const int s = l.spec.stage;
+  rt.set_buffers(l.shared);
+  if (!l.spec.input.empty()) rt.set_local(l.spec.input, take(inbox_act_, s, mb, "input activation"));
+  if (feed) feed(s, mb, rt);
+  rt.run(0, l.compiled.forward_end);
+  if (!l.spec.loss.empty()) {
+    stats.loss_sum += rt.gather(l.spec.loss).at(0);  // kept (a scalar): its gradient node reads it
+  }
+  if (!l.spec.result.empty() && on_result) on_result(s, mb, rt);
+  if (!l.spec.output.empty()) {
+    Tensor out = rt.local(l.spec.output);
+    bool next_here = schedule_.rank_of(s + 1) == rank_;
+    (next_here ? inbox_act_ : outbox_act_)[{next_here ? s + 1 : s, mb}] = out;
+    if (options_.release || !l.spec.training) rt.drop(l.spec.output);
+  }
+  if (!l.spec.training) {
+    rt.set_buffers(l.shared);
+    return;
+  }
+  l.frames[mb] = rt.take_buffers();
+  if (!stats.forward_bytes.contains(s)) stats.forward_bytes[s] = frame_bytes(l, l.frames[mb]);
+}
+
+void PipelineRunner::accumulate(Local& l) {
+  const graph::Program& p = l.compiled.program;
+  if (l.grads.empty()) l.grads.resize(p.param_grad_slot.size());
+  for (size_t i = 0; i < p.param_grad_slot.size(); ++i) {
+    int slot = p.param_grad_slot[i];
+    if (slot < 0) continue;
+    const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
+    SW_CHECK(g.defined() && g.dtype() == DType::F32, "pipeline: stage {} has no f32 gradient for '{}'", l.spec.stage,
+             p.slots[static_cast<size_t>(slot)].name);
+    if (l.accumulated == 0) {
+      l.grads[i] = g.clone();
+    } else {
+      float* acc = l.grads[i].data<float>();
+      const float* add = g.data<float>();
+      for (int64_t j = 0; j < g.numel(); ++j) acc[j] += add[j];
+    }
+  }
+  ++l.accumulated;
+}
+
+void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stats) {
+  runtime::Runtime& rt = *l.rt;
+  const int s = l.spec.stage;
+  auto it = l.frames.find(mb);
+  SW_CHECK(it != l.frames.end(), "pipeline: stage {} micro-batch {}: backward without its forward", s, mb);
+  rt.set_buffers(std::move(it->second));
+  l.frames.erase(it);
+  if (kind == ActionKind::BackwardWeight) {
+    rt.run(l.compiled.input_grad_end, rt.size());
+  } else {
+    if (!l.spec.output.empty()) rt.set_local(l.spec.output_grad, take(inbox_grad_, s, mb, "output gradient"));
+    rt.run(l.compiled.forward_end, kind == ActionKind::Backward ? rt.size() : l.compiled.input_grad_end);
+    if (!l.compiled.input_grad.empty()) {
+      bool prev_here = schedule_.rank_of(s - 1) == rank_;
+      (prev_here ? inbox_grad_ : outbox_grad_)[{prev_here ? s - 1 : s, mb}] = rt.local(l.compiled.input_grad);
+      rt.drop(l.compiled.input_grad);
+    }
+    if (kind == ActionKind::BackwardInput) {
+      l.frames[mb] = rt.take_buffers();
+      if (!stats.weight_grad_bytes.contains(s)) stats.weight_grad_bytes[s] = frame_bytes(l, l.frames[mb]);
+      return;
+    }
+  }
+  accumulate(l);
+  rt.set_buffers(l.shared);
+}
+
+StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
+  StepStats stats;
+  for (auto& l : locals_) {
+    l->shared = l->rt->buffers();
+    l->accumulated = 0;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Action& a : schedule_.actions[static_cast<size_t>(rank_)]) {
+    const double start = seconds_since(t0);
+    switch (a.kind) {
+      case ActionKind::Forward: forward(local(a.stage), a.micro_batch, feed, on_result, stats); break;
+      case ActionKind::Backward:
+      case ActionKind::BackwardInput:
+      case ActionKind::BackwardWeight: backward(local(a.stage), a.micro_batch, a.kind, stats); break;
+      case ActionKind::SendActivation:
+        resharder_.run(local(a.stage).to_next, take(outbox_act_, a.stage, a.micro_batch, "output activation"));
+        break;
+      case ActionKind::RecvActivation:
+        inbox_act_[{a.stage, a.micro_batch}] = resharder_.run(local(a.stage).from_prev, Tensor());
+        break;
+      case ActionKind::SendGrad:
+        resharder_.run(local(a.stage).grad_to_prev, take(outbox_grad_, a.stage, a.micro_batch, "input gradient"));
+        break;
+      case ActionKind::RecvGrad:
+        inbox_grad_[{a.stage, a.micro_batch}] = resharder_.run(local(a.stage).grad_from_next, Tensor());
+        break;
+      case ActionKind::OptimizerStep: break;  // the caller's, after run()
+    }
+    const double end = seconds_since(t0);
+    stats.timeline.push_back({a, start, end});
+    if (is_compute(a.kind)) stats.compute_seconds += end - start;
+    stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, activation_bytes());
+  }
+  stats.seconds = seconds_since(t0);
+  for (auto& l : locals_) {
+    SW_CHECK(l->frames.empty(), "pipeline: stage {} ends the step with {} micro-batches in flight", l->spec.stage,
+             l->frames.size());
+    l->rt->set_buffers(l->shared);
+  }
+  SW_CHECK(inbox_act_.empty() && inbox_grad_.empty() && outbox_act_.empty() && outbox_grad_.empty(),
+           "pipeline: rank {} ends the step with undelivered activations or gradients", rank_);
+  return stats;
+}
+
+}  // namespace shardwise::pipeline

@@ -1,0 +1,98 @@
+#pragma once
+// Runs a schedule's action list on one process: every process of a stage's sub-mesh runs the list
+// of that stage's pipeline rank. Each micro-batch in flight on a stage has its own set of buffers
+// (a frame; parameters and constants shared); a forward fills it, the backward (or input gradient,
+// then weight gradient) empties it, and its parameter gradients are summed over micro-batches in
+// the order the schedule computes them. Activations and gradients move between stages as reshard
+// plans between the two sub-meshes, fixed before the first step (layouts and shapes are the
+// stages' annotations: no per-step handshake).
+//
+// Release: with `release`, the runtime frees every forward tensor the gradient kernels do not read
+// (OpDef::backward_reads) as soon as the forward no longer needs it, and a stage's output once it
+// is sent; without, a micro-batch keeps everything its backward nodes take as operands until its
+// backward. Activation bytes are the bytes of the frames in flight, sampled after every action
+// (after a compute's own send): exactly what the simulator models.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "shardwise/comm/communicator.h"
+#include "shardwise/pipeline/schedule.h"
+#include "shardwise/pipeline/stage.h"
+#include "shardwise/reshard/executor.h"
+#include "shardwise/runtime/runtime.h"
+
+namespace shardwise::pipeline {
+
+struct RunnerOptions {
+  bool release = true;
+  bool poison_stand_ins = false;  // tests: a wrongly released tensor shows up as NaN
+};
+
+struct ActionTime {
+  Action action;
+  double start = 0, end = 0;  // seconds since the step began
+};
+
+struct StepStats {
+  double loss_sum = 0;     // sum of the micro-batches' losses (last stage's processes only)
+  double seconds = 0;      // the step on this process
+  double compute_seconds = 0;  // in forward/backward actions
+  int64_t peak_activation_bytes = 0;
+  std::vector<ActionTime> timeline;
+  // Per local stage: the frame's bytes after the first micro-batch's forward and after its input
+  // gradient (split schedules): the simulator's StageCosts::activation_bytes / weight_grad_bytes.
+  std::map<int, int64_t> forward_bytes, weight_grad_bytes;
+};
+
+class PipelineRunner {
+ public:
+  // `stage_meshes[s]`: the processes of every stage s (to plan the transfers); `local`: this
+  // process's stages (schedule.stages_of(its pipeline rank)), compiled here.
+  PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh> stage_meshes, std::vector<StageSpec> local,
+                 std::shared_ptr<comm::Communicator> world, RunnerOptions options = {});
+  ~PipelineRunner();
+
+  const Schedule& schedule() const { return schedule_; }
+  int pipeline_rank() const { return rank_; }
+  const std::vector<int>& local_stages() const { return stages_; }
+  const StageSpec& spec(int stage) const;
+  const CompiledStage& compiled(int stage) const;
+  // Bind parameters and constants here (set_local / set_global); they are shared by every frame.
+  runtime::Runtime& runtime(int stage);
+
+  // Runs every action but the optimizer step. `feed` binds a micro-batch's inputs (the stage's
+  // feeds) before its forward; `on_result` (optional) reads the stage's result after it.
+  using Feed = std::function<void(int stage, int micro_batch, runtime::Runtime&)>;
+  StepStats run(const Feed& feed, const Feed& on_result = {});
+
+  // The gradients of the stage's parameters (graph params() order, the parameters' layouts),
+  // summed over the micro-batches of the last run.
+  const std::vector<Tensor>& grads(int stage) const;
+
+ private:
+  struct Local;
+  Local& local(int stage);
+  void forward(Local& l, int mb, const Feed& feed, const Feed& on_result, StepStats& stats);
+  void backward(Local& l, int mb, ActionKind kind, StepStats& stats);
+  void accumulate(Local& l);
+  int64_t frame_bytes(const Local& l, const std::vector<Tensor>& frame) const;
+  int64_t activation_bytes() const;
+
+  Schedule schedule_;
+  std::vector<mesh::ProcessMesh> meshes_;
+  std::shared_ptr<comm::Communicator> world_, p2p_;
+  RunnerOptions options_;
+  int rank_ = 0;
+  std::vector<int> stages_;
+  std::vector<std::unique_ptr<Local>> locals_;
+  reshard::Resharder resharder_;
+  // Keyed by (stage that consumes it, micro-batch): received or handed over, not yet bound.
+  std::map<std::pair<int, int>, Tensor> inbox_act_, inbox_grad_;
+  // Keyed by (stage that produced it, micro-batch): computed, not yet sent.
+  std::map<std::pair<int, int>, Tensor> outbox_act_, outbox_grad_;
+};
+
+}  // namespace shardwise::pipeline
