@@ -25,27 +25,68 @@ nlohmann::json model_config(const TrainConfig& c) {
           {"torch_dtype", c.bf16 ? "bfloat16" : "float32"}};
 }
 
-reshard::Layout layout_of(const Trainer& t, const ParamState& p) { return {t.strategy().mesh, p.dist}; }
+// Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
+// pp every rank holds every parameter. With pp a rank holds only its stages' parameters (on the
+// stage's sub-mesh), so the ranks exchange descriptions; the tied embedding, held by the first and
+// the last stage (the same values after every step), is described by its first stage's copy.
+struct CatalogEntry {
+  std::string name;
+  Shape shape;
+  reshard::Layout layout;
+  ParamState* mine = nullptr;  // this rank's state when it holds the parameter under `layout`
+};
+
+nlohmann::json describe(const ParamState& p) {
+  return {{"name", p.name},
+          {"shape", std::vector<int64_t>(p.shape.begin(), p.shape.end())},
+          {"mesh", std::vector<int64_t>(p.mesh.shape().begin(), p.mesh.shape().end())},
+          {"ids", p.mesh.process_ids()},
+          {"dims", p.mesh.dim_names()},
+          {"dist", p.dist.to_string()}};
+}
+
+std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
+  std::vector<CatalogEntry> out;
+  if (trainer.pipeline() == nullptr) {
+    for (ParamState& p : trainer.params()) out.push_back({p.name, p.shape, {p.mesh, p.dist}, &p});
+    return out;
+  }
+  nlohmann::json mine = nlohmann::json::array();
+  for (const ParamState& p : trainer.params()) mine.push_back(describe(p));
+  std::map<std::string, nlohmann::json> first;  // by name: the copy whose mesh starts at the lowest process
+  for (const nlohmann::json& rank : comm::all_gather_object(world, mine)) {
+    for (const nlohmann::json& d : rank) {
+      auto [it, fresh] = first.try_emplace(d["name"].get<std::string>(), d);
+      if (!fresh && d["ids"][0].get<int64_t>() < it->second["ids"][0].get<int64_t>()) it->second = d;
+    }
+  }
+  for (auto& [name, d] : first) {
+    mesh::ProcessMesh m(Shape(std::span<const int64_t>(d["mesh"].get<std::vector<int64_t>>())),
+                        d["ids"].get<std::vector<int64_t>>(), d["dims"].get<std::vector<std::string>>());
+    CatalogEntry e{name, Shape(std::span<const int64_t>(d["shape"].get<std::vector<int64_t>>())),
+                   {m, mesh::parse_dist(d["dist"].get<std::string>(), m.ndim())}, nullptr};
+    for (ParamState& p : trainer.params()) {
+      if (p.name == name && p.mesh == m) e.mine = &p;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
 
 }  // namespace
 
 ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world) {
   const TrainConfig& c = trainer.config();
-  // On pp meshes each rank holds only its stages' parameters, laid out on the stage's slice of the
-  // mesh, and the tied embedding lives on two stages: not wired to checkpoints yet.
-  SW_CHECK(trainer.pipeline() == nullptr,
-           "checkpoints of pipeline-parallel runs (mesh {}) are not supported yet; train with pp to the end, or "
-           "save from a mesh without pp",
-           trainer.strategy().mesh.to_string());
   ckpt::CheckpointContent content;
   content.step = trainer.steps_done();
   ckpt::TensorGroup model{"model", {}}, optimizer{"optimizer", {}}, masters{"master_weights", {}};
-  for (ParamState& p : trainer.params()) {
-    Shape global = trainer.param_shape(p.name);
-    model.tensors.push_back({p.name, global, p.param.dtype(), layout_of(trainer, p), p.param});
-    optimizer.tensors.push_back({p.name + "/exp_avg", global, DType::F32, layout_of(trainer, p), p.exp_avg});
-    optimizer.tensors.push_back({p.name + "/exp_avg_sq", global, DType::F32, layout_of(trainer, p), p.exp_avg_sq});
-    if (p.param.dtype() != DType::F32) masters.tensors.push_back({p.name, global, DType::F32, layout_of(trainer, p), p.master});
+  const DType stored = c.bf16 ? DType::BF16 : DType::F32;
+  for (const CatalogEntry& e : catalog(trainer, world)) {
+    auto block = [&](Tensor ParamState::*field) { return e.mine ? e.mine->*field : Tensor(); };
+    model.tensors.push_back({e.name, e.shape, stored, e.layout, block(&ParamState::param)});
+    optimizer.tensors.push_back({e.name + "/exp_avg", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg)});
+    optimizer.tensors.push_back({e.name + "/exp_avg_sq", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg_sq)});
+    if (c.bf16) masters.tensors.push_back({e.name, e.shape, DType::F32, e.layout, block(&ParamState::master)});
   }
   content.groups.push_back(std::move(model));
   content.groups.push_back(std::move(optimizer));
@@ -83,9 +124,6 @@ ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const c
 }
 
 void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {
-  SW_CHECK(trainer.pipeline() == nullptr,
-           "loading a checkpoint into a pipeline-parallel run (mesh {}) is not supported yet",
-           trainer.strategy().mesh.to_string());
   nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(trainer.config());
   std::vector<std::string> differ;
   for (const char* key : {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"}) {
@@ -95,17 +133,38 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   }
   SW_CHECK(differ.empty(), "checkpoint {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
-  std::vector<ckpt::LoadSpec> model, optimizer;
-  for (ParamState& p : trainer.params()) {
-    Shape global = trainer.param_shape(p.name);
-    model.push_back({p.name, global, DType::F32, layout_of(trainer, p)});
-    optimizer.push_back({p.name + "/exp_avg", global, DType::F32, layout_of(trainer, p)});
-    optimizer.push_back({p.name + "/exp_avg_sq", global, DType::F32, layout_of(trainer, p)});
-  }
-  // Masters when the checkpoint has them (lower-precision weights), else the weights themselves.
+  // Strict on the whole catalog (every key named when missing or unexpected); then, with pp, a
+  // second read for the copies a rank holds under another layout (the last stage's tied embedding).
   bool has_masters = ckpt::fs::exists(dir / "master_weights.safetensors.index.json");
-  auto weights = ckpt::load_group(dir, has_masters ? "master_weights" : "model", model, me);
-  auto moments = ckpt::load_group(dir, "optimizer", optimizer, me);
+  struct Wanted {
+    std::string name;
+    Shape shape;
+    reshard::Layout layout;
+  };
+  auto read = [&](const std::vector<Wanted>& wanted, std::map<std::string, Tensor>& weights,
+                  std::map<std::string, Tensor>& moments, bool strict) {
+    std::vector<ckpt::LoadSpec> model, optimizer;
+    for (const auto& [name, shape, layout] : wanted) {
+      model.push_back({name, shape, DType::F32, layout});
+      optimizer.push_back({name + "/exp_avg", shape, DType::F32, layout});
+      optimizer.push_back({name + "/exp_avg_sq", shape, DType::F32, layout});
+    }
+    ckpt::LoadOptions o;
+    if (!strict) o.ignore_keys = {"*"};
+    // Masters when the checkpoint has them (lower-precision weights), else the weights themselves.
+    for (auto& [k, t] : ckpt::load_group(dir, has_masters ? "master_weights" : "model", model, me, o))
+      if (t.defined()) weights[k] = t;
+    for (auto& [k, t] : ckpt::load_group(dir, "optimizer", optimizer, me, o))
+      if (t.defined()) moments[k] = t;
+  };
+  std::map<std::string, Tensor> weights, moments;
+  std::vector<Wanted> all, others;
+  for (const CatalogEntry& e : catalog(trainer, world)) all.push_back({e.name, e.shape, e.layout});
+  read(all, weights, moments, true);
+  for (ParamState& p : trainer.params()) {
+    if (!weights.count(p.name)) others.push_back({p.name, p.shape, {p.mesh, p.dist}});
+  }
+  if (!others.empty()) read(others, weights, moments, false);
   for (ParamState& p : trainer.params()) {
     const Tensor& w = weights.at(p.name);
     std::copy(w.data<float>(), w.data<float>() + w.numel(), p.master.data<float>());

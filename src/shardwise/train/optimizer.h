@@ -29,6 +29,8 @@ struct LrSchedule {
 struct ParamState {
   std::string name;
   mesh::DistAttr dist;
+  mesh::ProcessMesh mesh;  // where `dist` lays it out: the run's mesh, or a pipeline stage's sub-mesh
+  Shape shape;             // the whole parameter
   Tensor param;   // what the kernels read (f32, or bf16 with fp32 masters)
   Tensor master;  // f32
   Tensor exp_avg, exp_avg_sq;  // f32

@@ -69,6 +69,8 @@ PipelineParallel::PipelineParallel(const GptConfig& model, const Strategy& strat
       ParamState q;
       q.name = name;
       q.dist = slot.dist;
+      q.mesh = m;
+      q.shape = slot.meta.shape;
       q.master = init_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
       q.param = q.master;
       q.exp_avg = Tensor(DType::F32, block.shape);

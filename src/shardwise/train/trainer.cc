@@ -87,6 +87,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
     ParamState p;
     p.name = g.value(v).name;
     p.dist = slot.dist;
+    p.mesh = strategy_.mesh;
+    p.shape = slot.meta.shape;
     p.master = init_param_block(c_.model, p.name, slot.meta.shape, block.offsets(), block.shape, c_.seed);
     p.param = c_.bf16 ? p.master.to(DType::BF16) : p.master;  // f32: the kernels read the master itself
     p.exp_avg = Tensor(DType::F32, block.shape);
