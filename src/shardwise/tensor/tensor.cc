@@ -1,14 +1,35 @@
 #include "shardwise/tensor/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace shardwise {
+namespace {
+
+// Storage of `bytes` (at least one, so that a defined empty tensor has storage). Large buffers are
+// aligned to 2 MiB and offered to transparent huge pages: filling a fresh 64 MiB tensor (a
+// checkpoint read, a big activation) then takes 32 page faults instead of 16 384.
+std::shared_ptr<std::byte[]> allocate(size_t bytes, bool zero) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < 2 * kHuge) {
+    return std::shared_ptr<std::byte[]>(zero ? new std::byte[bytes ? bytes : 1]() : new std::byte[bytes ? bytes : 1]);
+  }
+  size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  ::madvise(p, rounded, MADV_HUGEPAGE);  // a hint: ignored where huge pages are off
+  if (zero) std::memset(p, 0, bytes);
+  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+}
+
+}  // namespace
 
 Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape), numel_(shape.numel()) {
-  size_t bytes = nbytes();
-  // Always allocate at least one byte so that a defined empty tensor has storage.
-  storage_ = std::shared_ptr<std::byte[]>(new std::byte[bytes ? bytes : 1]());
+  storage_ = allocate(nbytes(), /*zero=*/true);
 }
 
 Tensor Tensor::uninitialized(DType dtype, const Shape& shape) {
@@ -16,8 +37,7 @@ Tensor Tensor::uninitialized(DType dtype, const Shape& shape) {
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.numel_ = shape.numel();
-  size_t bytes = t.nbytes();
-  t.storage_ = std::shared_ptr<std::byte[]>(new std::byte[bytes ? bytes : 1]);
+  t.storage_ = allocate(t.nbytes(), /*zero=*/false);
   return t;
 }
 
