@@ -18,6 +18,7 @@ inline TrainConfig pipeline_test_config(const std::string& mesh, const std::stri
   c.micro_batch = 0;
   c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 3;
   c.eval_samples = 16;
+  c.digits = 2;
   return c;
 }
 

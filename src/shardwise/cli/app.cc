@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
 
   TrainOptions train_opts;
   train_opts.run_dir = "runs/demo";
-  train_opts.eval_every = 300;
+  train_opts.eval_every = 500;
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   {
     auto& c = train_opts.config;
@@ -96,7 +96,7 @@ int run(int argc, char** argv) {
     t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
     t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
     t->add_option("--ranks", train_opts.ranks, "ranks as threads (default: the mesh's size)");
-    t->add_option("--steps", c.steps, "optimizer steps (default 1800)");
+    t->add_option("--steps", c.steps, "optimizer steps (default 4500)");
     t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch");
     t->add_option("--accumulation", c.accumulation, "micro-batches per step");
     t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (default 64)");
@@ -110,13 +110,13 @@ int run(int argc, char** argv) {
     t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none (default 1)");
     t->add_option("--seed", c.seed, "seed of the initial weights and the data order (default 1234)");
     t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");
-    t->add_option("--digits", c.digits, "digits of the embedded addition task (default 2)");
+    t->add_option("--digits", c.digits, "digits of the embedded addition task (default 3)");
     t->add_option("--layers", c.model.layers, "transformer layers (default 2)");
     t->add_option("--heads", c.model.heads, "attention heads (default 4)");
     t->add_option("--hidden", c.model.hidden, "hidden size (default 128)");
     t->add_option("--seq", c.model.seq, "sequence length (default: the longest addition problem, or 256 for a file)");
     t->add_option("--vocab", c.model.vocab, "vocabulary size (default 128)");
-    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; default 300; 0: at the end)");
+    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; default 500; 0: at the end)");
     t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation (default 128)");
     t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go (default runs/demo)");
     t->add_option("--log-every", train_opts.log_every, "progress line every N steps when not on a terminal");

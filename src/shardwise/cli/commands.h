@@ -61,7 +61,7 @@ struct TrainOptions {
   train::TrainConfig config;
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
   std::string run_dir = "runs/demo";
-  int64_t eval_every = 300;  // 0: at the end only (the addition task)
+  int64_t eval_every = 500;  // 0: at the end only (the addition task)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
   int64_t save_every = 0;  // 0: no checkpoints
   std::string save_dir;    // "": <run_dir>/checkpoints

@@ -46,7 +46,10 @@ AdditionTask::AdditionTask(int digits, int64_t seq, uint64_t seed) : digits_(dig
 int64_t AdditionTask::max_length(int digits) { return 2 * digits + 2 + (digits + 1) + 1; }
 
 std::string AdditionTask::describe() const {
-  return fmt::format("embedded {}-digit addition (like \"12+34=46\"), byte tokens, 1 problem in 10 held out", digits_);
+  const auto d = static_cast<size_t>(digits_);
+  const int64_t a = std::stoll(std::string("123456789").substr(0, d)), b = std::stoll(std::string("456789123").substr(0, d));
+  return fmt::format("embedded {}-digit addition (like \"{}+{}={}\"), byte tokens, 1 problem in 10 held out", digits_, a,
+                     b, a + b);
 }
 
 std::pair<int64_t, int64_t> AdditionTask::operands(uint64_t stream, int64_t index, bool held_out) const {

@@ -24,7 +24,7 @@ inline GptConfig demo_model() {
   return m;
 }
 
-// The defaults are `make demo`'s run (examples/demo.toml): a small GPT that learns 2-digit
+// The defaults are `make demo`'s run (examples/demo.toml): a small GPT that learns 3-digit
 // addition in about two minutes on 4 threads of a 2-core machine.
 struct TrainConfig {
   GptConfig model = demo_model();
@@ -35,7 +35,7 @@ struct TrainConfig {
   int virtual_stages = 1;
   bool pipeline_release = true;
   bool sequence_parallel = false;
-  int64_t steps = 1800;
+  int64_t steps = 4500;
   int64_t micro_batch = 0, accumulation = 0, global_batch = 64;  // 0: derived (see above)
   double lr = 2e-3, min_lr = 1e-4;
   int64_t warmup = 50;
@@ -44,7 +44,7 @@ struct TrainConfig {
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
   uint64_t seed = 1234;
   std::string data;  // "" = the embedded addition task
-  int digits = 2;  // model.seq 0 = the longest problem (addition) or 256 (a file)
+  int digits = 3;  // model.seq 0 = the longest problem (addition) or 256 (a file)
   int64_t eval_samples = 128;
 
   // Fills the derived batch number; Error naming the numbers that do not fit.
