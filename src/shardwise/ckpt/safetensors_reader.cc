@@ -299,7 +299,7 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
              "safetensors file '{}': tensor '{}' of shape {}: box dim {} [{}, {}) is out of range", path().string(),
              t.name, t.shape.to_string(), d, box.offset[i], box.offset[i] + box.shape[d]);
   }
-  Tensor out = Tensor::uninitialized(dtype, box.shape);  // every run below writes its part
+  Tensor out = Tensor::uninitialized(dtype, box.shape, /*huge_pages=*/true);  // every run below writes its part
   const size_t es = dtype_size(dtype);
   const std::byte* src = data(t).data();
   std::byte* dst = out.raw();

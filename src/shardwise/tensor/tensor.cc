@@ -10,12 +10,14 @@
 namespace shardwise {
 namespace {
 
-// Storage of `bytes` (at least one, so that a defined empty tensor has storage). Large buffers are
-// aligned to 2 MiB and offered to transparent huge pages: filling a fresh 64 MiB tensor (a
-// checkpoint read, a big activation) then takes 32 page faults instead of 16 384.
-std::shared_ptr<std::byte[]> allocate(size_t bytes, bool zero) {
+// Storage of `bytes` (at least one, so that a defined empty tensor has storage). With `huge`, a large
+// buffer is aligned to 2 MiB and offered to transparent huge pages: filling a fresh 64 MiB tensor
+// once (a checkpoint read) then takes 32 page faults instead of 16 384. Not the default: training
+// allocates and frees the same sizes every step, and there the heap's reuse of freed blocks wins
+// (huge pages cost ~10% of a GPT step in kernel page clearing when measured).
+std::shared_ptr<std::byte[]> allocate(size_t bytes, bool zero, bool huge = false) {
   constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes < 2 * kHuge) {
+  if (!huge || bytes < 2 * kHuge) {
     return std::shared_ptr<std::byte[]>(zero ? new std::byte[bytes ? bytes : 1]() : new std::byte[bytes ? bytes : 1]);
   }
   size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
@@ -32,12 +34,12 @@ Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape), 
   storage_ = allocate(nbytes(), /*zero=*/true);
 }
 
-Tensor Tensor::uninitialized(DType dtype, const Shape& shape) {
+Tensor Tensor::uninitialized(DType dtype, const Shape& shape, bool huge_pages) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.numel_ = shape.numel();
-  t.storage_ = allocate(t.nbytes(), /*zero=*/false);
+  t.storage_ = allocate(t.nbytes(), /*zero=*/false, huge_pages);
   return t;
 }
 

@@ -17,7 +17,8 @@ class Tensor {
   Tensor() = default;  // undefined: defined() is false
   Tensor(DType dtype, const Shape& shape);  // zero-filled
   // Storage left uninitialized: for kernels that write every element (no zero-fill pass).
-  static Tensor uninitialized(DType dtype, const Shape& shape);
+  // `huge_pages`: a large buffer filled once (a checkpoint read) asks for transparent huge pages.
+  static Tensor uninitialized(DType dtype, const Shape& shape, bool huge_pages = false);
 
   template <class T>
   static Tensor from(const Shape& shape, std::span<const T> values) {
