@@ -90,3 +90,31 @@ TEST(Topology, Bf16ParametersWithFp32MastersOnEveryMesh) {
 
 }  // namespace
 }  // namespace shardwise::train
+
+namespace shardwise::train {
+namespace {
+
+// Dropout masks are keyed by (seed, site, sample index, position): the same samples draw the same
+// masks on every mesh and in micro-batches of any size, so curves with dropout agree too; and a
+// step draws new masks (the curve differs from the one without dropout).
+TEST(Topology, DropoutMasksFollowTheSamplesNotTheMesh) {
+  TrainConfig c = small("dp=1");
+  c.dropout = 0.1;
+  std::vector<double> ref = losses(c, 1), plain = losses(small("dp=1"), 1);
+  EXPECT_NE(ref[3], plain[3]);
+  for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"dp=2", 2}, {"tp=2", 2}, {"dp=2,tp=2", 4}}) {
+    TrainConfig m = c;
+    m.mesh = mesh;
+    expect_same_curve(losses(m, ranks), ref, "dropout on " + mesh);
+  }
+  TrainConfig sp = c;
+  sp.mesh = "tp=2";
+  sp.sequence_parallel = true;
+  expect_same_curve(losses(sp, 2), ref, "dropout on tp=2 + sp");
+  TrainConfig accumulate = c;
+  accumulate.accumulation = 2;
+  expect_same_curve(losses(accumulate, 1), ref, "dropout with accumulation 2");
+}
+
+}  // namespace
+}  // namespace shardwise::train

@@ -106,6 +106,7 @@ int run(int argc, char** argv) {
     t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices (default 0.01)");
     t->add_option("--beta1", c.adamw.beta1, "AdamW beta1 (default 0.9)");
     t->add_option("--beta2", c.adamw.beta2, "AdamW beta2 (default 0.95)");
+    t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals (default 0)");
     t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
     t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none (default 1)");
     t->add_option("--seed", c.seed, "seed of the initial weights and the data order (default 1234)");

@@ -111,8 +111,14 @@ void add_dropout(OpRegistry& registry) {
   op.forward_in_context = [](std::span<const Tensor> in, const Attrs& attrs, const KernelContext& ctx) {
     SW_CHECK(!ctx.tensors.empty(), "dropout: the kernel context has no entry for x");
     const ShardInfo& info = ctx.tensors[0];
-    DropoutResult r = dropout(in[0], info.global_shape,
-                              std::span<const int64_t>(info.offset.data(), static_cast<size_t>(in[0].ndim())),
+    Shape global = info.global_shape;
+    std::array<int64_t, kMaxDims> offset = info.offset;
+    if (ctx.sample_offset != 0 && global.ndim() > 0) {  // dim 0 counts samples from the data's start
+      SW_CHECK(ctx.sample_offset > 0, "dropout: a negative sample offset {}", ctx.sample_offset);
+      global[0] += ctx.sample_offset;
+      offset[0] += ctx.sample_offset;
+    }
+    DropoutResult r = dropout(in[0], global, std::span<const int64_t>(offset.data(), static_cast<size_t>(in[0].ndim())),
                               dropout_args(attrs));
     return std::vector<Tensor>{r.out, r.mask};
   };

@@ -50,6 +50,10 @@ struct KernelContext {
   // For ops marked `collective`: this rank's communicators along mesh dims (null on one device:
   // a kernel then behaves as if every group had one rank).
   comm::MeshComm* mesh_comm = nullptr;
+  // Random ops (dropout) key their draws by the global element index; the trainer adds the
+  // micro-batch's first sample index to dim 0 here, so a sample draws the same mask whatever
+  // micro-batch or mesh it is in, and every step (new samples) draws new masks. 0 elsewhere.
+  int64_t sample_offset = 0;
   static KernelContext single_device(std::span<const Tensor> tensors);
   // For collective kernels: the group along the mesh dims (in mesh-dim order) on which
   // tensors[index] is sharded on a tensor dim whose bit is set in `tensor_dims`; null without a

@@ -148,6 +148,7 @@ ops::KernelContext Runtime::context(const std::vector<int>& slots) const {
     ctx.tensors.push_back({slot.meta.shape, b.offset, slot.dist});
   }
   ctx.mesh_comm = mesh_comm_.get();
+  ctx.sample_offset = sample_offset_;
   return ctx;
 }
 

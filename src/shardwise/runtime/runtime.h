@@ -52,6 +52,8 @@ class Runtime {
   void drop(std::string_view name);
 
   void run();
+  // Index of the first sample of the batch run() processes (random ops key their draws by it).
+  void set_sample_offset(int64_t first_sample) { sample_offset_ = first_sample; }
   // Positions [begin, end) of the execution order only (a pipeline runs a micro-batch's forward,
   // later its backward).
   void run(size_t begin, size_t end);
@@ -90,6 +92,7 @@ class Runtime {
   std::vector<int> last_use_;
   std::vector<bool> kept_;
   RunStats stats_;
+  int64_t sample_offset_ = 0;
 };
 
 }  // namespace shardwise::runtime

@@ -13,6 +13,7 @@ void GptConfig::validate() const {
            "hidden size {} must be a positive multiple of the number of heads {}", hidden, heads);
   SW_CHECK(seq >= 1, "sequence length must be at least 1, got {}", seq);
   SW_CHECK(vocab >= 2, "vocabulary must hold at least 2 tokens, got {}", vocab);
+  SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
 }
 
 Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel) {
@@ -74,14 +75,24 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
     if (c.param_dtype == DType::F32) return v;
     return g.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
   };
+  // Dropout at a named site (its own random stream); the identity when not training or p = 0.
+  auto drop = [&](graph::ValueId v, const std::string& site) {
+    if (c.dropout <= 0 || !training) return v;
+    Attrs a{{"p", c.dropout},
+            {"seed", static_cast<int64_t>(c.dropout_seed)},
+            {"stream", static_cast<int64_t>(stream_id(site) >> 1)},
+            {"training", true}};
+    return g.op("dropout", {v}, a, site)[0];
+  };
   graph::ValueId x, wte = -1;
   if (part.embeddings) {
     auto ids = g.input("ids", Shape{B, S}, DType::I64);
     annotate(ids, placements(s, "R", "S(0)"));
     wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");
     auto wpe = param("transformer.wpe.weight", Shape{S, H});
-    x = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
-    if (s.sequence_parallel) annotate(x, placements(s, "S(1)", "S(0)"));
+    auto emb = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
+    if (s.sequence_parallel) annotate(emb, placements(s, "S(1)", "S(0)"));  // reduce-scattered onto the sequence
+    x = drop(emb, "emb.dropout");
   } else {
     out.input = x = g.input("stage_input", Shape{B, S, H});
     g.value(x).requires_grad = training;
@@ -121,14 +132,14 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, b
     // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
     auto q_scaled = g.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
     auto scores = g.matmul(q_scaled, k, true, p + ".attn.scores");
-    auto probs = g.softmax(g.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs");
+    auto probs = drop(g.softmax(g.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
     auto ctx = g.reshape(g.transpose(g.matmul(probs, v, false, p + ".attn.ctx.heads"), {0, 2, 1, 3}, p + ".attn.ctx.t"),
                          {B, S, H}, p + ".attn.ctx");
-    x = g.add(x, linear(ctx, p + ".attn.c_proj", H, H, false), p + ".attn.residual");
+    x = g.add(x, drop(linear(ctx, p + ".attn.c_proj", H, H, false), p + ".attn.resid_dropout"), p + ".attn.residual");
     auto h2 = ln(x, p + ".ln_2");
     auto m = linear(g.gelu(linear(h2, p + ".mlp.c_fc", H, 4 * H, true), p + ".mlp.act"), p + ".mlp.c_proj", 4 * H, H,
                     false);
-    x = g.add(x, m, p + ".mlp.residual");
+    x = g.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
   }
   if (!part.head) {
     annotate(x, boundary);

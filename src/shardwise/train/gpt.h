@@ -26,6 +26,10 @@ struct GptConfig {
   double layer_norm_epsilon = 1e-5;
   double init_std = 0.02;
   DType param_dtype = DType::F32;  // f32, or bf16 (kernels still compute in f32; fp32 masters)
+  // Dropout on the embeddings, the attention probabilities and both residual branches (GPT-2's
+  // embd/attn/resid_pdrop) while training; masks keyed by (dropout_seed, site, sample, position).
+  double dropout = 0.0;
+  uint64_t dropout_seed = 0;
   void validate() const;  // Error naming the bad field
 };
 

@@ -44,6 +44,7 @@ void TrainConfig::check(int64_t ranks) {
            s.mesh.to_string(), s.mesh.size(), ranks, s.mesh.size(), s.mesh.size());
   if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : 256;
   model.validate();
+  SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
   SW_CHECK(model.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)",
            model.heads, s.tp_size());
   SW_CHECK(steps >= 1, "steps must be at least 1, got {}", steps);
@@ -53,6 +54,8 @@ void TrainConfig::check(int64_t ranks) {
   resolve_batch(s.dp_size());
   if (s.pp >= 0) {  // the schedule's and the stages' constraints, with their numbers
     SW_CHECK(!bf16, "--bf16 with a pipeline (pp) is not supported yet: use f32 parameters on pp meshes");
+    SW_CHECK(dropout == 0, "--dropout with a pipeline (pp) is not supported yet: the stages do not pass the "
+             "micro-batch's sample offset to the masks");
     const int pp = static_cast<int>(s.mesh.dim_size(s.pp));
     pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
     pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
@@ -104,6 +107,8 @@ Trainer::~Trainer() = default;
 void Trainer::compile(Compiled& c, bool training, int64_t micro_batch) {
   GptConfig model = c_.model;
   model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
+  model.dropout = c_.dropout;
+  model.dropout_seed = c_.seed;
   c.model = build_gpt(model, strategy_, micro_batch, training);
   if (training) graph::append_backward(c.model.g, c.model.loss);
   c.program = graph::lower(c.model.g, graph::complete(c.model.g, strategy_.mesh));
@@ -131,6 +136,7 @@ StepResult Trainer::step() {
   for (int64_t a = 0; !pp_ && a < c_.accumulation; ++a) {
     Batch b = make_batch(*data_, consumed_ + a * per_micro, per_micro, c_.model.seq);
     runtime::Runtime& rt = *train_.runtime;
+    rt.set_sample_offset(consumed_ + a * per_micro);  // dropout masks follow the samples, not the mesh
     rt.set_global("ids", b.ids);
     rt.set_global("labels", b.labels);
     rt.run();

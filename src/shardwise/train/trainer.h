@@ -42,6 +42,7 @@ struct TrainConfig {
   AdamWConfig adamw = {0.9, 0.95, 1e-8, 0.01};
   double clip = 1.0;  // global-norm clipping (<= 0: none)
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
+  double dropout = 0.0;  // GPT-2's embedding, attention and residual dropout while training
   uint64_t seed = 1234;
   std::string data;  // "" = the embedded addition task
   int digits = 3;  // model.seq 0 = the longest problem (addition) or 256 (a file)
