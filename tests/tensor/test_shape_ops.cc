@@ -28,7 +28,8 @@ std::vector<double> values(const Tensor& t) {
 // "in0-in1:out0-out1" per group.
 std::string groups(const Shape& in, const Shape& out) {
   std::string s;
-  for (const DimGroup& g : reshape_transform(in, out).view()) {
+  const DimTransform t = reshape_transform(in, out);  // view() points into it: keep it alive
+  for (const DimGroup& g : t.view()) {
     if (!s.empty()) s += ' ';
     s += std::to_string(g.in_begin) + "-" + std::to_string(g.in_end) + ":" + std::to_string(g.out_begin) + "-" +
          std::to_string(g.out_end);

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <thread>
 #include <tuple>
 
@@ -161,13 +162,15 @@ class LocalComm final : public Communicator {
     enter(s);
     // Every rank checks the whole matrix, so all of them raise the same Error.
     const auto& slots = group_->slots;
-    for (size_t q = 0; q < slots.size(); ++q) {
-      for (size_t p = 0; p < slots.size(); ++p) {
-        if (slots[q].counts[p] != slots[p].recv_counts[q]) {
-          fail_all_to_all_counts(group_->members[q], slots[q].counts[p], group_->members[p], slots[p].recv_counts[q]);
+    check_together([&] {
+      for (size_t q = 0; q < slots.size(); ++q) {
+        for (size_t p = 0; p < slots.size(); ++p) {
+          if (slots[q].counts[p] != slots[p].recv_counts[q]) {
+            fail_all_to_all_counts(group_->members[q], slots[q].counts[p], group_->members[p], slots[p].recv_counts[q]);
+          }
         }
       }
-    }
+    });
     auto me = static_cast<size_t>(rank_);
     size_t at = 0;
     for (size_t p = 0; p < slots.size(); ++p) {
@@ -238,7 +241,23 @@ class LocalComm final : public Communicator {
     rendezvous();
     std::vector<CallSignature> calls;
     for (const auto& s : group_->slots) calls.push_back(s.call);
-    check_alike(calls, group_->members);
+    check_together([&] { check_alike(calls, group_->members); });
+  }
+
+  // Runs a check that reads the peers' deposited arguments. On a mismatch every rank finds the
+  // same Error; they meet once more before raising it, so no rank leaves (and frees the buffers its
+  // slot points to) while a peer still reads them.
+  template <class Check>
+  void check_together(Check&& check) {
+    std::exception_ptr error;
+    try {
+      check();
+    } catch (const Error&) {
+      error = std::current_exception();
+    }
+    if (!error) return;
+    rendezvous();
+    std::rethrow_exception(error);
   }
 
   // Reduction of the elements [offset, offset + count) of every rank's input, in rank order.
@@ -286,7 +305,7 @@ class LocalComm final : public Communicator {
   void check_same_counts() {
     std::vector<std::span<const int64_t>> counts;
     for (const auto& s : group_->slots) counts.push_back(s.counts);
-    comm::check_same_counts(group_->slots[0].call.op, counts, group_->members);
+    check_together([&] { comm::check_same_counts(group_->slots[0].call.op, counts, group_->members); });
   }
 
   std::shared_ptr<LocalWorld> world_;
