@@ -43,7 +43,7 @@ class Lowerer {
 
   // The slot of value v in distribution `want`, resharding from slot `from` when needed.
   int in_dist(ValueId v, int from, const DistAttr& want) {
-    const Slot& src = p_.slots[static_cast<size_t>(from)];
+    const Slot src = p_.slots[static_cast<size_t>(from)];  // a copy: slot() below may grow p_.slots
     if (src.dist == want) return from;
     if (auto it = slots_.find(key(v, want)); it != slots_.end()) return it->second;
     int to = slot(v, want);
