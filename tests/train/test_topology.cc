@@ -31,19 +31,28 @@ void expect_same_curve(const std::vector<double>& got, const std::vector<double>
   }
 }
 
+// `base` (a single-rank configuration) on dp=2, tp=2, dp=2 x tp=2, tp=2 + sp, and with two
+// accumulated micro-batches instead of one, against its single-rank curve `ref`.
+void expect_every_mesh_follows(const TrainConfig& base, const std::vector<double>& ref, const std::string& what) {
+  for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"dp=2", 2}, {"tp=2", 2}, {"dp=2,tp=2", 4}}) {
+    TrainConfig m = base;
+    m.mesh = mesh;
+    expect_same_curve(losses(m, ranks), ref, what + mesh);
+  }
+  TrainConfig sp = base;
+  sp.mesh = "tp=2";
+  sp.sequence_parallel = true;
+  expect_same_curve(losses(sp, 2), ref, what + "tp=2 + sp");
+  TrainConfig accumulate = base;
+  accumulate.accumulation = 2;  // micro-batch 4 twice instead of 8 at once
+  expect_same_curve(losses(accumulate, 1), ref, what + "accumulation 2");
+}
+
 TEST(Topology, LossCurvesOnEveryMeshFollowTheSingleRankCurve) {
   std::vector<double> ref = losses(small("dp=1"), 1);
   ASSERT_EQ(ref.size(), 20u);
   EXPECT_LT(ref.back(), ref.front() * 0.8) << "the loss should fall";
-  expect_same_curve(losses(small("dp=2"), 2), ref, "dp=2");
-  expect_same_curve(losses(small("tp=2"), 2), ref, "tp=2");
-  expect_same_curve(losses(small("dp=2,tp=2"), 4), ref, "dp=2,tp=2");
-  TrainConfig sp = small("tp=2");
-  sp.sequence_parallel = true;
-  expect_same_curve(losses(sp, 2), ref, "tp=2 + sp");
-  TrainConfig accumulate = small("dp=1");
-  accumulate.accumulation = 2;  // micro-batch 4 twice instead of 8 at once
-  expect_same_curve(losses(accumulate, 1), ref, "accumulation 2");
+  expect_every_mesh_follows(small("dp=1"), ref, "");
 }
 
 TEST(Topology, BadBatchCombinationsAreRefusedWithTheNumbers) {
@@ -66,12 +75,6 @@ TEST(Topology, BadBatchCombinationsAreRefusedWithTheNumbers) {
   EXPECT_EQ(e.micro_batch, 4);
 }
 
-}  // namespace
-}  // namespace shardwise::train
-
-namespace shardwise::train {
-namespace {
-
 // bf16 parameters (fp32 masters): the curve stays close to the f32 one (the weights the kernels
 // read are rounded to bf16), and other meshes follow it. Not to 1e-5: masters that differ in the
 // last float bit (reduction order) can round to neighbouring bf16 values, which moves the loss by
@@ -88,12 +91,6 @@ TEST(Topology, Bf16ParametersWithFp32MastersOnEveryMesh) {
   expect_same_curve(losses(mesh, 4), ref, "bf16 on dp=2,tp=2", 5e-4);
 }
 
-}  // namespace
-}  // namespace shardwise::train
-
-namespace shardwise::train {
-namespace {
-
 // Dropout masks are keyed by (seed, site, sample index, position): the same samples draw the same
 // masks on every mesh and in micro-batches of any size, so curves with dropout agree too; and a
 // step draws new masks (the curve differs from the one without dropout).
@@ -102,18 +99,7 @@ TEST(Topology, DropoutMasksFollowTheSamplesNotTheMesh) {
   c.dropout = 0.1;
   std::vector<double> ref = losses(c, 1), plain = losses(small("dp=1"), 1);
   EXPECT_NE(ref[3], plain[3]);
-  for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"dp=2", 2}, {"tp=2", 2}, {"dp=2,tp=2", 4}}) {
-    TrainConfig m = c;
-    m.mesh = mesh;
-    expect_same_curve(losses(m, ranks), ref, "dropout on " + mesh);
-  }
-  TrainConfig sp = c;
-  sp.mesh = "tp=2";
-  sp.sequence_parallel = true;
-  expect_same_curve(losses(sp, 2), ref, "dropout on tp=2 + sp");
-  TrainConfig accumulate = c;
-  accumulate.accumulation = 2;
-  expect_same_curve(losses(accumulate, 1), ref, "dropout with accumulation 2");
+  expect_every_mesh_follows(c, ref, "dropout, ");
 }
 
 }  // namespace

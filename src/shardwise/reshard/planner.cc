@@ -253,32 +253,34 @@ void total(Plan& p, std::string strategy) {
   p.strategy = p.steps.empty() ? "none" : std::move(strategy);
 }
 
-Plan collectives_plan(const Plan& base, const CostModel& cost) {
-  Plan p = base;
-  Builder b(p.shape, p.dtype, p.from, cost);
-  resolve_partials(b, p.to.dist, true);
-  unshard(b, p.to.dist, p.shape.ndim());
+// Shards locally and partializes to the target, checks the builder reached it, and totals.
+Plan finish_same_mesh(Plan p, Builder& b, std::string strategy) {
   reshard_locally(b, p.to.dist, p.shape.ndim());
-  SW_CHECK(b.cur() == p.to.dist, "internal: the collective plan reached {} instead of {}", b.cur().to_string(),
+  SW_CHECK(b.cur() == p.to.dist, "internal: the {} plan reached {} instead of {}", strategy, b.cur().to_string(),
            p.to.dist.to_string());
   p.steps = std::move(b.steps());
-  total(p, "collectives");
+  total(p, std::move(strategy));
   return p;
 }
 
+Plan collectives_plan(const Plan& base, const CostModel& cost) {
+  Builder b(base.shape, base.dtype, base.from, cost);
+  resolve_partials(b, base.to.dist, true);
+  unshard(b, base.to.dist, base.shape.ndim());
+  return finish_same_mesh(base, b, "collectives");
+}
+
 Plan redistribute_plan(const Plan& base, const CostModel& cost) {
-  Plan p = base;
+  const Plan& p = base;
   Builder b(p.shape, p.dtype, p.from, cost);
   resolve_partials(b, p.to.dist, false);
-  // The target without the Partials still to be made (kept ones stay).
+  // The target's shards, with the Partials that stay (resolve_partials left only those: each
+  // equals the target's); the target's other Partials are made after the move.
   DistAttr target = b.cur();
   for (int m = 0; m < target.mesh_ndim(); ++m) {
     if (!target[m].is_partial()) target.set(m, Placement::replicate());
   }
   for (int d = 0; d < p.shape.ndim(); ++d) target.set_shard_order(d, p.to.dist.mesh_dims_of(d));
-  for (int m = 0; m < target.mesh_ndim(); ++m) {
-    if (target[m].is_partial() && !(target[m] == p.to.dist[m])) target.set(m, Placement::replicate());
-  }
   if (!(target == b.cur())) {
     // Group: every mesh dim except kept Partials and dims replicated on both sides.
     std::vector<int> dims;
@@ -289,12 +291,7 @@ Plan redistribute_plan(const Plan& base, const CostModel& cost) {
     }
     b.redistribute(target, dims);
   }
-  reshard_locally(b, p.to.dist, p.shape.ndim());
-  SW_CHECK(b.cur() == p.to.dist, "internal: the redistribute plan reached {} instead of {}", b.cur().to_string(),
-           p.to.dist.to_string());
-  p.steps = std::move(b.steps());
-  total(p, "redistribute");
-  return p;
+  return finish_same_mesh(base, b, "redistribute");
 }
 
 // Between meshes: reduce Partials on the source mesh (unless both sides are the same shape and

@@ -242,15 +242,17 @@ Tensor Runtime::local(std::string_view name) const {
   return buffers_[static_cast<size_t>(s)];
 }
 
-Tensor Runtime::local_grad(std::string_view param) const {
+int Runtime::grad_slot(std::string_view param) const {
   ValueId v = g_.get(param);
   auto params = g_.params();
   auto it = std::find(params.begin(), params.end(), v);
   SW_CHECK(it != params.end(), "'{}' is not a parameter", param);
   int s = p_.param_grad_slot[static_cast<size_t>(it - params.begin())];
   SW_CHECK(s >= 0 && buffers_[static_cast<size_t>(s)].defined(), "parameter '{}' has no gradient", param);
-  return buffers_[static_cast<size_t>(s)];
+  return s;
 }
+
+Tensor Runtime::local_grad(std::string_view param) const { return buffers_[static_cast<size_t>(grad_slot(param))]; }
 
 Tensor Runtime::gather_slot(int s) {
   const graph::Slot& slot = p_.slots[static_cast<size_t>(s)];
@@ -264,11 +266,6 @@ Tensor Runtime::gather(std::string_view name) {
   return gather_slot(p_.value_slot[static_cast<size_t>(g_.get(name))]);
 }
 
-Tensor Runtime::gather_grad(std::string_view param) {
-  local_grad(param);
-  ValueId v = g_.get(param);
-  auto params = g_.params();
-  return gather_slot(p_.param_grad_slot[static_cast<size_t>(std::find(params.begin(), params.end(), v) - params.begin())]);
-}
+Tensor Runtime::gather_grad(std::string_view param) { return gather_slot(grad_slot(param)); }
 
 }  // namespace shardwise::runtime

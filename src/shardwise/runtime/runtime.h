@@ -72,6 +72,7 @@ class Runtime {
   Tensor gather(std::string_view name);
   Tensor gather_grad(std::string_view param);
   int value_slot(std::string_view name) const;  // the slot of a value in its completed distribution
+  int grad_slot(std::string_view param) const;  // Error unless a parameter whose gradient is held
 
  private:
   bool reads_value(const graph::Instr& ins, size_t k) const;  // does input k's value matter

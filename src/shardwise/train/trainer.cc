@@ -211,8 +211,6 @@ EvalResult Trainer::evaluate() {
   return out;
 }
 
-Shape Trainer::param_shape(const std::string& name) const { return train_.model.g.value(train_.model.g.get(name)).meta.shape; }
-
 void Trainer::restore_position(int64_t step, int64_t consumed) {
   SW_CHECK(step >= 0 && consumed >= 0, "a checkpoint's step {} and consumed samples {} must not be negative", step,
            consumed);
@@ -224,8 +222,8 @@ Tensor Trainer::gather_param(const std::string& name) {
   if (pp_) return pp_->gather_param(name);
   for (ParamState& p : params_) {
     if (p.name != name) continue;
-    reshard::Plan plan = reshard::plan_reshard(train_.program.slots[static_cast<size_t>(train_.program.value_slot[static_cast<size_t>(train_.model.g.get(name))])].meta.shape,
-                                               DType::F32, {strategy_.mesh, p.dist}, {strategy_.mesh, mesh::DistAttr(strategy_.mesh.ndim())});
+    reshard::Plan plan =
+        reshard::plan_reshard(p.shape, DType::F32, {p.mesh, p.dist}, {p.mesh, mesh::DistAttr(p.mesh.ndim())});
     return reshard::Resharder(world_).run(plan, p.master);
   }
   fail("no parameter named '{}'", name);

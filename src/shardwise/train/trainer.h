@@ -89,7 +89,6 @@ class Trainer {
   const runtime::RunStats& last_run_stats() const { return last_stats_; }
   // The whole parameter (collective: every rank calls it), for tests and exports.
   Tensor gather_param(const std::string& name);
-  Shape param_shape(const std::string& name) const;
   const LrSchedule& schedule() const { return schedule_; }
   // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
   void restore_position(int64_t step, int64_t consumed);
