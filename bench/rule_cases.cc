@@ -5,7 +5,7 @@ namespace {
 
 RuleCall make(const std::string& label, const std::string& op, std::vector<std::pair<Shape, std::string>> ins,
               Attrs attrs = {}) {
-  RuleCall c{label, &spmd::rules().get(ops::op_registry().get(op).rule), mesh::ProcessMesh(Shape{2, 4}), {}, attrs};
+  RuleCall c{label, &ops::op_registry().get(op).rule, mesh::ProcessMesh(Shape{2, 4}), {}, attrs};
   for (auto& [shape, dist] : ins) c.inputs.push_back({shape, DType::F32, mesh::parse_dist(dist, 2)});
   return c;
 }

@@ -75,7 +75,7 @@ TEST(Cli, InferCollectiveOpsForwardAndGrad) {
 TEST(Cli, RulesListsEveryFamily) {
   Result r = run("rules");
   ASSERT_EQ(r.status, 0) << r.out;
-  for (const char* s : {"[elementwise]", "[reduction]", "[matmul]", "ops: add, subtract", "reduce_sum"}) {
+  for (const char* s : {"[unary]", "[binary]", "[reduction]", "[matmul]", "ops: add, subtract", "reduce_sum"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   }
 }

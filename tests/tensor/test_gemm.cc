@@ -234,43 +234,5 @@ TEST(Gemm, TensorFormBroadcastsBatchOfOne) {
   EXPECT_EQ(ct.at(3), -2);
   EXPECT_THROW(gemm(a.reshaped({2, 2}), Tensor::from<double>({3, 1}, std::vector<double>{1, 2, 3})), Error);
 }
-
-TEST(MatmulDims, ShapesAndErrors) {
-  MatmulDims d = matmul_dims({2, 5, 3}, {3, 4}, false, false);
-  EXPECT_EQ(d.out, (Shape{2, 5, 4}));
-  EXPECT_EQ(d.m, 5);
-  EXPECT_EQ(d.k, 3);
-  EXPECT_EQ(d.n, 4);
-  d = matmul_dims({1, 4, 3}, {2, 3, 5}, false, false);
-  EXPECT_EQ(d.out, (Shape{2, 4, 5}));
-  d = matmul_dims({7}, {7, 3}, true, false);  // trans ignored on a 1-D operand
-  EXPECT_EQ(d.out, (Shape{3}));
-  d = matmul_dims({5, 7}, {7}, false, true);
-  EXPECT_EQ(d.out, (Shape{5}));
-  d = matmul_dims({7}, {7}, false, false);
-  EXPECT_EQ(d.out, Shape{});
-  d = matmul_dims({7, 5}, {3, 7}, true, true);
-  EXPECT_EQ(d.out, (Shape{5, 3}));
-  d = matmul_dims({3, 1, 2, 4}, {5, 4, 6}, false, false);
-  EXPECT_EQ(d.out, (Shape{3, 5, 2, 6}));
-  try {
-    matmul_dims({5, 7}, {6, 3}, false, false);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_NE(msg.find("5x7"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("6x3"), std::string::npos) << msg;
-  }
-  try {
-    matmul_dims({2, 5, 7}, {3, 7, 3}, false, false);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    EXPECT_NE(msg.find("2x5x7"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("3x7x3"), std::string::npos) << msg;
-  }
-  EXPECT_THROW(matmul_dims(Shape{}, {3}, false, false), Error);
-}
-
 }  // namespace
 }  // namespace shardwise

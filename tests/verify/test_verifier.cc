@@ -16,6 +16,12 @@ using mesh::ReduceOp;
 using spmd::SpmdResult;
 using spmd::TensorSpec;
 
+// Verifies `op` holding `rule` (a right or a deliberately wrong one).
+Report verify_with(ops::OpDef op, const VerifyOptions& options, const spmd::Rule& rule) {
+  op.rule = rule;
+  return verify_op(op, options);
+}
+
 std::vector<ops::VerifyCase> toy_cases(int rank) {
   if (rank == 1) return {{{Shape{12}}, {DType::F64}, {}, {}}, {{Shape{5}}, {DType::F64}, {}, {}}};
   return {{{Shape{12, 6}}, {DType::F64}, {}, {}}, {{Shape{5, 2}}, {DType::F64}, {}, {}}};
@@ -26,7 +32,6 @@ ops::OpDef unary_op(std::string name, double (*f)(double), double (*df)(double))
   ops::OpDef op;
   op.name = name;
   op.family = "toy";
-  op.rule = "toy";
   op.infer = [](std::span<const ops::TensorMeta> in, const Attrs&) { return std::vector<ops::TensorMeta>{in[0]}; };
   op.forward = [f](std::span<const Tensor> in, const Attrs&) {
     Tensor y = in[0].clone();
@@ -84,7 +89,7 @@ VerifyOptions small() {
 TEST(Verifier, AcceptsACorrectLinearRule) {
   ops::OpDef twice = unary_op("twice", [](double x) { return 2 * x; }, [](double) { return 2.0; });
   spmd::Rule rule = elementwise_rule({ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min});
-  Report r = verify_op(twice, small(), &rule);
+  Report r = verify_with(twice, small(), rule);
   EXPECT_TRUE(r.ok()) << r.table();
   ASSERT_EQ(r.rows.size(), 4u);
   EXPECT_EQ(r.rows[3].mesh, "[2,3]");
@@ -96,9 +101,9 @@ TEST(Verifier, AcceptsACorrectLinearRule) {
 TEST(Verifier, CatchesPartialSumPassedThroughANonlinearOp) {
   ops::OpDef exp_op = unary_op("toy_exp", [](double x) { return std::exp(x); }, [](double x) { return std::exp(x); });
   spmd::Rule right = elementwise_rule({});
-  EXPECT_TRUE(verify_op(exp_op, small(), &right).ok());
+  EXPECT_TRUE(verify_with(exp_op, small(), right).ok());
   spmd::Rule wrong = elementwise_rule({ReduceOp::Sum});  // exp(a + b) != exp(a) + exp(b)
-  Report r = verify_op(exp_op, small(), &wrong);
+  Report r = verify_with(exp_op, small(), wrong);
   EXPECT_FALSE(r.ok());
   ASSERT_FALSE(r.failures.empty());
   EXPECT_NE(r.failures[0].message.find("differs from the single-device result"), std::string::npos)
@@ -109,7 +114,7 @@ TEST(Verifier, CatchesPartialMaxThroughADecreasingOp) {
   // neg turns a max into a min: passing P(max) through unchanged is wrong.
   ops::OpDef neg = unary_op("toy_neg", [](double x) { return -x; }, [](double) { return -1.0; });
   spmd::Rule wrong = elementwise_rule({ReduceOp::Sum, ReduceOp::Max});
-  Report r = verify_op(neg, small(), &wrong);
+  Report r = verify_with(neg, small(), wrong);
   EXPECT_FALSE(r.ok());
   for (const Failure& f : r.failures) EXPECT_NE(f.inputs.find("P(max)"), std::string::npos) << f.inputs;
 }
@@ -125,7 +130,7 @@ TEST(Verifier, CatchesAWrongGradientRule) {
   };
   VerifyOptions o = small();
   o.forward = o.reverse = false;
-  Report r = verify_op(sq, o, &rule);
+  Report r = verify_with(sq, o, rule);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.failures[0].part, "grad");
 }
@@ -134,7 +139,6 @@ TEST(Verifier, CatchesAWrongGradientRule) {
 ops::OpDef row_sum() {
   ops::OpDef op;
   op.name = "toy_rowsum";
-  op.rule = "toy";
   op.infer = [](std::span<const ops::TensorMeta> in, const Attrs&) {
     return std::vector<ops::TensorMeta>{{Shape{in[0].shape[0]}, in[0].dtype}};
   };
@@ -178,10 +182,10 @@ spmd::Rule row_sum_rule(bool reduced_dim_partial) {
 TEST(Verifier, CatchesAReductionThatForgetsThePartialSum) {
   ops::OpDef op = row_sum();
   spmd::Rule right = row_sum_rule(true);
-  Report ok = verify_op(op, small(), &right);
+  Report ok = verify_with(op, small(), right);
   EXPECT_TRUE(ok.ok()) << ok.table();
   spmd::Rule wrong = row_sum_rule(false);
-  Report bad = verify_op(op, small(), &wrong);
+  Report bad = verify_with(op, small(), wrong);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.failures[0].message.find("replicas"), std::string::npos) << bad.failures[0].message;
 }
@@ -194,7 +198,7 @@ TEST(Verifier, CatchesAClaimedShardThatTheKernelDoesNotProduce) {
     s.set(0, Placement::shard(0));
     return SpmdResult{{r}, {s}};  // inputs replicated, output claimed sharded
   };
-  Report bad = verify_op(op, small(), &rule);
+  Report bad = verify_with(op, small(), rule);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.failures[0].message.find("give it"), std::string::npos) << bad.failures[0].message;
 }
@@ -222,8 +226,8 @@ TEST(Verifier, PassesShardOffsetsToContextKernels) {
   spmd::Rule rule = elementwise_rule({});
   VerifyOptions o = small();
   o.grad = false;
-  EXPECT_TRUE(verify_op(plus_global_index(true), o, &rule).ok());
-  EXPECT_FALSE(verify_op(plus_global_index(false), o, &rule).ok());
+  EXPECT_TRUE(verify_with(plus_global_index(true), o, rule).ok());
+  EXPECT_FALSE(verify_with(plus_global_index(false), o, rule).ok());
 }
 
 // y[i, j] = x[i, j] - sum_i' x[i', j]: with dim 0 sharded the kernel must all-reduce the local
@@ -255,9 +259,9 @@ TEST(Verifier, RunsCollectiveKernelsAsThreads) {
   spmd::Rule rule = elementwise_rule({});
   VerifyOptions o = small();
   o.grad = false;
-  Report right = verify_op(minus_column_sum(true), o, &rule);
+  Report right = verify_with(minus_column_sum(true), o, rule);
   EXPECT_TRUE(right.ok()) << right.table();
-  Report wrong = verify_op(minus_column_sum(false), o, &rule);
+  Report wrong = verify_with(minus_column_sum(false), o, rule);
   EXPECT_FALSE(wrong.ok());
 }
 

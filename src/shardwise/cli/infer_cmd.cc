@@ -55,7 +55,7 @@ void print_locals(std::ostream& out, const char* kind, size_t index, const ops::
 
 int cmd_infer(const InferOptions& o, std::ostream& out) {
   const ops::OpDef& op = ops::op_registry().get(o.op);
-  const spmd::Rule& rule = spmd::rules().get(op.rule);
+  const spmd::Rule& rule = op.rule;
   mesh::ProcessMesh mesh = mesh::parse_mesh(o.mesh);
   std::vector<Shape> shapes = parse_shapes(o.shapes);
   SW_CHECK(op.num_inputs < 0 || static_cast<int>(shapes.size()) == op.num_inputs,

@@ -15,20 +15,26 @@ int cmd_rules(const RulesOptions& options, std::ostream& out) {
   // Column widths fit the longest op and rule names.
   size_t op_w = 14, rule_w = 26;
   for (const ops::OpDef* op : ops.all()) op_w = std::max(op_w, op->name.size());
-  for (const spmd::Rule* rule : spmd::rules().all()) rule_w = std::max(rule_w, rule->name.size());
+  // Each rule once, in the order of the first op that holds it (ops sorted by family, then name).
+  std::vector<const ops::OpDef*> holders;
+  std::map<std::string, std::vector<std::string>> ops_of_rule;
+  for (const ops::OpDef* op : ops.all()) {
+    rule_w = std::max(rule_w, op->rule.name.size());
+    std::vector<std::string>& names = ops_of_rule[op->rule.name];
+    if (names.empty()) holders.push_back(op);
+    names.push_back(op->name);
+  }
   if (options.list_ops) {
     out << fmt::format("{:<{}} {:<12} {:<{}} {}\n", "op", op_w, "family", "rule", rule_w, "summary");
     for (const ops::OpDef* op : ops.all()) {
-      out << fmt::format("{:<{}} {:<12} {:<{}} {}\n", op->name, op_w, op->family, op->rule, rule_w, op->summary);
+      out << fmt::format("{:<{}} {:<12} {:<{}} {}\n", op->name, op_w, op->family, op->rule.name, rule_w, op->summary);
     }
     return 0;
   }
-  std::map<std::string, std::vector<std::string>> ops_of_rule;
-  for (const ops::OpDef* op : ops.all()) ops_of_rule[op->rule].push_back(op->name);
-  out << fmt::format("{} rules, {} ops\n", spmd::rules().size(), ops.size());
-  for (const spmd::Rule* rule : spmd::rules().all()) {
-    out << fmt::format("{:<{}} [{}] ops: {}\n    {}\n", rule->name, rule_w, rule->family,
-                       fmt::join(ops_of_rule[rule->name], ", "), rule->summary);
+  out << fmt::format("{} rules, {} ops\n", holders.size(), ops.size());
+  for (const ops::OpDef* op : holders) {
+    out << fmt::format("{:<{}} [{}] ops: {}\n    {}\n", op->rule.name, rule_w, op->family,
+                       fmt::join(ops_of_rule[op->rule.name], ", "), op->rule.summary);
   }
   return 0;
 }

@@ -11,7 +11,7 @@ namespace {
 using mesh::DistAttr;
 
 const spmd::Rule& rule_of(const Node& n) {
-  return spmd::rules().get(ops::op_registry().get(n.op).rule);
+  return ops::op_registry().get(n.op).rule;
 }
 
 std::string dists(const std::vector<DistAttr>& ds) {

@@ -1,5 +1,6 @@
 #pragma once
-// One registration function per op family; builtin.cc calls each of them.
+// One registration function per op family (defined in ops/<family>/ops.cc: it registers the
+// family's ops, each holding its rule from the family's rules.cc); builtin.cc calls each of them.
 #include "shardwise/ops/op.h"
 
 namespace shardwise::ops {

@@ -10,7 +10,8 @@ void OpRegistry::add(OpDef op) {
   SW_CHECK(!op.name.empty(), "an op needs a name");
   SW_CHECK(find(op.name) == nullptr, "op '{}' is registered twice", op.name);
   SW_CHECK(op.infer && (op.forward || op.forward_in_context), "op '{}' needs shape inference and a kernel", op.name);
-  SW_CHECK(!op.rule.empty(), "op '{}' names no SPMD rule", op.name);
+  SW_CHECK(!op.rule.name.empty() && op.rule.forward && op.rule.reverse && op.rule.grad,
+           "op '{}' needs an SPMD rule with a name and forward, reverse and grad parts", op.name);
   ops_.push_back(std::move(op));
 }
 
@@ -27,6 +28,17 @@ const OpDef& OpRegistry::get(std::string_view name) const {
   for (const OpDef& op : ops_) names.push_back(op.name);
   std::sort(names.begin(), names.end());
   fail("unknown op '{}'; known ops: {}", name, fmt::join(names, ", "));
+}
+
+const spmd::Rule& OpRegistry::rule(std::string_view rule_name) const {
+  std::vector<std::string_view> names;
+  for (const OpDef& op : ops_) {
+    if (op.rule.name == rule_name) return op.rule;
+    names.push_back(op.rule.name);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  fail("unknown SPMD rule '{}'; known rules: {}", rule_name, fmt::join(names, ", "));
 }
 
 std::vector<const OpDef*> OpRegistry::all() const {

@@ -1,6 +1,8 @@
 #pragma once
 // The op registry: everything about an op in one entry — shape inference, reference CPU kernel,
-// analytic gradient kernel, the name of its SPMD rule, and the cases the numerical verifier runs.
+// analytic gradient kernel, its SPMD rule, and the cases the numerical verifier runs. Each op
+// family lives in one folder, ops/<family>/ (kernels, rules, registry entries); ops/builtin.cc
+// registers every family with one call each.
 #include <array>
 #include <functional>
 #include <optional>
@@ -92,8 +94,8 @@ struct VerifyCase {
 
 struct OpDef {
   std::string name;
-  std::string family;
-  std::string rule;  // name in spmd::rules()
+  std::string family;  // the folder ops/<family>/ that defines it
+  spmd::Rule rule;     // its SPMD rule (forward, reverse, grad); several ops may share one
   std::string summary;
   int num_inputs = 1;   // fixed arity, or -1: any number >= 1 (concat, stack, index_put)
   int num_outputs = 1;  // fixed, or -1: as many as shape inference returns (split)
@@ -127,6 +129,9 @@ class OpRegistry {
   const OpDef* find(std::string_view name) const;
   std::vector<const OpDef*> all() const;  // sorted by family, then name
   size_t size() const { return ops_.size(); }
+  // The rule of that name (held by one or more ops), for tests and `shardwise rules`; Error listing
+  // the rule names.
+  const spmd::Rule& rule(std::string_view rule_name) const;
 
  private:
   std::vector<OpDef> ops_;

@@ -48,31 +48,15 @@ using ForwardRule =
 using ReverseRule = std::function<SpmdResult(const ProcessMesh&, std::span<const TensorSpec> inputs,
                                              std::span<const TensorSpec> outputs, const Attrs&)>;
 
+// An op's rule. Ops hold their rule directly (ops::OpDef::rule); several ops may share one
+// (every non-linear unary op has elementwise_unary), and `name` says which.
 struct Rule {
-  std::string name;     // registry key, e.g. "elementwise_unary"
-  std::string family;   // e.g. "elementwise", "reduction", "matmul"
+  std::string name;     // e.g. "elementwise_unary"
   std::string summary;  // one line: what it requires of the inputs and what it produces
   ForwardRule forward;
   ReverseRule reverse;
   ForwardRule grad;
 };
-
-class RuleRegistry {
- public:
-  void add(Rule rule);  // Error on a duplicate name or a missing part
-  const Rule& get(std::string_view name) const;  // Error listing the known rules
-  const Rule* find(std::string_view name) const;
-  std::vector<const Rule*> all() const;  // sorted by family, then name
-  size_t size() const { return rules_.size(); }
-
- private:
-  std::vector<Rule> rules_;
-};
-
-// The built-in rules (filled once, on first use, by register_builtin_rules).
-const RuleRegistry& rules();
-// The one place where every built-in rule family is registered (spmd/rules/builtin.cc).
-void register_builtin_rules(RuleRegistry& registry);
 
 // A rule whose three parts take the rule's name (for their messages) first: one implementation
 // shared by several rules (batch_norm / sync_batch_norm, cross_entropy / its vocab-parallel form).
@@ -81,7 +65,7 @@ using NamedForwardRule = SpmdResult (*)(std::string_view name, const ProcessMesh
                                         const Attrs&);
 using NamedReverseRule = SpmdResult (*)(std::string_view name, const ProcessMesh&, std::span<const TensorSpec>,
                                         std::span<const TensorSpec>, const Attrs&);
-Rule named_rule(std::string_view name, std::string family, std::string summary, NamedForwardRule forward,
+Rule named_rule(std::string_view name, std::string summary, NamedForwardRule forward,
                 NamedReverseRule reverse, NamedForwardRule grad);
 
 // Checks that every input distribution is valid for its tensor on `mesh` (rank of the tensor,

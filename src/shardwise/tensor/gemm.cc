@@ -234,48 +234,6 @@ Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return c;
 }
 
-MatmulDims matmul_dims(const Shape& x, const Shape& y, bool trans_x, bool trans_y) {
-  SW_CHECK(x.ndim() >= 1 && y.ndim() >= 1, "matmul: x {} and y {} must both have rank >= 1", x.to_string(),
-           y.to_string());
-  MatmulDims d;
-  d.x_vector = x.ndim() == 1;
-  d.y_vector = y.ndim() == 1;
-  d.trans_x = trans_x && !d.x_vector;
-  d.trans_y = trans_y && !d.y_vector;
-  int64_t kx;
-  if (d.x_vector) {
-    kx = x[0];
-  } else {
-    d.m = d.trans_x ? x[x.ndim() - 1] : x[x.ndim() - 2];
-    kx = d.trans_x ? x[x.ndim() - 2] : x[x.ndim() - 1];
-  }
-  int64_t ky;
-  if (d.y_vector) {
-    ky = y[0];
-  } else {
-    ky = d.trans_y ? y[y.ndim() - 1] : y[y.ndim() - 2];
-    d.n = d.trans_y ? y[y.ndim() - 2] : y[y.ndim() - 1];
-  }
-  SW_CHECK(kx == ky,
-           "matmul: x {} (trans_x={}) and y {} (trans_y={}) disagree on the contracted dim: {} vs {}",
-           x.to_string(), trans_x, y.to_string(), trans_y, kx, ky);
-  d.k = kx;
-  d.x_batch_ndim = d.x_vector ? 0 : x.ndim() - 2;
-  d.y_batch_ndim = d.y_vector ? 0 : y.ndim() - 2;
-  int nb = std::max(d.x_batch_ndim, d.y_batch_ndim);
-  for (int i = 0; i < nb; ++i) {
-    int xi = i - (nb - d.x_batch_ndim), yi = i - (nb - d.y_batch_ndim);
-    int64_t xe = xi >= 0 ? x[xi] : 1, ye = yi >= 0 ? y[yi] : 1;
-    SW_CHECK(xe == ye || xe == 1 || ye == 1,
-             "matmul: batch dims of x {} and y {} do not broadcast ({} vs {} at output batch dim {})", x.to_string(),
-             y.to_string(), xe, ye, i);
-    d.batch.push_back(xe == 1 ? ye : xe);
-  }
-  d.out = d.batch;
-  if (!d.x_vector) d.out.push_back(d.m);
-  if (!d.y_vector) d.out.push_back(d.n);
-  return d;
-}
 
 }  // namespace shardwise
 

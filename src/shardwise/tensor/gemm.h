@@ -1,5 +1,5 @@
 #pragma once
-// Strided, batched GEMM on row-major matrices, and the shape algebra of matmul.
+// Strided, batched GEMM on row-major matrices: what every op family that multiplies matrices shares.
 //
 //   C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b]     for b = 0, 1, ..., batch - 1 (in order)
 //
@@ -47,25 +47,6 @@ void gemm(const GemmArgs& args, const T* a, const T* b, T* c) {
 Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
 bool gemm_supports(DType dtype);
-
-// The shapes of matmul(x, y) with PaddlePaddle / NumPy semantics: x is [..., m, k] ([..., k, m]
-// when trans_x), y is [..., k, n] ([..., n, k] when trans_y); a 1-D x is a row vector [k] (m = 1,
-// dropped from the output), a 1-D y a column vector [k] (n = 1, dropped); trans flags are ignored
-// for 1-D operands. Batch dims broadcast NumPy-style (right-aligned, size 1 stretches).
-struct MatmulDims {
-  int64_t m = 1, k = 0, n = 1;
-  bool x_vector = false, y_vector = false;  // 1-D operands
-  bool trans_x = false, trans_y = false;    // effective flags (false for 1-D operands)
-  int x_batch_ndim = 0, y_batch_ndim = 0;
-  Shape batch;  // broadcast batch shape of the output
-  Shape out;    // output shape: batch ++ [m unless x_vector] ++ [n unless y_vector]
-  int64_t x_matrix() const { return m * k; }  // elements of one x / y / out matrix
-  int64_t y_matrix() const { return k * n; }
-  int64_t out_matrix() const { return m * n; }
-};
-
-// Error (naming both shapes) when a rank is 0, k differs or the batch dims do not broadcast.
-MatmulDims matmul_dims(const Shape& x, const Shape& y, bool trans_x, bool trans_y);
 
 }  // namespace shardwise
 

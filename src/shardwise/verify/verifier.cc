@@ -412,10 +412,9 @@ class OpVerifier {
 
 }  // namespace
 
-Report verify_op(const ops::OpDef& op, const VerifyOptions& options, const spmd::Rule* rule) {
+Report verify_op(const ops::OpDef& op, const VerifyOptions& options) {
   Report report;
-  const spmd::Rule& r = rule ? *rule : spmd::rules().get(op.rule);
-  OpVerifier(op, r, options, report).run();
+  OpVerifier(op, op.rule, options, report).run();
   return report;
 }
 

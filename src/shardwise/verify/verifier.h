@@ -58,9 +58,9 @@ struct Report {
 
 std::vector<mesh::ProcessMesh> default_meshes();
 
-// Verifies one op against the rule it names (or against `rule` when given: used to show that a
-// wrong rule is caught).
-Report verify_op(const ops::OpDef& op, const VerifyOptions& options = {}, const spmd::Rule* rule = nullptr);
+// Verifies one op against its rule (a test shows a wrong rule caught by verifying a copy of an op
+// that holds it).
+Report verify_op(const ops::OpDef& op, const VerifyOptions& options = {});
 // Verifies every registered op whose name is in `names` (all ops when empty).
 Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& options = {});
 

@@ -1,0 +1,195 @@
+// SPMD rules of the reshape family (reshape, squeeze, unsqueeze, flatten) and of transpose.
+//
+// Reshape family — a dimension-transform analysis (as PaddlePaddle's reshape rule), shared by all
+// four ops (each only computes its output shape differently). kernels.h
+// reshape_transform cuts the input and output dims into groups of equal element count, left to
+// right: equal extents pair 1:1; an unpaired extent-1 dim is a group of its own (a dim removed or
+// a dim added); otherwise dims are taken on both sides until the products agree: a flatten
+// (k -> 1), a split (1 -> k) or a general regroup (k -> m). Per group:
+//  - 1:1: the input dim's sharding moves to the output dim unchanged (uneven and empty shards too);
+//  - removed extent-1 input dim: Replicate (a "sharded" extent-1 dim leaves empty shards that do not
+//    squeeze); added extent-1 output dim: Replicate. Extent-1 dims pair up 1:1 first, so squeezing
+//    dim 0 of [1,1,5] pairs input dim 0 with output dim 0 (same data: which of two extent-1 dims
+//    goes away does not matter) and a sharding of it is kept, consistently with the kernel;
+//  - flatten / split / regroup: only the group's LEFTMOST input dim may stay sharded, and then on
+//    the group's leftmost output dim, for the mesh dims (greedily, in split order) under which
+//    both the input dim and that output dim split into EQUAL chunks (extents divisible by the
+//    product of the kept mesh dims' sizes): then every rank's block is the same contiguous range
+//    of the group's elements on both sides. Every other dim of the group, and the leftmost one's
+//    other mesh dims, are resharded to Replicate. (Uneven chunk boundaries of a flattened dim do
+//    not line up with chunks of the result.) Example: [1,512,4096] -> [1,2,256,4096] with 512 on
+//    mesh [2] keeps S on the '2' dim; on mesh [3] (2 % 3 != 0) it is Replicate.
+//  - Partial: every Partial passes unchanged (a reshape is elementwise-preserving).
+// Reverse: the wanted output sharding is mapped back through the same groups (1:1 dims and the
+// leftmost dims of groups), Partials copied, and the forward rule gives the consistent pair.
+// Grad (x, out, dout -> dx): dx = dout reshaped back, so the forward rule runs on dout with the
+// transform out -> x. x and out are not read (the kernel takes the global shapes from its context):
+// they keep whatever distribution they have.
+//
+// Transpose: placements follow the permutation (output dim j takes input dim perm[j]'s mesh dims, in
+// the same split order); nothing is resharded; Partials pass. Grad: dx = transpose(dout, inverse):
+// dout's sharding maps back the same way; x and out untouched.
+#include "shardwise/core/error.h"
+#include "shardwise/ops/shape/rules.h"
+#include "shardwise/ops/shape/kernels.h"
+
+namespace shardwise::ops::shape_detail {
+using namespace spmd;
+
+namespace {
+
+using OutShapeFn = Shape (*)(const Shape&, const Attrs&);
+
+// Forward of the reshape family for x (global `x.shape`) reshaped to `out_shape`.
+SpmdResult reshape_forward(const ProcessMesh& mesh, const TensorSpec& x, const Shape& out_shape) {
+  const DimTransform t = reshape_transform(x.shape, out_shape);
+  const int md = mesh.ndim();
+  DistAttr req(md), out(md);
+  for (const DimGroup& g : t.view()) {
+    if (g.in_count() == 0 || g.out_count() == 0) continue;
+    MeshDimList dims = x.dist.mesh_dims_of(g.in_begin);
+    if (dims.empty()) continue;
+    if (!g.one_to_one()) dims = keep_even(dims, x.shape[g.in_begin], out_shape[g.out_begin], mesh);
+    if (dims.empty()) continue;
+    req.set_shard_order(g.in_begin, dims);
+    out.set_shard_order(g.out_begin, dims);
+  }
+  for (int m = 0; m < md; ++m) {
+    if (x.dist[m].is_partial()) req.set(m, x.dist[m]), out.set(m, x.dist[m]);
+  }
+  SpmdResult r;
+  r.inputs.push_back(req);
+  r.outputs.push_back(out);
+  return r;
+}
+
+struct ReshapeRule {
+  std::string_view name;
+  OutShapeFn out_shape;
+
+  SpmdResult forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) const {
+    check_inputs(name, mesh, in, 1);
+    return reshape_forward(mesh, in[0], out_shape(in[0].shape, attrs));
+  }
+
+  SpmdResult reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> outs,
+                     const Attrs& attrs) const {
+    check_inputs(name, mesh, in, 1);
+    check_inputs(name, mesh, outs, 1);
+    const Shape shape = out_shape(in[0].shape, attrs);
+    check_shape(name, outs[0], shape, "the output");
+    const DimTransform t = reshape_transform(in[0].shape, shape);
+    const DistAttr& want = outs[0].dist;
+    TensorSpec x{in[0].shape, in[0].dtype, DistAttr(mesh.ndim())};
+    for (const DimGroup& g : t.view()) {
+      if (g.in_count() == 0 || g.out_count() == 0) continue;
+      MeshDimList dims = want.mesh_dims_of(g.out_begin);
+      if (!dims.empty()) x.dist.set_shard_order(g.in_begin, dims);
+    }
+    for (int m = 0; m < mesh.ndim(); ++m) {
+      if (want[m].is_partial()) x.dist.set(m, want[m]);
+    }
+    return reshape_forward(mesh, x, shape);
+  }
+
+  SpmdResult grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) const {
+    check_inputs(name, mesh, g, 3);
+    const Shape shape = out_shape(g[0].shape, attrs);
+    check_shape(name, g[1], shape, "out");
+    check_shape(name, g[2], shape, "dout");
+    SpmdResult back = reshape_forward(mesh, g[2], g[0].shape);
+    SpmdResult r;
+    r.inputs.reserve(3);
+    r.inputs.push_back(g[0].dist);
+    r.inputs.push_back(g[1].dist);
+    r.inputs.push_back(back.inputs[0]);
+    r.outputs.push_back(back.outputs[0]);
+    return r;
+  }
+};
+
+Rule reshape_rule(std::string_view name, OutShapeFn out_shape, std::string summary) {
+  ReshapeRule rule{name, out_shape};
+  return Rule{std::string(name),
+              std::move(summary),
+              [rule](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
+                return rule.forward(mesh, in, attrs);
+              },
+              [rule](const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> outs,
+                     const Attrs& attrs) { return rule.reverse(mesh, in, outs, attrs); },
+              [rule](const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
+                return rule.grad(mesh, g, attrs);
+              }};
+}
+
+constexpr std::string_view kTranspose = "transpose";
+
+// The map of a permutation read forward (x dim perm[j] -> output dim j) or backward.
+DimMap perm_map(const Perm& perm, bool x_to_out) {
+  DimMap map;
+  for (int j = 0; j < perm.n; ++j) {
+    int d = perm.to[static_cast<size_t>(j)];
+    x_to_out ? map.set(d, j) : map.set(j, d);
+  }
+  return map;
+}
+
+SpmdResult transpose_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
+  check_inputs(kTranspose, mesh, in, 1);
+  const Perm perm = transpose_perm(in[0].shape, attrs);
+  SpmdResult r;
+  r.inputs.push_back(in[0].dist);
+  r.outputs.push_back(remap(in[0].dist, perm_map(perm, true)));
+  return r;
+}
+
+SpmdResult transpose_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> outs,
+                             const Attrs& attrs) {
+  check_inputs(kTranspose, mesh, in, 1);
+  check_inputs(kTranspose, mesh, outs, 1);
+  const Perm perm = transpose_perm(in[0].shape, attrs);
+  check_shape(kTranspose, outs[0], transpose_shape(in[0].shape, perm), "the output");
+  TensorSpec x{in[0].shape, in[0].dtype, remap(outs[0].dist, perm_map(perm, false))};
+  return transpose_forward(mesh, std::span<const TensorSpec>(&x, 1), attrs);
+}
+
+SpmdResult transpose_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
+  check_inputs(kTranspose, mesh, g, 3);
+  const Perm perm = transpose_perm(g[0].shape, attrs);
+  const Shape shape = transpose_shape(g[0].shape, perm);
+  check_shape(kTranspose, g[1], shape, "out");
+  check_shape(kTranspose, g[2], shape, "dout");
+  SpmdResult r;
+  r.inputs.reserve(3);
+  r.inputs.push_back(g[0].dist);
+  r.inputs.push_back(g[1].dist);
+  r.inputs.push_back(g[2].dist);
+  r.outputs.push_back(remap(g[2].dist, perm_map(perm, false)));
+  return r;
+}
+
+constexpr std::string_view kReshapeText =
+    "dims grouped by equal element count: 1:1 dims keep their sharding (uneven too); a flatten/split/regroup keeps "
+    "only its leftmost input dim's sharding, moved to its leftmost output dim, for the mesh dims under which both "
+    "split into equal chunks, else R; removed/added extent-1 dims R; every Partial passes. Grad: the same on dout "
+    "reshaped back; x, out untouched";
+
+}  // namespace
+
+void add_reshape_rules(ShapeRules& r) {
+  r.reshape = reshape_rule("reshape", reshape_shape, "reshape: " + std::string(kReshapeText));
+  r.squeeze = reshape_rule("squeeze", squeeze_shape, "squeeze (as reshape; dims renumbered): " + std::string(kReshapeText));
+  r.unsqueeze = reshape_rule("unsqueeze", unsqueeze_shape,
+                   "unsqueeze (as reshape; dims renumbered, new extent-1 dims R): " + std::string(kReshapeText));
+  r.flatten = reshape_rule("flatten", flatten_shape,
+                            "flatten (as reshape): the flattened range keeps its leftmost dim's sharding when its "
+                            "chunks are equal, the other flattened dims R; " +
+                                std::string(kReshapeText));
+  r.transpose = Rule{std::string(kTranspose),
+                    "placements follow the permutation (output dim j takes input dim perm[j]'s mesh dims, same "
+                    "split order); no reshard; every Partial passes. Grad: dout's sharding maps back through the "
+                    "inverse permutation; x, out untouched",
+                    transpose_forward, transpose_reverse, transpose_grad};
+}
+
+}  // namespace shardwise::ops::shape_detail
