@@ -47,7 +47,7 @@ nlohmann::json describe(const ParamState& p) {
 
 std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
   std::vector<CatalogEntry> out;
-  if (trainer.pipeline() == nullptr) {
+  if (trainer.strategy().pp < 0) {
     for (ParamState& p : trainer.params()) out.push_back({p.name, p.shape, {p.mesh, p.dist}, &p});
     return out;
   }
