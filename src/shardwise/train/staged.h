@@ -9,6 +9,7 @@
 // different pipeline ranks: the first looks tokens up in it and the last's head is tied to it, so
 // both hold a copy; after each backward their gradients are summed (each copy then takes the same
 // update), and the gradient norm counts it once.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>

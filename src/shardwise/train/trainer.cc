@@ -50,8 +50,6 @@ void TrainConfig::check(int64_t ranks) {
   resolve_batch(s.dp_size());
   if (s.pp >= 0) {  // the schedule's and the stages' constraints, with their numbers
     SW_CHECK(!bf16, "--bf16 with a pipeline (pp) is not supported yet: use f32 parameters on pp meshes");
-    SW_CHECK(dropout == 0, "--dropout with a pipeline (pp) is not supported yet: the stages do not pass the "
-             "micro-batch's sample offset to the masks");
     const int pp = static_cast<int>(s.mesh.dim_size(s.pp));
     pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
     pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
