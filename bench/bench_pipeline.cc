@@ -14,7 +14,6 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/pipeline/simulate.h"
 #include "shardwise/tensor/gemm.h"
-#include "shardwise/train/pipelined.h"
 #include "shardwise/train/trainer.h"
 
 using namespace shardwise;
@@ -46,11 +45,11 @@ Measured run(const std::string& schedule, bool release, int steps, train::TrainC
     std::vector<pipeline::StepStats> mine;
     for (int s = 0; s < steps; ++s) {
       t.step();
-      mine.push_back(t.pipeline()->last_stats());
+      mine.push_back(t.stages().last_stats());
     }
     std::lock_guard lock(mu);
     stats[static_cast<size_t>(world.rank())] = std::move(mine);
-    if (world.rank() == 0) m.schedule = t.pipeline()->schedule();
+    if (world.rank() == 0) m.schedule = t.stages().schedule();
   });
   // The median step (by the slower rank's step time).
   std::vector<std::pair<double, int>> steps_by_time;

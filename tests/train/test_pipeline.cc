@@ -11,7 +11,7 @@
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/pipeline/simulate.h"
-#include "shardwise/train/pipelined.h"
+#include "shardwise/train/staged.h"
 
 namespace shardwise::train {
 namespace {
@@ -72,9 +72,9 @@ PipelineStep run_pipeline(const GptConfig& model, const std::string& mesh, const
   const int ranks = static_cast<int>(strategy.mesh.size());
   out.peaks.assign(static_cast<size_t>(ranks), 0);
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
-    PipelineParallel pp(model, strategy, false, pc, kMicroBatch, kMicroBatches, kSeed, causal_mask(model.seq),
-                        world.group(world.members()));
-    PipelineParallel::Result r = pp.forward_backward(data, 0);
+    StagedGpt pp(model, strategy, pc, kMicroBatch, kMicroBatches, kSeed, causal_mask(model.seq),
+                 world.group(world.members()));
+    StagedGpt::Result r = pp.forward_backward(data, 0);
     // The simulator's peak for this rank from the frame bytes it measured for its stages.
     const pipeline::StepStats& st = pp.last_stats();
     const pipeline::Schedule& sch = pp.schedule();

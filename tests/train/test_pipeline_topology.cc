@@ -85,6 +85,20 @@ TEST(PipelineTopology, SequenceParallelAndOneRankWithTwoStages) {
   expect_same_curve(train(small("pp=1", "interleaved")), reference(4), "interleaved on pp=1");
 }
 
+// Each stage's forward draws its micro-batch's dropout masks at the micro-batch's sample offset
+// (the backward reads the masks the forward kept): the pipeline follows the one-stage curve.
+TEST(PipelineTopology, DropoutOnEveryScheduleFollowsTheOneStageCurve) {
+  TrainConfig ref = small("dp=1");
+  ref.dropout = 0.1;
+  const Curve one = train(ref);
+  EXPECT_NE(one.losses[3], reference(4).losses[3]);  // the masks apply
+  for (const char* schedule : {"fthenb", "zbh1"}) {
+    TrainConfig c = small("pp=2", schedule);
+    c.dropout = 0.1;
+    expect_same_curve(train(c), one, std::string("dropout, ") + schedule + " on pp=2");
+  }
+}
+
 TEST(PipelineTopology, ImpossibleConfigurationsAreRefusedBeforeTheStart) {
   auto message = [](TrainConfig c) {
     try {

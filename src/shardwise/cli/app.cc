@@ -53,79 +53,80 @@ int run(int argc, char** argv) {
 
   PlanOptions plan_opts;
   auto* plan_cmd = app.add_subcommand("plan", "Show how the GPT model runs on a mesh: placements, reshards, collectives");
-  plan_cmd->add_option("--mesh", plan_opts.mesh, "mesh with named dims dp, tp (default tp=2)");
+  plan_cmd->option_defaults()->always_capture_default();  // help shows the options' struct defaults
+  plan_cmd->add_option("--mesh", plan_opts.mesh, "mesh with named dims dp, tp");
   plan_cmd->add_flag("--sp", plan_opts.sp, "sequence parallelism on the tp dim");
-  plan_cmd->add_option("--layers", plan_opts.layers, "transformer layers (default 2)");
-  plan_cmd->add_option("--heads", plan_opts.heads, "attention heads (default 4)");
-  plan_cmd->add_option("--hidden", plan_opts.hidden, "hidden size (default 64)");
-  plan_cmd->add_option("--seq", plan_opts.seq, "sequence length (default 32)");
-  plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size (default 128)");
-  plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per micro-batch (default 4)");
+  plan_cmd->add_option("--layers", plan_opts.layers, "transformer layers");
+  plan_cmd->add_option("--heads", plan_opts.heads, "attention heads");
+  plan_cmd->add_option("--hidden", plan_opts.hidden, "hidden size");
+  plan_cmd->add_option("--seq", plan_opts.seq, "sequence length");
+  plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size");
+  plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per data-parallel rank per micro-batch");
   plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
       ->delimiter(',');
   plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
 
   PipelineOptions pipe_opts;
   auto* pipe_cmd = app.add_subcommand("pipeline", "Generate, validate and simulate a pipeline schedule");
-  pipe_cmd->add_option("--schedule", pipe_opts.schedule, "fthenb (gpipe), 1f1b, interleaved or zbh1 (default 1f1b)");
-  pipe_cmd->add_option("--stages", pipe_opts.stages, "pipeline ranks (default 4)");
-  pipe_cmd->add_option("--micro-batches", pipe_opts.micro_batches, "micro-batches per step (default 8)");
-  pipe_cmd->add_option("--virtual", pipe_opts.virtual_stages, "virtual stages per rank, interleaved only (default 1)");
-  pipe_cmd->add_option("--forward-time", pipe_opts.forward_time, "forward time of a rank's layers (default 1)");
-  pipe_cmd->add_option("--input-grad-time", pipe_opts.backward_input_time, "input-gradient time (default 1)");
+  pipe_cmd->option_defaults()->always_capture_default();
+  pipe_cmd->add_option("--schedule", pipe_opts.schedule, "fthenb (gpipe), 1f1b, interleaved or zbh1");
+  pipe_cmd->add_option("--stages", pipe_opts.stages, "pipeline ranks");
+  pipe_cmd->add_option("--micro-batches", pipe_opts.micro_batches, "micro-batches per step");
+  pipe_cmd->add_option("--virtual", pipe_opts.virtual_stages, "virtual stages per rank, interleaved only");
+  pipe_cmd->add_option("--forward-time", pipe_opts.forward_time, "forward time of a rank's layers");
+  pipe_cmd->add_option("--input-grad-time", pipe_opts.backward_input_time, "input-gradient time");
   pipe_cmd->add_option("--weight-grad-time", pipe_opts.backward_weight_time,
-                       "weight-gradient time (default 1; backward = input + weight)");
-  pipe_cmd->add_option("--send-time", pipe_opts.send_time, "time of one send (default 0)");
+                       "weight-gradient time (backward = input + weight)");
+  pipe_cmd->add_option("--send-time", pipe_opts.send_time, "time of one send");
   pipe_cmd->add_option("--activation-bytes", pipe_opts.activation_bytes,
-                       "activation bytes a micro-batch holds per stage (default 1: count micro-batches)");
+                       "activation bytes a micro-batch holds per stage (1: count micro-batches)");
   pipe_cmd->add_option("--weight-grad-bytes", pipe_opts.weight_grad_bytes,
                        "bytes kept from the input gradient to the weight gradient (split schedules)");
   pipe_cmd->add_option("--svg", pipe_opts.svg, "write the simulated timeline as an SVG picture");
 
   TrainOptions train_opts;
-  train_opts.run_dir = "runs/demo";
-  train_opts.eval_every = 500;
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
+  train_cmd->option_defaults()->always_capture_default();
   {
     auto& c = train_opts.config;
     auto* t = train_cmd;
     t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
-    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp (default dp=2,tp=2)");
-    t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1 (default 1f1b)");
-    t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank (default 1)");
+    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
+    t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
+    t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank");
     t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
     t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
-    t->add_option("--ranks", train_opts.ranks, "ranks as threads (default: the mesh's size)");
-    t->add_option("--steps", c.steps, "optimizer steps (default 4500)");
-    t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch");
-    t->add_option("--accumulation", c.accumulation, "micro-batches per step");
-    t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (default 64)");
-    t->add_option("--lr", c.lr, "peak learning rate (default 2e-3)");
-    t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay (default 1e-4)");
-    t->add_option("--warmup", c.warmup, "linear warm-up steps (default 50)");
-    t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices (default 0.01)");
-    t->add_option("--beta1", c.adamw.beta1, "AdamW beta1 (default 0.9)");
-    t->add_option("--beta2", c.adamw.beta2, "AdamW beta2 (default 0.95)");
-    t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals (default 0)");
+    t->add_option("--ranks", train_opts.ranks, "ranks as threads (0: the mesh's size)");
+    t->add_option("--steps", c.steps, "optimizer steps");
+    t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch (0: derived)");
+    t->add_option("--accumulation", c.accumulation, "micro-batches per step (0: derived)");
+    t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (0: derived)");
+    t->add_option("--lr", c.lr, "peak learning rate");
+    t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay");
+    t->add_option("--warmup", c.warmup, "linear warm-up steps");
+    t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices");
+    t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
+    t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
+    t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
     t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
-    t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none (default 1)");
-    t->add_option("--seed", c.seed, "seed of the initial weights and the data order (default 1234)");
+    t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");
+    t->add_option("--seed", c.seed, "seed of the initial weights and the data order");
     t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");
-    t->add_option("--digits", c.digits, "digits of the embedded addition task (default 3)");
-    t->add_option("--layers", c.model.layers, "transformer layers (default 2)");
-    t->add_option("--heads", c.model.heads, "attention heads (default 4)");
-    t->add_option("--hidden", c.model.hidden, "hidden size (default 128)");
-    t->add_option("--seq", c.model.seq, "sequence length (default: the longest addition problem, or 256 for a file)");
-    t->add_option("--vocab", c.model.vocab, "vocabulary size (default 128)");
-    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; default 500; 0: at the end)");
-    t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation (default 128)");
-    t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go (default runs/demo)");
+    t->add_option("--digits", c.digits, "digits of the embedded addition task");
+    t->add_option("--layers", c.model.layers, "transformer layers");
+    t->add_option("--heads", c.model.heads, "attention heads");
+    t->add_option("--hidden", c.model.hidden, "hidden size");
+    t->add_option("--seq", c.model.seq, "sequence length (0: the longest addition problem, or 256 for a file)");
+    t->add_option("--vocab", c.model.vocab, "vocabulary size");
+    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; 0: at the end)");
+    t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
+    t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go");
     t->add_option("--log-every", train_opts.log_every, "progress line every N steps when not on a terminal");
     t->add_option("--save-every", train_opts.save_every, "checkpoint every N steps and at the end (0: never)");
-    t->add_option("--save-dir", train_opts.save_dir, "where checkpoints go (default <run-dir>/checkpoints)");
+    t->add_option("--save-dir", train_opts.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
     t->add_option("--save-total-limit", train_opts.save_total_limit, "keep the newest N checkpoints (0: all)");
     t->add_flag("--async-save", train_opts.async_save, "write checkpoints in the background");
-    t->add_option("--max-shard-size", train_opts.max_shard_size, "largest safetensors file of a checkpoint (default 5GB)");
+    t->add_option("--max-shard-size", train_opts.max_shard_size, "largest safetensors file of a checkpoint");
     t->add_option("--resume", train_opts.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
   }
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert

@@ -16,7 +16,7 @@ int cmd_plan(const PlanOptions& o, std::ostream& out) {
   c.layers = o.layers, c.heads = o.heads, c.hidden = o.hidden, c.seq = o.seq, c.vocab = o.vocab;
   train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), o.sp);
   auto start = std::chrono::steady_clock::now();
-  train::GptGraph m = train::build_gpt(c, s, o.micro_batch);
+  train::GptGraph m = train::build_gpt(c, s, o.micro_batch * s.dp_size());
   graph::append_backward(m.g, m.loss);
   graph::Completion done = graph::complete(m.g, s.mesh);
   graph::Program p = graph::lower(m.g, done);
@@ -32,7 +32,7 @@ int cmd_plan(const PlanOptions& o, std::ostream& out) {
     for (auto& [kind, count] : p.collective_counts()) out << fmt::format(" {} x{}", kind, count);
     out << "\n";
   }
-  out << fmt::format("GPT {} layers, hidden {}, {} heads, seq {}, vocab {}, micro-batch {} on {}: {} nodes, {} "
+  out << fmt::format("GPT {} layers, hidden {}, {} heads, seq {}, vocab {}, micro-batch {} per dp rank on {}: {} nodes, {} "
                      "instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
                      c.layers, c.hidden, c.heads, c.seq, c.vocab, o.micro_batch, s.to_string(), m.g.nodes().size(),
                      p.instrs.size(), ms);

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <mutex>
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
@@ -97,8 +96,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (tty) out << "\r" << line << "\033[K" << std::flush;
     else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
   }
-  auto last_save = checkpoints.finish();
-  (void)last_save;
+  checkpoints.finish();  // waits for a background save; raises its error
   if (!report) return;
   if (o.save_every > 0) out << fmt::format("  checkpoints: {} (newest: step {})\n", save_dir, trainer.steps_done());
   if (log->records().empty()) return;
@@ -133,7 +131,6 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
       train_rank(o, c, world, comm::mpi_world(), out);
     });
   }
-  std::mutex io;
   comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
     auto self = world.group(world.members());
     train_rank(o, c, world, self, out);

@@ -94,7 +94,6 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptio
     back.op = fwd.op;
     back.attrs = fwd.attrs;
     back.forward = fwd.id;
-    back.stage = fwd.stage;
     back.inputs = fwd.inputs;
     back.inputs.insert(back.inputs.end(), fwd.outputs.begin(), fwd.outputs.end());
     for (ValueId o : fwd.outputs) back.inputs.push_back(finish(o));

@@ -61,7 +61,6 @@ std::string Graph::unique_name(std::string base) const {
 NodeId Graph::add_node(Node node, const std::vector<ops::TensorMeta>& output_metas, ValueKind output_kind,
                        const std::vector<std::string>& output_names) {
   node.id = static_cast<NodeId>(nodes_.size());
-  if (node.stage < 0) node.stage = stage_;
   node.outputs.assign(output_metas.size(), -1);
   for (size_t i = 0; i < output_metas.size(); ++i) {
     if (output_names[i].empty()) continue;  // a Backward output that is not needed

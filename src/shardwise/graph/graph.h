@@ -51,7 +51,6 @@ struct Node {
   std::vector<ValueId> outputs;  // Backward: -1 where a forward input takes no gradient
   Attrs attrs;                   // Fill: "value" (float)
   NodeId forward = -1;           // Backward: the forward node it differentiates
-  int stage = -1;                // pipeline stage tag (-1: untagged)
   std::string to_string(const class Graph& g) const;  // "h = matmul(x, w1)"
 };
 
@@ -90,9 +89,6 @@ class Graph {
   void annotate(ValueId v, const mesh::DistAttr& dist);
   void annotate(ValueId v, std::string_view placements);
 
-  // Tags the nodes created from now on with a pipeline stage (-1: none).
-  void set_stage(int stage) { stage_ = stage; }
-
   const Value& value(ValueId v) const;
   Value& value(ValueId v);
   const Node& node(NodeId n) const;
@@ -114,7 +110,6 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::unordered_map<std::string, ValueId> by_name_;
-  int stage_ = -1;
 };
 
 }  // namespace shardwise::graph

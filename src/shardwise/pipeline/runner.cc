@@ -1,6 +1,7 @@
 #include "shardwise/pipeline/runner.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "shardwise/core/error.h"
 #include "shardwise/reshard/plan.h"
@@ -39,6 +40,19 @@ Tensor take(std::map<std::pair<int, int>, Tensor>& box, int stage, int mb, const
 }
 
 }  // namespace
+
+void accumulate_grad(Tensor& sum, const Tensor& g) {
+  if (!sum.defined()) {
+    sum = g.dtype() == DType::F32 ? g.clone() : g.to(DType::F32);  // bf16 parameters: the update is in f32
+    return;
+  }
+  const Tensor add = g.dtype() == DType::F32 ? g : g.to(DType::F32);
+  SW_CHECK(sum.dtype() == DType::F32 && sum.numel() == add.numel(), "accumulate_grad: {} {} += {} {}",
+           dtype_name(sum.dtype()), sum.shape().to_string(), dtype_name(g.dtype()), g.shape().to_string());
+  float* acc = sum.data<float>();
+  const float* in = add.data<float>();
+  for (int64_t j = 0; j < add.numel(); ++j) acc[j] += in[j];
+}
 
 PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh> stage_meshes,
                                std::vector<StageSpec> local, std::shared_ptr<comm::Communicator> world,
@@ -98,21 +112,20 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
 
 PipelineRunner::~PipelineRunner() = default;
 
-PipelineRunner::Local& PipelineRunner::local(int stage) {
-  auto it = std::find(stages_.begin(), stages_.end(), stage);
-  SW_CHECK(it != stages_.end(), "pipeline: stage {} is not on pipeline rank {} (it holds {})", stage, rank_,
-           fmt::join(stages_, ", "));
-  return *locals_[static_cast<size_t>(it - stages_.begin())];
+template <class Self>
+auto& PipelineRunner::local_of(Self& self, int stage) {
+  auto it = std::find(self.stages_.begin(), self.stages_.end(), stage);
+  SW_CHECK(it != self.stages_.end(), "pipeline: stage {} is not on pipeline rank {} (it holds {})", stage, self.rank_,
+           fmt::join(self.stages_, ", "));
+  using L = std::conditional_t<std::is_const_v<Self>, const Local, Local>;
+  return static_cast<L&>(*self.locals_[static_cast<size_t>(it - self.stages_.begin())]);
 }
 
-const StageSpec& PipelineRunner::spec(int stage) const { return const_cast<PipelineRunner*>(this)->local(stage).spec; }
-const CompiledStage& PipelineRunner::compiled(int stage) const {
-  return const_cast<PipelineRunner*>(this)->local(stage).compiled;
-}
+PipelineRunner::Local& PipelineRunner::local(int stage) { return local_of(*this, stage); }
+const StageSpec& PipelineRunner::spec(int stage) const { return local_of(*this, stage).spec; }
+const CompiledStage& PipelineRunner::compiled(int stage) const { return local_of(*this, stage).compiled; }
 runtime::Runtime& PipelineRunner::runtime(int stage) { return *local(stage).rt; }
-const std::vector<Tensor>& PipelineRunner::grads(int stage) const {
-  return const_cast<PipelineRunner*>(this)->local(stage).grads;
-}
+const std::vector<Tensor>& PipelineRunner::grads(int stage) const { return local_of(*this, stage).grads; }
 
 int64_t PipelineRunner::frame_bytes(const Local& l, const std::vector<Tensor>& frame) const {
   int64_t bytes = 0;
@@ -158,20 +171,14 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
 
 void PipelineRunner::accumulate(Local& l) {
   const graph::Program& p = l.compiled.program;
-  if (l.grads.empty()) l.grads.resize(p.param_grad_slot.size());
+  if (l.accumulated == 0) l.grads.assign(p.param_grad_slot.size(), Tensor());  // new sums: the last run's are the caller's
   for (size_t i = 0; i < p.param_grad_slot.size(); ++i) {
     int slot = p.param_grad_slot[i];
     if (slot < 0) continue;
     const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
-    SW_CHECK(g.defined() && g.dtype() == DType::F32, "pipeline: stage {} has no f32 gradient for '{}'", l.spec.stage,
+    SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
              p.slots[static_cast<size_t>(slot)].name);
-    if (l.accumulated == 0) {
-      l.grads[i] = g.clone();
-    } else {
-      float* acc = l.grads[i].data<float>();
-      const float* add = g.data<float>();
-      for (int64_t j = 0; j < g.numel(); ++j) acc[j] += add[j];
-    }
+    accumulate_grad(l.grads[i], g);
   }
   ++l.accumulated;
 }

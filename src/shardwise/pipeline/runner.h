@@ -47,6 +47,10 @@ struct StepStats {
   std::map<int, int64_t> forward_bytes, weight_grad_bytes;
 };
 
+// The one gradient accumulation (over micro-batches, over a parameter's tied copies): `sum` += `g`
+// elementwise in f32, in index order; an undefined `sum` becomes an f32 copy of `g`.
+void accumulate_grad(Tensor& sum, const Tensor& g);
+
 class PipelineRunner {
  public:
   // `stage_meshes[s]`: the processes of every stage s (to plan the transfers); `local`: this
@@ -74,6 +78,8 @@ class PipelineRunner {
 
  private:
   struct Local;
+  template <class Self>
+  static auto& local_of(Self& self, int stage);  // const-preserving lookup of a local stage
   Local& local(int stage);
   void forward(Local& l, int mb, const Feed& feed, const Feed& on_result, StepStats& stats);
   void backward(Local& l, int mb, ActionKind kind, StepStats& stats);

@@ -1,7 +1,5 @@
 #include "shardwise/train/checkpointing.h"
 
-#include <chrono>
-
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 
@@ -47,7 +45,7 @@ nlohmann::json describe(const ParamState& p) {
 
 std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
   std::vector<CatalogEntry> out;
-  if (trainer.pipeline() == nullptr) {
+  if (trainer.strategy().pp < 0) {
     for (ParamState& p : trainer.params()) out.push_back({p.name, p.shape, {p.mesh, p.dist}, &p});
     return out;
   }
@@ -188,14 +186,12 @@ CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool 
 
 std::optional<ckpt::fs::path> CheckpointSchedule::after_step(Trainer& trainer, comm::Communicator& world, bool force) {
   if (!force && (every_ <= 0 || trainer.steps_done() % every_ != 0)) return std::nullopt;
-  auto start = std::chrono::steady_clock::now();
   std::optional<ckpt::fs::path> dir;
   if (async_) {
     async_->save(world, root_, checkpoint_content(trainer, world));
   } else {
     dir = save_trainer(trainer, world, root_, options_);
   }
-  last_blocking_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return dir;
 }
 

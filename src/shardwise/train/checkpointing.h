@@ -34,14 +34,12 @@ class CheckpointSchedule {
   std::optional<ckpt::fs::path> after_step(Trainer& trainer, comm::Communicator& world, bool force = false);
   // Waits for a background save; raises its error.
   std::optional<ckpt::fs::path> finish();
-  double last_blocking_s() const { return last_blocking_s_; }
 
  private:
   ckpt::fs::path root_;
   int64_t every_;
   ckpt::SaveOptions options_;
   std::unique_ptr<ckpt::AsyncSaver> async_;
-  double last_blocking_s_ = 0;
 };
 
 }  // namespace shardwise::train

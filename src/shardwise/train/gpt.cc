@@ -51,16 +51,16 @@ std::string placements(const Strategy& s, const char* on_tp, const char* on_dp =
 
 }  // namespace
 
-GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t micro_batch, bool training, const GptPart& part) {
+GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
   c.validate();
-  SW_CHECK(micro_batch >= 1, "micro-batch must be at least 1 sequence, got {}", micro_batch);
+  SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());
-  SW_CHECK(micro_batch % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", micro_batch,
+  SW_CHECK(sequences % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
            s.dp_size());
-  const int64_t B = micro_batch, S = c.seq, H = c.hidden, NH = c.heads, HD = H / NH, V = c.vocab;
+  const int64_t B = sequences, S = c.seq, H = c.hidden, NH = c.heads, HD = H / NH, V = c.vocab;
   GptGraph out;
-  out.micro_batch = micro_batch;
+  out.sequences = sequences;
   graph::Graph& g = out.g;
   auto annotate = [&](graph::ValueId v, const std::string& p) {
     if (s.mesh.ndim() > 0) g.annotate(v, p);

@@ -48,7 +48,7 @@ struct GptGraph {
   graph::Graph g;
   graph::ValueId loss = -1;         // training graph: mean cross-entropy
   graph::ValueId predictions = -1;  // evaluation graph: argmax of the logits [B, S] i64
-  int64_t micro_batch = 0;
+  int64_t sequences = 0;  // of the micro-batch, on the whole dp dim
   // A pipeline stage's part: the residual stream it receives ("stage_input"), the one it sends on
   // and the input that receives the gradient of the latter ("<output>@grad_in"); -1 when absent.
   graph::ValueId input = -1, output = -1, output_grad = -1;
@@ -61,12 +61,12 @@ struct GptPart {
   bool embeddings = true, head = true;
 };
 
-// The graph of one micro-batch of `micro_batch` sequences (inputs "ids" [B, S] i64, "labels"
+// The graph of one micro-batch of `sequences` sequences on the whole dp dim (inputs "ids" [B, S] i64, "labels"
 // [B, S] i64 for training, "causal_mask" [S, S]), annotated for `strategy`. With `training` the
 // output is the loss, else the greedy next-token predictions. Errors name what does not divide.
 // With a `part` the graph is a pipeline stage's: the residual stream enters and leaves it in the
 // layout of the stage boundary (batch on dp; sequence on tp with sp, else replicated on tp).
-GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t micro_batch, bool training = true,
+GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                    const GptPart& part = {});
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each

@@ -1,6 +1,7 @@
 #pragma once
 // The GPT trainer of one rank. Every rank of the mesh constructs one with the same configuration
-// and calls step() / evaluate() together (threads of one process or MPI processes).
+// and calls step() / evaluate() together (threads of one process or MPI processes). One driver for
+// every mesh: the model runs as pipeline stages (StagedGpt: one stage without pp).
 //
 // Batches: the global batch is micro_batch x accumulation x dp sequences (micro_batch counted per
 // data-parallel rank); the trainer derives whichever of the three numbers is left out (0) and
@@ -11,10 +12,10 @@
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
-#include "shardwise/runtime/runtime.h"
 #include "shardwise/train/data.h"
 #include "shardwise/train/gpt.h"
 #include "shardwise/train/optimizer.h"
+#include "shardwise/train/staged.h"
 
 namespace shardwise::train {
 
@@ -61,13 +62,6 @@ struct StepResult {
   int64_t tokens = 0;  // tokens in this step's global batch
 };
 
-struct EvalResult {
-  int64_t problems = 0, exact = 0;  // held-out addition problems, and those answered exactly
-  double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
-};
-
-class PipelineParallel;
-
 class Trainer {
  public:
   Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
@@ -84,37 +78,24 @@ class Trainer {
   const Dataset& dataset() const { return *data_; }
   int64_t steps_done() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
-  std::vector<ParamState>& params() { return params_; }
-  const graph::Program& program() const { return train_.program; }
-  const runtime::RunStats& last_run_stats() const { return last_stats_; }
+  std::vector<ParamState>& params() { return model_->params(); }
   // The whole parameter (collective: every rank calls it), for tests and exports.
-  Tensor gather_param(const std::string& name);
+  Tensor gather_param(const std::string& name) { return model_->gather_param(name); }
   const LrSchedule& schedule() const { return schedule_; }
   // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
   void restore_position(int64_t step, int64_t consumed);
-  PipelineParallel* pipeline() { return pp_.get(); }  // null without pp
+  // The stages this rank runs (one without pp): schedule, last step's timeline and activations.
+  const StagedGpt& stages() const { return *model_; }
 
  private:
-  struct Compiled {
-    GptGraph model;
-    graph::Program program;
-    std::unique_ptr<runtime::Runtime> runtime;
-  };
-  void compile(Compiled& c, bool training, int64_t micro_batch);
-  void bind_params(runtime::Runtime& rt);
-
   TrainConfig c_;
   std::shared_ptr<comm::Communicator> world_;
   Strategy strategy_;
   std::unique_ptr<Dataset> data_;
-  Compiled train_, eval_;
-  std::vector<ParamState> params_;
+  std::unique_ptr<StagedGpt> model_;
   AdamW adamw_;
   LrSchedule schedule_;
-  Tensor mask_;
   int64_t step_ = 0, consumed_ = 0;
-  runtime::RunStats last_stats_;
-  std::unique_ptr<PipelineParallel> pp_;
 };
 
 }  // namespace shardwise::train

@@ -1,0 +1,276 @@
+#include "shardwise/train/staged.h"
+
+#include <cstring>
+
+#include "shardwise/core/error.h"
+#include "shardwise/mesh/shard_math.h"
+#include "shardwise/pipeline/validate.h"
+#include "shardwise/reshard/executor.h"
+
+namespace shardwise::train {
+namespace {
+
+const char* kTied = "transformer.wte.weight";
+
+int64_t my_process(const comm::Communicator& world) { return world.members()[static_cast<size_t>(world.rank())]; }
+
+int world_index(const comm::Communicator& world, int64_t process) {
+  const auto& m = world.members();
+  auto it = std::find(m.begin(), m.end(), static_cast<int>(process));
+  SW_CHECK(it != m.end(), "process {} is not in the communicator", process);
+  return static_cast<int>(it - m.begin());
+}
+
+// Without pp: one stage, each micro-batch's forward then its backward (1F1B on one rank).
+pipeline::Schedule training_schedule(const Strategy& s, const PipelineConfig& c, int micro_batches) {
+  if (s.pp < 0) return pipeline::one_f_one_b(1, micro_batches);
+  return pipeline::make_schedule(pipeline::parse_schedule_kind(c.schedule), static_cast<int>(s.mesh.dim_size(s.pp)),
+                                 micro_batches, c.virtual_stages);
+}
+
+}  // namespace
+
+StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
+                     int64_t sequences_per_micro_batch, int micro_batches, uint64_t seed, const Tensor& causal_mask,
+                     std::shared_ptr<comm::Communicator> world)
+    : model_(model),
+      strategy_(strategy),
+      config_(config),
+      sequences_(sequences_per_micro_batch),
+      seed_(seed),
+      mask_(causal_mask),
+      world_(std::move(world)) {
+  pp_ = strategy_.pp < 0 ? 1 : strategy_.mesh.dim_size(strategy_.pp);
+  pipeline::Schedule schedule = training_schedule(strategy_, config_, micro_batches);
+  pipeline::validate(schedule);
+  const int S = schedule.stages();
+  layers_ = pipeline::split_layers(static_cast<int>(model_.layers), S, schedule.virtual_stages);
+  for (int s = 0; s < S; ++s)
+    meshes_.push_back(strategy_.pp < 0 ? strategy_.mesh
+                                       : pipeline::stage_mesh(strategy_.mesh, strategy_.pp, s % pp_, "dp"));
+  stage_strategy_ = Strategy::from_mesh(meshes_[0], strategy_.sequence_parallel);
+  std::vector<pipeline::StageSpec> specs = local_specs(schedule, true);
+  // One stage runs each backward right after its forward: nothing to gain from releasing.
+  pipeline::RunnerOptions ro{strategy_.pp >= 0 && config_.release, config_.poison_stand_ins};
+  runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
+  init_params(my_process(*world_));
+  for (int s : runner_->local_stages()) runner_->runtime(s).set_global("causal_mask", mask_);
+}
+
+StagedGpt::~StagedGpt() = default;
+
+std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule& schedule, bool training) {
+  std::vector<pipeline::StageSpec> out;
+  const int S = schedule.stages();
+  for (int s : schedule.stages_of(my_pipeline_rank())) {
+    const pipeline::LayerRange& range = layers_[static_cast<size_t>(s)];
+    GptGraph gpt = build_gpt(model_, stage_strategy_, sequences_, training, GptPart{range.begin, range.end, s == 0, s == S - 1});
+    pipeline::StageSpec spec;
+    spec.stage = s;
+    spec.training = training;
+    spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
+    const graph::Graph& g = *spec.graph;
+    if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
+    if (gpt.output >= 0) spec.output = g.value(gpt.output).name, spec.output_grad = g.value(gpt.output_grad).name;
+    if (gpt.loss >= 0) spec.loss = g.value(gpt.loss).name;
+    if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
+    if (s == 0) spec.feeds.push_back("ids");
+    if (s == S - 1 && training) spec.feeds.push_back("labels");
+    spec.constants = {"causal_mask"};
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+// This process's block of each parameter of its stages, from the counter-based generator (so any
+// mesh holds the single-device numbers).
+void StagedGpt::init_params(int64_t process) {
+  const bool first_here = runner_->schedule().rank_of(0) == runner_->pipeline_rank();
+  for (int s : runner_->local_stages()) {
+    const graph::Graph& g = *runner_->spec(s).graph;
+    const graph::Program& p = runner_->compiled(s).program;
+    const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(s)];
+    auto coords = m.coords(m.rank_index_of_process(process));
+    std::vector<size_t>& index = stage_params_[s];
+    for (graph::ValueId v : g.params()) {
+      const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
+      const std::string& name = g.value(v).name;
+      auto same = std::find_if(params_.begin(), params_.end(), [&](const ParamState& q) { return q.name == name; });
+      index.push_back(static_cast<size_t>(same - params_.begin()));
+      if (same != params_.end()) {  // the tied embedding on a second local stage
+        SW_CHECK(same->dist == slot.dist, "pipeline: '{}' is laid out [{}] on one stage and [{}] on another", name,
+                 same->dist.to_string(), slot.dist.to_string());
+        continue;
+      }
+      mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, m, coords);
+      ParamState q;
+      q.name = name;
+      q.dist = slot.dist;
+      q.mesh = m;
+      q.shape = slot.meta.shape;
+      q.master = init_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
+      // f32: the kernels read the master itself.
+      q.param = model_.param_dtype == DType::BF16 ? q.master.to(DType::BF16) : q.master;
+      q.exp_avg = Tensor(DType::F32, block.shape);
+      q.exp_avg_sq = Tensor(DType::F32, block.shape);
+      q.decay = slot.meta.shape.ndim() >= 2;
+      params_.push_back(std::move(q));
+      counted_.push_back(name != kTied || first_here);
+    }
+  }
+}
+
+void StagedGpt::bind(pipeline::PipelineRunner& runner) {
+  for (int s : runner.local_stages()) {
+    runtime::Runtime& rt = runner.runtime(s);
+    for (size_t k : stage_params_.at(s)) rt.set_local(params_[k].name, params_[k].param);
+  }
+}
+
+int StagedGpt::my_pipeline_rank() const {
+  if (strategy_.pp < 0) return 0;
+  auto coords = strategy_.mesh.coords(strategy_.mesh.rank_index_of_process(my_process(*world_)));
+  return static_cast<int>(coords[static_cast<size_t>(strategy_.pp)]);
+}
+
+int StagedGpt::root_of_stage(int stage) const {
+  return world_index(*world_, meshes_[static_cast<size_t>(stage)].process_ids()[0]);
+}
+
+StagedGpt::Result StagedGpt::forward_backward(const Dataset& data, int64_t first) {
+  const int S = runner_->schedule().stages();
+  auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
+    const int64_t sample = first + mb * sequences_;
+    rt.set_sample_offset(sample);  // dropout masks follow the samples, not the mesh
+    if (stage != 0 && stage != S - 1) return;
+    Batch b = make_batch(data, sample, sequences_, model_.seq);
+    if (stage == 0) rt.set_global("ids", b.ids);
+    if (stage == S - 1) rt.set_global("labels", b.labels);
+  };
+  bind(*runner_);
+  last_stats_ = runner_->run(feed);
+  Result r;
+  r.loss = last_stats_.loss_sum;
+  world_->broadcast(&r.loss, 1, DType::F64, root_of_stage(S - 1));
+  r.grads.resize(params_.size());
+  for (int s : runner_->local_stages()) {
+    const std::vector<Tensor>& grads = runner_->grads(s);
+    const std::vector<size_t>& index = stage_params_.at(s);
+    for (size_t i = 0; i < index.size(); ++i) {
+      Tensor& sum = r.grads[index[i]];
+      if (!sum.defined()) sum = grads[i];  // the runner's own sum, not copied
+      else pipeline::accumulate_grad(sum, grads[i]);  // a tied copy on another local stage
+    }
+  }
+  exchange_tied(r.grads);
+  return r;
+}
+
+// The tied embedding on two pipeline ranks: each side adds the other's gradient.
+void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
+  const pipeline::Schedule& sch = runner_->schedule();
+  const int S = sch.stages();
+  if (sch.rank_of(0) == sch.rank_of(S - 1)) return;
+  auto it = std::find_if(params_.begin(), params_.end(), [](const ParamState& p) { return p.name == kTied; });
+  if (it == params_.end()) return;  // a middle stage
+  const mesh::ProcessMesh &a = meshes_[0], &b = meshes_[static_cast<size_t>(S - 1)];
+  // Both stages lay the copy out alike (the same annotations on meshes of one shape).
+  const mesh::DistAttr& dist = it->dist;
+  if (!tied_) tied_ = std::make_unique<reshard::Resharder>(world_);
+  Tensor& mine = grads[static_cast<size_t>(it - params_.begin())];
+  const bool on_first = a.contains(my_process(*world_));
+  reshard::Plan ab = reshard::plan_reshard(it->shape, DType::F32, {a, dist}, {b, dist});
+  reshard::Plan ba = reshard::plan_reshard(it->shape, DType::F32, {b, dist}, {a, dist});
+  Tensor from_first = tied_->run(ab, on_first ? mine : Tensor());
+  Tensor from_last = tied_->run(ba, on_first ? Tensor() : mine);
+  pipeline::accumulate_grad(mine, on_first ? from_last : from_first);
+}
+
+double StagedGpt::grad_norm(const std::vector<Tensor>& grads) {
+  std::vector<ParamState> counted;
+  std::vector<Tensor> counted_grads;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!counted_[i]) continue;
+    counted.push_back(params_[i]);
+    counted_grads.push_back(grads[i]);
+  }
+  return global_grad_norm(counted, counted_grads, meshes_[0], *world_);
+}
+
+EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
+  const int64_t batch = sequences_, S_len = model_.seq;
+  const int m = static_cast<int>((samples + batch - 1) / batch);
+  if (!eval_ || eval_->schedule().micro_batches != m) {
+    pipeline::Schedule sch = pipeline::forward_only(static_cast<int>(pp_), runner_->schedule().virtual_stages, m);
+    std::vector<pipeline::StageSpec> specs = local_specs(sch, false);
+    eval_ = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
+                                                       pipeline::RunnerOptions{true, false});
+    for (int s : eval_->local_stages()) eval_->runtime(s).set_global("causal_mask", mask_);
+  }
+  bind(*eval_);
+  std::vector<AdditionTask::Problem> problems;
+  for (int64_t i = 0; i < static_cast<int64_t>(m) * batch; ++i) problems.push_back(task.held_out(i));
+  int64_t counts[2] = {0, 0};
+  auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
+    if (stage != 0) return;
+    Tensor ids(DType::I64, Shape{batch, S_len});
+    for (int64_t i = 0; i < batch; ++i) {
+      const auto& t = problems[static_cast<size_t>(mb * batch + i)].tokens;
+      std::copy(t.begin(), t.end() - 1, ids.data<int64_t>() + i * S_len);
+    }
+    rt.set_global("ids", ids);
+  };
+  auto read = [&](int, int mb, runtime::Runtime& rt) {
+    Tensor pred = rt.gather(eval_->spec(eval_->schedule().stages() - 1).result);
+    for (int64_t i = 0; i < batch && mb * batch + i < samples; ++i) {
+      const auto& p = problems[static_cast<size_t>(mb * batch + i)];
+      bool exact = true;
+      for (int64_t t = p.answer_begin; t < p.answer_end; ++t)
+        exact = exact && pred.data<int64_t>()[i * S_len + t] == p.tokens[static_cast<size_t>(t + 1)];
+      ++counts[0];
+      counts[1] += exact ? 1 : 0;
+    }
+  };
+  eval_->run(feed, read);
+  world_->broadcast(counts, 2, DType::I64, root_of_stage(eval_->schedule().stages() - 1));
+  return EvalResult{counts[0], counts[1]};
+}
+
+Tensor StagedGpt::gather_param(const std::string& name) {
+  // The owner: the first stage holding it (by name: the layer's stage; embeddings first; ln_f last).
+  const int S = static_cast<int>(layers_.size());
+  int owner = 0;
+  if (name.starts_with("transformer.ln_f")) owner = S - 1;
+  if (name.starts_with("transformer.h.")) {
+    int layer = std::stoi(name.substr(std::strlen("transformer.h.")));
+    for (int s = 0; s < S; ++s)
+      if (layers_[static_cast<size_t>(s)].begin <= layer && layer < layers_[static_cast<size_t>(s)].end) owner = s;
+  }
+  const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(owner)];
+  std::vector<std::byte> bytes;
+  if (m.contains(my_process(*world_))) {
+    auto it = std::find_if(params_.begin(), params_.end(), [&](const ParamState& p) { return p.name == name; });
+    SW_CHECK(it != params_.end(), "no parameter named '{}'", name);
+    reshard::Plan plan = reshard::plan_reshard(it->shape, DType::F32, {m, it->dist}, {m, mesh::DistAttr(m.ndim())});
+    Tensor whole = reshard::Resharder(world_).run(plan, it->master);
+    std::vector<int64_t> header = {it->shape.ndim()};
+    for (int d = 0; d < it->shape.ndim(); ++d) header.push_back(it->shape[d]);
+    bytes.resize(header.size() * sizeof(int64_t) + whole.nbytes());
+    std::memcpy(bytes.data(), header.data(), header.size() * sizeof(int64_t));
+    std::memcpy(bytes.data() + header.size() * sizeof(int64_t), whole.raw(), whole.nbytes());
+  }
+  bytes = world_->broadcast_bytes(bytes, root_of_stage(owner));
+  int64_t ndim = 0;
+  std::memcpy(&ndim, bytes.data(), sizeof(int64_t));
+  Shape shape;
+  for (int64_t d = 0; d < ndim; ++d) {
+    int64_t e = 0;
+    std::memcpy(&e, bytes.data() + (1 + d) * sizeof(int64_t), sizeof(int64_t));
+    shape.push_back(e);
+  }
+  Tensor out(DType::F32, shape);
+  std::memcpy(out.raw(), bytes.data() + (1 + ndim) * sizeof(int64_t), out.nbytes());
+  return out;
+}
+
+}  // namespace shardwise::train

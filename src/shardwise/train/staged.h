@@ -1,0 +1,100 @@
+#pragma once
+// The Trainer's model as pipeline stages: every run, with or without a `pp` dim. Without pp the
+// whole GPT is one stage on the whole mesh, run by the trivial schedule (each micro-batch's
+// forward, then its backward). With pp the GPT is cut by layer (embeddings on the first stage,
+// head and loss on the last, layers balanced; with v virtual stages per pipeline rank, stage s on
+// pp coordinate s % pp), each stage on its sub-mesh of the other dims, run by a schedule's actions.
+//
+// Parameters live on one stage, except the token embedding when the first and last stages sit on
+// different pipeline ranks: the first looks tokens up in it and the last's head is tied to it, so
+// both hold a copy; after each backward their gradients are summed (each copy then takes the same
+// update), and the gradient norm counts it once.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardwise/comm/communicator.h"
+#include "shardwise/pipeline/runner.h"
+#include "shardwise/reshard/executor.h"
+#include "shardwise/train/data.h"
+#include "shardwise/train/gpt.h"
+#include "shardwise/train/optimizer.h"
+
+namespace shardwise::train {
+
+struct PipelineConfig {
+  std::string schedule = "1f1b";  // on a pp mesh: fthenb, 1f1b, interleaved, zbh1
+  int virtual_stages = 1;
+  bool release = true;            // free what backward does not need after each forward
+  bool poison_stand_ins = false;  // tests
+};
+
+struct EvalResult {
+  int64_t problems = 0, exact = 0;  // held-out addition problems, and those answered exactly
+  double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
+};
+
+class StagedGpt {
+ public:
+  // `model` as the kernels compute it (parameter dtype, dropout); `micro_batches`: the schedule's
+  // m (the trainer's accumulation steps); `sequences_per_micro_batch`: one micro-batch's sequences
+  // on the whole dp dim (the trainer's micro_batch x dp).
+  StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
+            int64_t sequences_per_micro_batch, int micro_batches, uint64_t seed, const Tensor& causal_mask,
+            std::shared_ptr<comm::Communicator> world);
+  ~StagedGpt();
+
+  // This rank's parameters (its stages', each once).
+  std::vector<ParamState>& params() { return params_; }
+
+  struct Result {
+    double loss = 0;            // summed over the micro-batches, on every rank
+    std::vector<Tensor> grads;  // per params(), f32, summed over the micro-batches
+  };
+  // Runs the schedule on samples [first, first + micro_batches * sequences_per_micro_batch) of `data`.
+  Result forward_backward(const Dataset& data, int64_t first);
+  // The global gradient norm over every rank (the tied embedding counted once).
+  double grad_norm(const std::vector<Tensor>& grads);
+  // Held-out exact matches of the addition task (greedy answers: a causal model answers a problem
+  // exactly iff its argmax at every answer position, given the true prefix, is right), on every rank.
+  EvalResult evaluate(const AdditionTask& task, int64_t samples);
+  // The whole parameter (its fp32 master) on every rank (collective).
+  Tensor gather_param(const std::string& name);
+
+  const pipeline::Schedule& schedule() const { return runner_->schedule(); }
+  const pipeline::PipelineRunner& runner() const { return *runner_; }
+  // This rank's last step: timeline, peak activation bytes, per-stage frame bytes.
+  const pipeline::StepStats& last_stats() const { return last_stats_; }
+
+ private:
+  std::vector<pipeline::StageSpec> local_specs(const pipeline::Schedule& schedule, bool training);
+  void init_params(int64_t process);
+  // Binds the parameters (bf16 copies are new tensors after each update) before a run.
+  void bind(pipeline::PipelineRunner& runner);
+  void exchange_tied(std::vector<Tensor>& grads);
+  int root_of_stage(int stage) const;  // the world rank of the stage's first process
+  int my_pipeline_rank() const;
+
+  GptConfig model_;
+  Strategy strategy_;        // the whole mesh
+  Strategy stage_strategy_;  // a stage's mesh (the whole mesh without pp)
+  PipelineConfig config_;
+  int64_t sequences_ = 0;  // per micro-batch, on the whole dp dim
+  int64_t pp_ = 1;         // pipeline ranks (1 without pp)
+  uint64_t seed_ = 0;
+  Tensor mask_;
+  std::shared_ptr<comm::Communicator> world_;
+  std::vector<mesh::ProcessMesh> meshes_;  // per stage
+  std::vector<pipeline::LayerRange> layers_;
+  std::unique_ptr<pipeline::PipelineRunner> runner_, eval_;
+  std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
+  std::vector<ParamState> params_;
+  // Per params_: counted in the norm (false for the last stage's tied copy).
+  std::vector<bool> counted_;
+  // Per local stage, per graph parameter (params() order of the stage's graph): its index in params_.
+  std::map<int, std::vector<size_t>> stage_params_;
+  pipeline::StepStats last_stats_;
+};
+
+}  // namespace shardwise::train
