@@ -31,6 +31,9 @@
 // (add/subtract: both inputs P(sum|avg); multiply/divide: x P(sum|avg), y R; max/min ops: both
 // P(max|min); where: x and y P(op), cond R); otherwise the returned output is R on that mesh dim.
 //
+// The three parts are derived from the labels (spmd/factor_rule.h); this file gives the labels and
+// the Partial tables above.
+//
 // Grad: inputs are x, y, out, dout (cond, x, y, out, dout for where). All are merged in that order
 // with the same labels (out and dout carry the output labels); each gradient takes its input's
 // sharding, plus Partial(sum) on the mesh dims sharding a letter the input broadcasts along ('1'
@@ -44,9 +47,8 @@
 #include <string>
 #include <string_view>
 
-#include "shardwise/core/error.h"
-#include "shardwise/spmd/einsum.h"
 #include "shardwise/ops/binary/rules.h"
+#include "shardwise/spmd/factor_rule.h"
 #include "shardwise/tensor/broadcast.h"
 
 namespace shardwise::ops {
@@ -59,67 +61,16 @@ enum class PartialKind : uint8_t { None, Linear, Bilinear, Numerator, Max, Min, 
 
 constexpr int kMaxOperands = 3;
 
-// The labels of one tensor, stored inline (rules must not allocate).
-struct Labels {
-  std::array<char, kMaxDims> chars{};
-  int n = 0;
-  std::string_view view() const { return {chars.data(), static_cast<size_t>(n)}; }
-  bool has(char c) const { return view().find(c) != std::string_view::npos; }
-};
-
-Labels output_labels(int ndim) {
-  Labels l;
-  for (int d = 0; d < ndim; ++d) l.chars[static_cast<size_t>(l.n++)] = static_cast<char>('a' + d);
-  return l;
-}
-
-// Right-aligned labels of an input of shape `in` against the broadcast output shape `out`.
-Labels input_labels(const Shape& in, const Shape& out) {
-  Labels l;
-  const int lead = out.ndim() - in.ndim();
-  for (int d = 0; d < in.ndim(); ++d) {
-    bool broadcast = in[d] == 1 && out[d + lead] != 1;
-    l.chars[static_cast<size_t>(l.n++)] = broadcast ? '1' : static_cast<char>('a' + d + lead);
-  }
-  return l;
-}
-
-// Output letters that `in` does not carry (it broadcasts along them, or lacks the dim).
-Labels missing_letters(const Labels& in, const Labels& out) {
-  Labels l;
-  for (char c : out.view()) {
-    if (!in.has(c)) l.chars[static_cast<size_t>(l.n++)] = c;
-  }
-  return l;
-}
-
-// Bit m set when mesh dim m shards some letter.
-uint32_t claimed_mesh_dims(const AxisMap& axes, const Labels& out) {
-  uint32_t mask = 0;
-  for (char c : out.view()) {
-    for (int m : axes[c]) mask |= 1u << m;
-  }
-  return mask;
-}
-
-Shape broadcast_operands(std::span<const TensorSpec> in, int n) {
-  return n == 2 ? broadcast_shapes(in[0].shape, in[1].shape)
-                : broadcast_shapes(in[0].shape, in[1].shape, in[2].shape);
-}
-
-bool is_linear_partial(const Placement& p) {
-  return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg);
-}
-
-struct PartialChoice {
-  std::array<bool, kMaxOperands> keep{};  // keep the operand's Partial (else R)
-  Placement out;                          // R when no Partial passes
+// Which operands keep their Partial (else R) and the output's placement (R when none passes).
+struct Kept {
+  std::array<bool, kMaxOperands> keep{};
+  Placement out;
 };
 
 // Forward: `p` holds each operand's given placement on a mesh dim that shards no letter, with
 // Shard already replaced by R (it lost the merge). For where, p[0] is cond.
-PartialChoice choose_partial(PartialKind kind, std::span<const Placement> p) {
-  PartialChoice c;
+Kept choose_partial(PartialKind kind, std::span<const Placement> p) {
+  Kept c;
   auto keep = [&](int k) {
     c.keep[static_cast<size_t>(k)] = true;
     c.out = p[static_cast<size_t>(k)];
@@ -163,8 +114,8 @@ PartialChoice choose_partial(PartialKind kind, std::span<const Placement> p) {
 }
 
 // Reverse: which operands take the wanted output Partial `p`; none kept = not producible.
-PartialChoice reverse_partial(PartialKind kind, const Placement& p) {
-  PartialChoice c;
+Kept reverse_partial(PartialKind kind, const Placement& p) {
+  Kept c;
   auto keep = [&](int k) {
     c.keep[static_cast<size_t>(k)] = true;
     c.out = p;
@@ -189,141 +140,57 @@ PartialChoice reverse_partial(PartialKind kind, const Placement& p) {
   return c;
 }
 
-struct Prepared {
-  Shape out;
-  Labels out_labels;
-  std::array<Labels, kMaxOperands> labels;
-  std::array<std::string_view, kMaxOperands + 2> notations;
-};
-
-Prepared prepare(std::span<const TensorSpec> in, int n) {
-  Prepared p;
-  p.out = broadcast_operands(in, n);
-  p.out_labels = output_labels(p.out.ndim());
-  for (int k = 0; k < n; ++k) {
-    p.labels[static_cast<size_t>(k)] = input_labels(in[static_cast<size_t>(k)].shape, p.out);
-    p.notations[static_cast<size_t>(k)] = p.labels[static_cast<size_t>(k)].view();
+// Every operand is right-aligned against the broadcast output "ab..": a dim meets the output letter
+// of its position, or '1' where a size-1 dim broadcasts against a larger extent.
+Factors describe(std::span<const TensorSpec> in) {
+  const Shape out = in.size() == 2 ? broadcast_shapes(in[0].shape, in[1].shape)
+                                   : broadcast_shapes(in[0].shape, in[1].shape, in[2].shape);
+  Factors f;
+  for (const TensorSpec& t : in) {
+    Labels l;
+    const int lead = out.ndim() - t.shape.ndim();
+    for (int d = 0; d < t.shape.ndim(); ++d) {
+      l.push(t.shape[d] == 1 && out[d + lead] != 1 ? '1' : static_cast<char>('a' + d + lead));
+    }
+    f.add_input(l);
   }
-  return p;
+  f.add_output(labels_of_rank(out.ndim()), out);
+  return f;
 }
 
-SpmdResult binary_forward(std::string_view name, PartialKind kind, int n, const ProcessMesh& mesh,
-                          std::span<const TensorSpec> in) {
-  check_inputs(name, mesh, in, static_cast<size_t>(n));
-  const Prepared p = prepare(in, n);
-  std::array<DistAttr, kMaxOperands> dists;
-  for (int k = 0; k < n; ++k) dists[static_cast<size_t>(k)] = in[static_cast<size_t>(k)].dist;
-  const auto un = static_cast<size_t>(n);
-  AxisMap axes = merge_axes(std::span<const std::string_view>(p.notations.data(), un),
-                            std::span<const DistAttr>(dists.data(), un));
-  const int md = mesh.ndim();
-  SpmdResult r;
-  r.inputs.reserve(un);
-  for (size_t k = 0; k < un; ++k) r.inputs.push_back(dist_from_axes(p.notations[k], axes, md));
-  DistAttr out = dist_from_axes(p.out_labels.view(), axes, md);
-  const uint32_t claimed = claimed_mesh_dims(axes, p.out_labels);
-  for (int m = 0; m < md; ++m) {
-    if (claimed & (1u << m)) continue;
-    std::array<Placement, kMaxOperands> given{};
-    bool any = false;
-    for (size_t k = 0; k < un; ++k) {
-      const Placement& q = in[k].dist[m];
-      if (q.is_partial()) given[k] = q, any = true;
-    }
-    if (!any) continue;
-    PartialChoice c = choose_partial(kind, std::span<const Placement>(given.data(), un));
-    for (size_t k = 0; k < un; ++k) {
-      if (c.keep[k]) r.inputs[k].set(m, given[k]);
-    }
-    if (c.out.is_partial()) out.set(m, c.out);
+void set_kept(const Kept& k, std::span<const Placement> given, PartialChoice& choice) {
+  for (size_t i = 0; i < given.size(); ++i) {
+    if (k.keep[i]) choice.operands[i] = given[i];
   }
-  r.outputs.push_back(out);
-  return r;
-}
-
-SpmdResult binary_reverse(std::string_view name, PartialKind kind, int n, const ProcessMesh& mesh,
-                          std::span<const TensorSpec> in, std::span<const TensorSpec> outs) {
-  check_inputs(name, mesh, in, static_cast<size_t>(n));
-  SW_CHECK(outs.size() == 1, "rule '{}' has 1 output, got {}", name, outs.size());
-  const Prepared p = prepare(in, n);
-  SW_CHECK(outs[0].shape == p.out, "rule '{}': the output has shape {} but the inputs broadcast to {}", name,
-           outs[0].shape.to_string(), p.out.to_string());
-  outs[0].dist.validate(p.out.ndim(), mesh.ndim(), "output");
-  const int md = mesh.ndim();
-  std::string_view out_nota = p.out_labels.view();
-  AxisMap axes = merge_axes({out_nota}, {outs[0].dist});
-  SpmdResult r;
-  r.inputs.reserve(static_cast<size_t>(n));
-  for (int k = 0; k < n; ++k) r.inputs.push_back(dist_from_axes(p.notations[static_cast<size_t>(k)], axes, md));
-  DistAttr out = dist_from_axes(out_nota, axes, md);
-  for (int m = 0; m < md; ++m) {
-    const Placement& want = outs[0].dist[m];
-    if (!want.is_partial()) continue;
-    PartialChoice c = reverse_partial(kind, want);
-    for (int k = 0; k < n; ++k) {
-      if (c.keep[static_cast<size_t>(k)]) r.inputs[static_cast<size_t>(k)].set(m, want);
-    }
-    if (c.out.is_partial()) out.set(m, want);
-  }
-  r.outputs.push_back(out);
-  return r;
-}
-
-SpmdResult binary_grad(std::string_view name, PartialKind kind, int n, const ProcessMesh& mesh,
-                       std::span<const TensorSpec> g) {
-  check_inputs(name, mesh, g, static_cast<size_t>(n + 2));
-  Prepared p = prepare(g, n);
-  const auto un = static_cast<size_t>(n);
-  for (size_t k = un; k < un + 2; ++k) {
-    SW_CHECK(g[k].shape == p.out, "rule '{}' grad: {} has shape {} but the inputs broadcast to {}", name,
-             k == un ? "out" : "dout", g[k].shape.to_string(), p.out.to_string());
-    p.notations[k] = p.out_labels.view();
-  }
-  std::array<DistAttr, kMaxOperands + 2> dists;
-  for (size_t k = 0; k < un + 2; ++k) dists[k] = g[k].dist;
-  AxisMap axes = merge_axes(std::span<const std::string_view>(p.notations.data(), un + 2),
-                            std::span<const DistAttr>(dists.data(), un + 2));
-  const int md = mesh.ndim();
-  SpmdResult r;
-  r.inputs.reserve(un + 2);
-  for (size_t k = 0; k < un + 2; ++k) r.inputs.push_back(dist_from_axes(p.notations[k], axes, md));
-  // cond (where) takes no gradient: R.
-  const size_t first_grad = kind == PartialKind::Select ? 1 : 0;
-  r.outputs.reserve(un);
-  for (size_t k = 0; k < un; ++k) {
-    if (k < first_grad) {
-      r.outputs.emplace_back(md);
-      continue;
-    }
-    DistAttr gd = dist_from_axes(p.notations[k], axes, md);
-    Labels missing = missing_letters(p.labels[k], p.out_labels);
-    add_partial_for(gd, missing.view(), axes, ReduceOp::Sum);
-    r.outputs.push_back(gd);
-  }
-  const uint32_t claimed = claimed_mesh_dims(axes, p.out_labels);
-  const DistAttr& dout = g[un + 1].dist;
-  for (int m = 0; m < md; ++m) {
-    if ((claimed & (1u << m)) || !is_linear_partial(dout[m])) continue;
-    r.inputs[un + 1].set(m, dout[m]);
-    for (size_t k = first_grad; k < un; ++k) r.outputs[k].set(m, dout[m]);
-  }
-  return r;
+  choice.results[0] = k.out;
 }
 
 Rule make_rule(std::string name, std::string summary, PartialKind kind, int n) {
-  Rule rule;
+  FactorRule rule;
   rule.name = std::move(name);
   rule.summary = std::move(summary);
-  // The lambdas own a copy of the name: check_inputs reads it only on failure.
-  rule.forward = [name = rule.name, kind, n](const ProcessMesh& mesh, std::span<const TensorSpec> in,
-                                             const Attrs&) { return binary_forward(name, kind, n, mesh, in); };
-  rule.reverse = [name = rule.name, kind, n](const ProcessMesh& mesh, std::span<const TensorSpec> in,
-                                             std::span<const TensorSpec> outs, const Attrs&) {
-    return binary_reverse(name, kind, n, mesh, in, outs);
+  rule.num_inputs = n;
+  rule.describe = [](std::span<const TensorSpec> in, const Attrs&) { return describe(in); };
+  rule.forward_partials = [kind](std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
+                                 PartialChoice& choice) { set_kept(choose_partial(kind, given), given, choice); };
+  rule.reverse_partials = [kind](std::span<const Placement> want, std::span<const TensorSpec>, const Attrs&,
+                                 PartialChoice& choice) {
+    Kept k = reverse_partial(kind, want[0]);
+    for (int i = 0; i < kMaxOperands; ++i) {
+      if (k.keep[static_cast<size_t>(i)]) choice.operands[static_cast<size_t>(i)] = want[0];
+    }
+    choice.results[0] = k.out;
   };
-  rule.grad = [name = rule.name, kind, n](const ProcessMesh& mesh, std::span<const TensorSpec> g,
-                                          const Attrs&) { return binary_grad(name, kind, n, mesh, g); };
-  return rule;
+  // dout's P(sum|avg) passes to every gradient (each is linear in dout); other Partials -> R.
+  rule.grad_partials = [](std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
+                          PartialChoice& choice) {
+    const Placement& dout = given.back();
+    if (!is_linear_partial(dout)) return;
+    choice.operands[given.size() - 1] = dout;
+    choice.results.fill(dout);
+  };
+  if (kind == PartialKind::Select) rule.no_grad = 1;  // where's condition
+  return derive_rule(std::move(rule));
 }
 
 constexpr std::string_view kShardText =

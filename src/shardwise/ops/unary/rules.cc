@@ -22,13 +22,14 @@
 //    and f32 parts summed in f64 are not the f32 sum widened).
 // Reverse rules map the wanted output Partial back through the same table (neg of a wanted
 // P(max) needs input P(min)); an output Partial that no input Partial produces becomes Replicate.
-// Gradient rules: see grad_nonlinear and grad_linear below.
+// Gradient rules: see GradKind below. The three parts are derived from the labels "ab.." (every dim
+// kept) by spmd/factor_rule.h; this file gives the Partial tables.
 #include <array>
 #include <optional>
 #include <variant>
 
 #include "shardwise/core/error.h"
-#include "shardwise/spmd/einsum.h"
+#include "shardwise/spmd/factor_rule.h"
 #include "shardwise/ops/unary/rules.h"
 
 namespace shardwise::ops {
@@ -145,98 +146,55 @@ ScaleArgs scale_args(const Attrs& attrs) {
   return {s, attrs.get_bool("bias_after_scale", true) ? b : s * b};
 }
 
-// Forward: the input's placements with its Partial mesh dims either mapped or made Replicate.
-SpmdResult forward_with(const ProcessMesh& mesh, const TensorSpec& x, const PartialMap& map) {
-  DistAttr in = x.dist, out = x.dist;
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = x.dist[m];
-    if (!p.is_partial()) continue;
-    if (auto r = map.forward(p.reduce)) {
-      out.set(m, Placement::partial(*r));
-    } else {
-      in.set(m, Placement::replicate());
-      out.set(m, Placement::replicate());
-    }
+// The map's image of a Partial `p` (operand keeps p, result the image), or nothing (both R).
+void apply(const PartialMap& map, const Placement& p, PartialChoice& choice) {
+  if (!p.is_partial()) return;
+  if (auto r = map.forward(p.reduce)) {
+    choice.operands[0] = p;
+    choice.results[0] = Placement::partial(*r);
   }
-  return {{in}, {out}};
 }
 
-// Reverse: the wanted output placements, each wanted Partial mapped back to the input's.
-SpmdResult reverse_with(const ProcessMesh& mesh, const TensorSpec& wanted, const PartialMap& map) {
-  DistAttr in = wanted.dist, out = wanted.dist;
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = wanted.dist[m];
-    if (!p.is_partial()) continue;
-    if (auto r = map.inverse(p.reduce)) {
-      in.set(m, Placement::partial(*r));
-    } else {
-      in.set(m, Placement::replicate());
-      out.set(m, Placement::replicate());
+enum class GradKind {
+  NonLinear,  // dx = dy * f'(x): x, out and dy merged (order x, out, dy); dy's Partial through the map
+  Linear,     // dx = L(dy) (neg, scale, cast): x and out not read (kept as given); dy's Partial mapped
+};
+
+// A rule whose Partial table depends only on the input dtype and the attributes; the gradient's
+// table (`grad_map`) on the grad inputs (x, out, dy) and the attributes.
+template <class MapFn, class GradMapFn>
+Rule make_rule(std::string name, std::string summary, MapFn map_of, GradKind kind, GradMapFn grad_map) {
+  FactorRule rule;
+  rule.name = std::move(name);
+  rule.summary = std::move(summary);
+  rule.describe = [map_of](std::span<const TensorSpec> in, const Attrs& attrs) {
+    map_of(in[0].dtype, attrs);  // reads (and so checks) the attributes, as every part does
+    Factors f;
+    f.add_input(labels_of_rank(in[0].shape.ndim()));
+    f.add_output(labels_of_rank(in[0].shape.ndim()), in[0].shape);
+    return f;
+  };
+  rule.forward_partials = [map_of](std::span<const Placement> given, std::span<const TensorSpec> in,
+                                   const Attrs& attrs, PartialChoice& choice) {
+    apply(map_of(in[0].dtype, attrs), given[0], choice);
+  };
+  // A wanted output Partial is asked of the input through the inverse map (neg: P(max) <- P(min)).
+  rule.reverse_partials = [map_of](std::span<const Placement> want, std::span<const TensorSpec> in,
+                                   const Attrs& attrs, PartialChoice& choice) {
+    if (auto r = map_of(in[0].dtype, attrs).inverse(want[0].reduce)) {
+      choice.operands[0] = Placement::partial(*r);
+      choice.results[0] = want[0];
     }
-  }
-  return {{in}, {out}};
-}
-
-void check_grad_shapes(std::string_view rule, std::span<const TensorSpec> g) {
-  SW_CHECK(g[0].shape == g[1].shape && g[0].shape == g[2].shape,
-           "rule '{}' grad: x {}, out {} and out_grad {} must have the same shape", rule,
-           g[0].shape.to_string(), g[1].shape.to_string(), g[2].shape.to_string());
-}
-
-// Gradient of a non-linear op, dx = dy * f'(x): x, out and dy are merged with the einsum helper
-// (same letters; the first tensor sharding a dim wins, in the order x, out, dy). On a mesh dim no
-// letter is sharded on, dy's Partial passes to dx through `dmap` (dx is linear in dy once x and
-// out are replicated, so x and out are required Replicate there); anything else is Replicate.
-SpmdResult grad_nonlinear(std::string_view rule, const ProcessMesh& mesh, std::span<const TensorSpec> g,
-                          const PartialMap& dmap) {
-  check_inputs(rule, mesh, g, 3);
-  check_grad_shapes(rule, g);
-  std::string_view letters = axis_letters(g[0].shape.ndim());
-  AxisMap axes = merge_axes({letters, letters, letters}, {g[0].dist, g[1].dist, g[2].dist});
-  DistAttr sharded = dist_from_axes(letters, axes, mesh.ndim());
-  DistAttr dy = sharded, dx = sharded;
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = g[2].dist[m];
-    if (!sharded[m].is_replicate() || !p.is_partial()) continue;
-    if (auto r = dmap.forward(p.reduce)) {
-      dy.set(m, p);
-      dx.set(m, Placement::partial(*r));
-    }
-  }
-  return {{sharded, sharded, dy}, {dx}};
-}
-
-// Gradient of a linear op, dx = L(dy) (neg, scale, cast): x and out are not read, so they keep
-// their given distributions (no reshard); dx is dy's distribution mapped like the forward rule
-// maps x's (dy's Partial dims that L does not keep exactly become Replicate).
-SpmdResult grad_linear(std::string_view rule, const ProcessMesh& mesh, std::span<const TensorSpec> g,
-                       const PartialMap& dmap) {
-  check_inputs(rule, mesh, g, 3);
-  check_grad_shapes(rule, g);
-  SpmdResult fwd = forward_with(mesh, g[2], dmap);
-  return {{g[0].dist, g[1].dist, fwd.inputs[0]}, {fwd.outputs[0]}};
-}
-
-// A rule whose Partial table depends only on the input dtype and the attributes.
-template <class MapFn, class GradFn>
-Rule make_rule(std::string name, std::string summary, MapFn map_of, GradFn grad) {
-  Rule r;
-  r.name = name;
-  r.summary = std::move(summary);
-  r.forward = [name, map_of](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-    check_inputs(name, mesh, in, 1);
-    return forward_with(mesh, in[0], map_of(in[0].dtype, attrs));
   };
-  r.reverse = [name, map_of](const ProcessMesh& mesh, std::span<const TensorSpec> in,
-                             std::span<const TensorSpec> out, const Attrs& attrs) {
-    check_inputs(name, mesh, in, 1);
-    check_inputs(name, mesh, out, 1);
-    return reverse_with(mesh, out[0], map_of(in[0].dtype, attrs));
+  rule.grad_partials = [grad_map](std::span<const Placement> given, std::span<const TensorSpec> g,
+                                  const Attrs& attrs, PartialChoice& choice) {
+    PartialChoice dy;
+    apply(grad_map(g, attrs), given[2], dy);
+    choice.operands[2] = dy.operands[0];
+    choice.results[0] = dy.results[0];
   };
-  r.grad = [name, grad](const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-    return grad(name, mesh, g, attrs);
-  };
-  return r;
+  rule.grad_reads = kind == GradKind::NonLinear ? 0b11u : 0u;
+  return derive_rule(std::move(rule));
 }
 
 }  // namespace
@@ -248,31 +206,27 @@ UnaryRules unary_rules() {
       "non-linear unary op: Shard passes (co-shard order kept); Partial -> Replicate first, output R "
       "there. grad: x, out, dy merged einsum-style; dy P(sum|avg) -> dx P(sum|avg) with x, out R "
       "there; other Partial -> R",
-      [](DType, const Attrs&) { return map_none(); },
-      [](std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
+      [](DType, const Attrs&) { return map_none(); }, GradKind::NonLinear,
+      [](std::span<const TensorSpec>, const Attrs&) {
         PartialMap linear;  // dx = dy * f'(x) is linear in dy
         linear.pass(ReduceOp::Sum, ReduceOp::Sum);
         linear.pass(ReduceOp::Avg, ReduceOp::Avg);
-        return grad_nonlinear(name, mesh, g, linear);
+        return linear;
       });
   r.elementwise_unary_monotone = make_rule(
       "elementwise_unary_monotone",
       "non-decreasing unary op: Shard passes; P(max) -> P(max), P(min) -> P(min); P(sum|avg) -> "
       "Replicate first. grad: x, out, dy merged einsum-style; every dy Partial passes to dx (f' >= 0) "
       "with x, out R there",
-      [](DType, const Attrs&) { return map_monotone(); },
-      [](std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
-        // dx = dy * c with c = f'(x) >= 0 and replicated: linear and non-decreasing in dy.
-        return grad_nonlinear(name, mesh, g, map_identity());
-      });
+      [](DType, const Attrs&) { return map_monotone(); }, GradKind::NonLinear,
+      // dx = dy * c with c = f'(x) >= 0 and replicated: linear and non-decreasing in dy.
+      [](std::span<const TensorSpec>, const Attrs&) { return map_identity(); });
   r.neg = make_rule(
       "neg",
       "neg: Shard passes; floats: P(sum) -> P(sum), P(avg) -> P(avg), P(max) <-> P(min); integers: "
       "P(sum) -> P(sum), other Partial -> R. grad: dx = -dy, same table on dy; x, out untouched",
-      [](DType dtype, const Attrs&) { return map_affine(dtype, -1.0, 0.0); },
-      [](std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
-        return grad_linear(name, mesh, g, map_affine(g[2].dtype, -1.0, 0.0));
-      });
+      [](DType dtype, const Attrs&) { return map_affine(dtype, -1.0, 0.0); }, GradKind::Linear,
+      [](std::span<const TensorSpec> g, const Attrs&) { return map_affine(g[2].dtype, -1.0, 0.0); });
   r.scale = make_rule(
       "scale",
       "scale (s x + b, b_eff = b or s b): Shard passes; floats: P(avg) passes, P(sum) iff b_eff == 0, "
@@ -282,19 +236,18 @@ UnaryRules unary_rules() {
         ScaleArgs a = scale_args(attrs);
         return map_affine(dtype, a.s, a.b_eff);
       },
-      [](std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-        return grad_linear(name, mesh, g, map_affine(g[2].dtype, scale_args(attrs).s, 0.0));
+      GradKind::Linear,
+      [](std::span<const TensorSpec> g, const Attrs& attrs) {
+        return map_affine(g[2].dtype, scale_args(attrs).s, 0.0);
       });
   r.cast = make_rule(
       "cast",
       "cast: Shard passes; same dtype or float -> float of no more precision: every Partial passes; "
       "other non-decreasing casts (widening float, int/bool -> float, float -> int, widening int): "
       "P(max|min) pass; else R. grad: dx = cast(dy) back, same table; x, out untouched",
-      [](DType dtype, const Attrs& attrs) { return map_cast(dtype, cast_target(attrs)); },
-      [](std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
-        // An integer or bool input takes no gradient; the table then only shapes an unused dx.
-        return grad_linear(name, mesh, g, map_cast(g[2].dtype, g[0].dtype));
-      });
+      [](DType dtype, const Attrs& attrs) { return map_cast(dtype, cast_target(attrs)); }, GradKind::Linear,
+      // An integer or bool input takes no gradient; the table then only shapes an unused dx.
+      [](std::span<const TensorSpec> g, const Attrs&) { return map_cast(g[2].dtype, g[0].dtype); });
   return r;
 }
 
