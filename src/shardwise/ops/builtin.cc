@@ -1,19 +1,12 @@
-// The one place where the built-in op families are registered.
+// Registers every family of SHARDWISE_OP_FAMILIES (families.h), in list order.
 #include "shardwise/ops/families.h"
 
 namespace shardwise::ops {
 
 void register_builtin_ops(OpRegistry& registry) {
-  register_unary_ops(registry);
-  register_binary_ops(registry);
-  register_reduction_ops(registry);
-  register_matmul_ops(registry);
-  register_shape_ops(registry);
-  register_norm_ops(registry);
-  register_softmax_ops(registry);
-  register_index_ops(registry);
-  register_channel_norm_ops(registry);
-  register_misc_ops(registry);
+#define SHARDWISE_CALL_REGISTER(family) register_##family##_ops(registry);
+  SHARDWISE_OP_FAMILIES(SHARDWISE_CALL_REGISTER)
+#undef SHARDWISE_CALL_REGISTER
 }
 
 }  // namespace shardwise::ops

@@ -1,19 +1,26 @@
 #pragma once
-// One registration function per op family (defined in ops/<family>/ops.cc: it registers the
-// family's ops, each holding its rule from the family's rules.cc); builtin.cc calls each of them.
+// The built-in op families, one folder each: ops/<family>/ holds its kernels, its SPMD rules and
+// its registry entries, and defines register_<family>_ops (in ops.cc), which registers every op
+// of the family with the rule it holds. Adding a family is its folder plus one name in this list.
 #include "shardwise/ops/op.h"
+
+#define SHARDWISE_OP_FAMILIES(X) \
+  X(unary)                       \
+  X(binary)                      \
+  X(reduction)                   \
+  X(matmul)                      \
+  X(shape)                       \
+  X(norm)                        \
+  X(softmax)                     \
+  X(index)                       \
+  X(channel_norm)                \
+  X(misc)                        \
+  X(activation)
 
 namespace shardwise::ops {
 
-void register_unary_ops(OpRegistry& registry);
-void register_binary_ops(OpRegistry& registry);
-void register_reduction_ops(OpRegistry& registry);
-void register_matmul_ops(OpRegistry& registry);
-void register_shape_ops(OpRegistry& registry);
-void register_norm_ops(OpRegistry& registry);
-void register_softmax_ops(OpRegistry& registry);
-void register_index_ops(OpRegistry& registry);
-void register_channel_norm_ops(OpRegistry& registry);
-void register_misc_ops(OpRegistry& registry);
+#define SHARDWISE_DECLARE_REGISTER(family) void register_##family##_ops(OpRegistry& registry);
+SHARDWISE_OP_FAMILIES(SHARDWISE_DECLARE_REGISTER)
+#undef SHARDWISE_DECLARE_REGISTER
 
 }  // namespace shardwise::ops

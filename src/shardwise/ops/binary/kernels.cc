@@ -7,7 +7,6 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/broadcast.h"
-#include "shardwise/ops/unary/kernels.h"
 
 namespace shardwise::ops {
 
@@ -294,6 +293,26 @@ void binary_grad_kernel(BinaryOp op, const Tensor& x, const Tensor& y, const Ten
 
 }  // namespace
 
+namespace {
+
+// -g, for subtract's gradient of y (floats only; integers take no gradient).
+template <class T>
+void negate_into(const Tensor& g, Tensor& out) {
+  if constexpr (is_float_v<T>) {
+    const T* src = g.data<T>();
+    T* dst = out.data<T>();
+    for (int64_t i = 0; i < g.numel(); ++i) dst[i] = static_cast<T>(-static_cast<compute_t<T>>(src[i]));
+  }
+}
+
+Tensor negated(const Tensor& g) {
+  Tensor out = Tensor::uninitialized(g.dtype(), g.shape());
+  SW_DISPATCH(g.dtype(), [&] { negate_into<T>(g, out); });
+  return out;
+}
+
+}  // namespace
+
 BinaryGrads binary_backward(BinaryOp op, const Tensor& x, const Tensor& y, const Tensor& out,
                             const Tensor& dout) {
   SW_CHECK(binary_op_has_gradient(op), "{} has no gradient", binary_op_name(op));
@@ -307,7 +326,7 @@ BinaryGrads binary_backward(BinaryOp op, const Tensor& x, const Tensor& y, const
     // dout itself (shared, never written in place) or its sums over the broadcast dims; for
     // subtract, the negated sums (the sum of -g is exactly -(sum of g)).
     Tensor gx = reduce_to_shape(dout, x.shape()), gy = reduce_to_shape(dout, y.shape());
-    if (op == BinaryOp::Subtract) gy = unary(UnaryOp::Neg, gy);
+    if (op == BinaryOp::Subtract) gy = negated(gy);
     return {gx, gy};
   }
   // Every element of both is written by the kernel.

@@ -1,0 +1,83 @@
+#include "shardwise/ops/activation/kernels.h"
+
+#include <cmath>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::ops {
+
+namespace {
+
+template <class C>
+C sigmoid_of(C x) {
+  // Both branches exponentiate a non-positive number only: no overflow.
+  if (x >= 0) return C(1) / (C(1) + std::exp(-x));
+  C e = std::exp(x);
+  return e / (C(1) + e);
+}
+
+template <class T>
+void swiglu_typed(const T* g, const T* u, T* o, int64_t n) {
+  using C = compute_t<T>;
+  for (int64_t i = 0; i < n; ++i) {
+    const C v = static_cast<C>(g[i]);
+    o[i] = static_cast<T>(v * sigmoid_of(v) * static_cast<C>(u[i]));
+  }
+}
+
+template <class T>
+void swiglu_backward_typed(const T* g, const T* u, const T* d, T* dg, T* du, int64_t n) {
+  using C = compute_t<T>;
+  for (int64_t i = 0; i < n; ++i) {
+    const C v = static_cast<C>(g[i]), s = sigmoid_of(v), dy = static_cast<C>(d[i]);
+    dg[i] = static_cast<T>(dy * static_cast<C>(u[i]) * (s * (C(1) + v * (C(1) - s))));
+    du[i] = static_cast<T>(dy * (v * s));
+  }
+}
+
+// Calls fn(T{}) with T the C++ type of a floating dtype (checked by check_swiglu_inputs).
+template <class F>
+void float_dispatch(DType dtype, F&& fn) {
+  switch (dtype) {
+    case DType::F32: return fn(float{});
+    case DType::F64: return fn(double{});
+    case DType::F16: return fn(f16{});
+    case DType::BF16: return fn(bf16{});
+    default: fail("swiglu: {} is not a floating dtype", dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void check_swiglu_inputs(const Shape& gate, DType gate_dtype, const Shape& up, DType up_dtype) {
+  SW_CHECK(gate == up, "swiglu: gate {} and up {} must have the same shape", gate.to_string(), up.to_string());
+  SW_CHECK(gate_dtype == up_dtype && is_floating(gate_dtype),
+           "swiglu: gate ({}) and up ({}) must have the same floating dtype (f32, f64, f16, bf16)",
+           dtype_name(gate_dtype), dtype_name(up_dtype));
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  check_swiglu_inputs(gate.shape(), gate.dtype(), up.shape(), up.dtype());
+  Tensor out = Tensor::uninitialized(gate.dtype(), gate.shape());
+  float_dispatch(gate.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_typed(gate.data<T>(), up.data<T>(), out.data<T>(), out.numel());
+  });
+  return out;
+}
+
+SwigluGrads swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout) {
+  check_swiglu_inputs(gate.shape(), gate.dtype(), up.shape(), up.dtype());
+  SW_CHECK(dout.shape() == gate.shape() && dout.dtype() == gate.dtype(),
+           "swiglu backward: dout must be {} {} like the output, got {} {}", dtype_name(gate.dtype()),
+           gate.shape().to_string(), dtype_name(dout.dtype()), dout.shape().to_string());
+  SwigluGrads grads{Tensor::uninitialized(gate.dtype(), gate.shape()), Tensor::uninitialized(gate.dtype(), gate.shape())};
+  float_dispatch(gate.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_backward_typed(gate.data<T>(), up.data<T>(), dout.data<T>(), grads.dgate.data<T>(), grads.dup.data<T>(),
+                          gate.numel());
+  });
+  return grads;
+}
+
+}  // namespace shardwise::ops
