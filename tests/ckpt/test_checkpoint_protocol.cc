@@ -103,7 +103,9 @@ TEST(CheckpointSave, WritersAreBalancedByBytesAndEveryRankWrites) {
       EXPECT_EQ(total, sum) << topo.label;  // each byte written exactly once
       for (uint64_t b : bytes) {
         EXPECT_GT(b, 0u) << topo.label;
-        if (topo.label == "rep4") EXPECT_LE(*std::max_element(bytes.begin(), bytes.end()) - b, largest);
+        if (topo.label == "rep4") {
+          EXPECT_LE(*std::max_element(bytes.begin(), bytes.end()) - b, largest);
+        }
       }
       detail::execute_save(c, plan, detail::sources_in(plan, content, c.rank()));
     });

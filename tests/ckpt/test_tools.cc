@@ -31,7 +31,9 @@ fs::path saved_dp2tp2(const fs::path& root) {
 
 void expect_every_file_valid(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") EXPECT_NO_THROW(SafetensorsFile{e.path()}) << e.path();
+    if (e.path().extension() == ".safetensors") {
+      EXPECT_NO_THROW(SafetensorsFile{e.path()}) << e.path();
+    }
   }
   VerifyReport r = verify_checkpoint(dir);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.problems.front());
@@ -52,7 +54,9 @@ TEST(CkptTools, MergeWritesOneHuggingFaceCheckpointOfTheModel) {
   GroupReader g(out, "model");
   EXPECT_FALSE(g.contains("mask"));
   for (const auto& t : small_model()) {
-    if (t.group == "model" && t.name != "mask") EXPECT_TRUE(bit_equal(g.file_of(t.name).read(t.name), t.value)) << t.name;
+    if (t.group == "model" && t.name != "mask") {
+      EXPECT_TRUE(bit_equal(g.file_of(t.name).read(t.name), t.value)) << t.name;
+    }
   }
   // Never overwrites.
   EXPECT_THROW(merge_checkpoint(dir, out), Error);

@@ -1,7 +1,7 @@
 #pragma once
 // Unified checkpoints: named tensors distributed over meshes, saved as whole tensors in global
 // coordinates (Hugging Face indexed safetensors shards, one set per group) and loaded back on any
-// mesh and layout. The on-disk layout is in DESIGN.md ("Unified checkpoint").
+// mesh and layout. The on-disk layout is in docs/architecture.md ("Checkpoint format on disk").
 //
 // Saving: every rank calls save_checkpoint with the same names, shapes, dtypes and layouts and its
 // own blocks. No tensor data moves between ranks: each distinct block is written, as byte ranges

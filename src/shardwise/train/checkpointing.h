@@ -1,5 +1,5 @@
 #pragma once
-// The trainer's unified checkpoints (layout in DESIGN.md): model weights as Hugging Face indexed
+// The trainer's unified checkpoints (layout in docs/architecture.md): model weights as Hugging Face indexed
 // safetensors ("model"), AdamW moments ("optimizer": "<param>/exp_avg", "<param>/exp_avg_sq"),
 // fp32 masters ("master_weights") only when the kernels read lower-precision copies, config.json,
 // generation_config.json and trainer_state.json (step, consumed samples, schedule, data position,
