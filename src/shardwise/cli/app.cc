@@ -10,6 +10,54 @@
 
 namespace shardwise::cli {
 
+namespace {
+
+// `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
+void add_train_options(CLI::App& cmd, TrainOptions& o) {
+  auto& c = o.config;
+  auto* t = &cmd;
+  t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
+  t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
+  t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
+  t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank");
+  t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
+  t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
+  t->add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
+  t->add_option("--steps", c.steps, "optimizer steps");
+  t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch (0: derived)");
+  t->add_option("--accumulation", c.accumulation, "micro-batches per step (0: derived)");
+  t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (0: derived)");
+  t->add_option("--lr", c.lr, "peak learning rate");
+  t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay");
+  t->add_option("--warmup", c.warmup, "linear warm-up steps");
+  t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices");
+  t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
+  t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
+  t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
+  t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
+  t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");
+  t->add_option("--seed", c.seed, "seed of the initial weights and the data order");
+  t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");
+  t->add_option("--digits", c.digits, "digits of the embedded addition task");
+  t->add_option("--layers", c.model.layers, "transformer layers");
+  t->add_option("--heads", c.model.heads, "attention heads");
+  t->add_option("--hidden", c.model.hidden, "hidden size");
+  t->add_option("--seq", c.model.seq, "sequence length (0: the longest addition problem, or 256 for a file)");
+  t->add_option("--vocab", c.model.vocab, "vocabulary size");
+  t->add_option("--eval-every", o.eval_every, "held-out accuracy every N steps (addition task; 0: at the end)");
+  t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
+  t->add_option("--run-dir", o.run_dir, "where metrics.jsonl and loss_curve.svg go");
+  t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
+  t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
+  t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
+  t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
+  t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
+  t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
+  t->add_option("--resume", o.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
+}
+
+}  // namespace
+
 int run(int argc, char** argv) {
   CLI::App app{"shardwise: auto-parallel training core (SPMD rules, reshard, pipelines, unified checkpoints)"};
   app.require_subcommand(1);
@@ -20,34 +68,36 @@ int run(int argc, char** argv) {
 
   InferOptions infer_opts;
   auto* infer_cmd = app.add_subcommand("infer", "Show the placements an op's rule requires and produces");
+  infer_cmd->option_defaults()->always_capture_default();  // help shows the options' struct defaults
   infer_cmd->add_option("op", infer_opts.op, "op name (see `shardwise rules --ops`)")->required();
   infer_cmd->add_option("--mesh", infer_opts.mesh, "mesh shape, e.g. 2,2 or dp=2,tp=2")->required();
   infer_cmd->add_option("--shapes", infer_opts.shapes, "input shapes separated by commas, e.g. 8x16,16x4")->required();
   infer_cmd->add_option("--placements", infer_opts.placements,
                         "input placements, one list per input separated by ';', e.g. \"S(0),R;R,S(1)\"")
       ->required();
-  infer_cmd->add_option("--dtypes", infer_opts.dtypes, "input dtypes separated by commas (default f32)");
+  infer_cmd->add_option("--dtypes", infer_opts.dtypes, "input dtypes separated by commas (none: f32)");
   infer_cmd->add_option("--attrs", infer_opts.attrs, "op attributes, e.g. axis=[0,1],keepdim=true");
-  infer_cmd->add_option("--part", infer_opts.part, "forward (default), reverse (placements are the outputs') or grad")
+  infer_cmd->add_option("--part", infer_opts.part, "forward, reverse (placements are the outputs') or grad")
       ->check(CLI::IsMember({"forward", "reverse", "grad"}));
 
   VerifyCliOptions verify_opts;
   auto* verify_cmd = app.add_subcommand("verify", "Prove rules right numerically on simulated meshes");
-  verify_cmd->add_option("--op", verify_opts.ops, "ops to verify (default: all)")->delimiter(',');
-  verify_cmd->add_option("--mesh", verify_opts.meshes, "meshes (default: 2 3 2,2 2,3)");
+  verify_cmd->add_option("--op", verify_opts.ops, "ops to verify (none: all)")->delimiter(',');
+  verify_cmd->add_option("--mesh", verify_opts.meshes, "meshes (none: 2 3 2,2 2,3)");
   verify_cmd->add_flag("--quiet", verify_opts.quiet, "print only the summary line");
 
   PlanReshardOptions reshard_opts;
   auto* reshard_cmd = app.add_subcommand("plan-reshard", "Show how a tensor moves from one layout to another, and its cost");
+  reshard_cmd->option_defaults()->always_capture_default();
   reshard_cmd->add_option("--shape", reshard_opts.shape, "global shape, e.g. 1024x4096")->required();
   reshard_cmd->add_option("--from", reshard_opts.from, "source layout, e.g. \"mesh=2x2 S(0),P\" (ranks=4-7 to name processes)")
       ->required();
   reshard_cmd->add_option("--to", reshard_opts.to, "target layout, e.g. \"mesh=2x2 R,S(1)\"")->required();
-  reshard_cmd->add_option("--dtype", reshard_opts.dtype, "element type (default f32)");
+  reshard_cmd->add_option("--dtype", reshard_opts.dtype, "element type");
   reshard_cmd->add_option("--strategy", reshard_opts.strategy, "auto (cheapest), collectives or redistribute")
       ->check(CLI::IsMember({"auto", "collectives", "redistribute"}));
-  reshard_cmd->add_option("--alpha-us", reshard_opts.alpha_us, "latency per message in microseconds (default 5)");
-  reshard_cmd->add_option("--bandwidth-gbps", reshard_opts.bandwidth_gbps, "bandwidth in GB/s (default 10)");
+  reshard_cmd->add_option("--alpha-us", reshard_opts.alpha_us, "latency per message in microseconds");
+  reshard_cmd->add_option("--bandwidth-gbps", reshard_opts.bandwidth_gbps, "bandwidth in GB/s");
   reshard_cmd->add_option("--dim-bandwidth-gbps", reshard_opts.dim_bandwidth_gbps, "bandwidth per mesh dim, e.g. 100,10")
       ->delimiter(',');
 
@@ -87,48 +137,7 @@ int run(int argc, char** argv) {
   TrainOptions train_opts;
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   train_cmd->option_defaults()->always_capture_default();
-  {
-    auto& c = train_opts.config;
-    auto* t = train_cmd;
-    t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
-    t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
-    t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
-    t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank");
-    t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
-    t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
-    t->add_option("--ranks", train_opts.ranks, "ranks as threads (0: the mesh's size)");
-    t->add_option("--steps", c.steps, "optimizer steps");
-    t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch (0: derived)");
-    t->add_option("--accumulation", c.accumulation, "micro-batches per step (0: derived)");
-    t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (0: derived)");
-    t->add_option("--lr", c.lr, "peak learning rate");
-    t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay");
-    t->add_option("--warmup", c.warmup, "linear warm-up steps");
-    t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices");
-    t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
-    t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
-    t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
-    t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
-    t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");
-    t->add_option("--seed", c.seed, "seed of the initial weights and the data order");
-    t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");
-    t->add_option("--digits", c.digits, "digits of the embedded addition task");
-    t->add_option("--layers", c.model.layers, "transformer layers");
-    t->add_option("--heads", c.model.heads, "attention heads");
-    t->add_option("--hidden", c.model.hidden, "hidden size");
-    t->add_option("--seq", c.model.seq, "sequence length (0: the longest addition problem, or 256 for a file)");
-    t->add_option("--vocab", c.model.vocab, "vocabulary size");
-    t->add_option("--eval-every", train_opts.eval_every, "held-out accuracy every N steps (addition task; 0: at the end)");
-    t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
-    t->add_option("--run-dir", train_opts.run_dir, "where metrics.jsonl and loss_curve.svg go");
-    t->add_option("--log-every", train_opts.log_every, "progress line every N steps when not on a terminal");
-    t->add_option("--save-every", train_opts.save_every, "checkpoint every N steps and at the end (0: never)");
-    t->add_option("--save-dir", train_opts.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
-    t->add_option("--save-total-limit", train_opts.save_total_limit, "keep the newest N checkpoints (0: all)");
-    t->add_flag("--async-save", train_opts.async_save, "write checkpoints in the background");
-    t->add_option("--max-shard-size", train_opts.max_shard_size, "largest safetensors file of a checkpoint");
-    t->add_option("--resume", train_opts.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
-  }
+  add_train_options(*train_cmd, train_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
 
   try {
