@@ -16,7 +16,24 @@ char AxisMap::letter_of(int mesh_dim) const {
   return 0;
 }
 
+uint32_t AxisMap::mesh_dims_sharding(std::string_view letters) const {
+  uint32_t mask = 0;
+  for (char c : letters) {
+    if (c == '1') continue;
+    for (int m : (*this)[c]) mask |= 1u << m;
+  }
+  return mask;
+}
+
 AxisMap merge_axes(std::span<const std::string_view> notations, std::span<const DistAttr> dists,
+                   std::string_view replicated) {
+  std::array<const DistAttr*, 32> ptrs{};
+  SW_CHECK(dists.size() <= ptrs.size(), "merge_axes: {} tensors (at most {})", dists.size(), ptrs.size());
+  for (size_t t = 0; t < dists.size(); ++t) ptrs[t] = &dists[t];
+  return merge_axes(notations, std::span<const DistAttr* const>(ptrs.data(), dists.size()), replicated);
+}
+
+AxisMap merge_axes(std::span<const std::string_view> notations, std::span<const DistAttr* const> dists,
                    std::string_view replicated) {
   SW_CHECK(notations.size() == dists.size(), "merge_axes: {} notations for {} tensors", notations.size(),
            dists.size());
@@ -28,7 +45,7 @@ AxisMap merge_axes(std::span<const std::string_view> notations, std::span<const 
     for (size_t d = 0; d < nota.size(); ++d) {
       char letter = nota[d];
       if (letter == '1' || replicated.find(letter) != std::string_view::npos) continue;
-      MeshDimList dims = dists[t].mesh_dims_of(static_cast<int>(d));
+      MeshDimList dims = dists[t]->mesh_dims_of(static_cast<int>(d));
       if (dims.empty() || decided[static_cast<size_t>(letter - 'a')]) continue;
       decided[static_cast<size_t>(letter - 'a')] = true;
       MeshDimList& out = axes[letter];

@@ -27,6 +27,8 @@ class AxisMap {
   const MeshDimList& operator[](char letter) const { return axes_[index(letter)]; }
   // The letter a mesh dim shards, or 0.
   char letter_of(int mesh_dim) const;
+  // Bit m set when mesh dim m shards one of `letters` ('1' ignored).
+  uint32_t mesh_dims_sharding(std::string_view letters) const;
 
  private:
   static size_t index(char letter);
@@ -34,6 +36,9 @@ class AxisMap {
 };
 
 AxisMap merge_axes(std::span<const std::string_view> notations, std::span<const DistAttr> dists,
+                   std::string_view replicated = "");
+// The same over distributions held elsewhere (no copies).
+AxisMap merge_axes(std::span<const std::string_view> notations, std::span<const DistAttr* const> dists,
                    std::string_view replicated = "");
 inline AxisMap merge_axes(std::initializer_list<std::string_view> notations,
                           std::initializer_list<DistAttr> dists, std::string_view replicated = "") {

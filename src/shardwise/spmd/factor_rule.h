@@ -35,15 +35,19 @@
 
 namespace shardwise::spmd {
 
-constexpr int kMaxFactorTensors = 8;  // inputs, or outputs, of one op
+constexpr int kMaxFactorTensors = 4;  // inputs, or outputs, of one op
 
-// One tensor's letters, inline (rules do not allocate).
+// One tensor's letters, inline (rules do not allocate), with the set of its factor letters.
 struct Labels {
   std::array<char, kMaxDims> chars{};
   int n = 0;
-  void push(char c) { chars[static_cast<size_t>(n++)] = c; }
+  uint32_t letters = 0;  // bit c - 'a' for each letter a..z
+  void push(char c) {
+    chars[static_cast<size_t>(n++)] = c;
+    if (c >= 'a' && c <= 'z') letters |= 1u << (c - 'a');
+  }
   std::string_view view() const { return {chars.data(), static_cast<size_t>(n)}; }
-  bool has(char c) const { return view().find(c) != std::string_view::npos; }
+  bool has(char c) const { return c >= 'a' && c <= 'z' ? (letters >> (c - 'a')) & 1u : view().find(c) != std::string_view::npos; }
 };
 
 // Labels "ab.." for a tensor of rank n.
