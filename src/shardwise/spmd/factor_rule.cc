@@ -29,6 +29,46 @@ DistAttr output_dist(const Factors& f, int o, const Labels& contracted, const Ax
   return d;
 }
 
+// The extent of factor `c`: its first input dim's.
+int64_t factor_extent(const Factors& f, std::span<const TensorSpec> in, char c) {
+  for (int i = 0; i < f.num_inputs; ++i) {
+    const size_t d = f.inputs[static_cast<size_t>(i)].view().find(c);
+    if (d != std::string_view::npos) return in[static_cast<size_t>(i)].shape[static_cast<int>(d)];
+  }
+  return 0;
+}
+
+// Keeps, in split order, the mesh dims under which every chunk of an even factor stays equal and
+// non-empty (its extent divisible by the product of the kept mesh dims' sizes).
+void keep_even_chunks(const Factors& f, std::span<const TensorSpec> in, const ProcessMesh& mesh, AxisMap& axes) {
+  for (char c : f.even.view()) {
+    const int64_t extent = factor_extent(f, in, c);
+    MeshDimList& dims = axes[c];
+    MeshDimList kept;
+    int64_t parts = 1;
+    for (int m : dims) {
+      const int64_t next = parts * mesh.dim_size(m);
+      if (extent > 0 && extent % next == 0) {
+        kept.push_back(m);
+        parts = next;
+      }
+    }
+    dims = kept;
+  }
+}
+
+// The contracted factor a wanted Partial on mesh dim m shards: the one the first input sharding a
+// contracted factor on m shards there, else the first.
+char contracted_on(const Factors& f, std::span<const TensorSpec> in, int m, const Labels& contracted) {
+  for (int i = 0; i < f.num_inputs; ++i) {
+    const Placement& p = in[static_cast<size_t>(i)].dist[m];
+    if (!p.is_shard()) continue;
+    const char c = f.inputs[static_cast<size_t>(i)].chars[static_cast<size_t>(p.dim)];
+    if (contracted.has(c)) return c;
+  }
+  return contracted.chars[0];
+}
+
 void check_output_shapes(const FactorRule& rule, const Factors& f, std::span<const TensorSpec> tensors,
                          std::string_view what) {
   for (int o = 0; o < f.num_outputs; ++o) {
@@ -47,8 +87,9 @@ SpmdResult forward(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
   Notations notations{};
   Dists dists{};
   for (size_t i = 0; i < n; ++i) notations[i] = f.inputs[i].view(), dists[i] = in[i].dist;
-  const AxisMap axes = merge_axes(std::span<const std::string_view>(notations.data(), n),
-                                  std::span<const DistAttr>(dists.data(), n), f.replicated.view());
+  AxisMap axes = merge_axes(std::span<const std::string_view>(notations.data(), n),
+                            std::span<const DistAttr>(dists.data(), n), f.replicated.view());
+  keep_even_chunks(f, in, mesh, axes);
   const int md = mesh.ndim();
   const Labels contracted = contracted_letters(f);
   SpmdResult r;
@@ -93,19 +134,17 @@ SpmdResult reverse(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
   const int md = mesh.ndim();
   const Labels contracted = contracted_letters(f);
   const DistAttr& want = outs[0].dist;
-  uint32_t contracted_dims = 0;
   if (contracted.n > 0) {
     for (int m = 0; m < md; ++m) {
-      if (!want[m].is_partial(f.contraction)) continue;
-      axes[contracted.chars[0]].push_back(m);
-      contracted_dims |= 1u << m;
+      if (want[m].is_partial(f.contraction)) axes[contracted_on(f, in, m, contracted)].push_back(m);
     }
   }
+  keep_even_chunks(f, in, mesh, axes);
   SpmdResult r;
   for (int i = 0; i < f.num_inputs; ++i) r.inputs.push_back(dist_from_axes(f.inputs[static_cast<size_t>(i)].view(), axes, md));
   for (int o = 0; o < f.num_outputs; ++o) r.outputs.push_back(output_dist(f, o, contracted, axes, md));
   for (int m = 0; m < md; ++m) {
-    if (!want[m].is_partial() || (contracted_dims & (1u << m))) continue;
+    if (!want[m].is_partial() || axes.letter_of(m) != 0) continue;
     PartialChoice c;
     rule.reverse_partials(std::span<const Placement>(&want[m], 1), in, attrs, c);
     for (size_t i = 0; i < r.inputs.size(); ++i) {
@@ -118,6 +157,42 @@ SpmdResult reverse(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
   return r;
 }
 
+// What the grad part does with grad input k (inputs ++ outputs ++ output gradients).
+enum class GradRole {
+  Unread,  // left as given, not merged
+  Layout,  // merged (its layout decides the others'), left as given
+  Read,    // merged and laid out on the merged letters
+  Ignored  // the gradient of an output that takes none: laid out on the merged letters, not merged
+};
+
+GradRole grad_role(const FactorRule& rule, size_t k, size_t n, size_t no) {
+  if (k >= n + no) return (rule.no_grad_outputs >> (k - n - no)) & 1u ? GradRole::Ignored : GradRole::Read;
+  if (rule.grad_layout_only & (1u << k)) return GradRole::Layout;
+  return rule.grad_reads & (1u << k) ? GradRole::Read : GradRole::Unread;
+}
+
+// The merged letters of the grad part: the tensors it merges, in its merge order.
+AxisMap grad_axes(const FactorRule& rule, const Factors& f, std::span<const TensorSpec> g) {
+  const auto n = static_cast<size_t>(f.num_inputs), no = static_cast<size_t>(f.num_outputs);
+  Labels replicated = f.replicated;
+  for (char c : f.grad_replicated.view()) {
+    if (!replicated.has(c)) replicated.push(c);
+  }
+  Notations notations{};
+  Dists dists{};
+  size_t merged = 0;
+  for (size_t j = 0; j < n + 2 * no; ++j) {
+    size_t k = j;  // grad_gradients_first: inputs, output gradients, outputs
+    if (rule.grad_gradients_first && j >= n) k = j < n + no ? j + no : j - no;
+    const GradRole role = grad_role(rule, k, n, no);
+    if (role != GradRole::Layout && role != GradRole::Read) continue;
+    notations[merged] = k < n ? f.inputs[k].view() : f.outputs[(k - n) % no].view();
+    dists[merged++] = g[k].dist;
+  }
+  return merge_axes(std::span<const std::string_view>(notations.data(), merged),
+                    std::span<const DistAttr>(dists.data(), merged), replicated.view());
+}
+
 SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
   const auto n = static_cast<size_t>(rule.num_inputs);
   SW_CHECK(g.size() > n, "rule '{}' grad takes the inputs, outputs and output gradients, got {} tensors", rule.name,
@@ -128,24 +203,16 @@ SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const
   check_inputs(rule.name, mesh, g, total);
   check_output_shapes(rule, f, g.subspan(n, no), "output");
   check_output_shapes(rule, f, g.subspan(n + no, no), "output gradient");
-  Notations notations{};
-  Dists dists{};
-  size_t merged = 0;
-  for (size_t k = 0; k < total; ++k) {
-    const bool read = k >= n + no || (rule.grad_reads & (1u << k));
-    if (!read) continue;
-    notations[merged] = k < n ? f.inputs[k].view() : f.outputs[(k - n) % no].view();
-    dists[merged++] = g[k].dist;
-  }
-  const AxisMap axes = merge_axes(std::span<const std::string_view>(notations.data(), merged),
-                                  std::span<const DistAttr>(dists.data(), merged), f.replicated.view());
+  AxisMap axes = grad_axes(rule, f, g);
+  keep_even_chunks(f, g.first(n), mesh, axes);
   const int md = mesh.ndim();
   SpmdResult r;
   r.inputs.reserve(total);
   for (size_t k = 0; k < total; ++k) {
-    const bool read = k >= n + no || (rule.grad_reads & (1u << k));
+    const GradRole role = grad_role(rule, k, n, no);
     std::string_view labels = k < n ? f.inputs[k].view() : f.outputs[(k - n) % no].view();
-    r.inputs.push_back(read ? dist_from_axes(labels, axes, md) : g[k].dist);
+    const bool laid_out = role == GradRole::Read || role == GradRole::Ignored;
+    r.inputs.push_back(laid_out ? dist_from_axes(labels, axes, md) : g[k].dist);
   }
   for (size_t i = 0; i < n; ++i) {
     if (rule.no_grad & (1u << i)) {
@@ -165,7 +232,7 @@ SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const
     if (axes.letter_of(m) != 0) continue;
     bool any = false;
     for (size_t k = 0; k < total; ++k) {
-      const bool read = k >= n + no || (rule.grad_reads & (1u << k));
+      const bool read = grad_role(rule, k, n, no) == GradRole::Read;
       given[k] = read && g[k].dist[m].is_partial() ? g[k].dist[m] : Placement::replicate();
       any = any || given[k].is_partial();
     }
