@@ -29,8 +29,11 @@ void DistAttr::set(int mesh_dim, Placement placement) {
            mesh_dim, ndim_);
   auto m = static_cast<size_t>(mesh_dim);
   bool joins = placement.is_shard() && !(placements_[m] == placement);
+  const bool leaves = placements_[m].is_shard() && !(placements_[m] == placement);
   placements_[m] = placement;
   order_[m] = static_cast<int8_t>(mesh_dim);
+  // Replicate or Partial where no shard was: no co-shard group changes (the common case in rules).
+  if (!joins && !leaves && !placement.is_shard()) return;
   if (joins && !has_default_order()) {
     // Keep a custom order custom: the newcomer splits last.
     int8_t key = static_cast<int8_t>(mesh_dim);

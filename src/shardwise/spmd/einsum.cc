@@ -25,6 +25,14 @@ uint32_t AxisMap::mesh_dims_sharding(std::string_view letters) const {
   return mask;
 }
 
+uint32_t AxisMap::claimed_mesh_dims() const {
+  uint32_t mask = 0;
+  for (const MeshDimList& dims : axes_) {
+    for (int m : dims) mask |= 1u << m;
+  }
+  return mask;
+}
+
 AxisMap merge_axes(std::span<const std::string_view> notations, std::span<const DistAttr> dists,
                    std::string_view replicated) {
   std::array<const DistAttr*, 32> ptrs{};

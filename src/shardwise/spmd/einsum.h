@@ -29,6 +29,8 @@ class AxisMap {
   char letter_of(int mesh_dim) const;
   // Bit m set when mesh dim m shards one of `letters` ('1' ignored).
   uint32_t mesh_dims_sharding(std::string_view letters) const;
+  // Bit m set when mesh dim m shards any letter.
+  uint32_t claimed_mesh_dims() const;
 
  private:
   static size_t index(char letter);

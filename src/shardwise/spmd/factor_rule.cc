@@ -1,6 +1,8 @@
 #include "shardwise/spmd/factor_rule.h"
 
 #include <bit>
+#include <new>
+#include <type_traits>
 
 #include "shardwise/core/error.h"
 
@@ -8,15 +10,9 @@ namespace shardwise::spmd {
 
 namespace {
 
-using Notations = std::array<std::string_view, 3 * kMaxFactorTensors>;
-using Dists = std::array<const DistAttr*, 3 * kMaxFactorTensors>;
+using Notations = std::array<std::string_view, kMaxGradTensors>;
+using Dists = std::array<const DistAttr*, kMaxGradTensors>;
 
-// Bit m set when mesh dim m shards a letter of any of the `n` notations.
-uint32_t claimed_mesh_dims(const AxisMap& axes, const Notations& notations, size_t n) {
-  uint32_t mask = 0;
-  for (size_t t = 0; t < n; ++t) mask |= axes.mesh_dims_sharding(notations[t]);
-  return mask;
-}
 
 // Letters of the inputs that no output carries, in the order of their first appearance.
 Labels contracted_letters(const Factors& f) {
@@ -34,32 +30,36 @@ Labels contracted_letters(const Factors& f) {
 }
 
 // dist_from_axes for one call's tensors, each distinct labelling computed once (in a grad, x, out
-// and dout of an elementwise op share one).
+// and dout of an elementwise op share one). Slots are built on first use only: a rule call is a
+// few hundred nanoseconds, so even zeroing unused slots would show.
 class Layouts {
  public:
   Layouts(const AxisMap& axes, int mesh_ndim) : axes_(axes), md_(mesh_ndim) {}
   const DistAttr& of(std::string_view labels) {
     for (size_t i = 0; i < n_; ++i) {
-      if (keys_[i] == labels) return values_[i];
+      if (labels == std::string_view(key_[i], len_[i])) return *value(i);
     }
-    if (n_ == keys_.size()) n_ = 0;  // more distinct labellings than slots: start over
-    keys_[n_] = labels;
-    values_[n_] = dist_from_axes(labels, axes_, md_);
-    return values_[n_++];
+    const size_t i = n_ < kSlots ? n_++ : kSlots - 1;  // more labellings than slots: reuse the last
+    key_[i] = labels.data(), len_[i] = labels.size();
+    return *new (storage_ + i * sizeof(DistAttr)) DistAttr(dist_from_axes(labels, axes_, md_));
   }
 
  private:
+  static_assert(std::is_trivially_destructible_v<DistAttr>);
+  static constexpr size_t kSlots = kMaxFactorInputs + kMaxFactorOutputs;
+  DistAttr* value(size_t i) { return std::launder(reinterpret_cast<DistAttr*>(storage_ + i * sizeof(DistAttr))); }
   const AxisMap& axes_;
   int md_;
-  std::array<std::string_view, 2 * kMaxFactorTensors> keys_;
-  std::array<DistAttr, 2 * kMaxFactorTensors> values_;
   size_t n_ = 0;
+  const char* key_[kSlots];
+  size_t len_[kSlots];
+  alignas(DistAttr) unsigned char storage_[kSlots * sizeof(DistAttr)];
 };
 
 // A single input whose labels every output repeats, each dim its own letter (a unary elementwise
 // op): merging it alone keeps its shards as they are, so its layout is its own without Partials.
 bool passes_through(const Factors& f) {
-  if (f.num_inputs != 1 || f.replicated.n != 0) return false;
+  if (f.num_inputs != 1 || f.replicated.n != 0 || f.even.n != 0) return false;
   const Labels& x = f.inputs[0];
   if (std::popcount(x.letters) != x.n) return false;  // a '1' or a repeated letter
   for (int o = 0; o < f.num_outputs; ++o) {
@@ -80,6 +80,46 @@ DistAttr output_dist(const Factors& f, int o, const Labels& contracted, const Ax
   DistAttr d = dist_from_axes(f.outputs[static_cast<size_t>(o)].view(), axes, md);
   add_partial_for(d, contracted.view(), axes, f.contraction);
   return d;
+}
+
+// The extent of factor `c`: its first input dim's.
+int64_t factor_extent(const Factors& f, std::span<const TensorSpec> in, char c) {
+  for (int i = 0; i < f.num_inputs; ++i) {
+    const size_t d = f.inputs[static_cast<size_t>(i)].view().find(c);
+    if (d != std::string_view::npos) return in[static_cast<size_t>(i)].shape[static_cast<int>(d)];
+  }
+  return 0;
+}
+
+// Keeps, in split order, the mesh dims under which every chunk of an even factor stays equal and
+// non-empty (its extent divisible by the product of the kept mesh dims' sizes).
+void keep_even_chunks(const Factors& f, std::span<const TensorSpec> in, const ProcessMesh& mesh, AxisMap& axes) {
+  for (char c : f.even.view()) {
+    const int64_t extent = factor_extent(f, in, c);
+    MeshDimList& dims = axes[c];
+    MeshDimList kept;
+    int64_t parts = 1;
+    for (int m : dims) {
+      const int64_t next = parts * mesh.dim_size(m);
+      if (extent > 0 && extent % next == 0) {
+        kept.push_back(m);
+        parts = next;
+      }
+    }
+    dims = kept;
+  }
+}
+
+// The contracted factor a wanted Partial on mesh dim m shards: the one the first input sharding a
+// contracted factor on m shards there, else the first.
+char contracted_on(const Factors& f, std::span<const TensorSpec> in, int m, const Labels& contracted) {
+  for (int i = 0; i < f.num_inputs; ++i) {
+    const Placement& p = in[static_cast<size_t>(i)].dist[m];
+    if (!p.is_shard()) continue;
+    const char c = f.inputs[static_cast<size_t>(i)].chars[static_cast<size_t>(p.dim)];
+    if (contracted.has(c)) return c;
+  }
+  return contracted.chars[0];
 }
 
 void check_output_shapes(const FactorRule& rule, const Factors& f, std::span<const TensorSpec> tensors,
@@ -107,18 +147,18 @@ SpmdResult forward(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
     for (int o = 0; o < f.num_outputs; ++o) r.outputs.push_back(r.inputs[0]);
     for (int m = 0; m < md; ++m) claimed |= in[0].dist[m].is_shard() ? 1u << m : 0u;
   } else {
-    Notations notations;
-    Dists dists;
+    std::array<std::string_view, kMaxFactorInputs> notations;
+    std::array<const DistAttr*, kMaxFactorInputs> dists;
     for (size_t i = 0; i < n; ++i) notations[i] = f.inputs[i].view(), dists[i] = &in[i].dist;
-    const AxisMap axes = merge_axes(std::span<const std::string_view>(notations.data(), n),
-                                    std::span<const DistAttr* const>(dists.data(), n), f.replicated.view());
-    claimed = claimed_mesh_dims(axes, notations, n);
+    AxisMap axes = merge_axes(std::span<const std::string_view>(notations.data(), n),
+                              std::span<const DistAttr* const>(dists.data(), n), f.replicated.view());
+    keep_even_chunks(f, in, mesh, axes);
+    claimed = axes.claimed_mesh_dims();
     const Labels contracted = contracted_letters(f);
-    Layouts layouts(axes, md);
-    for (size_t i = 0; i < n; ++i) r.inputs.push_back(layouts.of(notations[i]));
+    for (size_t i = 0; i < n; ++i) r.inputs.push_back(dist_from_axes(notations[i], axes, md));
     for (int o = 0; o < f.num_outputs; ++o) r.outputs.push_back(output_dist(f, o, contracted, axes, md));
   }
-  std::array<Placement, kMaxFactorTensors> given;
+  std::array<Placement, kMaxFactorInputs> given;
   for (int m = 0; m < md; ++m) {
     if (claimed & (1u << m)) continue;
     bool any = false;
@@ -156,19 +196,17 @@ SpmdResult reverse(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
   const int md = mesh.ndim();
   const Labels contracted = contracted_letters(f);
   const DistAttr& want = outs[0].dist;
-  uint32_t contracted_dims = 0;
   if (contracted.n > 0) {
     for (int m = 0; m < md; ++m) {
-      if (!want[m].is_partial(f.contraction)) continue;
-      axes[contracted.chars[0]].push_back(m);
-      contracted_dims |= 1u << m;
+      if (want[m].is_partial(f.contraction)) axes[contracted_on(f, in, m, contracted)].push_back(m);
     }
   }
+  keep_even_chunks(f, in, mesh, axes);
   SpmdResult r;
   for (int i = 0; i < f.num_inputs; ++i) r.inputs.push_back(dist_from_axes(f.inputs[static_cast<size_t>(i)].view(), axes, md));
   for (int o = 0; o < f.num_outputs; ++o) r.outputs.push_back(output_dist(f, o, contracted, axes, md));
   for (int m = 0; m < md; ++m) {
-    if (!want[m].is_partial() || (contracted_dims & (1u << m))) continue;
+    if (!want[m].is_partial() || axes.letter_of(m) != 0) continue;
     PartialChoice c;
     rule.reverse_partials(std::span<const Placement>(&want[m], 1), in, attrs, c);
     for (size_t i = 0; i < r.inputs.size(); ++i) {
@@ -181,6 +219,42 @@ SpmdResult reverse(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
   return r;
 }
 
+// What the grad part does with grad input k (inputs ++ outputs ++ output gradients).
+enum class GradRole {
+  Unread,  // left as given, not merged
+  Layout,  // merged (its layout decides the others'), left as given
+  Read,    // merged and laid out on the merged letters
+  Ignored  // the gradient of an output that takes none: laid out on the merged letters, not merged
+};
+
+GradRole grad_role(const FactorRule& rule, size_t k, size_t n, size_t no) {
+  if (k >= n + no) return (rule.no_grad_outputs >> (k - n - no)) & 1u ? GradRole::Ignored : GradRole::Read;
+  if (rule.grad_layout_only & (1u << k)) return GradRole::Layout;
+  return rule.grad_reads & (1u << k) ? GradRole::Read : GradRole::Unread;
+}
+
+// The merged letters of the grad part: the tensors it merges, in its merge order.
+AxisMap grad_axes(const FactorRule& rule, const Factors& f, std::span<const TensorSpec> g) {
+  const auto n = static_cast<size_t>(f.num_inputs), no = static_cast<size_t>(f.num_outputs);
+  Labels replicated = f.replicated;
+  for (char c : f.grad_replicated.view()) {
+    if (!replicated.has(c)) replicated.push(c);
+  }
+  Notations notations;
+  Dists dists;
+  size_t merged = 0;
+  for (size_t j = 0; j < n + 2 * no; ++j) {
+    size_t k = j;  // grad_gradients_first: inputs, output gradients, outputs
+    if (rule.grad_gradients_first && j >= n) k = j < n + no ? j + no : j - no;
+    const GradRole role = grad_role(rule, k, n, no);
+    if (role != GradRole::Layout && role != GradRole::Read) continue;
+    notations[merged] = k < n ? f.inputs[k].view() : f.outputs[(k - n) % no].view();
+    dists[merged++] = &g[k].dist;
+  }
+  return merge_axes(std::span<const std::string_view>(notations.data(), merged),
+                    std::span<const DistAttr* const>(dists.data(), merged), replicated.view());
+}
+
 SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
   const auto n = static_cast<size_t>(rule.num_inputs);
   SW_CHECK(g.size() > n, "rule '{}' grad takes the inputs, outputs and output gradients, got {} tensors", rule.name,
@@ -191,27 +265,21 @@ SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const
   check_inputs(rule.name, mesh, g, total);
   check_output_shapes(rule, f, g.subspan(n, no), "output");
   check_output_shapes(rule, f, g.subspan(n + no, no), "output gradient");
-  Notations notations;
-  Dists dists;
-  size_t merged = 0;
-  for (size_t k = 0; k < total; ++k) {
-    const bool read = k >= n + no || (rule.grad_reads & (1u << k));
-    if (!read) continue;
-    notations[merged] = k < n ? f.inputs[k].view() : f.outputs[(k - n) % no].view();
-    dists[merged++] = &g[k].dist;
-  }
-  const AxisMap axes = merge_axes(std::span<const std::string_view>(notations.data(), merged),
-                                  std::span<const DistAttr* const>(dists.data(), merged), f.replicated.view());
-  const uint32_t claimed = claimed_mesh_dims(axes, notations, merged);
+  AxisMap axes = grad_axes(rule, f, g);
+  keep_even_chunks(f, g.first(n), mesh, axes);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   const int md = mesh.ndim();
   Layouts layouts(axes, md);
   SpmdResult r;
   r.inputs.reserve(total);
   r.outputs.reserve(n);
+  std::array<GradRole, kMaxGradTensors> roles;
+  for (size_t k = 0; k < total; ++k) roles[k] = grad_role(rule, k, n, no);
   for (size_t k = 0; k < total; ++k) {
-    const bool read = k >= n + no || (rule.grad_reads & (1u << k));
+    const GradRole role = roles[k];
     std::string_view labels = k < n ? f.inputs[k].view() : f.outputs[(k - n) % no].view();
-    r.inputs.push_back(read ? layouts.of(labels) : g[k].dist);
+    const bool laid_out = role == GradRole::Read || role == GradRole::Ignored;
+    r.inputs.push_back(laid_out ? layouts.of(labels) : g[k].dist);
   }
   for (size_t i = 0; i < n; ++i) {
     if (rule.no_grad & (1u << i)) {
@@ -226,12 +294,12 @@ SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const
     }
     r.outputs.push_back(d);
   }
-  std::array<Placement, 3 * kMaxFactorTensors> given;
+  std::array<Placement, kMaxGradTensors> given;
   for (int m = 0; m < md; ++m) {
     if (claimed & (1u << m)) continue;
     bool any = false;
     for (size_t k = 0; k < total; ++k) {
-      const bool read = k >= n + no || (rule.grad_reads & (1u << k));
+      const bool read = roles[k] == GradRole::Read;
       given[k] = read && g[k].dist[m].is_partial() ? g[k].dist[m] : Placement::replicate();
       any = any || given[k].is_partial();
     }
@@ -296,7 +364,7 @@ void multilinear_grad(std::span<const Placement> given, std::span<const TensorSp
 Rule derive_rule(FactorRule rule) {
   SW_CHECK(rule.describe && rule.forward_partials && rule.reverse_partials && rule.grad_partials,
            "factor rule '{}' needs a description and its three partial policies", rule.name);
-  SW_CHECK(rule.num_inputs >= 1 && rule.num_inputs <= kMaxFactorTensors, "factor rule '{}': {} inputs", rule.name,
+  SW_CHECK(rule.num_inputs >= 1 && rule.num_inputs <= kMaxFactorInputs, "factor rule '{}': {} inputs", rule.name,
            rule.num_inputs);
   auto shared = std::make_shared<const FactorRule>(std::move(rule));
   Rule r;

@@ -10,16 +10,22 @@
 //    Partial(contraction) there (each rank reduces its slice);
 //  - broadcast factors (on an output, missing on an input): the input's gradient is Partial(sum)
 //    on the mesh dims sharding them;
-//  - replicated factors (listed): never sharded (a softmax's axis, a cumsum's axis).
+//  - replicated factors (listed): never sharded (a softmax's axis, a cumsum's axis);
+//  - even factors (listed): sharded only by the mesh dims (kept greedily in split order) under
+//    which every chunk stays equal and non-empty (a mean's P(avg) needs equal local counts);
+//  - grad-replicated factors (listed): replicated in the grad part only (the gradient kernel
+//    needs them whole: a mean's count, a tie count).
 // Derivation:
 //  forward  merge the inputs' shardings (spmd::merge_axes: argument order, first sharding wins, a
 //           mesh dim shards one letter); required inputs and outputs = the merged letters.
 //  reverse  merge the wanted outputs' shardings; a wanted Partial(contraction) becomes a shard of
-//           the first contracted factor; the inputs follow the letters.
+//           the contracted factor the first input sharding that mesh dim shards, else of the first
+//           contracted factor; the inputs follow the letters.
 //  grad     grad inputs are inputs ++ outputs ++ output gradients; the tensors the gradient kernel
-//           reads (`grad_reads`, output gradients always) merge in that order, the others keep
-//           their layout (no reshard); each input's gradient takes its input's letters plus
-//           Partial(sum) on the mesh dims sharding the output-gradient letters it lacks.
+//           reads (`grad_reads`, output gradients always) merge in that order (or inputs, output
+//           gradients, outputs: `grad_gradients_first`), the others keep their layout (no
+//           reshard); each input's gradient takes its input's letters plus Partial(sum) on the
+//           mesh dims sharding the output-gradient letters it lacks.
 // What a description cannot say is which Partial placements an op lets through: on a mesh dim
 // that shards no factor, each part asks the rule's partial policy (a small table per op kind:
 // linear, multilinear, max-preserving, ...). A mesh dim that shards a factor never carries a
@@ -30,12 +36,16 @@
 #include <string>
 #include <string_view>
 
+#include "shardwise/core/error.h"
 #include "shardwise/spmd/einsum.h"
 #include "shardwise/spmd/rule.h"
 
 namespace shardwise::spmd {
 
-constexpr int kMaxFactorTensors = 4;  // inputs, or outputs, of one op
+constexpr int kMaxFactorInputs = 3;   // inputs of one op (where: cond, x, y)
+constexpr int kMaxFactorOutputs = 2;  // outputs of one op (topk: values, indices)
+// Tensors a grad part sees: inputs ++ outputs ++ output gradients.
+constexpr int kMaxGradTensors = kMaxFactorInputs + 2 * kMaxFactorOutputs;
 
 // One tensor's letters, inline (rules do not allocate), with the set of its factor letters.
 struct Labels {
@@ -55,13 +65,20 @@ Labels labels_of_rank(int n);
 
 // The description of one call: every input's and output's labels and the outputs' shapes.
 struct Factors {
-  std::array<Labels, kMaxFactorTensors> inputs, outputs;
-  std::array<Shape, kMaxFactorTensors> output_shapes;
+  std::array<Labels, kMaxFactorInputs> inputs;
+  std::array<Labels, kMaxFactorOutputs> outputs;
+  std::array<Shape, kMaxFactorOutputs> output_shapes;
   int num_inputs = 0, num_outputs = 0;
   Labels replicated;                     // factors never sharded
+  Labels even;                           // factors sharded only into equal non-empty chunks
+  Labels grad_replicated;                // factors the grad part never shards
   ReduceOp contraction = ReduceOp::Sum;  // what a sharded contracted factor makes the outputs
-  void add_input(Labels l) { inputs[static_cast<size_t>(num_inputs++)] = l; }
+  void add_input(Labels l) {
+    SW_CHECK(num_inputs < kMaxFactorInputs, "a factor description takes at most {} inputs", kMaxFactorInputs);
+    inputs[static_cast<size_t>(num_inputs++)] = l;
+  }
   void add_output(Labels l, Shape shape) {
+    SW_CHECK(num_outputs < kMaxFactorOutputs, "a factor description takes at most {} outputs", kMaxFactorOutputs);
     output_shapes[static_cast<size_t>(num_outputs)] = shape;
     outputs[static_cast<size_t>(num_outputs++)] = l;
   }
@@ -75,8 +92,8 @@ struct Factors {
 // The policy sets the Partial each operand keeps (Replicate, the default: resharded) and the
 // placement of each result (forward, reverse: outputs; grad: the inputs' gradients).
 struct PartialChoice {
-  std::array<Placement, 2 * kMaxFactorTensors> operands{};
-  std::array<Placement, kMaxFactorTensors> results{};
+  std::array<Placement, kMaxGradTensors> operands{};
+  std::array<Placement, kMaxFactorInputs> results{};  // kMaxFactorInputs >= kMaxFactorOutputs
 };
 using PartialPolicy =
     std::function<void(std::span<const Placement> given, std::span<const TensorSpec> inputs, const Attrs&,
@@ -95,6 +112,13 @@ struct FactorRule {
   uint32_t grad_reads = ~0u;
   // Bits over inputs: those that take no gradient (a where's condition): reported Replicate.
   uint32_t no_grad = 0;
+  // Bits over inputs ++ outputs: read for their layout only (merged, but left as given).
+  uint32_t grad_layout_only = 0;
+  // Bits over outputs: those that take no gradient (integer outputs): their gradients are not
+  // merged and are laid out on the merged letters (Replicate elsewhere).
+  uint32_t no_grad_outputs = 0;
+  // Merge order inputs, output gradients, outputs (a gradient kernel whose outputs are auxiliary).
+  bool grad_gradients_first = false;
 };
 
 // The rule's three parts, derived from the description.

@@ -28,12 +28,12 @@
 //    (its values are not read); values is not read: left as given; dindices (the grad of an
 //    integer output) is ignored and reported laid out like indices.
 // Reverse rules: the wanted outputs (first output first) are merged into x's layout, wanted
-// Partials kept only where the op makes them (dropout: out's Partial), then the forward rule
-// returns the consistent pair.
-#include <array>
-
+// Partials kept only where the op makes them (dropout: out's Partial, cumsum: linear ones).
+// The parts are derived by spmd/factor_rule.h from one description per rule (x "abc..", the
+// outputs x's letters, the op's axis a replicated factor) and the Partial tables here; only
+// arg_reduce's grad part (no gradient: inputs left as given) is hand-written.
 #include "shardwise/core/error.h"
-#include "shardwise/spmd/einsum.h"
+#include "shardwise/spmd/factor_rule.h"
 #include "shardwise/ops/misc/rules.h"
 #include "shardwise/ops/misc/kernels.h"
 
@@ -42,216 +42,126 @@ using namespace spmd;
 
 namespace {
 
-// Output labels of a reduction over one axis (no allocation).
-struct ReducedLabels {
-  std::array<char, kMaxDims> buf{};
-  int n = 0;
-  ReducedLabels(int ndim, int axis, bool keepdim) {
-    for (int d = 0; d < ndim; ++d) {
-      if (d != axis) {
-        buf[static_cast<size_t>(n++)] = static_cast<char>('a' + d);
-      } else if (keepdim) {
-        buf[static_cast<size_t>(n++)] = '1';
-      }
-    }
-  }
-  std::string_view view() const { return {buf.data(), static_cast<size_t>(n)}; }
-};
+using Describe = Factors (*)(std::span<const TensorSpec>, const Attrs&);
 
-void check_same_rank(std::string_view rule, const TensorSpec& t, int ndim, std::string_view what) {
-  SW_CHECK(t.shape.ndim() == ndim, "rule '{}': {} has rank {}, expected {}", rule, what, t.shape.ndim(), ndim);
+// x "abc.." and `n_out` outputs with x's letters and shape (`out_shape`, if given), the op's axis
+// (if any) a replicated factor.
+Factors same_letters(const TensorSpec& x, int n_out, int axis, const Shape& out_shape) {
+  Factors f;
+  f.add_input(labels_of_rank(x.shape.ndim()));
+  for (int o = 0; o < n_out; ++o) f.add_output(f.inputs[0], out_shape);
+  if (axis >= 0) f.replicated.push(f.inputs[0].chars[static_cast<size_t>(axis)]);
+  return f;
 }
 
-bool is_linear(const Placement& p) {
-  return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg);
+Factors dropout_describe(std::span<const TensorSpec> in, const Attrs&) {
+  return same_letters(in[0], 2, -1, in[0].shape);  // out, mask
 }
 
-// ---- dropout ----
-
-SpmdResult dropout_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs&) {
-  check_inputs("dropout", mesh, in, 1);
-  DistAttr mask = in[0].dist;
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    if (mask[m].is_partial()) mask.set(m, Placement::replicate());
-  }
-  return {{in[0].dist}, {in[0].dist, mask}};
+Factors cumsum_describe(std::span<const TensorSpec> in, const Attrs& attrs) {
+  return same_letters(in[0], 1, misc_axis(attrs, in[0].shape.ndim(), "cumsum", std::nullopt), in[0].shape);
 }
 
-SpmdResult dropout_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                           const Attrs& attrs) {
-  check_inputs("dropout", mesh, in, 1);
-  check_inputs("dropout", mesh, out, 2);
-  const int nd = in[0].shape.ndim();
-  check_same_rank("dropout", out[0], nd, "out");
-  check_same_rank("dropout", out[1], nd, "mask");
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l, l}, {out[0].dist, out[1].dist});
-  DistAttr xd = dist_from_axes(l, axes, mesh.ndim());
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    if (axes.letter_of(m) == 0 && out[0].dist[m].is_partial()) xd.set(m, out[0].dist[m]);
-  }
-  TensorSpec spec{in[0].shape, in[0].dtype, xd};
-  return dropout_forward(mesh, std::span<const TensorSpec>(&spec, 1), attrs);
-}
-
-SpmdResult dropout_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
-  check_inputs("dropout", mesh, g, 5);
-  const int nd = g[0].shape.ndim();
-  for (size_t i = 1; i < 5; ++i) check_same_rank("dropout", g[i], nd, "a grad input");
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l, l, l}, {g[0].dist, g[3].dist, g[2].dist});
-  DistAttr sharded = dist_from_axes(l, axes, mesh.ndim());
-  DistAttr dy = sharded;
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    if (axes.letter_of(m) == 0 && g[3].dist[m].is_partial()) dy.set(m, g[3].dist[m]);
-  }
-  return {{g[0].dist, g[1].dist, sharded, dy, sharded}, {dy}};
-}
-
-// ---- cumsum ----
-
-SpmdResult cumsum_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs("cumsum", mesh, in, 1);
-  const int nd = in[0].shape.ndim();
-  const char axis_letter = static_cast<char>('a' + misc_axis(attrs, nd, "cumsum", std::nullopt));
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l}, {in[0].dist}, std::string_view(&axis_letter, 1));
-  DistAttr d = dist_from_axes(l, axes, mesh.ndim());
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    if (is_linear(in[0].dist[m])) d.set(m, in[0].dist[m]);
-  }
-  return {{d}, {d}};
-}
-
-SpmdResult cumsum_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                          const Attrs& attrs) {
-  check_inputs("cumsum", mesh, in, 1);
-  check_inputs("cumsum", mesh, out, 1);
-  check_same_rank("cumsum", out[0], in[0].shape.ndim(), "the output");
-  // The output has x's labels and x's Partials: the wanted layout, made feasible, is x's.
-  TensorSpec spec{in[0].shape, in[0].dtype, out[0].dist};
-  return cumsum_forward(mesh, std::span<const TensorSpec>(&spec, 1), attrs);
-}
-
-SpmdResult cumsum_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-  check_inputs("cumsum", mesh, g, 3);
-  const int nd = g[0].shape.ndim();
-  check_same_rank("cumsum", g[1], nd, "out");
-  check_same_rank("cumsum", g[2], nd, "dout");
-  const char axis_letter = static_cast<char>('a' + misc_axis(attrs, nd, "cumsum", std::nullopt));
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l, l}, {g[0].dist, g[2].dist}, std::string_view(&axis_letter, 1));
-  DistAttr dy = dist_from_axes(l, axes, mesh.ndim());
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    if (axes.letter_of(m) == 0 && is_linear(g[2].dist[m])) dy.set(m, g[2].dist[m]);
-  }
-  return {{g[0].dist, g[1].dist, dy}, {dy}};
-}
-
-// ---- argmax / argmin ----
-
-SpmdResult arg_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs("arg_reduce", mesh, in, 1);
-  const int nd = in[0].shape.ndim();
-  const int axis = misc_axis(attrs, nd, "arg_reduce", std::nullopt);
-  const char axis_letter = static_cast<char>('a' + axis);
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l}, {in[0].dist}, std::string_view(&axis_letter, 1));
-  ReducedLabels out(nd, axis, attrs.get_bool("keepdim", false));
-  return {{dist_from_axes(l, axes, mesh.ndim())}, {dist_from_axes(out.view(), axes, mesh.ndim())}};
-}
-
-SpmdResult arg_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                       const Attrs& attrs) {
-  check_inputs("arg_reduce", mesh, in, 1);
-  check_inputs("arg_reduce", mesh, out, 1);
-  const int nd = in[0].shape.ndim();
-  const int axis = misc_axis(attrs, nd, "arg_reduce", std::nullopt);
+// The output: x's letters without the axis (keepdim: '1' in its place).
+Factors arg_describe(std::span<const TensorSpec> in, const Attrs& attrs) {
+  const Shape& shape = in[0].shape;
+  const int axis = misc_axis(attrs, shape.ndim(), "arg_reduce", std::nullopt);
   const bool keepdim = attrs.get_bool("keepdim", false);
-  ReducedLabels labels(nd, axis, keepdim);
-  check_same_rank("arg_reduce", out[0], labels.n, "the output");
-  DistAttr xd(mesh.ndim());
-  for (int d = 0, j = 0; d < nd; ++d) {
-    if (d == axis) {
-      if (keepdim) ++j;
-      continue;
-    }
-    MeshDimList dims = out[0].dist.mesh_dims_of(j++);
-    if (!dims.empty()) xd.set_shard_order(d, dims);
+  Factors f;
+  f.add_input(labels_of_rank(shape.ndim()));
+  Labels out;
+  for (int d = 0; d < shape.ndim(); ++d) {
+    if (d != axis) out.push(f.inputs[0].chars[static_cast<size_t>(d)]);
+    else if (keepdim) out.push('1');
   }
-  TensorSpec spec{in[0].shape, in[0].dtype, xd};
-  return arg_forward(mesh, std::span<const TensorSpec>(&spec, 1), attrs);
+  f.add_output(out, arg_reduce_shape(shape, axis, keepdim));
+  f.replicated.push(f.inputs[0].chars[static_cast<size_t>(axis)]);
+  return f;
 }
 
+Factors topk_describe(std::span<const TensorSpec> in, const Attrs& attrs) {
+  const TopkArgs a = topk_args(attrs, in[0].shape);
+  Shape out = in[0].shape;
+  out[a.axis] = a.k;
+  return same_letters(in[0], 2, a.axis, out);  // values, indices
+}
+
+void no_partials(std::span<const Placement>, std::span<const TensorSpec>, const Attrs&, PartialChoice&) {}
+
+// Operand `from`'s Partial (linear ones only, or any) is kept and passes to result 0.
+template <size_t from, bool linear_only>
+void pass_partial(std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
+                  PartialChoice& choice) {
+  const Placement& p = given[from];
+  if (!p.is_partial() || (linear_only && !is_linear_partial(p))) return;
+  choice.operands[from] = p;
+  choice.results[0] = p;
+}
+
+// topk's grad: every Partial of dvalues passes to dx, x keeps its Partial (values not read).
+void topk_grad_partials(std::span<const Placement> given, std::span<const TensorSpec> g, const Attrs& attrs,
+                        PartialChoice& choice) {
+  pass_partial<3, false>(given, g, attrs, choice);
+  if (given[0].is_partial()) choice.operands[0] = given[0];
+}
+
+FactorRule rule_of(std::string name, std::string summary, Describe describe) {
+  FactorRule r;
+  r.name = std::move(name);
+  r.summary = std::move(summary);
+  r.describe = describe;
+  r.forward_partials = no_partials;
+  r.reverse_partials = no_partials;
+  r.grad_partials = no_partials;
+  return r;
+}
+
+// argmax / argmin take no gradient: the grad part leaves its inputs as given and reports dx R.
 SpmdResult arg_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
   check_inputs("arg_reduce", mesh, g, 3);
   return {{g[0].dist, g[1].dist, g[2].dist}, {DistAttr(mesh.ndim())}};
-}
-
-// ---- topk ----
-
-SpmdResult topk_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs("topk", mesh, in, 1);
-  const int nd = in[0].shape.ndim();
-  const char axis_letter = static_cast<char>('a' + misc_axis(attrs, nd, "topk", -1));
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l}, {in[0].dist}, std::string_view(&axis_letter, 1));
-  DistAttr d = dist_from_axes(l, axes, mesh.ndim());
-  return {{d}, {d, d}};
-}
-
-SpmdResult topk_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                        const Attrs& attrs) {
-  check_inputs("topk", mesh, in, 1);
-  check_inputs("topk", mesh, out, 2);
-  const int nd = in[0].shape.ndim();
-  check_same_rank("topk", out[0], nd, "values");
-  check_same_rank("topk", out[1], nd, "indices");
-  const char axis_letter = static_cast<char>('a' + misc_axis(attrs, nd, "topk", -1));
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l, l}, {out[0].dist, out[1].dist}, std::string_view(&axis_letter, 1));
-  TensorSpec spec{in[0].shape, in[0].dtype, dist_from_axes(l, axes, mesh.ndim())};
-  return topk_forward(mesh, std::span<const TensorSpec>(&spec, 1), attrs);
-}
-
-SpmdResult topk_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-  check_inputs("topk", mesh, g, 5);
-  const int nd = g[0].shape.ndim();
-  for (size_t i = 1; i < 5; ++i) check_same_rank("topk", g[i], nd, "a grad input");
-  const char axis_letter = static_cast<char>('a' + misc_axis(attrs, nd, "topk", -1));
-  std::string_view l = axis_letters(nd);
-  AxisMap axes = merge_axes({l, l, l}, {g[0].dist, g[2].dist, g[3].dist}, std::string_view(&axis_letter, 1));
-  DistAttr sharded = dist_from_axes(l, axes, mesh.ndim());
-  DistAttr x = sharded, dv = sharded;
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    if (axes.letter_of(m) != 0) continue;
-    if (g[0].dist[m].is_partial()) x.set(m, g[0].dist[m]);
-    if (g[3].dist[m].is_partial()) dv.set(m, g[3].dist[m]);
-  }
-  return {{x, g[1].dist, sharded, dv, sharded}, {dv}};
 }
 
 }  // namespace
 
 MiscRules misc_rules() {
   MiscRules r;
-  r.dropout = Rule{"dropout",
+  FactorRule dropout = rule_of("dropout",
                     "every Shard passes (the mask is keyed by the global element index); every Partial of x "
                     "passes to out (out = x * c, c >= 0 per element); mask follows x's shards, R where x is "
                     "Partial. grad: x, dout, mask merged; dout's every Partial passes to dx on free mesh dims",
-                    dropout_forward, dropout_reverse, dropout_grad};
-  r.cumsum = Rule{"cumsum",
+                    dropout_describe);
+  dropout.forward_partials = pass_partial<0, false>;
+  dropout.reverse_partials = pass_partial<0, false>;
+  dropout.grad_partials = pass_partial<3, false>;
+  dropout.grad_layout_only = 0b001;  // x (its layout decides dx's); out not read
+  dropout.grad_reads = 0b100;        // the mask
+  dropout.no_grad_outputs = 0b10;    // dmask
+  dropout.grad_gradients_first = true;  // x, dout, mask
+  r.dropout = derive_rule(std::move(dropout));
+  FactorRule cumsum = rule_of("cumsum",
                     "the cumsum axis -> R; other dims pass; P(sum|avg) pass (linear), P(max|min) -> R. grad: "
                     "dx = reverse cumsum(dout), axis R, dout's P(sum|avg) passes",
-                    cumsum_forward, cumsum_reverse, cumsum_grad};
-  r.arg_reduce = Rule{"arg_reduce",
+                    cumsum_describe);
+  cumsum.forward_partials = pass_partial<0, true>;
+  cumsum.reverse_partials = pass_partial<0, true>;
+  cumsum.grad_partials = pass_partial<2, true>;
+  cumsum.grad_layout_only = 0b01;  // x; out not read
+  cumsum.grad_reads = 0;
+  r.cumsum = derive_rule(std::move(cumsum));
+  r.arg_reduce = derive_rule(rule_of("arg_reduce",
                     "argmax/argmin: the reduced axis -> R (local indices are not global); other dims pass "
                     "(renumbered, keepdim '1'); every Partial -> R; no gradient (dx reported R)",
-                    arg_forward, arg_reverse, arg_grad};
-  r.topk = Rule{"topk",
+                    arg_describe));
+  r.arg_reduce.grad = arg_grad;
+  FactorRule topk = rule_of("topk",
                     "the topk axis -> R; other dims pass; values and indices sharded like x; every Partial -> "
                     "R. grad: x, indices, dvalues merged (axis R); dvalues' every Partial passes to dx",
-                    topk_forward, topk_reverse, topk_grad};
+                    topk_describe);
+  topk.grad_partials = topk_grad_partials;
+  topk.grad_reads = 0b101;       // x (its layout), indices; not values
+  topk.no_grad_outputs = 0b10;   // dindices
+  r.topk = derive_rule(std::move(topk));
   return r;
 }
 

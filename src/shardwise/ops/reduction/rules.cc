@@ -1,21 +1,40 @@
 // SPMD rules of the reductions (sum, mean, max, min, amax, amin, prod).
 //
-// Notation: x is labelled "abc..", the output by x's kept letters (keepdim: '1' in place of a
-// reduced dim, never sharded). A mesh dim holds one placement per tensor, so each mesh dim is
-// decided on its own:
+// Description: x is labelled "abc..", the output by x's kept letters (keepdim: '1' in place of a
+// reduced dim, never sharded); the reduced letters are contracted factors. A mesh dim holds one
+// placement per tensor, so each mesh dim is decided on its own:
 //  - it shards a kept dim of x: kept, the output is sharded the same way;
 //  - it shards a reduced dim of x: the local kernel reduces its block, and the output is
 //    Partial on that mesh dim: sum -> P(sum), max/amax -> P(max), min/amin -> P(min) (empty
 //    shards give the reduction's identity); mean -> P(avg) only when the mesh dims sharding that
 //    axis split it into equal non-empty chunks (n divisible by the product of their sizes, kept
-//    greedily in split order), else that mesh dim is resharded to Replicate; prod -> Replicate
-//    (there is no Partial(prod));
+//    greedily in split order: the reduced letters are even factors), else that mesh dim is
+//    resharded to Replicate; prod -> Replicate (there is no Partial(prod): its reduced letters
+//    are replicated factors);
 //  - x is Partial on it: sum/mean keep P(sum) and P(avg) (linear), max/amax keep P(max),
 //    min/amin keep P(min); any other Partial is resharded to Replicate.
-#include <array>
-
+// Reverse: kept dims map back to x; a wanted Partial on mesh dim m is made by sharding a reduced
+// axis on m when that yields it (x's own reduced axis on m if x shards one, else the first
+// reduced axis; mean also needs equal chunks), else by a Partial x that passes through, else m is
+// Replicate.
+// Grad inputs: x, out, dout; output: dx, sharded like x.
+//  - sum: dx = broadcast(dout): x's reduced axes may stay sharded; x's values are not read.
+//  - mean: dx = dout / N with N the LOCAL reduced count, so x's reduced axes must be Replicate.
+//  - max/min: dx = dout * (x == out): exact on any block of x as long as out is the global
+//    extremum, so x's reduced axes may stay sharded while out and dout are Replicate there.
+//  - amax/amin: dx = dout * (x == out) / count, the tie count over the WHOLE reduced extent:
+//    x's reduced axes must be Replicate.
+//  - prod: dx = dout * product of the others: x's reduced axes must be Replicate.
+// (mean, amax, amin: the reduced letters are grad-replicated factors.)
+// Kept dims: x, dout (and out where read) share one sharding (merged in that order, x first).
+// On a mesh dim that shards nothing, dout's P(sum) / P(avg) passes to dx (x, out Replicate
+// there) since dx is linear in dout; not for integer amax/amin (truncating division).
+// x's values are not read by sum/mean and out is not read by sum/mean/prod: their Partials and
+// (for out) whole distribution are left as given, no reshard.
+// The three parts are derived from the description by spmd/factor_rule.h; this file gives the
+// description and the Partial tables.
 #include "shardwise/core/error.h"
-#include "shardwise/spmd/einsum.h"
+#include "shardwise/spmd/factor_rule.h"
 #include "shardwise/ops/reduction/rules.h"
 #include "shardwise/ops/reduction/kernels.h"
 
@@ -23,31 +42,6 @@ namespace shardwise::ops {
 using namespace spmd;
 
 namespace {
-
-// Letters of x, of the output and of the reduced dims, in inline buffers (no allocation).
-struct Labels {
-  std::array<char, kMaxDims> x_buf{}, out_buf{}, reduced_buf{};
-  int nx = 0, nout = 0, nreduced = 0;
-  uint32_t mask = 0;
-  bool keepdim = false;
-
-  Labels(int ndim, uint32_t reduced_mask, bool keep) : nx(ndim), mask(reduced_mask), keepdim(keep) {
-    for (int d = 0; d < ndim; ++d) {
-      char letter = static_cast<char>('a' + d);
-      x_buf[static_cast<size_t>(d)] = letter;
-      if (reduced(d)) {
-        reduced_buf[static_cast<size_t>(nreduced++)] = letter;
-        if (keepdim) out_buf[static_cast<size_t>(nout++)] = '1';
-      } else {
-        out_buf[static_cast<size_t>(nout++)] = letter;
-      }
-    }
-  }
-  bool reduced(int d) const { return (mask >> d) & 1u; }
-  std::string_view x() const { return {x_buf.data(), static_cast<size_t>(nx)}; }
-  std::string_view out() const { return {out_buf.data(), static_cast<size_t>(nout)}; }
-  std::string_view reduced_letters() const { return {reduced_buf.data(), static_cast<size_t>(nreduced)}; }
-};
 
 // The Partial a sharded reduced axis produces, if any.
 bool reduced_axis_partial(ReduceKind kind, ReduceOp& op) {
@@ -81,165 +75,61 @@ bool is_extremum(ReduceKind kind) {
   return kind == ReduceKind::Max || kind == ReduceKind::Min || kind == ReduceKind::AMax || kind == ReduceKind::AMin;
 }
 
-// Mean: keeps, in split order, the mesh dims under which every chunk of a reduced axis stays
-// equal and non-empty (n divisible by the product of the kept mesh dims' sizes).
-void keep_even_reduced_shards(AxisMap& axes, const Labels& labels, const Shape& shape, const ProcessMesh& mesh) {
+// x "abc..", the output x's kept letters ('1' for a kept reduced dim); the reduced letters are
+// contracted (replicated for prod, even for mean, grad-replicated where the gradient needs them whole).
+Factors describe(ReduceKind kind, std::string_view name, std::span<const TensorSpec> in, const Attrs& attrs) {
+  const Shape& shape = in[0].shape;
+  const uint32_t mask = reduce_axes_mask(attrs, shape.ndim(), name);
+  const bool keepdim = reduce_keepdim(attrs);
+  Factors f;
+  Labels x = labels_of_rank(shape.ndim()), out, reduced;
   for (int d = 0; d < shape.ndim(); ++d) {
-    if (!labels.reduced(d)) continue;
-    MeshDimList& dims = axes[static_cast<char>('a' + d)];
-    MeshDimList kept;
-    int64_t parts = 1;
-    for (int m : dims) {
-      int64_t next = parts * mesh.dim_size(m);
-      if (shape[d] > 0 && shape[d] % next == 0) {
-        kept.push_back(m);
-        parts = next;
-      }
-    }
-    dims = kept;
-  }
-}
-
-void check_output_rank(std::string_view name, const TensorSpec& t, const Labels& labels, std::string_view what) {
-  SW_CHECK(t.shape.ndim() == labels.nout, "{}: {} has rank {}, but reducing a rank-{} input gives rank {}", name,
-           what, t.shape.ndim(), labels.nx, labels.nout);
-}
-
-SpmdResult reduce_forward(ReduceKind kind, std::string_view name, const ProcessMesh& mesh,
-                          std::span<const TensorSpec> inputs, const Attrs& attrs) {
-  check_inputs(name, mesh, inputs, 1);
-  const TensorSpec& x = inputs[0];
-  Labels labels(x.shape.ndim(), reduce_axes_mask(attrs, x.shape.ndim(), name), reduce_keepdim(attrs));
-  ReduceOp axis_op{};
-  bool axis_partial = reduced_axis_partial(kind, axis_op);
-  AxisMap axes = merge_axes({labels.x()}, {x.dist}, axis_partial ? std::string_view() : labels.reduced_letters());
-  if (kind == ReduceKind::Mean) keep_even_reduced_shards(axes, labels, x.shape, mesh);
-  SpmdResult result;
-  result.inputs.push_back(dist_from_axes(labels.x(), axes, mesh.ndim()));
-  DistAttr out = dist_from_axes(labels.out(), axes, mesh.ndim());
-  if (axis_partial) add_partial_for(out, labels.reduced_letters(), axes, axis_op);
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = x.dist[m];
-    if (p.is_partial() && partial_passes(kind, p.reduce)) {
-      result.inputs[0].set(m, p);
-      out.set(m, p);
-    }
-  }
-  result.outputs.push_back(out);
-  return result;
-}
-
-// From the wanted output: kept dims map back to x; a wanted Partial on mesh dim m is made by
-// sharding a reduced axis on m when that yields it (x's own reduced axis on m if x shards one,
-// else the first reduced axis; mean also needs equal chunks), else by a Partial x that passes
-// through, else m is Replicate. The forward rule then gives the consistent pair.
-SpmdResult reduce_reverse(ReduceKind kind, std::string_view name, const ProcessMesh& mesh,
-                          std::span<const TensorSpec> inputs, std::span<const TensorSpec> outputs,
-                          const Attrs& attrs) {
-  check_inputs(name, mesh, inputs, 1);
-  check_inputs(name, mesh, outputs, 1);
-  const TensorSpec& x = inputs[0];
-  Labels labels(x.shape.ndim(), reduce_axes_mask(attrs, x.shape.ndim(), name), reduce_keepdim(attrs));
-  check_output_rank(name, outputs[0], labels, "the output");
-  const DistAttr& want = outputs[0].dist;
-  DistAttr xd(mesh.ndim());
-  int first_reduced = -1;
-  for (int d = 0, j = 0; d < labels.nx; ++d) {
-    if (labels.reduced(d)) {
-      if (first_reduced < 0) first_reduced = d;
-      if (labels.keepdim) ++j;
+    const char letter = x.chars[static_cast<size_t>(d)];
+    if (!((mask >> d) & 1u)) {
+      out.push(letter);
       continue;
     }
-    MeshDimList dims = want.mesh_dims_of(j++);
-    if (!dims.empty()) xd.set_shard_order(d, dims);
+    reduced.push(letter);
+    if (keepdim) out.push('1');
   }
-  ReduceOp axis_op{};
-  bool axis_partial = reduced_axis_partial(kind, axis_op);
-  for (int m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = want[m];
-    if (!p.is_partial()) continue;
-    if (axis_partial && p.reduce == axis_op && first_reduced >= 0) {
-      const Placement& given = x.dist[m];
-      int d = given.is_shard() && labels.reduced(given.dim) ? given.dim : first_reduced;
-      bool ok = true;
-      if (kind == ReduceKind::Mean) {
-        int64_t parts = mesh.dim_size(m);
-        for (int o : xd.mesh_dims_of(d)) parts *= mesh.dim_size(o);
-        ok = x.shape[d] > 0 && x.shape[d] % parts == 0;
-      }
-      if (ok) {
-        xd.set(m, Placement::shard(d));
-        continue;
-      }
-    }
-    if (partial_passes(kind, p.reduce)) xd.set(m, p);
-  }
-  TensorSpec spec{x.shape, x.dtype, xd};
-  return reduce_forward(kind, name, mesh, std::span<const TensorSpec>(&spec, 1), attrs);
-}
-
-// Grad inputs: x, out, dout; output: dx, sharded like x.
-//  - sum: dx = broadcast(dout): x's reduced axes may stay sharded; x's values are not read.
-//  - mean: dx = dout / N with N the LOCAL reduced count, so x's reduced axes must be Replicate.
-//  - max/min: dx = dout * (x == out): exact on any block of x as long as out is the global
-//    extremum, so x's reduced axes may stay sharded while out and dout are Replicate there.
-//  - amax/amin: dx = dout * (x == out) / count, the tie count over the WHOLE reduced extent:
-//    x's reduced axes must be Replicate.
-//  - prod: dx = dout * product of the others: x's reduced axes must be Replicate.
-// Kept dims: x, dout (and out where read) share one sharding (merged in that order, x first).
-// On a mesh dim that shards nothing, dout's P(sum) / P(avg) passes to dx (x, out Replicate
-// there) since dx is linear in dout; not for integer amax/amin (truncating division).
-// x's values are not read by sum/mean and out is not read by sum/mean/prod: their Partials and
-// (for out) whole distribution are left as given, no reshard.
-SpmdResult reduce_grad(ReduceKind kind, std::string_view name, const ProcessMesh& mesh,
-                       std::span<const TensorSpec> inputs, const Attrs& attrs) {
-  check_inputs(name, mesh, inputs, 3);
-  const TensorSpec& x = inputs[0];
-  const TensorSpec& out = inputs[1];
-  const TensorSpec& dout = inputs[2];
-  Labels labels(x.shape.ndim(), reduce_axes_mask(attrs, x.shape.ndim(), name), reduce_keepdim(attrs));
-  check_output_rank(name, out, labels, "out");
-  check_output_rank(name, dout, labels, "dout");
-  bool reduced_shardable = kind == ReduceKind::Sum || kind == ReduceKind::Max || kind == ReduceKind::Min;
-  bool reads_x = kind != ReduceKind::Sum && kind != ReduceKind::Mean;
-  bool reads_out = is_extremum(kind);
-  bool linear = !((kind == ReduceKind::AMax || kind == ReduceKind::AMin) && !is_floating(dout.dtype));
-  std::string_view replicated = reduced_shardable ? std::string_view() : labels.reduced_letters();
-  AxisMap axes = reads_out ? merge_axes({labels.x(), labels.out(), labels.out()}, {x.dist, dout.dist, out.dist},
-                                        replicated)
-                           : merge_axes({labels.x(), labels.out()}, {x.dist, dout.dist}, replicated);
-  int mesh_ndim = mesh.ndim();
-  SpmdResult result;
-  result.inputs.reserve(3);
-  result.inputs.push_back(dist_from_axes(labels.x(), axes, mesh_ndim));
-  result.inputs.push_back(reads_out ? dist_from_axes(labels.out(), axes, mesh_ndim) : out.dist);
-  result.inputs.push_back(dist_from_axes(labels.out(), axes, mesh_ndim));
-  DistAttr dx = dist_from_axes(labels.x(), axes, mesh_ndim);
-  for (int m = 0; m < mesh_ndim; ++m) {
-    if (axes.letter_of(m) != 0) continue;
-    const Placement& g = dout.dist[m];
-    if (linear && g.is_partial() && (g.reduce == ReduceOp::Sum || g.reduce == ReduceOp::Avg)) {
-      result.inputs[2].set(m, g);
-      dx.set(m, g);
-    }
-    if (!reads_x && x.dist[m].is_partial()) result.inputs[0].set(m, x.dist[m]);
-  }
-  result.outputs.push_back(dx);
-  return result;
+  f.add_input(x);
+  f.add_output(out, reduce_output_shape(shape, mask, keepdim));
+  if (!reduced_axis_partial(kind, f.contraction)) f.replicated = reduced;
+  if (kind == ReduceKind::Mean) f.even = reduced;
+  if (kind == ReduceKind::Mean || kind == ReduceKind::AMax || kind == ReduceKind::AMin) f.grad_replicated = reduced;
+  return f;
 }
 
 // `rule_name` must be a string literal: the rule parts keep a view of it for their messages.
 Rule make_rule(ReduceKind kind, std::string_view rule_name, std::string summary) {
-  return Rule{
-      std::string(rule_name), std::move(summary),
-      [kind, rule_name](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-        return reduce_forward(kind, rule_name, mesh, in, attrs);
-      },
-      [kind, rule_name](const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                        const Attrs& attrs) { return reduce_reverse(kind, rule_name, mesh, in, out, attrs); },
-      [kind, rule_name](const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-        return reduce_grad(kind, rule_name, mesh, in, attrs);
-      }};
+  FactorRule rule;
+  rule.name = std::string(rule_name);
+  rule.summary = std::move(summary);
+  rule.describe = [kind, rule_name](std::span<const TensorSpec> in, const Attrs& attrs) {
+    return describe(kind, rule_name, in, attrs);
+  };
+  // A Partial x that the reduction commutes with passes (forward: given; reverse: wanted).
+  auto pass = [kind](std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
+                     PartialChoice& choice) {
+    if (!given[0].is_partial() || !partial_passes(kind, given[0].reduce)) return;
+    choice.operands[0] = given[0];
+    choice.results[0] = given[0];
+  };
+  rule.forward_partials = pass;
+  rule.reverse_partials = pass;
+  const bool reads_x = kind != ReduceKind::Sum && kind != ReduceKind::Mean;
+  rule.grad_partials = [kind, reads_x](std::span<const Placement> given, std::span<const TensorSpec> g,
+                                       const Attrs&, PartialChoice& choice) {
+    const bool linear = !((kind == ReduceKind::AMax || kind == ReduceKind::AMin) && !is_floating(g[2].dtype));
+    if (linear && is_linear_partial(given[2])) {
+      choice.operands[2] = given[2];
+      choice.results[0] = given[2];
+    }
+    if (!reads_x && given[0].is_partial()) choice.operands[0] = given[0];
+  };
+  rule.grad_reads = is_extremum(kind) ? 0b11u : 0b01u;  // x's layout always; out for max/min only
+  rule.grad_gradients_first = true;                      // x, dout, out
+  return derive_rule(std::move(rule));
 }
 
 }  // namespace

@@ -28,8 +28,12 @@
 //
 // Transpose: placements follow the permutation (output dim j takes input dim perm[j]'s mesh dims, in
 // the same split order); nothing is resharded; Partials pass. Grad: dx = transpose(dout, inverse):
-// dout's sharding maps back the same way; x and out untouched.
+// dout's sharding maps back the same way; x and out untouched. Its three parts are derived by
+// spmd/factor_rule.h from the description (x "abc..", the output x's letters permuted) and the
+// rule "every Partial passes"; the reshape family is hand-written (its dim groups are not factors:
+// a flattened group keeps only its leftmost dim's sharding, under equal chunks on both sides).
 #include "shardwise/core/error.h"
+#include "shardwise/spmd/factor_rule.h"
 #include "shardwise/ops/shape/rules.h"
 #include "shardwise/ops/shape/kernels.h"
 
@@ -124,48 +128,36 @@ Rule reshape_rule(std::string_view name, OutShapeFn out_shape, std::string summa
 
 constexpr std::string_view kTranspose = "transpose";
 
-// The map of a permutation read forward (x dim perm[j] -> output dim j) or backward.
-DimMap perm_map(const Perm& perm, bool x_to_out) {
-  DimMap map;
-  for (int j = 0; j < perm.n; ++j) {
-    int d = perm.to[static_cast<size_t>(j)];
-    x_to_out ? map.set(d, j) : map.set(j, d);
-  }
-  return map;
-}
-
-SpmdResult transpose_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs(kTranspose, mesh, in, 1);
+// x "abc..", the output x's letters permuted (output dim j takes letter perm[j]).
+Factors transpose_describe(std::span<const TensorSpec> in, const Attrs& attrs) {
   const Perm perm = transpose_perm(in[0].shape, attrs);
-  SpmdResult r;
-  r.inputs.push_back(in[0].dist);
-  r.outputs.push_back(remap(in[0].dist, perm_map(perm, true)));
-  return r;
+  Factors f;
+  f.add_input(labels_of_rank(in[0].shape.ndim()));
+  Labels out;
+  for (int j = 0; j < perm.n; ++j) out.push(f.inputs[0].chars[static_cast<size_t>(perm.to[static_cast<size_t>(j)])]);
+  f.add_output(out, transpose_shape(in[0].shape, perm));
+  return f;
 }
 
-SpmdResult transpose_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> outs,
-                             const Attrs& attrs) {
-  check_inputs(kTranspose, mesh, in, 1);
-  check_inputs(kTranspose, mesh, outs, 1);
-  const Perm perm = transpose_perm(in[0].shape, attrs);
-  check_shape(kTranspose, outs[0], transpose_shape(in[0].shape, perm), "the output");
-  TensorSpec x{in[0].shape, in[0].dtype, remap(outs[0].dist, perm_map(perm, false))};
-  return transpose_forward(mesh, std::span<const TensorSpec>(&x, 1), attrs);
+// Every Partial of operand `from` passes to result 0 (a permutation moves elements).
+template <size_t from>
+void pass_any_partial(std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
+                      PartialChoice& choice) {
+  if (!given[from].is_partial()) return;
+  choice.operands[from] = given[from];
+  choice.results[0] = given[from];
 }
 
-SpmdResult transpose_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-  check_inputs(kTranspose, mesh, g, 3);
-  const Perm perm = transpose_perm(g[0].shape, attrs);
-  const Shape shape = transpose_shape(g[0].shape, perm);
-  check_shape(kTranspose, g[1], shape, "out");
-  check_shape(kTranspose, g[2], shape, "dout");
-  SpmdResult r;
-  r.inputs.reserve(3);
-  r.inputs.push_back(g[0].dist);
-  r.inputs.push_back(g[1].dist);
-  r.inputs.push_back(g[2].dist);
-  r.outputs.push_back(remap(g[2].dist, perm_map(perm, false)));
-  return r;
+Rule transpose_rule(std::string summary) {
+  FactorRule rule;
+  rule.name = std::string(kTranspose);
+  rule.summary = std::move(summary);
+  rule.describe = transpose_describe;
+  rule.forward_partials = pass_any_partial<0>;
+  rule.reverse_partials = pass_any_partial<0>;
+  rule.grad_partials = pass_any_partial<2>;  // dout's
+  rule.grad_reads = 0;                       // x and out untouched
+  return derive_rule(std::move(rule));
 }
 
 constexpr std::string_view kReshapeText =
@@ -185,11 +177,10 @@ void add_reshape_rules(ShapeRules& r) {
                             "flatten (as reshape): the flattened range keeps its leftmost dim's sharding when its "
                             "chunks are equal, the other flattened dims R; " +
                                 std::string(kReshapeText));
-  r.transpose = Rule{std::string(kTranspose),
+  r.transpose = transpose_rule(
                     "placements follow the permutation (output dim j takes input dim perm[j]'s mesh dims, same "
                     "split order); no reshard; every Partial passes. Grad: dout's sharding maps back through the "
-                    "inverse permutation; x, out untouched",
-                    transpose_forward, transpose_reverse, transpose_grad};
+                    "inverse permutation; x, out untouched");
 }
 
 }  // namespace shardwise::ops::shape_detail

@@ -10,6 +10,10 @@
 //    Replicate); dx is laid out like them. x is not read: it keeps its given distribution. On a
 //    mesh dim that shards nothing, a P(sum) / P(avg) dout passes to dx (linear in dout for a fixed
 //    out), out being Replicate there.
+//  The three parts are derived by spmd/factor_rule.h from the description (x and out "abc..",
+//  the axis a replicated factor) and the Partial tables below; cross_entropy and its
+//  vocab-parallel form are hand-written (a reduction-dependent loss layout, a batch dim chosen
+//  from the given logits, a class letter kept sharded while labels and loss are Replicate).
 //
 // cross_entropy (non-vocab-parallel), logits labelled "ab..c" (class letter last), labels "ab..":
 //  forward: the class dim of logits is Replicate (a row's logsumexp needs every class; the
@@ -43,7 +47,7 @@
 #include <array>
 
 #include "shardwise/core/error.h"
-#include "shardwise/spmd/einsum.h"
+#include "shardwise/spmd/factor_rule.h"
 #include "shardwise/ops/softmax/rules.h"
 #include "shardwise/ops/softmax/kernels.h"
 
@@ -51,8 +55,6 @@ namespace shardwise::ops {
 using namespace spmd;
 
 namespace {
-
-bool is_linear_partial(const Placement& p) { return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg); }
 
 // On every mesh dim that shards no letter, a P(sum) / P(avg) `grad` input passes to every output.
 void pass_linear_partials(const AxisMap& axes, int mesh_ndim, const DistAttr& given, DistAttr& required,
@@ -66,48 +68,36 @@ void pass_linear_partials(const AxisMap& axes, int mesh_ndim, const DistAttr& gi
   }
 }
 
-struct SoftmaxLabels {
-  std::string_view x, axis;
-};
-
-SoftmaxLabels softmax_labels(const TensorSpec& x, const Attrs& attrs) {
-  int axis = softmax_axis(attrs, x.shape.ndim(), "softmax");
-  std::string_view letters = axis_letters(x.shape.ndim());
-  return {letters, letters.substr(static_cast<size_t>(axis), 1)};
+// x and out "abc..", the softmax axis a replicated factor.
+Factors softmax_describe(std::span<const TensorSpec> in, const Attrs& attrs) {
+  const Shape& shape = in[0].shape;
+  Factors f;
+  f.add_input(labels_of_rank(shape.ndim()));
+  f.add_output(labels_of_rank(shape.ndim()), shape);
+  f.replicated.push(f.inputs[0].chars[static_cast<size_t>(softmax_axis(attrs, shape.ndim(), "softmax"))]);
+  return f;
 }
 
-SpmdResult softmax_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs& attrs) {
-  check_inputs("softmax", mesh, in, 1);
-  SoftmaxLabels l = softmax_labels(in[0], attrs);
-  AxisMap axes = merge_axes({l.x}, {in[0].dist}, l.axis);
-  DistAttr x = dist_from_axes(l.x, axes, mesh.ndim());
-  return {{x}, {x}};
+void no_partials(std::span<const Placement>, std::span<const TensorSpec>, const Attrs&, PartialChoice&) {}
+
+// dx is linear in dout for a fixed out: dout's P(sum) / P(avg) passes (out Replicate there).
+void softmax_grad_partials(std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
+                           PartialChoice& choice) {
+  if (!is_linear_partial(given[2])) return;
+  choice.operands[2] = given[2];
+  choice.results[0] = given[2];
 }
 
-SpmdResult softmax_reverse(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
-                           const Attrs& attrs) {
-  check_inputs("softmax", mesh, in, 1);
-  check_inputs("softmax (outputs)", mesh, out, 1);
-  SW_CHECK(out[0].shape == in[0].shape, "softmax reverse: out has shape {}, x {}; they must be equal",
-           out[0].shape.to_string(), in[0].shape.to_string());
-  SoftmaxLabels l = softmax_labels(in[0], attrs);
-  AxisMap axes = merge_axes({l.x}, {out[0].dist}, l.axis);
-  DistAttr x = dist_from_axes(l.x, axes, mesh.ndim());
-  return {{x}, {x}};
-}
-
-SpmdResult softmax_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
-  check_inputs("softmax grad", mesh, g, 3);
-  SW_CHECK(g[1].shape == g[0].shape && g[2].shape == g[0].shape,
-           "softmax grad: x {}, out {} and dout {} must have the same shape", g[0].shape.to_string(),
-           g[1].shape.to_string(), g[2].shape.to_string());
-  SoftmaxLabels l = softmax_labels(g[0], attrs);
-  int nd = mesh.ndim();
-  AxisMap axes = merge_axes({l.x, l.x}, {g[1].dist, g[2].dist}, l.axis);
-  DistAttr y = dist_from_axes(l.x, axes, nd);
-  SpmdResult r{{g[0].dist, y, y}, {y}};
-  pass_linear_partials(axes, nd, g[2].dist, r.inputs[2], r.outputs);
-  return r;
+Rule softmax_rule(std::string summary) {
+  FactorRule rule;
+  rule.name = "softmax";
+  rule.summary = std::move(summary);
+  rule.describe = softmax_describe;
+  rule.forward_partials = no_partials;
+  rule.reverse_partials = no_partials;
+  rule.grad_partials = softmax_grad_partials;
+  rule.grad_reads = 0b10u;  // out (and dout); not x
+  return derive_rule(std::move(rule));
 }
 
 constexpr std::string_view kCrossEntropy = "cross_entropy";
@@ -208,11 +198,10 @@ SpmdResult ce_grad(std::string_view name, const ProcessMesh& mesh, std::span<con
 
 SoftmaxRules softmax_rules() {
   SoftmaxRules r;
-  r.softmax = Rule{"softmax",
-                    "softmax / log_softmax: the softmax axis -> R, the other dims keep x's sharding, every Partial -> "
-                    "R; out like x. Grad: out and dout merged (axis R), dx like them, x not read (kept); dout "
-                    "P(sum|avg) on an otherwise unused mesh dim -> dx same",
-                    softmax_forward, softmax_reverse, softmax_grad};
+  r.softmax = softmax_rule(
+      "softmax / log_softmax: the softmax axis -> R, the other dims keep x's sharding, every Partial -> "
+      "R; out like x. Grad: out and dout merged (axis R), dx like them, x not read (kept); dout "
+      "P(sum|avg) on an otherwise unused mesh dim -> dx same");
   r.cross_entropy = named_rule(
       kCrossEntropy,
       "class dim of logits -> R; batch dims of logits and labels merged (logits first) and kept; Partial "
