@@ -48,14 +48,26 @@ void DistAttr::set(int mesh_dim, Placement placement) {
 void DistAttr::set_shard_order(int tensor_dim, std::span<const int8_t> mesh_dims) {
   // Clear the old members of the group, then add the new ones with increasing keys.
   for (int m = 0; m < ndim_; ++m) {
-    if (placements_[static_cast<size_t>(m)].is_shard(tensor_dim)) placements_[static_cast<size_t>(m)] = Placement::replicate();
+    if (placements_[static_cast<size_t>(m)].is_shard(tensor_dim)) {
+      placements_[static_cast<size_t>(m)] = Placement::replicate();
+      order_[static_cast<size_t>(m)] = static_cast<int8_t>(m);
+    }
   }
-  int8_t key = 0;
+  int8_t key = 0, previous = -1;
+  bool ascending = true, displaced = false;
   for (int8_t m : mesh_dims) {
     SW_CHECK(m >= 0 && m < ndim_, "mesh dim {} does not exist: the distribution has {} mesh dims", m, ndim_);
     SW_CHECK(!placements_[static_cast<size_t>(m)].is_shard(tensor_dim), "mesh dim {} listed twice for tensor dim {}", m, tensor_dim);
+    displaced = displaced || placements_[static_cast<size_t>(m)].is_shard();  // taken from another group
     placements_[static_cast<size_t>(m)] = Placement::shard(tensor_dim);
     order_[static_cast<size_t>(m)] = key++;
+    ascending = ascending && m > previous;
+    previous = m;
+  }
+  if (ascending && !displaced) {
+    // The default order, and no other group changed: the normalized keys are the members' own dims.
+    for (int8_t m : mesh_dims) order_[static_cast<size_t>(m)] = m;
+    return;
   }
   normalize_orders();
 }

@@ -236,10 +236,14 @@ GradRole grad_role(const FactorRule& rule, size_t k, size_t n, size_t no) {
 // The merged letters of the grad part: the tensors it merges, in its merge order.
 AxisMap grad_axes(const FactorRule& rule, const Factors& f, std::span<const TensorSpec> g) {
   const auto n = static_cast<size_t>(f.num_inputs), no = static_cast<size_t>(f.num_outputs);
-  Labels replicated = f.replicated;
-  for (char c : f.grad_replicated.view()) {
-    if (!replicated.has(c)) replicated.push(c);
+  Labels replicated;  // replicated ++ grad_replicated, built only when the latter has letters
+  if (f.grad_replicated.n != 0) {
+    replicated = f.replicated;
+    for (char c : f.grad_replicated.view()) {
+      if (!replicated.has(c)) replicated.push(c);
+    }
   }
+  const std::string_view never = f.grad_replicated.n != 0 ? replicated.view() : f.replicated.view();
   Notations notations;
   Dists dists;
   size_t merged = 0;
@@ -252,7 +256,7 @@ AxisMap grad_axes(const FactorRule& rule, const Factors& f, std::span<const Tens
     dists[merged++] = &g[k].dist;
   }
   return merge_axes(std::span<const std::string_view>(notations.data(), merged),
-                    std::span<const DistAttr* const>(dists.data(), merged), replicated.view());
+                    std::span<const DistAttr* const>(dists.data(), merged), never);
 }
 
 SpmdResult grad(const FactorRule& rule, const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs& attrs) {
