@@ -35,6 +35,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
   t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
+  t->add_flag("--skip-nonfinite-steps", c.skip_nonfinite,
+              "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
   t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");
   t->add_option("--seed", c.seed, "seed of the initial weights and the data order");
   t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");

@@ -107,6 +107,10 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                                           duration(elapsed), rec.front().step.loss, rec.back().step.loss,
                                           static_cast<double>(tokens) / elapsed);
   if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
+  if (trainer.skipped_steps() > 0) {
+    out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
+                       trainer.skipped_steps());
+  }
   out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve);
 }
 

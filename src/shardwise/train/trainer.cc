@@ -1,5 +1,7 @@
 #include "shardwise/train/trainer.h"
 
+#include <cmath>
+
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 
@@ -90,9 +92,21 @@ StepResult Trainer::step() {
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);
   r.grad_norm = model_->grad_norm(grads);
-  clip_grad_norm(grads, r.grad_norm, c_.clip);
   r.lr = schedule_.at(step_);
-  adamw_.step(model_->params(), grads, r.lr, step_ + 1);
+  // Every rank holds the same loss and global norm, so every rank takes the same branch.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    SW_CHECK(c_.skip_nonfinite,
+             "step {}: the {} is not finite ({}; gradient norm {}) at learning rate {:.3g}{}; the parameters were "
+             "not updated: resume from the last checkpoint with a lower --lr{}, or pass --skip-nonfinite-steps to "
+             "skip such steps",
+             step_ + 1, std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss, r.grad_norm, r.lr,
+             c_.clip > 0 ? "" : " and no gradient clipping (--clip 0)", c_.clip > 0 ? "" : " or --clip 1");
+    r.skipped = true;
+    ++skipped_;
+  } else {
+    clip_grad_norm(grads, r.grad_norm, c_.clip);
+    adamw_.step(model_->params(), grads, r.lr, step_ + 1);
+  }
   ++step_;
   consumed_ += c_.global_batch;
   r.step = step_;

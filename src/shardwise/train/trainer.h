@@ -42,6 +42,10 @@ struct TrainConfig {
   int64_t warmup = 50;
   AdamWConfig adamw = {0.9, 0.95, 1e-8, 0.01};
   double clip = 1.0;  // global-norm clipping (<= 0: none)
+  // A step whose loss or gradient norm is not finite stops the run with an Error before the update
+  // (the last checkpoint stays the resume point); with this set, such a step is skipped instead:
+  // no update, its samples consumed, counted in Trainer::skipped_steps().
+  bool skip_nonfinite = false;
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
   double dropout = 0.0;  // GPT-2's embedding, attention and residual dropout while training
   uint64_t seed = 1234;
@@ -60,6 +64,7 @@ struct StepResult {
   int64_t step = 0;  // completed optimizer steps
   double loss = 0, grad_norm = 0, lr = 0;
   int64_t tokens = 0;  // tokens in this step's global batch
+  bool skipped = false;  // non-finite loss or gradient norm, skipped (TrainConfig::skip_nonfinite)
 };
 
 class Trainer {
@@ -78,6 +83,7 @@ class Trainer {
   const Dataset& dataset() const { return *data_; }
   int64_t steps_done() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
+  int64_t skipped_steps() const { return skipped_; }
   std::vector<ParamState>& params() { return model_->params(); }
   // The whole parameter (collective: every rank calls it), for tests and exports.
   Tensor gather_param(const std::string& name) { return model_->gather_param(name); }
@@ -95,7 +101,7 @@ class Trainer {
   std::unique_ptr<StagedGpt> model_;
   AdamW adamw_;
   LrSchedule schedule_;
-  int64_t step_ = 0, consumed_ = 0;
+  int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
 };
 
 }  // namespace shardwise::train
