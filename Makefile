@@ -67,7 +67,9 @@ parity: build
 	python3 tools/ckpt_parity.py $(BUILD)/bin/shardwise tests/ckpt/fixtures/hf_mlp_f32_with_metadata.safetensors
 
 # The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
-demo: build
+# Builds only the shardwise binary (not the tests and benchmarks).
+demo: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target shardwise
 	@bash examples/demo.sh $(BUILD)/bin/shardwise
 
 # The PyTorch reference of the trainer: shardwise exports its initial weights and batches, Debian's

@@ -2,38 +2,18 @@
 // line with a non-zero exit for bad input.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "run_cli.h"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const char* bin = std::getenv("SHARDWISE_BIN");
-  std::string cmd = std::string(bin ? bin : "shardwise") + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.out.append(buf.data(), n);
-  int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using shardwise_cli_test::lines;
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
 
 TEST(Cli, InferPrintsRequiredPlacementsOutputsAndLocalShapes) {
   Result r = run("infer matmul --mesh 2,2 --shapes 8x16,16x4 --placements \"S(0),R;R,S(1)\"");

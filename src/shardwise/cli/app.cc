@@ -2,10 +2,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::cli {
@@ -16,7 +18,9 @@ namespace {
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
   auto* t = &cmd;
-  t->set_config("--config", "", "read options from a TOML file (keys are the long option names)");
+  t->add_option("--config", o.config_file,
+                 "read options from a TOML file: `key = value` lines, keys are the long option names "
+                 "(an optional [train] section); options on the command line win");
   t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
   t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
   t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank");
@@ -50,6 +54,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
   t->add_option("--run-dir", o.run_dir, "where metrics.jsonl and loss_curve.svg go");
   t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
+  t->add_option("--progress", o.progress,
+                "auto (a live bar on a terminal, plain lines otherwise and under mpirun), bar, lines or none");
   t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
   t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
   t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
@@ -72,7 +78,9 @@ int run(int argc, char** argv) {
   auto* infer_cmd = app.add_subcommand("infer", "Show the placements an op's rule requires and produces");
   infer_cmd->option_defaults()->always_capture_default();  // help shows the options' struct defaults
   infer_cmd->add_option("op", infer_opts.op, "op name (see `shardwise rules --ops`)")->required();
-  infer_cmd->add_option("--mesh", infer_opts.mesh, "mesh shape, e.g. 2,2 or dp=2,tp=2")->required();
+  infer_cmd->add_option("--mesh", infer_opts.mesh, fmt::format("mesh shape, e.g. 2,2 or dp=2,tp=2 (at most {} ranks)",
+                                                                kMaxInferRanks))
+      ->required();
   infer_cmd->add_option("--shapes", infer_opts.shapes, "input shapes separated by commas, e.g. 8x16,16x4")->required();
   infer_cmd->add_option("--placements", infer_opts.placements,
                         "input placements, one list per input separated by ';', e.g. \"S(0),R;R,S(1)\"")
@@ -122,9 +130,11 @@ int run(int argc, char** argv) {
   auto* pipe_cmd = app.add_subcommand("pipeline", "Generate, validate and simulate a pipeline schedule");
   pipe_cmd->option_defaults()->always_capture_default();
   pipe_cmd->add_option("--schedule", pipe_opts.schedule, "fthenb (gpipe), 1f1b, interleaved or zbh1");
-  pipe_cmd->add_option("--stages", pipe_opts.stages, "pipeline ranks");
-  pipe_cmd->add_option("--micro-batches", pipe_opts.micro_batches, "micro-batches per step");
-  pipe_cmd->add_option("--virtual", pipe_opts.virtual_stages, "virtual stages per rank, interleaved only");
+  pipe_cmd->add_option("--stages", pipe_opts.stages, fmt::format("pipeline ranks (1 to {})", kMaxPipelineStages));
+  pipe_cmd->add_option("--micro-batches", pipe_opts.micro_batches,
+                       fmt::format("micro-batches per step (1 to {}; stages x virtual x micro-batches at most {})",
+                                   kMaxPipelineMicroBatches, kMaxPipelineWork));
+  pipe_cmd->add_option("--virtual", pipe_opts.virtual_stages, "virtual stages per rank, interleaved only (1 to 64)");
   pipe_cmd->add_option("--forward-time", pipe_opts.forward_time, "forward time of a rank's layers");
   pipe_cmd->add_option("--input-grad-time", pipe_opts.backward_input_time, "input-gradient time");
   pipe_cmd->add_option("--weight-grad-time", pipe_opts.backward_weight_time,
@@ -142,10 +152,11 @@ int run(int argc, char** argv) {
   add_train_options(*train_cmd, train_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
 
+  refuse_out_of_range_integers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return report_parse_error(app, e, argc, argv, std::cerr);
   }
   try {
     if (*rules_cmd) return cmd_rules(rules_opts, std::cout);
@@ -155,12 +166,16 @@ int run(int argc, char** argv) {
     if (*plan_cmd) return cmd_plan(plan_opts, std::cout);
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
     if (*train_cmd) {
+      if (!train_opts.config_file.empty()) apply_config_file(*train_cmd, train_opts.config_file);
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }
     if (ckpt_cmds->chosen()) return ckpt_cmds->run(std::cout);
   } catch (const Error& e) {
-    std::cerr << "shardwise: error: " << e.what() << "\n";
+    // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank) rank = std::getenv("PMI_RANK");
+    if (!rank || std::atoi(rank) == 0) std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;
   }
   return 0;

@@ -46,6 +46,12 @@ struct PlanOptions {
 };
 int cmd_plan(const PlanOptions& options, std::ostream& out);
 
+// `shardwise pipeline`'s bounds: stages, micro-batches, and stages x virtual x micro-batches.
+inline constexpr int kMaxPipelineStages = 1024, kMaxPipelineMicroBatches = 16384;
+inline constexpr int64_t kMaxPipelineWork = 65536;
+// `shardwise infer` lists every rank's local block: meshes of at most this many ranks.
+inline constexpr int64_t kMaxInferRanks = 4096;
+
 struct PipelineOptions {
   std::string schedule = "1f1b";
   int stages = 4;  // pipeline ranks (physical stages)
@@ -59,10 +65,12 @@ int cmd_pipeline(const PipelineOptions& options, std::ostream& out);
 
 struct TrainOptions {
   train::TrainConfig config;
+  std::string config_file;  // --config: a TOML file of long option names (the command line wins)
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
   std::string run_dir = "runs/demo";
   int64_t eval_every = 500;  // 0: at the end only (the addition task)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
+  std::string progress = "auto";  // auto: a live bar on a terminal (not under mpirun), else lines; bar, lines, none
   int64_t save_every = 0;  // 0: no checkpoints
   std::string save_dir;    // "": <run_dir>/checkpoints
   int64_t save_total_limit = 0;

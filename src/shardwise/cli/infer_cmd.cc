@@ -57,6 +57,8 @@ int cmd_infer(const InferOptions& o, std::ostream& out) {
   const ops::OpDef& op = ops::op_registry().get(o.op);
   const spmd::Rule& rule = op.rule;
   mesh::ProcessMesh mesh = mesh::parse_mesh(o.mesh);
+  SW_CHECK(mesh.size() <= kMaxInferRanks, "mesh {} has {} ranks; infer lists each rank's block, for at most {} ranks",
+           mesh.to_string(), mesh.size(), kMaxInferRanks);
   std::vector<Shape> shapes = parse_shapes(o.shapes);
   SW_CHECK(op.num_inputs < 0 || static_cast<int>(shapes.size()) == op.num_inputs,
            "op '{}' takes {} inputs but --shapes gives {}", op.name, op.num_inputs, shapes.size());

@@ -14,6 +14,14 @@ int cmd_pipeline(const PipelineOptions& o, std::ostream& out) {
   ScheduleKind kind = parse_schedule_kind(o.schedule);
   SW_CHECK(o.forward_time > 0 && o.backward_input_time > 0 && o.backward_weight_time > 0 && o.send_time >= 0,
            "action times must be positive (send time non-negative)");
+  // Documented bounds (see --help): every rank's action list is printed and simulated.
+  SW_CHECK(o.stages >= 1 && o.stages <= kMaxPipelineStages, "--stages {}: use 1 to {}", o.stages, kMaxPipelineStages);
+  SW_CHECK(o.micro_batches >= 1 && o.micro_batches <= kMaxPipelineMicroBatches, "--micro-batches {}: use 1 to {}",
+           o.micro_batches, kMaxPipelineMicroBatches);
+  SW_CHECK(o.virtual_stages >= 1 && o.virtual_stages <= 64, "--virtual {}: use 1 to 64", o.virtual_stages);
+  const int64_t work = int64_t{o.stages} * o.virtual_stages * o.micro_batches;
+  SW_CHECK(work <= kMaxPipelineWork, "--stages {} x --virtual {} x --micro-batches {} = {}: at most {} in one schedule",
+           o.stages, o.virtual_stages, o.micro_batches, work, kMaxPipelineWork);
   Schedule s = make_schedule(kind, o.stages, o.micro_batches, o.virtual_stages);
   validate(s);
   const int p = s.ranks, m = s.micro_batches, v = s.virtual_stages;

@@ -70,11 +70,16 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                          trainer.strategy().mesh.dim_size(trainer.strategy().pp), c.virtual_stages, c.accumulation);
     out.flush();
   }
-  const bool tty = report && &out == &std::cout && isatty(STDOUT_FILENO);
+  // The live bar (\r, erase to the end of the line) only on a terminal and not under mpirun;
+  // plain lines otherwise; none with --progress none.
+  const bool tty = report && (o.progress == "bar" || (o.progress == "auto" && &out == &std::cout &&
+                                                      isatty(STDOUT_FILENO) && !comm::launched_by_mpirun()));
+  const bool quiet = o.progress == "none";
   const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
   auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   double best = -1, last_acc = -1;
+  bool bar_open = false;  // the live bar's line has no newline yet
   train::StepResult last;
   const int64_t first_step = trainer.steps_done();
   for (int64_t s = first_step; s < config.steps; ++s) {
@@ -93,8 +98,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
                                    config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
                                    last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
-    if (tty) out << "\r" << line << "\033[K" << std::flush;
-    else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
+    if (quiet) continue;
+    if (tty) {
+      out << "\r" << line << "\033[K" << (acc ? "\n" : "") << std::flush;  // a line with a new accuracy stays
+      bar_open = !acc;
+    } else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
   }
   checkpoints.finish();  // waits for a background save; raises its error
   if (!report) return;
@@ -103,7 +111,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string curve = log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()));
   const auto& rec = log->records();
-  out << (tty ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
+  out << (bar_open ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
                                           duration(elapsed), rec.front().step.loss, rec.back().step.loss,
                                           static_cast<double>(tokens) / elapsed);
   if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
@@ -128,6 +136,11 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
     ranks = mesh::parse_mesh(c.mesh).size();
   }
   SW_CHECK(ranks >= 1, "--ranks must be at least 1, got {}", ranks);
+  for (auto [name, value] : {std::pair{"--eval-every", o.eval_every}, {"--log-every", o.log_every},
+                             {"--save-every", o.save_every}, {"--save-total-limit", o.save_total_limit}})
+    SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
+  SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
+           "--progress '{}': use auto, bar, lines or none", o.progress);
   c.check(ranks);  // every check before anything starts
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {

@@ -15,8 +15,7 @@ Shape::Shape(std::span<const int64_t> dims) {
 }
 
 void Shape::push_back(int64_t extent) {
-  SW_CHECK(ndim_ < kMaxDims, "shape has more than {} dims; shardwise supports at most {}", ndim_ + 1,
-           kMaxDims);
+  SW_CHECK(ndim_ < kMaxDims, "a shape with more than {} dims: shardwise supports at most {}", kMaxDims, kMaxDims);
   SW_CHECK(extent >= 0, "shape extent {} is negative", extent);
   dims_[static_cast<size_t>(ndim_++)] = extent;
 }

@@ -107,6 +107,7 @@ ProcessMesh parse_mesh(std::string_view text) {
   Shape shape;
   std::vector<std::string> names;
   bool named = false;
+  int64_t ranks = 1;
   size_t pos = 0;
   while (pos <= t.size()) {
     // "2x3" separates by 'x'; named dims ("dp=2,xp=3") only by commas.
@@ -124,6 +125,12 @@ ProcessMesh parse_mesh(std::string_view text) {
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), size);
     SW_CHECK(ec == std::errc() && p == part.data() + part.size() && size >= 1,
              "cannot read mesh '{}': '{}' is not a positive size (write 2,2 or dp=2,tp=2)", text, part);
+    SW_CHECK(shape.ndim() < kMaxDims, "mesh '{}' has more than {} dims; shardwise supports at most {}", text, kMaxDims,
+             kMaxDims);
+    constexpr int64_t kMaxMeshRanks = int64_t{1} << 20;  // a documented bound (README): refused before allocating
+    ranks = size > kMaxMeshRanks ? kMaxMeshRanks + 1 : ranks * size;
+    SW_CHECK(ranks <= kMaxMeshRanks, "mesh '{}' has more than {} ranks; shardwise supports at most {}", text,
+             kMaxMeshRanks, kMaxMeshRanks);
     shape.push_back(size);
     names.push_back(name);
     pos = end + 1;

@@ -1,5 +1,7 @@
 #include "shardwise/train/data.h"
 
+#include <filesystem>
+
 #include <fstream>
 #include <iterator>
 
@@ -89,6 +91,8 @@ AdditionTask::Problem AdditionTask::held_out(int64_t k) const {
 }
 
 TokenFile::TokenFile(const std::string& path, int64_t seq, uint64_t seed) : path_(path), seq_(seq), seed_(seed) {
+  SW_CHECK(!std::filesystem::is_directory(path),
+           "--data '{}' is a directory; expected a text file (byte tokens) or a .bin file of uint16 tokens", path);
   std::ifstream in(path, std::ios::binary);
   SW_CHECK(in.good(), "cannot read the data file '{}'", path);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -1,11 +1,48 @@
 #include "shardwise/train/trainer.h"
 
+#include <unistd.h>
+
 #include <cmath>
 
+#include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 
 namespace shardwise::train {
+
+namespace {
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
+
+// Refuses a model whose largest parameter, or whose parameters, gradients and AdamW states held by
+// this process (16 bytes a parameter, fp32), exceed the machine's physical memory: before anything
+// is allocated, naming the tensor and the bytes. Ranks as threads hold every data-parallel replica
+// in one process; an MPI process holds its share of one (1 / (tp x pp)).
+void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
+  const double h = static_cast<double>(m.hidden), fc = 4 * h * h, embedding = static_cast<double>(m.vocab) * h;
+  const double params = static_cast<double>(m.layers) * (12 * h * h + 13 * h) + embedding +
+                        static_cast<double>(m.seq) * h + 2 * h;
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (physical <= 0) return;
+  const bool fc_largest = fc >= embedding;
+  const std::string largest = fc_largest ? fmt::format("transformer.h.0.mlp.c_fc.weight ({}x{})", m.hidden, 4 * m.hidden)
+                                         : fmt::format("transformer.wte.weight ({}x{})", m.vocab, m.hidden);
+  const double largest_bytes = 4 * std::max(fc, embedding);
+  SW_CHECK(largest_bytes <= physical, "parameter {} needs {} in f32; this machine has {} of memory (--hidden {}, --vocab {})",
+           largest, gib(largest_bytes), gib(physical), m.hidden, m.vocab);
+  const bool mpi = comm::launched_by_mpirun();
+  const double share = mpi ? 1.0 / static_cast<double>(model_parallel) : static_cast<double>(dp);
+  const double total = 16 * params * share;
+  SW_CHECK(total <= physical,
+           "the model's {:.3g} parameters need {} for weights, gradients and AdamW states in {}; this machine "
+           "has {} of memory (--layers {}, --hidden {}, --vocab {})",
+           params, gib(total),
+           mpi ? fmt::format("this process's 1/{} share", model_parallel)
+               : fmt::format("{} data-parallel replica(s) of one process", dp),
+           gib(physical), m.layers, m.hidden, m.vocab);
+}
+
+}  // namespace
 
 void TrainConfig::resolve_batch(int64_t dp) {
   int unknown = (micro_batch == 0) + (accumulation == 0) + (global_batch == 0);
@@ -50,6 +87,12 @@ void TrainConfig::check(int64_t ranks) {
            lr, min_lr);
   SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
   resolve_batch(s.dp_size());
+  check_memory(model, s.dp_size(), s.mesh.size() / s.dp_size());
+  pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
+  SW_CHECK(s.pp >= 0 || (schedule == "1f1b" && virtual_stages == 1),
+           "--schedule {} --virtual {} need a pipeline: mesh {} has no pp dim (add pp=N to --mesh, or leave "
+           "--schedule and --virtual out)",
+           schedule, virtual_stages, s.mesh.to_string());
   if (s.pp >= 0) {  // the schedule's and the stages' constraints, with their numbers
     SW_CHECK(!bf16, "--bf16 with a pipeline (pp) is not supported yet: use f32 parameters on pp meshes");
     const int pp = static_cast<int>(s.mesh.dim_size(s.pp));

@@ -1,0 +1,34 @@
+#pragma once
+// What `shardwise` does with input it cannot use before any command runs: a `--config` file read
+// onto a subcommand's options, and CLI11's parse errors turned into one `shardwise: error:` line
+// with a "did you mean" suggestion (exit status 2).
+#include <CLI/CLI.hpp>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardwise::cli {
+
+// Levenshtein distance (insertions, deletions, substitutions).
+size_t edit_distance(std::string_view a, std::string_view b);
+// " (did you mean 'x'?)" for the nearest candidate within a third of the word's length (at least
+// 2 edits), else "".
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates,
+                         std::string_view prefix = "");
+
+// Reads `path` — `key = value` lines, `#` comments, an optional `[train]` section; values are
+// "strings", integers, floats and true/false — and gives each key to the option of `cmd` with
+// that long name, unless the command line gave that option (the command line wins). Error naming
+// the file, the line and the key for a missing file, an unknown key, a wrong type or a bad line.
+void apply_config_file(CLI::App& cmd, const std::string& path);
+
+// Gives every integer option of `app` and its subcommands a check that refuses a number that does
+// not fit in 64 bits (CLI11 would clamp it silently).
+void refuse_out_of_range_integers(CLI::App& app);
+
+// Prints CLI11's parse error `e` as one line "shardwise: error: ..." on `err` and returns 2;
+// --help and --version print as CLI11 does and return 0.
+int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv, std::ostream& err);
+
+}  // namespace shardwise::cli

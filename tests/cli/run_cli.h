@@ -1,0 +1,43 @@
+#pragma once
+// Runs the built `shardwise` binary (SHARDWISE_BIN) with arguments through the shell: exit status
+// and stdout + stderr together.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace shardwise_cli_test {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// A whole shell command line (stderr joins stdout).
+inline Result run_command(const std::string& line) {
+  std::string cmd = line + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.out.append(buf.data(), n);
+  int status = pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// `shardwise <args>`.
+inline Result run(const std::string& args) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  return run_command(std::string(bin ? bin : "shardwise") + " " + args);
+}
+
+inline int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace shardwise_cli_test
