@@ -124,7 +124,7 @@ VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::string name = entry.path().filename().string();
     if (name == kManifestName) continue;
-    if (!listed.count(name)) r.problems.push_back(fmt::format("{}: present but not listed in the manifest", name));
+    if (!listed.count(name)) r.notes.push_back(fmt::format("{}: present but not listed in the manifest (ignored)", name));
     // Safetensors files outside every group still have to follow the format.
     if (entry.path().extension() == ".safetensors" && !in_groups.count(name) && entry.is_regular_file()) {
       try {

