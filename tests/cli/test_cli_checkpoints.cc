@@ -113,4 +113,57 @@ TEST(CliCheckpoints, ResumeAutoNamesTheRejectedCheckpointSetsItAsideAndPassesIts
   EXPECT_TRUE(fs::exists(d.ckpt(9) / "manifest.json"));
 }
 
+TEST(CliCheckpoints, ASaveDirUnderAFileOrThatIsAFileFailsBeforeTheFirstStep) {
+  RunDir d("notdir");
+  fs::create_directories(d.path);
+  write(d.path / "file", "x");
+  Result r = run(train(d, 3, "--save-dir " + (d.path / "file").string()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("save directory '" + (d.path / "file").string() + "' is not usable"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("choose another --save-dir"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;  // no training happened
+  // Tests run as root, where a chmod 0555 directory still takes files: a directory whose parent is a
+  // regular file cannot be created, the same probe failure.
+  r = run(train(d, 3, "--save-dir " + (d.path / "file" / "ckpts").string()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("save directory '" + (d.path / "file" / "ckpts").string() + "' is not usable (rank 0): cannot create it"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
+}
+
+// Needs root and tmpfs mounts (skipped otherwise).
+TEST(CliCheckpoints, AReadOnlyOrFullFileSystemFailsBeforeTheFirstStep) {
+  RunDir d("rofs");
+  fs::create_directories(d.path / "ro");
+  fs::create_directories(d.path / "small");
+  std::string ro = (d.path / "ro").string(), small = (d.path / "small").string();
+  if (std::system(("mount -t tmpfs -o ro,size=1m tmpfs " + ro + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  }
+  std::system(("mount -t tmpfs -o size=8k tmpfs " + small + " 2>/dev/null").c_str());
+  Result r1 = run(train(d, 3, "--save-dir " + ro));
+  Result r2 = run(train(d, 3, "--save-dir " + small));
+  std::system(("umount " + ro + " " + small).c_str());
+  EXPECT_NE(r1.status, 0) << r1.out;
+  EXPECT_NE(r1.out.find("save directory '" + ro + "' is not usable (rank 0): cannot write a file in it: Read-only file system"),
+            std::string::npos) << r1.out;
+  EXPECT_NE(r2.status, 0) << r2.out;
+  EXPECT_NE(r2.out.find("save directory '" + small + "' has "), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("free but one checkpoint needs about"), std::string::npos) << r2.out;
+  EXPECT_EQ(r2.out.find("step "), std::string::npos) << r2.out;
+}
+
+TEST(CliCheckpoints, ARunDirWithCheckpointsIsOnlyReusedByAResumeAndKeepsItsMetrics) {
+  RunDir d("rerun");
+  ASSERT_EQ(run(train(d, 3)).status, 0);
+  std::string metrics = read(d.path / "metrics.jsonl");
+  Result r = run(train(d, 3));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("save directory '" + (d.path / "checkpoints").string() +
+                       "' already holds 1 checkpoint(s) (newest: checkpoint-3): pass --resume auto"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(read(d.path / "metrics.jsonl"), metrics);
+  EXPECT_TRUE(fs::exists(d.ckpt(3) / "manifest.json"));
+}
+
 }  // namespace

@@ -35,6 +35,10 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
   const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
+  train::RunDirs dirs{o.run_dir, save_dir, o.save_every > 0, !o.resume.empty()};
+  for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {
+    if (report) out << "  " << line << "\n";
+  }
   for (const auto& line : train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume).lines) {
     if (report) out << "  " << line << "\n";
   }

@@ -22,4 +22,20 @@ struct ResumeResult {
 ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const std::string& resume,
                             const ckpt::fs::path& save_dir, bool verify = true);
 
+struct RunDirs {
+  std::string run_dir, save_dir;
+  bool saves = false;     // checkpoints will be written
+  bool resuming = false;  // --resume given (auto or a directory)
+};
+
+// Collective, before the first step and before anything is written: the run directory (rank 0)
+// and, when the run saves, the save directory (every rank) take a probe file; a save directory
+// that already holds checkpoints needs `resuming`; the save directory's file system has room for
+// one checkpoint (parameters x (weights + 2 Adam moments [+ fp32 masters]) x 4 bytes). Error on
+// every rank naming the directory, the problem and what to do; returns warnings for rank 0.
+std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& world, const RunDirs& dirs);
+
+// Bytes of one checkpoint of `trainer`, estimated from its parameter count.
+uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world);
+
 }  // namespace shardwise::train
