@@ -3,6 +3,7 @@
 // bookkeeping of a resumed run (metrics.jsonl, loss curve, data fingerprint).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -164,6 +166,64 @@ TEST(CliCheckpoints, ARunDirWithCheckpointsIsOnlyReusedByAResumeAndKeepsItsMetri
             std::string::npos) << r.out;
   EXPECT_EQ(read(d.path / "metrics.jsonl"), metrics);
   EXPECT_TRUE(fs::exists(d.ckpt(3) / "manifest.json"));
+}
+
+std::vector<int> logged_steps(const fs::path& metrics) {
+  std::vector<int> steps;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) steps.push_back(std::stoi(line.substr(line.find("\"step\":") + 7)));
+  return steps;
+}
+
+TEST(CliCheckpoints, AResumedRunKeepsOneMetricsLinePerStepAndDrawsTheWholeCurve) {
+  RunDir d("metrics");
+  ASSERT_EQ(run(train(d, 6)).status, 0);
+  // Killed after step 6 was logged but before checkpoint-6 was committed.
+  fs::remove_all(d.ckpt(6));
+  Result r = run(train(d, 9, "--resume auto"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(logged_steps(d.path / "metrics.jsonl"), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  std::string svg = read(d.path / "loss_curve.svg");
+  size_t from = svg.find("<polyline"), points = svg.find("points=\"", from) + 8;
+  std::string pts = svg.substr(points, svg.find('"', points) - points);
+  EXPECT_EQ(std::count(pts.begin(), pts.end(), ','), 9) << pts;
+}
+
+TEST(CliCheckpoints, ResumingAtOrPastTheLastStepSaysSo) {
+  RunDir d("steps");
+  ASSERT_EQ(run(train(d, 6)).status, 0);
+  Result r = run(train(d, 6, "--resume auto"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("nothing to do: " + d.ckpt(6).string() + " is at step 6, which --steps 6 asks for"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(logged_steps(d.path / "metrics.jsonl").size(), 6u);
+  r = run(train(d, 4, "--resume auto"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("--steps 4 is below step 6 of the resumed checkpoint " + d.ckpt(6).string()), std::string::npos)
+      << r.out;
+}
+
+TEST(CliCheckpoints, ResumingOnOtherDataIsRefused) {
+  RunDir d("data");
+  fs::create_directories(d.path);
+  std::string a, b;
+  for (int i = 0; i < 5000; ++i) a += static_cast<char>('a' + (i * 7) % 13), b += static_cast<char>('a' + (i * 5) % 13);
+  write(d.path / "a.txt", a);
+  write(d.path / "b.txt", b);
+  ASSERT_EQ(run(train(d, 3, "--seq 32 --data " + (d.path / "a.txt").string())).status, 0);
+  Result r = run(train(d, 6, "--seq 32 --resume auto --data " + (d.path / "b.txt").string()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint " + d.ckpt(3).string() + " was trained on '" + (d.path / "a.txt").string()),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resume with the same --data"), std::string::npos) << r.out;
+  // The embedded task: other digits at the same sequence length.
+  RunDir e("digits");
+  ASSERT_EQ(run(train(e, 3, "--seq 24 --digits 3")).status, 0);
+  r = run(train(e, 6, "--seq 24 --digits 2 --resume auto"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("was trained on the 3-digit addition task at seq 24, this run reads the 2-digit addition task"),
+            std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -39,9 +39,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {
     if (report) out << "  " << line << "\n";
   }
-  for (const auto& line : train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume).lines) {
+  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume);
+  for (const auto& line : resumed.lines) {
     if (report) out << "  " << line << "\n";
   }
+  if (resumed.nothing_to_do) return;
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.save_total_limit;
   save_options.max_shard_bytes = parse_byte_size(o.max_shard_size);
@@ -49,7 +51,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const bool addition = config.data.empty();
   std::unique_ptr<train::MetricsLog> log;
   if (report) {
-    log = std::make_unique<train::MetricsLog>(o.run_dir, /*append=*/!o.resume.empty());
+    log = std::make_unique<train::MetricsLog>(o.run_dir, resumed.dir ? trainer.steps_done() : -1);
     const auto& c = trainer.config();
     out << fmt::format("shardwise train: GPT {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
                        c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
@@ -73,15 +75,20 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const int64_t first_step = trainer.steps_done();
   for (int64_t s = first_step; s < config.steps; ++s) {
     last = trainer.step();
-    checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps);
     tokens += last.tokens;
     std::optional<double> acc;
     bool eval_now = addition && o.eval_every > 0 && (last.step % o.eval_every == 0 || last.step == config.steps);
     if (eval_now) acc = trainer.evaluate().accuracy();
-    if (!report) continue;
+    // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
+    auto save = [&] { checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps); };
+    if (!report) {
+      save();
+      continue;
+    }
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double tps = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
     log->add({last, elapsed, tps, acc});
+    save();
     if (acc) best = std::max(best, *acc), last_acc = *acc;
     double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,

@@ -121,6 +121,14 @@ ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const s
   load_trainer(trainer, world, *r.dir);
   r.lines.push_back(fmt::format("resumed from {} at step {} ({} samples consumed)", r.dir->string(),
                                 trainer.steps_done(), trainer.consumed_samples()));
+  const int64_t steps = trainer.config().steps, at = trainer.steps_done();
+  SW_CHECK(steps >= at, "--steps {} is below step {} of the resumed checkpoint {}: pass --steps above {} to train "
+           "further, or resume an earlier checkpoint", steps, at, r.dir->string(), at);
+  if (steps == at) {
+    r.nothing_to_do = true;
+    r.lines.push_back(fmt::format("nothing to do: {} is at step {}, which --steps {} asks for; pass a larger --steps "
+                                  "to train further", r.dir->string(), at, steps));
+  }
   return r;
 }
 

@@ -14,11 +14,13 @@ namespace shardwise::train {
 struct ResumeResult {
   std::optional<ckpt::fs::path> dir;  // the checkpoint loaded
   std::vector<std::string> lines;     // for rank 0 to print: rejected checkpoints, notes, what was loaded
+  bool nothing_to_do = false;         // the checkpoint is at the run's last step already
 };
 
 // Collective. `resume`: "" (start fresh), "auto" (the newest checkpoint of `save_dir` that verifies,
 // newer ones that fail set aside as "<name>.rejected") or a checkpoint directory (verified unless
-// `verify` is false; Error naming its first problem).
+// `verify` is false; Error naming its first problem). A checkpoint at the run's --steps leaves nothing
+// to do (said in `lines`); one past it is an Error.
 ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const std::string& resume,
                             const ckpt::fs::path& save_dir, bool verify = true);
 
