@@ -31,4 +31,9 @@ struct VerifyReport {
 // shards (each tensor where the index says, no tensor left out, total_size).
 VerifyReport verify_checkpoint(const fs::path& dir, bool checksums = true);
 
+// What can be checked without a manifest: a single .safetensors file, or a plain directory (a
+// Hugging Face one) whose every safetensors file and index is checked against the format rules.
+// A note says that no checksums exist; a directory without safetensors files is a problem.
+VerifyReport verify_safetensors_files(const fs::path& path);
+
 }  // namespace shardwise::ckpt
