@@ -99,6 +99,32 @@ std::string describe_fingerprint(const nlohmann::json& f) {
                      f.value("head_xxh64", ""));
 }
 
+// What makes the resumed run continue the saved one: the global batch (data position, schedule),
+// the data (its fingerprint) and the generators' seed (dropout masks and the data order; the
+// generators are counter-based, so seed and step are each rank's whole state).
+void check_same_run(const nlohmann::json& state, const TrainConfig& c, const ckpt::fs::path& dir) {
+  SW_CHECK(state.value("global_batch", int64_t{0}) == c.global_batch,
+           "checkpoint {} was trained with a global batch of {} sequences, this run uses {}: the data position "
+           "and the schedule would not continue the same run",
+           dir.string(), state.value("global_batch", int64_t{0}), c.global_batch);
+  // Checkpoints from before the fingerprint have none: nothing to compare.
+  if (state.contains("data") && state["data"].contains("fingerprint")) {
+    nlohmann::json saved_data = state["data"]["fingerprint"], my_data = data_fingerprint(c);
+    saved_data.erase("path"), my_data.erase("path");  // the same file may move
+    SW_CHECK(saved_data == my_data, "checkpoint {} was trained on {}, this run reads {}: resume with the same --data "
+             "(or --digits and --seq), or start a fresh run in another --run-dir", dir.string(),
+             describe_fingerprint(state["data"]["fingerprint"]), describe_fingerprint(data_fingerprint(c)));
+  }
+  const int64_t step = state.at("step").get<int64_t>();
+  for (const nlohmann::json& rank : state.value("rng", nlohmann::json::array())) {
+    const auto seed = rank.value("seed", c.seed);
+    SW_CHECK(seed == c.seed && rank.value("step", step) == step,
+             "checkpoint {} holds generator state seed {} at step {}, this run uses --seed {} at step {}: dropout "
+             "masks and the data order would not continue the same run; resume with --seed {}", dir.string(), seed,
+             rank.value("step", step), c.seed, step, seed);
+  }
+}
+
 }  // namespace
 
 ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world) {
@@ -201,18 +227,7 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
     std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
   }
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
-  SW_CHECK(state.value("global_batch", int64_t{0}) == trainer.config().global_batch,
-           "checkpoint {} was trained with a global batch of {} sequences, this run uses {}: the data position "
-           "and the schedule would not continue the same run",
-           dir.string(), state.value("global_batch", int64_t{0}), trainer.config().global_batch);
-  // Checkpoints from before the fingerprint have none: nothing to compare.
-  if (state.contains("data") && state["data"].contains("fingerprint")) {
-    nlohmann::json saved_data = state["data"]["fingerprint"], my_data = data_fingerprint(trainer.config());
-    saved_data.erase("path"), my_data.erase("path");  // the same file may move
-    SW_CHECK(saved_data == my_data, "checkpoint {} was trained on {}, this run reads {}: resume with the same --data "
-             "(or --digits and --seq), or start a fresh run in another --run-dir", dir.string(),
-             describe_fingerprint(state["data"]["fingerprint"]), describe_fingerprint(data_fingerprint(trainer.config())));
-  }
+  check_same_run(state, trainer.config(), dir);
   trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
 }
 
