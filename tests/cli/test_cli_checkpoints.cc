@@ -69,12 +69,19 @@ void flip_byte(const fs::path& p, size_t at) {
   write(p, bytes);
 }
 
+// Trains 3 steps, changes checkpoint-3's `file` with `change`, resumes from it explicitly.
+template <class Change>
+Result resume_changed(const RunDir& d, const std::string& file, Change change, const std::string& extra = "") {
+  if (run(train(d, 3)).status != 0) return {};
+  change(d.ckpt(3) / file);
+  return run(train(d, 6, "--resume " + d.ckpt(3).string() + extra));
+}
+
 TEST(CliCheckpoints, ExplicitResumeRefusesAFlippedShardByteUnlessToldNotToVerify) {
   RunDir d("flip");
-  ASSERT_EQ(run(train(d, 3)).status, 0);
-  fs::path shard = d.ckpt(3) / "model-00001-of-00001.safetensors";
-  flip_byte(shard, fs::file_size(shard) - 5);
-  Result r = run(train(d, 6, "--resume " + d.ckpt(3).string()));
+  Result r = resume_changed(d, "model-00001-of-00001.safetensors", [](const fs::path& shard) {
+    flip_byte(shard, fs::file_size(shard) - 5);
+  });
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("checkpoint '" + d.ckpt(3).string() + "' does not verify: model-00001-of-00001.safetensors: xxh64"),
             std::string::npos) << r.out;
@@ -86,14 +93,13 @@ TEST(CliCheckpoints, ExplicitResumeRefusesAFlippedShardByteUnlessToldNotToVerify
 
 TEST(CliCheckpoints, ExplicitResumeRefusesAnEditedTrainerState) {
   RunDir d("edited");
-  ASSERT_EQ(run(train(d, 3)).status, 0);
-  fs::path state = d.ckpt(3) / "trainer_state.json";
-  std::string text = read(state);
-  size_t at = text.find("\"consumed_samples\": 24");
-  ASSERT_NE(at, std::string::npos) << text;
-  text.replace(at, 22, "\"consumed_samples\": 0 ");
-  write(state, text);
-  Result r = run(train(d, 6, "--resume " + d.ckpt(3).string()));
+  Result r = resume_changed(d, "trainer_state.json", [](const fs::path& state) {
+    std::string text = read(state);
+    size_t at = text.find("\"consumed_samples\": 24");
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, 22, "\"consumed_samples\": 0 ");
+    write(state, text);
+  });
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("trainer_state.json: xxh64"), std::string::npos) << r.out;
 }
