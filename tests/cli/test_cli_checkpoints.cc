@@ -121,6 +121,18 @@ TEST(CliCheckpoints, ResumeAutoNamesTheRejectedCheckpointSetsItAsideAndPassesIts
   EXPECT_TRUE(fs::exists(d.ckpt(9) / "manifest.json"));
 }
 
+TEST(CliCheckpoints, ResumingAnOlderCheckpointIntoASaveDirWithNewerOnesFailsBeforeTheFirstStep) {
+  RunDir d("older");
+  ASSERT_EQ(run(train(d, 6)).status, 0);
+  Result r = run(train(d, 9, "--resume " + d.ckpt(3).string()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("save directory '" + (d.path / "checkpoints").string() +
+                       "' holds checkpoint-6, newer than the resumed step 3: this run would meet it when saving"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" loss "), std::string::npos) << r.out;  // no step ran
+  EXPECT_TRUE(fs::exists(d.ckpt(6) / "manifest.json"));
+}
+
 TEST(CliCheckpoints, ASaveDirUnderAFileOrThatIsAFileFailsBeforeTheFirstStep) {
   RunDir d("notdir");
   fs::create_directories(d.path);

@@ -39,7 +39,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {
     if (report) out << "  " << line << "\n";
   }
-  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume);
+  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume,
+                                                            o.save_every > 0);
   for (const auto& line : resumed.lines) {
     if (report) out << "  " << line << "\n";
   }

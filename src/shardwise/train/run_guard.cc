@@ -100,7 +100,7 @@ std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& wo
 
 
 ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const std::string& resume,
-                            const ckpt::fs::path& save_dir, bool verify) {
+                            const ckpt::fs::path& save_dir, bool verify, bool saves) {
   ResumeResult r;
   if (resume.empty()) return r;
   if (resume == "auto") {
@@ -124,6 +124,11 @@ ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const s
   const int64_t steps = trainer.config().steps, at = trainer.steps_done();
   SW_CHECK(steps >= at, "--steps {} is below step {} of the resumed checkpoint {}: pass --steps above {} to train "
            "further, or resume an earlier checkpoint", steps, at, r.dir->string(), at);
+  for (const auto& c : saves && steps > at ? ckpt::list_checkpoints(save_dir) : std::vector<ckpt::CheckpointEntry>{}) {
+    SW_CHECK(c.step <= at || c.step > steps, "save directory '{}' holds {}, newer than the resumed step {}: this run "
+             "would meet it when saving; resume the newest checkpoint (--resume auto), move {} away, or pass another "
+             "--save-dir", save_dir.string(), c.dir.filename().string(), at, c.dir.string());
+  }
   if (steps == at) {
     r.nothing_to_do = true;
     r.lines.push_back(fmt::format("nothing to do: {} is at step {}, which --steps {} asks for; pass a larger --steps "

@@ -20,9 +20,10 @@ struct ResumeResult {
 // Collective. `resume`: "" (start fresh), "auto" (the newest checkpoint of `save_dir` that verifies,
 // newer ones that fail set aside as "<name>.rejected") or a checkpoint directory (verified unless
 // `verify` is false; Error naming its first problem). A checkpoint at the run's --steps leaves nothing
-// to do (said in `lines`); one past it is an Error.
+// to do (said in `lines`); one past it is an Error. When the run `saves`, a checkpoint of `save_dir`
+// newer than the resumed step (which a save of this run would meet) is an Error before any step.
 ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const std::string& resume,
-                            const ckpt::fs::path& save_dir, bool verify = true);
+                            const ckpt::fs::path& save_dir, bool verify = true, bool saves = false);
 
 struct RunDirs {
   std::string run_dir, save_dir;
