@@ -177,6 +177,23 @@ TEST(CheckpointCommit, RotationByStepKeepsNewerUnverifiedAndResumePicksNewestVer
   });
 }
 
+// Needs root and a mount namespace that allows tmpfs (skipped otherwise): a file system of one page
+// fills up in the middle of the save.
+TEST(CheckpointSave, DiskFullRemovesTheHalfWrittenTmpAtOnce) {
+  ScratchDir scratch("diskfull");
+  fs::create_directories(scratch.path);
+  std::string mount = "mount -t tmpfs -o size=4k tmpfs " + scratch.path.string() + " 2>/dev/null";
+  if (std::system(mount.c_str()) != 0) GTEST_SKIP() << "cannot mount a small tmpfs here";
+  std::string msg = error_of([&] { save1(scratch.path, 5); });
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(scratch.path)) left.push_back(e.path().filename().string());
+  std::system(("umount " + scratch.path.string()).c_str());
+  EXPECT_NE(msg.find("save checkpoint-5 into '" + scratch.path.string() + "' failed, nothing was committed"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  EXPECT_TRUE(left.empty()) << left.front();
+}
+
 TEST(AsyncSaver, SavesWhatTheCallerHadAndRaisesWriterErrorsAtTheNextSave) {
   ScratchDir scratch("async");
   auto model = small_model();

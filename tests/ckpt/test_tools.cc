@@ -171,5 +171,54 @@ TEST(CkptTools, CommandLine) {
   EXPECT_NE(out.find("bad: model-00001-of-00005.safetensors"), std::string::npos) << out;
 }
 
+// A file in the safetensors layout: 8-byte little-endian header length, the header, `data` bytes.
+void write_safetensors(const fs::path& p, const std::string& header, size_t data) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header + std::string(data, '\1');
+  write_file_atomic(p, bytes);
+}
+
+TEST(CkptTools, InspectAndVerifyPlainFilesAndDirectories) {
+  ScratchDir scratch("plain");
+  fs::path hf = scratch.path / "hf";
+  RewriteOptions o;
+  o.max_shard_bytes = 200;
+  merge_checkpoint(saved_dp2tp2(scratch.path), hf, o);
+  fs::remove(hf / kManifestName);  // as a Hugging Face directory comes
+  auto [rc, out] = shardwise_cli("ckpt verify " + hf.string());
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("note: no manifest.json: 1 index(es) and"), std::string::npos) << out;
+  EXPECT_NE(out.find(hf.string() + ": ok (format rules only, no checksums exist)"), std::string::npos) << out;
+  fs::path shard = hf / GroupReader(hf, "model").file_names().back();
+  std::tie(rc, out) = shardwise_cli("ckpt verify " + shard.string());
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("a single safetensors file: format rules checked, no checksums exist"), std::string::npos) << out;
+  // A broken header is found without a manifest too.
+  std::string bytes = read_text_file(shard);
+  bytes[12] = '!';
+  write_file_atomic(shard, bytes);
+  std::tie(rc, out) = shardwise_cli("ckpt verify " + hf.string());
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("bad: " + shard.filename().string()), std::string::npos) << out;
+  // The unsigned dtypes of the format are read (as raw bytes) and shown.
+  fs::path u = scratch.path / "unsigned.safetensors";
+  write_safetensors(u, R"({"a":{"dtype":"U16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"U32","shape":[1],)"
+                       R"("data_offsets":[4,8]},"c":{"dtype":"U64","shape":[1],"data_offsets":[8,16]}})", 16);
+  std::tie(rc, out) = shardwise_cli("ckpt inspect " + u.string());
+  EXPECT_EQ(rc, 0) << out;
+  for (const char* d : {"U16", "U32", "U64"}) EXPECT_NE(out.find(d), std::string::npos) << out;
+  std::tie(rc, out) = shardwise_cli("ckpt verify " + u.string());
+  EXPECT_EQ(rc, 0) << out;
+  // A directory without safetensors files is no checkpoint.
+  fs::create_directories(scratch.path / "empty");
+  write_file_atomic(scratch.path / "empty" / "notes.txt", "x");
+  std::tie(rc, out) = shardwise_cli("ckpt inspect " + (scratch.path / "empty").string());
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("holds no manifest.json and no safetensors files: not a checkpoint"), std::string::npos) << out;
+  std::tie(rc, out) = shardwise_cli("ckpt verify " + (scratch.path / "empty").string());
+  EXPECT_EQ(rc, 1) << out;
+}
+
 }  // namespace
 }  // namespace shardwise::ckpt

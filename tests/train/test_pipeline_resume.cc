@@ -9,6 +9,7 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/train/checkpointing.h"
+#include "train_losses.h"
 
 namespace shardwise::train {
 namespace {
@@ -18,18 +19,7 @@ namespace fs = std::filesystem;
 std::vector<double> train(const std::string& mesh, int64_t steps, const fs::path& from, const fs::path& save_to) {
   TrainConfig c = pipeline_test_config(mesh);
   c.steps = 16;
-  std::vector<double> losses;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
-    auto world = w.group(w.members());
-    Trainer t(c, world);
-    if (!from.empty()) load_trainer(t, *world, from);
-    for (int64_t s = 0; s < steps; ++s) {
-      double l = t.step().loss;
-      if (w.rank() == 0) losses.push_back(l);
-    }
-    if (!save_to.empty()) save_trainer(t, *world, save_to);
-  });
-  return losses;
+  return train_losses(c, steps, from, save_to);
 }
 
 fs::path fresh(const std::string& name) {

@@ -8,6 +8,7 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/comm/local.h"
 #include "small_config.h"
+#include "train_losses.h"
 #include "shardwise/train/checkpointing.h"
 
 namespace shardwise::train {
@@ -159,6 +160,39 @@ TEST(Resume, AsyncSavesOnAScheduleCommitAndResume) {
   EXPECT_EQ(all[0].step, 4);
   EXPECT_EQ(all[1].step, 6);
   EXPECT_EQ(ckpt::find_resume(root)->step, 6);
+}
+
+TEST(Resume, WithDropoutTheSameMeshContinuesTheCurve) {
+  TrainConfig c = small("dp=2,tp=2");
+  c.dropout = 0.1;
+  std::vector<double> whole = train_losses(c, 12, {}, {});
+  fs::path root = fresh_dir("dropout");
+  train_losses(c, 6, {}, root);
+  std::vector<double> rest = train_losses(c, 6, ckpt::find_resume(root)->dir, {});
+  ASSERT_EQ(rest.size(), 6u);
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_NEAR(rest[i], whole[6 + i], 1e-5 * whole[6 + i]) << "step " << 7 + i;
+  // Without dropout the curve differs: the masks are really applied.
+  c.dropout = 0;
+  EXPECT_NE(train_losses(c, 12, {}, {}).back(), whole.back());
+}
+
+TEST(Resume, AnotherSeedIsRefusedAndTheGenerationConfigIsWritten) {
+  fs::path root = fresh_dir("seed");
+  TrainConfig c = small("dp=2");
+  train_losses(c, 2, {}, root);
+  fs::path dir = ckpt::find_resume(root)->dir;
+  nlohmann::json gen = ckpt::load_json(dir, "generation_config.json");
+  EXPECT_EQ(gen, (nlohmann::json{{"max_length", 10}, {"do_sample", false}, {"eos_token_id", 10}}));  // 10: '\n'
+  c.seed = 7;
+  std::string message;
+  try {
+    train_losses(c, 0, dir, {});
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("holds generator state seed 1234 at step 2, this run uses --seed 7"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("resume with --seed 1234"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/comm/objects.h"
@@ -99,34 +100,89 @@ std::vector<fs::path> clean_stale(const fs::path& root) {
   return removed;
 }
 
-std::optional<CheckpointEntry> find_resume(const fs::path& root, bool checksums, std::vector<std::string>* rejected) {
+std::optional<CheckpointEntry> find_resume(const fs::path& root, bool checksums, std::vector<std::string>* rejected,
+                                           std::vector<std::string>* notes) {
   clean_stale(root);
   auto all = list_checkpoints(root);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     VerifyReport r = verify_checkpoint(it->dir, checksums);
-    if (r.ok() && r.step == it->step) return *it;
+    if (r.ok() && r.step == it->step) {
+      if (notes) {
+        for (const auto& n : r.notes) notes->push_back(fmt::format("{}: {}", it->dir.filename().string(), n));
+      }
+      return *it;
+    }
     if (rejected) {
       std::string why = r.ok() ? fmt::format("manifest says step {}", r.step) : r.problems.front();
+      if (r.problems.size() > 1) why += fmt::format(" (and {} more problem(s))", r.problems.size() - 1);
       rejected->push_back(fmt::format("{}: {}", it->dir.filename().string(), why));
     }
   }
   return std::nullopt;
 }
 
-std::optional<CheckpointEntry> resume(comm::Communicator& comm, const fs::path& root, bool checksums) {
+fs::path set_aside(const fs::path& dir) {
+  fs::path target = dir.string() + ".rejected";
+  for (int n = 1; fs::exists(target); ++n) target = fmt::format("{}.rejected.{}", dir.string(), n);
+  rename_path(dir, target);
+  fsync_dir(dir.parent_path());
+  return target;
+}
+
+namespace {
+
+// Rank 0 computes a JSON answer (an exception becomes {"error": ...}); every rank gets it.
+nlohmann::json decided_by_rank0(comm::Communicator& comm, const std::function<nlohmann::json()>& decide) {
   nlohmann::json answer;
   if (comm.rank() == 0) {
     try {
-      auto found = find_resume(root, checksums);
-      answer = found ? nlohmann::json{{"step", found->step}, {"dir", found->dir.string()}} : nlohmann::json::object();
+      answer = decide();
     } catch (const std::exception& e) {
       answer = {{"error", e.what()}};
     }
   }
-  answer = comm::broadcast_object(comm, answer, 0);
+  return comm::broadcast_object(comm, answer, 0);
+}
+
+}  // namespace
+
+std::optional<CheckpointEntry> resume(comm::Communicator& comm, const fs::path& root, bool checksums,
+                                      std::vector<std::string>* messages) {
+  nlohmann::json answer = decided_by_rank0(comm, [&] {
+    std::vector<std::string> rejected, notes, lines;
+    auto found = find_resume(root, checksums, &rejected, &notes);
+    // Every checkpoint newer than the one taken failed: set aside, in the order find_resume saw them.
+    size_t i = 0;
+    auto all = list_checkpoints(root);
+    for (auto it = all.rbegin(); it != all.rend() && (!found || it->step > found->step); ++it, ++i) {
+      fs::path moved = set_aside(it->dir);
+      lines.push_back(fmt::format("rejected {}; moved to {}", i < rejected.size() ? rejected[i] : it->dir.string(),
+                                  moved.filename().string()));
+    }
+    for (const auto& n : notes) lines.push_back(n);
+    nlohmann::json a = {{"messages", lines}};
+    if (found) a["step"] = found->step, a["dir"] = found->dir.string();
+    return a;
+  });
   if (answer.contains("error")) fail("resume from '{}': {}", root.string(), answer["error"].get<std::string>());
+  if (messages) *messages = answer["messages"].get<std::vector<std::string>>();
   if (!answer.contains("step")) return std::nullopt;
   return CheckpointEntry{answer["step"].get<int64_t>(), fs::path(answer["dir"].get<std::string>())};
+}
+
+std::vector<std::string> verify_resume_dir(comm::Communicator& comm, const fs::path& dir, bool checksums) {
+  nlohmann::json answer = decided_by_rank0(comm, [&] {
+    VerifyReport r = verify_checkpoint(dir, checksums);
+    if (!r.ok()) {
+      return nlohmann::json{{"error", fmt::format("checkpoint '{}' does not verify: {}{}; pass --no-verify-resume to "
+                                                  "load it anyway", dir.string(), r.problems.front(),
+                                                  r.problems.size() > 1 ? fmt::format(" (and {} more problem(s))",
+                                                                                      r.problems.size() - 1) : "")}};
+    }
+    return nlohmann::json{{"notes", r.notes}};
+  });
+  if (answer.contains("error")) fail("{}", answer["error"].get<std::string>());
+  return answer["notes"].get<std::vector<std::string>>();
 }
 
 }  // namespace shardwise::ckpt

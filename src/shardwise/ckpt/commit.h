@@ -40,10 +40,21 @@ std::vector<int64_t> rotate_checkpoints(const fs::path& root, int64_t newest_ver
 std::vector<fs::path> clean_stale(const fs::path& root);
 
 // The newest checkpoint whose manifest verifies (checksums too when `checksums`); cleans stale
-// directories first. `rejected` gets one line per newer checkpoint that failed, with why.
+// directories first. `rejected` gets one line per newer checkpoint that failed, with why; `notes`
+// the harmless findings of the one taken (files its manifest does not list).
 std::optional<CheckpointEntry> find_resume(const fs::path& root, bool checksums = true,
-                                           std::vector<std::string>* rejected = nullptr);
-// Collective: rank 0 looks, every rank gets its answer.
-std::optional<CheckpointEntry> resume(comm::Communicator& comm, const fs::path& root, bool checksums = true);
+                                           std::vector<std::string>* rejected = nullptr,
+                                           std::vector<std::string>* notes = nullptr);
+// Renames a checkpoint that failed verification to "<name>.rejected" (".rejected.<n>" when taken) so
+// that a resumed run can save that step again; returns the new path.
+fs::path set_aside(const fs::path& dir);
+// Collective: rank 0 looks, sets every rejected newer checkpoint aside, and every rank gets its
+// answer; `messages` (every rank) gets one line per rejected checkpoint (why, and where it went) and
+// the notes of the one taken.
+std::optional<CheckpointEntry> resume(comm::Communicator& comm, const fs::path& root, bool checksums = true,
+                                      std::vector<std::string>* messages = nullptr);
+// Collective: rank 0 verifies `dir` (checksums too when `checksums`); Error on every rank naming the
+// checkpoint and its first problem when it does not verify. Returns the notes (every rank).
+std::vector<std::string> verify_resume_dir(comm::Communicator& comm, const fs::path& dir, bool checksums = true);
 
 }  // namespace shardwise::ckpt

@@ -45,7 +45,7 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     if (!unexpected.empty()) {
       msg += fmt::format("; in the checkpoint but not asked for ({}): {}", unexpected.size(), listing(unexpected));
     }
-    fail("{} (ignore_keys / --ignore-keys takes glob patterns of keys to skip)", msg);
+    fail("{} (LoadOptions::ignore_keys takes glob patterns of keys to skip)", msg);
   }
   std::map<std::string, Tensor> out;
   for (const LoadSpec& s : specs) {

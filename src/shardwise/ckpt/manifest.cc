@@ -124,7 +124,7 @@ VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::string name = entry.path().filename().string();
     if (name == kManifestName) continue;
-    if (!listed.count(name)) r.problems.push_back(fmt::format("{}: present but not listed in the manifest", name));
+    if (!listed.count(name)) r.notes.push_back(fmt::format("{}: present but not listed in the manifest (ignored)", name));
     // Safetensors files outside every group still have to follow the format.
     if (entry.path().extension() == ".safetensors" && !in_groups.count(name) && entry.is_regular_file()) {
       try {
@@ -134,6 +134,52 @@ VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
       }
     }
   }
+  return r;
+}
+
+VerifyReport verify_safetensors_files(const fs::path& path) {
+  VerifyReport r;
+  if (fs::is_regular_file(path)) {
+    try {
+      SafetensorsFile f(path);
+    } catch (const Error& e) {
+      r.problems.push_back(fmt::format("{}: {}", path.filename().string(), e.what()));
+    }
+    r.notes.push_back("a single safetensors file: format rules checked, no checksums exist for it");
+    return r;
+  }
+  if (!fs::is_directory(path)) {
+    r.problems.push_back(fmt::format("{}: neither a file nor a directory", path.string()));
+    return r;
+  }
+  std::set<std::string> in_groups, groups;
+  std::vector<fs::path> loose;
+  for (const auto& e : fs::directory_iterator(path)) {
+    std::string n = e.path().filename().string();
+    if (n.ends_with(".safetensors.index.json")) groups.insert(n.substr(0, n.size() - 23));
+    else if (n.ends_with(".safetensors")) loose.push_back(e.path());
+  }
+  for (const auto& g : groups) {
+    check_group(path, g, r);
+    try {
+      for (const auto& f : GroupReader(path, g).file_names()) in_groups.insert(f);
+    } catch (const Error&) {
+    }
+  }
+  for (const auto& p : loose) {
+    if (in_groups.count(p.filename().string())) continue;
+    try {
+      SafetensorsFile f(p);
+    } catch (const Error& e) {
+      r.problems.push_back(fmt::format("{}: {}", p.filename().string(), e.what()));
+    }
+  }
+  if (groups.empty() && loose.empty()) {
+    r.problems.push_back(fmt::format("{}: no {} and no safetensors files: not a checkpoint", path.string(), kManifestName));
+    return r;
+  }
+  r.notes.push_back(fmt::format("no {}: {} index(es) and {} safetensors file(s) checked against the format rules, "
+                                "no checksums exist", kManifestName, groups.size(), loose.size()));
   return r;
 }
 

@@ -22,12 +22,18 @@ nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDiges
 struct VerifyReport {
   int64_t step = -1;
   std::vector<std::string> problems;  // each names the file at fault
+  std::vector<std::string> notes;     // harmless findings (files the manifest does not list)
   bool ok() const { return problems.empty(); }
 };
 
-// Checks the manifest (every file present, sizes, and the checksums when `checksums`), that no
-// file is unlisted, every safetensors file against the format rules, and every index against its
+// Checks the manifest (every file present, sizes, and the checksums when `checksums`), notes each
+// file it does not list (not a problem: nothing of the checkpoint reads it), every safetensors file against the format rules, and every index against its
 // shards (each tensor where the index says, no tensor left out, total_size).
 VerifyReport verify_checkpoint(const fs::path& dir, bool checksums = true);
+
+// What can be checked without a manifest: a single .safetensors file, or a plain directory (a
+// Hugging Face one) whose every safetensors file and index is checked against the format rules.
+// A note says that no checksums exist; a directory without safetensors files is a problem.
+VerifyReport verify_safetensors_files(const fs::path& path);
 
 }  // namespace shardwise::ckpt

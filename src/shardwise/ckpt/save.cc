@@ -63,9 +63,14 @@ json report_to_root(comm::Communicator& comm, const json& mine, const std::funct
   return answer;
 }
 
-void raise_if_error(const json& answer, const SavePlan& plan) {
+// Every rank has answered before this runs, so nothing writes into the .tmp directory any more:
+// rank 0 removes it at once (a full disk gets its space back; nothing committed is touched).
+void raise_if_error(comm::Communicator& comm, const json& answer, const SavePlan& plan) {
   if (answer.contains("error")) {
-    fail("save checkpoint-{} into '{}' failed, nothing was committed: {}", plan.step, plan.root.string(),
+    std::error_code ec;
+    if (comm.rank() == 0 && !plan.tmp_dir.empty()) fs::remove_all(plan.tmp_dir, ec);
+    fail("save checkpoint-{} into '{}' failed, nothing was committed{}: {}", plan.step, plan.root.string(),
+         ec ? fmt::format(" (removing {} failed: {})", plan.tmp_dir.string(), ec.message()) : "",
          answer["error"].get<std::string>());
   }
 }
@@ -156,7 +161,7 @@ fs::path execute_save(comm::Communicator& comm, const SavePlan& plan, const Sour
   } catch (const std::exception& e) {
     status = {{"error", e.what()}};
   }
-  raise_if_error(report_to_root(comm, status, [](std::vector<json>&) { return json::object(); }), plan);
+  raise_if_error(comm, report_to_root(comm, status, [](std::vector<json>&) { return json::object(); }), plan);
   try {
     status = {{"digests", sync_and_digest(comm, plan)}};
   } catch (const std::exception& e) {
@@ -165,7 +170,7 @@ fs::path execute_save(comm::Communicator& comm, const SavePlan& plan, const Sour
   json answer = report_to_root(comm, status, [&](std::vector<json>& reports) {
     return json{{"dir", commit(plan, reports).string()}};
   });
-  raise_if_error(answer, plan);
+  raise_if_error(comm, answer, plan);
   return answer["dir"].get<std::string>();
 }
 

@@ -144,6 +144,8 @@ void inspect(const fs::path& path, std::ostream& out) {
     out << fmt::format("{}: step {}, {} files\n", path.string(), m.value("step", -1), m["files"].size());
     if (m.contains("saved_on")) out << "  saved on: " << m["saved_on"].dump() << "\n";
   } else {
+    SW_CHECK(!groups_in(path).empty(), "'{}' holds no {} and no safetensors files: not a checkpoint (pass a checkpoint "
+             "directory or a .safetensors file)", path.string(), kManifestName);
     out << fmt::format("{}: no manifest (not a shardwise checkpoint, or not completed)\n", path.string());
   }
   for (const std::string& g : groups_in(path)) {

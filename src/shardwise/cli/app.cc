@@ -62,6 +62,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
   t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
   t->add_option("--resume", o.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
+  t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "shardwise/cli/ckpt_cmd.h"
 
 #include <cctype>
+#include <filesystem>
 
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/tools.h"
@@ -63,13 +64,18 @@ int CkptCommands::run(std::ostream& os) const {
     return 0;
   }
   if (*verify) {
-    ckpt::VerifyReport r = ckpt::verify_checkpoint(path, !no_checksums);
+    const bool plain = std::filesystem::is_regular_file(path) ||
+                       (std::filesystem::is_directory(path) && !std::filesystem::exists(std::filesystem::path(path) /
+                                                                                       ckpt::kManifestName));
+    ckpt::VerifyReport r = plain ? ckpt::verify_safetensors_files(path) : ckpt::verify_checkpoint(path, !no_checksums);
     for (const auto& p : r.problems) os << "bad: " << p << "\n";
+    for (const auto& n : r.notes) os << "note: " << n << "\n";
     if (!r.ok()) {
       os << fmt::format("{}: {} problem(s)\n", path, r.problems.size());
       return 1;
     }
-    os << fmt::format("{}: ok (step {}{})\n", path, r.step, no_checksums ? ", checksums not checked" : "");
+    if (plain) os << fmt::format("{}: ok (format rules only, no checksums exist)\n", path);
+    else os << fmt::format("{}: ok (step {}{})\n", path, r.step, no_checksums ? ", checksums not checked" : "");
     return 0;
   }
   ckpt::RewriteOptions rw;

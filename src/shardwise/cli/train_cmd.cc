@@ -17,6 +17,7 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
+#include "shardwise/train/run_guard.h"
 
 namespace shardwise::cli {
 namespace {
@@ -34,20 +35,16 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
   const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
-  if (!o.resume.empty()) {
-    std::filesystem::path dir = o.resume;
-    if (o.resume == "auto") {
-      auto found = ckpt::resume(*world, save_dir);
-      if (found) dir = found->dir;
-      else dir.clear();
-      if (report && !found) out << fmt::format("  resume: no verified checkpoint in {}, starting fresh\n", save_dir);
-    }
-    if (!dir.empty()) {
-      train::load_trainer(trainer, *world, dir);
-      if (report) out << fmt::format("  resumed from {} at step {} ({} samples consumed)\n", dir.string(),
-                                     trainer.steps_done(), trainer.consumed_samples());
-    }
+  train::RunDirs dirs{o.run_dir, save_dir, o.save_every > 0, !o.resume.empty()};
+  for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {
+    if (report) out << "  " << line << "\n";
   }
+  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume,
+                                                            o.save_every > 0);
+  for (const auto& line : resumed.lines) {
+    if (report) out << "  " << line << "\n";
+  }
+  if (resumed.nothing_to_do) return;
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.save_total_limit;
   save_options.max_shard_bytes = parse_byte_size(o.max_shard_size);
@@ -55,7 +52,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const bool addition = config.data.empty();
   std::unique_ptr<train::MetricsLog> log;
   if (report) {
-    log = std::make_unique<train::MetricsLog>(o.run_dir, /*append=*/!o.resume.empty());
+    log = std::make_unique<train::MetricsLog>(o.run_dir, resumed.dir ? trainer.steps_done() : -1);
     const auto& c = trainer.config();
     out << fmt::format("shardwise train: GPT {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
                        c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
@@ -84,15 +81,20 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const int64_t first_step = trainer.steps_done();
   for (int64_t s = first_step; s < config.steps; ++s) {
     last = trainer.step();
-    checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps);
     tokens += last.tokens;
     std::optional<double> acc;
     bool eval_now = addition && o.eval_every > 0 && (last.step % o.eval_every == 0 || last.step == config.steps);
     if (eval_now) acc = trainer.evaluate().accuracy();
-    if (!report) continue;
+    // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
+    auto save = [&] { checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps); };
+    if (!report) {
+      save();
+      continue;
+    }
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double tps = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
     log->add({last, elapsed, tps, acc});
+    save();
     if (acc) best = std::max(best, *acc), last_acc = *acc;
     double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,

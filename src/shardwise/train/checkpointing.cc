@@ -1,5 +1,8 @@
 #include "shardwise/train/checkpointing.h"
 
+#include <fstream>
+
+#include "shardwise/ckpt/checksum.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 
@@ -71,6 +74,57 @@ std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
   return out;
 }
 
+// What the run reads, to refuse a resume on other data: the file's size and the xxh64 of its first
+// and last MiB (its path only for the message), or the embedded task's digits and sequence length.
+nlohmann::json data_fingerprint(const TrainConfig& c) {
+  if (c.data.empty()) return {{"kind", "addition"}, {"digits", c.digits}, {"seq", c.model.seq}};
+  std::ifstream f(c.data, std::ios::binary);
+  SW_CHECK(f.good(), "cannot read the data file '{}'", c.data);
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<int64_t>(f.tellg());
+  auto mib_at = [&](int64_t offset) {
+    std::vector<std::byte> buf(static_cast<size_t>(std::min<int64_t>(size - offset, int64_t{1} << 20)));
+    f.seekg(offset);
+    f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    return ckpt::xxh64_hex(buf);
+  };
+  return {{"kind", "file"}, {"path", c.data}, {"size", size}, {"head_xxh64", mib_at(0)},
+          {"tail_xxh64", mib_at(std::max<int64_t>(0, size - (int64_t{1} << 20)))}};
+}
+
+std::string describe_fingerprint(const nlohmann::json& f) {
+  if (f.value("kind", "") == "addition")
+    return fmt::format("the {}-digit addition task at seq {}", f.value("digits", 0), f.value("seq", 0));
+  return fmt::format("'{}' ({} bytes, xxh64 of its first MiB {})", f.value("path", ""), f.value("size", int64_t{0}),
+                     f.value("head_xxh64", ""));
+}
+
+// What makes the resumed run continue the saved one: the global batch (data position, schedule),
+// the data (its fingerprint) and the generators' seed (dropout masks and the data order; the
+// generators are counter-based, so seed and step are each rank's whole state).
+void check_same_run(const nlohmann::json& state, const TrainConfig& c, const ckpt::fs::path& dir) {
+  SW_CHECK(state.value("global_batch", int64_t{0}) == c.global_batch,
+           "checkpoint {} was trained with a global batch of {} sequences, this run uses {}: the data position "
+           "and the schedule would not continue the same run",
+           dir.string(), state.value("global_batch", int64_t{0}), c.global_batch);
+  // Checkpoints from before the fingerprint have none: nothing to compare.
+  if (state.contains("data") && state["data"].contains("fingerprint")) {
+    nlohmann::json saved_data = state["data"]["fingerprint"], my_data = data_fingerprint(c);
+    saved_data.erase("path"), my_data.erase("path");  // the same file may move
+    SW_CHECK(saved_data == my_data, "checkpoint {} was trained on {}, this run reads {}: resume with the same --data "
+             "(or --digits and --seq), or start a fresh run in another --run-dir", dir.string(),
+             describe_fingerprint(state["data"]["fingerprint"]), describe_fingerprint(data_fingerprint(c)));
+  }
+  const int64_t step = state.at("step").get<int64_t>();
+  for (const nlohmann::json& rank : state.value("rng", nlohmann::json::array())) {
+    const auto seed = rank.value("seed", c.seed);
+    SW_CHECK(seed == c.seed && rank.value("step", step) == step,
+             "checkpoint {} holds generator state seed {} at step {}, this run uses --seed {} at step {}: dropout "
+             "masks and the data order would not continue the same run; resume with --seed {}", dir.string(), seed,
+             rank.value("step", step), c.seed, step, seed);
+  }
+}
+
 }  // namespace
 
 ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world) {
@@ -108,7 +162,8 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
         {"optimizer", {{"name", "adamw"}, {"beta1", c.adamw.beta1}, {"beta2", c.adamw.beta2},
                        {"epsilon", c.adamw.epsilon}, {"weight_decay", c.adamw.weight_decay}, {"clip", c.clip}}},
         {"data", {{"dataset", trainer.dataset().describe()}, {"path", c.data}, {"digits", c.digits},
-                  {"seed", c.seed}, {"next_sample", trainer.consumed_samples()}}},
+                  {"seed", c.seed}, {"next_sample", trainer.consumed_samples()},
+                  {"fingerprint", data_fingerprint(c)}}},
         {"rng", ranks},
         {"mesh", trainer.strategy().mesh.to_string()},
         {"sequence_parallel", c.sequence_parallel},
@@ -172,10 +227,7 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
     std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
   }
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
-  SW_CHECK(state.value("global_batch", int64_t{0}) == trainer.config().global_batch,
-           "checkpoint {} was trained with a global batch of {} sequences, this run uses {}: the data position "
-           "and the schedule would not continue the same run",
-           dir.string(), state.value("global_batch", int64_t{0}), trainer.config().global_batch);
+  check_same_run(state, trainer.config(), dir);
   trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
 }
 

@@ -9,11 +9,50 @@
 
 namespace shardwise::train {
 
-MetricsLog::MetricsLog(const std::string& run_dir, bool append) : dir_(run_dir) {
+namespace {
+
+// The lines of metrics.jsonl up to `step` (text and records); a line that does not parse ends them.
+std::string kept_lines(const std::string& path, int64_t step, std::vector<StepRecord>& records) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) break;
+    if (j["step"].get<int64_t>() > step) break;
+    StepRecord r;
+    r.step.step = j["step"].get<int64_t>();
+    r.step.loss = j.value("loss", 0.0);
+    r.step.lr = j.value("lr", 0.0);
+    r.step.grad_norm = j.value("grad_norm", 0.0);
+    r.step.tokens = j.value("tokens", int64_t{0});
+    r.elapsed_s = j.value("elapsed_s", 0.0);
+    r.tokens_per_s = j.value("tokens_per_s", 0.0);
+    if (j.contains("accuracy")) r.accuracy = j["accuracy"].get<double>();
+    records.push_back(r);
+    kept += line + "\n";
+  }
+  return kept;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) : dir_(run_dir) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   SW_CHECK(!ec, "cannot create the run directory '{}': {}", run_dir, ec.message());
-  out_.open(jsonl_path(), append ? std::ios::app : std::ios::trunc);
+  if (resumed_step >= 0) {
+    // Rewritten whole (to a temporary, renamed over) so a kill here keeps the old file.
+    std::string kept = kept_lines(jsonl_path(), resumed_step, earlier_), tmp = jsonl_path() + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << kept;
+      f.flush();
+      SW_CHECK(f.good(), "cannot write '{}'", tmp);
+    }
+    std::filesystem::rename(tmp, jsonl_path(), ec);
+    SW_CHECK(!ec, "cannot replace '{}': {}", jsonl_path(), ec.message());
+  }
+  out_.open(jsonl_path(), resumed_step >= 0 ? std::ios::app : std::ios::trunc);
   SW_CHECK(out_.good(), "cannot write '{}'", jsonl_path());
 }
 
@@ -31,7 +70,9 @@ std::string MetricsLog::write_curve(const std::string& title) const {
   std::string path = dir_ + "/loss_curve.svg";
   std::ofstream f(path, std::ios::trunc);
   SW_CHECK(f.good(), "cannot write '{}'", path);
-  f << loss_curve_svg(records_, title);
+  std::vector<StepRecord> all = earlier_;
+  all.insert(all.end(), records_.begin(), records_.end());
+  f << loss_curve_svg(all, title);
   return path;
 }
 

@@ -18,19 +18,20 @@ struct StepRecord {
 
 class MetricsLog {
  public:
-  // Creates `run_dir` (and parents); Error when it cannot be written. `append` keeps the lines of
-  // an earlier run (a resumed one).
-  explicit MetricsLog(const std::string& run_dir, bool append = false);
+  // Creates `run_dir` (and parents); Error when it cannot be written. A fresh run (`resumed_step`
+  // < 0) starts an empty metrics.jsonl; a run resumed at `resumed_step` keeps the earlier lines up to
+  // that step (the ones after it are trained again), drops the rest and appends.
+  explicit MetricsLog(const std::string& run_dir, int64_t resumed_step = -1);
   void add(const StepRecord& r);  // appends a line to metrics.jsonl and flushes it
-  const std::vector<StepRecord>& records() const { return records_; }
-  // Writes loss_curve.svg; returns its path.
+  const std::vector<StepRecord>& records() const { return records_; }  // this process's steps
+  // Writes loss_curve.svg of the whole run (the kept earlier lines too); returns its path.
   std::string write_curve(const std::string& title) const;
   std::string jsonl_path() const { return dir_ + "/metrics.jsonl"; }
 
  private:
   std::string dir_;
   std::ofstream out_;
-  std::vector<StepRecord> records_;
+  std::vector<StepRecord> earlier_, records_;
 };
 
 // The SVG text of a loss curve (and accuracy points, when given), for MetricsLog and tests.

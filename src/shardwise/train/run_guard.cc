@@ -1,0 +1,140 @@
+#include "shardwise/train/run_guard.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "shardwise/comm/objects.h"
+
+#include "shardwise/ckpt/commit.h"
+#include "shardwise/core/error.h"
+#include "shardwise/train/checkpointing.h"
+
+namespace shardwise::train {
+namespace {
+
+// "" when `dir` can be created and takes a file; else why not.
+std::string probe(const ckpt::fs::path& dir, int rank) {
+  std::error_code ec;
+  ckpt::fs::create_directories(dir, ec);
+  if (ec) return fmt::format("cannot create it: {}", ec.message());
+  if (!ckpt::fs::is_directory(dir)) return "it is not a directory";
+  ckpt::fs::path file = dir / fmt::format(".shardwise-probe-{}-{}", getpid(), rank);
+  {
+    std::ofstream f(file, std::ios::trunc);
+    f << "probe\n";
+    f.flush();
+    if (!f.good()) return fmt::format("cannot write a file in it: {}", std::strerror(errno));
+  }
+  ckpt::fs::remove(file, ec);
+  if (ec) return fmt::format("cannot remove a file from it: {}", ec.message());
+  return "";
+}
+
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// Rank 0's checks of the save directory: no checkpoints of another run, room for one checkpoint.
+std::string check_save_dir(const RunDirs& dirs, uint64_t need, std::vector<std::string>& warnings) {
+  auto existing = ckpt::list_checkpoints(dirs.save_dir);
+  if (!existing.empty() && !dirs.resuming) {
+    return fmt::format("save directory '{}' already holds {} checkpoint(s) (newest: {}): pass --resume auto to "
+                       "continue that run, or choose another --run-dir / --save-dir; nothing was changed",
+                       dirs.save_dir, existing.size(), existing.back().dir.filename().string());
+  }
+  struct statvfs st {};
+  if (statvfs(dirs.save_dir.c_str(), &st) != 0) return "";
+  uint64_t free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  if (free < need) {
+    return fmt::format("save directory '{}' has {} free but one checkpoint needs about {}: free space or choose "
+                       "another --save-dir", dirs.save_dir, mib(free), mib(need));
+  }
+  if (free < 2 * need) {
+    warnings.push_back(fmt::format("warning: save directory '{}' has {} free, room for only one checkpoint of about {}",
+                                   dirs.save_dir, mib(free), mib(need)));
+  }
+  return "";
+}
+
+}  // namespace
+
+uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world) {
+  nlohmann::json mine = nlohmann::json::object();
+  for (const ParamState& p : trainer.params()) mine[p.name] = p.shape.numel();
+  std::map<std::string, int64_t> all;  // with pp a rank holds only its stages' parameters
+  for (const auto& rank : comm::all_gather_object(world, mine)) {
+    for (const auto& [name, n] : rank.items()) all[name] = n.get<int64_t>();
+  }
+  uint64_t params = 0;
+  for (const auto& [name, n] : all) params += static_cast<uint64_t>(n);
+  const uint64_t copies = trainer.config().bf16 ? 4 : 3;  // weights, exp_avg, exp_avg_sq [, masters]
+  return params * copies * 4;
+}
+
+std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& world, const RunDirs& dirs) {
+  const uint64_t need = dirs.saves ? estimated_checkpoint_bytes(trainer, world) : 0;
+  std::vector<std::string> warnings;
+  std::string error;
+  if (world.rank() == 0) {
+    if (std::string why = probe(dirs.run_dir, 0); !why.empty()) {
+      error = fmt::format("run directory '{}' is not usable: {}; choose another --run-dir", dirs.run_dir, why);
+    }
+  }
+  if (error.empty() && dirs.saves) {
+    if (std::string why = probe(dirs.save_dir, world.rank()); !why.empty()) {
+      error = fmt::format("save directory '{}' is not usable (rank {}): {}; choose another --save-dir", dirs.save_dir,
+                          world.rank(), why);
+    }
+  }
+  if (error.empty() && world.rank() == 0 && (dirs.saves || ckpt::fs::is_directory(dirs.save_dir))) {
+    error = check_save_dir(dirs, need, warnings);
+  }
+  // Every rank agrees: the first error (by rank) stops them all.
+  for (const auto& e : comm::all_gather_object(world, error)) {
+    if (!e.get<std::string>().empty()) fail("{}", e.get<std::string>());
+  }
+  return warnings;
+}
+
+
+ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const std::string& resume,
+                            const ckpt::fs::path& save_dir, bool verify, bool saves) {
+  ResumeResult r;
+  if (resume.empty()) return r;
+  if (resume == "auto") {
+    auto found = ckpt::resume(world, save_dir, true, &r.lines);
+    if (!found) {
+      r.lines.push_back(fmt::format("resume: no verified checkpoint in {}, starting fresh", save_dir.string()));
+      return r;
+    }
+    r.dir = found->dir;
+  } else {
+    r.dir = ckpt::fs::path(resume);
+    if (verify) {
+      for (auto& n : ckpt::verify_resume_dir(world, *r.dir)) r.lines.push_back(fmt::format("{}: {}", resume, n));
+    } else {
+      r.lines.push_back(fmt::format("resume: {} loaded without verification (--no-verify-resume)", resume));
+    }
+  }
+  load_trainer(trainer, world, *r.dir);
+  r.lines.push_back(fmt::format("resumed from {} at step {} ({} samples consumed)", r.dir->string(),
+                                trainer.steps_done(), trainer.consumed_samples()));
+  const int64_t steps = trainer.config().steps, at = trainer.steps_done();
+  SW_CHECK(steps >= at, "--steps {} is below step {} of the resumed checkpoint {}: pass --steps above {} to train "
+           "further, or resume an earlier checkpoint", steps, at, r.dir->string(), at);
+  for (const auto& c : saves && steps > at ? ckpt::list_checkpoints(save_dir) : std::vector<ckpt::CheckpointEntry>{}) {
+    SW_CHECK(c.step <= at || c.step > steps, "save directory '{}' holds {}, newer than the resumed step {}: this run "
+             "would meet it when saving; resume the newest checkpoint (--resume auto), move {} away, or pass another "
+             "--save-dir", save_dir.string(), c.dir.filename().string(), at, c.dir.string());
+  }
+  if (steps == at) {
+    r.nothing_to_do = true;
+    r.lines.push_back(fmt::format("nothing to do: {} is at step {}, which --steps {} asks for; pass a larger --steps "
+                                  "to train further", r.dir->string(), at, steps));
+  }
+  return r;
+}
+
+}  // namespace shardwise::train

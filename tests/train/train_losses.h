@@ -1,0 +1,28 @@
+#pragma once
+// The training loop the resume tests share: `steps` steps of `c` on its mesh (threads), after
+// loading `from` when given, saving into `save_to` at the end when given; rank 0's losses.
+#include <filesystem>
+#include <vector>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/train/checkpointing.h"
+
+namespace shardwise::train {
+
+inline std::vector<double> train_losses(const TrainConfig& c, int64_t steps, const std::filesystem::path& from,
+                                        const std::filesystem::path& save_to) {
+  std::vector<double> losses;
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(c, world);
+    if (!from.empty()) load_trainer(t, *world, from);
+    for (int64_t s = 0; s < steps; ++s) {
+      double l = t.step().loss;
+      if (w.rank() == 0) losses.push_back(l);
+    }
+    if (!save_to.empty()) save_trainer(t, *world, save_to);
+  });
+  return losses;
+}
+
+}  // namespace shardwise::train
