@@ -9,25 +9,12 @@
 #include <regex>
 #include <string>
 
+#include "run_cli.h"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const char* bin = std::getenv("SHARDWISE_BIN");
-  std::string cmd = std::string(bin ? bin : "shardwise") + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.out.append(buf.data(), n);
-  int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
 
 const std::string kDiverging = "train --mesh dp=1 --layers 1 --hidden 32 --digits 2 --global-batch 8 --steps 40 "
                                "--lr 1e6 --min-lr 0 --warmup 0 --clip 0 --log-every 1 ";
