@@ -141,3 +141,20 @@ TEST(CliFailures, UnderMpirunAConfigurationErrorIsPrintedOnce) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every rank finds the same non-finite loss at the same step: the job prints one error line.
+TEST(CliFailures, UnderMpirunATrainingErrorIsPrintedOnce) {
+  Result r = shardwise_cli_test::run_command(
+      std::string(SHARDWISE_MPIRUN_LINE) +
+      " -np 2 $SHARDWISE_BIN train --mesh dp=2 --layers 1 --hidden 32 --digits 2 --global-batch 8 --steps 40 "
+      "--lr 1e6 --min-lr 0 --warmup 0 --clip 0 --run-dir /tmp/shardwise-cli-mpi-nonfinite");
+  EXPECT_NE(r.status, 0) << r.out;
+  size_t first = r.out.find("shardwise: error: rank ");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is not finite", first), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("shardwise: error:", first + 1), std::string::npos) << r.out;
+}
+
+}  // namespace
