@@ -91,6 +91,20 @@ TEST(CliCheckpoints, ExplicitResumeRefusesAnEditedTrainerState) {
   EXPECT_NE(r.out.find("trainer_state.json: xxh64"), std::string::npos) << r.out;
 }
 
+TEST(CliCheckpoints, WhenEveryCheckpointIsRejectedTheFreshRunKeepsTheEarlierMetricsAside) {
+  RunDir d("allbad");
+  ASSERT_EQ(run(train(d, 3)).status, 0);
+  const std::string earlier = read(d.path / "metrics.jsonl");
+  ASSERT_FALSE(earlier.empty());
+  fs::path shard = d.ckpt(3) / "model-00001-of-00001.safetensors";
+  flip_byte(shard, fs::file_size(shard) - 5);
+  Result r = run(train(d, 3, "--resume auto"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("rejected checkpoint-3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("an earlier run's metrics were moved to"), std::string::npos) << r.out;
+  EXPECT_EQ(read(d.path / "metrics.jsonl.previous"), earlier);
+}
+
 TEST(CliCheckpoints, ResumeAutoNamesTheRejectedCheckpointSetsItAsideAndPassesItsStep) {
   RunDir d("auto");
   ASSERT_EQ(run(train(d, 6)).status, 0);

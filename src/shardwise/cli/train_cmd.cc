@@ -53,6 +53,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   std::unique_ptr<train::MetricsLog> log;
   if (report) {
     log = std::make_unique<train::MetricsLog>(o.run_dir, resumed.dir ? trainer.steps_done() : -1);
+    if (!log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", log->kept_aside());
     const auto& c = trainer.config();
     out << fmt::format("shardwise train: GPT {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
                        c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,

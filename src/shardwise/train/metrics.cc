@@ -52,6 +52,15 @@ MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) : dir_(
     std::filesystem::rename(tmp, jsonl_path(), ec);
     SW_CHECK(!ec, "cannot replace '{}': {}", jsonl_path(), ec.message());
   }
+  if (resumed_step < 0 && std::filesystem::file_size(jsonl_path(), ec) > 0 && !ec) {
+    // A fresh run in a directory with an earlier run's log (e.g. every checkpoint was rejected):
+    // that log is kept aside, not emptied.
+    std::string aside = jsonl_path() + ".previous";
+    for (int k = 1; std::filesystem::exists(aside); ++k) aside = fmt::format("{}.previous.{}", jsonl_path(), k);
+    std::filesystem::rename(jsonl_path(), aside, ec);
+    SW_CHECK(!ec, "cannot move the earlier '{}' aside: {}", jsonl_path(), ec.message());
+    kept_aside_ = aside;
+  }
   out_.open(jsonl_path(), resumed_step >= 0 ? std::ios::app : std::ios::trunc);
   SW_CHECK(out_.good(), "cannot write '{}'", jsonl_path());
 }

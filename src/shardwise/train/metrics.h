@@ -27,9 +27,11 @@ class MetricsLog {
   // Writes loss_curve.svg of the whole run (the kept earlier lines too); returns its path.
   std::string write_curve(const std::string& title) const;
   std::string jsonl_path() const { return dir_ + "/metrics.jsonl"; }
+  // Where an earlier run's log in this directory was moved when this run started fresh ("" if none).
+  const std::string& kept_aside() const { return kept_aside_; }
 
  private:
-  std::string dir_;
+  std::string dir_, kept_aside_;
   std::ofstream out_;
   std::vector<StepRecord> earlier_, records_;
 };
