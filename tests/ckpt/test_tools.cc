@@ -3,6 +3,8 @@
 // bad file, and the `shardwise ckpt` command line.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <array>
 #include <cstdio>
 #include <sstream>
@@ -218,6 +220,75 @@ TEST(CkptTools, InspectAndVerifyPlainFilesAndDirectories) {
   EXPECT_NE(out.find("holds no manifest.json and no safetensors files: not a checkpoint"), std::string::npos) << out;
   std::tie(rc, out) = shardwise_cli("ckpt verify " + (scratch.path / "empty").string());
   EXPECT_EQ(rc, 1) << out;
+}
+
+}  // namespace
+}  // namespace shardwise::ckpt
+
+namespace shardwise::ckpt {
+namespace {
+
+// A PEFT adapter directory: adapter_model.safetensors and adapter_config.json.
+void write_adapter(const fs::path& dir, const std::string& module, const Tensor& A, const Tensor& B,
+                   const std::string& config) {
+  fs::create_directories(dir);
+  std::vector<StEntry> ad = {entry_of("base_model.model." + module + ".lora_A.weight", A),
+                             entry_of("base_model.model." + module + ".lora_B.weight", B)};
+  write_safetensors(dir / "adapter_model.safetensors", ad);
+  std::ofstream(dir / "adapter_config.json") << config;
+}
+
+float at(const Tensor& t, int64_t i) { return t.data<float>()[i]; }
+
+// GPT-2's Conv1D stores W as [in, out]; PEFT records fan_in_fan_out and its B A is [out, in], so
+// the merge adds (B A)^T. The square case is the one a wrong orientation passes silently.
+TEST(CkptTools, LoraMergeReadsAdapterConfigAndAddsTheProductTransposedForConv1D) {
+  ScratchDir scratch("lora_conv1d");
+  // W [in 2, out 2] (square), A [r 1, in 2], B [out 2, r 1]: B A = [[1*3, 1*4], [2*3, 2*4]] = [[3, 4], [6, 8]].
+  Tensor w = Tensor::from<float>(Shape{2, 2}, std::vector<float>{10, 20, 30, 40});
+  Tensor A = Tensor::from<float>(Shape{1, 2}, std::vector<float>{3, 4});
+  Tensor B = Tensor::from<float>(Shape{2, 1}, std::vector<float>{1, 2});
+  fs::create_directories(scratch.path / "base");
+  std::vector<StEntry> base = {entry_of("h.0.attn.c_proj.weight", w)};
+  write_safetensors(scratch.path / "base" / "model.safetensors", base, StMetadata{{"format", "pt"}});
+  write_adapter(scratch.path / "adapter", "h.0.attn.c_proj", A, B,
+                R"({"r": 1, "lora_alpha": 2, "fan_in_fan_out": true, "target_modules": ["c_attn", "c_proj"]})");
+  LoraOptions o;  // rank and alpha from adapter_config.json: scale 2 / 1
+  EXPECT_EQ(lora_merge(scratch.path / "base", scratch.path / "adapter", scratch.path / "out", o), 1u);
+  Tensor got = GroupReader(scratch.path / "out", "model").file_of("h.0.attn.c_proj.weight").read("h.0.attn.c_proj.weight");
+  // W[i][o] += 2 * (B A)[o][i]: (B A)^T = [[3, 6], [4, 8]].
+  const float want[] = {10 + 6, 20 + 12, 30 + 8, 40 + 16};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(at(got, i), want[i]) << i;
+  o.rank = 2;  // options that disagree with adapter_config.json are refused
+  EXPECT_THROW(lora_merge(scratch.path / "base", scratch.path / "adapter", scratch.path / "out2", o), Error);
+}
+
+TEST(CkptTools, LoraMergeRefusesAdaptersOutsideTargetModulesAndUnsupportedPatterns) {
+  ScratchDir scratch("lora_targets");
+  Tensor w = Tensor::from<float>(Shape{2, 2}, std::vector<float>{1, 2, 3, 4});
+  Tensor A = Tensor::from<float>(Shape{1, 2}, std::vector<float>{1, 1});
+  Tensor B = Tensor::from<float>(Shape{2, 1}, std::vector<float>{1, 1});
+  fs::create_directories(scratch.path / "base");
+  std::vector<StEntry> base = {entry_of("h.0.mlp.c_fc.weight", w)};
+  write_safetensors(scratch.path / "base" / "model.safetensors", base, StMetadata{{"format", "pt"}});
+  write_adapter(scratch.path / "a1", "h.0.mlp.c_fc", A, B, R"({"r": 1, "lora_alpha": 1, "target_modules": ["c_attn"]})");
+  try {
+    lora_merge(scratch.path / "base", scratch.path / "a1", scratch.path / "o1", {});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not in target_modules [c_attn]"), std::string::npos) << e.what();
+  }
+  write_adapter(scratch.path / "a2", "h.0.mlp.c_fc", A, B,
+                R"({"r": 1, "lora_alpha": 1, "rank_pattern": {"c_fc": 4}})");
+  EXPECT_THROW(lora_merge(scratch.path / "base", scratch.path / "a2", scratch.path / "o2", {}), Error);
+  // use_rslora: scale lora_alpha / sqrt(r) = 4 / sqrt(4) = 2 with A, B of rank 4.
+  Tensor A4 = Tensor::from<float>(Shape{4, 2}, std::vector<float>{1, 0, 0, 0, 0, 0, 0, 0});
+  Tensor B4 = Tensor::from<float>(Shape{2, 4}, std::vector<float>{1, 0, 0, 0, 0, 0, 0, 0});
+  write_adapter(scratch.path / "a3", "h.0.mlp.c_fc", A4, B4, R"({"r": 4, "lora_alpha": 4, "use_rslora": true})");
+  ASSERT_EQ(lora_merge(scratch.path / "base", scratch.path / "a3", scratch.path / "o3", {}), 1u);
+  Tensor got = GroupReader(scratch.path / "o3", "model").file_of("h.0.mlp.c_fc.weight").read("h.0.mlp.c_fc.weight");
+  EXPECT_EQ(at(got, 0), 1 + 2);  // nn.Linear orientation: W[0][0] += 2 * B[0][0] A[0][0]
+  EXPECT_EQ(at(got, 3), 4);
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <regex>
 
+#include "shardwise/ckpt/file_io.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/safetensors_writer.h"
@@ -187,8 +190,79 @@ std::unique_ptr<GroupReader> open_model(const fs::path& path, std::string_view w
 
 }  // namespace
 
+namespace {
+
+// The merge settings: adapter_config.json (when the adapter is a directory holding one) and the
+// options, which must agree with it.
+struct LoraSettings {
+  double scale = 0;
+  int64_t rank = 0;
+  bool fan_in_fan_out = false;
+  std::vector<std::string> targets;  // module names; empty: any
+  std::string target_regex;          // PEFT's string form: a regex matched against the module path
+};
+
+LoraSettings lora_settings(const fs::path& adapter, const LoraOptions& options) {
+  LoraSettings s;
+  double alpha = options.alpha;
+  s.rank = options.rank;
+  bool rslora = false;
+  const fs::path config = fs::is_directory(adapter) ? adapter / "adapter_config.json" : fs::path();
+  if (!config.empty() && fs::exists(config)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(config));
+    } catch (const std::exception& e) {
+      fail("lora-merge: cannot read '{}': {}", config.string(), e.what());
+    }
+    const int64_t r = j.value("r", int64_t{0});
+    const double a = j.value("lora_alpha", 0.0);
+    SW_CHECK(r > 0 && a != 0, "lora-merge: '{}' needs r > 0 and a lora_alpha, got r {} and lora_alpha {}",
+             config.string(), r, a);
+    SW_CHECK(options.rank == 0 || options.rank == r, "lora-merge: --rank {} but '{}' says r = {}", options.rank,
+             config.string(), r);
+    SW_CHECK(options.alpha == 0 || options.alpha == a, "lora-merge: --alpha {} but '{}' says lora_alpha = {}",
+             options.alpha, config.string(), a);
+    for (const char* key : {"rank_pattern", "alpha_pattern"}) {
+      SW_CHECK(!j.contains(key) || j[key].is_null() || j[key].empty(),
+               "lora-merge: '{}' sets {} (per-module ranks or alphas), which lora-merge does not support",
+               config.string(), key);
+    }
+    s.rank = r, alpha = a;
+    rslora = j.value("use_rslora", false);
+    s.fan_in_fan_out = j.value("fan_in_fan_out", false);
+    if (j.contains("target_modules") && j["target_modules"].is_array()) {
+      s.targets = j["target_modules"].get<std::vector<std::string>>();
+    } else if (j.contains("target_modules") && j["target_modules"].is_string()) {
+      s.target_regex = j["target_modules"].get<std::string>();
+    }
+  }
+  SW_CHECK(s.rank > 0 && alpha != 0,
+           "lora-merge: pass --rank and --alpha, or an adapter directory with PEFT's adapter_config.json");
+  s.scale = alpha / (rslora ? std::sqrt(static_cast<double>(s.rank)) : static_cast<double>(s.rank));
+  return s;
+}
+
+// Checks that the adapted module `path` (e.g. "transformer.h.0.attn.c_attn") is a target.
+void check_target(const LoraSettings& s, const std::string& path, const std::string& key) {
+  if (!s.target_regex.empty()) {
+    SW_CHECK(std::regex_match(path, std::regex(s.target_regex)),
+             "lora-merge: adapter key '{}' adapts '{}', which target_modules '{}' does not match", key, path,
+             s.target_regex);
+    return;
+  }
+  if (s.targets.empty()) return;
+  const std::string module = path.substr(path.rfind('.') + 1);
+  SW_CHECK(std::find(s.targets.begin(), s.targets.end(), module) != s.targets.end(),
+           "lora-merge: adapter key '{}' adapts module '{}', which is not in target_modules [{}]", key, module,
+           fmt::join(s.targets, ", "));
+}
+
+}  // namespace
+
 size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path& out, const LoraOptions& options) {
-  SW_CHECK(options.rank > 0, "--rank must be > 0, got {}", options.rank);
+  SW_CHECK(options.rank >= 0, "--rank must be > 0, got {}", options.rank);
+  const LoraSettings settings = lora_settings(adapter, options);
   auto b = open_model(base, "base");
   auto a = open_model(adapter, "adapter");
   const std::regex lora_a(R"(^(?:base_model\.model\.)?(.*)\.lora_A(?:\.[^.]+)?\.weight$)");
@@ -199,10 +273,11 @@ size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path&
     if (!std::regex_match(key, m, lora_a)) continue;
     std::string b_key = std::regex_replace(key, std::regex(R"(\.lora_A)"), ".lora_B");
     SW_CHECK(a->contains(b_key), "adapter '{}': '{}' has no matching '{}'", adapter.string(), key, b_key);
+    check_target(settings, m[1].str(), key);
     pairs[m[1].str() + ".weight"] = {key, b_key};
   }
   SW_CHECK(!pairs.empty(), "adapter '{}' holds no '*.lora_A.weight' keys", adapter.string());
-  const double scale = options.alpha / static_cast<double>(options.rank);
+  const double scale = settings.scale;
   std::vector<OutTensor> tensors;
   size_t merged = 0;
   for (const std::string& name : b->names()) {
@@ -218,18 +293,22 @@ size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path&
     Tensor A = a->file_of(it->second.first).read(it->second.first).to(DType::F64);
     Tensor B = a->file_of(it->second.second).read(it->second.second).to(DType::F64);
     SW_CHECK(w.ndim() == 2 && A.ndim() == 2 && B.ndim() == 2, "lora-merge '{}': only 2-d (linear) weights are merged", name);
-    const int64_t rows = w.shape()[0], cols = w.shape()[1], r = options.rank;
-    SW_CHECK(A.shape() == (Shape{r, cols}) && B.shape() == (Shape{rows, r}),
-             "lora-merge '{}': W {} needs lora_A [{}, {}] and lora_B [{}, {}] for --rank {}, got {} and {}", name,
-             shape_text(w.shape()), r, cols, rows, r, r, shape_text(A.shape()), shape_text(B.shape()));
+    // W is [out, in] (nn.Linear), or [in, out] with fan_in_fan_out (Conv1D): B A is [out, in].
+    const bool fan_in_out = settings.fan_in_fan_out;
+    const int64_t rows = w.shape()[0], cols = w.shape()[1], r = settings.rank;
+    const int64_t out_dim = fan_in_out ? cols : rows, in_dim = fan_in_out ? rows : cols;
+    SW_CHECK(A.shape() == (Shape{r, in_dim}) && B.shape() == (Shape{out_dim, r}),
+             "lora-merge '{}': W {}{} needs lora_A [{}, {}] and lora_B [{}, {}] for rank {}, got {} and {}", name,
+             shape_text(w.shape()), fan_in_out ? " (fan_in_fan_out: [in, out])" : "", r, in_dim, out_dim, r, r,
+             shape_text(A.shape()), shape_text(B.shape()));
     double* W = w.data<double>();
     const double* pa = A.data<double>();
     const double* pb = B.data<double>();
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
+    for (int64_t o = 0; o < out_dim; ++o) {
+      for (int64_t i = 0; i < in_dim; ++i) {
         double acc = 0;
-        for (int64_t k = 0; k < r; ++k) acc += pb[i * r + k] * pa[k * cols + j];
-        W[i * cols + j] += scale * acc;
+        for (int64_t k = 0; k < r; ++k) acc += pb[o * r + k] * pa[k * in_dim + i];
+        W[fan_in_out ? i * cols + o : o * cols + i] += scale * acc;
       }
     }
     Tensor back = w.to(options.rewrite.dtype && is_floating(*to_tensor_dtype(info.dtype)) ? *options.rewrite.dtype

@@ -26,14 +26,17 @@ struct RewriteOptions {
 size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options = {});
 
 struct LoraOptions {
-  double alpha = 0;
-  int64_t rank = 0;
+  double alpha = 0;   // 0: lora_alpha from the adapter's adapter_config.json
+  int64_t rank = 0;   // 0: r from adapter_config.json
   RewriteOptions rewrite;
 };
-// W + (alpha / rank) * B @ A for every weight W with PEFT adapter matrices
-// "<prefix>.lora_A.weight" [rank, in] and "<prefix>.lora_B.weight" [out, rank] (the prefix may
-// start with "base_model.model."); adapter keys are left out of the result. `adapter` is a
-// .safetensors file or a directory holding adapter_model.safetensors. Returns weights merged.
+// W + scale * B @ A for every weight W with PEFT adapter matrices "<prefix>.lora_A.weight"
+// [rank, in] and "<prefix>.lora_B.weight" [out, rank] (the prefix may start with
+// "base_model.model."); adapter keys are left out of the result. `adapter` is a .safetensors file or
+// a directory holding adapter_model.safetensors and, as PEFT writes it, adapter_config.json, whose
+// r, lora_alpha, use_rslora (scale alpha / sqrt(r) instead of alpha / r), fan_in_fan_out (W stored
+// [in, out], GPT-2's Conv1D: the product is added transposed) and target_modules (every adapted
+// module must be one of them) are read; options given here must agree with it. Returns weights merged.
 size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path& out, const LoraOptions& options);
 
 }  // namespace shardwise::ckpt

@@ -49,8 +49,8 @@ std::unique_ptr<CkptCommands> add_ckpt_commands(CLI::App& app) {
   c->lora->add_option("base", c->path, "base checkpoint directory or .safetensors file")->required();
   c->lora->add_option("adapter", c->adapter, "adapter directory (adapter_model.safetensors) or file")->required();
   c->lora->add_option("out", c->out, "new output directory")->required();
-  c->lora->add_option("--alpha", c->alpha, "LoRA alpha")->required();
-  c->lora->add_option("--rank", c->rank, "LoRA rank r")->required();
+  c->lora->add_option("--alpha", c->alpha, "LoRA alpha (0: lora_alpha from the adapter's adapter_config.json)");
+  c->lora->add_option("--rank", c->rank, "LoRA rank r (0: r from the adapter's adapter_config.json)");
   for (CLI::App* sub : {c->merge, c->convert, c->lora}) {
     sub->add_option("--max-shard-size", c->max_shard, "largest shard file, e.g. 5GB (default), 500MB");
     sub->add_option("--remove-keys", c->remove_keys, "glob patterns of keys to leave out")->delimiter(',');
