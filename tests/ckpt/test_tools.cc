@@ -164,6 +164,10 @@ TEST(CkptTools, CommandLine) {
   EXPECT_EQ(rc, 0) << out;
   std::tie(rc, out) = shardwise_cli("ckpt inspect " + (scratch.path / "c" / "model-00001-of-00003.safetensors").string());
   EXPECT_NE(out.find("BF16"), std::string::npos) << out;
+  // config.json says what the converted tensors hold; its other keys are kept.
+  nlohmann::json converted = load_json(scratch.path / "c", "config.json");
+  EXPECT_EQ(converted["torch_dtype"], "bfloat16");
+  EXPECT_EQ(converted["hidden_size"], 7);
   std::tie(rc, out) = shardwise_cli("ckpt merge " + dir.string() + " " + (scratch.path / "m").string() + " --max-shard-size 5XB");
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("shardwise: error: size '5XB'"), std::string::npos) << out;

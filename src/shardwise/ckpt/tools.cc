@@ -81,8 +81,21 @@ OutTensor converted(const StTensorInfo& info, std::span<const std::byte> bytes, 
 }
 
 // Writes OUT as a Hugging Face checkpoint by the commit protocol.
+// transformers' name of a floating dtype (config.json's torch_dtype).
+std::string torch_dtype_name(DType d) {
+  switch (d) {
+    case DType::F64: return "float64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    default: return "float32";
+  }
+}
+
+// config.json and generation_config.json are copied from `json_from`; after a conversion
+// (options.dtype) config.json's torch_dtype names the new dtype.
 void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, const fs::path& json_from,
-                         uint64_t max_shard_bytes) {
+                         const RewriteOptions& options) {
+  const uint64_t max_shard_bytes = options.max_shard_bytes;
   SW_CHECK(max_shard_bytes > 0, "--max-shard-size must be > 0");
   SW_CHECK(!fs::exists(out), "'{}' already exists: the tools never overwrite (choose a new directory)", out.string());
   fs::path tmp = out;
@@ -117,9 +130,15 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   write_file_atomic(tmp / index_file_name("model"), index.dump(2) + "\n");
   digests[index_file_name("model")] = digest_file(tmp / index_file_name("model"), false);
-  for (const char* name : {"config.json", "generation_config.json"}) {
+  for (const std::string name : {"config.json", "generation_config.json"}) {
     if (!fs::exists(json_from / name)) continue;
-    write_file_atomic(tmp / name, read_text_file(json_from / name));
+    std::string text = read_text_file(json_from / name);
+    if (name == "config.json" && options.dtype) {  // the file says what the tensors now hold
+      nlohmann::json config = nlohmann::json::parse(text);
+      config["torch_dtype"] = torch_dtype_name(*options.dtype);
+      text = config.dump(2) + "\n";
+    }
+    write_file_atomic(tmp / name, text);
     digests[name] = digest_file(tmp / name, false);
   }
   write_file_atomic(tmp / kManifestName,
@@ -171,7 +190,7 @@ size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteO
     const SafetensorsFile& f = reader.file_of(name);
     tensors.push_back(converted(f.info(name), f.data(f.info(name)), options.dtype));
   }
-  write_hf_checkpoint(out, tensors, dir, options.max_shard_bytes);
+  write_hf_checkpoint(out, tensors, dir, options);
   return tensors.size();
 }
 
@@ -323,7 +342,7 @@ size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path&
     fail("lora-merge: the base '{}' has no weight '{}' for adapter keys '{}'", base.string(), pairs.begin()->first,
          pairs.begin()->second.first);
   }
-  write_hf_checkpoint(out, tensors, fs::is_directory(base) ? base : base.parent_path(), options.rewrite.max_shard_bytes);
+  write_hf_checkpoint(out, tensors, fs::is_directory(base) ? base : base.parent_path(), options.rewrite);
   return merged;
 }
 
