@@ -453,7 +453,7 @@ namespace {
   // When every rank fails alike (a check all ranks make), one line is enough: the lowest failing
   // rank prints and aborts the job first, the others wait in proportion to their rank and are
   // usually ended by that abort before they print. A rank that fails alone still prints, late.
-  if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300 * std::min(rank, 10)));
+  if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 * std::min(rank, 8)));
   std::fprintf(stderr, "shardwise: error: rank %d: %s\n", rank, message);
   std::fflush(stderr);
   int initialized = 0, finalized = 0;
