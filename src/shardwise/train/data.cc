@@ -1,9 +1,17 @@
 #include "shardwise/train/data.h"
 
-#include <filesystem>
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <map>
+#include <mutex>
+#include <sstream>
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
@@ -90,47 +98,197 @@ AdditionTask::Problem AdditionTask::held_out(int64_t k) const {
   return encode(a, b);
 }
 
-TokenFile::TokenFile(const std::string& path, int64_t seq, uint64_t seed) : path_(path), seq_(seq), seed_(seed) {
-  SW_CHECK(!std::filesystem::is_directory(path),
-           "--data '{}' is a directory; expected a text file (byte tokens) or a .bin file of uint16 tokens", path);
+TokenFormat parse_token_format(const std::string& name) {
+  if (name == "auto") return TokenFormat::Auto;
+  if (name == "bytes") return TokenFormat::Bytes;
+  if (name == "u16") return TokenFormat::U16;
+  if (name == "u32") return TokenFormat::U32;
+  if (name == "llmc") return TokenFormat::Llmc;
+  fail("--data-format '{}' is not one of auto, bytes, u16, u32, llmc", name);
+}
+
+std::string token_format_name(TokenFormat f) {
+  switch (f) {
+    case TokenFormat::Auto: return "auto";
+    case TokenFormat::Bytes: return "bytes";
+    case TokenFormat::U16: return "u16";
+    case TokenFormat::U32: return "u32";
+    case TokenFormat::Llmc: return "llmc";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr size_t kLlmcHeaderBytes = 256 * 4;
+
+int32_t read_i32(const unsigned char* p) {
+  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                              static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24);
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// The largest token + 1 of a mapped file, scanned once per process (in-process ranks share it):
+// keyed by path, size, modification time and token width.
+int64_t scan_vocab(const TokenFile::Mapped& m, int width) {
+  static std::mutex mutex;
+  static std::map<std::string, int64_t> cache;
+  std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time(m.path, ec).time_since_epoch().count();
+  const std::string key = fmt::format("{}\n{}\n{}\n{}", m.path, m.bytes, mtime, width);
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  int64_t v = 0;
+  const auto n = static_cast<size_t>(m.count);
+  const unsigned char* t = m.tokens;
+  if (width == 1) {
+    for (size_t i = 0; i < n; ++i) v = std::max<int64_t>(v, t[i]);
+  } else if (width == 2) {
+    for (size_t i = 0; i < n; ++i) v = std::max<int64_t>(v, t[2 * i] | t[2 * i + 1] << 8);
+  } else {
+    for (size_t i = 0; i < n; ++i) v = std::max<int64_t>(v, static_cast<uint32_t>(read_i32(t + 4 * i)));
+  }
+  std::lock_guard lock(mutex);
+  cache[key] = v + 1;
+  return v + 1;
+}
+
+}  // namespace
+
+std::vector<std::string> data_files(const std::string& spec) {
+  if (std::filesystem::exists(spec)) return {spec};
+  std::vector<std::string> out;
+  std::stringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    item = trim(item);
+    if (item.empty()) continue;
+    if (item.find_first_of("*?[") == std::string::npos) {
+      out.push_back(item);
+      continue;
+    }
+    glob_t g{};
+    const int rc = ::glob(item.c_str(), 0, nullptr, &g);
+    for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+    SW_CHECK(rc == 0, "--data '{}': the pattern '{}' matches no file", spec, item);
+  }
+  SW_CHECK(!out.empty(), "--data '{}' names no file", spec);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TokenFormat detect_token_format(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   SW_CHECK(in.good(), "cannot read the data file '{}'", path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (path.ends_with(".bin")) {
-    SW_CHECK(bytes.size() % 2 == 0, "'{}' holds {} bytes: a .bin file of uint16 tokens has an even size", path,
-             bytes.size());
-    tokens_.resize(bytes.size() / 2);
-    for (size_t i = 0; i < tokens_.size(); ++i) {
-      tokens_[i] = static_cast<uint16_t>(static_cast<unsigned char>(bytes[2 * i]) |
-                                         static_cast<unsigned char>(bytes[2 * i + 1]) << 8);
+  unsigned char head[4] = {};
+  in.read(reinterpret_cast<char*>(head), 4);
+  if (in.gcount() == 4 && read_i32(head) == kLlmcMagic) return TokenFormat::Llmc;
+  return path.ends_with(".bin") ? TokenFormat::U16 : TokenFormat::Bytes;
+}
+
+void TokenFile::map(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  SW_CHECK(fd >= 0, "cannot read the data file '{}'", path);
+  struct stat st {};
+  const bool statted = ::fstat(fd, &st) == 0;
+  Mapped m{path, nullptr, statted ? static_cast<size_t>(st.st_size) : 0, nullptr, 0};
+  void* p = statted && m.bytes > 0 ? ::mmap(nullptr, m.bytes, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  ::close(fd);
+  SW_CHECK(statted && p != MAP_FAILED, "cannot map the data file '{}' ({} bytes)", path, m.bytes);
+  m.base = static_cast<const unsigned char*>(p);
+  files_.push_back(m);  // unmapped by the destructor from here on, whatever the checks below say
+}
+
+TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format)
+    : spec_(spec), format_(format), seq_(seq), seed_(seed) {
+  const std::vector<std::string> paths = data_files(spec);
+  for (const std::string& path : paths) {
+    SW_CHECK(!std::filesystem::is_directory(path),
+             "--data '{}' is a directory; expected a text file (byte tokens) or a .bin file of uint16 tokens", path);
+    const TokenFormat f = format == TokenFormat::Auto ? detect_token_format(path) : format;
+    SW_CHECK(path == paths.front() || f == format_, "'{}' holds {} tokens, '{}' {}: the files of one corpus share a format",
+             paths.front(), token_format_name(format_), path, token_format_name(f));
+    format_ = f;
+    map(path);
+    Mapped& m = files_.back();
+    size_t header = 0;
+    int width = f == TokenFormat::Bytes ? 1 : f == TokenFormat::U16 ? 2 : 4;
+    if (f == TokenFormat::Llmc) {
+      header = kLlmcHeaderBytes;
+      SW_CHECK(m.bytes >= header, "'{}' holds {} bytes, shorter than llm.c's header of {}", path, m.bytes, header);
+      const int32_t magic = read_i32(m.base), version = read_i32(m.base + 4), count = read_i32(m.base + 8);
+      SW_CHECK(magic == kLlmcMagic, "'{}' is not an llm.c token file: header[0] is {}, not the magic {}", path, magic,
+               kLlmcMagic);
+      SW_CHECK(version == 1 || version == 2,
+               "'{}': llm.c header version {} (expected 1 for uint16 tokens or 2 for uint32)", path, version);
+      width = version == 1 ? 2 : 4;
+      SW_CHECK(count >= 0 && static_cast<size_t>(count) * static_cast<size_t>(width) == m.bytes - header,
+               "'{}': the llm.c header says {} tokens ({} bytes), the file holds {} bytes after its {}-byte header", path,
+               count, static_cast<int64_t>(count) * width, m.bytes - header, header);
     }
-  } else {
-    tokens_.assign(bytes.begin(), bytes.end());
-    for (auto& t : tokens_) t = static_cast<uint16_t>(t & 0xFF);
+    SW_CHECK((m.bytes - header) % static_cast<size_t>(width) == 0,
+             "'{}' holds {} bytes: not a whole number of {}-byte ({}) tokens", path, m.bytes - header, width,
+             token_format_name(f));
+    SW_CHECK(path == paths.front() || width == width_, "'{}' holds {}-byte tokens, '{}' {}-byte: one corpus, one width",
+             paths.front(), width_, path, width);
+    width_ = width;
+    m.tokens = m.base ? m.base + header : nullptr;
+    m.count = static_cast<int64_t>((m.bytes - header) / static_cast<size_t>(width));
+    SW_CHECK(m.count >= seq + 2, "'{}' holds {} tokens; sequences of {} need at least {}", path, m.count, seq, seq + 2);
   }
-  SW_CHECK(static_cast<int64_t>(tokens_.size()) >= seq + 2, "'{}' holds {} tokens; sequences of {} need at least {}",
-           path, tokens_.size(), seq, seq + 2);
-  for (uint16_t t : tokens_) vocab_needed_ = std::max<int64_t>(vocab_needed_, t + 1);
+  first_position_.push_back(0);
+  for (const Mapped& m : files_) {
+    total_tokens_ += m.count;
+    first_position_.push_back(first_position_.back() + static_cast<uint64_t>(m.count - seq));
+    vocab_needed_ = std::max(vocab_needed_, scan_vocab(m, width_));
+  }
+}
+
+TokenFile::~TokenFile() {
+  for (const Mapped& m : files_) {
+    if (m.base) ::munmap(const_cast<unsigned char*>(m.base), m.bytes);
+  }
+}
+
+int64_t TokenFile::token(size_t file, int64_t i) const {
+  const unsigned char* t = files_[file].tokens;
+  const auto k = static_cast<size_t>(i);
+  if (width_ == 1) return t[k];
+  if (width_ == 2) return t[2 * k] | t[2 * k + 1] << 8;
+  return static_cast<uint32_t>(read_i32(t + 4 * k));
 }
 
 void TokenFile::sample(int64_t index, std::span<int64_t> tokens) const {
   SW_CHECK(static_cast<int64_t>(tokens.size()) == seq_ + 1, "a sample of sequence length {} has {} tokens, got room for {}",
            seq_, seq_ + 1, tokens.size());
   Philox rng(seed_, stream_id("token-file"));
-  uint64_t positions = tokens_.size() - static_cast<uint64_t>(seq_);
+  const uint64_t positions = first_position_.back();
   uint64_t r = static_cast<uint64_t>(rng.bits(2 * static_cast<uint64_t>(index))) << 32 | rng.bits(2 * static_cast<uint64_t>(index) + 1);
-  uint64_t start = r % positions;
-  for (int64_t i = 0; i <= seq_; ++i) tokens[static_cast<size_t>(i)] = tokens_[start + static_cast<uint64_t>(i)];
+  const uint64_t position = r % positions;
+  // The file whose valid window starts hold `position`; a single file: start = r % (tokens - seq).
+  const auto file = static_cast<size_t>(std::upper_bound(first_position_.begin(), first_position_.end(), position) -
+                                        first_position_.begin() - 1);
+  const auto start = static_cast<int64_t>(position - first_position_[file]);
+  for (int64_t i = 0; i <= seq_; ++i) tokens[static_cast<size_t>(i)] = token(file, start + i);
 }
 
 std::string TokenFile::describe() const {
-  return fmt::format("{} ({} tokens{}, vocabulary needed {})", path_, tokens_.size(),
-                     path_.ends_with(".bin") ? ", uint16" : ", bytes", vocab_needed_);
+  const std::string files = files_.size() > 1 ? fmt::format(" in {} files", files_.size()) : "";
+  const std::string width = format_ == TokenFormat::Llmc ? fmt::format(" (uint{})", width_ * 8) : "";
+  return fmt::format("{} ({}{} format, {} tokens{}, vocabulary needed {})", spec_, token_format_name(format_), width,
+                     total_tokens_, files, vocab_needed_);
 }
 
-std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed) {
+std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed,
+                                      TokenFormat format) {
   if (path.empty()) return std::make_unique<AdditionTask>(digits, seq, seed);
-  return std::make_unique<TokenFile>(path, seq, seed);
+  return std::make_unique<TokenFile>(path, seq, seed, format);
 }
 
 }  // namespace shardwise::train

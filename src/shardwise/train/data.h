@@ -3,8 +3,13 @@
 // deterministic, the same on every mesh, and resumable from `consumed_samples` alone.
 //   AdditionTask  the embedded default: "123+456=579\n" problems, byte tokens, padded with '\n';
 //                 one problem in ten (by a hash of its operands) is held out for evaluation.
-//   TokenFile     a text file (byte-level tokens) or pre-tokenized uint16 `.bin` file; sample i is
-//                 a window of seq + 1 tokens at a position drawn from (seed, i).
+//   TokenFile     one or several token files (a comma-separated list and/or globs, concatenated
+//                 in sorted order), memory-mapped read-only: raw bytes (text), headerless uint16
+//                 (nanoGPT's .bin), headerless uint32, or llm.c's .bin (a 1024-byte header).
+//                 Sample i is a window of seq + 1 tokens at a position drawn from (seed, i): the
+//                 draw is over the corpus' valid window starts (each file's tokens - seq), taken
+//                 globally in file order, so a window never crosses a file boundary and a single
+//                 file samples exactly as before (position = draw % (tokens - seq)).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -53,24 +58,56 @@ class AdditionTask final : public Dataset {
   uint64_t seed_;
 };
 
+enum class TokenFormat { Auto, Bytes, U16, U32, Llmc };
+// "auto", "bytes", "u16", "u32", "llmc"; Error otherwise.
+TokenFormat parse_token_format(const std::string& name);
+std::string token_format_name(TokenFormat f);
+inline constexpr int32_t kLlmcMagic = 20240520;  // llm.c's header[0]; header[1] 1 = uint16, 2 = uint32
+
+// The files `spec` names: an existing path as is, else a comma-separated list whose items may be
+// globs, all sorted. Error when a glob matches nothing.
+std::vector<std::string> data_files(const std::string& spec);
+// `auto`: llm.c's magic at offset 0 -> llmc; a `.bin` without it -> u16; anything else -> bytes.
+TokenFormat detect_token_format(const std::string& path);
+
 class TokenFile final : public Dataset {
  public:
-  // `.bin`: little-endian uint16 tokens; anything else: the file's bytes. Error when unreadable or
-  // shorter than seq + 2 tokens.
-  TokenFile(const std::string& path, int64_t seq, uint64_t seed);
+  // Error when a file is unreadable, shorter than seq + 2 tokens, of another format than the
+  // first, of a size that is not a whole number of tokens, or has a bad llm.c header.
+  TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format = TokenFormat::Auto);
+  ~TokenFile() override;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
   void sample(int64_t index, std::span<int64_t> tokens) const override;
   int64_t vocab_needed() const override { return vocab_needed_; }
   std::string describe() const override;
+  TokenFormat format() const { return format_; }
+  int64_t token_count() const { return total_tokens_; }
+  int64_t token(size_t file, int64_t i) const;  // token i of file `file`
+
+  struct Mapped {
+    std::string path;
+    const unsigned char* base = nullptr;  // the mapping (nullptr for an empty file)
+    size_t bytes = 0;
+    const unsigned char* tokens = nullptr;  // base + header
+    int64_t count = 0;
+  };
 
  private:
-  std::string path_;
-  std::vector<uint16_t> tokens_;
+  void map(const std::string& path);
+  std::string spec_;
+  std::vector<Mapped> files_;
+  std::vector<uint64_t> first_position_;  // cumulative valid window starts before each file
+  TokenFormat format_;
+  int width_ = 1;
   int64_t seq_;
   uint64_t seed_;
+  int64_t total_tokens_ = 0;
   int64_t vocab_needed_ = 0;
 };
 
 // "" -> AdditionTask(digits); otherwise a TokenFile.
-std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed);
+std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed,
+                                      TokenFormat format = TokenFormat::Auto);
 
 }  // namespace shardwise::train
