@@ -43,7 +43,12 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
   t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");
   t->add_option("--seed", c.seed, "seed of the initial weights and the data order");
-  t->add_option("--data", c.data, "text file (byte tokens) or .bin of uint16 tokens; default: embedded addition");
+  t->add_option("--data", c.data,
+                "token file(s): a path, a comma-separated list or a glob ('shards/*.bin'), concatenated in sorted "
+                "order; default: embedded addition");
+  t->add_option("--data-format", c.data_format,
+                "auto (llm.c magic -> llmc, other .bin -> u16, else bytes), bytes, u16, u32 or llmc")
+      ->check(CLI::IsMember({"auto", "bytes", "u16", "u32", "llmc"}));
   t->add_option("--digits", c.digits, "digits of the embedded addition task");
   t->add_option("--layers", c.model.layers, "transformer layers");
   t->add_option("--heads", c.model.heads, "attention heads");

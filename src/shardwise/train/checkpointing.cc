@@ -1,5 +1,6 @@
 #include "shardwise/train/checkpointing.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "shardwise/ckpt/checksum.h"
@@ -76,9 +77,20 @@ std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
 
 // What the run reads, to refuse a resume on other data: the file's size and the xxh64 of its first
 // and last MiB (its path only for the message), or the embedded task's digits and sequence length.
+// Several files (a list or a glob): the sorted file names (without their folder) and sizes.
 nlohmann::json data_fingerprint(const TrainConfig& c) {
   if (c.data.empty()) return {{"kind", "addition"}, {"digits", c.digits}, {"seq", c.model.seq}};
-  std::ifstream f(c.data, std::ios::binary);
+  if (const std::vector<std::string> files = data_files(c.data); files.size() > 1) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const std::string& file : files) {
+      std::error_code ec;
+      const auto size = static_cast<int64_t>(std::filesystem::file_size(file, ec));
+      SW_CHECK(!ec, "cannot read the data file '{}'", file);
+      list.push_back({{"name", std::filesystem::path(file).filename().string()}, {"size", size}});
+    }
+    return {{"kind", "files"}, {"path", c.data}, {"files", list}};
+  }
+  std::ifstream f(data_files(c.data).front(), std::ios::binary);
   SW_CHECK(f.good(), "cannot read the data file '{}'", c.data);
   f.seekg(0, std::ios::end);
   const auto size = static_cast<int64_t>(f.tellg());
@@ -95,6 +107,8 @@ nlohmann::json data_fingerprint(const TrainConfig& c) {
 std::string describe_fingerprint(const nlohmann::json& f) {
   if (f.value("kind", "") == "addition")
     return fmt::format("the {}-digit addition task at seq {}", f.value("digits", 0), f.value("seq", 0));
+  if (f.value("kind", "") == "files")
+    return fmt::format("'{}' ({} files)", f.value("path", ""), f.value("files", nlohmann::json::array()).size());
   return fmt::format("'{}' ({} bytes, xxh64 of its first MiB {})", f.value("path", ""), f.value("size", int64_t{0}),
                      f.value("head_xxh64", ""));
 }

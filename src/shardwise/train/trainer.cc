@@ -99,7 +99,7 @@ void TrainConfig::check(int64_t ranks) {
     pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
     pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
   }
-  auto data_set = open_dataset(data, digits, model.seq, seed);
+  auto data_set = open_dataset(data, digits, model.seq, seed, parse_token_format(data_format));
   SW_CHECK(data_set->vocab_needed() <= model.vocab, "{} needs a vocabulary of {} tokens, the model has {} (--vocab)",
            data_set->describe(), data_set->vocab_needed(), model.vocab);
 }
@@ -108,7 +108,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
     : c_(std::move(config)), world_(std::move(world)), adamw_(c_.adamw) {
   c_.check(world_->size());
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
-  data_ = open_dataset(c_.data, c_.digits, c_.model.seq, c_.seed);
+  data_ = open_dataset(c_.data, c_.digits, c_.model.seq, c_.seed, parse_token_format(c_.data_format));
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   GptConfig model = c_.model;
   model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;

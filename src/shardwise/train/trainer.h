@@ -49,7 +49,8 @@ struct TrainConfig {
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
   double dropout = 0.0;  // GPT-2's embedding, attention and residual dropout while training
   uint64_t seed = 1234;
-  std::string data;  // "" = the embedded addition task
+  std::string data;  // "" = the embedded addition task; else a file, a comma-separated list or a glob
+  std::string data_format = "auto";  // auto, bytes, u16, u32, llmc (see TokenFormat)
   int digits = 3;  // model.seq 0 = the longest problem (addition) or 256 (a file)
   int64_t eval_samples = 128;
 

@@ -1,0 +1,59 @@
+// `shardwise train` on token files: llm.c's format, --data-format, several files as one corpus.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
+
+void put_le(std::ofstream& out, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.put(static_cast<char>(v >> (8 * i) & 0xFF));
+}
+
+// An llm.c token file (version 1: uint16 tokens) of `n` tokens below `vocab`.
+void write_llmc(const fs::path& p, uint32_t n, uint32_t vocab) {
+  std::ofstream out(p, std::ios::binary);
+  put_le(out, 20240520, 4), put_le(out, 1, 4), put_le(out, n, 4);
+  for (int i = 3; i < 256; ++i) put_le(out, 0, 4);
+  for (uint32_t i = 0; i < n; ++i) put_le(out, (i * 37 + i / 7) % vocab, 2);
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("sw_cli_data_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kTrain = "train --layers 1 --hidden 32 --global-batch 4 --eval-every 0 --steps 2 --seq 16 --vocab 300 ";
+
+TEST(CliData, TrainsOnAnLlmcFile) {
+  fs::path d = fresh_dir("llmc");
+  write_llmc(d / "train.bin", 2000, 300);
+  Result r = run(kTrain + "--run-dir " + (d / "run").string() + " --data " + (d / "train.bin").string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("llmc"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("needs a vocabulary"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CliData, TrainsOnAGlobAndRefusesABadFormat) {
+  fs::path d = fresh_dir("glob");
+  for (int k = 0; k < 3; ++k) write_llmc(d / ("shard_" + std::to_string(k) + ".bin"), 500, 300);
+  Result r = run(kTrain + "--run-dir " + (d / "run").string() + " --data '" + (d / "shard_*.bin").string() + "'");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("in 3 files"), std::string::npos) << r.out;
+  Result bad = run(kTrain + "--run-dir " + (d / "run2").string() + " --data-format u8 --data " + (d / "shard_0.bin").string());
+  EXPECT_NE(bad.status, 0) << bad.out;
+  fs::remove_all(d);
+}
+
+}  // namespace
