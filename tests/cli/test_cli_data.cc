@@ -33,7 +33,11 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-const std::string kTrain = "train --layers 1 --hidden 32 --global-batch 4 --eval-every 0 --steps 2 --seq 16 --vocab 300 ";
+std::string train(int steps) {
+  return "train --layers 1 --hidden 32 --global-batch 4 --eval-every 0 --seq 16 --vocab 300 --steps " +
+         std::to_string(steps) + " ";
+}
+const std::string kTrain = train(2);
 
 TEST(CliData, TrainsOnAnLlmcFile) {
   fs::path d = fresh_dir("llmc");
@@ -53,6 +57,21 @@ TEST(CliData, TrainsOnAGlobAndRefusesABadFormat) {
   EXPECT_NE(r.out.find("in 3 files"), std::string::npos) << r.out;
   Result bad = run(kTrain + "--run-dir " + (d / "run2").string() + " --data-format u8 --data " + (d / "shard_0.bin").string());
   EXPECT_NE(bad.status, 0) << bad.out;
+  fs::remove_all(d);
+}
+
+TEST(CliData, AGlobResumesOnTheSameShardsAndNotOnOthers) {
+  fs::path d = fresh_dir("resume");
+  for (int k = 0; k < 3; ++k) write_llmc(d / ("shard_" + std::to_string(k) + ".bin"), 500, 300);
+  const std::string run_dir = " --run-dir " + (d / "run").string() + " --save-every 2";
+  const std::string glob = " --data '" + (d / "shard_*.bin").string() + "'";
+  ASSERT_EQ(run(kTrain + run_dir + glob).status, 0);
+  Result again = run(train(4) + run_dir + glob + " --resume auto");
+  EXPECT_EQ(again.status, 0) << again.out;
+  write_llmc(d / "shard_3.bin", 500, 300);  // another shard: another corpus
+  Result other = run(train(6) + run_dir + glob + " --resume auto");
+  EXPECT_NE(other.status, 0) << other.out;
+  EXPECT_NE(other.out.find("resume with the same --data"), std::string::npos) << other.out;
   fs::remove_all(d);
 }
 
