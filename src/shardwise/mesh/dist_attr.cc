@@ -24,6 +24,14 @@ DistAttr::DistAttr(std::span<const Placement> placements) : DistAttr(static_cast
   for (size_t m = 0; m < placements.size(); ++m) placements_[m] = placements[m];
 }
 
+DistAttr DistAttr::without_partials() const {
+  DistAttr out = *this;
+  for (int m = 0; m < ndim_; ++m) {
+    if (placements_[static_cast<size_t>(m)].is_partial()) out.set(m, Placement::replicate());
+  }
+  return out;
+}
+
 void DistAttr::set(int mesh_dim, Placement placement) {
   SW_CHECK(mesh_dim >= 0 && mesh_dim < ndim_, "mesh dim {} does not exist: the distribution has {} mesh dims",
            mesh_dim, ndim_);

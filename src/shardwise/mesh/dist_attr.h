@@ -70,6 +70,7 @@ class DistAttr {
   bool has_partial() const;
   bool has_default_order() const;
   std::vector<int> partial_dims() const;
+  DistAttr without_partials() const;  // every Partial mesh dim made Replicate
 
   // Error unless every Shard names a dim of a tensor of rank `tensor_ndim` and the mesh has
   // `mesh_ndim` dims; `what` names the tensor in the message.

@@ -40,14 +40,6 @@ MeshDimList with(const MeshDimList& l, int m) {
   return out;
 }
 
-// The distribution with every Partial replaced by Replicate.
-DistAttr without_partials(DistAttr d) {
-  for (int m = 0; m < d.mesh_ndim(); ++m) {
-    if (d[m].is_partial()) d.set(m, Placement::replicate());
-  }
-  return d;
-}
-
 class Builder {
  public:
   Builder(const Shape& shape, DType dtype, const Layout& from, const CostModel& cost)
@@ -310,7 +302,7 @@ Plan send_recv_plan(const Plan& base, const CostModel& cost) {
   Step s;
   s.kind = StepKind::SendRecv;
   s.before = {p.from.mesh, src.cur()};
-  s.after = {p.to.mesh, pairwise ? p.to.dist : without_partials(p.to.dist)};
+  s.after = {p.to.mesh, pairwise ? p.to.dist : p.to.dist.without_partials()};
   // Busiest process: bytes it sends or receives from other processes; one alpha per message.
   std::map<int64_t, int64_t> traffic, messages;
   if (pairwise) {

@@ -16,15 +16,6 @@ char AxisMap::letter_of(int mesh_dim) const {
   return 0;
 }
 
-uint32_t AxisMap::mesh_dims_sharding(std::string_view letters) const {
-  uint32_t mask = 0;
-  for (char c : letters) {
-    if (c == '1') continue;
-    for (int m : (*this)[c]) mask |= 1u << m;
-  }
-  return mask;
-}
-
 uint32_t AxisMap::claimed_mesh_dims() const {
   uint32_t mask = 0;
   for (const MeshDimList& dims : axes_) {

@@ -27,8 +27,6 @@ class AxisMap {
   const MeshDimList& operator[](char letter) const { return axes_[index(letter)]; }
   // The letter a mesh dim shards, or 0.
   char letter_of(int mesh_dim) const;
-  // Bit m set when mesh dim m shards one of `letters` ('1' ignored).
-  uint32_t mesh_dims_sharding(std::string_view letters) const;
   // Bit m set when mesh dim m shards any letter.
   uint32_t claimed_mesh_dims() const;
 

@@ -68,14 +68,6 @@ bool passes_through(const Factors& f) {
   return true;
 }
 
-DistAttr without_partials(const DistAttr& d) {
-  DistAttr out = d;
-  for (int m = 0; m < d.mesh_ndim(); ++m) {
-    if (d[m].is_partial()) out.set(m, Placement::replicate());
-  }
-  return out;
-}
-
 DistAttr output_dist(const Factors& f, int o, const Labels& contracted, const AxisMap& axes, int md) {
   DistAttr d = dist_from_axes(f.outputs[static_cast<size_t>(o)].view(), axes, md);
   add_partial_for(d, contracted.view(), axes, f.contraction);
@@ -143,7 +135,7 @@ SpmdResult forward(const FactorRule& rule, const ProcessMesh& mesh, std::span<co
   r.outputs.reserve(static_cast<size_t>(f.num_outputs));
   uint32_t claimed = 0;
   if (passes_through(f)) {
-    r.inputs.push_back(without_partials(in[0].dist));
+    r.inputs.push_back(in[0].dist.without_partials());
     for (int o = 0; o < f.num_outputs; ++o) r.outputs.push_back(r.inputs[0]);
     for (int m = 0; m < md; ++m) claimed |= in[0].dist[m].is_shard() ? 1u << m : 0u;
   } else {
@@ -334,7 +326,6 @@ Labels labels_of_rank(int n) {
   return table[static_cast<size_t>(n)];
 }
 
-bool is_linear_partial(const Placement& p) { return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg); }
 
 void multilinear_forward(std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
                          PartialChoice& choice) {

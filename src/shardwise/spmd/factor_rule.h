@@ -134,6 +134,5 @@ void multilinear_reverse(std::span<const Placement> given, std::span<const Tenso
 void multilinear_grad(std::span<const Placement> given, std::span<const TensorSpec>, const Attrs&,
                       PartialChoice& choice);
 
-bool is_linear_partial(const Placement& p);  // P(sum) or P(avg)
 
 }  // namespace shardwise::spmd

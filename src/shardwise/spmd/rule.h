@@ -68,6 +68,11 @@ using NamedReverseRule = SpmdResult (*)(std::string_view name, const ProcessMesh
 Rule named_rule(std::string_view name, std::string summary, NamedForwardRule forward,
                 NamedReverseRule reverse, NamedForwardRule grad);
 
+// P(sum) or P(avg): the Partials that pass through an op linear in that operand.
+inline bool is_linear_partial(const Placement& p) {
+  return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg);
+}
+
 // Checks that every input distribution is valid for its tensor on `mesh` (rank of the tensor,
 // mesh dims count); throws an Error naming the input. Rules call this first.
 void check_inputs(std::string_view rule, const ProcessMesh& mesh, std::span<const TensorSpec> inputs,

@@ -92,8 +92,6 @@ struct Labels {
   std::string_view stat() const { return {stat_buf.data(), 2}; }
 };
 
-bool is_linear_partial(const Placement& p) { return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg); }
-
 // x of rank min_rank..max_rank and the [C] tensors at `params`.
 void check_shapes(std::string_view name, std::span<const TensorSpec> t, int channel_dim, int min_rank, int max_rank,
                   std::initializer_list<size_t> params) {

@@ -13,12 +13,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const IndexRules& family_rules() {
-  static const IndexRules rules = index_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 constexpr DType f64 = DType::F64, f32 = DType::F32, i64 = DType::I64;
 
@@ -59,7 +53,7 @@ void add_index_select(OpRegistry& registry) {
   OpDef op;
   op.name = "index_select";
   op.family = "index";
-  op.rule = family_rules().index_select;
+  op.rule = rules_of<index_rules>().index_select;
   op.summary =
       "index_select(x, index [k]; axis=0): x with `axis` replaced by the k rows x[.., index[i], ..]. Gradient: "
       "zeros of x's shape with dout's rows added at index (duplicates accumulate)";
@@ -98,7 +92,7 @@ void add_gather(OpRegistry& registry) {
   OpDef op;
   op.name = "gather";
   op.family = "index";
-  op.rule = family_rules().gather;
+  op.rule = rules_of<index_rules>().gather;
   op.summary =
       "gather(x, index; axis=0): torch.gather, out[p] = x[p with p[axis] = index[p]] (index has x's rank, "
       "index.shape[d] <= x.shape[d] off the axis). Gradient: dout scatter-added into zeros of x's shape";
@@ -140,7 +134,7 @@ void add_scatter_add(OpRegistry& registry) {
   OpDef op;
   op.name = "scatter_add";
   op.family = "index";
-  op.rule = family_rules().scatter_add;
+  op.rule = rules_of<index_rules>().scatter_add;
   op.summary =
       "scatter_add(x, index, src; axis=0): torch.scatter_add, out = x; out[p with p[axis] = index[p]] += src[p] in "
       "row-major order of index. Gradients: dx = dout, dsrc = gather(dout, index) (zeros where index does not "
@@ -195,7 +189,7 @@ void add_embedding(OpRegistry& registry) {
   OpDef op;
   op.name = "embedding";
   op.family = "index";
-  op.rule = family_rules().embedding;
+  op.rule = rules_of<index_rules>().embedding;
   op.summary =
       "embedding(ids [...], weight [V, H]) -> [..., H]; vocab-parallel: a weight block of rows [v0, v0 + V_local) "
       "gives zeros for ids outside it (ids outside [0, V) are an Error). Gradient: dweight = zeros with dout's rows "
@@ -257,7 +251,7 @@ void add_index_put(OpRegistry& registry) {
   OpDef op;
   op.name = "index_put";
   op.family = "index";
-  op.rule = family_rules().index_put;
+  op.rule = rules_of<index_rules>().index_put;
   op.summary =
       "index_put(x, indices_1..k, value; accumulate=false): the k index tensors broadcast to B and index x's first "
       "k dims; value broadcasts to B ++ x.shape[k:]. accumulate: out = x + value at each position (duplicates sum "

@@ -77,7 +77,7 @@ SpmdResult copy_forward(const ProcessMesh& mesh, std::span<const TensorSpec> in,
   SpmdResult r;
   r.inputs = {dist_from_axes(x.view(), axes, md), dist_from_axes(index.view(), axes, md)};
   r.outputs = {dist_from_axes(out.view(), axes, md)};
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& p = in[0].dist[m];
     if ((claimed & (1u << m)) || !p.is_partial()) continue;
@@ -113,7 +113,7 @@ SpmdResult copy_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g, con
   keep_unread_partials(r.inputs[0], g[0].dist);
   DistAttr dx = dist_from_axes(x.view(), axes, md);
   partial_for_missing(dx, index.view(), x, axes);
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& p = g[3].dist[m];
     if ((claimed & (1u << m)) || !is_linear_partial(p)) continue;
@@ -226,7 +226,7 @@ SpmdResult scatter_forward_with(const ProcessMesh& mesh, std::span<const TensorS
   r.inputs = {dist_from_axes(l.x.view(), axes, md), dist_from_axes(l.index.view(), axes, md),
               dist_from_axes(l.src.view(), axes, md)};
   r.outputs = {dist_from_axes(l.x.view(), axes, md)};
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& px = in[0].dist[m];
     if ((claimed & (1u << m)) || !is_linear_partial(px) || !(in[2].dist[m] == px)) continue;
@@ -278,7 +278,7 @@ SpmdResult scatter_add_grad(const ProcessMesh& mesh, std::span<const TensorSpec>
   keep_unread_partials(r.inputs[2], g[2].dist);
   DistAttr dx = dist_from_axes(l.x.view(), axes, md);
   DistAttr dsrc = dist_from_axes(l.src.view(), axes, md);
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& p = g[4].dist[m];
     if ((claimed & (1u << m)) || !p.is_partial()) continue;

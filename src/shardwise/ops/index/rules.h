@@ -22,19 +22,6 @@ struct Notation {
 
 inline char letter(int dim) { return static_cast<char>('a' + dim); }
 
-// Bit m set when mesh dim m shards some letter.
-inline uint32_t claimed_mesh_dims(const AxisMap& axes, int mesh_ndim) {
-  uint32_t mask = 0;
-  for (int m = 0; m < mesh_ndim; ++m) {
-    if (axes.letter_of(m) != 0) mask |= 1u << m;
-  }
-  return mask;
-}
-
-inline bool is_linear_partial(const Placement& p) {
-  return p.is_partial(ReduceOp::Sum) || p.is_partial(ReduceOp::Avg);
-}
-
 // For a tensor whose VALUES the kernel does not read (only its shape): keeps the given Partial
 // placements wherever the required distribution is Replicate, so that no reshard is asked for.
 inline void keep_unread_partials(DistAttr& required, const DistAttr& given) {

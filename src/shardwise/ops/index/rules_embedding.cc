@@ -77,7 +77,7 @@ SpmdResult embedding_forward_with(const ProcessMesh& mesh, std::span<const Tenso
   r.inputs = {dist_from_axes(l.ids.view(), axes, md), dist_from_axes(l.weight.view(), axes, md)};
   r.outputs = {dist_from_axes(l.out.view(), axes, md)};
   add_partial_for(r.outputs[0], std::string_view(&kVocab, 1), axes, ReduceOp::Sum);
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& p = in[1].dist[m];
     if ((claimed & (1u << m)) || !p.is_partial()) continue;
@@ -130,7 +130,7 @@ SpmdResult embedding_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g
   keep_unread_partials(r.inputs[1], g[1].dist);
   DistAttr dweight = dist_from_axes(l.weight.view(), axes, md);
   partial_for_missing(dweight, l.ids.view(), l.weight, axes);
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& p = g[3].dist[m];
     if ((claimed & (1u << m)) || !is_linear_partial(p)) continue;
@@ -183,7 +183,7 @@ SpmdResult put_forward_with(const ProcessMesh& mesh, std::span<const TensorSpec>
   for (int j = 0; j < l.k; ++j) r.inputs.emplace_back(md);
   r.inputs.push_back(dist_from_axes(l.value.view(), axes, md));
   r.outputs = {dist_from_axes(l.x.view(), axes, md)};
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     if (claimed & (1u << m)) continue;
     const Placement &px = in[0].dist[m], &pv = in[v].dist[m];
@@ -263,7 +263,7 @@ SpmdResult index_put_grad(const ProcessMesh& mesh, std::span<const TensorSpec> g
   DistAttr dvalue = dist_from_axes(l.value.view(), axes, md);
   partial_for_missing(dvalue, l.x.view(), l.value, axes);
   r.outputs.push_back(dvalue);
-  const uint32_t claimed = claimed_mesh_dims(axes, md);
+  const uint32_t claimed = axes.claimed_mesh_dims();
   for (int m = 0; m < md; ++m) {
     const Placement& p = g[n + 1].dist[m];
     if ((claimed & (1u << m)) || !is_linear_partial(p)) continue;
