@@ -137,6 +137,14 @@ class OpRegistry {
   std::vector<OpDef> ops_;
 };
 
+// A family's rules (the struct its <family>_rules() returns), built once on first use:
+// ops/<family>/ops.cc takes each OpDef's rule from rules_of<<family>_rules>().
+template <auto MakeRules>
+const auto& rules_of() {
+  static const auto rules = MakeRules();
+  return rules;
+}
+
 // The built-in ops, registered once on first use by register_builtin_ops (ops/builtin.cc).
 const OpRegistry& op_registry();
 void register_builtin_ops(OpRegistry& registry);

@@ -14,7 +14,7 @@ OpDef make_swiglu() {
   OpDef op;
   op.name = "swiglu";
   op.family = "activation";
-  op.rule = activation_rules().swiglu;
+  op.rule = rules_of<activation_rules>().swiglu;
   op.summary = "silu(gate) * up (Llama's SwiGLU MLP), gate and up of one shape and floating dtype";
   op.num_inputs = 2;
   op.infer = [](std::span<const TensorMeta> in, const Attrs&) {

@@ -14,12 +14,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const BinaryRules& family_rules() {
-  static const BinaryRules rules = binary_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 
 VerifyCase make_case(std::vector<Shape> shapes, DType dtype, std::vector<ValueGen> values = {}) {
@@ -62,7 +56,7 @@ OpDef make_binary(const BinarySpec& spec, std::vector<VerifyCase> cases) {
   OpDef def;
   def.name = std::string(binary_op_name(op));
   def.family = "binary";
-  def.rule = family_rules().*spec.rule;
+  def.rule = rules_of<binary_rules>().*spec.rule;
   def.summary = spec.summary;
   def.num_inputs = 2;
   def.infer = [op](std::span<const TensorMeta> in, const Attrs&) {
@@ -89,7 +83,7 @@ OpDef make_where() {
   OpDef def;
   def.name = "where";
   def.family = "binary";
-  def.rule = family_rules().elementwise_where;
+  def.rule = rules_of<binary_rules>().elementwise_where;
   def.summary = "where(cond, x, y) = cond ? x : y, all three broadcast together; cond bool, x and y one dtype; "
                 "grad: dx = dout where cond, dy = dout where !cond (summed over broadcast dims), none for cond";
   def.num_inputs = 3;

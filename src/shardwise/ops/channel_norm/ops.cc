@@ -21,12 +21,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const ChannelNormRules& family_rules() {
-  static const ChannelNormRules rules = channel_norm_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 
 bool is_half(DType d) { return d == DType::F16 || d == DType::BF16; }
@@ -300,7 +294,7 @@ void register_channel_norm_ops(OpRegistry& registry) {
   OpDef bn;
   bn.name = "batch_norm";
   bn.family = "channel_norm";
-  bn.rule = family_rules().batch_norm;
+  bn.rule = rules_of<channel_norm_rules>().batch_norm;
   bn.summary =
       "batch_norm(x, scale, bias, running_mean, running_var; momentum=0.9, epsilon=1e-5, training=true, "
       "data_format=NCHW|NHWC) -> out, running_mean_out, running_var_out, saved_mean, saved_rstd. Training: batch "
@@ -318,7 +312,7 @@ void register_channel_norm_ops(OpRegistry& registry) {
   OpDef sbn;
   sbn.name = "sync_batch_norm";
   sbn.family = "channel_norm";
-  sbn.rule = family_rules().sync_batch_norm;
+  sbn.rule = rules_of<channel_norm_rules>().sync_batch_norm;
   sbn.summary =
       "sync_batch_norm: batch_norm's inputs, attributes and outputs; training statistics over the GLOBAL batch "
       "although the batch/spatial dims stay sharded: the kernel all-gathers every rank's per-channel (count, mean, "
@@ -338,7 +332,7 @@ void register_channel_norm_ops(OpRegistry& registry) {
   OpDef gn;
   gn.name = "group_norm";
   gn.family = "channel_norm";
-  gn.rule = family_rules().group_norm;
+  gn.rule = rules_of<channel_norm_rules>().group_norm;
   gn.summary =
       "group_norm(x, scale, bias; groups, epsilon=1e-5, data_format=NCHW|NHWC) -> out, mean [N, groups], rstd "
       "[N, groups]: statistics per (sample, group of C/groups consecutive channels) over the group's channels and "
@@ -355,7 +349,7 @@ void register_channel_norm_ops(OpRegistry& registry) {
   OpDef in;
   in.name = "instance_norm";
   in.family = "channel_norm";
-  in.rule = family_rules().instance_norm;
+  in.rule = rules_of<channel_norm_rules>().instance_norm;
   in.summary =
       "instance_norm(x, scale, bias; epsilon=1e-5), x [N, C, spatial...] of rank 3..5 -> out, saved_mean [N, C], "
       "saved_rstd [N, C]: statistics per (sample, channel) over the spatial dims; scale/bias per channel. Grad: dx, "

@@ -13,12 +13,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const MatmulRules& family_rules() {
-  static const MatmulRules rules = matmul_rules();
-  return rules;
-}
-
 std::vector<TensorMeta> matmul_infer(std::span<const TensorMeta> in, const Attrs& attrs) {
   MatmulDims d = matmul_checked_dims(in[0].shape, in[0].dtype, in[1].shape, in[1].dtype, attrs);
   return {TensorMeta{d.out, in[0].dtype}};
@@ -60,7 +54,7 @@ void register_matmul_ops(OpRegistry& registry) {
   OpDef op;
   op.name = "matmul";
   op.family = "matmul";
-  op.rule = family_rules().matmul;
+  op.rule = rules_of<matmul_rules>().matmul;
   op.summary =
       "matmul(x, y; trans_x, trans_y): x [..., m, k] * y [..., k, n] with broadcast batch dims; 1-D x / y are "
       "row / column vectors (their m / n dim dropped); f32/f64 via OpenBLAS, f16/bf16/i32/i64 reference loops";

@@ -17,12 +17,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const MiscRules& family_rules() {
-  static const MiscRules rules = misc_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 
 constexpr DType f64 = DType::F64, f32 = DType::F32, i64 = DType::I64, i32 = DType::I32;
@@ -103,7 +97,7 @@ void add_dropout(OpRegistry& registry) {
   OpDef op;
   op.name = "dropout";
   op.family = "misc";
-  op.rule = family_rules().dropout;
+  op.rule = rules_of<misc_rules>().dropout;
   op.summary =
       "(out, mask) = dropout(x): keep x[g] iff Philox(seed, stream).uniform(g) >= p with g the GLOBAL row-major "
       "index (any sharding reproduces the single-device mask); out = x * mask / (1 - p); mask u8; floats only; "
@@ -142,7 +136,7 @@ void add_cumsum(OpRegistry& registry) {
   OpDef op;
   op.name = "cumsum";
   op.family = "misc";
-  op.rule = family_rules().cumsum;
+  op.rule = rules_of<misc_rules>().cumsum;
   op.summary =
       "inclusive prefix sum along axis; floats accumulate in double, integers wrap; no bool. Gradient: the "
       "reverse cumsum of dy (floats; integers take no gradient)";
@@ -169,7 +163,7 @@ void add_arg_reduce(OpRegistry& registry, bool want_max) {
   OpDef op;
   op.name = name;
   op.family = "misc";
-  op.rule = family_rules().arg_reduce;
+  op.rule = rules_of<misc_rules>().arg_reduce;
   op.summary = fmt::format(
       "int64 index of the {} along axis (keepdim); ties: the FIRST index (NumPy/PyTorch); NaN counts as the "
       "{} (first NaN wins); no bool; no gradient",
@@ -193,7 +187,7 @@ void add_topk(OpRegistry& registry) {
   OpDef op;
   op.name = "topk";
   op.family = "misc";
-  op.rule = family_rules().topk;
+  op.rule = rules_of<misc_rules>().topk;
   op.summary =
       "(values, indices i64): the k largest (largest=false: smallest) along axis (default -1); ties: the LOWER "
       "index first; NaN counts as the largest; sorted=false: the selected k in increasing index order; no bool. "

@@ -12,12 +12,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const NormRules& family_rules() {
-  static const NormRules rules = norm_rules();
-  return rules;
-}
-
 Attrs norm_attrs(int64_t begin_norm_axis) {
   Attrs a;
   a.set("begin_norm_axis", begin_norm_axis);
@@ -58,7 +52,7 @@ OpDef make_layer_norm() {
   OpDef def;
   def.name = "layer_norm";
   def.family = "norm";
-  def.rule = family_rules().layer_norm;
+  def.rule = rules_of<norm_rules>().layer_norm;
   def.summary =
       "layer_norm(x, scale, bias; begin_norm_axis=-1, epsilon=1e-5) -> (out, mean, rstd): normalizes dims [k, ndim) "
       "of x (biased variance), out = (x - mean) * rstd * scale + bias; scale/bias shaped x.shape[k:], mean/rstd "
@@ -92,7 +86,7 @@ OpDef make_rms_norm() {
   OpDef def;
   def.name = "rms_norm";
   def.family = "norm";
-  def.rule = family_rules().rms_norm;
+  def.rule = rules_of<norm_rules>().rms_norm;
   def.summary =
       "rms_norm(x, scale; begin_norm_axis=-1, epsilon=1e-6) -> (out, inv_rms): inv_rms = 1 / sqrt(mean(x^2) over "
       "dims [k, ndim) + epsilon), out = x * inv_rms * scale; scale shaped x.shape[k:], inv_rms x.shape[:k]. "

@@ -10,12 +10,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const ReductionRules& family_rules() {
-  static const ReductionRules rules = reduction_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 
 Attrs axis_attrs(std::vector<int64_t> axis, bool keepdim) {
@@ -70,7 +64,7 @@ void add_op(OpRegistry& registry, ReduceKind kind, spmd::Rule ReductionRules::*r
   OpDef op;
   op.name = std::string(reduce_kind_name(kind));
   op.family = "reduction";
-  op.rule = family_rules().*rule;
+  op.rule = rules_of<reduction_rules>().*rule;
   op.summary = std::move(summary);
   op.infer = [kind](std::span<const TensorMeta> in, const Attrs& attrs) {
     const TensorMeta& x = in[0];

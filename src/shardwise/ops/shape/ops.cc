@@ -18,12 +18,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const ShapeRules& family_rules() {
-  static const ShapeRules rules = shape_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 constexpr DType f64 = DType::F64, f32 = DType::F32, i64 = DType::I64;
 
@@ -54,7 +48,7 @@ OpDef reshape_like(const char* name, spmd::Rule ShapeRules::*rule, OutShapeFn ou
   OpDef def;
   def.name = name;
   def.family = "shape";
-  def.rule = family_rules().*rule;
+  def.rule = rules_of<shape_rules>().*rule;
   def.summary = std::move(summary);
   def.infer = [out_shape](std::span<const TensorMeta> in, const Attrs& attrs) {
     return meta(out_shape(in[0].shape, attrs), in[0].dtype);
@@ -114,7 +108,7 @@ void add_reshape_family(OpRegistry& registry) {
 OpDef make_transpose() {
   OpDef def;
   def.name = "transpose";
-  def.rule = family_rules().transpose;
+  def.rule = rules_of<shape_rules>().transpose;
   def.family = "shape";
   def.summary =
       "permutes the dims: output dim j is input dim perm[j] (perm=[...], a permutation); grad: dout "
@@ -139,7 +133,7 @@ OpDef make_transpose() {
 OpDef make_expand() {
   OpDef def;
   def.name = "expand";
-  def.rule = family_rules().expand;
+  def.rule = rules_of<shape_rules>().expand;
   def.family = "shape";
   def.summary =
       "broadcast_to: NumPy broadcasting to shape=[...] (right-aligned; -1 keeps a dim; only extent 1 "
@@ -165,7 +159,7 @@ OpDef make_expand() {
 OpDef make_concat() {
   OpDef def;
   def.name = "concat";
-  def.rule = family_rules().concat;
+  def.rule = rules_of<shape_rules>().concat;
   def.family = "shape";
   def.summary = "joins x1..xn along axis (default 0); extents equal elsewhere, one dtype; grad: dout split back";
   def.num_inputs = -1;
@@ -201,7 +195,7 @@ OpDef make_concat() {
 OpDef make_split() {
   OpDef def;
   def.name = "split";
-  def.rule = family_rules().split;
+  def.rule = rules_of<shape_rules>().split;
   def.family = "shape";
   def.summary =
       "cuts x along axis (default 0) into sections=[extents] (one -1 takes the rest) or num=k equal parts; "
@@ -257,7 +251,7 @@ OpDef make_split() {
 OpDef make_slice() {
   OpDef def;
   def.name = "slice";
-  def.rule = family_rules().slice;
+  def.rule = rules_of<shape_rules>().slice;
   def.family = "shape";
   def.summary =
       "x[starts:ends] on axes (Python bounds: negative counts from the end, clamped; step 1); grad: dout "
@@ -285,7 +279,7 @@ OpDef make_slice() {
 OpDef make_stack() {
   OpDef def;
   def.name = "stack";
-  def.rule = family_rules().stack;
+  def.rule = rules_of<shape_rules>().stack;
   def.family = "shape";
   def.summary = "stacks equal-shaped x1..xn along a new dim at axis (default 0) of the output; grad: dout unstacked";
   def.num_inputs = -1;
@@ -322,7 +316,7 @@ OpDef make_stack() {
 OpDef make_tile() {
   OpDef def;
   def.name = "tile";
-  def.rule = family_rules().tile;
+  def.rule = rules_of<shape_rules>().tile;
   def.family = "shape";
   def.summary =
       "repeats x repeat_times=[...] times along each dim (NumPy tile: a shorter list is padded with leading "

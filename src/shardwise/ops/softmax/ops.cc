@@ -20,12 +20,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const SoftmaxRules& family_rules() {
-  static const SoftmaxRules rules = softmax_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 
 VerifyCase softmax_case(Shape shape, int64_t axis, DType dtype) {
@@ -50,7 +44,7 @@ OpDef make_softmax(bool log) {
   OpDef def;
   def.name = log ? "log_softmax" : "softmax";
   def.family = "softmax";
-  def.rule = family_rules().softmax;
+  def.rule = rules_of<softmax_rules>().softmax;
   def.summary = log ? "log_softmax(x; axis=-1) = x - max - log(sum(exp(x - max))) along axis; gradient dx = dout - "
                       "exp(out) * sum(dout)"
                     : "softmax(x; axis=-1) = exp(x - max) / sum(exp(x - max)) along axis; gradient dx = out * (dout - "
@@ -113,7 +107,7 @@ OpDef make_cross_entropy() {
   OpDef def;
   def.name = "cross_entropy";
   def.family = "softmax";
-  def.rule = family_rules().cross_entropy;
+  def.rule = rules_of<softmax_rules>().cross_entropy;
   def.summary =
       "cross_entropy(logits [..., C], labels [...] i64/i32; ignore_index=-100, reduction=mean|sum|none): loss_i = "
       "logsumexp(logits_i) - logits_i[label_i], 0 where label_i == ignore_index; mean divides by the count of "
@@ -223,7 +217,7 @@ std::vector<VerifyCase> vp_ce_cases() {
 OpDef make_vocab_parallel_cross_entropy() {
   OpDef def = make_cross_entropy();
   def.name = std::string(kVocabParallel);
-  def.rule = family_rules().vocab_parallel_cross_entropy;
+  def.rule = rules_of<softmax_rules>().vocab_parallel_cross_entropy;
   def.summary =
       "vocab_parallel_cross_entropy: cross_entropy's inputs, attributes, loss and gradient, with logits that may "
       "stay sharded on the class dim (Megatron-LM): the kernel all-reduces (max) the row max, then (sum) each row's "

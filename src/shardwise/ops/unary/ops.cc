@@ -11,12 +11,6 @@ namespace shardwise::ops {
 
 namespace {
 
-// The family's rules, built once.
-const UnaryRules& family_rules() {
-  static const UnaryRules rules = unary_rules();
-  return rules;
-}
-
 using Kind = ValueGen::Kind;
 
 VerifyCase make_case(Shape shape, DType dtype, ValueGen gen = {}, Attrs attrs = {}) {
@@ -62,7 +56,7 @@ OpDef make_unary(const UnarySpec& spec) {
   OpDef def;
   def.name = std::string(unary_op_name(op));
   def.family = "unary";
-  def.rule = family_rules().*spec.rule;
+  def.rule = rules_of<unary_rules>().*spec.rule;
   def.summary = spec.summary;
   def.infer = [op](std::span<const TensorMeta> in, const Attrs&) {
     check_unary_dtype(op, in[0].dtype);
@@ -85,7 +79,7 @@ OpDef make_scale() {
   OpDef def;
   def.name = "scale";
   def.family = "unary";
-  def.rule = family_rules().scale;
+  def.rule = rules_of<unary_rules>().scale;
   def.summary = "out = scale * x + bias (bias_after_scale, default) or scale * (x + bias); attrs scale=1, "
                 "bias=0, bias_after_scale=true (PaddlePaddle's scale)";
   def.infer = [](std::span<const TensorMeta> in, const Attrs& attrs) {
@@ -128,7 +122,7 @@ OpDef make_cast() {
   OpDef def;
   def.name = "cast";
   def.family = "unary";
-  def.rule = family_rules().cast;
+  def.rule = rules_of<unary_rules>().cast;
   def.summary = "converts to attr dtype (\"f32\", \"i32\", \"bool\", ...): to bool is x != 0, float to int "
                 "truncates and saturates (NaN -> 0), int to int wraps; gradient cast back (floats only)";
   def.infer = [](std::span<const TensorMeta> in, const Attrs& attrs) {
