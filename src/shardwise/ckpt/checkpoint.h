@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardwise/ckpt/file_io.h"
+#include "shardwise/ckpt/key_map.h"
 #include "shardwise/comm/communicator.h"
 #include "shardwise/reshard/plan.h"
 #include "shardwise/tensor/tensor.h"
@@ -39,9 +40,12 @@ struct DistTensor {
 // A set of tensors saved as one indexed set of files: "<name>.safetensors.index.json" and
 // "<name>-0000k-of-0000n.safetensors". Usual names: model, optimizer (keys "<param>/exp_avg",
 // "<param>/exp_avg_sq"), master_weights.
+// `keys` places tensors in boxes of stored (possibly fused) tensors (key_map.h); a fused stored
+// tensor needs every tensor the table places in it. The manifest keeps each group's table.
 struct TensorGroup {
   std::string name;
   std::vector<DistTensor> tensors;
+  KeyMap keys;
 };
 
 struct CheckpointContent {
@@ -76,9 +80,13 @@ struct LoadSpec {
 struct LoadOptions {
   // Glob patterns (fnmatch) of names that may be missing from the checkpoint or present without
   // being asked for. Everything else must match exactly.
+  // Matched against a tensor's name and against its file key.
   std::vector<std::string> ignore_keys;
   // A tensor stored in another dtype than asked is an Error unless this is set.
   bool convert_dtype = false;
+  // Where the asked tensors lie in the files (key_map.h); a tensor it does not name is stored whole
+  // under its own name.
+  KeyMap keys;
 };
 
 // This process's blocks of the group's tensors (an undefined Tensor where the process is not in

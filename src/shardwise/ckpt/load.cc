@@ -30,14 +30,21 @@ std::string listing(const std::vector<std::string>& names) {
 std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view group, std::span<const LoadSpec> specs,
                                          int64_t process, const LoadOptions& options) {
   GroupReader reader(dir, std::string(group));
-  std::set<std::string> asked;
+  std::set<std::string> asked, covered;  // names, and the file keys they are stored in
   std::vector<std::string> missing, unexpected;
+  auto key_of = [&](const std::string& name) -> const std::string& {
+    const KeyPlacement* p = options.keys.find(name);
+    return p ? p->key : name;
+  };
   for (const LoadSpec& s : specs) {
     SW_CHECK(asked.insert(s.name).second, "load '{}': tensor '{}' is asked for twice", group, s.name);
-    if (!reader.contains(s.name) && !ignored(s.name, options.ignore_keys)) missing.push_back(s.name);
+    const std::string& key = key_of(s.name);
+    covered.insert(key);
+    if (!reader.contains(key) && !ignored(s.name, options.ignore_keys) && !ignored(key, options.ignore_keys))
+      missing.push_back(key == s.name ? s.name : fmt::format("{} (part of {})", key, s.name));
   }
   for (const std::string& name : reader.names()) {
-    if (!asked.count(name) && !ignored(name, options.ignore_keys)) unexpected.push_back(name);
+    if (!covered.count(name) && !ignored(name, options.ignore_keys)) unexpected.push_back(name);
   }
   if (!missing.empty() || !unexpected.empty()) {
     std::string msg = fmt::format("load group '{}' of '{}': keys do not match", group, dir.string());
@@ -49,14 +56,23 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
   }
   std::map<std::string, Tensor> out;
   for (const LoadSpec& s : specs) {
-    if (!reader.contains(s.name)) continue;  // ignored
-    const SafetensorsFile& file = reader.file_of(s.name);
-    const StTensorInfo& info = file.info(s.name);
-    SW_CHECK(info.shape == s.global_shape, "load '{}': tensor '{}' has shape {} in the checkpoint ({}), asked for {}",
-             group, s.name, info.shape.to_string(), file.path().filename().string(), s.global_shape.to_string());
+    const std::string& key = key_of(s.name);
+    if (!reader.contains(key)) continue;  // ignored
+    const KeyPlacement* placed = options.keys.find(s.name);
+    const SafetensorsFile& file = reader.file_of(key);
+    const StTensorInfo& info = file.info(key);
+    if (placed) {
+      SW_CHECK(info.shape == placed->key_shape && placed->shape == s.global_shape,
+               "load '{}': tensor '{}' {} is read from '{}' as {}, but '{}' has shape {} in the checkpoint ({})", group,
+               s.name, s.global_shape.to_string(), key, placed->key_shape.to_string(), key, info.shape.to_string(),
+               file.path().filename().string());
+    } else {
+      SW_CHECK(info.shape == s.global_shape, "load '{}': tensor '{}' has shape {} in the checkpoint ({}), asked for {}",
+               group, s.name, info.shape.to_string(), file.path().filename().string(), s.global_shape.to_string());
+    }
     auto stored = to_tensor_dtype(info.dtype);
     SW_CHECK(stored, "load '{}': tensor '{}' is {} in the checkpoint, which shardwise tensors cannot hold", group,
-             s.name, st_dtype_name(info.dtype));
+             key, st_dtype_name(info.dtype));
     SW_CHECK(*stored == s.dtype || options.convert_dtype,
              "load '{}': tensor '{}' is {} in the checkpoint, asked for {}; conversion is explicit: set convert_dtype "
              "(--convert-dtype)", group, s.name, dtype_name(*stored), dtype_name(s.dtype));
@@ -70,7 +86,11 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
       continue;
     }
     auto coords = s.layout.mesh.coords(s.layout.mesh.rank_index_of_process(process));
-    Tensor block = file.read_box(s.name, reshard::block_at(s.global_shape, s.layout, coords));
+    reshard::Box box = reshard::block_at(s.global_shape, s.layout, coords);
+    if (placed) {
+      for (size_t d = 0; d < placed->offset.size(); ++d) box.offset[d] += placed->offset[d];
+    }
+    Tensor block = file.read_box(key, box);
     out[s.name] = block.dtype() == s.dtype ? block : block.to(s.dtype);
   }
   return out;

@@ -8,13 +8,15 @@
 namespace shardwise::ckpt {
 
 nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDigest>& files,
-                             const std::map<std::string, std::string>& groups, const nlohmann::json& saved_on) {
+                             const std::map<std::string, std::string>& groups, const nlohmann::json& saved_on,
+                             const nlohmann::json& key_maps) {
   nlohmann::json m;
   m["format"] = kManifestFormat;
   m["version"] = 1;
   m["step"] = step;
   m["saved_on"] = saved_on;
   m["groups"] = groups;
+  if (!key_maps.empty()) m["key_maps"] = key_maps;
   nlohmann::json fj = nlohmann::json::object();
   for (const auto& [name, d] : files) {
     nlohmann::json e = {{"size", d.size}, {"xxh64", d.xxh64}};

@@ -15,9 +15,11 @@ namespace shardwise::ckpt {
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kManifestFormat = "shardwise-checkpoint";
 
-// groups: group name -> its index file name.
+// groups: group name -> its index file name; key_maps: group name -> its KeyMap's JSON (key_map.h),
+// for the groups that place tensors in fused stored tensors.
 nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDigest>& files,
-                             const std::map<std::string, std::string>& groups, const nlohmann::json& saved_on);
+                             const std::map<std::string, std::string>& groups, const nlohmann::json& saved_on,
+                             const nlohmann::json& key_maps = nlohmann::json::object());
 
 struct VerifyReport {
   int64_t step = -1;

@@ -145,7 +145,7 @@ fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
       files[name] = {d["size"].get<uint64_t>(), d["xxh64"].get<std::string>(), d["sha256"].get<std::string>()};
     }
   }
-  std::string text = make_manifest(plan.step, files, plan.groups, plan.saved_on).dump(2) + "\n";
+  std::string text = make_manifest(plan.step, files, plan.groups, plan.saved_on, plan.key_maps).dump(2) + "\n";
   write_synced(plan.tmp_dir / kManifestName, text);
   fs::path dir = finish_commit(plan.root, plan.step);
   rotate_checkpoints(plan.root, plan.step, plan.options.save_total_limit);

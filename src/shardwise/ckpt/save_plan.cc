@@ -20,6 +20,34 @@ using json = nlohmann::json;
 
 bool plain_name(const std::string& s) { return std::regex_match(s, std::regex("[A-Za-z0-9_.-]+")) && s[0] != '.'; }
 
+// The group's key map against its tensors: a placed tensor has the shape the table declares, the
+// tensors of one stored tensor share a dtype and are all given (else the file would have a hole),
+// and a stored key is not also the name of a tensor stored whole.
+void check_placements(const TensorGroup& g) {
+  g.keys.check_tiling();
+  std::map<std::string, const DistTensor*> given;
+  for (const DistTensor& t : g.tensors) given[t.name] = &t;
+  std::map<std::string, DType> key_dtype;
+  for (const DistTensor& t : g.tensors) {
+    const KeyPlacement* p = g.keys.find(t.name);
+    if (!p) {
+      SW_CHECK(g.keys.names_of(t.name).empty(),
+               "group '{}': tensor '{}' is stored whole, but the key map also fuses other tensors into '{}'", g.name,
+               t.name, t.name);
+      continue;
+    }
+    SW_CHECK(p->shape == t.global_shape, "group '{}': tensor '{}' has shape {}, the key map places it as {} in '{}'",
+             g.name, t.name, t.global_shape.to_string(), p->shape.to_string(), p->key);
+    auto [it, fresh] = key_dtype.try_emplace(p->key, t.dtype);
+    SW_CHECK(fresh || it->second == t.dtype, "group '{}': the tensors stored in '{}' differ in dtype ({} and {})",
+             g.name, p->key, dtype_name(it->second), dtype_name(t.dtype));
+    for (const std::string& other : g.keys.names_of(p->key)) {
+      SW_CHECK(given.count(other), "group '{}': '{}' is stored in '{}' with '{}', which is not given: the stored "
+               "tensor would have a hole", g.name, t.name, p->key, other);
+    }
+  }
+}
+
 // Local checks of one rank; an empty string when its part of the content is fine.
 std::string local_problem(comm::Communicator& comm, const CheckpointContent& content, const SaveOptions& options) {
   try {
@@ -29,6 +57,7 @@ std::string local_problem(comm::Communicator& comm, const CheckpointContent& con
     for (const TensorGroup& g : content.groups) {
       SW_CHECK(plain_name(g.name), "group name '{}': use letters, digits, '_', '-', '.'", g.name);
       SW_CHECK(files.insert(index_file_name(g.name)).second, "group '{}' is given twice", g.name);
+      check_placements(g);
       std::set<std::string> names;
       for (const DistTensor& t : g.tensors) {
         SW_CHECK(!t.name.empty() && t.name != "__metadata__", "group '{}': tensor name '{}' is not allowed", g.name, t.name);
@@ -73,7 +102,7 @@ json describe(const CheckpointContent& content, const SaveOptions& options) {
       ts.push_back({t.name, t.global_shape.to_string(), dtype_name(t.dtype), t.layout.mesh.to_string(),
                     t.layout.mesh.process_ids(), t.layout.dist.to_string()});
     }
-    groups.push_back({g.name, ts});
+    groups.push_back({g.name, ts, g.keys.to_json()});
   }
   json names = json::array();
   for (const auto& [name, v] : content.json_files) names.push_back(name);
@@ -87,8 +116,9 @@ struct Candidate {
   std::vector<int> writers;
 };
 
-void add_candidates(const DistTensor& t, size_t gi, size_t ti, size_t file, size_t entry, uint64_t split_bytes,
-                    std::vector<Candidate>& out) {
+// Boxes are in the coordinates of the stored tensor: shifted by the tensor's `offset` in it.
+void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t gi, size_t ti, size_t file,
+                    size_t entry, uint64_t split_bytes, std::vector<Candidate>& out) {
   const auto& mesh = t.layout.mesh;
   const size_t es = dtype_size(t.dtype);
   std::vector<std::pair<reshard::Box, std::vector<int>>> classes;  // distinct boxes and their holders
@@ -119,12 +149,34 @@ void add_candidates(const DistTensor& t, size_t gi, size_t ti, size_t file, size
         part.offset[0] = box.offset[0] + r.offset;
         part.shape[0] = r.size;
       }
+      for (size_t d = 0; d < offset.size(); ++d) part.offset[d] += offset[d];
       Candidate c;
       c.piece = Piece{gi, ti, file, entry, part, holders.front(), static_cast<uint64_t>(part.numel()) * es};
       c.writers = holders;
       out.push_back(std::move(c));
     }
   }
+}
+
+// A tensor of the files: a tensor stored whole, or a fused one and the tensors placed in it.
+struct Stored {
+  StSpec spec;
+  std::vector<size_t> members;  // tensor indices in the group
+};
+
+// In the order the group gives the tensors (a fused tensor where its first member comes).
+std::vector<Stored> stored_tensors(const TensorGroup& g) {
+  std::vector<Stored> out;
+  std::map<std::string, size_t> at;
+  for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
+    const DistTensor& t = g.tensors[ti];
+    const KeyPlacement* p = g.keys.find(t.name);
+    const std::string& key = p ? p->key : t.name;
+    auto [it, fresh] = at.try_emplace(key, out.size());
+    if (fresh) out.push_back({StSpec{key, to_st_dtype(t.dtype), p ? p->key_shape : t.global_shape}, {}});
+    out[it->second].members.push_back(ti);
+  }
+  return out;
 }
 
 // Least-loaded assignment: pieces with fewer possible writers first, then larger pieces first.
@@ -192,15 +244,16 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
     const TensorGroup& g = content.groups[gi];
     // Shards as Hugging Face cuts them: in the given order, a new file when the next tensor
     // would overflow a non-empty one.
+    const std::vector<Stored> stored = stored_tensors(g);
     std::vector<std::vector<size_t>> shards;
     uint64_t in_shard = 0, total = 0;
-    for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
-      uint64_t b = StSpec{g.tensors[ti].name, to_st_dtype(g.tensors[ti].dtype), g.tensors[ti].global_shape}.nbytes();
+    for (size_t si = 0; si < stored.size(); ++si) {
+      uint64_t b = stored[si].spec.nbytes();
       if (shards.empty() || (in_shard > 0 && in_shard + b > options.max_shard_bytes)) {
         shards.emplace_back();
         in_shard = 0;
       }
-      shards.back().push_back(ti);
+      shards.back().push_back(si);
       in_shard += b;
       total += b;
     }
@@ -210,17 +263,22 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
       PlannedFile f;
       f.name = shard_file_name(g.name, k + 1, shards.size());
       std::vector<StSpec> specs;
-      for (size_t ti : shards[k]) specs.push_back({g.tensors[ti].name, to_st_dtype(g.tensors[ti].dtype), g.tensors[ti].global_shape});
+      for (size_t si : shards[k]) specs.push_back(stored[si].spec);
       f.layout = layout_safetensors(specs, format_pt, f.name);
       for (size_t e = 0; e < f.layout.order.size(); ++e) {
-        size_t ti = shards[k][f.layout.order[e]];
-        const DistTensor& t = g.tensors[ti];
-        weight_map[t.name] = f.name;
-        meshes.insert(fmt::format("{} ranks {}", t.layout.mesh.to_string(), fmt::join(t.layout.mesh.process_ids(), ",")));
-        add_candidates(t, gi, ti, plan.files.size(), e, options.split_bytes, cands);
+        const Stored& st = stored[shards[k][f.layout.order[e]]];
+        weight_map[st.spec.name] = f.name;
+        for (size_t ti : st.members) {
+          const DistTensor& t = g.tensors[ti];
+          const KeyPlacement* p = g.keys.find(t.name);
+          meshes.insert(fmt::format("{} ranks {}", t.layout.mesh.to_string(), fmt::join(t.layout.mesh.process_ids(), ",")));
+          add_candidates(t, p ? std::span<const int64_t>(p->offset) : std::span<const int64_t>(), gi, ti,
+                         plan.files.size(), e, options.split_bytes, cands);
+        }
       }
       plan.files.push_back(std::move(f));
     }
+    if (!g.keys.empty()) plan.key_maps[g.name] = g.keys.to_json();
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     plan.text_files.emplace_back(index_file_name(g.name), index.dump(2) + "\n");
     plan.groups[g.name] = index_file_name(g.name);
@@ -248,7 +306,11 @@ Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int r
     if (p.writer != rank) continue;
     const DistTensor& t = content.groups[p.group].tensors[p.tensor];
     auto coords = t.layout.mesh.coords(t.layout.mesh.rank_index_of_process(rank));
-    out[{p.group, p.tensor}] = {t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords))};
+    Region region = Region::of(reshard::block_at(t.global_shape, t.layout, coords));
+    if (const KeyPlacement* k = content.groups[p.group].keys.find(t.name)) {
+      for (size_t d = 0; d < k->offset.size(); ++d) region.origin[d] += k->offset[d];  // in the stored tensor
+    }
+    out[{p.group, p.tensor}] = {t.local.raw(), region};
   }
   return out;
 }

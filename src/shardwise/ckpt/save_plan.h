@@ -36,6 +36,7 @@ struct SavePlan {
   std::vector<Piece> pieces;
   std::vector<std::pair<std::string, std::string>> text_files;  // written by rank 0
   std::map<std::string, std::string> groups;                     // group -> index file
+  nlohmann::json key_maps = nlohmann::json::object();            // group -> its KeyMap (when not empty)
   nlohmann::json saved_on;
 };
 
