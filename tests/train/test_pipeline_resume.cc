@@ -40,7 +40,9 @@ TEST(PipelineResume, SavedWithPpLoadsWithoutPpAndBack) {
   fs::path dir = ckpt::find_resume(a)->dir;
   // The model group holds every parameter once (the tied embedding too) as a whole tensor.
   nlohmann::json index = nlohmann::json::parse(std::ifstream(dir / "model.safetensors.index.json"));
-  EXPECT_EQ(index["weight_map"].size(), 4u * 16 + 4);  // 16 per layer; wte, wpe; ln_f weight and bias
+  // GPT-2's 12 keys per layer (q/k/v fused in c_attn); wte, wpe; ln_f weight and bias.
+  EXPECT_EQ(index["weight_map"].size(), 4u * 12 + 4);
+  EXPECT_TRUE(index["weight_map"].contains("transformer.h.3.attn.c_attn.weight"));
   expect_continues(train("tp=2", 8, dir, {}), whole, "saved on pp=2,dp=2, resumed on tp=2");
   expect_continues(train("pp=4", 8, dir, {}), whole, "saved on pp=2,dp=2, resumed on pp=4");
   fs::path b = fresh("to-pp");

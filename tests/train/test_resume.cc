@@ -182,7 +182,9 @@ TEST(Resume, AnotherSeedIsRefusedAndTheGenerationConfigIsWritten) {
   train_losses(c, 2, {}, root);
   fs::path dir = ckpt::find_resume(root)->dir;
   nlohmann::json gen = ckpt::load_json(dir, "generation_config.json");
-  EXPECT_EQ(gen, (nlohmann::json{{"max_length", 10}, {"do_sample", false}, {"eos_token_id", 10}}));  // 10: '\n'
+  // 10: '\n', the addition task's separator and padding.
+  EXPECT_EQ(gen, (nlohmann::json{{"max_length", 10}, {"do_sample", false}, {"eos_token_id", 10}, {"bos_token_id", 10},
+                                 {"pad_token_id", 10}}));
   c.seed = 7;
   std::string message;
   try {

@@ -37,6 +37,10 @@ std::vector<std::string> KeyMap::names_of(std::string_view key) const {
   return out;
 }
 
+void KeyMap::add(const KeyMap& other) {
+  for (const auto& [name, p] : other.entries_) place(name, p.shape, p.key, p.key_shape, p.offset);
+}
+
 KeyMap KeyMap::with_suffix(std::string_view suffix) const {
   KeyMap out;
   for (const auto& [name, p] : entries_) {

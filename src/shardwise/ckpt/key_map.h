@@ -39,6 +39,8 @@ class KeyMap {
   const std::map<std::string, KeyPlacement, std::less<>>& entries() const { return entries_; }
   // The names that fill `key`, in order of their offset.
   std::vector<std::string> names_of(std::string_view key) const;
+  // Adds every entry of `other` (Error on a name placed in both).
+  void add(const KeyMap& other);
   // The same table for "<name><suffix>" stored in "<key><suffix>" (optimizer moments).
   KeyMap with_suffix(std::string_view suffix) const;
   // Error naming the key when the boxes of a stored tensor overlap or leave part of it uncovered.

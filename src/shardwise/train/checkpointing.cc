@@ -6,25 +6,13 @@
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
+#include "shardwise/train/model_io.h"
 
 namespace shardwise::train {
 namespace {
 
 nlohmann::json model_config(const TrainConfig& c) {
-  const GptConfig& m = c.model;
-  // Hugging Face GPT-2 field names where they exist; q/k/v are separate projections here.
-  return {{"architectures", {"ShardwiseGPT"}},
-          {"model_type", "shardwise_gpt"},
-          {"n_layer", m.layers},
-          {"n_head", m.heads},
-          {"n_embd", m.hidden},
-          {"n_positions", m.seq},
-          {"vocab_size", m.vocab},
-          {"layer_norm_epsilon", m.layer_norm_epsilon},
-          {"initializer_range", m.init_std},
-          {"activation_function", "gelu_new"},
-          {"tie_word_embeddings", true},
-          {"torch_dtype", c.bf16 ? "bfloat16" : "float32"}};
+  return gpt2_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, default_special_tokens(c.model.vocab));
 }
 
 // Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
@@ -145,7 +133,12 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   const TrainConfig& c = trainer.config();
   ckpt::CheckpointContent content;
   content.step = trainer.steps_done();
-  ckpt::TensorGroup model{"model", {}}, optimizer{"optimizer", {}}, masters{"master_weights", {}};
+  // GPT-2's layout: q/k/v in the fused c_attn, for the weights and their moments alike.
+  const ckpt::KeyMap keys = gpt2_key_map(c.model);
+  ckpt::KeyMap moment_keys = keys.with_suffix("/exp_avg");
+  moment_keys.add(keys.with_suffix("/exp_avg_sq"));
+  ckpt::TensorGroup model{"model", {}, keys}, optimizer{"optimizer", {}, moment_keys},
+      masters{"master_weights", {}, keys};
   const DType stored = c.bf16 ? DType::BF16 : DType::F32;
   for (const CatalogEntry& e : catalog(trainer, world)) {
     auto block = [&](Tensor ParamState::*field) { return e.mine ? e.mine->*field : Tensor(); };
@@ -166,7 +159,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   LrSchedule s = trainer.schedule();
   content.json_files = {
       {"config.json", model_config(c)},
-      {"generation_config.json", {{"max_length", c.model.seq}, {"do_sample", false}, {"eos_token_id", 10}}},
+      {"generation_config.json", generation_config_json(c.model, default_special_tokens(c.model.vocab))},
       {"trainer_state.json",
        {{"step", trainer.steps_done()},
         {"consumed_samples", trainer.consumed_samples()},
@@ -203,6 +196,10 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   // Strict on the whole catalog (every key named when missing or unexpected); then, with pp, a
   // second read for the copies a rank holds under another layout (the last stage's tied embedding).
   bool has_masters = ckpt::fs::exists(dir / "master_weights.safetensors.index.json");
+  // GPT-2's layout, or the earlier one (separate q/k/v keys) as it was saved.
+  const ckpt::KeyMap weight_keys = key_map_for(dir, trainer.config().model);
+  ckpt::KeyMap moment_keys = weight_keys.with_suffix("/exp_avg");
+  moment_keys.add(weight_keys.with_suffix("/exp_avg_sq"));
   struct Wanted {
     std::string name;
     Shape shape;
@@ -218,9 +215,11 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
     }
     ckpt::LoadOptions o;
     if (!strict) o.ignore_keys = {"*"};
+    o.keys = weight_keys;
     // Masters when the checkpoint has them (lower-precision weights), else the weights themselves.
     for (auto& [k, t] : ckpt::load_group(dir, has_masters ? "master_weights" : "model", model, me, o))
       if (t.defined()) weights[k] = t;
+    o.keys = moment_keys;
     for (auto& [k, t] : ckpt::load_group(dir, "optimizer", optimizer, me, o))
       if (t.defined()) moments[k] = t;
   };

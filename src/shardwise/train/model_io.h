@@ -1,9 +1,13 @@
 #pragma once
-// The model's weights on disk, apart from a training run: its configuration read from a directory's
-// config.json (a shardwise checkpoint, old or new layout, or a transformers GPT-2 `save_pretrained`
-// directory) and its weights loaded, for any layout, under the model's own parameter names (the
-// file keys and fused tensors are the key map's business, not the caller's). Used by --init-from,
-// generation and LoRA.
+// The model's weights on disk, apart from a training run. Checkpoints use Hugging Face's GPT-2
+// layout, so `GPT2LMHeadModel.from_pretrained` (and AutoModelForCausalLM) loads them as they are:
+// config.json is a GPT2Config and the tensors have GPT-2's names and layouts. The model keeps q, k
+// and v as separate parameters (tensor parallelism splits each by heads); the key map places them
+// side by side in GPT-2's fused attn.c_attn (Conv1D layout [in, out]: q in columns [0, H), k in
+// [H, 2H), v in [2H, 3H)). Every other parameter is stored whole under its own name.
+//
+// Checkpoints of the earlier layout (model_type "shardwise_gpt": separate q_proj/k_proj/v_proj
+// keys) load as they are; directories written by transformers' `save_pretrained` load too.
 #include <map>
 #include <span>
 #include <string>
@@ -14,13 +18,38 @@
 
 namespace shardwise::train {
 
-// The model configuration of `dir`'s config.json. Error naming the directory and the field when it
-// is not a GPT-2 configuration shardwise can build.
+// The table of the model's parameters in GPT-2's files (key_map.h): q/k/v weights and biases of
+// every layer placed in attn.c_attn.
+ckpt::KeyMap gpt2_key_map(const GptConfig& config);
+
+// Special token ids written to config.json and generation_config.json (all inside the vocabulary).
+struct SpecialTokens {
+  int64_t bos = 0, eos = 0, pad = 0;
+};
+// Byte vocabularies (<= 256; the addition task, byte text): '\n' (10), the addition task's
+// separator and padding. Larger ones: GPT-2's <|endoftext|> 50256 when the vocabulary holds it,
+// else the last id.
+SpecialTokens default_special_tokens(int64_t vocab);
+
+// config.json as transformers' GPT2Config (model_type gpt2, GPT2LMHeadModel), `stored` the dtype
+// the weights are saved in.
+nlohmann::json gpt2_config_json(const GptConfig& config, DType stored, const SpecialTokens& tokens);
+nlohmann::json generation_config_json(const GptConfig& config, const SpecialTokens& tokens);
+
+// The model configuration of `dir`'s config.json (GPT2Config or the earlier shardwise_gpt one).
+// Error naming the file and the field when it is a model shardwise cannot build exactly (another
+// model_type, an untied head, n_inner other than 4 x n_embd, another activation, ...).
 GptConfig read_model_config(const ckpt::fs::path& dir);
+
+// True when `dir` holds the earlier layout (separate q/k/v keys); false for GPT-2's.
+bool is_legacy_layout(const ckpt::fs::path& dir);
+// The key map to read `dir` with: gpt2_key_map, or empty for the earlier layout.
+ckpt::KeyMap key_map_for(const ckpt::fs::path& dir, const GptConfig& config);
 
 // This process's blocks of the model weights `specs` asks for (the model's parameter names, f32),
 // from the fp32 masters when the checkpoint has them, else the weights (converted to f32). Keys
-// matching `ignore_keys` (globs of parameter names) may be missing or unexpected.
+// matching `ignore_keys` (globs of parameter names or file keys) may be missing or unexpected; a
+// transformers directory's tied lm_head.weight and attention-mask buffers are skipped.
 std::map<std::string, Tensor> load_model_weights(const ckpt::fs::path& dir, const GptConfig& config,
                                                  std::span<const ckpt::LoadSpec> specs, int64_t process,
                                                  const std::vector<std::string>& ignore_keys = {});
