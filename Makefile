@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test test-asan fuzz parity golden demo bench bench-comm clean
+.PHONY: all deps build test test-asan fuzz parity hf-parity hf-golden golden demo bench bench-comm clean
 
 all: build
 
@@ -65,6 +65,18 @@ fuzz: deps
 parity: build
 	python3 -c "import safetensors, numpy" 2>/dev/null || pip install -q safetensors numpy
 	python3 tools/ckpt_parity.py $(BUILD)/bin/shardwise tests/ckpt/fixtures/hf_mlp_f32_with_metadata.safetensors
+
+# transformers and PEFT against shardwise (tools/hf_parity.py), in a venv of PyPI's torch, transformers,
+# peft and safetensors ($(HF_VENV), made once). `make hf-golden` also rewrites tests/golden/hf, the
+# small files `make test` replays. Neither is part of `make test`.
+HF_VENV ?= $(BUILD)/hf-venv
+$(HF_VENV)/bin/python:
+	python3 -m venv $(HF_VENV)
+	$(HF_VENV)/bin/pip install -q torch transformers peft safetensors numpy
+hf-parity: build $(HF_VENV)/bin/python
+	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise
+hf-golden: build $(HF_VENV)/bin/python
+	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 
 # The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
 # Builds only the shardwise binary (not the tests and benchmarks).

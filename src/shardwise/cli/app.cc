@@ -67,6 +67,11 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
   t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
   t->add_option("--resume", o.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
+  t->add_option("--init-from", o.init_from,
+                "start from the weights of a model directory (transformers save_pretrained or a shardwise checkpoint): "
+                "fresh optimizer, step 0, the model configuration from its config.json");
+  t->add_option("--ignore-keys", o.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
+      ->expected(1, -1);
   t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
 }
 
@@ -173,6 +178,7 @@ int run(int argc, char** argv) {
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
     if (*train_cmd) {
       if (!train_opts.config_file.empty()) apply_config_file(*train_cmd, train_opts.config_file);
+      if (!train_opts.init_from.empty()) apply_init_from(*train_cmd, train_opts);
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }

@@ -1,6 +1,7 @@
 #pragma once
 // The shardwise subcommands; each writes to `out` and returns the exit code. Bad input throws
 // shardwise::Error, which the caller prints as one line.
+#include <CLI/CLI.hpp>
 #include <ostream>
 
 #include "shardwise/train/trainer.h"
@@ -78,7 +79,12 @@ struct TrainOptions {
   bool no_verify_resume = false;  // --resume DIR loads without checking its manifest
   std::string max_shard_size = "5GB";
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
+  std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
+  std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
 };
+// --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
+// given on the command line or in --config that contradicts it is an Error naming both values.
+void apply_init_from(CLI::App& cmd, TrainOptions& options);
 int cmd_train(const TrainOptions& options, std::ostream& out);
 
 }  // namespace shardwise::cli

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <tuple>
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
@@ -17,9 +18,27 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
+#include "shardwise/train/model_io.h"
 #include "shardwise/train/run_guard.h"
 
 namespace shardwise::cli {
+
+void apply_init_from(CLI::App& cmd, TrainOptions& o) {
+  SW_CHECK(ckpt::fs::is_directory(o.init_from), "--init-from '{}' is not a directory", o.init_from);
+  const train::GptConfig saved = train::read_model_config(o.init_from);
+  train::GptConfig& m = o.config.model;
+  for (auto [flag, value, from_dir] : {std::tuple{"--layers", &m.layers, saved.layers}, {"--heads", &m.heads, saved.heads},
+                                       {"--hidden", &m.hidden, saved.hidden}, {"--seq", &m.seq, saved.seq},
+                                       {"--vocab", &m.vocab, saved.vocab}}) {
+    SW_CHECK(cmd.count(flag) == 0 || *value == from_dir,
+             "{} {} contradicts --init-from {}, whose config.json has {}: leave the option out (the model comes "
+             "from the directory)", flag, *value, o.init_from, from_dir);
+    *value = from_dir;
+  }
+  m.layer_norm_epsilon = saved.layer_norm_epsilon;
+  m.init_std = saved.init_std;
+}
+
 namespace {
 
 std::string duration(double seconds) {
@@ -34,6 +53,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
+  if (!o.init_from.empty()) {
+    const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
+    if (report) out << fmt::format("  weights from {} ({} parameters{})\n", o.init_from, n,
+                                   o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")));
+  }
   const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
   train::RunDirs dirs{o.run_dir, save_dir, o.save_every > 0, !o.resume.empty()};
   for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {

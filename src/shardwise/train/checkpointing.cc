@@ -1,5 +1,7 @@
 #include "shardwise/train/checkpointing.h"
 
+#include <fnmatch.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -242,6 +244,55 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
   check_same_run(state, trainer.config(), dir);
   trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
+}
+
+int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
+                        const std::vector<std::string>& ignore_keys) {
+  const GptConfig saved = read_model_config(dir), &mine = trainer.config().model;
+  std::vector<std::string> differ;
+  auto compare = [&](const char* key, int64_t a, int64_t b) {
+    if (a != b) differ.push_back(fmt::format("{} {} (directory) vs {} (this run)", key, a, b));
+  };
+  compare("n_layer", saved.layers, mine.layers);
+  compare("n_head", saved.heads, mine.heads);
+  compare("n_embd", saved.hidden, mine.hidden);
+  compare("n_positions", saved.seq, mine.seq);
+  compare("vocab_size", saved.vocab, mine.vocab);
+  SW_CHECK(differ.empty(), "--init-from {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
+  const int64_t me = world.members()[static_cast<size_t>(world.rank())];
+  // Strict on the whole catalog, then (pp) the copies a rank holds under another layout.
+  std::vector<ckpt::LoadSpec> all, others;
+  // A skipped parameter is not read even when the directory has it.
+  const ckpt::KeyMap keys = key_map_for(dir, saved);
+  auto skipped = [&](const std::string& name) {
+    const ckpt::KeyPlacement* p = keys.find(name);
+    for (const std::string& g : ignore_keys) {
+      if (::fnmatch(g.c_str(), name.c_str(), 0) == 0 || (p && ::fnmatch(g.c_str(), p->key.c_str(), 0) == 0)) return true;
+    }
+    return false;
+  };
+  for (const CatalogEntry& e : catalog(trainer, world)) {
+    if (!skipped(e.name)) all.push_back({e.name, e.shape, DType::F32, e.layout});
+  }
+  std::map<std::string, Tensor> weights;
+  for (auto& [k, t] : load_model_weights(dir, saved, all, me, ignore_keys))
+    if (t.defined()) weights[k] = t;
+  for (ParamState& p : trainer.params()) {
+    if (!weights.count(p.name) && !skipped(p.name)) others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}});
+  }
+  if (!others.empty()) {
+    for (auto& [k, t] : load_model_weights(dir, saved, others, me, {"*"}))
+      if (t.defined()) weights[k] = t;
+  }
+  int64_t loaded = 0;
+  for (ParamState& p : trainer.params()) {
+    auto it = weights.find(p.name);
+    if (it == weights.end()) continue;  // ignored: keeps its initialization
+    std::copy(it->second.data<float>(), it->second.data<float>() + it->second.numel(), p.master.data<float>());
+    if (p.param.raw() != p.master.raw()) p.param = p.master.to(p.param.dtype());
+    ++loaded;
+  }
+  return loaded;
 }
 
 CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options)

@@ -25,6 +25,15 @@ ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const c
 // unexpected tensors (by name).
 void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir);
 
+// Collective. Fine-tuning's start: the model weights of `dir` (a shardwise checkpoint, either
+// layout, or a transformers `save_pretrained` directory: one model.safetensors or shards with an
+// index) into `trainer`'s parameters on its mesh; moments, step and data position stay fresh.
+// Parameters matching `ignore_keys` (globs of parameter names or file keys) keep their
+// initialization. Errors: a model configuration that differs (naming each field), missing or
+// unexpected tensors (by name); returns how many parameters were loaded.
+int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
+                        const std::vector<std::string>& ignore_keys = {});
+
 // Saves on a schedule during training, synchronously or in the background.
 class CheckpointSchedule {
  public:

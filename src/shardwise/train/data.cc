@@ -240,7 +240,7 @@ TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenF
     width_ = width;
     m.tokens = m.base ? m.base + header : nullptr;
     m.count = static_cast<int64_t>((m.bytes - header) / static_cast<size_t>(width));
-    SW_CHECK(m.count >= seq + 2, "'{}' holds {} tokens; sequences of {} need at least {}", path, m.count, seq, seq + 2);
+    SW_CHECK(m.count >= seq + 1, "'{}' holds {} tokens; sequences of {} need at least {}", path, m.count, seq, seq + 1);
   }
   first_position_.push_back(0);
   for (const Mapped& m : files_) {
