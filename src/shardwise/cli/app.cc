@@ -49,15 +49,24 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--data-format", c.data_format,
                 "auto (llm.c magic -> llmc, other .bin -> u16, else bytes), bytes, u16, u32 or llmc")
       ->check(CLI::IsMember({"auto", "bytes", "u16", "u32", "llmc"}));
+  t->add_option("--val-data", c.val_data,
+                 "validation token file(s) of a --data run: a path, list or glob in --data's --data-format");
+  t->add_option("--val-fraction", c.val_fraction,
+                "hold out the last F (0 < F < 1) of --data's tokens for validation; training never reads them");
+  t->add_option("--val-samples", c.val_samples,
+                "validation sequences per evaluation (all, if the validation data holds fewer disjoint ones)");
   t->add_option("--digits", c.digits, "digits of the embedded addition task");
   t->add_option("--layers", c.model.layers, "transformer layers");
   t->add_option("--heads", c.model.heads, "attention heads");
   t->add_option("--hidden", c.model.hidden, "hidden size");
   t->add_option("--seq", c.model.seq, "sequence length (0: the longest addition problem, or 256 for a file)");
   t->add_option("--vocab", c.model.vocab, "vocabulary size");
-  t->add_option("--eval-every", o.eval_every, "held-out accuracy every N steps (addition task; 0: at the end)");
+  t->add_option("--eval-every", o.eval_every,
+                "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");
   t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
   t->add_option("--run-dir", o.run_dir, "where metrics.jsonl and loss_curve.svg go");
+  t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: linear or log")
+      ->check(CLI::IsMember({"linear", "log"}));
   t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
   t->add_option("--progress", o.progress,
                 "auto (a live bar on a terminal, plain lines otherwise and under mpirun), bar, lines or none");

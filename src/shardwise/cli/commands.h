@@ -69,7 +69,8 @@ struct TrainOptions {
   std::string config_file;  // --config: a TOML file of long option names (the command line wins)
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
   std::string run_dir = "runs/demo";
-  int64_t eval_every = 500;  // 0: at the end only (the addition task)
+  std::string loss_axis = "linear";  // loss_curve.svg: linear or log
+  int64_t eval_every = 500;  // 0: at the end only (accuracy of the addition task, or the validation loss)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
   std::string progress = "auto";  // auto: a live bar on a terminal (not under mpirun), else lines; bar, lines, none
   int64_t save_every = 0;  // 0: no checkpoints

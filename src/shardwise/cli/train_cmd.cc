@@ -86,6 +86,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        "(warm-up {}, cosine to {})\n",
                        trainer.dataset().describe(), c.global_batch, c.micro_batch, c.accumulation,
                        trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
+    if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_data()->describe());
     if (trainer.strategy().pp >= 0)
       out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
                          c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,
@@ -100,16 +101,18 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
   auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
-  double best = -1, last_acc = -1;
+  double best = -1, last_acc = -1, last_val = -1;
   bool bar_open = false;  // the live bar's line has no newline yet
   train::StepResult last;
   const int64_t first_step = trainer.steps_done();
   for (int64_t s = first_step; s < config.steps; ++s) {
     last = trainer.step();
     tokens += last.tokens;
-    std::optional<double> acc;
-    bool eval_now = addition && o.eval_every > 0 && (last.step % o.eval_every == 0 || last.step == config.steps);
-    if (eval_now) acc = trainer.evaluate().accuracy();
+    std::optional<double> acc, val;
+    bool eval_now = (addition || trainer.has_validation()) && o.eval_every > 0 &&
+                    (last.step % o.eval_every == 0 || last.step == config.steps);
+    if (eval_now && addition) acc = trainer.evaluate().accuracy();
+    if (eval_now && trainer.has_validation()) val = trainer.validate().loss;
     // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
     auto save = [&] { checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps); };
     if (!report) {
@@ -118,17 +121,19 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     }
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double tps = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
-    log->add({last, elapsed, tps, acc});
+    log->add({last, elapsed, tps, acc, val});
     save();
     if (acc) best = std::max(best, *acc), last_acc = *acc;
+    if (val) last_val = *val;
     double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
                                    config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
                                    last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
+    if (last_val >= 0) line += fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val));
     if (quiet) continue;
     if (tty) {
-      out << "\r" << line << "\033[K" << (acc ? "\n" : "") << std::flush;  // a line with a new accuracy stays
-      bar_open = !acc;
+      out << "\r" << line << "\033[K" << (eval_now ? "\n" : "") << std::flush;  // a line with a new evaluation stays
+      bar_open = !eval_now;
     } else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
   }
   checkpoints.finish();  // waits for a background save; raises its error
@@ -136,12 +141,14 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   if (o.save_every > 0) out << fmt::format("  checkpoints: {} (newest: step {})\n", save_dir, trainer.steps_done());
   if (log->records().empty()) return;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::string curve = log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()));
+  std::string curve =
+      log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()), o.loss_axis == "log");
   const auto& rec = log->records();
   out << (bar_open ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
                                           duration(elapsed), rec.front().step.loss, rec.back().step.loss,
                                           static_cast<double>(tokens) / elapsed);
   if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
+  if (last_val >= 0) out << fmt::format(", validation loss {:.4f} (perplexity {:.2f})", last_val, std::exp(last_val));
   if (trainer.skipped_steps() > 0) {
     out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
                        trainer.skipped_steps());

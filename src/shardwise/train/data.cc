@@ -205,7 +205,7 @@ void TokenFile::map(const std::string& path) {
   files_.push_back(m);  // unmapped by the destructor from here on, whatever the checks below say
 }
 
-TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format)
+TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format, CorpusPart part)
     : spec_(spec), format_(format), seq_(seq), seed_(seed) {
   const std::vector<std::string> paths = data_files(spec);
   for (const std::string& path : paths) {
@@ -242,11 +242,44 @@ TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenF
     m.count = static_cast<int64_t>((m.bytes - header) / static_cast<size_t>(width));
     SW_CHECK(m.count >= seq + 1, "'{}' holds {} tokens; sequences of {} need at least {}", path, m.count, seq, seq + 1);
   }
+  for (const Mapped& m : files_) vocab_needed_ = std::max(vocab_needed_, scan_vocab(m, width_));  // whole files
+  restrict_to(part);
   first_position_.push_back(0);
   for (const Mapped& m : files_) {
     total_tokens_ += m.count;
-    first_position_.push_back(first_position_.back() + static_cast<uint64_t>(m.count - seq));
-    vocab_needed_ = std::max(vocab_needed_, scan_vocab(m, width_));
+    first_position_.push_back(first_position_.back() + static_cast<uint64_t>(std::max<int64_t>(0, m.count - seq)));
+  }
+  if (part.side != CorpusPart::Side::Whole) {
+    SW_CHECK(first_position_.back() > 0,
+             "--val-fraction {} leaves the {} part of '{}' {} tokens ({}): no file's part holds a window of {} tokens "
+             "(--seq {} + 1); use a {} --val-fraction or more data",
+             part.held_out, part.side == CorpusPart::Side::Training ? "training" : "validation", spec, total_tokens_,
+             part_note_.substr(part_note_.find(':') + 2), seq + 1, seq,
+             part.side == CorpusPart::Side::Training ? "smaller" : "larger");
+  }
+}
+
+// Cuts each file's tokens to the part: global token g (file order) is on the training side iff
+// g < cut, with cut = total - round(F x total).
+void TokenFile::restrict_to(const CorpusPart& part) {
+  if (part.side == CorpusPart::Side::Whole) return;
+  SW_CHECK(part.held_out > 0 && part.held_out < 1, "--val-fraction must be in (0, 1), got {}", part.held_out);
+  int64_t total = 0;
+  for (const Mapped& m : files_) total += m.count;
+  const int64_t cut = total - std::llround(part.held_out * static_cast<double>(total));
+  const bool training = part.side == CorpusPart::Side::Training;
+  part_note_ = training ? fmt::format("training part: tokens [0, {}) of {}", cut, total)
+                        : fmt::format("validation part: tokens [{}, {}) of {}", cut, total, total);
+  int64_t first = 0;  // the file's first global token
+  for (Mapped& m : files_) {
+    const int64_t before_cut = std::clamp<int64_t>(cut - first, 0, m.count);  // the file's tokens on the training side
+    first += m.count;
+    if (training) {
+      m.count = before_cut;
+    } else {
+      m.tokens = m.tokens ? m.tokens + static_cast<size_t>(before_cut) * static_cast<size_t>(width_) : nullptr;
+      m.count -= before_cut;
+    }
   }
 }
 
@@ -265,13 +298,17 @@ int64_t TokenFile::token(size_t file, int64_t i) const {
 }
 
 void TokenFile::sample(int64_t index, std::span<int64_t> tokens) const {
+  Philox rng(seed_, stream_id("token-file"));
+  uint64_t r = static_cast<uint64_t>(rng.bits(2 * static_cast<uint64_t>(index))) << 32 | rng.bits(2 * static_cast<uint64_t>(index) + 1);
+  window(r % window_starts(), tokens);
+}
+
+void TokenFile::window(uint64_t position, std::span<int64_t> tokens) const {
   SW_CHECK(static_cast<int64_t>(tokens.size()) == seq_ + 1, "a sample of sequence length {} has {} tokens, got room for {}",
            seq_, seq_ + 1, tokens.size());
-  Philox rng(seed_, stream_id("token-file"));
-  const uint64_t positions = first_position_.back();
-  uint64_t r = static_cast<uint64_t>(rng.bits(2 * static_cast<uint64_t>(index))) << 32 | rng.bits(2 * static_cast<uint64_t>(index) + 1);
-  const uint64_t position = r % positions;
-  // The file whose valid window starts hold `position`; a single file: start = r % (tokens - seq).
+  SW_CHECK(position < window_starts(), "window {} of {}: it has {} window starts", position, spec_, window_starts());
+  // The file whose valid window starts hold `position` (a file without any is skipped: upper_bound
+  // passes its equal bounds); a single file: start = position.
   const auto file = static_cast<size_t>(std::upper_bound(first_position_.begin(), first_position_.end(), position) -
                                         first_position_.begin() - 1);
   const auto start = static_cast<int64_t>(position - first_position_[file]);
@@ -281,14 +318,32 @@ void TokenFile::sample(int64_t index, std::span<int64_t> tokens) const {
 std::string TokenFile::describe() const {
   const std::string files = files_.size() > 1 ? fmt::format(" in {} files", files_.size()) : "";
   const std::string width = format_ == TokenFormat::Llmc ? fmt::format(" (uint{})", width_ * 8) : "";
-  return fmt::format("{} ({}{} format, {} tokens{}, vocabulary needed {})", spec_, token_format_name(format_), width,
-                     total_tokens_, files, vocab_needed_);
+  const std::string tokens = part_note_.empty() ? fmt::format("{} tokens", total_tokens_) : part_note_;
+  return fmt::format("{} ({}{} format, {}{}, vocabulary needed {})", spec_, token_format_name(format_), width, tokens,
+                     files, vocab_needed_);
+}
+
+EvenWindows::EvenWindows(std::unique_ptr<TokenFile> corpus, int64_t wanted) : corpus_(std::move(corpus)) {
+  SW_CHECK(wanted >= 1, "--val-samples must be at least 1, got {}", wanted);
+  const uint64_t disjoint = corpus_->window_starts() / static_cast<uint64_t>(corpus_->seq() + 1);
+  count_ = std::min<int64_t>(wanted, std::max<int64_t>(1, static_cast<int64_t>(disjoint)));
+}
+
+void EvenWindows::sample(int64_t index, std::span<int64_t> tokens) const {
+  SW_CHECK(index >= 0 && index < count_, "validation sequence {} of {}: there are {}", index, corpus_->describe(), count_);
+  const auto p = static_cast<unsigned __int128>(corpus_->window_starts()) * static_cast<uint64_t>(index) /
+                 static_cast<uint64_t>(count_);
+  corpus_->window(static_cast<uint64_t>(p), tokens);
+}
+
+std::string EvenWindows::describe() const {
+  return fmt::format("{} sequences of {} tokens spread evenly over {}", count_, corpus_->seq() + 1, corpus_->describe());
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed,
-                                      TokenFormat format) {
+                                      TokenFormat format, CorpusPart part) {
   if (path.empty()) return std::make_unique<AdditionTask>(digits, seq, seed);
-  return std::make_unique<TokenFile>(path, seq, seed, format);
+  return std::make_unique<TokenFile>(path, seq, seed, format, part);
 }
 
 }  // namespace shardwise::train

@@ -10,6 +10,10 @@
 //                 draw is over the corpus' valid window starts (each file's tokens - seq), taken
 //                 globally in file order, so a window never crosses a file boundary and a single
 //                 file samples exactly as before (position = draw % (tokens - seq)).
+//                 A CorpusPart restricts it to the tokens before or after a cut (--val-fraction):
+//                 the same definition over that part's window starts only.
+//   EvenWindows   a validation set: a fixed number of windows of a TokenFile spread evenly over its
+//                 window starts, independent of the seed (--val-data, --val-fraction).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -70,11 +74,24 @@ std::vector<std::string> data_files(const std::string& spec);
 // `auto`: llm.c's magic at offset 0 -> llmc; a `.bin` without it -> u16; anything else -> bytes.
 TokenFormat detect_token_format(const std::string& path);
 
+// Which tokens of a corpus a TokenFile samples. `held_out` = F in (0, 1): the corpus' tokens in
+// file order are cut at `cut = total - round(F x total)`; `Training` keeps tokens [0, cut) and
+// `HeldOut` tokens [cut, total) (a file straddling the cut contributes its part on each side). A
+// window of seq + 1 tokens never crosses the cut (nor a file boundary), so the two sides share no
+// token. `Whole` (or F = 0): every token.
+struct CorpusPart {
+  enum class Side { Whole, Training, HeldOut };
+  Side side = Side::Whole;
+  double held_out = 0;
+};
+
 class TokenFile final : public Dataset {
  public:
   // Error when a file is unreadable, shorter than seq + 2 tokens, of another format than the
-  // first, of a size that is not a whole number of tokens, or has a bad llm.c header.
-  TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format = TokenFormat::Auto);
+  // first, of a size that is not a whole number of tokens, or has a bad llm.c header; with a
+  // part, when F is outside (0, 1) or the part holds no window of seq + 1 tokens.
+  TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format = TokenFormat::Auto,
+            CorpusPart part = {});
   ~TokenFile() override;
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
@@ -82,20 +99,27 @@ class TokenFile final : public Dataset {
   int64_t vocab_needed() const override { return vocab_needed_; }
   std::string describe() const override;
   TokenFormat format() const { return format_; }
-  int64_t token_count() const { return total_tokens_; }
-  int64_t token(size_t file, int64_t i) const;  // token i of file `file`
+  int64_t seq() const { return seq_; }
+  int64_t token_count() const { return total_tokens_; }  // in the part
+  int64_t token(size_t file, int64_t i) const;  // token i of file `file`'s part
+  // The part's valid window starts (each file's part: tokens - seq, at least 0), in file order;
+  // sample(i) is the window at position (a 64-bit draw from (seed, i)) % window_starts().
+  uint64_t window_starts() const { return first_position_.back(); }
+  // The seq + 1 tokens of the window at `position` in [0, window_starts()).
+  void window(uint64_t position, std::span<int64_t> tokens) const;
 
   struct Mapped {
     std::string path;
     const unsigned char* base = nullptr;  // the mapping (nullptr for an empty file)
     size_t bytes = 0;
-    const unsigned char* tokens = nullptr;  // base + header
-    int64_t count = 0;
+    const unsigned char* tokens = nullptr;  // base + header (+ the part's first token)
+    int64_t count = 0;                      // tokens in the part
   };
 
  private:
   void map(const std::string& path);
-  std::string spec_;
+  void restrict_to(const CorpusPart& part);
+  std::string spec_, part_note_;
   std::vector<Mapped> files_;
   std::vector<uint64_t> first_position_;  // cumulative valid window starts before each file
   TokenFormat format_;
@@ -106,8 +130,26 @@ class TokenFile final : public Dataset {
   int64_t vocab_needed_ = 0;
 };
 
-// "" -> AdditionTask(digits); otherwise a TokenFile.
+// "" -> AdditionTask(digits); otherwise a TokenFile (of `part`).
 std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed,
-                                      TokenFormat format = TokenFormat::Auto);
+                                      TokenFormat format = TokenFormat::Auto, CorpusPart part = {});
+
+// A fixed validation set: n = min(wanted, max(1, P / (seq + 1))) windows of `corpus` (P: its window
+// starts), sample k < n the window at position floor(k x P / n). Evenly spread from the first window
+// start to the last, never overlapping while n <= P / (seq + 1) ("all if fewer"), and the same for
+// every seed, mesh and evaluation. Error for an index outside [0, size()).
+class EvenWindows final : public Dataset {
+ public:
+  EvenWindows(std::unique_ptr<TokenFile> corpus, int64_t wanted);
+  void sample(int64_t index, std::span<int64_t> tokens) const override;
+  int64_t vocab_needed() const override { return corpus_->vocab_needed(); }
+  std::string describe() const override;
+  int64_t size() const { return count_; }
+  const TokenFile& corpus() const { return *corpus_; }
+
+ private:
+  std::unique_ptr<TokenFile> corpus_;
+  int64_t count_ = 0;
+};
 
 }  // namespace shardwise::train

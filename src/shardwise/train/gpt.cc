@@ -161,6 +161,7 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).
   auto total = g.op1(s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
                      {{"reduction", std::string("sum")}}, "loss_sum");
+  out.loss_sum = total;
   out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, "loss");
   return out;
 }

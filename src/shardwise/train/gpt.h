@@ -47,6 +47,7 @@ struct Strategy {
 struct GptGraph {
   graph::Graph g;
   graph::ValueId loss = -1;         // training graph: mean cross-entropy
+  graph::ValueId loss_sum = -1;     // training graph: the summed cross-entropy (loss = loss_sum / (B * S))
   graph::ValueId predictions = -1;  // evaluation graph: argmax of the logits [B, S] i64
   int64_t sequences = 0;  // of the micro-batch, on the whole dp dim
   // A pipeline stage's part: the residual stream it receives ("stage_input"), the one it sends on

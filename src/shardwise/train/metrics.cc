@@ -28,6 +28,7 @@ std::string kept_lines(const std::string& path, int64_t step, std::vector<StepRe
     r.elapsed_s = j.value("elapsed_s", 0.0);
     r.tokens_per_s = j.value("tokens_per_s", 0.0);
     if (j.contains("accuracy")) r.accuracy = j["accuracy"].get<double>();
+    if (j.contains("val_loss") && j["val_loss"].is_number()) r.val_loss = j["val_loss"].get<double>();
     records.push_back(r);
     kept += line + "\n";
   }
@@ -70,33 +71,70 @@ void MetricsLog::add(const StepRecord& r) {
                       {"grad_norm", r.step.grad_norm}, {"tokens", r.step.tokens},    {"elapsed_s", r.elapsed_s},
                       {"tokens_per_s", r.tokens_per_s}};
   if (r.accuracy) j["accuracy"] = *r.accuracy;
+  if (r.val_loss) j["val_loss"] = *r.val_loss, j["val_ppl"] = std::exp(*r.val_loss);
   out_ << j.dump() << "\n";
   out_.flush();
   records_.push_back(r);
 }
 
-std::string MetricsLog::write_curve(const std::string& title) const {
+std::string MetricsLog::write_curve(const std::string& title, bool log_loss_axis) const {
   std::string path = dir_ + "/loss_curve.svg";
   std::ofstream f(path, std::ios::trunc);
   SW_CHECK(f.good(), "cannot write '{}'", path);
   std::vector<StepRecord> all = earlier_;
   all.insert(all.end(), records_.begin(), records_.end());
-  f << loss_curve_svg(all, title);
+  f << loss_curve_svg(all, title, log_loss_axis);
   return path;
 }
 
-std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title) {
-  const double W = 720, H = 400, left = 60, right = 60, top = 40, bottom = 50;
-  double max_step = 1, lo = 0, hi = 1;
-  if (!records.empty()) {
-    max_step = static_cast<double>(std::max<int64_t>(1, records.back().step.step));
-    lo = hi = records.front().step.loss;
-    for (const auto& r : records) lo = std::min(lo, r.step.loss), hi = std::max(hi, r.step.loss);
-    if (hi - lo < 1e-9) hi = lo + 1;
-    lo = std::max(0.0, lo - 0.05 * (hi - lo));
+namespace {
+
+bool drawable(double loss, bool log) { return std::isfinite(loss) && (!log || loss > 0); }
+
+// The loss axis over the losses drawn (training and validation), 5% of room below; on a log axis
+// the room and the ticks are even in log10(loss).
+struct LossAxis {
+  bool log = false;
+  double lo = 0, hi = 1;
+  double scaled(double v) const { return log ? std::log10(v) : v; }
+  double fraction(double loss) const { return (scaled(loss) - scaled(lo)) / (scaled(hi) - scaled(lo)); }
+  double at(double f) const {
+    const double v = scaled(lo) + f * (scaled(hi) - scaled(lo));
+    return log ? std::pow(10.0, v) : v;
   }
+};
+
+LossAxis loss_axis(const std::vector<StepRecord>& records, bool log) {
+  LossAxis a{log, log ? 1.0 : 0.0, log ? 10.0 : 1.0};
+  bool any = false;
+  auto take = [&](double v) {
+    if (!drawable(v, log)) return;
+    a.lo = any ? std::min(a.lo, v) : v, a.hi = any ? std::max(a.hi, v) : v;
+    any = true;
+  };
+  for (const auto& r : records) {
+    take(r.step.loss);
+    if (r.val_loss) take(*r.val_loss);
+  }
+  if (!any) return LossAxis{log, log ? 1.0 : 0.0, log ? 10.0 : 1.0};
+  if (log) {
+    if (a.hi / a.lo < 1 + 1e-9) a.hi = a.lo * 10;
+    a.lo /= std::pow(a.hi / a.lo, 0.05);
+  } else {
+    if (a.hi - a.lo < 1e-9) a.hi = a.lo + 1;
+    a.lo = std::max(0.0, a.lo - 0.05 * (a.hi - a.lo));
+  }
+  return a;
+}
+
+}  // namespace
+
+std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title, bool log_loss_axis) {
+  const double W = 720, H = 400, left = 60, right = 60, top = 40, bottom = 50;
+  const double max_step = records.empty() ? 1 : static_cast<double>(std::max<int64_t>(1, records.back().step.step));
+  const LossAxis axis = loss_axis(records, log_loss_axis);
   auto x = [&](double step) { return left + (W - left - right) * step / max_step; };
-  auto y = [&](double loss) { return top + (H - top - bottom) * (1 - (loss - lo) / (hi - lo)); };
+  auto y = [&](double loss) { return top + (H - top - bottom) * (1 - axis.fraction(loss)); };
   auto y_acc = [&](double acc) { return top + (H - top - bottom) * (1 - acc); };
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
@@ -105,16 +143,33 @@ std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::st
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left, top, H - bottom);
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left, H - bottom, W - right);
   for (int i = 0; i <= 4; ++i) {
-    double v = lo + (hi - lo) * i / 4.0;
+    double v = axis.at(i / 4.0);
     s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3g}</text>\n", left - 6, y(v) + 4, v);
     double st = max_step * i / 4.0;
     s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", x(st), H - bottom + 18, st);
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", (W + left - right) / 2, H - 10);
-  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" fill=\"#1f77b4\">loss</text>\n", H / 2, H / 2);
-  std::string points;
-  for (const auto& r : records) points += fmt::format("{:.1f},{:.1f} ", x(static_cast<double>(r.step.step)), y(r.step.loss));
-  s += fmt::format("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n", points);
+  s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" fill=\"#1f77b4\">loss{}</text>\n", H / 2,
+                   H / 2, log_loss_axis ? " (log scale)" : "");
+  std::string points, val_points, val_marks;
+  for (const auto& r : records) {
+    const double px = x(static_cast<double>(r.step.step));
+    if (drawable(r.step.loss, log_loss_axis)) points += fmt::format("{:.1f},{:.1f} ", px, y(r.step.loss));
+    if (!r.val_loss || !drawable(*r.val_loss, log_loss_axis)) continue;
+    val_points += fmt::format("{:.1f},{:.1f} ", px, y(*r.val_loss));
+    val_marks += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"#ff7f0e\"/>\n", px, y(*r.val_loss));
+  }
+  s += fmt::format("<polyline id=\"train-loss\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n", points);
+  if (!val_points.empty()) {
+    s += fmt::format("<polyline id=\"val-loss\" fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+                     val_points) + val_marks;
+    const double lx = W - right - 130, ly = top + 12;
+    s += fmt::format("<g id=\"legend\"><line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#1f77b4\" stroke-width=\"2\"/>"
+                     "<text x=\"{3}\" y=\"{4}\">training loss</text>"
+                     "<line x1=\"{0}\" y1=\"{5}\" x2=\"{2}\" y2=\"{5}\" stroke=\"#ff7f0e\" stroke-width=\"2\"/>"
+                     "<text x=\"{3}\" y=\"{6}\">validation loss</text></g>\n",
+                     lx, ly, lx + 20, lx + 26, ly + 4, ly + 16, ly + 20);
+  }
   bool any_acc = false;
   for (const auto& r : records) {
     if (!r.accuracy) continue;

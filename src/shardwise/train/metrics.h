@@ -1,6 +1,8 @@
 #pragma once
 // What a training run leaves in its run directory: metrics.jsonl (one JSON object per step, with
-// the evaluation where one ran) and loss_curve.svg (the loss by step, accuracy on a second axis).
+// the evaluation where one ran: "accuracy" for the addition task, "val_loss" and "val_ppl" =
+// exp(val_loss) for a validation set) and loss_curve.svg (the training loss by step, the
+// validation loss beside it with a legend, accuracy on a second axis; a linear or log loss axis).
 #include <fstream>
 #include <optional>
 #include <string>
@@ -14,6 +16,7 @@ struct StepRecord {
   StepResult step;
   double elapsed_s = 0, tokens_per_s = 0;
   std::optional<double> accuracy;
+  std::optional<double> val_loss;  // metrics.jsonl also gets val_ppl = exp(val_loss)
 };
 
 class MetricsLog {
@@ -25,7 +28,7 @@ class MetricsLog {
   void add(const StepRecord& r);  // appends a line to metrics.jsonl and flushes it
   const std::vector<StepRecord>& records() const { return records_; }  // this process's steps
   // Writes loss_curve.svg of the whole run (the kept earlier lines too); returns its path.
-  std::string write_curve(const std::string& title) const;
+  std::string write_curve(const std::string& title, bool log_loss_axis = false) const;
   std::string jsonl_path() const { return dir_ + "/metrics.jsonl"; }
   // Where an earlier run's log in this directory was moved when this run started fresh ("" if none).
   const std::string& kept_aside() const { return kept_aside_; }
@@ -36,7 +39,8 @@ class MetricsLog {
   std::vector<StepRecord> earlier_, records_;
 };
 
-// The SVG text of a loss curve (and accuracy points, when given), for MetricsLog and tests.
-std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title);
+// The SVG text of a loss curve (validation losses and accuracy points, when given), for MetricsLog
+// and tests. `log_loss_axis`: the loss axis is logarithmic (non-positive losses are not drawn).
+std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title, bool log_loss_axis = false);
 
 }  // namespace shardwise::train

@@ -49,7 +49,7 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
     meshes_.push_back(strategy_.pp < 0 ? strategy_.mesh
                                        : pipeline::stage_mesh(strategy_.mesh, strategy_.pp, s % pp_, "dp"));
   stage_strategy_ = Strategy::from_mesh(meshes_[0], strategy_.sequence_parallel);
-  std::vector<pipeline::StageSpec> specs = local_specs(schedule, true);
+  std::vector<pipeline::StageSpec> specs = local_specs(schedule, StageGraph::Training);
   // One stage runs each backward right after its forward: nothing to gain from releasing.
   pipeline::RunnerOptions ro{strategy_.pp >= 0 && config_.release, config_.poison_stand_ins};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
@@ -59,23 +59,28 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
 
 StagedGpt::~StagedGpt() = default;
 
-std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule& schedule, bool training) {
+std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule& schedule, StageGraph what) {
   std::vector<pipeline::StageSpec> out;
   const int S = schedule.stages();
+  // The loss graph is the training graph without dropout, read at its summed cross-entropy, and
+  // compiled without a backward (StageSpec::training false).
+  GptConfig model = model_;
+  if (what == StageGraph::Loss) model.dropout = 0;
+  const bool with_loss = what != StageGraph::Predictions;
   for (int s : schedule.stages_of(my_pipeline_rank())) {
     const pipeline::LayerRange& range = layers_[static_cast<size_t>(s)];
-    GptGraph gpt = build_gpt(model_, stage_strategy_, sequences_, training, GptPart{range.begin, range.end, s == 0, s == S - 1});
+    GptGraph gpt = build_gpt(model, stage_strategy_, sequences_, with_loss, GptPart{range.begin, range.end, s == 0, s == S - 1});
     pipeline::StageSpec spec;
     spec.stage = s;
-    spec.training = training;
+    spec.training = what == StageGraph::Training;
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
     if (gpt.output >= 0) spec.output = g.value(gpt.output).name, spec.output_grad = g.value(gpt.output_grad).name;
-    if (gpt.loss >= 0) spec.loss = g.value(gpt.loss).name;
+    if (gpt.loss >= 0) spec.loss = g.value(what == StageGraph::Loss ? gpt.loss_sum : gpt.loss).name;
     if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
     if (s == 0) spec.feeds.push_back("ids");
-    if (s == S - 1 && training) spec.feeds.push_back("labels");
+    if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
     spec.constants = {"causal_mask"};
     out.push_back(std::move(spec));
   }
@@ -197,16 +202,19 @@ double StagedGpt::grad_norm(const std::vector<Tensor>& grads) {
   return global_grad_norm(counted, counted_grads, meshes_[0], *world_);
 }
 
+std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_batches, StageGraph what) {
+  pipeline::Schedule sch = pipeline::forward_only(static_cast<int>(pp_), runner_->schedule().virtual_stages, micro_batches);
+  std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
+  auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
+                                                           pipeline::RunnerOptions{true, false});
+  for (int s : runner->local_stages()) runner->runtime(s).set_global("causal_mask", mask_);
+  return runner;
+}
+
 EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
   const int64_t batch = sequences_, S_len = model_.seq;
   const int m = static_cast<int>((samples + batch - 1) / batch);
-  if (!eval_ || eval_->schedule().micro_batches != m) {
-    pipeline::Schedule sch = pipeline::forward_only(static_cast<int>(pp_), runner_->schedule().virtual_stages, m);
-    std::vector<pipeline::StageSpec> specs = local_specs(sch, false);
-    eval_ = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
-                                                       pipeline::RunnerOptions{true, false});
-    for (int s : eval_->local_stages()) eval_->runtime(s).set_global("causal_mask", mask_);
-  }
+  if (!eval_ || eval_->schedule().micro_batches != m) eval_ = forward_runner(m, StageGraph::Predictions);
   bind(*eval_);
   std::vector<AdditionTask::Problem> problems;
   for (int64_t i = 0; i < static_cast<int64_t>(m) * batch; ++i) problems.push_back(task.held_out(i));
@@ -234,6 +242,31 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
   eval_->run(feed, read);
   world_->broadcast(counts, 2, DType::I64, root_of_stage(eval_->schedule().stages() - 1));
   return EvalResult{counts[0], counts[1]};
+}
+
+double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
+  SW_CHECK(count >= 1, "validation needs at least 1 sequence, got {}", count);
+  const int64_t batch = sequences_, S_len = model_.seq;
+  const int m = static_cast<int>((count + batch - 1) / batch);
+  if (!val_ || val_->schedule().micro_batches != m) val_ = forward_runner(m, StageGraph::Loss);
+  const int S = val_->schedule().stages();
+  // Rows past `count` (the last micro-batch's padding) read token 0 and have every label ignored
+  // (cross_entropy's ignore_index -100): they add nothing to the summed loss.
+  auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
+    if (stage != 0 && stage != S - 1) return;
+    const int64_t first = mb * batch, real = std::min(batch, count - first);
+    Batch b = make_batch(data, first, real, S_len);
+    Tensor ids(DType::I64, Shape{batch, S_len});
+    Tensor labels = Tensor::full(DType::I64, Shape{batch, S_len}, -100);
+    std::copy_n(b.ids.data<int64_t>(), real * S_len, ids.data<int64_t>());
+    std::copy_n(b.labels.data<int64_t>(), real * S_len, labels.data<int64_t>());
+    if (stage == 0) rt.set_global("ids", ids);
+    if (stage == S - 1) rt.set_global("labels", labels);
+  };
+  bind(*val_);
+  double sum = val_->run(feed).loss_sum;  // the micro-batches' summed cross-entropies, in order
+  world_->broadcast(&sum, 1, DType::F64, root_of_stage(S - 1));
+  return sum / static_cast<double>(count * S_len);
 }
 
 Tensor StagedGpt::gather_param(const std::string& name) {

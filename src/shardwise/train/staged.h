@@ -59,6 +59,11 @@ class StagedGpt {
   // Held-out exact matches of the addition task (greedy answers: a causal model answers a problem
   // exactly iff its argmax at every answer position, given the true prefix, is right), on every rank.
   EvalResult evaluate(const AdditionTask& task, int64_t samples);
+  // The mean cross-entropy per token over samples [0, count) of `data`, on every rank: the training
+  // graph's forward without dropout and without its backward (a forward-only schedule), micro-batches
+  // of sequences_per_micro_batch, the last one padded with ignored labels. Reads the parameters
+  // only; the training runner, its buffers and the data position are untouched.
+  double validation_loss(const Dataset& data, int64_t count);
   // The whole parameter (its fp32 master) on every rank (collective).
   Tensor gather_param(const std::string& name);
 
@@ -68,7 +73,11 @@ class StagedGpt {
   const pipeline::StepStats& last_stats() const { return last_stats_; }
 
  private:
-  std::vector<pipeline::StageSpec> local_specs(const pipeline::Schedule& schedule, bool training);
+  // What a runner's stages compute: the training step, the loss only (validation), or predictions.
+  enum class StageGraph { Training, Loss, Predictions };
+  std::vector<pipeline::StageSpec> local_specs(const pipeline::Schedule& schedule, StageGraph what);
+  // A forward-only runner over `micro_batches` (the causal mask bound).
+  std::unique_ptr<pipeline::PipelineRunner> forward_runner(int micro_batches, StageGraph what);
   void init_params(int64_t process);
   // Binds the parameters (bf16 copies are new tensors after each update) before a run.
   void bind(pipeline::PipelineRunner& runner);
@@ -87,7 +96,7 @@ class StagedGpt {
   std::shared_ptr<comm::Communicator> world_;
   std::vector<mesh::ProcessMesh> meshes_;  // per stage
   std::vector<pipeline::LayerRange> layers_;
-  std::unique_ptr<pipeline::PipelineRunner> runner_, eval_;
+  std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_;
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
   std::vector<ParamState> params_;
   // Per params_: counted in the norm (false for the last stage's tied copy).

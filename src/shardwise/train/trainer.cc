@@ -99,16 +99,54 @@ void TrainConfig::check(int64_t ranks) {
     pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
     pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
   }
-  auto data_set = open_dataset(data, digits, model.seq, seed, parse_token_format(data_format));
+  auto data_set = open_training_data(*this);
   SW_CHECK(data_set->vocab_needed() <= model.vocab, "{} needs a vocabulary of {} tokens, the model has {} (--vocab)",
            data_set->describe(), data_set->vocab_needed(), model.vocab);
+  if (auto val = open_validation_data(*this)) {
+    SW_CHECK(val->vocab_needed() <= model.vocab,
+             "--val-data {} needs a vocabulary of {} tokens, the model has {} (--vocab): validation text must use the "
+             "training tokenizer",
+             val->corpus().describe(), val->vocab_needed(), model.vocab);
+  }
+}
+
+std::unique_ptr<Dataset> open_training_data(const TrainConfig& c) {
+  CorpusPart part;
+  if (c.val_fraction != 0) part = {CorpusPart::Side::Training, c.val_fraction};
+  return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part);
+}
+
+std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
+  if (!c.has_validation()) return nullptr;
+  SW_CHECK(c.val_data.empty() || c.val_fraction == 0,
+           "--val-data '{}' and --val-fraction {} both name a validation set: give one of them", c.val_data,
+           c.val_fraction);
+  SW_CHECK(!c.data.empty(),
+           "{} needs --data: the embedded addition task has its own held-out problems (--eval-every, --eval-samples)",
+           c.val_data.empty() ? "--val-fraction" : "--val-data");
+  SW_CHECK(c.val_fraction == 0 || (c.val_fraction > 0 && c.val_fraction < 1),
+           "--val-fraction must be in (0, 1) (the share of --data's tokens held out), got {}", c.val_fraction);
+  SW_CHECK(c.val_samples >= 1, "--val-samples must be at least 1, got {}", c.val_samples);
+  const TokenFormat format = parse_token_format(c.data_format);
+  if (c.val_data.empty()) {
+    auto held_out = std::make_unique<TokenFile>(c.data, c.model.seq, c.seed, format,
+                                                CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction});
+    return std::make_unique<EvenWindows>(std::move(held_out), c.val_samples);
+  }
+  try {  // the file errors say --data: say which option named the file
+    return std::make_unique<EvenWindows>(std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format),
+                                         c.val_samples);
+  } catch (const Error& e) {
+    fail("--val-data: {}", e.what());
+  }
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
     : c_(std::move(config)), world_(std::move(world)), adamw_(c_.adamw) {
   c_.check(world_->size());
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
-  data_ = open_dataset(c_.data, c_.digits, c_.model.seq, c_.seed, parse_token_format(c_.data_format));
+  data_ = open_training_data(c_);
+  val_ = open_validation_data(c_);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   GptConfig model = c_.model;
   model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
@@ -162,6 +200,11 @@ EvalResult Trainer::evaluate() {
   SW_CHECK(task != nullptr, "evaluation needs the embedded addition task; {} has no held-out answers",
            data_->describe());
   return model_->evaluate(*task, c_.eval_samples);
+}
+
+ValidationResult Trainer::validate() {
+  SW_CHECK(val_ != nullptr, "validation needs --val-data or --val-fraction (with --data)");
+  return ValidationResult{model_->validation_loss(*val_, val_->size()), val_->size()};
 }
 
 void Trainer::restore_position(int64_t step, int64_t consumed) {

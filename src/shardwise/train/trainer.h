@@ -7,6 +7,7 @@
 // data-parallel rank); the trainer derives whichever of the three numbers is left out (0) and
 // refuses a combination that does not divide. Step k trains on samples
 // [k * global_batch, (k + 1) * global_batch) of the dataset, whatever the mesh.
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,12 +54,31 @@ struct TrainConfig {
   std::string data_format = "auto";  // auto, bytes, u16, u32, llmc (see TokenFormat)
   int digits = 3;  // model.seq 0 = the longest problem (addition) or 256 (a file)
   int64_t eval_samples = 128;
+  // Validation of a --data run (not the addition task, which has its own held-out problems): a
+  // separate corpus (`val_data`, the same forms and --data-format as `data`), or the last
+  // `val_fraction` of `data`'s tokens held out (training samples only the rest: CorpusPart). Either
+  // gives EvenWindows of up to `val_samples` sequences, the same at every evaluation.
+  std::string val_data;
+  double val_fraction = 0;  // 0: none; else in (0, 1)
+  int64_t val_samples = 64;
 
   // Fills the derived batch number; Error naming the numbers that do not fit.
   void resolve_batch(int64_t dp_size);
   // Every check a run makes before it starts (mesh vs. ranks, heads vs. tp, batch sizes, the data
   // file, the vocabulary): one Error with what is wrong. Fills the derived batch number.
   void check(int64_t ranks);
+  bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
+};
+
+// The run's data: the training samples (with --val-fraction, the corpus before the cut), and the
+// validation set (nullptr without --val-data / --val-fraction). Errors name the option.
+std::unique_ptr<Dataset> open_training_data(const TrainConfig& c);
+std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c);
+
+struct ValidationResult {
+  double loss = 0;         // mean cross-entropy per token over the validation sequences
+  int64_t sequences = 0;   // how many
+  double perplexity() const { return std::exp(loss); }
 };
 
 struct StepResult {
@@ -78,6 +98,12 @@ class Trainer {
   // problem exactly iff its argmax at every answer position, given the true prefix, is right).
   // Error for datasets other than the addition task.
   EvalResult evaluate();
+  // The mean next-token cross-entropy over the validation set (TrainConfig::val_*), forward only:
+  // no dropout, no gradient, no change to the parameters, the data position or any generator, so
+  // the training losses are the same with or without it. Error without a validation set.
+  ValidationResult validate();
+  bool has_validation() const { return val_ != nullptr; }
+  const EvenWindows* validation_data() const { return val_.get(); }
 
   const TrainConfig& config() const { return c_; }
   const Strategy& strategy() const { return strategy_; }
@@ -99,6 +125,7 @@ class Trainer {
   std::shared_ptr<comm::Communicator> world_;
   Strategy strategy_;
   std::unique_ptr<Dataset> data_;
+  std::unique_ptr<EvenWindows> val_;
   std::unique_ptr<StagedGpt> model_;
   AdamW adamw_;
   LrSchedule schedule_;
