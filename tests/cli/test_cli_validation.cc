@@ -129,6 +129,12 @@ TEST(CliValidation, AResumedRunKeepsItsEarlierValidationPointsAndItsCurve) {
     EXPECT_NEAR(parts[step].val_loss, whole[step].val_loss, 1e-6 * whole[step].val_loss) << step;
   }
   EXPECT_EQ(polyline_points(read(d / "parts" / "loss_curve.svg"), "val-loss"), 4);
+  // Another fraction would train on other windows: the resume is refused, naming both.
+  Result other = run(train(6, d / "parts") + " --eval-every 1 --val-fraction 0.5 --data " + (d / "c.bin").string() +
+                     " --save-every 2 --resume auto");
+  EXPECT_NE(other.status, 0);
+  EXPECT_NE(other.out.find("less its last 0.25 held out (--val-fraction), this run reads"), std::string::npos)
+      << other.out;
   fs::remove_all(d);
 }
 

@@ -68,7 +68,7 @@ std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
 // What the run reads, to refuse a resume on other data: the file's size and the xxh64 of its first
 // and last MiB (its path only for the message), or the embedded task's digits and sequence length.
 // Several files (a list or a glob): the sorted file names (without their folder) and sizes.
-nlohmann::json data_fingerprint(const TrainConfig& c) {
+nlohmann::json file_fingerprint(const TrainConfig& c) {
   if (c.data.empty()) return {{"kind", "addition"}, {"digits", c.digits}, {"seq", c.model.seq}};
   if (const std::vector<std::string> files = data_files(c.data); files.size() > 1) {
     nlohmann::json list = nlohmann::json::array();
@@ -94,7 +94,21 @@ nlohmann::json data_fingerprint(const TrainConfig& c) {
           {"tail_xxh64", mib_at(std::max<int64_t>(0, size - (int64_t{1} << 20)))}};
 }
 
+nlohmann::json data_fingerprint(const TrainConfig& c) {
+  nlohmann::json f = file_fingerprint(c);
+  // --val-fraction holds out the corpus' tail: another fraction trains on other windows. (Absent
+  // without one, so checkpoints from before it still match.)
+  if (c.val_fraction != 0) f["val_fraction"] = c.val_fraction;
+  return f;
+}
+
 std::string describe_fingerprint(const nlohmann::json& f) {
+  if (f.contains("val_fraction")) {
+    nlohmann::json rest = f;
+    rest.erase("val_fraction");
+    return fmt::format("{} less its last {} held out (--val-fraction)", describe_fingerprint(rest),
+                       f["val_fraction"].get<double>());
+  }
   if (f.value("kind", "") == "addition")
     return fmt::format("the {}-digit addition task at seq {}", f.value("digits", 0), f.value("seq", 0));
   if (f.value("kind", "") == "files")
