@@ -9,9 +9,11 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 
 #include "shardwise/ckpt/file_io.h"
 #include "shardwise/ckpt/group_reader.h"
+#include "shardwise/ckpt/key_map.h"
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/core/error.h"
@@ -93,6 +95,22 @@ std::string torch_dtype_name(DType d) {
 
 // config.json and generation_config.json are copied from `json_from`; after a conversion
 // (options.dtype) config.json's torch_dtype names the new dtype.
+// The part of the source checkpoint's key map (manifest "key_maps" of group "model") whose stored
+// tensors are among `tensors`: merge, convert and lora-merge keep the keys, so the table still
+// says which named tensors each fused one holds.
+nlohmann::json kept_key_map(const fs::path& from, const std::vector<OutTensor>& tensors) {
+  nlohmann::json out = nlohmann::json::object();
+  if (!fs::exists(from / kManifestName)) return out;
+  nlohmann::json m = nlohmann::json::parse(read_text_file(from / kManifestName));
+  if (!m.contains("key_maps") || !m["key_maps"].contains("model")) return out;
+  std::set<std::string> kept;
+  for (const OutTensor& t : tensors) kept.insert(t.spec.name);
+  for (const auto& [name, p] : m["key_maps"]["model"].items()) {
+    if (kept.count(p.value("key", ""))) out[name] = p;
+  }
+  return out;
+}
+
 void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, const fs::path& json_from,
                          const RewriteOptions& options) {
   const uint64_t max_shard_bytes = options.max_shard_bytes;
@@ -102,6 +120,7 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
   tmp += ".tmp";
   fs::remove_all(tmp);
   fs::create_directories(tmp);
+  const nlohmann::json keys = kept_key_map(json_from, tensors);
   std::vector<std::vector<size_t>> shards;
   uint64_t in_shard = 0, total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -142,8 +161,9 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
     digests[name] = digest_file(tmp / name, false);
   }
   write_file_atomic(tmp / kManifestName,
-                    make_manifest(0, digests, {{"model", index_file_name("model")}},
-                                  {{"written_by", "shardwise ckpt"}}).dump(2) + "\n");
+                    make_manifest(0, digests, {{"model", index_file_name("model")}}, {{"written_by", "shardwise ckpt"}},
+                                  keys.empty() ? nlohmann::json::object() : nlohmann::json{{"model", keys}})
+                            .dump(2) + "\n");
   fsync_dir(tmp);
   rename_path(tmp, out);
   fsync_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path());
@@ -161,8 +181,10 @@ void inspect(const fs::path& path, std::ostream& out) {
     return;
   }
   SW_CHECK(fs::is_directory(path), "'{}' is neither a directory nor a file", path.string());
+  nlohmann::json key_maps = nlohmann::json::object();  // group -> the manifest's key map
   if (fs::exists(path / kManifestName)) {
     auto m = nlohmann::json::parse(read_text_file(path / kManifestName));
+    if (m.contains("key_maps")) key_maps = m["key_maps"];
     out << fmt::format("{}: step {}, {} files\n", path.string(), m.value("step", -1), m["files"].size());
     if (m.contains("saved_on")) out << "  saved on: " << m["saved_on"].dump() << "\n";
   } else {
@@ -174,7 +196,17 @@ void inspect(const fs::path& path, std::ostream& out) {
     GroupReader reader(path, g);
     out << fmt::format("group {}: {} tensors, {} in {} files\n", g, reader.names().size(), human(reader.total_size()),
                        reader.file_names().size());
-    for (const std::string& name : reader.names()) print_tensor(out, reader.info(name), reader.file_name_of(name));
+    const KeyMap keys = key_maps.contains(g) ? KeyMap::from_json(key_maps[g]) : KeyMap();
+    for (const std::string& name : reader.names()) {
+      print_tensor(out, reader.info(name), reader.file_name_of(name));
+      for (const std::string& part : keys.names_of(name)) {  // a fused tensor: what each box holds
+        const KeyPlacement& p = *keys.find(part);
+        std::vector<std::string> box;
+        for (int d = 0; d < p.shape.ndim(); ++d)
+          box.push_back(fmt::format("{}:{}", p.offset[static_cast<size_t>(d)], p.offset[static_cast<size_t>(d)] + p.shape[d]));
+        out << fmt::format("      [{}] = {}\n", fmt::join(box, ", "), part);
+      }
+    }
   }
   for (const auto& e : fs::directory_iterator(path)) {
     std::string n = e.path().filename().string();

@@ -1,6 +1,8 @@
-// `shardwise train --init-from` a transformers directory (tests/golden/hf, written by
-// tools/hf_parity.py): threads and 4 MPI processes start from transformers' loss; the model
-// configuration comes from the directory and a flag that contradicts it is refused.
+// Hugging Face interop from the command line. `shardwise train --init-from` a transformers
+// directory (tests/golden/hf, written by tools/hf_parity.py): threads and 4 MPI processes start from
+// transformers' loss; the model configuration comes from the directory and a flag that contradicts
+// it is refused. `ckpt inspect` shows which parameter each box of a fused tensor holds, and `ckpt
+// merge` keeps that table.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -62,6 +64,24 @@ TEST(CliInitFrom, AFlagThatContradictsTheDirectoryIsRefused) {
   r = run("train --init-from /nonexistent/model --steps 1 --run-dir " + dir.string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("'/nonexistent/model' is not a directory"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(CliHf, InspectShowsTheFusedBoxesAndMergeKeepsThem) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_hf_inspect";
+  fs::remove_all(dir);
+  auto r = run("train --mesh tp=2 --steps 2 --layers 1 --hidden 32 --heads 4 --digits 2 --global-batch 4 --save-every 2 "
+               "--progress none --run-dir " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path ckpt = dir / "checkpoints" / "checkpoint-2";
+  for (const fs::path& d : {ckpt, dir / "merged"}) {
+    if (d == dir / "merged") ASSERT_EQ(run("ckpt merge " + ckpt.string() + " " + d.string()).status, 0);
+    r = run("ckpt inspect " + d.string());
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("transformer.h.0.attn.c_attn.weight       F32      [32, 96]"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("[0:32, 32:64] = transformer.h.0.attn.k_proj.weight"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("[64:96] = transformer.h.0.attn.v_proj.bias"), std::string::npos) << r.out;
+  }
   fs::remove_all(dir);
 }
 
