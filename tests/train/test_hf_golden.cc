@@ -4,9 +4,11 @@
 // meshes gives transformers' loss within 1e-5; skipped keys keep shardwise's initialization.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "shardwise/ckpt/safetensors_reader.h"
+#include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
@@ -99,6 +101,40 @@ TEST(HfGolden, AnotherModelIsRefusedNamingTheField) {
       EXPECT_NE(std::string(e.what()).find("n_embd 32 (directory) vs 64"), std::string::npos) << e.what();
     }
   });
+}
+
+TEST(HfGolden, AMissingKeyIsNamedAndIgnoreKeysSkipsIt) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "sw_hf_golden_missing";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kDir + "/gpt2_tiny/config.json", dir / "config.json");
+  {
+    ckpt::SafetensorsFile file(kDir + "/gpt2_tiny/model.safetensors");
+    std::vector<Tensor> kept;
+    std::vector<ckpt::StEntry> entries;
+    for (const auto& t : file.tensors()) {
+      if (t.name == "transformer.wpe.weight") continue;
+      kept.push_back(file.read(t.name));
+      entries.push_back(ckpt::entry_of(t.name, kept.back()));
+    }
+    ckpt::write_safetensors(dir / "model.safetensors", entries, ckpt::StMetadata{{"format", "pt"}});
+  }
+  comm::LocalWorld::run(2, [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    TrainConfig c = fine_tune("tp=2");
+    c.check(2);
+    Trainer t(c, world);
+    try {
+      init_from_model(t, *world, dir);
+      ADD_FAILURE() << "a missing key loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("missing from the checkpoint (1): 'transformer.wpe.weight'"),
+                std::string::npos) << e.what();
+    }
+    EXPECT_EQ(init_from_model(t, *world, dir, {"transformer.wpe.*"}), static_cast<int64_t>(t.params().size()) - 1);
+  });
+  fs::remove_all(dir);
 }
 
 }  // namespace
