@@ -84,6 +84,32 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
 }
 
+// `shardwise generate`'s options, bound to `o`.
+void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
+  cmd.add_option("--checkpoint,--init-from", o.checkpoint,
+                 "the model: a checkpoint (<save-dir>/checkpoint-<step>) or a model directory with config.json");
+  cmd.add_option("--config", o.config_file,
+                 "read options from a TOML file: `key = value` lines, keys are the long option names (an optional "
+                 "[generate] section); options on the command line win");
+  cmd.add_option("--prompt", o.prompts, "a prompt as text (byte vocabularies); repeat for a batch")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd.add_option("--prompt-file", o.prompt_file, "prompts as text, one per non-empty line");
+  cmd.add_option("--prompt-ids", o.prompt_ids, "prompts as token ids: 1,2,3 (several separated by ';')");
+  cmd.add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate per prompt at most");
+  cmd.add_option("--temperature", o.temperature,
+                 "sampling temperature; 0: greedy (default: greedy, or 1 with --top-k / --top-p)");
+  cmd.add_option("--top-k", o.top_k, "sample among the k most likely tokens (0: all)");
+  cmd.add_option("--top-p", o.top_p, "sample among the most likely tokens holding this probability, in (0, 1]");
+  cmd.add_option("--seed", o.seed, "sampling seed (draws keyed by seed, prompt index and position)");
+  cmd.add_option("--eos-id", o.eos_id,
+                 "stop a sequence at this token (default: generation_config.json's eos_token_id; -1: never)");
+  cmd.add_option("--mesh", o.mesh, "mesh with named dims dp (splits the prompts) and tp (shards heads and cache)");
+  cmd.add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
+  cmd.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole prefix for every token (for comparison)");
+  cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -170,6 +196,10 @@ int run(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   train_cmd->option_defaults()->always_capture_default();
   add_train_options(*train_cmd, train_opts);
+  GenerateOptions gen_opts;
+  auto* gen_cmd = app.add_subcommand("generate", "Continue prompts with a saved model on a dp x tp mesh (KV cache)");
+  gen_cmd->option_defaults()->always_capture_default();
+  add_generate_options(*gen_cmd, gen_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
 
   refuse_out_of_range_integers(app);
@@ -190,6 +220,10 @@ int run(int argc, char** argv) {
       if (!train_opts.init_from.empty()) apply_init_from(*train_cmd, train_opts);
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
+    }
+    if (*gen_cmd) {
+      if (!gen_opts.config_file.empty()) apply_config_file(*gen_cmd, gen_opts.config_file);
+      return cmd_generate(gen_opts, std::cout);
     }
     if (ckpt_cmds->chosen()) return ckpt_cmds->run(std::cout);
   } catch (const Error& e) {

@@ -88,4 +88,26 @@ struct TrainOptions {
 void apply_init_from(CLI::App& cmd, TrainOptions& options);
 int cmd_train(const TrainOptions& options, std::ostream& out);
 
+inline constexpr int64_t kEosFromModel = -2;      // --eos-id's default: generation_config.json's eos_token_id
+inline constexpr double kTemperatureUnset = -1;  // --temperature's default: greedy, 1 with --top-k / --top-p
+
+struct GenerateOptions {
+  std::string checkpoint;  // --checkpoint / --init-from: a checkpoint or model directory
+  std::string config_file;
+  std::vector<std::string> prompts;  // --prompt, repeatable (text: byte vocabularies)
+  std::string prompt_file;           // one prompt per non-empty line (text)
+  std::string prompt_ids;            // "1,2,3;4,5": prompts as token ids
+  int64_t max_new_tokens = 32;
+  double temperature = kTemperatureUnset;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t eos_id = kEosFromModel;  // -1: none
+  std::string mesh = "dp=1";       // named dims dp, tp
+  int64_t ranks = 0;               // 0: the mesh's size (threads), or mpirun's process count
+  bool no_kv_cache = false;        // recompute the whole prefix for every token
+  bool json = false;
+};
+int cmd_generate(const GenerateOptions& options, std::ostream& out);
+
 }  // namespace shardwise::cli
