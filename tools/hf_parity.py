@@ -7,8 +7,9 @@ Checks, each against the Python libraries' own results:
               transformers' loss on the same batch within 1e-5.
   load        shardwise trains on dp=2 x tp=2 and saves -> AutoModelForCausalLM.from_pretrained with
               no missing, unexpected or mismatched keys and no warnings -> its loss on a batch equals
-              shardwise's (the first step's loss of `train --init-from`) within 1e-5, and its greedy generate equals
-              `shardwise generate` (when the binary has the command).
+              shardwise's (the first step's loss of `train --init-from`) within 1e-5; its greedy
+              generate equals `shardwise generate` on dp=2 x tp=2, whose logits (--logits-out) equal
+              transformers' within 1e-5.
 With --golden DIR it also writes the small files tests/golden/hf/ holds, which `make test` replays
 without PyPI (tests/train/test_hf_golden.cc).
 Needs: pip install torch transformers peft safetensors numpy (the Makefile target makes a venv).
@@ -139,16 +140,31 @@ def check_load(shardwise, tmp):
     got = first_loss(shardwise, tmp, "sw-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
     assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
     print(f"  load      loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
-    help_text = subprocess.run([shardwise, "--help"], capture_output=True, text=True).stdout
-    if "generate" in help_text:
-        prompt = "12+34="
-        out = model.generate(torch.tensor([[ord(c) for c in prompt]]), max_new_tokens=3, do_sample=False,
-                             pad_token_id=10)[0].tolist()
-        want_text = bytes(out).decode("latin-1")
-        got_text = run([shardwise, "generate", "--checkpoint", ckpt, "--prompt", prompt, "--max-new-tokens", "3",
-                        "--mesh", "tp=2", "--eos-id", "-1"])
-        print(f"  generate  transformers {want_text!r}; shardwise printed {got_text.strip()!r}")
-        assert want_text in got_text, (want_text, got_text)
+    # Greedy generation on tp=2 (with the logits each token came from) against transformers': the
+    # same tokens, and transformers' logits over prompt + generated equal shardwise's within 1e-5.
+    prompts = ["12+34=", "7+8=", "99+1="]
+    logits_file = os.path.join(tmp, "logits.safetensors")
+    cmd = [shardwise, "generate", "--checkpoint", ckpt, "--max-new-tokens", "4", "--mesh", "dp=2,tp=2",
+           "--json", "--logits-out", logits_file]
+    for p in prompts:
+        cmd += ["--prompt", p]
+    got = json.loads(run(cmd))["sequences"]
+    from safetensors.numpy import load_file
+    sw_logits = load_file(logits_file)
+    worst = 0.0
+    for i, p in enumerate(prompts):
+        ids = [ord(c) for c in p]
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=4, do_sample=False, pad_token_id=10)[0].tolist()
+        assert got[i]["new_ids"] == out[len(ids):], (p, got[i]["new_ids"], out[len(ids):])
+        with torch.no_grad():
+            x = torch.tensor([out[:-1]])
+            ref = model(x, attention_mask=torch.ones_like(x)).logits[0, len(ids) - 1:].numpy()
+        diff = float(np.abs(ref - sw_logits[f"logits.{i}"]).max())
+        worst = max(worst, diff)
+        assert diff <= TOL, (p, diff)
+    print(f"  generate  greedy on dp=2 x tp=2 = transformers' generate for {len(prompts)} prompts; "
+          f"logits max |diff| {worst:.2e}")
 
 
 def main():

@@ -108,6 +108,8 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
   cmd.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole prefix for every token (for comparison)");
   cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
+  cmd.add_option("--logits-out", o.logits_out,
+                 "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");
 }
 
 }  // namespace

@@ -107,6 +107,7 @@ struct GenerateOptions {
   int64_t ranks = 0;               // 0: the mesh's size (threads), or mpirun's process count
   bool no_kv_cache = false;        // recompute the whole prefix for every token
   bool json = false;
+  std::string logits_out;          // a .safetensors file: "logits.<i>" [new tokens, vocab] f32 per prompt
 };
 int cmd_generate(const GenerateOptions& options, std::ostream& out);
 

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
@@ -141,12 +142,27 @@ void print_json(const Run& run, const train::GenerateResult& r, const std::strin
   out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
+// --logits-out: each prompt's rows of logits, the distributions its new tokens came from.
+void write_logits(const train::GenerateResult& r, int64_t vocab, const std::string& path) {
+  std::vector<Tensor> rows;
+  std::vector<ckpt::StEntry> entries;
+  for (size_t i = 0; i < r.sequences.size(); ++i) {
+    const auto& l = r.sequences[i].logits;
+    Tensor t(DType::F32, Shape{static_cast<int64_t>(l.size()), vocab});
+    for (size_t k = 0; k < l.size(); ++k) std::copy(l[k].begin(), l[k].end(), t.data<float>() + k * vocab);
+    rows.push_back(t);
+  }
+  for (size_t i = 0; i < rows.size(); ++i) entries.push_back(ckpt::entry_of(fmt::format("logits.{}", i), rows[i]));
+  ckpt::write_safetensors(path, entries, ckpt::StMetadata{{"format", "pt"}});
+}
+
 void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator& world_ref,
                    std::shared_ptr<comm::Communicator> world, std::ostream& out) {
   const int64_t process = world->members()[static_cast<size_t>(world->rank())];
   train::Generator gen(run.model, run.strategy, world, train::checkpoint_weights(run.dir, run.model, process));
   train::GenerateResult r = gen.generate(run.prompts, run.config);
   if (world_ref.rank() != 0) return;
+  if (!o.logits_out.empty()) write_logits(r, run.model.vocab, o.logits_out);
   const std::string ranks = fmt::format("{} ranks, {}", world_ref.size(), world_ref.backend());
   if (o.json) {
     print_json(run, r, ranks, out);
@@ -202,6 +218,7 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   train::check_prompts(run.prompts, run.model);
   run.config.max_new_tokens = o.max_new_tokens;
   run.config.kv_cache = !o.no_kv_cache;
+  run.config.keep_logits = !o.logits_out.empty();
   // Without --temperature: greedy, unless --top-k or --top-p ask for sampling (then temperature 1).
   const bool sampling = o.top_k > 0 || o.top_p < 1;
   run.config.sampling.temperature = o.temperature != kTemperatureUnset ? o.temperature : (sampling ? 1.0 : 0.0);

@@ -96,6 +96,7 @@ struct Generator::Batch {
   std::vector<int64_t> prompt_length, limit;  // limit: the most tokens a sequence may hold
   std::vector<bool> done;
   std::vector<StopReason> stop;
+  std::vector<std::vector<std::vector<float>>> logits;  // with keep_logits: per sequence, per new token
   int64_t cache_length = 0;
   std::vector<Tensor> cache_k, cache_v;  // per layer: this rank's block [B/dp, heads/tp, C, head_dim]
   int64_t first_row = 0;                 // the sequence of the block's first row
@@ -240,6 +241,7 @@ void Generator::next_tokens(Compiled& c, Batch& b) {
     const int64_t position = b.length(i);
     const int64_t token = choose_token(row, config.sampling, static_cast<int64_t>(i), position);
     b.tokens[i].push_back(token);
+    if (config.keep_logits) b.logits[i].emplace_back(row.begin(), row.end());
     const int64_t produced = b.length(i) - b.prompt_length[i];
     if (static_cast<int64_t>(i) >= b.prompts) b.done[i] = true;  // dp padding: one token is enough
     else if (token == config.eos_id) b.done[i] = true, b.stop[i] = StopReason::Eos;
@@ -268,6 +270,7 @@ GenerateResult Generator::generate(const std::vector<std::vector<int64_t>>& prom
   }
   b.done.assign(static_cast<size_t>(B), false);
   b.stop.assign(static_cast<size_t>(B), StopReason::MaxNewTokens);
+  b.logits.assign(static_cast<size_t>(B), {});
   b.cache_length = cache_length = std::max(cache_length, longest);
   GenerateResult result;
   GenerateStats& stats = result.stats;
@@ -324,6 +327,7 @@ GenerateResult Generator::generate(const std::vector<std::vector<int64_t>>& prom
     GeneratedSequence s;
     s.tokens.assign(b.tokens[u].begin() + b.prompt_length[u], b.tokens[u].end());
     s.stop = b.stop[u];
+    s.logits = std::move(b.logits[u]);
     stats.new_tokens += static_cast<int64_t>(s.tokens.size());
     stats.decode_tokens += static_cast<int64_t>(s.tokens.size()) - 1;
     result.sequences.push_back(std::move(s));

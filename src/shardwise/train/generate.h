@@ -43,6 +43,7 @@ struct GenerateConfig {
   SamplingConfig sampling;
   int64_t eos_id = -1;  // -1: none
   bool kv_cache = true;
+  bool keep_logits = false;  // keep the row of logits each new token was chosen from
   void validate(const GptConfig& model) const;
 };
 
@@ -51,6 +52,7 @@ std::string_view stop_reason_name(StopReason reason);  // "eos", "max_new_tokens
 
 struct GeneratedSequence {
   std::vector<int64_t> tokens;  // the new tokens (the eos token included)
+  std::vector<std::vector<float>> logits;  // with keep_logits: per new token, the [vocab] row it came from
   StopReason stop = StopReason::MaxNewTokens;
 };
 
