@@ -45,10 +45,15 @@ const fs::path& checkpoint() {
 
 std::string generate(const std::string& args) { return "generate --checkpoint " + checkpoint().string() + " " + args; }
 
-// The JSON object of a --json run (its first line; the summary goes to stderr after it).
+// The JSON object of a --json run: its line starting with '{' (the summary goes to stderr after it,
+// but under mpirun the forwarded stderr may arrive first).
 nlohmann::json json_of(const Result& r) {
-  std::string first = r.out.substr(0, r.out.find('\n'));
-  return nlohmann::json::parse(first);
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind('{', 0) == 0) return nlohmann::json::parse(line);
+  }
+  ADD_FAILURE() << "no JSON line in: " << r.out;
+  return nlohmann::json::object({{"sequences", nlohmann::json::array()}});
 }
 
 std::vector<std::vector<int64_t>> new_ids(const nlohmann::json& j) {

@@ -7,6 +7,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/tokenize_cmd.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 
@@ -49,6 +50,17 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--data-format", c.data_format,
                 "auto (llm.c magic -> llmc, other .bin -> u16, else bytes), bytes, u16, u32 or llmc")
       ->check(CLI::IsMember({"auto", "bytes", "u16", "u32", "llmc"}));
+  t->add_option("--tokenizer", c.tokenizer,
+                "a SentencePiece tokenizer.model: --data (and --val-data) are raw text, tokenized in memory at the "
+                "start (each document followed by the tokenizer's eos)");
+  t->add_option("--documents", c.documents,
+                "--tokenizer: documents are each file, each non-blank line, or paragraphs separated by blank lines")
+      ->check(CLI::IsMember({"file", "lines", "paragraphs"}));
+  t->add_option("--document-separator", c.document_separator,
+                "--tokenizer: documents are the text between occurrences of this string (overrides --documents)");
+  t->add_option("--eos-id", c.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
+  t->add_flag("--no-cross-document-attention", c.document_attention,
+              "tokens attend only within their document and position ids restart at each document (needs an eos id)");
   t->add_option("--val-data", c.val_data,
                  "validation token file(s) of a --data run: a path, list or glob in --data's --data-format");
   t->add_option("--val-fraction", c.val_fraction,
@@ -203,6 +215,7 @@ int run(int argc, char** argv) {
   gen_cmd->option_defaults()->always_capture_default();
   add_generate_options(*gen_cmd, gen_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
+  auto tokenize_cmd = add_tokenize_command(app);  // shardwise tokenize
 
   refuse_out_of_range_integers(app);
   try {
@@ -228,6 +241,7 @@ int run(int argc, char** argv) {
       return cmd_generate(gen_opts, std::cout);
     }
     if (ckpt_cmds->chosen()) return ckpt_cmds->run(std::cout);
+    if (tokenize_cmd->chosen()) return tokenize_cmd->run(std::cout);
   } catch (const Error& e) {
     // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");

@@ -87,6 +87,9 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        trainer.dataset().describe(), c.global_batch, c.micro_batch, c.accumulation,
                        trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
     if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_data()->describe());
+    if (c.document_attention)
+      out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
+                         c.eos_id);
     if (trainer.strategy().pp >= 0)
       out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
                          c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,

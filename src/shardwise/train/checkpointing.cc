@@ -99,6 +99,8 @@ nlohmann::json data_fingerprint(const TrainConfig& c) {
   // --val-fraction holds out the corpus' tail: another fraction trains on other windows. (Absent
   // without one, so checkpoints from before it still match.)
   if (c.val_fraction != 0) f["val_fraction"] = c.val_fraction;
+  // Text read through a tokenizer is other tokens than its bytes (absent without --tokenizer).
+  if (const auto text = c.text_tokens()) f["tokenizer"] = tokenizer_fingerprint(text->tokenizer, text->documents);
   return f;
 }
 
@@ -108,6 +110,11 @@ std::string describe_fingerprint(const nlohmann::json& f) {
     rest.erase("val_fraction");
     return fmt::format("{} less its last {} held out (--val-fraction)", describe_fingerprint(rest),
                        f["val_fraction"].get<double>());
+  }
+  if (f.contains("tokenizer")) {
+    nlohmann::json rest = f;
+    rest.erase("tokenizer");
+    return fmt::format("{} tokenized by {}", describe_fingerprint(rest), f["tokenizer"].get<std::string>());
   }
   if (f.value("kind", "") == "addition")
     return fmt::format("the {}-digit addition task at seq {}", f.value("digits", 0), f.value("seq", 0));

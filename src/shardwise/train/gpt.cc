@@ -89,7 +89,12 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     auto ids = g.input("ids", Shape{B, S}, DType::I64);
     annotate(ids, placements(s, "R", "S(0)"));
     wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");
-    auto wpe = param("transformer.wpe.weight", Shape{S, H});
+    auto wpe = param("transformer.wpe.weight", Shape{S, H}, c.document_mask ? "R" : nullptr);
+    if (c.document_mask) {  // positions restart in every document: looked up per token
+      auto positions = g.input("position_ids", Shape{B, S}, DType::I64);
+      annotate(positions, placements(s, "R", "S(0)"));
+      wpe = g.embedding(positions, wpe, "pos_emb");
+    }
     auto emb = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
     if (s.sequence_parallel) annotate(emb, placements(s, "S(1)", "S(0)"));  // reduce-scattered onto the sequence
     x = drop(emb, "emb.dropout");
@@ -98,8 +103,9 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     g.value(x).requires_grad = training;
     annotate(x, boundary);
   }
-  auto mask = g.input("causal_mask", Shape{S, S});
-  annotate(mask, placements(s, "R"));
+  // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads.
+  auto mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
+  annotate(mask, placements(s, "R", c.document_mask ? "S(0)" : "R"));
 
   auto ln = [&](graph::ValueId in, const std::string& name) {
     auto w = param(name + ".weight", Shape{H});

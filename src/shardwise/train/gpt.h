@@ -30,6 +30,12 @@ struct GptConfig {
   // embd/attn/resid_pdrop) while training; masks keyed by (dropout_seed, site, sample, position).
   double dropout = 0.0;
   uint64_t dropout_seed = 0;
+  // Packed documents (--no-cross-document-attention, packing.h): the graph takes "position_ids"
+  // [B, S] (first stage) and "attention_mask" [B, 1, S, S] (every stage) per micro-batch instead of
+  // the positions 0..S-1 and the shared "causal_mask" [S, S]; StagedGpt computes both from the ids,
+  // documents ending at token `eos_id`.
+  bool document_mask = false;
+  int64_t eos_id = -1;
   void validate() const;  // Error naming the bad field
 };
 

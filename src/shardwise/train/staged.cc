@@ -6,6 +6,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/pipeline/validate.h"
 #include "shardwise/reshard/executor.h"
+#include "shardwise/train/packing.h"
 
 namespace shardwise::train {
 namespace {
@@ -26,6 +27,18 @@ pipeline::Schedule training_schedule(const Strategy& s, const PipelineConfig& c,
   if (s.pp < 0) return pipeline::one_f_one_b(1, micro_batches);
   return pipeline::make_schedule(pipeline::parse_schedule_kind(c.schedule), static_cast<int>(s.mesh.dim_size(s.pp)),
                                  micro_batches, c.virtual_stages);
+}
+
+// Binds a micro-batch: ids on the first stage, labels on the last, and with packed documents the
+// attention mask on every stage and the position ids on the first.
+void bind_batch(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const Tensor& ids,
+                const Tensor& labels) {
+  if (first) rt.set_global("ids", ids);
+  if (last) rt.set_global("labels", labels);
+  if (!model.document_mask) return;
+  DocumentInputs d = document_inputs(ids, model.eos_id);
+  rt.set_global("attention_mask", d.attention_mask);
+  if (first) rt.set_global("position_ids", d.position_ids);
 }
 
 }  // namespace
@@ -54,6 +67,7 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   pipeline::RunnerOptions ro{strategy_.pp >= 0 && config_.release, config_.poison_stand_ins};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
+  if (model_.document_mask) return;  // masks come with each micro-batch
   for (int s : runner_->local_stages()) runner_->runtime(s).set_global("causal_mask", mask_);
 }
 
@@ -81,7 +95,12 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
-    spec.constants = {"causal_mask"};
+    if (model_.document_mask) {
+      spec.feeds.push_back("attention_mask");
+      if (s == 0) spec.feeds.push_back("position_ids");
+    } else {
+      spec.constants = {"causal_mask"};
+    }
     out.push_back(std::move(spec));
   }
   return out;
@@ -147,10 +166,9 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset& data, int64_t first
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     const int64_t sample = first + mb * sequences_;
     rt.set_sample_offset(sample);  // dropout masks follow the samples, not the mesh
-    if (stage != 0 && stage != S - 1) return;
+    if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     Batch b = make_batch(data, sample, sequences_, model_.seq);
-    if (stage == 0) rt.set_global("ids", b.ids);
-    if (stage == S - 1) rt.set_global("labels", b.labels);
+    bind_batch(rt, model_, stage == 0, stage == S - 1, b.ids, b.labels);
   };
   bind(*runner_);
   last_stats_ = runner_->run(feed);
@@ -207,6 +225,7 @@ std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_ba
   std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
   auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
                                                            pipeline::RunnerOptions{true, false});
+  if (model_.document_mask) return runner;  // masks come with each micro-batch
   for (int s : runner->local_stages()) runner->runtime(s).set_global("causal_mask", mask_);
   return runner;
 }
@@ -253,15 +272,14 @@ double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
   // Rows past `count` (the last micro-batch's padding) read token 0 and have every label ignored
   // (cross_entropy's ignore_index -100): they add nothing to the summed loss.
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
-    if (stage != 0 && stage != S - 1) return;
+    if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     const int64_t first = mb * batch, real = std::min(batch, count - first);
     Batch b = make_batch(data, first, real, S_len);
     Tensor ids(DType::I64, Shape{batch, S_len});
     Tensor labels = Tensor::full(DType::I64, Shape{batch, S_len}, -100);
     std::copy_n(b.ids.data<int64_t>(), real * S_len, ids.data<int64_t>());
     std::copy_n(b.labels.data<int64_t>(), real * S_len, labels.data<int64_t>());
-    if (stage == 0) rt.set_global("ids", ids);
-    if (stage == S - 1) rt.set_global("labels", labels);
+    bind_batch(rt, model_, stage == 0, stage == S - 1, ids, labels);
   };
   bind(*val_);
   double sum = val_->run(feed).loss_sum;  // the micro-batches' summed cross-entropies, in order

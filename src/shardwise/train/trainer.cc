@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "shardwise/comm/mpi.h"
+#include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 
@@ -42,7 +43,65 @@ void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
            gib(physical), m.layers, m.hidden, m.vocab);
 }
 
+// --tokenizer, --documents, --eos-id and --no-cross-document-attention against each other and the
+// model; fills the eos id from the tokenizer.
+void check_text_options(TrainConfig& c) {
+  if (!c.tokenizer.empty()) {
+    SW_CHECK(!c.data.empty(), "--tokenizer {} reads --data as raw text: give --data text.txt (the embedded addition "
+             "task has its own byte tokens)", c.tokenizer);
+    SW_CHECK(c.data_format == "auto", "--tokenizer reads --data as raw text; --data-format {} names a token file "
+             "format: leave it out, or drop --tokenizer to read token files", c.data_format);
+    const Tokenizer t(c.tokenizer);
+    SW_CHECK(t.vocab_size() <= c.model.vocab,
+             "--tokenizer {} has a vocabulary of {} ids; the model's --vocab {} must hold it (use --vocab {} or more)",
+             c.tokenizer, t.vocab_size(), c.model.vocab, t.vocab_size());
+    SW_CHECK(c.eos_id < 0 || c.eos_id == t.eos_id(),
+             "--eos-id {} contradicts --tokenizer {}, which ends documents with its eos id {}: leave --eos-id out",
+             c.eos_id, c.tokenizer, t.eos_id());
+    c.eos_id = t.eos_id();
+    parse_document_split(c.documents);
+  } else {
+    SW_CHECK(c.documents == "file" && c.document_separator.empty(),
+             "--documents and --document-separator cut raw text for --tokenizer; without one --data holds tokens "
+             "(their end-of-text ids mark documents: --eos-id)");
+  }
+  SW_CHECK(c.eos_id >= -1 && c.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
+           c.eos_id, c.model.vocab);
+  if (c.document_attention) {
+    SW_CHECK(!c.data.empty(),
+             "--no-cross-document-attention needs --data: the embedded addition task has no documents");
+    SW_CHECK(c.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "
+             "or a --tokenizer whose model defines eos");
+  }
+}
+
+// Under MPI every process tokenizes the text itself: all must hold the same tokens.
+void check_same_tokens(const TrainConfig& c, comm::Communicator& world) {
+  const std::optional<TextTokens> text = c.text_tokens();
+  if (!text || world.size() == 1) return;
+  nlohmann::json mine = nlohmann::json::array();
+  for (const std::string& spec : {c.data, c.val_data}) {
+    if (spec.empty()) continue;
+    for (const std::string& path : data_files(spec)) {
+      auto t = tokenize_file_cached(text->tokenizer, path, text->documents);
+      mine.push_back({{"file", path}, {"tokens", t->tokens.size()}, {"xxh64", t->digest}});
+    }
+  }
+  const std::vector<nlohmann::json> all = comm::all_gather_object(world, mine);
+  for (size_t r = 1; r < all.size(); ++r) {
+    SW_CHECK(all[r] == all[0], "--tokenizer {}: rank {} tokenized --data into {}, rank 0 into {}: every process must "
+             "read the same text files and tokenizer model", c.tokenizer, r, all[r].dump(), all[0].dump());
+  }
+}
+
 }  // namespace
+
+std::optional<TextTokens> TrainConfig::text_tokens() const {
+  if (tokenizer.empty()) return std::nullopt;
+  // check() has set eos_id to the tokenizer's (-1 when its model defines none: no eos between documents).
+  TextTokens t{tokenizer, {parse_document_split(documents), document_separator, eos_id >= 0}};
+  return t;
+}
 
 void TrainConfig::resolve_batch(int64_t dp) {
   int unknown = (micro_batch == 0) + (accumulation == 0) + (global_batch == 0);
@@ -86,6 +145,7 @@ void TrainConfig::check(int64_t ranks) {
   SW_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr, "learning rates must satisfy 0 <= min_lr <= lr and lr > 0 (lr {}, min_lr {})",
            lr, min_lr);
   SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
+  check_text_options(*this);
   resolve_batch(s.dp_size());
   check_memory(model, s.dp_size(), s.mesh.size() / s.dp_size());
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
@@ -113,7 +173,9 @@ void TrainConfig::check(int64_t ranks) {
 std::unique_ptr<Dataset> open_training_data(const TrainConfig& c) {
   CorpusPart part;
   if (c.val_fraction != 0) part = {CorpusPart::Side::Training, c.val_fraction};
-  return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part);
+  const std::optional<TextTokens> text = c.text_tokens();
+  return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part,
+                      text ? &*text : nullptr);
 }
 
 std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
@@ -128,14 +190,16 @@ std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
            "--val-fraction must be in (0, 1) (the share of --data's tokens held out), got {}", c.val_fraction);
   SW_CHECK(c.val_samples >= 1, "--val-samples must be at least 1, got {}", c.val_samples);
   const TokenFormat format = parse_token_format(c.data_format);
+  const std::optional<TextTokens> text_tokens = c.text_tokens();
+  const TextTokens* text = text_tokens ? &*text_tokens : nullptr;
   if (c.val_data.empty()) {
     auto held_out = std::make_unique<TokenFile>(c.data, c.model.seq, c.seed, format,
-                                                CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction});
+                                                CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction}, text);
     return std::make_unique<EvenWindows>(std::move(held_out), c.val_samples);
   }
   try {  // the file errors say --data: say which option named the file
-    return std::make_unique<EvenWindows>(std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format),
-                                         c.val_samples);
+    return std::make_unique<EvenWindows>(
+        std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format, CorpusPart{}, text), c.val_samples);
   } catch (const Error& e) {
     fail("--val-data: {}", e.what());
   }
@@ -147,11 +211,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
   data_ = open_training_data(c_);
   val_ = open_validation_data(c_);
+  check_same_tokens(c_, *world_);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   GptConfig model = c_.model;
   model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
   model.dropout = c_.dropout;
   model.dropout_seed = c_.seed;
+  model.document_mask = c_.document_attention;
+  model.eos_id = c_.eos_id;
   model_ = std::make_unique<StagedGpt>(model, strategy_,
                                        PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release},
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),

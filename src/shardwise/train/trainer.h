@@ -9,6 +9,7 @@
 // [k * global_batch, (k + 1) * global_batch) of the dataset, whatever the mesh.
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,21 @@ struct TrainConfig {
   std::string val_data;
   double val_fraction = 0;  // 0: none; else in (0, 1)
   int64_t val_samples = 64;
+  // Raw text through a SentencePiece tokenizer (tokenize.h): `data` and `val_data` are text files,
+  // cut into documents (`documents`: file, lines or paragraphs; or at `document_separator`), each
+  // followed by the tokenizer's eos (if it has one) and tokenized in memory once per process (under
+  // MPI each process tokenizes for itself; the Trainer checks that they agree). `model.vocab` must
+  // hold the tokenizer's vocabulary.
+  std::string tokenizer;
+  std::string documents = "file";
+  std::string document_separator;
+  // Packing with document boundaries (packing.h): `eos_id` ends a document (-1: the tokenizer's eos
+  // when there is one; check() fills it in). With `document_attention` (--no-cross-document-attention)
+  // every token attends only within its document and position ids restart at each document.
+  int64_t eos_id = -1;
+  bool document_attention = false;
+  // The tokenizer and document options of a --tokenizer run (after check()); nullopt without one.
+  std::optional<TextTokens> text_tokens() const;
 
   // Fills the derived batch number; Error naming the numbers that do not fit.
   void resolve_batch(int64_t dp_size);
