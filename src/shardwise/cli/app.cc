@@ -94,6 +94,18 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--ignore-keys", o.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
       ->expected(1, -1);
   t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
+  auto& lora = c.model.lora;
+  t->add_option("--lora-rank", lora.rank,
+                "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
+  t->add_option("--lora-alpha", lora.alpha, "LoRA's alpha: the update is scaled by alpha / r");
+  t->add_option("--lora-targets", lora.targets,
+                "modules that get adapters (PEFT's target_modules): c_attn, c_proj, c_fc, attn.c_proj, mlp.c_proj")
+      ->delimiter(',');
+  t->add_option("--lora-dropout", lora.dropout, "dropout on the adapters' input while training");
+  t->add_flag("--lora-rslora", lora.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r)");
+  t->add_option("--lora-from", o.lora_from,
+                "continue training the adapters of a PEFT adapter directory (its adapter_config.json sets the "
+                "--lora-* options; a LoRA checkpoint is one)");
 }
 
 // `shardwise generate`'s options, bound to `o`.
@@ -182,6 +194,9 @@ int run(int argc, char** argv) {
   plan_cmd->add_option("--seq", plan_opts.seq, "sequence length");
   plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size");
   plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per data-parallel rank per micro-batch");
+  plan_cmd->add_option("--lora-rank", plan_opts.lora_rank, "the LoRA model: adapters of rank R, the base frozen");
+  plan_cmd->add_option("--lora-targets", plan_opts.lora_targets, "with --lora-rank: the adapted modules")
+      ->delimiter(',');
   plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
       ->delimiter(',');
   plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
@@ -233,6 +248,7 @@ int run(int argc, char** argv) {
     if (*train_cmd) {
       if (!train_opts.config_file.empty()) apply_config_file(*train_cmd, train_opts.config_file);
       if (!train_opts.init_from.empty()) apply_init_from(*train_cmd, train_opts);
+      apply_lora(*train_cmd, train_opts);
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }

@@ -42,6 +42,8 @@ struct PlanOptions {
   std::string mesh = "tp=2";
   bool sp = false;
   int64_t layers = 2, heads = 4, hidden = 64, seq = 32, vocab = 256, micro_batch = 4;
+  int64_t lora_rank = 0;  // > 0: the LoRA model (frozen base, adapters on lora_targets)
+  std::vector<std::string> lora_targets = {"c_attn"};
   std::vector<std::string> explain;
   bool summary = false;
 };
@@ -82,10 +84,15 @@ struct TrainOptions {
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
   std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
   std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
+  std::string lora_from;   // a PEFT adapter directory whose adapters (and LoRA configuration) start the run
 };
 // --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
 // given on the command line or in --config that contradicts it is an Error naming both values.
 void apply_init_from(CLI::App& cmd, TrainOptions& options);
+// --lora-*: --lora-from takes the LoRA configuration from the adapter's adapter_config.json (an
+// option that contradicts it is an Error naming both values); --lora-rank starts fresh adapters.
+// Either needs --init-from (the base model); the other --lora-* options need one of them.
+void apply_lora(CLI::App& cmd, TrainOptions& options);
 int cmd_train(const TrainOptions& options, std::ostream& out);
 
 inline constexpr int64_t kEosFromModel = -2;      // --eos-id's default: generation_config.json's eos_token_id

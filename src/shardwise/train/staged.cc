@@ -107,7 +107,7 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
 }
 
 // This process's block of each parameter of its stages, from the counter-based generator (so any
-// mesh holds the single-device numbers).
+// mesh holds the single-device numbers); frozen ones hold the kernels' copy only.
 void StagedGpt::init_params(int64_t process) {
   const bool first_here = runner_->schedule().rank_of(0) == runner_->pipeline_rank();
   for (int s : runner_->local_stages()) {
@@ -115,31 +115,37 @@ void StagedGpt::init_params(int64_t process) {
     const graph::Program& p = runner_->compiled(s).program;
     const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(s)];
     auto coords = m.coords(m.rank_index_of_process(process));
-    std::vector<size_t>& index = stage_params_[s];
-    for (graph::ValueId v : g.params()) {
-      const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
-      const std::string& name = g.value(v).name;
-      auto same = std::find_if(params_.begin(), params_.end(), [&](const ParamState& q) { return q.name == name; });
-      index.push_back(static_cast<size_t>(same - params_.begin()));
-      if (same != params_.end()) {  // the tied embedding on a second local stage
-        SW_CHECK(same->dist == slot.dist, "pipeline: '{}' is laid out [{}] on one stage and [{}] on another", name,
-                 same->dist.to_string(), slot.dist.to_string());
-        continue;
+    for (bool trained : {true, false}) {
+      std::vector<ParamState>& states = trained ? params_ : frozen_;
+      std::vector<size_t>& index = (trained ? stage_params_ : stage_frozen_)[s];
+      for (graph::ValueId v : trained ? g.params() : g.frozen_params()) {
+        const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
+        const std::string& name = g.value(v).name;
+        auto same = std::find_if(states.begin(), states.end(), [&](const ParamState& q) { return q.name == name; });
+        index.push_back(static_cast<size_t>(same - states.begin()));
+        if (same != states.end()) {  // the tied embedding on a second local stage
+          SW_CHECK(same->dist == slot.dist, "pipeline: '{}' is laid out [{}] on one stage and [{}] on another", name,
+                   same->dist.to_string(), slot.dist.to_string());
+          continue;
+        }
+        mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, m, coords);
+        ParamState q;
+        q.name = name;
+        q.dist = slot.dist;
+        q.mesh = m;
+        q.shape = slot.meta.shape;
+        Tensor initial = init_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
+        // f32: the kernels read the master itself.
+        q.param = model_.param_dtype == DType::BF16 ? initial.to(DType::BF16) : initial;
+        if (trained) {
+          q.master = initial;
+          q.exp_avg = Tensor(DType::F32, block.shape);
+          q.exp_avg_sq = Tensor(DType::F32, block.shape);
+          q.decay = slot.meta.shape.ndim() >= 2;
+          counted_.push_back(name != kTied || first_here);
+        }
+        states.push_back(std::move(q));
       }
-      mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, m, coords);
-      ParamState q;
-      q.name = name;
-      q.dist = slot.dist;
-      q.mesh = m;
-      q.shape = slot.meta.shape;
-      q.master = init_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
-      // f32: the kernels read the master itself.
-      q.param = model_.param_dtype == DType::BF16 ? q.master.to(DType::BF16) : q.master;
-      q.exp_avg = Tensor(DType::F32, block.shape);
-      q.exp_avg_sq = Tensor(DType::F32, block.shape);
-      q.decay = slot.meta.shape.ndim() >= 2;
-      params_.push_back(std::move(q));
-      counted_.push_back(name != kTied || first_here);
     }
   }
 }
@@ -148,6 +154,7 @@ void StagedGpt::bind(pipeline::PipelineRunner& runner) {
   for (int s : runner.local_stages()) {
     runtime::Runtime& rt = runner.runtime(s);
     for (size_t k : stage_params_.at(s)) rt.set_local(params_[k].name, params_[k].param);
+    for (size_t k : stage_frozen_.at(s)) rt.set_local(frozen_[k].name, frozen_[k].param);
   }
 }
 
@@ -287,7 +294,7 @@ double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
   return sum / static_cast<double>(count * S_len);
 }
 
-Tensor StagedGpt::gather_param(const std::string& name) {
+Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor>* blocks) {
   // The owner: the first stage holding it (by name: the layer's stage; embeddings first; ln_f last).
   const int S = static_cast<int>(layers_.size());
   int owner = 0;
@@ -300,10 +307,18 @@ Tensor StagedGpt::gather_param(const std::string& name) {
   const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(owner)];
   std::vector<std::byte> bytes;
   if (m.contains(my_process(*world_))) {
-    auto it = std::find_if(params_.begin(), params_.end(), [&](const ParamState& p) { return p.name == name; });
-    SW_CHECK(it != params_.end(), "no parameter named '{}'", name);
+    auto named = [&](const ParamState& p) { return p.name == name; };
+    auto it = std::find_if(params_.begin(), params_.end(), named);
+    Tensor mine;
+    if (it != params_.end()) {
+      mine = blocks ? (*blocks)[static_cast<size_t>(it - params_.begin())] : it->master;
+    } else {
+      it = std::find_if(frozen_.begin(), frozen_.end(), named);
+      SW_CHECK(it != frozen_.end() && !blocks, "no {}parameter named '{}'", blocks ? "trained " : "", name);
+      mine = it->param.dtype() == DType::F32 ? it->param : it->param.to(DType::F32);
+    }
     reshard::Plan plan = reshard::plan_reshard(it->shape, DType::F32, {m, it->dist}, {m, mesh::DistAttr(m.ndim())});
-    Tensor whole = reshard::Resharder(world_).run(plan, it->master);
+    Tensor whole = reshard::Resharder(world_).run(plan, mine);
     std::vector<int64_t> header = {it->shape.ndim()};
     for (int d = 0; d < it->shape.ndim(); ++d) header.push_back(it->shape[d]);
     bytes.resize(header.size() * sizeof(int64_t) + whole.nbytes());

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <map>
 
 #include "shardwise/comm/mpi.h"
 #include "shardwise/comm/objects.h"
@@ -16,9 +17,9 @@ namespace {
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
 
 // Refuses a model whose largest parameter, or whose parameters, gradients and AdamW states held by
-// this process (16 bytes a parameter, fp32), exceed the machine's physical memory: before anything
-// is allocated, naming the tensor and the bytes. Ranks as threads hold every data-parallel replica
-// in one process; an MPI process holds its share of one (1 / (tp x pp)).
+// this process (16 bytes a parameter, fp32; 4 for LoRA's frozen base), exceed the machine's
+// physical memory: before anything is allocated, naming the tensor and the bytes. Ranks as threads
+// hold every data-parallel replica in one process; an MPI process holds its share of one (1 / (tp x pp)).
 void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
   const double h = static_cast<double>(m.hidden), fc = 4 * h * h, embedding = static_cast<double>(m.vocab) * h;
   const double params = static_cast<double>(m.layers) * (12 * h * h + 13 * h) + embedding +
@@ -33,11 +34,11 @@ void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
            largest, gib(largest_bytes), gib(physical), m.hidden, m.vocab);
   const bool mpi = comm::launched_by_mpirun();
   const double share = mpi ? 1.0 / static_cast<double>(model_parallel) : static_cast<double>(dp);
-  const double total = 16 * params * share;
+  const double total = (m.lora.enabled() ? 4 : 16) * params * share;
   SW_CHECK(total <= physical,
-           "the model's {:.3g} parameters need {} for weights, gradients and AdamW states in {}; this machine "
-           "has {} of memory (--layers {}, --hidden {}, --vocab {})",
-           params, gib(total),
+           "the model's {:.3g} parameters need {} for {} in {}; this machine has {} of memory (--layers {}, "
+           "--hidden {}, --vocab {})",
+           params, gib(total), m.lora.enabled() ? "frozen weights" : "weights, gradients and AdamW states",
            mpi ? fmt::format("this process's 1/{} share", model_parallel)
                : fmt::format("{} data-parallel replica(s) of one process", dp),
            gib(physical), m.layers, m.hidden, m.vocab);
@@ -237,6 +238,7 @@ StepResult Trainer::step() {
       for (int64_t j = 0; j < g.numel(); ++j) p[j] *= inv;
     }
   }
+  last_grads_ = grads;
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);
   r.grad_norm = model_->grad_norm(grads);
@@ -272,6 +274,32 @@ EvalResult Trainer::evaluate() {
 ValidationResult Trainer::validate() {
   SW_CHECK(val_ != nullptr, "validation needs --val-data or --val-fraction (with --data)");
   return ValidationResult{model_->validation_loss(*val_, val_->size()), val_->size()};
+}
+
+int64_t Trainer::optimizer_state_bytes() const {
+  int64_t bytes = 0;
+  for (const ParamState& p : model_->params()) {
+    bytes += static_cast<int64_t>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
+    if (p.master.defined() && p.master.raw() != p.param.raw()) bytes += static_cast<int64_t>(p.master.nbytes());
+  }
+  return bytes;
+}
+
+ParameterCounts Trainer::count_parameters() {
+  nlohmann::json mine = {{"trained", nlohmann::json::object()}, {"frozen", nlohmann::json::object()}};
+  for (const ParamState& p : model_->params()) mine["trained"][p.name] = p.shape.numel();
+  for (const ParamState& p : model_->frozen()) mine["frozen"][p.name] = p.shape.numel();
+  std::map<std::string, int64_t> trained, frozen;  // with pp a rank holds only its stages' parameters
+  for (const nlohmann::json& rank : comm::all_gather_object(*world_, mine)) {
+    for (const auto& [name, n] : rank["trained"].items()) trained[name] = n.get<int64_t>();
+    for (const auto& [name, n] : rank["frozen"].items()) frozen[name] = n.get<int64_t>();
+  }
+  ParameterCounts out;
+  for (const auto& [name, n] : trained) out.trained += n;
+  for (const auto& [name, n] : frozen) out.frozen += n;
+  out.optimizer_bytes = optimizer_state_bytes();
+  world_->all_reduce(&out.optimizer_bytes, &out.optimizer_bytes, 1, DType::I64, comm::Reduce::Sum);
+  return out;
 }
 
 void Trainer::restore_position(int64_t step, int64_t consumed) {

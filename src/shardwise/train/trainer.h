@@ -104,6 +104,13 @@ struct StepResult {
   bool skipped = false;  // non-finite loss or gradient norm, skipped (TrainConfig::skip_nonfinite)
 };
 
+// The model's parameters, each counted once whatever the mesh, and the optimizer state of every
+// rank together.
+struct ParameterCounts {
+  int64_t trained = 0, frozen = 0;
+  int64_t optimizer_bytes = 0;  // summed over the ranks (data-parallel replicas hold copies)
+};
+
 class Trainer {
  public:
   Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
@@ -127,9 +134,25 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
   int64_t skipped_steps() const { return skipped_; }
+  // The trained parameters (with LoRA: the adapters only) and the frozen ones (LoRA's base).
   std::vector<ParamState>& params() { return model_->params(); }
+  std::vector<ParamState>& frozen() { return model_->frozen(); }
   // The whole parameter (collective: every rank calls it), for tests and exports.
   Tensor gather_param(const std::string& name) { return model_->gather_param(name); }
+  // The whole gradient of a trained parameter in the last step (averaged over the micro-batches,
+  // clipped as the update used it); collective.
+  Tensor gather_grad(const std::string& name) { return model_->gather_param(name, &last_grads_); }
+  // Bytes of optimizer state this rank holds: the AdamW moments (and fp32 masters of bf16
+  // parameters) of its blocks of the trained parameters; nothing for frozen ones.
+  int64_t optimizer_state_bytes() const;
+  ParameterCounts count_parameters();  // collective
+  // The model directory the weights came from (init_from_model) and its fingerprint
+  // (model_fingerprint); empty for the seeded initialization. A LoRA run's checkpoints keep it.
+  struct BaseModel {
+    std::string dir, fingerprint;
+  };
+  const BaseModel& base_model() const { return base_model_; }
+  void set_base_model(BaseModel base) { base_model_ = std::move(base); }
   const LrSchedule& schedule() const { return schedule_; }
   // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
   void restore_position(int64_t step, int64_t consumed);
@@ -146,6 +169,8 @@ class Trainer {
   AdamW adamw_;
   LrSchedule schedule_;
   int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
+  std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies)
+  BaseModel base_model_;
 };
 
 }  // namespace shardwise::train
