@@ -313,6 +313,20 @@ def check_lora_train(shardwise, tmp):
     worst = (merged_logits - logits).abs().max().item()
     assert worst <= TOL, worst
     print(f"  lora-train lora-merge of it: transformers logits = PEFT's, max |diff| {worst:.2e}")
+    # shardwise's own logits of the merged model (generate --logits-out: the row each new token came
+    # from, teacher-forced here by one new token per prefix) equal PEFT's.
+    logits_file = os.path.join(tmp, "lora-logits.safetensors")
+    seq = model.base_model.model.config.n_positions
+    prefixes = [tokens[:n] for n in (3, 8, seq)]
+    cmd = [shardwise, "generate", "--checkpoint", merged_dir, "--max-new-tokens", "1", "--mesh", "tp=2",
+           "--eos-id", "-1", "--logits-out", logits_file,
+           "--prompt-ids", ";".join(",".join(str(t) for t in p) for p in prefixes)]
+    run(cmd)
+    from safetensors.numpy import load_file
+    rows = load_file(logits_file)
+    worst = max(float(np.abs(rows[f"logits.{i}"][0] - logits[len(p) - 1].numpy()).max()) for i, p in enumerate(prefixes))
+    assert worst <= TOL, worst
+    print(f"  lora-train shardwise generate's logits of the merged model = PEFT's, max |diff| {worst:.2e}")
     peft_dir = os.path.join(tmp, "peft-same-config")
     config = LoraConfig(r=4, lora_alpha=16, target_modules=LORA_TARGETS, fan_in_fan_out=True, task_type="CAUSAL_LM")
     get_peft_model(GPT2LMHeadModel.from_pretrained(base_dir), config).save_pretrained(peft_dir)
