@@ -6,7 +6,8 @@
 #   bash bench/storage_cache_ab.sh A_BUILD B_BUILD [rounds]
 set -u
 A=$1; B=$2; rounds=${3:-2}
-cfg="--layers 6 --hidden 512 --heads 8 --seq 512 --vocab 8192 --batch 4 --data "$(cd "$(dirname "$0")/.." && pwd)/README.md""
+data="$(cd "$(dirname "$0")/.." && pwd)/README.md"
+cfg="--layers 6 --hidden 512 --heads 8 --seq 512 --vocab 8192 --batch 4 --data $data"
 for r in $(seq $rounds); do
   for side in A B; do
     d=$A; [ $side = B ] && d=$B
