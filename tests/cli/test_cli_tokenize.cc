@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -90,6 +91,37 @@ TEST(CliTokenize, TrainsOnTextThroughTheTokenizerAndResumesOnlyWithIt) {
   EXPECT_NE(bytes.out.find("tokenized by m.model"), std::string::npos) << bytes.out;
   Result again = run(kTrain + "--steps 4 --no-cross-document-attention --resume auto" + run_dir + text);
   EXPECT_EQ(again.status, 0) << again.out;
+  fs::remove_all(d);
+}
+
+TEST(CliTokenize, GenerateEncodesTextPromptsAndDecodesTheOutput) {
+  fs::path d = fresh_dir("generate");
+  const std::string model = trained_model(d);
+  Result r = run(kTrain + "--steps 2 --vocab 512 --save-every 2 --data " + kFables + " --tokenizer " + model +
+                 " --run-dir " + (d / "run").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string ckpt = (d / "run" / "checkpoints" / "checkpoint-2").string();
+  // The prompt's ids are the tokenizer's (checked against `tokenize`), and the printed text is the
+  // decoded prompt and continuation.
+  std::ofstream(d / "prompt.txt") << "The fox and the crow";
+  Result ids = run("tokenize --tokenizer " + model + " --in " + (d / "prompt.txt").string() + " --out " +
+                   (d / "prompt.bin").string() + " --no-eos-between-documents");
+  ASSERT_EQ(ids.status, 0) << ids.out;
+  const std::string bin = slurp(d / "prompt.bin");
+  std::vector<int64_t> want;
+  for (size_t i = 0; i + 1 < bin.size(); i += 2)
+    want.push_back(static_cast<unsigned char>(bin[i]) | static_cast<unsigned char>(bin[i + 1]) << 8);
+  Result g = run("generate --checkpoint " + ckpt + " --tokenizer " + model +
+                 " --prompt 'The fox and the crow' --max-new-tokens 5 --json --mesh tp=2");
+  ASSERT_EQ(g.status, 0) << g.out;
+  const nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.find('{'), g.out.find('\n', g.out.find('{')) - g.out.find('{')));
+  EXPECT_EQ(j["sequences"][0]["prompt_ids"].get<std::vector<int64_t>>(), want);
+  EXPECT_EQ(j["sequences"][0]["prompt"], "The fox and the crow");
+  EXPECT_TRUE(j["sequences"][0].contains("text"));
+  // Without the tokenizer a 512-token model takes ids only; a tokenizer larger than the model is refused.
+  Result no = run("generate --checkpoint " + ckpt + " --prompt hello");
+  EXPECT_EQ(no.status, 2) << no.out;
+  EXPECT_NE(no.out.find("or the model's --tokenizer"), std::string::npos) << no.out;
   fs::remove_all(d);
 }
 

@@ -115,7 +115,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--config", o.config_file,
                  "read options from a TOML file: `key = value` lines, keys are the long option names (an optional "
                  "[generate] section); options on the command line win");
-  cmd.add_option("--prompt", o.prompts, "a prompt as text (byte vocabularies); repeat for a batch")
+  cmd.add_option("--prompt", o.prompts, "a prompt as text (byte vocabularies, or with --tokenizer); repeat for a batch")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd.add_option("--prompt-file", o.prompt_file, "prompts as text, one per non-empty line");
@@ -132,6 +132,9 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
   cmd.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole prefix for every token (for comparison)");
   cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
+  cmd.add_option("--tokenizer", o.tokenizer,
+                 "a SentencePiece tokenizer.model: text prompts are encoded with it and the output decoded (its eos "
+                 "stops a sequence unless --eos-id)");
   cmd.add_option("--logits-out", o.logits_out,
                  "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");
 }

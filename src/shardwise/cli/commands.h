@@ -115,6 +115,7 @@ struct GenerateOptions {
   bool no_kv_cache = false;        // recompute the whole prefix for every token
   bool json = false;
   std::string logits_out;          // a .safetensors file: "logits.<i>" [new tokens, vocab] f32 per prompt
+  std::string tokenizer;           // a SentencePiece model: text prompts encoded, output decoded
 };
 int cmd_generate(const GenerateOptions& options, std::ostream& out);
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/cli/commands.h"
@@ -14,6 +15,7 @@
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/train/generate.h"
 #include "shardwise/train/model_io.h"
+#include "shardwise/train/tokenizer.h"
 
 namespace shardwise::cli {
 namespace {
@@ -30,6 +32,29 @@ std::string text_of(std::span<const int64_t> ids) {
   std::string s;
   for (int64_t t : ids) s.push_back(static_cast<char>(t));
   return s;
+}
+
+// Text in and out: a SentencePiece model (--tokenizer), else bytes for a byte vocabulary, else none
+// (ids only).
+struct TextCodec {
+  std::optional<train::Tokenizer> tokenizer;
+  bool bytes = false;
+  bool has_text() const { return tokenizer.has_value() || bytes; }
+  std::vector<int64_t> encode(const std::string& text) const { return tokenizer ? tokenizer->encode(text) : bytes_of(text); }
+  std::string decode(std::span<const int64_t> ids) const { return tokenizer ? tokenizer->decode(ids) : text_of(ids); }
+};
+
+TextCodec codec_for(const GenerateOptions& o, const train::GptConfig& model) {
+  TextCodec c;
+  if (o.tokenizer.empty()) {
+    c.bytes = model.vocab <= kByteVocab;
+    return c;
+  }
+  c.tokenizer.emplace(o.tokenizer);
+  SW_CHECK(c.tokenizer->vocab_size() <= model.vocab,
+           "--tokenizer {} has a vocabulary of {} ids; the model's holds {}: it was not trained with this tokenizer",
+           o.tokenizer, c.tokenizer->vocab_size(), model.vocab);
+  return c;
 }
 
 // "1,2,3;4,5" -> {{1,2,3},{4,5}}.
@@ -61,7 +86,8 @@ std::vector<std::vector<int64_t>> parse_prompt_ids(const std::string& spec) {
 }
 
 // --prompt, the lines of --prompt-file (empty lines skipped), then --prompt-ids, in that order.
-std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, const train::GptConfig& model) {
+std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, const train::GptConfig& model,
+                                                  const TextCodec& codec) {
   std::vector<std::string> texts = o.prompts;
   if (!o.prompt_file.empty()) {
     SW_CHECK(!std::filesystem::is_directory(o.prompt_file), "--prompt-file '{}' is a directory", o.prompt_file);
@@ -72,21 +98,22 @@ std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, cons
       if (!line.empty()) texts.push_back(line);
     SW_CHECK(texts.size() > before, "--prompt-file '{}' holds no prompt (one per non-empty line)", o.prompt_file);
   }
-  SW_CHECK(texts.empty() || model.vocab <= kByteVocab,
-           "--prompt and --prompt-file give text, which needs a byte vocabulary (at most {} tokens); this model's "
-           "vocabulary has {}: give token ids with --prompt-ids",
+  SW_CHECK(texts.empty() || codec.has_text(),
+           "--prompt and --prompt-file give text, which needs a byte vocabulary (at most {} tokens) or --tokenizer; "
+           "this model's vocabulary has {}: give token ids with --prompt-ids, or the model's --tokenizer",
            kByteVocab, model.vocab);
   std::vector<std::vector<int64_t>> prompts;
-  for (const auto& t : texts) prompts.push_back(bytes_of(t));
+  for (const auto& t : texts) prompts.push_back(codec.encode(t));
   if (!o.prompt_ids.empty())
     for (auto& p : parse_prompt_ids(o.prompt_ids)) prompts.push_back(std::move(p));
   SW_CHECK(!prompts.empty(), "no prompt: give --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3");
   return prompts;
 }
 
-// --eos-id, else generation_config.json's eos_token_id, else none.
-int64_t resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir) {
+// --eos-id, else the tokenizer's eos, else generation_config.json's eos_token_id, else none.
+int64_t resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir, const TextCodec& codec) {
   if (o.eos_id != kEosFromModel) return o.eos_id;
+  if (codec.tokenizer && codec.tokenizer->eos_id() >= 0) return codec.tokenizer->eos_id();
   if (!std::filesystem::exists(dir / "generation_config.json")) return -1;
   nlohmann::json j = ckpt::load_json(dir, "generation_config.json");
   if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) return j["eos_token_id"].get<int64_t>();
@@ -99,16 +126,17 @@ struct Run {
   std::vector<std::vector<int64_t>> prompts;
   train::GenerateConfig config;
   std::filesystem::path dir;
+  TextCodec codec;
 };
 
 void print_text(const Run& run, const train::GenerateResult& r, std::ostream& out) {
-  const bool text = run.model.vocab <= kByteVocab;
+  const bool text = run.codec.has_text();
   for (size_t i = 0; i < r.sequences.size(); ++i) {
     const auto& s = r.sequences[i];
     std::span<const int64_t> shown(s.tokens);
     if (s.stop == train::StopReason::Eos) shown = shown.first(shown.size() - 1);  // the eos ends the line
     if (text) {
-      out << text_of(run.prompts[i]) << text_of(shown) << "\n";
+      out << run.codec.decode(run.prompts[i]) << run.codec.decode(shown) << "\n";
     } else {
       out << fmt::format("{} | {}\n", fmt::join(run.prompts[i], ","), fmt::join(shown, ","));
     }
@@ -120,7 +148,7 @@ void print_json(const Run& run, const train::GenerateResult& r, const std::strin
   for (size_t i = 0; i < r.sequences.size(); ++i) {
     const auto& s = r.sequences[i];
     nlohmann::json j = {{"prompt_ids", run.prompts[i]}, {"new_ids", s.tokens}, {"stop", stop_reason_name(s.stop)}};
-    if (run.model.vocab <= kByteVocab) j["prompt"] = text_of(run.prompts[i]), j["text"] = text_of(s.tokens);
+    if (run.codec.has_text()) j["prompt"] = run.codec.decode(run.prompts[i]), j["text"] = run.codec.decode(s.tokens);
     seqs.push_back(std::move(j));
   }
   const auto& st = r.stats;
@@ -214,7 +242,8 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   SW_CHECK(run.strategy.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            run.strategy.mesh.to_string(), run.strategy.mesh.size(), ranks, run.strategy.mesh.size(),
            run.strategy.mesh.size());
-  run.prompts = collect_prompts(o, run.model);
+  run.codec = codec_for(o, run.model);
+  run.prompts = collect_prompts(o, run.model, run.codec);
   train::check_prompts(run.prompts, run.model);
   run.config.max_new_tokens = o.max_new_tokens;
   run.config.kv_cache = !o.no_kv_cache;
@@ -226,7 +255,7 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   run.config.sampling.top_p = o.top_p;
   run.config.sampling.seed = o.seed;
   SW_CHECK(o.eos_id >= kEosFromModel, "--eos-id must be a token id, or -1 for none, got {}", o.eos_id);
-  run.config.eos_id = resolve_eos(o, run.dir);
+  run.config.eos_id = resolve_eos(o, run.dir, run.codec);
   run.config.validate(run.model);
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
