@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 # Debian packages the build needs (installed only when missing).
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
                 libcli11-dev libfmt-dev libopenblas-dev valgrind libopenmpi-dev openmpi-bin \
-                libxxhash-dev libssl-dev python3
+                libxxhash-dev libssl-dev libsentencepiece-dev pkg-config python3
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 

@@ -94,5 +94,45 @@ TEST(CheckpointSave, WritesHuggingFaceShardsAndIndex) {
   EXPECT_EQ(read_text_file(scratch.path / "latest"), "checkpoint-7\n");
 }
 
+// A single-file group (PEFT's adapter_model.safetensors): one "<group>.safetensors" whatever
+// max_shard_bytes says, no index; the manifest names the file as the group; it verifies and loads
+// on every topology like an indexed group.
+TEST(CheckpointSave, ASingleFileGroupIsOneFileWithoutAnIndex) {
+  auto model = small_model();
+  ScratchDir scratch("single");
+  SaveOptions options;
+  options.max_shard_bytes = 100;  // would cut the model group into many shards
+  comm::LocalWorld::run(4, [&](comm::Communicator& c) {
+    CheckpointContent content = content_for(model, topologies()[3], c.rank(), 2);
+    for (TensorGroup& g : content.groups) g.single_file = g.name == "model";
+    save_checkpoint(c, scratch.path, content, options);
+  });
+  fs::path dir = scratch.path / "checkpoint-2";
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir / "model-00001-of-00001.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "optimizer.safetensors.index.json"));
+  EXPECT_EQ(load_json(dir, "manifest.json")["groups"]["model"], "model.safetensors");
+  VerifyReport report = verify_checkpoint(dir);
+  ASSERT_TRUE(report.ok()) << report.problems.front();
+  EXPECT_TRUE(report.notes.empty()) << report.notes.front();
+  SafetensorsFile file(dir / "model.safetensors");
+  EXPECT_EQ(*file.header().metadata_value("format"), "pt");
+  for (const auto& t : model) {
+    if (t.group == "model") EXPECT_TRUE(bit_equal(file.read(t.name), t.value)) << t.name;
+  }
+  comm::LocalWorld::run(2, [&](comm::Communicator& c) {
+    const Topology to = topologies()[2];
+    std::vector<LoadSpec> specs;
+    for (const auto& t : model) {
+      if (t.group == "model") specs.push_back({t.name, t.value.shape(), t.value.dtype(), layout_of(to, t.name)});
+    }
+    auto loaded = load_group(dir, "model", specs, c.rank());
+    for (const auto& t : model) {
+      if (t.group == "model") EXPECT_TRUE(bit_equal(loaded.at(t.name), block_of(t.value, layout_of(to, t.name), c.rank())));
+    }
+  });
+}
+
 }  // namespace
 }  // namespace shardwise::ckpt

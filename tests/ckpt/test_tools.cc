@@ -295,5 +295,38 @@ TEST(CkptTools, LoraMergeRefusesAdaptersOutsideTargetModulesAndUnsupportedPatter
   EXPECT_EQ(at(got, 3), 4);
 }
 
+// PEFT matches a target_modules entry against the end of the module path at a dot: "attn.c_proj"
+// adapts h.0.attn.c_proj and not h.0.mlp.c_proj. An adapter that does not fit its weight is refused
+// naming both shapes, whatever the orientation.
+TEST(CkptTools, LoraMergeMatchesDottedTargetsAsPeftAndNamesBothShapesOfAMisfit) {
+  ScratchDir scratch("lora_suffix");
+  Tensor w = Tensor::from<float>(Shape{2, 2}, std::vector<float>{1, 2, 3, 4});
+  Tensor A = Tensor::from<float>(Shape{1, 2}, std::vector<float>{1, 1});
+  Tensor B = Tensor::from<float>(Shape{2, 1}, std::vector<float>{1, 1});
+  fs::create_directories(scratch.path / "base");
+  std::vector<StEntry> base = {entry_of("h.0.attn.c_proj.weight", w), entry_of("h.0.mlp.c_proj.weight", w)};
+  write_safetensors(scratch.path / "base" / "model.safetensors", base, StMetadata{{"format", "pt"}});
+  const char* config = R"({"r": 1, "lora_alpha": 1, "fan_in_fan_out": true, "target_modules": ["attn.c_proj"]})";
+  write_adapter(scratch.path / "attn", "h.0.attn.c_proj", A, B, config);
+  EXPECT_EQ(lora_merge(scratch.path / "base", scratch.path / "attn", scratch.path / "o1", {}), 1u);
+  write_adapter(scratch.path / "mlp", "h.0.mlp.c_proj", A, B, config);
+  try {
+    lora_merge(scratch.path / "base", scratch.path / "mlp", scratch.path / "o2", {});
+    FAIL() << "mlp.c_proj merged under target_modules [attn.c_proj]";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("adapts module 'h.0.mlp.c_proj', which is not in target_modules [attn.c_proj]"),
+              std::string::npos) << e.what();
+  }
+  Tensor A3 = Tensor::from<float>(Shape{1, 3}, std::vector<float>{1, 1, 1});
+  write_adapter(scratch.path / "misfit", "h.0.attn.c_proj", A3, B, config);
+  try {
+    lora_merge(scratch.path / "base", scratch.path / "misfit", scratch.path / "o3", {});
+    FAIL() << "a misfit adapter merged";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs lora_A [1, 2] and lora_B [2, 1] for rank 1, got [1, 3] and [2, 1]"),
+              std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::ckpt

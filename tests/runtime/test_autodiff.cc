@@ -91,6 +91,54 @@ TEST(Autodiff, AParameterWithoutAGradientPathIsAnError) {
   EXPECT_EQ(graph::append_backward(g2, g2.get("loss"), allow)[1], -1);
 }
 
+// A frozen parameter (LoRA's base) is read like a parameter but takes no gradient: no Backward
+// output for it, nothing in params(); the trained adapter's gradient is still the finite difference.
+void build_adapted(graph::Graph& g) {
+  auto x = g.input("x", Shape{4, 3}, DType::F64);
+  auto w = g.frozen("w", Shape{3, 5}, DType::F64);
+  auto a = g.param("lora_A", Shape{2, 3}, DType::F64);
+  auto b = g.param("lora_B", Shape{5, 2}, DType::F64);
+  auto delta = g.matmul(g.scale(g.matmul(x, a, true, "xa"), 0.5, 0.0, "xa_scaled"), b, true, "delta");
+  auto y = g.add(g.matmul(x, w, false, "xw"), delta, "y");
+  g.mean(g.multiply(y, y, "y2"), {}, false, "loss");
+}
+
+TEST(Autodiff, FrozenParametersTakeNoGradient) {
+  graph::Graph g;
+  build_adapted(g);
+  ASSERT_EQ(g.params().size(), 2u);
+  ASSERT_EQ(g.frozen_params().size(), 1u);
+  EXPECT_EQ(graph::value_kind_name(g.value(g.get("w")).kind), "frozen");
+  graph::append_backward(g, g.get("loss"));
+  EXPECT_EQ(g.value(g.get("w")).grad, -1);
+  EXPECT_FALSE(g.find("w@grad").has_value());
+  for (const graph::Node& n : g.nodes()) {
+    for (size_t k = 0; k < n.inputs.size() && n.kind == graph::NodeKind::Backward; ++k) {
+      if (n.inputs[k] == g.get("w") && k < g.node(n.forward).inputs.size()) EXPECT_EQ(n.outputs[k], -1) << n.to_string(g);
+    }
+  }
+  std::map<std::string, Tensor> data = {{"x", random(Shape{4, 3}, 11)},
+                                        {"w", random(Shape{3, 5}, 12)},
+                                        {"lora_A", random(Shape{2, 3}, 13)},
+                                        {"lora_B", random(Shape{5, 2}, 14)}};
+  mesh::ProcessMesh one(Shape{1});
+  auto result = run_graph(build_adapted, one, data, "loss", {"loss"});
+  EXPECT_EQ(result.grads.count("w"), 0u);
+  for (const char* p : {"lora_A", "lora_B"}) {
+    Tensor grad = result.grads.at(p);
+    for (int64_t i = 0; i < grad.numel(); ++i) {
+      auto loss_with = [&](double delta) {
+        auto d = data;
+        d[p] = data[p].clone();
+        d[p].set_at(i, data[p].at(i) + delta);
+        return run_graph(build_adapted, one, d, "loss", {"loss"}).values.at("loss").at(0);
+      };
+      double numeric = (loss_with(1e-6) - loss_with(-1e-6)) / 2e-6;
+      EXPECT_NEAR(grad.at(i), numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << p << " element " << i;
+    }
+  }
+}
+
 TEST(Builder, ShapeMismatchAndUnknownOpNameTheNode) {
   graph::Graph g;
   auto x = g.input("x", Shape{2, 3});

@@ -1,7 +1,8 @@
 // transformers' GPT-2 files replayed without PyPI: tests/golden/hf/ was written by
 // tools/hf_parity.py (`make hf-golden`): a random-init GPT2LMHeadModel saved by save_pretrained, a
 // token file of 17 tokens, and transformers' loss on it. `--init-from` that directory on several
-// meshes gives transformers' loss within 1e-5; skipped keys keep shardwise's initialization.
+// meshes gives transformers' loss within 1e-5; skipped keys keep shardwise's initialization;
+// `shardwise generate`'s graphs give transformers' logits within 1e-5 and its greedy tokens.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
+#include "shardwise/train/generate.h"
 #include "shardwise/train/model_io.h"
 
 namespace shardwise::train {
@@ -101,6 +103,41 @@ TEST(HfGolden, AnotherModelIsRefusedNamingTheField) {
       EXPECT_NE(std::string(e.what()).find("n_embd 32 (directory) vs 64"), std::string::npos) << e.what();
     }
   });
+}
+
+TEST(HfGolden, GenerationGivesTransformersLogitsAndGreedyTokens) {
+  const nlohmann::json want = expected();
+  const GptConfig model = read_model_config(kDir + "/gpt2_tiny");
+  const auto tokens = want["tokens"].get<std::vector<int64_t>>();
+  for (const std::string mesh : {"dp=1", "tp=2", "dp=2,tp=2"}) {
+    comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
+      auto world = w.group(w.members());
+      const int64_t process = world->members()[static_cast<size_t>(world->rank())];
+      Generator gen(model, Strategy::from_mesh(mesh::parse_mesh(mesh), false), world,
+                    checkpoint_weights(kDir + "/gpt2_tiny", model, process));
+      // The next token after the 16 golden tokens: transformers' logits at the last position.
+      GenerateConfig one;
+      one.max_new_tokens = 1;
+      one.keep_logits = true;
+      GenerateResult r = gen.generate({std::vector<int64_t>(tokens.begin(), tokens.end() - 1)}, one);
+      const auto& row = r.sequences[0].logits.at(0);
+      const auto ref = want["last_logits"].get<std::vector<double>>();
+      ASSERT_EQ(row.size(), ref.size());
+      double worst = 0;
+      for (size_t v = 0; v < ref.size(); ++v) worst = std::max(worst, std::abs(row[v] - ref[v]));
+      EXPECT_LE(worst, 1e-5) << mesh;
+      EXPECT_EQ(r.sequences[0].tokens[0], want["argmax"].back().get<int64_t>()) << mesh;
+      // transformers' greedy generate (eos = its config's, 299).
+      GenerateConfig greedy;
+      greedy.max_new_tokens = 8;
+      greedy.eos_id = 299;
+      const auto prompt = want["greedy_prompt"].get<std::vector<int64_t>>();
+      r = gen.generate({prompt}, greedy);
+      const auto all = want["greedy"].get<std::vector<int64_t>>();
+      EXPECT_EQ(r.sequences[0].tokens, std::vector<int64_t>(all.begin() + static_cast<int64_t>(prompt.size()), all.end()))
+          << mesh;
+    });
+  }
 }
 
 TEST(HfGolden, AMissingKeyIsNamedAndIgnoreKeysSkipsIt) {

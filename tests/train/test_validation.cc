@@ -5,11 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "shardwise/comm/local.h"
+#include "reference_gpt.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {
@@ -83,109 +83,15 @@ TEST(Validation, TheLossIsTheSameOnEveryMesh) {
   }
 }
 
-// ---- a plain reference: GPT-2's forward in double, one sequence at a time -------------------------
-
-using Params = std::map<std::string, std::vector<double>>;
-using Rows = std::vector<std::vector<double>>;  // [positions][features]
-
-Rows layer_norm(const Rows& x, const Params& p, const std::string& name, double eps) {
-  const std::vector<double>&w = p.at(name + ".weight"), &b = p.at(name + ".bias");
-  Rows y = x;
-  for (auto& row : y) {
-    double mean = 0, var = 0;
-    for (double v : row) mean += v;
-    mean /= static_cast<double>(row.size());
-    for (double v : row) var += (v - mean) * (v - mean);
-    var /= static_cast<double>(row.size());
-    for (size_t i = 0; i < row.size(); ++i) row[i] = (row[i] - mean) / std::sqrt(var + eps) * w[i] + b[i];
-  }
-  return y;
-}
-
-// x [S, n_in] times weight [n_in, n_out] plus bias.
-Rows linear(const Rows& x, const Params& p, const std::string& name) {
-  const std::vector<double>&w = p.at(name + ".weight"), &b = p.at(name + ".bias");
-  const size_t n_in = x[0].size(), n_out = b.size();
-  Rows y(x.size(), std::vector<double>(n_out));
-  for (size_t t = 0; t < x.size(); ++t)
-    for (size_t j = 0; j < n_out; ++j) {
-      double s = b[j];
-      for (size_t i = 0; i < n_in; ++i) s += x[t][i] * w[i * n_out + j];
-      y[t][j] = s;
-    }
-  return y;
-}
-
-Rows causal_attention(const Rows& q, const Rows& k, const Rows& v, int64_t heads) {
-  const size_t S = q.size(), H = q[0].size(), hd = H / static_cast<size_t>(heads);
-  Rows ctx(S, std::vector<double>(H, 0.0));
-  for (size_t h = 0; h < static_cast<size_t>(heads); ++h)
-    for (size_t t = 0; t < S; ++t) {
-      std::vector<double> score(t + 1);
-      double mx = -1e300, sum = 0;
-      for (size_t u = 0; u <= t; ++u) {
-        double s = 0;
-        for (size_t d = 0; d < hd; ++d) s += q[t][h * hd + d] * k[u][h * hd + d];
-        score[u] = s / std::sqrt(static_cast<double>(hd));
-        mx = std::max(mx, score[u]);
-      }
-      for (double& s : score) sum += (s = std::exp(s - mx));
-      for (size_t u = 0; u <= t; ++u)
-        for (size_t d = 0; d < hd; ++d) ctx[t][h * hd + d] += score[u] / sum * v[u][h * hd + d];
-    }
-  return ctx;
-}
-
-// The summed next-token cross-entropy of one sequence (tokens: seq + 1).
-double sequence_loss(const std::vector<int64_t>& tokens, const Params& p, const GptConfig& c) {
-  const auto S = static_cast<size_t>(c.seq), H = static_cast<size_t>(c.hidden), V = static_cast<size_t>(c.vocab);
-  const std::vector<double>&wte = p.at("transformer.wte.weight"), &wpe = p.at("transformer.wpe.weight");
-  Rows x(S, std::vector<double>(H));
-  for (size_t t = 0; t < S; ++t)
-    for (size_t i = 0; i < H; ++i) x[t][i] = wte[static_cast<size_t>(tokens[t]) * H + i] + wpe[t * H + i];
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string b = "transformer.h." + std::to_string(l);
-    Rows h = layer_norm(x, p, b + ".ln_1", c.layer_norm_epsilon);
-    Rows a = linear(causal_attention(linear(h, p, b + ".attn.q_proj"), linear(h, p, b + ".attn.k_proj"),
-                                     linear(h, p, b + ".attn.v_proj"), c.heads),
-                    p, b + ".attn.c_proj");
-    for (size_t t = 0; t < S; ++t)
-      for (size_t i = 0; i < H; ++i) x[t][i] += a[t][i];
-    Rows f = linear(layer_norm(x, p, b + ".ln_2", c.layer_norm_epsilon), p, b + ".mlp.c_fc");
-    for (auto& row : f)
-      for (double& u : row) u = 0.5 * u * (1 + std::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
-    Rows m = linear(f, p, b + ".mlp.c_proj");
-    for (size_t t = 0; t < S; ++t)
-      for (size_t i = 0; i < H; ++i) x[t][i] += m[t][i];
-  }
-  x = layer_norm(x, p, "transformer.ln_f", c.layer_norm_epsilon);
-  double total = 0;
-  for (size_t t = 0; t < S; ++t) {
-    std::vector<double> logits(V);
-    double mx = -1e300, sum = 0;
-    for (size_t v = 0; v < V; ++v) {
-      for (size_t i = 0; i < H; ++i) logits[v] += x[t][i] * wte[v * H + i];
-      mx = std::max(mx, logits[v]);
-    }
-    for (double z : logits) sum += std::exp(z - mx);
-    total += mx + std::log(sum) - logits[static_cast<size_t>(tokens[t + 1])];
-  }
-  return total;
-}
-
 // The reference mean over the run's validation sequences, with the trainer's current weights.
 double reference_loss(Trainer& t) {
-  Params p;
-  for (ParamState& q : t.params()) {
-    Tensor whole = t.gather_param(q.name);
-    p[q.name].assign(whole.data<float>(), whole.data<float>() + whole.numel());
-  }
+  const reference::Params p = reference::whole_params(t);
   const EvenWindows& val = *t.validation_data();
   std::vector<int64_t> tokens(static_cast<size_t>(t.config().model.seq + 1));
   double total = 0;
   for (int64_t k = 0; k < val.size(); ++k) {
     val.sample(k, tokens);
-    total += sequence_loss(tokens, p, t.config().model);
+    total += reference::sequence_loss(tokens, p, t.config().model);
   }
   return total / static_cast<double>(val.size() * t.config().model.seq);
 }

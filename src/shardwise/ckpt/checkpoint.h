@@ -42,10 +42,13 @@ struct DistTensor {
 // "<param>/exp_avg_sq"), master_weights.
 // `keys` places tensors in boxes of stored (possibly fused) tensors (key_map.h); a fused stored
 // tensor needs every tensor the table places in it. The manifest keeps each group's table.
+// `single_file`: one "<name>.safetensors" and no index, whatever its size (PEFT reads its adapters
+// only from adapter_model.safetensors); loading reads either form.
 struct TensorGroup {
   std::string name;
   std::vector<DistTensor> tensors;
   KeyMap keys;
+  bool single_file = false;
 };
 
 struct CheckpointContent {

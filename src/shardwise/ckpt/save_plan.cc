@@ -56,7 +56,8 @@ std::string local_problem(comm::Communicator& comm, const CheckpointContent& con
     std::set<std::string> files = {kManifestName};
     for (const TensorGroup& g : content.groups) {
       SW_CHECK(plain_name(g.name), "group name '{}': use letters, digits, '_', '-', '.'", g.name);
-      SW_CHECK(files.insert(index_file_name(g.name)).second, "group '{}' is given twice", g.name);
+      SW_CHECK(files.insert(index_file_name(g.name)).second && files.insert(single_file_name(g.name)).second,
+               "group '{}' is given twice", g.name);
       check_placements(g);
       std::set<std::string> names;
       for (const DistTensor& t : g.tensors) {
@@ -102,7 +103,7 @@ json describe(const CheckpointContent& content, const SaveOptions& options) {
       ts.push_back({t.name, t.global_shape.to_string(), dtype_name(t.dtype), t.layout.mesh.to_string(),
                     t.layout.mesh.process_ids(), t.layout.dist.to_string()});
     }
-    groups.push_back({g.name, ts, g.keys.to_json()});
+    groups.push_back({g.name, ts, g.keys.to_json(), g.single_file});
   }
   json names = json::array();
   for (const auto& [name, v] : content.json_files) names.push_back(name);
@@ -249,7 +250,7 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
     uint64_t in_shard = 0, total = 0;
     for (size_t si = 0; si < stored.size(); ++si) {
       uint64_t b = stored[si].spec.nbytes();
-      if (shards.empty() || (in_shard > 0 && in_shard + b > options.max_shard_bytes)) {
+      if (shards.empty() || (!g.single_file && in_shard > 0 && in_shard + b > options.max_shard_bytes)) {
         shards.emplace_back();
         in_shard = 0;
       }
@@ -261,7 +262,7 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
     json weight_map = json::object();
     for (size_t k = 0; k < shards.size(); ++k) {
       PlannedFile f;
-      f.name = shard_file_name(g.name, k + 1, shards.size());
+      f.name = g.single_file ? single_file_name(g.name) : shard_file_name(g.name, k + 1, shards.size());
       std::vector<StSpec> specs;
       for (size_t si : shards[k]) specs.push_back(stored[si].spec);
       f.layout = layout_safetensors(specs, format_pt, f.name);
@@ -279,6 +280,10 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
       plan.files.push_back(std::move(f));
     }
     if (!g.keys.empty()) plan.key_maps[g.name] = g.keys.to_json();
+    if (g.single_file) {  // the group is its file
+      plan.groups[g.name] = single_file_name(g.name);
+      continue;
+    }
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     plan.text_files.emplace_back(index_file_name(g.name), index.dump(2) + "\n");
     plan.groups[g.name] = index_file_name(g.name);

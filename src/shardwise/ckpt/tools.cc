@@ -303,9 +303,12 @@ void check_target(const LoraSettings& s, const std::string& path, const std::str
     return;
   }
   if (s.targets.empty()) return;
-  const std::string module = path.substr(path.rfind('.') + 1);
-  SW_CHECK(std::find(s.targets.begin(), s.targets.end(), module) != s.targets.end(),
-           "lora-merge: adapter key '{}' adapts module '{}', which is not in target_modules [{}]", key, module,
+  // PEFT's rule: an entry matches a module path equal to it or ending in "." + it ("attn.c_proj").
+  auto matches = [&](const std::string& t) {
+    return path == t || (path.size() > t.size() && path.ends_with(t) && path[path.size() - t.size() - 1] == '.');
+  };
+  SW_CHECK(std::any_of(s.targets.begin(), s.targets.end(), matches),
+           "lora-merge: adapter key '{}' adapts module '{}', which is not in target_modules [{}]", key, path,
            fmt::join(s.targets, ", "));
 }
 

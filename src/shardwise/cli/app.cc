@@ -7,6 +7,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/tokenize_cmd.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 
@@ -49,6 +50,17 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--data-format", c.data_format,
                 "auto (llm.c magic -> llmc, other .bin -> u16, else bytes), bytes, u16, u32 or llmc")
       ->check(CLI::IsMember({"auto", "bytes", "u16", "u32", "llmc"}));
+  t->add_option("--tokenizer", c.tokenizer,
+                "a SentencePiece tokenizer.model: --data (and --val-data) are raw text, tokenized in memory at the "
+                "start (each document followed by the tokenizer's eos)");
+  t->add_option("--documents", c.documents,
+                "--tokenizer: documents are each file, each non-blank line, or paragraphs separated by blank lines")
+      ->check(CLI::IsMember({"file", "lines", "paragraphs"}));
+  t->add_option("--document-separator", c.document_separator,
+                "--tokenizer: documents are the text between occurrences of this string (overrides --documents)");
+  t->add_option("--eos-id", c.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
+  t->add_flag("--no-cross-document-attention", c.document_attention,
+              "tokens attend only within their document and position ids restart at each document (needs an eos id)");
   t->add_option("--val-data", c.val_data,
                  "validation token file(s) of a --data run: a path, list or glob in --data's --data-format");
   t->add_option("--val-fraction", c.val_fraction,
@@ -93,6 +105,46 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--ignore-keys", o.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
       ->expected(1, -1);
   t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
+  auto& lora = c.model.lora;
+  t->add_option("--lora-rank", lora.rank,
+                "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
+  t->add_option("--lora-alpha", lora.alpha, "LoRA's alpha: the update is scaled by alpha / r");
+  t->add_option("--lora-targets", lora.targets,
+                "modules that get adapters (PEFT's target_modules): c_attn, c_proj, c_fc, attn.c_proj, mlp.c_proj")
+      ->delimiter(',');
+  t->add_option("--lora-dropout", lora.dropout, "dropout on the adapters' input while training");
+  t->add_flag("--lora-rslora", lora.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r)");
+  t->add_option("--lora-from", o.lora_from,
+                "continue training the adapters of a PEFT adapter directory (its adapter_config.json sets the "
+                "--lora-* options; a LoRA checkpoint is one)");
+}
+
+// `shardwise generate`'s options, bound to `o`.
+void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
+  cmd.add_option("--checkpoint,--init-from", o.checkpoint,
+                 "the model: a checkpoint (<save-dir>/checkpoint-<step>) or a model directory with config.json");
+  cmd.add_option("--config", o.config_file,
+                 "read options from a TOML file: `key = value` lines, keys are the long option names (an optional "
+                 "[generate] section); options on the command line win");
+  cmd.add_option("--prompt", o.prompts, "a prompt as text (byte vocabularies); repeat for a batch")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd.add_option("--prompt-file", o.prompt_file, "prompts as text, one per non-empty line");
+  cmd.add_option("--prompt-ids", o.prompt_ids, "prompts as token ids: 1,2,3 (several separated by ';')");
+  cmd.add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate per prompt at most");
+  cmd.add_option("--temperature", o.temperature,
+                 "sampling temperature; 0: greedy (default: greedy, or 1 with --top-k / --top-p)");
+  cmd.add_option("--top-k", o.top_k, "sample among the k most likely tokens (0: all)");
+  cmd.add_option("--top-p", o.top_p, "sample among the most likely tokens holding this probability, in (0, 1]");
+  cmd.add_option("--seed", o.seed, "sampling seed (draws keyed by seed, prompt index and position)");
+  cmd.add_option("--eos-id", o.eos_id,
+                 "stop a sequence at this token (default: generation_config.json's eos_token_id; -1: never)");
+  cmd.add_option("--mesh", o.mesh, "mesh with named dims dp (splits the prompts) and tp (shards heads and cache)");
+  cmd.add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
+  cmd.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole prefix for every token (for comparison)");
+  cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
+  cmd.add_option("--logits-out", o.logits_out,
+                 "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");
 }
 
 }  // namespace
@@ -153,6 +205,9 @@ int run(int argc, char** argv) {
   plan_cmd->add_option("--seq", plan_opts.seq, "sequence length");
   plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size");
   plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per data-parallel rank per micro-batch");
+  plan_cmd->add_option("--lora-rank", plan_opts.lora_rank, "the LoRA model: adapters of rank R, the base frozen");
+  plan_cmd->add_option("--lora-targets", plan_opts.lora_targets, "with --lora-rank: the adapted modules")
+      ->delimiter(',');
   plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
       ->delimiter(',');
   plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
@@ -181,7 +236,12 @@ int run(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   train_cmd->option_defaults()->always_capture_default();
   add_train_options(*train_cmd, train_opts);
+  GenerateOptions gen_opts;
+  auto* gen_cmd = app.add_subcommand("generate", "Continue prompts with a saved model on a dp x tp mesh (KV cache)");
+  gen_cmd->option_defaults()->always_capture_default();
+  add_generate_options(*gen_cmd, gen_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
+  auto tokenize_cmd = add_tokenize_command(app);  // shardwise tokenize
 
   refuse_out_of_range_integers(app);
   try {
@@ -199,10 +259,16 @@ int run(int argc, char** argv) {
     if (*train_cmd) {
       if (!train_opts.config_file.empty()) apply_config_file(*train_cmd, train_opts.config_file);
       if (!train_opts.init_from.empty()) apply_init_from(*train_cmd, train_opts);
+      apply_lora(*train_cmd, train_opts);
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }
+    if (*gen_cmd) {
+      if (!gen_opts.config_file.empty()) apply_config_file(*gen_cmd, gen_opts.config_file);
+      return cmd_generate(gen_opts, std::cout);
+    }
     if (ckpt_cmds->chosen()) return ckpt_cmds->run(std::cout);
+    if (tokenize_cmd->chosen()) return tokenize_cmd->run(std::cout);
   } catch (const Error& e) {
     // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");

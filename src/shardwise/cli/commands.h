@@ -42,6 +42,8 @@ struct PlanOptions {
   std::string mesh = "tp=2";
   bool sp = false;
   int64_t layers = 2, heads = 4, hidden = 64, seq = 32, vocab = 256, micro_batch = 4;
+  int64_t lora_rank = 0;  // > 0: the LoRA model (frozen base, adapters on lora_targets)
+  std::vector<std::string> lora_targets = {"c_attn"};
   std::vector<std::string> explain;
   bool summary = false;
 };
@@ -82,10 +84,38 @@ struct TrainOptions {
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
   std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
   std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
+  std::string lora_from;   // a PEFT adapter directory whose adapters (and LoRA configuration) start the run
 };
 // --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
 // given on the command line or in --config that contradicts it is an Error naming both values.
 void apply_init_from(CLI::App& cmd, TrainOptions& options);
+// --lora-*: --lora-from takes the LoRA configuration from the adapter's adapter_config.json (an
+// option that contradicts it is an Error naming both values); --lora-rank starts fresh adapters.
+// Either needs --init-from (the base model); the other --lora-* options need one of them.
+void apply_lora(CLI::App& cmd, TrainOptions& options);
 int cmd_train(const TrainOptions& options, std::ostream& out);
+
+inline constexpr int64_t kEosFromModel = -2;      // --eos-id's default: generation_config.json's eos_token_id
+inline constexpr double kTemperatureUnset = -1;  // --temperature's default: greedy, 1 with --top-k / --top-p
+
+struct GenerateOptions {
+  std::string checkpoint;  // --checkpoint / --init-from: a checkpoint or model directory
+  std::string config_file;
+  std::vector<std::string> prompts;  // --prompt, repeatable (text: byte vocabularies)
+  std::string prompt_file;           // one prompt per non-empty line (text)
+  std::string prompt_ids;            // "1,2,3;4,5": prompts as token ids
+  int64_t max_new_tokens = 32;
+  double temperature = kTemperatureUnset;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  int64_t eos_id = kEosFromModel;  // -1: none
+  std::string mesh = "dp=1";       // named dims dp, tp
+  int64_t ranks = 0;               // 0: the mesh's size (threads), or mpirun's process count
+  bool no_kv_cache = false;        // recompute the whole prefix for every token
+  bool json = false;
+  std::string logits_out;          // a .safetensors file: "logits.<i>" [new tokens, vocab] f32 per prompt
+};
+int cmd_generate(const GenerateOptions& options, std::ostream& out);
 
 }  // namespace shardwise::cli

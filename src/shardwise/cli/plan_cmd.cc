@@ -14,6 +14,7 @@ namespace shardwise::cli {
 int cmd_plan(const PlanOptions& o, std::ostream& out) {
   train::GptConfig c;
   c.layers = o.layers, c.heads = o.heads, c.hidden = o.hidden, c.seq = o.seq, c.vocab = o.vocab;
+  c.lora.rank = o.lora_rank, c.lora.targets = o.lora_targets;
   train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), o.sp);
   auto start = std::chrono::steady_clock::now();
   train::GptGraph m = train::build_gpt(c, s, o.micro_batch * s.dp_size());
@@ -32,10 +33,13 @@ int cmd_plan(const PlanOptions& o, std::ostream& out) {
     for (auto& [kind, count] : p.collective_counts()) out << fmt::format(" {} x{}", kind, count);
     out << "\n";
   }
-  out << fmt::format("GPT {} layers, hidden {}, {} heads, seq {}, vocab {}, micro-batch {} per dp rank on {}: {} nodes, {} "
-                     "instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
-                     c.layers, c.hidden, c.heads, c.seq, c.vocab, o.micro_batch, s.to_string(), m.g.nodes().size(),
-                     p.instrs.size(), ms);
+  out << fmt::format("GPT {} layers, hidden {}, {} heads, seq {}, vocab {}, micro-batch {} per dp rank{} on {}: {} nodes, "
+                     "{} instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
+                     c.layers, c.hidden, c.heads, c.seq, c.vocab, o.micro_batch,
+                     c.lora.enabled() ? fmt::format(", LoRA r {} on {} (base frozen)", c.lora.rank,
+                                                    fmt::join(c.lora.targets, ","))
+                                      : "",
+                     s.to_string(), m.g.nodes().size(), p.instrs.size(), ms);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 // processes under mpirun) with a live progress line, a summary, metrics.jsonl and a loss curve.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -61,6 +62,43 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   m.init_std = saved.init_std;
 }
 
+void apply_lora(CLI::App& cmd, TrainOptions& o) {
+  train::LoraConfig& l = o.config.model.lora;
+  const char* flags[] = {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-rslora"};
+  std::vector<std::string> given;
+  for (const char* f : flags)
+    if (cmd.count(f) > 0) given.push_back(f);
+  if (!o.lora_from.empty()) {
+    const train::LoraConfig saved = train::read_adapter_config(o.lora_from);
+    auto agree = [&](const char* flag, bool same, const std::string& mine, const std::string& theirs) {
+      SW_CHECK(cmd.count(flag) == 0 || same, "{} {} contradicts --lora-from {}, whose adapter_config.json has {}: leave "
+               "the option out (the adapters' configuration comes from the directory)", flag, mine, o.lora_from, theirs);
+    };
+    agree("--lora-rank", l.rank == saved.rank, std::to_string(l.rank), fmt::format("r {}", saved.rank));
+    agree("--lora-alpha", l.alpha == saved.alpha, fmt::format("{}", l.alpha), fmt::format("lora_alpha {}", saved.alpha));
+    agree("--lora-dropout", l.dropout == saved.dropout, fmt::format("{}", l.dropout),
+          fmt::format("lora_dropout {}", saved.dropout));
+    agree("--lora-rslora", l.rslora == saved.rslora, "", fmt::format("use_rslora {}", saved.rslora));
+    auto sorted = [](std::vector<std::string> v) {
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    agree("--lora-targets", saved.target_regex.empty() && sorted(l.targets) == sorted(saved.targets),
+          fmt::format("{}", fmt::join(l.targets, ",")),
+          saved.target_regex.empty() ? fmt::format("target_modules [{}]", fmt::join(saved.targets, ", "))
+                                     : "target_modules '" + saved.target_regex + "'");
+    l = saved;
+  } else if (cmd.count("--lora-rank") > 0 || l.rank != 0) {
+    SW_CHECK(l.rank >= 1, "--lora-rank must be at least 1, got {} (leave it out to train every parameter)", l.rank);
+  } else {
+    SW_CHECK(given.empty(), "{} needs --lora-rank R (or --lora-from an adapter directory)", fmt::join(given, ", "));
+    return;
+  }
+  SW_CHECK(!o.init_from.empty(), "{} trains adapters on a base model, whose weights stay frozen: pass --init-from DIR "
+           "(a transformers save_pretrained directory or a shardwise checkpoint)",
+           o.lora_from.empty() ? fmt::format("--lora-rank {}", l.rank) : "--lora-from " + o.lora_from);
+}
+
 namespace {
 
 std::string duration(double seconds) {
@@ -79,6 +117,22 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
     if (report) out << fmt::format("  weights from {} ({} parameters{})\n", o.init_from, n,
                                    o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")));
+  }
+  if (!o.lora_from.empty()) {
+    const int64_t n = train::load_adapter(trainer, *world, o.lora_from);
+    if (report) out << fmt::format("  adapters from {} ({} tensors)\n", o.lora_from, n);
+  }
+  if (config.model.lora.enabled()) {
+    const train::ParameterCounts n = trainer.count_parameters();
+    const train::LoraConfig& l = config.model.lora;
+    const auto all = static_cast<double>(n.trained + n.frozen);
+    if (report)
+      out << fmt::format("  LoRA: r {}, alpha {} (scale {:.4g}{}) on {}; base frozen: {} trainable parameters of {} "
+                         "({:.2f}%); optimizer state {} bytes (adapters only; rank 0: {})\n",
+                         l.rank, l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "",
+                         l.target_regex.empty() ? fmt::format("{}", fmt::join(l.targets, ", ")) : l.target_regex,
+                         n.trained, n.trained + n.frozen, 100.0 * static_cast<double>(n.trained) / all,
+                         n.optimizer_bytes, trainer.optimizer_state_bytes());
   }
   const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
   train::RunDirs dirs{o.run_dir, save_dir, o.save_every > 0, !o.resume.empty()};
@@ -109,6 +163,9 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        trainer.dataset().describe(), c.global_batch, c.micro_batch, c.accumulation,
                        trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
     if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_data()->describe());
+    if (c.document_attention)
+      out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
+                         c.eos_id);
     if (trainer.strategy().pp >= 0)
       out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
                          c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,

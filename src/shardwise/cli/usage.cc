@@ -100,7 +100,8 @@ void apply_config_file(CLI::App& cmd, const std::string& path) {
     std::string_view line = trim(strip_comment(raw));
     if (line.empty()) continue;
     if (line.front() == '[') {
-      SW_CHECK(line == "[train]", "{}: section {}: only [train] (or no section) is allowed", where, line);
+      SW_CHECK(line == "[" + cmd.get_name() + "]", "{}: section {}: only [{}] (or no section) is allowed", where, line,
+               cmd.get_name());
       continue;
     }
     size_t eq = line.find('=');

@@ -17,10 +17,11 @@ size_t edit_distance(std::string_view a, std::string_view b);
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates,
                          std::string_view prefix = "");
 
-// Reads `path` — `key = value` lines, `#` comments, an optional `[train]` section; values are
-// "strings", integers, floats and true/false — and gives each key to the option of `cmd` with
-// that long name, unless the command line gave that option (the command line wins). Error naming
-// the file, the line and the key for a missing file, an unknown key, a wrong type or a bad line.
+// Reads `path` — `key = value` lines, `#` comments, an optional section named for the command
+// (`[train]`, `[generate]`); values are "strings", integers, floats and true/false — and gives
+// each key to the option of `cmd` with that long name, unless the command line gave that option
+// (the command line wins). Error naming the file, the line and the key for a missing file, an
+// unknown key, a wrong type or a bad line.
 void apply_config_file(CLI::App& cmd, const std::string& path);
 
 // Gives every integer option of `app` and its subcommands a check that refuses a number that does

@@ -10,6 +10,7 @@ std::string_view value_kind_name(ValueKind kind) {
   switch (kind) {
     case ValueKind::Input: return "input";
     case ValueKind::Param: return "param";
+    case ValueKind::Frozen: return "frozen";
     case ValueKind::Activation: return "activation";
     case ValueKind::Grad: return "grad";
   }
@@ -48,6 +49,11 @@ ValueId Graph::input(std::string name, const Shape& shape, DType dtype) {
 ValueId Graph::param(std::string name, const Shape& shape, DType dtype) {
   SW_CHECK(is_floating(dtype), "parameter '{}' must have a floating dtype, got {}", name, dtype_name(dtype));
   return new_value(std::move(name), {shape, dtype}, ValueKind::Param);
+}
+
+ValueId Graph::frozen(std::string name, const Shape& shape, DType dtype) {
+  SW_CHECK(is_floating(dtype), "frozen parameter '{}' must have a floating dtype, got {}", name, dtype_name(dtype));
+  return new_value(std::move(name), {shape, dtype}, ValueKind::Frozen);
 }
 
 std::string Graph::unique_name(std::string base) const {
@@ -186,6 +192,14 @@ std::vector<ValueId> Graph::params() const {
   std::vector<ValueId> out;
   for (const Value& v : values_) {
     if (v.kind == ValueKind::Param) out.push_back(v.id);
+  }
+  return out;
+}
+
+std::vector<ValueId> Graph::frozen_params() const {
+  std::vector<ValueId> out;
+  for (const Value& v : values_) {
+    if (v.kind == ValueKind::Frozen) out.push_back(v.id);
   }
   return out;
 }

@@ -26,7 +26,9 @@ namespace shardwise::graph {
 using ValueId = int;
 using NodeId = int;
 
-enum class ValueKind { Input, Param, Activation, Grad };
+// Frozen: a parameter held fixed (LoRA's base weights): a leaf bound like a parameter, read by the
+// kernels, that takes no gradient (autodiff never differentiates it) and is not in params().
+enum class ValueKind { Input, Param, Frozen, Activation, Grad };
 std::string_view value_kind_name(ValueKind kind);
 
 struct Value {
@@ -59,6 +61,7 @@ class Graph {
   // Leaves. Names must be unique; a bad name or shape is an Error naming it.
   ValueId input(std::string name, const Shape& shape, DType dtype = DType::F32);
   ValueId param(std::string name, const Shape& shape, DType dtype = DType::F32);
+  ValueId frozen(std::string name, const Shape& shape, DType dtype = DType::F32);  // a frozen parameter
 
   // Any registered op; returns its outputs. Shapes are inferred now: a mismatch is an Error that
   // names the node and its input values. Output names: `name` (or "<op>_<node id>") plus ":k"
@@ -97,7 +100,8 @@ class Graph {
   const std::vector<Node>& nodes() const { return nodes_; }
   std::optional<ValueId> find(std::string_view name) const;
   ValueId get(std::string_view name) const;  // Error naming near names when absent
-  std::vector<ValueId> params() const;       // in creation order
+  std::vector<ValueId> params() const;       // the trainable parameters, in creation order
+  std::vector<ValueId> frozen_params() const;  // the frozen ones, in creation order
   std::vector<ValueId> inputs() const;
 
   // Low-level, for autodiff and passes: adds a node whose output metas are given.

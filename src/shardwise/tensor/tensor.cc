@@ -1,44 +1,16 @@
 #include "shardwise/tensor/tensor.h"
 
-#include <malloc.h>
-#include <sys/mman.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+#include "shardwise/tensor/allocator.h"
+
 namespace shardwise {
-namespace {
-
-// Storage of `bytes` (at least one, so that a defined empty tensor has storage). With `huge`, a large
-// buffer is aligned to 2 MiB and offered to transparent huge pages: filling a fresh 64 MiB tensor
-// once (a checkpoint read) then takes 32 page faults instead of 16 384. Not the default: training
-// allocates and frees the same sizes every step, and there the heap's reuse of freed blocks wins
-// (huge pages cost ~10% of a GPT step in kernel page clearing when measured).
-std::shared_ptr<std::byte[]> allocate(size_t bytes, bool zero, bool huge = false) {
-  // A step frees most of its activations together and allocates them again in the next step. Without
-  // a pad, glibc hands the emptied top of a thread's heap back to the kernel and every step
-  // page-faults its activations in anew (+10k faults per step of bench_gpt, 7% of its 2-thread
-  // throughput); keeping 64 MiB at the top of each heap removes that without raising the peak.
-  static const bool padded = mallopt(M_TOP_PAD, 64 << 20) == 1;
-  (void)padded;
-  constexpr size_t kHuge = size_t{2} << 20;
-  if (!huge || bytes < 2 * kHuge) {
-    return std::shared_ptr<std::byte[]>(zero ? new std::byte[bytes ? bytes : 1]() : new std::byte[bytes ? bytes : 1]);
-  }
-  size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-  void* p = std::aligned_alloc(kHuge, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  ::madvise(p, rounded, MADV_HUGEPAGE);  // a hint: ignored where huge pages are off
-  if (zero) std::memset(p, 0, bytes);
-  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
-}
-
-}  // namespace
 
 Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape), numel_(shape.numel()) {
-  storage_ = allocate(nbytes(), /*zero=*/true);
+  storage_ = allocate_storage(nbytes(), /*zero=*/true);
 }
 
 Tensor Tensor::uninitialized(DType dtype, const Shape& shape, bool huge_pages) {
@@ -46,7 +18,7 @@ Tensor Tensor::uninitialized(DType dtype, const Shape& shape, bool huge_pages) {
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.numel_ = shape.numel();
-  t.storage_ = allocate(t.nbytes(), /*zero=*/false, huge_pages);
+  t.storage_ = allocate_storage(t.nbytes(), /*zero=*/false, huge_pages);
   return t;
 }
 

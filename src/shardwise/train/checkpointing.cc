@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "shardwise/ckpt/checksum.h"
+#include "shardwise/ckpt/group_reader.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/model_io.h"
@@ -37,14 +38,15 @@ nlohmann::json describe(const ParamState& p) {
           {"dist", p.dist.to_string()}};
 }
 
-std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
+// Of `params`: the trainer's trained parameters, or its frozen ones (LoRA's base).
+std::vector<CatalogEntry> catalog(Trainer& trainer, std::vector<ParamState>& params, comm::Communicator& world) {
   std::vector<CatalogEntry> out;
   if (trainer.strategy().pp < 0) {
-    for (ParamState& p : trainer.params()) out.push_back({p.name, p.shape, {p.mesh, p.dist}, &p});
+    for (ParamState& p : params) out.push_back({p.name, p.shape, {p.mesh, p.dist}, &p});
     return out;
   }
   nlohmann::json mine = nlohmann::json::array();
-  for (const ParamState& p : trainer.params()) mine.push_back(describe(p));
+  for (const ParamState& p : params) mine.push_back(describe(p));
   std::map<std::string, nlohmann::json> first;  // by name: the copy whose mesh starts at the lowest process
   for (const nlohmann::json& rank : comm::all_gather_object(world, mine)) {
     for (const nlohmann::json& d : rank) {
@@ -57,7 +59,7 @@ std::vector<CatalogEntry> catalog(Trainer& trainer, comm::Communicator& world) {
                         d["ids"].get<std::vector<int64_t>>(), d["dims"].get<std::vector<std::string>>());
     CatalogEntry e{name, Shape(std::span<const int64_t>(d["shape"].get<std::vector<int64_t>>())),
                    {m, mesh::parse_dist(d["dist"].get<std::string>(), m.ndim())}, nullptr};
-    for (ParamState& p : trainer.params()) {
+    for (ParamState& p : params) {
       if (p.name == name && p.mesh == m) e.mine = &p;
     }
     out.push_back(std::move(e));
@@ -99,6 +101,8 @@ nlohmann::json data_fingerprint(const TrainConfig& c) {
   // --val-fraction holds out the corpus' tail: another fraction trains on other windows. (Absent
   // without one, so checkpoints from before it still match.)
   if (c.val_fraction != 0) f["val_fraction"] = c.val_fraction;
+  // Text read through a tokenizer is other tokens than its bytes (absent without --tokenizer).
+  if (const auto text = c.text_tokens()) f["tokenizer"] = tokenizer_fingerprint(text->tokenizer, text->documents);
   return f;
 }
 
@@ -108,6 +112,11 @@ std::string describe_fingerprint(const nlohmann::json& f) {
     rest.erase("val_fraction");
     return fmt::format("{} less its last {} held out (--val-fraction)", describe_fingerprint(rest),
                        f["val_fraction"].get<double>());
+  }
+  if (f.contains("tokenizer")) {
+    nlohmann::json rest = f;
+    rest.erase("tokenizer");
+    return fmt::format("{} tokenized by {}", describe_fingerprint(rest), f["tokenizer"].get<std::string>());
   }
   if (f.value("kind", "") == "addition")
     return fmt::format("the {}-digit addition task at seq {}", f.value("digits", 0), f.value("seq", 0));
@@ -147,22 +156,26 @@ void check_same_run(const nlohmann::json& state, const TrainConfig& c, const ckp
 
 ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world) {
   const TrainConfig& c = trainer.config();
+  const bool lora = c.model.lora.enabled();
   ckpt::CheckpointContent content;
   content.step = trainer.steps_done();
   // GPT-2's layout: q/k/v in the fused c_attn, for the weights and their moments alike (Llama's:
-  // every parameter under its own name).
-  const ckpt::KeyMap keys = model_key_map(c.model);
+  // every parameter under its own name). A LoRA run saves its adapters only, as PEFT does: one
+  // adapter_model.safetensors in PEFT's keys (the fp32 masters: PEFT reads that one file, and a
+  // resume continues from exact values).
+  const ckpt::KeyMap keys = lora ? lora_key_map(c.model) : model_key_map(c.model);
   ckpt::KeyMap moment_keys = keys.with_suffix("/exp_avg");
   moment_keys.add(keys.with_suffix("/exp_avg_sq"));
-  ckpt::TensorGroup model{"model", {}, keys}, optimizer{"optimizer", {}, moment_keys},
+  ckpt::TensorGroup model{lora ? "adapter_model" : "model", {}, keys, lora}, optimizer{"optimizer", {}, moment_keys},
       masters{"master_weights", {}, keys};
-  const DType stored = c.bf16 ? DType::BF16 : DType::F32;
-  for (const CatalogEntry& e : catalog(trainer, world)) {
+  const bool low_precision = c.bf16 && !lora;
+  for (const CatalogEntry& e : catalog(trainer, trainer.params(), world)) {
     auto block = [&](Tensor ParamState::*field) { return e.mine ? e.mine->*field : Tensor(); };
-    model.tensors.push_back({e.name, e.shape, stored, e.layout, block(&ParamState::param)});
+    model.tensors.push_back({e.name, e.shape, low_precision ? DType::BF16 : DType::F32, e.layout,
+                             block(lora ? &ParamState::master : &ParamState::param)});
     optimizer.tensors.push_back({e.name + "/exp_avg", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg)});
     optimizer.tensors.push_back({e.name + "/exp_avg_sq", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg_sq)});
-    if (c.bf16) masters.tensors.push_back({e.name, e.shape, DType::F32, e.layout, block(&ParamState::master)});
+    if (low_precision) masters.tensors.push_back({e.name, e.shape, DType::F32, e.layout, block(&ParamState::master)});
   }
   content.groups.push_back(std::move(model));
   content.groups.push_back(std::move(optimizer));
@@ -174,24 +187,33 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
                         {"step", trainer.steps_done()}};
   std::vector<nlohmann::json> ranks = comm::all_gather_object(world, rng);
   LrSchedule s = trainer.schedule();
-  content.json_files = {
-      {"config.json", model_config(c)},
-      {"generation_config.json", generation_config_json(c.model, default_special_tokens(c.model.vocab))},
-      {"trainer_state.json",
-       {{"step", trainer.steps_done()},
-        {"consumed_samples", trainer.consumed_samples()},
-        {"global_batch", c.global_batch},
-        {"lr_schedule", {{"peak", s.peak}, {"floor", s.floor}, {"warmup", s.warmup}, {"total", s.total},
-                         {"next_lr", s.at(trainer.steps_done())}}},
-        {"optimizer", {{"name", "adamw"}, {"beta1", c.adamw.beta1}, {"beta2", c.adamw.beta2},
-                       {"epsilon", c.adamw.epsilon}, {"weight_decay", c.adamw.weight_decay}, {"clip", c.clip}}},
-        {"data", {{"dataset", trainer.dataset().describe()}, {"path", c.data}, {"digits", c.digits},
-                  {"seed", c.seed}, {"next_sample", trainer.consumed_samples()},
-                  {"fingerprint", data_fingerprint(c)}}},
-        {"rng", ranks},
-        {"mesh", trainer.strategy().mesh.to_string()},
-        {"sequence_parallel", c.sequence_parallel},
-        {"ranks", world.size()}}}};
+  nlohmann::json state = {
+      {"step", trainer.steps_done()},
+      {"consumed_samples", trainer.consumed_samples()},
+      {"global_batch", c.global_batch},
+      {"lr_schedule", {{"peak", s.peak}, {"floor", s.floor}, {"warmup", s.warmup}, {"total", s.total},
+                       {"next_lr", s.at(trainer.steps_done())}}},
+      {"optimizer", {{"name", "adamw"}, {"beta1", c.adamw.beta1}, {"beta2", c.adamw.beta2},
+                     {"epsilon", c.adamw.epsilon}, {"weight_decay", c.adamw.weight_decay}, {"clip", c.clip}}},
+      {"data", {{"dataset", trainer.dataset().describe()}, {"path", c.data}, {"digits", c.digits},
+                {"seed", c.seed}, {"next_sample", trainer.consumed_samples()},
+                {"fingerprint", data_fingerprint(c)}}},
+      {"rng", ranks},
+      {"mesh", trainer.strategy().mesh.to_string()},
+      {"sequence_parallel", c.sequence_parallel},
+      {"ranks", world.size()}};
+  if (lora) {
+    // The adapters mean nothing without their base: a resume checks it is the same.
+    state["lora"] = {{"base", trainer.base_model().dir}, {"base_fingerprint", trainer.base_model().fingerprint},
+                     {"model", {{"n_layer", c.model.layers}, {"n_embd", c.model.hidden}, {"n_head", c.model.heads},
+                                {"n_positions", c.model.seq}, {"vocab_size", c.model.vocab}}}};
+    content.json_files = {{"adapter_config.json", adapter_config_json(c.model.lora, trainer.base_model().dir)}};
+  } else {
+    content.json_files = {
+        {"config.json", model_config(c)},
+        {"generation_config.json", generation_config_json(c.model, default_special_tokens(c.model.vocab))}};
+  }
+  content.json_files.emplace_back("trainer_state.json", std::move(state));
   return content;
 }
 
@@ -200,26 +222,89 @@ ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const c
   return ckpt::save_checkpoint(world, root, checkpoint_content(trainer, world), options);
 }
 
-void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {
-  nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(trainer.config());
-  std::vector<std::string> differ;
-  const std::string saved_type = saved.value("model_type", "");
-  if ((saved_type == "llama") != trainer.config().model.is_llama())
-    differ.push_back(fmt::format("model_type '{}' (checkpoint) vs '{}' (this run, --model)", saved_type,
-                                 trainer.config().model.model_type));
-  for (const std::string& key : model_identity_keys(trainer.config().model)) {
-    if (!differ.empty()) break;
-    if (saved.value(key, nlohmann::json()) != mine[key])
-      differ.push_back(fmt::format("{} {} (checkpoint) vs {} (this run)", key, saved.value(key, nlohmann::json()).dump(),
-                                   mine[key].dump()));
+namespace {
+
+// The module paths `lora` adapts in `model`, and how its targets read.
+std::vector<std::string> adapted(GptConfig model, const LoraConfig& lora) {
+  model.lora = lora;
+  std::vector<std::string> out;
+  for (const LoraModule& m : lora_modules(model)) out.push_back(m.path);
+  return out;
+}
+std::string targets_text(const LoraConfig& l) {
+  return l.target_regex.empty() ? fmt::format("[{}]", fmt::join(l.targets, ", ")) : "'" + l.target_regex + "'";
+}
+
+// The model of checkpoint `dir` against the run's: config.json's model_type and fields, or a LoRA
+// checkpoint's adapter_config.json and base. Error naming each difference.
+void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
+  const TrainConfig& c = trainer.config();
+  const bool adapters = ckpt::fs::exists(dir / "adapter_config.json");
+  if (!c.model.lora.enabled()) {
+    SW_CHECK(!adapters, "checkpoint {} holds LoRA adapters (adapter_config.json), not a model: resume it with its "
+             "--lora-* options and --init-from its base model", dir.string());
+    nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(c);
+    std::vector<std::string> differ;
+    const std::string saved_type = saved.value("model_type", "");
+    if ((saved_type == "llama") != c.model.is_llama())
+      differ.push_back(fmt::format("model_type '{}' (checkpoint) vs '{}' (this run, --model)", saved_type,
+                                   c.model.model_type));
+    for (const std::string& key : model_identity_keys(c.model)) {
+      if (!differ.empty()) break;  // another architecture: its fields are other keys
+      if (saved.value(key, nlohmann::json()) != mine[key])
+        differ.push_back(fmt::format("{} {} (checkpoint) vs {} (this run)", key,
+                                     saved.value(key, nlohmann::json()).dump(), mine[key].dump()));
+    }
+    SW_CHECK(differ.empty(), "checkpoint {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
+    return;
   }
-  SW_CHECK(differ.empty(), "checkpoint {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
+  SW_CHECK(adapters, "checkpoint {} holds a whole model, not LoRA adapters: a LoRA run resumes from its own "
+           "checkpoints (start from a model with --init-from)", dir.string());
+  const LoraConfig saved = read_adapter_config(dir), &mine = c.model.lora;
+  std::vector<std::string> differ;
+  if (saved.rank != mine.rank) differ.push_back(fmt::format("r {} (checkpoint) vs {} (this run)", saved.rank, mine.rank));
+  if (saved.alpha != mine.alpha)
+    differ.push_back(fmt::format("lora_alpha {} (checkpoint) vs {} (this run)", saved.alpha, mine.alpha));
+  if (saved.rslora != mine.rslora)
+    differ.push_back(fmt::format("use_rslora {} (checkpoint) vs {} (this run)", saved.rslora, mine.rslora));
+  if (saved.dropout != mine.dropout)
+    differ.push_back(fmt::format("lora_dropout {} (checkpoint) vs {} (this run)", saved.dropout, mine.dropout));
+  if (adapted(c.model, saved) != adapted(c.model, mine))
+    differ.push_back(fmt::format("target_modules {} (checkpoint) vs {} (this run)", targets_text(saved),
+                                 targets_text(mine)));
+  SW_CHECK(differ.empty(), "checkpoint {} holds other adapters: {}", dir.string(), fmt::join(differ, ", "));
+  const nlohmann::json lora = ckpt::load_json(dir, "trainer_state.json").value("lora", nlohmann::json::object());
+  const std::string fingerprint = lora.value("base_fingerprint", "");
+  SW_CHECK(fingerprint == trainer.base_model().fingerprint,
+           "checkpoint {} trained its adapters on the base model '{}', this run's base is '{}' (another model or "
+           "other weights): resume with --init-from the checkpoint's base", dir.string(), lora.value("base", ""),
+           trainer.base_model().dir.empty() ? "(the seeded initialization)" : trainer.base_model().dir);
+}
+
+// A base parameter's new weights (f32): into the master (the kernels' copy follows), or, frozen,
+// into the kernels' copy itself.
+void set_weights(ParamState& p, const Tensor& w) {
+  if (!p.master.defined()) {
+    p.param = p.param.dtype() == DType::F32 ? w : w.to(p.param.dtype());
+    return;
+  }
+  std::copy(w.data<float>(), w.data<float>() + w.numel(), p.master.data<float>());
+  if (p.param.raw() != p.master.raw()) p.param = p.master.to(p.param.dtype());
+}
+
+}  // namespace
+
+void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {
+  check_same_model(trainer, dir);
+  const bool lora = trainer.config().model.lora.enabled();
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
   // Strict on the whole catalog (every key named when missing or unexpected); then, with pp, a
   // second read for the copies a rank holds under another layout (the last stage's tied embedding).
   bool has_masters = ckpt::fs::exists(dir / "master_weights.safetensors.index.json");
-  // GPT-2's layout, or the earlier one (separate q/k/v keys) as it was saved.
-  const ckpt::KeyMap weight_keys = key_map_for(dir, trainer.config().model);
+  // GPT-2's layout, or the earlier one (separate q/k/v keys) as it was saved; PEFT's for adapters.
+  const ckpt::KeyMap weight_keys =
+      lora ? lora_key_map(trainer.config().model) : key_map_for(dir, trainer.config().model);
+  const std::string weight_group = lora ? "adapter_model" : has_masters ? "master_weights" : "model";
   ckpt::KeyMap moment_keys = weight_keys.with_suffix("/exp_avg");
   moment_keys.add(weight_keys.with_suffix("/exp_avg_sq"));
   struct Wanted {
@@ -239,7 +324,7 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
     if (!strict) o.ignore_keys = {"*"};
     o.keys = weight_keys;
     // Masters when the checkpoint has them (lower-precision weights), else the weights themselves.
-    for (auto& [k, t] : ckpt::load_group(dir, has_masters ? "master_weights" : "model", model, me, o))
+    for (auto& [k, t] : ckpt::load_group(dir, weight_group, model, me, o))
       if (t.defined()) weights[k] = t;
     o.keys = moment_keys;
     for (auto& [k, t] : ckpt::load_group(dir, "optimizer", optimizer, me, o))
@@ -247,16 +332,14 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   };
   std::map<std::string, Tensor> weights, moments;
   std::vector<Wanted> all, others;
-  for (const CatalogEntry& e : catalog(trainer, world)) all.push_back({e.name, e.shape, e.layout});
+  for (const CatalogEntry& e : catalog(trainer, trainer.params(), world)) all.push_back({e.name, e.shape, e.layout});
   read(all, weights, moments, true);
   for (ParamState& p : trainer.params()) {
     if (!weights.count(p.name)) others.push_back({p.name, p.shape, {p.mesh, p.dist}});
   }
   if (!others.empty()) read(others, weights, moments, false);
   for (ParamState& p : trainer.params()) {
-    const Tensor& w = weights.at(p.name);
-    std::copy(w.data<float>(), w.data<float>() + w.numel(), p.master.data<float>());
-    if (p.param.raw() != p.master.raw()) p.param = p.master.to(p.param.dtype());
+    set_weights(p, weights.at(p.name));
     const Tensor &m = moments.at(p.name + "/exp_avg"), &v = moments.at(p.name + "/exp_avg_sq");
     std::copy(m.data<float>(), m.data<float>() + m.numel(), p.exp_avg.data<float>());
     std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
@@ -272,6 +355,8 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   const std::vector<std::string> differ = model_differences(saved, mine);
   SW_CHECK(differ.empty(), "--init-from {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
+  // The model's weights: its parameters, or with LoRA the frozen base.
+  std::vector<ParamState>& params = mine.lora.enabled() ? trainer.frozen() : trainer.params();
   // Strict on the whole catalog, then (pp) the copies a rank holds under another layout.
   std::vector<ckpt::LoadSpec> all, others;
   // A skipped parameter is not read even when the directory has it.
@@ -283,13 +368,13 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
     }
     return false;
   };
-  for (const CatalogEntry& e : catalog(trainer, world)) {
+  for (const CatalogEntry& e : catalog(trainer, params, world)) {
     if (!skipped(e.name)) all.push_back({e.name, e.shape, DType::F32, e.layout});
   }
   std::map<std::string, Tensor> weights;
   for (auto& [k, t] : load_model_weights(dir, saved, all, me, ignore_keys))
     if (t.defined()) weights[k] = t;
-  for (ParamState& p : trainer.params()) {
+  for (ParamState& p : params) {
     if (!weights.count(p.name) && !skipped(p.name)) others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}});
   }
   if (!others.empty()) {
@@ -297,14 +382,48 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
       if (t.defined()) weights[k] = t;
   }
   int64_t loaded = 0;
-  for (ParamState& p : trainer.params()) {
+  for (ParamState& p : params) {
     auto it = weights.find(p.name);
     if (it == weights.end()) continue;  // ignored: keeps its initialization
-    std::copy(it->second.data<float>(), it->second.data<float>() + it->second.numel(), p.master.data<float>());
-    if (p.param.raw() != p.master.raw()) p.param = p.master.to(p.param.dtype());
+    set_weights(p, it->second);
     ++loaded;
   }
+  trainer.set_base_model({dir.string(), model_fingerprint(dir)});
   return loaded;
+}
+
+int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {
+  const GptConfig& model = trainer.config().model;
+  SW_CHECK(model.lora.enabled(), "--lora-from {}: the run trains no adapters", dir.string());
+  SW_CHECK(ckpt::GroupReader::exists(dir, "adapter_model"), "--lora-from '{}' has no adapter_model.safetensors",
+           dir.string());
+  const int64_t me = world.members()[static_cast<size_t>(world.rank())];
+  ckpt::LoadOptions o;
+  o.keys = lora_key_map(model);
+  o.convert_dtype = true;  // PEFT saves adapters in the model's dtype
+  auto read = [&](const std::vector<ckpt::LoadSpec>& specs, bool strict) {
+    o.ignore_keys = strict ? std::vector<std::string>{} : std::vector<std::string>{"*"};
+    try {
+      return ckpt::load_group(dir, "adapter_model", specs, me, o);
+    } catch (const Error& e) {
+      fail("--lora-from {}: {} (an adapter of another rank, other target modules or another model?)", dir.string(),
+           e.what());
+    }
+  };
+  std::vector<ckpt::LoadSpec> all, others;
+  for (const CatalogEntry& e : catalog(trainer, trainer.params(), world)) all.push_back({e.name, e.shape, DType::F32, e.layout});
+  std::map<std::string, Tensor> weights;
+  for (auto& [k, t] : read(all, true))
+    if (t.defined()) weights[k] = t;
+  for (ParamState& p : trainer.params()) {
+    if (!weights.count(p.name)) others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}});
+  }
+  if (!others.empty()) {
+    for (auto& [k, t] : read(others, false))
+      if (t.defined()) weights[k] = t;
+  }
+  for (ParamState& p : trainer.params()) set_weights(p, weights.at(p.name));
+  return static_cast<int64_t>(all.size());
 }
 
 CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options)

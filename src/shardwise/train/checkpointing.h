@@ -4,6 +4,9 @@
 // fp32 masters ("master_weights") only when the kernels read lower-precision copies, config.json,
 // generation_config.json and trainer_state.json (step, consumed samples, schedule, data position,
 // each rank's generator state and the saving mesh). Saved on one mesh, loaded on any other.
+// A LoRA run saves what PEFT saves instead of the model: adapter_model.safetensors (one file, fp32,
+// PEFT's keys) and adapter_config.json, plus the adapters' moments and trainer_state.json, which
+// names the base model and its fingerprint (a resume refuses another base).
 #include <memory>
 #include <optional>
 
@@ -22,17 +25,25 @@ ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const c
 
 // Collective. Loads `dir` into `trainer` (any saving mesh): parameters, moments, step and data
 // position. Errors: a model configuration that differs (naming each field), missing or
-// unexpected tensors (by name).
+// unexpected tensors (by name); for a LoRA run, other adapters (r, lora_alpha, targets ...) or
+// another base model than the checkpoint's, and a whole-model checkpoint (or vice versa).
 void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir);
 
 // Collective. Fine-tuning's start: the model weights of `dir` (a shardwise checkpoint, either
 // layout, or a transformers `save_pretrained` directory: one model.safetensors or shards with an
 // index) into `trainer`'s parameters on its mesh; moments, step and data position stay fresh.
 // Parameters matching `ignore_keys` (globs of parameter names or file keys) keep their
-// initialization. Errors: a model configuration that differs (naming each field), missing or
-// unexpected tensors (by name); returns how many parameters were loaded.
+// initialization. With LoRA the weights go to the frozen base. Records the directory and its
+// fingerprint as the trainer's base model. Errors: a model configuration that differs (naming each
+// field), missing or unexpected tensors (by name); returns how many parameters were loaded.
 int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
                         const std::vector<std::string>& ignore_keys = {});
+
+// Collective. A LoRA run's start from a PEFT adapter directory (adapter_model.safetensors, PEFT's
+// keys; a checkpoint of a LoRA run is one): the adapters' weights, on any mesh; moments, step and
+// data position stay fresh. Error (prefixed "--lora-from DIR") naming missing or unexpected keys and
+// a tensor of another shape (both shapes). Returns how many adapter tensors were loaded.
+int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir);
 
 // Saves on a schedule during training, synchronously or in the background.
 class CheckpointSchedule {

@@ -192,12 +192,42 @@ TokenFormat detect_token_format(const std::string& path) {
   return path.ends_with(".bin") ? TokenFormat::U16 : TokenFormat::Bytes;
 }
 
+TokenFormat write_token_file(const std::string& path, std::span<const uint32_t> tokens, TokenFormat format,
+                             int64_t vocab) {
+  SW_CHECK(format != TokenFormat::Bytes, "--format bytes cannot hold a tokenizer's ids: use u16, u32 or llmc");
+  if (format == TokenFormat::Auto) format = vocab <= 65536 ? TokenFormat::U16 : TokenFormat::Llmc;
+  uint32_t largest = 0;
+  for (uint32_t t : tokens) largest = std::max(largest, t);
+  const bool narrow = vocab <= 65536 && largest <= 0xFFFF;
+  SW_CHECK(format != TokenFormat::U16 || narrow,
+           "--format u16 holds ids below 65536; the vocabulary has {} ids (largest id written {}): use u32 or llmc",
+           vocab, largest);
+  SW_CHECK(format != TokenFormat::Llmc || tokens.size() <= static_cast<size_t>(INT32_MAX),
+           "llm.c's header counts at most {} tokens; the text has {}: write several files", INT32_MAX, tokens.size());
+  const int width = format == TokenFormat::U32 || (format == TokenFormat::Llmc && !narrow) ? 4 : 2;
+  std::vector<unsigned char> bytes;
+  auto put = [&](uint32_t v, int n) {
+    for (int i = 0; i < n; ++i) bytes.push_back(static_cast<unsigned char>(v >> (8 * i) & 0xFF));
+  };
+  if (format == TokenFormat::Llmc) {
+    put(static_cast<uint32_t>(kLlmcMagic), 4), put(width == 2 ? 1 : 2, 4), put(static_cast<uint32_t>(tokens.size()), 4);
+    for (int i = 3; i < 256; ++i) put(0, 4);
+  }
+  bytes.reserve(bytes.size() + tokens.size() * static_cast<size_t>(width));
+  for (uint32_t t : tokens) put(t, width);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  SW_CHECK(out.good(), "cannot write the token file '{}' ({} bytes)", path, bytes.size());
+  return format;
+}
+
 void TokenFile::map(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   SW_CHECK(fd >= 0, "cannot read the data file '{}'", path);
   struct stat st {};
   const bool statted = ::fstat(fd, &st) == 0;
-  Mapped m{path, nullptr, statted ? static_cast<size_t>(st.st_size) : 0, nullptr, 0};
+  Mapped m{path, nullptr, statted ? static_cast<size_t>(st.st_size) : 0, nullptr, 0, nullptr};
   void* p = statted && m.bytes > 0 ? ::mmap(nullptr, m.bytes, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
   ::close(fd);
   SW_CHECK(statted && p != MAP_FAILED, "cannot map the data file '{}' ({} bytes)", path, m.bytes);
@@ -205,17 +235,28 @@ void TokenFile::map(const std::string& path) {
   files_.push_back(m);  // unmapped by the destructor from here on, whatever the checks below say
 }
 
-TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format, CorpusPart part)
+// A tokenized text file as a u32 "file" whose bytes are the tokens held in memory (shared by the
+// process's ranks through tokenize_file_cached).
+void TokenFile::adopt(const std::string& path, const TextTokens& text) {
+  std::shared_ptr<const TokenizedText> t = tokenize_file_cached(text.tokenizer, path, text.documents);
+  const size_t bytes = t->tokens.size() * sizeof(uint32_t);
+  files_.push_back({path, bytes ? reinterpret_cast<const unsigned char*>(t->tokens.data()) : nullptr, bytes, nullptr,
+                    0, t});
+}
+
+TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format, CorpusPart part,
+                     const TextTokens* text)
     : spec_(spec), format_(format), seq_(seq), seed_(seed) {
   const std::vector<std::string> paths = data_files(spec);
   for (const std::string& path : paths) {
     SW_CHECK(!std::filesystem::is_directory(path),
              "--data '{}' is a directory; expected a text file (byte tokens) or a .bin file of uint16 tokens", path);
-    const TokenFormat f = format == TokenFormat::Auto ? detect_token_format(path) : format;
+    const TokenFormat f = text ? TokenFormat::U32 : format == TokenFormat::Auto ? detect_token_format(path) : format;
     SW_CHECK(path == paths.front() || f == format_, "'{}' holds {} tokens, '{}' {}: the files of one corpus share a format",
              paths.front(), token_format_name(format_), path, token_format_name(f));
     format_ = f;
-    map(path);
+    if (text) adopt(path, *text);
+    else map(path);
     Mapped& m = files_.back();
     size_t header = 0;
     int width = f == TokenFormat::Bytes ? 1 : f == TokenFormat::U16 ? 2 : 4;
@@ -242,7 +283,14 @@ TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenF
     m.count = static_cast<int64_t>((m.bytes - header) / static_cast<size_t>(width));
     SW_CHECK(m.count >= seq + 1, "'{}' holds {} tokens; sequences of {} need at least {}", path, m.count, seq, seq + 1);
   }
-  for (const Mapped& m : files_) vocab_needed_ = std::max(vocab_needed_, scan_vocab(m, width_));  // whole files
+  for (const Mapped& m : files_)  // whole files
+    vocab_needed_ = std::max(vocab_needed_, m.text ? m.text->max_id + 1 : scan_vocab(m, width_));
+  if (text) {
+    int64_t documents = 0;
+    for (const Mapped& m : files_) documents += m.text->documents;
+    text_note_ = fmt::format("text tokenized by {}: {} documents, {}", text->tokenizer, documents,
+                             text->documents.describe());
+  }
   restrict_to(part);
   first_position_.push_back(0);
   for (const Mapped& m : files_) {
@@ -285,7 +333,7 @@ void TokenFile::restrict_to(const CorpusPart& part) {
 
 TokenFile::~TokenFile() {
   for (const Mapped& m : files_) {
-    if (m.base) ::munmap(const_cast<unsigned char*>(m.base), m.bytes);
+    if (m.base && !m.text) ::munmap(const_cast<unsigned char*>(m.base), m.bytes);
   }
 }
 
@@ -319,8 +367,8 @@ std::string TokenFile::describe() const {
   const std::string files = files_.size() > 1 ? fmt::format(" in {} files", files_.size()) : "";
   const std::string width = format_ == TokenFormat::Llmc ? fmt::format(" (uint{})", width_ * 8) : "";
   const std::string tokens = part_note_.empty() ? fmt::format("{} tokens", total_tokens_) : part_note_;
-  return fmt::format("{} ({}{} format, {}{}, vocabulary needed {})", spec_, token_format_name(format_), width, tokens,
-                     files, vocab_needed_);
+  const std::string what = text_note_.empty() ? token_format_name(format_) + width + " format" : text_note_;
+  return fmt::format("{} ({}, {}{}, vocabulary needed {})", spec_, what, tokens, files, vocab_needed_);
 }
 
 EvenWindows::EvenWindows(std::unique_ptr<TokenFile> corpus, int64_t wanted) : corpus_(std::move(corpus)) {
@@ -341,9 +389,9 @@ std::string EvenWindows::describe() const {
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed,
-                                      TokenFormat format, CorpusPart part) {
+                                      TokenFormat format, CorpusPart part, const TextTokens* text) {
   if (path.empty()) return std::make_unique<AdditionTask>(digits, seq, seed);
-  return std::make_unique<TokenFile>(path, seq, seed, format, part);
+  return std::make_unique<TokenFile>(path, seq, seed, format, part, text);
 }
 
 }  // namespace shardwise::train

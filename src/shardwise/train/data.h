@@ -12,6 +12,8 @@
 //                 file samples exactly as before (position = draw % (tokens - seq)).
 //                 A CorpusPart restricts it to the tokens before or after a cut (--val-fraction):
 //                 the same definition over that part's window starts only.
+//                 With a tokenizer (--tokenizer) the files are raw text, cut into documents and
+//                 tokenized in memory (tokenize.h) once per process, then sampled the same way.
 //   EvenWindows   a validation set: a fixed number of windows of a TokenFile spread evenly over its
 //                 window starts, independent of the seed (--val-data, --val-fraction).
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "shardwise/tensor/tensor.h"
+#include "shardwise/train/tokenize.h"
 
 namespace shardwise::train {
 
@@ -74,6 +77,20 @@ std::vector<std::string> data_files(const std::string& spec);
 // `auto`: llm.c's magic at offset 0 -> llmc; a `.bin` without it -> u16; anything else -> bytes.
 TokenFormat detect_token_format(const std::string& path);
 
+// Writes `tokens` as a token file that `format` reads back: u16 or u32 headerless, or llmc (llm.c's
+// 1024-byte header; version 1, uint16 tokens, when every id < `vocab` fits in 16 bits, else version
+// 2, uint32). `Auto`: u16 when `vocab` <= 65536, else llmc with uint32 tokens, so that
+// `--data-format auto` reads either back (a headerless u32 file needs --data-format u32). Returns the
+// format written. Error for `bytes`, an id that does not fit the format, or an unwritable path.
+TokenFormat write_token_file(const std::string& path, std::span<const uint32_t> tokens, TokenFormat format,
+                             int64_t vocab);
+
+// Raw text through a tokenizer (--tokenizer): the model file and how documents are cut.
+struct TextTokens {
+  std::string tokenizer;
+  DocumentOptions documents;
+};
+
 // Which tokens of a corpus a TokenFile samples. `held_out` = F in (0, 1): the corpus' tokens in
 // file order are cut at `cut = total - round(F x total)`; `Training` keeps tokens [0, cut) and
 // `HeldOut` tokens [cut, total) (a file straddling the cut contributes its part on each side). A
@@ -89,9 +106,10 @@ class TokenFile final : public Dataset {
  public:
   // Error when a file is unreadable, shorter than seq + 2 tokens, of another format than the
   // first, of a size that is not a whole number of tokens, or has a bad llm.c header; with a
-  // part, when F is outside (0, 1) or the part holds no window of seq + 1 tokens.
+  // part, when F is outside (0, 1) or the part holds no window of seq + 1 tokens. With `text`
+  // the files are text tokenized by its tokenizer (`format` is then ignored).
   TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format = TokenFormat::Auto,
-            CorpusPart part = {});
+            CorpusPart part = {}, const TextTokens* text = nullptr);
   ~TokenFile() override;
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
@@ -114,12 +132,14 @@ class TokenFile final : public Dataset {
     size_t bytes = 0;
     const unsigned char* tokens = nullptr;  // base + header (+ the part's first token)
     int64_t count = 0;                      // tokens in the part
+    std::shared_ptr<const TokenizedText> text;  // a tokenized text file: base points into it (not mapped)
   };
 
  private:
   void map(const std::string& path);
+  void adopt(const std::string& path, const TextTokens& text);
   void restrict_to(const CorpusPart& part);
-  std::string spec_, part_note_;
+  std::string spec_, part_note_, text_note_;
   std::vector<Mapped> files_;
   std::vector<uint64_t> first_position_;  // cumulative valid window starts before each file
   TokenFormat format_;
@@ -130,9 +150,10 @@ class TokenFile final : public Dataset {
   int64_t vocab_needed_ = 0;
 };
 
-// "" -> AdditionTask(digits); otherwise a TokenFile (of `part`).
+// "" -> AdditionTask(digits); otherwise a TokenFile (of `part`; of tokenized text with `text`).
 std::unique_ptr<Dataset> open_dataset(const std::string& path, int digits, int64_t seq, uint64_t seed,
-                                      TokenFormat format = TokenFormat::Auto, CorpusPart part = {});
+                                      TokenFormat format = TokenFormat::Auto, CorpusPart part = {},
+                                      const TextTokens* text = nullptr);
 
 // A fixed validation set: n = min(wanted, max(1, P / (seq + 1))) windows of `corpus` (P: its window
 // starts), sample k < n the window at position floor(k x P / n). Evenly spread from the first window

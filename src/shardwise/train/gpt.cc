@@ -1,6 +1,7 @@
 #include "shardwise/train/gpt.h"
 
 #include <cmath>
+#include <map>
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
@@ -18,6 +19,7 @@ void GptConfig::validate() const {
   SW_CHECK(model_type == "gpt2" || model_type == "llama", "model '{}' is not one shardwise builds (gpt2, llama)",
            model_type);
   if (is_llama()) validate_llama(*this);
+  if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
 }
 
 Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel) {
@@ -53,6 +55,120 @@ std::string placements(const Strategy& s, const char* on_tp, const char* on_dp =
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+// The pieces of the model on the graph builder; build_gpt strings them together.
+class Builder {
+ public:
+  Builder(const GptConfig& c, const Strategy& s, bool training, graph::Graph& g) : c_(c), s_(s), training_(training), g_(g) {
+    if (c.lora.enabled()) {
+      for (LoraModule& m : lora_modules(c)) lora_[m.path] = std::move(m);
+    }
+  }
+
+  void annotate(graph::ValueId v, const std::string& p) {
+    if (s_.mesh.ndim() > 0) g_.annotate(v, p);
+  }
+  // A parameter as stored (f32, or bf16 with fp32 masters kept by the optimizer) and as the kernels
+  // read it: bf16 parameters are cast to f32 right away, so every kernel computes in f32 and the
+  // gradient flows back through the cast into a bf16 gradient. With LoRA the base is frozen.
+  graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp = nullptr, bool trainable = true) {
+    auto v = trainable ? g_.param(name, shape, c_.param_dtype) : g_.frozen(name, shape, c_.param_dtype);
+    if (on_tp && s_.tp >= 0) annotate(v, placements(s_, on_tp));
+    if (c_.param_dtype == DType::F32) return v;
+    return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+  }
+  graph::ValueId base_param(const std::string& name, const Shape& shape, const char* on_tp = nullptr) {
+    return param(name, shape, on_tp, !c_.lora.enabled());
+  }
+  // Dropout with probability p at a named site (its own random stream); the identity when not
+  // training or p = 0.
+  graph::ValueId drop(graph::ValueId v, const std::string& site, double p) {
+    if (p <= 0 || !training_) return v;
+    Attrs a{{"p", p},
+            {"seed", static_cast<int64_t>(c_.dropout_seed)},
+            {"stream", static_cast<int64_t>(stream_id(site) >> 1)},
+            {"training", true}};
+    return g_.op("dropout", {v}, a, site)[0];
+  }
+  graph::ValueId drop(graph::ValueId v, const std::string& site) { return drop(v, site, c_.dropout); }
+
+  // LoRA's s (x A^T) [.., r] of a targeted module (-1 when it is not adapted): computed once and
+  // shared by the parts (c_attn's q, k and v). A is replicated for a column-parallel base (x is
+  // whole on tp), sharded on its input dim for a row-parallel one (x is sharded there: the product
+  // is Partial(sum) over tp, reduced with the base product's).
+  graph::ValueId lora_hidden(graph::ValueId in, const std::string& module) {
+    auto it = lora_.find(module);
+    if (it == lora_.end()) return -1;
+    const LoraModule& m = it->second;
+    auto a = param(lora_a_name(module), Shape{c_.lora.rank, m.in}, m.column ? nullptr : "S(1)");
+    auto x = drop(in, module + ".lora_dropout", c_.lora.dropout);
+    auto u = g_.scale(g_.matmul(x, a, true, module + ".lora_A.out"), c_.lora.scale(), 0.0, module + ".lora.scaled");
+    // Row-parallel: reduced here, at r / in of the base product's size, so that u B^T is whole and
+    // the sum with x W needs no second all-reduce, forward or backward.
+    if (!m.column) annotate(u, placements(s_, "R", "S(0)"));
+    return u;
+  }
+
+  // x W (+ the adapter's u B^T when `lora` >= 0) + b. Column-parallel: W S(1) and b S(0) on tp, B
+  // S(0) (its output dim); row-parallel: W S(0), the sum resharded per sp, B replicated.
+  graph::ValueId linear(graph::ValueId in, const std::string& name, int64_t n_in, int64_t n_out, bool column,
+                        graph::ValueId lora = -1) {
+    auto w = base_param(name + ".weight", Shape{n_in, n_out}, column ? "S(1)" : "S(0)");
+    auto b = base_param(name + ".bias", Shape{n_out}, column ? "S(0)" : nullptr);
+    auto mm = g_.matmul(in, w, false, name + ".mm");
+    if (!column && s_.sequence_parallel) annotate(mm, placements(s_, "S(1)", "S(0)"));  // reduce-scatter onto the sequence
+    if (lora >= 0) {  // a row-parallel adapter's product is whole (lora_hidden): sliced, or added before the reduce
+      auto B = param(lora_b_name(name), Shape{n_out, c_.lora.rank}, column ? "S(0)" : nullptr);
+      mm = g_.add(mm, g_.matmul(lora, B, true, name + ".lora_B.out"), name + ".mm+lora");
+    }
+    return g_.add(mm, b, name + ".out");
+  }
+
+  graph::ValueId layer_norm(graph::ValueId in, const std::string& name) {
+    const int64_t H = c_.hidden;
+    auto w = base_param(name + ".weight", Shape{H});
+    auto b = base_param(name + ".bias", Shape{H});
+    auto y = g_.layer_norm(in, w, b, -1, c_.layer_norm_epsilon, name + ".out");
+    if (s_.sequence_parallel) annotate(y, placements(s_, "R", "S(0)"));  // gathered before the column-parallel matmuls
+    return y;
+  }
+
+  // One transformer block on the residual stream x [B, S, H].
+  graph::ValueId block(graph::ValueId x, int64_t l, int64_t B, graph::ValueId mask) {
+    const int64_t S = c_.seq, H = c_.hidden, NH = c_.heads, HD = H / NH;
+    std::string p = fmt::format("transformer.h.{}", l);
+    auto h = layer_norm(x, p + ".ln_1");
+    auto heads = [&](graph::ValueId t, const std::string& name) {
+      return g_.transpose(g_.reshape(t, {B, S, NH, HD}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
+    };
+    auto qkv_lora = lora_hidden(h, p + ".attn.c_attn");
+    auto q = heads(linear(h, p + ".attn.q_proj", H, H, true, qkv_lora), p + ".attn.q");
+    auto k = heads(linear(h, p + ".attn.k_proj", H, H, true, qkv_lora), p + ".attn.k");
+    auto v = heads(linear(h, p + ".attn.v_proj", H, H, true, qkv_lora), p + ".attn.v");
+    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
+    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
+    auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
+    auto scores = g_.matmul(q_scaled, k, true, p + ".attn.scores");
+    auto probs = drop(g_.softmax(g_.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
+    auto ctx = g_.reshape(g_.transpose(g_.matmul(probs, v, false, p + ".attn.ctx.heads"), {0, 2, 1, 3}, p + ".attn.ctx.t"),
+                          {B, S, H}, p + ".attn.ctx");
+    const std::string proj = p + ".attn.c_proj";
+    x = g_.add(x, drop(linear(ctx, proj, H, H, false, lora_hidden(ctx, proj)), p + ".attn.resid_dropout"),
+               p + ".attn.residual");
+    auto h2 = layer_norm(x, p + ".ln_2");
+    const std::string fc = p + ".mlp.c_fc", mlp_proj = p + ".mlp.c_proj";
+    auto act = g_.gelu(linear(h2, fc, H, 4 * H, true, lora_hidden(h2, fc)), p + ".mlp.act");
+    auto m = linear(act, mlp_proj, 4 * H, H, false, lora_hidden(act, mlp_proj));
+    return g_.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
+  }
+
+ private:
+  const GptConfig& c_;
+  const Strategy& s_;
+  bool training_;
+  graph::Graph& g_;
+  std::map<std::string, LoraModule> lora_;  // by module path
+};
+
 }  // namespace
 
 GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
@@ -62,104 +178,53 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
            s.tp_size());
   SW_CHECK(sequences % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
            s.dp_size());
-  const int64_t B = sequences, S = c.seq, H = c.hidden, NH = c.heads, HD = H / NH, V = c.vocab;
+  const int64_t B = sequences, S = c.seq, H = c.hidden, V = c.vocab;
   GptGraph out;
   out.sequences = sequences;
   graph::Graph& g = out.g;
-  auto annotate = [&](graph::ValueId v, const std::string& p) {
-    if (s.mesh.ndim() > 0) g.annotate(v, p);
-  };
+  Builder b(c, s, training, g);
   const std::string boundary = placements(s, s.sequence_parallel ? "S(1)" : "R", "S(0)");  // between stages
-  // A parameter as stored (f32, or bf16 with fp32 masters kept by the optimizer) and as the
-  // kernels read it: bf16 parameters are cast to f32 right away, so every kernel computes in f32
-  // and the gradient flows back through the cast into a bf16 gradient.
-  auto param = [&](const std::string& name, const Shape& shape, const char* on_tp = nullptr) {
-    auto v = g.param(name, shape, c.param_dtype);
-    if (on_tp && s.tp >= 0) annotate(v, placements(s, on_tp));
-    if (c.param_dtype == DType::F32) return v;
-    return g.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
-  };
-  // Dropout at a named site (its own random stream); the identity when not training or p = 0.
-  auto drop = [&](graph::ValueId v, const std::string& site) {
-    if (c.dropout <= 0 || !training) return v;
-    Attrs a{{"p", c.dropout},
-            {"seed", static_cast<int64_t>(c.dropout_seed)},
-            {"stream", static_cast<int64_t>(stream_id(site) >> 1)},
-            {"training", true}};
-    return g.op("dropout", {v}, a, site)[0];
-  };
   graph::ValueId x, wte = -1;
   if (part.embeddings) {
     auto ids = g.input("ids", Shape{B, S}, DType::I64);
-    annotate(ids, placements(s, "R", "S(0)"));
-    wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");
-    auto wpe = param("transformer.wpe.weight", Shape{S, H});
+    b.annotate(ids, placements(s, "R", "S(0)"));
+    wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");
+    auto wpe = b.base_param("transformer.wpe.weight", Shape{S, H}, c.document_mask ? "R" : nullptr);
+    if (c.document_mask) {  // positions restart in every document: looked up per token
+      auto positions = g.input("position_ids", Shape{B, S}, DType::I64);
+      b.annotate(positions, placements(s, "R", "S(0)"));
+      wpe = g.embedding(positions, wpe, "pos_emb");
+    }
     auto emb = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
-    if (s.sequence_parallel) annotate(emb, placements(s, "S(1)", "S(0)"));  // reduce-scattered onto the sequence
-    x = drop(emb, "emb.dropout");
+    if (s.sequence_parallel) b.annotate(emb, placements(s, "S(1)", "S(0)"));  // reduce-scattered onto the sequence
+    x = b.drop(emb, "emb.dropout");
   } else {
     out.input = x = g.input("stage_input", Shape{B, S, H});
     g.value(x).requires_grad = training;
-    annotate(x, boundary);
+    b.annotate(x, boundary);
   }
-  auto mask = g.input("causal_mask", Shape{S, S});
-  annotate(mask, placements(s, "R"));
-
-  auto ln = [&](graph::ValueId in, const std::string& name) {
-    auto w = param(name + ".weight", Shape{H});
-    auto b = param(name + ".bias", Shape{H});
-    auto y = g.layer_norm(in, w, b, -1, c.layer_norm_epsilon, name + ".out");
-    if (s.sequence_parallel) annotate(y, placements(s, "R", "S(0)"));  // gathered before the column-parallel matmuls
-    return y;
-  };
-  // tp_kind: "col" (weight S(1), bias S(0) on tp), "row" (weight S(0), output resharded per sp).
-  auto linear = [&](graph::ValueId in, const std::string& name, int64_t n_in, int64_t n_out, bool column) {
-    auto w = param(name + ".weight", Shape{n_in, n_out}, column ? "S(1)" : "S(0)");
-    auto b = param(name + ".bias", Shape{n_out}, column ? "S(0)" : nullptr);
-    auto mm = g.matmul(in, w, false, name + ".mm");
-    if (!column && s.sequence_parallel) annotate(mm, placements(s, "S(1)", "S(0)"));  // reduce-scatter onto the sequence
-    return g.add(mm, b, name + ".out");
-  };
+  // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads.
+  auto mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
+  b.annotate(mask, placements(s, "R", c.document_mask ? "S(0)" : "R"));
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
-  for (int64_t l = part.first_layer; l < end_layer; ++l) {
-    std::string p = fmt::format("transformer.h.{}", l);
-    auto h = ln(x, p + ".ln_1");
-    auto heads = [&](graph::ValueId t, const std::string& name) {
-      return g.transpose(g.reshape(t, {B, S, NH, HD}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
-    };
-    auto q = heads(linear(h, p + ".attn.q_proj", H, H, true), p + ".attn.q");
-    auto k = heads(linear(h, p + ".attn.k_proj", H, H, true), p + ".attn.k");
-    auto v = heads(linear(h, p + ".attn.v_proj", H, H, true), p + ".attn.v");
-    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
-    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
-    auto q_scaled = g.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
-    auto scores = g.matmul(q_scaled, k, true, p + ".attn.scores");
-    auto probs = drop(g.softmax(g.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
-    auto ctx = g.reshape(g.transpose(g.matmul(probs, v, false, p + ".attn.ctx.heads"), {0, 2, 1, 3}, p + ".attn.ctx.t"),
-                         {B, S, H}, p + ".attn.ctx");
-    x = g.add(x, drop(linear(ctx, p + ".attn.c_proj", H, H, false), p + ".attn.resid_dropout"), p + ".attn.residual");
-    auto h2 = ln(x, p + ".ln_2");
-    auto m = linear(g.gelu(linear(h2, p + ".mlp.c_fc", H, 4 * H, true), p + ".mlp.act"), p + ".mlp.c_proj", 4 * H, H,
-                    false);
-    x = g.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
-  }
+  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.block(x, l, B, mask);
   if (!part.head) {
-    annotate(x, boundary);
+    b.annotate(x, boundary);
     out.output = x;
     out.output_grad = g.input(g.value(x).name + "@grad_in", Shape{B, S, H});
-    annotate(out.output_grad, boundary);
+    b.annotate(out.output_grad, boundary);
     return out;
   }
-  if (wte < 0) wte = param("transformer.wte.weight", Shape{V, H}, "S(0)");  // tied head: the last stage's copy
-  auto logits = g.matmul(ln(x, "transformer.ln_f"), wte, true, "logits");
+  if (wte < 0) wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");  // tied head: the last stage's copy
+  auto logits = g.matmul(b.layer_norm(x, "transformer.ln_f"), wte, true, "logits");
   if (!training) {
     out.predictions = g.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
     return out;
   }
   auto labels = g.input("labels", Shape{B, S}, DType::I64);
-  annotate(labels, placements(s, "R", "S(0)"));
+  b.annotate(labels, placements(s, "R", "S(0)"));
   // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
   // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
   // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).
@@ -177,6 +242,7 @@ Tensor init_param(const GptConfig& c, const std::string& name, const Shape& shap
 
 Tensor init_param_block(const GptConfig& c, const std::string& name, const Shape& shape,
                         std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
+  if (is_lora_param(name)) return init_lora_block(name, shape, offset, block, seed);
   Tensor t(DType::F32, block);
   bool is_ln = name.find(".ln_") != std::string::npos;
   if (name.ends_with(".bias")) return t;

@@ -7,13 +7,15 @@
 //       the tied head) vocab-parallel
 //   sp  (with tp) the residual stream and the norms sharded on the sequence over tp
 // Parameter names follow Hugging Face's GPT-2 ("transformer.h.0.ln_1.weight", ...), with separate
-// q/k/v projections; they are the checkpoint keys.
+// q/k/v projections; they are the checkpoint keys. With LoRA (config.lora, train/lora.h) every base
+// parameter is frozen and the adapters ("<module>.lora_A.weight", ...) are the graph's parameters.
 #include <string>
 #include <vector>
 
 #include "shardwise/graph/graph.h"
 #include "shardwise/mesh/process_mesh.h"
 #include "shardwise/tensor/tensor.h"
+#include "shardwise/train/lora.h"
 
 namespace shardwise::train {
 
@@ -42,7 +44,14 @@ struct GptConfig {
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
-  void validate() const;  // Error naming the bad field
+  // Packed documents (--no-cross-document-attention, packing.h): the graph takes "position_ids"
+  // [B, S] (first stage) and "attention_mask" [B, 1, S, S] (every stage) per micro-batch instead of
+  // the positions 0..S-1 and the shared "causal_mask" [S, S]; StagedGpt computes both from the ids,
+  // documents ending at token `eos_id`.
+  bool document_mask = false;
+  int64_t eos_id = -1;
+  LoraConfig lora;  // rank 0: no adapters
+  void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
 };
 
 // Which mesh dims play which role: found by name ("dp", "tp", "pp") in the mesh.
@@ -84,7 +93,8 @@ GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t se
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
 // global element index (so any sharding holds the same numbers); std = init_std, and
-// init_std / sqrt(2 * layers) for the residual projections (GPT-2); LayerNorm weight 1, biases 0.
+// init_std / sqrt(2 * layers) for the residual projections (GPT-2); LayerNorm weight 1, biases 0;
+// LoRA's A and B as init_lora_block draws them.
 Tensor init_param(const GptConfig& config, const std::string& name, const Shape& shape, uint64_t seed);
 // The same numbers for one block [offset, offset + block) of the parameter only.
 Tensor init_param_block(const GptConfig& config, const std::string& name, const Shape& shape,

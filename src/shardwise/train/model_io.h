@@ -65,6 +65,10 @@ bool is_legacy_layout(const ckpt::fs::path& dir);
 // The key map to read `dir` with: gpt2_key_map, or empty for the earlier layout and for Llama.
 ckpt::KeyMap key_map_for(const ckpt::fs::path& dir, const GptConfig& config);
 
+// What identifies the weights of model directory `dir` cheaply: for each file of its weights
+// (master_weights, else model), its name, size and the xxh64 of its first and last MiB.
+std::string model_fingerprint(const ckpt::fs::path& dir);
+
 // This process's blocks of the model weights `specs` asks for (the model's parameter names, f32),
 // from the fp32 masters when the checkpoint has them, else the weights (converted to f32). Keys
 // matching `ignore_keys` (globs of parameter names or file keys) may be missing or unexpected; a

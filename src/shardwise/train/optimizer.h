@@ -25,7 +25,8 @@ struct LrSchedule {
 };
 
 // One parameter's state on this rank: its block (in the dtype the model computes in), the fp32
-// master copy and the two moments, all laid out like the parameter.
+// master copy and the two moments, all laid out like the parameter. A frozen parameter (LoRA's
+// base) holds `param` only: no master, no moments.
 struct ParamState {
   std::string name;
   mesh::DistAttr dist;

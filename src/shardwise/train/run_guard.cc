@@ -69,7 +69,8 @@ uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world)
   }
   uint64_t params = 0;
   for (const auto& [name, n] : all) params += static_cast<uint64_t>(n);
-  const uint64_t copies = trainer.config().bf16 ? 4 : 3;  // weights, exp_avg, exp_avg_sq [, masters]
+  // weights, exp_avg, exp_avg_sq [, masters]; a LoRA run saves its adapters only, in fp32.
+  const uint64_t copies = trainer.config().bf16 && !trainer.config().model.lora.enabled() ? 4 : 3;
   return params * copies * 4;
 }
 

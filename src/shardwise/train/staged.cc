@@ -7,6 +7,7 @@
 #include "shardwise/pipeline/validate.h"
 #include "shardwise/reshard/executor.h"
 #include "shardwise/train/models.h"
+#include "shardwise/train/packing.h"
 
 namespace shardwise::train {
 namespace {
@@ -27,13 +28,26 @@ pipeline::Schedule training_schedule(const Strategy& s, const PipelineConfig& c,
                                  micro_batches, c.virtual_stages);
 }
 
-// The graph's constant inputs (the causal mask; Llama's positions) on every local stage.
+// The graph's constant inputs (the causal mask, unless packed documents bring theirs with each
+// micro-batch; Llama's positions) on every local stage.
 void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, const Tensor& mask) {
   std::map<std::string, Tensor> constants = model_constants(model);
-  constants["causal_mask"] = mask;
+  if (constants.contains("causal_mask")) constants["causal_mask"] = mask;
   for (int s : runner.local_stages()) {
     for (const auto& [name, value] : constants) runner.runtime(s).set_global(name, value);
   }
+}
+
+// Binds a micro-batch: ids on the first stage, labels on the last, and with packed documents the
+// attention mask on every stage and the position ids on the first.
+void bind_batch(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const Tensor& ids,
+                const Tensor& labels) {
+  if (first) rt.set_global("ids", ids);
+  if (last) rt.set_global("labels", labels);
+  if (!model.document_mask) return;
+  DocumentInputs d = document_inputs(ids, model.eos_id);
+  rt.set_global("attention_mask", d.attention_mask);
+  if (first) rt.set_global("position_ids", d.position_ids);
 }
 
 }  // namespace
@@ -90,13 +104,17 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
     for (const auto& [name, value] : model_constants(model_)) spec.constants.push_back(name);
+    if (model_.document_mask) {  // per micro-batch (bind_batch)
+      spec.feeds.push_back("attention_mask");
+      if (s == 0) spec.feeds.push_back("position_ids");
+    }
     out.push_back(std::move(spec));
   }
   return out;
 }
 
 // This process's block of each parameter of its stages, from the counter-based generator (so any
-// mesh holds the single-device numbers).
+// mesh holds the single-device numbers); frozen ones hold the kernels' copy only.
 void StagedGpt::init_params(int64_t process) {
   const bool first_here = runner_->schedule().rank_of(0) == runner_->pipeline_rank();
   for (int s : runner_->local_stages()) {
@@ -104,31 +122,37 @@ void StagedGpt::init_params(int64_t process) {
     const graph::Program& p = runner_->compiled(s).program;
     const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(s)];
     auto coords = m.coords(m.rank_index_of_process(process));
-    std::vector<size_t>& index = stage_params_[s];
-    for (graph::ValueId v : g.params()) {
-      const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
-      const std::string& name = g.value(v).name;
-      auto same = std::find_if(params_.begin(), params_.end(), [&](const ParamState& q) { return q.name == name; });
-      index.push_back(static_cast<size_t>(same - params_.begin()));
-      if (same != params_.end()) {  // the tied embedding on a second local stage
-        SW_CHECK(same->dist == slot.dist, "pipeline: '{}' is laid out [{}] on one stage and [{}] on another", name,
-                 same->dist.to_string(), slot.dist.to_string());
-        continue;
+    for (bool trained : {true, false}) {
+      std::vector<ParamState>& states = trained ? params_ : frozen_;
+      std::vector<size_t>& index = (trained ? stage_params_ : stage_frozen_)[s];
+      for (graph::ValueId v : trained ? g.params() : g.frozen_params()) {
+        const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
+        const std::string& name = g.value(v).name;
+        auto same = std::find_if(states.begin(), states.end(), [&](const ParamState& q) { return q.name == name; });
+        index.push_back(static_cast<size_t>(same - states.begin()));
+        if (same != states.end()) {  // the tied embedding on a second local stage
+          SW_CHECK(same->dist == slot.dist, "pipeline: '{}' is laid out [{}] on one stage and [{}] on another", name,
+                   same->dist.to_string(), slot.dist.to_string());
+          continue;
+        }
+        mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, m, coords);
+        ParamState q;
+        q.name = name;
+        q.dist = slot.dist;
+        q.mesh = m;
+        q.shape = slot.meta.shape;
+        Tensor initial = init_model_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
+        // f32: the kernels read the master itself.
+        q.param = model_.param_dtype == DType::BF16 ? initial.to(DType::BF16) : initial;
+        if (trained) {
+          q.master = initial;
+          q.exp_avg = Tensor(DType::F32, block.shape);
+          q.exp_avg_sq = Tensor(DType::F32, block.shape);
+          q.decay = slot.meta.shape.ndim() >= 2;
+          counted_.push_back(name != tied_embedding(model_) || first_here);
+        }
+        states.push_back(std::move(q));
       }
-      mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, m, coords);
-      ParamState q;
-      q.name = name;
-      q.dist = slot.dist;
-      q.mesh = m;
-      q.shape = slot.meta.shape;
-      q.master = init_model_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
-      // f32: the kernels read the master itself.
-      q.param = model_.param_dtype == DType::BF16 ? q.master.to(DType::BF16) : q.master;
-      q.exp_avg = Tensor(DType::F32, block.shape);
-      q.exp_avg_sq = Tensor(DType::F32, block.shape);
-      q.decay = slot.meta.shape.ndim() >= 2;
-      params_.push_back(std::move(q));
-      counted_.push_back(name != tied_embedding(model_) || first_here);
     }
   }
 }
@@ -137,6 +161,7 @@ void StagedGpt::bind(pipeline::PipelineRunner& runner) {
   for (int s : runner.local_stages()) {
     runtime::Runtime& rt = runner.runtime(s);
     for (size_t k : stage_params_.at(s)) rt.set_local(params_[k].name, params_[k].param);
+    for (size_t k : stage_frozen_.at(s)) rt.set_local(frozen_[k].name, frozen_[k].param);
   }
 }
 
@@ -155,10 +180,9 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset& data, int64_t first
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     const int64_t sample = first + mb * sequences_;
     rt.set_sample_offset(sample);  // dropout masks follow the samples, not the mesh
-    if (stage != 0 && stage != S - 1) return;
+    if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     Batch b = make_batch(data, sample, sequences_, model_.seq);
-    if (stage == 0) rt.set_global("ids", b.ids);
-    if (stage == S - 1) rt.set_global("labels", b.labels);
+    bind_batch(rt, model_, stage == 0, stage == S - 1, b.ids, b.labels);
   };
   bind(*runner_);
   last_stats_ = runner_->run(feed);
@@ -262,15 +286,14 @@ double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
   // Rows past `count` (the last micro-batch's padding) read token 0 and have every label ignored
   // (cross_entropy's ignore_index -100): they add nothing to the summed loss.
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
-    if (stage != 0 && stage != S - 1) return;
+    if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     const int64_t first = mb * batch, real = std::min(batch, count - first);
     Batch b = make_batch(data, first, real, S_len);
     Tensor ids(DType::I64, Shape{batch, S_len});
     Tensor labels = Tensor::full(DType::I64, Shape{batch, S_len}, -100);
     std::copy_n(b.ids.data<int64_t>(), real * S_len, ids.data<int64_t>());
     std::copy_n(b.labels.data<int64_t>(), real * S_len, labels.data<int64_t>());
-    if (stage == 0) rt.set_global("ids", ids);
-    if (stage == S - 1) rt.set_global("labels", labels);
+    bind_batch(rt, model_, stage == 0, stage == S - 1, ids, labels);
   };
   bind(*val_);
   double sum = val_->run(feed).loss_sum;  // the micro-batches' summed cross-entropies, in order
@@ -278,7 +301,7 @@ double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
   return sum / static_cast<double>(count * S_len);
 }
 
-Tensor StagedGpt::gather_param(const std::string& name) {
+Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor>* blocks) {
   // The owner: the first stage holding it (by name: the layer's stage; embeddings first; the
   // final norm and an untied head last).
   const int S = static_cast<int>(layers_.size());
@@ -291,10 +314,18 @@ Tensor StagedGpt::gather_param(const std::string& name) {
   const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(owner)];
   std::vector<std::byte> bytes;
   if (m.contains(my_process(*world_))) {
-    auto it = std::find_if(params_.begin(), params_.end(), [&](const ParamState& p) { return p.name == name; });
-    SW_CHECK(it != params_.end(), "no parameter named '{}'", name);
+    auto named = [&](const ParamState& p) { return p.name == name; };
+    auto it = std::find_if(params_.begin(), params_.end(), named);
+    Tensor mine;
+    if (it != params_.end()) {
+      mine = blocks ? (*blocks)[static_cast<size_t>(it - params_.begin())] : it->master;
+    } else {
+      it = std::find_if(frozen_.begin(), frozen_.end(), named);
+      SW_CHECK(it != frozen_.end() && !blocks, "no {}parameter named '{}'", blocks ? "trained " : "", name);
+      mine = it->param.dtype() == DType::F32 ? it->param : it->param.to(DType::F32);
+    }
     reshard::Plan plan = reshard::plan_reshard(it->shape, DType::F32, {m, it->dist}, {m, mesh::DistAttr(m.ndim())});
-    Tensor whole = reshard::Resharder(world_).run(plan, it->master);
+    Tensor whole = reshard::Resharder(world_).run(plan, mine);
     std::vector<int64_t> header = {it->shape.ndim()};
     for (int d = 0; d < it->shape.ndim(); ++d) header.push_back(it->shape[d]);
     bytes.resize(header.size() * sizeof(int64_t) + whole.nbytes());

@@ -45,8 +45,10 @@ class StagedGpt {
             std::shared_ptr<comm::Communicator> world);
   ~StagedGpt();
 
-  // This rank's parameters (its stages', each once).
+  // This rank's parameters (its stages', each once): the trained ones, and the frozen ones (LoRA's
+  // base: `param` only, no gradient, no master, no moments).
   std::vector<ParamState>& params() { return params_; }
+  std::vector<ParamState>& frozen() { return frozen_; }
 
   struct Result {
     double loss = 0;            // summed over the micro-batches, on every rank
@@ -64,8 +66,9 @@ class StagedGpt {
   // of sequences_per_micro_batch, the last one padded with ignored labels. Reads the parameters
   // only; the training runner, its buffers and the data position are untouched.
   double validation_loss(const Dataset& data, int64_t count);
-  // The whole parameter (its fp32 master) on every rank (collective).
-  Tensor gather_param(const std::string& name);
+  // The whole parameter (its fp32 master; a frozen one in f32) on every rank (collective); with
+  // `blocks` (per params(), e.g. the gradients of a step) the whole of the parameter's block there.
+  Tensor gather_param(const std::string& name, const std::vector<Tensor>* blocks = nullptr);
 
   const pipeline::Schedule& schedule() const { return runner_->schedule(); }
   const pipeline::PipelineRunner& runner() const { return *runner_; }
@@ -98,11 +101,12 @@ class StagedGpt {
   std::vector<pipeline::LayerRange> layers_;
   std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_;
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
-  std::vector<ParamState> params_;
+  std::vector<ParamState> params_, frozen_;
   // Per params_: counted in the norm (false for the last stage's tied copy).
   std::vector<bool> counted_;
-  // Per local stage, per graph parameter (params() order of the stage's graph): its index in params_.
-  std::map<int, std::vector<size_t>> stage_params_;
+  // Per local stage, per graph parameter (params() order of the stage's graph): its index in params_;
+  // per frozen one (frozen_params() order): its index in frozen_.
+  std::map<int, std::vector<size_t>> stage_params_, stage_frozen_;
   pipeline::StepStats last_stats_;
 };
 

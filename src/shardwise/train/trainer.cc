@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <map>
 
 #include "shardwise/comm/mpi.h"
+#include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 #include "shardwise/train/models.h"
@@ -16,9 +18,9 @@ namespace {
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
 
 // Refuses a model whose largest parameter, or whose parameters, gradients and AdamW states held by
-// this process (16 bytes a parameter, fp32), exceed the machine's physical memory: before anything
-// is allocated, naming the tensor and the bytes. Ranks as threads hold every data-parallel replica
-// in one process; an MPI process holds its share of one (1 / (tp x pp)).
+// this process (16 bytes a parameter, fp32; 4 for LoRA's frozen base), exceed the machine's
+// physical memory: before anything is allocated, naming the tensor and the bytes. Ranks as threads
+// hold every data-parallel replica in one process; an MPI process holds its share of one (1 / (tp x pp)).
 void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
   const double params = parameter_count(m);
   const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
@@ -29,17 +31,75 @@ void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
            largest, gib(largest_bytes), gib(physical), m.hidden, m.vocab);
   const bool mpi = comm::launched_by_mpirun();
   const double share = mpi ? 1.0 / static_cast<double>(model_parallel) : static_cast<double>(dp);
-  const double total = 16 * params * share;
+  const double total = (m.lora.enabled() ? 4 : 16) * params * share;
   SW_CHECK(total <= physical,
-           "the model's {:.3g} parameters need {} for weights, gradients and AdamW states in {}; this machine "
-           "has {} of memory (--layers {}, --hidden {}, --vocab {})",
-           params, gib(total),
+           "the model's {:.3g} parameters need {} for {} in {}; this machine has {} of memory (--layers {}, "
+           "--hidden {}, --vocab {})",
+           params, gib(total), m.lora.enabled() ? "frozen weights" : "weights, gradients and AdamW states",
            mpi ? fmt::format("this process's 1/{} share", model_parallel)
                : fmt::format("{} data-parallel replica(s) of one process", dp),
            gib(physical), m.layers, m.hidden, m.vocab);
 }
 
+// --tokenizer, --documents, --eos-id and --no-cross-document-attention against each other and the
+// model; fills the eos id from the tokenizer.
+void check_text_options(TrainConfig& c) {
+  if (!c.tokenizer.empty()) {
+    SW_CHECK(!c.data.empty(), "--tokenizer {} reads --data as raw text: give --data text.txt (the embedded addition "
+             "task has its own byte tokens)", c.tokenizer);
+    SW_CHECK(c.data_format == "auto", "--tokenizer reads --data as raw text; --data-format {} names a token file "
+             "format: leave it out, or drop --tokenizer to read token files", c.data_format);
+    const Tokenizer t(c.tokenizer);
+    SW_CHECK(t.vocab_size() <= c.model.vocab,
+             "--tokenizer {} has a vocabulary of {} ids; the model's --vocab {} must hold it (use --vocab {} or more)",
+             c.tokenizer, t.vocab_size(), c.model.vocab, t.vocab_size());
+    SW_CHECK(c.eos_id < 0 || c.eos_id == t.eos_id(),
+             "--eos-id {} contradicts --tokenizer {}, which ends documents with its eos id {}: leave --eos-id out",
+             c.eos_id, c.tokenizer, t.eos_id());
+    c.eos_id = t.eos_id();
+    parse_document_split(c.documents);
+  } else {
+    SW_CHECK(c.documents == "file" && c.document_separator.empty(),
+             "--documents and --document-separator cut raw text for --tokenizer; without one --data holds tokens "
+             "(their end-of-text ids mark documents: --eos-id)");
+  }
+  SW_CHECK(c.eos_id >= -1 && c.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
+           c.eos_id, c.model.vocab);
+  if (c.document_attention) {
+    SW_CHECK(!c.data.empty(),
+             "--no-cross-document-attention needs --data: the embedded addition task has no documents");
+    SW_CHECK(c.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "
+             "or a --tokenizer whose model defines eos");
+  }
+}
+
+// Under MPI every process tokenizes the text itself: all must hold the same tokens.
+void check_same_tokens(const TrainConfig& c, comm::Communicator& world) {
+  const std::optional<TextTokens> text = c.text_tokens();
+  if (!text || world.size() == 1) return;
+  nlohmann::json mine = nlohmann::json::array();
+  for (const std::string& spec : {c.data, c.val_data}) {
+    if (spec.empty()) continue;
+    for (const std::string& path : data_files(spec)) {
+      auto t = tokenize_file_cached(text->tokenizer, path, text->documents);
+      mine.push_back({{"file", path}, {"tokens", t->tokens.size()}, {"xxh64", t->digest}});
+    }
+  }
+  const std::vector<nlohmann::json> all = comm::all_gather_object(world, mine);
+  for (size_t r = 1; r < all.size(); ++r) {
+    SW_CHECK(all[r] == all[0], "--tokenizer {}: rank {} tokenized --data into {}, rank 0 into {}: every process must "
+             "read the same text files and tokenizer model", c.tokenizer, r, all[r].dump(), all[0].dump());
+  }
+}
+
 }  // namespace
+
+std::optional<TextTokens> TrainConfig::text_tokens() const {
+  if (tokenizer.empty()) return std::nullopt;
+  // check() has set eos_id to the tokenizer's (-1 when its model defines none: no eos between documents).
+  TextTokens t{tokenizer, {parse_document_split(documents), document_separator, eos_id >= 0}};
+  return t;
+}
 
 void TrainConfig::resolve_batch(int64_t dp) {
   int unknown = (micro_batch == 0) + (accumulation == 0) + (global_batch == 0);
@@ -83,6 +143,7 @@ void TrainConfig::check(int64_t ranks) {
   SW_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr, "learning rates must satisfy 0 <= min_lr <= lr and lr > 0 (lr {}, min_lr {})",
            lr, min_lr);
   SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
+  check_text_options(*this);
   resolve_batch(s.dp_size());
   check_memory(model, s.dp_size(), s.mesh.size() / s.dp_size());
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
@@ -110,7 +171,9 @@ void TrainConfig::check(int64_t ranks) {
 std::unique_ptr<Dataset> open_training_data(const TrainConfig& c) {
   CorpusPart part;
   if (c.val_fraction != 0) part = {CorpusPart::Side::Training, c.val_fraction};
-  return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part);
+  const std::optional<TextTokens> text = c.text_tokens();
+  return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part,
+                      text ? &*text : nullptr);
 }
 
 std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
@@ -125,14 +188,16 @@ std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
            "--val-fraction must be in (0, 1) (the share of --data's tokens held out), got {}", c.val_fraction);
   SW_CHECK(c.val_samples >= 1, "--val-samples must be at least 1, got {}", c.val_samples);
   const TokenFormat format = parse_token_format(c.data_format);
+  const std::optional<TextTokens> text_tokens = c.text_tokens();
+  const TextTokens* text = text_tokens ? &*text_tokens : nullptr;
   if (c.val_data.empty()) {
     auto held_out = std::make_unique<TokenFile>(c.data, c.model.seq, c.seed, format,
-                                                CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction});
+                                                CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction}, text);
     return std::make_unique<EvenWindows>(std::move(held_out), c.val_samples);
   }
   try {  // the file errors say --data: say which option named the file
-    return std::make_unique<EvenWindows>(std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format),
-                                         c.val_samples);
+    return std::make_unique<EvenWindows>(
+        std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format, CorpusPart{}, text), c.val_samples);
   } catch (const Error& e) {
     fail("--val-data: {}", e.what());
   }
@@ -144,11 +209,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
   data_ = open_training_data(c_);
   val_ = open_validation_data(c_);
+  check_same_tokens(c_, *world_);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   GptConfig model = c_.model;
   model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
   model.dropout = c_.dropout;
   model.dropout_seed = c_.seed;
+  model.document_mask = c_.document_attention;
+  model.eos_id = c_.eos_id;
   model_ = std::make_unique<StagedGpt>(model, strategy_,
                                        PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release},
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),
@@ -167,6 +235,7 @@ StepResult Trainer::step() {
       for (int64_t j = 0; j < g.numel(); ++j) p[j] *= inv;
     }
   }
+  last_grads_ = grads;
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);
   r.grad_norm = model_->grad_norm(grads);
@@ -202,6 +271,32 @@ EvalResult Trainer::evaluate() {
 ValidationResult Trainer::validate() {
   SW_CHECK(val_ != nullptr, "validation needs --val-data or --val-fraction (with --data)");
   return ValidationResult{model_->validation_loss(*val_, val_->size()), val_->size()};
+}
+
+int64_t Trainer::optimizer_state_bytes() const {
+  int64_t bytes = 0;
+  for (const ParamState& p : model_->params()) {
+    bytes += static_cast<int64_t>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
+    if (p.master.defined() && p.master.raw() != p.param.raw()) bytes += static_cast<int64_t>(p.master.nbytes());
+  }
+  return bytes;
+}
+
+ParameterCounts Trainer::count_parameters() {
+  nlohmann::json mine = {{"trained", nlohmann::json::object()}, {"frozen", nlohmann::json::object()}};
+  for (const ParamState& p : model_->params()) mine["trained"][p.name] = p.shape.numel();
+  for (const ParamState& p : model_->frozen()) mine["frozen"][p.name] = p.shape.numel();
+  std::map<std::string, int64_t> trained, frozen;  // with pp a rank holds only its stages' parameters
+  for (const nlohmann::json& rank : comm::all_gather_object(*world_, mine)) {
+    for (const auto& [name, n] : rank["trained"].items()) trained[name] = n.get<int64_t>();
+    for (const auto& [name, n] : rank["frozen"].items()) frozen[name] = n.get<int64_t>();
+  }
+  ParameterCounts out;
+  for (const auto& [name, n] : trained) out.trained += n;
+  for (const auto& [name, n] : frozen) out.frozen += n;
+  out.optimizer_bytes = optimizer_state_bytes();
+  world_->all_reduce(&out.optimizer_bytes, &out.optimizer_bytes, 1, DType::I64, comm::Reduce::Sum);
+  return out;
 }
 
 void Trainer::restore_position(int64_t step, int64_t consumed) {

@@ -9,6 +9,7 @@
 // [k * global_batch, (k + 1) * global_batch) of the dataset, whatever the mesh.
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,21 @@ struct TrainConfig {
   std::string val_data;
   double val_fraction = 0;  // 0: none; else in (0, 1)
   int64_t val_samples = 64;
+  // Raw text through a SentencePiece tokenizer (tokenize.h): `data` and `val_data` are text files,
+  // cut into documents (`documents`: file, lines or paragraphs; or at `document_separator`), each
+  // followed by the tokenizer's eos (if it has one) and tokenized in memory once per process (under
+  // MPI each process tokenizes for itself; the Trainer checks that they agree). `model.vocab` must
+  // hold the tokenizer's vocabulary.
+  std::string tokenizer;
+  std::string documents = "file";
+  std::string document_separator;
+  // Packing with document boundaries (packing.h): `eos_id` ends a document (-1: the tokenizer's eos
+  // when there is one; check() fills it in). With `document_attention` (--no-cross-document-attention)
+  // every token attends only within its document and position ids restart at each document.
+  int64_t eos_id = -1;
+  bool document_attention = false;
+  // The tokenizer and document options of a --tokenizer run (after check()); nullopt without one.
+  std::optional<TextTokens> text_tokens() const;
 
   // Fills the derived batch number; Error naming the numbers that do not fit.
   void resolve_batch(int64_t dp_size);
@@ -88,6 +104,13 @@ struct StepResult {
   bool skipped = false;  // non-finite loss or gradient norm, skipped (TrainConfig::skip_nonfinite)
 };
 
+// The model's parameters, each counted once whatever the mesh, and the optimizer state of every
+// rank together.
+struct ParameterCounts {
+  int64_t trained = 0, frozen = 0;
+  int64_t optimizer_bytes = 0;  // summed over the ranks (data-parallel replicas hold copies)
+};
+
 class Trainer {
  public:
   Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
@@ -111,9 +134,25 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
   int64_t skipped_steps() const { return skipped_; }
+  // The trained parameters (with LoRA: the adapters only) and the frozen ones (LoRA's base).
   std::vector<ParamState>& params() { return model_->params(); }
+  std::vector<ParamState>& frozen() { return model_->frozen(); }
   // The whole parameter (collective: every rank calls it), for tests and exports.
   Tensor gather_param(const std::string& name) { return model_->gather_param(name); }
+  // The whole gradient of a trained parameter in the last step (averaged over the micro-batches,
+  // clipped as the update used it); collective.
+  Tensor gather_grad(const std::string& name) { return model_->gather_param(name, &last_grads_); }
+  // Bytes of optimizer state this rank holds: the AdamW moments (and fp32 masters of bf16
+  // parameters) of its blocks of the trained parameters; nothing for frozen ones.
+  int64_t optimizer_state_bytes() const;
+  ParameterCounts count_parameters();  // collective
+  // The model directory the weights came from (init_from_model) and its fingerprint
+  // (model_fingerprint); empty for the seeded initialization. A LoRA run's checkpoints keep it.
+  struct BaseModel {
+    std::string dir, fingerprint;
+  };
+  const BaseModel& base_model() const { return base_model_; }
+  void set_base_model(BaseModel base) { base_model_ = std::move(base); }
   const LrSchedule& schedule() const { return schedule_; }
   // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
   void restore_position(int64_t step, int64_t consumed);
@@ -130,6 +169,8 @@ class Trainer {
   AdamW adamw_;
   LrSchedule schedule_;
   int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
+  std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies)
+  BaseModel base_model_;
 };
 
 }  // namespace shardwise::train

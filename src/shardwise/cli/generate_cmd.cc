@@ -1,0 +1,241 @@
+// `shardwise generate`: continues prompts with a saved model on the ranks of a dp x tp mesh
+// (threads by default, MPI processes under mpirun), with a KV cache or by recomputing the prefix.
+// Byte-vocabulary models (vocab <= 256) take and print text; others take and print token ids.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "shardwise/ckpt/safetensors_writer.h"
+#include "shardwise/cli/commands.h"
+#include "shardwise/comm/local.h"
+#include "shardwise/comm/mpi.h"
+#include "shardwise/core/error.h"
+#include "shardwise/tensor/gemm.h"
+#include "shardwise/train/generate.h"
+#include "shardwise/train/model_io.h"
+
+namespace shardwise::cli {
+namespace {
+
+constexpr int64_t kByteVocab = 256;
+
+std::vector<int64_t> bytes_of(const std::string& text) {
+  std::vector<int64_t> ids;
+  for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+  return ids;
+}
+
+std::string text_of(std::span<const int64_t> ids) {
+  std::string s;
+  for (int64_t t : ids) s.push_back(static_cast<char>(t));
+  return s;
+}
+
+// "1,2,3;4,5" -> {{1,2,3},{4,5}}.
+std::vector<std::vector<int64_t>> parse_prompt_ids(const std::string& spec) {
+  std::vector<std::vector<int64_t>> out;
+  std::stringstream prompts(spec);
+  std::string prompt;
+  while (std::getline(prompts, prompt, ';')) {
+    std::vector<int64_t> ids;
+    std::stringstream items(prompt);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      size_t used = 0;
+      int64_t id = -1;
+      try {
+        id = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      SW_CHECK(used > 0 && item.find_first_not_of(" ", used) == std::string::npos,
+               "--prompt-ids: '{}' in prompt {} is not a token id (ids separated by ',', prompts by ';')", item,
+               out.size());
+      ids.push_back(id);
+    }
+    out.push_back(std::move(ids));
+  }
+  SW_CHECK(!out.empty(), "--prompt-ids is empty: give ids like 1,2,3 (several prompts separated by ';')");
+  return out;
+}
+
+// --prompt, the lines of --prompt-file (empty lines skipped), then --prompt-ids, in that order.
+std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, const train::GptConfig& model) {
+  std::vector<std::string> texts = o.prompts;
+  if (!o.prompt_file.empty()) {
+    SW_CHECK(!std::filesystem::is_directory(o.prompt_file), "--prompt-file '{}' is a directory", o.prompt_file);
+    std::ifstream in(o.prompt_file);
+    SW_CHECK(in.good(), "cannot read --prompt-file '{}'", o.prompt_file);
+    size_t before = texts.size();
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) texts.push_back(line);
+    SW_CHECK(texts.size() > before, "--prompt-file '{}' holds no prompt (one per non-empty line)", o.prompt_file);
+  }
+  SW_CHECK(texts.empty() || model.vocab <= kByteVocab,
+           "--prompt and --prompt-file give text, which needs a byte vocabulary (at most {} tokens); this model's "
+           "vocabulary has {}: give token ids with --prompt-ids",
+           kByteVocab, model.vocab);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& t : texts) prompts.push_back(bytes_of(t));
+  if (!o.prompt_ids.empty())
+    for (auto& p : parse_prompt_ids(o.prompt_ids)) prompts.push_back(std::move(p));
+  SW_CHECK(!prompts.empty(), "no prompt: give --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3");
+  return prompts;
+}
+
+// --eos-id, else generation_config.json's eos_token_id, else none.
+int64_t resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir) {
+  if (o.eos_id != kEosFromModel) return o.eos_id;
+  if (!std::filesystem::exists(dir / "generation_config.json")) return -1;
+  nlohmann::json j = ckpt::load_json(dir, "generation_config.json");
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) return j["eos_token_id"].get<int64_t>();
+  return -1;
+}
+
+struct Run {
+  train::GptConfig model;
+  train::Strategy strategy;
+  std::vector<std::vector<int64_t>> prompts;
+  train::GenerateConfig config;
+  std::filesystem::path dir;
+};
+
+void print_text(const Run& run, const train::GenerateResult& r, std::ostream& out) {
+  const bool text = run.model.vocab <= kByteVocab;
+  for (size_t i = 0; i < r.sequences.size(); ++i) {
+    const auto& s = r.sequences[i];
+    std::span<const int64_t> shown(s.tokens);
+    if (s.stop == train::StopReason::Eos) shown = shown.first(shown.size() - 1);  // the eos ends the line
+    if (text) {
+      out << text_of(run.prompts[i]) << text_of(shown) << "\n";
+    } else {
+      out << fmt::format("{} | {}\n", fmt::join(run.prompts[i], ","), fmt::join(shown, ","));
+    }
+  }
+}
+
+void print_json(const Run& run, const train::GenerateResult& r, const std::string& world, std::ostream& out) {
+  nlohmann::json seqs = nlohmann::json::array();
+  for (size_t i = 0; i < r.sequences.size(); ++i) {
+    const auto& s = r.sequences[i];
+    nlohmann::json j = {{"prompt_ids", run.prompts[i]}, {"new_ids", s.tokens}, {"stop", stop_reason_name(s.stop)}};
+    if (run.model.vocab <= kByteVocab) j["prompt"] = text_of(run.prompts[i]), j["text"] = text_of(s.tokens);
+    seqs.push_back(std::move(j));
+  }
+  const auto& st = r.stats;
+  nlohmann::json j = {
+      {"model", run.dir.string()},
+      {"mesh", run.strategy.mesh.to_string()},
+      {"ranks", world},
+      {"kv_cache", run.config.kv_cache},
+      {"sequences", std::move(seqs)},
+      {"stats",
+       {{"new_tokens", st.new_tokens},
+        {"decode_tokens", st.decode_tokens},
+        {"steps", st.steps},
+        {"plan_seconds", st.plan_seconds},
+        {"prefill_seconds", st.prefill_seconds},
+        {"decode_seconds", st.decode_seconds},
+        {"tokens_per_second", st.tokens_per_second()},
+        {"decode_tokens_per_second", st.decode_tokens_per_second()}}}};
+  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+// --logits-out: each prompt's rows of logits, the distributions its new tokens came from.
+void write_logits(const train::GenerateResult& r, int64_t vocab, const std::string& path) {
+  std::vector<Tensor> rows;
+  std::vector<ckpt::StEntry> entries;
+  for (size_t i = 0; i < r.sequences.size(); ++i) {
+    const auto& l = r.sequences[i].logits;
+    Tensor t(DType::F32, Shape{static_cast<int64_t>(l.size()), vocab});
+    for (size_t k = 0; k < l.size(); ++k) std::copy(l[k].begin(), l[k].end(), t.data<float>() + k * vocab);
+    rows.push_back(t);
+  }
+  for (size_t i = 0; i < rows.size(); ++i) entries.push_back(ckpt::entry_of(fmt::format("logits.{}", i), rows[i]));
+  ckpt::write_safetensors(path, entries, ckpt::StMetadata{{"format", "pt"}});
+}
+
+void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator& world_ref,
+                   std::shared_ptr<comm::Communicator> world, std::ostream& out) {
+  const int64_t process = world->members()[static_cast<size_t>(world->rank())];
+  train::Generator gen(run.model, run.strategy, world, train::checkpoint_weights(run.dir, run.model, process));
+  train::GenerateResult r = gen.generate(run.prompts, run.config);
+  if (world_ref.rank() != 0) return;
+  if (!o.logits_out.empty()) write_logits(r, run.model.vocab, o.logits_out);
+  const std::string ranks = fmt::format("{} ranks, {}", world_ref.size(), world_ref.backend());
+  if (o.json) {
+    print_json(run, r, ranks, out);
+  } else {
+    print_text(run, r, out);
+  }
+  out.flush();
+  for (size_t i = 0; i < r.sequences.size(); ++i) {
+    if (r.sequences[i].stop == train::StopReason::MaxPositions)
+      std::cerr << fmt::format("shardwise generate: prompt {} stopped at the model's {} positions (n_positions; "
+                               "the last token is predicted from the last position)\n",
+                               i, run.model.seq);
+  }
+  const auto& st = r.stats;
+  std::cerr << fmt::format("shardwise generate: {} new tokens for {} prompt{} in {:.3g} s ({:.1f} tokens/s; decode "
+                           "{:.1f} tokens/s; {}; planning {:.3g} s) on {} ({})\n",
+                           st.new_tokens, r.sequences.size(), r.sequences.size() == 1 ? "" : "s",
+                           st.prefill_seconds + st.decode_seconds,
+                           st.tokens_per_second(), st.decode_tokens_per_second(),
+                           run.config.kv_cache ? "KV cache" : "recomputing the prefix", st.plan_seconds,
+                           run.strategy.to_string(), ranks);
+}
+
+}  // namespace
+
+int cmd_generate(const GenerateOptions& o, std::ostream& out) {
+  SW_CHECK(!o.checkpoint.empty(), "give the model: --checkpoint DIR (or --init-from DIR), a checkpoint or model "
+                                  "directory with config.json");
+  Run run;
+  run.dir = o.checkpoint;
+  SW_CHECK(std::filesystem::is_directory(run.dir), "--checkpoint '{}' is not a directory (a checkpoint such as "
+                                                   "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
+  run.model = train::read_model_config(run.dir);
+  run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
+  SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
+                                "not supported)", o.mesh);
+  SW_CHECK(run.model.heads % run.strategy.tp_size() == 0,
+           "the model's {} heads do not divide over tp={} (each tp rank needs whole heads)", run.model.heads,
+           run.strategy.tp_size());
+  const bool mpi = comm::launched_by_mpirun();
+  int64_t ranks = o.ranks;
+  if (mpi) {
+    int64_t size = comm::mpi_world()->size();
+    SW_CHECK(ranks == 0 || ranks == size, "--ranks {} but mpirun started {} processes", ranks, size);
+    ranks = size;
+  } else if (ranks == 0) {
+    ranks = run.strategy.mesh.size();
+  }
+  SW_CHECK(run.strategy.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
+           run.strategy.mesh.to_string(), run.strategy.mesh.size(), ranks, run.strategy.mesh.size(),
+           run.strategy.mesh.size());
+  run.prompts = collect_prompts(o, run.model);
+  train::check_prompts(run.prompts, run.model);
+  run.config.max_new_tokens = o.max_new_tokens;
+  run.config.kv_cache = !o.no_kv_cache;
+  run.config.keep_logits = !o.logits_out.empty();
+  // Without --temperature: greedy, unless --top-k or --top-p ask for sampling (then temperature 1).
+  const bool sampling = o.top_k > 0 || o.top_p < 1;
+  run.config.sampling.temperature = o.temperature != kTemperatureUnset ? o.temperature : (sampling ? 1.0 : 0.0);
+  run.config.sampling.top_k = o.top_k;
+  run.config.sampling.top_p = o.top_p;
+  run.config.sampling.seed = o.seed;
+  SW_CHECK(o.eos_id >= kEosFromModel, "--eos-id must be a token id, or -1 for none, got {}", o.eos_id);
+  run.config.eos_id = resolve_eos(o, run.dir);
+  run.config.validate(run.model);
+  set_blas_threads(mpi || ranks > 1 ? 1 : 0);
+  if (mpi) {
+    return comm::run_mpi_main([&](comm::Communicator& world) { generate_rank(run, o, world, comm::mpi_world(), out); });
+  }
+  comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
+    generate_rank(run, o, world, world.group(world.members()), out);
+  });
+  return 0;
+}
+
+}  // namespace shardwise::cli

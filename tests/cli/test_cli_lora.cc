@@ -1,0 +1,137 @@
+// `shardwise train --lora-*`: a LoRA run on a shardwise-trained base saves PEFT's files (no model
+// weights), reports optimizer state for the adapters only, resumes on another mesh, and its
+// adapters merged by `ckpt lora-merge` into that (GPT-2-layout) checkpoint give the adapted model's
+// loss; PEFT's golden adapter (tests/golden/hf/lora_gpt2) trains on 4 MPI processes from PEFT's
+// loss; and the errors of the --lora-* options are one line naming the problem.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using shardwise_cli_test::run;
+using shardwise_cli_test::run_command;
+
+const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("sw_cli_lora_" + name)) {
+    fs::remove_all(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+double first_loss(const fs::path& run_dir) {
+  std::ifstream f(run_dir / "metrics.jsonl");
+  std::string line;
+  std::getline(f, line);
+  return nlohmann::json::parse(line)["loss"].get<double>();
+}
+
+std::string train(const fs::path& run_dir, const std::string& mesh, int steps) {
+  return "train --mesh " + mesh + " --steps " + std::to_string(steps) +
+         " --global-batch 8 --digits 2 --eval-every 0 --progress none --run-dir " + run_dir.string();
+}
+
+TEST(CliLora, RunOnAShardwiseBaseSavesPeftFilesResumesAndMerges) {
+  TempDir d("run");
+  // The base: a shardwise checkpoint (GPT-2's layout) of the addition task.
+  auto r = run(train(d.path / "base", "dp=1", 2) + " --layers 2 --hidden 32 --save-every 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path base = d.path / "base" / "checkpoints" / "checkpoint-2";
+  const std::string lora = " --init-from " + base.string() + " --lora-rank 4 --lora-targets c_attn,c_proj --lr 1e-2";
+  r = run(train(d.path / "lora", "dp=1", 4) + lora + " --save-every 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Adapters per layer (H 32, r 4): c_attn 4x32 + 96x4, attn.c_proj 4x32 + 32x4, mlp.c_proj 4x128 + 32x4.
+  EXPECT_NE(r.out.find("LoRA: r 4, alpha 8 (scale 2) on c_attn, c_proj; base frozen: 2816 trainable parameters"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer state 22528 bytes (adapters only"), std::string::npos) << r.out;  // 8 x 2816
+  const fs::path ckpt = d.path / "lora" / "checkpoints" / "checkpoint-4";
+  for (const char* f : {"adapter_model.safetensors", "adapter_config.json", "trainer_state.json", "manifest.json"})
+    EXPECT_TRUE(fs::exists(ckpt / f)) << f;
+  for (const char* f : {"config.json", "model.safetensors.index.json", "master_weights.safetensors.index.json"})
+    EXPECT_FALSE(fs::exists(ckpt / f)) << f;
+  r = run("ckpt verify " + ckpt.string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  // Resumed on another mesh (the base again from --init-from).
+  r = run(train(d.path / "lora", "dp=2,tp=2", 6) + lora + " --save-every 2 --resume auto");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + ckpt.string() + " at step 4"), std::string::npos) << r.out;
+  // Merged into the base checkpoint: the merged model's loss is the adapted one's.
+  const fs::path merged = d.path / "merged";
+  r = run("ckpt lora-merge " + base.string() + " " + ckpt.string() + " " + merged.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(train(d.path / "adapted", "dp=1", 1) + " --init-from " + base.string() + " --lora-from " + ckpt.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(train(d.path / "merged-run", "tp=2", 1) + " --init-from " + merged.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const double adapted = first_loss(d.path / "adapted");
+  EXPECT_NEAR(first_loss(d.path / "merged-run"), adapted, 1e-5 * adapted);
+  EXPECT_NE(adapted, first_loss(d.path / "lora"));  // the adapters changed the model
+}
+
+TEST(CliLora, PeftsAdapterTrainsOnMpiProcessesFromPeftsLoss) {
+  TempDir d("mpi");
+  std::ifstream f(kGolden + "/lora_gpt2_expected.json");
+  const double want = nlohmann::json::parse(f)["loss"].get<double>();
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  auto r = run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --init-from " + kGolden +
+                       "/gpt2_tiny --lora-from " + kGolden + "/lora_gpt2 --data " + kGolden +
+                       "/tokens.bin --mesh dp=2,tp=2 --steps 2 --global-batch 4 --eval-every 0 --progress none "
+                       "--save-every 2 --run-dir " + d.path.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NEAR(first_loss(d.path), want, 1e-5 * want);
+  EXPECT_TRUE(fs::exists(d.path / "checkpoints" / "checkpoint-2" / "adapter_model.safetensors"));
+}
+
+TEST(CliLora, BadLoraOptionsAreOneLineNamingTheProblem) {
+  TempDir d("bad");
+  const std::string golden = " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden + "/tokens.bin";
+  auto expect_error = [&](const std::string& args, const std::string& message, int steps = 1) {
+    auto r = run(train(d.path, "dp=1", steps) + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+  };
+  expect_error(" --lora-rank 4", "--lora-rank 4 trains adapters on a base model, whose weights stay frozen: pass "
+                                 "--init-from DIR");
+  expect_error(golden + " --lora-rank 0", "--lora-rank must be at least 1, got 0");
+  expect_error(golden + " --lora-rank -3", "--lora-rank must be at least 1, got -3");
+  expect_error(golden + " --lora-rank 4 --lora-targets c_attn,q_proj", "--lora-targets 'q_proj' names no module");
+  expect_error(golden + " --lora-rank 4 --lora-targets ln_f", "names 'transformer.ln_f', which LoRA does not adapt");
+  expect_error(golden + " --lora-alpha 16", "--lora-alpha needs --lora-rank R (or --lora-from an adapter directory)");
+  expect_error(golden + " --lora-from " + kGolden + "/lora_gpt2 --lora-rank 8",
+               "--lora-rank 8 contradicts --lora-from " + kGolden + "/lora_gpt2, whose adapter_config.json has r 4");
+  expect_error(golden + " --lora-from " + kGolden + "/gpt2_tiny", "has no adapter_config.json");
+  // An adapter whose config says r 2 over rank-4 matrices: both shapes named.
+  fs::create_directories(d.path / "bad");
+  fs::copy_file(kGolden + "/lora_gpt2/adapter_model.safetensors", d.path / "bad" / "adapter_model.safetensors");
+  std::ifstream in(kGolden + "/lora_gpt2/adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["r"] = 2;
+  std::ofstream(d.path / "bad" / "adapter_config.json") << config.dump(2);
+  expect_error(golden + " --lora-from " + (d.path / "bad").string(), "has shape 4x32 in the checkpoint");
+  // A LoRA checkpoint resumed without its adapters, or on another base.
+  auto r = run(train(d.path / "run", "dp=1", 1) + golden + " --lora-rank 2 --save-every 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string ckpt = (d.path / "run" / "checkpoints" / "checkpoint-1").string();
+  expect_error(golden + " --resume " + ckpt, "holds LoRA adapters (adapter_config.json), not a model", 2);
+  expect_error(golden + " --lora-rank 4 --lora-targets c_attn,c_fc --resume " + ckpt,
+               "holds other adapters: r 2 (checkpoint) vs 4 (this run), target_modules [c_attn] (checkpoint) vs "
+               "[c_attn, c_fc] (this run)", 2);
+  r = run(train(d.path / "other", "dp=1", 1) + " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden +
+          "/tokens.bin --save-every 1 --lr 0.1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_error(" --init-from " + (d.path / "other" / "checkpoints" / "checkpoint-1").string() + " --data " + kGolden +
+                   "/tokens.bin --lora-rank 2 --resume " + ckpt,
+               "trained its adapters on the base model '" + kGolden + "/gpt2_tiny'", 2);
+}
+
+}  // namespace

@@ -1,0 +1,147 @@
+// `shardwise tokenize` (train a SentencePiece model, text to token files and back) and `shardwise
+// train --data text --tokenizer`, on tests/data/fables.txt: threads, a resume, and mpirun.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
+using shardwise_cli_test::run_command;
+
+const std::string kFables = std::string(SHARDWISE_SOURCE_DIR) + "/tests/data/fables.txt";
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("sw_cli_tokenize_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A model of vocabulary 512 trained on the fables, at test time: `d`/m.model.
+std::string trained_model(const fs::path& d) {
+  Result r = run("tokenize --train-model --in " + kFables + " --vocab-size 512 --model-prefix " + (d / "m").string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("vocabulary 512, bos 1, eos 2"), std::string::npos) << r.out;
+  return (d / "m.model").string();
+}
+
+TEST(CliTokenize, TrainsAModelWritesTokenFilesAndDecodesThemBack) {
+  fs::path d = fresh_dir("roundtrip");
+  const std::string model = trained_model(d);
+  ASSERT_TRUE(fs::exists(d / "m.vocab"));
+  const std::string tok = "tokenize --tokenizer " + model + " --documents paragraphs --in " + kFables;
+  Result r = run(tok + " --out " + (d / "t.bin").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("into 48 documents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("u16 format, uint16 tokens (train reads it with --data-format auto)"), std::string::npos) << r.out;
+  Result back = run("tokenize --decode --tokenizer " + model + " --documents paragraphs --in " + (d / "t.bin").string() +
+                    " --out " + (d / "back.txt").string());
+  ASSERT_EQ(back.status, 0) << back.out;
+  EXPECT_EQ(slurp(d / "back.txt"), slurp(kFables)) << "decode(encode(text)) == text";
+  for (const std::string format : {"u32", "llmc"}) {
+    const fs::path out = d / ("t_" + format + ".bin");
+    Result w = run(tok + " --format " + format + " --out " + out.string());
+    ASSERT_EQ(w.status, 0) << w.out;
+    EXPECT_NE(w.out.find("wrote " + out.string() + ": " + format + " format"), std::string::npos) << w.out;
+    Result b = run("tokenize --decode --tokenizer " + model + " --documents paragraphs --format " +
+                   (format == "u32" ? "u32" : "auto") + " --in " + out.string() + " --out " + (d / "b.txt").string());
+    ASSERT_EQ(b.status, 0) << b.out;
+    EXPECT_EQ(slurp(d / "b.txt"), slurp(kFables)) << format;
+  }
+  // The token file trains as any other (--data-format auto).
+  Result t = run("train --layers 1 --hidden 32 --heads 2 --seq 32 --vocab 512 --global-batch 4 --steps 2 --eval-every 0 "
+                 "--run-dir " + (d / "run").string() + " --data " + (d / "t_llmc.bin").string());
+  EXPECT_EQ(t.status, 0) << t.out;
+  fs::remove_all(d);
+}
+
+const std::string kTrain = "train --layers 1 --hidden 32 --heads 2 --seq 32 --global-batch 4 --eval-every 0 ";
+
+TEST(CliTokenize, TrainsOnTextThroughTheTokenizerAndResumesOnlyWithIt) {
+  fs::path d = fresh_dir("train");
+  const std::string model = trained_model(d);
+  const std::string run_dir = " --run-dir " + (d / "run").string() + " --save-every 2";
+  const std::string text = " --vocab 512 --data " + kFables + " --tokenizer " + model + " --documents paragraphs";
+  Result r = run(kTrain + "--steps 2 --no-cross-document-attention" + run_dir + text);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("data: " + kFables + " (text tokenized by " + model + ": 48 documents, one document per "
+                       "paragraph, eos after each"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("packing: documents end at id 2"), std::string::npos) << r.out;
+  // The same text as bytes is other data.
+  Result bytes = run(kTrain + "--steps 4 --vocab 512 --resume auto --data " + kFables + run_dir);
+  EXPECT_EQ(bytes.status, 2) << bytes.out;
+  EXPECT_NE(bytes.out.find("tokenized by m.model"), std::string::npos) << bytes.out;
+  Result again = run(kTrain + "--steps 4 --no-cross-document-attention --resume auto" + run_dir + text);
+  EXPECT_EQ(again.status, 0) << again.out;
+  fs::remove_all(d);
+}
+
+TEST(CliTokenize, ErrorsAreOneLineNamingTheProblem) {
+  fs::path d = fresh_dir("errors");
+  Result missing = run(kTrain + "--steps 1 --vocab 512 --data " + kFables + " --tokenizer " + (d / "none.model").string());
+  EXPECT_EQ(missing.status, 2) << missing.out;
+  EXPECT_NE(missing.out.find("shardwise: error: --tokenizer '" + (d / "none.model").string() + "': no such file"),
+            std::string::npos) << missing.out;
+  const std::string model = trained_model(d);
+  Result small = run(kTrain + "--steps 1 --vocab 256 --data " + kFables + " --tokenizer " + model);
+  EXPECT_EQ(small.status, 2) << small.out;
+  EXPECT_NE(small.out.find("has a vocabulary of 512 ids; the model's --vocab 256 must hold it (use --vocab 512 or more)"),
+            std::string::npos) << small.out;
+  Result no_model = run("tokenize --in " + kFables + " --out " + (d / "t.bin").string());
+  EXPECT_EQ(no_model.status, 2) << no_model.out;
+  EXPECT_NE(no_model.out.find("needs --tokenizer F"), std::string::npos) << no_model.out;
+  Result no_eos = run(kTrain + "--steps 1 --vocab 512 --data " + kFables + " --no-cross-document-attention");
+  EXPECT_EQ(no_eos.status, 2) << no_eos.out;
+  EXPECT_NE(no_eos.out.find("--no-cross-document-attention needs an end-of-text id"), std::string::npos) << no_eos.out;
+  Result tiny = run("tokenize --train-model --in " + kFables + " --vocab-size 100 --model-prefix " + (d / "t").string());
+  EXPECT_EQ(tiny.status, 2) << tiny.out;
+  EXPECT_NE(tiny.out.find("training a SentencePiece bpe tokenizer of vocabulary 100"), std::string::npos) << tiny.out;
+  fs::remove_all(d);
+}
+
+std::vector<double> losses_of(const fs::path& jsonl) {
+  std::ifstream f(jsonl);
+  std::vector<double> out;
+  for (std::string line; std::getline(f, line);) out.push_back(std::stod(line.substr(line.find("\"loss\":") + 7)));
+  return out;
+}
+
+// Every process tokenizes the text itself; two processes train as two threads do.
+TEST(CliTokenize, UnderMpirunEveryProcessReadsTheSameTokens) {
+  fs::path d = fresh_dir("mpi");
+  const std::string model = trained_model(d);
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string args = " --mesh dp=2 --steps 3 --no-cross-document-attention --vocab 512 --data " + kFables +
+                           " --tokenizer " + model + " --documents paragraphs";
+  Result threads = run(kTrain + args + " --run-dir " + (d / "threads").string());
+  ASSERT_EQ(threads.status, 0) << threads.out;
+  Result mpi = run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin + " " + kTrain + args + " --run-dir " +
+                           (d / "mpi").string());
+  ASSERT_EQ(mpi.status, 0) << mpi.out;
+  EXPECT_NE(mpi.out.find("(2 ranks, mpi)"), std::string::npos) << mpi.out;
+  const std::vector<double> a = losses_of(d / "threads" / "metrics.jsonl"), b = losses_of(d / "mpi" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+  fs::remove_all(d);
+}
+
+}  // namespace
