@@ -70,4 +70,26 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
   EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
 }
 
+// Packed documents, LoRA and generation are GPT-2's: with a Llama model each is one line naming
+// the combination, before anything runs.
+TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_refused";
+  fs::remove_all(dir);
+  auto r = run(args(dir, "--mesh dp=1 --eos-id 0 --no-cross-document-attention"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--no-cross-document-attention with --model llama is not supported"), std::string::npos)
+      << r.out;
+  r = run(args(dir, "--mesh dp=1 --lora-rank 4"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos)
+      << r.out;
+  r = run("generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids 1,2,3 --max-new-tokens 2");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("shardwise generate decodes GPT-2 models only: --checkpoint " + kGolden +
+                       "/llama_tiny holds a Llama model"),
+            std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -3,9 +3,12 @@
 // them, else replicated), and 20 training steps follow the single-rank loss curve on every mesh.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "llama_config.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
+#include "shardwise/train/generate.h"
 #include "shardwise/train/llama.h"
 #include "shardwise/train/trainer.h"
 
@@ -130,6 +133,43 @@ TEST(Llama, ConfigurationsItCannotBuildAreRefusedNamingTheField) {
   c = llama_test_config("dp=1");
   c.model.model_type = "mistral";
   EXPECT_NE(message(c).find("model 'mistral' is not one shardwise builds (gpt2, llama)"), std::string::npos);
+}
+
+// GPT-2's packed documents, LoRA and generation are not built for Llama: each is refused naming
+// the combination (and the same GPT-2 configurations pass).
+TEST(Llama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig c = llama_test_config("dp=1");
+  c.document_attention = true, c.eos_id = 10;
+  std::string m = message([&] { c.check(1); });
+  EXPECT_NE(m.find("--no-cross-document-attention with --model llama is not supported"), std::string::npos) << m;
+  GptConfig model = llama_test_config("dp=1").model;
+  model.document_mask = true, model.eos_id = 10;
+  m = message([&] { model.validate(); });
+  EXPECT_NE(m.find("llama: packed documents (document_mask, --no-cross-document-attention) are not supported"),
+            std::string::npos) << m;
+  model.model_type = "gpt2";
+  EXPECT_EQ(message([&] { model.validate(); }), "no error");
+
+  c = llama_test_config("dp=1");
+  c.model.lora.rank = 4;
+  m = message([&] { c.check(1); });
+  EXPECT_NE(m.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos) << m;
+  c.model.model_type = "gpt2", c.model.kv_heads = 0, c.model.intermediate_size = 0;
+  EXPECT_EQ(message([&] { c.check(1); }), "no error");
+
+  comm::LocalWorld::run(1, [&](comm::Communicator& world) {
+    const Strategy s = Strategy::from_mesh(mesh::parse_mesh("dp=1"), false);
+    m = message([&] { Generator g(llama_test_config("dp=1").model, s, world.group(world.members()), {}); });
+  });
+  EXPECT_NE(m.find("generation decodes GPT-2 models only: this is a Llama model"), std::string::npos) << m;
 }
 
 }  // namespace

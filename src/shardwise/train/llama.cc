@@ -18,6 +18,12 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
+  // Packed documents need per-sequence positions: the rotary op reads one [S] row for the whole
+  // micro-batch (GPT-2 looks its positions up per token instead).
+  SW_CHECK(!c.document_mask,
+           "llama: packed documents (document_mask, --no-cross-document-attention) are not supported: Llama's rotary "
+           "positions are one [S] row shared by every sequence of the micro-batch, not per-document position ids; "
+           "train GPT-2 for that, or let documents attend across their boundaries (leave the option out)");
 }
 
 namespace {
