@@ -3,6 +3,8 @@
 // them, else replicated), and 20 training steps follow the single-rank loss curve on every mesh.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 
 #include "llama_config.h"
@@ -170,6 +172,41 @@ TEST(Llama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
     m = message([&] { Generator g(llama_test_config("dp=1").model, s, world.group(world.members()), {}); });
   });
   EXPECT_NE(m.find("generation decodes GPT-2 models only: this is a Llama model"), std::string::npos) << m;
+}
+
+// Validation runs forward-only stages that bind Llama's constants (the causal mask and the
+// rotary positions) beside the per-micro-batch feeds: the same loss on every mesh.
+TEST(Llama, ValidationLossIsTheSameOnEveryMesh) {
+  const std::filesystem::path data = std::filesystem::temp_directory_path() / "shardwise-llama-val.bin";
+  {
+    std::ofstream out(data, std::ios::binary | std::ios::trunc);
+    uint32_t t = 1;
+    for (uint32_t i = 0; i < 4000; ++i) {
+      t = (t * 5 + 3 + (i % 11 == 0 ? i % 7 : 0)) % 128;
+      out.put(static_cast<char>(t & 0xFF)).put(static_cast<char>(t >> 8));
+    }
+  }
+  auto losses = [&](const std::string& mesh) {
+    TrainConfig c = llama_test_config(mesh, 2);
+    c.data = data.string(), c.val_fraction = 0.25, c.val_samples = 6;
+    std::vector<double> out;
+    comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      std::vector<double> mine = {t.validate().loss};
+      t.step();
+      mine.push_back(t.validate().loss);
+      if (w.rank() == 0) out = mine;
+    });
+    return out;
+  };
+  const std::vector<double> ref = losses("dp=1");
+  ASSERT_EQ(ref.size(), 2u);
+  for (const std::string mesh : {"tp=2", "pp=2", "dp=2"}) {
+    const std::vector<double> got = losses(mesh);
+    ASSERT_EQ(got.size(), 2u) << mesh;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << mesh << ", validation " << i;
+  }
+  std::filesystem::remove(data);
 }
 
 }  // namespace
