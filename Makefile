@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test test-asan fuzz parity hf-parity hf-golden golden demo bench bench-comm clean
+.PHONY: all deps build test test-asan fuzz parity hf-parity hf-golden golden llama-golden demo bench bench-comm clean
 
 all: build
 
@@ -92,6 +92,13 @@ golden: build
 	  { SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; $$SUDO apt-get install -y -qq python3-torch python3-numpy; }
 	$(BUILD)/tests/golden_export $(BUILD)/golden_inputs.safetensors
 	/usr/bin/python3 tests/golden/gpt_parity.py $(BUILD)/golden_inputs.safetensors tests/golden/gpt_losses.json
+
+# The same for the Llama model against transformers' LlamaForCausalLM (PyPI torch and transformers in
+# $(HF_VENV)): tests/golden/llama_losses.json, replayed by tests/train/test_llama_golden.cc.
+llama-golden: build $(HF_VENV)/bin/python
+	$(BUILD)/tests/golden_export $(BUILD)/llama_golden_inputs.safetensors llama
+	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/llama_golden_inputs.safetensors \
+	  tests/golden/llama_losses.json
 
 bench: build
 	@bash bench/run.sh $(BUILD)

@@ -18,6 +18,11 @@ Checks, each against the Python libraries' own results:
               loads the checkpoint without warnings -> its loss equals shardwise's within 1e-5 (the
               first step's loss of `train --lora-from`), lora-merge of it gives PEFT's logits within
               1e-5, and its adapter_config.json equals PEFT's for the same LoraConfig.
+  llama       the same two checks for `--model llama`: a transformers LlamaForCausalLM (grouped-query
+              attention, untied head) -> `--init-from` -> transformers' first loss within 1e-5; a shardwise
+              Llama checkpoint -> LlamaForCausalLM with no missing/unexpected keys, no warnings, same loss.
+--only gpt2|lora|llama (repeatable) runs those parts (gpt2: init-from and load; lora: lora-merge and
+lora-train; llama); without it, all of them.
 With --golden DIR it also writes the small files tests/golden/hf/ holds, which `make test` replays
 without PyPI (tests/train/test_hf_golden.cc, test_lora_golden.cc).
 Needs: pip install torch transformers peft safetensors numpy (the Makefile target makes a venv).
@@ -36,7 +41,7 @@ import warnings
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 TOL = 1e-5
 
@@ -342,20 +347,95 @@ def check_lora_train(shardwise, tmp):
     print(f"  lora-train adapter_config.json and adapter keys/shapes = PEFT's ({len(shapes[0])} tensors)")
 
 
+def tiny_llama(seed, vocab=128, seq=16):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=seq, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+                      bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def check_llama_init_from(shardwise, tmp, golden):
+    model = tiny_llama(11)
+    rng = np.random.default_rng(5)
+    tokens = [int(t) for t in rng.integers(0, 128, size=17)]
+    data = os.path.join(tmp, "llama_tokens.bin")
+    write_u16(data, tokens)
+    want, logits = hf_loss(model, tokens)
+    d = os.path.join(tmp, "hf-llama")
+    model.save_pretrained(d)
+    for mesh in ["tp=2", "dp=2,tp=2", "tp=2,pp=2"]:
+        got = first_loss(shardwise, tmp, f"llama-{mesh}", d, data, mesh)
+        assert abs(got - want) <= TOL * max(1, abs(want)), (mesh, got, want)
+        print(f"  llama init-from {mesh:10s} first loss {got:.7f} = transformers {want:.7f}")
+    if golden:
+        out = os.path.join(golden, "llama_tiny")
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        write_u16(os.path.join(golden, "llama_tokens.bin"), tokens)
+        json.dump({"generator": f"tools/hf_parity.py with torch {torch.__version__}, transformers "
+                                f"{transformers.__version__}",
+                   "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
+                   "argmax": logits.argmax(-1).tolist()},
+                  open(os.path.join(golden, "llama_tiny_expected.json"), "w"), indent=1)
+
+
+def check_llama_load(shardwise, tmp):
+    root = os.path.join(tmp, "sw-llama")
+    run([shardwise, "train", "--model", "llama", "--mesh", "dp=2,tp=2", "--steps", "30", "--layers", "2", "--hidden",
+         "32", "--heads", "4", "--kv-heads", "2", "--intermediate-size", "64", "--untied-head", "--digits", "2",
+         "--global-batch", "8", "--save-every", "30", "--run-dir", root, "--progress", "none"])
+    ckpt = os.path.join(root, "checkpoints", "checkpoint-30")
+    handler = Collect()
+    logging.getLogger("transformers").addHandler(handler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
+    logging.getLogger("transformers").removeHandler(handler)
+    model.eval()
+    problems = {k: v for k, v in info.items() if v}
+    assert not problems, problems
+    assert not handler.records, handler.records
+    assert not caught, [str(w.message) for w in caught]
+    assert type(model).__name__ == "LlamaForCausalLM", type(model).__name__
+    assert model.config.num_key_value_heads == 2 and not model.config.tie_word_embeddings, model.config
+    print(f"  llama load AutoModelForCausalLM: {type(model).__name__}, no missing/unexpected keys, no warnings")
+    seq = model.config.max_position_embeddings
+    tokens = [ord(c) for c in "12+34=46\n41+"][: seq + 1]
+    while len(tokens) < seq + 1:
+        tokens.append(10)
+    data = os.path.join(tmp, "sw_llama_tokens.txt")
+    with open(data, "wb") as f:
+        f.write(bytes(tokens))
+    want, _ = hf_loss(model, tokens)
+    got = first_loss(shardwise, tmp, "sw-llama-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
+    assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
+    print(f"  llama load loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shardwise")
     ap.add_argument("--golden", help="write the golden files of tests/golden/hf into this directory")
+    ap.add_argument("--only", choices=["gpt2", "lora", "llama"], action="append",
+                    help="run (and with --golden, write) these parts' checks only (repeatable; default: all)")
     a = ap.parse_args()
+    parts = set(a.only or ["gpt2", "lora", "llama"])
     transformers.logging.set_verbosity_warning()
     if a.golden:
         os.makedirs(a.golden, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-        check_init_from(a.shardwise, tmp, a.golden)
-        check_load(a.shardwise, tmp)
-        check_lora_merge(a.shardwise, tmp, a.golden)
-        check_lora_train(a.shardwise, tmp)
+        if "gpt2" in parts:
+            check_init_from(a.shardwise, tmp, a.golden)
+            check_load(a.shardwise, tmp)
+        if "lora" in parts:
+            check_lora_merge(a.shardwise, tmp, a.golden)
+            check_lora_train(a.shardwise, tmp)
+        if "llama" in parts:
+            check_llama_init_from(a.shardwise, tmp, a.golden)
+            check_llama_load(a.shardwise, tmp)
     print("hf parity ok")
 
 

@@ -1,27 +1,31 @@
-// Writes what the PyTorch reference (tests/golden/gpt_parity.py) needs to train the same GPT as
-// tests/train/test_golden.cc: the initial parameters as shardwise initializes them, the batches of
-// every step, and the configuration (safetensors __metadata__ "config", JSON).
+// Writes what the PyTorch reference (tests/golden/gpt_parity.py; llama_parity.py) needs to train
+// the same model as tests/train/test_golden.cc (test_llama_golden.cc): the initial parameters as
+// shardwise initializes them, the batches of every step, and the configuration (safetensors
+// __metadata__ "config", JSON).
 //
-//   build/tests/golden_export OUT.safetensors        (run by `make golden`)
+//   build/tests/golden_export OUT.safetensors [gpt2|llama]   (run by `make golden`, `make llama-golden`)
 #include <iostream>
 
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/graph/graph.h"
+#include "shardwise/train/models.h"
 #include "tests/golden/parity_config.h"
 
 int main(int argc, char** argv) {
   using namespace shardwise;
-  if (argc != 2) {
-    std::cerr << "usage: golden_export OUT.safetensors\n";
+  const std::string kind = argc == 3 ? argv[2] : "gpt2";
+  if ((argc != 2 && argc != 3) || (kind != "gpt2" && kind != "llama")) {
+    std::cerr << "usage: golden_export OUT.safetensors [gpt2|llama]\n";
     return 2;
   }
-  train::TrainConfig c = golden::parity_config();
+  train::TrainConfig c = kind == "llama" ? golden::llama_parity_config() : golden::parity_config();
   c.check(1);
-  train::GptGraph model = train::build_gpt(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.mesh), false), c.global_batch);
+  train::GptGraph model =
+      train::build_model(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.mesh), false), c.global_batch);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (graph::ValueId v : model.g.params()) {
     const auto& val = model.g.value(v);
-    tensors.emplace_back(val.name, train::init_param(c.model, val.name, val.meta.shape, c.seed));
+    tensors.emplace_back(val.name, train::init_model_param(c.model, val.name, val.meta.shape, c.seed));
   }
   auto data = train::open_dataset(c.data, c.digits, c.model.seq, c.seed);
   for (int64_t s = 0; s < c.steps; ++s) {

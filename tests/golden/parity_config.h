@@ -21,8 +21,32 @@ inline train::TrainConfig parity_config() {
   return c;
 }
 
+// The Llama run compared with transformers' LlamaForCausalLM (tests/golden/llama_parity.py,
+// tests/train/test_llama_golden.cc): grouped-query attention (4 heads, 2 kv heads), an untied head.
+inline train::TrainConfig llama_parity_config() {
+  train::TrainConfig c = parity_config();
+  c.model.model_type = "llama";
+  c.model.kv_heads = 2;
+  c.model.intermediate_size = 96;
+  c.model.tie_word_embeddings = false;
+  return c;
+}
+
 // What the PyTorch script reads (safetensors metadata "config").
 inline nlohmann::json parity_config_json(const train::TrainConfig& c) {
+  if (c.model.is_llama()) {
+    train::TrainConfig common = c;
+    common.model.model_type = "gpt2";  // the fields both share
+    nlohmann::json j = parity_config_json(common);
+    j["model"] = "llama";
+    j["kv_heads"] = c.model.key_value_heads();
+    j["intermediate_size"] = c.model.mlp_width();
+    j["rope_theta"] = c.model.rope_theta;
+    j["rms_norm_eps"] = c.model.rms_norm_eps;
+    j["tie_word_embeddings"] = c.model.tie_word_embeddings;
+    j.erase("layer_norm_epsilon");
+    return j;
+  }
   return {{"layers", c.model.layers},   {"heads", c.model.heads},       {"hidden", c.model.hidden},
           {"seq", c.model.seq},         {"vocab", c.model.vocab},       {"layer_norm_epsilon", c.model.layer_norm_epsilon},
           {"steps", c.steps},           {"total_steps", c.steps},       {"lr", c.lr},

@@ -166,7 +166,7 @@ TEST(HfLayout, ConfigsShardwiseCannotBuildExactlyAreRefused) {
     }
     return false;
   };
-  EXPECT_TRUE(refused("model_type", "llama"));
+  EXPECT_TRUE(refused("model_type", "mistral"));  // (llama is read as a LlamaConfig: test_llama_hf.cc)
   EXPECT_TRUE(refused("n_inner", 100));
   EXPECT_TRUE(refused("tie_word_embeddings", false));
   EXPECT_TRUE(refused("activation_function", "relu"));

@@ -68,11 +68,22 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--val-samples", c.val_samples,
                 "validation sequences per evaluation (all, if the validation data holds fewer disjoint ones)");
   t->add_option("--digits", c.digits, "digits of the embedded addition task");
+  t->add_option("--model", c.model.model_type,
+                "the architecture: gpt2 (LayerNorm, learned positions, GELU MLP, tied head) or llama (RMSNorm, rotary "
+                "positions, SwiGLU MLP, grouped-query attention)")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
   t->add_option("--layers", c.model.layers, "transformer layers");
   t->add_option("--heads", c.model.heads, "attention heads");
   t->add_option("--hidden", c.model.hidden, "hidden size");
   t->add_option("--seq", c.model.seq, "sequence length (0: the longest addition problem, or 256 for a file)");
   t->add_option("--vocab", c.model.vocab, "vocabulary size");
+  t->add_option("--kv-heads", c.model.kv_heads, "llama: key/value heads, dividing --heads (0: as many as --heads)");
+  t->add_option("--intermediate-size", c.model.intermediate_size, "llama: the SwiGLU MLP's width (0: 4 x hidden)");
+  t->add_option("--rope-theta", c.model.rope_theta, "llama: the rotary embedding's base");
+  t->add_option("--rms-norm-eps", c.model.rms_norm_eps, "llama: the RMSNorm epsilon");
+  t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,
+              "llama: --untied-head gives a separate LM head (lm_head.weight); tied (default): the token embedding")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   t->add_option("--eval-every", o.eval_every,
                 "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");
   t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");

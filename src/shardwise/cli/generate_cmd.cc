@@ -224,6 +224,9 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   SW_CHECK(std::filesystem::is_directory(run.dir), "--checkpoint '{}' is not a directory (a checkpoint such as "
                                                    "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
   run.model = train::read_model_config(run.dir);
+  SW_CHECK(!run.model.is_llama(), "shardwise generate decodes GPT-2 models only: --checkpoint {} holds a Llama model "
+           "(config.json model_type llama), whose decoding (rotary positions, a grouped-query KV cache) is not built; "
+           "load it in transformers (LlamaForCausalLM) to generate", o.checkpoint);
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
   SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
                                 "not supported)", o.mesh);

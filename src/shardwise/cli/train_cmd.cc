@@ -20,6 +20,7 @@
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
 #include "shardwise/train/model_io.h"
+#include "shardwise/train/models.h"
 #include "shardwise/train/run_guard.h"
 
 namespace shardwise::cli {
@@ -28,13 +29,34 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   SW_CHECK(ckpt::fs::is_directory(o.init_from), "--init-from '{}' is not a directory", o.init_from);
   const train::GptConfig saved = train::read_model_config(o.init_from);
   train::GptConfig& m = o.config.model;
-  for (auto [flag, value, from_dir] : {std::tuple{"--layers", &m.layers, saved.layers}, {"--heads", &m.heads, saved.heads},
-                                       {"--hidden", &m.hidden, saved.hidden}, {"--seq", &m.seq, saved.seq},
-                                       {"--vocab", &m.vocab, saved.vocab}}) {
+  SW_CHECK(cmd.count("--model") == 0 || m.model_type == saved.model_type,
+           "--model {} contradicts --init-from {}, whose config.json holds a {} model: leave the option out (the "
+           "model comes from the directory)", m.model_type, o.init_from, saved.model_type);
+  m.model_type = saved.model_type;
+  const bool llama = saved.is_llama();
+  std::vector<std::tuple<const char*, int64_t*, int64_t>> fields = {
+      {"--layers", &m.layers, saved.layers}, {"--heads", &m.heads, saved.heads}, {"--hidden", &m.hidden, saved.hidden},
+      {"--vocab", &m.vocab, saved.vocab}};
+  if (llama) {
+    fields.push_back({"--kv-heads", &m.kv_heads, saved.key_value_heads()});
+    fields.push_back({"--intermediate-size", &m.intermediate_size, saved.mlp_width()});
+  }
+  // Llama has no position parameter: a run may train on sequences up to max_position_embeddings.
+  if (!llama || cmd.count("--seq") == 0 || m.seq > saved.seq) fields.push_back({"--seq", &m.seq, saved.seq});
+  for (auto [flag, value, from_dir] : fields) {
     SW_CHECK(cmd.count(flag) == 0 || *value == from_dir,
-             "{} {} contradicts --init-from {}, whose config.json has {}: leave the option out (the model comes "
-             "from the directory)", flag, *value, o.init_from, from_dir);
+             "{} {} contradicts --init-from {}, whose config.json has {}{}: leave the option out (the model comes "
+             "from the directory)", flag, *value, o.init_from, from_dir,
+             llama && std::string(flag) == "--seq" ? " (max_position_embeddings; --seq may be shorter)" : "");
     *value = from_dir;
+  }
+  if (llama) {
+    SW_CHECK(cmd.count("--tied-head") == 0 || m.tie_word_embeddings == saved.tie_word_embeddings,
+             "--{} contradicts --init-from {}, whose config.json has tie_word_embeddings {}",
+             m.tie_word_embeddings ? "tied-head" : "untied-head", o.init_from, saved.tie_word_embeddings);
+    m.tie_word_embeddings = saved.tie_word_embeddings;
+    m.rope_theta = saved.rope_theta;
+    m.rms_norm_eps = saved.rms_norm_eps;
   }
   m.layer_norm_epsilon = saved.layer_norm_epsilon;
   m.init_std = saved.init_std;
@@ -133,8 +155,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     log = std::make_unique<train::MetricsLog>(o.run_dir, resumed.dir ? trainer.steps_done() : -1);
     if (!log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", log->kept_aside());
     const auto& c = trainer.config();
-    out << fmt::format("shardwise train: GPT {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
-                       c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
+    out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
+                       train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
     out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}; {} steps, lr {} "
                        "(warm-up {}, cosine to {})\n",

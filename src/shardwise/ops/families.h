@@ -15,7 +15,8 @@
   X(index)                       \
   X(channel_norm)                \
   X(misc)                        \
-  X(activation)
+  X(activation)                  \
+  X(rotary)
 
 namespace shardwise::ops {
 

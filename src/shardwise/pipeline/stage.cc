@@ -67,6 +67,19 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
   const graph::Program& p = out.program;
   std::vector<int> producer;
   std::vector<int> phase = phases(g, p, out.forward_nodes, producer);
+  // What the runner reads after the forward phase (the output it sends on, the loss, the result)
+  // is made in it: an annotated value the rule lays out otherwise is resharded into its slot, and
+  // that reshard must not wait for a backward consumer of the same layout (a residual stream whose
+  // add yields P(sum) on tp, annotated R at the stage boundary, read R by the add's gradient).
+  for (const std::string* name : {&spec.output, &spec.loss, &spec.result}) {
+    if (name->empty()) continue;
+    int i = producer[static_cast<size_t>(p.value_slot[static_cast<size_t>(g.get(*name))])];
+    while (i >= 0 && phase[static_cast<size_t>(i)] != kForward &&
+           p.instrs[static_cast<size_t>(i)].kind == graph::InstrKind::Reshard) {
+      phase[static_cast<size_t>(i)] = kForward;
+      i = producer[static_cast<size_t>(p.instrs[static_cast<size_t>(i)].in[0])];
+    }
+  }
   // The input-gradient phase: the backward instructions the input's gradient depends on.
   std::vector<bool> needed(p.instrs.size(), false);
   if (!out.input_grad.empty()) {

@@ -15,7 +15,7 @@ namespace shardwise::train {
 namespace {
 
 nlohmann::json model_config(const TrainConfig& c) {
-  return gpt2_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, default_special_tokens(c.model.vocab));
+  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, default_special_tokens(c.model.vocab));
 }
 
 // Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
@@ -159,10 +159,11 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   const bool lora = c.model.lora.enabled();
   ckpt::CheckpointContent content;
   content.step = trainer.steps_done();
-  // GPT-2's layout: q/k/v in the fused c_attn, for the weights and their moments alike. A LoRA run
-  // saves its adapters only, as PEFT does: one adapter_model.safetensors in PEFT's keys (the fp32
-  // masters: PEFT reads that one file, and a resume continues from exact values).
-  const ckpt::KeyMap keys = lora ? lora_key_map(c.model) : gpt2_key_map(c.model);
+  // GPT-2's layout: q/k/v in the fused c_attn, for the weights and their moments alike (Llama's:
+  // every parameter under its own name). A LoRA run saves its adapters only, as PEFT does: one
+  // adapter_model.safetensors in PEFT's keys (the fp32 masters: PEFT reads that one file, and a
+  // resume continues from exact values).
+  const ckpt::KeyMap keys = lora ? lora_key_map(c.model) : model_key_map(c.model);
   ckpt::KeyMap moment_keys = keys.with_suffix("/exp_avg");
   moment_keys.add(keys.with_suffix("/exp_avg_sq"));
   ckpt::TensorGroup model{lora ? "adapter_model" : "model", {}, keys, lora}, optimizer{"optimizer", {}, moment_keys},
@@ -234,8 +235,8 @@ std::string targets_text(const LoraConfig& l) {
   return l.target_regex.empty() ? fmt::format("[{}]", fmt::join(l.targets, ", ")) : "'" + l.target_regex + "'";
 }
 
-// The model of checkpoint `dir` against the run's: config.json's fields, or a LoRA checkpoint's
-// adapter_config.json and base. Error naming each difference.
+// The model of checkpoint `dir` against the run's: config.json's model_type and fields, or a LoRA
+// checkpoint's adapter_config.json and base. Error naming each difference.
 void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
   const TrainConfig& c = trainer.config();
   const bool adapters = ckpt::fs::exists(dir / "adapter_config.json");
@@ -244,7 +245,12 @@ void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
              "--lora-* options and --init-from its base model", dir.string());
     nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(c);
     std::vector<std::string> differ;
-    for (const char* key : {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"}) {
+    const std::string saved_type = saved.value("model_type", "");
+    if ((saved_type == "llama") != c.model.is_llama())
+      differ.push_back(fmt::format("model_type '{}' (checkpoint) vs '{}' (this run, --model)", saved_type,
+                                   c.model.model_type));
+    for (const std::string& key : model_identity_keys(c.model)) {
+      if (!differ.empty()) break;  // another architecture: its fields are other keys
       if (saved.value(key, nlohmann::json()) != mine[key])
         differ.push_back(fmt::format("{} {} (checkpoint) vs {} (this run)", key,
                                      saved.value(key, nlohmann::json()).dump(), mine[key].dump()));
@@ -346,15 +352,7 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
 int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
                         const std::vector<std::string>& ignore_keys) {
   const GptConfig saved = read_model_config(dir), &mine = trainer.config().model;
-  std::vector<std::string> differ;
-  auto compare = [&](const char* key, int64_t a, int64_t b) {
-    if (a != b) differ.push_back(fmt::format("{} {} (directory) vs {} (this run)", key, a, b));
-  };
-  compare("n_layer", saved.layers, mine.layers);
-  compare("n_head", saved.heads, mine.heads);
-  compare("n_embd", saved.hidden, mine.hidden);
-  compare("n_positions", saved.seq, mine.seq);
-  compare("vocab_size", saved.vocab, mine.vocab);
+  const std::vector<std::string> differ = model_differences(saved, mine);
   SW_CHECK(differ.empty(), "--init-from {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
   // The model's weights: its parameters, or with LoRA the frozen base.

@@ -112,6 +112,8 @@ Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shar
   model_.param_dtype = DType::F32;
   model_.dropout = 0;
   process_ = world_->members()[static_cast<size_t>(world_->rank())];
+  SW_CHECK(!model_.is_llama(), "generation decodes GPT-2 models only: this is a Llama model (model_type llama); its "
+                               "prefill and decode graphs (rotary positions, grouped-query KV cache) are not built");
   SW_CHECK(strategy_.pp < 0, "generation runs on dp and tp meshes; the mesh {} has a pp dim (pipelined decoding is "
                              "not supported: use dp and tp)", strategy_.mesh.to_string());
 }

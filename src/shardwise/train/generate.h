@@ -86,7 +86,7 @@ void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptCo
 
 class Generator {
  public:
-  // `strategy`: dims dp and tp only (Error for pp). Weights are read from `weights` as the graphs
+  // `strategy`: dims dp and tp only (Error for pp); `model` a GPT-2 (Error for Llama). Weights are read from `weights` as the graphs
   // need them, once per layout.
   Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
             WeightSource weights);

@@ -5,6 +5,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
+#include "shardwise/train/llama.h"
 
 namespace shardwise::train {
 
@@ -15,6 +16,9 @@ void GptConfig::validate() const {
   SW_CHECK(seq >= 1, "sequence length must be at least 1, got {}", seq);
   SW_CHECK(vocab >= 2, "vocabulary must hold at least 2 tokens, got {}", vocab);
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
+  SW_CHECK(model_type == "gpt2" || model_type == "llama", "model '{}' is not one shardwise builds (gpt2, llama)",
+           model_type);
+  if (is_llama()) validate_llama(*this);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
 }
 

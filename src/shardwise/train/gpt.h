@@ -32,6 +32,18 @@ struct GptConfig {
   // embd/attn/resid_pdrop) while training; masks keyed by (dropout_seed, site, sample, position).
   double dropout = 0.0;
   uint64_t dropout_seed = 0;
+  // The architecture, as Hugging Face's model_type: "gpt2" (this file) or "llama" (llama.h: RMSNorm,
+  // rotary positions, a SwiGLU MLP, grouped-query attention, no biases). The fields below are
+  // Llama's; GPT-2 ignores them (its head is always tied, its MLP 4 x hidden).
+  std::string model_type = "gpt2";
+  int64_t kv_heads = 0;           // key/value heads, dividing heads (0: as many as heads)
+  int64_t intermediate_size = 0;  // the SwiGLU MLP's width (0: 4 x hidden)
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = true;  // false: a separate lm_head.weight
+  bool is_llama() const { return model_type == "llama"; }
+  int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
   // Packed documents (--no-cross-document-attention, packing.h): the graph takes "position_ids"
   // [B, S] (first stage) and "attention_mask" [B, 1, S, S] (every stage) per micro-batch instead of
   // the positions 0..S-1 and the shared "causal_mask" [S, S]; StagedGpt computes both from the ids,

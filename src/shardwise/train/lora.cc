@@ -46,6 +46,9 @@ bool LoraConfig::targets_module(const std::string& path) const {
 
 std::vector<LoraModule> lora_modules(const GptConfig& c) {
   const LoraConfig& l = c.lora;
+  SW_CHECK(!c.is_llama(), "LoRA (--lora-rank / --lora-from) with --model llama is not supported: shardwise's adapters "
+           "are GPT-2's modules (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); train every parameter of the Llama "
+           "model (leave the --lora-* options out), or adapt a GPT-2 base");
   SW_CHECK(l.rank >= 1, "--lora-rank must be at least 1, got {}", l.rank);
   SW_CHECK(l.alpha != 0 && std::isfinite(l.alpha), "--lora-alpha must be a non-zero number, got {}", l.alpha);
   SW_CHECK(l.dropout >= 0 && l.dropout < 1, "--lora-dropout must be in [0, 1), got {}", l.dropout);

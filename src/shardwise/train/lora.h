@@ -51,7 +51,7 @@ struct LoraModule {
 };
 
 // GPT-2's adaptable modules of every layer that `config.lora` targets, in layer order. Error
-// naming the target when an entry of the target list matches no module (listing the modules), when
+// for a Llama model (LoRA is GPT-2's only), naming the target when an entry of the target list matches no module (listing the modules), when
 // a target names a module LoRA cannot adapt here (embeddings, norms, the head), on r <= 0, alpha 0,
 // dropout outside [0, 1), or when nothing at all is targeted.
 std::vector<LoraModule> lora_modules(const GptConfig& config);

@@ -23,6 +23,8 @@ ckpt::KeyMap gpt2_key_map(const GptConfig& c) {
   return m;
 }
 
+ckpt::KeyMap model_key_map(const GptConfig& c) { return c.is_llama() ? ckpt::KeyMap() : gpt2_key_map(c); }
+
 SpecialTokens default_special_tokens(int64_t vocab) {
   const int64_t id = vocab <= 256 ? 10 : std::min<int64_t>(50256, vocab - 1);
   return {id, id, id};
@@ -65,8 +67,10 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
   nlohmann::json j = ckpt::load_json(dir, "config.json");
   const std::string file = (dir / "config.json").string();
   const std::string type = j.value("model_type", "");
+  if (type == "llama") return read_llama_config(j, file);
   SW_CHECK(type == "gpt2" || type == "shardwise_gpt",
-           "'{}': model_type '{}' is not a model shardwise builds (gpt2, or the earlier shardwise_gpt)", file, type);
+           "'{}': model_type '{}' is not a model shardwise builds (gpt2, llama, or the earlier shardwise_gpt)", file,
+           type);
   auto field = [&](const char* key) {
     SW_CHECK(j.contains(key) && j[key].is_number_integer(), "'{}': config.json has no integer '{}'", file, key);
     return j[key].get<int64_t>();
@@ -101,7 +105,7 @@ bool is_legacy_layout(const ckpt::fs::path& dir) {
 }
 
 ckpt::KeyMap key_map_for(const ckpt::fs::path& dir, const GptConfig& config) {
-  return is_legacy_layout(dir) ? ckpt::KeyMap() : gpt2_key_map(config);
+  return is_legacy_layout(dir) || config.is_llama() ? ckpt::KeyMap() : gpt2_key_map(config);
 }
 
 std::string model_fingerprint(const ckpt::fs::path& dir) {
@@ -130,8 +134,10 @@ std::map<std::string, Tensor> load_model_weights(const ckpt::fs::path& dir, cons
   ckpt::LoadOptions o;
   o.ignore_keys = ignore_keys;
   // transformers keeps the tied head out of its files, but older versions wrote it, and the causal
-  // mask buffers (attn.bias, attn.masked_bias): none is a parameter here.
-  for (const char* k : {"lm_head.weight", "transformer.h.*.attn.bias", "transformer.h.*.attn.masked_bias"})
+  // mask buffers (attn.bias, attn.masked_bias) and rotary inv_freq: none is a parameter here. An
+  // untied Llama head is one.
+  if (!config.is_llama() || config.tie_word_embeddings) o.ignore_keys.push_back("lm_head.weight");
+  for (const char* k : {"transformer.h.*.attn.bias", "transformer.h.*.attn.masked_bias", "*.rotary_emb.inv_freq"})
     o.ignore_keys.push_back(k);
   o.convert_dtype = true;
   o.keys = key_map_for(dir, config);

@@ -6,12 +6,11 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/pipeline/validate.h"
 #include "shardwise/reshard/executor.h"
+#include "shardwise/train/models.h"
 #include "shardwise/train/packing.h"
 
 namespace shardwise::train {
 namespace {
-
-const char* kTied = "transformer.wte.weight";
 
 int64_t my_process(const comm::Communicator& world) { return world.members()[static_cast<size_t>(world.rank())]; }
 
@@ -27,6 +26,16 @@ pipeline::Schedule training_schedule(const Strategy& s, const PipelineConfig& c,
   if (s.pp < 0) return pipeline::one_f_one_b(1, micro_batches);
   return pipeline::make_schedule(pipeline::parse_schedule_kind(c.schedule), static_cast<int>(s.mesh.dim_size(s.pp)),
                                  micro_batches, c.virtual_stages);
+}
+
+// The graph's constant inputs (the causal mask, unless packed documents bring theirs with each
+// micro-batch; Llama's positions) on every local stage.
+void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, const Tensor& mask) {
+  std::map<std::string, Tensor> constants = model_constants(model);
+  if (constants.contains("causal_mask")) constants["causal_mask"] = mask;
+  for (int s : runner.local_stages()) {
+    for (const auto& [name, value] : constants) runner.runtime(s).set_global(name, value);
+  }
 }
 
 // Binds a micro-batch: ids on the first stage, labels on the last, and with packed documents the
@@ -67,8 +76,7 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   pipeline::RunnerOptions ro{strategy_.pp >= 0 && config_.release, config_.poison_stand_ins};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
-  if (model_.document_mask) return;  // masks come with each micro-batch
-  for (int s : runner_->local_stages()) runner_->runtime(s).set_global("causal_mask", mask_);
+  bind_constants(*runner_, model_, mask_);
 }
 
 StagedGpt::~StagedGpt() = default;
@@ -83,7 +91,7 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
   const bool with_loss = what != StageGraph::Predictions;
   for (int s : schedule.stages_of(my_pipeline_rank())) {
     const pipeline::LayerRange& range = layers_[static_cast<size_t>(s)];
-    GptGraph gpt = build_gpt(model, stage_strategy_, sequences_, with_loss, GptPart{range.begin, range.end, s == 0, s == S - 1});
+    GptGraph gpt = build_model(model, stage_strategy_, sequences_, with_loss, GptPart{range.begin, range.end, s == 0, s == S - 1});
     pipeline::StageSpec spec;
     spec.stage = s;
     spec.training = what == StageGraph::Training;
@@ -95,11 +103,10 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
-    if (model_.document_mask) {
+    for (const auto& [name, value] : model_constants(model_)) spec.constants.push_back(name);
+    if (model_.document_mask) {  // per micro-batch (bind_batch)
       spec.feeds.push_back("attention_mask");
       if (s == 0) spec.feeds.push_back("position_ids");
-    } else {
-      spec.constants = {"causal_mask"};
     }
     out.push_back(std::move(spec));
   }
@@ -134,7 +141,7 @@ void StagedGpt::init_params(int64_t process) {
         q.dist = slot.dist;
         q.mesh = m;
         q.shape = slot.meta.shape;
-        Tensor initial = init_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
+        Tensor initial = init_model_param_block(model_, name, slot.meta.shape, block.offsets(), block.shape, seed_);
         // f32: the kernels read the master itself.
         q.param = model_.param_dtype == DType::BF16 ? initial.to(DType::BF16) : initial;
         if (trained) {
@@ -142,7 +149,7 @@ void StagedGpt::init_params(int64_t process) {
           q.exp_avg = Tensor(DType::F32, block.shape);
           q.exp_avg_sq = Tensor(DType::F32, block.shape);
           q.decay = slot.meta.shape.ndim() >= 2;
-          counted_.push_back(name != kTied || first_here);
+          counted_.push_back(name != tied_embedding(model_) || first_here);
         }
         states.push_back(std::move(q));
       }
@@ -201,8 +208,9 @@ void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
   const pipeline::Schedule& sch = runner_->schedule();
   const int S = sch.stages();
   if (sch.rank_of(0) == sch.rank_of(S - 1)) return;
-  auto it = std::find_if(params_.begin(), params_.end(), [](const ParamState& p) { return p.name == kTied; });
-  if (it == params_.end()) return;  // a middle stage
+  const std::string tied = tied_embedding(model_);
+  auto it = std::find_if(params_.begin(), params_.end(), [&](const ParamState& p) { return p.name == tied; });
+  if (it == params_.end()) return;  // a middle stage, or an untied head
   const mesh::ProcessMesh &a = meshes_[0], &b = meshes_[static_cast<size_t>(S - 1)];
   // Both stages lay the copy out alike (the same annotations on meshes of one shape).
   const mesh::DistAttr& dist = it->dist;
@@ -232,8 +240,7 @@ std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_ba
   std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
   auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
                                                            pipeline::RunnerOptions{true, false});
-  if (model_.document_mask) return runner;  // masks come with each micro-batch
-  for (int s : runner->local_stages()) runner->runtime(s).set_global("causal_mask", mask_);
+  bind_constants(*runner, model_, mask_);
   return runner;
 }
 
@@ -295,12 +302,12 @@ double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
 }
 
 Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor>* blocks) {
-  // The owner: the first stage holding it (by name: the layer's stage; embeddings first; ln_f last).
+  // The owner: the first stage holding it (by name: the layer's stage; embeddings first; the
+  // final norm and an untied head last).
   const int S = static_cast<int>(layers_.size());
   int owner = 0;
-  if (name.starts_with("transformer.ln_f")) owner = S - 1;
-  if (name.starts_with("transformer.h.")) {
-    int layer = std::stoi(name.substr(std::strlen("transformer.h.")));
+  if (is_last_stage_param(model_, name)) owner = S - 1;
+  if (const int64_t layer = layer_of_param(model_, name); layer >= 0) {
     for (int s = 0; s < S; ++s)
       if (layers_[static_cast<size_t>(s)].begin <= layer && layer < layers_[static_cast<size_t>(s)].end) owner = s;
   }

@@ -9,6 +9,7 @@
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
+#include "shardwise/train/models.h"
 
 namespace shardwise::train {
 
@@ -21,15 +22,11 @@ std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0
 // physical memory: before anything is allocated, naming the tensor and the bytes. Ranks as threads
 // hold every data-parallel replica in one process; an MPI process holds its share of one (1 / (tp x pp)).
 void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
-  const double h = static_cast<double>(m.hidden), fc = 4 * h * h, embedding = static_cast<double>(m.vocab) * h;
-  const double params = static_cast<double>(m.layers) * (12 * h * h + 13 * h) + embedding +
-                        static_cast<double>(m.seq) * h + 2 * h;
+  const double params = parameter_count(m);
   const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (physical <= 0) return;
-  const bool fc_largest = fc >= embedding;
-  const std::string largest = fc_largest ? fmt::format("transformer.h.0.mlp.c_fc.weight ({}x{})", m.hidden, 4 * m.hidden)
-                                         : fmt::format("transformer.wte.weight ({}x{})", m.vocab, m.hidden);
-  const double largest_bytes = 4 * std::max(fc, embedding);
+  const auto [largest, largest_elements] = largest_parameter(m);
+  const double largest_bytes = 4 * largest_elements;
   SW_CHECK(largest_bytes <= physical, "parameter {} needs {} in f32; this machine has {} of memory (--hidden {}, --vocab {})",
            largest, gib(largest_bytes), gib(physical), m.hidden, m.vocab);
   const bool mpi = comm::launched_by_mpirun();
@@ -69,6 +66,10 @@ void check_text_options(TrainConfig& c) {
   SW_CHECK(c.eos_id >= -1 && c.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
            c.eos_id, c.model.vocab);
   if (c.document_attention) {
+    SW_CHECK(!c.model.is_llama(),
+             "--no-cross-document-attention with --model llama is not supported: Llama's rotary positions are one [S] "
+             "row shared by every sequence of the micro-batch, not per-document position ids; leave the option out "
+             "(documents then attend across their boundaries) or train --model gpt2");
     SW_CHECK(!c.data.empty(),
              "--no-cross-document-attention needs --data: the embedded addition task has no documents");
     SW_CHECK(c.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "

@@ -72,7 +72,8 @@ struct TrainConfig {
   std::string document_separator;
   // Packing with document boundaries (packing.h): `eos_id` ends a document (-1: the tokenizer's eos
   // when there is one; check() fills it in). With `document_attention` (--no-cross-document-attention)
-  // every token attends only within its document and position ids restart at each document.
+  // every token attends only within its document and position ids restart at each document (GPT-2
+  // only: check() refuses it for a Llama model).
   int64_t eos_id = -1;
   bool document_attention = false;
   // The tokenizer and document options of a --tokenizer run (after check()); nullopt without one.

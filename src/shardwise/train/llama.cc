@@ -1,0 +1,230 @@
+#include "shardwise/train/llama.h"
+
+#include <cmath>
+
+#include "shardwise/core/error.h"
+#include "shardwise/core/philox.h"
+
+namespace shardwise::train {
+
+void validate_llama(const GptConfig& c) {
+  const int64_t kv = c.key_value_heads();
+  SW_CHECK(kv >= 1 && kv <= c.heads && c.heads % kv == 0,
+           "llama: {} key/value heads must divide the {} attention heads (grouped-query attention)", kv, c.heads);
+  SW_CHECK((c.hidden / c.heads) % 2 == 0,
+           "llama: the head dim {} (hidden {} / {} heads) must be even: rotary embeddings rotate its two halves",
+           c.hidden / c.heads, c.hidden, c.heads);
+  SW_CHECK(c.intermediate_size >= 0, "llama: intermediate size must be positive (0: 4 x hidden), got {}",
+           c.intermediate_size);
+  SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
+  SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
+  // Packed documents need per-sequence positions: the rotary op reads one [S] row for the whole
+  // micro-batch (GPT-2 looks its positions up per token instead).
+  SW_CHECK(!c.document_mask,
+           "llama: packed documents (document_mask, --no-cross-document-attention) are not supported: Llama's rotary "
+           "positions are one [S] row shared by every sequence of the micro-batch, not per-document position ids; "
+           "train GPT-2 for that, or let documents attend across their boundaries (leave the option out)");
+}
+
+namespace {
+
+// One micro-batch's graph, written as transformers' LlamaForCausalLM computes it.
+class LlamaBuilder {
+ public:
+  LlamaBuilder(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, GptGraph& out)
+      : c_(c), s_(s), g_(out.g), training_(training), B_(sequences), S_(c.seq), H_(c.hidden), NH_(c.heads),
+        KV_(c.key_value_heads()), HD_(c.hidden / c.heads) {
+    kv_sharded_ = KV_ % s.tp_size() == 0;
+  }
+
+  // `on_tp` on the tp dim, `on_dp` on dp, R elsewhere.
+  std::string placements(const char* on_tp, const char* on_dp = "R") const {
+    std::vector<std::string> parts(static_cast<size_t>(s_.mesh.ndim()), "R");
+    if (s_.tp >= 0) parts[static_cast<size_t>(s_.tp)] = on_tp;
+    if (s_.dp >= 0) parts[static_cast<size_t>(s_.dp)] = on_dp;
+    return fmt::format("{}", fmt::join(parts, ","));
+  }
+  void annotate(graph::ValueId v, const std::string& p) {
+    if (s_.mesh.ndim() > 0) g_.annotate(v, p);
+  }
+  // Between pipeline stages: batch on dp; sequence on tp with sp, else replicated on tp.
+  std::string boundary() const { return placements(s_.sequence_parallel ? "S(1)" : "R", "S(0)"); }
+
+  // A parameter as stored (f32, or bf16 cast to f32 for the kernels, as GPT-2's).
+  graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp) {
+    auto v = g_.param(name, shape, c_.param_dtype);
+    if (s_.tp >= 0) annotate(v, placements(on_tp));
+    if (c_.param_dtype == DType::F32) return v;
+    return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+  }
+
+  graph::ValueId rms_norm(graph::ValueId x, const std::string& name) {
+    auto w = param(name + ".weight", Shape{H_}, "R");
+    auto y = g_.op1("rms_norm", {x, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".out");
+    if (s_.sequence_parallel) annotate(y, placements("R", "S(0)"));  // gathered before the column-parallel matmuls
+    return y;
+  }
+
+  // x [.., in] times weight [out, in] transposed (nn.Linear, no bias). Column-parallel: the weight
+  // S(0) on tp (or `replicated`); row-parallel: S(1), the output reduce-scattered onto the sequence with sp.
+  graph::ValueId linear(graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool column,
+                        bool replicated = false) {
+    auto w = param(name + ".weight", Shape{out, in}, replicated ? "R" : column ? "S(0)" : "S(1)");
+    auto y = g_.matmul(x, w, true, name + ".out");
+    if (!column && s_.sequence_parallel) annotate(y, placements("S(1)", "S(0)"));
+    return y;
+  }
+
+  graph::ValueId embeddings() {
+    auto ids = g_.input("ids", Shape{B_, S_}, DType::I64);
+    annotate(ids, placements("R", "S(0)"));
+    embed_ = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
+    auto x = g_.embedding(ids, embed_, "tok_emb");
+    if (s_.sequence_parallel) annotate(x, placements("S(1)", "S(0)"));  // reduce-scattered onto the sequence
+    return x;
+  }
+
+  void constants() {
+    mask_ = g_.input("causal_mask", Shape{S_, S_});
+    annotate(mask_, placements("R"));
+    positions_ = g_.input("positions", Shape{S_}, DType::I64);
+    annotate(positions_, placements("R"));
+  }
+
+  // [B, S, n * HD] -> [B, n, S, HD], rotated by the positions when `rotate`.
+  graph::ValueId heads(graph::ValueId t, int64_t n, const std::string& name, bool rotate) {
+    auto h = g_.transpose(g_.reshape(t, {B_, S_, n, HD_}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
+    if (!rotate) return h;
+    return g_.op1("rotary_embedding", {h, positions_}, {{"theta", c_.rope_theta}}, name + ".rotary");
+  }
+
+  // transformers' repeat_kv: [B, KV, S, HD] -> [B, KV, n_rep, S, HD] -> [B, NH, S, HD].
+  graph::ValueId repeat_kv(graph::ValueId t, const std::string& name) {
+    if (KV_ == NH_) return t;
+    auto one = g_.reshape(t, {B_, KV_, 1, S_, HD_}, name + ".unsqueeze");
+    auto rep = g_.op1("expand", {one}, {{"shape", std::vector<int64_t>{B_, KV_, NH_ / KV_, S_, HD_}}}, name + ".expand");
+    return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
+  }
+
+  graph::ValueId attention(graph::ValueId h, const std::string& p) {
+    const int64_t kv_width = KV_ * HD_;
+    auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
+    auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
+    auto v = heads(linear(h, p + ".v_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".v", false);
+    k = repeat_kv(k, p + ".k");
+    v = repeat_kv(v, p + ".v");
+    // q scaled by 1/sqrt(head dim) before q k^T (as GPT-2's): fewer elements than the scores.
+    auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD_)), 0.0, p + ".q.scaled");
+    auto scores = g_.matmul(q_scaled, k, true, p + ".scores");
+    auto probs = drop(g_.softmax(g_.add(scores, mask_, p + ".masked"), -1, p + ".probs"), p + ".dropout");
+    auto ctx = g_.reshape(g_.transpose(g_.matmul(probs, v, false, p + ".ctx.heads"), {0, 2, 1, 3}, p + ".ctx.t"),
+                          {B_, S_, H_}, p + ".ctx");
+    return linear(ctx, p + ".o_proj", H_, H_, false);
+  }
+
+  graph::ValueId mlp(graph::ValueId h, const std::string& p) {
+    const int64_t I = c_.mlp_width();
+    auto gate = linear(h, p + ".gate_proj", H_, I, true);
+    auto up = linear(h, p + ".up_proj", H_, I, true);
+    return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
+  }
+
+  graph::ValueId layer(graph::ValueId x, int64_t l) {
+    const std::string p = fmt::format("model.layers.{}", l);
+    auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn");
+    x = g_.add(x, a, p + ".attn.residual");
+    auto m = mlp(rms_norm(x, p + ".post_attention_layernorm"), p + ".mlp");
+    return g_.add(x, m, p + ".mlp.residual");
+  }
+
+  // The final norm, the head (tied: the embedding, the last stage's copy when it has none) and
+  // the loss (training) or the greedy predictions.
+  void head(graph::ValueId x, GptGraph& out) {
+    graph::ValueId w = c_.tie_word_embeddings ? embed_ : param("lm_head.weight", Shape{c_.vocab, H_}, "S(0)");
+    if (w < 0) w = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
+    auto logits = g_.matmul(rms_norm(x, "model.norm"), w, true, "logits");
+    if (!training_) {
+      out.predictions = g_.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
+      return;
+    }
+    auto labels = g_.input("labels", Shape{B_, S_}, DType::I64);
+    annotate(labels, placements("R", "S(0)"));
+    // As GPT-2's: sum / (B * S), vocab-parallel with tp.
+    auto total = g_.op1(s_.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
+                        {{"reduction", std::string("sum")}}, "loss_sum");
+    out.loss_sum = total;
+    out.loss = g_.scale(total, 1.0 / static_cast<double>(B_ * S_), 0.0, "loss");
+  }
+
+  // transformers' attention_dropout (the only dropout of LlamaForCausalLM), while training.
+  graph::ValueId drop(graph::ValueId v, const std::string& site) {
+    if (c_.dropout <= 0 || !training_) return v;
+    Attrs a{{"p", c_.dropout},
+            {"seed", static_cast<int64_t>(c_.dropout_seed)},
+            {"stream", static_cast<int64_t>(stream_id(site) >> 1)},
+            {"training", true}};
+    return g_.op("dropout", {v}, a, site)[0];
+  }
+
+ private:
+  const GptConfig& c_;
+  const Strategy& s_;
+  graph::Graph& g_;
+  bool training_;
+  int64_t B_, S_, H_, NH_, KV_, HD_;
+  bool kv_sharded_ = true;
+  graph::ValueId embed_ = -1, mask_ = -1, positions_ = -1;
+};
+
+}  // namespace
+
+GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
+  c.validate();
+  SW_CHECK(c.is_llama(), "build_llama: the configuration is a '{}' model", c.model_type);
+  SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
+  SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
+           s.tp_size());
+  SW_CHECK(sequences % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
+           s.dp_size());
+  const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
+  SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
+           "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
+  GptGraph out;
+  out.sequences = sequences;
+  LlamaBuilder b(c, s, sequences, training, out);
+  graph::ValueId x;
+  if (part.embeddings) {
+    x = b.embeddings();
+  } else {
+    out.input = x = out.g.input("stage_input", Shape{sequences, c.seq, c.hidden});
+    out.g.value(x).requires_grad = training;
+    b.annotate(x, b.boundary());
+  }
+  b.constants();
+  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.layer(x, l);
+  if (!part.head) {
+    b.annotate(x, b.boundary());
+    out.output = x;
+    out.output_grad = out.g.input(out.g.value(x).name + "@grad_in", Shape{sequences, c.seq, c.hidden});
+    b.annotate(out.output_grad, b.boundary());
+    return out;
+  }
+  b.head(x, out);
+  return out;
+}
+
+Tensor init_llama_param_block(const GptConfig& c, const std::string& name, const Shape& shape,
+                              std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
+  if (name.ends_with("norm.weight")) return Tensor::full(DType::F32, block, 1.0);
+  // GPT-2's draw: normal(0, init_std) keyed by (seed, name) at the global index; no Llama name is
+  // one GPT-2 initializes otherwise (LayerNorms, biases, c_proj).
+  return init_param_block(c, name, shape, offset, block, seed);
+}
+
+Tensor position_ids(int64_t seq) {
+  Tensor t(DType::I64, Shape{seq});
+  for (int64_t i = 0; i < seq; ++i) t.data<int64_t>()[i] = i;
+  return t;
+}
+
+}  // namespace shardwise::train

@@ -1,0 +1,95 @@
+// `shardwise train --model llama` from the command line: `--init-from` a transformers Llama
+// directory (tests/golden/hf/llama_tiny, written by tools/hf_parity.py) takes the model from its
+// config.json and starts from transformers' loss; options that contradict it are refused, a
+// shorter --seq is not; Llama options are checked before anything runs.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using shardwise_cli_test::run;
+
+const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
+
+std::string args(const fs::path& run_dir, const std::string& extra) {
+  return "train --init-from " + kGolden + "/llama_tiny --data " + kGolden + "/llama_tokens.bin --steps 1 " +
+         "--global-batch 4 --eval-every 0 --progress none --run-dir " + run_dir.string() + " " + extra;
+}
+
+TEST(CliLlama, InitFromTransformersLlamaStartsFromItsLoss) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama";
+  fs::remove_all(dir);
+  auto r = run(args(dir, "--mesh dp=2,tp=2"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Llama (2 kv heads, intermediate 32, rope theta 10000, untied head) 2 layers, hidden 16, "
+                       "4 heads, seq 16, vocab 128"),
+            std::string::npos) << r.out;
+  std::ifstream e(kGolden + "/llama_tiny_expected.json");
+  const double want = nlohmann::json::parse(e)["loss"].get<double>();
+  std::ifstream m(dir / "metrics.jsonl");
+  std::string line;
+  std::getline(m, line);
+  EXPECT_NEAR(nlohmann::json::parse(line)["loss"].get<double>(), want, 1e-5 * want);
+  fs::remove_all(dir);
+}
+
+TEST(CliLlama, OptionsThatContradictTheDirectoryAreRefusedAShorterSeqIsNot) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_bad";
+  fs::remove_all(dir);
+  auto r = run(args(dir, "--mesh tp=2 --model gpt2"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--model gpt2 contradicts --init-from"), std::string::npos) << r.out;
+  r = run(args(dir, "--mesh tp=2 --kv-heads 4"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--kv-heads 4 contradicts --init-from"), std::string::npos) << r.out;
+  r = run(args(dir, "--mesh tp=2 --tied-head"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--tied-head contradicts --init-from"), std::string::npos) << r.out;
+  r = run(args(dir, "--mesh tp=2 --seq 32"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("max_position_embeddings; --seq may be shorter"), std::string::npos) << r.out;
+  r = run(args(dir, "--mesh tp=2 --seq 8"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("seq 8"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
+  auto r = run("train --model llama --heads 4 --kv-heads 3 --steps 1 --mesh dp=1 --progress none");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("3 key/value heads must divide the 4 attention heads"), std::string::npos) << r.out;
+  r = run("train --model mistral --steps 1 --mesh dp=1");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
+}
+
+// Packed documents, LoRA and generation are GPT-2's: with a Llama model each is one line naming
+// the combination, before anything runs.
+TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_refused";
+  fs::remove_all(dir);
+  auto r = run(args(dir, "--mesh dp=1 --eos-id 0 --no-cross-document-attention"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--no-cross-document-attention with --model llama is not supported"), std::string::npos)
+      << r.out;
+  r = run(args(dir, "--mesh dp=1 --lora-rank 4"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos)
+      << r.out;
+  r = run("generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids 1,2,3 --max-new-tokens 2");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("shardwise generate decodes GPT-2 models only: --checkpoint " + kGolden +
+                       "/llama_tiny holds a Llama model"),
+            std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
+  fs::remove_all(dir);
+}
+
+}  // namespace

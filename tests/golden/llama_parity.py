@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The reference for shardwise's Llama: transformers' LlamaForCausalLM with shardwise's initial
+weights, trained on the same batches with the same AdamW, warm-up + cosine schedule and clipping
+for 20 steps; the losses go to a JSON golden file that tests/train/test_llama_golden.cc replays.
+
+    python tests/golden/llama_parity.py INPUTS.safetensors tests/golden/llama_losses.json
+
+INPUTS.safetensors comes from shardwise (`build/tests/golden_export OUT llama`, run by
+`make llama-golden`): the initial parameters under transformers' names, batch.<k>.ids /
+batch.<k>.labels (int64) for every step, and the configuration in the __metadata__. Needs PyPI's
+torch and transformers (the venv of `make hf-parity`); not part of `make test`.
+"""
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    base = 8 + n
+    tensors = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        arr = np.frombuffer(data[base + begin : base + end], dtype=DTYPES[info["dtype"]])
+        tensors[name] = arr.reshape(info["shape"]).copy()
+    return tensors, meta
+
+
+def main():
+    inputs, out_path = sys.argv[1], sys.argv[2]
+    t, meta = read_safetensors(inputs)
+    cfg = json.loads(meta["config"])
+    assert cfg["model"] == "llama", cfg
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    config = LlamaConfig(
+        vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"], num_key_value_heads=cfg["kv_heads"],
+        max_position_embeddings=cfg["seq"], rms_norm_eps=cfg["rms_norm_eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
+        tie_word_embeddings=cfg["tie_word_embeddings"], attention_dropout=0.0, attn_implementation="eager")
+    model = LlamaForCausalLM(config)
+    state = {k: torch.tensor(v) for k, v in t.items() if not k.startswith("batch.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    model.train()
+    p = dict(model.named_parameters())
+    assert set(p) == set(state), sorted(set(p) ^ set(state))
+
+    decay = [v for k, v in p.items() if v.ndim >= 2]
+    no_decay = [v for k, v in p.items() if v.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["epsilon"])
+
+    def lr_at(step):
+        peak, floor, warmup, total = cfg["lr"], cfg["min_lr"], cfg["warmup"], cfg["total_steps"]
+        if warmup > 0 and step < warmup:
+            return peak * (step + 1) / warmup
+        if step >= total:
+            return floor
+        progress = (step - warmup) / max(1, total - warmup)
+        return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
+
+    V = cfg["vocab"]
+    losses = []
+    for step in range(cfg["steps"]):
+        ids = torch.tensor(t[f"batch.{step}.ids"])
+        labels = torch.tensor(t[f"batch.{step}.labels"])
+        B, S = ids.shape
+        opt.zero_grad()
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="sum") / (B * S)
+        loss.backward()
+        if cfg["clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(list(p.values()), cfg["clip"])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        opt.step()
+        losses.append(loss.item())
+        print(f"step {step + 1}: loss {loss.item():.6f}")
+    with open(out_path, "w") as f:
+        json.dump({"generator": f"tests/golden/llama_parity.py with torch {torch.__version__}, transformers "
+                                f"{transformers.__version__} (LlamaForCausalLM)",
+                   "config": cfg, "losses": losses}, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+// The Llama model (train/llama.h): its parameters are transformers' LlamaForCausalLM names and
+// layouts, tensor parallelism lays them out as documented (k/v sharded by kv heads when tp divides
+// them, else replicated), and 20 training steps follow the single-rank loss curve on every mesh.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "llama_config.h"
+#include "shardwise/comm/local.h"
+#include "shardwise/core/error.h"
+#include "shardwise/train/generate.h"
+#include "shardwise/train/llama.h"
+#include "shardwise/train/trainer.h"
+
+namespace shardwise::train {
+namespace {
+
+struct Curve {
+  std::vector<double> losses, norms;
+};
+
+Curve train(TrainConfig c) {
+  Curve out;
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+    Trainer t(c, world.group(world.members()));
+    for (int64_t s = 0; s < c.steps; ++s) {
+      StepResult r = t.step();
+      if (world.rank() == 0) out.losses.push_back(r.loss), out.norms.push_back(r.grad_norm);
+    }
+  });
+  return out;
+}
+
+void expect_same_curve(const Curve& got, const Curve& ref, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << what << ": step " << i + 1;
+    EXPECT_NEAR(got.norms[i], ref.norms[i], 1e-5 * std::abs(ref.norms[i])) << what << ": gradient norm, step " << i + 1;
+  }
+}
+
+TEST(Llama, GqaUntiedCurvesOnEveryMeshFollowTheSingleRankCurve) {
+  const Curve ref = train(llama_test_config("dp=1"));
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_LT(ref.losses.back(), ref.losses.front() * 0.8) << "the loss should fall";
+  for (const char* mesh : {"dp=2", "tp=2", "dp=2,tp=2", "pp=2"}) {
+    expect_same_curve(train(llama_test_config(mesh)), ref, mesh);
+  }
+  TrainConfig sp = llama_test_config("tp=2");
+  sp.sequence_parallel = true;
+  expect_same_curve(train(sp), ref, "tp=2 + sp");
+}
+
+// kv heads that tp does not divide are replicated over tp (multi-query: 1 kv head; 2 kv heads on
+// tp=4), and a tied head crosses pipeline stages (both ends hold the embedding): each follows its
+// own single-rank curve.
+TEST(Llama, ReplicatedKvHeadsAndATiedHeadFollowTheSingleRankCurve) {
+  TrainConfig mqa = llama_test_config("dp=1", 6);
+  mqa.model.kv_heads = 1;
+  const Curve mqa_ref = train(mqa);
+  mqa.mesh = "tp=2";
+  expect_same_curve(train(mqa), mqa_ref, "1 kv head on tp=2");
+  TrainConfig kv2 = llama_test_config("dp=1", 6);
+  const Curve kv2_ref = train(kv2);
+  kv2.mesh = "tp=4";
+  expect_same_curve(train(kv2), kv2_ref, "2 kv heads on tp=4");
+  TrainConfig tied = llama_test_config("dp=1", 6);
+  tied.model.tie_word_embeddings = true;
+  const Curve tied_ref = train(tied);
+  for (const char* mesh : {"pp=2", "tp=2,pp=2"}) {
+    tied.mesh = mesh;
+    expect_same_curve(train(tied), tied_ref, std::string("tied head on ") + mesh);
+  }
+}
+
+// transformers' names and [out, in] layouts, no biases, and the tp layouts of the header comment.
+TEST(Llama, ParametersAreTransformersNamesWithTheDocumentedTpLayouts) {
+  auto layouts = [](TrainConfig c) {
+    std::map<std::string, std::pair<Shape, std::string>> out;
+    comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+      Trainer t(c, world.group(world.members()));
+      if (world.rank() != 0) return;
+      for (const ParamState& p : t.params()) out[p.name] = {p.shape, p.dist.to_string()};
+    });
+    return out;
+  };
+  auto p = layouts(llama_test_config("tp=2", 1));
+  const std::map<std::string, std::pair<Shape, std::string>> layer0 = {
+      {"model.layers.0.input_layernorm.weight", {Shape{32}, "R"}},
+      {"model.layers.0.self_attn.q_proj.weight", {Shape{32, 32}, "S(0)"}},
+      {"model.layers.0.self_attn.k_proj.weight", {Shape{16, 32}, "S(0)"}},
+      {"model.layers.0.self_attn.v_proj.weight", {Shape{16, 32}, "S(0)"}},
+      {"model.layers.0.self_attn.o_proj.weight", {Shape{32, 32}, "S(1)"}},
+      {"model.layers.0.post_attention_layernorm.weight", {Shape{32}, "R"}},
+      {"model.layers.0.mlp.gate_proj.weight", {Shape{64, 32}, "S(0)"}},
+      {"model.layers.0.mlp.up_proj.weight", {Shape{64, 32}, "S(0)"}},
+      {"model.layers.0.mlp.down_proj.weight", {Shape{32, 64}, "S(1)"}}};
+  for (const auto& [name, want] : layer0) {
+    ASSERT_TRUE(p.contains(name)) << name;
+    EXPECT_EQ(p[name].first, want.first) << name;
+    EXPECT_EQ(p[name].second, want.second) << name;
+  }
+  EXPECT_EQ(p["model.embed_tokens.weight"].second, "S(0)");
+  EXPECT_EQ(p["lm_head.weight"].second, "S(0)");
+  EXPECT_EQ(p["model.norm.weight"].first, Shape{32});
+  EXPECT_EQ(p.size(), 2 * layer0.size() + 3);  // no biases, no position embedding
+  TrainConfig mqa = llama_test_config("tp=2", 1);
+  mqa.model.kv_heads = 1;
+  auto q = layouts(mqa);
+  EXPECT_EQ(q["model.layers.1.self_attn.k_proj.weight"].first, (Shape{8, 32}));
+  EXPECT_EQ(q["model.layers.1.self_attn.k_proj.weight"].second, "R");  // replicated over tp
+  EXPECT_EQ(q["model.layers.1.self_attn.q_proj.weight"].second, "S(0)");
+  TrainConfig tied = llama_test_config("dp=1", 1);
+  tied.model.tie_word_embeddings = true;
+  EXPECT_FALSE(layouts(tied).contains("lm_head.weight"));
+}
+
+TEST(Llama, ConfigurationsItCannotBuildAreRefusedNamingTheField) {
+  auto message = [](TrainConfig c) {
+    try {
+      c.check(1);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig c = llama_test_config("dp=1");
+  c.model.kv_heads = 3;
+  EXPECT_NE(message(c).find("3 key/value heads must divide the 4 attention heads"), std::string::npos) << message(c);
+  c = llama_test_config("dp=1");
+  c.model.hidden = 12;  // head dim 3
+  EXPECT_NE(message(c).find("head dim 3 (hidden 12 / 4 heads) must be even"), std::string::npos) << message(c);
+  c = llama_test_config("dp=1");
+  c.model.model_type = "mistral";
+  EXPECT_NE(message(c).find("model 'mistral' is not one shardwise builds (gpt2, llama)"), std::string::npos);
+}
+
+// GPT-2's packed documents, LoRA and generation are not built for Llama: each is refused naming
+// the combination (and the same GPT-2 configurations pass).
+TEST(Llama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig c = llama_test_config("dp=1");
+  c.document_attention = true, c.eos_id = 10;
+  std::string m = message([&] { c.check(1); });
+  EXPECT_NE(m.find("--no-cross-document-attention with --model llama is not supported"), std::string::npos) << m;
+  GptConfig model = llama_test_config("dp=1").model;
+  model.document_mask = true, model.eos_id = 10;
+  m = message([&] { model.validate(); });
+  EXPECT_NE(m.find("llama: packed documents (document_mask, --no-cross-document-attention) are not supported"),
+            std::string::npos) << m;
+  model.model_type = "gpt2";
+  EXPECT_EQ(message([&] { model.validate(); }), "no error");
+
+  c = llama_test_config("dp=1");
+  c.model.lora.rank = 4;
+  m = message([&] { c.check(1); });
+  EXPECT_NE(m.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos) << m;
+  c.model.model_type = "gpt2", c.model.kv_heads = 0, c.model.intermediate_size = 0;
+  EXPECT_EQ(message([&] { c.check(1); }), "no error");
+
+  comm::LocalWorld::run(1, [&](comm::Communicator& world) {
+    const Strategy s = Strategy::from_mesh(mesh::parse_mesh("dp=1"), false);
+    m = message([&] { Generator g(llama_test_config("dp=1").model, s, world.group(world.members()), {}); });
+  });
+  EXPECT_NE(m.find("generation decodes GPT-2 models only: this is a Llama model"), std::string::npos) << m;
+}
+
+// Validation runs forward-only stages that bind Llama's constants (the causal mask and the
+// rotary positions) beside the per-micro-batch feeds: the same loss on every mesh.
+TEST(Llama, ValidationLossIsTheSameOnEveryMesh) {
+  const std::filesystem::path data = std::filesystem::temp_directory_path() / "shardwise-llama-val.bin";
+  {
+    std::ofstream out(data, std::ios::binary | std::ios::trunc);
+    uint32_t t = 1;
+    for (uint32_t i = 0; i < 4000; ++i) {
+      t = (t * 5 + 3 + (i % 11 == 0 ? i % 7 : 0)) % 128;
+      out.put(static_cast<char>(t & 0xFF)).put(static_cast<char>(t >> 8));
+    }
+  }
+  auto losses = [&](const std::string& mesh) {
+    TrainConfig c = llama_test_config(mesh, 2);
+    c.data = data.string(), c.val_fraction = 0.25, c.val_samples = 6;
+    std::vector<double> out;
+    comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      std::vector<double> mine = {t.validate().loss};
+      t.step();
+      mine.push_back(t.validate().loss);
+      if (w.rank() == 0) out = mine;
+    });
+    return out;
+  };
+  const std::vector<double> ref = losses("dp=1");
+  ASSERT_EQ(ref.size(), 2u);
+  for (const std::string mesh : {"tp=2", "pp=2", "dp=2"}) {
+    const std::vector<double> got = losses(mesh);
+    ASSERT_EQ(got.size(), 2u) << mesh;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << mesh << ", validation " << i;
+  }
+  std::filesystem::remove(data);
+}
+
+}  // namespace
+}  // namespace shardwise::train
