@@ -101,6 +101,13 @@ TEST(CliTokenize, GenerateEncodesTextPromptsAndDecodesTheOutput) {
                  " --run-dir " + (d / "run").string());
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string ckpt = (d / "run" / "checkpoints" / "checkpoint-2").string();
+  // The checkpoint names the tokenizer's ids (unk 0, bos 1, eos 2, no pad: eos pads).
+  for (const char* file : {"config.json", "generation_config.json"}) {
+    const nlohmann::json c = nlohmann::json::parse(slurp(fs::path(ckpt) / file));
+    EXPECT_EQ(c["bos_token_id"], 1) << file;
+    EXPECT_EQ(c["eos_token_id"], 2) << file;
+    EXPECT_EQ(c["pad_token_id"], 2) << file;
+  }
   // The prompt's ids are the tokenizer's (checked against `tokenize`), and the printed text is the
   // decoded prompt and continuation.
   std::ofstream(d / "prompt.txt") << "The fox and the crow";

@@ -10,12 +10,25 @@
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/model_io.h"
+#include "shardwise/train/tokenizer.h"
 
 namespace shardwise::train {
 namespace {
 
+// The ids config.json and generation_config.json name: a --tokenizer run's (its bos, eos and pad;
+// eos for a missing bos or pad), else the run's --eos-id for all three, else the vocabulary's default.
+SpecialTokens special_tokens(const TrainConfig& c) {
+  if (!c.tokenizer.empty()) {
+    const Tokenizer t(c.tokenizer);
+    const int64_t eos = c.eos_id >= 0 ? c.eos_id : t.eos_id() >= 0 ? t.eos_id() : default_special_tokens(c.model.vocab).eos;
+    return {t.bos_id() >= 0 ? t.bos_id() : eos, eos, t.pad_id() >= 0 ? t.pad_id() : eos};
+  }
+  if (c.eos_id >= 0) return {c.eos_id, c.eos_id, c.eos_id};
+  return default_special_tokens(c.model.vocab);
+}
+
 nlohmann::json model_config(const TrainConfig& c) {
-  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, default_special_tokens(c.model.vocab));
+  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, special_tokens(c));
 }
 
 // Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
@@ -211,7 +224,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   } else {
     content.json_files = {
         {"config.json", model_config(c)},
-        {"generation_config.json", generation_config_json(c.model, default_special_tokens(c.model.vocab))}};
+        {"generation_config.json", generation_config_json(c.model, special_tokens(c))}};
   }
   content.json_files.emplace_back("trainer_state.json", std::move(state));
   return content;
