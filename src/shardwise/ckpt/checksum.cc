@@ -3,7 +3,10 @@
 #include <openssl/evp.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <fstream>
 #include <memory>
+#include <vector>
 
 #include "shardwise/core/error.h"
 
@@ -62,6 +65,24 @@ FileDigest digest_file(const fs::path& path, bool with_sha256) {
   d.xxh64 = hex(c.digest, sizeof(c.digest));
   if (with_sha256) d.sha256 = sha256_hex(f.bytes());
   return d;
+}
+
+FileSample sample_file(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  SW_CHECK(f.good(), "cannot read '{}'", path.string());
+  f.seekg(0, std::ios::end);
+  FileSample out;
+  out.size = static_cast<int64_t>(f.tellg());
+  auto mib_at = [&](int64_t offset) {
+    std::vector<std::byte> buf(static_cast<size_t>(std::min<int64_t>(out.size - offset, int64_t{1} << 20)));
+    f.seekg(offset);
+    f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    SW_CHECK(f.good(), "cannot read '{}'", path.string());
+    return xxh64_hex(buf);
+  };
+  out.head_xxh64 = mib_at(0);
+  out.tail_xxh64 = mib_at(std::max<int64_t>(0, out.size - (int64_t{1} << 20)));
+  return out;
 }
 
 }  // namespace shardwise::ckpt

@@ -20,4 +20,12 @@ std::string sha256_hex(std::span<const std::byte> bytes);
 // Reads the file once (mapped) and computes both digests (SHA-256 only when asked).
 FileDigest digest_file(const fs::path& path, bool with_sha256);
 
+// A cheap identity of a file too large to hash whole each time: its size and the xxHash64 of its
+// first and of its last MiB (the same MiB for a file under 1 MiB). Error when it cannot be read.
+struct FileSample {
+  int64_t size = 0;
+  std::string head_xxh64, tail_xxh64;
+};
+FileSample sample_file(const fs::path& path);
+
 }  // namespace shardwise::ckpt

@@ -3,7 +3,6 @@
 #include <fnmatch.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/ckpt/group_reader.h"
@@ -95,18 +94,9 @@ nlohmann::json file_fingerprint(const TrainConfig& c) {
     }
     return {{"kind", "files"}, {"path", c.data}, {"files", list}};
   }
-  std::ifstream f(data_files(c.data).front(), std::ios::binary);
-  SW_CHECK(f.good(), "cannot read the data file '{}'", c.data);
-  f.seekg(0, std::ios::end);
-  const auto size = static_cast<int64_t>(f.tellg());
-  auto mib_at = [&](int64_t offset) {
-    std::vector<std::byte> buf(static_cast<size_t>(std::min<int64_t>(size - offset, int64_t{1} << 20)));
-    f.seekg(offset);
-    f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
-    return ckpt::xxh64_hex(buf);
-  };
-  return {{"kind", "file"}, {"path", c.data}, {"size", size}, {"head_xxh64", mib_at(0)},
-          {"tail_xxh64", mib_at(std::max<int64_t>(0, size - (int64_t{1} << 20)))}};
+  const ckpt::FileSample f = ckpt::sample_file(data_files(c.data).front());
+  return {{"kind", "file"}, {"path", c.data}, {"size", f.size}, {"head_xxh64", f.head_xxh64},
+          {"tail_xxh64", f.tail_xxh64}};
 }
 
 nlohmann::json data_fingerprint(const TrainConfig& c) {

@@ -1,6 +1,5 @@
 #include "shardwise/train/model_io.h"
 
-#include <fstream>
 
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/ckpt/group_reader.h"
@@ -112,17 +111,8 @@ std::string model_fingerprint(const ckpt::fs::path& dir) {
   const bool masters = ckpt::GroupReader::exists(dir, "master_weights");
   std::vector<std::string> parts;
   for (const std::string& name : ckpt::GroupReader(dir, masters ? "master_weights" : "model").file_names()) {
-    std::ifstream f(dir / name, std::ios::binary);
-    SW_CHECK(f.good(), "cannot read '{}'", (dir / name).string());
-    f.seekg(0, std::ios::end);
-    const auto size = static_cast<int64_t>(f.tellg());
-    auto mib_at = [&](int64_t offset) {
-      std::vector<std::byte> buf(static_cast<size_t>(std::min<int64_t>(size - offset, int64_t{1} << 20)));
-      f.seekg(offset);
-      f.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
-      return ckpt::xxh64_hex(buf);
-    };
-    parts.push_back(fmt::format("{}:{}:{}:{}", name, size, mib_at(0), mib_at(std::max<int64_t>(0, size - (1 << 20)))));
+    const ckpt::FileSample f = ckpt::sample_file(dir / name);
+    parts.push_back(fmt::format("{}:{}:{}:{}", name, f.size, f.head_xxh64, f.tail_xxh64));
   }
   return fmt::format("{}", fmt::join(parts, ";"));
 }
