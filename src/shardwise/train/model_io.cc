@@ -1,6 +1,5 @@
 #include "shardwise/train/model_io.h"
 
-
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/core/error.h"
