@@ -57,7 +57,7 @@ TEST(CliData, MetricsCarryTheLoaderWaitWithAndWithoutPrefetch) {
     fs::remove_all(d / "run");
     Result r = run(kTrain + flag + "--run-dir " + (d / "run").string() + " --data " + (d / "train.bin").string());
     ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find(flag.empty() ? "blocked on data (the longest rank's; prefetch)" : "; no prefetch)"),
+    EXPECT_NE(r.out.find(flag.empty() ? "blocked on data per step, the longest rank's (prefetch)" : "the longest rank's (no prefetch)"),
               std::string::npos)
         << r.out;
     std::ifstream metrics(d / "run" / "metrics.jsonl");

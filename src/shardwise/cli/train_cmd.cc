@@ -230,7 +230,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   if (last_val >= 0) out << fmt::format(", validation loss {:.4f} (perplexity {:.2f})", last_val, std::exp(last_val));
   double waited = 0;
   for (const train::StepRecord& r : rec) waited += r.step.loader_wait_s;
-  out << fmt::format("\n  loader: {:.2f} ms per step blocked on data (the longest rank's; {})",
+  out << fmt::format("\n  loader: {:.2f} ms blocked on data per step, the longest rank's ({})",
                      1e3 * waited / static_cast<double>(rec.size()), config.loader_prefetch ? "prefetch" : "no prefetch");
   if (trainer.skipped_steps() > 0) {
     out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
