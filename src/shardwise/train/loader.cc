@@ -95,6 +95,7 @@ std::vector<Tensor> BatchLoader::read(const Dataset& data, int64_t first) const 
 std::vector<RowBatch> BatchLoader::take(const Dataset& data, int64_t first) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<RowBatch> out(static_cast<size_t>(micro_batches_));
+  read_wait_s_ = 0;
   if (!needs_data()) {
     wait_s_ = 0;
     return out;
@@ -112,6 +113,7 @@ std::vector<RowBatch> BatchLoader::take(const Dataset& data, int64_t first) {
       }
     }
     if (tokens.empty()) tokens = read(data, first);
+    read_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (options_.prefetch) {
       pending_first_ = first + micro_batches_ * sequences_;
       pending_data_ = &data;

@@ -63,6 +63,8 @@ class BatchLoader {
   // Seconds the last take() blocked: waiting for the read (a prefetch not finished, or a read
   // without one) and the broadcasts.
   double last_wait_s() const { return wait_s_; }
+  // Of that, seconds a reader waited for its rows to be read (0 on the others): what prefetch hides.
+  double last_read_wait_s() const { return read_wait_s_; }
   bool reader() const { return reader_; }
   bool needs_data() const { return needs_ids_ || needs_labels_; }
 
@@ -80,7 +82,7 @@ class BatchLoader {
   int64_t pending_first_ = -1;
   const Dataset* pending_data_ = nullptr;
   std::future<std::vector<Tensor>> pending_;
-  double wait_s_ = 0;
+  double wait_s_ = 0, read_wait_s_ = 0;
 };
 
 }  // namespace shardwise::train

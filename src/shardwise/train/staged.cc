@@ -215,6 +215,7 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset& data, int64_t first
   Result r;
   r.loss = last_stats_.loss_sum;
   r.loader_wait_s = loader_->last_wait_s();
+  r.loader_read_s = loader_->last_read_wait_s();
   world_->broadcast(&r.loss, 1, DType::F64, root_of_stage(S - 1));
   r.grads.resize(params_.size());
   for (int s : runner_->local_stages()) {

@@ -55,6 +55,7 @@ class StagedGpt {
   struct Result {
     double loss = 0;            // summed over the micro-batches, on every rank
     double loader_wait_s = 0;   // seconds this rank blocked on the loader (BatchLoader::last_wait_s)
+    double loader_read_s = 0;   // of which waiting for its rows to be read (BatchLoader::last_read_wait_s)
     std::vector<Tensor> grads;  // per params(), f32, summed over the micro-batches
   };
   // Runs the schedule on samples [first, first + micro_batches * sequences_per_micro_batch) of `data`,

@@ -244,8 +244,9 @@ StepResult Trainer::step() {
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);
   r.grad_norm = model_->grad_norm(grads);
-  r.loader_wait_s = fb.loader_wait_s;
-  world_->all_reduce(&r.loader_wait_s, &r.loader_wait_s, 1, DType::F64, comm::Reduce::Max);
+  double waits[2] = {fb.loader_wait_s, fb.loader_read_s};
+  world_->all_reduce(waits, waits, 2, DType::F64, comm::Reduce::Max);
+  r.loader_wait_s = waits[0], r.loader_read_s = waits[1];
   r.lr = schedule_.at(step_);
   // Every rank holds the same loss and global norm, so every rank takes the same branch.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {

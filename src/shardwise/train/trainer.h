@@ -107,7 +107,10 @@ struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   int64_t tokens = 0;  // tokens in this step's global batch
   bool skipped = false;  // non-finite loss or gradient norm, skipped (TrainConfig::skip_nonfinite)
-  double loader_wait_s = 0;  // the longest any rank blocked on the loader this step (read + broadcast)
+  // The longest any rank blocked on the loader this step (the read not done, the broadcast: a
+  // non-reader also waits there for its reader to arrive), and the longest a reader waited for its
+  // rows to be read (what prefetch hides).
+  double loader_wait_s = 0, loader_read_s = 0;
 };
 
 // The model's parameters, each counted once whatever the mesh, and the optimizer state of every
