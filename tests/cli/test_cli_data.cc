@@ -1,4 +1,5 @@
-// `shardwise train` on token files: llm.c's format, --data-format, several files as one corpus.
+// `shardwise train` on token files: llm.c's format, --data-format, several files as one corpus; the
+// loader's blocked time in metrics.jsonl and the summary, with and without --no-prefetch.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -46,6 +47,29 @@ TEST(CliData, TrainsOnAnLlmcFile) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("llmc"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("needs a vocabulary"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CliData, MetricsCarryTheLoaderWaitWithAndWithoutPrefetch) {
+  fs::path d = fresh_dir("loader");
+  write_llmc(d / "train.bin", 2000, 300);
+  for (const std::string flag : {"", "--no-prefetch "}) {
+    fs::remove_all(d / "run");
+    Result r = run(kTrain + flag + "--run-dir " + (d / "run").string() + " --data " + (d / "train.bin").string());
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find(flag.empty() ? "ms waiting for the read; prefetch)" : "ms waiting for the read; no prefetch)"),
+              std::string::npos)
+        << r.out;
+    std::ifstream metrics(d / "run" / "metrics.jsonl");
+    std::string line;
+    int steps = 0;
+    while (std::getline(metrics, line)) {
+      ++steps;
+      EXPECT_NE(line.find("\"loader_wait_s\":"), std::string::npos) << line;
+      EXPECT_NE(line.find("\"loader_read_s\":"), std::string::npos) << line;
+    }
+    EXPECT_EQ(steps, 2);
+  }
   fs::remove_all(d);
 }
 

@@ -1,5 +1,6 @@
 // `shardwise train` under mpirun with 4 processes (dp=2 x tp=2; Llama on tp=2 x pp=2) follows the
-// single-rank loss curve.
+// single-rank loss curve; on a token file unreadable for the processes that are not their tp group's
+// reader (the loader's test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS) it still trains the same curve.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -58,6 +59,43 @@ TEST(TrainMpi, FourProcessesTrainLlamaOnTheSingleRankCurve) {
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("Llama (2 kv heads"), std::string::npos) << text;
   EXPECT_NE(text.find("(4 ranks, mpi)"), std::string::npos) << text;
+}
+
+// A u16 token file of `n` tokens below 128.
+std::string token_file(const std::string& path, int n) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  for (int i = 0; i < n; ++i) {
+    const int t = (i * 37 + i / 7) % 128;
+    out.put(static_cast<char>(t)).put('\0');
+  }
+  return path;
+}
+
+// Processes 1 and 3 (tp coordinate 1 on dp=2 x tp=2) may not read the data: only the readers do.
+TEST(TrainMpi, ProcessesThatAreNotReadersNeverReadTheData) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string data = token_file("/tmp/shardwise-loader-mpi.bin", 4000);
+  const std::string args = " --layers 2 --hidden 32 --seq 16 --steps 6 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0"
+                           " --data " + data + " --mesh dp=2,tp=2 ";
+  std::system("rm -rf /tmp/shardwise-loader-threads /tmp/shardwise-loader-mpi /tmp/shardwise-loader-mpi-bad");
+  ASSERT_EQ(std::system((std::string(bin) + " train" + args + "--run-dir /tmp/shardwise-loader-threads > /dev/null").c_str()), 0);
+  const std::string mpi = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 " + std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " +
+                          bin + " train" + args;
+  ASSERT_EQ(std::system((mpi + "--run-dir /tmp/shardwise-loader-mpi > /tmp/shardwise-loader-mpi.log 2>&1").c_str()), 0)
+      << "see /tmp/shardwise-loader-mpi.log";
+  std::vector<double> ref = losses_of("/tmp/shardwise-loader-threads/metrics.jsonl");
+  std::vector<double> got = losses_of("/tmp/shardwise-loader-mpi/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 6u);
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-6 * ref[i]) << "step " << i + 1;
+  // The hook bites: with every process reading (a reader listed), the run stops naming it.
+  const std::string bad = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=2 " + std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " +
+                          bin + " train" + args + "--run-dir /tmp/shardwise-loader-mpi-bad > /tmp/shardwise-loader-bad.log 2>&1";
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  std::ifstream log("/tmp/shardwise-loader-bad.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("SHARDWISE_TEST_UNREADABLE_FOR_RANKS=2"), std::string::npos) << text;
 }
 
 }  // namespace

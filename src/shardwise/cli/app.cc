@@ -61,6 +61,9 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--eos-id", c.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
   t->add_flag("--no-cross-document-attention", c.document_attention,
               "tokens attend only within their document and position ids restart at each document (needs an eos id)");
+  t->add_flag("--no-prefetch{false}", c.loader_prefetch,
+              "each tp group's data reader reads a step's batch when the step starts, not during the step before "
+              "(loader_wait_s in metrics.jsonl shows the difference)");
   t->add_option("--val-data", c.val_data,
                  "validation token file(s) of a --data run: a path, list or glob in --data's --data-format");
   t->add_option("--val-fraction", c.val_fraction,

@@ -228,6 +228,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                                           static_cast<double>(tokens) / elapsed);
   if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
   if (last_val >= 0) out << fmt::format(", validation loss {:.4f} (perplexity {:.2f})", last_val, std::exp(last_val));
+  double waited = 0, read = 0;
+  for (const train::StepRecord& r : rec) waited += r.step.loader_wait_s, read += r.step.loader_read_s;
+  const double per_step = 1e3 / static_cast<double>(rec.size());
+  out << fmt::format("\n  loader: {:.2f} ms blocked on data per step, the longest rank's ({:.2f} ms waiting for the read; {})",
+                     waited * per_step, read * per_step, config.loader_prefetch ? "prefetch" : "no prefetch");
   if (trainer.skipped_steps() > 0) {
     out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
                        trainer.skipped_steps());

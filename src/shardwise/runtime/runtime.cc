@@ -123,6 +123,11 @@ void Runtime::set_local(std::string_view name, const Tensor& local) {
   bind(value_slot(name), local);
 }
 
+mesh::LocalBlock Runtime::local_block(std::string_view name) const {
+  const graph::Slot& slot = p_.slots[static_cast<size_t>(value_slot(name))];
+  return mesh::local_block(slot.meta.shape, slot.dist, p_.mesh, coords_);
+}
+
 void Runtime::set_global(std::string_view name, const Tensor& global) {
   int s = value_slot(name);
   const graph::Slot& slot = p_.slots[static_cast<size_t>(s)];

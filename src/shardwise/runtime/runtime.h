@@ -8,6 +8,7 @@
 
 #include "shardwise/comm/communicator.h"
 #include "shardwise/graph/program.h"
+#include "shardwise/mesh/shard_math.h"
 #include "shardwise/reshard/executor.h"
 
 namespace shardwise::runtime {
@@ -42,6 +43,8 @@ class Runtime {
   // Binds an input or parameter: the global tensor (this rank keeps its block) or the block.
   void set_global(std::string_view name, const Tensor& global);
   void set_local(std::string_view name, const Tensor& local);
+  // The block of an input this rank holds (its global offsets and local shape), as set_global cuts it.
+  mesh::LocalBlock local_block(std::string_view name) const;
   // Values to keep after run() besides the leaves, the parameters' gradients and the values no
   // node reads (the loss): everything else is freed after its last use.
   void keep(std::string_view name);

@@ -25,6 +25,8 @@ std::string kept_lines(const std::string& path, int64_t step, std::vector<StepRe
     r.step.lr = j.value("lr", 0.0);
     r.step.grad_norm = j.value("grad_norm", 0.0);
     r.step.tokens = j.value("tokens", int64_t{0});
+    r.step.loader_wait_s = j.value("loader_wait_s", 0.0);
+    r.step.loader_read_s = j.value("loader_read_s", 0.0);
     r.elapsed_s = j.value("elapsed_s", 0.0);
     r.tokens_per_s = j.value("tokens_per_s", 0.0);
     if (j.contains("accuracy")) r.accuracy = j["accuracy"].get<double>();
@@ -69,7 +71,8 @@ MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) : dir_(
 void MetricsLog::add(const StepRecord& r) {
   nlohmann::json j = {{"step", r.step.step},          {"loss", r.step.loss},         {"lr", r.step.lr},
                       {"grad_norm", r.step.grad_norm}, {"tokens", r.step.tokens},    {"elapsed_s", r.elapsed_s},
-                      {"tokens_per_s", r.tokens_per_s}};
+                      {"tokens_per_s", r.tokens_per_s}, {"loader_wait_s", r.step.loader_wait_s},
+                      {"loader_read_s", r.step.loader_read_s}};
   if (r.accuracy) j["accuracy"] = *r.accuracy;
   if (r.val_loss) j["val_loss"] = *r.val_loss, j["val_ppl"] = std::exp(*r.val_loss);
   out_ << j.dump() << "\n";

@@ -1,7 +1,7 @@
 #pragma once
 // What a training run leaves in its run directory: metrics.jsonl (one JSON object per step, with
 // the evaluation where one ran: "accuracy" for the addition task, "val_loss" and "val_ppl" =
-// exp(val_loss) for a validation set) and loss_curve.svg (the training loss by step, the
+// exp(val_loss) for a validation set; "loader_wait_s" and "loader_read_s" every step: StepResult's) and loss_curve.svg (the training loss by step, the
 // validation loss beside it with a legend, accuracy on a second axis; a linear or log loss axis).
 #include <fstream>
 #include <optional>

@@ -50,6 +50,29 @@ void bind_batch(runtime::Runtime& rt, const GptConfig& model, bool first, bool l
   if (first) rt.set_global("position_ids", d.position_ids);
 }
 
+// Binds this rank's block of `name` from `rows`, the rows [row0, row0 + rows) of the micro-batch
+// (the same block set_global would cut from the whole micro-batch).
+void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows, int64_t row0) {
+  mesh::LocalBlock b = rt.local_block(name);
+  std::vector<int64_t> offsets(b.offsets().begin(), b.offsets().end());
+  offsets[0] -= row0;
+  SW_CHECK(offsets[0] >= 0 && offsets[0] + b.shape[0] <= rows.shape()[0],
+           "loader: '{}' needs rows [{}, {}) of the micro-batch on this rank, but its data-parallel block holds [{}, "
+           "{}): the input is not sharded S(0) over dp",
+           name, b.offset[0], b.offset[0] + b.shape[0], row0, row0 + rows.shape()[0]);
+  rt.set_local(name, rows.slice(offsets, b.shape));
+}
+
+// Binds this rank's rows of a micro-batch as bind_batch binds the whole of it.
+void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const RowBatch& b) {
+  if (first) bind_block(rt, "ids", b.ids, b.row0);
+  if (last) bind_block(rt, "labels", b.labels, b.row0);
+  if (!model.document_mask) return;
+  DocumentInputs d = document_inputs(b.ids, model.eos_id);  // row by row: the rows' own masks
+  bind_block(rt, "attention_mask", d.attention_mask, b.row0);
+  if (first) bind_block(rt, "position_ids", d.position_ids, b.row0);
+}
+
 }  // namespace
 
 StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
@@ -77,6 +100,10 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
   bind_constants(*runner_, model_, mask_);
+  const pipeline::Schedule& sch = runner_->schedule();
+  const bool first_here = sch.rank_of(0) == my_pipeline_rank(), last_here = sch.rank_of(S - 1) == my_pipeline_rank();
+  loader_ = std::make_unique<BatchLoader>(strategy_, my_process(*world_), world_, sequences_, micro_batches, model_.seq,
+                                          first_here || model_.document_mask, last_here, config_.loader);
 }
 
 StagedGpt::~StagedGpt() = default;
@@ -177,17 +204,18 @@ int StagedGpt::root_of_stage(int stage) const {
 
 StagedGpt::Result StagedGpt::forward_backward(const Dataset& data, int64_t first) {
   const int S = runner_->schedule().stages();
+  std::vector<RowBatch> batches = loader_->take(data, first);  // before the step's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
-    const int64_t sample = first + mb * sequences_;
-    rt.set_sample_offset(sample);  // dropout masks follow the samples, not the mesh
+    rt.set_sample_offset(first + mb * sequences_);  // dropout masks follow the samples, not the mesh
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
-    Batch b = make_batch(data, sample, sequences_, model_.seq);
-    bind_batch(rt, model_, stage == 0, stage == S - 1, b.ids, b.labels);
+    bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
   };
   bind(*runner_);
   last_stats_ = runner_->run(feed);
   Result r;
   r.loss = last_stats_.loss_sum;
+  r.loader_wait_s = loader_->last_wait_s();
+  r.loader_read_s = loader_->last_read_wait_s();
   world_->broadcast(&r.loss, 1, DType::F64, root_of_stage(S - 1));
   r.grads.resize(params_.size());
   for (int s : runner_->local_stages()) {

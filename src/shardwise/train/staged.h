@@ -19,6 +19,7 @@
 #include "shardwise/reshard/executor.h"
 #include "shardwise/train/data.h"
 #include "shardwise/train/gpt.h"
+#include "shardwise/train/loader.h"
 #include "shardwise/train/optimizer.h"
 
 namespace shardwise::train {
@@ -28,6 +29,7 @@ struct PipelineConfig {
   int virtual_stages = 1;
   bool release = true;            // free what backward does not need after each forward
   bool poison_stand_ins = false;  // tests
+  LoaderOptions loader;           // the training step's batches (loader.h)
 };
 
 struct EvalResult {
@@ -52,9 +54,13 @@ class StagedGpt {
 
   struct Result {
     double loss = 0;            // summed over the micro-batches, on every rank
+    double loader_wait_s = 0;   // seconds this rank blocked on the loader (BatchLoader::last_wait_s)
+    double loader_read_s = 0;   // of which waiting for its rows to be read (BatchLoader::last_read_wait_s)
     std::vector<Tensor> grads;  // per params(), f32, summed over the micro-batches
   };
-  // Runs the schedule on samples [first, first + micro_batches * sequences_per_micro_batch) of `data`.
+  // Runs the schedule on samples [first, first + micro_batches * sequences_per_micro_batch) of `data`,
+  // its batches from the loader (each tp group's reader reads, the others receive); `data` must
+  // outlive this object (the loader may be reading the next step's samples).
   Result forward_backward(const Dataset& data, int64_t first);
   // The global gradient norm over every rank (the tied embedding counted once).
   double grad_norm(const std::vector<Tensor>& grads);
@@ -100,6 +106,7 @@ class StagedGpt {
   std::vector<mesh::ProcessMesh> meshes_;  // per stage
   std::vector<pipeline::LayerRange> layers_;
   std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_;
+  std::unique_ptr<BatchLoader> loader_;  // the training step's batches
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
   std::vector<ParamState> params_, frozen_;
   // Per params_: counted in the norm (false for the last stage's tied copy).

@@ -222,7 +222,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   model.document_mask = c_.document_attention;
   model.eos_id = c_.eos_id;
   model_ = std::make_unique<StagedGpt>(model, strategy_,
-                                       PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release},
+                                       PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release, false,
+                                                      LoaderOptions{c_.loader_sync, c_.loader_prefetch}},
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),
                                        c_.seed, causal_mask(c_.model.seq), world_);
 }
@@ -243,6 +244,9 @@ StepResult Trainer::step() {
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);
   r.grad_norm = model_->grad_norm(grads);
+  double waits[2] = {fb.loader_wait_s, fb.loader_read_s};
+  world_->all_reduce(waits, waits, 2, DType::F64, comm::Reduce::Max);
+  r.loader_wait_s = waits[0], r.loader_read_s = waits[1];
   r.lr = schedule_.at(step_);
   // Every rank holds the same loss and global norm, so every rank takes the same branch.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {

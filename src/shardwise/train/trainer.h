@@ -76,6 +76,10 @@ struct TrainConfig {
   // only: check() refuses it for a Llama model).
   int64_t eos_id = -1;
   bool document_attention = false;
+  // The training step's batches (loader.h): each tp group's reader reads and broadcasts
+  // (`loader_sync`; false: every rank reads the whole micro-batch), prefetching the next step on a
+  // background thread (`loader_prefetch`, --no-prefetch to turn off).
+  bool loader_sync = true, loader_prefetch = true;
   // The tokenizer and document options of a --tokenizer run (after check()); nullopt without one.
   std::optional<TextTokens> text_tokens() const;
 
@@ -103,6 +107,10 @@ struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   int64_t tokens = 0;  // tokens in this step's global batch
   bool skipped = false;  // non-finite loss or gradient norm, skipped (TrainConfig::skip_nonfinite)
+  // The longest any rank blocked on the loader this step (the read not done, the broadcast: a
+  // non-reader also waits there for its reader to arrive), and the longest a reader waited for its
+  // rows to be read (what prefetch hides).
+  double loader_wait_s = 0, loader_read_s = 0;
 };
 
 // The model's parameters, each counted once whatever the mesh, and the optimizer state of every
