@@ -1,7 +1,8 @@
 // `shardwise train --model llama` from the command line: `--init-from` a transformers Llama
 // directory (tests/golden/hf/llama_tiny, written by tools/hf_parity.py) takes the model from its
 // config.json and starts from transformers' loss; options that contradict it are refused, a
-// shorter --seq is not; Llama options are checked before anything runs.
+// shorter --seq is not; Llama options are checked before anything runs. `shardwise generate`
+// decodes Llama checkpoints.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -70,8 +71,8 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
   EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
 }
 
-// Packed documents, LoRA and generation are GPT-2's: with a Llama model each is one line naming
-// the combination, before anything runs.
+// Packed documents and LoRA are GPT-2's: with a Llama model each is one line naming the
+// combination, before anything runs.
 TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
   const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_refused";
   fs::remove_all(dir);
@@ -83,13 +84,30 @@ TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos)
       << r.out;
-  r = run("generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids 1,2,3 --max-new-tokens 2");
-  EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("shardwise generate decodes GPT-2 models only: --checkpoint " + kGolden +
-                       "/llama_tiny holds a Llama model"),
-            std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
   fs::remove_all(dir);
+}
+
+// `shardwise generate` on a transformers Llama directory: transformers' greedy tokens (its eos
+// 127), with and without the KV cache, on dp=2 x tp=2.
+TEST(CliLlama, GenerateGivesTransformersGreedyTokens) {
+  std::ifstream e(kGolden + "/llama_tiny_expected.json");
+  const nlohmann::json want = nlohmann::json::parse(e);
+  const auto prompt = want["greedy_prompt"].get<std::vector<int64_t>>();
+  const auto all = want["greedy"].get<std::vector<int64_t>>();
+  std::string ids;
+  for (int64_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (const std::string extra : {"", " --no-kv-cache"}) {
+    auto r = run("generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids " + ids +
+                 " --max-new-tokens 8 --mesh dp=2,tp=2 --json" + extra);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const size_t open = r.out.find('{');
+    ASSERT_NE(open, std::string::npos) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out.substr(open, r.out.find('\n', open) - open));
+    EXPECT_EQ(j["sequences"][0]["new_ids"].get<std::vector<int64_t>>(),
+              std::vector<int64_t>(all.begin() + static_cast<int64_t>(prompt.size()), all.end()))
+        << extra;
+  }
 }
 
 }  // namespace
