@@ -136,7 +136,10 @@ void print_text(const Run& run, const train::GenerateResult& r, std::ostream& ou
     std::span<const int64_t> shown(s.tokens);
     if (s.stop == train::StopReason::Eos) shown = shown.first(shown.size() - 1);  // the eos ends the line
     if (text) {
-      out << run.codec.decode(run.prompts[i]) << run.codec.decode(shown) << "\n";
+      // Decoded as one sequence: a SentencePiece piece's leading space survives at the seam.
+      std::vector<int64_t> all = run.prompts[i];
+      all.insert(all.end(), shown.begin(), shown.end());
+      out << run.codec.decode(all) << "\n";
     } else {
       out << fmt::format("{} | {}\n", fmt::join(run.prompts[i], ","), fmt::join(shown, ","));
     }
