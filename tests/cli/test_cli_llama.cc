@@ -2,7 +2,7 @@
 // directory (tests/golden/hf/llama_tiny, written by tools/hf_parity.py) takes the model from its
 // config.json and starts from transformers' loss; options that contradict it are refused, a
 // shorter --seq is not; Llama options are checked before anything runs. `shardwise generate`
-// decodes Llama checkpoints.
+// decodes Llama checkpoints, and examples/llama_tiny.sh runs (2 steps).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -108,6 +108,31 @@ TEST(CliLlama, GenerateGivesTransformersGreedyTokens) {
               std::vector<int64_t>(all.begin() + static_cast<int64_t>(prompt.size()), all.end()))
         << extra;
   }
+}
+
+// examples/llama_tiny.sh (`make llama-demo`) with 2 training steps: a SentencePiece model trained
+// on the fables, `train --config examples/llama_tiny.toml --tokenizer ...` (a Llama with GQA and
+// an untied head on tp=2), then `generate --tokenizer` prints the decoded continuation of "The fox".
+TEST(CliLlama, TheLlamaTinyExampleTokenizesTrainsAndGeneratesText) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_example";
+  fs::remove_all(dir);
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  auto r = shardwise_cli_test::run_command("bash " + std::string(SHARDWISE_SOURCE_DIR) + "/examples/llama_tiny.sh " +
+                                           bin + " " + dir.string() + " --steps 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Llama (2 kv heads, intermediate 256, rope theta 10000, untied head)"), std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::exists(dir / "tokenizer.model"));
+  EXPECT_TRUE(fs::exists(dir / "checkpoints" / "checkpoint-2" / "config.json"));
+  // The decoded text: the prompt, then the continuation, on the line after the generate command.
+  const size_t cmd = r.out.find("--prompt The fox");
+  ASSERT_NE(cmd, std::string::npos) << r.out;
+  const size_t line = r.out.find('\n', cmd) + 1;
+  EXPECT_EQ(r.out.substr(line, 7), "The fox") << r.out;
+  EXPECT_GT(r.out.find('\n', line) - line, 7u) << "no continuation: " << r.out;
+  EXPECT_NE(r.out.find("shardwise generate: "), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }
 
 }  // namespace
