@@ -165,6 +165,12 @@ TEST(GenerateLlama, TheCacheHoldsKvHeadsShardedOrReplicatedOverTp) {
       EXPECT_EQ(d.g.value(v).meta.shape[1], kv) << name;
       EXPECT_EQ(p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])].dist.to_string(), want) << name;
     }
+    // The training forward's collectives only: all-reduces over tp after the vocab-parallel
+    // embedding and each layer's o and down projections (a replicated cache is sliced locally
+    // for each rank's q heads; the rotation by sequence moves nothing).
+    const std::vector<std::pair<std::string, int>> counts = p.collective_counts();
+    EXPECT_EQ(counts, (std::vector<std::pair<std::string, int>>{{"all_reduce", static_cast<int>(1 + 2 * c.layers)}}))
+        << kv << " kv heads:\n" << p.to_string(d.g);
   }
 }
 
