@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "run_cli.h"
@@ -89,7 +90,7 @@ TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
 }
 
 // `shardwise generate` on a transformers Llama directory: transformers' greedy tokens (its eos
-// 127), with and without the KV cache, on dp=2 x tp=2.
+// 127), with and without the KV cache, on dp=2 x tp=2 as threads and as 4 MPI processes.
 TEST(CliLlama, GenerateGivesTransformersGreedyTokens) {
   std::ifstream e(kGolden + "/llama_tiny_expected.json");
   const nlohmann::json want = nlohmann::json::parse(e);
@@ -97,16 +98,23 @@ TEST(CliLlama, GenerateGivesTransformersGreedyTokens) {
   const auto all = want["greedy"].get<std::vector<int64_t>>();
   std::string ids;
   for (int64_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  for (const std::string extra : {"", " --no-kv-cache"}) {
-    auto r = run("generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids " + ids +
-                 " --max-new-tokens 8 --mesh dp=2,tp=2 --json" + extra);
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " ";
+  for (const std::string extra : {"", " --no-kv-cache", "mpi"}) {
+    const std::string cmd = "generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids " + ids +
+                            " --max-new-tokens 8 --mesh dp=2,tp=2 --json" + (extra == "mpi" ? "" : extra);
+    auto r = extra == "mpi" ? shardwise_cli_test::run_command(mpi + cmd) : run(cmd);
     ASSERT_EQ(r.status, 0) << r.out;
-    const size_t open = r.out.find('{');
-    ASSERT_NE(open, std::string::npos) << r.out;
-    const nlohmann::json j = nlohmann::json::parse(r.out.substr(open, r.out.find('\n', open) - open));
+    nlohmann::json j;  // the line starting with '{' (under mpirun, stderr may come first)
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind('{', 0) == 0) j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("sequences")) << extra << ": " << r.out;
     EXPECT_EQ(j["sequences"][0]["new_ids"].get<std::vector<int64_t>>(),
               std::vector<int64_t>(all.begin() + static_cast<int64_t>(prompt.size()), all.end()))
         << extra;
+    if (extra == "mpi") EXPECT_NE(r.out.find("(4 ranks, mpi)"), std::string::npos) << r.out;
   }
 }
 
