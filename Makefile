@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test test-asan fuzz parity hf-parity hf-golden golden llama-golden demo bench bench-comm clean
+.PHONY: all deps build test test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm clean
 
 all: build
 
@@ -83,6 +83,13 @@ hf-golden: build $(HF_VENV)/bin/python
 demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target shardwise
 	@bash examples/demo.sh $(BUILD)/bin/shardwise
+
+# A SentencePiece tokenizer, a small Llama trained on tests/data/fables.txt through it, and generation
+# from its checkpoint (examples/llama_tiny.sh, examples/llama_tiny.toml; under a minute). Builds only
+# the shardwise binary.
+llama-demo: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target shardwise
+	@bash examples/llama_tiny.sh $(BUILD)/bin/shardwise
 
 # The PyTorch reference of the trainer: shardwise exports its initial weights and batches, Debian's
 # PyTorch (python3-torch 1.13) trains the same model on them and writes tests/golden/gpt_losses.json,

@@ -18,13 +18,15 @@ Checks, each against the Python libraries' own results:
               loads the checkpoint without warnings -> its loss equals shardwise's within 1e-5 (the
               first step's loss of `train --lora-from`), lora-merge of it gives PEFT's logits within
               1e-5, and its adapter_config.json equals PEFT's for the same LoraConfig.
-  llama       the same two checks for `--model llama`: a transformers LlamaForCausalLM (grouped-query
+  llama       the same checks for `--model llama`: a transformers LlamaForCausalLM (grouped-query
               attention, untied head) -> `--init-from` -> transformers' first loss within 1e-5; a shardwise
-              Llama checkpoint -> LlamaForCausalLM with no missing/unexpected keys, no warnings, same loss.
+              Llama checkpoint -> LlamaForCausalLM with no missing/unexpected keys, no warnings, same loss;
+              its greedy generate = `shardwise generate` on dp=2 x tp=2, logits within 1e-5.
 --only gpt2|lora|llama (repeatable) runs those parts (gpt2: init-from and load; lora: lora-merge and
 lora-train; llama); without it, all of them.
 With --golden DIR it also writes the small files tests/golden/hf/ holds, which `make test` replays
-without PyPI (tests/train/test_hf_golden.cc, test_lora_golden.cc).
+without PyPI (tests/train/test_hf_golden.cc, test_lora_golden.cc, test_llama_hf.cc,
+test_generate_llama.cc).
 Needs: pip install torch transformers peft safetensors numpy (the Makefile target makes a venv).
 """
 import argparse
@@ -153,8 +155,13 @@ def check_load(shardwise, tmp):
     got = first_loss(shardwise, tmp, "sw-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
     assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
     print(f"  load      loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
-    # Greedy generation on tp=2 (with the logits each token came from) against transformers': the
-    # same tokens, and transformers' logits over prompt + generated equal shardwise's within 1e-5.
+    check_generate(shardwise, tmp, model, ckpt, "generate ")
+
+
+def check_generate(shardwise, tmp, model, ckpt, label):
+    """Greedy `shardwise generate` on dp=2 x tp=2 (with the logits each token came from) against
+    transformers': the same tokens, and transformers' logits over prompt + generated equal
+    shardwise's within 1e-5."""
     prompts = ["12+34=", "7+8=", "99+1="]
     logits_file = os.path.join(tmp, "logits.safetensors")
     cmd = [shardwise, "generate", "--checkpoint", ckpt, "--max-new-tokens", "4", "--mesh", "dp=2,tp=2",
@@ -176,7 +183,7 @@ def check_load(shardwise, tmp):
         diff = float(np.abs(ref - sw_logits[f"logits.{i}"]).max())
         worst = max(worst, diff)
         assert diff <= TOL, (p, diff)
-    print(f"  generate  greedy on dp=2 x tp=2 = transformers' generate for {len(prompts)} prompts; "
+    print(f"  {label} greedy on dp=2 x tp=2 = transformers' generate for {len(prompts)} prompts; "
           f"logits max |diff| {worst:.2e}")
 
 
@@ -374,10 +381,14 @@ def check_llama_init_from(shardwise, tmp, golden):
         shutil.rmtree(out, ignore_errors=True)
         model.save_pretrained(out)
         write_u16(os.path.join(golden, "llama_tokens.bin"), tokens)
+        # transformers' greedy generate from the first 5 tokens (eos = its config's, 127), which
+        # tests/train/test_generate_llama.cc replays with `shardwise generate`'s graphs.
+        greedy = model.generate(torch.tensor([tokens[:5]]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                                max_new_tokens=8, do_sample=False, pad_token_id=127)[0].tolist()
         json.dump({"generator": f"tools/hf_parity.py with torch {torch.__version__}, transformers "
                                 f"{transformers.__version__}",
                    "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
-                   "argmax": logits.argmax(-1).tolist()},
+                   "argmax": logits.argmax(-1).tolist(), "greedy_prompt": tokens[:5], "greedy": greedy},
                   open(os.path.join(golden, "llama_tiny_expected.json"), "w"), indent=1)
 
 
@@ -412,6 +423,7 @@ def check_llama_load(shardwise, tmp):
     got = first_loss(shardwise, tmp, "sw-llama-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
     assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
     print(f"  llama load loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
+    check_generate(shardwise, tmp, model, ckpt, "llama generate")
 
 
 def main():

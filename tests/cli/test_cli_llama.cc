@@ -1,12 +1,14 @@
 // `shardwise train --model llama` from the command line: `--init-from` a transformers Llama
 // directory (tests/golden/hf/llama_tiny, written by tools/hf_parity.py) takes the model from its
 // config.json and starts from transformers' loss; options that contradict it are refused, a
-// shorter --seq is not; Llama options are checked before anything runs.
+// shorter --seq is not; Llama options are checked before anything runs. `shardwise generate`
+// decodes Llama checkpoints, and examples/llama_tiny.sh runs (2 steps).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "run_cli.h"
@@ -70,8 +72,8 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
   EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
 }
 
-// Packed documents, LoRA and generation are GPT-2's: with a Llama model each is one line naming
-// the combination, before anything runs.
+// Packed documents and LoRA are GPT-2's: with a Llama model each is one line naming the
+// combination, before anything runs.
 TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
   const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_refused";
   fs::remove_all(dir);
@@ -83,12 +85,61 @@ TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos)
       << r.out;
-  r = run("generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids 1,2,3 --max-new-tokens 2");
-  EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("shardwise generate decodes GPT-2 models only: --checkpoint " + kGolden +
-                       "/llama_tiny holds a Llama model"),
-            std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
+  fs::remove_all(dir);
+}
+
+// `shardwise generate` on a transformers Llama directory: transformers' greedy tokens (its eos
+// 127), with and without the KV cache, on dp=2 x tp=2 as threads and as 4 MPI processes.
+TEST(CliLlama, GenerateGivesTransformersGreedyTokens) {
+  std::ifstream e(kGolden + "/llama_tiny_expected.json");
+  const nlohmann::json want = nlohmann::json::parse(e);
+  const auto prompt = want["greedy_prompt"].get<std::vector<int64_t>>();
+  const auto all = want["greedy"].get<std::vector<int64_t>>();
+  std::string ids;
+  for (int64_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " ";
+  for (const std::string extra : {"", " --no-kv-cache", "mpi"}) {
+    const std::string cmd = "generate --checkpoint " + kGolden + "/llama_tiny --prompt-ids " + ids +
+                            " --max-new-tokens 8 --mesh dp=2,tp=2 --json" + (extra == "mpi" ? "" : extra);
+    auto r = extra == "mpi" ? shardwise_cli_test::run_command(mpi + cmd) : run(cmd);
+    ASSERT_EQ(r.status, 0) << r.out;
+    nlohmann::json j;  // the line starting with '{' (under mpirun, stderr may come first)
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind('{', 0) == 0) j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("sequences")) << extra << ": " << r.out;
+    EXPECT_EQ(j["sequences"][0]["new_ids"].get<std::vector<int64_t>>(),
+              std::vector<int64_t>(all.begin() + static_cast<int64_t>(prompt.size()), all.end()))
+        << extra;
+    if (extra == "mpi") EXPECT_NE(r.out.find("(4 ranks, mpi)"), std::string::npos) << r.out;
+  }
+}
+
+// examples/llama_tiny.sh (`make llama-demo`) with 2 training steps: a SentencePiece model trained
+// on the fables, `train --config examples/llama_tiny.toml --tokenizer ...` (a Llama with GQA and
+// an untied head on tp=2), then `generate --tokenizer` prints the decoded continuation of "The fox".
+TEST(CliLlama, TheLlamaTinyExampleTokenizesTrainsAndGeneratesText) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_example";
+  fs::remove_all(dir);
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  auto r = shardwise_cli_test::run_command("bash " + std::string(SHARDWISE_SOURCE_DIR) + "/examples/llama_tiny.sh " +
+                                           bin + " " + dir.string() + " --steps 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Llama (2 kv heads, intermediate 256, rope theta 10000, untied head)"), std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::exists(dir / "tokenizer.model"));
+  EXPECT_TRUE(fs::exists(dir / "checkpoints" / "checkpoint-2" / "config.json"));
+  // The decoded text: the prompt, then the continuation, on the line after the generate command.
+  const size_t cmd = r.out.find("--prompt The fox");
+  ASSERT_NE(cmd, std::string::npos) << r.out;
+  const size_t line = r.out.find('\n', cmd) + 1;
+  EXPECT_EQ(r.out.substr(line, 7), "The fox") << r.out;
+  EXPECT_GT(r.out.find('\n', line) - line, 7u) << "no continuation: " << r.out;
+  EXPECT_NE(r.out.find("shardwise generate: "), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

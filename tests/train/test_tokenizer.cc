@@ -1,6 +1,7 @@
 // The SentencePiece tokenizer (a small model trained here, at test time, on tests/data/fables.txt),
 // documents, token files written and read back, and training on text through a tokenizer.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,10 +25,16 @@ namespace fs = std::filesystem;
 
 const std::string kFables = std::string(SHARDWISE_SOURCE_DIR) + "/tests/data/fables.txt";
 
+// Per process: ctest runs the cases as parallel processes, each training its own model, and two
+// writing one path raced ("unk is not defined" from a half-written model).
 fs::path scratch() {
-  fs::path d = fs::temp_directory_path() / "shardwise-tokenizer";
-  fs::create_directories(d);
-  return d;
+  struct Dir {
+    fs::path path = fs::temp_directory_path() / ("shardwise-tokenizer-" + std::to_string(::getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() { fs::remove_all(path); }  // at exit
+  };
+  static const Dir d;
+  return d.path;
 }
 
 // Trained once per process (each ctest process trains its own: about a second).

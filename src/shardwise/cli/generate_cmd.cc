@@ -1,5 +1,5 @@
-// `shardwise generate`: continues prompts with a saved model on the ranks of a dp x tp mesh
-// (threads by default, MPI processes under mpirun), with a KV cache or by recomputing the prefix.
+// `shardwise generate`: continues prompts with a saved GPT-2 or Llama model on the ranks of a dp x
+// tp mesh (threads by default, MPI processes under mpirun), with a KV cache or by recomputing the prefix.
 // Byte-vocabulary models (vocab <= 256) take and print text; others take and print token ids.
 #include <filesystem>
 #include <fstream>
@@ -136,7 +136,10 @@ void print_text(const Run& run, const train::GenerateResult& r, std::ostream& ou
     std::span<const int64_t> shown(s.tokens);
     if (s.stop == train::StopReason::Eos) shown = shown.first(shown.size() - 1);  // the eos ends the line
     if (text) {
-      out << run.codec.decode(run.prompts[i]) << run.codec.decode(shown) << "\n";
+      // Decoded as one sequence: a SentencePiece piece's leading space survives at the seam.
+      std::vector<int64_t> all = run.prompts[i];
+      all.insert(all.end(), shown.begin(), shown.end());
+      out << run.codec.decode(all) << "\n";
     } else {
       out << fmt::format("{} | {}\n", fmt::join(run.prompts[i], ","), fmt::join(shown, ","));
     }
@@ -200,9 +203,9 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
   out.flush();
   for (size_t i = 0; i < r.sequences.size(); ++i) {
     if (r.sequences[i].stop == train::StopReason::MaxPositions)
-      std::cerr << fmt::format("shardwise generate: prompt {} stopped at the model's {} positions (n_positions; "
-                               "the last token is predicted from the last position)\n",
-                               i, run.model.seq);
+      std::cerr << fmt::format("shardwise generate: prompt {} stopped at the model's {} positions ({}; the last "
+                               "token is predicted from the last position)\n",
+                               i, run.model.seq, run.model.is_llama() ? "max_position_embeddings" : "n_positions");
   }
   const auto& st = r.stats;
   std::cerr << fmt::format("shardwise generate: {} new tokens for {} prompt{} in {:.3g} s ({:.1f} tokens/s; decode "
@@ -224,9 +227,6 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   SW_CHECK(std::filesystem::is_directory(run.dir), "--checkpoint '{}' is not a directory (a checkpoint such as "
                                                    "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
   run.model = train::read_model_config(run.dir);
-  SW_CHECK(!run.model.is_llama(), "shardwise generate decodes GPT-2 models only: --checkpoint {} holds a Llama model "
-           "(config.json model_type llama), whose decoding (rotary positions, a grouped-query KV cache) is not built; "
-           "load it in transformers (LlamaForCausalLM) to generate", o.checkpoint);
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
   SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
                                 "not supported)", o.mesh);

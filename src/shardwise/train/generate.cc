@@ -7,8 +7,8 @@
 #include "shardwise/graph/program.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/runtime.h"
-#include "shardwise/train/gpt_decode.h"
 #include "shardwise/train/model_io.h"
+#include "shardwise/train/models.h"
 
 namespace shardwise::train {
 namespace {
@@ -75,7 +75,8 @@ void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptCo
     const auto& p = prompts[i];
     SW_CHECK(!p.empty(), "prompt {} is empty: give at least one token", i);
     SW_CHECK(static_cast<int64_t>(p.size()) <= model.seq,
-             "prompt {} has {} tokens; the model holds at most {} positions (n_positions)", i, p.size(), model.seq);
+             "prompt {} has {} tokens; the model holds at most {} positions ({})", i, p.size(), model.seq,
+             model.is_llama() ? "max_position_embeddings" : "n_positions");
     for (size_t t = 0; t < p.size(); ++t)
       SW_CHECK(p[t] >= 0 && p[t] < model.vocab, "prompt {}: token {} at position {} is outside the vocabulary [0, {})",
                i, p[t], t, model.vocab);
@@ -112,8 +113,6 @@ Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shar
   model_.param_dtype = DType::F32;
   model_.dropout = 0;
   process_ = world_->members()[static_cast<size_t>(world_->rank())];
-  SW_CHECK(!model_.is_llama(), "generation decodes GPT-2 models only: this is a Llama model (model_type llama); its "
-                               "prefill and decode graphs (rotary positions, grouped-query KV cache) are not built");
   SW_CHECK(strategy_.pp < 0, "generation runs on dp and tp meshes; the mesh {} has a pp dim (pipelined decoding is "
                              "not supported: use dp and tp)", strategy_.mesh.to_string());
 }
@@ -126,13 +125,13 @@ Generator::Compiled& Generator::compile(std::map<std::pair<int64_t, int64_t>, st
   if (it != cache.end()) return *it->second;
   auto start = Clock::now();
   auto c = std::make_unique<Compiled>();
-  c->graph = decode ? build_gpt_decode_step(model_, strategy_, key.first, key.second)
-                    : build_gpt_prefill(model_, strategy_, key.first, key.second);
+  c->graph = decode ? build_model_decode_step(model_, strategy_, key.first, key.second)
+                    : build_model_prefill(model_, strategy_, key.first, key.second);
   c->program = graph::lower(c->graph.g, graph::complete(c->graph.g, strategy_.mesh));
   c->runtime = std::make_unique<runtime::Runtime>(c->graph.g, c->program, world_);
   for (const auto* names : {&c->graph.present_k, &c->graph.present_v})
     for (const std::string& n : *names) c->runtime->keep(n);
-  if (!decode) c->runtime->set_global("causal_mask", causal_mask(key.second));
+  for (const auto& [name, value] : c->graph.constants) c->runtime->set_global(name, value);
   bind_weights(*c);
   plan_seconds_ += since(start);
   return *cache.emplace(key, std::move(c)).first->second;
@@ -183,7 +182,7 @@ void Generator::run_prefill(Compiled& c, Batch& b) {
   }
   runtime::Runtime& rt = *c.runtime;
   rt.set_global("ids", ids);
-  rt.set_global("positions", positions);
+  if (!c.graph.constants.count("positions")) rt.set_global("positions", positions);  // GPT-2's [B, T]
   rt.set_global("last", last);
   rt.run();
 }

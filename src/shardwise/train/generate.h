@@ -1,16 +1,18 @@
 #pragma once
-// Text generation with the GPT of gpt.h on a dp x tp mesh: every rank of the mesh constructs a
-// Generator with the same arguments and calls generate() together (threads of one process or MPI
-// processes); every rank returns the same tokens.
+// Text generation with the GPT-2 of gpt.h or the Llama of llama.h on a dp x tp mesh: every rank
+// of the mesh constructs a Generator with the same arguments and calls generate() together
+// (threads of one process or MPI processes); every rank returns the same tokens.
 //
-// The graphs are gpt_decode.h's, planned by the same completion and lowering as training and run
+// The graphs are gpt_decode.h's or llama_decode.h's (models.h picks), planned by the same
+// completion and lowering as training and run
 // by runtime::Runtime, so dp and tp are annotations: dp splits the prompts (the batch is padded to
 // a multiple of dp with copies of the first prompt, dropped from the result), tp shards the heads
 // (and so the KV cache) and the vocabulary. Each graph is planned once per shape and kept.
 //
 // With the KV cache (the default): one prefill over the prompts, then one decode step per new
 // token, which reads the cached keys and values instead of recomputing the prefix. Each rank holds
-// its block of the cache, [B/dp, heads/tp, C, head_dim] per layer for keys and values, C =
+// its block of the cache, [B/dp, heads/tp, C, head_dim] per layer for keys and values (Llama:
+// its kv heads, kv_heads/tp, or all of them when tp does not divide kv_heads), C =
 // the longest prompt + new tokens (at most the model's positions), and writes the step's keys and
 // values into it at each sequence's position. Without (`kv_cache = false`): each step runs the
 // prefill graph over every token so far (one graph per length), for comparison.
@@ -86,8 +88,8 @@ void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptCo
 
 class Generator {
  public:
-  // `strategy`: dims dp and tp only (Error for pp); `model` a GPT-2 (Error for Llama). Weights are read from `weights` as the graphs
-  // need them, once per layout.
+  // `strategy`: dims dp and tp only (Error for pp); `model` a GPT-2 or a Llama. Weights are read
+  // from `weights` as the graphs need them, once per layout.
   Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
             WeightSource weights);
   ~Generator();

@@ -92,7 +92,9 @@ class Decoder {
   graph::ValueId wte_ = -1;
 };
 
-void check_inference(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length, const char* what) {
+}  // namespace
+
+void check_decoder_shape(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length, const char* what) {
   c.validate();
   SW_CHECK(s.pp < 0, "generation runs on dp and tp meshes; the mesh {} has a pp dim (pipelined decoding is not "
                      "supported: use dp and tp)", s.mesh.to_string());
@@ -104,12 +106,10 @@ void check_inference(const GptConfig& c, const Strategy& s, int64_t sequences, i
            c.seq);
 }
 
-}  // namespace
-
 std::string kv_placements(const Strategy& s) { return placements(s, "S(1)", "S(0)"); }
 
 DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
-  check_inference(c, s, sequences, length, "a prefill");
+  check_decoder_shape(c, s, sequences, length, "a prefill");
   const int64_t B = sequences, T = length;
   DecoderGraph out;
   out.sequences = B, out.length = T;
@@ -119,6 +119,7 @@ DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t se
   auto ids = g.input("ids", Shape{B, T}, DType::I64);
   auto positions = g.input("positions", Shape{B, T}, DType::I64);
   auto mask = g.input("causal_mask", Shape{T, T});
+  out.constants["causal_mask"] = causal_mask(T);
   auto last = g.input("last", Shape{B, 1, T});
   d.annotate(ids, batch), d.annotate(positions, batch), d.annotate(last, batch);
   d.annotate(mask, placements(s, "R"));
@@ -138,7 +139,7 @@ DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t se
 }
 
 DecoderGraph build_gpt_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length) {
-  check_inference(c, s, sequences, cache_length, "a KV cache");
+  check_decoder_shape(c, s, sequences, cache_length, "a KV cache");
   const int64_t B = sequences, C = cache_length, HD = c.hidden / c.heads;
   DecoderGraph out;
   out.sequences = B, out.length = C;

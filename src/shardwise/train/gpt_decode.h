@@ -25,6 +25,7 @@
 //            (present_k / _v), which the caller writes into the cache at slot p_b
 //   The attention reads concat(past, present) along the sequence: the cache is never written by
 //   the graph, so its layout (batch on dp, heads on tp) is the caller's buffer, bound in place.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ struct DecoderGraph {
   std::string logits = "logits";
   std::vector<std::string> present_k, present_v;  // per layer: the values holding the keys and values
   std::vector<std::string> past_k, past_v;        // per layer (decode step only)
+  std::map<std::string, Tensor> constants;         // inputs bound once per graph (the prefill's causal_mask)
 };
 
 // Errors name what does not divide (heads over tp, sequences over dp) or a length outside
@@ -47,6 +49,11 @@ struct DecoderGraph {
 DecoderGraph build_gpt_prefill(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length);
 DecoderGraph build_gpt_decode_step(const GptConfig& config, const Strategy& strategy, int64_t sequences,
                                    int64_t cache_length);
+
+// Error unless the mesh has no pp dim, tp divides the heads, dp the sequences, and `length` (the
+// prefill's or the cache's, `what`) is in [1, positions]. Both models' builders check this first.
+void check_decoder_shape(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length,
+                         const char* what);
 
 // The placements string of a [B, heads, T, head_dim] key or value (and any tensor with the batch
 // on dim 0 and the heads on dim 1): "S(0)" on dp, "S(1)" on tp, R elsewhere.

@@ -1,16 +1,22 @@
 #pragma once
 // The architectures a run builds (GptConfig::model_type): GPT-2 (gpt.h) and Llama (llama.h),
-// behind the few functions the stages, the trainer and the checkpoints call.
+// behind the few functions the stages, the trainer, the checkpoints and generation call.
 #include <map>
 #include <string>
 
 #include "shardwise/train/gpt.h"
+#include "shardwise/train/gpt_decode.h"
 
 namespace shardwise::train {
 
 // build_gpt or build_llama.
 GptGraph build_model(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                      const GptPart& part = {});
+
+// Generation's graphs: build_gpt_prefill / build_gpt_decode_step or the Llama ones (llama_decode.h).
+DecoderGraph build_model_prefill(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length);
+DecoderGraph build_model_decode_step(const GptConfig& config, const Strategy& strategy, int64_t sequences,
+                                     int64_t cache_length);
 
 // The initial value of one block of a parameter (init_param_block or init_llama_param_block), and
 // of a whole parameter.
