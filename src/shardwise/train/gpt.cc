@@ -41,19 +41,18 @@ Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parall
   return s;
 }
 
+std::string Strategy::placements(const char* on_tp, const char* on_dp) const {
+  std::vector<std::string> parts(static_cast<size_t>(mesh.ndim()), "R");
+  if (tp >= 0) parts[static_cast<size_t>(tp)] = on_tp;
+  if (dp >= 0) parts[static_cast<size_t>(dp)] = on_dp;
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
 std::string Strategy::to_string() const {
   return fmt::format("mesh {}{}", mesh.to_string(), sequence_parallel ? " + sequence parallel" : "");
 }
 
 namespace {
-
-// "S(1)" on the tp dim, `other` on dp, R elsewhere.
-std::string placements(const Strategy& s, const char* on_tp, const char* on_dp = "R") {
-  std::vector<std::string> parts(static_cast<size_t>(s.mesh.ndim()), "R");
-  if (s.tp >= 0) parts[static_cast<size_t>(s.tp)] = on_tp;
-  if (s.dp >= 0) parts[static_cast<size_t>(s.dp)] = on_dp;
-  return fmt::format("{}", fmt::join(parts, ","));
-}
 
 // The pieces of the model on the graph builder; build_gpt strings them together.
 class Builder {
@@ -72,7 +71,7 @@ class Builder {
   // gradient flows back through the cast into a bf16 gradient. With LoRA the base is frozen.
   graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp = nullptr, bool trainable = true) {
     auto v = trainable ? g_.param(name, shape, c_.param_dtype) : g_.frozen(name, shape, c_.param_dtype);
-    if (on_tp && s_.tp >= 0) annotate(v, placements(s_, on_tp));
+    if (on_tp && s_.tp >= 0) annotate(v, s_.placements(on_tp));
     if (c_.param_dtype == DType::F32) return v;
     return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
   }
@@ -104,7 +103,7 @@ class Builder {
     auto u = g_.scale(g_.matmul(x, a, true, module + ".lora_A.out"), c_.lora.scale(), 0.0, module + ".lora.scaled");
     // Row-parallel: reduced here, at r / in of the base product's size, so that u B^T is whole and
     // the sum with x W needs no second all-reduce, forward or backward.
-    if (!m.column) annotate(u, placements(s_, "R", "S(0)"));
+    if (!m.column) annotate(u, s_.placements("R", "S(0)"));
     return u;
   }
 
@@ -115,7 +114,7 @@ class Builder {
     auto w = base_param(name + ".weight", Shape{n_in, n_out}, column ? "S(1)" : "S(0)");
     auto b = base_param(name + ".bias", Shape{n_out}, column ? "S(0)" : nullptr);
     auto mm = g_.matmul(in, w, false, name + ".mm");
-    if (!column && s_.sequence_parallel) annotate(mm, placements(s_, "S(1)", "S(0)"));  // reduce-scatter onto the sequence
+    if (!column && s_.sequence_parallel) annotate(mm, s_.placements("S(1)", "S(0)"));  // reduce-scatter onto the sequence
     if (lora >= 0) {  // a row-parallel adapter's product is whole (lora_hidden): sliced, or added before the reduce
       auto B = param(lora_b_name(name), Shape{n_out, c_.lora.rank}, column ? "S(0)" : nullptr);
       mm = g_.add(mm, g_.matmul(lora, B, true, name + ".lora_B.out"), name + ".mm+lora");
@@ -128,7 +127,7 @@ class Builder {
     auto w = base_param(name + ".weight", Shape{H});
     auto b = base_param(name + ".bias", Shape{H});
     auto y = g_.layer_norm(in, w, b, -1, c_.layer_norm_epsilon, name + ".out");
-    if (s_.sequence_parallel) annotate(y, placements(s_, "R", "S(0)"));  // gathered before the column-parallel matmuls
+    if (s_.sequence_parallel) annotate(y, s_.placements("R", "S(0)"));  // gathered before the column-parallel matmuls
     return y;
   }
 
@@ -183,20 +182,20 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   out.sequences = sequences;
   graph::Graph& g = out.g;
   Builder b(c, s, training, g);
-  const std::string boundary = placements(s, s.sequence_parallel ? "S(1)" : "R", "S(0)");  // between stages
+  const std::string boundary = s.placements(s.sequence_parallel ? "S(1)" : "R", "S(0)");  // between stages
   graph::ValueId x, wte = -1;
   if (part.embeddings) {
     auto ids = g.input("ids", Shape{B, S}, DType::I64);
-    b.annotate(ids, placements(s, "R", "S(0)"));
+    b.annotate(ids, s.placements("R", "S(0)"));
     wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");
     auto wpe = b.base_param("transformer.wpe.weight", Shape{S, H}, c.document_mask ? "R" : nullptr);
     if (c.document_mask) {  // positions restart in every document: looked up per token
       auto positions = g.input("position_ids", Shape{B, S}, DType::I64);
-      b.annotate(positions, placements(s, "R", "S(0)"));
+      b.annotate(positions, s.placements("R", "S(0)"));
       wpe = g.embedding(positions, wpe, "pos_emb");
     }
     auto emb = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
-    if (s.sequence_parallel) b.annotate(emb, placements(s, "S(1)", "S(0)"));  // reduce-scattered onto the sequence
+    if (s.sequence_parallel) b.annotate(emb, s.placements("S(1)", "S(0)"));  // reduce-scattered onto the sequence
     x = b.drop(emb, "emb.dropout");
   } else {
     out.input = x = g.input("stage_input", Shape{B, S, H});
@@ -205,7 +204,7 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   }
   // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads.
   auto mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
-  b.annotate(mask, placements(s, "R", c.document_mask ? "S(0)" : "R"));
+  b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
@@ -224,7 +223,7 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     return out;
   }
   auto labels = g.input("labels", Shape{B, S}, DType::I64);
-  b.annotate(labels, placements(s, "R", "S(0)"));
+  b.annotate(labels, s.placements("R", "S(0)"));
   // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
   // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
   // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).

@@ -63,6 +63,8 @@ struct Strategy {
   int64_t dp_size() const { return dp < 0 ? 1 : mesh.dim_size(dp); }
   int64_t tp_size() const { return tp < 0 ? 1 : mesh.dim_size(tp); }
   std::string to_string() const;
+  // Placements text for the mesh: `on_tp` on the tp dim, `on_dp` on dp, R elsewhere ("S(0),S(1)").
+  std::string placements(const char* on_tp, const char* on_dp = "R") const;
 };
 
 struct GptGraph {

@@ -8,14 +8,6 @@
 namespace shardwise::train {
 namespace {
 
-// `on_tp` on the tp dim, `on_dp` on dp, R elsewhere.
-std::string placements(const Strategy& s, const char* on_tp, const char* on_dp = "R") {
-  std::vector<std::string> parts(static_cast<size_t>(s.mesh.ndim()), "R");
-  if (s.tp >= 0) parts[static_cast<size_t>(s.tp)] = on_tp;
-  if (s.dp >= 0) parts[static_cast<size_t>(s.dp)] = on_dp;
-  return fmt::format("{}", fmt::join(parts, ","));
-}
-
 // Attention of one layer: (q scaled, k, v as [B, heads, T, head_dim], layer) -> the context
 // [B, heads, T_q, head_dim]. Each graph supplies its own (causal over the prompt, or over the cache).
 using Attend = std::function<graph::ValueId(graph::ValueId, graph::ValueId, graph::ValueId, int64_t)>;
@@ -70,7 +62,7 @@ class Decoder {
  private:
   graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp = nullptr) {
     auto v = g_.param(name, shape, DType::F32);
-    if (on_tp && s_.tp >= 0) annotate(v, placements(s_, on_tp));
+    if (on_tp && s_.tp >= 0) annotate(v, s_.placements(on_tp));
     return v;
   }
   graph::ValueId ln(graph::ValueId in, const std::string& name) {
@@ -106,7 +98,7 @@ void check_decoder_shape(const GptConfig& c, const Strategy& s, int64_t sequence
            c.seq);
 }
 
-std::string kv_placements(const Strategy& s) { return placements(s, "S(1)", "S(0)"); }
+std::string kv_placements(const Strategy& s) { return s.placements("S(1)", "S(0)"); }
 
 DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
   check_decoder_shape(c, s, sequences, length, "a prefill");
@@ -115,14 +107,14 @@ DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t se
   out.sequences = B, out.length = T;
   graph::Graph& g = out.g;
   Decoder d(c, s, g, B, T);
-  const std::string batch = placements(s, "R", "S(0)");
+  const std::string batch = s.placements("R", "S(0)");
   auto ids = g.input("ids", Shape{B, T}, DType::I64);
   auto positions = g.input("positions", Shape{B, T}, DType::I64);
   auto mask = g.input("causal_mask", Shape{T, T});
   out.constants["causal_mask"] = causal_mask(T);
   auto last = g.input("last", Shape{B, 1, T});
   d.annotate(ids, batch), d.annotate(positions, batch), d.annotate(last, batch);
-  d.annotate(mask, placements(s, "R"));
+  d.annotate(mask, s.placements("R"));
   auto attend = [&](graph::ValueId q, graph::ValueId k, graph::ValueId v, int64_t l) {
     std::string p = fmt::format("transformer.h.{}.attn", l);
     out.present_k.push_back(g.value(k).name);
@@ -145,7 +137,7 @@ DecoderGraph build_gpt_decode_step(const GptConfig& c, const Strategy& s, int64_
   out.sequences = B, out.length = C;
   graph::Graph& g = out.g;
   Decoder d(c, s, g, B, 1);
-  const std::string batch = placements(s, "R", "S(0)");
+  const std::string batch = s.placements("R", "S(0)");
   auto ids = g.input("ids", Shape{B, 1}, DType::I64);
   auto positions = g.input("positions", Shape{B, 1}, DType::I64);
   auto mask = g.input("cache_mask", Shape{B, 1, 1, C + 1});

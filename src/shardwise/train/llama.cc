@@ -37,13 +37,7 @@ class LlamaBuilder {
     kv_sharded_ = KV_ % s.tp_size() == 0;
   }
 
-  // `on_tp` on the tp dim, `on_dp` on dp, R elsewhere.
-  std::string placements(const char* on_tp, const char* on_dp = "R") const {
-    std::vector<std::string> parts(static_cast<size_t>(s_.mesh.ndim()), "R");
-    if (s_.tp >= 0) parts[static_cast<size_t>(s_.tp)] = on_tp;
-    if (s_.dp >= 0) parts[static_cast<size_t>(s_.dp)] = on_dp;
-    return fmt::format("{}", fmt::join(parts, ","));
-  }
+  std::string placements(const char* on_tp, const char* on_dp = "R") const { return s_.placements(on_tp, on_dp); }
   void annotate(graph::ValueId v, const std::string& p) {
     if (s_.mesh.ndim() > 0) g_.annotate(v, p);
   }

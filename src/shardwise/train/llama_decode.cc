@@ -9,14 +9,6 @@
 namespace shardwise::train {
 namespace {
 
-// `on_tp` on the tp dim, `on_dp` on dp, R elsewhere.
-std::string placements(const Strategy& s, const char* on_tp, const char* on_dp = "R") {
-  std::vector<std::string> parts(static_cast<size_t>(s.mesh.ndim()), "R");
-  if (s.tp >= 0) parts[static_cast<size_t>(s.tp)] = on_tp;
-  if (s.dp >= 0) parts[static_cast<size_t>(s.dp)] = on_dp;
-  return fmt::format("{}", fmt::join(parts, ","));
-}
-
 // Rotates heads [B, n, T, head_dim] by their positions (each graph passes them its own way).
 using Rotate = std::function<graph::ValueId(graph::ValueId, const std::string&)>;
 // Attention of one layer: (q rotated and scaled [B, heads, T, hd], k rotated and v [B, kv_heads,
@@ -78,7 +70,7 @@ class LlamaDecoder {
  private:
   graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp) {
     auto v = g_.param(name, shape, DType::F32);
-    if (s_.tp >= 0) annotate(v, placements(s_, on_tp));
+    if (s_.tp >= 0) annotate(v, s_.placements(on_tp));
     return v;
   }
   graph::ValueId rms_norm(graph::ValueId x, const std::string& name) {
@@ -118,7 +110,7 @@ void annotate_kv(LlamaDecoder& d, const GptConfig& c, const Strategy& s, std::in
 }  // namespace
 
 std::string llama_kv_placements(const GptConfig& c, const Strategy& s) {
-  return placements(s, c.key_value_heads() % s.tp_size() == 0 ? "S(1)" : "R", "S(0)");
+  return s.placements(c.key_value_heads() % s.tp_size() == 0 ? "S(1)" : "R", "S(0)");
 }
 
 DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
@@ -128,7 +120,7 @@ DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t 
   out.sequences = B, out.length = T;
   graph::Graph& g = out.g;
   LlamaDecoder d(c, s, g, B, T);
-  const std::string batch = placements(s, "R", "S(0)");
+  const std::string batch = s.placements("R", "S(0)");
   auto ids = g.input("ids", Shape{B, T}, DType::I64);
   auto positions = g.input("positions", Shape{T}, DType::I64);  // every sequence starts at 0
   auto mask = g.input("causal_mask", Shape{T, T});
@@ -136,7 +128,7 @@ DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t 
   out.constants["causal_mask"] = causal_mask(T);
   out.constants["positions"] = position_ids(T);
   d.annotate(ids, batch), d.annotate(last, batch);
-  d.annotate(mask, placements(s, "R")), d.annotate(positions, placements(s, "R"));
+  d.annotate(mask, s.placements("R")), d.annotate(positions, s.placements("R"));
   auto rotate = [&](graph::ValueId h, const std::string& name) {
     return g.op1("rotary_embedding", {h, positions}, {{"theta", c.rope_theta}}, name + ".rotary");
   };
@@ -161,7 +153,7 @@ DecoderGraph build_llama_decode_step(const GptConfig& c, const Strategy& s, int6
   out.sequences = B, out.length = C;
   graph::Graph& g = out.g;
   LlamaDecoder d(c, s, g, B, 1);
-  const std::string batch = placements(s, "R", "S(0)");
+  const std::string batch = s.placements("R", "S(0)");
   auto ids = g.input("ids", Shape{B, 1}, DType::I64);
   auto positions = g.input("positions", Shape{B, 1}, DType::I64);
   auto mask = g.input("cache_mask", Shape{B, 1, 1, C + 1});
