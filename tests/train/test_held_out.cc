@@ -1,6 +1,7 @@
 // --val-fraction's cut of a corpus and the validation windows: tokens whose value is their own
 // position in the corpus (file order) show exactly which tokens each side reads.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,8 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Per process: ctest runs this file's tests in parallel processes, each writing its corpus.
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("shardwise-held-out-" + name);
+  fs::path d = fs::temp_directory_path() / ("shardwise-held-out-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

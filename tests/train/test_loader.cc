@@ -5,6 +5,7 @@
 // packed documents; ranks other than the readers never read (the test hook
 // SHARDWISE_TEST_UNREADABLE_FOR_RANKS makes a read there an Error).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -28,9 +29,10 @@ std::vector<double> losses(TrainConfig c, bool synchronized, bool prefetch, int6
   return train_losses(c, steps, {}, {});
 }
 
-// Windows of short documents ended by token 1 (u16), for packing.
+// Windows of short documents ended by token 1 (u16), for packing; per process (ctest runs this
+// file's tests in parallel processes, each rewriting it).
 fs::path documents_file() {
-  fs::path p = fs::temp_directory_path() / "shardwise_loader_docs.bin";
+  fs::path p = fs::temp_directory_path() / ("shardwise_loader_docs_" + std::to_string(::getpid()) + ".bin");
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   uint32_t state = 7;
   auto next = [&] { return state = state * 1103515245u + 12345u, state >> 16; };
