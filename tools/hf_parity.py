@@ -127,34 +127,48 @@ class Collect(logging.Handler):
         self.records.append(record.getMessage())
 
 
-def check_load(shardwise, tmp):
-    root = os.path.join(tmp, "sw")
-    run([shardwise, "train", "--mesh", "dp=2,tp=2", "--steps", "30", "--layers", "2", "--hidden", "32", "--heads",
-         "4", "--digits", "2", "--global-batch", "8", "--save-every", "30", "--run-dir", root, "--progress", "none"])
-    ckpt = os.path.join(root, "checkpoints", "checkpoint-30")
+def load_cleanly(ckpt, architecture, label):
+    """AutoModelForCausalLM.from_pretrained(ckpt) with no missing, unexpected or mismatched keys and
+    no warning (transformers' logger and Python's warnings both watched)."""
     handler = Collect()
     logging.getLogger("transformers").addHandler(handler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
+    logging.getLogger("transformers").removeHandler(handler)
     model.eval()
     problems = {k: v for k, v in info.items() if v}
     assert not problems, problems
     assert not handler.records, handler.records
     assert not caught, [str(w.message) for w in caught]
-    assert type(model).__name__ == "GPT2LMHeadModel"
-    print(f"  load      AutoModelForCausalLM: {type(model).__name__}, no missing/unexpected keys, no warnings")
-    seq = model.config.n_positions
+    assert type(model).__name__ == architecture, type(model).__name__
+    print(f"  {label} AutoModelForCausalLM: {type(model).__name__}, no missing/unexpected keys, no warnings")
+    return model
+
+
+def check_loss_on_a_batch(shardwise, tmp, model, ckpt, seq, label):
+    """transformers' loss on one byte sequence of seq + 1 tokens equals the first step's loss of
+    `shardwise train --init-from ckpt` on a file holding exactly that sequence."""
     tokens = [ord(c) for c in "12+34=46\n41+"][: seq + 1]
     while len(tokens) < seq + 1:
         tokens.append(10)
-    data = os.path.join(tmp, "sw_tokens.txt")
+    tag = label.strip().replace(" ", "-")
+    data = os.path.join(tmp, f"{tag}_tokens.txt")
     with open(data, "wb") as f:
         f.write(bytes(tokens))
     want, _ = hf_loss(model, tokens)
-    got = first_loss(shardwise, tmp, "sw-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
+    got = first_loss(shardwise, tmp, f"{tag}-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
     assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
-    print(f"  load      loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
+    print(f"  {label} loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
+
+
+def check_load(shardwise, tmp):
+    root = os.path.join(tmp, "sw")
+    run([shardwise, "train", "--mesh", "dp=2,tp=2", "--steps", "30", "--layers", "2", "--hidden", "32", "--heads",
+         "4", "--digits", "2", "--global-batch", "8", "--save-every", "30", "--run-dir", root, "--progress", "none"])
+    ckpt = os.path.join(root, "checkpoints", "checkpoint-30")
+    model = load_cleanly(ckpt, "GPT2LMHeadModel", "load     ")
+    check_loss_on_a_batch(shardwise, tmp, model, ckpt, model.config.n_positions, "load     ")
     check_generate(shardwise, tmp, model, ckpt, "generate ")
 
 
@@ -398,31 +412,9 @@ def check_llama_load(shardwise, tmp):
          "32", "--heads", "4", "--kv-heads", "2", "--intermediate-size", "64", "--untied-head", "--digits", "2",
          "--global-batch", "8", "--save-every", "30", "--run-dir", root, "--progress", "none"])
     ckpt = os.path.join(root, "checkpoints", "checkpoint-30")
-    handler = Collect()
-    logging.getLogger("transformers").addHandler(handler)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model, info = AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
-    logging.getLogger("transformers").removeHandler(handler)
-    model.eval()
-    problems = {k: v for k, v in info.items() if v}
-    assert not problems, problems
-    assert not handler.records, handler.records
-    assert not caught, [str(w.message) for w in caught]
-    assert type(model).__name__ == "LlamaForCausalLM", type(model).__name__
+    model = load_cleanly(ckpt, "LlamaForCausalLM", "llama load")
     assert model.config.num_key_value_heads == 2 and not model.config.tie_word_embeddings, model.config
-    print(f"  llama load AutoModelForCausalLM: {type(model).__name__}, no missing/unexpected keys, no warnings")
-    seq = model.config.max_position_embeddings
-    tokens = [ord(c) for c in "12+34=46\n41+"][: seq + 1]
-    while len(tokens) < seq + 1:
-        tokens.append(10)
-    data = os.path.join(tmp, "sw_llama_tokens.txt")
-    with open(data, "wb") as f:
-        f.write(bytes(tokens))
-    want, _ = hf_loss(model, tokens)
-    got = first_loss(shardwise, tmp, "sw-llama-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
-    assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
-    print(f"  llama load loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
+    check_loss_on_a_batch(shardwise, tmp, model, ckpt, model.config.max_position_embeddings, "llama load")
     check_generate(shardwise, tmp, model, ckpt, "llama generate")
 
 
