@@ -26,8 +26,8 @@ SpecialTokens special_tokens(const TrainConfig& c) {
   return default_special_tokens(c.model.vocab);
 }
 
-nlohmann::json model_config(const TrainConfig& c) {
-  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, special_tokens(c));
+nlohmann::json model_config(const TrainConfig& c, const SpecialTokens& tokens) {
+  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, tokens);
 }
 
 // Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
@@ -212,9 +212,9 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
                                 {"n_positions", c.model.seq}, {"vocab_size", c.model.vocab}}}};
     content.json_files = {{"adapter_config.json", adapter_config_json(c.model.lora, trainer.base_model().dir)}};
   } else {
-    content.json_files = {
-        {"config.json", model_config(c)},
-        {"generation_config.json", generation_config_json(c.model, special_tokens(c))}};
+    const SpecialTokens tokens = special_tokens(c);  // reads the tokenizer's model once per save
+    content.json_files = {{"config.json", model_config(c, tokens)},
+                          {"generation_config.json", generation_config_json(c.model, tokens)}};
   }
   content.json_files.emplace_back("trainer_state.json", std::move(state));
   return content;
@@ -246,7 +246,7 @@ void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
   if (!c.model.lora.enabled()) {
     SW_CHECK(!adapters, "checkpoint {} holds LoRA adapters (adapter_config.json), not a model: resume it with its "
              "--lora-* options and --init-from its base model", dir.string());
-    nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(c);
+    nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(c, special_tokens(c));
     std::vector<std::string> differ;
     const std::string saved_type = saved.value("model_type", "");
     if ((saved_type == "llama") != c.model.is_llama())
