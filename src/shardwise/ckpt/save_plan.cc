@@ -25,13 +25,15 @@ bool plain_name(const std::string& s) { return std::regex_match(s, std::regex("[
 // and a stored key is not also the name of a tensor stored whole.
 void check_placements(const TensorGroup& g) {
   g.keys.check_tiling();
-  std::map<std::string, const DistTensor*> given;
-  for (const DistTensor& t : g.tensors) given[t.name] = &t;
+  std::set<std::string> given;
+  for (const DistTensor& t : g.tensors) given.insert(t.name);
+  std::map<std::string, std::vector<std::string>> parts;  // stored key -> the names placed in it
+  for (const auto& [name, p] : g.keys.entries()) parts[p.key].push_back(name);
   std::map<std::string, DType> key_dtype;
   for (const DistTensor& t : g.tensors) {
     const KeyPlacement* p = g.keys.find(t.name);
     if (!p) {
-      SW_CHECK(g.keys.names_of(t.name).empty(),
+      SW_CHECK(!parts.count(t.name),
                "group '{}': tensor '{}' is stored whole, but the key map also fuses other tensors into '{}'", g.name,
                t.name, t.name);
       continue;
@@ -41,7 +43,7 @@ void check_placements(const TensorGroup& g) {
     auto [it, fresh] = key_dtype.try_emplace(p->key, t.dtype);
     SW_CHECK(fresh || it->second == t.dtype, "group '{}': the tensors stored in '{}' differ in dtype ({} and {})",
              g.name, p->key, dtype_name(it->second), dtype_name(t.dtype));
-    for (const std::string& other : g.keys.names_of(p->key)) {
+    for (const std::string& other : parts.at(p->key)) {
       SW_CHECK(given.count(other), "group '{}': '{}' is stored in '{}' with '{}', which is not given: the stored "
                "tensor would have a hole", g.name, t.name, p->key, other);
     }
