@@ -139,6 +139,9 @@ TEST(CliGenerate, BadInputIsOneLineAndExitStatusTwo) {
   expect_usage_error(generate("--prompt 1+1= --mesh tp=3"), "4 heads do not divide over tp=3");
   expect_usage_error(generate("--prompt 1+1= --max-new-tokens 0"), "--max-new-tokens must be at least 1");
   expect_usage_error(generate("--prompt 1+1= --temprature 1"), "did you mean '--temperature'");
+  expect_usage_error(generate("--prompt 1+1= --logits-out /nonexistent/dir/logits.safetensors"),
+                     "--logits-out '/nonexistent/dir/logits.safetensors': the directory '/nonexistent/dir' does not "
+                     "exist or is not writable");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // `shardwise generate`: continues prompts with a saved GPT-2 or Llama model on the ranks of a dp x
 // tp mesh (threads by default, MPI processes under mpirun), with a KV cache or by recomputing the prefix.
 // Byte-vocabulary models (vocab <= 256) take and print text; others take and print token ids.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -251,6 +253,11 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   run.config.max_new_tokens = o.max_new_tokens;
   run.config.kv_cache = !o.no_kv_cache;
   run.config.keep_logits = !o.logits_out.empty();
+  if (run.config.keep_logits) {  // before any work: the file is written after generating
+    const std::filesystem::path parent = std::filesystem::absolute(o.logits_out).parent_path();
+    SW_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0,
+             "--logits-out '{}': the directory '{}' does not exist or is not writable", o.logits_out, parent.string());
+  }
   // Without --temperature: greedy, unless --top-k or --top-p ask for sampling (then temperature 1).
   const bool sampling = o.top_k > 0 || o.top_p < 1;
   run.config.sampling.temperature = o.temperature != kTemperatureUnset ? o.temperature : (sampling ? 1.0 : 0.0);
