@@ -129,6 +129,10 @@ TEST(CliTokenize, GenerateEncodesTextPromptsAndDecodesTheOutput) {
   Result no = run("generate --checkpoint " + ckpt + " --prompt hello");
   EXPECT_EQ(no.status, 2) << no.out;
   EXPECT_NE(no.out.find("or the model's --tokenizer"), std::string::npos) << no.out;
+  Result wide = run("generate --checkpoint " + std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/gpt2_tiny --tokenizer " +
+                    model + " --prompt hello");
+  EXPECT_EQ(wide.status, 2) << wide.out;
+  EXPECT_NE(wide.out.find("has a vocabulary of 512 ids; the model's holds 300"), std::string::npos) << wide.out;
   fs::remove_all(d);
 }
 
