@@ -40,6 +40,12 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
   t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
+  t->add_option("--sharding-stage", c.sharding.stage,
+                 "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
+                 "(reduce-scattered); 3 is not built");
+  t->add_option("--sharding-layout", c.sharding.layout,
+                "with --sharding-stage 1|2: v1 (each parameter's state on one dp rank, balanced by size) or v2 "
+                "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
   t->add_flag("--skip-nonfinite-steps", c.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
   t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");

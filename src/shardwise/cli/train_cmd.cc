@@ -166,6 +166,9 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (c.document_attention)
       out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
                          c.eos_id);
+    if (c.sharding.enabled())
+      out << fmt::format("  sharding: stage {}, layout {}: {} bytes of optimizer state on this rank\n", c.sharding.stage,
+                         c.sharding.layout, trainer.optimizer_state_bytes());
     if (trainer.strategy().pp >= 0)
       out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
                          c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,

@@ -11,7 +11,8 @@ using mesh::DistAttr;
 
 class Lowerer {
  public:
-  Lowerer(const Graph& g, const Completion& c, const reshard::CostModel& cost) : g_(g), c_(c), cost_(cost) {
+  Lowerer(const Graph& g, const Completion& c, const LowerOptions& options)
+      : g_(g), c_(c), cost_(options.cost), partial_dims_(options.partial_grad_dims) {
     p_.mesh = c.mesh;
     p_.value_slot.assign(g.values().size(), -1);
   }
@@ -23,7 +24,16 @@ class Lowerer {
     for (const Node& n : g_.nodes()) lower(n);
     for (ValueId p : g_.params()) {
       ValueId grad = g_.value(p).grad;
-      p_.param_grad_slot.push_back(grad < 0 ? -1 : in_dist(grad, slot_of(grad), c_.dist[static_cast<size_t>(p)]));
+      if (grad < 0) {
+        p_.param_grad_slot.push_back(-1);
+        continue;
+      }
+      DistAttr want = c_.dist[static_cast<size_t>(p)];
+      const DistAttr& got = p_.slots[static_cast<size_t>(slot_of(grad))].dist;
+      for (int d : partial_dims_) {
+        if (got[d].is_partial() && want[d].is_replicate()) want.set(d, got[d]);
+      }
+      p_.param_grad_slot.push_back(in_dist(grad, slot_of(grad), want));
     }
     return std::move(p_);
   }
@@ -97,13 +107,17 @@ class Lowerer {
   const Graph& g_;
   const Completion& c_;
   const reshard::CostModel& cost_;
+  std::vector<int> partial_dims_;
   Program p_;
   std::map<std::string, int> slots_;
 };
 
 }  // namespace
 
-Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost) { return Lowerer(g, c, cost).run(); }
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost) {
+  return Lowerer(g, c, LowerOptions{cost, {}}).run();
+}
+Program lower(const Graph& g, const Completion& c, const LowerOptions& options) { return Lowerer(g, c, options).run(); }
 
 std::vector<std::pair<std::string, int>> Program::collective_counts() const {
   std::map<std::string, int> counts;

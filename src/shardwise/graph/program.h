@@ -46,6 +46,16 @@ struct Program {
   std::vector<std::pair<std::string, int>> collective_counts() const;
 };
 
+struct LowerOptions {
+  reshard::CostModel cost;
+  // Mesh dims along which a parameter gradient that comes out Partial stays Partial in
+  // `param_grad_slot` (its reduction left to the caller: sharding stage 2 reduce-scatters the dp
+  // sums over the optimizer's shards instead of the all-reduce). Empty: every parameter gradient is
+  // reduced into the parameter's distribution.
+  std::vector<int> partial_grad_dims;
+};
+
 Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost = {});
+Program lower(const Graph& g, const Completion& c, const LowerOptions& options);
 
 }  // namespace shardwise::graph

@@ -127,6 +127,10 @@ const CompiledStage& PipelineRunner::compiled(int stage) const { return local_of
 runtime::Runtime& PipelineRunner::runtime(int stage) { return *local(stage).rt; }
 const std::vector<Tensor>& PipelineRunner::grads(int stage) const { return local_of(*this, stage).grads; }
 
+void PipelineRunner::release_grads() {
+  for (int s : stages_) local_of(*this, s).grads.clear();
+}
+
 int64_t PipelineRunner::frame_bytes(const Local& l, const std::vector<Tensor>& frame) const {
   int64_t bytes = 0;
   for (size_t i = 0; i < frame.size(); ++i) {

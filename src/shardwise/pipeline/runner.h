@@ -75,6 +75,8 @@ class PipelineRunner {
   // The gradients of the stage's parameters (graph params() order, the parameters' layouts),
   // summed over the micro-batches of the last run.
   const std::vector<Tensor>& grads(int stage) const;
+  // Lets go of the last run's gradient sums (sharding stage 2 keeps only its reduced shards).
+  void release_grads();
 
  private:
   struct Local;

@@ -1,5 +1,7 @@
 #include "shardwise/pipeline/stage.h"
 
+#include <algorithm>
+
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
@@ -63,7 +65,15 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
       g.annotate(in.grad, *in.annotation);
     }
   }
-  out.program = graph::lower(g, graph::complete(g, mesh));
+  graph::LowerOptions lower;
+  for (const std::string& dim : spec.partial_grad_dims) {
+    const std::vector<std::string>& names = mesh.dim_names();
+    auto it = std::find(names.begin(), names.end(), dim);
+    SW_CHECK(it != names.end(), "stage {}: no mesh dim '{}' to leave parameter gradients Partial on (mesh {})", spec.stage,
+             dim, mesh.to_string());
+    lower.partial_grad_dims.push_back(static_cast<int>(it - names.begin()));
+  }
+  out.program = graph::lower(g, graph::complete(g, mesh), lower);
   const graph::Program& p = out.program;
   std::vector<int> producer;
   std::vector<int> phase = phases(g, p, out.forward_nodes, producer);

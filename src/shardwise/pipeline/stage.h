@@ -28,6 +28,9 @@ struct StageSpec {
   std::vector<std::string> feeds;      // inputs bound per micro-batch by the caller (ids, labels)
   std::vector<std::string> constants;  // inputs bound once (the causal mask)
   bool training = true;
+  // Mesh dims (by name) along which parameter gradients are left Partial (graph::LowerOptions):
+  // sharding stage 2 puts "dp" here and reduce-scatters the sums itself.
+  std::vector<std::string> partial_grad_dims;
 };
 
 struct CompiledStage {

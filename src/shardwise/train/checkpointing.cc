@@ -172,7 +172,9 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   ckpt::TensorGroup model{lora ? "adapter_model" : "model", {}, keys, lora}, optimizer{"optimizer", {}, moment_keys},
       masters{"master_weights", {}, keys};
   const bool low_precision = c.bf16 && !lora;
-  for (const CatalogEntry& e : catalog(trainer, trainer.params(), world)) {
+  // Whole blocks, as an unsharded run holds them (sharding: gathered over dp; the content keeps them).
+  std::vector<ParamState> states = trainer.whole_states();
+  for (const CatalogEntry& e : catalog(trainer, states, world)) {
     auto block = [&](Tensor ParamState::*field) { return e.mine ? e.mine->*field : Tensor(); };
     model.tensors.push_back({e.name, e.shape, low_precision ? DType::BF16 : DType::F32, e.layout,
                              block(lora ? &ParamState::master : &ParamState::param)});
@@ -204,6 +206,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
       {"rng", ranks},
       {"mesh", trainer.strategy().mesh.to_string()},
       {"sequence_parallel", c.sequence_parallel},
+      {"sharding", {{"stage", c.sharding.stage}, {"layout", c.sharding.layout}}},
       {"ranks", world.size()}};
   if (lora) {
     // The adapters mean nothing without their base: a resume checks it is the same.
@@ -335,18 +338,21 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   };
   std::map<std::string, Tensor> weights, moments;
   std::vector<Wanted> all, others;
-  for (const CatalogEntry& e : catalog(trainer, trainer.params(), world)) all.push_back({e.name, e.shape, e.layout});
+  // Whole blocks (as unsharded), each rank then keeping its shards: any saving layout, any sharding.
+  std::vector<ParamState> states = trainer.whole_states();
+  for (const CatalogEntry& e : catalog(trainer, states, world)) all.push_back({e.name, e.shape, e.layout});
   read(all, weights, moments, true);
-  for (ParamState& p : trainer.params()) {
+  for (ParamState& p : states) {
     if (!weights.count(p.name)) others.push_back({p.name, p.shape, {p.mesh, p.dist}});
   }
   if (!others.empty()) read(others, weights, moments, false);
-  for (ParamState& p : trainer.params()) {
+  for (ParamState& p : states) {
     set_weights(p, weights.at(p.name));
     const Tensor &m = moments.at(p.name + "/exp_avg"), &v = moments.at(p.name + "/exp_avg_sq");
     std::copy(m.data<float>(), m.data<float>() + m.numel(), p.exp_avg.data<float>());
     std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
   }
+  trainer.adopt_states(states);
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
   check_same_run(state, trainer.config(), dir);
   trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
@@ -359,7 +365,9 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   SW_CHECK(differ.empty(), "--init-from {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
   // The model's weights: its parameters, or with LoRA the frozen base.
-  std::vector<ParamState>& params = mine.lora.enabled() ? trainer.frozen() : trainer.params();
+  std::vector<ParamState> states;
+  if (!mine.lora.enabled()) states = trainer.whole_states();  // whole blocks under sharding
+  std::vector<ParamState>& params = mine.lora.enabled() ? trainer.frozen() : states;
   // Strict on the whole catalog, then (pp) the copies a rank holds under another layout.
   std::vector<ckpt::LoadSpec> all, others;
   // A skipped parameter is not read even when the directory has it.
@@ -391,6 +399,7 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
     set_weights(p, it->second);
     ++loaded;
   }
+  if (!mine.lora.enabled()) trainer.adopt_states(states);
   trainer.set_base_model({dir.string(), model_fingerprint(dir)});
   return loaded;
 }
@@ -414,18 +423,20 @@ int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs
     }
   };
   std::vector<ckpt::LoadSpec> all, others;
-  for (const CatalogEntry& e : catalog(trainer, trainer.params(), world)) all.push_back({e.name, e.shape, DType::F32, e.layout});
+  std::vector<ParamState> states = trainer.whole_states();  // whole blocks under sharding
+  for (const CatalogEntry& e : catalog(trainer, states, world)) all.push_back({e.name, e.shape, DType::F32, e.layout});
   std::map<std::string, Tensor> weights;
   for (auto& [k, t] : read(all, true))
     if (t.defined()) weights[k] = t;
-  for (ParamState& p : trainer.params()) {
+  for (ParamState& p : states) {
     if (!weights.count(p.name)) others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}});
   }
   if (!others.empty()) {
     for (auto& [k, t] : read(others, false))
       if (t.defined()) weights[k] = t;
   }
-  for (ParamState& p : trainer.params()) set_weights(p, weights.at(p.name));
+  for (ParamState& p : states) set_weights(p, weights.at(p.name));
+  trainer.adopt_states(states);
   return static_cast<int64_t>(all.size());
 }
 

@@ -18,26 +18,13 @@ double LrSchedule::at(int64_t step) const {
 void AdamW::step(std::vector<ParamState>& params, const std::vector<Tensor>& grads, double lr, int64_t step) const {
   SW_CHECK(params.size() == grads.size(), "AdamW: {} parameters but {} gradients", params.size(), grads.size());
   SW_CHECK(step >= 1, "AdamW: steps count from 1, got {}", step);
-  const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(step));
   for (size_t i = 0; i < params.size(); ++i) {
     ParamState& p = params[i];
     const Tensor& g = grads[i];
     SW_CHECK(g.dtype() == DType::F32 && g.shape() == p.master.shape(), "AdamW: the gradient of '{}' is {} {}, expected f32 {}",
              p.name, dtype_name(g.dtype()), g.shape().to_string(), p.master.shape().to_string());
     float* w = p.master.data<float>();
-    float* m = p.exp_avg.data<float>();
-    float* v = p.exp_avg_sq.data<float>();
-    const float* gr = g.data<float>();
-    const float b1 = static_cast<float>(c_.beta1), b2 = static_cast<float>(c_.beta2);
-    const float step_size = static_cast<float>(lr / bc1), inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-    const float eps = static_cast<float>(c_.epsilon);
-    const float decay = p.decay ? static_cast<float>(1.0 - lr * c_.weight_decay) : 1.0f;
-    for (int64_t j = 0; j < p.master.numel(); ++j) {
-      m[j] = b1 * m[j] + (1.0f - b1) * gr[j];
-      v[j] = b2 * v[j] + (1.0f - b2) * gr[j] * gr[j];
-      w[j] = w[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_bc2_sqrt + eps);
-    }
+    update(w, p.exp_avg.data<float>(), p.exp_avg_sq.data<float>(), g.data<float>(), p.master.numel(), p.decay, lr, step);
     if (p.param.dtype() == DType::F32) {
       if (p.param.raw() != p.master.raw()) std::copy(w, w + p.master.numel(), p.param.data<float>());
     } else {
@@ -46,13 +33,28 @@ void AdamW::step(std::vector<ParamState>& params, const std::vector<Tensor>& gra
   }
 }
 
+void AdamW::update(float* w, float* m, float* v, const float* gr, int64_t n, bool decay_on, double lr,
+                   int64_t step) const {
+  const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(step));
+  const float b1 = static_cast<float>(c_.beta1), b2 = static_cast<float>(c_.beta2);
+  const float step_size = static_cast<float>(lr / bc1), inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float eps = static_cast<float>(c_.epsilon);
+  const float decay = decay_on ? static_cast<float>(1.0 - lr * c_.weight_decay) : 1.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    m[j] = b1 * m[j] + (1.0f - b1) * gr[j];
+    v[j] = b2 * v[j] + (1.0f - b2) * gr[j] * gr[j];
+    w[j] = w[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_bc2_sqrt + eps);
+  }
+}
+
 double global_grad_norm(const std::vector<ParamState>& params, const std::vector<Tensor>& grads,
-                        const mesh::ProcessMesh& mesh, comm::Communicator& world) {
+                        const mesh::ProcessMesh& mesh, comm::Communicator& world, int disjoint_dim) {
   double total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     double replicas = 1;
     for (int m = 0; m < mesh.ndim(); ++m) {
-      if (params[i].dist[m].is_replicate()) replicas *= static_cast<double>(mesh.dim_size(m));
+      if (m != disjoint_dim && params[i].dist[m].is_replicate()) replicas *= static_cast<double>(mesh.dim_size(m));
     }
     double sq = 0;
     const float* g = grads[i].data<float>();

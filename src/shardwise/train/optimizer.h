@@ -43,6 +43,9 @@ class AdamW {
   explicit AdamW(AdamWConfig config) : c_(config) {}
   // One update of every parameter with `grads` (f32 blocks, same order); step counts from 1.
   void step(std::vector<ParamState>& params, const std::vector<Tensor>& grads, double lr, int64_t step) const;
+  // The update of `n` elements in place (master `w`, moments `m`, `v`, gradient `g`): what step()
+  // does to each parameter, for callers that own a part of one (the sharded optimizer).
+  void update(float* w, float* m, float* v, const float* g, int64_t n, bool decay, double lr, int64_t step) const;
   const AdamWConfig& config() const { return c_; }
 
  private:
@@ -52,8 +55,10 @@ class AdamW {
 // The global L2 norm of the gradients, whatever their sharding: each rank sums the squares of its
 // blocks, weighted by 1 / (number of ranks holding the same block), and one all_reduce over the
 // world adds them up. Every rank gets the same bits.
+// `disjoint_dim` (>= 0): a mesh dim whose ranks hold disjoint parts of each gradient instead of
+// replicas (the dp dim under sharding: each rank's `grads[i]` is its shard), not counted as replicas.
 double global_grad_norm(const std::vector<ParamState>& params, const std::vector<Tensor>& grads,
-                        const mesh::ProcessMesh& mesh, comm::Communicator& world);
+                        const mesh::ProcessMesh& mesh, comm::Communicator& world, int disjoint_dim = -1);
 // Scales the gradients so that their global norm is at most `max_norm` (<= 0: no clipping).
 // Returns the norm before clipping.
 double clip_grad_norm(std::vector<Tensor>& grads, double norm, double max_norm);

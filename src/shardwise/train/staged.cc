@@ -122,6 +122,7 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     pipeline::StageSpec spec;
     spec.stage = s;
     spec.training = what == StageGraph::Training;
+    if (spec.training && config_.partial_dp_grads && stage_strategy_.dp >= 0) spec.partial_grad_dims = {"dp"};
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
@@ -241,7 +242,9 @@ void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
   if (it == params_.end()) return;  // a middle stage, or an untied head
   const mesh::ProcessMesh &a = meshes_[0], &b = meshes_[static_cast<size_t>(S - 1)];
   // Both stages lay the copy out alike (the same annotations on meshes of one shape).
-  const mesh::DistAttr& dist = it->dist;
+  mesh::DistAttr dist = it->dist;
+  if (config_.partial_dp_grads && stage_strategy_.dp >= 0)  // each dp rank's part goes to its peer
+    dist.set(stage_strategy_.dp, mesh::Placement::partial());
   if (!tied_) tied_ = std::make_unique<reshard::Resharder>(world_);
   Tensor& mine = grads[static_cast<size_t>(it - params_.begin())];
   const bool on_first = a.contains(my_process(*world_));
@@ -252,7 +255,39 @@ void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
   pipeline::accumulate_grad(mine, on_first ? from_last : from_first);
 }
 
-double StagedGpt::grad_norm(const std::vector<Tensor>& grads) {
+std::vector<bool> StagedGpt::grads_partial_on_dp() const {
+  std::vector<bool> out(params_.size(), false);
+  if (stage_strategy_.dp < 0) return out;
+  for (int s : runner_->local_stages()) {
+    const graph::Program& p = runner_->compiled(s).program;
+    const std::vector<size_t>& index = stage_params_.at(s);
+    for (size_t i = 0; i < index.size(); ++i) {
+      const int slot = p.param_grad_slot[i];
+      const mesh::Placement& on_dp = p.slots[static_cast<size_t>(slot)].dist[stage_strategy_.dp];
+      SW_CHECK(!on_dp.is_partial() || on_dp.is_partial(mesh::ReduceOp::Sum),
+               "sharding: the gradient of '{}' is {} over dp, expected a sum", params_[index[i]].name,
+               p.slots[static_cast<size_t>(slot)].dist.to_string());
+      out[index[i]] = on_dp.is_partial();
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<comm::Communicator> StagedGpt::dp_group() {
+  if (dp_) return dp_;
+  const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(runner_->local_stages().front())];
+  std::vector<int> members;
+  std::vector<int64_t> coords = m.coords(m.rank_index_of_process(my_process(*world_)));
+  const int dp = stage_strategy_.dp;
+  for (int64_t d = 0; d < (dp < 0 ? 1 : m.dim_size(dp)); ++d) {
+    if (dp >= 0) coords[static_cast<size_t>(dp)] = d;
+    members.push_back(static_cast<int>(m.process_ids()[static_cast<size_t>(m.rank_index(coords))]));
+  }
+  dp_ = world_->group(members);
+  return dp_;
+}
+
+double StagedGpt::grad_norm(const std::vector<Tensor>& grads, bool sharded) {
   std::vector<ParamState> counted;
   std::vector<Tensor> counted_grads;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -260,7 +295,7 @@ double StagedGpt::grad_norm(const std::vector<Tensor>& grads) {
     counted.push_back(params_[i]);
     counted_grads.push_back(grads[i]);
   }
-  return global_grad_norm(counted, counted_grads, meshes_[0], *world_);
+  return global_grad_norm(counted, counted_grads, meshes_[0], *world_, sharded ? stage_strategy_.dp : -1);
 }
 
 std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_batches, StageGraph what) {

@@ -30,6 +30,9 @@ struct PipelineConfig {
   bool release = true;            // free what backward does not need after each forward
   bool poison_stand_ins = false;  // tests
   LoaderOptions loader;           // the training step's batches (loader.h)
+  // Sharding stage 2: parameter gradients left Partial over dp by the graph (the trainer's
+  // ShardedOptimizer reduce-scatters them); false: all-reduced into the parameters' layouts.
+  bool partial_dp_grads = false;
 };
 
 struct EvalResult {
@@ -62,8 +65,17 @@ class StagedGpt {
   // its batches from the loader (each tp group's reader reads, the others receive); `data` must
   // outlive this object (the loader may be reading the next step's samples).
   Result forward_backward(const Dataset& data, int64_t first);
-  // The global gradient norm over every rank (the tied embedding counted once).
-  double grad_norm(const std::vector<Tensor>& grads);
+  // The global gradient norm over every rank (the tied embedding counted once). `sharded`: each
+  // rank holds its dp shard of each gradient (the dp dim holds disjoint parts, not replicas).
+  double grad_norm(const std::vector<Tensor>& grads, bool sharded = false);
+  // Per params(): whether its gradient from forward_backward is Partial(sum) over dp
+  // (PipelineConfig::partial_dp_grads).
+  std::vector<bool> grads_partial_on_dp() const;
+  // This rank's dp group on its stages' mesh: the ranks holding the same parameter blocks
+  // (collective over that group on first use).
+  std::shared_ptr<comm::Communicator> dp_group();
+  // Lets the runner go of the last step's gradient sums (after a stage-2 reduce-scatter).
+  void release_grads() { runner_->release_grads(); }
   // Held-out exact matches of the addition task (greedy answers: a causal model answers a problem
   // exactly iff its argmax at every answer position, given the true prefix, is right), on every rank.
   EvalResult evaluate(const AdditionTask& task, int64_t samples);
@@ -108,6 +120,7 @@ class StagedGpt {
   std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_;
   std::unique_ptr<BatchLoader> loader_;  // the training step's batches
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
+  std::shared_ptr<comm::Communicator> dp_;
   std::vector<ParamState> params_, frozen_;
   // Per params_: counted in the norm (false for the last stage's tied copy).
   std::vector<bool> counted_;

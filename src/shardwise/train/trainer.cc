@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -148,6 +149,7 @@ void TrainConfig::check(int64_t ranks) {
            lr, min_lr);
   SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
   check_text_options(*this);
+  sharding.check();
   resolve_batch(s.dp_size());
   check_memory(model, s.dp_size(), s.mesh.size() / s.dp_size());
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
@@ -223,27 +225,48 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   model.eos_id = c_.eos_id;
   model_ = std::make_unique<StagedGpt>(model, strategy_,
                                        PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release, false,
-                                                      LoaderOptions{c_.loader_sync, c_.loader_prefetch}},
+                                                      LoaderOptions{c_.loader_sync, c_.loader_prefetch},
+                                                      c_.sharding.stage >= 2},
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),
                                        c_.seed, causal_mask(c_.model.seq), world_);
+  if (c_.sharding.enabled()) {
+    sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
+    partial_grads_ = model_->grads_partial_on_dp();
+  }
 }
 
 Trainer::~Trainer() = default;
 
+namespace {
+
+void scale_grads(std::vector<Tensor>& grads, int64_t accumulation) {
+  if (accumulation <= 1) return;  // the mean over the micro-batches
+  const float inv = 1.0f / static_cast<float>(accumulation);
+  for (Tensor& g : grads) {
+    float* p = g.data<float>();
+    for (int64_t j = 0; j < g.numel(); ++j) p[j] *= inv;
+  }
+}
+
+}  // namespace
+
 StepResult Trainer::step() {
   StagedGpt::Result fb = model_->forward_backward(*data_, consumed_);
   std::vector<Tensor>& grads = fb.grads;
-  if (c_.accumulation > 1) {  // the mean over the micro-batches
-    const float inv = 1.0f / static_cast<float>(c_.accumulation);
-    for (Tensor& g : grads) {
-      float* p = g.data<float>();
-      for (int64_t j = 0; j < g.numel(); ++j) p[j] *= inv;
+  // Stage 2 reduces the sums first (the mean of the reduced sum, as the all-reduced path computes it).
+  if (!sharded_ || c_.sharding.stage < 2) scale_grads(grads, c_.accumulation);
+  if (sharded_) {
+    std::vector<Tensor> owned = sharded_->reduce(grads, partial_grads_);
+    if (c_.sharding.stage >= 2) {
+      model_->release_grads();
+      scale_grads(owned, c_.accumulation);
     }
+    grads = std::move(owned);
   }
   last_grads_ = grads;
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);
-  r.grad_norm = model_->grad_norm(grads);
+  r.grad_norm = model_->grad_norm(grads, sharded_ != nullptr);
   double waits[2] = {fb.loader_wait_s, fb.loader_read_s};
   world_->all_reduce(waits, waits, 2, DType::F64, comm::Reduce::Max);
   r.loader_wait_s = waits[0], r.loader_read_s = waits[1];
@@ -260,7 +283,8 @@ StepResult Trainer::step() {
     ++skipped_;
   } else {
     clip_grad_norm(grads, r.grad_norm, c_.clip);
-    adamw_.step(model_->params(), grads, r.lr, step_ + 1);
+    if (sharded_) sharded_->step(adamw_, model_->params(), grads, r.lr, step_ + 1);
+    else adamw_.step(model_->params(), grads, r.lr, step_ + 1);
   }
   ++step_;
   consumed_ += c_.global_batch;
@@ -288,6 +312,49 @@ int64_t Trainer::optimizer_state_bytes() const {
     if (p.master.defined() && p.master.raw() != p.param.raw()) bytes += static_cast<int64_t>(p.master.nbytes());
   }
   return bytes;
+}
+
+std::vector<ParamState> Trainer::whole_states() {
+  std::vector<ParamState>& params = model_->params();
+  if (!sharded_) return params;
+  std::vector<ParamState> out;
+  for (size_t i = 0; i < params.size(); ++i) out.push_back(sharded_->whole_state(i, params[i]));
+  return out;
+}
+
+void Trainer::adopt_states(const std::vector<ParamState>& whole) {
+  std::vector<ParamState>& params = model_->params();
+  SW_CHECK(whole.size() == params.size(), "adopt_states: {} states for {} parameters", whole.size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (sharded_) sharded_->adopt(i, params[i], whole[i]);
+    else params[i] = whole[i];
+  }
+}
+
+Tensor Trainer::gather_state(const std::string& name, Tensor ParamState::*field) {
+  std::vector<ParamState>& params = model_->params();
+  auto it = std::find_if(params.begin(), params.end(), [&](const ParamState& p) { return p.name == name; });
+  std::vector<Tensor> blocks(params.size());
+  if (it != params.end()) {
+    const size_t i = static_cast<size_t>(it - params.begin());
+    if (!sharded_) blocks[i] = (*it).*field;
+    else if (field == &ParamState::master && it->param.dtype() == DType::F32) blocks[i] = it->param;
+    else blocks[i] = sharded_->whole(i, (*it).*field, it->param.shape());
+  }
+  // A name no rank trains (a frozen parameter) is gathered without blocks.
+  int64_t trained = it != params.end() ? 1 : 0;
+  world_->all_reduce(&trained, &trained, 1, DType::I64, comm::Reduce::Max);
+  return trained ? model_->gather_param(name, &blocks) : model_->gather_param(name);
+}
+
+Tensor Trainer::gather_grad(const std::string& name) {
+  if (!sharded_) return model_->gather_param(name, &last_grads_);
+  std::vector<ParamState>& params = model_->params();
+  std::vector<Tensor> blocks(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].name == name) blocks[i] = sharded_->whole(i, last_grads_[i], params[i].param.shape());
+  }
+  return model_->gather_param(name, &blocks);
 }
 
 ParameterCounts Trainer::count_parameters() {

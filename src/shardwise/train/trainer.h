@@ -17,6 +17,7 @@
 #include "shardwise/train/data.h"
 #include "shardwise/train/gpt.h"
 #include "shardwise/train/optimizer.h"
+#include "shardwise/train/sharding.h"
 #include "shardwise/train/staged.h"
 
 namespace shardwise::train {
@@ -49,6 +50,8 @@ struct TrainConfig {
   // no update, its samples consumed, counted in Trainer::skipped_steps().
   bool skip_nonfinite = false;
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
+  // Optimizer state (stage 1) and gradients (stage 2) sharded over dp (sharding.h).
+  ShardingConfig sharding;
   double dropout = 0.0;  // GPT-2's embedding, attention and residual dropout while training
   uint64_t seed = 1234;
   std::string data;  // "" = the embedded addition task; else a file, a comma-separated list or a glob
@@ -146,14 +149,24 @@ class Trainer {
   // The trained parameters (with LoRA: the adapters only) and the frozen ones (LoRA's base).
   std::vector<ParamState>& params() { return model_->params(); }
   std::vector<ParamState>& frozen() { return model_->frozen(); }
-  // The whole parameter (collective: every rank calls it), for tests and exports.
-  Tensor gather_param(const std::string& name) { return model_->gather_param(name); }
+  // The whole parameter (its fp32 master; collective: every rank calls it), for tests and exports.
+  Tensor gather_param(const std::string& name) { return gather_state(name, &ParamState::master); }
+  // The whole of one part of a trained parameter's state: &ParamState::master, exp_avg or
+  // exp_avg_sq, however the optimizer shards it (collective).
+  Tensor gather_state(const std::string& name, Tensor ParamState::*field);
   // The whole gradient of a trained parameter in the last step (averaged over the micro-batches,
   // clipped as the update used it); collective.
-  Tensor gather_grad(const std::string& name) { return model_->gather_param(name, &last_grads_); }
+  Tensor gather_grad(const std::string& name);
   // Bytes of optimizer state this rank holds: the AdamW moments (and fp32 masters of bf16
-  // parameters) of its blocks of the trained parameters; nothing for frozen ones.
+  // parameters) of its blocks of the trained parameters, or of its shards of them under sharding;
+  // nothing for frozen ones.
   int64_t optimizer_state_bytes() const;
+  // The sharded optimizer (nullptr at sharding stage 0).
+  const ShardedOptimizer* sharded() const { return sharded_.get(); }
+  // Collective over dp: a copy of params() with whole blocks (master, moments), as an unsharded run
+  // holds them (the same states without sharding), and the way back: each rank keeps its shards.
+  std::vector<ParamState> whole_states();
+  void adopt_states(const std::vector<ParamState>& whole);
   ParameterCounts count_parameters();  // collective
   // The model directory the weights came from (init_from_model) and its fingerprint
   // (model_fingerprint); empty for the seeded initialization. A LoRA run's checkpoints keep it.
@@ -178,7 +191,9 @@ class Trainer {
   AdamW adamw_;
   LrSchedule schedule_;
   int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
-  std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies)
+  std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies; shards when sharded)
+  std::unique_ptr<ShardedOptimizer> sharded_;
+  std::vector<bool> partial_grads_;  // per params(): Partial over dp (stage 2)
   BaseModel base_model_;
 };
 

@@ -1,0 +1,155 @@
+#include "shardwise/train/sharding.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::train {
+
+namespace {
+
+// A 1-D copy of elements [begin, begin + n) of `t` (row-major).
+Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
+  Tensor out = Tensor::uninitialized(t.dtype(), Shape{n});
+  const size_t bytes = dtype_size(t.dtype());
+  if (n > 0) std::memcpy(out.raw(), t.raw() + static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
+  return out;
+}
+
+}  // namespace
+
+void ShardingConfig::check() const {
+  SW_CHECK(stage != 3,
+           "--sharding-stage 3 (parameters sharded over dp, all-gathered before use) is not built yet: stages 0, 1 "
+           "(optimizer state) and 2 (and gradients) are");
+  SW_CHECK(stage >= 0 && stage <= 2, "--sharding-stage must be 0, 1 or 2, got {}", stage);
+  SW_CHECK(layout == "v1" || layout == "v2",
+           "--sharding-layout must be v1 (each parameter's state on one dp rank) or v2 (split-param: a flat buffer "
+           "cut into equal dp ranges), got '{}'",
+           layout);
+}
+
+int64_t ShardPlan::begin(size_t i) const {
+  int64_t b = 0;
+  for (int r = 0; r < rank; ++r) b += counts[i][static_cast<size_t>(r)];
+  return b;
+}
+
+int64_t ShardPlan::owned_elements() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < counts.size(); ++i) n += count(i);
+  return n;
+}
+
+ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, int dp, int rank) {
+  SW_CHECK(dp >= 1 && rank >= 0 && rank < dp, "sharding: rank {} of a dp group of {}", rank, dp);
+  ShardPlan plan;
+  plan.rank = rank;
+  plan.counts.assign(numels.size(), std::vector<int64_t>(static_cast<size_t>(dp), 0));
+  if (layout == "v1") {
+    std::vector<size_t> order(numels.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numels[a] > numels[b]; });
+    std::vector<int64_t> load(static_cast<size_t>(dp), 0);
+    for (size_t i : order) {
+      const size_t owner = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      plan.counts[i][owner] = numels[i];
+      load[owner] += numels[i];
+    }
+    return plan;
+  }
+  SW_CHECK(layout == "v2", "sharding: unknown layout '{}'", layout);
+  const int64_t total = std::accumulate(numels.begin(), numels.end(), int64_t{0});
+  int64_t offset = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    for (int r = 0; r < dp; ++r) {
+      const int64_t lo = total * r / dp, hi = total * (r + 1) / dp;
+      plan.counts[i][static_cast<size_t>(r)] = std::max<int64_t>(0, std::min(offset + numels[i], hi) - std::max(offset, lo));
+    }
+    offset += numels[i];
+  }
+  return plan;
+}
+
+ShardedOptimizer::ShardedOptimizer(ShardingConfig config, std::vector<ParamState>& params,
+                                   std::shared_ptr<comm::Communicator> dp)
+    : c_(std::move(config)), dp_(std::move(dp)) {
+  c_.check();
+  std::vector<int64_t> numels;
+  for (const ParamState& p : params) numels.push_back(p.param.numel());
+  // Every rank of the group must cut the same blocks: compare the element counts.
+  int64_t sizes[2] = {static_cast<int64_t>(numels.size()), std::accumulate(numels.begin(), numels.end(), int64_t{0})};
+  int64_t low[2], high[2];
+  dp_->all_reduce(sizes, low, 2, DType::I64, comm::Reduce::Min);
+  dp_->all_reduce(sizes, high, 2, DType::I64, comm::Reduce::Max);
+  SW_CHECK(low[0] == high[0] && low[1] == high[1],
+           "sharding: the ranks of a dp group hold different parameter blocks ({}..{} parameters, {}..{} elements)",
+           low[0], high[0], low[1], high[1]);
+  plan_ = plan_shards(c_.layout, numels, dp_->size(), dp_->rank());
+  for (size_t i = 0; i < params.size(); ++i) adopt(i, params[i], ParamState(params[i]));
+}
+
+std::vector<Tensor> ShardedOptimizer::reduce(std::vector<Tensor>& grads, const std::vector<bool>& partial) {
+  SW_CHECK(grads.size() == plan_.counts.size(), "sharding: {} gradients for {} parameters", grads.size(),
+           plan_.counts.size());
+  std::vector<Tensor> owned(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t n = plan_.count(i);
+    if (c_.stage >= 2 && partial[i]) {
+      owned[i] = Tensor::uninitialized(DType::F32, Shape{n});
+      dp_->reduce_scatter_v(grads[i].raw(), owned[i].raw(), plan_.counts[i], DType::F32, comm::Reduce::Sum);
+      grads[i] = Tensor();  // the full sum goes as soon as it is reduced
+    } else {
+      owned[i] = flat_range(grads[i], plan_.begin(i), n);
+    }
+  }
+  if (c_.stage >= 2) grads.clear();
+  return owned;
+}
+
+void ShardedOptimizer::step(const AdamW& adamw, std::vector<ParamState>& params, const std::vector<Tensor>& owned,
+                            double lr, int64_t step) {
+  SW_CHECK(step >= 1, "AdamW: steps count from 1, got {}", step);
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamState& p = params[i];
+    const int64_t n = plan_.count(i), b = plan_.begin(i);
+    const bool f32 = p.param.dtype() == DType::F32;
+    if (n > 0) {
+      float* w = f32 ? p.param.data<float>() + b : p.master.data<float>();
+      adamw.update(w, p.exp_avg.data<float>(), p.exp_avg_sq.data<float>(), owned[i].data<float>(), n, p.decay, lr, step);
+    }
+    // Every rank's updated range into every rank's parameter (the kernels' dtype).
+    Tensor piece = f32 ? flat_range(p.param, b, n) : p.master.to(p.param.dtype());
+    Tensor out = f32 ? p.param : Tensor::uninitialized(p.param.dtype(), p.param.shape());
+    dp_->all_gather_v(piece.raw(), out.raw(), plan_.counts[i], p.param.dtype());
+    p.param = out;  // a bf16 parameter is a new tensor after each update, as unsharded
+  }
+}
+
+Tensor ShardedOptimizer::whole(size_t i, const Tensor& piece, const Shape& block_shape) {
+  Tensor out = Tensor::uninitialized(piece.dtype(), block_shape);
+  dp_->all_gather_v(piece.raw(), out.raw(), plan_.counts[i], piece.dtype());
+  return out;
+}
+
+ParamState ShardedOptimizer::whole_state(size_t i, const ParamState& p) {
+  ParamState w = p;
+  const Shape& shape = p.param.shape();
+  // An f32 parameter is its own master, whole on every rank.
+  w.master = p.param.dtype() == DType::F32 ? p.param : whole(i, p.master, shape);
+  w.exp_avg = whole(i, p.exp_avg, shape);
+  w.exp_avg_sq = whole(i, p.exp_avg_sq, shape);
+  return w;
+}
+
+void ShardedOptimizer::adopt(size_t i, ParamState& p, const ParamState& whole) const {
+  const int64_t n = plan_.count(i), b = plan_.begin(i);
+  p.param = whole.param;
+  p.master = whole.param.dtype() == DType::F32 ? Tensor() : flat_range(whole.master, b, n);
+  p.exp_avg = flat_range(whole.exp_avg, b, n);
+  p.exp_avg_sq = flat_range(whole.exp_avg_sq, b, n);
+}
+
+}  // namespace shardwise::train

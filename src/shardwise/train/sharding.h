@@ -1,0 +1,79 @@
+#pragma once
+// Sharded optimizer state over the data-parallel dim (ZeRO / PaddlePaddle sharding), stages 1 and 2.
+//
+// Every rank of a dp group holds the same parameter blocks (its tp / pp blocks); the group splits
+// the optimizer state of those blocks among its ranks. Each block is seen as a row-major flat
+// array, and each dp rank owns one contiguous range of it (possibly empty), ranks in dp order:
+//   - layout v1: each parameter owned whole by one dp rank, assigned greedily by elements (largest
+//     first, to the least-loaded rank; ties to the lower index / rank);
+//   - layout v2 (split-param): the rank's parameters concatenated in params() order into one flat
+//     buffer, cut into dp ranges whose sizes differ by at most one element: a parameter may be cut
+//     mid-tensor.
+// A rank keeps the AdamW moments (and, for bf16 parameters, the fp32 master) of its ranges only,
+// as 1-D tensors; an f32 parameter's master is the parameter itself (its range of `param`).
+//
+// The step: stage 1 takes the graph's all-reduced gradients and reads its ranges; stage 2 takes
+// gradients the graph left Partial over dp (pipeline::StageSpec::partial_grad_dims) and
+// reduce-scatters them into the ranges, dropping the full sums. The norm counts each element once
+// (global_grad_norm with dp as the disjoint dim); each rank updates its ranges (AdamW::update) and
+// the parameters are all-gathered over dp (v1: the owner's whole block, a broadcast).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardwise/comm/communicator.h"
+#include "shardwise/train/optimizer.h"
+
+namespace shardwise::train {
+
+struct ShardingConfig {
+  int stage = 0;              // 0: none; 1: optimizer state; 2: and gradients
+  std::string layout = "v1";  // v1 or v2 (split-param)
+  // Error naming what is wrong (stage 3 is refused: not built).
+  void check() const;
+  bool enabled() const { return stage > 0; }
+};
+
+// Which flat range of each parameter's block each dp rank owns.
+struct ShardPlan {
+  std::vector<std::vector<int64_t>> counts;  // per parameter, per dp rank: elements owned
+  int rank = 0;                              // this rank's index in the dp group
+  int64_t begin(size_t i) const;             // where this rank's range of parameter i starts
+  int64_t count(size_t i) const { return counts[i][static_cast<size_t>(rank)]; }
+  int64_t owned_elements() const;            // over every parameter
+};
+// `numels`: each parameter's block size on this rank.
+ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, int dp, int rank);
+
+class ShardedOptimizer {
+ public:
+  // Cuts each parameter's master and moments to this rank's ranges. `dp`: this rank's dp group
+  // (the ranks holding the same blocks), every parameter of `params` on it.
+  ShardedOptimizer(ShardingConfig config, std::vector<ParamState>& params, std::shared_ptr<comm::Communicator> dp);
+
+  const ShardingConfig& config() const { return c_; }
+  const ShardPlan& plan() const { return plan_; }
+  comm::Communicator& group() { return *dp_; }
+
+  // This rank's ranges of the gradients (1-D f32, per parameter): stage 1 reads them from the
+  // all-reduced blocks; stage 2 reduce-scatters the blocks marked `partial` (Partial(sum) over dp)
+  // and releases every full block (`grads` is emptied).
+  std::vector<Tensor> reduce(std::vector<Tensor>& grads, const std::vector<bool>& partial);
+  // AdamW on this rank's ranges, then every parameter's `param` all-gathered over dp.
+  void step(const AdamW& adamw, std::vector<ParamState>& params, const std::vector<Tensor>& owned, double lr,
+            int64_t step);
+
+  // Collective over dp: the whole block from each rank's 1-D range `piece` of parameter i.
+  Tensor whole(size_t i, const Tensor& piece, const Shape& block_shape);
+  // Collective over dp: a copy of the state with whole blocks (master, moments), as unsharded.
+  ParamState whole_state(size_t i, const ParamState& p);
+  // Takes this rank's ranges of a whole state (weights in `whole.master`, moments) into `p`.
+  void adopt(size_t i, ParamState& p, const ParamState& whole) const;
+
+ private:
+  ShardingConfig c_;
+  std::shared_ptr<comm::Communicator> dp_;
+  ShardPlan plan_;
+};
+
+}  // namespace shardwise::train
