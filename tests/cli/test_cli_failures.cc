@@ -94,6 +94,17 @@ TEST(CliFailures, TrainRefusesValuesItUsedToAcceptSilently) {
   expect_refused("train --steps 99999999999999999999", "--steps: 99999999999999999999 does not fit in a 64-bit integer");
 }
 
+TEST(CliFailures, ShardingStageThreeAndUnknownLayoutsAreRefused) {
+  expect_usage_error("train --sharding-stage 3 " + kSmall, "--sharding-stage 3 (parameters sharded over dp");
+  expect_usage_error("train --sharding-stage 1 --sharding-layout v3 " + kSmall, "--sharding-layout must be v1");
+  // The same keys in a config file.
+  std::string cfg = write_config("sharding.toml", "sharding-stage = 2\nsharding-layout = \"v2\"\nsteps = 2\n"
+                                                  "run-dir = \"/tmp/sw-cfg-sharding\"\n");
+  Result r = run("train --config " + cfg + " " + kSmall);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("sharding: stage 2, layout v2"), std::string::npos) << r.out;
+}
+
 TEST(CliFailures, CrashesAndHangsBecomeDocumentedBounds) {
   expect_refused("train --data /tmp", "--data '/tmp' is a directory; expected a text file");
   expect_refused("train --mesh dp=1 --hidden 1048576 --heads 4",

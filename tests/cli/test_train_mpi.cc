@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -59,6 +60,29 @@ TEST(TrainMpi, FourProcessesTrainLlamaOnTheSingleRankCurve) {
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("Llama (2 kv heads"), std::string::npos) << text;
   EXPECT_NE(text.find("(4 ranks, mpi)"), std::string::npos) << text;
+}
+
+// Sharding stage 2 (v2, dp=2 x tp=2) and stage 1 (v1, dp=4) on 4 processes follow plain dp on threads
+// (the same mesh).
+TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string args = " --layers 2 --hidden 32 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3"
+                           " --eval-every 0 ";
+  for (const auto& [mesh, sharding] : {std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 2 --sharding-layout v2"},
+                                       std::pair<std::string, std::string>{"dp=4", "--sharding-stage 1 --sharding-layout v1"}}) {
+    std::system("rm -rf /tmp/shardwise-shard-mpi-ref /tmp/shardwise-shard-mpi-4");
+    ASSERT_EQ(std::system((std::string(bin) + " train --mesh " + mesh + args +
+                           "--run-dir /tmp/shardwise-shard-mpi-ref > /dev/null").c_str()), 0);
+    std::vector<double> ref = losses_of("/tmp/shardwise-shard-mpi-ref/metrics.jsonl");
+    ASSERT_EQ(ref.size(), 20u);
+    std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh " + mesh + args + sharding +
+                      " --run-dir /tmp/shardwise-shard-mpi-4 > /tmp/shardwise-shard-mpi-4.log 2>&1";
+    ASSERT_EQ(std::system(mpi.c_str()), 0) << "see /tmp/shardwise-shard-mpi-4.log";
+    std::vector<double> got = losses_of("/tmp/shardwise-shard-mpi-4/metrics.jsonl");
+    ASSERT_EQ(got.size(), 20u);
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << mesh << " " << sharding << " step " << i + 1;
+  }
 }
 
 // A u16 token file of `n` tokens below 128.
