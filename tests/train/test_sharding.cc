@@ -251,5 +251,31 @@ TEST(Sharding, Bf16MastersAndMomentsMoveBetweenV1AndStageTwoV2) {
   fs::remove_all(root);
 }
 
+// --init-from's weights (any checkpoint) land in each rank's shards of the masters; moments stay zero.
+TEST(Sharding, InitFromModelFillsEachRanksShards) {
+  fs::path root = fresh_dir("init");
+  TrainRun saved = train(small_config("tp=2", 3), 3, {}, root, true);
+  fs::path dir = ckpt::find_resume(root)->dir;
+  TrainConfig c = sharded(small_config("dp=4", 1), 2, "v2", true);
+  States got;
+  comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(c, world);
+    init_from_model(t, *world, dir);
+    States s = gather_states(t, *world);
+    if (w.rank() == 0) got = std::move(s);
+  });
+  ASSERT_FALSE(got.empty());
+  for (const auto& [key, t] : got) {
+    if (key.ends_with("/master")) {
+      CompareResult r = compare(t, saved.states.at(key));
+      EXPECT_TRUE(r.equal) << key << ": " << r.message;
+    } else {
+      for (int64_t j = 0; j < t.numel(); ++j) ASSERT_EQ(t.at(j), 0.0) << key << " element " << j;
+    }
+  }
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace shardwise::train
