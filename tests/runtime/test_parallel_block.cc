@@ -120,5 +120,32 @@ TEST(Megatron, OneBlockPerformsExactlyMegatronsCollectives) {
   if (std::getenv("SHOW_PLAN")) std::cout << p.to_string(g);
 }
 
+// Sharding stage 2's lowering: on dp=2 every parameter gradient comes out P(sum) on dp; with
+// LowerOptions::partial_grad_dims it stays so (the caller reduce-scatters it), and the all-reduce
+// of each parameter gradient is gone from the program.
+TEST(Megatron, PartialGradDimsLeaveParameterGradientsPartialOverDp) {
+  graph::Graph g;
+  build_block(g, BlockConfig{}, {{"ids", "S(0)"}, {"labels", "S(0)"}});
+  graph::append_backward(g, g.get("loss"));
+  const mesh::ProcessMesh m(Shape{2});
+  auto all_reduces = [&](const graph::Program& p) {
+    int n = 0;
+    for (const auto& [kind, count] : p.collective_counts()) n += kind == "all_reduce" ? count : 0;
+    return n;
+  };
+  graph::Program plain = graph::lower(g, graph::complete(g, m));
+  graph::LowerOptions o;
+  o.partial_grad_dims = {0};
+  graph::Program partial = graph::lower(g, graph::complete(g, m), o);
+  const int params = static_cast<int>(g.params().size());
+  ASSERT_GT(params, 0);
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    EXPECT_TRUE(plain.slots[static_cast<size_t>(plain.param_grad_slot[i])].dist[0].is_replicate());
+    EXPECT_TRUE(partial.slots[static_cast<size_t>(partial.param_grad_slot[i])].dist[0].is_partial(mesh::ReduceOp::Sum))
+        << g.value(g.params()[i]).name;
+  }
+  EXPECT_EQ(all_reduces(plain) - all_reduces(partial), params) << partial.to_string(g);
+}
+
 }  // namespace
 }  // namespace shardwise
