@@ -88,7 +88,14 @@ ShardedOptimizer::ShardedOptimizer(ShardingConfig config, std::vector<ParamState
            "sharding: the ranks of a dp group hold different parameter blocks ({}..{} parameters, {}..{} elements)",
            low[0], high[0], low[1], high[1]);
   plan_ = plan_shards(c_.layout, numels, dp_->size(), dp_->rank());
-  for (size_t i = 0; i < params.size(); ++i) adopt(i, params[i], ParamState(params[i]));
+  for (size_t i = 0; i < params.size(); ++i) {
+    // Fresh moments are zero: allocated here at the shard's size when the model left them out.
+    ParamState& p = params[i];
+    const int64_t n = plan_.count(i), b = plan_.begin(i);
+    p.exp_avg = p.exp_avg.defined() ? flat_range(p.exp_avg, b, n) : Tensor(DType::F32, Shape{n});
+    p.exp_avg_sq = p.exp_avg_sq.defined() ? flat_range(p.exp_avg_sq, b, n) : Tensor(DType::F32, Shape{n});
+    p.master = p.param.dtype() == DType::F32 ? Tensor() : flat_range(p.master, b, n);
+  }
 }
 
 std::vector<Tensor> ShardedOptimizer::reduce(std::vector<Tensor>& grads, const std::vector<bool>& partial) {

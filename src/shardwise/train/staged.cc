@@ -174,8 +174,10 @@ void StagedGpt::init_params(int64_t process) {
         q.param = model_.param_dtype == DType::BF16 ? initial.to(DType::BF16) : initial;
         if (trained) {
           q.master = initial;
-          q.exp_avg = Tensor(DType::F32, block.shape);
-          q.exp_avg_sq = Tensor(DType::F32, block.shape);
+          if (!config_.sharded_optimizer) {
+            q.exp_avg = Tensor(DType::F32, block.shape);
+            q.exp_avg_sq = Tensor(DType::F32, block.shape);
+          }
           q.decay = slot.meta.shape.ndim() >= 2;
           counted_.push_back(name != tied_embedding(model_) || first_here);
         }

@@ -33,6 +33,9 @@ struct PipelineConfig {
   // Sharding stage 2: parameter gradients left Partial over dp by the graph (the trainer's
   // ShardedOptimizer reduce-scatters them); false: all-reduced into the parameters' layouts.
   bool partial_dp_grads = false;
+  // Sharding stage >= 1: the moments are left undefined here (the ShardedOptimizer allocates its
+  // shards), so the whole moments never exist.
+  bool sharded_optimizer = false;
 };
 
 struct EvalResult {

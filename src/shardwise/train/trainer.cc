@@ -226,7 +226,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   model_ = std::make_unique<StagedGpt>(model, strategy_,
                                        PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release, false,
                                                       LoaderOptions{c_.loader_sync, c_.loader_prefetch},
-                                                      c_.sharding.stage >= 2},
+                                                      c_.sharding.stage >= 2, c_.sharding.enabled()},
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),
                                        c_.seed, causal_mask(c_.model.seq), world_);
   if (c_.sharding.enabled()) {
