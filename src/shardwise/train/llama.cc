@@ -18,12 +18,6 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
-  // Packed documents need per-sequence positions: the rotary op reads one [S] row for the whole
-  // micro-batch (GPT-2 looks its positions up per token instead).
-  SW_CHECK(!c.document_mask,
-           "llama: packed documents (document_mask, --no-cross-document-attention) are not supported: Llama's rotary "
-           "positions are one [S] row shared by every sequence of the micro-batch, not per-document position ids; "
-           "train GPT-2 for that, or let documents attend across their boundaries (leave the option out)");
 }
 
 namespace {
@@ -78,7 +72,17 @@ class LlamaBuilder {
     return x;
   }
 
+  // The causal mask [S, S] and the positions 0 .. S-1 [S] shared by every sequence, or with packed
+  // documents each sequence's own (packing.h): "attention_mask" [B, 1, S, S] (broadcast over the
+  // heads) and "position_ids" [B, S], both sharded with the batch on dp.
   void constants() {
+    if (c_.document_mask) {
+      mask_ = g_.input("attention_mask", Shape{B_, 1, S_, S_});
+      positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
+      annotate(mask_, placements("R", "S(0)"));
+      annotate(positions_, placements("R", "S(0)"));
+      return;
+    }
     mask_ = g_.input("causal_mask", Shape{S_, S_});
     annotate(mask_, placements("R"));
     positions_ = g_.input("positions", Shape{S_}, DType::I64);

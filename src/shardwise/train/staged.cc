@@ -39,7 +39,8 @@ void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, co
 }
 
 // Binds a micro-batch: ids on the first stage, labels on the last, and with packed documents the
-// attention mask on every stage and the position ids on the first.
+// attention mask on every stage and the position ids on the first (GPT-2's position embedding) or
+// on every stage (Llama's rotary embedding in every layer).
 void bind_batch(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const Tensor& ids,
                 const Tensor& labels) {
   if (first) rt.set_global("ids", ids);
@@ -47,7 +48,7 @@ void bind_batch(runtime::Runtime& rt, const GptConfig& model, bool first, bool l
   if (!model.document_mask) return;
   DocumentInputs d = document_inputs(ids, model.eos_id);
   rt.set_global("attention_mask", d.attention_mask);
-  if (first) rt.set_global("position_ids", d.position_ids);
+  if (first || model.is_llama()) rt.set_global("position_ids", d.position_ids);
 }
 
 // Binds this rank's block of `name` from `rows`, the rows [row0, row0 + rows) of the micro-batch
@@ -70,7 +71,7 @@ void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool la
   if (!model.document_mask) return;
   DocumentInputs d = document_inputs(b.ids, model.eos_id);  // row by row: the rows' own masks
   bind_block(rt, "attention_mask", d.attention_mask, b.row0);
-  if (first) bind_block(rt, "position_ids", d.position_ids, b.row0);
+  if (first || model.is_llama()) bind_block(rt, "position_ids", d.position_ids, b.row0);
 }
 
 }  // namespace
@@ -133,7 +134,7 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     for (const auto& [name, value] : model_constants(model_)) spec.constants.push_back(name);
     if (model_.document_mask) {  // per micro-batch (bind_batch)
       spec.feeds.push_back("attention_mask");
-      if (s == 0) spec.feeds.push_back("position_ids");
+      if (s == 0 || model_.is_llama()) spec.feeds.push_back("position_ids");
     }
     out.push_back(std::move(spec));
   }

@@ -66,10 +66,6 @@ void check_text_options(TrainConfig& c) {
   SW_CHECK(c.eos_id >= -1 && c.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
            c.eos_id, c.model.vocab);
   if (c.document_attention) {
-    SW_CHECK(!c.model.is_llama(),
-             "--no-cross-document-attention with --model llama is not supported: Llama's rotary positions are one [S] "
-             "row shared by every sequence of the micro-batch, not per-document position ids; leave the option out "
-             "(documents then attend across their boundaries) or train --model gpt2");
     SW_CHECK(!c.data.empty(),
              "--no-cross-document-attention needs --data: the embedded addition task has no documents");
     SW_CHECK(c.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "
