@@ -138,6 +138,19 @@ TEST(CliFailures, UnderMpirunAConfigurationErrorIsPrintedOnce) {
   size_t first = r.out.find("shardwise: error: steps must be at least 1, got 0");
   ASSERT_NE(first, std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("shardwise: error:", first + 1), std::string::npos) << r.out;
+  // The data's checks run on the processes that read it (process 1, tp's second rank, never opens
+  // it) and end every process alike: still one line.
+  const std::string data = "/tmp/shardwise-cli-mpi-vocab.bin";  // u16 tokens 0..127
+  {
+    std::ofstream out(data, std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 400; ++i) out.put(static_cast<char>(i % 128)).put('\0');
+  }
+  r = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 $SHARDWISE_BIN train --mesh tp=2 " +
+                                      "--steps 1 --seq 16 --vocab 64 --data " + data);
+  EXPECT_NE(r.status, 0) << r.out;
+  first = r.out.find("needs a vocabulary of 128 tokens, the model has 64 (--vocab)");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("shardwise: error:", first + 1), std::string::npos) << r.out;
 }
 
 }  // namespace
