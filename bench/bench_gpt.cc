@@ -3,7 +3,7 @@
 // FLOPs utilization.
 //
 //   bench_gpt train --threads 1 --steps 6 [--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8]
-//                   [--recompute none|full|selective --dropout P]
+//                   [--recompute none|full|selective --dropout P --release 0|1]
 //   bench_gpt sgemm --threads 1 [--n 2048]
 //
 // train: training steps (forward, backward, clipping, AdamW) on a byte-level text file; prints the
@@ -37,12 +37,13 @@ struct Options {
   std::string data = "README.md";
   std::string recompute = "none";
   double dropout = 0;
+  bool release = true;  // --release 0: one stage keeps what the gradients read the shape of (main's behaviour before recompute)
 };
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
-               "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P]\n");
+               "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] [--release 0|1]\n");
   std::exit(2);
 }
 
@@ -67,6 +68,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--data") o.data = v;
     else if (a == "--recompute") o.recompute = v;
     else if (a == "--dropout") o.dropout = std::stod(v);
+    else if (a == "--release") o.release = v != "0";
     else usage();
   }
   return o;
@@ -116,6 +118,7 @@ int run_train(const Options& o) {
   c.data = o.data;
   c.model.recompute = o.recompute;
   c.dropout = o.dropout;
+  c.pipeline_release = o.release;
   c.check(1);
   std::vector<double> times;
   int64_t kept = 0, frames_peak = 0, in_use_peak = 0;
