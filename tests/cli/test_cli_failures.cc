@@ -92,6 +92,9 @@ TEST(CliFailures, TrainRefusesValuesItUsedToAcceptSilently) {
   expect_refused("train --eval-every -5", "--eval-every must be 0 or a positive number, got -5");
   expect_refused("train --progress fancy", "--progress 'fancy': use auto, bar, lines or none");
   expect_refused("train --steps 99999999999999999999", "--steps: 99999999999999999999 does not fit in a 64-bit integer");
+  expect_refused("train --recompute some", "--recompute 'some' is not a recompute mode (none, full, selective)");
+  expect_refused("train --recompute full --recompute-layers 0", "--recompute-layers must be at least 1");
+  expect_refused("train --recompute-layers 2", "--recompute-layers 2 needs --recompute full or selective (it is none)");
 }
 
 TEST(CliFailures, CrashesAndHangsBecomeDocumentedBounds) {

@@ -1,7 +1,8 @@
 // `shardwise train` under mpirun with 4 processes (dp=2 x tp=2; Llama on tp=2 x pp=2) follows the
 // single-rank loss curve; on a token file unreadable for the processes that are not their tp group's
 // reader (the test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS: opening or reading the data there is an
-// error) it still trains the same curve, validates and saves checkpoints.
+// error) it still trains the same curve, validates and saves checkpoints; with --recompute full it
+// trains bit for bit the losses without.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -116,3 +117,24 @@ TEST(TrainMpi, ProcessesThatAreNotReadersNeverReadTheData) {
 }
 
 }  // namespace
+
+// Activation recompute under mpirun: 4 processes (tp=2 x pp=2, 1F1B over 2 micro-batches, dropout
+// 0.1) train bit for bit the losses of the same run without full recompute (selective and the
+// other meshes and schedules: tests/train/test_recompute.cc, with threads).
+TEST(TrainMpi, RecomputeKeepsTheLossesBitForBit) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string args = " --mesh tp=2,pp=2 --layers 4 --hidden 32 --steps 3 --global-batch 8 --accumulation 2"
+                           " --dropout 0.1 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 ";
+  std::vector<std::vector<double>> curves;
+  for (const char* mode : {"none", "full"}) {
+    const std::string dir = std::string("/tmp/shardwise-recompute-mpi-") + mode;
+    std::system(("rm -rf " + dir).c_str());
+    std::string cmd = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train" + args + "--recompute " + mode +
+                      " --run-dir " + dir + " > " + dir + ".log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << dir << ".log";
+    curves.push_back(losses_of(dir + "/metrics.jsonl"));
+    ASSERT_EQ(curves.back().size(), 3u) << mode;
+  }
+  EXPECT_EQ(curves[1], curves[0]);
+}

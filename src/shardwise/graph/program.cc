@@ -11,7 +11,8 @@ using mesh::DistAttr;
 
 class Lowerer {
  public:
-  Lowerer(const Graph& g, const Completion& c, const reshard::CostModel& cost) : g_(g), c_(c), cost_(cost) {
+  Lowerer(const Graph& g, const Completion& c, const reshard::CostModel& cost, const std::vector<NodeId>& order)
+      : g_(g), c_(c), cost_(cost), order_(order) {
     p_.mesh = c.mesh;
     p_.value_slot.assign(g.values().size(), -1);
   }
@@ -20,7 +21,13 @@ class Lowerer {
     for (const Value& v : g_.values()) {
       if (v.producer < 0) p_.value_slot[static_cast<size_t>(v.id)] = slot(v.id, c_.dist[static_cast<size_t>(v.id)]);
     }
-    for (const Node& n : g_.nodes()) lower(n);
+    if (order_.empty()) {
+      for (const Node& n : g_.nodes()) lower(n);
+    } else {
+      SW_CHECK(order_.size() == g_.nodes().size(), "lower: the order names {} of the {} nodes", order_.size(),
+               g_.nodes().size());
+      for (NodeId n : order_) lower(g_.node(n));
+    }
     for (ValueId p : g_.params()) {
       ValueId grad = g_.value(p).grad;
       p_.param_grad_slot.push_back(grad < 0 ? -1 : in_dist(grad, slot_of(grad), c_.dist[static_cast<size_t>(p)]));
@@ -73,7 +80,11 @@ class Lowerer {
           // Forward operands and outputs: the buffers the forward kernel read and wrote.
           const Node& f = g_.node(n.forward);
           size_t nin = f.inputs.size(), nout = f.outputs.size();
-          if (k < nin) from = slot(v, c_.node_inputs[static_cast<size_t>(f.id)][k]);
+          // An input is read as the forward node read it; a recompute copy (v made by apply_recompute)
+          // may be laid out otherwise where no copy of f resharded it: resharded here.
+          const DistAttr& d = c_.node_inputs[static_cast<size_t>(f.id)][k];
+          if (k < nin && slots_.contains(key(v, d))) from = slot(v, d);
+          else if (k < nin) from = from < 0 ? -1 : in_dist(v, from, d);
           else if (k < nin + nout) from = slot(v, c_.node_outputs[static_cast<size_t>(f.id)][k - nin]);
         }
         SW_CHECK(from >= 0, "internal: node {} reads '{}' before it is produced", n.to_string(g_), g_.value(v).name);
@@ -97,13 +108,16 @@ class Lowerer {
   const Graph& g_;
   const Completion& c_;
   const reshard::CostModel& cost_;
+  const std::vector<NodeId>& order_;
   Program p_;
   std::map<std::string, int> slots_;
 };
 
 }  // namespace
 
-Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost) { return Lowerer(g, c, cost).run(); }
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost, const std::vector<NodeId>& order) {
+  return Lowerer(g, c, cost, order).run();
+}
 
 std::vector<std::pair<std::string, int>> Program::collective_counts() const {
   std::map<std::string, int> counts;
@@ -135,7 +149,7 @@ std::string Program::to_string(const Graph& g) const {
       continue;
     }
     const Node& n = g.node(ins.node);
-    std::string call = ins.kind == InstrKind::Backward ? "grad_" + n.op : n.op;
+    std::string call = ins.kind == InstrKind::Backward ? "grad_" + n.op : n.recomputes >= 0 ? "recompute_" + n.op : n.op;
     out += fmt::format("{:4}  {} = {}({})\n", i, fmt::join(outs_text, ", "), call, fmt::join(ins_text, ", "));
   }
   out += fmt::format("reshards: {:.3g} us estimated, {} B sent by the busiest rank; collectives:", reshard_cost_s * 1e6,

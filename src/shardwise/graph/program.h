@@ -46,6 +46,9 @@ struct Program {
   std::vector<std::pair<std::string, int>> collective_counts() const;
 };
 
-Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost = {});
+// `order`: the nodes in the order to lower them (a topological order of every node; empty: node id
+// order). apply_recompute gives one that runs recompute copies right before their first reader.
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost = {},
+              const std::vector<NodeId>& order = {});
 
 }  // namespace shardwise::graph

@@ -3,6 +3,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
+#include "shardwise/graph/recompute.h"
 
 namespace shardwise::pipeline {
 namespace {
@@ -63,7 +64,10 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
       g.annotate(in.grad, *in.annotation);
     }
   }
-  out.program = graph::lower(g, graph::complete(g, mesh));
+  graph::Completion completion = graph::complete(g, mesh);
+  std::vector<graph::NodeId> node_order;
+  if (spec.training) node_order = graph::apply_recompute(g, completion).order;  // no-op without segments
+  out.program = graph::lower(g, completion, {}, node_order);
   const graph::Program& p = out.program;
   std::vector<int> producer;
   std::vector<int> phase = phases(g, p, out.forward_nodes, producer);

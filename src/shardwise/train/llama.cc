@@ -104,7 +104,7 @@ class LlamaBuilder {
     return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
   }
 
-  graph::ValueId attention(graph::ValueId h, const std::string& p) {
+  graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
     auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
     auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
@@ -113,10 +113,12 @@ class LlamaBuilder {
     v = repeat_kv(v, p + ".v");
     // q scaled by 1/sqrt(head dim) before q k^T (as GPT-2's): fewer elements than the scores.
     auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD_)), 0.0, p + ".q.scaled");
+    if (selective) g_.begin_segment();  // the attention core
     auto scores = g_.matmul(q_scaled, k, true, p + ".scores");
     auto probs = drop(g_.softmax(g_.add(scores, mask_, p + ".masked"), -1, p + ".probs"), p + ".dropout");
-    auto ctx = g_.reshape(g_.transpose(g_.matmul(probs, v, false, p + ".ctx.heads"), {0, 2, 1, 3}, p + ".ctx.t"),
-                          {B_, S_, H_}, p + ".ctx");
+    auto ctx_heads = g_.matmul(probs, v, false, p + ".ctx.heads");
+    if (selective) g_.end_segment();
+    auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
     return linear(ctx, p + ".o_proj", H_, H_, false);
   }
 
@@ -127,12 +129,17 @@ class LlamaBuilder {
     return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
   }
 
-  graph::ValueId layer(graph::ValueId x, int64_t l) {
+  // Layer l, the stage's layer number `index` (which ones recompute).
+  graph::ValueId layer(graph::ValueId x, int64_t l, int64_t index) {
     const std::string p = fmt::format("model.layers.{}", l);
-    auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn");
+    const bool full = training_ && c_.recompute_full(index);
+    if (full) g_.begin_segment();
+    auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn", training_ && c_.recompute_selective(index));
     x = g_.add(x, a, p + ".attn.residual");
     auto m = mlp(rms_norm(x, p + ".post_attention_layernorm"), p + ".mlp");
-    return g_.add(x, m, p + ".mlp.residual");
+    auto out = g_.add(x, m, p + ".mlp.residual");
+    if (full) g_.end_segment();
+    return out;
   }
 
   // The final norm, the head (tied: the embedding, the last stage's copy when it has none) and
@@ -199,7 +206,7 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
     b.annotate(x, b.boundary());
   }
   b.constants();
-  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.layer(x, l);
+  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.layer(x, l, l - part.first_layer);
   if (!part.head) {
     b.annotate(x, b.boundary());
     out.output = x;

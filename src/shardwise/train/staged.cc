@@ -85,8 +85,9 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
                                        : pipeline::stage_mesh(strategy_.mesh, strategy_.pp, s % pp_, "dp"));
   stage_strategy_ = Strategy::from_mesh(meshes_[0], strategy_.sequence_parallel);
   std::vector<pipeline::StageSpec> specs = local_specs(schedule, StageGraph::Training);
-  // One stage runs each backward right after its forward: nothing to gain from releasing.
-  pipeline::RunnerOptions ro{strategy_.pp >= 0 && config_.release, config_.poison_stand_ins};
+  // Release on every mesh: even when each backward follows its forward at once, a forward tensor
+  // the gradients read the shape of only (and, with recompute, a segment's values) need not wait.
+  pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
   bind_constants(*runner_, model_, mask_);
