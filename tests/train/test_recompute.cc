@@ -51,7 +51,7 @@ Step run(const GptConfig& model, const std::string& mesh, bool sp, const std::st
   comm::LocalWorld::run(static_cast<int>(strategy.mesh.size()), [&](comm::Communicator& world) {
     StagedGpt m(model, strategy, pc, kMicroBatch * strategy.dp_size(), kMicroBatches, kSeed, causal_mask(model.seq),
                 world.group(world.members()));
-    StagedGpt::Result r = m.forward_backward(data, 0);
+    StagedGpt::Result r = m.forward_backward(&data, 0);
     std::lock_guard lock(mu);
     for (size_t i = 0; i < m.params().size(); ++i)
       out.grads[fmt::format("{}/{}", world.rank(), m.params()[i].name)] = r.grads[i];
