@@ -3,11 +3,15 @@
 // FLOPs utilization.
 //
 //   bench_gpt train --threads 1 --steps 6 [--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8]
+//                   [--recompute none|full|selective --dropout P --release 0|1]
 //   bench_gpt sgemm --threads 1 [--n 2048]
 //
 // train: training steps (forward, backward, clipping, AdamW) on a byte-level text file; prints the
 // tokens/s of the steps after the first (as the PyTorch script does), the median step and the model
-// FLOPs per token. sgemm: the best of several C = A * B on n x n f32 matrices, in GFLOP/s.
+// FLOPs per token, and the activations: the bytes a micro-batch keeps after its forward, the
+// pipeline's peak of frames in flight and the storage cache's peak bytes in use during a step
+// (activations, gradients and recomputed values; parameters and moments included). sgemm: the
+// best of several C = A * B on n x n f32 matrices, in GFLOP/s.
 #include <cblas.h>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "shardwise/comm/local.h"
+#include "shardwise/tensor/allocator.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/train/trainer.h"
 
@@ -30,12 +35,15 @@ struct Options {
   int threads = 1, steps = 6, n = 2048;
   int64_t layers = 4, hidden = 256, heads = 4, seq = 256, vocab = 256, batch = 8;
   std::string data = "README.md";
+  std::string recompute = "none";
+  double dropout = 0;
+  bool release = true;  // --release 0: one stage keeps what the gradients read the shape of (main's behaviour before recompute)
 };
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
-               "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE]\n");
+               "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] [--release 0|1]\n");
   std::exit(2);
 }
 
@@ -58,6 +66,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--vocab") o.vocab = std::stoll(v);
     else if (a == "--batch") o.batch = std::stoll(v);
     else if (a == "--data") o.data = v;
+    else if (a == "--recompute") o.recompute = v;
+    else if (a == "--dropout") o.dropout = std::stod(v);
+    else if (a == "--release") o.release = v != "0";
     else usage();
   }
   return o;
@@ -105,15 +116,23 @@ int run_train(const Options& o) {
   c.micro_batch = 0, c.accumulation = 1;
   c.steps = o.steps;
   c.data = o.data;
+  c.model.recompute = o.recompute;
+  c.dropout = o.dropout;
+  c.pipeline_release = o.release;
   c.check(1);
   std::vector<double> times;
+  int64_t kept = 0, frames_peak = 0, in_use_peak = 0;
   comm::LocalWorld::run(1, [&](comm::Communicator& w) {
     train::Trainer t(c, w.group(w.members()));
     for (int s = 0; s < o.steps; ++s) {
+      reset_allocator_peak();
       auto t0 = Clock::now();
       t.step();
       times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      in_use_peak = std::max(in_use_peak, allocator_stats().peak_in_use_bytes);
     }
+    kept = t.stages().last_stats().forward_bytes.at(0);
+    frames_peak = t.stages().last_stats().peak_activation_bytes;
   });
   std::vector<double> steady(times.size() > 1 ? times.begin() + 1 : times.begin(), times.end());
   double sum = 0;
@@ -123,6 +142,10 @@ int run_train(const Options& o) {
   std::sort(steady.begin(), steady.end());
   std::printf("shardwise threads %d: %.0f tokens/s (median step %.0f ms, first step excluded; %.2f MFLOP/token)\n",
               o.threads, tps, steady[steady.size() / 2] * 1e3, flops_per_token(o) / 1e6);
+  constexpr double MiB = 1 << 20;
+  std::printf("recompute %s: kept after forward %.1f MiB, peak of frames %.1f MiB, peak storage in use %.1f MiB\n",
+              o.recompute.c_str(), static_cast<double>(kept) / MiB, static_cast<double>(frames_peak) / MiB,
+              static_cast<double>(in_use_peak) / MiB);
   return 0;
 }
 

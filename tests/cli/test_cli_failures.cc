@@ -92,6 +92,9 @@ TEST(CliFailures, TrainRefusesValuesItUsedToAcceptSilently) {
   expect_refused("train --eval-every -5", "--eval-every must be 0 or a positive number, got -5");
   expect_refused("train --progress fancy", "--progress 'fancy': use auto, bar, lines or none");
   expect_refused("train --steps 99999999999999999999", "--steps: 99999999999999999999 does not fit in a 64-bit integer");
+  expect_refused("train --recompute some", "--recompute 'some' is not a recompute mode (none, full, selective)");
+  expect_refused("train --recompute full --recompute-layers 0", "--recompute-layers must be at least 1");
+  expect_refused("train --recompute-layers 2", "--recompute-layers 2 needs --recompute full or selective (it is none)");
 }
 
 TEST(CliFailures, ShardingStageThreeAndUnknownLayoutsAreRefused) {
@@ -147,6 +150,19 @@ TEST(CliFailures, UnderMpirunAConfigurationErrorIsPrintedOnce) {
                                              " -np 2 $SHARDWISE_BIN train --mesh dp=2 --steps 0");
   EXPECT_NE(r.status, 0) << r.out;
   size_t first = r.out.find("shardwise: error: steps must be at least 1, got 0");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("shardwise: error:", first + 1), std::string::npos) << r.out;
+  // The data's checks run on the processes that read it (process 1, tp's second rank, never opens
+  // it) and end every process alike: still one line.
+  const std::string data = "/tmp/shardwise-cli-mpi-vocab.bin";  // u16 tokens 0..127
+  {
+    std::ofstream out(data, std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 400; ++i) out.put(static_cast<char>(i % 128)).put('\0');
+  }
+  r = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 $SHARDWISE_BIN train --mesh tp=2 " +
+                                      "--steps 1 --seq 16 --vocab 64 --data " + data);
+  EXPECT_NE(r.status, 0) << r.out;
+  first = r.out.find("needs a vocabulary of 128 tokens, the model has 64 (--vocab)");
   ASSERT_NE(first, std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("shardwise: error:", first + 1), std::string::npos) << r.out;
 }

@@ -72,15 +72,35 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
   EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
 }
 
-// Packed documents and LoRA are GPT-2's: with a Llama model each is one line naming the
-// combination, before anything runs.
-TEST(CliLlama, Gpt2OnlyFeaturesAreRefusedNamingTheCombination) {
+// The new ids of `generate --json` (the line starting with '{').
+std::vector<int64_t> generated_ids(const std::string& out) {
+  nlohmann::json j;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind('{', 0) == 0) j = nlohmann::json::parse(line);
+  return j.contains("sequences") ? j["sequences"][0]["new_ids"].get<std::vector<int64_t>>() : std::vector<int64_t>{};
+}
+
+// LoRA is GPT-2's: with a Llama model it is one line naming the combination, before anything
+// runs. Packed documents are accepted (their losses: Packing.LlamaWindowOfDocumentsLoses*), and
+// `generate` decodes the checkpoint as any other (its config has no packing: prompts are one
+// document), the KV cache giving the recomputing path's tokens.
+TEST(CliLlama, LoraIsRefusedPackedDocumentsTrain) {
   const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_refused";
   fs::remove_all(dir);
-  auto r = run(args(dir, "--mesh dp=1 --eos-id 0 --no-cross-document-attention"));
-  EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("--no-cross-document-attention with --model llama is not supported"), std::string::npos)
-      << r.out;
+  auto r = run(args(dir, "--mesh dp=2 --eos-id 0 --no-cross-document-attention --save-every 1"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("packing: documents end at id 0"), std::string::npos) << r.out;
+  const std::string gen = "generate --checkpoint " + (dir / "checkpoints" / "checkpoint-1").string() +
+                          " --prompt-ids 5,9,17 --max-new-tokens 6 --mesh tp=2 --json";
+  r = run(gen);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::vector<int64_t> cached = generated_ids(r.out);
+  EXPECT_EQ(cached.size(), 6u) << r.out;
+  r = run(gen + " --no-kv-cache");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(generated_ids(r.out), cached);
+  fs::remove_all(dir);
   r = run(args(dir, "--mesh dp=1 --lora-rank 4"));
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos)

@@ -1,6 +1,8 @@
 // `shardwise train` under mpirun with 4 processes (dp=2 x tp=2; Llama on tp=2 x pp=2) follows the
 // single-rank loss curve; on a token file unreadable for the processes that are not their tp group's
-// reader (the loader's test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS) it still trains the same curve.
+// reader (the test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS: opening or reading the data there is an
+// error) it still trains the same curve, validates and saves checkpoints; with --recompute full it
+// trains bit for bit the losses without.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,11 +13,15 @@
 
 namespace {
 
-std::vector<double> losses_of(const std::string& jsonl) {
+// The values of `key` ("loss", "val_loss") in the lines of metrics.jsonl that have one.
+std::vector<double> losses_of(const std::string& jsonl, const std::string& key = "loss") {
   std::ifstream f(jsonl);
   std::vector<double> out;
   std::string line;
-  while (std::getline(f, line)) out.push_back(std::stod(line.substr(line.find("\"loss\":") + 7)));
+  const std::string field = "\"" + key + "\":";
+  while (std::getline(f, line)) {
+    if (const size_t at = line.find(field); at != std::string::npos) out.push_back(std::stod(line.substr(at + field.size())));
+  }
   return out;
 }
 
@@ -95,25 +101,37 @@ std::string token_file(const std::string& path, int n) {
   return path;
 }
 
-// Processes 1 and 3 (tp coordinate 1 on dp=2 x tp=2) may not read the data: only the readers do.
+// Processes 1 and 3 (tp coordinate 1 on dp=2 x tp=2) may neither open nor read the data: only the
+// readers do, for training, validation (--val-fraction) and the checkpoints' data fingerprint. As
+// threads (the hook per rank thread) and as 4 MPI processes the curves are those without the hook.
 TEST(TrainMpi, ProcessesThatAreNotReadersNeverReadTheData) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
   const std::string data = token_file("/tmp/shardwise-loader-mpi.bin", 4000);
-  const std::string args = " --layers 2 --hidden 32 --seq 16 --steps 6 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0"
-                           " --data " + data + " --mesh dp=2,tp=2 ";
-  std::system("rm -rf /tmp/shardwise-loader-threads /tmp/shardwise-loader-mpi /tmp/shardwise-loader-mpi-bad");
+  const std::string args = " --layers 2 --hidden 32 --seq 16 --steps 6 --global-batch 8 --lr 0.003 --warmup 3"
+                           " --eval-every 2 --val-fraction 0.2 --val-samples 5 --save-every 3 --data " + data +
+                           " --mesh dp=2,tp=2 ";
+  std::system("rm -rf /tmp/shardwise-loader-threads /tmp/shardwise-loader-hooked /tmp/shardwise-loader-mpi "
+              "/tmp/shardwise-loader-mpi-bad");
   ASSERT_EQ(std::system((std::string(bin) + " train" + args + "--run-dir /tmp/shardwise-loader-threads > /dev/null").c_str()), 0);
+  const std::string hooked = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 " + std::string(bin) + " train" + args +
+                             "--run-dir /tmp/shardwise-loader-hooked > /tmp/shardwise-loader-hooked.log 2>&1";
+  ASSERT_EQ(std::system(hooked.c_str()), 0) << "see /tmp/shardwise-loader-hooked.log";
   const std::string mpi = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 " + std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " +
                           bin + " train" + args;
   ASSERT_EQ(std::system((mpi + "--run-dir /tmp/shardwise-loader-mpi > /tmp/shardwise-loader-mpi.log 2>&1").c_str()), 0)
       << "see /tmp/shardwise-loader-mpi.log";
-  std::vector<double> ref = losses_of("/tmp/shardwise-loader-threads/metrics.jsonl");
-  std::vector<double> got = losses_of("/tmp/shardwise-loader-mpi/metrics.jsonl");
-  ASSERT_EQ(ref.size(), 6u);
-  ASSERT_EQ(got.size(), 6u);
-  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-6 * ref[i]) << "step " << i + 1;
-  // The hook bites: with every process reading (a reader listed), the run stops naming it.
+  for (const std::string key : {"loss", "val_loss"}) {
+    std::vector<double> ref = losses_of("/tmp/shardwise-loader-threads/metrics.jsonl", key);
+    ASSERT_EQ(ref.size(), key == "loss" ? 6u : 3u) << key;
+    for (const std::string run : {"/tmp/shardwise-loader-hooked", "/tmp/shardwise-loader-mpi"}) {
+      std::vector<double> got = losses_of(run + "/metrics.jsonl", key);
+      ASSERT_EQ(got.size(), ref.size()) << run << " " << key;
+      for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-6 * ref[i]) << run << " " << key << " " << i;
+    }
+  }
+  EXPECT_EQ(std::system("test -d /tmp/shardwise-loader-mpi/checkpoints/checkpoint-6"), 0);
+  // The hook bites: a reader listed (process 2) fails as it opens the file; every process stops naming it.
   const std::string bad = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=2 " + std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " +
                           bin + " train" + args + "--run-dir /tmp/shardwise-loader-mpi-bad > /tmp/shardwise-loader-bad.log 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
@@ -123,3 +141,24 @@ TEST(TrainMpi, ProcessesThatAreNotReadersNeverReadTheData) {
 }
 
 }  // namespace
+
+// Activation recompute under mpirun: 4 processes (tp=2 x pp=2, 1F1B over 2 micro-batches, dropout
+// 0.1) train bit for bit the losses of the same run without full recompute (selective and the
+// other meshes and schedules: tests/train/test_recompute.cc, with threads).
+TEST(TrainMpi, RecomputeKeepsTheLossesBitForBit) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string args = " --mesh tp=2,pp=2 --layers 4 --hidden 32 --steps 3 --global-batch 8 --accumulation 2"
+                           " --dropout 0.1 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 ";
+  std::vector<std::vector<double>> curves;
+  for (const char* mode : {"none", "full"}) {
+    const std::string dir = std::string("/tmp/shardwise-recompute-mpi-") + mode;
+    std::system(("rm -rf " + dir).c_str());
+    std::string cmd = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train" + args + "--recompute " + mode +
+                      " --run-dir " + dir + " > " + dir + ".log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << dir << ".log";
+    curves.push_back(losses_of(dir + "/metrics.jsonl"));
+    ASSERT_EQ(curves.back().size(), 3u) << mode;
+  }
+  EXPECT_EQ(curves[1], curves[0]);
+}

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardwise/train/models.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train::reference {
@@ -15,10 +16,10 @@ using Params = std::map<std::string, std::vector<double>>;
 using Rows = std::vector<std::vector<double>>;  // [positions][features]
 
 // Every parameter of the model, whole, on every rank (collective: every rank calls it). The names
-// come from the single-device graph: with pp a rank holds only its stages' parameters.
+// come from the single-device graph (GPT-2's or Llama's): with pp a rank holds only its stages' parameters.
 inline Params whole_params(Trainer& t) {
   Params p;
-  const GptGraph model = build_gpt(t.config().model, Strategy{}, 1);
+  const GptGraph model = build_model(t.config().model, Strategy{}, 1);
   for (graph::ValueId v : model.g.params()) {
     const std::string& name = model.g.value(v).name;
     Tensor whole = t.gather_param(name);
@@ -55,30 +56,51 @@ inline Rows linear(const Rows& x, const Params& p, const std::string& name) {
   return y;
 }
 
-inline Rows causal_attention(const Rows& q, const Rows& k, const Rows& v, int64_t heads) {
+// Causal attention; with kv_heads < heads (grouped-query) q head h reads kv head h / (heads / kv_heads).
+inline Rows causal_attention(const Rows& q, const Rows& k, const Rows& v, int64_t heads, int64_t kv_heads = 0) {
   const size_t S = q.size(), H = q[0].size(), hd = H / static_cast<size_t>(heads);
+  const size_t group = kv_heads > 0 ? static_cast<size_t>(heads / kv_heads) : 1;
   Rows ctx(S, std::vector<double>(H, 0.0));
   for (size_t h = 0; h < static_cast<size_t>(heads); ++h)
     for (size_t t = 0; t < S; ++t) {
+      const size_t g = h / group;  // the kv head
       std::vector<double> score(t + 1);
       double mx = -1e300, sum = 0;
       for (size_t u = 0; u <= t; ++u) {
         double s = 0;
-        for (size_t d = 0; d < hd; ++d) s += q[t][h * hd + d] * k[u][h * hd + d];
+        for (size_t d = 0; d < hd; ++d) s += q[t][h * hd + d] * k[u][g * hd + d];
         score[u] = s / std::sqrt(static_cast<double>(hd));
         mx = std::max(mx, score[u]);
       }
       for (double& s : score) sum += (s = std::exp(s - mx));
       for (size_t u = 0; u <= t; ++u)
-        for (size_t d = 0; d < hd; ++d) ctx[t][h * hd + d] += score[u] / sum * v[u][h * hd + d];
+        for (size_t d = 0; d < hd; ++d) ctx[t][h * hd + d] += score[u] / sum * v[u][g * hd + d];
     }
   return ctx;
+}
+
+// The summed cross-entropy of the final hidden rows x [S, H] against tokens[1, S], logits x head^T
+// (head [V, H]).
+inline double next_token_loss(const Rows& x, const std::vector<double>& head, const std::vector<int64_t>& tokens) {
+  const size_t H = x[0].size(), V = head.size() / H;
+  double total = 0;
+  for (size_t t = 0; t < x.size(); ++t) {
+    std::vector<double> logits(V, 0.0);
+    double mx = -1e300, sum = 0;
+    for (size_t v = 0; v < V; ++v) {
+      for (size_t i = 0; i < H; ++i) logits[v] += x[t][i] * head[v * H + i];
+      mx = std::max(mx, logits[v]);
+    }
+    for (double z : logits) sum += std::exp(z - mx);
+    total += mx + std::log(sum) - logits[static_cast<size_t>(tokens[t + 1])];
+  }
+  return total;
 }
 
 // The summed next-token cross-entropy of one sequence of n + 1 tokens (n <= seq): inputs
 // tokens[0, n) at positions 0..n-1, labels tokens[1, n].
 inline double sequence_loss(const std::vector<int64_t>& tokens, const Params& p, const GptConfig& c) {
-  const size_t S = tokens.size() - 1, H = static_cast<size_t>(c.hidden), V = static_cast<size_t>(c.vocab);
+  const size_t S = tokens.size() - 1, H = static_cast<size_t>(c.hidden);
   const std::vector<double>&wte = p.at("transformer.wte.weight"), &wpe = p.at("transformer.wpe.weight");
   Rows x(S, std::vector<double>(H));
   for (size_t t = 0; t < S; ++t)
@@ -99,18 +121,7 @@ inline double sequence_loss(const std::vector<int64_t>& tokens, const Params& p,
       for (size_t i = 0; i < H; ++i) x[t][i] += m[t][i];
   }
   x = layer_norm(x, p, "transformer.ln_f", c.layer_norm_epsilon);
-  double total = 0;
-  for (size_t t = 0; t < S; ++t) {
-    std::vector<double> logits(V);
-    double mx = -1e300, sum = 0;
-    for (size_t v = 0; v < V; ++v) {
-      for (size_t i = 0; i < H; ++i) logits[v] += x[t][i] * wte[v * H + i];
-      mx = std::max(mx, logits[v]);
-    }
-    for (double z : logits) sum += std::exp(z - mx);
-    total += mx + std::log(sum) - logits[static_cast<size_t>(tokens[t + 1])];
-  }
-  return total;
+  return next_token_loss(x, wte, tokens);
 }
 
 }  // namespace shardwise::train::reference

@@ -2,8 +2,9 @@
 // data-parallel block and broadcasts it, the next step read on a background thread. The losses are
 // bit for bit those of every rank reading the whole micro-batch itself (the earlier path, kept as
 // LoaderOptions::synchronized false) on dp, tp, dp x tp, pp x tp (interleaved too), tp + sp and with
-// packed documents; ranks other than the readers never read (the test hook
-// SHARDWISE_TEST_UNREADABLE_FOR_RANKS makes a read there an Error).
+// packed documents; ranks other than the readers never read nor open the data file, in training,
+// validation and checkpointing (the test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS makes either an
+// Error there).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pipeline_config.h"
@@ -107,6 +109,54 @@ TEST(Loader, TheHookBitesWhereARankReads) {
   // A reader listed: the step fails, the group's peers waiting in the broadcast are released.
   UnreadableFor reader("2");
   EXPECT_THROW(losses(c, true, true, 1), Error);
+}
+
+// On a token file with a validation set, saving a checkpoint at the end: rank 0's training and
+// validation losses (a validation after every step).
+std::vector<double> file_losses(const TrainConfig& c, const fs::path& save_to) {
+  std::vector<double> out;
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(c, world);
+    for (int s = 0; s < 3; ++s) {
+      const double loss = t.step().loss, val = t.validate().loss;
+      if (w.rank() == 0) out.push_back(loss), out.push_back(val);
+    }
+    save_trainer(t, *world, save_to);
+  });
+  return out;
+}
+
+// The non-readers listed (tp coordinate 1; with pp=4 the middle stages, which bind nothing) may
+// not even open the data file: configuration checks, the fingerprint, training and validation
+// batches all come from the readers, and the losses are bit for bit those without the hook.
+TEST(Loader, NonReadersNeverOpenTheDataFile) {
+  const fs::path save = fs::temp_directory_path() / ("shardwise_loader_ckpt_" + std::to_string(::getpid()));
+  TrainConfig dp_tp = packed("dp=2,tp=2");
+  dp_tp.document_attention = false;
+  TrainConfig pp4 = packed("pp=4");
+  pp4.document_attention = false, pp4.model.layers = 4;
+  const std::vector<std::tuple<std::string, TrainConfig, const char*>> cases = {
+      {"dp=2,tp=2", dp_tp, "1,3"}, {"pp=2,tp=2 packed", packed("pp=2,tp=2"), "1,3"}, {"pp=4", pp4, "1,2"}};
+  for (auto [name, c, hook] : cases) {
+    c.val_fraction = 0.2, c.val_samples = 5;  // the last validation micro-batch padded
+    fs::remove_all(save);
+    const std::vector<double> plain = file_losses(c, save);
+    ASSERT_EQ(plain.size(), 6u) << name;
+    fs::remove_all(save);
+    UnreadableFor unreadable(hook);
+    EXPECT_EQ(file_losses(c, save), plain) << name << " with ranks " << hook << " unable to open the data";
+  }
+  fs::remove_all(save);
+  // A reader listed (rank 2: the second dp replica's reader) fails as it opens the file, before any
+  // step, naming the hook; so would any non-reader that opened it.
+  UnreadableFor reader("2");
+  try {
+    train_losses(dp_tp, 1, {}, {});
+    FAIL() << "rank 2 opened the data without an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 opened the data"), std::string::npos) << e.what();
+  }
 }
 
 // The loader's blocked time comes with every step. A restored position other than the prefetched

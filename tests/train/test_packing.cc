@@ -1,7 +1,8 @@
 // Packing with document boundaries (--no-cross-document-attention): the position ids and masks the
 // batches carry, and the loss of windows holding several documents against an independent reference
-// that runs every document alone (reference_gpt.h: a double-precision forward with plain causal
-// attention and positions from 0), on one rank and on dp=2 x tp=2, pp=2 and tp=2 + sp.
+// that runs every document alone (reference_gpt.h, reference_llama.h: a double-precision forward
+// with plain causal attention and positions from 0), GPT-2 and Llama, on one rank and on
+// dp=2 x tp=2, pp=2 and tp=2 + sp.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "reference_gpt.h"
+#include "reference_llama.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/packing.h"
@@ -76,6 +78,11 @@ TrainConfig packed_config(const std::string& mesh, const fs::path& data) {
   return c;
 }
 
+// The reference loss of one sequence alone, by the model's architecture.
+double sequence_loss(const std::vector<int64_t>& tokens, const reference::Params& p, const GptConfig& c) {
+  return c.is_llama() ? reference::llama_sequence_loss(tokens, p, c) : reference::sequence_loss(tokens, p, c);
+}
+
 // The reference sum over one window: each document alone (cut where an input is kEos), positions
 // from 0, its inputs' next tokens as labels (the eos predicts the token after it from its own
 // document, as in the packed window).
@@ -85,7 +92,7 @@ double documents_alone(const std::vector<int64_t>& window, const reference::Para
   for (size_t begin = 0; begin < S;) {
     size_t end = begin;  // inputs [begin, end] form the document
     while (end + 1 < S && window[end] != kEos) ++end;
-    total += reference::sequence_loss(std::vector<int64_t>(window.begin() + static_cast<std::ptrdiff_t>(begin),
+    total += sequence_loss(std::vector<int64_t>(window.begin() + static_cast<std::ptrdiff_t>(begin),
                                                            window.begin() + static_cast<std::ptrdiff_t>(end) + 2),
                                       p, c);
     begin = end + 1;
@@ -115,7 +122,7 @@ StepLoss fourth_step(const TrainConfig& c) {
     for (int64_t i = first; i < first + c.global_batch; ++i) {
       t.dataset().sample(i, window);
       out.alone += documents_alone(window, p, c.model);
-      out.whole += reference::sequence_loss(window, p, c.model);
+      out.whole += sequence_loss(window, p, c.model);
     }
     const auto tokens = static_cast<double>(c.global_batch * c.model.seq);
     out.alone /= tokens, out.whole /= tokens;
@@ -123,8 +130,10 @@ StepLoss fourth_step(const TrainConfig& c) {
   return out;
 }
 
-TEST(Packing, AWindowOfDocumentsLosesWhatEachDocumentLosesAlone) {
-  const fs::path data = documents_corpus("alone");
+// The fourth step's loss equals the documents-alone reference on one rank, dp=2 x tp=2, pp=2 and
+// tp=2 + sp (`llama`: a small Llama, else GPT-2).
+void expect_documents_alone_on_every_mesh(const std::string& corpus, bool llama) {
+  const fs::path data = documents_corpus(corpus);
   struct Case {
     std::string mesh;
     bool sp = false;
@@ -132,6 +141,11 @@ TEST(Packing, AWindowOfDocumentsLosesWhatEachDocumentLosesAlone) {
   };
   for (const Case& k : {Case{"dp=1"}, Case{"dp=2,tp=2"}, Case{"pp=2", false, 2}, Case{"tp=2", true}}) {
     TrainConfig c = packed_config(k.mesh, data);
+    if (llama) {  // grouped-query attention (kv heads sharded over tp), an untied head
+      c.model.model_type = "llama", c.model.kv_heads = 2, c.model.intermediate_size = 48;
+      c.model.tie_word_embeddings = false;
+      c.model.init_std = 0.1;  // no scaled residual projections: larger weights make attention matter sooner
+    }
     c.sequence_parallel = k.sp, c.accumulation = k.accumulation;
     const StepLoss r = fourth_step(c);
     const std::string what = k.mesh + (k.sp ? " + sp" : "");
@@ -139,6 +153,15 @@ TEST(Packing, AWindowOfDocumentsLosesWhatEachDocumentLosesAlone) {
     // The test tells the two apart: attending across documents gives another loss.
     EXPECT_GT(std::abs(r.whole - r.alone), 1e-3) << what;
   }
+}
+
+TEST(Packing, AWindowOfDocumentsLosesWhatEachDocumentLosesAlone) { expect_documents_alone_on_every_mesh("alone", false); }
+
+// Llama: every layer's rotary embedding reads the per-sequence position ids [B, S] (restarting at
+// each document, as transformers' position_ids) and the attention the documents' mask. (Rotary
+// scores depend on position differences only, so it is the mask that tells the references apart.)
+TEST(Packing, LlamaWindowOfDocumentsLosesWhatEachDocumentLosesAlone) {
+  expect_documents_alone_on_every_mesh("llama-alone", true);
 }
 
 // Without the flag the same windows train as before: the reference of whole windows.

@@ -74,7 +74,7 @@ PipelineStep run_pipeline(const GptConfig& model, const std::string& mesh, const
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
     StagedGpt pp(model, strategy, pc, kMicroBatch, kMicroBatches, kSeed, causal_mask(model.seq),
                  world.group(world.members()));
-    StagedGpt::Result r = pp.forward_backward(data, 0);
+    StagedGpt::Result r = pp.forward_backward(&data, 0);
     // The simulator's peak for this rank from the frame bytes it measured for its stages.
     const pipeline::StepStats& st = pp.last_stats();
     const pipeline::Schedule& sch = pp.schedule();

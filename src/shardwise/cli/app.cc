@@ -39,6 +39,11 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
   t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
   t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
+  t->add_option("--recompute", c.model.recompute,
+                "activation recompute: none, full (keep each layer's input, recompute the layer before its backward) "
+                "or selective (recompute the attention core: scores, softmax, dropout, probs x V)");
+  t->add_option("--recompute-layers", c.model.recompute_layers,
+                "recompute only the first N layers of each pipeline stage (default: all)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,
                  "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "

@@ -160,9 +160,9 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
     out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}; {} steps, lr {} "
                        "(warm-up {}, cosine to {})\n",
-                       trainer.dataset().describe(), c.global_batch, c.micro_batch, c.accumulation,
+                       trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation,
                        trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
-    if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_data()->describe());
+    if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
     if (c.document_attention)
       out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
                          c.eos_id);
@@ -262,7 +262,9 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
     SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
   SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
            "--progress '{}': use auto, bar, lines or none", o.progress);
-  c.check(ranks);  // every check before anything starts
+  // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
+  // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
+  c.check(ranks, !mpi);
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) {

@@ -19,6 +19,8 @@ NodeId fill(Graph& g, const ops::TensorMeta& meta, double value, const std::stri
 }  // namespace
 
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptions& options) {
+  SW_CHECK(g.open_segment() < 0, "append_backward: recompute segment {} is still open (call end_segment)",
+           g.open_segment());
   const Value& l = g.value(loss);
   if (options.seed >= 0) {
     const Value& s = g.value(options.seed);

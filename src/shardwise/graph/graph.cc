@@ -79,6 +79,17 @@ NodeId Graph::add_node(Node node, const std::vector<ops::TensorMeta>& output_met
   return nodes_.back().id;
 }
 
+int Graph::begin_segment() {
+  SW_CHECK(open_segment_ < 0, "begin_segment: segment {} is still open (segments do not nest)", open_segment_);
+  open_segment_ = segments_++;
+  return open_segment_;
+}
+
+void Graph::end_segment() {
+  SW_CHECK(open_segment_ >= 0, "end_segment: no segment is open");
+  open_segment_ = -1;
+}
+
 std::vector<ValueId> Graph::op(std::string_view op_name, std::vector<ValueId> inputs, Attrs attrs, std::string name) {
   const ops::OpDef& def = ops::op_registry().get(op_name);
   std::vector<ops::TensorMeta> in;
@@ -103,6 +114,7 @@ std::vector<ValueId> Graph::op(std::string_view op_name, std::vector<ValueId> in
   node.op = std::string(op_name);
   node.inputs = std::move(inputs);
   node.attrs = std::move(attrs);
+  node.segment = open_segment_;
   NodeId id = add_node(std::move(node), out, ValueKind::Activation, names);
   for (ValueId v : nodes_[static_cast<size_t>(id)].outputs) {
     values_[static_cast<size_t>(v)].requires_grad = requires_grad && is_floating(value(v).meta.dtype) && def.has_backward();

@@ -12,6 +12,10 @@
 //             the op's grad rule: a gradient is one node, proven by the verifier like the op.
 //   Fill      a constant tensor (zeros, ones) of a given shape: autodiff's seed and the gradients
 //             of outputs nothing reads.
+//
+// Recompute segments (graph/recompute.h): forward nodes added between begin_segment() and
+// end_segment() carry that segment's id; their values are recomputed for the backward instead of
+// kept (activation recompute).
 #include <optional>
 #include <unordered_map>
 #include <string>
@@ -41,6 +45,7 @@ struct Value {
   std::optional<mesh::DistAttr> annotation;  // set by the user; completion never overrides it
   bool requires_grad = false;                // parameters, and values computed from them
   ValueId grad = -1;                         // after autodiff: the value holding d(loss)/d(this)
+  ValueId recompute_copy = -1;  // after apply_recompute: the copy the backward reads instead of this
 };
 
 enum class NodeKind { Forward, Backward, Fill };
@@ -53,6 +58,8 @@ struct Node {
   std::vector<ValueId> outputs;  // Backward: -1 where a forward input takes no gradient
   Attrs attrs;                   // Fill: "value" (float)
   NodeId forward = -1;           // Backward: the forward node it differentiates
+  int segment = -1;              // Forward: the recompute segment it belongs to (-1: none)
+  NodeId recomputes = -1;        // a recompute copy (graph/recompute.h): the forward node it repeats
   std::string to_string(const class Graph& g) const;  // "h = matmul(x, w1)"
 };
 
@@ -104,6 +111,12 @@ class Graph {
   std::vector<ValueId> frozen_params() const;  // the frozen ones, in creation order
   std::vector<ValueId> inputs() const;
 
+  // Recompute segments: every forward node added until end_segment() belongs to a new segment,
+  // whose id begin_segment() returns. Segments do not nest.
+  int begin_segment();
+  void end_segment();
+  int open_segment() const { return open_segment_; }
+
   // Low-level, for autodiff and passes: adds a node whose output metas are given.
   NodeId add_node(Node node, const std::vector<ops::TensorMeta>& output_metas, ValueKind output_kind,
                   const std::vector<std::string>& output_names);
@@ -114,6 +127,7 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::unordered_map<std::string, ValueId> by_name_;
+  int open_segment_ = -1, segments_ = 0;
 };
 
 }  // namespace shardwise::graph

@@ -12,7 +12,7 @@ using mesh::DistAttr;
 class Lowerer {
  public:
   Lowerer(const Graph& g, const Completion& c, const LowerOptions& options)
-      : g_(g), c_(c), cost_(options.cost), partial_dims_(options.partial_grad_dims) {
+      : g_(g), c_(c), cost_(options.cost), order_(options.order), partial_dims_(options.partial_grad_dims) {
     p_.mesh = c.mesh;
     p_.value_slot.assign(g.values().size(), -1);
   }
@@ -21,7 +21,13 @@ class Lowerer {
     for (const Value& v : g_.values()) {
       if (v.producer < 0) p_.value_slot[static_cast<size_t>(v.id)] = slot(v.id, c_.dist[static_cast<size_t>(v.id)]);
     }
-    for (const Node& n : g_.nodes()) lower(n);
+    if (order_.empty()) {
+      for (const Node& n : g_.nodes()) lower(n);
+    } else {
+      SW_CHECK(order_.size() == g_.nodes().size(), "lower: the order names {} of the {} nodes", order_.size(),
+               g_.nodes().size());
+      for (NodeId n : order_) lower(g_.node(n));
+    }
     for (ValueId p : g_.params()) {
       ValueId grad = g_.value(p).grad;
       if (grad < 0) {
@@ -83,7 +89,11 @@ class Lowerer {
           // Forward operands and outputs: the buffers the forward kernel read and wrote.
           const Node& f = g_.node(n.forward);
           size_t nin = f.inputs.size(), nout = f.outputs.size();
-          if (k < nin) from = slot(v, c_.node_inputs[static_cast<size_t>(f.id)][k]);
+          // An input is read as the forward node read it; a recompute copy (v made by apply_recompute)
+          // may be laid out otherwise where no copy of f resharded it: resharded here.
+          const DistAttr& d = c_.node_inputs[static_cast<size_t>(f.id)][k];
+          if (k < nin && slots_.contains(key(v, d))) from = slot(v, d);
+          else if (k < nin) from = from < 0 ? -1 : in_dist(v, from, d);
           else if (k < nin + nout) from = slot(v, c_.node_outputs[static_cast<size_t>(f.id)][k - nin]);
         }
         SW_CHECK(from >= 0, "internal: node {} reads '{}' before it is produced", n.to_string(g_), g_.value(v).name);
@@ -107,6 +117,7 @@ class Lowerer {
   const Graph& g_;
   const Completion& c_;
   const reshard::CostModel& cost_;
+  const std::vector<NodeId>& order_;
   std::vector<int> partial_dims_;
   Program p_;
   std::map<std::string, int> slots_;
@@ -114,8 +125,8 @@ class Lowerer {
 
 }  // namespace
 
-Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost) {
-  return Lowerer(g, c, LowerOptions{cost, {}}).run();
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost, const std::vector<NodeId>& order) {
+  return Lowerer(g, c, LowerOptions{cost, order, {}}).run();
 }
 Program lower(const Graph& g, const Completion& c, const LowerOptions& options) { return Lowerer(g, c, options).run(); }
 
@@ -149,7 +160,7 @@ std::string Program::to_string(const Graph& g) const {
       continue;
     }
     const Node& n = g.node(ins.node);
-    std::string call = ins.kind == InstrKind::Backward ? "grad_" + n.op : n.op;
+    std::string call = ins.kind == InstrKind::Backward ? "grad_" + n.op : n.recomputes >= 0 ? "recompute_" + n.op : n.op;
     out += fmt::format("{:4}  {} = {}({})\n", i, fmt::join(outs_text, ", "), call, fmt::join(ins_text, ", "));
   }
   out += fmt::format("reshards: {:.3g} us estimated, {} B sent by the busiest rank; collectives:", reshard_cost_s * 1e6,

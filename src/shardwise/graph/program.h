@@ -48,6 +48,9 @@ struct Program {
 
 struct LowerOptions {
   reshard::CostModel cost;
+  // The nodes in the order to lower them (a topological order of every node; empty: node id
+  // order). apply_recompute gives one that runs recompute copies right before their first reader.
+  std::vector<NodeId> order;
   // Mesh dims along which a parameter gradient that comes out Partial stays Partial in
   // `param_grad_slot` (its reduction left to the caller: sharding stage 2 reduce-scatters the dp
   // sums over the optimizer's shards instead of the all-reduce). Empty: every parameter gradient is
@@ -55,7 +58,9 @@ struct LowerOptions {
   std::vector<int> partial_grad_dims;
 };
 
-Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost = {});
+// `order`: as LowerOptions::order.
+Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost = {},
+              const std::vector<NodeId>& order = {});
 Program lower(const Graph& g, const Completion& c, const LowerOptions& options);
 
 }  // namespace shardwise::graph

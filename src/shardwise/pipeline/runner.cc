@@ -14,6 +14,7 @@ struct PipelineRunner::Local {
   std::unique_ptr<runtime::Runtime> rt;
   std::vector<Tensor> shared;                  // parameters and constants, in every frame
   std::map<int, std::vector<Tensor>> frames;  // micro-batches in flight
+  std::map<int, int64_t> sample_offsets;      // theirs (a recomputed dropout draws the forward's mask)
   std::vector<Tensor> grads;
   int accumulated = 0;
   reshard::Plan to_next, from_prev, grad_to_prev, grad_from_next;
@@ -170,6 +171,7 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
     return;
   }
   l.frames[mb] = rt.take_buffers();
+  l.sample_offsets[mb] = rt.sample_offset();
   if (!stats.forward_bytes.contains(s)) stats.forward_bytes[s] = frame_bytes(l, l.frames[mb]);
 }
 
@@ -194,6 +196,7 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
   SW_CHECK(it != l.frames.end(), "pipeline: stage {} micro-batch {}: backward without its forward", s, mb);
   rt.set_buffers(std::move(it->second));
   l.frames.erase(it);
+  rt.set_sample_offset(l.sample_offsets.at(mb));
   if (kind == ActionKind::BackwardWeight) {
     rt.run(l.compiled.input_grad_end, rt.size());
   } else {
@@ -211,6 +214,7 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
     }
   }
   accumulate(l);
+  l.sample_offsets.erase(mb);
   rt.set_buffers(l.shared);
 }
 

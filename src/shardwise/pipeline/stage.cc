@@ -5,6 +5,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
+#include "shardwise/graph/recompute.h"
 
 namespace shardwise::pipeline {
 namespace {
@@ -65,7 +66,9 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
       g.annotate(in.grad, *in.annotation);
     }
   }
+  graph::Completion completion = graph::complete(g, mesh);
   graph::LowerOptions lower;
+  if (spec.training) lower.order = graph::apply_recompute(g, completion).order;  // no-op without segments
   for (const std::string& dim : spec.partial_grad_dims) {
     const std::vector<std::string>& names = mesh.dim_names();
     auto it = std::find(names.begin(), names.end(), dim);
@@ -73,7 +76,7 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
              dim, mesh.to_string());
     lower.partial_grad_dims.push_back(static_cast<int>(it - names.begin()));
   }
-  out.program = graph::lower(g, graph::complete(g, mesh), lower);
+  out.program = graph::lower(g, completion, lower);
   const graph::Program& p = out.program;
   std::vector<int> producer;
   std::vector<int> phase = phases(g, p, out.forward_nodes, producer);

@@ -60,10 +60,14 @@ Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr
       if (reads_value(ins, k)) last_use_[static_cast<size_t>(s)] = static_cast<int>(pos);
     }
   }
-  // Leaves (bound by the caller), parameter gradients and values nobody reads stay.
+  // Leaves (bound by the caller), parameter gradients and values nobody reads stay (a result);
+  // not a recompute copy nor a value the backward reads a copy of instead (graph/recompute.h): an
+  // output of a repeated op nobody reads goes at once, an original after its forward use.
   for (const graph::Value& v : g.values()) {
     int s = p.value_slot[static_cast<size_t>(v.id)];
-    if (s >= 0 && (v.producer < 0 || !read[static_cast<size_t>(s)])) kept_[static_cast<size_t>(s)] = true;
+    if (s < 0) continue;
+    bool recomputed = v.recompute_copy >= 0 || (v.producer >= 0 && g.node(v.producer).recomputes >= 0);
+    if (v.producer < 0 || (!read[static_cast<size_t>(s)] && !recomputed)) kept_[static_cast<size_t>(s)] = true;
   }
   for (int s : p.param_grad_slot) {
     if (s >= 0) kept_[static_cast<size_t>(s)] = true;

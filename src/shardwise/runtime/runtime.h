@@ -57,6 +57,7 @@ class Runtime {
   void run();
   // Index of the first sample of the batch run() processes (random ops key their draws by it).
   void set_sample_offset(int64_t first_sample) { sample_offset_ = first_sample; }
+  int64_t sample_offset() const { return sample_offset_; }
   // Positions [begin, end) of the execution order only (a pipeline runs a micro-batch's forward,
   // later its backward).
   void run(size_t begin, size_t end);

@@ -79,36 +79,6 @@ std::vector<CatalogEntry> catalog(Trainer& trainer, std::vector<ParamState>& par
   return out;
 }
 
-// What the run reads, to refuse a resume on other data: the file's size and the xxh64 of its first
-// and last MiB (its path only for the message), or the embedded task's digits and sequence length.
-// Several files (a list or a glob): the sorted file names (without their folder) and sizes.
-nlohmann::json file_fingerprint(const TrainConfig& c) {
-  if (c.data.empty()) return {{"kind", "addition"}, {"digits", c.digits}, {"seq", c.model.seq}};
-  if (const std::vector<std::string> files = data_files(c.data); files.size() > 1) {
-    nlohmann::json list = nlohmann::json::array();
-    for (const std::string& file : files) {
-      std::error_code ec;
-      const auto size = static_cast<int64_t>(std::filesystem::file_size(file, ec));
-      SW_CHECK(!ec, "cannot read the data file '{}'", file);
-      list.push_back({{"name", std::filesystem::path(file).filename().string()}, {"size", size}});
-    }
-    return {{"kind", "files"}, {"path", c.data}, {"files", list}};
-  }
-  const ckpt::FileSample f = ckpt::sample_file(data_files(c.data).front());
-  return {{"kind", "file"}, {"path", c.data}, {"size", f.size}, {"head_xxh64", f.head_xxh64},
-          {"tail_xxh64", f.tail_xxh64}};
-}
-
-nlohmann::json data_fingerprint(const TrainConfig& c) {
-  nlohmann::json f = file_fingerprint(c);
-  // --val-fraction holds out the corpus' tail: another fraction trains on other windows. (Absent
-  // without one, so checkpoints from before it still match.)
-  if (c.val_fraction != 0) f["val_fraction"] = c.val_fraction;
-  // Text read through a tokenizer is other tokens than its bytes (absent without --tokenizer).
-  if (const auto text = c.text_tokens()) f["tokenizer"] = tokenizer_fingerprint(text->tokenizer, text->documents);
-  return f;
-}
-
 std::string describe_fingerprint(const nlohmann::json& f) {
   if (f.contains("val_fraction")) {
     nlohmann::json rest = f;
@@ -132,18 +102,19 @@ std::string describe_fingerprint(const nlohmann::json& f) {
 // What makes the resumed run continue the saved one: the global batch (data position, schedule),
 // the data (its fingerprint) and the generators' seed (dropout masks and the data order; the
 // generators are counter-based, so seed and step are each rank's whole state).
-void check_same_run(const nlohmann::json& state, const TrainConfig& c, const ckpt::fs::path& dir) {
+void check_same_run(const nlohmann::json& state, const Trainer& trainer, const ckpt::fs::path& dir) {
+  const TrainConfig& c = trainer.config();
   SW_CHECK(state.value("global_batch", int64_t{0}) == c.global_batch,
            "checkpoint {} was trained with a global batch of {} sequences, this run uses {}: the data position "
            "and the schedule would not continue the same run",
            dir.string(), state.value("global_batch", int64_t{0}), c.global_batch);
   // Checkpoints from before the fingerprint have none: nothing to compare.
   if (state.contains("data") && state["data"].contains("fingerprint")) {
-    nlohmann::json saved_data = state["data"]["fingerprint"], my_data = data_fingerprint(c);
+    nlohmann::json saved_data = state["data"]["fingerprint"], my_data = trainer.data_fingerprint();
     saved_data.erase("path"), my_data.erase("path");  // the same file may move
     SW_CHECK(saved_data == my_data, "checkpoint {} was trained on {}, this run reads {}: resume with the same --data "
              "(or --digits and --seq), or start a fresh run in another --run-dir", dir.string(),
-             describe_fingerprint(state["data"]["fingerprint"]), describe_fingerprint(data_fingerprint(c)));
+             describe_fingerprint(state["data"]["fingerprint"]), describe_fingerprint(trainer.data_fingerprint()));
   }
   const int64_t step = state.at("step").get<int64_t>();
   for (const nlohmann::json& rank : state.value("rng", nlohmann::json::array())) {
@@ -200,9 +171,9 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
                        {"next_lr", s.at(trainer.steps_done())}}},
       {"optimizer", {{"name", "adamw"}, {"beta1", c.adamw.beta1}, {"beta2", c.adamw.beta2},
                      {"epsilon", c.adamw.epsilon}, {"weight_decay", c.adamw.weight_decay}, {"clip", c.clip}}},
-      {"data", {{"dataset", trainer.dataset().describe()}, {"path", c.data}, {"digits", c.digits},
+      {"data", {{"dataset", trainer.data_description()}, {"path", c.data}, {"digits", c.digits},
                 {"seed", c.seed}, {"next_sample", trainer.consumed_samples()},
-                {"fingerprint", data_fingerprint(c)}}},
+                {"fingerprint", trainer.data_fingerprint()}}},
       {"rng", ranks},
       {"mesh", trainer.strategy().mesh.to_string()},
       {"sequence_parallel", c.sequence_parallel},
@@ -354,7 +325,7 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   }
   trainer.adopt_states(states);
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
-  check_same_run(state, trainer.config(), dir);
+  check_same_run(state, trainer, dir);
   trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -244,9 +245,35 @@ void TokenFile::adopt(const std::string& path, const TextTokens& text) {
                     0, t});
 }
 
+namespace {
+thread_local int data_rank = -1;  // the calling thread's DataRankScope (-1: none)
+}  // namespace
+
+bool data_unreadable_for_rank(int world_rank) {
+  const char* list = std::getenv("SHARDWISE_TEST_UNREADABLE_FOR_RANKS");
+  if (list == nullptr || world_rank < 0) return false;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty() && std::stoi(item) == world_rank) return true;
+  }
+  return false;
+}
+
+DataRankScope::DataRankScope(int world_rank) : previous_(data_rank) { data_rank = world_rank; }
+DataRankScope::~DataRankScope() { data_rank = previous_; }
+
+void check_data_readable(const std::string& what) {
+  SW_CHECK(!data_unreadable_for_rank(data_rank),
+           "rank {} opened the data '{}', which is unreadable there (test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS={}): "
+           "only the ranks that read batches may open it",
+           data_rank, what, std::getenv("SHARDWISE_TEST_UNREADABLE_FOR_RANKS"));
+}
+
 TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenFormat format, CorpusPart part,
                      const TextTokens* text)
     : spec_(spec), format_(format), seq_(seq), seed_(seed) {
+  check_data_readable(spec);
   const std::vector<std::string> paths = data_files(spec);
   for (const std::string& path : paths) {
     SW_CHECK(!std::filesystem::is_directory(path),

@@ -27,6 +27,25 @@
 
 namespace shardwise::train {
 
+// Test hook: SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 lists world ranks on which the data is
+// unreadable. A DataRankScope names the world rank of the thread that creates it (the Trainer holds
+// one for its rank, MPI process or thread) until it is destroyed; while a listed rank's scope is
+// active on a thread, opening a data file there (TokenFile, the checkpoints' data fingerprint) is
+// an Error, and the loader refuses to sample there (loader.h). Without a scope nothing is refused.
+bool data_unreadable_for_rank(int world_rank);
+class DataRankScope {
+ public:
+  explicit DataRankScope(int world_rank);
+  ~DataRankScope();
+  DataRankScope(const DataRankScope&) = delete;
+  DataRankScope& operator=(const DataRankScope&) = delete;
+
+ private:
+  int previous_;
+};
+// Error naming `what` when the calling thread's DataRankScope names a listed rank.
+void check_data_readable(const std::string& what);
+
 class Dataset {
  public:
   virtual ~Dataset() = default;

@@ -20,6 +20,13 @@ void GptConfig::validate() const {
            model_type);
   if (is_llama()) validate_llama(*this);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
+  SW_CHECK(recompute == "none" || recompute == "full" || recompute == "selective",
+           "--recompute '{}' is not a recompute mode (none, full, selective)", recompute);
+  SW_CHECK(recompute_layers == -1 || recompute_layers >= 1,
+           "--recompute-layers must be at least 1 (the first N layers of each stage; default: all), got {}",
+           recompute_layers);
+  SW_CHECK(recompute_layers == -1 || recompute != "none",
+           "--recompute-layers {} needs --recompute full or selective (it is none)", recompute_layers);
 }
 
 Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel) {
@@ -131,9 +138,12 @@ class Builder {
     return y;
   }
 
-  // One transformer block on the residual stream x [B, S, H].
-  graph::ValueId block(graph::ValueId x, int64_t l, int64_t B, graph::ValueId mask) {
+  // One transformer block on the residual stream x [B, S, H]; `index` among the stage's blocks
+  // (which ones recompute).
+  graph::ValueId block(graph::ValueId x, int64_t l, int64_t index, int64_t B, graph::ValueId mask) {
     const int64_t S = c_.seq, H = c_.hidden, NH = c_.heads, HD = H / NH;
+    const bool full = training_ && c_.recompute_full(index), selective = training_ && c_.recompute_selective(index);
+    if (full) g_.begin_segment();
     std::string p = fmt::format("transformer.h.{}", l);
     auto h = layer_norm(x, p + ".ln_1");
     auto heads = [&](graph::ValueId t, const std::string& name) {
@@ -146,10 +156,12 @@ class Builder {
     // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
     // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
     auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
+    if (selective) g_.begin_segment();  // the attention core
     auto scores = g_.matmul(q_scaled, k, true, p + ".attn.scores");
     auto probs = drop(g_.softmax(g_.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
-    auto ctx = g_.reshape(g_.transpose(g_.matmul(probs, v, false, p + ".attn.ctx.heads"), {0, 2, 1, 3}, p + ".attn.ctx.t"),
-                          {B, S, H}, p + ".attn.ctx");
+    auto ctx_heads = g_.matmul(probs, v, false, p + ".attn.ctx.heads");
+    if (selective) g_.end_segment();
+    auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".attn.ctx.t"), {B, S, H}, p + ".attn.ctx");
     const std::string proj = p + ".attn.c_proj";
     x = g_.add(x, drop(linear(ctx, proj, H, H, false, lora_hidden(ctx, proj)), p + ".attn.resid_dropout"),
                p + ".attn.residual");
@@ -157,7 +169,9 @@ class Builder {
     const std::string fc = p + ".mlp.c_fc", mlp_proj = p + ".mlp.c_proj";
     auto act = g_.gelu(linear(h2, fc, H, 4 * H, true, lora_hidden(h2, fc)), p + ".mlp.act");
     auto m = linear(act, mlp_proj, 4 * H, H, false, lora_hidden(act, mlp_proj));
-    return g_.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
+    auto out = g_.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
+    if (full) g_.end_segment();
+    return out;
   }
 
  private:
@@ -208,7 +222,7 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
-  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.block(x, l, B, mask);
+  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.block(x, l, l - part.first_layer, B, mask);
   if (!part.head) {
     b.annotate(x, boundary);
     out.output = x;

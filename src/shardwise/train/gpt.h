@@ -51,6 +51,17 @@ struct GptConfig {
   bool document_mask = false;
   int64_t eos_id = -1;
   LoraConfig lora;  // rank 0: no adapters
+  // Activation recompute while training (graph/recompute.h): "none"; "full" keeps each layer's
+  // input only and recomputes the layer before its backward; "selective" recomputes the attention
+  // core only (scores, mask, softmax, attention dropout, probs x V), as Megatron-LM's selective
+  // recompute. `recompute_layers` N: only the first N layers of each stage (-1: every layer).
+  std::string recompute = "none";
+  int64_t recompute_layers = -1;
+  // Whether the builder marks the layer at `index` among its stage's layers (0: the stage's first)
+  // as a full or a selective recompute segment.
+  bool recompute_full(int64_t index) const { return recompute == "full" && recomputes(index); }
+  bool recompute_selective(int64_t index) const { return recompute == "selective" && recomputes(index); }
+  bool recomputes(int64_t index) const { return recompute != "none" && (recompute_layers < 0 || index < recompute_layers); }
   void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
 };
 

@@ -18,12 +18,6 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
-  // Packed documents need per-sequence positions: the rotary op reads one [S] row for the whole
-  // micro-batch (GPT-2 looks its positions up per token instead).
-  SW_CHECK(!c.document_mask,
-           "llama: packed documents (document_mask, --no-cross-document-attention) are not supported: Llama's rotary "
-           "positions are one [S] row shared by every sequence of the micro-batch, not per-document position ids; "
-           "train GPT-2 for that, or let documents attend across their boundaries (leave the option out)");
 }
 
 namespace {
@@ -78,7 +72,17 @@ class LlamaBuilder {
     return x;
   }
 
+  // The causal mask [S, S] and the positions 0 .. S-1 [S] shared by every sequence, or with packed
+  // documents each sequence's own (packing.h): "attention_mask" [B, 1, S, S] (broadcast over the
+  // heads) and "position_ids" [B, S], both sharded with the batch on dp.
   void constants() {
+    if (c_.document_mask) {
+      mask_ = g_.input("attention_mask", Shape{B_, 1, S_, S_});
+      positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
+      annotate(mask_, placements("R", "S(0)"));
+      annotate(positions_, placements("R", "S(0)"));
+      return;
+    }
     mask_ = g_.input("causal_mask", Shape{S_, S_});
     annotate(mask_, placements("R"));
     positions_ = g_.input("positions", Shape{S_}, DType::I64);
@@ -100,7 +104,7 @@ class LlamaBuilder {
     return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
   }
 
-  graph::ValueId attention(graph::ValueId h, const std::string& p) {
+  graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
     auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
     auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
@@ -109,10 +113,12 @@ class LlamaBuilder {
     v = repeat_kv(v, p + ".v");
     // q scaled by 1/sqrt(head dim) before q k^T (as GPT-2's): fewer elements than the scores.
     auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD_)), 0.0, p + ".q.scaled");
+    if (selective) g_.begin_segment();  // the attention core
     auto scores = g_.matmul(q_scaled, k, true, p + ".scores");
     auto probs = drop(g_.softmax(g_.add(scores, mask_, p + ".masked"), -1, p + ".probs"), p + ".dropout");
-    auto ctx = g_.reshape(g_.transpose(g_.matmul(probs, v, false, p + ".ctx.heads"), {0, 2, 1, 3}, p + ".ctx.t"),
-                          {B_, S_, H_}, p + ".ctx");
+    auto ctx_heads = g_.matmul(probs, v, false, p + ".ctx.heads");
+    if (selective) g_.end_segment();
+    auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
     return linear(ctx, p + ".o_proj", H_, H_, false);
   }
 
@@ -123,12 +129,17 @@ class LlamaBuilder {
     return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
   }
 
-  graph::ValueId layer(graph::ValueId x, int64_t l) {
+  // Layer l, the stage's layer number `index` (which ones recompute).
+  graph::ValueId layer(graph::ValueId x, int64_t l, int64_t index) {
     const std::string p = fmt::format("model.layers.{}", l);
-    auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn");
+    const bool full = training_ && c_.recompute_full(index);
+    if (full) g_.begin_segment();
+    auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn", training_ && c_.recompute_selective(index));
     x = g_.add(x, a, p + ".attn.residual");
     auto m = mlp(rms_norm(x, p + ".post_attention_layernorm"), p + ".mlp");
-    return g_.add(x, m, p + ".mlp.residual");
+    auto out = g_.add(x, m, p + ".mlp.residual");
+    if (full) g_.end_segment();
+    return out;
   }
 
   // The final norm, the head (tied: the embedding, the last stage's copy when it has none) and
@@ -195,7 +206,7 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
     b.annotate(x, b.boundary());
   }
   b.constants();
-  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.layer(x, l);
+  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.layer(x, l, l - part.first_layer);
   if (!part.head) {
     b.annotate(x, b.boundary());
     out.output = x;

@@ -20,7 +20,9 @@
 //   sp  (with tp) the residual stream and the norms sharded on the sequence over tp
 // Grouped-query attention repeats each kv head for heads / kv_heads q heads (transformers'
 // repeat_kv: reshape, expand, reshape), so head h reads kv head h / (heads / kv_heads).
-// Positions are the graph input "positions" [S] (0 .. S-1), read by the rotary_embedding op.
+// Positions are the graph input "positions" [S] (0 .. S-1), read by the rotary_embedding op; with
+// packed documents (document_mask) every stage takes "position_ids" [B, S] (restarting at each
+// document) and "attention_mask" [B, 1, S, S] per micro-batch instead, as GPT-2's first stage does.
 #include <string>
 
 #include "shardwise/train/gpt.h"
@@ -32,7 +34,7 @@ namespace shardwise::train {
 void validate_llama(const GptConfig& config);
 
 // The graph of one micro-batch (as build_gpt: inputs "ids", "labels", "causal_mask", and
-// "positions" [S] i64), annotated for `strategy`; errors name what does not divide.
+// "positions" [S] i64; or with document_mask "attention_mask" and "position_ids" [B, S]), annotated for `strategy`; errors name what does not divide.
 GptGraph build_llama(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                      const GptPart& part = {});
 

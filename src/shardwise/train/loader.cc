@@ -3,25 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 
 #include "shardwise/core/error.h"
 
 namespace shardwise::train {
 namespace {
-
-// The world ranks SHARDWISE_TEST_UNREADABLE_FOR_RANKS lists (a test hook; see loader.h).
-bool unreadable_here(int world_rank) {
-  const char* list = std::getenv("SHARDWISE_TEST_UNREADABLE_FOR_RANKS");
-  if (list == nullptr) return false;
-  std::stringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty() && std::stoi(item) == world_rank) return true;
-  }
-  return false;
-}
 
 int world_index(const comm::Communicator& world, int64_t process) {
   const auto& m = world.members();
@@ -48,7 +35,7 @@ BatchLoader::BatchLoader(const Strategy& strategy, int64_t process, std::shared_
       needs_labels_(needs_labels),
       options_(options),
       world_rank_(world->rank()) {
-  unreadable_ = unreadable_here(world_rank_);
+  unreadable_ = data_unreadable_for_rank(world_rank_);
   rows_ = sequences_;
   if (!needs_data()) return;
   if (!options_.synchronized) {  // every rank reads the whole micro-batch
@@ -75,15 +62,16 @@ BatchLoader::~BatchLoader() {
   if (pending_.valid()) pending_.wait();  // the prefetch reads a dataset the caller owns
 }
 
-std::vector<Tensor> BatchLoader::read(const Dataset& data, int64_t first) const {
+std::vector<Tensor> BatchLoader::read(const Dataset& data, int64_t first, int64_t limit) const {
   SW_CHECK(!unreadable_,
            "rank {} read the training data, which is unreadable there (test hook "
            "SHARDWISE_TEST_UNREADABLE_FOR_RANKS={}): only each tp group's reader may read",
            world_rank_, std::getenv("SHARDWISE_TEST_UNREADABLE_FOR_RANKS"));
   std::vector<Tensor> out;
   for (int mb = 0; mb < micro_batches_; ++mb) {
-    Tensor tokens(DType::I64, Shape{rows_, seq_ + 1});
+    Tensor tokens(DType::I64, Shape{rows_, seq_ + 1});  // zeros: padding rows stay 0
     for (int64_t r = 0; r < rows_; ++r) {
+      if (first + mb * sequences_ + row0_ + r >= limit) break;
       data.sample(first + mb * sequences_ + row0_ + r,
                   std::span<int64_t>(tokens.data<int64_t>() + r * (seq_ + 1), static_cast<size_t>(seq_ + 1)));
     }
@@ -92,7 +80,7 @@ std::vector<Tensor> BatchLoader::read(const Dataset& data, int64_t first) const 
   return out;
 }
 
-std::vector<RowBatch> BatchLoader::take(const Dataset& data, int64_t first) {
+std::vector<RowBatch> BatchLoader::take(const Dataset* data, int64_t first, int64_t limit) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<RowBatch> out(static_cast<size_t>(micro_batches_));
   read_wait_s_ = 0;
@@ -102,8 +90,9 @@ std::vector<RowBatch> BatchLoader::take(const Dataset& data, int64_t first) {
   }
   std::vector<Tensor> tokens;
   if (reader_) {
+    SW_CHECK(data != nullptr, "loader: rank {} reads the data but has none open", world_rank_);
     if (pending_.valid()) {
-      if (pending_first_ == first && pending_data_ == &data) {
+      if (pending_first_ == first && pending_data_ == data && limit == INT64_MAX) {
         tokens = pending_.get();  // the prefetch's error, if any, is this step's
       } else {
         try {  // other samples were asked for (a restored position): the prefetch is not used
@@ -112,12 +101,13 @@ std::vector<RowBatch> BatchLoader::take(const Dataset& data, int64_t first) {
         }
       }
     }
-    if (tokens.empty()) tokens = read(data, first);
+    if (tokens.empty()) tokens = read(*data, first, limit);
     read_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (options_.prefetch) {
       pending_first_ = first + micro_batches_ * sequences_;
-      pending_data_ = &data;
-      pending_ = std::async(std::launch::async, [this, &data, next = pending_first_] { return read(data, next); });
+      pending_data_ = data;
+      pending_ = std::async(std::launch::async,
+                            [this, data, next = pending_first_] { return read(*data, next, INT64_MAX); });
     }
   }
   for (int mb = 0; mb < micro_batches_; ++mb) {
@@ -126,6 +116,10 @@ std::vector<RowBatch> BatchLoader::take(const Dataset& data, int64_t first) {
     if (needs_ids_) b.ids = reader_ ? columns(tokens[static_cast<size_t>(mb)], 0, seq_) : Tensor(DType::I64, Shape{rows_, seq_});
     if (needs_labels_)
       b.labels = reader_ ? columns(tokens[static_cast<size_t>(mb)], 1, seq_) : Tensor(DType::I64, Shape{rows_, seq_});
+    if (reader_ && needs_labels_) {  // padding rows: every label ignored
+      const int64_t real = std::clamp<int64_t>(limit - (first + mb * sequences_ + row0_), 0, rows_);
+      std::fill(b.labels.data<int64_t>() + real * seq_, b.labels.data<int64_t>() + rows_ * seq_, int64_t{-100});
+    }
     if (group_) {
       if (needs_ids_) group_->broadcast(b.ids, 0);
       if (needs_labels_) group_->broadcast(b.labels, 0);

@@ -10,8 +10,10 @@
 // that differ only in their tp coordinate bind the same rows: in each such tp group the rank with
 // tp coordinate 0 is the reader. It alone calls Dataset::sample, for its block's rows only, and
 // broadcasts what the group needs (ids and/or labels) over the group's communicator; the others
-// never touch the dataset. Ranks that need nothing (middle pipeline stages without packing) do
-// nothing.
+// never touch the dataset (the Trainer opens the data files on the readers only: reader() &&
+// needs_data()). Ranks that need nothing (middle pipeline stages without packing) do nothing.
+// Validation batches take the same path (a loader of their own, without prefetch): samples from
+// `limit` on are padding, ids 0 and labels -100 (ignored by the cross-entropy).
 //
 // Prefetch. After handing out a step's rows, a reader starts reading the next step's (samples
 // first + micro_batches x sequences on) on a background thread, which runs while the step runs.
@@ -20,8 +22,10 @@
 // drops the prefetched rows and reads what it was asked for.
 //
 // Test hook: SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 (world ranks) makes every read on those ranks
-// an Error, as if the data were unreadable there; a run with the non-readers listed still trains.
+// an Error, as does opening a data file there (data.h: DataRankScope); a run with the non-readers
+// listed still trains.
 #include <cstdint>
+#include <climits>
 #include <future>
 #include <memory>
 #include <vector>
@@ -57,9 +61,10 @@ class BatchLoader {
   BatchLoader& operator=(const BatchLoader&) = delete;
 
   // This rank's rows of each micro-batch of the step on samples [first, first + micro_batches x
-  // sequences) of `data` (which must outlive the loader: a prefetch may still be reading it).
+  // sequences) of `data` (which must outlive the loader: a prefetch may still be reading it; null
+  // on a rank that reads nothing). Samples from `limit` on are padding: ids 0, labels -100.
   // Collective over the rank's tp group.
-  std::vector<RowBatch> take(const Dataset& data, int64_t first);
+  std::vector<RowBatch> take(const Dataset* data, int64_t first, int64_t limit = INT64_MAX);
   // Seconds the last take() blocked: waiting for the read (a prefetch not finished, or a read
   // without one) and the broadcasts.
   double last_wait_s() const { return wait_s_; }
@@ -70,7 +75,7 @@ class BatchLoader {
 
  private:
   // The tokens [rows, seq + 1] of each micro-batch of the step at `first` (the reader's rows).
-  std::vector<Tensor> read(const Dataset& data, int64_t first) const;
+  std::vector<Tensor> read(const Dataset& data, int64_t first, int64_t limit) const;
 
   int64_t sequences_, seq_, row0_ = 0, rows_ = 0;
   int micro_batches_;

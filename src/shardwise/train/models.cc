@@ -50,7 +50,7 @@ bool is_last_stage_param(const GptConfig& c, const std::string& name) {
 std::map<std::string, Tensor> model_constants(const GptConfig& c) {
   std::map<std::string, Tensor> out;
   if (!c.document_mask) out["causal_mask"] = causal_mask(c.seq);  // else one per micro-batch (packing.h)
-  if (c.is_llama()) out["positions"] = position_ids(c.seq);
+  if (c.is_llama() && !c.document_mask) out["positions"] = position_ids(c.seq);
   return out;
 }
 

@@ -34,7 +34,8 @@ int64_t layer_of_param(const GptConfig& config, const std::string& name);
 bool is_last_stage_param(const GptConfig& config, const std::string& name);
 
 // The graph's constant inputs by name: "causal_mask" [S, S] (none with GptConfig::document_mask:
-// "attention_mask" and "position_ids" come with each micro-batch), and Llama's "positions" [S].
+// "attention_mask" and "position_ids" come with each micro-batch), and Llama's "positions" [S]
+// (none with document_mask either).
 std::map<std::string, Tensor> model_constants(const GptConfig& config);
 
 // The number of parameters, and the largest parameter's name and element count (memory checks).

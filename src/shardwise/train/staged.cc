@@ -38,18 +38,6 @@ void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, co
   }
 }
 
-// Binds a micro-batch: ids on the first stage, labels on the last, and with packed documents the
-// attention mask on every stage and the position ids on the first.
-void bind_batch(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const Tensor& ids,
-                const Tensor& labels) {
-  if (first) rt.set_global("ids", ids);
-  if (last) rt.set_global("labels", labels);
-  if (!model.document_mask) return;
-  DocumentInputs d = document_inputs(ids, model.eos_id);
-  rt.set_global("attention_mask", d.attention_mask);
-  if (first) rt.set_global("position_ids", d.position_ids);
-}
-
 // Binds this rank's block of `name` from `rows`, the rows [row0, row0 + rows) of the micro-batch
 // (the same block set_global would cut from the whole micro-batch).
 void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows, int64_t row0) {
@@ -63,14 +51,16 @@ void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows,
   rt.set_local(name, rows.slice(offsets, b.shape));
 }
 
-// Binds this rank's rows of a micro-batch as bind_batch binds the whole of it.
+// Binds this rank's rows of a micro-batch: ids on the first stage, labels on the last, and with
+// packed documents the attention mask on every stage and the position ids on the first (GPT-2's
+// position embedding) or on every stage (Llama's rotary embedding in every layer).
 void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const RowBatch& b) {
   if (first) bind_block(rt, "ids", b.ids, b.row0);
   if (last) bind_block(rt, "labels", b.labels, b.row0);
   if (!model.document_mask) return;
   DocumentInputs d = document_inputs(b.ids, model.eos_id);  // row by row: the rows' own masks
   bind_block(rt, "attention_mask", d.attention_mask, b.row0);
-  if (first) bind_block(rt, "position_ids", d.position_ids, b.row0);
+  if (first || model.is_llama()) bind_block(rt, "position_ids", d.position_ids, b.row0);
 }
 
 }  // namespace
@@ -95,15 +85,21 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
                                        : pipeline::stage_mesh(strategy_.mesh, strategy_.pp, s % pp_, "dp"));
   stage_strategy_ = Strategy::from_mesh(meshes_[0], strategy_.sequence_parallel);
   std::vector<pipeline::StageSpec> specs = local_specs(schedule, StageGraph::Training);
-  // One stage runs each backward right after its forward: nothing to gain from releasing.
-  pipeline::RunnerOptions ro{strategy_.pp >= 0 && config_.release, config_.poison_stand_ins};
+  // Release on every mesh: even when each backward follows its forward at once, a forward tensor
+  // the gradients read the shape of only (and, with recompute, a segment's values) need not wait.
+  pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
   bind_constants(*runner_, model_, mask_);
+  loader_ = make_loader(micro_batches, config_.loader);
+}
+
+std::unique_ptr<BatchLoader> StagedGpt::make_loader(int micro_batches, LoaderOptions options) {
   const pipeline::Schedule& sch = runner_->schedule();
+  const int S = sch.stages();
   const bool first_here = sch.rank_of(0) == my_pipeline_rank(), last_here = sch.rank_of(S - 1) == my_pipeline_rank();
-  loader_ = std::make_unique<BatchLoader>(strategy_, my_process(*world_), world_, sequences_, micro_batches, model_.seq,
-                                          first_here || model_.document_mask, last_here, config_.loader);
+  return std::make_unique<BatchLoader>(strategy_, my_process(*world_), world_, sequences_, micro_batches, model_.seq,
+                                       first_here || model_.document_mask, last_here, options);
 }
 
 StagedGpt::~StagedGpt() = default;
@@ -132,9 +128,9 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
     for (const auto& [name, value] : model_constants(model_)) spec.constants.push_back(name);
-    if (model_.document_mask) {  // per micro-batch (bind_batch)
+    if (model_.document_mask) {  // per micro-batch (bind_rows)
       spec.feeds.push_back("attention_mask");
-      if (s == 0) spec.feeds.push_back("position_ids");
+      if (s == 0 || model_.is_llama()) spec.feeds.push_back("position_ids");
     }
     out.push_back(std::move(spec));
   }
@@ -205,7 +201,7 @@ int StagedGpt::root_of_stage(int stage) const {
   return world_index(*world_, meshes_[static_cast<size_t>(stage)].process_ids()[0]);
 }
 
-StagedGpt::Result StagedGpt::forward_backward(const Dataset& data, int64_t first) {
+StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first) {
   const int S = runner_->schedule().stages();
   std::vector<RowBatch> batches = loader_->take(data, first);  // before the step's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
@@ -342,23 +338,21 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
   return EvalResult{counts[0], counts[1]};
 }
 
-double StagedGpt::validation_loss(const Dataset& data, int64_t count) {
+double StagedGpt::validation_loss(const Dataset* data, int64_t count) {
   SW_CHECK(count >= 1, "validation needs at least 1 sequence, got {}", count);
   const int64_t batch = sequences_, S_len = model_.seq;
   const int m = static_cast<int>((count + batch - 1) / batch);
-  if (!val_ || val_->schedule().micro_batches != m) val_ = forward_runner(m, StageGraph::Loss);
+  if (!val_ || val_->schedule().micro_batches != m) {
+    val_ = forward_runner(m, StageGraph::Loss);
+    val_loader_ = make_loader(m, LoaderOptions{config_.loader.synchronized, false});
+  }
   const int S = val_->schedule().stages();
   // Rows past `count` (the last micro-batch's padding) read token 0 and have every label ignored
   // (cross_entropy's ignore_index -100): they add nothing to the summed loss.
+  std::vector<RowBatch> batches = val_loader_->take(data, 0, count);  // before the run's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
-    const int64_t first = mb * batch, real = std::min(batch, count - first);
-    Batch b = make_batch(data, first, real, S_len);
-    Tensor ids(DType::I64, Shape{batch, S_len});
-    Tensor labels = Tensor::full(DType::I64, Shape{batch, S_len}, -100);
-    std::copy_n(b.ids.data<int64_t>(), real * S_len, ids.data<int64_t>());
-    std::copy_n(b.labels.data<int64_t>(), real * S_len, labels.data<int64_t>());
-    bind_batch(rt, model_, stage == 0, stage == S - 1, ids, labels);
+    bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
   };
   bind(*val_);
   double sum = val_->run(feed).loss_sum;  // the micro-batches' summed cross-entropies, in order

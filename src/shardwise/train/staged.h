@@ -66,8 +66,12 @@ class StagedGpt {
   };
   // Runs the schedule on samples [first, first + micro_batches * sequences_per_micro_batch) of `data`,
   // its batches from the loader (each tp group's reader reads, the others receive); `data` must
-  // outlive this object (the loader may be reading the next step's samples).
-  Result forward_backward(const Dataset& data, int64_t first);
+  // outlive this object (the loader may be reading the next step's samples); null where
+  // reads_data() is false.
+  Result forward_backward(const Dataset* data, int64_t first);
+  // Whether this rank reads batches (a loader's reader that binds ids or labels): the ranks that
+  // open the data files; the same for training and validation batches.
+  bool reads_data() const { return loader_->reader() && loader_->needs_data(); }
   // The global gradient norm over every rank (the tied embedding counted once). `sharded`: each
   // rank holds its dp shard of each gradient (the dp dim holds disjoint parts, not replicas).
   double grad_norm(const std::vector<Tensor>& grads, bool sharded = false);
@@ -84,9 +88,10 @@ class StagedGpt {
   EvalResult evaluate(const AdditionTask& task, int64_t samples);
   // The mean cross-entropy per token over samples [0, count) of `data`, on every rank: the training
   // graph's forward without dropout and without its backward (a forward-only schedule), micro-batches
-  // of sequences_per_micro_batch, the last one padded with ignored labels. Reads the parameters
-  // only; the training runner, its buffers and the data position are untouched.
-  double validation_loss(const Dataset& data, int64_t count);
+  // of sequences_per_micro_batch, the last one padded with ignored labels, read as training batches
+  // are (each tp group's reader reads, no prefetch; `data` null where reads_data() is false). Reads
+  // the parameters only; the training runner, its buffers and the data position are untouched.
+  double validation_loss(const Dataset* data, int64_t count);
   // The whole parameter (its fp32 master; a frozen one in f32) on every rank (collective); with
   // `blocks` (per params(), e.g. the gradients of a step) the whole of the parameter's block there.
   Tensor gather_param(const std::string& name, const std::vector<Tensor>* blocks = nullptr);
@@ -108,6 +113,9 @@ class StagedGpt {
   void exchange_tied(std::vector<Tensor>& grads);
   int root_of_stage(int stage) const;  // the world rank of the stage's first process
   int my_pipeline_rank() const;
+  // A loader of `micro_batches` for this rank's role (ids on the first stage or with packing, labels
+  // on the last).
+  std::unique_ptr<BatchLoader> make_loader(int micro_batches, LoaderOptions options);
 
   GptConfig model_;
   Strategy strategy_;        // the whole mesh
@@ -122,6 +130,7 @@ class StagedGpt {
   std::vector<pipeline::LayerRange> layers_;
   std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_;
   std::unique_ptr<BatchLoader> loader_;  // the training step's batches
+  std::unique_ptr<BatchLoader> val_loader_;  // validation's, for val_'s micro-batches
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
   std::shared_ptr<comm::Communicator> dp_;
   std::vector<ParamState> params_, frozen_;

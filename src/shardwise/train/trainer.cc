@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
+#include "shardwise/ckpt/checksum.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
@@ -67,10 +69,6 @@ void check_text_options(TrainConfig& c) {
   SW_CHECK(c.eos_id >= -1 && c.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
            c.eos_id, c.model.vocab);
   if (c.document_attention) {
-    SW_CHECK(!c.model.is_llama(),
-             "--no-cross-document-attention with --model llama is not supported: Llama's rotary positions are one [S] "
-             "row shared by every sequence of the micro-batch, not per-document position ids; leave the option out "
-             "(documents then attend across their boundaries) or train --model gpt2");
     SW_CHECK(!c.data.empty(),
              "--no-cross-document-attention needs --data: the embedded addition task has no documents");
     SW_CHECK(c.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "
@@ -78,10 +76,11 @@ void check_text_options(TrainConfig& c) {
   }
 }
 
-// Under MPI every process tokenizes the text itself: all must hold the same tokens.
-void check_same_tokens(const TrainConfig& c, comm::Communicator& world) {
+// The tokens each reader tokenized --tokenizer's text into (null without a tokenizer): every reader
+// must hold the same (compared by Trainer::open_data).
+nlohmann::json tokenized_files(const TrainConfig& c) {
   const std::optional<TextTokens> text = c.text_tokens();
-  if (!text || world.size() == 1) return;
+  if (!text) return nullptr;
   nlohmann::json mine = nlohmann::json::array();
   for (const std::string& spec : {c.data, c.val_data}) {
     if (spec.empty()) continue;
@@ -90,14 +89,41 @@ void check_same_tokens(const TrainConfig& c, comm::Communicator& world) {
       mine.push_back({{"file", path}, {"tokens", t->tokens.size()}, {"xxh64", t->digest}});
     }
   }
-  const std::vector<nlohmann::json> all = comm::all_gather_object(world, mine);
-  for (size_t r = 1; r < all.size(); ++r) {
-    SW_CHECK(all[r] == all[0], "--tokenizer {}: rank {} tokenized --data into {}, rank 0 into {}: every process must "
-             "read the same text files and tokenizer model", c.tokenizer, r, all[r].dump(), all[0].dump());
+  return mine;
+}
+
+// What the run reads, to refuse a resume on other data: the file's size and the xxh64 of its first
+// and last MiB (its path only for the message), or the embedded task's digits and sequence length.
+// Several files (a list or a glob): the sorted file names (without their folder) and sizes.
+nlohmann::json file_fingerprint(const TrainConfig& c) {
+  if (c.data.empty()) return {{"kind", "addition"}, {"digits", c.digits}, {"seq", c.model.seq}};
+  check_data_readable(c.data);
+  if (const std::vector<std::string> files = data_files(c.data); files.size() > 1) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const std::string& file : files) {
+      std::error_code ec;
+      const auto size = static_cast<int64_t>(std::filesystem::file_size(file, ec));
+      SW_CHECK(!ec, "cannot read the data file '{}'", file);
+      list.push_back({{"name", std::filesystem::path(file).filename().string()}, {"size", size}});
+    }
+    return {{"kind", "files"}, {"path", c.data}, {"files", list}};
   }
+  const ckpt::FileSample f = ckpt::sample_file(data_files(c.data).front());
+  return {{"kind", "file"}, {"path", c.data}, {"size", f.size}, {"head_xxh64", f.head_xxh64},
+          {"tail_xxh64", f.tail_xxh64}};
 }
 
 }  // namespace
+
+nlohmann::json data_fingerprint(const TrainConfig& c) {
+  nlohmann::json f = file_fingerprint(c);
+  // --val-fraction holds out the corpus' tail: another fraction trains on other windows. (Absent
+  // without one, so checkpoints from before it still match.)
+  if (c.val_fraction != 0) f["val_fraction"] = c.val_fraction;
+  // Text read through a tokenizer is other tokens than its bytes (absent without --tokenizer).
+  if (const auto text = c.text_tokens()) f["tokenizer"] = tokenizer_fingerprint(text->tokenizer, text->documents);
+  return f;
+}
 
 std::optional<TextTokens> TrainConfig::text_tokens() const {
   if (tokenizer.empty()) return std::nullopt;
@@ -135,7 +161,7 @@ void TrainConfig::resolve_batch(int64_t dp) {
   SW_CHECK(micro_batch >= 1 && accumulation >= 1, "micro-batch and accumulation must be at least 1");
 }
 
-void TrainConfig::check(int64_t ranks) {
+void TrainConfig::check(int64_t ranks, bool open_data) {
   Strategy s = Strategy::from_mesh(mesh::parse_mesh(mesh), sequence_parallel);
   SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            s.mesh.to_string(), s.mesh.size(), ranks, s.mesh.size(), s.mesh.size());
@@ -163,14 +189,17 @@ void TrainConfig::check(int64_t ranks) {
     pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
     pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
   }
-  auto data_set = open_training_data(*this);
-  SW_CHECK(data_set->vocab_needed() <= model.vocab, "{} needs a vocabulary of {} tokens, the model has {} (--vocab)",
-           data_set->describe(), data_set->vocab_needed(), model.vocab);
-  if (auto val = open_validation_data(*this)) {
-    SW_CHECK(val->vocab_needed() <= model.vocab,
+  if (open_data) check_vocabulary(*this, *open_training_data(*this), open_validation_data(*this).get());
+}
+
+void check_vocabulary(const TrainConfig& c, const Dataset& data, const EvenWindows* val) {
+  SW_CHECK(data.vocab_needed() <= c.model.vocab, "{} needs a vocabulary of {} tokens, the model has {} (--vocab)",
+           data.describe(), data.vocab_needed(), c.model.vocab);
+  if (val) {
+    SW_CHECK(val->vocab_needed() <= c.model.vocab,
              "--val-data {} needs a vocabulary of {} tokens, the model has {} (--vocab): validation text must use the "
              "training tokenizer",
-             val->corpus().describe(), val->vocab_needed(), model.vocab);
+             val->corpus().describe(), val->vocab_needed(), c.model.vocab);
   }
 }
 
@@ -210,12 +239,9 @@ std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
-    : c_(std::move(config)), world_(std::move(world)), adamw_(c_.adamw) {
-  c_.check(world_->size());
+    : c_(std::move(config)), world_(std::move(world)), data_rank_(world_->rank()), adamw_(c_.adamw) {
+  c_.check(world_->size(), false);  // the data: open_data(), where it is read
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
-  data_ = open_training_data(c_);
-  val_ = open_validation_data(c_);
-  check_same_tokens(c_, *world_);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   GptConfig model = c_.model;
   model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
@@ -233,6 +259,53 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
     sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
     partial_grads_ = model_->grads_partial_on_dp();
   }
+  open_data();
+}
+
+void Trainer::open_data() {
+  // The embedded addition task is no file: every rank holds it (evaluation reads its problems).
+  const bool reads = c_.data.empty() || model_->reads_data();
+  nlohmann::json mine = nullptr;
+  if (reads) {
+    try {
+      data_ = open_training_data(c_);
+      val_ = open_validation_data(c_);
+      check_vocabulary(c_, *data_, val_.get());
+      mine = {{"data", data_->describe()},
+              {"validation", val_ ? val_->describe() : ""},
+              {"val_size", val_ ? val_->size() : 0},
+              {"fingerprint", train::data_fingerprint(c_)},
+              {"tokens", tokenized_files(c_)}};
+    } catch (const Error& e) {
+      mine = {{"error", e.what()}};
+    }
+  }
+  // Every rank learns what the readers found, and fails alike on an error (no rank is left waiting).
+  const std::vector<nlohmann::json> all = comm::all_gather_object(*world_, mine);
+  size_t f = all.size();  // the first reader
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].is_null()) continue;
+    if (all[r].contains("error")) fail("{}", all[r]["error"].get<std::string>());
+    if (f == all.size()) f = r;
+  }
+  SW_CHECK(f < all.size(), "no rank reads the data (mesh {})", strategy_.mesh.to_string());
+  const nlohmann::json* first = &all[f];
+  // Under MPI every reader tokenizes the text itself: all must hold the same tokens.
+  for (size_t r = 0; r < all.size(); ++r) {
+    SW_CHECK(all[r].is_null() || all[r]["tokens"] == (*first)["tokens"],
+             "--tokenizer {}: rank {} tokenized --data into {}, rank {} into {}: every process must read the same "
+             "text files and tokenizer model",
+             c_.tokenizer, r, all[r]["tokens"].dump(), f, (*first)["tokens"].dump());
+  }
+  data_description_ = (*first)["data"].get<std::string>();
+  validation_description_ = (*first)["validation"].get<std::string>();
+  val_size_ = (*first)["val_size"].get<int64_t>();
+  data_fingerprint_ = (*first)["fingerprint"];
+}
+
+const Dataset& Trainer::dataset() const {
+  SW_CHECK(data_ != nullptr, "rank {} does not read the data (only the loader's readers open it)", world_->rank());
+  return *data_;
 }
 
 Trainer::~Trainer() = default;
@@ -251,7 +324,7 @@ void scale_grads(std::vector<Tensor>& grads, int64_t accumulation) {
 }  // namespace
 
 StepResult Trainer::step() {
-  StagedGpt::Result fb = model_->forward_backward(*data_, consumed_);
+  StagedGpt::Result fb = model_->forward_backward(data_.get(), consumed_);
   std::vector<Tensor>& grads = fb.grads;
   // Stage 2 reduces the sums first (the mean of the reduced sum, as the all-reduced path computes it).
   if (!sharded_ || c_.sharding.stage < 2) scale_grads(grads, c_.accumulation);
@@ -301,8 +374,8 @@ EvalResult Trainer::evaluate() {
 }
 
 ValidationResult Trainer::validate() {
-  SW_CHECK(val_ != nullptr, "validation needs --val-data or --val-fraction (with --data)");
-  return ValidationResult{model_->validation_loss(*val_, val_->size()), val_->size()};
+  SW_CHECK(has_validation(), "validation needs --val-data or --val-fraction (with --data)");
+  return ValidationResult{model_->validation_loss(val_.get(), val_size_), val_size_};
 }
 
 int64_t Trainer::optimizer_state_bytes() const {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "shardwise/comm/communicator.h"
 #include "shardwise/train/data.h"
 #include "shardwise/train/gpt.h"
@@ -89,8 +91,9 @@ struct TrainConfig {
   // Fills the derived batch number; Error naming the numbers that do not fit.
   void resolve_batch(int64_t dp_size);
   // Every check a run makes before it starts (mesh vs. ranks, heads vs. tp, batch sizes, the data
-  // file, the vocabulary): one Error with what is wrong. Fills the derived batch number.
-  void check(int64_t ranks);
+  // file, the vocabulary): one Error with what is wrong. Fills the derived batch number. Without
+  // `open_data` the data files are left alone (the Trainer checks them where they are read).
+  void check(int64_t ranks, bool open_data = true);
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
 };
 
@@ -98,6 +101,13 @@ struct TrainConfig {
 // validation set (nullptr without --val-data / --val-fraction). Errors name the option.
 std::unique_ptr<Dataset> open_training_data(const TrainConfig& c);
 std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c);
+// Error unless the model's vocabulary holds the data's (and the validation set's) tokens.
+void check_vocabulary(const TrainConfig& c, const Dataset& data, const EvenWindows* val);
+// What the run reads, for its checkpoints (a resume on other data is refused): the file's size and
+// the xxh64 of its first and last MiB (its path only for the message), or the embedded task's
+// digits and sequence length; several files (a list or a glob): the sorted names and sizes; with
+// the held-out fraction and the tokenizer's fingerprint when given. Opens the data files.
+nlohmann::json data_fingerprint(const TrainConfig& c);
 
 struct ValidationResult {
   double loss = 0;         // mean cross-entropy per token over the validation sequences
@@ -137,12 +147,22 @@ class Trainer {
   // no dropout, no gradient, no change to the parameters, the data position or any generator, so
   // the training losses are the same with or without it. Error without a validation set.
   ValidationResult validate();
-  bool has_validation() const { return val_ != nullptr; }
+  bool has_validation() const { return c_.has_validation(); }
+
+  // The data files are opened only on the ranks that read batches (StagedGpt::reads_data; every
+  // rank holds the embedded addition task): they check the data and compute its fingerprint, and
+  // every rank learns the results (collective, in the constructor). A non-reader never opens a file.
+  // The training samples and the validation set where read (Error / nullptr elsewhere).
+  const Dataset& dataset() const;
   const EvenWindows* validation_data() const { return val_.get(); }
+  // On every rank: the data's and the validation set's descriptions ("" without one), and
+  // data_fingerprint(config()).
+  const std::string& data_description() const { return data_description_; }
+  const std::string& validation_description() const { return validation_description_; }
+  const nlohmann::json& data_fingerprint() const { return data_fingerprint_; }
 
   const TrainConfig& config() const { return c_; }
   const Strategy& strategy() const { return strategy_; }
-  const Dataset& dataset() const { return *data_; }
   int64_t steps_done() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
   int64_t skipped_steps() const { return skipped_; }
@@ -182,11 +202,17 @@ class Trainer {
   const StagedGpt& stages() const { return *model_; }
 
  private:
+  void open_data();  // collective: see dataset()
+
   TrainConfig c_;
   std::shared_ptr<comm::Communicator> world_;
   Strategy strategy_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<EvenWindows> val_;
+  std::string data_description_, validation_description_;
+  int64_t val_size_ = 0;
+  nlohmann::json data_fingerprint_;
+  DataRankScope data_rank_;  // the test hook's rank for this thread (data.h)
   std::unique_ptr<StagedGpt> model_;
   AdamW adamw_;
   LrSchedule schedule_;

@@ -43,12 +43,16 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 }
 
 // The pair (x[i], x[i + D/2]) as the complex number x[i] + j x[i + D/2], multiplied by e^{j a},
-// a = p / theta^(2i / D): the rotation RoPE applies, written independently of the kernel.
+// a = p / theta^(2i / D): the rotation RoPE applies, written independently of the kernel. With
+// B * S positions (per-sequence), row r of x[b, ...] reads positions[b * S + s].
 Tensor complex_reference(const Tensor& x, const std::vector<int64_t>& positions, double theta) {
   const int64_t D = x.shape()[x.ndim() - 1], S = x.shape()[x.ndim() - 2], h = D / 2;
+  const int64_t per_row = x.numel() / D / x.shape()[0];  // rows of one x[b]
+  const bool per_batch = static_cast<int64_t>(positions.size()) != S;
   Tensor out(DType::F64, x.shape());
   for (int64_t r = 0; r < x.numel() / D; ++r) {
-    const double p = static_cast<double>(positions[static_cast<size_t>(r % S)]);
+    const int64_t at = (per_batch ? (r / per_row) * S : 0) + r % S;
+    const double p = static_cast<double>(positions[static_cast<size_t>(at)]);
     for (int64_t i = 0; i < h; ++i) {
       std::complex<double> z(x.at(r * D + i), x.at(r * D + i + h));
       z *= std::polar(1.0, p * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D)));
@@ -71,6 +75,20 @@ TEST(RotaryKernel, EqualsAComplexRotationOfTheHalves) {
   EXPECT_EQ(o.at(1), 0.0);
   EXPECT_NEAR(o.at(2), std::cos(1.0), 1e-16);
   EXPECT_NEAR(o.at(3), std::sin(1.0), 1e-16);
+}
+
+// Positions [B, S] (packed documents restart them per sequence): x[b] rotates by row b.
+TEST(RotaryKernel, PerSequencePositionsRotateEachBatchRowByItsOwn) {
+  const std::vector<int64_t> pos = {0, 1, 2, 0, 1, /**/ 4, 0, 9, 1, 2, /**/ 3, 3, 0, 0, 7};
+  Tensor p = Tensor::from<int64_t>({3, 5}, pos);
+  Tensor x = random_f64({3, 2, 5, 8}, 5);
+  expect_close(rotary_embedding(x, p, 10000.0), complex_reference(x, pos, 10000.0), 1e-14, "[B, heads, S, D]");
+  Tensor x3 = random_f64({3, 5, 6}, 6);
+  expect_close(rotary_embedding(x3, p, 500.0), complex_reference(x3, pos, 500.0), 1e-14, "[B, S, D]");
+  expect_close(rotary_embedding_backward(rotary_embedding(x, p, 1e4), p, 1e4), x, 1e-14, "round trip");
+  // A [B, S] row equal for every b is the shared [S] row.
+  Tensor same = Tensor::from<int64_t>({3, 5}, std::vector<int64_t>{0, 5, 2, 8, 1, 0, 5, 2, 8, 1, 0, 5, 2, 8, 1});
+  expect_close(rotary_embedding(x, same, 1e4), rotary_embedding(x, positions_of({0, 5, 2, 8, 1}), 1e4), 0, "shared");
 }
 
 TEST(RotaryKernel, BackwardIsTheInverseRotationAndMatchesFiniteDifferences) {
@@ -112,6 +130,14 @@ TEST(RotaryKernel, BadInputsAreErrorsNamingTheProblem) {
   EXPECT_NE(message([&] { rotary_embedding(x, positions_of({0, 1, 2}), 1e4); }).find("positions must be [4]"),
             std::string::npos);
   EXPECT_NE(message([&] { rotary_embedding(x, x, 1e4); }).find("positions must be [4]"), std::string::npos);
+  // Per-sequence positions need x's dim 0 beside the sequence: [B, S] of a 3-d x, not of [S, D].
+  Tensor x3 = random_f64({2, 4, 6}, 3);
+  EXPECT_NE(message([&] { rotary_embedding(x3, Tensor::from<int64_t>({3, 4}, std::vector<int64_t>(12, 0)), 1e4); })
+                .find("positions must be [4] (one per row of x's dim -2, x 2x4x6) or [2, 4] (per x's dim 0 too), got 3x4"),
+            std::string::npos);
+  EXPECT_NE(message([&] { rotary_embedding(x, Tensor::from<int64_t>({4, 4}, std::vector<int64_t>(16, 0)), 1e4); })
+                .find("positions must be [4]"),
+            std::string::npos);
   EXPECT_NE(message([&] { rotary_embedding(x, positions_of({0, 1, 2, 3}), 0.0); }).find("theta"), std::string::npos);
   EXPECT_THROW(rotary_embedding(x.to(DType::I64), positions_of({0, 1, 2, 3}), 1e4), Error);
 }
@@ -148,6 +174,20 @@ TEST(RotaryRule, ASequenceShardTakesItsOwnPositions) {
   EXPECT_EQ(fwd("S(2),R", "R,S(0)"), "S(2),R | S(0),R | -> S(2),R");
   // Only positions shard it: x follows.
   EXPECT_EQ(fwd("R,R", "R,S(0)"), "R,S(2) | R,S(0) | -> R,S(2)");
+}
+
+// Per-sequence positions [B, S] = [2, 8] carry x's batch and sequence letters: they follow x's
+// shards of both (x wins), and shard x when only they shard a dim.
+TensorSpec pbs(const char* dist) { return {Shape{2, 8}, DType::I64, parse_dist(dist, 2)}; }
+std::string fwd_per_sequence(const char* x, const char* p) {
+  return show(rule().forward(k22, std::vector<TensorSpec>{xs(x), pbs(p)}, {}));
+}
+
+TEST(RotaryRule, PerSequencePositionsFollowXsBatchAndSequence) {
+  EXPECT_EQ(fwd_per_sequence("S(0),S(1)", "R,R"), "S(0),S(1) | S(0),R | -> S(0),S(1)");
+  EXPECT_EQ(fwd_per_sequence("S(0),S(2)", "R,R"), "S(0),S(2) | S(0),S(1) | -> S(0),S(2)");
+  EXPECT_EQ(fwd_per_sequence("S(0),S(1)", "S(1),R"), "S(0),S(1) | S(0),R | -> S(0),S(1)");
+  EXPECT_EQ(fwd_per_sequence("R,S(1)", "S(0),R"), "S(0),S(1) | S(0),R | -> S(0),S(1)");
 }
 
 TEST(RotaryRule, OnlyXsLinearPartialsPass) {

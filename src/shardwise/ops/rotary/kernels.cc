@@ -1,5 +1,6 @@
 #include "shardwise/ops/rotary/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -22,28 +23,32 @@ std::vector<C> inverse_frequencies(int64_t D, double theta) {
   return inv;
 }
 
-int64_t position_at(const Tensor& positions, int64_t s) {
-  return positions.dtype() == DType::I32 ? positions.data<int32_t>()[s] : positions.data<int64_t>()[s];
+int64_t position_at(const Tensor& positions, int64_t i) {
+  return positions.dtype() == DType::I32 ? positions.data<int32_t>()[i] : positions.data<int64_t>()[i];
 }
 
 // Rotates every row [.., s, :] of x by its position's angles; `sign` -1 rotates back (the gradient).
+// Positions [S] serve every row of dim -2 alike; positions [B, S] give each of the B blocks of x's
+// dim 0 (`rows / B` rows each, S per inner slice) its own row of positions.
 template <class T>
 void rotate(const T* x, T* out, const Tensor& positions, int64_t rows, int64_t S, int64_t D, double theta, int sign) {
   using C = compute_t<T>;
-  const int64_t h = D / 2;
+  const int64_t h = D / 2, P = positions.numel();  // S, or B * S
+  const int64_t B = P / std::max<int64_t>(S, 1), per_batch = B ? rows / B : 0;
   const std::vector<C> inv = inverse_frequencies<C>(D, theta);
-  std::vector<C> cos_t(static_cast<size_t>(S * h)), sin_t(static_cast<size_t>(S * h));
-  for (int64_t s = 0; s < S; ++s) {
-    const C pos = static_cast<C>(position_at(positions, s));
+  std::vector<C> cos_t(static_cast<size_t>(P * h)), sin_t(static_cast<size_t>(P * h));
+  for (int64_t p = 0; p < P; ++p) {
+    const C pos = static_cast<C>(position_at(positions, p));
     for (int64_t i = 0; i < h; ++i) {
       const C a = pos * inv[static_cast<size_t>(i)];
-      cos_t[static_cast<size_t>(s * h + i)] = static_cast<C>(std::cos(a));
-      sin_t[static_cast<size_t>(s * h + i)] = static_cast<C>(sign) * static_cast<C>(std::sin(a));
+      cos_t[static_cast<size_t>(p * h + i)] = static_cast<C>(std::cos(a));
+      sin_t[static_cast<size_t>(p * h + i)] = static_cast<C>(sign) * static_cast<C>(std::sin(a));
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const C* c = cos_t.data() + (r % S) * h;
-    const C* sn = sin_t.data() + (r % S) * h;
+    const int64_t p = (positions.shape().ndim() == 2 ? (r / per_batch) * S : 0) + r % S;
+    const C* c = cos_t.data() + p * h;
+    const C* sn = sin_t.data() + p * h;
     const T* xr = x + r * D;
     T* o = out + r * D;
     for (int64_t i = 0; i < h; ++i) {
@@ -80,8 +85,11 @@ void check_rotary_inputs(const Shape& x, DType x_dtype, const Shape& positions, 
   const int64_t D = x[x.ndim() - 1], S = x[x.ndim() - 2];
   SW_CHECK(D % 2 == 0, "rotary_embedding: the last dim of x {} (the head dim) must be even to rotate its halves",
            x.to_string());
-  SW_CHECK(positions.ndim() == 1 && positions[0] == S,
-           "rotary_embedding: positions must be [{}] (one per row of x's dim -2, x {}), got {}", S, x.to_string(),
+  const bool shared = positions.ndim() == 1 && positions[0] == S;
+  const bool per_batch = positions.ndim() == 2 && x.ndim() >= 3 && positions[0] == x[0] && positions[1] == S;
+  SW_CHECK(shared || per_batch,
+           "rotary_embedding: positions must be [{}] (one per row of x's dim -2, x {}){}, got {}", S, x.to_string(),
+           x.ndim() >= 3 ? fmt::format(" or [{}, {}] (per x's dim 0 too)", x[0], S) : std::string(),
            positions.to_string());
   SW_CHECK(positions_dtype == DType::I64 || positions_dtype == DType::I32,
            "rotary_embedding: positions hold {} (allowed: i64, i32)", dtype_name(positions_dtype));

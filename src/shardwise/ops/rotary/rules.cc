@@ -1,8 +1,9 @@
-// SPMD rule of rotary_embedding(x [..., S, D], positions [S]), derived from its factor description
-// (spmd/factor_rule.h): x and out share the labels "ab..", positions carries x's sequence letter
-// (dim -2), so a sharded sequence keeps each row with its own global position: positions are
-// resharded to x's sequence layout (or x to positions' when only they shard it: x wins a
-// conflict, as the first input). The head dim D is a replicated factor: rotate_half pairs element
+// SPMD rule of rotary_embedding(x [..., S, D], positions [S] or [B, S]), derived from its factor
+// description (spmd/factor_rule.h): x and out share the labels "ab..", positions carry x's sequence
+// letter (dim -2), and per-sequence positions [B, S] x's batch letter (dim 0) too, so a sharded
+// batch or sequence keeps each row with its own global position: positions are resharded to x's
+// layout of those dims (or x to positions' when only they shard one: x wins a conflict, as the
+// first input). The head dim D is a replicated factor: rotate_half pairs element
 // i with i + D/2, which a chunk of D does not hold. Every other dim (batch, heads) is kept.
 // Partials (what the description cannot say):
 //  forward  out is linear in x for fixed positions: x's P(sum|avg) passes to out; P(max|min) on x
@@ -24,11 +25,15 @@ constexpr size_t kX = 0, kDout = 3;  // among the grad inputs x, positions, out,
 
 Factors describe(std::span<const TensorSpec> in, const Attrs&) {
   const int n = in[0].shape.ndim();
-  SW_CHECK(n >= 2 && in[1].shape.ndim() == 1 && in[1].shape[0] == in[0].shape[n - 2],
-           "rule 'rotary_embedding': x must be [..., S, D] and positions [S], got x {} and positions {}",
-           in[0].shape.to_string(), in[1].shape.to_string());
+  const Shape &xs = in[0].shape, &ps = in[1].shape;
+  const bool per_batch = ps.ndim() == 2 && n >= 3 && ps[0] == xs[0] && ps[1] == xs[n - 2];
+  SW_CHECK(n >= 2 && ((ps.ndim() == 1 && ps[0] == xs[n - 2]) || per_batch),
+           "rule 'rotary_embedding': x must be [..., S, D] and positions [S] or [x's dim 0, S], got x {} and "
+           "positions {}",
+           xs.to_string(), ps.to_string());
   const Labels x = labels_of_rank(n);
   Labels positions, head_dim;
+  if (per_batch) positions.push(x.chars[0]);
   positions.push(x.chars[static_cast<size_t>(n - 2)]);
   head_dim.push(x.chars[static_cast<size_t>(n - 1)]);
   Factors f;
@@ -67,7 +72,8 @@ RotaryRules rotary_rules() {
   FactorRule rope;
   rope.name = "rotary_embedding";
   rope.summary =
-      "x [.., S, D], positions [S], out like x: batch/head dims kept, S shared by x and positions (x wins), D "
+      "x [.., S, D], positions [S] or [B, S], out like x: batch/head dims kept, S (and B) shared by x and positions "
+      "(x wins), D "
       "replicated; x P(sum|avg) -> out P(same); other Partials -> R. Grad: reads positions, dout; dout P(sum|avg) "
       "-> dx P(same)";
   rope.num_inputs = 2;
