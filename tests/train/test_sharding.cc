@@ -150,6 +150,25 @@ TEST(Sharding, EveryStageAndLayoutFollowsPlainDataParallelOnEveryMesh) {
   std::cout << exact << " of " << runs << " sharded curves are bit-identical to plain dp\n";
 }
 
+// With activation recompute (full, selective) stage 2 and stage 1 keep plain dp's curve (recompute
+// gives the gradients of no recompute).
+TEST(Sharding, WithRecomputeTheCurveIsPlainDataParallels) {
+  int exact = 0;
+  for (const std::string mesh : {"dp=2,tp=2", "pp=2,dp=2"}) {
+    TrainConfig c = small_config(mesh, 10);
+    c.accumulation = 2, c.micro_batch = 0;
+    const std::vector<double> plain = train(c, 10).losses;
+    for (const std::string recompute : {"full", "selective"}) {
+      TrainConfig r = c;
+      r.model.recompute = recompute;
+      expect_same_curve(train(sharded(r, 2, "v2"), 10).losses, plain, mesh + " recompute " + recompute + " stage 2 v2",
+                        &exact);
+      expect_same_curve(train(sharded(r, 1, "v1"), 10).losses, plain, mesh + " recompute " + recompute + " stage 1 v1",
+                        &exact);
+    }
+  }
+}
+
 TEST(Sharding, LlamaStageTwoFollowsPlainDataParallel) {
   int exact = 0;
   for (const std::string mesh : {"dp=2,tp=2", "pp=2,dp=2"}) {
