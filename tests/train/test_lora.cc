@@ -105,6 +105,17 @@ TEST(Lora, AdapterGradientsAndLossesOnEveryMeshEqualTheSingleRankRun) {
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(pp.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << s;
 }
 
+// The adapters' optimizer state sharded over dp (stage 2 v2, stage 1 v1): the single-rank losses and
+// whole gradients (Trainer::gather_grad gathers the shards), the frozen base untouched.
+TEST(Lora, ShardedAdapterStateFollowsTheSingleRankRun) {
+  const LoraRun ref = train(lora("dp=1", 3));
+  for (auto [stage, layout] : {std::pair{2, "v2"}, std::pair{1, "v1"}}) {
+    TrainConfig c = lora("dp=2,tp=2", 3);
+    c.sharding = {stage, layout};
+    expect_same(train(c), ref, fmt::format("dp=2,tp=2 stage {} {}", stage, layout));
+  }
+}
+
 TEST(Lora, FrozenWeightsStayBitIdenticalAndTheOptimizerHoldsTheAdaptersOnly) {
   const LoraRun r = train(lora("dp=2,tp=2", 4), false, true);
   ASSERT_EQ(r.frozen_before.size(), 36u);  // every base parameter of 2 layers
