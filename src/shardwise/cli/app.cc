@@ -2,7 +2,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <iostream>
 
 #include "shardwise/cli/ckpt_cmd.h"
@@ -119,6 +121,11 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--ignore-keys", o.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
       ->expected(1, -1);
   t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
+  t->add_option("--memory-limit", o.memory_limit,
+                "refuse a run whose estimated peak memory per process exceeds this: auto (the machine's available "
+                "memory), none, or a size (24GiB, 1.5GB)");
+  t->add_flag("--dry-run", o.dry_run, "print the per-rank memory plan (plan --memory) and stop before training");
+  t->add_flag("--json", o.json, "with --dry-run / plan --memory: the plan as JSON");
   auto& lora = c.model.lora;
   t->add_option("--lora-rank", lora.rank,
                 "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
@@ -131,6 +138,32 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--lora-from", o.lora_from,
                 "continue training the adapters of a PEFT adapter directory (its adapter_config.json sets the "
                 "--lora-* options; a LoRA checkpoint is one)");
+}
+
+// `shardwise plan --memory ...`: the memory plan of a training run, read with train's options (and
+// --config file); run() sends it here before parsing the other commands.
+int run_plan_memory(int argc, char** argv) {
+  CLI::App app{"shardwise"};
+  TrainOptions o;
+  bool memory = false;
+  auto* cmd = app.add_subcommand("plan", "The per-rank memory plan of a training run: train's options");
+  cmd->option_defaults()->always_capture_default();
+  add_train_options(*cmd, o);
+  cmd->add_flag("--memory", memory, "print the memory plan of the run train's options describe");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return report_parse_error(app, e, argc, argv, std::cerr);
+  }
+  try {
+    if (!o.config_file.empty()) apply_config_file(*cmd, o.config_file);
+    if (!o.init_from.empty()) apply_init_from(*cmd, o);
+    apply_lora(*cmd, o);
+    return cmd_plan_memory(o, std::cout);
+  } catch (const Error& e) {
+    std::cerr << "shardwise: error: " << e.what() << "\n";
+    return 2;
+  }
 }
 
 // `shardwise generate`'s options, bound to `o`.
@@ -167,6 +200,9 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
 }  // namespace
 
 int run(int argc, char** argv) {
+  if (argc > 2 && std::string_view(argv[1]) == "plan" &&
+      std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--memory"; }))
+    return run_plan_memory(argc, argv);
   CLI::App app{"shardwise: auto-parallel training core (SPMD rules, reshard, pipelines, unified checkpoints)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardwise 0.1.0");
@@ -228,6 +264,9 @@ int run(int argc, char** argv) {
   plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
       ->delimiter(',');
   plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
+  bool memory_help = false;  // run_plan_memory takes --memory before this parser sees it: here for --help
+  plan_cmd->add_flag("--memory", memory_help, "per rank: the bytes of parameters, gradients, optimizer state, activations and the "
+                                 "peak of a training run; takes train's options (`shardwise plan --memory --help`)");
 
   PipelineOptions pipe_opts;
   auto* pipe_cmd = app.add_subcommand("pipeline", "Generate, validate and simulate a pipeline schedule");

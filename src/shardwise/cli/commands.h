@@ -85,7 +85,19 @@ struct TrainOptions {
   std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
   std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
   std::string lora_from;   // a PEFT adapter directory whose adapters (and LoRA configuration) start the run
+  std::string memory_limit = "auto";  // auto (MemAvailable), none, or a size: refuse a plan over it
+  bool dry_run = false;    // print the memory plan and stop
+  bool json = false;       // the plan as JSON
 };
+// --memory-limit's bytes: auto (the machine's available memory), none (0) or a size.
+int64_t memory_limit_bytes(const std::string& text);
+// `shardwise plan --memory` (and `train --dry-run`): the plan of the run `options` describe, as a
+// table or JSON, then an Error (exit 2) when it does not fit --memory-limit.
+int cmd_plan_memory(const TrainOptions& options, std::ostream& out);
+// Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan
+// when `print`, and refuses (Error) a plan over --memory-limit.
+void check_run_memory(const train::TrainConfig& config, const TrainOptions& options, bool threads, bool print,
+                      std::ostream& out);
 // --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
 // given on the command line or in --config that contradicts it is an Error naming both values.
 void apply_init_from(CLI::App& cmd, TrainOptions& options);

@@ -3,11 +3,14 @@
 // --explain, which rule and which neighbour decided one value's placement.
 #include <chrono>
 
+#include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/program.h"
 #include "shardwise/train/gpt.h"
+#include "shardwise/train/memory_plan.h"
 
 namespace shardwise::cli {
 
@@ -40,6 +43,48 @@ int cmd_plan(const PlanOptions& o, std::ostream& out) {
                                                     fmt::join(c.lora.targets, ","))
                                       : "",
                      s.to_string(), m.g.nodes().size(), p.instrs.size(), ms);
+  return 0;
+}
+
+}  // namespace shardwise::cli
+
+// `shardwise plan --memory`, `train --dry-run` and the memory check of every `train`.
+namespace shardwise::cli {
+
+int64_t memory_limit_bytes(const std::string& text) {
+  if (text == "auto") return train::available_memory();
+  if (text == "none" || text == "0") return 0;
+  try {
+    return static_cast<int64_t>(parse_byte_size(text));
+  } catch (const Error&) {
+    fail("--memory-limit '{}': use auto (the machine's available memory), none, or a size such as 24GiB or 1.5GB", text);
+  }
+}
+
+void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool threads, bool print, std::ostream& out) {
+  const int64_t limit = memory_limit_bytes(o.memory_limit);  // a bad value is refused before the plan
+  if (!print && limit == 0) return;
+  const train::MemoryPlan plan = train::plan_memory(c, threads);
+  if (print && o.json) {
+    nlohmann::json j = plan.to_json();
+    j["memory_limit"] = limit;
+    j["fits"] = limit == 0 || plan.per_process() <= limit;
+    out << j.dump(2) << "\n";
+  } else if (print) {
+    out << plan.table();
+    if (limit > 0)
+      out << fmt::format("--memory-limit {} ({} bytes): {}\n", o.memory_limit, limit,
+                         plan.per_process() <= limit ? "fits" : "does not fit");
+  }
+  out.flush();
+  train::check_memory_limit(c, plan, limit, o.memory_limit);
+}
+
+int cmd_plan_memory(const TrainOptions& o, std::ostream& out) {
+  train::TrainConfig c = o.config;
+  const int64_t ranks = o.ranks > 0 ? o.ranks : mesh::parse_mesh(c.mesh).size();
+  c.check(ranks, false);
+  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out);
   return 0;
 }
 

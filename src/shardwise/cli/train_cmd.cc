@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <tuple>
@@ -265,6 +266,11 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
   // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
   // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
   c.check(ranks, !mpi);
+  // The memory plan against --memory-limit before anything is allocated; --dry-run prints it and stops
+  // (under mpirun the first process prints).
+  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  check_run_memory(c, o, !mpi, o.dry_run && (!mpi_rank || std::atoi(mpi_rank) == 0), out);
+  if (o.dry_run) return 0;
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) {

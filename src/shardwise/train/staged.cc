@@ -76,14 +76,11 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
       mask_(causal_mask),
       world_(std::move(world)) {
   pp_ = strategy_.pp < 0 ? 1 : strategy_.mesh.dim_size(strategy_.pp);
-  pipeline::Schedule schedule = training_schedule(strategy_, config_, micro_batches);
-  pipeline::validate(schedule);
-  const int S = schedule.stages();
-  layers_ = pipeline::split_layers(static_cast<int>(model_.layers), S, schedule.virtual_stages);
-  for (int s = 0; s < S; ++s)
-    meshes_.push_back(strategy_.pp < 0 ? strategy_.mesh
-                                       : pipeline::stage_mesh(strategy_.mesh, strategy_.pp, s % pp_, "dp"));
-  stage_strategy_ = Strategy::from_mesh(meshes_[0], strategy_.sequence_parallel);
+  StageLayout layout = stage_layout(model_, strategy_, config_, micro_batches);
+  pipeline::Schedule schedule = std::move(layout.schedule);
+  layers_ = std::move(layout.layers);
+  meshes_ = std::move(layout.meshes);
+  stage_strategy_ = layout.stage_strategy;
   std::vector<pipeline::StageSpec> specs = local_specs(schedule, StageGraph::Training);
   // Release on every mesh: even when each backward follows its forward at once, a forward tensor
   // the gradients read the shape of only (and, with recompute, a segment's values) need not wait.
@@ -104,21 +101,38 @@ std::unique_ptr<BatchLoader> StagedGpt::make_loader(int micro_batches, LoaderOpt
 
 StagedGpt::~StagedGpt() = default;
 
-std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule& schedule, StageGraph what) {
+StageLayout stage_layout(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
+                         int micro_batches) {
+  StageLayout out;
+  out.schedule = training_schedule(strategy, config, micro_batches);
+  pipeline::validate(out.schedule);
+  const int S = out.schedule.stages();
+  const int64_t pp = strategy.pp < 0 ? 1 : strategy.mesh.dim_size(strategy.pp);
+  out.layers = pipeline::split_layers(static_cast<int>(model.layers), S, out.schedule.virtual_stages);
+  for (int s = 0; s < S; ++s)
+    out.meshes.push_back(strategy.pp < 0 ? strategy.mesh : pipeline::stage_mesh(strategy.mesh, strategy.pp, s % pp, "dp"));
+  out.stage_strategy = Strategy::from_mesh(out.meshes[0], strategy.sequence_parallel);
+  return out;
+}
+
+std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const StageLayout& layout,
+                                             const PipelineConfig& config, int64_t sequences, int pipeline_rank,
+                                             StageGraph what) {
   std::vector<pipeline::StageSpec> out;
-  const int S = schedule.stages();
+  const int S = layout.schedule.stages();
+  const Strategy& stage_strategy = layout.stage_strategy;
   // The loss graph is the training graph without dropout, read at its summed cross-entropy, and
   // compiled without a backward (StageSpec::training false).
-  GptConfig model = model_;
+  GptConfig model = model_in;
   if (what == StageGraph::Loss) model.dropout = 0;
   const bool with_loss = what != StageGraph::Predictions;
-  for (int s : schedule.stages_of(my_pipeline_rank())) {
-    const pipeline::LayerRange& range = layers_[static_cast<size_t>(s)];
-    GptGraph gpt = build_model(model, stage_strategy_, sequences_, with_loss, GptPart{range.begin, range.end, s == 0, s == S - 1});
+  for (int s : layout.schedule.stages_of(pipeline_rank)) {
+    const pipeline::LayerRange& range = layout.layers[static_cast<size_t>(s)];
+    GptGraph gpt = build_model(model, stage_strategy, sequences, with_loss, GptPart{range.begin, range.end, s == 0, s == S - 1});
     pipeline::StageSpec spec;
     spec.stage = s;
     spec.training = what == StageGraph::Training;
-    if (spec.training && config_.partial_dp_grads && stage_strategy_.dp >= 0) spec.partial_grad_dims = {"dp"};
+    if (spec.training && config.partial_dp_grads && stage_strategy.dp >= 0) spec.partial_grad_dims = {"dp"};
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
@@ -127,14 +141,19 @@ std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule
     if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
-    for (const auto& [name, value] : model_constants(model_)) spec.constants.push_back(name);
-    if (model_.document_mask) {  // per micro-batch (bind_rows)
+    for (const auto& [name, value] : model_constants(model_in)) spec.constants.push_back(name);
+    if (model_in.document_mask) {  // per micro-batch (bind_rows)
       spec.feeds.push_back("attention_mask");
-      if (s == 0 || model_.is_llama()) spec.feeds.push_back("position_ids");
+      if (s == 0 || model_in.is_llama()) spec.feeds.push_back("position_ids");
     }
     out.push_back(std::move(spec));
   }
   return out;
+}
+
+std::vector<pipeline::StageSpec> StagedGpt::local_specs(const pipeline::Schedule& schedule, StageGraph what) {
+  StageLayout layout{schedule, meshes_, layers_, stage_strategy_};
+  return stage_specs(model_, layout, config_, sequences_, my_pipeline_rank(), what);
 }
 
 // This process's block of each parameter of its stages, from the counter-based generator (so any

@@ -38,6 +38,26 @@ struct PipelineConfig {
   bool sharded_optimizer = false;
 };
 
+// What a runner's stages compute: the training step, the loss only (validation), or predictions.
+enum class StageGraph { Training, Loss, Predictions };
+
+// The stages of a run as StagedGpt cuts them, without parameters, data or a communicator (the
+// memory plan compiles them): the schedule (the trivial one-rank 1F1B without pp), each stage's
+// sub-mesh and layers, and the strategy of one stage's mesh.
+struct StageLayout {
+  pipeline::Schedule schedule;
+  std::vector<mesh::ProcessMesh> meshes;  // per stage
+  std::vector<pipeline::LayerRange> layers;
+  Strategy stage_strategy;
+};
+StageLayout stage_layout(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
+                         int micro_batches);
+// The specs of pipeline rank `pipeline_rank`'s stages (not yet compiled): `sequences` per
+// micro-batch on the whole dp dim.
+std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model, const StageLayout& layout,
+                                             const PipelineConfig& config, int64_t sequences, int pipeline_rank,
+                                             StageGraph what);
+
 struct EvalResult {
   int64_t problems = 0, exact = 0;  // held-out addition problems, and those answered exactly
   double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
@@ -102,8 +122,6 @@ class StagedGpt {
   const pipeline::StepStats& last_stats() const { return last_stats_; }
 
  private:
-  // What a runner's stages compute: the training step, the loss only (validation), or predictions.
-  enum class StageGraph { Training, Loss, Predictions };
   std::vector<pipeline::StageSpec> local_specs(const pipeline::Schedule& schedule, StageGraph what);
   // A forward-only runner over `micro_batches` (the causal mask bound).
   std::unique_ptr<pipeline::PipelineRunner> forward_runner(int micro_batches, StageGraph what);

@@ -8,7 +8,6 @@
 #include <map>
 
 #include "shardwise/ckpt/checksum.h"
-#include "shardwise/comm/mpi.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
@@ -20,28 +19,16 @@ namespace {
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024)); }
 
-// Refuses a model whose largest parameter, or whose parameters, gradients and AdamW states held by
-// this process (16 bytes a parameter, fp32; 4 for LoRA's frozen base), exceed the machine's
-// physical memory: before anything is allocated, naming the tensor and the bytes. Ranks as threads
-// hold every data-parallel replica in one process; an MPI process holds its share of one (1 / (tp x pp)).
-void check_memory(const GptConfig& m, int64_t dp, int64_t model_parallel) {
-  const double params = parameter_count(m);
+// Refuses a model whose largest parameter alone exceeds the machine's physical memory, before
+// anything is built, naming the tensor and the bytes. The whole run's bytes (every part, per rank,
+// against --memory-limit) are the memory plan's (memory_plan.h), which the command line checks.
+void check_largest_parameter(const GptConfig& m) {
   const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (physical <= 0) return;
   const auto [largest, largest_elements] = largest_parameter(m);
   const double largest_bytes = 4 * largest_elements;
   SW_CHECK(largest_bytes <= physical, "parameter {} needs {} in f32; this machine has {} of memory (--hidden {}, --vocab {})",
            largest, gib(largest_bytes), gib(physical), m.hidden, m.vocab);
-  const bool mpi = comm::launched_by_mpirun();
-  const double share = mpi ? 1.0 / static_cast<double>(model_parallel) : static_cast<double>(dp);
-  const double total = (m.lora.enabled() ? 4 : 16) * params * share;
-  SW_CHECK(total <= physical,
-           "the model's {:.3g} parameters need {} for {} in {}; this machine has {} of memory (--layers {}, "
-           "--hidden {}, --vocab {})",
-           params, gib(total), m.lora.enabled() ? "frozen weights" : "weights, gradients and AdamW states",
-           mpi ? fmt::format("this process's 1/{} share", model_parallel)
-               : fmt::format("{} data-parallel replica(s) of one process", dp),
-           gib(physical), m.layers, m.hidden, m.vocab);
 }
 
 // --tokenizer, --documents, --eos-id and --no-cross-document-attention against each other and the
@@ -177,7 +164,7 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
   check_text_options(*this);
   sharding.check();
   resolve_batch(s.dp_size());
-  check_memory(model, s.dp_size(), s.mesh.size() / s.dp_size());
+  check_largest_parameter(model);
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
   SW_CHECK(s.pp >= 0 || (schedule == "1f1b" && virtual_stages == 1),
            "--schedule {} --virtual {} need a pipeline: mesh {} has no pp dim (add pp=N to --mesh, or leave "
@@ -238,23 +225,29 @@ std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
   }
 }
 
+GptConfig kernel_model(const TrainConfig& c) {
+  GptConfig model = c.model;
+  model.param_dtype = c.bf16 ? DType::BF16 : DType::F32;
+  model.dropout = c.dropout;
+  model.dropout_seed = c.seed;
+  model.document_mask = c.document_attention;
+  model.eos_id = c.eos_id;
+  return model;
+}
+
+PipelineConfig pipeline_config(const TrainConfig& c) {
+  return PipelineConfig{c.schedule, c.virtual_stages, c.pipeline_release, false,
+                        LoaderOptions{c.loader_sync, c.loader_prefetch}, c.sharding.stage >= 2, c.sharding.enabled()};
+}
+
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
     : c_(std::move(config)), world_(std::move(world)), data_rank_(world_->rank()), adamw_(c_.adamw) {
   c_.check(world_->size(), false);  // the data: open_data(), where it is read
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
-  GptConfig model = c_.model;
-  model.param_dtype = c_.bf16 ? DType::BF16 : DType::F32;
-  model.dropout = c_.dropout;
-  model.dropout_seed = c_.seed;
-  model.document_mask = c_.document_attention;
-  model.eos_id = c_.eos_id;
-  model_ = std::make_unique<StagedGpt>(model, strategy_,
-                                       PipelineConfig{c_.schedule, c_.virtual_stages, c_.pipeline_release, false,
-                                                      LoaderOptions{c_.loader_sync, c_.loader_prefetch},
-                                                      c_.sharding.stage >= 2, c_.sharding.enabled()},
-                                       c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation),
-                                       c_.seed, causal_mask(c_.model.seq), world_);
+  model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
+                                       c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation), c_.seed,
+                                       causal_mask(c_.model.seq), world_);
   if (c_.sharding.enabled()) {
     sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
     partial_grads_ = model_->grads_partial_on_dp();

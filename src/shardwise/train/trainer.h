@@ -97,6 +97,11 @@ struct TrainConfig {
   bool has_validation() const { return !val_data.empty() || val_fraction != 0; }
 };
 
+// The model as the run's kernels compute it (parameter dtype, dropout, its seed, packing), and its
+// stages' configuration: what the Trainer builds its StagedGpt from (and the memory plan compiles).
+GptConfig kernel_model(const TrainConfig& c);
+PipelineConfig pipeline_config(const TrainConfig& c);
+
 // The run's data: the training samples (with --val-fraction, the corpus before the cut), and the
 // validation set (nullptr without --val-data / --val-fraction). Errors name the option.
 std::unique_ptr<Dataset> open_training_data(const TrainConfig& c);

@@ -1,0 +1,338 @@
+#include "shardwise/train/memory_plan.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "shardwise/core/error.h"
+#include "shardwise/mesh/shard_math.h"
+#include "shardwise/ops/op.h"
+#include "shardwise/pipeline/stage.h"
+
+namespace shardwise::train {
+
+namespace {
+
+std::string human(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+// One compiled stage with the runtime's buffer lifetimes (runtime::Runtime's rules, with the
+// runner's keep / free_after_use / drop calls), replayed per rank over the slots' block sizes.
+struct StageModel {
+  pipeline::StageSpec spec;
+  pipeline::CompiledStage compiled;
+  std::vector<int> last_use;  // per slot: the last position in the order whose value it is read at
+  std::vector<bool> kept;     // per slot: never freed by the runtime
+  std::vector<bool> shared;   // per slot: a parameter or constant (bound once, in every frame)
+  std::vector<int> per_batch;  // slots bound per micro-batch before its forward (input, feeds)
+  int output = -1, output_grad = -1, input = -1, input_grad = -1;
+};
+
+bool reads_value(const graph::Graph& g, const graph::Instr& ins, size_t k, bool release) {
+  if (!release || ins.kind != graph::InstrKind::Backward) return true;
+  const graph::Node& n = g.node(ins.node);
+  const size_t forward_tensors = g.node(n.forward).inputs.size() + g.node(n.forward).outputs.size();
+  return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+}
+
+StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, bool split, bool release) {
+  StageModel m;
+  m.compiled = pipeline::compile_stage(spec, mesh, split);
+  m.spec = std::move(spec);
+  const graph::Graph& g = *m.spec.graph;
+  const graph::Program& p = m.compiled.program;
+  const size_t n = p.slots.size();
+  m.last_use.assign(n, -1);
+  m.kept.assign(n, false);
+  m.shared.assign(n, false);
+  std::vector<bool> read(n, false);
+  for (size_t pos = 0; pos < m.compiled.order.size(); ++pos) {
+    const graph::Instr& ins = p.instrs[static_cast<size_t>(m.compiled.order[pos])];
+    for (size_t k = 0; k < ins.in.size(); ++k) {
+      const int s = ins.in[k];
+      if (s < 0) continue;
+      read[static_cast<size_t>(s)] = true;
+      if (reads_value(g, ins, k, release)) m.last_use[static_cast<size_t>(s)] = static_cast<int>(pos);
+    }
+  }
+  for (const graph::Value& v : g.values()) {
+    const int s = p.value_slot[static_cast<size_t>(v.id)];
+    if (s < 0) continue;
+    const bool recomputed = v.recompute_copy >= 0 || (v.producer >= 0 && g.node(v.producer).recomputes >= 0);
+    if (v.producer < 0 || (!read[static_cast<size_t>(s)] && !recomputed)) m.kept[static_cast<size_t>(s)] = true;
+  }
+  for (int s : p.param_grad_slot)
+    if (s >= 0) m.kept[static_cast<size_t>(s)] = true;
+  auto slot = [&](const std::string& name) { return p.value_slot[static_cast<size_t>(g.get(name))]; };
+  for (graph::ValueId v : g.params()) m.shared[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])] = true;
+  for (graph::ValueId v : g.frozen_params()) m.shared[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])] = true;
+  for (const std::string& c : m.spec.constants) m.shared[static_cast<size_t>(slot(c))] = true;
+  for (const std::string& f : m.spec.feeds) {
+    m.kept[static_cast<size_t>(slot(f))] = false;
+    m.per_batch.push_back(slot(f));
+  }
+  if (!m.spec.input.empty()) {
+    m.input = slot(m.spec.input);
+    m.kept[static_cast<size_t>(m.input)] = false;
+    m.per_batch.push_back(m.input);
+    m.input_grad = slot(m.compiled.input_grad);
+  }
+  if (!m.spec.output.empty()) {
+    m.output = slot(m.spec.output);
+    m.kept[static_cast<size_t>(m.output)] = true;
+    m.output_grad = slot(m.spec.output_grad);
+    m.kept[static_cast<size_t>(m.output_grad)] = false;
+  }
+  if (!m.spec.loss.empty()) m.kept[static_cast<size_t>(slot(m.spec.loss))] = true;
+  return m;
+}
+
+// The buffers of one micro-batch on one rank (slot -> bytes), run through positions of the order.
+class Frame {
+ public:
+  Frame(const StageModel& m, const std::vector<int64_t>& bytes) : m_(m), bytes_(bytes) {}
+  void bind(int slot) { live_.insert(slot); }
+  void drop(int slot) { live_.erase(slot); }
+  // Runs [begin, end); returns the most bytes held at once (after an instruction's outputs, before its frees).
+  int64_t run(size_t begin, size_t end) {
+    const graph::Program& p = m_.compiled.program;
+    int64_t peak = held();
+    for (size_t pos = begin; pos < end; ++pos) {
+      const graph::Instr& ins = p.instrs[static_cast<size_t>(m_.compiled.order[pos])];
+      for (int s : ins.out)
+        if (s >= 0) live_.insert(s);
+      peak = std::max(peak, held());
+      for (int s : ins.in)
+        if (s >= 0 && m_.last_use[static_cast<size_t>(s)] == static_cast<int>(pos) && !m_.kept[static_cast<size_t>(s)])
+          live_.erase(s);
+      for (int s : ins.out)
+        if (s >= 0 && m_.last_use[static_cast<size_t>(s)] < 0 && !m_.kept[static_cast<size_t>(s)]) live_.erase(s);
+    }
+    return peak;
+  }
+  int64_t held() const {  // the frame's bytes: parameters and constants are shared, not counted
+    int64_t b = 0;
+    for (int s : live_)
+      if (!m_.shared[static_cast<size_t>(s)]) b += bytes_[static_cast<size_t>(s)];
+    return b;
+  }
+
+ private:
+  const StageModel& m_;
+  const std::vector<int64_t>& bytes_;
+  std::set<int> live_;
+};
+
+// Per local stage of one rank: the frame after a forward, after an input gradient, and the most
+// bytes a forward / backward / input-gradient / weight-gradient action holds while it runs.
+struct StageBytes {
+  int64_t frame = 0, weight_frame = 0;
+  int64_t forward_peak = 0, backward_peak = 0, input_peak = 0, weight_peak = 0;
+};
+
+StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, bool release) {
+  StageBytes out;
+  const size_t fe = m.compiled.forward_end, ie = m.compiled.input_grad_end, end = m.compiled.order.size();
+  Frame f(m, bytes);
+  for (int s : m.per_batch) f.bind(s);
+  out.forward_peak = f.run(0, fe);
+  if (m.output >= 0 && release) f.drop(m.output);
+  out.frame = f.held();
+  Frame whole = f;  // the whole backward
+  if (m.output_grad >= 0) whole.bind(m.output_grad);
+  out.backward_peak = whole.run(fe, end);
+  Frame input = f;  // split: the input gradient, then the weight gradient
+  if (m.output_grad >= 0) input.bind(m.output_grad);
+  out.input_peak = input.run(fe, ie);
+  if (m.input_grad >= 0) input.drop(m.input_grad);
+  out.weight_frame = input.held();
+  out.weight_peak = input.run(ie, end);
+  return out;
+}
+
+int64_t block_bytes(const graph::Slot& s, const mesh::ProcessMesh& mesh, const std::vector<int64_t>& coords,
+                    DType dtype) {
+  return mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel() * static_cast<int64_t>(dtype_size(dtype));
+}
+
+}  // namespace
+
+int64_t MemoryPlan::per_process() const {
+  int64_t total = 0;
+  for (const RankMemory& r : ranks) total = threads ? total + r.peak() : std::max(total, r.peak());
+  return total;
+}
+
+const RankMemory& MemoryPlan::largest() const {
+  return *std::max_element(ranks.begin(), ranks.end(),
+                           [](const RankMemory& a, const RankMemory& b) { return a.peak() < b.peak(); });
+}
+
+std::string MemoryPlan::table() const {
+  std::string out = fmt::format("memory plan: {}\n", description);
+  out += fmt::format("{:>4} {:>3} {:>11} {:>11} {:>11} {:>11} {:>11} {:>5} {:>11} {:>11} {:>11}\n", "rank", "pp",
+                     "params", "grads", "optimizer", "masters", "activations", "mbs", "working", "comm", "peak");
+  for (const RankMemory& r : ranks) {
+    out += fmt::format("{:>4} {:>3} {:>11} {:>11} {:>11} {:>11} {:>11} {:>5} {:>11} {:>11} {:>11}\n", r.rank,
+                       r.pipeline_rank, human(r.params),
+                       r.grad_shards ? fmt::format("{}*", human(r.grads)) : human(r.grads), human(r.optimizer),
+                       human(r.masters), human(r.activations), r.in_flight, human(r.working), human(r.comm),
+                       human(r.peak()));
+  }
+  if (!ranks.empty() && ranks.front().grad_shards)
+    out += "  * stage 2: the full f32 sums until the reduce-scatter; the shards kept after it are in --json (grad_shards)\n";
+  out += fmt::format("per process ({}): {}\n", threads ? "threads: every rank in one process" : "MPI: one rank a process",
+                     human(per_process()));
+  return out;
+}
+
+nlohmann::json MemoryPlan::to_json() const {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const RankMemory& r : ranks) {
+    rows.push_back({{"rank", r.rank}, {"pipeline_rank", r.pipeline_rank}, {"params", r.params}, {"grads", r.grads},
+                    {"grad_shards", r.grad_shards}, {"optimizer", r.optimizer}, {"masters", r.masters},
+                    {"activations", r.activations}, {"micro_batches_in_flight", r.in_flight},
+                    {"working", r.working}, {"comm", r.comm}, {"peak", r.peak()}});
+  }
+  return {{"description", description}, {"threads", threads}, {"per_process", per_process()}, {"ranks", rows}};
+}
+
+MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
+  const Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(c.mesh), c.sequence_parallel);
+  const GptConfig model = kernel_model(c);
+  const PipelineConfig pc = pipeline_config(c);
+  const StageLayout layout = stage_layout(model, strategy, pc, static_cast<int>(c.accumulation));
+  const pipeline::Schedule& schedule = layout.schedule;
+  MemoryPlan plan;
+  plan.threads = threads;
+  plan.description = fmt::format(
+      "{} layers, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {} micro-batches; sharding stage {}{}; "
+      "recompute {}{}{}",
+      c.model.layers, c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
+      c.micro_batch, c.accumulation, c.sharding.stage, c.sharding.enabled() ? " " + c.sharding.layout : "",
+      c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {} layers)", c.model.recompute_layers) : "",
+      strategy.pp >= 0 ? fmt::format("; schedule {}", schedule.name) : "");
+  std::map<int, std::vector<StageModel>> compiled;  // per pipeline rank: its stages
+  const int64_t pp = strategy.pp < 0 ? 1 : strategy.mesh.dim_size(strategy.pp);
+  for (int r = 0; r < pp; ++r) {
+    for (pipeline::StageSpec& spec : stage_specs(model, layout, pc, c.micro_batch * strategy.dp_size(), r,
+                                                 StageGraph::Training)) {
+      const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(spec.stage)];
+      compiled[r].push_back(model_stage(std::move(spec), mesh, schedule.split_backward, pc.release));
+    }
+  }
+  for (int64_t process = 0; process < strategy.mesh.size(); ++process) {
+    RankMemory rm;
+    rm.rank = process;
+    const auto world_coords = strategy.mesh.coords(strategy.mesh.rank_index_of_process(process));
+    rm.pipeline_rank = strategy.pp < 0 ? 0 : static_cast<int>(world_coords[static_cast<size_t>(strategy.pp)]);
+    std::map<int, StageBytes> stages;
+    std::vector<int64_t> numels;  // per trained parameter (params() order, each once)
+    std::set<std::string> seen;
+    int dp_rank = 0;
+    for (const StageModel& m : compiled[rm.pipeline_rank]) {
+      const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(m.spec.stage)];
+      const auto coords = mesh.coords(mesh.rank_index_of_process(process));
+      if (layout.stage_strategy.dp >= 0) dp_rank = static_cast<int>(coords[static_cast<size_t>(layout.stage_strategy.dp)]);
+      const graph::Graph& g = *m.spec.graph;
+      const graph::Program& p = m.compiled.program;
+      std::vector<int64_t> bytes;
+      for (const graph::Slot& s : p.slots) bytes.push_back(block_bytes(s, mesh, coords, s.meta.dtype));
+      stages[m.spec.stage] = stage_bytes(m, bytes, pc.release);
+      for (bool trained : {true, false}) {
+        for (graph::ValueId v : trained ? g.params() : g.frozen_params()) {
+          const graph::Slot& s = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
+          if (trained) rm.grads += block_bytes(s, mesh, coords, DType::F32);  // the runner's f32 sums, per stage
+          if (!seen.insert(g.value(v).name).second) continue;
+          rm.params += block_bytes(s, mesh, coords, model.param_dtype);
+          if (trained) numels.push_back(mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel());
+        }
+      }
+      if (m.input >= 0) rm.comm += bytes[static_cast<size_t>(m.input)] + bytes[static_cast<size_t>(m.input_grad)];
+      if (m.output >= 0) rm.comm += bytes[static_cast<size_t>(m.output)] + bytes[static_cast<size_t>(m.output_grad)];
+    }
+    int64_t state_elements = 0;
+    for (int64_t n : numels) state_elements += n;
+    if (c.sharding.enabled())
+      state_elements = plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank)
+                           .owned_elements();
+    rm.optimizer = 8 * state_elements;
+    rm.masters = c.bf16 ? 4 * state_elements : 0;
+    if (c.sharding.stage >= 2) rm.grad_shards = 4 * state_elements;
+    // The schedule's actions: frames in flight after each, and the bytes while each compute runs.
+    std::map<std::pair<int, int>, int64_t> frames;
+    int64_t held = 0;
+    for (const pipeline::Action& a : schedule.actions[static_cast<size_t>(rm.pipeline_rank)]) {
+      if (!pipeline::is_compute(a.kind)) continue;
+      const StageBytes& sb = stages.at(a.stage);
+      const std::pair<int, int> key{a.stage, a.micro_batch};
+      const int64_t mine = frames.contains(key) ? frames[key] : 0, others = held - mine;
+      switch (a.kind) {
+        case pipeline::ActionKind::Forward: rm.working = std::max(rm.working, others + sb.forward_peak); frames[key] = sb.frame; break;
+        case pipeline::ActionKind::Backward: rm.working = std::max(rm.working, others + sb.backward_peak); frames.erase(key); break;
+        case pipeline::ActionKind::BackwardInput: rm.working = std::max(rm.working, others + sb.input_peak); frames[key] = sb.weight_frame; break;
+        default: rm.working = std::max(rm.working, others + sb.weight_peak); frames.erase(key); break;
+      }
+      held = 0;
+      for (const auto& [k, b] : frames) held += b;
+      rm.activations = std::max(rm.activations, held);
+      rm.in_flight = std::max(rm.in_flight, static_cast<int>(frames.size()));
+    }
+    rm.working = std::max(rm.working, rm.activations);
+    plan.ranks.push_back(rm);
+  }
+  return plan;
+}
+
+int64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+void check_memory_limit(const TrainConfig& c, const MemoryPlan& plan, int64_t limit, const std::string& limit_text) {
+  if (limit <= 0 || plan.per_process() <= limit) return;
+  const RankMemory& r = plan.largest();
+  std::vector<std::pair<int64_t, std::string>> parts = {
+      {r.params, "parameters"}, {r.grads, "gradients"}, {r.optimizer, "optimizer moments"}, {r.masters, "fp32 masters"},
+      {r.working, "activations and working buffers"}, {r.comm, "pipeline buffers"}};
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  // What would make it fit: the same run with more sharding or recompute, planned again.
+  std::vector<std::string> fixes;
+  auto try_fix = [&](const std::string& what, TrainConfig alt) {
+    const int64_t need = plan_memory(alt, plan.threads).per_process();
+    fixes.push_back(fmt::format("{} ({}{})", what, human(need), need <= limit ? ", fits" : ""));
+  };
+  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.mesh), c.sequence_parallel);
+  if (s.dp_size() > 1 && c.sharding.stage < 2) {
+    TrainConfig alt = c;
+    alt.sharding.stage = 2;
+    try_fix("--sharding-stage 2", alt);
+  }
+  if (c.model.recompute != "full" || c.model.recompute_layers >= 0) {
+    TrainConfig alt = c;
+    alt.model.recompute = "full", alt.model.recompute_layers = -1;
+    try_fix("--recompute full", alt);
+  }
+  fixes.push_back(plan.threads ? "more tp / pp ranks as MPI processes (mpirun: one rank a process)"
+                               : "more tp / pp (or dp with sharding) processes");
+  fail("the run's estimated peak memory is {} per process ({}), over --memory-limit {} ({}); rank {}: {} = {} {}, {} "
+       "{}, {} {}, ...; to fit try {} (`shardwise plan --memory` prints the plan)",
+       human(plan.per_process()), plan.threads ? fmt::format("{} ranks as threads", plan.ranks.size()) : "one MPI rank",
+       limit_text, human(limit), r.rank, human(r.peak()), parts[0].second, human(parts[0].first), parts[1].second,
+       human(parts[1].first), parts[2].second, human(parts[2].first), fmt::join(fixes, ", "));
+}
+
+}  // namespace shardwise::train

@@ -1,0 +1,71 @@
+#pragma once
+// The memory plan of a training run (`shardwise plan --memory`, `train --dry-run`, the refusal of a
+// run that will not fit --memory-limit): per rank, the bytes of each part of the state a Trainer
+// holds, computed without allocating a parameter or reading data.
+//
+//   parameters   this rank's blocks of every parameter of its stages (trained and frozen), in their
+//                dtype (each once: the tied embedding's second local copy is the same tensor)
+//   gradients    the f32 sums over the micro-batches, one per parameter of each local stage's graph,
+//                held from the first backward to the optimizer step (stage 2: until the
+//                reduce-scatter, after which `grad_shards` stay)
+//   optimizer    the AdamW moments: 8 bytes an element of the block, or of the rank's shard of it
+//                (sharding stage >= 1: train/sharding.h's plan_shards, the same ranges)
+//   masters      the fp32 masters of bf16 parameters (whole blocks, or the shards); none for f32
+//   activations  the most bytes the micro-batches in flight hold at once between their forward and
+//                backward (what the runner measures as StepStats::peak_activation_bytes)
+//   working      the most bytes in use during one compute action beyond the parameters: the other
+//                micro-batches' frames plus the running action's buffers (reshards and kernel outputs
+//                included)
+//   comm         the pipeline's point-to-point buffers: a stage's outgoing activation and incoming
+//                gradient (and the other way round) of one micro-batch
+//   peak         parameters + gradients + optimizer + masters + working + comm
+//
+// Activations are computed exactly as the runtime keeps them: each stage graph is built, completed,
+// lowered and ordered as the runner compiles it (pipeline::compile_stage), and the runtime's buffer
+// lifetimes are replayed over the lowered program's slots (last use in the execution order, the
+// values kept, the ones the backward reads only the shape of released, the stage output dropped
+// once sent), each slot's bytes being this rank's block of it. The schedule's own action list then
+// gives the micro-batches in flight: a forward adds its frame, a backward frees it, a split
+// schedule's input gradient keeps the weight gradient's part.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shardwise/train/trainer.h"
+
+namespace shardwise::train {
+
+struct RankMemory {
+  int64_t rank = 0;           // process index in the mesh
+  int pipeline_rank = 0;
+  int64_t params = 0, grads = 0, grad_shards = 0, optimizer = 0, masters = 0;
+  int64_t activations = 0;    // peak of the frames in flight
+  int in_flight = 0;          // micro-batches in flight at most
+  int64_t working = 0, comm = 0;
+  int64_t peak() const { return params + grads + optimizer + masters + working + comm; }
+};
+
+struct MemoryPlan {
+  std::vector<RankMemory> ranks;  // every rank of the mesh, by process index
+  bool threads = true;            // ranks as threads of one process (else one rank per MPI process)
+  std::string description;        // model, mesh, batch, sharding, recompute, schedule
+  // The bytes one process needs: every rank's peak together under threads, the largest rank's under MPI.
+  int64_t per_process() const;
+  const RankMemory& largest() const;  // the rank with the largest peak
+  std::string table() const;          // one row per rank, sizes in MiB/GiB
+  nlohmann::json to_json() const;
+};
+
+// `c` must have passed TrainConfig::check (batch sizes resolved). `threads`: the ranks run as
+// threads of one process.
+MemoryPlan plan_memory(const TrainConfig& c, bool threads);
+
+// The machine's available memory (/proc/meminfo MemAvailable; physical memory where absent).
+int64_t available_memory();
+// Error (naming the estimate, its largest parts and what would make it fit: a sharding stage,
+// recompute, more dp / tp / pp ranks) when the plan's per-process bytes exceed `limit` (> 0).
+void check_memory_limit(const TrainConfig& c, const MemoryPlan& plan, int64_t limit, const std::string& limit_text);
+
+}  // namespace shardwise::train

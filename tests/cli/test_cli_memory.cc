@@ -1,0 +1,81 @@
+// `shardwise plan --memory`, `train --dry-run` and `train --memory-limit` (train/memory_plan.h): the
+// plan's state bytes against the GPT-2 parameter formula, and the refusal of a run that does not fit.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "run_cli.h"
+
+namespace {
+
+using shardwise_cli_test::lines;
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
+
+// GPT-2 with tied head: wte V*H + wpe S*H + per layer 12H^2 + 13H + the final LayerNorm 2H.
+int64_t gpt2_parameters(int64_t layers, int64_t hidden, int64_t seq, int64_t vocab) {
+  return vocab * hidden + seq * hidden + layers * (12 * hidden * hidden + 13 * hidden) + 2 * hidden;
+}
+
+const std::string kRun = "--layers 1 --hidden 32 --heads 4 --seq 16 --vocab 128 --global-batch 16 --eval-every 0";
+
+TEST(CliMemory, PlanMemoryPrintsEveryRanksBytesAsATableAndJson) {
+  Result table = run("plan --memory --mesh dp=2 " + kRun);
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("memory plan: 1 layers, hidden 32"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("activations"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("per process (threads"), std::string::npos) << table.out;
+
+  const int64_t n = gpt2_parameters(1, 32, 16, 128);
+  for (int stage : {0, 1}) {
+    Result r = run("plan --memory --json --memory-limit none --mesh dp=2 --sharding-stage " + std::to_string(stage) +
+                   " --sharding-layout v2 " + kRun);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["ranks"].size(), 2u);
+    int64_t peaks = 0;
+    for (const auto& rank : j["ranks"]) {
+      EXPECT_EQ(rank["params"].get<int64_t>(), 4 * n);  // each dp rank holds the whole f32 model
+      EXPECT_EQ(rank["grads"].get<int64_t>(), 4 * n);
+      // AdamW's two f32 moments: whole, or half the flat buffer each (v2: equal ranges, n even).
+      EXPECT_EQ(rank["optimizer"].get<int64_t>(), stage == 0 ? 8 * n : 4 * n);
+      EXPECT_EQ(rank["masters"].get<int64_t>(), 0);
+      EXPECT_GT(rank["activations"].get<int64_t>(), 0);
+      peaks += rank["peak"].get<int64_t>();
+    }
+    EXPECT_EQ(j["per_process"].get<int64_t>(), peaks);  // threads: both ranks in one process
+  }
+  // The same options from a config file.
+  const std::string cfg = ::testing::TempDir() + "/memory.toml";
+  { std::ofstream(cfg) << "mesh = \"dp=2\"\nbf16 = true\n"; }
+  Result bf16 = run("plan --memory --json --config " + cfg + " " + kRun);
+  ASSERT_EQ(bf16.status, 0) << bf16.out;
+  const nlohmann::json j = nlohmann::json::parse(bf16.out);
+  EXPECT_EQ(j["ranks"][0]["params"].get<int64_t>(), 2 * n);
+  EXPECT_EQ(j["ranks"][0]["masters"].get<int64_t>(), 4 * n);
+}
+
+TEST(CliMemory, ARunOverTheMemoryLimitIsRefusedBeforeTrainingWithWhatWouldFit) {
+  Result r = run("train --mesh dp=2 --memory-limit 100KiB " + kRun);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
+  for (const char* part : {"shardwise: error: the run's estimated peak memory is", "over --memory-limit 100KiB",
+                           "--sharding-stage 2 (", "--recompute full (", "shardwise plan --memory"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  // --dry-run prints the plan and stops; over the limit it says so and fails alike.
+  Result dry = run("train --dry-run --mesh dp=2 --memory-limit 100GiB " + kRun);
+  ASSERT_EQ(dry.status, 0) << dry.out;
+  EXPECT_NE(dry.out.find("memory plan:"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("--memory-limit 100GiB (107374182400 bytes): fits"), std::string::npos) << dry.out;
+  EXPECT_EQ(dry.out.find("done:"), std::string::npos) << dry.out;
+  Result over = run("train --dry-run --mesh dp=2 --memory-limit 100KiB " + kRun);
+  EXPECT_EQ(over.status, 2) << over.out;
+  EXPECT_NE(over.out.find("does not fit"), std::string::npos) << over.out;
+  Result bad = run("train --mesh dp=2 --memory-limit lots " + kRun);
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--memory-limit 'lots': use auto"), std::string::npos) << bad.out;
+}
+
+}  // namespace

@@ -1,0 +1,102 @@
+// The memory plan (train/memory_plan.h) against what a Trainer holds after a step: the bytes of
+// parameters, gradient sums, optimizer moments and fp32 masters exactly, and the peak activation
+// bytes the pipeline runner measured (StepStats::peak_activation_bytes), on several meshes,
+// sharding stages, recompute modes and schedules.
+#include <gtest/gtest.h>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/train/memory_plan.h"
+#include "small_config.h"
+
+namespace shardwise::train {
+namespace {
+
+struct Measured {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+};
+
+// One step of `c` on threads; per world rank, what its Trainer holds.
+std::vector<Measured> measure(TrainConfig c) {
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+  std::vector<Measured> out(static_cast<size_t>(ranks));
+  comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
+    Trainer t(c, world.group(world.members()));
+    t.step();
+    Measured& m = out[static_cast<size_t>(world.rank())];
+    for (const ParamState& p : t.params()) m.params += static_cast<int64_t>(p.param.nbytes());
+    for (const ParamState& p : t.frozen()) m.params += static_cast<int64_t>(p.param.nbytes());
+    const pipeline::PipelineRunner& runner = t.stages().runner();
+    for (int s : runner.local_stages())
+      for (const Tensor& g : runner.grads(s)) m.grads += g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
+    m.optimizer = t.optimizer_state_bytes();
+    m.activations = t.stages().last_stats().peak_activation_bytes;
+  });
+  return out;
+}
+
+MemoryPlan plan_of(TrainConfig c) {
+  c.check(mesh::parse_mesh(c.mesh).size(), false);
+  return plan_memory(c, true);
+}
+
+TrainConfig config(const std::string& mesh, int stage = 0, const std::string& layout = "v1", bool bf16 = false) {
+  TrainConfig c = small_config(mesh, 1);
+  c.sharding = {stage, layout};
+  c.bf16 = bf16;
+  return c;
+}
+
+TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
+  const std::vector<TrainConfig> runs = {
+      config("dp=1"),           config("dp=2", 0, "v1", true), config("dp=2", 1, "v1"),
+      config("dp=4", 1, "v2", true), config("dp=2,tp=2", 2, "v2"), config("dp=2,tp=2", 1, "v1", true),
+      config("pp=2,dp=2", 1, "v2"),  config("dp=3", 2, "v2", true)};
+  for (TrainConfig c : runs) {
+    if (c.mesh.find("pp") != std::string::npos) c.global_batch = 16, c.accumulation = 2;
+    if (c.mesh == "dp=3") c.global_batch = 6;
+    const MemoryPlan plan = plan_of(c);
+    const std::vector<Measured> got = measure(c);
+    ASSERT_EQ(plan.ranks.size(), got.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      const RankMemory& p = plan.ranks[r];
+      SCOPED_TRACE(fmt::format("{} stage {} {}{} rank {}", c.mesh, c.sharding.stage, c.sharding.layout,
+                               c.bf16 ? " bf16" : "", r));
+      EXPECT_EQ(p.params, got[r].params);
+      EXPECT_EQ(p.optimizer + p.masters, got[r].optimizer);
+      EXPECT_EQ(p.masters > 0, c.bf16);
+      // Stage 2 lets the full sums go after the reduce-scatter (the plan counts them to the peak).
+      EXPECT_EQ(c.sharding.stage >= 2 ? 0 : p.grads, got[r].grads);
+      if (c.sharding.stage >= 2) EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8);
+    }
+  }
+}
+
+TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSchedule) {
+  struct Run {
+    std::string mesh, schedule;
+  };
+  for (const Run& run : {Run{"dp=1", "1f1b"}, Run{"dp=2,tp=2", "1f1b"}, Run{"pp=2", "1f1b"}, Run{"pp=2", "fthenb"},
+                         Run{"pp=2", "zbh1"}, Run{"pp=2", "interleaved"}}) {
+    for (const char* recompute : {"none", "selective", "full"}) {
+      TrainConfig c = config(run.mesh);
+      c.model.layers = 4, c.model.seq = 16, c.dropout = 0.1;
+      c.model.recompute = recompute;
+      c.schedule = run.schedule;
+      if (run.schedule == "interleaved") c.virtual_stages = 2;
+      if (run.mesh == "pp=2") c.global_batch = 8, c.accumulation = 4;
+      const MemoryPlan plan = plan_of(c);
+      const std::vector<Measured> got = measure(c);
+      for (size_t r = 0; r < got.size(); ++r) {
+        SCOPED_TRACE(fmt::format("{} {} recompute {} rank {}: plan {} measured {}", run.mesh, run.schedule, recompute,
+                                 r, plan.ranks[r].activations, got[r].activations));
+        ASSERT_GT(got[r].activations, 0);
+        // The plan replays the runtime's buffer lifetimes over the same lowered programs: the bytes are
+        // the same, not only within the 5% the issue asks.
+        EXPECT_EQ(plan.ranks[r].activations, got[r].activations);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardwise::train
