@@ -98,5 +98,32 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
   }
 }
 
+// One micro-batch: the runtime's last run is its backward, whose RunStats::peak_bytes counts every
+// buffer held (the shared parameters and constants too); the plan's working peak is the rest.
+TEST(MemoryPlan, WorkingBytesEqualTheRuntimesPeakOfBuffersInTheBackward) {
+  for (const char* mesh : {"dp=1", "dp=2,tp=2"}) {
+    for (const char* recompute : {"none", "selective", "full"}) {
+      TrainConfig c = config(mesh);
+      c.model.layers = 4, c.model.seq = 16, c.dropout = 0.1;
+      c.model.recompute = recompute;
+      c.accumulation = 1;
+      const MemoryPlan plan = plan_of(c);
+      std::vector<int64_t> got(plan.ranks.size());
+      comm::LocalWorld::run(static_cast<int>(got.size()), [&](comm::Communicator& world) {
+        Trainer t(c, world.group(world.members()));
+        t.step();
+        const runtime::Runtime& rt = t.stages().runner().runtime(0);
+        int64_t shared = 0;  // after the step the runtime holds the parameters and constants only
+        for (const Tensor& b : rt.buffers()) shared += b.defined() ? static_cast<int64_t>(b.nbytes()) : 0;
+        got[static_cast<size_t>(world.rank())] = rt.stats().peak_bytes - shared;
+      });
+      for (size_t r = 0; r < got.size(); ++r) {
+        SCOPED_TRACE(fmt::format("{} recompute {} rank {}", mesh, recompute, r));
+        EXPECT_EQ(plan.ranks[r].working, got[r]);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::train

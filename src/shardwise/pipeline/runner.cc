@@ -126,6 +126,7 @@ PipelineRunner::Local& PipelineRunner::local(int stage) { return local_of(*this,
 const StageSpec& PipelineRunner::spec(int stage) const { return local_of(*this, stage).spec; }
 const CompiledStage& PipelineRunner::compiled(int stage) const { return local_of(*this, stage).compiled; }
 runtime::Runtime& PipelineRunner::runtime(int stage) { return *local(stage).rt; }
+const runtime::Runtime& PipelineRunner::runtime(int stage) const { return *local_of(*this, stage).rt; }
 const std::vector<Tensor>& PipelineRunner::grads(int stage) const { return local_of(*this, stage).grads; }
 
 void PipelineRunner::release_grads() {

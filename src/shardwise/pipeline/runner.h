@@ -66,6 +66,7 @@ class PipelineRunner {
   const CompiledStage& compiled(int stage) const;
   // Bind parameters and constants here (set_local / set_global); they are shared by every frame.
   runtime::Runtime& runtime(int stage);
+  const runtime::Runtime& runtime(int stage) const;  // its last run's RunStats, its buffers
 
   // Runs every action but the optimizer step. `feed` binds a micro-batch's inputs (the stage's
   // feeds) before its forward; `on_result` (optional) reads the stage's result after it.
