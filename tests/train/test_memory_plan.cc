@@ -51,7 +51,11 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
       config("dp=1"),           config("dp=2", 0, "v1", true), config("dp=2", 1, "v1"),
       config("dp=4", 1, "v2", true), config("dp=2,tp=2", 2, "v2"), config("dp=2,tp=2", 1, "v1", true),
       config("pp=2,dp=2", 1, "v2"),  config("dp=3", 2, "v2", true)};
-  for (TrainConfig c : runs) {
+  std::vector<TrainConfig> all = runs;
+  TrainConfig lora = config("dp=2,tp=2", 1, "v2");  // frozen base weights: parameters, no state
+  lora.model.lora.rank = 4;
+  all.push_back(lora);
+  for (TrainConfig c : all) {
     if (c.mesh.find("pp") != std::string::npos) c.global_batch = 16, c.accumulation = 2;
     if (c.mesh == "dp=3") c.global_batch = 6;
     const MemoryPlan plan = plan_of(c);
@@ -59,8 +63,8 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
     ASSERT_EQ(plan.ranks.size(), got.size());
     for (size_t r = 0; r < got.size(); ++r) {
       const RankMemory& p = plan.ranks[r];
-      SCOPED_TRACE(fmt::format("{} stage {} {}{} rank {}", c.mesh, c.sharding.stage, c.sharding.layout,
-                               c.bf16 ? " bf16" : "", r));
+      SCOPED_TRACE(fmt::format("{} stage {} {}{}{} rank {}", c.mesh, c.sharding.stage, c.sharding.layout,
+                               c.bf16 ? " bf16" : "", c.model.lora.enabled() ? " LoRA" : "", r));
       EXPECT_EQ(p.params, got[r].params);
       EXPECT_EQ(p.optimizer + p.masters, got[r].optimizer);
       EXPECT_EQ(p.masters > 0, c.bf16);
