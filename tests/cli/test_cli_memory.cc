@@ -73,6 +73,9 @@ TEST(CliMemory, ARunOverTheMemoryLimitIsRefusedBeforeTrainingWithWhatWouldFit) {
   Result over = run("train --dry-run --mesh dp=2 --memory-limit 100KiB " + kRun);
   EXPECT_EQ(over.status, 2) << over.out;
   EXPECT_NE(over.out.find("does not fit"), std::string::npos) << over.out;
+  Result json = run("train --json --mesh dp=2 " + kRun);
+  EXPECT_EQ(json.status, 2) << json.out;
+  EXPECT_NE(json.out.find("--json prints the memory plan of --dry-run"), std::string::npos) << json.out;
   Result bad = run("train --mesh dp=2 --memory-limit lots " + kRun);
   EXPECT_EQ(bad.status, 2) << bad.out;
   EXPECT_NE(bad.out.find("--memory-limit 'lots': use auto"), std::string::npos) << bad.out;

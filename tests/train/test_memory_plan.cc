@@ -97,6 +97,10 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
         // The plan replays the runtime's buffer lifetimes over the same lowered programs: the bytes are
         // the same, not only within the 5% the issue asks.
         EXPECT_EQ(plan.ranks[r].activations, got[r].activations);
+        // In flight: 1F1B keeps up to pp - stage micro-batches, FThenB all 4, one rank 1.
+        const int pp_rank = plan.ranks[r].pipeline_rank;
+        if (run.schedule == "fthenb") EXPECT_EQ(plan.ranks[r].in_flight, 4);
+        if (run.schedule == "1f1b") EXPECT_EQ(plan.ranks[r].in_flight, run.mesh == "pp=2" ? 2 - pp_rank : 1);
       }
     }
   }

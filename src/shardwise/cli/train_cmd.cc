@@ -261,6 +261,8 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
   for (auto [name, value] : {std::pair{"--eval-every", o.eval_every}, {"--log-every", o.log_every},
                              {"--save-every", o.save_every}, {"--save-total-limit", o.save_total_limit}})
     SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
+  SW_CHECK(!o.json || o.dry_run, "--json prints the memory plan of --dry-run (or `shardwise plan --memory --json`): "
+           "add --dry-run");
   SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
            "--progress '{}': use auto, bar, lines or none", o.progress);
   // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
