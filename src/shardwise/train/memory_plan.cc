@@ -11,6 +11,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/pipeline/stage.h"
+#include "shardwise/train/models.h"
 
 namespace shardwise::train {
 
@@ -214,9 +215,9 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   MemoryPlan plan;
   plan.threads = threads;
   plan.description = fmt::format(
-      "{} layers, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {} micro-batches; sharding stage {}{}; "
+      "{} {} layers, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {} micro-batches; sharding stage {}{}; "
       "recompute {}{}{}",
-      c.model.layers, c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
+      describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
       c.micro_batch, c.accumulation, c.sharding.stage, c.sharding.enabled() ? " " + c.sharding.layout : "",
       c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {} layers)", c.model.recompute_layers) : "",
       strategy.pp >= 0 ? fmt::format("; schedule {}", schedule.name) : "");
