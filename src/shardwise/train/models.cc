@@ -47,10 +47,16 @@ bool is_last_stage_param(const GptConfig& c, const std::string& name) {
   return name.starts_with("model.norm.") || name.starts_with("lm_head.");
 }
 
+std::vector<std::string> model_constant_names(const GptConfig& c) {
+  if (c.document_mask) return {};  // one mask and position ids per micro-batch (packing.h)
+  if (c.is_llama()) return {"causal_mask", "positions"};
+  return {"causal_mask"};
+}
+
 std::map<std::string, Tensor> model_constants(const GptConfig& c) {
   std::map<std::string, Tensor> out;
-  if (!c.document_mask) out["causal_mask"] = causal_mask(c.seq);  // else one per micro-batch (packing.h)
-  if (c.is_llama() && !c.document_mask) out["positions"] = position_ids(c.seq);
+  for (const std::string& name : model_constant_names(c))
+    out[name] = name == "causal_mask" ? causal_mask(c.seq) : position_ids(c.seq);
   return out;
 }
 

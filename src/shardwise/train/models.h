@@ -3,6 +3,7 @@
 // behind the few functions the stages, the trainer, the checkpoints and generation call.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "shardwise/train/gpt.h"
 #include "shardwise/train/gpt_decode.h"
@@ -37,6 +38,7 @@ bool is_last_stage_param(const GptConfig& config, const std::string& name);
 // "attention_mask" and "position_ids" come with each micro-batch), and Llama's "positions" [S]
 // (none with document_mask either).
 std::map<std::string, Tensor> model_constants(const GptConfig& config);
+std::vector<std::string> model_constant_names(const GptConfig& config);  // their names, nothing allocated
 
 // The number of parameters, and the largest parameter's name and element count (memory checks).
 double parameter_count(const GptConfig& config);

@@ -141,7 +141,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
-    for (const auto& [name, value] : model_constants(model_in)) spec.constants.push_back(name);
+    spec.constants = model_constant_names(model_in);
     if (model_in.document_mask) {  // per micro-batch (bind_rows)
       spec.feeds.push_back("attention_mask");
       if (s == 0 || model_in.is_llama()) spec.feeds.push_back("position_ids");
