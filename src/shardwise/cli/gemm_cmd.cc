@@ -75,7 +75,9 @@ double measure_step(const SgemmFn& fn, const std::string& shape) {
     seconds += full_cases[i].count * scale * time_sgemm(c, fn, 1);
     flops += full_cases[i].count * gemm_flops(full_cases[i]);
   }
-  return flops / seconds / 1e9;
+  const double rate = flops / seconds / 1e9;
+  SW_CHECK(std::isfinite(rate) && rate > 0, "gemm-check: the measurement gave {} GFLOP/s", rate);
+  return rate;
 }
 
 // --probe NAME: the check (on 1 and 2 threads: the library's threaded split is checked too);
@@ -314,7 +316,7 @@ int cmd_gemm_check(const GemmCheckOptions& o, std::ostream& out) {
 }
 
 std::string choose_gemm(const std::string& flag, bool may_measure, std::ostream& log) {
-  std::string name = flag, why = "--gemm " + flag;
+  std::string name = flag, why = "--gemm " + flag + " (command line or config)";
   if (flag == "auto") {
     const char* user = std::getenv("OPENBLAS_CORETYPE");
     const char* env = std::getenv("SHARDWISE_GEMM");

@@ -14,7 +14,7 @@ namespace shardwise {
 
 std::vector<GemmCase> step_gemm_cases(const StepShape& s) {
   const int64_t N = s.tokens, H = s.hidden, V = s.vocab, S = s.seq, L = s.layers;
-  const int64_t hd = H / s.heads, bh = (N / S) * s.heads;
+  const int64_t hd = H / s.heads, bh = std::max<int64_t>(1, N / S) * s.heads;  // >= 1 sequence
   const double l = static_cast<double>(L);
   std::vector<GemmCase> cases;
   // A linear layer y[N, out] = x[N, in] W[in, out]: forward NN, dx = dy W^T (NT), dW = x^T dy (TN).
