@@ -73,6 +73,21 @@ void* load_openblas(const std::string& core) {
   return h;
 }
 
+// Loads an OpenMP library (BLIS, oneDNN: libgomp comes with it) with OMP_WAIT_POLICY=PASSIVE set only
+// for this dlopen when the user has not set it: libgomp reads it once, when it loads. With the
+// default (threads spin after each parallel region) the idle GEMM thread took the core the rest of
+// the step needed: the small config's 2-thread step ran 2.5-12x slower (BENCHMARKS.md).
+void* load_openmp_library(const char* lib, std::string& policy) {
+  const bool user = std::getenv("OMP_WAIT_POLICY") != nullptr;
+  const bool fresh = dlopen("libgomp.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD) == nullptr;
+  if (!user && fresh) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!user && fresh) unsetenv("OMP_WAIT_POLICY");
+  policy = user ? fmt::format("the user's OMP_WAIT_POLICY={}", std::getenv("OMP_WAIT_POLICY"))
+                : fresh ? "OpenMP wait policy passive" : "OpenMP already loaded: its wait policy";
+  return h;
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   auto b = std::make_unique<Backend>();
   b->info.name = name;
@@ -88,22 +103,25 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   std::string ob_version = config.substr(0, config.find(' ', config.find(' ') + 1));  // "OpenBLAS 0.3.21"
   b->info.version = ob_version;
   if (name == "blis") {
-    void* h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    std::string policy;
+    void* h = load_openmp_library("libblis.so.4", policy);
     SW_CHECK(h != nullptr, "gemm backend blis: cannot load libblis.so.4 ({}); install Debian's libblis-dev",
              dlerror());
     b->sgemm = reinterpret_cast<CblasSgemm>(sym(h, "cblas_sgemm", "BLIS"));
     b->blis_threads = reinterpret_cast<SetThreads>(sym(h, "bli_thread_set_num_threads", "BLIS"));
     std::string v = reinterpret_cast<CoreName>(sym(h, "bli_info_get_version_str", "BLIS"))();
-    b->info.library = "BLIS " + v;
+    b->info.library = fmt::format("BLIS {} ({})", v, policy);
     b->info.version += ", BLIS " + v;
   } else if (name == "onednn") {
-    void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    std::string policy;
+    void* h = load_openmp_library("libdnnl.so.2", policy);
     SW_CHECK(h != nullptr, "gemm backend onednn: cannot load libdnnl.so.2 ({}); install Debian's libdnnl-dev",
              dlerror());
     b->dnnl_sgemm = reinterpret_cast<DnnlSgemm>(sym(h, "dnnl_sgemm", "oneDNN"));
     auto* v = reinterpret_cast<const DnnlVersion* (*)()>(sym(h, "dnnl_version", "oneDNN"))();
     b->info.library = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
     b->info.version += ", " + b->info.library;
+    b->info.library += " (" + policy + ")";
     // Debian's oneDNN runs on OpenMP: its thread count is per calling thread (see backend_sgemm).
     if (void* omp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD))
       b->omp_threads = reinterpret_cast<SetThreads>(dlsym(omp, "omp_set_num_threads"));
