@@ -79,6 +79,20 @@ TEST(CliGemm, TheUsersOpenblasCoretypeWinsOverAutoAndOnlyGemmOverridesIt) {
   EXPECT_NE(r.out.find("SHARDWISE_GEMM=openblas-haswell"), std::string::npos) << r.out;
 }
 
+// oneDNN's OpenMP runtime loads with OMP_WAIT_POLICY=PASSIVE unless the user set the variable.
+TEST(CliGemm, OnednnLoadsOpenmpPassiveUnlessTheUserSetTheWaitPolicy) {
+  fs::path dir = fresh_dir("omp");
+  Result r = sw("", tiny_train(dir) + " --gemm onednn");
+  if (r.status == 2 && r.out.find("cannot load libdnnl.so.2") != std::string::npos)
+    GTEST_SKIP() << "oneDNN is not installed here (make deps installs libdnnl-dev): " << r.out;
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("gemm: onednn = oneDNN 2."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(OpenMP wait policy passive)"), std::string::npos) << r.out;
+  r = sw("OMP_WAIT_POLICY=ACTIVE", tiny_train(dir) + " --gemm onednn");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(the user's OMP_WAIT_POLICY=ACTIVE)"), std::string::npos) << r.out;
+}
+
 TEST(CliGemm, AnUnknownBackendIsRefusedNamingTheAllowedOnes) {
   fs::path dir = fresh_dir("bad");
   Result r = sw("", tiny_train(dir) + " --gemm mkl");
