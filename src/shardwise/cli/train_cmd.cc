@@ -12,6 +12,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -158,6 +159,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
                        train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
+    if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
     out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}; {} steps, lr {} "
                        "(warm-up {}, cosine to {})\n",
                        trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation,
@@ -245,7 +247,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
 
 }  // namespace
 
-int cmd_train(const TrainOptions& o, std::ostream& out) {
+int cmd_train(const TrainOptions& options, std::ostream& out) {
+  TrainOptions o = options;
   train::TrainConfig c = o.config;
   const bool mpi = comm::launched_by_mpirun();
   int64_t ranks = o.ranks;
@@ -265,6 +268,7 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
   // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
   // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
   c.check(ranks, !mpi);
+  o.gemm_line = choose_gemm(o.gemm, !mpi, std::cerr);  // before any GEMM: fixes the library's core type
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) {
