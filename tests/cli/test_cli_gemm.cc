@@ -49,6 +49,12 @@ TEST(CliGemm, QuickCheckPassesAndReportsAWrongOrCrashingCandidate) {
 TEST(CliGemm, AutoUsesTheCachedChoiceAndNeverAFailedCandidate) {
   fs::path dir = fresh_dir("auto");
   const std::string env = "XDG_CACHE_HOME=" + (dir / "cache").string();
+  // Nothing cached: OpenBLAS's own pick, without measuring anything (no cache is written).
+  Result first = sw(env, tiny_train(dir));
+  ASSERT_EQ(first.status, 0) << first.out;
+  EXPECT_NE(first.out.find("gemm: openblas = OpenBLAS"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("no choice cached for this machine"), std::string::npos) << first.out;
+  EXPECT_FALSE(fs::exists(dir / "cache" / "shardwise" / "gemm.json"));
   // openblas-zen returns a wrong element: it is reported, left unmeasured and not chosen.
   Result r = sw(env + " SHARDWISE_GEMM_CHECK_FAULT=openblas-zen:wrong",
                 "gemm-check --shape small --candidates openblas-zen,openblas-haswell");

@@ -23,9 +23,9 @@ CLI::App* add_gemm_check_command(CLI::App& app, GemmCheckOptions& options);
 
 // Resolves `--gemm` (auto, or a backend name) before the first GEMM, loads the backend and returns
 // the run header's line: the library, its core type and why it was chosen. auto honours the
-// user's OPENBLAS_CORETYPE, then SHARDWISE_GEMM, then the cached choice for this machine (running
-// the check and the measurement once when there is none, unless `may_measure` is false: then
-// OpenBLAS's own pick, saying so). `log` gets the table when it measures.
-std::string choose_gemm(const std::string& flag, bool may_measure, std::ostream& log);
+// user's OPENBLAS_CORETYPE, then SHARDWISE_GEMM, then the choice `shardwise gemm-check` cached for
+// this machine, else OpenBLAS's own pick, saying so (a run never starts the minutes-long measurement
+// by itself).
+std::string choose_gemm(const std::string& flag);
 
 }  // namespace shardwise::cli

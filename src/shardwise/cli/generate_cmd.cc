@@ -271,7 +271,7 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   run.config.eos_id = resolve_eos(o, run.dir, run.codec);
   run.config.validate(run.model);
   // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
-  o.gemm_line = choose_gemm(o.gemm, !mpi, std::cerr);
+  o.gemm_line = choose_gemm(o.gemm);
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) { generate_rank(run, o, world, comm::mpi_world(), out); });

@@ -268,7 +268,7 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
   // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
   // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
   c.check(ranks, !mpi);
-  o.gemm_line = choose_gemm(o.gemm, !mpi, std::cerr);  // before any GEMM: fixes the library's core type
+  o.gemm_line = choose_gemm(o.gemm);  // before any GEMM: fixes the library's core type
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) {
