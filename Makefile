@@ -6,10 +6,11 @@ FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-# Debian packages the build needs (installed only when missing).
+# Debian packages the build needs (installed only when missing). libblis-dev and libdnnl-dev are
+# GEMM candidates loaded at run time (`shardwise gemm-check`): a machine without them builds and runs.
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
                 libcli11-dev libfmt-dev libopenblas-dev valgrind libopenmpi-dev openmpi-bin \
-                libxxhash-dev libssl-dev libsentencepiece-dev pkg-config python3
+                libxxhash-dev libssl-dev libsentencepiece-dev pkg-config python3 libblis-dev libdnnl-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 

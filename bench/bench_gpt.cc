@@ -12,8 +12,6 @@
 // pipeline's peak of frames in flight and the storage cache's peak bytes in use during a step
 // (activations, gradients and recomputed values; parameters and moments included). sgemm: the
 // best of several C = A * B on n x n f32 matrices, in GFLOP/s.
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +22,7 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/tensor/allocator.h"
 #include "shardwise/tensor/gemm.h"
+#include "shardwise/tensor/gemm_backend.h"
 #include "shardwise/train/trainer.h"
 
 namespace {
@@ -38,12 +37,14 @@ struct Options {
   std::string recompute = "none";
   double dropout = 0;
   bool release = true;  // --release 0: one stage keeps what the gradients read the shape of (main's behaviour before recompute)
+  std::string gemm = "openblas";  // the GEMM backend (tensor/gemm_backend.h)
 };
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
-               "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] [--release 0|1]\n");
+               "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] "
+               "[--release 0|1] [--gemm BACKEND]\n");
   std::exit(2);
 }
 
@@ -56,7 +57,8 @@ Options parse(int argc, char** argv) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage();
     std::string v = argv[++i];
-    if (a == "--threads") o.threads = std::stoi(v);
+    if (a == "--gemm") o.gemm = v;
+    else if (a == "--threads") o.threads = std::stoi(v);
     else if (a == "--steps") o.steps = std::stoi(v);
     else if (a == "--n") o.n = std::stoi(v);
     else if (a == "--layers") o.layers = std::stoll(v);
@@ -97,11 +99,11 @@ int run_sgemm(const Options& o) {
   double best = 0;
   for (int rep = 0; rep < 6; ++rep) {
     auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    shardwise::backend_sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (rep > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e9);
   }
-  std::printf("openblas sgemm threads %d: %.1f GFLOP/s (n = %d, best of 5 after a warm-up)\n", o.threads, best, n);
+  std::printf("%s sgemm threads %d: %.1f GFLOP/s (n = %d, best of 5 after a warm-up)\n", o.gemm.c_str(), o.threads, best, n);
   return 0;
 }
 
@@ -154,6 +156,8 @@ int run_train(const Options& o) {
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   try {
+    const auto& be = shardwise::load_gemm_backend(o.gemm);
+    std::printf("gemm backend %s: %s\n", be.name.c_str(), be.library.c_str());
     return o.mode == "sgemm" ? run_sgemm(o) : run_train(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpt: %s\n", e.what());

@@ -9,6 +9,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/tokenize_cmd.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
@@ -16,6 +17,11 @@
 namespace shardwise::cli {
 
 namespace {
+
+constexpr const char* kGemmHelp =
+    "the f32 GEMM library: auto (the user's OPENBLAS_CORETYPE if set, else SHARDWISE_GEMM, else the choice "
+    "`shardwise gemm-check` cached for this machine), openblas, openblas-haswell, openblas-zen, "
+    "openblas-skylakex, openblas-cooperlake, blis or onednn";
 
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
@@ -25,6 +31,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                  "read options from a TOML file: `key = value` lines, keys are the long option names "
                  "(an optional [train] section); options on the command line win");
   t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
+  t->add_option("--gemm", o.gemm, kGemmHelp);
   t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
   t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank");
   t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
@@ -168,6 +175,7 @@ int run_plan_memory(int argc, char** argv) {
 
 // `shardwise generate`'s options, bound to `o`.
 void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
+  cmd.add_option("--gemm", o.gemm, kGemmHelp);
   cmd.add_option("--checkpoint,--init-from", o.checkpoint,
                  "the model: a checkpoint (<save-dir>/checkpoint-<step>) or a model directory with config.json");
   cmd.add_option("--config", o.config_file,
@@ -298,6 +306,8 @@ int run(int argc, char** argv) {
   add_generate_options(*gen_cmd, gen_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert
   auto tokenize_cmd = add_tokenize_command(app);  // shardwise tokenize
+  GemmCheckOptions gemm_opts;
+  auto* gemm_cmd = add_gemm_check_command(app, gemm_opts);
 
   refuse_out_of_range_integers(app);
   try {
@@ -312,6 +322,7 @@ int run(int argc, char** argv) {
     if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
     if (*plan_cmd) return cmd_plan(plan_opts, std::cout);
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
+    if (*gemm_cmd) return cmd_gemm_check(gemm_opts, std::cout);
     if (*train_cmd) {
       if (!train_opts.config_file.empty()) apply_config_file(*train_cmd, train_opts.config_file);
       if (!train_opts.init_from.empty()) apply_init_from(*train_cmd, train_opts);

@@ -11,6 +11,7 @@
 
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -217,11 +218,13 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
                            st.tokens_per_second(), st.decode_tokens_per_second(),
                            run.config.kv_cache ? "KV cache" : "recomputing the prefix", st.plan_seconds,
                            run.strategy.to_string(), ranks);
+  if (!o.gemm_line.empty()) std::cerr << "  " << o.gemm_line << "\n";
 }
 
 }  // namespace
 
-int cmd_generate(const GenerateOptions& o, std::ostream& out) {
+int cmd_generate(const GenerateOptions& options, std::ostream& out) {
+  GenerateOptions o = options;
   SW_CHECK(!o.checkpoint.empty(), "give the model: --checkpoint DIR (or --init-from DIR), a checkpoint or model "
                                   "directory with config.json");
   Run run;
@@ -267,6 +270,8 @@ int cmd_generate(const GenerateOptions& o, std::ostream& out) {
   SW_CHECK(o.eos_id >= kEosFromModel, "--eos-id must be a token id, or -1 for none, got {}", o.eos_id);
   run.config.eos_id = resolve_eos(o, run.dir, run.codec);
   run.config.validate(run.model);
+  // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
+  o.gemm_line = choose_gemm(o.gemm);
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) { generate_rank(run, o, world, comm::mpi_world(), out); });

@@ -13,6 +13,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -159,6 +160,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
                        train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
+    if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
     out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}; {} steps, lr {} "
                        "(warm-up {}, cosine to {})\n",
                        trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation,
@@ -246,7 +248,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
 
 }  // namespace
 
-int cmd_train(const TrainOptions& o, std::ostream& out) {
+int cmd_train(const TrainOptions& options, std::ostream& out) {
+  TrainOptions o = options;
   train::TrainConfig c = o.config;
   const bool mpi = comm::launched_by_mpirun();
   int64_t ranks = o.ranks;
@@ -273,6 +276,7 @@ int cmd_train(const TrainOptions& o, std::ostream& out) {
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   check_run_memory(c, o, !mpi, o.dry_run && (!mpi_rank || std::atoi(mpi_rank) == 0), out);
   if (o.dry_run) return 0;
+  o.gemm_line = choose_gemm(o.gemm);  // before any GEMM: fixes the library's core type
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) {

@@ -1,6 +1,6 @@
 #include "shardwise/tensor/gemm.h"
 
-#include <cblas.h>
+#include "shardwise/tensor/gemm_backend.h"
 
 #include <algorithm>
 #include <climits>
@@ -26,13 +26,8 @@ int64_t resolve_stride(int64_t stride, int64_t rows, int64_t ld, const char* nam
   return stride;
 }
 
-bool fits_blas(int64_t v) {
-  if constexpr (sizeof(blasint) >= sizeof(int64_t)) {
-    return true;
-  } else {
-    return v <= INT_MAX;
-  }
-}
+// The backends take 32-bit dims (Debian's OpenBLAS and BLIS are built with 32-bit BLAS integers).
+bool fits_blas(int64_t v) { return v <= INT_MAX; }
 
 // The element type arithmetic runs in: float for 16-bit floats, uint64 (wrapping) for integers.
 template <class T>
@@ -119,19 +114,17 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
                fits_blas(g.ldc),
            "gemm: m={} n={} k={} lda={} ldb={} ldc={} exceed the BLAS integer range", g.m, g.n, g.k, g.lda, g.ldb,
            g.ldc);
-  auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
-  auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
-  auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
-  auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
+  auto m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  auto lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
   for (int64_t bi = 0; bi < g.batch; ++bi) {
     const T* ab = a + bi * g.stride_a;
     const T* bb = b + bi * g.stride_b;
     T* cb = c + bi * g.stride_c;
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(g.alpha), ab, lda, bb, ldb,
-                  static_cast<float>(g.beta), cb, ldc);
+      backend_sgemm(g.trans_a, g.trans_b, m, n, k, static_cast<float>(g.alpha), ab, lda, bb, ldb,
+                    static_cast<float>(g.beta), cb, ldc);
     } else {
-      cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, ab, lda, bb, ldb, g.beta, cb, ldc);
+      backend_dgemm(g.trans_a, g.trans_b, m, n, k, g.alpha, ab, lda, bb, ldb, g.beta, cb, ldc);
     }
   }
 }
@@ -237,10 +230,3 @@ Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 }  // namespace shardwise
 
-extern "C" void openblas_set_num_threads(int);
-
-namespace shardwise {
-void set_blas_threads(int threads) {
-  if (threads > 0) openblas_set_num_threads(threads);
-}
-}  // namespace shardwise

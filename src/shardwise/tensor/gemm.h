@@ -3,7 +3,8 @@
 //
 //   C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b]     for b = 0, 1, ..., batch - 1 (in order)
 //
-// op(X) is X or X^T; op(A) is m x k, op(B) is k x n, C is m x n. f32 / f64 run on OpenBLAS;
+// op(X) is X or X^T; op(A) is m x k, op(B) is k x n, C is m x n. f32 runs on the GEMM backend
+// (tensor/gemm_backend.h: OpenBLAS, BLIS or oneDNN), f64 on OpenBLAS;
 // f16 / bf16 accumulate in float; i32 / i64 accumulate in 64-bit two's complement (exact unless
 // the true result overflows int64, in which case it wraps). beta == 0 overwrites C without
 // reading it (a NaN in C does not survive). k == 0 gives beta * C (zeros for beta == 0).
@@ -51,7 +52,7 @@ bool gemm_supports(DType dtype);
 }  // namespace shardwise
 
 namespace shardwise {
-// Threads OpenBLAS may use per call (ranks that run as threads each call it: 1 avoids
-// oversubscribing the cores). <= 0 leaves OpenBLAS's default.
+// Threads the GEMM libraries may use per call (ranks that run as threads each call it: 1 avoids
+// oversubscribing the cores). <= 0 leaves each library's default.
 void set_blas_threads(int threads);
 }  // namespace shardwise
