@@ -120,6 +120,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
   t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
   t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
+  t->add_flag("--profile", o.profile, "time every op, reshard, collective and optimizer step: a table at the end and "
+              "<run-dir>/trace.json (Chrome trace format: open it in Perfetto)");
   t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
   t->add_option("--resume", o.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
   t->add_option("--init-from", o.init_from,

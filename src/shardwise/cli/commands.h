@@ -81,6 +81,7 @@ struct TrainOptions {
   std::string save_dir;    // "": <run_dir>/checkpoints
   int64_t save_total_limit = 0;
   bool async_save = false;
+  bool profile = false;    // --profile: per-type times, collectives, allocator and page faults; <run_dir>/trace.json
   bool no_verify_resume = false;  // --resume DIR loads without checking its manifest
   std::string max_shard_size = "5GB";
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory

@@ -19,6 +19,8 @@
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/ckpt/commit.h"
+#include "shardwise/runtime/profiled_comm.h"
+#include "shardwise/runtime/profiler.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
 #include "shardwise/train/model_io.h"
@@ -110,9 +112,26 @@ std::string duration(double seconds) {
   return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
 }
 
+// --profile, collective: rank 0 gathers every rank's events (MPI processes' too), writes the one
+// trace and returns the table; the other ranks return "".
+std::string finish_profile(const runtime::RankProfile& profile, comm::Communicator& world, const std::string& run_dir) {
+  runtime::ProfileReport r = runtime::gather_profile(profile, world);
+  if (world.rank() != 0) return "";
+  const std::string path = run_dir + "/trace.json";
+  runtime::write_chrome_trace(r, path);
+  return runtime::format_profile(r) + fmt::format("  trace: {} (open it in https://ui.perfetto.dev)\n", path);
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
+  // --profile: the Trainer's collectives go through a recording communicator; events are kept
+  // only while a training step runs (runtime/profiler.h).
+  std::unique_ptr<runtime::RankProfile> profile;
+  if (o.profile) {
+    profile = std::make_unique<runtime::RankProfile>(world_ref.rank());
+    world = std::make_shared<runtime::ProfiledCommunicator>(world);
+  }
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
   if (!o.init_from.empty()) {
@@ -190,14 +209,23 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   bool bar_open = false;  // the live bar's line has no newline yet
   train::StepResult last;
   const int64_t first_step = trainer.steps_done();
+  if (profile) profile->start(world_ref);
   for (int64_t s = first_step; s < config.steps; ++s) {
-    last = trainer.step();
+    {
+      runtime::ProfileScope profiled(profile.get(), runtime::EventKind::Step, fmt::format("step {}", s + 1));
+      runtime::ActiveProfile active(profile.get());
+      last = trainer.step();
+    }
     tokens += last.tokens;
     std::optional<double> acc, val;
     bool eval_now = (addition || trainer.has_validation()) && o.eval_every > 0 &&
                     (last.step % o.eval_every == 0 || last.step == config.steps);
-    if (eval_now && addition) acc = trainer.evaluate().accuracy();
-    if (eval_now && trainer.has_validation()) val = trainer.validate().loss;
+    if (eval_now) {
+      // One event, nothing inside: the profile's types are what the training steps spend.
+      runtime::ProfileScope profiled(profile.get(), runtime::EventKind::Eval, addition ? "evaluate" : "validate");
+      if (addition) acc = trainer.evaluate().accuracy();
+      if (trainer.has_validation()) val = trainer.validate().loss;
+    }
     // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
     auto save = [&] { checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps); };
     if (!report) {
@@ -222,6 +250,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     } else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
   }
   checkpoints.finish();  // waits for a background save; raises its error
+  const std::string profile_text = profile ? finish_profile(*profile, world_ref, o.run_dir) : "";
   if (!report) return;
   if (o.save_every > 0) out << fmt::format("  checkpoints: {} (newest: step {})\n", save_dir, trainer.steps_done());
   if (log->records().empty()) return;
@@ -243,7 +272,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
                        trainer.skipped_steps());
   }
-  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve);
+  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve) << profile_text;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/mesh/shard_math.h"
+#include "shardwise/runtime/profiler.h"
 
 namespace shardwise::runtime {
 
@@ -171,8 +172,10 @@ void Runtime::run(size_t begin, size_t end) {
   int64_t live = 0;
   for (const Tensor& t : buffers_) live += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
   stats_.peak_bytes = live;
+  RankProfile* const profile = active_profile();  // null unless profiling (--profile)
   for (size_t i = begin; i < end; ++i) {
     const graph::Instr& ins = p_.instrs[static_cast<size_t>(order_[i])];
+    const int64_t started = profile ? profile->now_ns() : 0;
     std::vector<Tensor> in;
     for (size_t k = 0; k < ins.in.size(); ++k) {
       int s = ins.in[k];
@@ -225,6 +228,7 @@ void Runtime::run(size_t begin, size_t end) {
       buffers_[static_cast<size_t>(s)] = out[k];
       live += out[k].defined() ? static_cast<int64_t>(out[k].nbytes()) : 0;
     }
+    if (profile) record_instr(*profile, ins, in, out, started);
     stats_.peak_bytes = std::max(stats_.peak_bytes, live);
     for (int s : ins.in) {
       auto si = static_cast<size_t>(s);
@@ -242,6 +246,29 @@ void Runtime::run(size_t begin, size_t end) {
     }
   }
   stats_.bytes_sent = resharder_.bytes_sent() - sent_before;
+}
+
+void Runtime::record_instr(RankProfile& profile, const graph::Instr& ins, const std::vector<Tensor>& in,
+                           const std::vector<Tensor>& out, int64_t started) const {
+  ProfileEvent e;
+  e.start_ns = started;
+  e.dur_ns = profile.now_ns() - started;
+  for (const Tensor& t : out) e.bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  if (ins.kind == InstrKind::Reshard) {
+    const graph::Slot& from = p_.slots[static_cast<size_t>(ins.in[0])];
+    e.kind = EventKind::Reshard;
+    e.name = "reshard";
+    e.detail = fmt::format("{} [{}] -> [{}]", from.name, from.dist.to_string(),
+                           p_.slots[static_cast<size_t>(ins.out[0])].dist.to_string());
+  } else {
+    const graph::Node& n = g_.node(ins.node);
+    e.kind = ins.kind == InstrKind::Fill ? EventKind::Fill : EventKind::Op;
+    e.name = ins.kind == InstrKind::Backward ? n.op + "_grad" : n.op;
+    std::string shapes;
+    for (const Tensor& t : in) shapes += (shapes.empty() ? "" : " ") + (t.defined() ? t.shape().to_string() : "_");
+    e.detail = fmt::format("{}: {}", n.to_string(g_), shapes);
+  }
+  profile.record(std::move(e));
 }
 
 Tensor Runtime::local(std::string_view name) const {

@@ -13,6 +13,8 @@
 
 namespace shardwise::runtime {
 
+class RankProfile;
+
 struct RunStats {
   int64_t peak_bytes = 0;        // most bytes held by this rank's buffers at once during run()
   int64_t bytes_sent = 0;        // bytes this rank sent to other ranks during run()
@@ -84,6 +86,9 @@ class Runtime {
   Tensor gather_slot(int slot);
   ops::KernelContext context(const std::vector<int>& slots) const;
   void bind(int slot, Tensor t);
+  // --profile: one event for the instruction just run (profiler.h).
+  void record_instr(RankProfile& profile, const graph::Instr& ins, const std::vector<Tensor>& in,
+                    const std::vector<Tensor>& out, int64_t started) const;
 
   const graph::Graph& g_;
   const graph::Program& p_;

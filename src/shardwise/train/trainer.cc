@@ -11,6 +11,7 @@
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
+#include "shardwise/runtime/profiler.h"
 #include "shardwise/train/models.h"
 
 namespace shardwise::train {
@@ -348,6 +349,7 @@ StepResult Trainer::step() {
     r.skipped = true;
     ++skipped_;
   } else {
+    runtime::ProfileScope profiled(runtime::EventKind::Optimizer, "adamw");  // --profile; else nothing
     clip_grad_norm(grads, r.grad_norm, c_.clip);
     if (sharded_) sharded_->step(adamw_, model_->params(), grads, r.lr, step_ + 1);
     else adamw_.step(model_->params(), grads, r.lr, step_ + 1);
