@@ -138,4 +138,18 @@ TEST(CliProfile, FourMpiProcessesOneTraceWithFourTracks) {
   check_table(r.out, check_trace("/tmp/shardwise-profile-mpi/trace.json", 4));
 }
 
+// The trace is written last: a failure to write it is an error (exit 2) after the run's summary,
+// the table and metrics.jsonl.
+TEST(CliProfile, AnUnwritableTraceIsAnErrorAfterTheRunsResults) {
+  std::system("rm -rf /tmp/shardwise-profile-bad && mkdir -p /tmp/shardwise-profile-bad/trace.json");
+  auto r = shardwise_cli_test::run("train --mesh dp=2 --layers 1 --hidden 32 --steps 2 --global-batch 4 --eval-every 0 "
+                                   "--progress none --run-dir /tmp/shardwise-profile-bad --profile");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("profile: 2 steps on 2 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cannot write the trace /tmp/shardwise-profile-bad/trace.json: Is a directory"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(losses("/tmp/shardwise-profile-bad").size(), 2u);
+}
+
 }  // namespace

@@ -112,14 +112,13 @@ std::string duration(double seconds) {
   return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
 }
 
-// --profile, collective: rank 0 gathers every rank's events (MPI processes' too), writes the one
-// trace and returns the table; the other ranks return "".
-std::string finish_profile(const runtime::RankProfile& profile, comm::Communicator& world, const std::string& run_dir) {
-  runtime::ProfileReport r = runtime::gather_profile(profile, world);
-  if (world.rank() != 0) return "";
+// --profile on rank 0, after the run's summary: the table, then the trace (an error writing it
+// comes after everything else is printed and saved).
+void report_profile(const runtime::ProfileReport& r, const std::string& run_dir, std::ostream& out) {
+  out << runtime::format_profile(r) << std::flush;
   const std::string path = run_dir + "/trace.json";
   runtime::write_chrome_trace(r, path);
-  return runtime::format_profile(r) + fmt::format("  trace: {} (open it in https://ui.perfetto.dev)\n", path);
+  out << fmt::format("  trace: {} (open it in https://ui.perfetto.dev)\n", path);
 }
 
 // The loop every rank runs; rank 0 reports.
@@ -127,11 +126,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
   // --profile: the Trainer's collectives go through a recording communicator; events are kept
   // only while a training step runs (runtime/profiler.h).
-  std::unique_ptr<runtime::RankProfile> profile;
-  if (o.profile) {
-    profile = std::make_unique<runtime::RankProfile>(world_ref.rank());
-    world = std::make_shared<runtime::ProfiledCommunicator>(world);
-  }
+  auto profile = o.profile ? std::make_unique<runtime::RankProfile>(world_ref.rank()) : nullptr;
+  if (profile) world = std::make_shared<runtime::ProfiledCommunicator>(world);
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
   if (!o.init_from.empty()) {
@@ -250,7 +246,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     } else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
   }
   checkpoints.finish();  // waits for a background save; raises its error
-  const std::string profile_text = profile ? finish_profile(*profile, world_ref, o.run_dir) : "";
+  // Collective: rank 0 gathers every rank's events for the one trace.
+  const runtime::ProfileReport profiled = profile ? runtime::gather_profile(*profile, world_ref) : runtime::ProfileReport{};
   if (!report) return;
   if (o.save_every > 0) out << fmt::format("  checkpoints: {} (newest: step {})\n", save_dir, trainer.steps_done());
   if (log->records().empty()) return;
@@ -272,7 +269,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
                        trainer.skipped_steps());
   }
-  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve) << profile_text;
+  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve);
+  if (profile) report_profile(profiled, o.run_dir, out);
 }
 
 }  // namespace

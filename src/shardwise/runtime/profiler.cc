@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -26,10 +28,10 @@ constexpr EventKind kKinds[] = {EventKind::Step, EventKind::Eval, EventKind::Op,
                                 EventKind::Reshard, EventKind::Collective, EventKind::Optimizer};
 
 std::string total_key(const ProfileEvent& e) {
-  // Steps and evaluations are one type each; the rest by name.
-  if (e.kind == EventKind::Step || e.kind == EventKind::Eval || e.kind == EventKind::Reshard)
-    return std::string(event_kind_name(e.kind));
-  return fmt::format("{} {}", event_kind_name(e.kind), e.name);
+  // Steps, evaluations and reshards are one type each; the rest by name.
+  std::string key(event_kind_name(e.kind));
+  if (e.kind == EventKind::Step || e.kind == EventKind::Eval || e.kind == EventKind::Reshard) return key;
+  return key.append(" ").append(e.name);
 }
 
 nlohmann::json to_json(const RankProfile& p) {
@@ -149,9 +151,9 @@ void write_chrome_trace(const ProfileReport& r, const std::string& path) {
   }
   nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
   std::ofstream f(path);
-  SW_CHECK(f.good(), "--profile: cannot write the trace {}", path);
+  SW_CHECK(f.good(), "--profile: cannot write the trace {}: {} (the run's results are kept)", path, std::strerror(errno));
   f << trace.dump() << "\n";
-  SW_CHECK(f.good(), "--profile: writing the trace {} failed", path);
+  SW_CHECK(f.good(), "--profile: writing the trace {} failed: {} (the run's results are kept)", path, std::strerror(errno));
 }
 
 std::string format_profile(const ProfileReport& r) {

@@ -228,7 +228,7 @@ void Runtime::run(size_t begin, size_t end) {
       buffers_[static_cast<size_t>(s)] = out[k];
       live += out[k].defined() ? static_cast<int64_t>(out[k].nbytes()) : 0;
     }
-    if (profile) record_instr(*profile, ins, in, out, started);
+    if (profile) record_instr(*profile, i, ins, in, out, started);
     stats_.peak_bytes = std::max(stats_.peak_bytes, live);
     for (int s : ins.in) {
       auto si = static_cast<size_t>(s);
@@ -248,26 +248,30 @@ void Runtime::run(size_t begin, size_t end) {
   stats_.bytes_sent = resharder_.bytes_sent() - sent_before;
 }
 
-void Runtime::record_instr(RankProfile& profile, const graph::Instr& ins, const std::vector<Tensor>& in,
-                           const std::vector<Tensor>& out, int64_t started) const {
+void Runtime::record_instr(RankProfile& profile, size_t pos, const graph::Instr& ins, const std::vector<Tensor>& in,
+                           const std::vector<Tensor>& out, int64_t started) {
   ProfileEvent e;
   e.start_ns = started;
   e.dur_ns = profile.now_ns() - started;
   for (const Tensor& t : out) e.bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
-  if (ins.kind == InstrKind::Reshard) {
+  e.kind = ins.kind == InstrKind::Reshard ? EventKind::Reshard : ins.kind == InstrKind::Fill ? EventKind::Fill : EventKind::Op;
+  // The name and the text of an instruction are the same every run: made once.
+  if (profile_text_.empty()) profile_text_.resize(order_.size());
+  auto& [name, detail] = profile_text_[pos];
+  if (name.empty() && ins.kind == InstrKind::Reshard) {
     const graph::Slot& from = p_.slots[static_cast<size_t>(ins.in[0])];
-    e.kind = EventKind::Reshard;
-    e.name = "reshard";
-    e.detail = fmt::format("{} [{}] -> [{}]", from.name, from.dist.to_string(),
-                           p_.slots[static_cast<size_t>(ins.out[0])].dist.to_string());
-  } else {
+    name = "reshard";
+    detail = fmt::format("{} [{}] -> [{}]", from.name, from.dist.to_string(),
+                         p_.slots[static_cast<size_t>(ins.out[0])].dist.to_string());
+  } else if (name.empty()) {
     const graph::Node& n = g_.node(ins.node);
-    e.kind = ins.kind == InstrKind::Fill ? EventKind::Fill : EventKind::Op;
-    e.name = ins.kind == InstrKind::Backward ? n.op + "_grad" : n.op;
+    name = ins.kind == InstrKind::Backward ? n.op + "_grad" : n.op;
     std::string shapes;
     for (const Tensor& t : in) shapes += (shapes.empty() ? "" : " ") + (t.defined() ? t.shape().to_string() : "_");
-    e.detail = fmt::format("{}: {}", n.to_string(g_), shapes);
+    detail = fmt::format("{}: {}", n.to_string(g_), shapes);
   }
+  e.name = name;
+  e.detail = detail;
   profile.record(std::move(e));
 }
 

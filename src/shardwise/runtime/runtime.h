@@ -87,8 +87,8 @@ class Runtime {
   ops::KernelContext context(const std::vector<int>& slots) const;
   void bind(int slot, Tensor t);
   // --profile: one event for the instruction just run (profiler.h).
-  void record_instr(RankProfile& profile, const graph::Instr& ins, const std::vector<Tensor>& in,
-                    const std::vector<Tensor>& out, int64_t started) const;
+  void record_instr(RankProfile& profile, size_t pos, const graph::Instr& ins, const std::vector<Tensor>& in,
+                    const std::vector<Tensor>& out, int64_t started);
 
   const graph::Graph& g_;
   const graph::Program& p_;
@@ -103,6 +103,7 @@ class Runtime {
   std::vector<bool> kept_;
   RunStats stats_;
   int64_t sample_offset_ = 0;
+  std::vector<std::pair<std::string, std::string>> profile_text_;  // per position: event name, detail
 };
 
 }  // namespace shardwise::runtime
