@@ -26,6 +26,7 @@ using runtime::ProfileEvent;
 struct Run {
   std::vector<std::map<std::string, Tensor>> grads;  // per rank: local gradient blocks
   std::vector<std::vector<ProfileEvent>> events;     // per rank
+  std::vector<std::vector<std::string>> texts;       // per rank: the events' names
   std::vector<std::map<std::string, runtime::TypeTotal>> totals;
 };
 
@@ -35,6 +36,7 @@ Run run_block(const graph::Graph& g, const graph::Program& p, const std::map<std
   out.grads.resize(static_cast<size_t>(n));
   out.events.resize(static_cast<size_t>(n));
   out.totals.resize(static_cast<size_t>(n));
+  out.texts.resize(static_cast<size_t>(n));
   comm::LocalWorld::run(n, [&](comm::Communicator& world) {
     std::shared_ptr<comm::Communicator> self = world.group(world.members());
     runtime::RankProfile profile(world.rank());
@@ -49,7 +51,8 @@ Run run_block(const graph::Graph& g, const graph::Program& p, const std::map<std
     }
     auto r = static_cast<size_t>(world.rank());
     for (graph::ValueId v : g.params()) out.grads[r][g.value(v).name] = rt.local_grad(g.value(v).name).clone();
-    out.events[r] = profile.events();
+    out.events[r].assign(profile.events().begin(), profile.events().end());
+    out.texts[r] = profile.texts();
     out.totals[r] = profile.totals();
   });
   return out;
@@ -88,6 +91,7 @@ void check_profile(const std::map<std::string, std::string>& placements, const m
       EXPECT_EQ(std::memcmp(t.raw(), prof.grads[r].at(name).raw(), t.nbytes()), 0) << name << " differs when profiled";
     }
     const auto& ev = prof.events[r];
+    auto name = [&](const ProfileEvent& e) { return prof.texts[r][static_cast<size_t>(e.name)]; };
     auto step = std::find_if(ev.begin(), ev.end(), [](const ProfileEvent& e) { return e.kind == EventKind::Step; });
     ASSERT_NE(step, ev.end());
     EXPECT_GE(step->minflt, 0);
@@ -95,15 +99,15 @@ void check_profile(const std::map<std::string, std::string>& placements, const m
     std::map<std::string, int64_t> ns_by_type;
     for (const ProfileEvent& e : ev) {
       if (e.kind == EventKind::Step) continue;
-      EXPECT_TRUE(contains(*step, e)) << e.name << " outside its step";
-      if (e.kind == EventKind::Op || e.kind == EventKind::Reshard) ++ops[e.name];
-      ns_by_type[std::string(runtime::event_kind_name(e.kind)) + (e.kind == EventKind::Reshard ? "" : " " + e.name)] += e.dur_ns;
+      EXPECT_TRUE(contains(*step, e)) << name(e) << " outside its step";
+      if (e.kind == EventKind::Op || e.kind == EventKind::Reshard) ++ops[name(e)];
+      ns_by_type[std::string(runtime::event_kind_name(e.kind)) + (e.kind == EventKind::Reshard ? "" : " " + name(e))] += e.dur_ns;
       if (e.kind != EventKind::Collective) continue;
       // Every collective of this program is a reshard's step: inside exactly one reshard event.
       int inside = 0;
       for (const ProfileEvent& o : ev) inside += o.kind == EventKind::Reshard && contains(o, e);
-      EXPECT_EQ(inside, 1) << e.name;
-      ++collectives[e.name];
+      EXPECT_EQ(inside, 1) << name(e);
+      ++collectives[name(e)];
     }
     for (const auto& [name, count] : want_ops) {
       if (name == "matmul" || name == "matmul_grad" || name == "reshard") EXPECT_EQ(ops[name], count) << name;

@@ -27,25 +27,21 @@ void thread_faults(int64_t& minflt, int64_t& majflt) {
 constexpr EventKind kKinds[] = {EventKind::Step, EventKind::Eval, EventKind::Op, EventKind::Fill,
                                 EventKind::Reshard, EventKind::Collective, EventKind::Optimizer};
 
-std::string total_key(const ProfileEvent& e) {
-  // Steps, evaluations and reshards are one type each; the rest by name.
-  std::string key(event_kind_name(e.kind));
-  if (e.kind == EventKind::Step || e.kind == EventKind::Eval || e.kind == EventKind::Reshard) return key;
-  return key.append(" ").append(e.name);
-}
+// Steps, evaluations and reshards are one type each; the rest by name.
+bool one_type(EventKind k) { return k == EventKind::Step || k == EventKind::Eval || k == EventKind::Reshard; }
 
 nlohmann::json to_json(const RankProfile& p) {
   nlohmann::json events = nlohmann::json::array();
   std::vector<int64_t> minflt, majflt;
   for (const ProfileEvent& e : p.events()) {
-    events.push_back({static_cast<int>(e.kind), e.name, e.start_ns, e.dur_ns, e.bytes, e.detail, e.minflt, e.majflt});
+    events.push_back({static_cast<int>(e.kind), e.name, e.detail, e.start_ns, e.dur_ns, e.bytes, e.minflt, e.majflt});
     if (e.kind == EventKind::Step) minflt.push_back(e.minflt), majflt.push_back(e.majflt);
   }
   nlohmann::json totals = nlohmann::json::object();
   for (const auto& [k, t] : p.totals()) totals[k] = {t.count, t.ns, t.bytes};
   const AllocatorStats a = allocator_stats();
-  return {{"rank", p.rank()}, {"events", events}, {"totals", totals}, {"minflt", minflt}, {"majflt", majflt},
-          {"alloc", {a.reserved_bytes, a.peak_in_use_bytes, a.cached_bytes, a.in_use_bytes}}};
+  return {{"rank", p.rank()}, {"events", events}, {"texts", p.texts()}, {"totals", totals}, {"minflt", minflt},
+          {"majflt", majflt}, {"alloc", {a.reserved_bytes, a.peak_in_use_bytes, a.cached_bytes, a.in_use_bytes}}};
 }
 
 std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
@@ -72,12 +68,27 @@ void RankProfile::start(comm::Communicator& world) {
   origin_ns_ = t;
 }
 
-void RankProfile::record(ProfileEvent e) {
-  TypeTotal& t = totals_[total_key(e)];
+int32_t RankProfile::intern(std::string_view text) {
+  auto [it, added] = ids_.try_emplace(std::string(text), static_cast<int32_t>(texts_.size()));
+  if (added) texts_.emplace_back(text);
+  return it->second;
+}
+
+void RankProfile::record(const ProfileEvent& e) {
+  TypeTotal& t = totals_[{e.kind, one_type(e.kind) ? -1 : e.name}];
   ++t.count;
   t.ns += e.dur_ns;
   t.bytes += e.bytes;
-  events_.push_back(std::move(e));
+  events_.push_back(e);
+}
+
+std::map<std::string, TypeTotal> RankProfile::totals() const {
+  std::map<std::string, TypeTotal> out;
+  for (const auto& [key, t] : totals_) {
+    std::string name(event_kind_name(key.first));
+    out[key.second < 0 ? name : name + " " + text(key.second)] = t;
+  }
+  return out;
 }
 
 RankProfile* active_profile() { return current; }
@@ -88,7 +99,7 @@ ActiveProfile::~ActiveProfile() { current = previous_; }
 ProfileScope::ProfileScope(RankProfile* p, EventKind kind, std::string_view name, int64_t bytes) : p_(p) {
   if (!p_) return;
   e_.kind = kind;
-  e_.name = name;
+  e_.name = p_->intern(name);
   e_.bytes = bytes;
   if (kind == EventKind::Step || kind == EventKind::Eval) thread_faults(e_.minflt, e_.majflt);
   e_.start_ns = p_->now_ns();
@@ -103,7 +114,7 @@ ProfileScope::~ProfileScope() {
     e_.minflt = minflt - e_.minflt;
     e_.majflt = majflt - e_.majflt;
   }
-  p_->record(std::move(e_));
+  p_->record(e_);
 }
 
 ProfileReport gather_profile(const RankProfile& p, comm::Communicator& world) {
@@ -127,6 +138,7 @@ ProfileReport gather_profile(const RankProfile& p, comm::Communicator& world) {
     }
     r.ranks.push_back(std::move(s));
     r.events.push_back(std::move(events));
+    r.texts.push_back(j["texts"].get<std::vector<std::string>>());
   }
   return r;
 }
@@ -139,12 +151,13 @@ void write_chrome_trace(const ProfileReport& r, const std::string& path) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", rank},
                       {"args", {{"name", fmt::format("rank {}", rank)}}}});
     events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", rank}, {"args", {{"sort_index", rank}}}});
+    const std::vector<std::string>& texts = r.texts[i];
     for (const ProfileEvent& e : r.events[i]) {
       nlohmann::json args = nlohmann::json::object();
       if (e.bytes > 0 || e.kind == EventKind::Collective) args["bytes"] = e.bytes;
-      if (!e.detail.empty()) args["detail"] = e.detail;
+      if (e.detail >= 0) args["detail"] = texts[static_cast<size_t>(e.detail)];
       if (e.kind == EventKind::Step) args["minflt"] = e.minflt, args["majflt"] = e.majflt;
-      events.push_back({{"ph", "X"}, {"name", e.name}, {"cat", event_kind_name(e.kind)}, {"pid", 0}, {"tid", rank},
+      events.push_back({{"ph", "X"}, {"name", texts[static_cast<size_t>(e.name)]}, {"cat", event_kind_name(e.kind)}, {"pid", 0}, {"tid", rank},
                         {"ts", static_cast<double>(e.start_ns) / 1e3}, {"dur", static_cast<double>(e.dur_ns) / 1e3},
                         {"args", args}});
     }

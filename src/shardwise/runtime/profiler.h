@@ -10,9 +10,11 @@
 // writes one Chrome trace-event file (Perfetto opens it: one track per rank) and prints a table.
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
@@ -22,12 +24,13 @@ namespace shardwise::runtime {
 enum class EventKind : uint8_t { Step, Eval, Op, Fill, Reshard, Collective, Optimizer };
 std::string_view event_kind_name(EventKind k);  // the trace's "cat": "step", "op", ...
 
+// Texts are interned per RankProfile (RankProfile::intern / text): an event is a few numbers.
 struct ProfileEvent {
   EventKind kind = EventKind::Op;
-  std::string name;     // op type ("matmul", "matmul_grad"), collective ("all_reduce"), "step 3", ...
+  int32_t name = -1;    // op type ("matmul", "matmul_grad"), collective ("all_reduce"), "step 3", ...
+  int32_t detail = -1;  // op: node and operand shapes; reshard: the distributions (-1: none)
   int64_t start_ns = 0, dur_ns = 0;  // from the profile's origin
   int64_t bytes = 0;    // collectives: this rank's bytes (sent, or received by recv); reshards: output bytes
-  std::string detail;   // op: node and operand shapes; reshard: the distributions
   int64_t minflt = -1, majflt = -1;  // steps: page faults of the rank's thread during the step
 };
 
@@ -45,16 +48,21 @@ class RankProfile {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count() -
            origin_ns_;
   }
-  void record(ProfileEvent e);
-  const std::vector<ProfileEvent>& events() const { return events_; }
-  // Per "kind name" (e.g. "op matmul", "collective all_reduce", "step"): count, time, bytes.
-  const std::map<std::string, TypeTotal>& totals() const { return totals_; }
+  int32_t intern(std::string_view text);
+  const std::string& text(int32_t id) const { return texts_[static_cast<size_t>(id)]; }
+  const std::vector<std::string>& texts() const { return texts_; }
+  void record(const ProfileEvent& e);
+  const std::deque<ProfileEvent>& events() const { return events_; }
+  // Per "kind name" (e.g. "op matmul", "collective all_reduce"; "step", "reshard"): count, time, bytes.
+  std::map<std::string, TypeTotal> totals() const;
 
  private:
   int rank_;
   int64_t origin_ns_ = 0;
-  std::vector<ProfileEvent> events_;
-  std::map<std::string, TypeTotal> totals_;
+  std::deque<ProfileEvent> events_;  // grows without moving what it holds
+  std::vector<std::string> texts_;
+  std::unordered_map<std::string, int32_t> ids_;
+  std::map<std::pair<EventKind, int32_t>, TypeTotal> totals_;  // kept as events are recorded
 };
 
 // The calling thread's profile (null: profiling off).
@@ -99,6 +107,7 @@ struct RankSummary {
 struct ProfileReport {
   std::vector<RankSummary> ranks;              // in rank order
   std::vector<std::vector<ProfileEvent>> events;  // per rank
+  std::vector<std::vector<std::string>> texts;    // per rank: its events' names and details
   bool one_process = true;                     // ranks are threads of one process (one allocator)
 };
 

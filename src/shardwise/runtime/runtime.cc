@@ -255,24 +255,24 @@ void Runtime::record_instr(RankProfile& profile, size_t pos, const graph::Instr&
   e.dur_ns = profile.now_ns() - started;
   for (const Tensor& t : out) e.bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
   e.kind = ins.kind == InstrKind::Reshard ? EventKind::Reshard : ins.kind == InstrKind::Fill ? EventKind::Fill : EventKind::Op;
-  // The name and the text of an instruction are the same every run: made once.
-  if (profile_text_.empty()) profile_text_.resize(order_.size());
+  // The name and the text of an instruction are the same every run: made and interned once per profile.
+  if (profile_of_text_ != &profile) profile_text_.assign(order_.size(), {-1, -1}), profile_of_text_ = &profile;
   auto& [name, detail] = profile_text_[pos];
-  if (name.empty() && ins.kind == InstrKind::Reshard) {
+  if (name < 0 && ins.kind == InstrKind::Reshard) {
     const graph::Slot& from = p_.slots[static_cast<size_t>(ins.in[0])];
-    name = "reshard";
-    detail = fmt::format("{} [{}] -> [{}]", from.name, from.dist.to_string(),
-                         p_.slots[static_cast<size_t>(ins.out[0])].dist.to_string());
-  } else if (name.empty()) {
+    name = profile.intern("reshard");
+    detail = profile.intern(fmt::format("{} [{}] -> [{}]", from.name, from.dist.to_string(),
+                                        p_.slots[static_cast<size_t>(ins.out[0])].dist.to_string()));
+  } else if (name < 0) {
     const graph::Node& n = g_.node(ins.node);
-    name = ins.kind == InstrKind::Backward ? n.op + "_grad" : n.op;
+    name = profile.intern(ins.kind == InstrKind::Backward ? n.op + "_grad" : n.op);
     std::string shapes;
     for (const Tensor& t : in) shapes += (shapes.empty() ? "" : " ") + (t.defined() ? t.shape().to_string() : "_");
-    detail = fmt::format("{}: {}", n.to_string(g_), shapes);
+    detail = profile.intern(fmt::format("{}: {}", n.to_string(g_), shapes));
   }
   e.name = name;
   e.detail = detail;
-  profile.record(std::move(e));
+  profile.record(e);
 }
 
 Tensor Runtime::local(std::string_view name) const {

@@ -103,7 +103,9 @@ class Runtime {
   std::vector<bool> kept_;
   RunStats stats_;
   int64_t sample_offset_ = 0;
-  std::vector<std::pair<std::string, std::string>> profile_text_;  // per position: event name, detail
+  // --profile: per position, the interned event name and detail in profile_of_text_.
+  std::vector<std::pair<int32_t, int32_t>> profile_text_;
+  const RankProfile* profile_of_text_ = nullptr;
 };
 
 }  // namespace shardwise::runtime
