@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -66,6 +67,11 @@ void RankProfile::start(comm::Communicator& world) {
   int64_t t = now_ns();
   world.all_reduce(&t, &t, 1, DType::I64, comm::Reduce::Min);
   origin_ns_ = t;
+}
+
+RankProfile::RankProfile(int rank) : rank_(rank) {
+  static std::atomic<uint64_t> next{1};
+  serial_ = next++;
 }
 
 int32_t RankProfile::intern(std::string_view text) {

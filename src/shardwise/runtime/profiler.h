@@ -40,8 +40,9 @@ struct TypeTotal {
 
 class RankProfile {
  public:
-  explicit RankProfile(int rank) : rank_(rank) {}
+  explicit RankProfile(int rank);
   int rank() const { return rank_; }
+  uint64_t serial() const { return serial_; }  // unique in the process (caches of interned ids key on it)
   // Collective: every rank agrees on the time origin (the earliest rank's steady clock now).
   void start(comm::Communicator& world);
   int64_t now_ns() const {
@@ -58,6 +59,7 @@ class RankProfile {
 
  private:
   int rank_;
+  uint64_t serial_;
   int64_t origin_ns_ = 0;
   std::deque<ProfileEvent> events_;  // grows without moving what it holds
   std::vector<std::string> texts_;

@@ -256,7 +256,7 @@ void Runtime::record_instr(RankProfile& profile, size_t pos, const graph::Instr&
   for (const Tensor& t : out) e.bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
   e.kind = ins.kind == InstrKind::Reshard ? EventKind::Reshard : ins.kind == InstrKind::Fill ? EventKind::Fill : EventKind::Op;
   // The name and the text of an instruction are the same every run: made and interned once per profile.
-  if (profile_of_text_ != &profile) profile_text_.assign(order_.size(), {-1, -1}), profile_of_text_ = &profile;
+  if (profile_of_text_ != profile.serial()) profile_text_.assign(order_.size(), {-1, -1}), profile_of_text_ = profile.serial();
   auto& [name, detail] = profile_text_[pos];
   if (name < 0 && ins.kind == InstrKind::Reshard) {
     const graph::Slot& from = p_.slots[static_cast<size_t>(ins.in[0])];

@@ -105,7 +105,7 @@ class Runtime {
   int64_t sample_offset_ = 0;
   // --profile: per position, the interned event name and detail in profile_of_text_.
   std::vector<std::pair<int32_t, int32_t>> profile_text_;
-  const RankProfile* profile_of_text_ = nullptr;
+  uint64_t profile_of_text_ = 0;  // RankProfile::serial()
 };
 
 }  // namespace shardwise::runtime
