@@ -1,6 +1,8 @@
 // Checkpoint throughput: `bench_ckpt save DIR GIB RANKS` saves a model of GIB GiB (F32 matrices of
-// 64 MiB, tensor-parallel S(0) over RANKS LocalWorld ranks) and prints the wall time; `bench_ckpt
-// load DIR RANKS` loads it back on RANKS ranks with S(1) (another layout than saved); `bench_ckpt
+// 64 MiB, tensor-parallel S(0) over RANKS LocalWorld ranks, or "R,S(0)" on dp=2 x tp=2 with `dp2tp2`)
+// and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED]]]` loads it back on
+// RANKS ranks with S(1) (another layout than saved) with READERS reader threads per read and the
+// destinations on huge pages or not (ckpt::LoadTuning); `bench_ckpt
 // async DIR GIB` prints how long a synchronous save and an AsyncSaver::save() block the caller.
 // bench/ckpt.sh runs them next to dd on the same disk.
 #include <chrono>
@@ -10,6 +12,7 @@
 
 #include "shardwise/ckpt/async_saver.h"
 #include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/ckpt/parallel_read.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/mesh/shard_math.h"
 
@@ -20,15 +23,18 @@ namespace {
 
 constexpr int64_t kRows = 4096, kCols = 4096;  // 64 MiB of F32
 
-ckpt::CheckpointContent content(int rank, int ranks, int tensors, int64_t step, const std::string& dist) {
+// Rank `rank`'s part of the model: 1-d tensor-parallel S(0) over `ranks`, or with `dp_tp` on a
+// dp=2 x tp=2 mesh "R,S(0)" (both dp replicas hold the same blocks; the save plan writes one copy).
+ckpt::CheckpointContent content(int rank, int ranks, int tensors, int64_t step, bool dp_tp) {
   ckpt::CheckpointContent c;
   c.step = step;
   c.groups.push_back({"model", {}});
-  mesh::ProcessMesh m(Shape{ranks});
-  mesh::DistAttr d = mesh::parse_dist(dist, 1);
+  mesh::ProcessMesh m = dp_tp ? mesh::ProcessMesh(Shape{2, 2}) : mesh::ProcessMesh(Shape{ranks});
+  mesh::DistAttr d = mesh::parse_dist(dp_tp ? "R,S(0)" : "S(0)", m.ndim());
+  auto coords = m.coords(m.rank_index_of_process(rank));
   for (int i = 0; i < tensors; ++i) {
-    Shape local = mesh::local_shape(Shape{kRows, kCols}, d, m, std::vector<int64_t>{rank});
-    Tensor t = Tensor::full(DType::F32, local, static_cast<double>(i + rank));
+    Shape local = mesh::local_shape(Shape{kRows, kCols}, d, m, coords);
+    Tensor t = Tensor::full(DType::F32, local, static_cast<double>(i + (dp_tp ? coords[1] : rank)));
     c.groups[0].tensors.push_back({"layer" + std::to_string(i) + ".weight", Shape{kRows, kCols}, DType::F32, {m, d}, t});
   }
   return c;
@@ -40,7 +46,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS | load DIR RANKS | async DIR GIB\n");
+    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [dp2tp2] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED]]] | async DIR GIB\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -48,15 +54,17 @@ int main(int argc, char** argv) {
   if (mode == "save" || mode == "async") {
     int tensors = std::atoi(argv[3]) * 16;
     int ranks = mode == "save" && argc > 4 ? std::atoi(argv[4]) : 1;
+    bool dp_tp = mode == "save" && argc > 5 && std::string(argv[5]) == "dp2tp2";
+    if (dp_tp) ranks = 4;
     double bytes = static_cast<double>(tensors) * kRows * kCols * 4;
     std::vector<ckpt::CheckpointContent> parts;
-    for (int r = 0; r < ranks; ++r) parts.push_back(content(r, ranks, tensors, 1, "S(0)"));
+    for (int r = 0; r < ranks; ++r) parts.push_back(content(r, ranks, tensors, 1, dp_tp));
     if (mode == "save") {
       auto t0 = Clock::now();
       comm::LocalWorld::run(ranks, [&](comm::Communicator& c) { ckpt::save_checkpoint(c, dir, parts[static_cast<size_t>(c.rank())]); });
       double s = seconds_since(t0);
-      std::printf("shardwise save: %.2f GB in %.2f s = %.2f GB/s (%d ranks, fsync + xxh64 manifest included)\n", bytes / 1e9, s,
-                  bytes / 1e9 / s, ranks);
+      std::printf("shardwise save: %.2f GB in %.2f s = %.2f GB/s (%s, fsync + xxh64 manifest included)\n", bytes / 1e9, s,
+                  bytes / 1e9 / s, dp_tp ? "dp=2 x tp=2 ranks" : (std::to_string(ranks) + " ranks").c_str());
       return 0;
     }
     double sync_s = 0, async_s = 0, async_total = 0, async2_s = 0;
@@ -83,6 +91,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   int ranks = std::atoi(argv[3]);
+  ckpt::LoadTuning& tuning = ckpt::load_tuning();
+  if (argc > 4) tuning.reader_threads = std::atoi(argv[4]);
+  if (argc > 5) tuning.huge_pages = std::atoi(argv[5]) != 0;
+  if (argc > 6) tuning.will_need = std::atoi(argv[6]) != 0;
   std::vector<ckpt::LoadSpec> specs;
   auto index = ckpt::load_json(dir, "model.safetensors.index.json");
   for (const auto& [name, file] : index["weight_map"].items()) {
@@ -96,7 +108,8 @@ int main(int argc, char** argv) {
     if (c.rank() == 0) check = loaded.at("layer1.weight").at(0);
   });
   double s = seconds_since(t0);
-  std::printf("shardwise load: %.2f GB in %.2f s = %.2f GB/s (%d ranks, S(0) saved -> S(1) loaded; check %g)\n",
-              bytes / 1e9, s, bytes / 1e9 / s, ranks, check);
+  std::printf("shardwise load: %.2f GB in %.2f s = %.2f GB/s (%d ranks, S(0) saved -> S(1) loaded, %d reader threads, "
+              "huge pages %s, WILLNEED %s; check %g)\n", bytes / 1e9, s, bytes / 1e9 / s, ranks, tuning.reader_threads,
+              tuning.huge_pages ? "on" : "off", tuning.will_need ? "on" : "off", check);
   return 0;
 }

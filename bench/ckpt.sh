@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
-# Checkpoint save/load throughput next to dd on the same disk, and the caller's blocking time of
-# async vs sync saves. Usage: bash bench/ckpt.sh [build] [dir on the disk to test] [GiB]
+# Checkpoint save/load throughput next to dd on the same disk, interleaved round by round (the
+# machine is shared: compare within a round), and the caller's blocking time of async vs sync
+# saves. Loads: a checkpoint saved on 1 rank (S(0)) and one saved on dp=2 x tp=2 ("R,S(0)"), loaded
+# as S(1) on 1 rank and on tp=4; reader threads 1/2/4 and huge-page destinations on/off; and the
+# peers' loads of the same bytes: safetensors' safe_open on shardwise's own files, torch.load of a
+# torch.save of the same tensors (both when $PYTHON imports them: a venv, see BENCHMARKS.md).
+# Usage: [PYTHON=venv/bin/python] bash bench/ckpt.sh [build] [dir on the disk to test] [GiB] [rounds]
 set -euo pipefail
 build=${1:-build}
 dir=${2:-/tmp/shardwise_ckpt_bench}
 gib=${3:-1}
+rounds=${4:-3}
+py=${PYTHON:-python3}
+here=$(dirname "$0")
+bench="$build/bench/bench_ckpt"
 rm -rf "$dir" && mkdir -p "$dir"
-drop() { sync; if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then echo "(page cache dropped)"; else echo "(page cache NOT dropped: reads may come from memory)"; fi; }
-echo "== $(date -u +%F), $(nproc) cores, $gib GiB, dir $dir ($(df -h "$dir" | awk 'NR==2 {print $1}'))"
-echo "-- dd write (bs=64M, conv=fdatasync)"
-dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((gib * 16)) conv=fdatasync 2>&1 | tail -1
-drop
-echo "-- dd read"
-dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
-rm -f "$dir/dd.bin"
-for ranks in 1 2; do
-  "$build/bench/bench_ckpt" save "$dir/r$ranks" "$gib" "$ranks"
-  drop
-  "$build/bench/bench_ckpt" load "$dir/r$ranks/checkpoint-1" "$ranks"
-  rm -rf "$dir/r$ranks"
+drop() { sync; if ! echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then echo "(page cache NOT dropped: reads may come from memory)"; fi; }
+echo "== $(date -u +%F), $(nproc) cores, $gib GiB, dir $dir ($(df -h "$dir" | awk 'NR==2 {print $1}')), THP $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+drop_ok=$( (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null && echo yes || echo no)
+echo "page cache dropped before every read: $drop_ok"
+has_st=$($py -c "import safetensors" 2>/dev/null && echo yes || echo no)
+has_torch=$($py -c "import torch" 2>/dev/null && echo yes || echo no)
+echo "peers ($py): safetensors $has_st, torch $has_torch"
+for r in $(seq 1 "$rounds"); do
+  echo "-- round $r: saves"
+  echo -n "dd write (bs=64M, conv=fdatasync): "
+  dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((gib * 16)) conv=fdatasync 2>&1 | tail -1
+  rm -rf "$dir/r1" "$dir/dptp"
+  "$bench" save "$dir/r1" "$gib" 1
+  "$bench" save "$dir/dptp" "$gib" 4 dp2tp2
+  if [ "$has_torch" = yes ]; then rm -rf "$dir/torch"; $py "$here/ckpt_torch.py" save "$dir/torch" "$gib"; fi
+  echo "-- round $r: loads (page cache dropped before each)"
+  drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
+  # load ARGS: RANKS READERS HUGE_PAGES WILLNEED (the defaults: 2 readers, huge pages, WILLNEED)
+  for cfg in "1 2 1 1" "1 1 1 1" "1 4 1 1" "1 2 0 1" "1 2 1 0"; do
+    drop; echo -n "[1-rank ckpt] "; "$bench" load "$dir/r1/checkpoint-1" $cfg
+  done
+  for cfg in "1 2 1 1" "4 2 1 1" "4 1 1 1"; do
+    drop; echo -n "[dp2tp2 ckpt] "; "$bench" load "$dir/dptp/checkpoint-1" $cfg
+  done
+  if [ "$has_st" = yes ]; then drop; echo -n "[1-rank ckpt] "; $py "$here/ckpt_safetensors.py" "$dir/r1/checkpoint-1"; fi
+  if [ "$has_torch" = yes ]; then drop; $py "$here/ckpt_torch.py" load "$dir/torch"; fi
+  drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
 done
-"$build/bench/bench_ckpt" async "$dir/async" "$gib"
-if /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "-- torch.save / torch.load of the same tensors (Debian's python3-torch)"
-  /usr/bin/python3 "$(dirname "$0")/ckpt_torch.py" save "$dir/torch" "$gib"
-  drop
-  /usr/bin/python3 "$(dirname "$0")/ckpt_torch.py" load "$dir/torch"
-else
-  echo "-- torch.save / torch.load: python3-torch is not installed (apt-get install python3-torch)"
-fi
+"$bench" async "$dir/async" "$gib"
 rm -rf "$dir"

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "shardwise/ckpt/box_runs.h"
+#include "shardwise/ckpt/parallel_read.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::ckpt {
@@ -299,7 +300,11 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
              "safetensors file '{}': tensor '{}' of shape {}: box dim {} [{}, {}) is out of range", path().string(),
              t.name, t.shape.to_string(), d, box.offset[i], box.offset[i] + box.shape[d]);
   }
-  Tensor out = Tensor::uninitialized(dtype, box.shape, /*huge_pages=*/true);  // every run below writes its part
+  const LoadTuning& tuning = load_tuning();
+  // Every run below writes its part. Huge pages for the destination and the reader threads are
+  // chosen by measurement (LoadTuning): with two readers the kernel's clearing of fresh pages runs
+  // on both cores.
+  Tensor out = Tensor::uninitialized(dtype, box.shape, tuning.huge_pages);
   const size_t es = dtype_size(dtype);
   const std::byte* src = data(t).data();
   std::byte* dst = out.raw();
@@ -311,23 +316,27 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
   if (runs.empty()) return out;
   // Reading through the mapping faults every page in one at a time (~0.6 GB/s here); pread moves the
   // same bytes at the disk's sequential rate: the box itself when it is one run, each run when runs
-  // are a page or longer, else the span the runs cover (then copied out) when at least half of it is
-  // needed. Short runs scattered over a long span are copied run by run from the mapping.
+  // are a page or longer (both by the reader threads, straight into place), else the span the runs
+  // cover (then copied out) when at least half of it is needed. Short runs scattered over a long
+  // span are copied run by run from the mapping.
   const int64_t first = runs.front().s, last = runs.back().s + runs.back().n;
   int64_t needed = 0;
   for (const Run& r : runs) needed += r.n;
-  const auto file_offset = static_cast<uint64_t>(src - map_.data()) + static_cast<uint64_t>(first) * es;
-  if (runs.size() == 1) {
-    FileHandle(path(), O_RDONLY).pread_all({dst + static_cast<size_t>(runs[0].d) * es, static_cast<size_t>(runs[0].n) * es},
-                                           file_offset);
-  } else if (static_cast<size_t>(runs[0].n) * es >= 4096) {
-    // Runs of a page or more (a column block of a wide matrix): one pread each, straight into place.
-    FileHandle f(path(), O_RDONLY);
-    const auto base = static_cast<uint64_t>(src - map_.data());
+  const auto base = static_cast<uint64_t>(src - map_.data());
+  const auto file_offset = base + static_cast<uint64_t>(first) * es;
+  if (runs.size() == 1 || static_cast<size_t>(runs[0].n) * es >= 4096) {
+    std::vector<ReadRange> ranges;
+    ranges.reserve(runs.size());
     for (const Run& r : runs) {
-      f.pread_all({dst + static_cast<size_t>(r.d) * es, static_cast<size_t>(r.n) * es},
-                  base + static_cast<uint64_t>(r.s) * es);
+      ranges.push_back({base + static_cast<uint64_t>(r.s) * es, dst + static_cast<size_t>(r.d) * es,
+                        static_cast<size_t>(r.n) * es});
     }
+    FileHandle file(path(), O_RDONLY);
+    if (tuning.will_need) {  // the disk starts on the whole span while the readers fault their pages in
+      ::posix_fadvise(file.fd(), static_cast<off_t>(file_offset), static_cast<off_t>(last - first) * static_cast<off_t>(es),
+                      POSIX_FADV_WILLNEED);
+    }
+    pread_ranges(file, ranges, tuning.reader_threads, tuning.piece_bytes);
   } else if (2 * needed >= last - first) {
     std::vector<std::byte> span(static_cast<size_t>(last - first) * es);
     FileHandle(path(), O_RDONLY).pread_all(span, file_offset);
