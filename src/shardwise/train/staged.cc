@@ -294,12 +294,8 @@ std::shared_ptr<comm::Communicator> StagedGpt::dp_group() {
   if (dp_) return dp_;
   const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(runner_->local_stages().front())];
   std::vector<int> members;
-  std::vector<int64_t> coords = m.coords(m.rank_index_of_process(my_process(*world_)));
-  const int dp = stage_strategy_.dp;
-  for (int64_t d = 0; d < (dp < 0 ? 1 : m.dim_size(dp)); ++d) {
-    if (dp >= 0) coords[static_cast<size_t>(dp)] = d;
-    members.push_back(static_cast<int>(m.process_ids()[static_cast<size_t>(m.rank_index(coords))]));
-  }
+  for (int64_t process : m.processes_along(my_process(*world_), stage_strategy_.dp))
+    members.push_back(static_cast<int>(process));
   dp_ = world_->group(members);
   return dp_;
 }
