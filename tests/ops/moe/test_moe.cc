@@ -164,6 +164,18 @@ TEST(MoeKernel, BackwardMatchesCentralDifferences) {
   }
 }
 
+// Rank r's blocks of the five inputs under `dists`, their places recorded in ctx.
+std::vector<Tensor> local_inputs(const Inputs& in, const std::vector<mesh::DistAttr>& dists, const mesh::ProcessMesh& pm,
+                                 int64_t r, KernelContext& ctx) {
+  std::vector<Tensor> local;
+  for (size_t i = 0; i < 5; ++i) {
+    auto block = mesh::local_block(in.t[i].shape(), dists[i], pm, pm.coords(r));
+    local.push_back(in.t[i].slice(block.offsets(), block.shape));
+    ctx.tensors.push_back({in.t[i].shape(), block.offset, dists[i]});
+  }
+  return local;
+}
+
 // Expert parallelism on 4 threads (mesh [4]): tokens and experts split 4 ways, against one device.
 TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
   const OpDef& op = op_registry().get("moe_mlp");
@@ -184,12 +196,7 @@ TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
     comm::MeshComm mc(pm, world.group(world.members()));
     KernelContext ctx;
     ctx.mesh_comm = &mc;
-    std::vector<Tensor> local;
-    for (size_t i = 0; i < 5; ++i) {
-      auto block = mesh::local_block(in.t[i].shape(), dists[i], pm, pm.coords(r));
-      local.push_back(in.t[i].slice(block.offsets(), block.shape));
-      ctx.tensors.push_back({in.t[i].shape(), block.offset, dists[i]});
-    }
+    std::vector<Tensor> local = local_inputs(in, dists, pm, r, ctx);
     outs[static_cast<size_t>(r)] = run_forward(op, local, attrs, &ctx);
     auto ob = mesh::local_block(wout.shape(), dists[0], pm, pm.coords(r));
     std::vector<Tensor> ldout{wout.slice(ob.offsets(), ob.shape), dout[1], dout[2], Tensor()};
@@ -208,6 +215,29 @@ TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
     expert += grads[r][2].shape()[0];
   }
   for (int64_t i = 0; i < want_grad[1].numel(); ++i) EXPECT_NEAR(dgate[static_cast<size_t>(i)], want_grad[1].at(i), 1e-12);
+}
+
+// Experts split over a mesh dim that does not split the tokens (a layout the rule never asks for)
+// are refused by the kernel, naming both layouts.
+TEST(MoeKernel, ExpertsSplitWhereTokensAreNotAreRefused) {
+  const OpDef& op = op_registry().get("moe_mlp");
+  Inputs in = make_inputs(4, 3, 4, 2, 50);
+  mesh::ProcessMesh pm(Shape{2});
+  std::vector<mesh::DistAttr> dists{parse_dist("R"), parse_dist("R"), parse_dist("S(0)"), parse_dist("S(0)"),
+                                    parse_dist("S(0)")};
+  std::string message;
+  try {
+    comm::LocalWorld::run(2, [&](comm::Communicator& world) {
+      comm::MeshComm mc(pm, world.group(world.members()));
+      KernelContext ctx;
+      ctx.mesh_comm = &mc;
+      std::vector<Tensor> local = local_inputs(in, dists, pm, world.rank(), ctx);
+      run_forward(op, local, Attrs{{"top_k", int64_t{1}}}, &ctx);
+    });
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("split over mesh dim 0 but the tokens are not"), std::string::npos) << message;
 }
 
 TEST(MoeKernel, BadInputsNameTheProblem) {

@@ -19,7 +19,7 @@ constexpr std::string_view kMoe = "moe_mlp";
 
 // Where this rank's blocks sit (ctx.tensors: x at 0, w1 at 2, forward and backward alike) and its
 // groups; the expert-sharding mesh dims must also split the tokens.
-MoeShard shard_of(std::span<const Tensor> in, const KernelContext& ctx) {
+MoeShard shard_of(const KernelContext& ctx) {
   MoeShard s;
   if (ctx.tensors.size() < 5 || ctx.tensors[0].global_shape.ndim() != 2) return s;
   s.token_offset = ctx.tensors[0].offset[0];
@@ -34,17 +34,16 @@ MoeShard shard_of(std::span<const Tensor> in, const KernelContext& ctx) {
              "there too",
              kMoe, m, ctx.tensors[0].dist.to_string(), ctx.tensors[2].dist.to_string());
   }
-  (void)in;
   return s;
 }
 
 std::vector<Tensor> forward(std::span<const Tensor> in, const Attrs& attrs, const KernelContext& ctx) {
-  return moe_forward(in, moe_config(attrs, in[1].shape()[0]), shard_of(in, ctx));
+  return moe_forward(in, moe_config(attrs, in[1].shape()[0]), shard_of(ctx));
 }
 
 std::vector<Tensor> backward(std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
                              const Attrs& attrs, const KernelContext& ctx) {
-  MoeGrads g = moe_backward(in, dout[0], dout[1], dout[2], moe_config(attrs, in[1].shape()[0]), shard_of(in, ctx));
+  MoeGrads g = moe_backward(in, dout[0], dout[1], dout[2], moe_config(attrs, in[1].shape()[0]), shard_of(ctx));
   return {g.dx, g.dgate, g.dw1, g.dw3, g.dw2};
 }
 
