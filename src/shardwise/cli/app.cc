@@ -102,6 +102,16 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--vocab", c.model.vocab, "vocabulary size");
   t->add_option("--kv-heads", c.model.kv_heads, "llama: key/value heads, dividing --heads (0: as many as --heads)");
   t->add_option("--intermediate-size", c.model.intermediate_size, "llama: the SwiGLU MLP's width (0: 4 x hidden)");
+  t->add_option("--experts", c.model.experts,
+                "llama: experts per MoE MLP (Mixtral's block_sparse_moe; 0: dense MLPs); split over an ep mesh dim");
+  t->add_option("--top-k", c.model.top_k, "llama with --experts: experts per token");
+  t->add_option("--moe-layers", c.model.moe_layers, "llama with --experts: the MoE layers (default: every layer)")
+      ->delimiter(',');
+  t->add_option("--aux-loss", c.model.aux_loss, "llama with --experts: the load-balancing loss coefficient");
+  t->add_option("--router-z-loss", c.model.router_z_loss, "llama with --experts: the router z-loss coefficient");
+  t->add_option("--capacity-factor", c.model.capacity_factor,
+                "llama with --experts: tokens per expert = ceil(factor x tokens x top-k / experts), the rest dropped "
+                "(0: dropless)");
   t->add_option("--rope-theta", c.model.rope_theta, "llama: the rotary embedding's base");
   t->add_option("--rms-norm-eps", c.model.rms_norm_eps, "llama: the RMSNorm epsilon");
   t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,

@@ -19,6 +19,8 @@ void GptConfig::validate() const {
   SW_CHECK(model_type == "gpt2" || model_type == "llama", "model '{}' is not one shardwise builds (gpt2, llama)",
            model_type);
   if (is_llama()) validate_llama(*this);
+  SW_CHECK(experts == 0 || is_llama(), "--experts {}: mixture-of-experts layers are built for --model llama only",
+           experts);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
   SW_CHECK(recompute == "none" || recompute == "full" || recompute == "selective",
            "--recompute '{}' is not a recompute mode (none, full, selective)", recompute);
@@ -39,8 +41,9 @@ Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parall
     if (n == "dp") s.dp = m;
     else if (n == "tp") s.tp = m;
     else if (n == "pp") s.pp = m;
+    else if (n == "ep") s.ep = m;
     else
-      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp or pp (e.g. dp=2,tp=2)", mesh.to_string(), m,
+      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp, pp or ep (e.g. dp=2,tp=2)", mesh.to_string(), m,
            n.empty() ? "(unnamed)" : n);
   }
   SW_CHECK(!sequence_parallel || s.tp >= 0, "sequence parallelism (--sp) runs on the tp dim: the mesh {} has none",
@@ -186,6 +189,8 @@ class Builder {
 
 GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
   c.validate();
+  SW_CHECK(s.ep < 0, "the mesh {} has an ep dim: experts split over ep are built for --model llama --experts E only",
+           s.mesh.to_string());
   SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());

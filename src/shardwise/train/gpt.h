@@ -9,6 +9,7 @@
 // Parameter names follow Hugging Face's GPT-2 ("transformer.h.0.ln_1.weight", ...), with separate
 // q/k/v projections; they are the checkpoint keys. With LoRA (config.lora, train/lora.h) every base
 // parameter is frozen and the adapters ("<module>.lora_A.weight", ...) are the graph's parameters.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,18 @@ struct GptConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;  // false: a separate lm_head.weight
+  // Llama only: a Mixtral MoE MLP (ops/moe: moe_mlp) in place of the dense one in `moe_layers`
+  // (empty: every layer) when experts > 0; each expert a SwiGLU MLP of mlp_width(). The loss adds
+  // aux_loss x the load-balancing loss and router_z_loss x the z-loss of every MoE layer.
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  std::vector<int64_t> moe_layers;
+  double aux_loss = 0.0;
+  double router_z_loss = 0.0;
+  double capacity_factor = 0.0;  // 0: dropless
+  bool is_moe_layer(int64_t layer) const {
+    return experts > 0 && (moe_layers.empty() || std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end());
+  }
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
@@ -65,14 +78,16 @@ struct GptConfig {
   void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
 };
 
-// Which mesh dims play which role: found by name ("dp", "tp", "pp") in the mesh.
+// Which mesh dims play which role: found by name ("dp", "tp", "pp", "ep") in the mesh. ep splits
+// the experts of MoE layers (and, at those layers, the tokens); elsewhere its ranks compute alike.
 struct Strategy {
   mesh::ProcessMesh mesh;
-  int dp = -1, tp = -1, pp = -1;
+  int dp = -1, tp = -1, pp = -1, ep = -1;
   bool sequence_parallel = false;
   static Strategy from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel);
   int64_t dp_size() const { return dp < 0 ? 1 : mesh.dim_size(dp); }
   int64_t tp_size() const { return tp < 0 ? 1 : mesh.dim_size(tp); }
+  int64_t ep_size() const { return ep < 0 ? 1 : mesh.dim_size(ep); }
   std::string to_string() const;
   // Placements text for the mesh: `on_tp` on the tp dim, `on_dp` on dp, R elsewhere ("S(0),S(1)").
   std::string placements(const char* on_tp, const char* on_dp = "R") const;
