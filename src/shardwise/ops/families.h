@@ -16,7 +16,8 @@
   X(channel_norm)                \
   X(misc)                        \
   X(activation)                  \
-  X(rotary)
+  X(rotary)                      \
+  X(attention)
 
 namespace shardwise::ops {
 
