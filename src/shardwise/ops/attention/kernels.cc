@@ -113,26 +113,26 @@ void forward_head(const C* Qs, const C* K, const C* V, const TileKeys& keys, int
     for (int64_t j0 = 0; j0 < jend; j0 += kTile) {
       const int64_t nj = std::min(kTile, jend - j0);
       gemm_rows<C>(false, true, ni, nj, D, Qs + i0 * D, D, K + j0 * D, D, s.data(), nj, 0.0);
+      const bool edge = keys.doc != nullptr || j0 + nj - 1 > i0;  // some key of the tile may be invisible
       for (int64_t a = 0; a < ni; ++a) {
         const int64_t i = i0 + a;
         C* row = s.data() + a * nj;
+        if (edge)
+          for (int64_t c = 0; c < nj; ++c)
+            if (!keys.visible(i, j0 + c)) row[c] = neg_inf;
         C mx = neg_inf;
-        for (int64_t c = 0; c < nj; ++c) {
-          if (!keys.visible(i, j0 + c)) row[c] = neg_inf;
-          mx = std::max(mx, row[c]);
-        }
+        for (int64_t c = 0; c < nj; ++c) mx = std::max(mx, row[c]);
         const double mnew = std::max(m[static_cast<size_t>(a)], static_cast<double>(mx));
         if (std::isinf(mnew)) {  // nothing visible yet in this row (a later document)
           std::fill(row, row + nj, C(0));
           continue;
         }
-        const C alpha = exp_of(static_cast<C>(m[static_cast<size_t>(a)] - mnew));
+        const C alpha = exp_of(static_cast<C>(m[static_cast<size_t>(a)] - mnew)), mn = static_cast<C>(mnew);
+        for (int64_t c = 0; c < nj; ++c) row[c] = exp_of(row[c] - mn);  // masked: exp(-inf) = 0
         double sum = 0.0;
-        for (int64_t c = 0; c < nj; ++c) {
-          const C e = exp_of(static_cast<C>(row[c] - static_cast<C>(mnew)));
-          sum += static_cast<double>(e);
-          row[c] = keys.rng == nullptr ? e : (keys.keep(i, j0 + c) ? e * keep_scale : C(0));
-        }
+        for (int64_t c = 0; c < nj; ++c) sum += static_cast<double>(row[c]);
+        if (keys.rng != nullptr)
+          for (int64_t c = 0; c < nj; ++c) row[c] = keys.keep(i, j0 + c) ? row[c] * keep_scale : C(0);
         l[static_cast<size_t>(a)] = l[static_cast<size_t>(a)] * static_cast<double>(alpha) + sum;
         m[static_cast<size_t>(a)] = mnew;
         C* arow = acc.data() + a * D;
@@ -162,17 +162,27 @@ void backward_head(const C* Qs, const C* K, const C* V, const C* dO, const C* ls
       const int64_t nj = std::min(kTile, jend - j0);
       gemm_rows<C>(false, true, ni, nj, D, Qs + i0 * D, D, K + j0 * D, D, P.data(), nj, 0.0);
       gemm_rows<C>(false, true, ni, nj, D, dO + i0 * D, D, V + j0 * D, D, dP.data(), nj, 0.0);
+      const bool edge = keys.doc != nullptr || j0 + nj - 1 > i0;  // some key of the tile may be invisible
       for (int64_t a = 0; a < ni; ++a) {
         const int64_t i = i0 + a;
-        for (int64_t c = 0; c < nj; ++c) {
-          const size_t e = static_cast<size_t>(a * nj + c);
-          const C pr = keys.visible(i, j0 + c) ? exp_of(static_cast<C>(P[e] - lse[i])) : C(0);
-          const C k = keys.rng == nullptr ? C(1) : (keys.keep(i, j0 + c) ? keep_scale : C(0));
-          Pd[e] = pr * k;
-          dP[e] = pr * (dP[e] * k - delta[i]);  // dS
+        C *p = P.data() + a * nj, *pd = Pd.data() + a * nj, *ds = dP.data() + a * nj;
+        const C l = lse[i], dl = delta[i];
+        for (int64_t c = 0; c < nj; ++c) p[c] = exp_of(p[c] - l);
+        if (edge)
+          for (int64_t c = 0; c < nj; ++c)
+            if (!keys.visible(i, j0 + c)) p[c] = C(0);
+        if (keys.rng == nullptr) {
+          for (int64_t c = 0; c < nj; ++c) ds[c] = p[c] * (ds[c] - dl);  // dS
+        } else {
+          for (int64_t c = 0; c < nj; ++c) {
+            const C k = keys.keep(i, j0 + c) ? keep_scale : C(0);
+            pd[c] = p[c] * k;
+            ds[c] = p[c] * (ds[c] * k - dl);
+          }
         }
       }
-      gemm_rows<C>(true, false, nj, D, ni, Pd.data(), nj, dO + i0 * D, D, dV + j0 * D, D, 1.0);
+      const C* dropped = keys.rng == nullptr ? P.data() : Pd.data();
+      gemm_rows<C>(true, false, nj, D, ni, dropped, nj, dO + i0 * D, D, dV + j0 * D, D, 1.0);
       gemm_rows<C>(false, false, ni, D, nj, dP.data(), nj, K + j0 * D, D, dQs + i0 * D, D, 1.0);
       gemm_rows<C>(true, false, nj, D, ni, dP.data(), nj, Qs + i0 * D, D, dK + j0 * D, D, 1.0);
     }
