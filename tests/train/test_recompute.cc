@@ -2,7 +2,8 @@
 // selective and first-layer-only recompute are bit for bit those without recompute on the same
 // mesh (the same kernels on the same inputs; dropout draws the same masks), for GPT-2 and Llama on
 // 1 rank, dp=2 x tp=2, tp=2 + sp and pp=2 (FThenB, 1F1B, interleaved, zero-bubble); and the activations a
-// micro-batch keeps after its forward shrink by exactly what the mode no longer keeps.
+// micro-batch keeps after its forward shrink by exactly what the mode no longer keeps. Also fused
+// attention (--attention fused) against the unfused graph on the same helpers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -160,6 +161,28 @@ TEST(Recompute, FusedAttentionFullIsBitIdenticalAndSelectiveKeepsWhatNoneKeeps) 
       EXPECT_GE(unfused_kept - fused_kept, 3 * per_layer) << type;
     } else {
       EXPECT_EQ(unfused_kept - fused_kept, 3 * per_layer) << type;
+    }
+  }
+}
+
+// The fused core computes what the unfused graph computes, attention dropout included (the same
+// masks: with other masks the losses would differ by ~1e-2), up to float summation order: the loss
+// and every gradient on 1 rank, dp x tp (Llama: grouped kv heads sharded over tp) and pp.
+TEST(FusedAttention, LossAndGradientsFollowTheUnfusedGraphWithDropout) {
+  for (const char* type : {"gpt2", "llama"}) {
+    for (const char* mesh : {"dp=1", "dp=2,tp=2", "pp=2"}) {
+      const GptConfig unfused = small(type, 2);
+      GptConfig fused = unfused;
+      fused.attention = "fused";
+      const Step a = run(fused, mesh, false), b = run(unfused, mesh, false);
+      const std::string what = fmt::format("{} {}", type, mesh);
+      EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(b.loss)) << what;
+      ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+      for (const auto& [name, g] : b.grads) {
+        const Tensor& t = a.grads.at(name);
+        for (int64_t i = 0; i < g.numel(); ++i)
+          ASSERT_NEAR(t.at(i), g.at(i), 1e-5 * std::max(1.0, std::abs(g.at(i)))) << what << ": " << name << " " << i;
+      }
     }
   }
 }
