@@ -11,6 +11,7 @@
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/pipeline/simulate.h"
+#include "shardwise/train/models.h"
 #include "shardwise/train/staged.h"
 
 namespace shardwise::train {
@@ -39,7 +40,7 @@ std::map<std::string, Tensor> single_rank_grads(const GptConfig& model, const Da
       const auto& val = gpt.g.value(v);
       rt.set_global(val.name, init_param(model, val.name, val.meta.shape, kSeed));
     }
-    rt.set_global("causal_mask", causal_mask(model.seq));
+    for (const auto& [name, t] : model_constants(model)) rt.set_global(name, t);  // none with fused attention
     for (int a = 0; a < kMicroBatches; ++a) {
       Batch b = make_batch(data, a * kMicroBatch, kMicroBatch, model.seq);
       rt.set_global("ids", b.ids);

@@ -53,6 +53,9 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "or selective (recompute the attention core: scores, softmax, dropout, probs x V)");
   t->add_option("--recompute-layers", c.model.recompute_layers,
                 "recompute only the first N layers of each pipeline stage (default: all)");
+  t->add_option("--attention", c.model.attention,
+                "attention core: fused (default; tiled causal attention, nothing [S, S] kept for the backward) or "
+                "unfused (scores, mask, softmax, dropout and probs x V as separate ops)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,
                  "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "

@@ -17,7 +17,8 @@
   X(misc)                        \
   X(activation)                  \
   X(rotary)                      \
-  X(moe)
+  X(moe)                         \
+  X(attention)
 
 namespace shardwise::ops {
 

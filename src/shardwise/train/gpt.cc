@@ -29,6 +29,22 @@ void GptConfig::validate() const {
            recompute_layers);
   SW_CHECK(recompute_layers == -1 || recompute != "none",
            "--recompute-layers {} needs --recompute full or selective (it is none)", recompute_layers);
+  SW_CHECK(attention == "fused" || attention == "unfused", "--attention '{}' is not an attention mode (fused, unfused)",
+           attention);
+}
+
+graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool training, graph::ValueId q, graph::ValueId k,
+                               graph::ValueId v, graph::ValueId doc, const std::string& name,
+                               const std::string& dropout_site) {
+  Attrs a{{"scale", 1.0 / std::sqrt(static_cast<double>(c.hidden / c.heads))}};
+  if (training && c.dropout > 0) {
+    a.set("p", c.dropout);
+    a.set("seed", static_cast<int64_t>(c.dropout_seed));
+    a.set("stream", static_cast<int64_t>(stream_id(dropout_site) >> 1));
+  }
+  std::vector<graph::ValueId> in{q, k, v};
+  if (doc >= 0) in.push_back(doc);
+  return g.op(doc >= 0 ? "flash_attention_docs" : "flash_attention", std::move(in), std::move(a), name)[0];
 }
 
 Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel) {
@@ -156,14 +172,13 @@ class Builder {
     auto q = heads(linear(h, p + ".attn.q_proj", H, H, true, qkv_lora), p + ".attn.q");
     auto k = heads(linear(h, p + ".attn.k_proj", H, H, true, qkv_lora), p + ".attn.k");
     auto v = heads(linear(h, p + ".attn.v_proj", H, H, true, qkv_lora), p + ".attn.v");
-    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
-    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
-    auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
-    if (selective) g_.begin_segment();  // the attention core
-    auto scores = g_.matmul(q_scaled, k, true, p + ".attn.scores");
-    auto probs = drop(g_.softmax(g_.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
-    auto ctx_heads = g_.matmul(probs, v, false, p + ".attn.ctx.heads");
-    if (selective) g_.end_segment();
+    graph::ValueId ctx_heads;
+    if (c_.fused_attention()) {
+      ctx_heads = fused_attention(g_, c_, training_, q, k, v, c_.document_mask ? mask : -1, p + ".attn.ctx.heads",
+                                  p + ".attn.dropout");
+    } else {
+      ctx_heads = unfused_attention(q, k, v, mask, p, selective);
+    }
     auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".attn.ctx.t"), {B, S, H}, p + ".attn.ctx");
     const std::string proj = p + ".attn.c_proj";
     x = g_.add(x, drop(linear(ctx, proj, H, H, false, lora_hidden(ctx, proj)), p + ".attn.resid_dropout"),
@@ -175,6 +190,21 @@ class Builder {
     auto out = g_.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
     if (full) g_.end_segment();
     return out;
+  }
+
+  // The attention core as separate ops (--attention unfused): scores, mask, softmax, dropout, probs x V.
+  graph::ValueId unfused_attention(graph::ValueId q, graph::ValueId k, graph::ValueId v, graph::ValueId mask,
+                                   const std::string& p, bool selective) {
+    const int64_t HD = c_.hidden / c_.heads;
+    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
+    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
+    auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
+    if (selective) g_.begin_segment();  // the attention core
+    auto scores = g_.matmul(q_scaled, k, true, p + ".attn.scores");
+    auto probs = drop(g_.softmax(g_.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
+    auto ctx_heads = g_.matmul(probs, v, false, p + ".attn.ctx.heads");
+    if (selective) g_.end_segment();
+    return ctx_heads;
   }
 
  private:
@@ -221,9 +251,15 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     g.value(x).requires_grad = training;
     b.annotate(x, boundary);
   }
-  // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads.
-  auto mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
-  b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
+  // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads;
+  // fused attention needs no mask, only the document ids [B, S] of packed documents.
+  graph::ValueId mask = -1;
+  if (c.fused_attention()) {
+    if (c.document_mask) mask = g.input("document_ids", Shape{B, S}, DType::I64);
+  } else {
+    mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
+  }
+  if (mask >= 0) b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);

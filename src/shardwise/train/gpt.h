@@ -63,17 +63,26 @@ struct GptConfig {
   // documents ending at token `eos_id`.
   bool document_mask = false;
   int64_t eos_id = -1;
+  // The attention core (--attention): "fused" (ops/attention's flash_attention: tiled with an online
+  // softmax, nothing [S, S] kept for the backward; packed documents take "document_ids" [B, S]
+  // instead of "attention_mask", and no "causal_mask" is needed) or "unfused" (scores, mask add,
+  // softmax, dropout and probs x V as separate ops, for comparison).
+  std::string attention = "fused";
+  bool fused_attention() const { return attention == "fused"; }
   LoraConfig lora;  // rank 0: no adapters
   // Activation recompute while training (graph/recompute.h): "none"; "full" keeps each layer's
   // input only and recomputes the layer before its backward; "selective" recomputes the attention
   // core only (scores, mask, softmax, attention dropout, probs x V), as Megatron-LM's selective
-  // recompute. `recompute_layers` N: only the first N layers of each stage (-1: every layer).
+  // recompute; fused attention keeps nothing [S, S] for its backward, so there selective marks no
+  // segment (it is none). `recompute_layers` N: only the first N layers of each stage (-1: every layer).
   std::string recompute = "none";
   int64_t recompute_layers = -1;
   // Whether the builder marks the layer at `index` among its stage's layers (0: the stage's first)
   // as a full or a selective recompute segment.
   bool recompute_full(int64_t index) const { return recompute == "full" && recomputes(index); }
-  bool recompute_selective(int64_t index) const { return recompute == "selective" && recomputes(index); }
+  bool recompute_selective(int64_t index) const {
+    return recompute == "selective" && !fused_attention() && recomputes(index);
+  }
   bool recomputes(int64_t index) const { return recompute != "none" && (recompute_layers < 0 || index < recompute_layers); }
   void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
 };
@@ -116,6 +125,13 @@ struct GptPart {
 // output is the loss, else the greedy next-token predictions. Errors name what does not divide.
 // With a `part` the graph is a pipeline stage's: the residual stream enters and leaves it in the
 // layout of the stage boundary (batch on dp; sequence on tp with sp, else replicated on tp).
+// The fused attention core of both builders: flash_attention(q, k, v) (flash_attention_docs with
+// `doc` >= 0, the per-token document ids [B, S]) with scale 1/sqrt(head dim) and, while training,
+// attention dropout keyed as the `dropout` op at `dropout_site` would key it. Returns the output.
+graph::ValueId fused_attention(graph::Graph& g, const GptConfig& config, bool training, graph::ValueId q,
+                               graph::ValueId k, graph::ValueId v, graph::ValueId doc, const std::string& name,
+                               const std::string& dropout_site);
+
 GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                    const GptPart& part = {});
 

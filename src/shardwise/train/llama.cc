@@ -86,6 +86,13 @@ class LlamaBuilder {
   // documents each sequence's own (packing.h): "attention_mask" [B, 1, S, S] (broadcast over the
   // heads) and "position_ids" [B, S], both sharded with the batch on dp.
   void constants() {
+    if (c_.fused_attention() && c_.document_mask) {  // fused attention: document ids [B, S], no mask
+      mask_ = g_.input("document_ids", Shape{B_, S_}, DType::I64);
+      positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
+      annotate(mask_, placements("R", "S(0)"));
+      annotate(positions_, placements("R", "S(0)"));
+      return;
+    }
     if (c_.document_mask) {
       mask_ = g_.input("attention_mask", Shape{B_, 1, S_, S_});
       positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
@@ -93,8 +100,10 @@ class LlamaBuilder {
       annotate(positions_, placements("R", "S(0)"));
       return;
     }
-    mask_ = g_.input("causal_mask", Shape{S_, S_});
-    annotate(mask_, placements("R"));
+    if (!c_.fused_attention()) {
+      mask_ = g_.input("causal_mask", Shape{S_, S_});
+      annotate(mask_, placements("R"));
+    }
     positions_ = g_.input("positions", Shape{S_}, DType::I64);
     annotate(positions_, placements("R"));
   }
@@ -119,6 +128,7 @@ class LlamaBuilder {
     auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
     auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
     auto v = heads(linear(h, p + ".v_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".v", false);
+    if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", H_, H_, false);
     k = repeat_kv(k, p + ".k");
     v = repeat_kv(v, p + ".v");
     // q scaled by 1/sqrt(head dim) before q k^T (as GPT-2's): fewer elements than the scores.
@@ -162,6 +172,23 @@ class LlamaBuilder {
     return sum < 0 ? term : g_.add(sum, term, g_.value(term).name + ".sum");
   }
   graph::ValueId router_loss() const { return router_loss_; }
+  // flash_attention on q [B, NH, S, HD] and k, v [B, KV, S, HD] -> ctx [B, S, H]. Grouped-query
+  // heads are the op's grouped layout q [B, KV, NH / KV, S, HD] when the kv heads are whole on
+  // each tp rank (tp divides KV: the reshape keeps the head shard as a group shard); otherwise
+  // k and v are repeated to NH heads first, as the unfused graph does (computed on every tp rank).
+  graph::ValueId fused(graph::ValueId q, graph::ValueId k, graph::ValueId v, const std::string& p) {
+    const bool grouped = KV_ != NH_ && kv_sharded_;
+    if (grouped) {
+      q = g_.reshape(q, {B_, KV_, NH_ / KV_, S_, HD_}, p + ".q.groups");
+    } else {
+      k = repeat_kv(k, p + ".k");
+      v = repeat_kv(v, p + ".v");
+    }
+    auto o = fused_attention(g_, c_, training_, q, k, v, c_.document_mask ? mask_ : -1, p + ".ctx.heads",
+                             p + ".dropout");
+    if (grouped) o = g_.reshape(o, {B_, NH_, S_, HD_}, p + ".ctx.heads.merged");
+    return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
+  }
 
   graph::ValueId mlp(graph::ValueId h, const std::string& p) {
     const int64_t I = c_.mlp_width();

@@ -58,8 +58,12 @@ void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool la
   if (first) bind_block(rt, "ids", b.ids, b.row0);
   if (last) bind_block(rt, "labels", b.labels, b.row0);
   if (!model.document_mask) return;
-  DocumentInputs d = document_inputs(b.ids, model.eos_id);  // row by row: the rows' own masks
-  bind_block(rt, "attention_mask", d.attention_mask, b.row0);
+  DocumentInputs d = document_inputs(b.ids, model.eos_id, !model.fused_attention());  // row by row: the rows' own
+  if (model.fused_attention()) {
+    bind_block(rt, "document_ids", d.document_ids, b.row0);
+  } else {
+    bind_block(rt, "attention_mask", d.attention_mask, b.row0);
+  }
   if (first || model.is_llama()) bind_block(rt, "position_ids", d.position_ids, b.row0);
 }
 
@@ -143,7 +147,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
     spec.constants = model_constant_names(model_in);
     if (model_in.document_mask) {  // per micro-batch (bind_rows)
-      spec.feeds.push_back("attention_mask");
+      spec.feeds.push_back(model_in.fused_attention() ? "document_ids" : "attention_mask");
       if (s == 0 || model_in.is_llama()) spec.feeds.push_back("position_ids");
     }
     out.push_back(std::move(spec));
