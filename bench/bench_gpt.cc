@@ -3,7 +3,7 @@
 // FLOPs utilization.
 //
 //   bench_gpt train --threads 1 --steps 6 [--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8]
-//                   [--recompute none|full|selective --dropout P --release 0|1]
+//                   [--recompute none|full|selective --dropout P --release 0|1 --lm-head fused|unfused]
 //   bench_gpt sgemm --threads 1 [--n 2048]
 //
 // train: training steps (forward, backward, clipping, AdamW) on a byte-level text file; prints the
@@ -35,6 +35,7 @@ struct Options {
   int64_t layers = 4, hidden = 256, heads = 4, seq = 256, vocab = 256, batch = 8;
   std::string data = "README.md";
   std::string recompute = "none";
+  std::string lm_head = "fused";  // --lm-head fused|unfused (GptConfig::lm_head)
   double dropout = 0;
   bool release = true;  // --release 0: one stage keeps what the gradients read the shape of (main's behaviour before recompute)
   std::string gemm = "openblas";  // the GEMM backend (tensor/gemm_backend.h)
@@ -44,7 +45,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
                "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] "
-               "[--release 0|1] [--gemm BACKEND]\n");
+               "[--release 0|1] [--gemm BACKEND] [--lm-head fused|unfused]\n");
   std::exit(2);
 }
 
@@ -69,6 +70,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = std::stoll(v);
     else if (a == "--data") o.data = v;
     else if (a == "--recompute") o.recompute = v;
+    else if (a == "--lm-head") o.lm_head = v;
     else if (a == "--dropout") o.dropout = std::stod(v);
     else if (a == "--release") o.release = v != "0";
     else usage();
@@ -119,6 +121,7 @@ int run_train(const Options& o) {
   c.steps = o.steps;
   c.data = o.data;
   c.model.recompute = o.recompute;
+  c.model.lm_head = o.lm_head;
   c.dropout = o.dropout;
   c.pipeline_release = o.release;
   c.check(1);

@@ -95,6 +95,7 @@ TEST(CliFailures, TrainRefusesValuesItUsedToAcceptSilently) {
   expect_refused("train --recompute some", "--recompute 'some' is not a recompute mode (none, full, selective)");
   expect_refused("train --recompute full --recompute-layers 0", "--recompute-layers must be at least 1");
   expect_refused("train --recompute-layers 2", "--recompute-layers 2 needs --recompute full or selective (it is none)");
+  expect_refused("train --lm-head chunked", "--lm-head 'chunked' is not a head (fused, unfused)");
 }
 
 TEST(CliFailures, ShardingStageThreeAndUnknownLayoutsAreRefused) {

@@ -53,6 +53,9 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "or selective (recompute the attention core: scores, softmax, dropout, probs x V)");
   t->add_option("--recompute-layers", c.model.recompute_layers,
                 "recompute only the first N layers of each pipeline stage (default: all)");
+  t->add_option("--lm-head", c.model.lm_head,
+                "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~16 MiB "
+                "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,
                  "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "

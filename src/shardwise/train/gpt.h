@@ -41,6 +41,10 @@ struct GptConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;  // false: a separate lm_head.weight
+  // The training / loss graphs' head: "fused" (lm_head_cross_entropy, the [B·S, V] logits computed
+  // and dropped in row chunks) or "unfused" (matmul to the logits, then cross_entropy). Generation
+  // and the prediction graph always compute the logits.
+  std::string lm_head = "fused";
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
@@ -103,6 +107,13 @@ struct GptPart {
 // layout of the stage boundary (batch on dp; sequence on tp with sp, else replicated on tp).
 GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                    const GptPart& part = {});
+
+// The head of a training (loss) graph from the final normed hidden states x [B, S, H] and the
+// head's weight w [V, H] (tied or not): "labels" [B, S], out.loss_sum (the summed cross-entropy,
+// fused or not as config.lm_head says; vocab-parallel with tp) and out.loss = loss_sum / (B * S);
+// without `training` the logits and out.predictions (their argmax). GPT-2's and Llama's builders share it.
+void head_loss(graph::Graph& g, const GptConfig& config, const Strategy& strategy, graph::ValueId x,
+               graph::ValueId w, bool training, GptGraph& out);
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
 // global element index (so any sharding holds the same numbers); std = init_std, and
