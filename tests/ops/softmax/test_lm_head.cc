@@ -137,6 +137,23 @@ TEST(LmHeadCrossEntropy, GradientsEqualTheReferenceAndCentralDifferences) {
   }
 }
 
+// The partial kernel (a frozen weight, zero-bubble's halves) gives the wanted gradient's same bits.
+TEST(LmHeadCrossEntropy, PartialBackwardComputesOnlyTheWantedGradient) {
+  Fixture f;
+  const OpDef& op = op_registry().get("lm_head_cross_entropy");
+  ASSERT_TRUE(op.backward_partial);
+  Attrs attrs{{"reduction", std::string("sum")}, {"ignore_index", int64_t{0}}, {"chunk_bytes", int64_t{3 * 11 * 8}}};
+  std::vector<Tensor> in{f.h, f.w, f.labels}, out{Tensor::from<double>({}, {0.0})}, dout{Tensor::from<double>({}, {1.3})};
+  std::vector<Tensor> all = run_backward(op, in, out, dout, attrs);
+  for (int k = 0; k < 2; ++k) {
+    bool wanted[3] = {k == 0, k == 1, false};
+    std::vector<Tensor> part = run_backward(op, in, out, dout, attrs, nullptr, wanted);
+    EXPECT_FALSE(part[static_cast<size_t>(1 - k)].defined());
+    CompareResult c = compare(part[static_cast<size_t>(k)], all[static_cast<size_t>(k)], 0, 0);
+    EXPECT_TRUE(c.equal) << k << ": " << c.message;
+  }
+}
+
 TEST(LmHeadCrossEntropy, EveryLabelIgnoredGivesZeroGradientsAndPyTorchsMean) {
   Fixture f;
   Tensor labels = Tensor::from<int64_t>({7}, std::vector<int64_t>(7, 0));

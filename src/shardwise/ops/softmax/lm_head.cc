@@ -142,7 +142,8 @@ Tensor lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& lab
 }
 
 std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tensor& w, const Tensor& labels,
-                                                     const Tensor& dloss, const LmHeadArgs& args) {
+                                                     const Tensor& dloss, const LmHeadArgs& args,
+                                                     std::array<bool, 2> want_grad) {
   Plan p = make_plan(h, w, labels, args);
   const Shape want = cross_entropy_loss_shape(labels.shape(), args.reduction);
   SW_CHECK(dloss.defined() && dloss.shape() == want && dloss.dtype() == h.dtype(),
@@ -155,7 +156,8 @@ std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tens
     g.set_at(0, g.at(0) / static_cast<double>(p.count));
     chunk_reduction = LossReduction::Sum;
   }
-  Tensor dh(p.ct, Shape{p.n, p.hidden}), dw(p.ct, p.w.shape());
+  Tensor dh = want_grad[0] ? Tensor(p.ct, Shape{p.n, p.hidden}) : Tensor();
+  Tensor dw = want_grad[1] ? Tensor(p.ct, p.w.shape()) : Tensor();
   std::vector<double> row_max;
   for (int64_t r0 = 0; r0 < p.n; r0 += p.chunk_rows) {
     const int64_t rc = std::min(p.chunk_rows, p.n - r0);
@@ -166,22 +168,26 @@ std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tens
     Tensor dlogits = cross_entropy_backward_from_rows(logits, labels_c, g_c, row_max, s.sum_exp, args.ignore_index,
                                                       chunk_reduction, args.shard);
     if (p.v_local == 0) continue;  // dh stays 0, dW is empty
-    GemmArgs gh;  // dh_c = dlogits · W
-    gh.m = rc;
-    gh.n = p.hidden;
-    gh.k = p.v_local;
-    gemm(p.ct, gh, dlogits.raw(), p.w.raw(), row_ptr(dh, r0, p.hidden));
-    GemmArgs gw;  // dW += dlogitsᵀ · h_c
-    gw.trans_a = true;
-    gw.m = p.v_local;
-    gw.n = p.hidden;
-    gw.k = rc;
-    gw.beta = 1.0;
-    gemm(p.ct, gw, dlogits.raw(), row_ptr(p.h, r0, p.hidden), dw.raw());
+    if (want_grad[0]) {
+      GemmArgs gh;  // dh_c = dlogits · W
+      gh.m = rc;
+      gh.n = p.hidden;
+      gh.k = p.v_local;
+      gemm(p.ct, gh, dlogits.raw(), p.w.raw(), row_ptr(dh, r0, p.hidden));
+    }
+    if (want_grad[1]) {
+      GemmArgs gw;  // dW += dlogitsᵀ · h_c
+      gw.trans_a = true;
+      gw.m = p.v_local;
+      gw.n = p.hidden;
+      gw.k = rc;
+      gw.beta = 1.0;
+      gemm(p.ct, gw, dlogits.raw(), row_ptr(p.h, r0, p.hidden), dw.raw());
+    }
   }
-  dh = dh.reshaped(h.shape());
-  if (p.ct != h.dtype()) return {dh.to(h.dtype()), dw.to(h.dtype())};
-  return {dh, dw};
+  if (dh.defined()) dh = dh.reshaped(h.shape());
+  auto out = [&](const Tensor& t) { return t.defined() && p.ct != h.dtype() ? t.to(h.dtype()) : t; };
+  return {out(dh), out(dw)};
 }
 
 }  // namespace shardwise::ops

@@ -51,8 +51,10 @@ void check_lm_head_args(const Shape& h, DType h_dtype, const Shape& w, DType w_d
                         DType labels_dtype);
 
 Tensor lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& labels, const LmHeadArgs& args);
-// {dh, dW}; dloss has cross_entropy_loss_shape and h's dtype.
+// {dh, dW}; dloss has cross_entropy_loss_shape and h's dtype. want[0] / want[1] false: that
+// gradient is left undefined and its GEMM skipped (a frozen head weight, zero-bubble's split).
 std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tensor& w, const Tensor& labels,
-                                                     const Tensor& dloss, const LmHeadArgs& args);
+                                                     const Tensor& dloss, const LmHeadArgs& args,
+                                                     std::array<bool, 2> want = {true, true});
 
 }  // namespace shardwise::ops

@@ -320,6 +320,14 @@ OpDef make_lm_head(bool vocab_parallel) {
     def.forward = [forward](std::span<const Tensor> in, const Attrs& a) { return forward(in, a, nullptr); };
     def.backward = [backward](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
                               const Attrs& a) { return backward(in, dout, a, nullptr); };
+    // Only the wanted GEMMs (a frozen head weight; zero-bubble's input and weight halves). The
+    // vocab-parallel op has no such kernel: a partial kernel gets no communicator.
+    def.backward_partial = [name](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
+                                  const Attrs& a, std::span<const bool> wanted) {
+      auto [dh, dw] = lm_head_cross_entropy_backward(in[0], in[1], in[2], dout[0], lm_head_args(a, name),
+                                                     {wanted[0], wanted[1]});
+      return std::vector<Tensor>{dh, dw, Tensor()};
+    };
   }
   def.backward_reads = std::vector<int>{0, 1, 2};  // h, W, labels; not the loss
   def.cases = head_cases();
