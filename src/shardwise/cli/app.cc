@@ -54,7 +54,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--recompute-layers", c.model.recompute_layers,
                 "recompute only the first N layers of each pipeline stage (default: all)");
   t->add_option("--lm-head", c.model.lm_head,
-                "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~16 MiB "
+                "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~64 MiB "
                 "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,

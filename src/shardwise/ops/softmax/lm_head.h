@@ -27,8 +27,11 @@
 
 namespace shardwise::ops {
 
-// The default budget of one chunk's logits (16 MiB: ~80 rows of f32 logits at V = 50 257).
-inline constexpr int64_t kLmHeadChunkBytes = int64_t{16} << 20;
+// The default budget of one chunk's logits (64 MiB: 333 rows of f32 logits at V = 50 257). Each
+// chunk's GEMMs repack the whole weight and the dW GEMM reads and writes all of dW, so small chunks
+// cost time: the head alone at the GPT-2 small shape took 4.5x (4 MiB), 2.3x (16 MiB) and 1.5x
+// (64 MiB) the unfused pair's time (bench/bench_lm_head.cc, BENCHMARKS.md).
+inline constexpr int64_t kLmHeadChunkBytes = int64_t{64} << 20;
 
 struct LmHeadArgs {
   int64_t ignore_index = -100;

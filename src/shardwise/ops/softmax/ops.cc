@@ -289,7 +289,7 @@ OpDef make_lm_head(bool vocab_parallel) {
                       "vocab: each chunk's row max (max), sum of exponentials and target logit (sum) are "
                       "all-reduced over the ranks holding the other vocab blocks; dh is this block's part"
                     : "lm_head_cross_entropy(h [..., H], W [V, H], labels [...]; ignore_index=-100, "
-                      "reduction=mean|sum|none, chunk_bytes=16 MiB) = cross_entropy(h · Wᵀ, labels), the logits "
+                      "reduction=mean|sum|none, chunk_bytes=64 MiB) = cross_entropy(h · Wᵀ, labels), the logits "
                       "computed and dropped in row chunks of about chunk_bytes (never [N, V] whole); backward "
                       "recomputes each chunk's logits: dh = dlogits · W, dW = Σ dlogitsᵀ · h; no gradient for labels";
   def.num_inputs = 3;
