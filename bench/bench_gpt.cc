@@ -4,6 +4,7 @@
 //
 //   bench_gpt train --threads 1 --steps 6 [--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8]
 //                   [--recompute none|full|selective --dropout P --release 0|1 --attention fused|unfused]
+//                   [--lm-head fused|unfused]
 //   bench_gpt sgemm --threads 1 [--n 2048]
 //   bench_gpt attention --threads 1 [--seq 512 --heads 12 --hidden 768 --batch 4 --dropout P --steps 3]
 //
@@ -43,6 +44,7 @@ struct Options {
   std::string data = "README.md";
   std::string recompute = "none";
   std::string attention = "fused";
+  std::string lm_head = "fused";  // --lm-head fused|unfused (GptConfig::lm_head)
   double dropout = 0;
   bool release = true;  // --release 0: one stage keeps what the gradients read the shape of (main's behaviour before recompute)
   std::string gemm = "openblas";  // the GEMM backend (tensor/gemm_backend.h)
@@ -52,7 +54,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm|attention [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
                "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] "
-               "[--release 0|1] [--attention fused|unfused] [--gemm BACKEND]\n");
+               "[--release 0|1] [--attention fused|unfused] [--lm-head fused|unfused] [--gemm BACKEND]\n");
   std::exit(2);
 }
 
@@ -78,6 +80,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--data") o.data = v;
     else if (a == "--recompute") o.recompute = v;
     else if (a == "--attention") o.attention = v;
+    else if (a == "--lm-head") o.lm_head = v;
     else if (a == "--dropout") o.dropout = std::stod(v);
     else if (a == "--release") o.release = v != "0";
     else usage();
@@ -129,6 +132,7 @@ int run_train(const Options& o) {
   c.data = o.data;
   c.model.recompute = o.recompute;
   c.model.attention = o.attention;
+  c.model.lm_head = o.lm_head;
   c.dropout = o.dropout;
   c.pipeline_release = o.release;
   c.check(1);

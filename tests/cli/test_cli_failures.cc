@@ -96,6 +96,7 @@ TEST(CliFailures, TrainRefusesValuesItUsedToAcceptSilently) {
   expect_refused("train --recompute full --recompute-layers 0", "--recompute-layers must be at least 1");
   expect_refused("train --recompute-layers 2", "--recompute-layers 2 needs --recompute full or selective (it is none)");
   expect_refused("train --attention flash", "--attention 'flash' is not an attention mode (fused, unfused)");
+  expect_refused("train --lm-head chunked", "--lm-head 'chunked' is not a head (fused, unfused)");
 }
 
 TEST(CliFailures, ShardingStageThreeAndUnknownLayoutsAreRefused) {

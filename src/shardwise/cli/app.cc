@@ -56,6 +56,9 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--attention", c.model.attention,
                 "attention core: fused (default; tiled causal attention, nothing [S, S] kept for the backward) or "
                 "unfused (scores, mask, softmax, dropout and probs x V as separate ops)");
+  t->add_option("--lm-head", c.model.lm_head,
+                "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~64 MiB "
+                "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,
                  "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "

@@ -1,5 +1,7 @@
 #include "shardwise/pipeline/runner.h"
 
+#include <unordered_set>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -179,12 +181,27 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
 void PipelineRunner::accumulate(Local& l) {
   const graph::Program& p = l.compiled.program;
   if (l.accumulated == 0) l.grads.assign(p.param_grad_slot.size(), Tensor());  // new sums: the last run's are the caller's
+  // With one micro-batch the sums are the gradients themselves: the runtime lets go of this
+  // backward's buffers right after (set_buffers(l.shared)), so an f32 gradient is taken, not
+  // copied, unless its storage is also held by a kept buffer (a parameter, a constant) or by a
+  // gradient taken already (the caller scales and clips the sums in place).
+  const bool take = schedule_.micro_batches == 1;
+  std::unordered_set<const std::byte*> held;
+  if (take) {
+    for (const Tensor& t : l.shared) {
+      if (t.defined()) held.insert(t.raw());
+    }
+  }
   for (size_t i = 0; i < p.param_grad_slot.size(); ++i) {
     int slot = p.param_grad_slot[i];
     if (slot < 0) continue;
     const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
     SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
              p.slots[static_cast<size_t>(slot)].name);
+    if (take && g.dtype() == DType::F32 && g.numel() > 0 && held.insert(g.raw()).second) {
+      l.grads[i] = g;
+      continue;
+    }
     accumulate_grad(l.grads[i], g);
   }
   ++l.accumulated;

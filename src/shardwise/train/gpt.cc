@@ -22,6 +22,7 @@ void GptConfig::validate() const {
   SW_CHECK(experts == 0 || is_llama(), "--experts {}: mixture-of-experts layers are built for --model llama only",
            experts);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
+  SW_CHECK(lm_head == "fused" || lm_head == "unfused", "--lm-head '{}' is not a head (fused, unfused)", lm_head);
   SW_CHECK(recompute == "none" || recompute == "full" || recompute == "selective",
            "--recompute '{}' is not a recompute mode (none, full, selective)", recompute);
   SW_CHECK(recompute_layers == -1 || recompute_layers >= 1,
@@ -272,21 +273,32 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     return out;
   }
   if (wte < 0) wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");  // tied head: the last stage's copy
-  auto logits = g.matmul(b.layer_norm(x, "transformer.ln_f"), wte, true, "logits");
+  head_loss(g, c, s, b.layer_norm(x, "transformer.ln_f"), wte, training, out);
+  return out;
+}
+
+void head_loss(graph::Graph& g, const GptConfig& c, const Strategy& s, graph::ValueId x, graph::ValueId w,
+               bool training, GptGraph& out, const std::string& loss_name) {
+  const int64_t B = g.value(x).meta.shape[0], S = g.value(x).meta.shape[1];
+  const bool fused = training && c.lm_head == "fused";
+  graph::ValueId logits = fused ? -1 : g.matmul(x, w, true, "logits");
   if (!training) {
     out.predictions = g.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
-    return out;
+    return;
   }
   auto labels = g.input("labels", Shape{B, S}, DType::I64);
-  b.annotate(labels, s.placements("R", "S(0)"));
+  if (s.mesh.ndim() > 0) g.annotate(labels, s.placements("R", "S(0)"));
   // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
   // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
-  // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).
-  auto total = g.op1(s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
-                     {{"reduction", std::string("sum")}}, "loss_sum");
+  // With tp the vocabulary stays sharded (Megatron's vocab-parallel cross-entropy); fused, the
+  // logits exist one chunk of rows at a time (ops/softmax/lm_head.h).
+  const char* op = fused ? (s.tp >= 0 ? "vocab_parallel_lm_head_cross_entropy" : "lm_head_cross_entropy")
+                         : (s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy");
+  std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{x, w, labels}
+                                         : std::vector<graph::ValueId>{logits, labels};
+  auto total = g.op1(op, in, {{"reduction", std::string("sum")}}, "loss_sum");
   out.loss_sum = total;
-  out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, "loss");
-  return out;
+  out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, loss_name);
 }
 
 Tensor init_param(const GptConfig& c, const std::string& name, const Shape& shape, uint64_t seed) {

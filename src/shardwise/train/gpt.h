@@ -54,6 +54,10 @@ struct GptConfig {
   bool is_moe_layer(int64_t layer) const {
     return experts > 0 && (moe_layers.empty() || std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end());
   }
+  // The training / loss graphs' head: "fused" (lm_head_cross_entropy, the [B·S, V] logits computed
+  // and dropped in row chunks) or "unfused" (matmul to the logits, then cross_entropy). Generation
+  // and the prediction graph always compute the logits.
+  std::string lm_head = "fused";
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
@@ -134,6 +138,14 @@ graph::ValueId fused_attention(graph::Graph& g, const GptConfig& config, bool tr
 
 GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                    const GptPart& part = {});
+
+// The head of a training (loss) graph from the final normed hidden states x [B, S, H] and the
+// head's weight w [V, H] (tied or not): "labels" [B, S], out.loss_sum (the summed cross-entropy,
+// fused or not as config.lm_head says; vocab-parallel with tp) and out.loss = loss_sum / (B * S);
+// without `training` the logits and out.predictions (their argmax). GPT-2's and Llama's builders share it.
+// `loss_name`: the name of out.loss (Llama's MoE adds its router losses to a "loss.ce").
+void head_loss(graph::Graph& g, const GptConfig& config, const Strategy& strategy, graph::ValueId x,
+               graph::ValueId w, bool training, GptGraph& out, const std::string& loss_name = "loss");
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
 // global element index (so any sharding holds the same numbers); std = init_std, and

@@ -216,19 +216,9 @@ class LlamaBuilder {
   void head(graph::ValueId x, GptGraph& out) {
     graph::ValueId w = c_.tie_word_embeddings ? embed_ : param("lm_head.weight", Shape{c_.vocab, H_}, "S(0)");
     if (w < 0) w = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
-    auto logits = g_.matmul(rms_norm(x, "model.norm"), w, true, "logits");
-    if (!training_) {
-      out.predictions = g_.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
-      return;
-    }
-    auto labels = g_.input("labels", Shape{B_, S_}, DType::I64);
-    annotate(labels, placements("R", "S(0)"));
-    // As GPT-2's: sum / (B * S), vocab-parallel with tp.
-    auto total = g_.op1(s_.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
-                        {{"reduction", std::string("sum")}}, "loss_sum");
-    out.loss_sum = total;
-    out.loss = g_.scale(total, 1.0 / static_cast<double>(B_ * S_), 0.0, router_loss_ < 0 ? "loss" : "loss.ce");
-    if (router_loss_ >= 0) out.loss = g_.add(out.loss, router_loss_, "loss");
+    // As GPT-2's (gpt.h); the MoE layers' weighted router losses join the cross-entropy mean.
+    head_loss(g_, c_, s_, rms_norm(x, "model.norm"), w, training_, out, router_loss_ < 0 ? "loss" : "loss.ce");
+    if (training_ && router_loss_ >= 0) out.loss = g_.add(out.loss, router_loss_, "loss");
   }
 
   // transformers' attention_dropout (the only dropout of LlamaForCausalLM), while training.

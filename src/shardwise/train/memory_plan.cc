@@ -266,6 +266,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       state_elements = plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank)
                            .owned_elements();
     rm.optimizer = 8 * state_elements;
+    rm.grads_in_working = schedule.micro_batches == 1 && !c.bf16;
     rm.masters = c.bf16 ? 4 * state_elements : 0;
     if (c.sharding.stage >= 2) rm.grad_shards = 4 * state_elements;
     // The schedule's actions: frames in flight after each, and the bytes while each compute runs.

@@ -44,7 +44,10 @@ struct RankMemory {
   int64_t activations = 0;    // peak of the frames in flight
   int in_flight = 0;          // micro-batches in flight at most
   int64_t working = 0, comm = 0;
-  int64_t peak() const { return params + grads + optimizer + masters + working + comm; }
+  // One micro-batch with f32 gradients: the runner's sums are the backward's own gradient buffers
+  // (PipelineRunner::accumulate takes them), already inside `working`; not added twice.
+  bool grads_in_working = false;
+  int64_t peak() const { return params + (grads_in_working ? 0 : grads) + optimizer + masters + working + comm; }
 };
 
 struct MemoryPlan {
