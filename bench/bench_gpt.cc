@@ -3,7 +3,7 @@
 // FLOPs utilization.
 //
 //   bench_gpt train --threads 1 --steps 6 [--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8]
-//                   [--recompute none|full|selective --dropout P --release 0|1]
+//                   [--recompute none|full|selective --dropout P --release 0|1 --kernel-threads N]
 //   bench_gpt sgemm --threads 1 [--n 2048]
 //
 // train: training steps (forward, backward, clipping, AdamW) on a byte-level text file; prints the
@@ -23,6 +23,7 @@
 #include "shardwise/tensor/allocator.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/gemm_backend.h"
+#include "shardwise/tensor/parallel.h"
 #include "shardwise/train/trainer.h"
 
 namespace {
@@ -32,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string mode;
   int threads = 1, steps = 6, n = 2048;
+  int kernel_threads = -1;  // --kernel-threads: the rank's kernel pool (-1: as --threads; 1: GEMMs only, main's behaviour)
   int64_t layers = 4, hidden = 256, heads = 4, seq = 256, vocab = 256, batch = 8;
   std::string data = "README.md";
   std::string recompute = "none";
@@ -44,7 +46,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
                "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] "
-               "[--release 0|1] [--gemm BACKEND]\n");
+               "[--release 0|1] [--gemm BACKEND] [--kernel-threads N]\n");
   std::exit(2);
 }
 
@@ -59,6 +61,7 @@ Options parse(int argc, char** argv) {
     std::string v = argv[++i];
     if (a == "--gemm") o.gemm = v;
     else if (a == "--threads") o.threads = std::stoi(v);
+    else if (a == "--kernel-threads") o.kernel_threads = std::stoi(v);
     else if (a == "--steps") o.steps = std::stoi(v);
     else if (a == "--n") o.n = std::stoi(v);
     else if (a == "--layers") o.layers = std::stoll(v);
@@ -125,6 +128,7 @@ int run_train(const Options& o) {
   std::vector<double> times;
   int64_t kept = 0, frames_peak = 0, in_use_peak = 0;
   comm::LocalWorld::run(1, [&](comm::Communicator& w) {
+    RankThreads threads(o.kernel_threads);  // the rank's kernel threads (tensor/parallel.h)
     train::Trainer t(c, w.group(w.members()));
     for (int s = 0; s < o.steps; ++s) {
       reset_allocator_peak();
@@ -155,6 +159,7 @@ int run_train(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  if (o.kernel_threads < 1) o.kernel_threads = o.threads;
   try {
     const auto& be = shardwise::load_gemm_backend(o.gemm);
     std::printf("gemm backend %s: %s\n", be.name.c_str(), be.library.c_str());
