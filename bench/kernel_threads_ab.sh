@@ -7,7 +7,7 @@
 #
 #   bash bench/kernel_threads_ab.sh A_BUILD B_BUILD [rounds] [--124m]
 set -u
-A=${1:?build A}; B=${2:?build B}; rounds=${3:-3}; big=${4:-}
+A=$(cd "${1:?build A}" && pwd); B=$(cd "${2:?build B}" && pwd); rounds=${3:-3}; big=${4:-}
 root="$(cd "$(dirname "$0")/.." && pwd)"
 data="$root/README.md"
 small="--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8"

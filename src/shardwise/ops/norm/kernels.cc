@@ -164,18 +164,26 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& scale, const T
     T* pdx = g.dx.data<T>();
     std::vector<double> dscale(static_cast<size_t>(cols)), dbias(static_cast<size_t>(cols));
     const double n = static_cast<double>(cols);
-    // dx: rows split over the threads. dscale, dbias: columns split, each summed over the rows in
-    // order (the sums of one thread's single loop).
+    // dx: rows split over the threads. dscale, dbias: summed over the rows in order, in the row
+    // loop when it runs whole, else in a second pass with the columns split: the same sums.
+    bool whole = false;
     parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      const bool fused = r0 == 0 && r1 == rows;
+      if (fused) whole = true;  // only when this is the one piece
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t base = row * cols;
         const double mu = static_cast<double>(pm[row]), rs = static_cast<double>(pr[row]);
         double sum_g = 0, sum_gx = 0;
         for (int64_t c = 0; c < cols; ++c) {
+          double dy = to_f64(pdy[base + c]);
           double xh = (to_f64(px[base + c]) - mu) * rs;
-          double gv = to_f64(pdy[base + c]) * to_f64(ps[c]);
+          double gv = dy * to_f64(ps[c]);
           sum_g += gv;
           sum_gx += gv * xh;
+          if (fused) {
+            dscale[static_cast<size_t>(c)] += dy * xh;
+            dbias[static_cast<size_t>(c)] += dy;
+          }
         }
         const double mean_g = sum_g / n, mean_gx = sum_gx / n;
         for (int64_t c = 0; c < cols; ++c) {
@@ -185,7 +193,7 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& scale, const T
         }
       }
     });
-    parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+    if (!whole) parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
       for (int64_t row = 0; row < rows; ++row) {
         const int64_t base = row * cols;
         const double mu = static_cast<double>(pm[row]), rs = static_cast<double>(pr[row]);
@@ -252,15 +260,20 @@ RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& scale, const Tenso
     T* pdx = g.dx.data<T>();
     std::vector<double> dscale(static_cast<size_t>(cols));
     const double n = static_cast<double>(cols);
-    // dx: rows split over the threads; dscale: columns split, each summed over the rows in order.
+    // dx: rows split over the threads; dscale as in layer_norm_backward.
+    bool whole = false;
     parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      const bool fused = r0 == 0 && r1 == rows;
+      if (fused) whole = true;  // only when this is the one piece
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t base = row * cols;
         const double inv = static_cast<double>(pi[row]);
         double sum_gx = 0;
         for (int64_t c = 0; c < cols; ++c) {
+          double dy = to_f64(pdy[base + c]);
           double xh = to_f64(px[base + c]) * inv;
-          sum_gx += to_f64(pdy[base + c]) * to_f64(ps[c]) * xh;
+          sum_gx += dy * to_f64(ps[c]) * xh;
+          if (fused) dscale[static_cast<size_t>(c)] += dy * xh;
         }
         const double mean_gx = sum_gx / n;
         for (int64_t c = 0; c < cols; ++c) {
@@ -270,7 +283,7 @@ RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& scale, const Tenso
         }
       }
     });
-    parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+    if (!whole) parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
       for (int64_t row = 0; row < rows; ++row) {
         const int64_t base = row * cols;
         const double inv = static_cast<double>(pi[row]);
