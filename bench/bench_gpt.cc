@@ -4,7 +4,7 @@
 //
 //   bench_gpt train --threads 1 --steps 6 [--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8]
 //                   [--recompute none|full|selective --dropout P --release 0|1 --attention fused|unfused]
-//                   [--lm-head fused|unfused]
+//                   [--lm-head fused|unfused --kernel-threads N]
 //   bench_gpt sgemm --threads 1 [--n 2048]
 //   bench_gpt attention --threads 1 [--seq 512 --heads 12 --hidden 768 --batch 4 --dropout P --steps 3]
 //
@@ -31,6 +31,7 @@
 #include "shardwise/tensor/allocator.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/gemm_backend.h"
+#include "shardwise/tensor/parallel.h"
 #include "shardwise/train/trainer.h"
 
 namespace {
@@ -40,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string mode;
   int threads = 1, steps = 6, n = 2048;
+  int kernel_threads = -1;  // --kernel-threads: the rank's kernel pool (-1: as --threads; 1: GEMMs only, main's behaviour)
   int64_t layers = 4, hidden = 256, heads = 4, seq = 256, vocab = 256, batch = 8;
   std::string data = "README.md";
   std::string recompute = "none";
@@ -54,7 +56,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: bench_gpt train|sgemm|attention [--threads N] [--steps K] [--n SIZE] [--layers L] [--hidden H] "
                "[--heads NH] [--seq S] [--vocab V] [--batch B] [--data FILE] [--recompute MODE] [--dropout P] "
-               "[--release 0|1] [--attention fused|unfused] [--lm-head fused|unfused] [--gemm BACKEND]\n");
+               "[--release 0|1] [--attention fused|unfused] [--lm-head fused|unfused] [--gemm BACKEND] [--kernel-threads N]\n");
   std::exit(2);
 }
 
@@ -69,6 +71,7 @@ Options parse(int argc, char** argv) {
     std::string v = argv[++i];
     if (a == "--gemm") o.gemm = v;
     else if (a == "--threads") o.threads = std::stoi(v);
+    else if (a == "--kernel-threads") o.kernel_threads = std::stoi(v);
     else if (a == "--steps") o.steps = std::stoi(v);
     else if (a == "--n") o.n = std::stoi(v);
     else if (a == "--layers") o.layers = std::stoll(v);
@@ -139,6 +142,7 @@ int run_train(const Options& o) {
   std::vector<double> times;
   int64_t kept = 0, frames_peak = 0, in_use_peak = 0;
   comm::LocalWorld::run(1, [&](comm::Communicator& w) {
+    RankThreads threads(o.kernel_threads);  // the rank's kernel threads (tensor/parallel.h)
     train::Trainer t(c, w.group(w.members()));
     for (int s = 0; s < o.steps; ++s) {
       reset_allocator_peak();
@@ -249,6 +253,7 @@ int run_attention(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  if (o.kernel_threads < 1) o.kernel_threads = o.threads;
   try {
     const auto& be = shardwise::load_gemm_backend(o.gemm);
     std::printf("gemm backend %s: %s\n", be.name.c_str(), be.library.c_str());

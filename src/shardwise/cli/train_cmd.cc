@@ -18,6 +18,7 @@
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
+#include "shardwise/tensor/parallel.h"
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/runtime/profiled_comm.h"
 #include "shardwise/runtime/profiler.h"
@@ -124,6 +125,7 @@ void report_profile(const runtime::ProfileReport& r, const std::string& run_dir,
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
+  RankThreads threads(o.kernel_threads);  // this rank's kernel threads (tensor/parallel.h)
   // --profile: the Trainer's collectives go through a recording communicator; events are kept
   // only while a training step runs (runtime/profiler.h).
   auto profile = o.profile ? std::make_unique<runtime::RankProfile>(world_ref.rank()) : nullptr;
@@ -310,6 +312,9 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
   if (o.dry_run) return 0;
   o.gemm_line = choose_gemm(o.gemm);  // before any GEMM: fixes the library's core type
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
+  // Each rank's kernels split their loops over as many threads as its GEMMs use (one per rank when
+  // ranks share the machine, the GEMM library's count for one rank): the cores in use stay the same.
+  o.kernel_threads = mpi || ranks > 1 ? 1 : blas_threads();
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) {
       train_rank(o, c, world, comm::mpi_world(), out);
