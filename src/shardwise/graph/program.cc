@@ -3,6 +3,7 @@
 #include <map>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/op.h"
 
 namespace shardwise::graph {
 namespace {
@@ -12,7 +13,12 @@ using mesh::DistAttr;
 class Lowerer {
  public:
   Lowerer(const Graph& g, const Completion& c, const LowerOptions& options)
-      : g_(g), c_(c), cost_(options.cost), order_(options.order), partial_dims_(options.partial_grad_dims) {
+      : g_(g),
+        c_(c),
+        cost_(options.cost),
+        order_(options.order),
+        partial_dims_(options.partial_grad_dims),
+        regather_(options.regather_params) {
     p_.mesh = c.mesh;
     p_.value_slot.assign(g.values().size(), -1);
   }
@@ -45,7 +51,23 @@ class Lowerer {
   }
 
  private:
-  static std::string key(ValueId v, const DistAttr& d) { return fmt::format("{}|{}", v, d.to_string()); }
+  // A parameter's copy in another distribution than its own carries the reader's tag under
+  // regather_params (a fresh all-gather per tag), every other slot is keyed by value and distribution.
+  std::string key(ValueId v, const DistAttr& d) const {
+    std::string k = fmt::format("{}|{}", v, d.to_string());
+    if (!tag_.empty() && g_.value(v).kind == ValueKind::Param && d != c_.dist[static_cast<size_t>(v)]) k += tag_;
+    return k;
+  }
+  // The regather tag of node n's reads: each plain forward node its own; a recompute copy and the
+  // Backward nodes of a segment's nodes share the segment's (the copies run right before the
+  // segment's backward); other Backward nodes their own.
+  std::string regather_tag(const Node& n) const {
+    if (!regather_) return "";
+    int segment = -1;
+    if (n.kind == NodeKind::Backward) segment = g_.node(n.forward).segment;
+    else if (n.recomputes >= 0) segment = g_.node(n.recomputes).segment;
+    return segment >= 0 ? fmt::format("#s{}", segment) : fmt::format("#n{}", n.id);
+  }
 
   int slot(ValueId v, const DistAttr& d) {
     auto [it, fresh] = slots_.try_emplace(key(v, d), static_cast<int>(p_.slots.size()));
@@ -74,7 +96,22 @@ class Lowerer {
     return to;
   }
 
+  // Under regather_params: a gathered parameter the gradient kernel reads the shape of only (a bias
+  // add's, an embedding's weight) is not gathered again for the backward; its slot is never
+  // produced and the runtime gives the kernel a stand-in of its shape.
+  bool shape_only_param(const Node& n, size_t k, ValueId v, const DistAttr& d) const {
+    if (!regather_ || g_.value(v).kind != ValueKind::Param || d == c_.dist[static_cast<size_t>(v)]) return false;
+    if (c_.node_inputs[static_cast<size_t>(n.id)][k] != d) return false;
+    return !ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+  }
+
   void lower(const Node& n) {
+    tag_ = regather_tag(n);
+    lower_node(n);
+    tag_.clear();
+  }
+
+  void lower_node(const Node& n) {
     auto ni = static_cast<size_t>(n.id);
     Instr ins;
     ins.node = n.id;
@@ -92,7 +129,8 @@ class Lowerer {
           // An input is read as the forward node read it; a recompute copy (v made by apply_recompute)
           // may be laid out otherwise where no copy of f resharded it: resharded here.
           const DistAttr& d = c_.node_inputs[static_cast<size_t>(f.id)][k];
-          if (k < nin && slots_.contains(key(v, d))) from = slot(v, d);
+          if (k < nin && shape_only_param(n, k, v, d)) from = slot(v, d);  // never produced: a stand-in
+          else if (k < nin && slots_.contains(key(v, d))) from = slot(v, d);
           else if (k < nin) from = from < 0 ? -1 : in_dist(v, from, d);
           else if (k < nin + nout) from = slot(v, c_.node_outputs[static_cast<size_t>(f.id)][k - nin]);
         }
@@ -119,6 +157,8 @@ class Lowerer {
   const reshard::CostModel& cost_;
   const std::vector<NodeId>& order_;
   std::vector<int> partial_dims_;
+  bool regather_ = false;
+  std::string tag_;  // the node being lowered's regather tag
   Program p_;
   std::map<std::string, int> slots_;
 };
@@ -126,7 +166,7 @@ class Lowerer {
 }  // namespace
 
 Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost, const std::vector<NodeId>& order) {
-  return Lowerer(g, c, LowerOptions{cost, order, {}}).run();
+  return Lowerer(g, c, LowerOptions{cost, order, {}, false}).run();
 }
 Program lower(const Graph& g, const Completion& c, const LowerOptions& options) { return Lowerer(g, c, options).run(); }
 
