@@ -69,7 +69,9 @@ TEST(ShardingStage3, ParametersAreDpShardsAndTheOptimizerStateIsEachElementOnce)
 
 // Per parameter and micro-batch: one all-gather for each forward use, one for the backward (shared
 // by the recompute copies and the gradient kernels of its layer), none where the gradient kernel
-// reads only the shape (a bias add, the embedding lookup); one reduce-scatter of the gradient.
+// reads only the shape (a bias add, the embedding lookup); one reduce-scatter of the gradient, run
+// as soon as the gradient is complete (only reshards between the kernel making it and the
+// reduce-scatter in the execution order), not after the whole backward.
 TEST(ShardingStage3, EachParameterIsGatheredPerUseAndItsGradientReduceScatteredOnce) {
   for (const std::string recompute : {"none", "full", "selective"}) {
     TrainConfig c = stage3(small_config("dp=2,tp=2", 1), recompute);
@@ -81,6 +83,8 @@ TEST(ShardingStage3, EachParameterIsGatheredPerUseAndItsGradientReduceScatteredO
       const graph::Program& p = runner.compiled(0).program;
       const graph::Graph& g = *runner.spec(0).graph;
       const std::vector<graph::ValueId> params = g.params();
+      const std::vector<int>& order = runner.compiled(0).order;
+      auto position = [&](int instr) { return std::find(order.begin(), order.end(), instr) - order.begin(); };
       for (size_t i = 0; i < params.size(); ++i) {
         const std::string& name = g.value(params[i]).name;
         const int home = p.value_slot[static_cast<size_t>(params[i])];
@@ -91,7 +95,17 @@ TEST(ShardingStage3, EachParameterIsGatheredPerUseAndItsGradientReduceScatteredO
             if (ins.in[0] == home && s.kind == reshard::StepKind::AllGather) ++gathers;
             if (ins.out[0] == p.param_grad_slot[i] && s.kind == reshard::StepKind::ReduceScatter) ++scatters;
           }
-          if (ins.out[0] == p.param_grad_slot[i]) ++produced_grad;
+          if (ins.out[0] != p.param_grad_slot[i]) continue;
+          ++produced_grad;
+          int made = -1;  // the instruction writing the full gradient the reduce-scatter reads
+          for (size_t j = 0; j < p.instrs.size(); ++j)
+            for (int o : p.instrs[j].out)
+              if (o == ins.in[0]) made = static_cast<int>(j);
+          const auto from = position(made), to = position(static_cast<int>(&ins - p.instrs.data()));
+          ASSERT_LT(from, to) << name;
+          for (auto k = from + 1; k < to; ++k)
+            EXPECT_EQ(p.instrs[static_cast<size_t>(order[static_cast<size_t>(k)])].kind, graph::InstrKind::Reshard)
+                << recompute << " " << name << ": a kernel runs between its gradient and the reduce-scatter";
         }
         // Biases enter through `add` and layer_norm's shift (their gradients read no bias), the
         // embedding tables through `embedding` (the lookup's gradient scatters dout by ids):

@@ -27,30 +27,44 @@ class Lowerer {
     for (const Value& v : g_.values()) {
       if (v.producer < 0) p_.value_slot[static_cast<size_t>(v.id)] = slot(v.id, c_.dist[static_cast<size_t>(v.id)]);
     }
+    const std::vector<ValueId> params = g_.params();
+    p_.param_grad_slot.assign(params.size(), -1);
+    std::map<ValueId, size_t> grad_of;  // regather_params: gradient value -> parameter index
+    if (regather_) {
+      for (size_t i = 0; i < params.size(); ++i)
+        if (g_.value(params[i]).grad >= 0) grad_of[g_.value(params[i]).grad] = i;
+    }
+    auto lower_and_reduce = [&](const Node& n) {
+      lower(n);
+      // Stage 3: a gradient is reduce-scattered as soon as it is complete, so the full sum does not
+      // wait for the end of the backward (every full gradient would be alive there at once).
+      for (ValueId o : n.outputs)
+        if (auto it = grad_of.find(o); it != grad_of.end()) p_.param_grad_slot[it->second] = reduce_grad(params[it->second]);
+    };
     if (order_.empty()) {
-      for (const Node& n : g_.nodes()) lower(n);
+      for (const Node& n : g_.nodes()) lower_and_reduce(n);
     } else {
       SW_CHECK(order_.size() == g_.nodes().size(), "lower: the order names {} of the {} nodes", order_.size(),
                g_.nodes().size());
-      for (NodeId n : order_) lower(g_.node(n));
+      for (NodeId n : order_) lower_and_reduce(g_.node(n));
     }
-    for (ValueId p : g_.params()) {
-      ValueId grad = g_.value(p).grad;
-      if (grad < 0) {
-        p_.param_grad_slot.push_back(-1);
-        continue;
-      }
-      DistAttr want = c_.dist[static_cast<size_t>(p)];
-      const DistAttr& got = p_.slots[static_cast<size_t>(slot_of(grad))].dist;
-      for (int d : partial_dims_) {
-        if (got[d].is_partial() && want[d].is_replicate()) want.set(d, got[d]);
-      }
-      p_.param_grad_slot.push_back(in_dist(grad, slot_of(grad), want));
-    }
+    for (size_t i = 0; i < params.size(); ++i)
+      if (p_.param_grad_slot[i] < 0 && g_.value(params[i]).grad >= 0) p_.param_grad_slot[i] = reduce_grad(params[i]);
     return std::move(p_);
   }
 
  private:
+  // The slot of parameter p's gradient in p's distribution (Partial kept on partial_dims_).
+  int reduce_grad(ValueId p) {
+    const ValueId grad = g_.value(p).grad;
+    DistAttr want = c_.dist[static_cast<size_t>(p)];
+    const DistAttr& got = p_.slots[static_cast<size_t>(slot_of(grad))].dist;
+    for (int d : partial_dims_) {
+      if (got[d].is_partial() && want[d].is_replicate()) want.set(d, got[d]);
+    }
+    return in_dist(grad, slot_of(grad), want);
+  }
+
   // A parameter's copy in another distribution than its own carries the reader's tag under
   // regather_params (a fresh all-gather per tag), every other slot is keyed by value and distribution.
   std::string key(ValueId v, const DistAttr& d) const {

@@ -61,7 +61,9 @@ struct LowerOptions {
   // recompute segment (or per node outside one) for the backward: the gathered copy is freed after
   // its reader(s), never kept from the forward to the backward by reuse; a gradient kernel that
   // reads only its shape (OpDef::backward_reads) gets a slot no instruction produces (the runtime
-  // hands it a stand-in). Off: one reshard per distribution, reused by every later consumer.
+  // hands it a stand-in). And each parameter gradient is reduced into the parameter's distribution
+  // (the reduce-scatter) right after the node completing it, not after the whole backward. Off: one
+  // reshard per distribution, reused by every later consumer; the gradients reduced at the end.
   bool regather_params = false;
 };
 
