@@ -1,5 +1,7 @@
 #pragma once
 // Sharded optimizer state over the data-parallel dim (ZeRO / PaddlePaddle sharding), stages 1 and 2.
+// (Stage 3 needs no ShardedOptimizer: the parameters themselves are Shard over dp, see
+// ShardingConfig::shards_params and graph::shard_params_over, so each rank's blocks are its shards.)
 //
 // Every rank of a dp group holds the same parameter blocks (its tp / pp blocks); the group splits
 // the optimizer state of those blocks among its ranks. Each block is seen as a row-major flat
