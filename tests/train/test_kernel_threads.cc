@@ -14,6 +14,7 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/mesh/process_mesh.h"
 #include "shardwise/ops/activation/kernels.h"
+#include "shardwise/ops/attention/kernels.h"
 #include "shardwise/ops/binary/kernels.h"
 #include "shardwise/ops/index/kernels.h"
 #include "shardwise/ops/misc/kernels.h"
@@ -157,6 +158,26 @@ TEST(KernelThreads, EmbeddingSwigluRotaryDropout) {
   expect_same_on_1_to_4_threads("dropout", [&] {
     ops::DropoutResult r = ops::dropout(gate, args);
     return Outputs{r.out, r.mask, ops::dropout_backward(dy, r.mask, args)};
+  });
+}
+
+// Flash attention splits its (batch, kv head) blocks over the threads: grouped-query heads
+// [B, G, R, S, D] with documents and dropout (each block's own keys), forward and backward.
+TEST(KernelThreads, FlashAttentionForwardAndBackward) {
+  const Shape qs{3, 2, 2, 70, 8}, kvs{3, 2, 70, 8};  // 6 blocks, two query heads each; 70 = 64 + 6 rows
+  Tensor q = random(DType::F32, qs, 41), k = random(DType::F32, kvs, 42), v = random(DType::F32, kvs, 43);
+  Tensor dout = random(DType::F32, qs, 44);
+  std::vector<int64_t> doc(3 * 70);
+  for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int64_t>((i % 70) / 30);  // three documents a row
+  Tensor docs = Tensor::from<int64_t>({3, 70}, doc);
+  ops::AttentionArgs args;
+  args.scale = 0.35;
+  args.p = 0.2;
+  args.seed = 9;
+  expect_same_on_1_to_4_threads("flash_attention", [&] {
+    ops::AttentionOutputs o = ops::flash_attention(q, k, v, docs, args);
+    ops::AttentionGrads g = ops::flash_attention_backward(q, k, v, docs, o.out, o.lse, dout, args);
+    return Outputs{o.out, o.lse, g.dq, g.dk, g.dv};
   });
 }
 

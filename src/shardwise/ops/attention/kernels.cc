@@ -9,6 +9,7 @@
 #include "shardwise/core/philox.h"
 #include "shardwise/tensor/fast_math.h"
 #include "shardwise/tensor/gemm.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -211,21 +212,24 @@ AttentionOutputs forward_typed(const Tensor& q, const Tensor& k, const Tensor& v
   const int64_t SD = d.S * d.D, es = static_cast<int64_t>(dtype_size(dt));
   const C scale = static_cast<C>(pl.args.scale);
   const C keep_scale = static_cast<C>(pl.args.dropout() ? 1.0 / (1.0 - pl.args.p) : 1.0);
-  std::vector<C> kb, vb, qb, qs(static_cast<size_t>(SD)), ob(static_cast<size_t>(SD));
-  // The outer loop over (batch, kv head) blocks: each writes its own rows of out and lse.
-  for (int64_t bg = 0; bg < d.B * d.G; ++bg) {
-    const int64_t b = bg / d.G, g = bg % d.G;
-    const C* K = compute_copy<C>(k.raw() + bg * SD * es, dt, SD, kb);
-    const C* V = compute_copy<C>(v.raw() + bg * SD * es, dt, SD, vb);
-    for (int64_t r0 = 0; r0 < d.R; ++r0) {
-      const int64_t head = bg * d.R + r0;
-      const C* Q = compute_copy<C>(q.raw() + head * SD * es, dt, SD, qb);
-      for (int64_t e = 0; e < SD; ++e) qs[static_cast<size_t>(e)] = Q[e] * scale;
-      forward_head<C>(qs.data(), K, V, tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.D, keep_scale, ob.data(),
-                      r.lse.data<C>() + head * d.S);
-      store<C>(ob.data(), r.out.raw(), dt, SD, head * SD);
+  // The outer loop over (batch, kv head) blocks, spread over the rank's threads: each block writes
+  // its own rows of out and lse, so the result does not depend on the thread count.
+  parallel_for(d.B * d.G, 1, [&](int64_t bg0, int64_t bg1) {
+    std::vector<C> kb, vb, qb, qs(static_cast<size_t>(SD)), ob(static_cast<size_t>(SD));
+    for (int64_t bg = bg0; bg < bg1; ++bg) {
+      const int64_t b = bg / d.G, g = bg % d.G;
+      const C* K = compute_copy<C>(k.raw() + bg * SD * es, dt, SD, kb);
+      const C* V = compute_copy<C>(v.raw() + bg * SD * es, dt, SD, vb);
+      for (int64_t r0 = 0; r0 < d.R; ++r0) {
+        const int64_t head = bg * d.R + r0;
+        const C* Q = compute_copy<C>(q.raw() + head * SD * es, dt, SD, qb);
+        for (int64_t e = 0; e < SD; ++e) qs[static_cast<size_t>(e)] = Q[e] * scale;
+        forward_head<C>(qs.data(), K, V, tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.D, keep_scale,
+                        ob.data(), r.lse.data<C>() + head * d.S);
+        store<C>(ob.data(), r.out.raw(), dt, SD, head * SD);
+      }
     }
-  }
+  });
   return r;
 }
 
@@ -241,33 +245,35 @@ AttentionGrads backward_typed(const Tensor& q, const Tensor& k, const Tensor& v,
   const C scale = static_cast<C>(pl.args.scale);
   const C keep_scale = static_cast<C>(pl.args.dropout() ? 1.0 / (1.0 - pl.args.p) : 1.0);
   const size_t n = static_cast<size_t>(SD);
-  std::vector<C> kb, vb, qb, ob, gb, qs(n), dqs(n), dk(n), dv(n), delta(static_cast<size_t>(d.S));
-  std::vector<C> lb;
-  for (int64_t bg = 0; bg < d.B * d.G; ++bg) {
-    const int64_t b = bg / d.G, g = bg % d.G;
-    const C* K = compute_copy<C>(k.raw() + bg * SD * es, dt, SD, kb);
-    const C* V = compute_copy<C>(v.raw() + bg * SD * es, dt, SD, vb);
-    std::fill(dk.begin(), dk.end(), C(0));
-    std::fill(dv.begin(), dv.end(), C(0));
-    for (int64_t r0 = 0; r0 < d.R; ++r0) {
-      const int64_t head = bg * d.R + r0;
-      const C* Q = compute_copy<C>(q.raw() + head * SD * es, dt, SD, qb);
-      const C* O = compute_copy<C>(out.raw() + head * SD * es, dt, SD, ob);
-      const C* dO = compute_copy<C>(dout.raw() + head * SD * es, dt, SD, gb);
-      for (int64_t e = 0; e < SD; ++e) qs[static_cast<size_t>(e)] = Q[e] * scale;
-      for (int64_t i = 0; i < d.S; ++i) {  // delta_i = sum_d dO[i, d] O[i, d]
-        double acc = 0.0;
-        for (int64_t c = 0; c < d.D; ++c) acc += static_cast<double>(dO[i * d.D + c]) * static_cast<double>(O[i * d.D + c]);
-        delta[static_cast<size_t>(i)] = static_cast<C>(acc);
+  // (batch, kv head) blocks over the rank's threads: each writes its own dq heads, dk and dv.
+  parallel_for(d.B * d.G, 1, [&](int64_t bg0, int64_t bg1) {
+    std::vector<C> kb, vb, qb, ob, gb, qs(n), dqs(n), dk(n), dv(n), delta(static_cast<size_t>(d.S));
+    for (int64_t bg = bg0; bg < bg1; ++bg) {
+      const int64_t b = bg / d.G, g = bg % d.G;
+      const C* K = compute_copy<C>(k.raw() + bg * SD * es, dt, SD, kb);
+      const C* V = compute_copy<C>(v.raw() + bg * SD * es, dt, SD, vb);
+      std::fill(dk.begin(), dk.end(), C(0));
+      std::fill(dv.begin(), dv.end(), C(0));
+      for (int64_t r0 = 0; r0 < d.R; ++r0) {
+        const int64_t head = bg * d.R + r0;
+        const C* Q = compute_copy<C>(q.raw() + head * SD * es, dt, SD, qb);
+        const C* O = compute_copy<C>(out.raw() + head * SD * es, dt, SD, ob);
+        const C* dO = compute_copy<C>(dout.raw() + head * SD * es, dt, SD, gb);
+        for (int64_t e = 0; e < SD; ++e) qs[static_cast<size_t>(e)] = Q[e] * scale;
+        for (int64_t i = 0; i < d.S; ++i) {  // delta_i = sum_d dO[i, d] O[i, d]
+          double acc = 0.0;
+          for (int64_t c = 0; c < d.D; ++c) acc += static_cast<double>(dO[i * d.D + c]) * static_cast<double>(O[i * d.D + c]);
+          delta[static_cast<size_t>(i)] = static_cast<C>(acc);
+        }
+        backward_head<C>(qs.data(), K, V, dO, lse.data<C>() + head * d.S, delta.data(),
+                         tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.D, keep_scale, dqs.data(), dk.data(),
+                         dv.data());
+        store<C>(dqs.data(), r.dq.raw(), dt, SD, head * SD, scale);
       }
-      backward_head<C>(qs.data(), K, V, dO, lse.data<C>() + head * d.S, delta.data(),
-                       tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.D, keep_scale, dqs.data(), dk.data(),
-                       dv.data());
-      store<C>(dqs.data(), r.dq.raw(), dt, SD, head * SD, scale);
+      store<C>(dk.data(), r.dk.raw(), dt, SD, bg * SD);
+      store<C>(dv.data(), r.dv.raw(), dt, SD, bg * SD);
     }
-    store<C>(dk.data(), r.dk.raw(), dt, SD, bg * SD);
-    store<C>(dv.data(), r.dv.raw(), dt, SD, bg * SD);
-  }
+  });
   return r;
 }
 
