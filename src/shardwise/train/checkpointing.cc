@@ -344,9 +344,10 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   // A skipped parameter is not read even when the directory has it.
   const ckpt::KeyMap keys = key_map_for(dir, saved);
   auto skipped = [&](const std::string& name) {
-    const ckpt::KeyPlacement* p = keys.find(name);
     for (const std::string& g : ignore_keys) {
-      if (::fnmatch(g.c_str(), name.c_str(), 0) == 0 || (p && ::fnmatch(g.c_str(), p->key.c_str(), 0) == 0)) return true;
+      if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+      for (const ckpt::KeyPlacement& p : keys.placements(name))
+        if (::fnmatch(g.c_str(), p.key.c_str(), 0) == 0) return true;
     }
     return false;
   };
