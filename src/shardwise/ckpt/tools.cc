@@ -207,7 +207,7 @@ void inspect(const fs::path& path, std::ostream& out) {
       for (size_t i = 0; i < parts.size(); ++i) {  // a fused tensor: what each box holds; a slice: of what
         const KeyPlacement& p = *parts[i];
         if (p.is_slice()) {
-          out << fmt::format("      = {}[{}] (slice {} of {})\n", names[i], p.index, p.index, p.shape.to_string());
+          out << fmt::format("      = {}[{}] of {}\n", names[i], p.index, p.shape.to_string());
           continue;
         }
         std::vector<std::string> box;
