@@ -11,8 +11,8 @@ Checks, each against transformers' own results:
              AutoModelForCausalLM.from_pretrained gives a MixtralForCausalLM with no missing,
              unexpected or mismatched keys and no warnings -> its loss on a batch equals shardwise's
              (`train --init-from` of that checkpoint, first step, on ep=2 and on one rank) within
-             1e-5. Logits are not compared: `shardwise generate` (the only command that writes
-             logits) has no MoE graphs yet, so the loss is the value compared.
+             1e-5; greedy `shardwise generate` on dp=2 x tp=2 gives transformers' tokens and its
+             logits (--logits-out) equal transformers' within 1e-5.
 With --golden DIR it also writes tests/golden/hf/mixtral_tiny, mixtral_tokens.bin and
 mixtral_tiny_expected.json, which `make test` replays without PyPI (tests/train/test_mixtral_ckpt.cc).
 The aux loss is off in every comparison (output_router_logits False in transformers, --aux-loss 0):
@@ -34,7 +34,8 @@ import transformers
 from transformers import MixtralConfig, MixtralForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity import check_init_from_meshes, check_loss_on_a_batch, hf_loss, load_cleanly, run, write_u16  # noqa: E402
+from hf_parity import (check_generate, check_init_from_meshes, check_loss_on_a_batch, hf_loss,  # noqa: E402
+                       load_cleanly, run, write_u16)
 
 
 def tiny_mixtral(seed, vocab=128, seq=16):
@@ -61,16 +62,21 @@ def check_init_from(shardwise, tmp, golden):
     tokens = [int(t) for t in rng.integers(0, 128, size=17)]
     data = os.path.join(tmp, "mixtral_tokens.bin")
     write_u16(data, tokens)
-    want, _ = hf_loss(model, tokens)
+    want, logits = hf_loss(model, tokens)
     check_init_from_meshes(shardwise, tmp, "mixtral", model, data, want, MESHES)
     if golden:
         out = os.path.join(golden, "mixtral_tiny")
         shutil.rmtree(out, ignore_errors=True)
         model.save_pretrained(out)
         write_u16(os.path.join(golden, "mixtral_tokens.bin"), tokens)
+        # transformers' greedy generate from the first 5 tokens (eos = its config's, 127), which
+        # tests/train/test_generate_llama.cc replays with `shardwise generate`'s graphs.
+        greedy = model.generate(torch.tensor([tokens[:5]]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                                max_new_tokens=8, do_sample=False, pad_token_id=127)[0].tolist()
         json.dump({"generator": f"tools/hf_mixtral.py with torch {torch.__version__}, transformers "
                                 f"{transformers.__version__}",
-                   "tokens": tokens, "loss": want},
+                   "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
+                   "argmax": logits.argmax(-1).tolist(), "greedy_prompt": tokens[:5], "greedy": greedy},
                   open(os.path.join(golden, "mixtral_tiny_expected.json"), "w"), indent=1)
 
 
@@ -86,6 +92,7 @@ def check_load(shardwise, tmp):
     assert c.num_local_experts == 4 and c.num_experts_per_tok == 2 and c.num_key_value_heads == 2, c
     for mesh in ["ep=2", "dp=1"]:
         check_loss_on_a_batch(shardwise, tmp, model, ckpt, c.max_position_embeddings, "mixtral load", mesh)
+    check_generate(shardwise, tmp, model, ckpt, "mixtral generate")
 
 
 def main():
