@@ -2,8 +2,8 @@
 // The stacked experts [E, I, H] split over ep are stored as E per-expert keys; each stored slice is
 // checked against the trainer's gathered parameter (Tensor::slice here, not the save code), a chain
 // of loads and saves over ep=4 -> ep=2 -> 1 rank -> dp=2 x tp=2 keeps every stored tensor (weights,
-// moments, fp32 masters) bit for bit, and a resume on another ep size continues the uninterrupted
-// curve. tests/golden/hf/mixtral_tiny (tools/hf_mixtral.py: a transformers MixtralForCausalLM saved
+// moments, fp32 masters) bit for bit, and a resume on another ep size (or of a pp=2 x ep=2 save)
+// continues the uninterrupted curve. tests/golden/hf/mixtral_tiny (tools/hf_mixtral.py: a transformers MixtralForCausalLM saved
 // by save_pretrained) gives transformers' loss with --init-from on every mesh, and shardwise's
 // checkpoints hold exactly its keys, shapes and config fields.
 // The other direction needs PyPI and is run by hand (`make hf-parity`): tools/hf_mixtral.py, run
@@ -112,7 +112,7 @@ TEST(MixtralCkpt, ExpertsAreStoredPerExpertAndComeBackBitForBitAcrossEpSizes) {
   fs::remove_all(root);
 }
 
-TEST(MixtralCkpt, ResumeOnAnotherEpSizeContinuesTheSingleRankCurve) {
+TEST(MixtralCkpt, ResumeOnAnotherEpSizeOrFromPipelineStagesContinuesTheSingleRankCurve) {
   const fs::path root = fs::temp_directory_path() / "sw_mixtral_resume";
   fs::remove_all(root);
   const std::vector<double> whole = train_losses(moe("dp=1"), 6, {}, {});
@@ -122,6 +122,19 @@ TEST(MixtralCkpt, ResumeOnAnotherEpSizeContinuesTheSingleRankCurve) {
     ASSERT_EQ(rest.size(), 3u);
     for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << mesh << " step " << i + 4;
   }
+  // Saved by pipeline stages (pp=2 x ep=2: each stage's experts by its ep ranks; the router losses
+  // are off, pp does not carry them), resumed on one rank.
+  auto no_router_losses = [](const std::string& mesh) {
+    TrainConfig c = moe(mesh);
+    c.model.aux_loss = 0, c.model.router_z_loss = 0;
+    return c;
+  };
+  const std::vector<double> plain = train_losses(no_router_losses("dp=1"), 6, {}, {});
+  fs::remove_all(root);
+  train_losses(no_router_losses("pp=2,ep=2"), 3, {}, root);
+  const std::vector<double> rest = train_losses(no_router_losses("dp=1"), 3, root / "checkpoint-3", {});
+  ASSERT_EQ(rest.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(rest[i], plain[i + 3], 1e-5 * plain[i + 3]) << "pp=2,ep=2 step " << i + 4;
   fs::remove_all(root);
 }
 
