@@ -4,10 +4,13 @@
 // its block holds, and loads on other meshes against blocks cut from the global.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "ckpt_test_util.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/save_plan.h"
+#include "shardwise/ckpt/tools.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 
@@ -124,6 +127,24 @@ TEST(KeySlices, AnEpRankWritesOnlyItsExpertsKeys) {
     }
     for (int64_t e = 0; e < E; ++e) EXPECT_EQ(bytes[slice_key("w1", e)], I * H * 4);
   });
+}
+
+TEST(KeySlices, InspectShowsEachSliceAndMergeKeepsTheTable) {
+  ScratchDir scratch("keyslices_tools");
+  comm::LocalWorld::run(2, [&](comm::Communicator& c) { save_checkpoint(c, scratch.path, content_on("ep=2", c.rank())); });
+  const fs::path dir = scratch.path / "checkpoint-1";
+  std::ostringstream out;
+  inspect(dir, out);
+  EXPECT_NE(out.str().find("experts.2.w1.weight"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("= experts.w1[2] of 4x3x5"), std::string::npos) << out.str();
+  merge_checkpoint(dir, scratch.path / "merged");
+  EXPECT_EQ(load_json(scratch.path / "merged", kManifestName)["key_maps"]["model"], slices_map().to_json());
+  RewriteOptions without_one;
+  without_one.remove_keys = {"experts.3.w2.weight"};  // w2 loses a slice: its entry goes, w1's stays
+  merge_checkpoint(dir, scratch.path / "partial", without_one);
+  const nlohmann::json kept = load_json(scratch.path / "partial", kManifestName)["key_maps"]["model"];
+  EXPECT_TRUE(kept.contains("experts.w1"));
+  EXPECT_FALSE(kept.contains("experts.w2"));
 }
 
 TEST(KeySlices, BadSlicesAreErrors) {
