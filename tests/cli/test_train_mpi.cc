@@ -116,15 +116,17 @@ TEST(TrainMpi, AnMoeCheckpointSavedOnFourProcessesResumesOnOneRank) {
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(rest[i], ref[i + 4], 1e-5 * ref[i + 4]) << "step " << i + 5;
 }
 
-// Sharding stage 2 (v2, dp=2 x tp=2) and stage 1 (v1, dp=4) on 4 processes follow plain dp on threads
-// (the same mesh).
+// Sharding stage 2 (v2, dp=2 x tp=2), stage 1 (v1, dp=4) and stage 3 (dp=2 x tp=2 with full recompute,
+// pp=2 x dp=2) on 4 processes follow plain dp on threads (the same mesh).
 TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
   const std::string args = " --layers 2 --hidden 32 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3"
                            " --eval-every 0 ";
   for (const auto& [mesh, sharding] : {std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 2 --sharding-layout v2"},
-                                       std::pair<std::string, std::string>{"dp=4", "--sharding-stage 1 --sharding-layout v1"}}) {
+                                       std::pair<std::string, std::string>{"dp=4", "--sharding-stage 1 --sharding-layout v1"},
+                                       std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 3 --recompute full"},
+                                       std::pair<std::string, std::string>{"pp=2,dp=2", "--sharding-stage 3"}}) {
     std::system("rm -rf /tmp/shardwise-shard-mpi-ref /tmp/shardwise-shard-mpi-4");
     ASSERT_EQ(std::system((std::string(bin) + " train --mesh " + mesh + args +
                            "--run-dir /tmp/shardwise-shard-mpi-ref > /dev/null").c_str()), 0);

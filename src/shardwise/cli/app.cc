@@ -61,10 +61,10 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,
-                 "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
-                 "(reduce-scattered); 3 is not built");
+                 "state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
+                 "(reduce-scattered), 3 and parameters (FSDP: all-gathered before each use, freed after it)");
   t->add_option("--sharding-layout", c.sharding.layout,
-                "with --sharding-stage 1|2: v1 (each parameter's state on one dp rank, balanced by size) or v2 "
+                "with --sharding-stage 1|2 (stage 3 cuts each parameter by rows): v1 (each parameter's state on one dp rank, balanced by size) or v2 "
                 "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
   t->add_flag("--skip-nonfinite-steps", c.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");

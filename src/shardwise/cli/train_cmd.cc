@@ -124,6 +124,16 @@ void report_profile(const runtime::ProfileReport& r, const std::string& run_dir,
   out << fmt::format("  trace: {} (open it in https://ui.perfetto.dev)\n", path);
 }
 
+// The run header's sharding line.
+std::string sharding_line(const train::ShardingConfig& s, int64_t optimizer_bytes) {
+  if (s.shards_params())
+    return fmt::format("  sharding: stage 3, parameters, gradients and optimizer state split over dp (all-gathered "
+                       "before each use): {} bytes of optimizer state on this rank\n",
+                       optimizer_bytes);
+  return fmt::format("  sharding: stage {}, layout {}: {} bytes of optimizer state on this rank\n", s.stage, s.layout,
+                     optimizer_bytes);
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
@@ -188,9 +198,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (c.document_attention)
       out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
                          c.eos_id);
-    if (c.sharding.enabled())
-      out << fmt::format("  sharding: stage {}, layout {}: {} bytes of optimizer state on this rank\n", c.sharding.stage,
-                         c.sharding.layout, trainer.optimizer_state_bytes());
+    if (c.sharding.enabled()) out << sharding_line(c.sharding, trainer.optimizer_state_bytes());
     if (trainer.strategy().pp >= 0)
       out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
                          c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,

@@ -266,7 +266,10 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
     }
     const double end = seconds_since(t0);
     stats.timeline.push_back({a, start, end});
-    if (is_compute(a.kind)) stats.compute_seconds += end - start;
+    if (is_compute(a.kind)) {
+      stats.compute_seconds += end - start;
+      stats.peak_gathered_bytes = std::max(stats.peak_gathered_bytes, local(a.stage).rt->stats().peak_gathered_bytes);
+    }
     stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, activation_bytes());
   }
   stats.seconds = seconds_since(t0);

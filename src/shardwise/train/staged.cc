@@ -137,6 +137,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     spec.stage = s;
     spec.training = what == StageGraph::Training;
     if (spec.training && config.partial_dp_grads && stage_strategy.dp >= 0) spec.partial_grad_dims = {"dp"};
+    if (config.shard_params && stage_strategy.dp_size() > 1) spec.shard_params_dim = "dp";  // every graph: shared blocks
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;

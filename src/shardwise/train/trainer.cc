@@ -238,7 +238,8 @@ GptConfig kernel_model(const TrainConfig& c) {
 
 PipelineConfig pipeline_config(const TrainConfig& c) {
   return PipelineConfig{c.schedule, c.virtual_stages, c.pipeline_release, false,
-                        LoaderOptions{c.loader_sync, c.loader_prefetch}, c.sharding.stage >= 2, c.sharding.enabled()};
+                        LoaderOptions{c.loader_sync, c.loader_prefetch}, c.sharding.stage == 2,
+                        c.sharding.shards_optimizer(), c.sharding.shards_params()};
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
@@ -249,7 +250,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation), c_.seed,
                                        causal_mask(c_.model.seq), world_);
-  if (c_.sharding.enabled()) {
+  if (c_.sharding.shards_optimizer()) {
     sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
     partial_grads_ = model_->grads_partial_on_dp();
   }
