@@ -2,7 +2,8 @@
 // The stacked experts [E, I, H] split over ep are stored as E per-expert keys; each stored slice is
 // checked against the trainer's gathered parameter (Tensor::slice here, not the save code), a chain
 // of loads and saves over ep=4 -> ep=2 -> 1 rank -> dp=2 x tp=2 keeps every stored tensor (weights,
-// moments, fp32 masters) bit for bit, and a resume on another ep size (or of a pp=2 x ep=2 save)
+// moments, fp32 masters) bit for bit, and a resume on another ep size (from or into sharding stage 3,
+// or of a pp=2 x ep=2 save)
 // continues the uninterrupted curve. tests/golden/hf/mixtral_tiny (tools/hf_mixtral.py: a transformers MixtralForCausalLM saved
 // by save_pretrained) gives transformers' loss with --init-from on every mesh, and shardwise's
 // checkpoints hold exactly its keys, shapes and config fields.
@@ -117,11 +118,18 @@ TEST(MixtralCkpt, ResumeOnAnotherEpSizeOrFromPipelineStagesContinuesTheSingleRan
   fs::remove_all(root);
   const std::vector<double> whole = train_losses(moe("dp=1"), 6, {}, {});
   train_losses(moe("ep=2"), 3, {}, root);
-  for (const std::string mesh : {"ep=4", "dp=2,ep=2"}) {
-    const std::vector<double> rest = train_losses(moe(mesh), 3, root / "checkpoint-3", {});
+  TrainConfig zero3 = moe("dp=2,ep=2");  // parameters, gradients and moments sharded over dp as well
+  zero3.sharding.stage = 3;
+  for (const TrainConfig& c : {moe("ep=4"), moe("dp=2,ep=2"), zero3}) {
+    const std::vector<double> rest = train_losses(c, 3, root / "checkpoint-3", {});
     ASSERT_EQ(rest.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << mesh << " step " << i + 4;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << c.mesh << " stage " << c.sharding.stage << " step " << i + 4;
   }
+  fs::remove_all(root);
+  train_losses(zero3, 3, {}, root);  // saved from stage 3's shards
+  const std::vector<double> back = train_losses(moe("ep=4"), 3, root / "checkpoint-3", {});
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(back[i], whole[i + 3], 1e-5 * whole[i + 3]) << "from stage 3, step " << i + 4;
   // Saved by pipeline stages (pp=2 x ep=2: each stage's experts by its ep ranks; the router losses
   // are off, pp does not carry them), resumed on one rank.
   auto no_router_losses = [](const std::string& mesh) {
