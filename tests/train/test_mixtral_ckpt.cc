@@ -2,10 +2,10 @@
 // The stacked experts [E, I, H] split over ep are stored as E per-expert keys; each stored slice is
 // checked against the trainer's gathered parameter (Tensor::slice here, not the save code), a chain
 // of loads and saves over ep=4 -> ep=2 -> 1 rank -> dp=2 x tp=2 keeps every stored tensor (weights,
-// moments, fp32 masters) bit for bit, and a resume on another ep size (from or into sharding stage 3,
-// or of a pp=2 x ep=2 save)
-// continues the uninterrupted curve. tests/golden/hf/mixtral_tiny (tools/hf_mixtral.py: a transformers MixtralForCausalLM saved
-// by save_pretrained) gives transformers' loss with --init-from on every mesh, and shardwise's
+// moments, fp32 masters) bit for bit, and a resume on another ep size (from or into sharding stage
+// 3, or of a pp=2 x ep=2 save) continues the uninterrupted curve. tests/golden/hf/mixtral_tiny
+// (tools/hf_mixtral.py: a transformers MixtralForCausalLM saved by save_pretrained) gives
+// transformers' loss with --init-from on every mesh, and shardwise's
 // checkpoints hold exactly its keys, shapes and config fields.
 // The other direction needs PyPI and is run by hand (`make hf-parity`): tools/hf_mixtral.py, run
 // 2026-11-24 with transformers 5.24.0 and torch 2.15.0, loaded a checkpoint shardwise saved on
