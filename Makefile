@@ -76,8 +76,10 @@ $(HF_VENV)/bin/python:
 	$(HF_VENV)/bin/pip install -q torch transformers peft safetensors numpy
 hf-parity: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise
+	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise
 hf-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise --golden tests/golden/hf
+	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 
 # The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
 # Builds only the shardwise binary (not the tests and benchmarks).

@@ -146,9 +146,9 @@ def load_cleanly(ckpt, architecture, label):
     return model
 
 
-def check_loss_on_a_batch(shardwise, tmp, model, ckpt, seq, label):
+def check_loss_on_a_batch(shardwise, tmp, model, ckpt, seq, label, mesh="dp=2,tp=2"):
     """transformers' loss on one byte sequence of seq + 1 tokens equals the first step's loss of
-    `shardwise train --init-from ckpt` on a file holding exactly that sequence."""
+    `shardwise train --init-from ckpt` on `mesh` on a file holding exactly that sequence."""
     tokens = [ord(c) for c in "12+34=46\n41+"][: seq + 1]
     while len(tokens) < seq + 1:
         tokens.append(10)
@@ -157,9 +157,9 @@ def check_loss_on_a_batch(shardwise, tmp, model, ckpt, seq, label):
     with open(data, "wb") as f:
         f.write(bytes(tokens))
     want, _ = hf_loss(model, tokens)
-    got = first_loss(shardwise, tmp, f"{tag}-back", ckpt, data, "dp=2,tp=2", ["--data-format", "bytes"])
-    assert abs(got - want) <= TOL * max(1, abs(want)), (got, want)
-    print(f"  {label} loss on a batch: shardwise {got:.7f} = transformers {want:.7f}")
+    got = first_loss(shardwise, tmp, f"{tag}-{mesh}-back", ckpt, data, mesh, ["--data-format", "bytes"])
+    assert abs(got - want) <= TOL * max(1, abs(want)), (mesh, got, want)
+    print(f"  {label} loss on a batch ({mesh}): shardwise {got:.7f} = transformers {want:.7f}")
 
 
 def check_load(shardwise, tmp):
@@ -377,6 +377,17 @@ def tiny_llama(seed, vocab=128, seq=16):
     return LlamaForCausalLM(cfg).eval()
 
 
+def check_init_from_meshes(shardwise, tmp, label, model, data, want, meshes):
+    """`shardwise train --init-from` the model's save_pretrained directory: the first loss on every
+    mesh equals transformers' `want` within TOL."""
+    d = os.path.join(tmp, "hf-" + label)
+    model.save_pretrained(d)
+    for mesh in meshes:
+        got = first_loss(shardwise, tmp, f"{label}-{mesh}", d, data, mesh)
+        assert abs(got - want) <= TOL * max(1, abs(want)), (mesh, got, want)
+        print(f"  {label} init-from {mesh:10s} first loss {got:.7f} = transformers {want:.7f}")
+
+
 def check_llama_init_from(shardwise, tmp, golden):
     model = tiny_llama(11)
     rng = np.random.default_rng(5)
@@ -384,12 +395,7 @@ def check_llama_init_from(shardwise, tmp, golden):
     data = os.path.join(tmp, "llama_tokens.bin")
     write_u16(data, tokens)
     want, logits = hf_loss(model, tokens)
-    d = os.path.join(tmp, "hf-llama")
-    model.save_pretrained(d)
-    for mesh in ["tp=2", "dp=2,tp=2", "tp=2,pp=2"]:
-        got = first_loss(shardwise, tmp, f"llama-{mesh}", d, data, mesh)
-        assert abs(got - want) <= TOL * max(1, abs(want)), (mesh, got, want)
-        print(f"  llama init-from {mesh:10s} first loss {got:.7f} = transformers {want:.7f}")
+    check_init_from_meshes(shardwise, tmp, "llama", model, data, want, ["tp=2", "dp=2,tp=2", "tp=2,pp=2"])
     if golden:
         out = os.path.join(golden, "llama_tiny")
         shutil.rmtree(out, ignore_errors=True)

@@ -25,6 +25,16 @@ std::string args(const fs::path& run_dir, const std::string& extra) {
          "--global-batch 4 --eval-every 0 --progress none --run-dir " + run_dir.string() + " " + extra;
 }
 
+// The first loss in run_dir's metrics.jsonl equals transformers' loss in <golden>_expected.json within 1e-5.
+void expect_golden_first_loss(const fs::path& run_dir, const std::string& golden) {
+  std::ifstream e(kGolden + "/" + golden + "_expected.json");
+  const double want = nlohmann::json::parse(e)["loss"].get<double>();
+  std::ifstream m(run_dir / "metrics.jsonl");
+  std::string line;
+  std::getline(m, line);
+  EXPECT_NEAR(nlohmann::json::parse(line)["loss"].get<double>(), want, 1e-5 * want) << golden;
+}
+
 TEST(CliLlama, InitFromTransformersLlamaStartsFromItsLoss) {
   const fs::path dir = fs::temp_directory_path() / "sw_cli_llama";
   fs::remove_all(dir);
@@ -33,12 +43,29 @@ TEST(CliLlama, InitFromTransformersLlamaStartsFromItsLoss) {
   EXPECT_NE(r.out.find("Llama (2 kv heads, intermediate 32, rope theta 10000, untied head) 2 layers, hidden 16, "
                        "4 heads, seq 16, vocab 128"),
             std::string::npos) << r.out;
-  std::ifstream e(kGolden + "/llama_tiny_expected.json");
-  const double want = nlohmann::json::parse(e)["loss"].get<double>();
-  std::ifstream m(dir / "metrics.jsonl");
-  std::string line;
-  std::getline(m, line);
-  EXPECT_NEAR(nlohmann::json::parse(line)["loss"].get<double>(), want, 1e-5 * want);
+  expect_golden_first_loss(dir, "llama_tiny");
+  fs::remove_all(dir);
+}
+
+// --init-from a transformers Mixtral (tools/hf_mixtral.py's golden) takes --experts and --top-k from
+// its config.json and starts from transformers' loss on ep=2; an --experts that contradicts it, or
+// experts on a dense Llama directory, exit 2.
+TEST(CliLlama, InitFromTransformersMixtralTakesItsExpertsAndStartsFromItsLoss) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_mixtral";
+  fs::remove_all(dir);
+  const std::string mixtral = "train --init-from " + kGolden + "/mixtral_tiny --data " + kGolden +
+                              "/mixtral_tokens.bin --steps 1 --global-batch 4 --eval-every 0 --progress none --run-dir " +
+                              dir.string() + " ";
+  auto r = run(mixtral + "--mesh ep=2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_golden_first_loss(dir, "mixtral_tiny");
+  fs::remove_all(dir);
+  r = run(mixtral + "--mesh ep=2 --experts 8");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--experts 8 contradicts --init-from"), std::string::npos) << r.out;
+  r = run(args(dir, "--experts 4"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("whose config.json has 0"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 
@@ -73,7 +100,8 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
 }
 
 // MoE options: bad ones exit 2 naming the value; an ep mesh without experts, experts ep does not
-// divide, and MoE checkpoints (no layout yet) are refused before training.
+// divide, and checkpoints of a model with dense layers among MoE ones (Mixtral's layout has experts
+// in every layer) are refused before training.
 TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
   const std::string base = "train --model llama --layers 2 --hidden 32 --heads 4 --vocab 128 --seq 10 --digits 2 --steps 1 "
                            "--progress none ";
@@ -82,7 +110,7 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--mesh ep=2", "has an ep dim but the model has no experts"},
       {"--experts 4 --top-k 5", "--top-k 5 must be in [1, --experts 4]"},
       {"--experts 4 --moe-layers 0,2", "--moe-layers names layer 2"},
-      {"--experts 4 --save-every 1", "checkpoints of MoE models are not supported yet"},
+      {"--experts 4 --moe-layers 1 --save-every 1", "experts in every layer, and this model has them in 1 of its 2"},
   };
   for (const auto& [args, message] : cases) {
     auto r = run(base + args);

@@ -89,6 +89,33 @@ TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
   expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe");
 }
 
+// The MoE Llama's checkpoint in Mixtral's layout saved by 4 processes on ep=2 x dp=2 (each ep rank
+// writing its own experts' keys), resumed on one rank: steps 5..8 continue the single-rank curve.
+TEST(TrainMpi, AnMoeCheckpointSavedOnFourProcessesResumesOnOneRank) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string args =
+      " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
+      " --steps 8 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 --progress none ";
+  const std::string ref_dir = "/tmp/shardwise-moe-ckpt-ref", dir = "/tmp/shardwise-moe-ckpt-mpi",
+                    back = "/tmp/shardwise-moe-ckpt-back";
+  std::system(("rm -rf " + ref_dir + " " + dir + " " + back).c_str());
+  ASSERT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--run-dir " + ref_dir + " > /dev/null").c_str()), 0);
+  const std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh dp=2,ep=2" + args +
+                          "--save-every 4 --run-dir " + dir + " > " + dir + ".log 2>&1";
+  ASSERT_EQ(std::system(mpi.c_str()), 0) << "see " << dir << ".log";
+  std::ifstream index(dir + "/checkpoints/checkpoint-4/model.safetensors.index.json");
+  const std::string text((std::istreambuf_iterator<char>(index)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("model.layers.1.block_sparse_moe.experts.3.w2.weight"), std::string::npos) << text;
+  ASSERT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--resume " + dir +
+                         "/checkpoints/checkpoint-4 --run-dir " + back + " > " + back + ".log 2>&1").c_str()), 0)
+      << "see " << back << ".log";
+  const std::vector<double> ref = losses_of(ref_dir + "/metrics.jsonl"), rest = losses_of(back + "/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 8u);
+  ASSERT_EQ(rest.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(rest[i], ref[i + 4], 1e-5 * ref[i + 4]) << "step " << i + 5;
+}
+
 // Sharding stage 2 (v2, dp=2 x tp=2), stage 1 (v1, dp=4) and stage 3 (dp=2 x tp=2 with full recompute,
 // pp=2 x dp=2) on 4 processes follow plain dp on threads (the same mesh).
 TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {

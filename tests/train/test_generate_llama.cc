@@ -5,7 +5,8 @@
 // heads over 2 kv heads: the cache sharded by kv heads) and with 1 kv head on tp=2 (the cache
 // replicated over tp); prompts of different lengths, so each decode step rotates each sequence by
 // its own position. And transformers: tests/golden/hf/llama_tiny (a LlamaForCausalLM written by
-// tools/hf_parity.py) gives its logits at the last position within 1e-5 and its greedy tokens.
+// tools/hf_parity.py) gives its logits at the last position within 1e-5 and its greedy tokens, as
+// does tests/golden/hf/mixtral_tiny (a MixtralForCausalLM written by tools/hf_mixtral.py: the MoE MLP).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -176,17 +177,18 @@ TEST(GenerateLlama, TheCacheHoldsKvHeadsShardedOrReplicatedOverTp) {
 
 const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
 
-TEST(GenerateLlama, TransformersLogitsAndGreedyTokens) {
-  std::ifstream f(kGolden + "/llama_tiny_expected.json");
+// tests/golden/hf/<golden> against <golden>_expected.json on every mesh of `meshes`.
+void expect_transformers_logits_and_greedy(const std::string& golden, const std::vector<std::string>& meshes) {
+  std::ifstream f(kGolden + "/" + golden + "_expected.json");
   const nlohmann::json want = nlohmann::json::parse(f);
-  const GptConfig model = read_model_config(kGolden + "/llama_tiny");
+  const GptConfig model = read_model_config(kGolden + "/" + golden);
   const auto tokens = want["tokens"].get<std::vector<int64_t>>();
-  for (const std::string mesh : {"dp=1", "tp=2", "dp=2,tp=2"}) {
+  for (const std::string& mesh : meshes) {
     comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
       auto world = w.group(w.members());
       const int64_t process = world->members()[static_cast<size_t>(world->rank())];
       Generator gen(model, Strategy::from_mesh(mesh::parse_mesh(mesh), false), world,
-                    checkpoint_weights(kGolden + "/llama_tiny", model, process));
+                    checkpoint_weights(kGolden + "/" + golden, model, process));
       // The token after the first 16: transformers' logits at the last position.
       GenerateConfig one;
       one.max_new_tokens = 1;
@@ -211,6 +213,16 @@ TEST(GenerateLlama, TransformersLogitsAndGreedyTokens) {
       EXPECT_EQ(gen.generate({prompt}, greedy).sequences[0].tokens, expected) << mesh << " without the cache";
     });
   }
+}
+
+TEST(GenerateLlama, TransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("llama_tiny", {"dp=1", "tp=2", "dp=2,tp=2"});
+}
+
+// A Mixtral (tools/hf_mixtral.py's MixtralForCausalLM: 4 experts, top-2, in both layers): the
+// decode graphs' MoE MLPs give transformers' logits and greedy tokens.
+TEST(GenerateLlama, MixtralTransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("mixtral_tiny", {"dp=1", "tp=2", "dp=2,tp=2"});
 }
 
 }  // namespace

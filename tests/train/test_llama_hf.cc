@@ -13,6 +13,8 @@
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/model_io.h"
+#include "config_checks.h"
+#include "llama_config.h"
 #include "train_losses.h"
 
 namespace shardwise::train {
@@ -27,28 +29,11 @@ nlohmann::json expected() {
 }
 
 TrainConfig fine_tune(const std::string& mesh) {
-  TrainConfig c;
-  c.model = read_model_config(kDir + "/llama_tiny");
-  c.mesh = mesh;
-  c.steps = 1;
-  c.global_batch = 4;
-  c.accumulation = 2;
-  c.micro_batch = 0;
-  c.data = kDir + "/llama_tokens.bin";
-  c.data_format = "u16";
-  return c;
+  return golden_fine_tune(kDir + "/llama_tiny", kDir + "/llama_tokens.bin", mesh);
 }
 
 double first_loss(const std::string& mesh, const fs::path& from = kDir + "/llama_tiny") {
-  double loss = 0;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
-    auto world = w.group(w.members());
-    Trainer t(fine_tune(mesh), world);
-    init_from_model(t, *world, from);
-    const double l = t.step().loss;
-    if (w.rank() == 0) loss = l;
-  });
-  return loss;
+  return init_from_first_loss(fine_tune(mesh), from);
 }
 
 TEST(LlamaHf, TheFixtureIsATransformersLlamaWithGqaAndAnUntiedHead) {
@@ -124,17 +109,7 @@ TEST(LlamaHf, LlamaConfigsShardwiseCannotBuildExactlyAreRefused) {
   fs::create_directories(dir);
   std::ifstream f(kDir + "/llama_tiny/config.json");
   const nlohmann::json base = nlohmann::json::parse(f);
-  auto refused = [&](const char* key, nlohmann::json value) {
-    nlohmann::json c = base;
-    c[key] = value;
-    std::ofstream(dir / "config.json") << c.dump();
-    try {
-      read_model_config(dir);
-    } catch (const Error& e) {
-      return std::string(e.what()).find(key) != std::string::npos;
-    }
-    return false;
-  };
+  auto refused = [&](const char* key, nlohmann::json value) { return config_refused(dir, base, key, value); };
   EXPECT_TRUE(refused("attention_bias", true));
   EXPECT_TRUE(refused("mlp_bias", true));
   EXPECT_TRUE(refused("hidden_act", "gelu"));

@@ -25,4 +25,17 @@ inline std::vector<double> train_losses(const TrainConfig& c, int64_t steps, con
   return losses;
 }
 
+// Rank 0's loss of the first step of `c` (before any update) after init_from_model(`from`).
+inline double init_from_first_loss(const TrainConfig& c, const std::filesystem::path& from) {
+  double loss = 0;
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(c, world);
+    init_from_model(t, *world, from);
+    const double l = t.step().loss;
+    if (w.rank() == 0) loss = l;
+  });
+  return loss;
+}
+
 }  // namespace shardwise::train

@@ -1,6 +1,8 @@
 // Loading a tensor group on any mesh: each rank maps the shards and copies only its blocks.
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "shardwise/ckpt/checkpoint.h"
@@ -25,6 +27,29 @@ std::string listing(const std::vector<std::string>& names) {
   return s;
 }
 
+// The block `box` of a tensor stored under the placements `placed` (key_map.h): read straight from
+// the stored tensor when one fused placement holds it, else assembled from the parts it meets (a
+// stacked tensor's slices: an ep rank reads only the slices of its experts).
+Tensor read_placed(const GroupReader& reader, std::span<const KeyPlacement> placed, const reshard::Box& box) {
+  if (placed.size() == 1 && !placed[0].is_slice()) {
+    return reader.file_of(placed[0].key).read_box(placed[0].key, placed[0].to_key(box));
+  }
+  Tensor out;
+  for (const KeyPlacement& p : placed) {
+    const reshard::Box part = reshard::intersect(box, p.part());
+    if (part.numel() == 0) continue;
+    Tensor piece = reader.file_of(p.key).read_box(p.key, p.to_key(part));
+    if (!out.defined()) out = Tensor::uninitialized(piece.dtype(), box.shape);
+    const size_t es = dtype_size(piece.dtype());
+    const std::byte* src = piece.raw();
+    std::byte* dst = out.raw();
+    for_each_run(part, Region::of(part), Region::of(box), [&](int64_t s, int64_t d, int64_t n) {
+      std::memcpy(dst + static_cast<size_t>(d) * es, src + static_cast<size_t>(s) * es, static_cast<size_t>(n) * es);
+    });
+  }
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view group, std::span<const LoadSpec> specs,
@@ -32,16 +57,26 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
   GroupReader reader(dir, std::string(group));
   std::set<std::string> asked, covered;  // names, and the file keys they are stored in
   std::vector<std::string> missing, unexpected;
-  auto key_of = [&](const std::string& name) -> const std::string& {
-    const KeyPlacement* p = options.keys.find(name);
-    return p ? p->key : name;
+  auto keys_of = [&](const std::string& name) {
+    std::vector<std::string> keys;
+    for (const KeyPlacement& p : options.keys.placements(name)) keys.push_back(p.key);
+    if (keys.empty()) keys.push_back(name);
+    return keys;
+  };
+  auto skipped = [&](const std::string& name, const std::vector<std::string>& keys) {
+    if (ignored(name, options.ignore_keys)) return true;
+    for (const std::string& k : keys)
+      if (ignored(k, options.ignore_keys)) return true;
+    return false;
   };
   for (const LoadSpec& s : specs) {
     SW_CHECK(asked.insert(s.name).second, "load '{}': tensor '{}' is asked for twice", group, s.name);
-    const std::string& key = key_of(s.name);
-    covered.insert(key);
-    if (!reader.contains(key) && !ignored(s.name, options.ignore_keys) && !ignored(key, options.ignore_keys))
-      missing.push_back(key == s.name ? s.name : fmt::format("{} (part of {})", key, s.name));
+    const std::vector<std::string> keys = keys_of(s.name);
+    covered.insert(keys.begin(), keys.end());
+    if (skipped(s.name, keys)) continue;
+    for (const std::string& key : keys) {
+      if (!reader.contains(key)) missing.push_back(key == s.name ? s.name : fmt::format("{} (part of {})", key, s.name));
+    }
   }
   for (const std::string& name : reader.names()) {
     if (!covered.count(name) && !ignored(name, options.ignore_keys)) unexpected.push_back(name);
@@ -56,17 +91,22 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
   }
   std::map<std::string, Tensor> out;
   for (const LoadSpec& s : specs) {
-    const std::string& key = key_of(s.name);
-    if (!reader.contains(key)) continue;  // ignored
-    const KeyPlacement* placed = options.keys.find(s.name);
+    const std::vector<std::string> keys = keys_of(s.name);
+    if (std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return !reader.contains(k); })) continue;
+    const std::span<const KeyPlacement> placed = options.keys.placements(s.name);
+    const std::string& key = keys.front();
     const SafetensorsFile& file = reader.file_of(key);
     const StTensorInfo& info = file.info(key);
-    if (placed) {
-      SW_CHECK(info.shape == placed->key_shape && placed->shape == s.global_shape,
+    for (const KeyPlacement& p : placed) {
+      const StTensorInfo& in = reader.file_of(p.key).info(p.key);
+      SW_CHECK(in.shape == p.key_shape && p.shape == s.global_shape,
                "load '{}': tensor '{}' {} is read from '{}' as {}, but '{}' has shape {} in the checkpoint ({})", group,
-               s.name, s.global_shape.to_string(), key, placed->key_shape.to_string(), key, info.shape.to_string(),
-               file.path().filename().string());
-    } else {
+               s.name, s.global_shape.to_string(), p.key, p.key_shape.to_string(), p.key, in.shape.to_string(),
+               reader.file_of(p.key).path().filename().string());
+      SW_CHECK(in.dtype == info.dtype, "load '{}': the stored parts of '{}' differ in dtype ('{}' {}, '{}' {})", group,
+               s.name, key, st_dtype_name(info.dtype), p.key, st_dtype_name(in.dtype));
+    }
+    if (placed.empty()) {
       SW_CHECK(info.shape == s.global_shape, "load '{}': tensor '{}' has shape {} in the checkpoint ({}), asked for {}",
                group, s.name, info.shape.to_string(), file.path().filename().string(), s.global_shape.to_string());
     }
@@ -87,10 +127,8 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     }
     auto coords = s.layout.mesh.coords(s.layout.mesh.rank_index_of_process(process));
     reshard::Box box = reshard::block_at(s.global_shape, s.layout, coords);
-    if (placed) {
-      for (size_t d = 0; d < placed->offset.size(); ++d) box.offset[d] += placed->offset[d];
-    }
-    Tensor block = file.read_box(key, box);
+    Tensor block = placed.empty() ? file.read_box(key, box) : read_placed(reader, placed, box);
+    if (!block.defined()) block = Tensor::uninitialized(*stored, box.shape);  // an empty block meets no part
     out[s.name] = block.dtype() == s.dtype ? block : block.to(s.dtype);
   }
   return out;

@@ -28,24 +28,28 @@ void check_placements(const TensorGroup& g) {
   std::set<std::string> given;
   for (const DistTensor& t : g.tensors) given.insert(t.name);
   std::map<std::string, std::vector<std::string>> parts;  // stored key -> the names placed in it
-  for (const auto& [name, p] : g.keys.entries()) parts[p.key].push_back(name);
+  for (const auto& [name, ps] : g.keys.entries()) {
+    for (const KeyPlacement& p : ps) parts[p.key].push_back(name);
+  }
   std::map<std::string, DType> key_dtype;
   for (const DistTensor& t : g.tensors) {
-    const KeyPlacement* p = g.keys.find(t.name);
-    if (!p) {
+    const std::span<const KeyPlacement> placed = g.keys.placements(t.name);
+    if (placed.empty()) {
       SW_CHECK(!parts.count(t.name),
                "group '{}': tensor '{}' is stored whole, but the key map also fuses other tensors into '{}'", g.name,
                t.name, t.name);
       continue;
     }
-    SW_CHECK(p->shape == t.global_shape, "group '{}': tensor '{}' has shape {}, the key map places it as {} in '{}'",
-             g.name, t.name, t.global_shape.to_string(), p->shape.to_string(), p->key);
-    auto [it, fresh] = key_dtype.try_emplace(p->key, t.dtype);
-    SW_CHECK(fresh || it->second == t.dtype, "group '{}': the tensors stored in '{}' differ in dtype ({} and {})",
-             g.name, p->key, dtype_name(it->second), dtype_name(t.dtype));
-    for (const std::string& other : parts.at(p->key)) {
-      SW_CHECK(given.count(other), "group '{}': '{}' is stored in '{}' with '{}', which is not given: the stored "
-               "tensor would have a hole", g.name, t.name, p->key, other);
+    for (const KeyPlacement& p : placed) {
+      SW_CHECK(p.shape == t.global_shape, "group '{}': tensor '{}' has shape {}, the key map places it as {} in '{}'",
+               g.name, t.name, t.global_shape.to_string(), p.shape.to_string(), p.key);
+      auto [it, fresh] = key_dtype.try_emplace(p.key, t.dtype);
+      SW_CHECK(fresh || it->second == t.dtype, "group '{}': the tensors stored in '{}' differ in dtype ({} and {})",
+               g.name, p.key, dtype_name(it->second), dtype_name(t.dtype));
+      for (const std::string& other : parts.at(p.key)) {
+        SW_CHECK(given.count(other), "group '{}': '{}' is stored in '{}' with '{}', which is not given: the stored "
+                 "tensor would have a hole", g.name, t.name, p.key, other);
+      }
     }
   }
 }
@@ -119,8 +123,9 @@ struct Candidate {
   std::vector<int> writers;
 };
 
-// Boxes are in the coordinates of the stored tensor: shifted by the tensor's `offset` in it.
-void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t gi, size_t ti, size_t file,
+// Boxes are in the named tensor's coordinates, cut to the part of it the stored tensor holds
+// (`placed`; null: the tensor is stored whole), which each piece keeps as its destination region.
+void add_candidates(const DistTensor& t, const KeyPlacement* placed, size_t gi, size_t ti, size_t file,
                     size_t entry, uint64_t split_bytes, std::vector<Candidate>& out) {
   const auto& mesh = t.layout.mesh;
   const size_t es = dtype_size(t.dtype);
@@ -136,8 +141,10 @@ void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t
     if (it == classes.end()) classes.push_back({b, {proc}});
     else it->second.push_back(proc);
   }
-  for (auto& [box, holders] : classes) {
+  const Region dst = placed ? placed->stored_region() : Region::whole(t.global_shape);
+  for (auto& [block, holders] : classes) {
     std::sort(holders.begin(), holders.end());
+    const reshard::Box box = placed ? reshard::intersect(block, placed->part()) : block;
     uint64_t bytes = static_cast<uint64_t>(box.numel()) * es;
     if (bytes == 0) continue;  // empty blocks and zero-size tensors: the header says it all
     // Large replicated blocks are cut along dim 0 so that every replica writes a part.
@@ -152,32 +159,36 @@ void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t
         part.offset[0] = box.offset[0] + r.offset;
         part.shape[0] = r.size;
       }
-      for (size_t d = 0; d < offset.size(); ++d) part.offset[d] += offset[d];
       Candidate c;
-      c.piece = Piece{gi, ti, file, entry, part, holders.front(), static_cast<uint64_t>(part.numel()) * es};
+      c.piece = Piece{gi, ti, file, entry, part, dst, holders.front(), static_cast<uint64_t>(part.numel()) * es};
       c.writers = holders;
       out.push_back(std::move(c));
     }
   }
 }
 
-// A tensor of the files: a tensor stored whole, or a fused one and the tensors placed in it.
+// A tensor of the files: a tensor stored whole, a fused one and the tensors placed in it, or one
+// slice of a stacked tensor.
 struct Stored {
   StSpec spec;
-  std::vector<size_t> members;  // tensor indices in the group
+  std::vector<std::pair<size_t, const KeyPlacement*>> members;  // tensor indices in the group, placements
 };
 
-// In the order the group gives the tensors (a fused tensor where its first member comes).
+// In the order the group gives the tensors (a fused tensor where its first member comes, the
+// slices of a stacked one in order).
 std::vector<Stored> stored_tensors(const TensorGroup& g) {
   std::vector<Stored> out;
   std::map<std::string, size_t> at;
+  auto add = [&](size_t ti, const std::string& key, const Shape& shape, const KeyPlacement* p) {
+    auto [it, fresh] = at.try_emplace(key, out.size());
+    if (fresh) out.push_back({StSpec{key, to_st_dtype(g.tensors[ti].dtype), shape}, {}});
+    out[it->second].members.emplace_back(ti, p);
+  };
   for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
     const DistTensor& t = g.tensors[ti];
-    const KeyPlacement* p = g.keys.find(t.name);
-    const std::string& key = p ? p->key : t.name;
-    auto [it, fresh] = at.try_emplace(key, out.size());
-    if (fresh) out.push_back({StSpec{key, to_st_dtype(t.dtype), p ? p->key_shape : t.global_shape}, {}});
-    out[it->second].members.push_back(ti);
+    const std::span<const KeyPlacement> placed = g.keys.placements(t.name);
+    if (placed.empty()) add(ti, t.name, t.global_shape, nullptr);
+    for (const KeyPlacement& p : placed) add(ti, p.key, p.key_shape, &p);
   }
   return out;
 }
@@ -271,12 +282,10 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
       for (size_t e = 0; e < f.layout.order.size(); ++e) {
         const Stored& st = stored[shards[k][f.layout.order[e]]];
         weight_map[st.spec.name] = f.name;
-        for (size_t ti : st.members) {
+        for (const auto& [ti, p] : st.members) {
           const DistTensor& t = g.tensors[ti];
-          const KeyPlacement* p = g.keys.find(t.name);
           meshes.insert(fmt::format("{} ranks {}", t.layout.mesh.to_string(), fmt::join(t.layout.mesh.process_ids(), ",")));
-          add_candidates(t, p ? std::span<const int64_t>(p->offset) : std::span<const int64_t>(), gi, ti,
-                         plan.files.size(), e, options.split_bytes, cands);
+          add_candidates(t, p, gi, ti, plan.files.size(), e, options.split_bytes, cands);
         }
       }
       plan.files.push_back(std::move(f));
@@ -313,11 +322,7 @@ Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int r
     if (p.writer != rank) continue;
     const DistTensor& t = content.groups[p.group].tensors[p.tensor];
     auto coords = t.layout.mesh.coords(t.layout.mesh.rank_index_of_process(rank));
-    Region region = Region::of(reshard::block_at(t.global_shape, t.layout, coords));
-    if (const KeyPlacement* k = content.groups[p.group].keys.find(t.name)) {
-      for (size_t d = 0; d < k->offset.size(); ++d) region.origin[d] += k->offset[d];  // in the stored tensor
-    }
-    out[{p.group, p.tensor}] = {t.local.raw(), region};
+    out[{p.group, p.tensor}] = {t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords))};
   }
   return out;
 }

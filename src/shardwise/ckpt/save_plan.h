@@ -23,7 +23,8 @@ struct PlannedFile {
 struct Piece {
   size_t group = 0, tensor = 0;  // position in the content
   size_t file = 0, entry = 0;    // files[file].layout.tensors[entry]
-  reshard::Box box;              // global coordinates
+  reshard::Box box;              // the named tensor's global coordinates
+  Region dst;                    // the stored tensor as a region in the same coordinates (key_map.h)
   int writer = 0;
   uint64_t bytes = 0;
 };

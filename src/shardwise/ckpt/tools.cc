@@ -107,6 +107,9 @@ nlohmann::json kept_key_map(const fs::path& from, const std::vector<OutTensor>& 
   for (const OutTensor& t : tensors) kept.insert(t.spec.name);
   for (const auto& [name, p] : m["key_maps"]["model"].items()) {
     if (kept.count(p.value("key", ""))) out[name] = p;
+    if (p.contains("slices") && std::all_of(p["slices"].begin(), p["slices"].end(),
+                                            [&](const nlohmann::json& k) { return kept.count(k.get<std::string>()); }))
+      out[name] = p;
   }
   return out;
 }
@@ -199,12 +202,18 @@ void inspect(const fs::path& path, std::ostream& out) {
     const KeyMap keys = key_maps.contains(g) ? KeyMap::from_json(key_maps[g]) : KeyMap();
     for (const std::string& name : reader.names()) {
       print_tensor(out, reader.info(name), reader.file_name_of(name));
-      for (const std::string& part : keys.names_of(name)) {  // a fused tensor: what each box holds
-        const KeyPlacement& p = *keys.find(part);
+      const std::vector<std::string> names = keys.names_of(name);
+      const std::vector<const KeyPlacement*> parts = keys.parts_of(name);
+      for (size_t i = 0; i < parts.size(); ++i) {  // a fused tensor: what each box holds; a slice: of what
+        const KeyPlacement& p = *parts[i];
+        if (p.is_slice()) {
+          out << fmt::format("      = {}[{}] of {}\n", names[i], p.index, p.shape.to_string());
+          continue;
+        }
         std::vector<std::string> box;
         for (int d = 0; d < p.shape.ndim(); ++d)
           box.push_back(fmt::format("{}:{}", p.offset[static_cast<size_t>(d)], p.offset[static_cast<size_t>(d)] + p.shape[d]));
-        out << fmt::format("      [{}] = {}\n", fmt::join(box, ", "), part);
+        out << fmt::format("      [{}] = {}\n", fmt::join(box, ", "), names[i]);
       }
     }
   }

@@ -45,6 +45,8 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   if (llama) {
     fields.push_back({"--kv-heads", &m.kv_heads, saved.key_value_heads()});
     fields.push_back({"--intermediate-size", &m.intermediate_size, saved.mlp_width()});
+    fields.push_back({"--experts", &m.experts, saved.experts});  // Mixtral: num_local_experts
+    if (saved.experts > 0) fields.push_back({"--top-k", &m.top_k, saved.top_k});
   }
   // Llama has no position parameter: a run may train on sequences up to max_position_embeddings.
   if (!llama || cmd.count("--seq") == 0 || m.seq > saved.seq) fields.push_back({"--seq", &m.seq, saved.seq});
@@ -305,11 +307,15 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
            "add --dry-run");
   SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
            "--progress '{}': use auto, bar, lines or none", o.progress);
-  // An MoE model's stacked experts have no checkpoint layout yet (Mixtral's per-expert keys: issue
-  // 17); its config.json would describe a dense Llama.
-  SW_CHECK(c.model.experts == 0 || (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
-           "--experts {}: checkpoints of MoE models are not supported yet (no Mixtral key layout): run without "
-           "--save-every, --resume and --init-from", c.model.experts);
+  // An MoE model's checkpoints are Mixtral's (config.json and per-expert keys), which has experts in
+  // every layer: dense layers among MoE ones have no such layout.
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.model.layers; ++l) moe_layers += c.model.is_moe_layer(l) ? 1 : 0;
+  SW_CHECK(c.model.experts == 0 || moe_layers == c.model.layers ||
+               (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
+           "--moe-layers {}: checkpoints of MoE models are Mixtral's layout, which has experts in every layer, and "
+           "this model has them in {} of its {} layers: run without --save-every, --resume and --init-from, or "
+           "without --moe-layers", fmt::join(c.model.moe_layers, ","), moe_layers, c.model.layers);
   // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
   // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
   c.check(ranks, !mpi);

@@ -223,7 +223,7 @@ void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
     nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(c, special_tokens(c));
     std::vector<std::string> differ;
     const std::string saved_type = saved.value("model_type", "");
-    if ((saved_type == "llama") != c.model.is_llama())
+    if ((saved_type == "llama" || saved_type == "mixtral") != c.model.is_llama())
       differ.push_back(fmt::format("model_type '{}' (checkpoint) vs '{}' (this run, --model)", saved_type,
                                    c.model.model_type));
     for (const std::string& key : model_identity_keys(c.model)) {
@@ -344,9 +344,10 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   // A skipped parameter is not read even when the directory has it.
   const ckpt::KeyMap keys = key_map_for(dir, saved);
   auto skipped = [&](const std::string& name) {
-    const ckpt::KeyPlacement* p = keys.find(name);
     for (const std::string& g : ignore_keys) {
-      if (::fnmatch(g.c_str(), name.c_str(), 0) == 0 || (p && ::fnmatch(g.c_str(), p->key.c_str(), 0) == 0)) return true;
+      if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+      for (const ckpt::KeyPlacement& p : keys.placements(name))
+        if (::fnmatch(g.c_str(), p.key.c_str(), 0) == 0) return true;
     }
     return false;
   };

@@ -44,12 +44,29 @@ class LlamaDecoder {
       auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, a + ".ctx.t"), {B_, T_, H_}, a + ".ctx");
       x = g_.add(x, linear(ctx, a + ".o_proj", H_, H_, false), p + ".attn.residual");
       auto m = rms_norm(x, p + ".post_attention_layernorm");
-      auto gate = linear(m, p + ".mlp.gate_proj", H_, c_.mlp_width(), true);
-      auto up = linear(m, p + ".mlp.up_proj", H_, c_.mlp_width(), true);
-      auto act = g_.op1("swiglu", {gate, up}, {}, p + ".mlp.act");
-      x = g_.add(x, linear(act, p + ".mlp.down_proj", c_.mlp_width(), H_, false), p + ".mlp.residual");
+      x = g_.add(x, c_.is_moe_layer(l) ? moe(m, p + ".block_sparse_moe") : mlp(m, p + ".mlp"), p + ".mlp.residual");
     }
     return x;
+  }
+
+  graph::ValueId mlp(graph::ValueId m, const std::string& p) {
+    auto gate = linear(m, p + ".gate_proj", H_, c_.mlp_width(), true);
+    auto up = linear(m, p + ".up_proj", H_, c_.mlp_width(), true);
+    auto act = g_.op1("swiglu", {gate, up}, {}, p + ".act");
+    return linear(act, p + ".down_proj", c_.mlp_width(), H_, false);
+  }
+
+  // build_llama's Mixtral MoE MLP (the moe_mlp op) on the [B * T, H] tokens, dropless (each token's
+  // output depends on that token only, as generation needs), the experts replicated.
+  graph::ValueId moe(graph::ValueId m, const std::string& p) {
+    const int64_t E = c_.experts, I = c_.mlp_width();
+    auto gate = param(p + ".gate.weight", Shape{E, H_}, "R");
+    auto w1 = param(p + ".experts.w1", Shape{E, I, H_}, "R");
+    auto w3 = param(p + ".experts.w3", Shape{E, I, H_}, "R");
+    auto w2 = param(p + ".experts.w2", Shape{E, H_, I}, "R");
+    auto tokens = g_.reshape(m, {B_ * T_, H_}, p + ".tokens");
+    std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, Attrs{{"top_k", c_.top_k}}, p + ".moe");
+    return g_.reshape(o[0], {B_, T_, H_}, p + ".out");
   }
 
   // transformers' repeat_kv: [B, KV, L, HD] -> [B, heads, L, HD] (head h reads kv head h / (heads / KV)).

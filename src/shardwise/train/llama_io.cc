@@ -36,15 +36,53 @@ nlohmann::json llama_config_json(const GptConfig& m, DType stored, const Special
           {"torch_dtype", dtype}};
 }
 
+// Mixtral's config.json: LlamaConfig's fields that MixtralConfig shares, and its experts. Mixtral
+// has an MoE MLP in every layer: a model with dense layers (--moe-layers) has no such config.
+nlohmann::json mixtral_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  SW_CHECK(m.moe_layers.empty() || static_cast<int64_t>(m.moe_layers.size()) == m.layers,
+           "--moe-layers {}: Mixtral's config.json (the checkpoint layout) has experts in every layer, this model "
+           "only in {} of its {} layers: it cannot be saved in Hugging Face's layout (train it without --save-every, "
+           "or with experts in every layer)", fmt::join(m.moe_layers, ","), m.moe_layers.size(), m.layers);
+  nlohmann::json j = llama_config_json(m, stored, t);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["model_type"] = "mixtral";
+  j["num_local_experts"] = m.experts;
+  j["num_experts_per_tok"] = m.top_k;
+  j["router_aux_loss_coef"] = m.aux_loss;
+  j["output_router_logits"] = false;
+  j["router_jitter_noise"] = 0.0;
+  j["sliding_window"] = nullptr;
+  return j;
+}
+
+ckpt::KeyMap mixtral_key_map(const GptConfig& c) {
+  ckpt::KeyMap m;
+  const int64_t E = c.experts, I = c.mlp_width(), H = c.hidden;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    const std::string p = fmt::format("model.layers.{}.block_sparse_moe.experts.", l);
+    for (auto [w, shape] : {std::pair{"w1", Shape{E, I, H}}, {"w3", Shape{E, I, H}}, {"w2", Shape{E, H, I}}}) {
+      std::vector<std::string> keys;
+      for (int64_t e = 0; e < E; ++e) keys.push_back(fmt::format("{}{}.{}.weight", p, e, w));
+      m.place_slices(p + w, shape, keys);
+    }
+  }
+  return m;
+}
+
 nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
   return m.is_llama() ? llama_config_json(m, stored, t) : gpt2_config_json(m, stored, t);
 }
 
 std::vector<std::string> model_identity_keys(const GptConfig& m) {
   if (!m.is_llama()) return {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
-  return {"model_type",        "num_hidden_layers",       "num_attention_heads", "num_key_value_heads",
-          "hidden_size",       "intermediate_size",       "max_position_embeddings", "vocab_size",
-          "tie_word_embeddings"};
+  std::vector<std::string> keys = {"model_type",        "num_hidden_layers",       "num_attention_heads",
+                                   "num_key_value_heads", "hidden_size",            "intermediate_size",
+                                   "max_position_embeddings", "vocab_size",         "tie_word_embeddings"};
+  if (m.experts > 0) keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok"});
+  return keys;
 }
 
 namespace {
@@ -90,6 +128,15 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
     SW_CHECK(ok, "'{}': {} = {} is not supported (shardwise's Llama has {})", file, key,
              j.contains(key) ? j[key].dump() : "(missing)", want);
   };
+  if (j.value("model_type", "") == "mixtral") {  // MixtralConfig: no biases, experts in every layer
+    c.experts = field("num_local_experts");
+    c.top_k = field("num_experts_per_tok");
+    c.aux_loss = j.value("router_aux_loss_coef", 0.0);
+    refuse_unless(j.value("router_jitter_noise", 0.0) == 0.0, "router_jitter_noise", "no router noise");
+    refuse_unless(!j.contains("sliding_window") || j["sliding_window"].is_null() ||
+                      j["sliding_window"].get<int64_t>() >= c.seq,
+                  "sliding_window", "full causal attention (a window of at least max_position_embeddings)");
+  }
   refuse_unless(j.value("hidden_act", "silu") == "silu", "hidden_act", "silu (SwiGLU)");
   refuse_unless(!j.value("attention_bias", false), "attention_bias", "no biases");
   refuse_unless(!j.value("mlp_bias", false), "mlp_bias", "no biases");
@@ -129,6 +176,8 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
   compare("intermediate_size", saved.mlp_width(), mine.mlp_width());
   compare("vocab_size", saved.vocab, mine.vocab);
   compare("tie_word_embeddings", saved.tie_word_embeddings, mine.tie_word_embeddings);
+  compare("num_local_experts (--experts)", saved.experts, mine.experts);
+  if (saved.experts > 0 && mine.experts > 0) compare("num_experts_per_tok (--top-k)", saved.top_k, mine.top_k);
   if (mine.seq > saved.seq)  // no parameter depends on it, but the positions were trained up to it
     differ.push_back(fmt::format("max_position_embeddings {} (directory) vs sequences of {} (this run)", saved.seq,
                                  mine.seq));

@@ -21,7 +21,10 @@ ckpt::KeyMap gpt2_key_map(const GptConfig& c) {
   return m;
 }
 
-ckpt::KeyMap model_key_map(const GptConfig& c) { return c.is_llama() ? ckpt::KeyMap() : gpt2_key_map(c); }
+ckpt::KeyMap model_key_map(const GptConfig& c) {
+  if (c.is_llama()) return c.experts > 0 ? mixtral_key_map(c) : ckpt::KeyMap();
+  return gpt2_key_map(c);
+}
 
 SpecialTokens default_special_tokens(int64_t vocab) {
   const int64_t id = vocab <= 256 ? 10 : std::min<int64_t>(50256, vocab - 1);
@@ -65,9 +68,9 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
   nlohmann::json j = ckpt::load_json(dir, "config.json");
   const std::string file = (dir / "config.json").string();
   const std::string type = j.value("model_type", "");
-  if (type == "llama") return read_llama_config(j, file);
+  if (type == "llama" || type == "mixtral") return read_llama_config(j, file);
   SW_CHECK(type == "gpt2" || type == "shardwise_gpt",
-           "'{}': model_type '{}' is not a model shardwise builds (gpt2, llama, or the earlier shardwise_gpt)", file,
+           "'{}': model_type '{}' is not a model shardwise builds (gpt2, llama, mixtral, or the earlier shardwise_gpt)", file,
            type);
   auto field = [&](const char* key) {
     SW_CHECK(j.contains(key) && j[key].is_number_integer(), "'{}': config.json has no integer '{}'", file, key);
@@ -103,7 +106,7 @@ bool is_legacy_layout(const ckpt::fs::path& dir) {
 }
 
 ckpt::KeyMap key_map_for(const ckpt::fs::path& dir, const GptConfig& config) {
-  return is_legacy_layout(dir) || config.is_llama() ? ckpt::KeyMap() : gpt2_key_map(config);
+  return is_legacy_layout(dir) ? ckpt::KeyMap() : model_key_map(config);
 }
 
 std::string model_fingerprint(const ckpt::fs::path& dir) {

@@ -24,7 +24,11 @@ namespace shardwise::train {
 // The table of the model's parameters in GPT-2's files (key_map.h): q/k/v weights and biases of
 // every layer placed in attn.c_attn.
 ckpt::KeyMap gpt2_key_map(const GptConfig& config);
-// The table a checkpoint of `config` is saved with: gpt2_key_map, or empty for Llama.
+// Mixtral's experts (MoE Llama): each stacked experts.w1/w3/w2 [E, ...] of an MoE layer stored as E
+// slices "model.layers.N.block_sparse_moe.experts.<e>.w1.weight" (KeyMap::place_slices).
+ckpt::KeyMap mixtral_key_map(const GptConfig& config);
+// The table a checkpoint of `config` is saved with: gpt2_key_map, mixtral_key_map for an MoE Llama,
+// or empty for a dense Llama.
 ckpt::KeyMap model_key_map(const GptConfig& config);
 
 // Special token ids written to config.json and generation_config.json (all inside the vocabulary).
@@ -62,7 +66,7 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
 
 // True when `dir` holds the earlier layout (separate q/k/v keys); false for GPT-2's and Llama's.
 bool is_legacy_layout(const ckpt::fs::path& dir);
-// The key map to read `dir` with: gpt2_key_map, or empty for the earlier layout and for Llama.
+// The key map to read `dir` with: model_key_map, or empty for the earlier GPT layout.
 ckpt::KeyMap key_map_for(const ckpt::fs::path& dir, const GptConfig& config);
 
 // What identifies the weights of model directory `dir` cheaply: for each file of its weights

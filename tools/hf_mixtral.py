@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Parity of shardwise's MoE Llama with transformers' Mixtral (not part of `make test`).
+
+Checks, each against transformers' own results:
+  init-from  a random-init MixtralForCausalLM (2 layers, hidden 32, 4 heads over 2 kv heads, 4
+             experts, top-2, untied head; save_pretrained: per-expert keys
+             model.layers.N.block_sparse_moe.experts.E.w1/w2/w3.weight) -> `shardwise train --init-from`
+             on 1 rank, ep=2, ep=2 x tp=2, dp=2 x ep=2 -> the first-step loss equals transformers' loss
+             on the same 16 tokens within 1e-5.
+  load       shardwise trains a Mixtral-shaped MoE Llama on ep=2 x dp=2 and saves ->
+             AutoModelForCausalLM.from_pretrained gives a MixtralForCausalLM with no missing,
+             unexpected or mismatched keys and no warnings -> its loss on a batch equals shardwise's
+             (`train --init-from` of that checkpoint, first step, on ep=2 and on one rank) within
+             1e-5; greedy `shardwise generate` on dp=2 x tp=2 gives transformers' tokens and its
+             logits (--logits-out) equal transformers' within 1e-5.
+With --golden DIR it also writes tests/golden/hf/mixtral_tiny, mixtral_tokens.bin and
+mixtral_tiny_expected.json, which `make test` replays without PyPI (tests/train/test_mixtral_ckpt.cc).
+The aux loss is off in every comparison (output_router_logits False in transformers, --aux-loss 0):
+transformers' load_balancing_loss_func pools the counts and probabilities of all layers into one
+E * sum f_i P_i, shardwise adds one such term per MoE layer (equal for a single MoE layer only).
+Needs: torch, transformers >= 5 (Mixtral's router: softmax over all experts, top-k, renormalised).
+Usage: tools/hf_mixtral.py build/bin/shardwise [--golden tests/golden/hf] (make hf-parity, make hf-golden)
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+from transformers import MixtralConfig, MixtralForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_parity import (check_generate, check_init_from_meshes, check_loss_on_a_batch, hf_loss,  # noqa: E402
+                       load_cleanly, run, write_u16)
+
+
+def tiny_mixtral(seed, vocab=128, seq=16):
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=seq, rms_norm_eps=1e-6,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+                        num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.0,
+                        bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    model = MixtralForCausalLM(cfg).eval()
+    # transformers initialises the router near zero, where top-2 of 4 is decided by noise: spread it.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
+    return model
+
+
+MESHES = ["dp=1", "ep=2", "ep=2,tp=2", "dp=2,ep=2"]
+
+
+def check_init_from(shardwise, tmp, golden):
+    model = tiny_mixtral(13)
+    rng = np.random.default_rng(7)
+    tokens = [int(t) for t in rng.integers(0, 128, size=17)]
+    data = os.path.join(tmp, "mixtral_tokens.bin")
+    write_u16(data, tokens)
+    want, logits = hf_loss(model, tokens)
+    check_init_from_meshes(shardwise, tmp, "mixtral", model, data, want, MESHES)
+    if golden:
+        out = os.path.join(golden, "mixtral_tiny")
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        write_u16(os.path.join(golden, "mixtral_tokens.bin"), tokens)
+        # transformers' greedy generate from the first 5 tokens (eos = its config's, 127), which
+        # tests/train/test_generate_llama.cc replays with `shardwise generate`'s graphs.
+        greedy = model.generate(torch.tensor([tokens[:5]]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                                max_new_tokens=8, do_sample=False, pad_token_id=127)[0].tolist()
+        json.dump({"generator": f"tools/hf_mixtral.py with torch {torch.__version__}, transformers "
+                                f"{transformers.__version__}",
+                   "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
+                   "argmax": logits.argmax(-1).tolist(), "greedy_prompt": tokens[:5], "greedy": greedy},
+                  open(os.path.join(golden, "mixtral_tiny_expected.json"), "w"), indent=1)
+
+
+def check_load(shardwise, tmp):
+    root = os.path.join(tmp, "sw-mixtral")
+    run([shardwise, "train", "--model", "llama", "--mesh", "dp=2,ep=2", "--steps", "30", "--layers", "2", "--hidden",
+         "32", "--heads", "4", "--kv-heads", "2", "--intermediate-size", "32", "--untied-head", "--experts", "4",
+         "--top-k", "2", "--digits", "2", "--global-batch", "8", "--save-every", "30", "--run-dir", root,
+         "--progress", "none"])
+    ckpt = os.path.join(root, "checkpoints", "checkpoint-30")
+    model = load_cleanly(ckpt, "MixtralForCausalLM", "mixtral load")
+    c = model.config
+    assert c.num_local_experts == 4 and c.num_experts_per_tok == 2 and c.num_key_value_heads == 2, c
+    for mesh in ["ep=2", "dp=1"]:
+        check_loss_on_a_batch(shardwise, tmp, model, ckpt, c.max_position_embeddings, "mixtral load", mesh)
+    check_generate(shardwise, tmp, model, ckpt, "mixtral generate")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shardwise")
+    ap.add_argument("--golden", help="write the golden files of tests/golden/hf into this directory")
+    a = ap.parse_args()
+    transformers.logging.set_verbosity_warning()
+    if a.golden:
+        os.makedirs(a.golden, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+        check_init_from(a.shardwise, tmp, a.golden)
+        check_load(a.shardwise, tmp)
+    print("mixtral parity ok")
+
+
+if __name__ == "__main__":
+    main()
