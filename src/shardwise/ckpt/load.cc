@@ -90,7 +90,13 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     if (placed) {
       for (size_t d = 0; d < placed->offset.size(); ++d) box.offset[d] += placed->offset[d];
     }
-    Tensor block = file.read_box(key, box);
+    if (s.range) {
+      SW_CHECK(s.range->begin >= 0 && s.range->count >= 0 && s.range->begin + s.range->count <= box.numel(),
+               "load '{}': tensor '{}': process {} asks for elements [{}, {}) of its block {}, which has {} elements",
+               group, s.name, process, s.range->begin, s.range->begin + s.range->count, box.shape.to_string(),
+               box.numel());
+    }
+    Tensor block = s.range ? file.read_range(key, box, s.range->begin, s.range->count) : file.read_box(key, box);
     out[s.name] = block.dtype() == s.dtype ? block : block.to(s.dtype);
   }
   return out;

@@ -83,8 +83,17 @@ std::string local_problem(comm::Communicator& comm, const CheckpointContent& con
         SW_CHECK(t.local.defined(), "{}: rank {} is in mesh {} but gives no local block", what, comm.rank(), mesh.to_string());
         SW_CHECK(t.local.dtype() == t.dtype, "{}: local block is {}, the tensor is declared {}", what,
                  dtype_name(t.local.dtype()), dtype_name(t.dtype));
-        SW_CHECK(t.local.shape() == want, "{}: rank {} holds a block of shape {}, its layout {} gives {}", what,
-                 comm.rank(), t.local.shape().to_string(), t.layout.to_string(), want.to_string());
+        if (!t.range) {
+          SW_CHECK(t.local.shape() == want, "{}: rank {} holds a block of shape {}, its layout {} gives {}", what,
+                   comm.rank(), t.local.shape().to_string(), t.layout.to_string(), want.to_string());
+          continue;
+        }
+        const FlatRange& r = *t.range;
+        SW_CHECK(r.begin >= 0 && r.count >= 0 && r.begin + r.count <= want.numel(),
+                 "{}: rank {} holds elements [{}, {}) of its block {}, which has {} elements", what, comm.rank(),
+                 r.begin, r.begin + r.count, want.to_string(), want.numel());
+        SW_CHECK(t.local.shape() == Shape{r.count}, "{}: rank {} holds a range of {} elements as a tensor of shape {}; "
+                 "a range is held 1-D", what, comm.rank(), r.count, t.local.shape().to_string());
       }
     }
     for (const auto& [name, value] : content.json_files) {
@@ -119,12 +128,10 @@ struct Candidate {
   std::vector<int> writers;
 };
 
-// Boxes are in the coordinates of the stored tensor: shifted by the tensor's `offset` in it.
-void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t gi, size_t ti, size_t file,
-                    size_t entry, uint64_t split_bytes, std::vector<Candidate>& out) {
+// The distinct blocks of a tensor and the processes holding each (sorted).
+std::vector<std::pair<reshard::Box, std::vector<int>>> block_classes(const DistTensor& t) {
   const auto& mesh = t.layout.mesh;
-  const size_t es = dtype_size(t.dtype);
-  std::vector<std::pair<reshard::Box, std::vector<int>>> classes;  // distinct boxes and their holders
+  std::vector<std::pair<reshard::Box, std::vector<int>>> classes;
   for (int64_t r = 0; r < mesh.size(); ++r) {
     reshard::Box b = reshard::block_at(t.global_shape, t.layout, mesh.coords(r));
     int proc = static_cast<int>(mesh.process_ids()[static_cast<size_t>(r)]);
@@ -136,10 +143,88 @@ void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t
     if (it == classes.end()) classes.push_back({b, {proc}});
     else it->second.push_back(proc);
   }
-  for (auto& [box, holders] : classes) {
-    std::sort(holders.begin(), holders.end());
+  for (auto& c : classes) std::sort(c.second.begin(), c.second.end());
+  return classes;
+}
+
+// Every rank's FlatRange of each tensor it holds in part: (group, tensor) -> process -> range.
+using HeldRanges = std::map<std::pair<size_t, size_t>, std::map<int, FlatRange>>;
+
+// A flat interval [begin, end) of a block and the holders that hold all of it.
+struct Held {
+  int64_t begin = 0, end = 0;
+  std::vector<int> holders;
+};
+
+// A block of `numel` elements cut wherever a holder's range starts or ends; each interval with the
+// holders covering it (a holder without a range holds the whole block). An interval with no holder
+// is a hole of the file.
+std::vector<Held> held_intervals(int64_t numel, const std::vector<int>& holders, const std::map<int, FlatRange>& ranges) {
+  auto span_of = [&](int h) {
+    auto it = ranges.find(h);
+    return it == ranges.end() ? std::pair<int64_t, int64_t>{0, numel}
+                              : std::pair<int64_t, int64_t>{it->second.begin, it->second.begin + it->second.count};
+  };
+  std::set<int64_t> cuts = {0, numel};
+  for (int h : holders) {
+    auto [a, b] = span_of(h);
+    if (a < b) cuts.insert({a, b});
+  }
+  std::vector<Held> out;
+  for (auto it = cuts.begin(); std::next(it) != cuts.end(); ++it) {
+    Held piece{*it, *std::next(it), {}};
+    for (int h : holders) {
+      auto [a, b] = span_of(h);
+      if (a <= piece.begin && piece.end <= b) piece.holders.push_back(h);
+    }
+    out.push_back(std::move(piece));
+  }
+  return out;
+}
+
+// The ranks that hold parts of blocks must together hold every element of each block. The same
+// answer on every rank (they all have every rank's ranges), before anything is written.
+void check_ranges_cover(const CheckpointContent& content, const HeldRanges& ranges) {
+  for (const auto& [at, by_rank] : ranges) {
+    const TensorGroup& g = content.groups[at.first];
+    const DistTensor& t = g.tensors[at.second];
+    for (const auto& [box, holders] : block_classes(t)) {
+      for (const Held& h : held_intervals(box.numel(), holders, by_rank)) {
+        SW_CHECK(!h.holders.empty(), "save checkpoint: tensor '{}' of group '{}': elements [{}, {}) of the block {} "
+                 "at {} are held by none of its ranks ({}): each rank gives only a range of the block, and the ranges "
+                 "leave a hole", t.name, g.name, h.begin, h.end, box.shape.to_string(),
+                 fmt::join(std::span(box.offset).first(static_cast<size_t>(box.shape.ndim())), ","),
+                 fmt::join(holders, ", "));
+      }
+    }
+  }
+}
+
+// Boxes are in the coordinates of the stored tensor: shifted by the tensor's `offset` in it.
+// `ranges`: the holders' ranges of the tensor's blocks (empty when every holder has whole blocks).
+void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t gi, size_t ti, size_t file,
+                    size_t entry, uint64_t split_bytes, const std::map<int, FlatRange>& ranges,
+                    std::vector<Candidate>& out) {
+  const size_t es = dtype_size(t.dtype);
+  auto shifted = [&](reshard::Box b) {
+    for (size_t d = 0; d < offset.size(); ++d) b.offset[d] += offset[d];
+    return b;
+  };
+  for (auto& [box, holders] : block_classes(t)) {
     uint64_t bytes = static_cast<uint64_t>(box.numel()) * es;
     if (bytes == 0) continue;  // empty blocks and zero-size tensors: the header says it all
+    if (std::any_of(holders.begin(), holders.end(), [&](int h) { return ranges.count(h) > 0; })) {
+      // Holders of parts: each interval of the block, as its boxes, by one of the holders covering it.
+      for (const Held& h : held_intervals(box.numel(), holders, ranges)) {
+        for (const reshard::Box& part : flat_range_boxes(box, h.begin, h.end - h.begin)) {
+          Candidate c;
+          c.piece = Piece{gi, ti, file, entry, shifted(part), h.holders.front(), static_cast<uint64_t>(part.numel()) * es};
+          c.writers = h.holders;
+          out.push_back(std::move(c));
+        }
+      }
+      continue;
+    }
     // Large replicated blocks are cut along dim 0 so that every replica writes a part.
     int64_t parts = 1;
     if (holders.size() > 1 && box.shape.ndim() > 0 && bytes >= split_bytes) {
@@ -152,9 +237,8 @@ void add_candidates(const DistTensor& t, std::span<const int64_t> offset, size_t
         part.offset[0] = box.offset[0] + r.offset;
         part.shape[0] = r.size;
       }
-      for (size_t d = 0; d < offset.size(); ++d) part.offset[d] += offset[d];
       Candidate c;
-      c.piece = Piece{gi, ti, file, entry, part, holders.front(), static_cast<uint64_t>(part.numel()) * es};
+      c.piece = Piece{gi, ti, file, entry, shifted(part), holders.front(), static_cast<uint64_t>(part.numel()) * es};
       c.writers = holders;
       out.push_back(std::move(c));
     }
@@ -178,6 +262,21 @@ std::vector<Stored> stored_tensors(const TensorGroup& g) {
     auto [it, fresh] = at.try_emplace(key, out.size());
     if (fresh) out.push_back({StSpec{key, to_st_dtype(t.dtype), p ? p->key_shape : t.global_shape}, {}});
     out[it->second].members.push_back(ti);
+  }
+  return out;
+}
+
+const std::map<int, FlatRange> kWhole;  // no holder gives a range
+
+// This rank's ranges: [group, tensor, begin, count] for each tensor of which it holds a range.
+json ranges_of(comm::Communicator& comm, const CheckpointContent& content) {
+  json out = json::array();
+  for (size_t gi = 0; gi < content.groups.size(); ++gi) {
+    const std::vector<DistTensor>& ts = content.groups[gi].tensors;
+    for (size_t ti = 0; ti < ts.size(); ++ti) {
+      if (ts[ti].range && ts[ti].layout.mesh.contains(comm.rank()))
+        out.push_back({gi, ti, ts[ti].range->begin, ts[ti].range->count});
+    }
   }
   return out;
 }
@@ -207,8 +306,10 @@ void assign_writers(std::vector<Candidate>& cands, int world, std::vector<Piece>
 
 SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const CheckpointContent& content,
                    const SaveOptions& options) {
-  // 1. Every rank checks its part; all learn every rank's verdict and description.
-  json mine = {{"problem", local_problem(comm, content, options)}, {"content", describe(content, options)}};
+  // 1. Every rank checks its part; all learn every rank's verdict, description and ranges.
+  json mine = {{"problem", local_problem(comm, content, options)},
+               {"content", describe(content, options)},
+               {"ranges", ranges_of(comm, content)}};
   std::vector<json> all = comm::all_gather_object(comm, mine);
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r]["problem"].get<std::string>().empty()) {
@@ -222,6 +323,13 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
            r, all[0]["content"].dump().substr(0, 300), r, all[r]["content"].dump().substr(0, 300));
     }
   }
+  HeldRanges ranges;
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const json& e : all[r]["ranges"]) {
+      ranges[{e[0].get<size_t>(), e[1].get<size_t>()}][static_cast<int>(r)] = {e[2].get<int64_t>(), e[3].get<int64_t>()};
+    }
+  }
+  check_ranges_cover(content, ranges);
   // 2. Rank 0 opens the .tmp directory (Error if the checkpoint exists); all learn the outcome.
   json opened;
   if (comm.rank() == 0) {
@@ -275,8 +383,9 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
           const DistTensor& t = g.tensors[ti];
           const KeyPlacement* p = g.keys.find(t.name);
           meshes.insert(fmt::format("{} ranks {}", t.layout.mesh.to_string(), fmt::join(t.layout.mesh.process_ids(), ",")));
+          auto held = ranges.find({gi, ti});
           add_candidates(t, p ? std::span<const int64_t>(p->offset) : std::span<const int64_t>(), gi, ti,
-                         plan.files.size(), e, options.split_bytes, cands);
+                         plan.files.size(), e, options.split_bytes, held == ranges.end() ? kWhole : held->second, cands);
         }
       }
       plan.files.push_back(std::move(f));
@@ -317,7 +426,7 @@ Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int r
     if (const KeyPlacement* k = content.groups[p.group].keys.find(t.name)) {
       for (size_t d = 0; d < k->offset.size(); ++d) region.origin[d] += k->offset[d];  // in the stored tensor
     }
-    out[{p.group, p.tensor}] = {t.local.raw(), region};
+    out[{p.group, p.tensor}] = {t.local.raw(), region, t.range ? t.range->begin : 0};
   }
   return out;
 }
