@@ -64,13 +64,14 @@ TEST(ShardingSave, AnAsynchronousSaveOfRangesWritesTheSameFiles) {
 
 // A stage-1 v2 save on dp=4 allocates no whole block of a moment: the storage cache's peak during the
 // save stays at what the ranks held before it (blocks from 1 MiB are counted; the embedding's moment
-// is 2 MiB). The same measurement around a gather of one whole moment sees it.
-TEST(ShardingSave, AStageOneV2SaveAllocatesNoWholeBlockOfTheMoments) {
+// is 2 MiB). The same measurement around a gather of one whole moment sees it. A load allocates the
+// ranks' weights and no whole moment.
+TEST(ShardingSave, AStageOneV2SaveAndLoadAllocateNoWholeBlockOfTheMoments) {
   TrainConfig c = sharded(small_config("dp=4", 1), 1, "v2");
   c.model.vocab = 8192, c.model.hidden = 64;  // transformer.wte.weight: 8192 x 64 f32 = 2 MiB per moment
   const int64_t moment_bytes = 8192 * 64 * 4;
   fs::path root = fresh_dir("peak");
-  int64_t save_extra = -1, gather_extra = -1;
+  int64_t save_extra = -1, gather_extra = -1, load_extra = -1;
   comm::LocalWorld::run(4, [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
@@ -86,12 +87,17 @@ TEST(ShardingSave, AStageOneV2SaveAllocatesNoWholeBlockOfTheMoments) {
     };
     int64_t saved = extra_of([&] { save_trainer(t, *world, root); });
     int64_t gathered = extra_of([&] { t.gather_state("transformer.wte.weight", &ParamState::exp_avg); });
-    if (w.rank() == 0) save_extra = saved, gather_extra = gathered;
+    int64_t loaded = extra_of([&] { load_trainer(t, *world, ckpt::find_resume(root)->dir); });
+    if (w.rank() == 0) save_extra = saved, gather_extra = gathered, load_extra = loaded;
   });
-  std::cout << "extra peak bytes: save " << save_extra << ", gathering one whole moment " << gather_extra << "\n";
+  std::cout << "extra peak bytes: save " << save_extra << ", gathering one whole moment " << gather_extra << ", load "
+            << load_extra << "\n";
   EXPECT_GE(gather_extra, moment_bytes);  // the measurement sees a whole block
   EXPECT_LT(save_extra, moment_bytes);
   EXPECT_EQ(save_extra, 0);
+  // A load reads each rank's whole weight blocks (the kernels' f32 parameters: the embedding is the
+  // one block from 1 MiB) and its ranges of the moments (under 1 MiB here): no whole moment.
+  EXPECT_LE(load_extra, 4 * moment_bytes);  // 4 ranks x the embedding weight (the size of one moment)
   fs::remove_all(root);
 }
 
