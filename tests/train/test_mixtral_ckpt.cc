@@ -130,6 +130,23 @@ TEST(MixtralCkpt, ResumeOnAnotherEpSizeOrFromPipelineStagesContinuesTheSingleRan
   train_losses(zero3, 3, {}, root);  // saved from stage 3's shards
   const std::vector<double> back = train_losses(moe("ep=4"), 3, root / "checkpoint-3", {});
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(back[i], whole[i + 3], 1e-5 * whole[i + 3]) << "from stage 3, step " << i + 4;
+  // Saved from stage 2 v2's ranges (a dp rank's flat range of each expert block cuts across the
+  // expert slices: written and read straight into and out of the per-expert keys), resumed on ep=4
+  // and into stage 1 v2 on dp=2 x ep=2 (ranges read back out of the slices).
+  fs::remove_all(root);
+  TrainConfig v2 = moe("dp=2,ep=2");
+  v2.sharding.stage = 2;
+  v2.sharding.layout = "v2";
+  train_losses(v2, 3, {}, root);
+  TrainConfig v2s1 = v2;
+  v2s1.sharding.stage = 1;
+  for (const TrainConfig& c : {moe("ep=4"), v2s1}) {
+    const std::vector<double> rest = train_losses(c, 3, root / "checkpoint-3", {});
+    ASSERT_EQ(rest.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << "from stage 2 v2 into " << c.mesh << " stage "
+                                                               << c.sharding.stage << ", step " << i + 4;
+  }
   // Saved by pipeline stages (pp=2 x ep=2: each stage's experts by its ep ranks; the router losses
   // are off, pp does not carry them), resumed on one rank.
   auto no_router_losses = [](const std::string& mesh) {

@@ -11,6 +11,11 @@
 // Partial placements are refused: a checkpoint holds values, not parts of a sum; reduce first.
 //
 // Loading: each rank reads (mapped) only the byte ranges of its own blocks, for any layout.
+//
+// A rank may hold only part of its block (a sharded optimizer's range of a parameter's moments):
+// a FlatRange of the block seen flat, row-major. Saving, the ranks holding a block write the
+// elements their ranges cover (together they must cover the block); loading, a rank asks for its
+// range and reads only those elements. The files are the same as from whole blocks.
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -28,6 +33,12 @@
 
 namespace shardwise::ckpt {
 
+// Elements [begin, begin + count) of a block seen flat (row-major): a range may start and end
+// mid-row. flat_range_boxes (box_runs.h) cuts it into boxes.
+struct FlatRange {
+  int64_t begin = 0, count = 0;
+};
+
 // One tensor as a rank holds it. The mesh's process ids are ranks of the save's communicator.
 struct DistTensor {
   std::string name;
@@ -35,6 +46,10 @@ struct DistTensor {
   DType dtype = DType::F32;
   reshard::Layout layout;
   Tensor local;  // this rank's block; undefined when the rank is not in layout.mesh
+  // Set when the rank holds only this range of its block: `local` is then the range, 1-D, `count`
+  // elements. Every element of a block must be held by one of the ranks holding that block (whole
+  // or in ranges); a range held by several ranks is written by one of them.
+  std::optional<FlatRange> range = std::nullopt;
 };
 
 // A set of tensors saved as one indexed set of files: "<name>.safetensors.index.json" and
@@ -78,6 +93,9 @@ struct LoadSpec {
   Shape global_shape;
   DType dtype = DType::F32;
   reshard::Layout layout;
+  // Only this range of the rank's block (then loaded as a 1-D tensor of `count` elements): only
+  // those elements are read.
+  std::optional<FlatRange> range = std::nullopt;
 };
 
 struct LoadOptions {

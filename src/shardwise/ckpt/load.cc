@@ -50,6 +50,25 @@ Tensor read_placed(const GroupReader& reader, std::span<const KeyPlacement> plac
   return out;
 }
 
+// Elements [range.begin, range.begin + range.count) of the block `box`, flat: read straight from
+// the stored tensor when the name is stored whole or fused into one key; a name stored as slices
+// (MoE experts under a sharded optimizer) reads its block from the slices and keeps the range.
+Tensor read_range_placed(const GroupReader& reader, const SafetensorsFile& file, const std::string& key,
+                         std::span<const KeyPlacement> placed, const reshard::Box& box, const FlatRange& range) {
+  if (placed.empty()) return file.read_range(key, box, range.begin, range.count);
+  if (placed.size() == 1 && !placed[0].is_slice()) {
+    return reader.file_of(placed[0].key).read_range(placed[0].key, placed[0].to_key(box), range.begin, range.count);
+  }
+  Tensor whole = read_placed(reader, placed, box);
+  if (!whole.defined()) return whole;  // an empty block meets no slice
+  Tensor out = Tensor::uninitialized(whole.dtype(), Shape{range.count});
+  const size_t es = dtype_size(whole.dtype());
+  if (range.count > 0) {
+    std::memcpy(out.raw(), whole.raw() + static_cast<size_t>(range.begin) * es, static_cast<size_t>(range.count) * es);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view group, std::span<const LoadSpec> specs,
@@ -127,8 +146,18 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     }
     auto coords = s.layout.mesh.coords(s.layout.mesh.rank_index_of_process(process));
     reshard::Box box = reshard::block_at(s.global_shape, s.layout, coords);
-    Tensor block = placed.empty() ? file.read_box(key, box) : read_placed(reader, placed, box);
-    if (!block.defined()) block = Tensor::uninitialized(*stored, box.shape);  // an empty block meets no part
+    if (s.range) {
+      SW_CHECK(s.range->begin >= 0 && s.range->count >= 0 && s.range->begin + s.range->count <= box.numel(),
+               "load '{}': tensor '{}': process {} asks for elements [{}, {}) of its block {}, which has {} elements",
+               group, s.name, process, s.range->begin, s.range->begin + s.range->count, box.shape.to_string(),
+               box.numel());
+    }
+    Tensor block = s.range ? read_range_placed(reader, file, key, placed, box, *s.range)
+                   : placed.empty() ? file.read_box(key, box)
+                                    : read_placed(reader, placed, box);
+    if (!block.defined()) {  // an empty block meets no part
+      block = Tensor::uninitialized(*stored, s.range ? Shape{s.range->count} : box.shape);
+    }
     out[s.name] = block.dtype() == s.dtype ? block : block.to(s.dtype);
   }
   return out;

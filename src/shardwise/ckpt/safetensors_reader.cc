@@ -289,9 +289,7 @@ Tensor SafetensorsFile::read(std::string_view name) const {
   return out;
 }
 
-Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box) const {
-  const StTensorInfo& t = info(name);
-  DType dtype = tensor_dtype_or_fail(path(), t);
+void SafetensorsFile::check_box(const StTensorInfo& t, const reshard::Box& box) const {
   SW_CHECK(box.shape.ndim() == t.shape.ndim(), "safetensors file '{}': tensor '{}' has {} dims, asked for a {}-d box",
            path().string(), t.name, t.shape.ndim(), box.shape.ndim());
   for (int d = 0; d < t.shape.ndim(); ++d) {
@@ -300,31 +298,54 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
              "safetensors file '{}': tensor '{}' of shape {}: box dim {} [{}, {}) is out of range", path().string(),
              t.name, t.shape.to_string(), d, box.offset[i], box.offset[i] + box.shape[d]);
   }
-  const LoadTuning& tuning = load_tuning();
+}
+
+Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box) const {
+  const StTensorInfo& t = info(name);
+  DType dtype = tensor_dtype_or_fail(path(), t);
+  check_box(t, box);
   // Every run below writes its part. Huge pages for the destination and the reader threads are
   // chosen by measurement (LoadTuning): with two readers the kernel's clearing of fresh pages runs
   // on both cores.
-  Tensor out = Tensor::uninitialized(dtype, box.shape, tuning.huge_pages);
-  const size_t es = dtype_size(dtype);
-  const std::byte* src = data(t).data();
-  std::byte* dst = out.raw();
-  struct Run {
-    int64_t s, d, n;
-  };
+  Tensor out = Tensor::uninitialized(dtype, box.shape, load_tuning().huge_pages);
   std::vector<Run> runs;
   for_each_run(box, Region::whole(t.shape), Region::of(box), [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d, n}); });
-  if (runs.empty()) return out;
-  // Reading through the mapping faults every page in one at a time (~0.6 GB/s here); pread moves the
-  // same bytes at the disk's sequential rate: the box itself when it is one run, each run when runs
-  // are a page or longer (both by the reader threads, straight into place), else the span the runs
-  // cover (then copied out) when at least half of it is needed. Short runs scattered over a long
-  // span are copied run by run from the mapping.
+  read_runs(t, runs, out);
+  return out;
+}
+
+Tensor SafetensorsFile::read_range(std::string_view name, const reshard::Box& block, int64_t begin, int64_t count) const {
+  const StTensorInfo& t = info(name);
+  DType dtype = tensor_dtype_or_fail(path(), t);
+  check_box(t, block);
+  SW_CHECK(begin >= 0 && count >= 0 && begin + count <= block.numel(),
+           "safetensors file '{}': tensor '{}': elements [{}, {}) of a block of {} elements asked for", path().string(),
+           t.name, begin, begin + count, block.numel());
+  Tensor out = Tensor::uninitialized(dtype, Shape{count}, load_tuning().huge_pages);
+  // Each box of the range is contiguous in the block: its runs land at their flat offsets in the
+  // block, less `begin`.
+  std::vector<Run> runs;
+  for (const reshard::Box& b : flat_range_boxes(block, begin, count)) {
+    for_each_run(b, Region::whole(t.shape), Region::of(block),
+                 [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d - begin, n}); });
+  }
+  read_runs(t, runs, out);
+  return out;
+}
+
+void SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>& runs, Tensor& out) const {
+  const LoadTuning& tuning = load_tuning();
+  const size_t es = dtype_size(out.dtype());
+  const std::byte* src = data(t).data();
+  std::byte* dst = out.raw();
+  if (runs.empty()) return;
   const int64_t first = runs.front().s, last = runs.back().s + runs.back().n;
   int64_t needed = 0;
   for (const Run& r : runs) needed += r.n;
   const auto base = static_cast<uint64_t>(src - map_.data());
   const auto file_offset = base + static_cast<uint64_t>(first) * es;
-  if (runs.size() == 1 || static_cast<size_t>(runs[0].n) * es >= 4096) {
+  // A box's runs are all alike; a range's head and tail runs may be shorter: the mean decides.
+  if (runs.size() == 1 || static_cast<size_t>(needed) * es >= 4096 * runs.size()) {
     std::vector<ReadRange> ranges;
     ranges.reserve(runs.size());
     for (const Run& r : runs) {
@@ -349,7 +370,6 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
       std::memcpy(dst + static_cast<size_t>(r.d) * es, src + static_cast<size_t>(r.s) * es, static_cast<size_t>(r.n) * es);
     }
   }
-  return out;
 }
 
 }  // namespace shardwise::ckpt

@@ -70,8 +70,18 @@ class SafetensorsFile {
   Tensor read(std::string_view name) const;
   // Only `box` (global coordinates) of the tensor: reads just the byte ranges of the box.
   Tensor read_box(std::string_view name, const reshard::Box& box) const;
+  // Elements [begin, begin + count) of `block` (a box of the tensor) seen flat, row-major, as a
+  // 1-D tensor: reads just the byte ranges of those elements (flat_range_boxes).
+  Tensor read_range(std::string_view name, const reshard::Box& block, int64_t begin, int64_t count) const;
 
  private:
+  // Runs (file element offset, destination element offset, elements) of tensor `t` into `out`.
+  struct Run {
+    int64_t s, d, n;
+  };
+  void read_runs(const StTensorInfo& t, const std::vector<Run>& runs, Tensor& out) const;
+  void check_box(const StTensorInfo& t, const reshard::Box& box) const;
+
   MappedFile map_;
   StHeader header_;
 };

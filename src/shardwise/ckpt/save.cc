@@ -106,7 +106,7 @@ void write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources&
       const size_t es = st_dtype_size(info.dtype);
       const uint64_t base = pf.layout.data_start() + info.begin;
       for_each_run(p.box, src.region, p.dst, [&](int64_t s, int64_t d, int64_t n) {
-        h.pwrite_all({src.data + static_cast<size_t>(s) * es, static_cast<size_t>(n) * es},
+        h.pwrite_all({src.data + static_cast<size_t>(s - src.flat_begin) * es, static_cast<size_t>(n) * es},
                      base + static_cast<uint64_t>(d) * es);
       });
     }

@@ -87,8 +87,17 @@ std::string local_problem(comm::Communicator& comm, const CheckpointContent& con
         SW_CHECK(t.local.defined(), "{}: rank {} is in mesh {} but gives no local block", what, comm.rank(), mesh.to_string());
         SW_CHECK(t.local.dtype() == t.dtype, "{}: local block is {}, the tensor is declared {}", what,
                  dtype_name(t.local.dtype()), dtype_name(t.dtype));
-        SW_CHECK(t.local.shape() == want, "{}: rank {} holds a block of shape {}, its layout {} gives {}", what,
-                 comm.rank(), t.local.shape().to_string(), t.layout.to_string(), want.to_string());
+        if (!t.range) {
+          SW_CHECK(t.local.shape() == want, "{}: rank {} holds a block of shape {}, its layout {} gives {}", what,
+                   comm.rank(), t.local.shape().to_string(), t.layout.to_string(), want.to_string());
+          continue;
+        }
+        const FlatRange& r = *t.range;
+        SW_CHECK(r.begin >= 0 && r.count >= 0 && r.begin + r.count <= want.numel(),
+                 "{}: rank {} holds elements [{}, {}) of its block {}, which has {} elements", what, comm.rank(),
+                 r.begin, r.begin + r.count, want.to_string(), want.numel());
+        SW_CHECK(t.local.shape() == Shape{r.count}, "{}: rank {} holds a range of {} elements as a tensor of shape {}; "
+                 "a range is held 1-D", what, comm.rank(), r.count, t.local.shape().to_string());
       }
     }
     for (const auto& [name, value] : content.json_files) {
@@ -123,13 +132,10 @@ struct Candidate {
   std::vector<int> writers;
 };
 
-// Boxes are in the named tensor's coordinates, cut to the part of it the stored tensor holds
-// (`placed`; null: the tensor is stored whole), which each piece keeps as its destination region.
-void add_candidates(const DistTensor& t, const KeyPlacement* placed, size_t gi, size_t ti, size_t file,
-                    size_t entry, uint64_t split_bytes, std::vector<Candidate>& out) {
+// The distinct blocks of a tensor and the processes holding each (sorted).
+std::vector<std::pair<reshard::Box, std::vector<int>>> block_classes(const DistTensor& t) {
   const auto& mesh = t.layout.mesh;
-  const size_t es = dtype_size(t.dtype);
-  std::vector<std::pair<reshard::Box, std::vector<int>>> classes;  // distinct boxes and their holders
+  std::vector<std::pair<reshard::Box, std::vector<int>>> classes;
   for (int64_t r = 0; r < mesh.size(); ++r) {
     reshard::Box b = reshard::block_at(t.global_shape, t.layout, mesh.coords(r));
     int proc = static_cast<int>(mesh.process_ids()[static_cast<size_t>(r)]);
@@ -141,12 +147,91 @@ void add_candidates(const DistTensor& t, const KeyPlacement* placed, size_t gi, 
     if (it == classes.end()) classes.push_back({b, {proc}});
     else it->second.push_back(proc);
   }
+  for (auto& c : classes) std::sort(c.second.begin(), c.second.end());
+  return classes;
+}
+
+// Every rank's FlatRange of each tensor it holds in part: (group, tensor) -> process -> range.
+using HeldRanges = std::map<std::pair<size_t, size_t>, std::map<int, FlatRange>>;
+
+// A flat interval [begin, end) of a block and the holders that hold all of it.
+struct Held {
+  int64_t begin = 0, end = 0;
+  std::vector<int> holders;
+};
+
+// A block of `numel` elements cut wherever a holder's range starts or ends; each interval with the
+// holders covering it (a holder without a range holds the whole block). An interval with no holder
+// is a hole of the file.
+std::vector<Held> held_intervals(int64_t numel, const std::vector<int>& holders, const std::map<int, FlatRange>& ranges) {
+  auto span_of = [&](int h) {
+    auto it = ranges.find(h);
+    return it == ranges.end() ? std::pair<int64_t, int64_t>{0, numel}
+                              : std::pair<int64_t, int64_t>{it->second.begin, it->second.begin + it->second.count};
+  };
+  std::set<int64_t> cuts = {0, numel};
+  for (int h : holders) {
+    auto [a, b] = span_of(h);
+    if (a < b) cuts.insert({a, b});
+  }
+  std::vector<Held> out;
+  for (auto it = cuts.begin(); std::next(it) != cuts.end(); ++it) {
+    Held piece{*it, *std::next(it), {}};
+    for (int h : holders) {
+      auto [a, b] = span_of(h);
+      if (a <= piece.begin && piece.end <= b) piece.holders.push_back(h);
+    }
+    out.push_back(std::move(piece));
+  }
+  return out;
+}
+
+// The ranks that hold parts of blocks must together hold every element of each block. The same
+// answer on every rank (they all have every rank's ranges), before anything is written.
+void check_ranges_cover(const CheckpointContent& content, const HeldRanges& ranges) {
+  for (const auto& [at, by_rank] : ranges) {
+    const TensorGroup& g = content.groups[at.first];
+    const DistTensor& t = g.tensors[at.second];
+    for (const auto& [box, holders] : block_classes(t)) {
+      for (const Held& h : held_intervals(box.numel(), holders, by_rank)) {
+        SW_CHECK(!h.holders.empty(), "save checkpoint: tensor '{}' of group '{}': elements [{}, {}) of the block {} "
+                 "at {} are held by none of its ranks ({}): each rank gives only a range of the block, and the ranges "
+                 "leave a hole", t.name, g.name, h.begin, h.end, box.shape.to_string(),
+                 fmt::join(std::span(box.offset).first(static_cast<size_t>(box.shape.ndim())), ","),
+                 fmt::join(holders, ", "));
+      }
+    }
+  }
+}
+
+// Boxes are in the named tensor's coordinates, cut to the part of it the stored tensor holds
+// (`placed`; null: the tensor is stored whole), which each piece keeps as its destination region.
+// `ranges`: the holders' ranges of the tensor's blocks (empty when every holder has whole blocks).
+void add_candidates(const DistTensor& t, const KeyPlacement* placed, size_t gi, size_t ti, size_t file,
+                    size_t entry, uint64_t split_bytes, const std::map<int, FlatRange>& ranges,
+                    std::vector<Candidate>& out) {
+  const size_t es = dtype_size(t.dtype);
   const Region dst = placed ? placed->stored_region() : Region::whole(t.global_shape);
-  for (auto& [block, holders] : classes) {
-    std::sort(holders.begin(), holders.end());
-    const reshard::Box box = placed ? reshard::intersect(block, placed->part()) : block;
+  auto in_part = [&](const reshard::Box& b) { return placed ? reshard::intersect(b, placed->part()) : b; };
+  for (auto& [block, holders] : block_classes(t)) {
+    const reshard::Box box = in_part(block);
     uint64_t bytes = static_cast<uint64_t>(box.numel()) * es;
     if (bytes == 0) continue;  // empty blocks and zero-size tensors: the header says it all
+    if (std::any_of(holders.begin(), holders.end(), [&](int h) { return ranges.count(h) > 0; })) {
+      // Holders of parts: each interval of the block (ranges are of the whole block, flat), as its
+      // boxes cut to the stored part, by one of the holders covering it.
+      for (const Held& h : held_intervals(block.numel(), holders, ranges)) {
+        for (const reshard::Box& run : flat_range_boxes(block, h.begin, h.end - h.begin)) {
+          const reshard::Box part = in_part(run);
+          if (part.numel() == 0) continue;
+          Candidate c;
+          c.piece = Piece{gi, ti, file, entry, part, dst, h.holders.front(), static_cast<uint64_t>(part.numel()) * es};
+          c.writers = h.holders;
+          out.push_back(std::move(c));
+        }
+      }
+      continue;
+    }
     // Large replicated blocks are cut along dim 0 so that every replica writes a part.
     int64_t parts = 1;
     if (holders.size() > 1 && box.shape.ndim() > 0 && bytes >= split_bytes) {
@@ -193,6 +278,21 @@ std::vector<Stored> stored_tensors(const TensorGroup& g) {
   return out;
 }
 
+const std::map<int, FlatRange> kWhole;  // no holder gives a range
+
+// This rank's ranges: [group, tensor, begin, count] for each tensor of which it holds a range.
+json ranges_of(comm::Communicator& comm, const CheckpointContent& content) {
+  json out = json::array();
+  for (size_t gi = 0; gi < content.groups.size(); ++gi) {
+    const std::vector<DistTensor>& ts = content.groups[gi].tensors;
+    for (size_t ti = 0; ti < ts.size(); ++ti) {
+      if (ts[ti].range && ts[ti].layout.mesh.contains(comm.rank()))
+        out.push_back({gi, ti, ts[ti].range->begin, ts[ti].range->count});
+    }
+  }
+  return out;
+}
+
 // Least-loaded assignment: pieces with fewer possible writers first, then larger pieces first.
 void assign_writers(std::vector<Candidate>& cands, int world, std::vector<Piece>& out) {
   std::vector<uint64_t> load(static_cast<size_t>(world), 0);
@@ -218,8 +318,10 @@ void assign_writers(std::vector<Candidate>& cands, int world, std::vector<Piece>
 
 SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const CheckpointContent& content,
                    const SaveOptions& options) {
-  // 1. Every rank checks its part; all learn every rank's verdict and description.
-  json mine = {{"problem", local_problem(comm, content, options)}, {"content", describe(content, options)}};
+  // 1. Every rank checks its part; all learn every rank's verdict, description and ranges.
+  json mine = {{"problem", local_problem(comm, content, options)},
+               {"content", describe(content, options)},
+               {"ranges", ranges_of(comm, content)}};
   std::vector<json> all = comm::all_gather_object(comm, mine);
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r]["problem"].get<std::string>().empty()) {
@@ -233,6 +335,13 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
            r, all[0]["content"].dump().substr(0, 300), r, all[r]["content"].dump().substr(0, 300));
     }
   }
+  HeldRanges ranges;
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const json& e : all[r]["ranges"]) {
+      ranges[{e[0].get<size_t>(), e[1].get<size_t>()}][static_cast<int>(r)] = {e[2].get<int64_t>(), e[3].get<int64_t>()};
+    }
+  }
+  check_ranges_cover(content, ranges);
   // 2. Rank 0 opens the .tmp directory (Error if the checkpoint exists); all learn the outcome.
   json opened;
   if (comm.rank() == 0) {
@@ -285,7 +394,9 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
         for (const auto& [ti, p] : st.members) {
           const DistTensor& t = g.tensors[ti];
           meshes.insert(fmt::format("{} ranks {}", t.layout.mesh.to_string(), fmt::join(t.layout.mesh.process_ids(), ",")));
-          add_candidates(t, p, gi, ti, plan.files.size(), e, options.split_bytes, cands);
+          auto held = ranges.find({gi, ti});
+          add_candidates(t, p, gi, ti, plan.files.size(), e, options.split_bytes,
+                         held == ranges.end() ? kWhole : held->second, cands);
         }
       }
       plan.files.push_back(std::move(f));
@@ -322,7 +433,10 @@ Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int r
     if (p.writer != rank) continue;
     const DistTensor& t = content.groups[p.group].tensors[p.tensor];
     auto coords = t.layout.mesh.coords(t.layout.mesh.rank_index_of_process(rank));
-    out[{p.group, p.tensor}] = {t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords))};
+    // The block in the named tensor's coordinates (pieces carry the stored tensor's region); a rank
+    // holding a range of it keeps only those elements, from flat_begin on.
+    out[{p.group, p.tensor}] = {t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords)),
+                                t.range ? t.range->begin : 0};
   }
   return out;
 }

@@ -46,10 +46,12 @@ struct SavePlan {
 SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const CheckpointContent& content,
                    const SaveOptions& options);
 
-// Where this rank's block of a tensor lies in memory.
+// Where this rank's block of a tensor lies in memory: `data` holds the block's elements from
+// `flat_begin` on (the rank's FlatRange; 0 for a whole block), `region` is the whole block.
 struct BlockSource {
   const std::byte* data = nullptr;
   Region region;
+  int64_t flat_begin = 0;
 };
 using Sources = std::map<std::pair<size_t, size_t>, BlockSource>;  // (group, tensor) -> block
 // The blocks of `content` this rank writes pieces of (pointing into the content's tensors).

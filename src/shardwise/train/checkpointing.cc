@@ -79,6 +79,26 @@ std::vector<CatalogEntry> catalog(Trainer& trainer, std::vector<ParamState>& par
   return out;
 }
 
+// Sharding stages 1-2: this rank's range of `p`'s block that its optimizer state covers (moments,
+// a bf16 parameter's master), when `p` is one of `params`, the sharded trainer's; else none (whole).
+std::optional<ckpt::FlatRange> state_range(const ShardedOptimizer* sharded, const std::vector<ParamState>& params,
+                                           const ParamState* p) {
+  if (!sharded || !p || params.empty() || p < params.data() || p >= params.data() + params.size()) return std::nullopt;
+  const auto i = static_cast<size_t>(p - params.data());
+  return ckpt::FlatRange{sharded->plan().begin(i), sharded->plan().count(i)};
+}
+
+// The range of `p`'s fp32 weights the rank holds: a bf16 parameter's master is its state range; an
+// f32 parameter is its own master, whole on every rank.
+std::optional<ckpt::FlatRange> weight_range(const ShardedOptimizer* sharded, const std::vector<ParamState>& params,
+                                            const ParamState* p) {
+  if (!p || p->param.dtype() == DType::F32) return std::nullopt;
+  return state_range(sharded, params, p);
+}
+
+// The fp32 weights as held: the master, or an f32 parameter itself (sharding keeps no master for it).
+Tensor fp32_weights(const ParamState& p) { return p.master.defined() ? p.master : p.param; }
+
 std::string describe_fingerprint(const nlohmann::json& f) {
   if (f.contains("val_fraction")) {
     nlohmann::json rest = f;
@@ -143,15 +163,26 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   ckpt::TensorGroup model{lora ? "adapter_model" : "model", {}, keys, lora}, optimizer{"optimizer", {}, moment_keys},
       masters{"master_weights", {}, keys};
   const bool low_precision = c.bf16 && !lora;
-  // Whole blocks, as an unsharded run holds them (sharding: gathered over dp; the content keeps them).
-  std::vector<ParamState> states = trainer.whole_states();
-  for (const CatalogEntry& e : catalog(trainer, states, world)) {
-    auto block = [&](Tensor ParamState::*field) { return e.mine ? e.mine->*field : Tensor(); };
-    model.tensors.push_back({e.name, e.shape, low_precision ? DType::BF16 : DType::F32, e.layout,
-                             block(lora ? &ParamState::master : &ParamState::param)});
-    optimizer.tensors.push_back({e.name + "/exp_avg", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg)});
-    optimizer.tensors.push_back({e.name + "/exp_avg_sq", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg_sq)});
-    if (low_precision) masters.tensors.push_back({e.name, e.shape, DType::F32, e.layout, block(&ParamState::master)});
+  // Each rank's blocks as it holds them (shared, not copied). Under sharding stages 1-2 the moments
+  // and bf16 parameters' masters are the rank's flat ranges of its blocks: the save writes each
+  // range straight into the stored tensor (no gather); the kernels' weights are whole on every rank.
+  std::vector<ParamState>& params = trainer.params();
+  const ShardedOptimizer* sharded = trainer.sharded();
+  for (const CatalogEntry& e : catalog(trainer, params, world)) {
+    const ParamState* p = e.mine;
+    const std::optional<ckpt::FlatRange> state = state_range(sharded, params, p),
+                                         weights = weight_range(sharded, params, p);
+    auto block = [&](Tensor ParamState::*field) { return p ? p->*field : Tensor(); };
+    if (lora) {
+      model.tensors.push_back({e.name, e.shape, DType::F32, e.layout, p ? fp32_weights(*p) : Tensor(), weights});
+    } else {
+      model.tensors.push_back({e.name, e.shape, low_precision ? DType::BF16 : DType::F32, e.layout, block(&ParamState::param)});
+    }
+    optimizer.tensors.push_back({e.name + "/exp_avg", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg), state});
+    optimizer.tensors.push_back(
+        {e.name + "/exp_avg_sq", e.shape, DType::F32, e.layout, block(&ParamState::exp_avg_sq), state});
+    if (low_precision)
+      masters.tensors.push_back({e.name, e.shape, DType::F32, e.layout, p ? fp32_weights(*p) : Tensor(), weights});
   }
   content.groups.push_back(std::move(model));
   content.groups.push_back(std::move(optimizer));
@@ -259,7 +290,8 @@ void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
 }
 
 // A base parameter's new weights (f32): into the master (the kernels' copy follows), or, frozen,
-// into the kernels' copy itself.
+// into the kernels' copy itself. Under sharding stages 1-2 an f32 parameter has no master: into
+// the parameter.
 void set_weights(ParamState& p, const Tensor& w) {
   if (!p.master.defined()) {
     p.param = p.param.dtype() == DType::F32 ? w : w.to(p.param.dtype());
@@ -267,6 +299,25 @@ void set_weights(ParamState& p, const Tensor& w) {
   }
   std::copy(w.data<float>(), w.data<float>() + w.numel(), p.master.data<float>());
   if (p.param.raw() != p.master.raw()) p.param = p.master.to(p.param.dtype());
+}
+
+// Loaded fp32 weights into a trained parameter: `ranged` (weight_range), the rank's range of a bf16
+// parameter's master (the kernels' copy is gathered after, ShardedOptimizer::gather_params); else
+// the whole block.
+void take_weights(ParamState& p, const Tensor& w, bool ranged) {
+  if (ranged) p.master = w;
+  else set_weights(p, w);
+}
+
+// Loaded moments: the rank's ranges under sharding (the loaded 1-D tensors themselves), else copied
+// into the blocks.
+void take_moments(ParamState& p, const Tensor& m, const Tensor& v, bool ranged) {
+  if (ranged) {
+    p.exp_avg = m, p.exp_avg_sq = v;
+    return;
+  }
+  std::copy(m.data<float>(), m.data<float>() + m.numel(), p.exp_avg.data<float>());
+  std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
 }
 
 }  // namespace
@@ -284,18 +335,21 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   const std::string weight_group = lora ? "adapter_model" : has_masters ? "master_weights" : "model";
   ckpt::KeyMap moment_keys = weight_keys.with_suffix("/exp_avg");
   moment_keys.add(weight_keys.with_suffix("/exp_avg_sq"));
+  // Each rank reads only what it holds: under sharding stages 1-2 its ranges of the moments and of
+  // bf16 parameters' masters (state_range, weight_range).
   struct Wanted {
     std::string name;
     Shape shape;
     reshard::Layout layout;
+    std::optional<ckpt::FlatRange> weights, state;
   };
   auto read = [&](const std::vector<Wanted>& wanted, std::map<std::string, Tensor>& weights,
                   std::map<std::string, Tensor>& moments, bool strict) {
     std::vector<ckpt::LoadSpec> model, optimizer;
-    for (const auto& [name, shape, layout] : wanted) {
-      model.push_back({name, shape, DType::F32, layout});
-      optimizer.push_back({name + "/exp_avg", shape, DType::F32, layout});
-      optimizer.push_back({name + "/exp_avg_sq", shape, DType::F32, layout});
+    for (const auto& [name, shape, layout, weight_part, state_part] : wanted) {
+      model.push_back({name, shape, DType::F32, layout, weight_part});
+      optimizer.push_back({name + "/exp_avg", shape, DType::F32, layout, state_part});
+      optimizer.push_back({name + "/exp_avg_sq", shape, DType::F32, layout, state_part});
     }
     ckpt::LoadOptions o;
     if (!strict) o.ignore_keys = {"*"};
@@ -309,21 +363,22 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   };
   std::map<std::string, Tensor> weights, moments;
   std::vector<Wanted> all, others;
-  // Whole blocks (as unsharded), each rank then keeping its shards: any saving layout, any sharding.
-  std::vector<ParamState> states = trainer.whole_states();
-  for (const CatalogEntry& e : catalog(trainer, states, world)) all.push_back({e.name, e.shape, e.layout});
+  std::vector<ParamState>& params = trainer.params();
+  ShardedOptimizer* sharded = trainer.sharded();
+  auto wanted = [&](const std::string& name, const Shape& shape, const reshard::Layout& layout, const ParamState* p) {
+    return Wanted{name, shape, layout, weight_range(sharded, params, p), state_range(sharded, params, p)};
+  };
+  for (const CatalogEntry& e : catalog(trainer, params, world)) all.push_back(wanted(e.name, e.shape, e.layout, e.mine));
   read(all, weights, moments, true);
-  for (ParamState& p : states) {
-    if (!weights.count(p.name)) others.push_back({p.name, p.shape, {p.mesh, p.dist}});
+  for (ParamState& p : params) {
+    if (!weights.count(p.name)) others.push_back(wanted(p.name, p.shape, {p.mesh, p.dist}, &p));
   }
   if (!others.empty()) read(others, weights, moments, false);
-  for (ParamState& p : states) {
-    set_weights(p, weights.at(p.name));
-    const Tensor &m = moments.at(p.name + "/exp_avg"), &v = moments.at(p.name + "/exp_avg_sq");
-    std::copy(m.data<float>(), m.data<float>() + m.numel(), p.exp_avg.data<float>());
-    std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
+  for (ParamState& p : params) {
+    take_weights(p, weights.at(p.name), weight_range(sharded, params, &p).has_value());
+    take_moments(p, moments.at(p.name + "/exp_avg"), moments.at(p.name + "/exp_avg_sq"), sharded != nullptr);
   }
-  trainer.adopt_states(states);
+  if (sharded) sharded->gather_params(params);
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
   check_same_run(state, trainer, dir);
   trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
@@ -335,10 +390,10 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   const std::vector<std::string> differ = model_differences(saved, mine);
   SW_CHECK(differ.empty(), "--init-from {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
-  // The model's weights: its parameters, or with LoRA the frozen base.
-  std::vector<ParamState> states;
-  if (!mine.lora.enabled()) states = trainer.whole_states();  // whole blocks under sharding
-  std::vector<ParamState>& params = mine.lora.enabled() ? trainer.frozen() : states;
+  // The model's weights: its parameters (under sharding stages 1-2 a bf16 parameter's range of the
+  // master), or with LoRA the frozen base.
+  std::vector<ParamState>& params = mine.lora.enabled() ? trainer.frozen() : trainer.params();
+  ShardedOptimizer* sharded = mine.lora.enabled() ? nullptr : trainer.sharded();
   // Strict on the whole catalog, then (pp) the copies a rank holds under another layout.
   std::vector<ckpt::LoadSpec> all, others;
   // A skipped parameter is not read even when the directory has it.
@@ -352,13 +407,14 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
     return false;
   };
   for (const CatalogEntry& e : catalog(trainer, params, world)) {
-    if (!skipped(e.name)) all.push_back({e.name, e.shape, DType::F32, e.layout});
+    if (!skipped(e.name)) all.push_back({e.name, e.shape, DType::F32, e.layout, weight_range(sharded, params, e.mine)});
   }
   std::map<std::string, Tensor> weights;
   for (auto& [k, t] : load_model_weights(dir, saved, all, me, ignore_keys))
     if (t.defined()) weights[k] = t;
   for (ParamState& p : params) {
-    if (!weights.count(p.name) && !skipped(p.name)) others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}});
+    if (!weights.count(p.name) && !skipped(p.name))
+      others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}, weight_range(sharded, params, &p)});
   }
   if (!others.empty()) {
     for (auto& [k, t] : load_model_weights(dir, saved, others, me, {"*"}))
@@ -368,10 +424,10 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   for (ParamState& p : params) {
     auto it = weights.find(p.name);
     if (it == weights.end()) continue;  // ignored: keeps its initialization
-    set_weights(p, it->second);
+    take_weights(p, it->second, weight_range(sharded, params, &p).has_value());
     ++loaded;
   }
-  if (!mine.lora.enabled()) trainer.adopt_states(states);
+  if (sharded) sharded->gather_params(params);
   trainer.set_base_model({dir.string(), model_fingerprint(dir)});
   return loaded;
 }
@@ -395,20 +451,23 @@ int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs
     }
   };
   std::vector<ckpt::LoadSpec> all, others;
-  std::vector<ParamState> states = trainer.whole_states();  // whole blocks under sharding
-  for (const CatalogEntry& e : catalog(trainer, states, world)) all.push_back({e.name, e.shape, DType::F32, e.layout});
+  std::vector<ParamState>& params = trainer.params();
+  ShardedOptimizer* sharded = trainer.sharded();  // a bf16 adapter keeps its range of the master
+  for (const CatalogEntry& e : catalog(trainer, params, world))
+    all.push_back({e.name, e.shape, DType::F32, e.layout, weight_range(sharded, params, e.mine)});
   std::map<std::string, Tensor> weights;
   for (auto& [k, t] : read(all, true))
     if (t.defined()) weights[k] = t;
-  for (ParamState& p : states) {
-    if (!weights.count(p.name)) others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}});
+  for (ParamState& p : params) {
+    if (!weights.count(p.name))
+      others.push_back({p.name, p.shape, DType::F32, {p.mesh, p.dist}, weight_range(sharded, params, &p)});
   }
   if (!others.empty()) {
     for (auto& [k, t] : read(others, false))
       if (t.defined()) weights[k] = t;
   }
-  for (ParamState& p : states) set_weights(p, weights.at(p.name));
-  trainer.adopt_states(states);
+  for (ParamState& p : params) take_weights(p, weights.at(p.name), weight_range(sharded, params, &p).has_value());
+  if (sharded) sharded->gather_params(params);
   return static_cast<int64_t>(all.size());
 }
 

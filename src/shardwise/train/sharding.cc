@@ -140,22 +140,18 @@ Tensor ShardedOptimizer::whole(size_t i, const Tensor& piece, const Shape& block
   return out;
 }
 
-ParamState ShardedOptimizer::whole_state(size_t i, const ParamState& p) {
-  ParamState w = p;
-  const Shape& shape = p.param.shape();
-  // An f32 parameter is its own master, whole on every rank.
-  w.master = p.param.dtype() == DType::F32 ? p.param : whole(i, p.master, shape);
-  w.exp_avg = whole(i, p.exp_avg, shape);
-  w.exp_avg_sq = whole(i, p.exp_avg_sq, shape);
-  return w;
-}
-
-void ShardedOptimizer::adopt(size_t i, ParamState& p, const ParamState& whole) const {
-  const int64_t n = plan_.count(i), b = plan_.begin(i);
-  p.param = whole.param;
-  p.master = whole.param.dtype() == DType::F32 ? Tensor() : flat_range(whole.master, b, n);
-  p.exp_avg = flat_range(whole.exp_avg, b, n);
-  p.exp_avg_sq = flat_range(whole.exp_avg_sq, b, n);
+void ShardedOptimizer::gather_params(std::vector<ParamState>& params) {
+  SW_CHECK(params.size() == plan_.counts.size(), "sharding: {} parameters for a plan of {}", params.size(),
+           plan_.counts.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamState& p = params[i];
+    if (p.param.dtype() == DType::F32) continue;
+    SW_CHECK(p.master.numel() == plan_.count(i), "sharding: '{}' holds {} master elements, its range has {}", p.name,
+             p.master.numel(), plan_.count(i));
+    Tensor out = Tensor::uninitialized(p.param.dtype(), p.param.shape());
+    dp_->all_gather_v(p.master.to(p.param.dtype()).raw(), out.raw(), plan_.counts[i], p.param.dtype());
+    p.param = out;
+  }
 }
 
 }  // namespace shardwise::train

@@ -73,10 +73,10 @@ class ShardedOptimizer {
 
   // Collective over dp: the whole block from each rank's 1-D range `piece` of parameter i.
   Tensor whole(size_t i, const Tensor& piece, const Shape& block_shape);
-  // Collective over dp: a copy of the state with whole blocks (master, moments), as unsharded.
-  ParamState whole_state(size_t i, const ParamState& p);
-  // Takes this rank's ranges of a whole state (weights in `whole.master`, moments) into `p`.
-  void adopt(size_t i, ParamState& p, const ParamState& whole) const;
+  // Collective over dp: every bf16 parameter's `param` rebuilt from the ranks' ranges of its master
+  // (rounded, all-gathered), as after a step; f32 parameters are their own masters and stay. A
+  // checkpoint load fills only each rank's ranges (train/checkpointing.cc), then calls this.
+  void gather_params(std::vector<ParamState>& params);
 
  private:
   ShardingConfig c_;

@@ -383,23 +383,6 @@ int64_t Trainer::optimizer_state_bytes() const {
   return bytes;
 }
 
-std::vector<ParamState> Trainer::whole_states() {
-  std::vector<ParamState>& params = model_->params();
-  if (!sharded_) return params;
-  std::vector<ParamState> out;
-  for (size_t i = 0; i < params.size(); ++i) out.push_back(sharded_->whole_state(i, params[i]));
-  return out;
-}
-
-void Trainer::adopt_states(const std::vector<ParamState>& whole) {
-  std::vector<ParamState>& params = model_->params();
-  SW_CHECK(whole.size() == params.size(), "adopt_states: {} states for {} parameters", whole.size(), params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (sharded_) sharded_->adopt(i, params[i], whole[i]);
-    else params[i] = whole[i];
-  }
-}
-
 Tensor Trainer::gather_state(const std::string& name, Tensor ParamState::*field) {
   std::vector<ParamState>& params = model_->params();
   auto it = std::find_if(params.begin(), params.end(), [&](const ParamState& p) { return p.name == name; });

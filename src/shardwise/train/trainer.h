@@ -186,12 +186,10 @@ class Trainer {
   // parameters) of its blocks of the trained parameters, or of its shards of them under sharding;
   // nothing for frozen ones.
   int64_t optimizer_state_bytes() const;
-  // The sharded optimizer (nullptr at sharding stage 0).
+  // The sharded optimizer (nullptr unless sharding stage 1 or 2). Checkpoints save and load each
+  // rank's ranges of params() through its plan (train/checkpointing.cc).
   const ShardedOptimizer* sharded() const { return sharded_.get(); }
-  // Collective over dp: a copy of params() with whole blocks (master, moments), as an unsharded run
-  // holds them (the same states without sharding), and the way back: each rank keeps its shards.
-  std::vector<ParamState> whole_states();
-  void adopt_states(const std::vector<ParamState>& whole);
+  ShardedOptimizer* sharded() { return sharded_.get(); }
   ParameterCounts count_parameters();  // collective
   // The model directory the weights came from (init_from_model) and its fingerprint
   // (model_fingerprint); empty for the seeded initialization. A LoRA run's checkpoints keep it.
