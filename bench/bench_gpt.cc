@@ -213,6 +213,7 @@ shardwise::Tensor unfused_step(const shardwise::Tensor& q, const shardwise::Tens
 int run_attention(const Options& o) {
   using namespace shardwise;
   shardwise::set_blas_threads(o.threads);
+  RankThreads threads(o.kernel_threads);  // the kernels' own loops (flash attention's blocks, softmax, ...)
   const int64_t B = o.batch, NH = o.heads, S = o.seq, HD = o.hidden / o.heads;
   const Shape shape{B, NH, S, HD};
   Tensor q = random_tensor(shape, 1), k = random_tensor(shape, 2), v = random_tensor(shape, 3);
