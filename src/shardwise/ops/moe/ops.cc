@@ -82,18 +82,23 @@ OpDef make_moe_mlp() {
   op.family = "moe";
   op.rule = rules_of<moe_rules>().moe_mlp;
   op.summary =
-      "(out, aux_loss, z_loss, dropped) = moe_mlp(x [N, d], gate [E, d], w1 [E, F, d], w3 [E, F, d], w2 [E, d, F]; "
+      "(out, aux_loss, z_loss, dropped, expert_tokens) = moe_mlp(x [N, d], gate [E, d], w1 [E, F, d], w3 [E, F, d], w2 [E, d, F]; "
       "top_k, capacity_factor=0, normalize=true): Mixtral's sparse MoE MLP (softmax over E, top-k, renormalise; "
       "SwiGLU experts w2(silu(w1 x) * w3 x)); aux_loss = E sum_i f_i P_i, z_loss = mean logsumexp^2; capacity "
-      "C = ceil(cf N k / E) per expert by (slot, token) priority, dropped counted (i64). Experts split over mesh "
+      "C = ceil(cf N k / E) per expert by (slot, token) priority, dropped counted (i64); expert_tokens [E] i64 the "
+      "assignments per expert before capacity. Experts split over mesh "
       "dims exchange tokens by all_to_all_v";
   op.num_inputs = 5;
-  op.num_outputs = 4;
+  op.num_outputs = 5;
   op.infer = [](std::span<const TensorMeta> in, const Attrs& attrs) {
     std::array<DType, 5> dtypes{in[0].dtype, in[1].dtype, in[2].dtype, in[3].dtype, in[4].dtype};
     check_moe_inputs(in[0].shape, in[1].shape, in[2].shape, in[3].shape, in[4].shape, dtypes);
     moe_config(attrs, in[1].shape[0]);
-    return std::vector<TensorMeta>{in[0], {Shape{}, in[0].dtype}, {Shape{}, in[0].dtype}, {Shape{}, DType::I64}};
+    return std::vector<TensorMeta>{in[0],
+                                   {Shape{}, in[0].dtype},
+                                   {Shape{}, in[0].dtype},
+                                   {Shape{}, DType::I64},
+                                   {Shape{in[1].shape[0]}, DType::I64}};
   };
   op.forward_in_context = forward;
   op.backward_in_context = backward;
