@@ -122,6 +122,19 @@ void report_profile(const runtime::ProfileReport& r, const std::string& run_dir,
   out << fmt::format("  trace: {} (open it in https://ui.perfetto.dev)\n", path);
 }
 
+// An MoE run's step line: the most loaded expert over the mean (the worst MoE layer's) and the
+// drops of every layer; "" for a dense model.
+std::string moe_summary(const std::vector<train::MoeStepStats>& moe) {
+  if (moe.empty()) return "";
+  double imbalance = 0;
+  int64_t dropped = 0;
+  for (const train::MoeStepStats& m : moe) {
+    if (m.tokens_mean > 0) imbalance = std::max(imbalance, m.tokens_max / m.tokens_mean);
+    dropped += m.dropped;
+  }
+  return fmt::format("  moe max/mean {:.2f} dropped {}", imbalance, dropped);
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
@@ -240,7 +253,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
                                    config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
                                    last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
-    if (last_val >= 0) line += fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val));
+    line += (last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val)) : "") + moe_summary(last.moe);
     if (quiet) continue;
     if (tty) {
       out << "\r" << line << "\033[K" << (eval_now ? "\n" : "") << std::flush;  // a line with a new evaluation stays

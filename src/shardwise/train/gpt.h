@@ -115,6 +115,9 @@ struct GptGraph {
   // A pipeline stage's part: the residual stream it receives ("stage_input"), the one it sends on
   // and the input that receives the gradient of the latter ("<output>@grad_in"); -1 when absent.
   graph::ValueId input = -1, output = -1, output_grad = -1;
+  // A training stage without the head: its own term of the loss (a Llama's MoE router losses), -1
+  // when none (pipeline::StageSpec::extra_loss).
+  graph::ValueId extra_loss = -1;
 };
 
 // The part of the model a pipeline stage builds: layers [first_layer, end_layer) (end -1: to the

@@ -256,9 +256,6 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
            s.ep_size());
   SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",
            s.mesh.to_string());
-  SW_CHECK(s.pp < 0 || c.experts == 0 || (c.aux_loss == 0 && c.router_z_loss == 0),
-           "--aux-loss and --router-z-loss with pp are not supported yet (a stage's router losses do not reach the "
-           "last stage's loss); use dp, tp and ep");
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
@@ -280,6 +277,7 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
     out.output = x;
     out.output_grad = out.g.input(out.g.value(x).name + "@grad_in", Shape{sequences, c.seq, c.hidden});
     b.annotate(out.output_grad, b.boundary());
+    if (training) out.extra_loss = b.router_loss();  // the stage's router losses (pipeline: seeded with 1)
     return out;
   }
   b.head(x, out);
@@ -292,6 +290,12 @@ Tensor init_llama_param_block(const GptConfig& c, const std::string& name, const
   // GPT-2's draw: normal(0, init_std) keyed by (seed, name) at the global index; no Llama name is
   // one GPT-2 initializes otherwise (LayerNorms, biases, c_proj).
   return init_param_block(c, name, shape, offset, block, seed);
+}
+
+std::array<std::string, 4> moe_stat_names(int64_t layer) {
+  std::array<std::string, 4> out;
+  for (size_t i = 0; i < out.size(); ++i) out[i] = fmt::format("model.layers.{}.block_sparse_moe.moe:{}", layer, i + 1);
+  return out;
 }
 
 Tensor position_ids(int64_t seq) {
