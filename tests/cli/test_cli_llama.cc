@@ -94,6 +94,41 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
   EXPECT_NE(r.out.find("built for --model llama only"), std::string::npos) << r.out;
 }
 
+// An MoE run's metrics.jsonl carries each MoE layer's router figures per step and its lines the
+// worst imbalance; `plan --memory` shows the step's all-to-alls and their bytes.
+TEST(CliLlama, MoeRunsReportTheirRoutersAndPlanTheirAllToAlls) {
+  const std::string model = "--model llama --layers 2 --hidden 32 --heads 4 --vocab 128 --seq 10 --digits 2 "
+                            "--experts 4 --top-k 2 --global-batch 8 --eval-every 0 --mesh ep=2 ";
+  const fs::path dir = fs::temp_directory_path() / "shardwise_moe_metrics";
+  fs::remove_all(dir);
+  auto r = run("train " + model + "--steps 2 --capacity-factor 0.5 --progress lines --run-dir " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("moe max/mean "), std::string::npos) << r.out;
+  std::ifstream f(dir / "metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(f, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    ASSERT_EQ(j["moe"].size(), 2u) << line;
+    for (const auto& m : j["moe"]) {
+      EXPECT_EQ(m["tokens_per_expert_mean"].get<double>(), 8 * 10 * 2 / 4.0) << line;  // batch tokens x top-2 / 4
+      EXPECT_LE(m["tokens_per_expert_min"].get<double>(), m["tokens_per_expert_mean"].get<double>()) << line;
+      EXPECT_GE(m["tokens_per_expert_max"].get<double>(), m["tokens_per_expert_mean"].get<double>()) << line;
+      EXPECT_GE(m["dropped"].get<int64_t>(), 0) << line;
+      EXPECT_GT(m["aux_loss"].get<double>(), 0.0) << line;
+      EXPECT_GT(m["z_loss"].get<double>(), 0.0) << line;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(steps, 2);
+  fs::remove_all(dir);
+  r = run("plan --memory " + model);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("moe traffic per step and rank: 2 MoE layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("all_to_all_v x"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("assuming uniform routing"), std::string::npos) << r.out;
+}
+
 // The new ids of `generate --json` (the line starting with '{').
 std::vector<int64_t> generated_ids(const std::string& out) {
   nlohmann::json j;
