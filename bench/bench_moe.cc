@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "shardwise/comm/mpi.h"
@@ -105,8 +106,8 @@ int main(int argc, char** argv) {
       double t1 = MPI_Wtime();
       std::vector<float> got = ops::moe_detail::exchange(&world, send, plan.send_rows, plan.recv_rows, d);
       double t2 = MPI_Wtime();
-      std::vector<float> expert_major = ops::moe_detail::regroup(plan, got, d, true);
-      std::vector<float> back_order = ops::moe_detail::regroup(plan, expert_major, d, false);
+      std::vector<float> expert_major = ops::moe_detail::regroup(plan, std::move(got), d, true);
+      std::vector<float> back_order = ops::moe_detail::regroup(plan, std::move(expert_major), d, false);
       double t3 = MPI_Wtime();
       std::vector<float> back = ops::moe_detail::exchange(&world, back_order, plan.recv_rows, plan.send_rows, d);
       double t4 = MPI_Wtime();

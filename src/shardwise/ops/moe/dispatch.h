@@ -4,6 +4,7 @@
 // what arrives (by source, then local expert) to expert-major order and back.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
@@ -30,10 +31,12 @@ std::vector<T> exchange(comm::Communicator* group, const std::vector<T>& send, c
 }
 
 // Received rows are grouped by source, then local expert; the experts want them by expert, then
-// source. to_expert_major moves them there, the inverse back (rows of `width`).
+// source. to_expert_major moves them there, the inverse back (rows of `width`); with one peer or
+// one local expert both orders are the same and the rows come back as they are (no copy).
 template <class T>
-std::vector<T> regroup(const DispatchPlan& plan, const std::vector<T>& rows, int64_t width, bool to_expert_major) {
+std::vector<T> regroup(const DispatchPlan& plan, std::vector<T> rows, int64_t width, bool to_expert_major) {
   const int64_t P = plan.peers, J = plan.local_experts;
+  if (P == 1 || J <= 1) return rows;  // one source or one local expert: the orders are the same
   std::vector<int64_t> expert_start(static_cast<size_t>(J), 0);
   for (int64_t j = 1; j < J; ++j) {
     expert_start[static_cast<size_t>(j)] = expert_start[static_cast<size_t>(j - 1)] + plan.expert_rows[static_cast<size_t>(j - 1)];

@@ -2,6 +2,7 @@
 #include "shardwise/ops/moe/kernels.h"
 
 #include <cmath>
+#include <utility>
 
 #include "shardwise/core/error.h"
 #include "shardwise/ops/moe/dispatch.h"
@@ -89,7 +90,7 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
   std::vector<T> got = regroup(plan, exchange(shard.expert_group, send, plan.send_rows, plan.recv_rows, dm.d), dm.d, true);
   std::vector<T> y = experts_forward<T>(plan, got, in[2], in[3], in[4], dm);
   std::vector<T> back =
-      exchange(shard.expert_group, regroup(plan, y, dm.d, false), plan.recv_rows, plan.send_rows, dm.d);
+      exchange(shard.expert_group, regroup(plan, std::move(y), dm.d, false), plan.recv_rows, plan.send_rows, dm.d);
   // Combine in slot order per token, whatever the send order.
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
@@ -234,7 +235,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
   std::vector<T> got = regroup(plan, exchange(shard.expert_group, send, plan.send_rows, plan.recv_rows, win), win, true);
   std::vector<T> res = experts_backward<T>(plan, got, in, dm, g);
   std::vector<T> back =
-      exchange(shard.expert_group, regroup(plan, res, wout, false), plan.recv_rows, plan.send_rows, wout);
+      exchange(shard.expert_group, regroup(plan, std::move(res), wout, false), plan.recv_rows, plan.send_rows, wout);
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
   std::vector<double> dx(static_cast<size_t>(r.tokens * dm.d), 0.0), dweight(r.expert.size(), 0.0);
