@@ -127,6 +127,17 @@ TEST(CliLlama, MoeRunsReportTheirRoutersAndPlanTheirAllToAlls) {
   EXPECT_NE(r.out.find("moe traffic per step and rank: 2 MoE layers"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("all_to_all_v x"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("assuming uniform routing"), std::string::npos) << r.out;
+  // The plan's count is what a profiled step makes: each of the 2 ranks its all_to_all_v calls.
+  r = run("plan --memory --json " + model);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const int64_t planned = nlohmann::json::parse(r.out.substr(r.out.find('{')))["moe_traffic"]["all_to_all_v"];
+  EXPECT_EQ(planned, 2 * 1 * 4);  // 2 MoE layers x 1 micro-batch x 4
+  r = run("train " + model + "--steps 1 --progress none --profile --run-dir " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const size_t at = r.out.find("collective all_to_all ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(std::stoll(r.out.substr(at + std::string("collective all_to_all ").size())), 2 * planned) << r.out;
+  fs::remove_all(dir);
 }
 
 // The new ids of `generate --json` (the line starting with '{').
