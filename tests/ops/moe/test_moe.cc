@@ -50,7 +50,7 @@ struct Reference {
 };
 
 // The MoE MLP one token and one expert at a time, in double, from the definitions.
-Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool normalize) {
+Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool normalize, bool sigmoid = false) {
   const Tensor &x = in.t[0], &gate = in.t[1], &w1 = in.t[2], &w3 = in.t[3], &w2 = in.t[4];
   const int64_t n = x.shape()[0], d = x.shape()[1], e = gate.shape()[0], f = w1.shape()[1];
   Reference ref;
@@ -66,7 +66,10 @@ Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool no
     double mx = *std::max_element(logit.begin(), logit.end()), z = 0;
     for (double l : logit) z += std::exp(l - mx);
     std::vector<double> p(static_cast<size_t>(e));
-    for (int64_t i = 0; i < e; ++i) p[static_cast<size_t>(i)] = std::exp(logit[static_cast<size_t>(i)] - mx) / z;
+    for (int64_t i = 0; i < e; ++i) {
+      const double l = logit[static_cast<size_t>(i)];
+      p[static_cast<size_t>(i)] = sigmoid ? 1.0 / (1.0 + std::exp(-l)) : std::exp(l - mx) / z;
+    }
     const double lse = mx + std::log(z);
     ref.z += lse * lse / static_cast<double>(n);
     std::vector<int64_t> idx(static_cast<size_t>(e));
@@ -113,9 +116,9 @@ Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool no
   return ref;
 }
 
-void expect_matches_reference(const Inputs& in, int64_t k, double cf, bool normalize) {
-  std::vector<Tensor> got = moe_forward(in.t, MoeConfig{k, cf, normalize}, MoeShard{});
-  Reference ref = reference(in, k, cf, normalize);
+void expect_matches_reference(const Inputs& in, int64_t k, double cf, bool normalize, bool sigmoid = false) {
+  std::vector<Tensor> got = moe_forward(in.t, MoeConfig{k, cf, normalize, sigmoid}, MoeShard{});
+  Reference ref = reference(in, k, cf, normalize, sigmoid);
   ASSERT_EQ(got.size(), 5u);
   for (int64_t i = 0; i < got[0].numel(); ++i) {
     EXPECT_NEAR(got[0].at(i), ref.out[static_cast<size_t>(i)], 1e-12) << "out " << i;
@@ -131,6 +134,9 @@ TEST(MoeKernel, DroplessMatchesPerTokenReference) {
   expect_matches_reference(make_inputs(9, 4, 5, 3, 1), 2, 0.0, true);
   expect_matches_reference(make_inputs(6, 3, 4, 2, 2), 1, 0.0, true);
   expect_matches_reference(make_inputs(7, 3, 4, 5, 3), 3, 0.0, false);  // Qwen-MoE's norm_topk_prob=false
+  expect_matches_reference(make_inputs(9, 4, 5, 3, 5), 2, 0.0, true, true);   // sigmoid gating
+  expect_matches_reference(make_inputs(9, 4, 5, 3, 6), 2, 0.0, false, true);  // sigmoid, not renormalised
+  expect_matches_reference(make_inputs(16, 3, 4, 2, 7), 2, 0.5, true, true);  // sigmoid with drops
 }
 
 TEST(MoeKernel, CapacityDropsByPriorityAndCounts) {
@@ -145,11 +151,11 @@ TEST(MoeKernel, CapacityDropsByPriorityAndCounts) {
 }
 
 TEST(MoeKernel, BackwardMatchesCentralDifferences) {
-  for (double cf : {0.0, 0.75}) {
+  for (auto [cf, sigmoid] : {std::pair{0.0, false}, std::pair{0.75, false}, std::pair{0.0, true}, std::pair{0.75, true}}) {
     Inputs in = make_inputs(6, 3, 4, 2, 10);
     Tensor wout = random_f64({6, 3}, 20);
     const double caux = 0.7, cz = -0.3;
-    MoeConfig cfg{2, cf, true};
+    MoeConfig cfg{2, cf, true, sigmoid};
     MoeGrads g = moe_backward(in.t, wout, Tensor::scalar<double>(caux), Tensor::scalar<double>(cz), cfg, MoeShard{});
     std::vector<Tensor> grads{g.dx, g.dgate, g.dw1, g.dw3, g.dw2};
     for (size_t i = 0; i < 5; ++i) {
@@ -162,7 +168,7 @@ TEST(MoeKernel, BackwardMatchesCentralDifferences) {
         return Tensor::scalar<double>(l);
       });
       for (int64_t j = 0; j < grads[i].numel(); ++j) {
-        EXPECT_NEAR(grads[i].at(j), num[static_cast<size_t>(j)], 1e-6) << "cf " << cf << " input " << i << " at " << j;
+        EXPECT_NEAR(grads[i].at(j), num[static_cast<size_t>(j)], 1e-6) << "cf " << cf << " sigmoid " << sigmoid << " input " << i << " at " << j;
       }
     }
   }
@@ -262,6 +268,12 @@ TEST(MoeKernel, BadInputsNameTheProblem) {
   bad_w2[4].shape = Shape{4, 2, 3};
   EXPECT_THROW(infer(bad_w2, Attrs{{"top_k", int64_t{1}}}), Error);
   EXPECT_THROW(infer(good, Attrs{{"top_k", int64_t{1}}, {"capacity_factor", -1.0}}), Error);
+  try {
+    infer(good, Attrs{{"top_k", int64_t{1}}, {"router", std::string("relu")}});
+    FAIL() << "router relu accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("router 'relu' must be softmax or sigmoid"), std::string::npos) << e.what();
+  }
   auto mixed = good;
   mixed[1].dtype = DType::F32;
   EXPECT_THROW(infer(mixed, Attrs{{"top_k", int64_t{1}}}), Error);

@@ -193,7 +193,13 @@ void router_backward(const Routing& r, const std::vector<double>& dweight, doubl
     double dot = 0;
     for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[static_cast<size_t>(e)];
     const double zt = dz * 2.0 * r.lse[static_cast<size_t>(t)] / n;
-    for (int64_t e = 0; e < E; ++e) dl[static_cast<size_t>(e)] = p[e] * (dp[static_cast<size_t>(e)] - dot) + zt * p[e];
+    const double* logit = &r.logits[static_cast<size_t>(t * E)];
+    for (int64_t e = 0; e < E; ++e) {
+      const double softmax = std::exp(logit[e] - r.lse[static_cast<size_t>(t)]);  // d lse / d logit
+      const double dscore = cfg.sigmoid ? p[e] * (1.0 - p[e]) * dp[static_cast<size_t>(e)]
+                                        : p[e] * (dp[static_cast<size_t>(e)] - dot);
+      dl[static_cast<size_t>(e)] = dscore + zt * softmax;
+    }
     for (int64_t e = 0; e < E; ++e) {
       const double v = dl[static_cast<size_t>(e)];
       for (int64_t c = 0; c < d; ++c) {

@@ -7,7 +7,9 @@
 //
 // Routing (Mixtral's order): logits = x gate^T, p = softmax over all E experts, the top_k experts
 // by p (ties: the lower expert index), their weights p renormalised to sum 1 (normalize=true;
-// Qwen-MoE's norm_topk_prob=false keeps p). Expert e on its rows X: Y = (silu(X w1_e^T) *
+// Qwen-MoE's norm_topk_prob=false keeps p). router=sigmoid (DeepSeek-V3's gating): p = sigmoid of
+// each logit instead of the softmax, the rest alike (the aux loss's P_i the mean sigmoid score; the
+// z-loss still of the logits' logsumexp). Expert e on its rows X: Y = (silu(X w1_e^T) *
 // (X w3_e^T)) w2_e^T; out_t = sum over the token's kept slots of weight * Y.
 // aux_loss = E * sum_i f_i P_i with f_i = (assignments to expert i) / N, P_i = mean_t p_ti
 // (Switch / GShard; transformers' load_balancing_loss_func); z_loss = mean_t logsumexp_t^2
@@ -40,8 +42,10 @@ struct MoeConfig {
   int64_t top_k = 2;
   double capacity_factor = 0.0;  // 0: dropless
   bool normalize = true;         // renormalise the top-k weights to sum 1
+  bool sigmoid = false;          // gate scores sigmoid(logit) per expert instead of the softmax over E
 };
-// Reads top_k (required), capacity_factor (default 0), normalize (default true); Error on bad values.
+// Reads top_k (required), capacity_factor (default 0), normalize (default true), router ("softmax",
+// the default, or "sigmoid"); Error on bad values.
 MoeConfig moe_config(const Attrs& attrs, int64_t experts);
 
 // Checks shapes and dtypes (f32 or f64, all the same); Error names the input and what is allowed.
