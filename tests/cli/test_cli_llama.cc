@@ -83,6 +83,7 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--experts 4 --top-k 5", "--top-k 5 must be in [1, --experts 4]"},
       {"--experts 4 --moe-layers 0,2", "--moe-layers names layer 2"},
       {"--experts 4 --save-every 1", "checkpoints of MoE models are not supported yet"},
+      {"--experts 4 --router relu", "relu not in {softmax,sigmoid}"},
   };
   for (const auto& [args, message] : cases) {
     auto r = run(base + args);

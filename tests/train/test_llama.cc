@@ -223,6 +223,12 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
   const Curve one_ref = train(one_layer);
   one_layer.mesh = "dp=2,ep=2";
   expect_same_curve(train(one_layer), one_ref, "layer 1 only, capacity 0.75, dp=2,ep=2");
+  TrainConfig sigmoid = moe_config("dp=1");  // --router sigmoid: its own curve, the same on ep meshes
+  sigmoid.model.router = "sigmoid";
+  const Curve sigmoid_ref = train(sigmoid);
+  EXPECT_NE(sigmoid_ref.losses[0], ref.losses[0]) << "sigmoid gating must weigh the experts otherwise";
+  sigmoid.mesh = "dp=2,ep=2";
+  expect_same_curve(train(sigmoid), sigmoid_ref, "sigmoid router, dp=2,ep=2");
 }
 
 TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {

@@ -51,6 +51,7 @@ struct GptConfig {
   double aux_loss = 0.0;
   double router_z_loss = 0.0;
   double capacity_factor = 0.0;  // 0: dropless
+  std::string router = "softmax";  // the gate scores: softmax over the experts, or sigmoid per expert
   bool is_moe_layer(int64_t layer) const {
     return experts > 0 && (moe_layers.empty() || std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end());
   }

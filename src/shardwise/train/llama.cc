@@ -161,6 +161,7 @@ class LlamaBuilder {
     auto tokens = g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
     Attrs a{{"top_k", c_.top_k}};
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
+    if (c_.router != "softmax") a.set("router", c_.router);
     std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, a, p + ".moe");
     if (c_.aux_loss > 0) router_loss_ = add_loss(router_loss_, g_.scale(o[1], c_.aux_loss, 0.0, p + ".aux_loss"));
     if (c_.router_z_loss > 0) {
