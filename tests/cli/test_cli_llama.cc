@@ -84,6 +84,7 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--experts 4 --moe-layers 0,2", "--moe-layers names layer 2"},
       {"--experts 4 --save-every 1", "checkpoints of MoE models are not supported yet"},
       {"--experts 4 --router relu", "relu not in {softmax,sigmoid}"},
+      {"--shared-expert-width 8", "--shared-expert-width 8 needs --experts"},
   };
   for (const auto& [args, message] : cases) {
     auto r = run(base + args);

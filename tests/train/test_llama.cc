@@ -229,6 +229,14 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
   EXPECT_NE(sigmoid_ref.losses[0], ref.losses[0]) << "sigmoid gating must weigh the experts otherwise";
   sigmoid.mesh = "dp=2,ep=2";
   expect_same_curve(train(sigmoid), sigmoid_ref, "sigmoid router, dp=2,ep=2");
+  TrainConfig shared = moe_config("dp=1");  // a Qwen-MoE shared expert (width 32, gated) in every layer
+  shared.model.shared_expert_width = 32;
+  const Curve shared_ref = train(shared);
+  EXPECT_NE(shared_ref.losses[0], ref.losses[0]) << "the shared expert must change the output";
+  for (const char* mesh : {"dp=2,ep=2", "ep=2,tp=2"}) {
+    shared.mesh = mesh;
+    expect_same_curve(train(shared), shared_ref, std::string("shared expert, ") + mesh);
+  }
 }
 
 TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {

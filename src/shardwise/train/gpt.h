@@ -52,6 +52,9 @@ struct GptConfig {
   double router_z_loss = 0.0;
   double capacity_factor = 0.0;  // 0: dropless
   std::string router = "softmax";  // the gate scores: softmax over the experts, or sigmoid per expert
+  // Qwen-MoE's shared expert beside the routed ones (0: none): a SwiGLU MLP of this width on every
+  // token, scaled by sigmoid(shared_expert_gate x), added to the MoE output.
+  int64_t shared_expert_width = 0;
   bool is_moe_layer(int64_t layer) const {
     return experts > 0 && (moe_layers.empty() || std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end());
   }

@@ -19,6 +19,8 @@ void validate_llama(const GptConfig& c) {
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
   SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
+  SW_CHECK(c.shared_expert_width >= 0 && (c.shared_expert_width == 0 || c.experts > 0),
+           "llama: --shared-expert-width {} needs --experts and must be >= 0", c.shared_expert_width);
   if (c.experts == 0) return;
   SW_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "llama: --top-k {} must be in [1, --experts {}]", c.top_k, c.experts);
   for (int64_t l : c.moe_layers) {
@@ -167,7 +169,11 @@ class LlamaBuilder {
     if (c_.router_z_loss > 0) {
       router_loss_ = add_loss(router_loss_, g_.scale(o[2], c_.router_z_loss, 0.0, p + ".z_loss"));
     }
-    return g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+    auto out = g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+    if (c_.shared_expert_width == 0) return out;
+    auto gate_of = g_.op1("sigmoid", {linear(h, p + ".shared_expert_gate", H_, 1, true, true)}, {}, p + ".shared_gate");
+    auto shared = g_.multiply(gate_of, mlp(h, p + ".shared_expert", c_.shared_expert_width), p + ".shared_out");
+    return g_.add(out, shared, p + ".with_shared");
   }
   graph::ValueId add_loss(graph::ValueId sum, graph::ValueId term) {
     return sum < 0 ? term : g_.add(sum, term, g_.value(term).name + ".sum");
@@ -191,8 +197,8 @@ class LlamaBuilder {
     return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
   }
 
-  graph::ValueId mlp(graph::ValueId h, const std::string& p) {
-    const int64_t I = c_.mlp_width();
+  graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {
+    const int64_t I = width > 0 ? width : c_.mlp_width();
     auto gate = linear(h, p + ".gate_proj", H_, I, true);
     auto up = linear(h, p + ".up_proj", H_, I, true);
     return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
