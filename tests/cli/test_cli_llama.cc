@@ -111,6 +111,10 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--experts 4 --top-k 5", "--top-k 5 must be in [1, --experts 4]"},
       {"--experts 4 --moe-layers 0,2", "--moe-layers names layer 2"},
       {"--experts 4 --moe-layers 1 --save-every 1", "experts in every layer, and this model has them in 1 of its 2"},
+      {"--experts 4 --router relu", "relu not in {softmax,sigmoid}"},
+      {"--shared-expert-width 8", "--shared-expert-width 8 needs --experts"},
+      {"--experts 4 --router sigmoid --save-every 1", "Mixtral's layout, which has a softmax router and no shared expert"},
+      {"--experts 4 --shared-expert-width 8 --resume /nonexistent", "--router softmax --shared-expert-width 8: checkpoints"},
   };
   for (const auto& [args, message] : cases) {
     auto r = run(base + args);
@@ -120,6 +124,52 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
   auto r = run("train --model gpt2 --experts 2 --steps 1 --progress none");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("built for --model llama only"), std::string::npos) << r.out;
+}
+
+// An MoE run's metrics.jsonl carries each MoE layer's router figures per step and its lines the
+// worst imbalance; `plan --memory` shows the step's all-to-alls and their bytes.
+TEST(CliLlama, MoeRunsReportTheirRoutersAndPlanTheirAllToAlls) {
+  const std::string model = "--model llama --layers 2 --hidden 32 --heads 4 --vocab 128 --seq 10 --digits 2 "
+                            "--experts 4 --top-k 2 --global-batch 8 --eval-every 0 --mesh ep=2 ";
+  const fs::path dir = fs::temp_directory_path() / "shardwise_moe_metrics";
+  fs::remove_all(dir);
+  auto r = run("train " + model + "--steps 2 --capacity-factor 0.5 --progress lines --run-dir " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("moe max/mean "), std::string::npos) << r.out;
+  std::ifstream f(dir / "metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(f, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    ASSERT_EQ(j["moe"].size(), 2u) << line;
+    for (const auto& m : j["moe"]) {
+      EXPECT_EQ(m["tokens_per_expert_mean"].get<double>(), 8 * 10 * 2 / 4.0) << line;  // batch tokens x top-2 / 4
+      EXPECT_LE(m["tokens_per_expert_min"].get<double>(), m["tokens_per_expert_mean"].get<double>()) << line;
+      EXPECT_GE(m["tokens_per_expert_max"].get<double>(), m["tokens_per_expert_mean"].get<double>()) << line;
+      EXPECT_GE(m["dropped"].get<int64_t>(), 0) << line;
+      EXPECT_GT(m["aux_loss"].get<double>(), 0.0) << line;
+      EXPECT_GT(m["z_loss"].get<double>(), 0.0) << line;
+    }
+    ++steps;
+  }
+  EXPECT_EQ(steps, 2);
+  fs::remove_all(dir);
+  r = run("plan --memory " + model);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("moe traffic per step and rank: 2 MoE layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("all_to_all_v x"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("assuming uniform routing"), std::string::npos) << r.out;
+  // The plan's count is what a profiled step makes: each of the 2 ranks its all_to_all_v calls.
+  r = run("plan --memory --json " + model);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const int64_t planned = nlohmann::json::parse(r.out.substr(r.out.find('{')))["moe_traffic"]["all_to_all_v"];
+  EXPECT_EQ(planned, 2 * 1 * 4);  // 2 MoE layers x 1 micro-batch x 4
+  r = run("train " + model + "--steps 1 --progress none --profile --run-dir " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  const size_t at = r.out.find("collective all_to_all ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(std::stoll(r.out.substr(at + std::string("collective all_to_all ").size())), 2 * planned) << r.out;
+  fs::remove_all(dir);
 }
 
 // The new ids of `generate --json` (the line starting with '{').

@@ -118,6 +118,22 @@ TEST(TrainMpi, AnMoeCheckpointSavedOnFourProcessesResumesOnOneRank) {
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(rest[i], ref[i + 4], 1e-5 * ref[i + 4]) << "step " << i + 5;
 }
 
+// The same MoE Llama on pp=2 x ep=2 processes: the first stage's router losses reach the loss, and
+// the MoE metrics (the first layer's tokens per expert, from the first stage's processes) are the
+// single-rank run's.
+TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnPipelineStages) {
+  const std::string args =
+      " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
+      " --router-z-loss 0.001 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0"
+      " --digits 2 ";
+  expect_four_processes_follow_one_rank(args, "pp=2,ep=2", "moe-pp");
+  for (const char* key : {"tokens_per_expert_min", "tokens_per_expert_max"}) {
+    std::vector<double> ref = losses_of("/tmp/shardwise-moe-pp-mpi-ref/metrics.jsonl", key);
+    EXPECT_EQ(ref.size(), 20u) << key;
+    EXPECT_EQ(losses_of("/tmp/shardwise-moe-pp-mpi-4/metrics.jsonl", key), ref) << key;
+  }
+}
+
 // Sharding stage 2 (v2, dp=2 x tp=2), stage 1 (v1, dp=4) and stage 3 (dp=2 x tp=2 with full recompute,
 // pp=2 x dp=2) on 4 processes follow plain dp on threads (the same mesh).
 TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {

@@ -3,7 +3,7 @@
 // shardwise initializes them, the batches of every step, and the configuration (safetensors
 // __metadata__ "config", JSON).
 //
-//   build/tests/golden_export OUT.safetensors [gpt2|llama]   (run by `make golden`, `make llama-golden`)
+//   build/tests/golden_export OUT.safetensors [gpt2|llama|moe]   (`make golden`, `make llama-golden`)
 #include <iostream>
 
 #include "shardwise/ckpt/safetensors_writer.h"
@@ -14,11 +14,13 @@
 int main(int argc, char** argv) {
   using namespace shardwise;
   const std::string kind = argc == 3 ? argv[2] : "gpt2";
-  if ((argc != 2 && argc != 3) || (kind != "gpt2" && kind != "llama")) {
-    std::cerr << "usage: golden_export OUT.safetensors [gpt2|llama]\n";
+  if ((argc != 2 && argc != 3) || (kind != "gpt2" && kind != "llama" && kind != "moe")) {
+    std::cerr << "usage: golden_export OUT.safetensors [gpt2|llama|moe]\n";
     return 2;
   }
-  train::TrainConfig c = kind == "llama" ? golden::llama_parity_config() : golden::parity_config();
+  train::TrainConfig c = kind == "moe"     ? golden::moe_parity_config()
+                         : kind == "llama" ? golden::llama_parity_config()
+                                           : golden::parity_config();
   c.check(1);
   train::GptGraph model =
       train::build_model(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.mesh), false), c.global_batch);

@@ -5,6 +5,11 @@ for 20 steps; the losses go to a JSON golden file that tests/train/test_llama_go
 
     python tests/golden/llama_parity.py INPUTS.safetensors tests/golden/llama_losses.json
 
+With "experts" in the configuration (`golden_export OUT moe`, `make moe-golden`: moe_losses.json)
+the MLP of every MoE layer is replaced by MoE below, a PyTorch reference of Mixtral's sparse MoE
+block written from its definition (not shardwise's code), and the loss adds aux_loss x the
+load-balancing loss and router_z_loss x the z-loss of every MoE layer.
+
 INPUTS.safetensors comes from shardwise (`build/tests/golden_export OUT llama`, run by
 `make llama-golden`): the initial parameters under transformers' names, batch.<k>.ids /
 batch.<k>.labels (int64) for every step, and the configuration in the __metadata__. Needs PyPI's
@@ -38,6 +43,51 @@ def read_safetensors(path):
     return tensors, meta
 
 
+class Experts(torch.nn.Module):
+    def __init__(self, E, I, H):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.empty(E, I, H))
+        self.w3 = torch.nn.Parameter(torch.empty(E, I, H))
+        self.w2 = torch.nn.Parameter(torch.empty(E, H, I))
+
+
+class MoE(torch.nn.Module):
+    """Mixtral's block_sparse_moe: softmax over the E router logits, the top-k experts (ties: the
+    lower index), their probabilities renormalised to sum 1, out = sum of weight x SwiGLU expert
+    (w2(silu(w1 x) * w3 x)). The router runs in double (as shardwise's does, so both choose the same
+    experts); aux = E * sum_i f_i P_i (f_i = assignments to i / N, P_i = mean p_i: transformers'
+    load_balancing_loss_func), z = mean logsumexp^2 (ST-MoE). Dropless only."""
+
+    def __init__(self, E, I, H, k):
+        super().__init__()
+        self.gate = torch.nn.Linear(H, E, bias=False)
+        self.experts = Experts(E, I, H)
+        self.k = k
+        self.aux = self.z = None
+
+    def forward(self, h):
+        shape = h.shape
+        x = h.reshape(-1, shape[-1])
+        N, E = x.shape[0], self.gate.weight.shape[0]
+        logits = x.double() @ self.gate.weight.double().t()
+        p = torch.softmax(logits, dim=-1)
+        order = torch.sort(-p.detach(), dim=-1, stable=True).indices[:, : self.k]  # stable: ties to the lower index
+        chosen = torch.gather(p, 1, order)
+        weight = chosen / chosen.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(E):
+            token, slot = torch.nonzero(order == e, as_tuple=True)
+            if token.numel() == 0:
+                continue
+            xe = x[token]
+            y = (torch.nn.functional.silu(xe @ self.experts.w1[e].t()) * (xe @ self.experts.w3[e].t())) @ self.experts.w2[e].t()
+            out = out.index_add(0, token, (weight[token, slot].unsqueeze(1) * y.double()).float())
+        counts = torch.zeros(E, dtype=torch.float64).index_add(0, order.reshape(-1), torch.ones(order.numel(), dtype=torch.float64))
+        self.aux = E * torch.sum(counts / N * p.mean(dim=0))
+        self.z = torch.mean(torch.logsumexp(logits, dim=-1) ** 2)
+        return out.reshape(shape)
+
+
 def main():
     inputs, out_path = sys.argv[1], sys.argv[2]
     t, meta = read_safetensors(inputs)
@@ -52,6 +102,17 @@ def main():
         rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
         tie_word_embeddings=cfg["tie_word_embeddings"], attention_dropout=0.0, attn_implementation="eager")
     model = LlamaForCausalLM(config)
+    moe = []
+    if cfg.get("experts", 0) > 0:
+        assert cfg["capacity_factor"] == 0, "the reference is dropless"
+        for l, layer in enumerate(model.model.layers):
+            if cfg["moe_layers"] and l not in cfg["moe_layers"]:
+                continue
+            block = MoE(cfg["experts"], cfg["intermediate_size"], cfg["hidden"], cfg["top_k"])
+            del layer._modules["mlp"]
+            layer.block_sparse_moe = block
+            object.__setattr__(layer, "mlp", block)  # the decoder layer calls self.mlp
+            moe.append(block)
     state = {k: torch.tensor(v) for k, v in t.items() if not k.startswith("batch.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not missing and not unexpected, (missing, unexpected)
@@ -83,6 +144,8 @@ def main():
         opt.zero_grad()
         logits = model(input_ids=ids).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="sum") / (B * S)
+        for block in moe:
+            loss = loss + cfg["aux_loss"] * block.aux.float() + cfg["router_z_loss"] * block.z.float()
         loss.backward()
         if cfg["clip"] > 0:
             torch.nn.utils.clip_grad_norm_(list(p.values()), cfg["clip"])
@@ -93,7 +156,7 @@ def main():
         print(f"step {step + 1}: loss {loss.item():.6f}")
     with open(out_path, "w") as f:
         json.dump({"generator": f"tests/golden/llama_parity.py with torch {torch.__version__}, transformers "
-                                f"{transformers.__version__} (LlamaForCausalLM)",
+                                f"{transformers.__version__} (LlamaForCausalLM{', MoE MLPs' if moe else ''})",
                    "config": cfg, "losses": losses}, f, indent=1)
         f.write("\n")
 

@@ -32,6 +32,15 @@ inline train::TrainConfig llama_parity_config() {
   return c;
 }
 
+// The MoE Llama run compared with the PyTorch reference in tests/golden/llama_parity.py
+// (tests/golden/moe_losses.json, tests/train/test_llama_golden.cc): Mixtral MoE MLPs, 4 experts,
+// top-2, in both layers, dropless, with the aux and z losses.
+inline train::TrainConfig moe_parity_config() {
+  train::TrainConfig c = llama_parity_config();
+  c.model.experts = 4, c.model.top_k = 2, c.model.aux_loss = 0.02, c.model.router_z_loss = 0.001;
+  return c;
+}
+
 // What the PyTorch script reads (safetensors metadata "config").
 inline nlohmann::json parity_config_json(const train::TrainConfig& c) {
   if (c.model.is_llama()) {
@@ -44,6 +53,11 @@ inline nlohmann::json parity_config_json(const train::TrainConfig& c) {
     j["rope_theta"] = c.model.rope_theta;
     j["rms_norm_eps"] = c.model.rms_norm_eps;
     j["tie_word_embeddings"] = c.model.tie_word_embeddings;
+    if (c.model.experts > 0) {
+      j["experts"] = c.model.experts, j["top_k"] = c.model.top_k, j["aux_loss"] = c.model.aux_loss;
+      j["router_z_loss"] = c.model.router_z_loss, j["moe_layers"] = c.model.moe_layers;
+      j["capacity_factor"] = c.model.capacity_factor;
+    }
     j.erase("layer_norm_epsilon");
     return j;
   }

@@ -3,13 +3,18 @@
 // them, else replicated), and 20 training steps follow the single-rank loss curve on every mesh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
 
 #include "llama_config.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
+#include "shardwise/graph/completion.h"
+#include "shardwise/runtime/runtime.h"
 #include "shardwise/train/llama.h"
 #include "shardwise/train/models.h"
 #include "shardwise/train/trainer.h"
@@ -193,10 +198,12 @@ TEST(Llama, ValidationLossIsTheSameOnEveryMesh) {
 
 
 // Mixtral-style MoE MLPs (4 experts, top-2, aux and z losses) in every layer or in layer 1 only:
-// 20 steps on ep=2 (experts and, at the MoE layers, tokens split 2 ways), dp=2 x ep=2, and
-// tp=2 x ep=2 follow the single-rank curve; capacity mode too where it drops assignments.
-TrainConfig moe_config(const std::string& mesh) {
-  TrainConfig c = llama_test_config(mesh);
+// 20 steps on ep=2 (experts and, at the MoE layers, tokens split 2 ways), dp=2 x ep=2,
+// tp=2 x ep=2, ep=4 (one expert a rank) and pp=2 x ep=2 (the first stage's router losses reach
+// the loss as its extra loss) follow the single-rank curve; capacity mode too where it drops
+// assignments.
+TrainConfig moe_config(const std::string& mesh, int64_t steps = 20) {
+  TrainConfig c = llama_test_config(mesh, steps);
   c.model.experts = 4, c.model.top_k = 2, c.model.aux_loss = 0.01, c.model.router_z_loss = 0.001;
   return c;
 }
@@ -207,13 +214,29 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
   EXPECT_LT(ref.losses.back(), ref.losses.front() * 0.8) << "the loss should fall";
   const Curve dense = train(llama_test_config("dp=1"));
   EXPECT_NE(dense.losses[1], ref.losses[1]) << "the MoE model must differ from the dense one";
-  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2"}) expect_same_curve(train(moe_config(mesh)), ref, mesh);
+  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2", "ep=4", "pp=2,ep=2"}) {
+    expect_same_curve(train(moe_config(mesh)), ref, mesh);
+  }
   TrainConfig one_layer = moe_config("dp=1");
   one_layer.model.moe_layers = {1};
   one_layer.model.capacity_factor = 0.75;
   const Curve one_ref = train(one_layer);
   one_layer.mesh = "dp=2,ep=2";
   expect_same_curve(train(one_layer), one_ref, "layer 1 only, capacity 0.75, dp=2,ep=2");
+  TrainConfig sigmoid = moe_config("dp=1");  // --router sigmoid: its own curve, the same on ep meshes
+  sigmoid.model.router = "sigmoid";
+  const Curve sigmoid_ref = train(sigmoid);
+  EXPECT_NE(sigmoid_ref.losses[0], ref.losses[0]) << "sigmoid gating must weigh the experts otherwise";
+  sigmoid.mesh = "dp=2,ep=2";
+  expect_same_curve(train(sigmoid), sigmoid_ref, "sigmoid router, dp=2,ep=2");
+  TrainConfig shared = moe_config("dp=1");  // a Qwen-MoE shared expert (width 32, gated) in every layer
+  shared.model.shared_expert_width = 32;
+  const Curve shared_ref = train(shared);
+  EXPECT_NE(shared_ref.losses[0], ref.losses[0]) << "the shared expert must change the output";
+  for (const char* mesh : {"dp=2,ep=2", "ep=2,tp=2"}) {
+    shared.mesh = mesh;
+    expect_same_curve(train(shared), shared_ref, std::string("shared expert, ") + mesh);
+  }
 }
 
 TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {
@@ -237,9 +260,123 @@ TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {
   EXPECT_NE(message(c, "dp=1").find("--moe-layers names layer 2"), std::string::npos) << message(c, "dp=1");
   EXPECT_NE(message(llama_test_config("dp=1"), "ep=2").find("has an ep dim but the model has no experts"),
             std::string::npos);
-  c = moe_config("dp=1");
-  EXPECT_NE(message(c, "pp=2,ep=2").find("--aux-loss and --router-z-loss with pp are not supported yet"),
-            std::string::npos);
+  EXPECT_EQ(message(moe_config("dp=1"), "pp=2,ep=2"), "no error");  // router losses with pp: StageSpec::extra_loss
+}
+
+// The router statistics of the metrics on 1 rank equal an independent count: the whole model on
+// one runtime, each MoE layer's input rows gathered, routed here in double (top-2 by logit, ties
+// to the lower expert), counted per expert, capacity applied per micro-batch, the aux and z losses
+// from their definitions. Tokens per expert and drops are the same on ep=2, dp=2 x ep=2 and ep=4.
+std::vector<StepResult> steps_of(const TrainConfig& c) {
+  std::vector<StepResult> out;
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+    Trainer t(c, world.group(world.members()));
+    for (int64_t s = 0; s < c.steps; ++s) {
+      StepResult r = t.step();
+      if (world.rank() == 0) out.push_back(r);
+    }
+  });
+  return out;
+}
+
+struct RouterCount {
+  std::vector<double> tokens;  // per expert
+  int64_t dropped = 0;
+  double aux = 0, z = 0;       // the mean over the micro-batches
+};
+
+// Step 1 (the initial parameters, samples [0, global_batch)) of layer `layer` of `c`'s model.
+RouterCount count_step_one(TrainConfig c, int64_t layer) {
+  c.check(1);
+  const GptConfig model = kernel_model(c);
+  const int64_t seqs = c.global_batch / c.accumulation, E = model.experts, K = model.top_k;
+  const std::string rows = fmt::format("model.layers.{}.block_sparse_moe.tokens", layer);
+  const std::string gate = fmt::format("model.layers.{}.block_sparse_moe.gate.weight", layer);
+  RouterCount out;
+  out.tokens.assign(static_cast<size_t>(E), 0.0);
+  std::unique_ptr<Dataset> data = open_training_data(c);
+  comm::LocalWorld::run(1, [&](comm::Communicator& world) {
+    Strategy s = Strategy::from_mesh(mesh::parse_mesh("dp=1"), false);
+    GptGraph gpt = build_model(model, s, seqs);
+    graph::Program p = graph::lower(gpt.g, graph::complete(gpt.g, s.mesh));
+    runtime::Runtime rt(gpt.g, p, world.group(world.members()));
+    rt.keep(rows);
+    Tensor w;
+    for (graph::ValueId v : gpt.g.params()) {
+      const auto& val = gpt.g.value(v);
+      Tensor init = init_model_param(model, val.name, val.meta.shape, c.seed);
+      if (val.name == gate) w = init;
+      rt.set_global(val.name, init);
+    }
+    for (const auto& [name, t] : model_constants(model)) rt.set_global(name, t);
+    for (int64_t mb = 0; mb < c.accumulation; ++mb) {
+      Batch b = make_batch(*data, mb * seqs, seqs, model.seq);
+      rt.set_global("ids", b.ids);
+      rt.set_global("labels", b.labels);
+      rt.run();
+      Tensor x = rt.gather(rows);
+      const int64_t n = x.shape()[0], d = x.shape()[1];
+      std::vector<double> count(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<double> logit(static_cast<size_t>(E), 0.0);
+        for (int64_t e = 0; e < E; ++e) {
+          for (int64_t k = 0; k < d; ++k) logit[static_cast<size_t>(e)] += x.at(t * d + k) * w.at(e * d + k);
+        }
+        const double mx = *std::max_element(logit.begin(), logit.end());
+        double sum = 0;
+        for (double l : logit) sum += std::exp(l - mx);
+        for (int64_t e = 0; e < E; ++e) psum[static_cast<size_t>(e)] += std::exp(logit[static_cast<size_t>(e)] - mx) / sum;
+        out.z += std::pow(mx + std::log(sum), 2) / static_cast<double>(n * c.accumulation);
+        std::vector<int64_t> idx(static_cast<size_t>(E));
+        std::iota(idx.begin(), idx.end(), 0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return logit[a] > logit[b]; });
+        for (int64_t k = 0; k < K; ++k) count[static_cast<size_t>(idx[static_cast<size_t>(k)])] += 1;
+      }
+      const auto cap = static_cast<int64_t>(std::ceil(model.capacity_factor * static_cast<double>(n * K) / E));
+      for (int64_t e = 0; e < E; ++e) {
+        const double ce = count[static_cast<size_t>(e)];
+        out.tokens[static_cast<size_t>(e)] += ce;
+        out.aux += static_cast<double>(E) * (ce / n) * (psum[static_cast<size_t>(e)] / n) / static_cast<double>(c.accumulation);
+        if (model.capacity_factor > 0) out.dropped += std::max<int64_t>(0, static_cast<int64_t>(ce) - cap);
+      }
+    }
+  });
+  return out;
+}
+
+TEST(Llama, MoeMetricsCountTokensPerExpertOnEveryMesh) {
+  TrainConfig c = moe_config("dp=1", 3);
+  c.model.moe_layers = {0, 1};
+  c.model.capacity_factor = 1.0;  // drops: the counts are before capacity, `dropped` after
+  const std::vector<StepResult> ref = steps_of(c);
+  ASSERT_EQ(ref.size(), 3u);
+  for (int64_t layer : {0, 1}) {
+    const RouterCount want = count_step_one(c, layer);
+    const MoeStepStats& got = ref[0].moe.at(static_cast<size_t>(layer));
+    EXPECT_EQ(got.layer, layer);
+    EXPECT_EQ(got.tokens_min, *std::min_element(want.tokens.begin(), want.tokens.end())) << layer;
+    EXPECT_EQ(got.tokens_max, *std::max_element(want.tokens.begin(), want.tokens.end())) << layer;
+    EXPECT_EQ(got.tokens_mean, static_cast<double>(c.global_batch * c.model.seq * c.model.top_k) / 4.0);
+    EXPECT_EQ(got.dropped, want.dropped) << layer;
+    EXPECT_GT(got.dropped, 0) << layer;
+    EXPECT_NEAR(got.aux_loss, want.aux, 1e-6) << layer;
+    EXPECT_NEAR(got.z_loss, want.z, 1e-5 * want.z) << layer;
+  }
+  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=4"}) {
+    c.mesh = mesh;
+    const std::vector<StepResult> got = steps_of(c);
+    ASSERT_EQ(got.size(), ref.size()) << mesh;
+    for (size_t s = 0; s < ref.size(); ++s) {
+      ASSERT_EQ(got[s].moe.size(), 2u) << mesh;
+      for (size_t l = 0; l < 2; ++l) {
+        const MoeStepStats &a = got[s].moe[l], &b = ref[s].moe[l];
+        EXPECT_EQ(a.tokens_min, b.tokens_min) << mesh << " step " << s + 1 << " layer " << l;
+        EXPECT_EQ(a.tokens_max, b.tokens_max) << mesh << " step " << s + 1 << " layer " << l;
+        EXPECT_EQ(a.dropped, b.dropped) << mesh << " step " << s + 1 << " layer " << l;
+        EXPECT_NEAR(a.aux_loss, b.aux_loss, 1e-6) << mesh << " step " << s + 1 << " layer " << l;
+      }
+    }
+  }
 }
 
 }  // namespace

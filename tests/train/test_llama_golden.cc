@@ -1,7 +1,8 @@
 // shardwise's Llama reproduces transformers' LlamaForCausalLM per-step losses
 // (tests/golden/llama_losses.json, written by tests/golden/llama_parity.py from shardwise's exported
 // initial weights and batches; `make llama-golden` regenerates it) within 1e-4 relative, on one rank
-// and on dp=2 x tp=2.
+// and on dp=2 x tp=2; the MoE Llama those of the script's PyTorch MoE (tests/golden/moe_losses.json,
+// `make moe-golden`) on one rank and on dp=2 x ep=2.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -13,9 +14,9 @@
 namespace shardwise::train {
 namespace {
 
-nlohmann::json golden() {
-  std::ifstream f(std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/llama_losses.json");
-  EXPECT_TRUE(f.good()) << "tests/golden/llama_losses.json is missing: run `make llama-golden`";
+nlohmann::json golden(const std::string& file = "llama_losses.json") {
+  std::ifstream f(std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/" + file);
+  EXPECT_TRUE(f.good()) << "tests/golden/" << file << " is missing: run `make llama-golden` / `make moe-golden`";
   return nlohmann::json::parse(f);
 }
 
@@ -31,13 +32,11 @@ std::vector<double> run(TrainConfig c, int ranks) {
   return losses;
 }
 
-TEST(LlamaGolden, LossesMatchTransformersWithinOneInTenThousand) {
-  nlohmann::json g = golden();
-  TrainConfig c = golden::llama_parity_config();
+void expect_golden(const nlohmann::json& g, TrainConfig c, const std::vector<std::pair<std::string, int>>& meshes) {
   ASSERT_EQ(g["config"], golden::parity_config_json(c)) << "the golden file was made for another configuration";
   std::vector<double> want = g["losses"].get<std::vector<double>>();
   ASSERT_EQ(static_cast<int64_t>(want.size()), c.steps);
-  for (auto [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"dp=1", 1}, {"dp=2,tp=2", 4}}) {
+  for (auto [mesh, ranks] : meshes) {
     c.mesh = mesh;
     std::vector<double> got = run(c, ranks);
     double worst = 0;
@@ -45,9 +44,18 @@ TEST(LlamaGolden, LossesMatchTransformersWithinOneInTenThousand) {
       EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << mesh << ": step " << i + 1;
       worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
     }
-    std::cout << "largest relative difference from transformers on " << mesh << ": " << worst << "\n";
+    std::cout << "largest relative difference from the PyTorch reference on " << mesh << ": " << worst << "\n";
   }
   EXPECT_LT(want.back(), want.front()) << "the reference run should learn";
+}
+
+TEST(LlamaGolden, LossesMatchTransformersWithinOneInTenThousand) {
+  expect_golden(golden(), golden::llama_parity_config(), {{"dp=1", 1}, {"dp=2,tp=2", 4}});
+}
+
+// The MoE Llama (4 experts, top-2, aux and z losses) against llama_parity.py's PyTorch MoE.
+TEST(LlamaGolden, MoeLossesMatchThePyTorchReferenceWithinOneInTenThousand) {
+  expect_golden(golden("moe_losses.json"), golden::moe_parity_config(), {{"dp=1", 1}, {"dp=2,ep=2", 4}});
 }
 
 }  // namespace

@@ -118,6 +118,13 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--capacity-factor", c.model.capacity_factor,
                 "llama with --experts: tokens per expert = ceil(factor x tokens x top-k / experts), the rest dropped "
                 "(0: dropless)");
+  t->add_option("--router", c.model.router,
+                "llama with --experts: the gate scores, softmax over the experts (Mixtral) or sigmoid per expert "
+                "(DeepSeek-V3), then top-k and renormalisation")
+      ->check(CLI::IsMember({"softmax", "sigmoid"}));
+  t->add_option("--shared-expert-width", c.model.shared_expert_width,
+                "llama with --experts: a Qwen-MoE shared expert of this width on every token, gated by "
+                "sigmoid(shared_expert_gate x) (0: none)");
   t->add_option("--rope-theta", c.model.rope_theta, "llama: the rotary embedding's base");
   t->add_option("--rms-norm-eps", c.model.rms_norm_eps, "llama: the RMSNorm epsilon");
   t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,

@@ -11,6 +11,7 @@
 #include "shardwise/graph/program.h"
 #include "shardwise/train/gpt.h"
 #include "shardwise/train/memory_plan.h"
+#include "shardwise/train/moe_plan.h"
 
 namespace shardwise::cli {
 
@@ -65,13 +66,15 @@ void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool t
   const int64_t limit = memory_limit_bytes(o.memory_limit);  // a bad value is refused before the plan
   if (!print && limit == 0) return;
   const train::MemoryPlan plan = train::plan_memory(c, threads);
+  const train::MoeTraffic moe = train::moe_traffic(c);  // an MoE model's all-to-alls
   if (print && o.json) {
     nlohmann::json j = plan.to_json();
+    if (moe.moe_layers > 0) j["moe_traffic"] = moe.to_json();
     j["memory_limit"] = limit;
     j["fits"] = limit == 0 || plan.per_process() <= limit;
     out << j.dump(2) << "\n";
   } else if (print) {
-    out << plan.table();
+    out << plan.table() << moe.table();
     if (limit > 0)
       out << fmt::format("--memory-limit {} ({} bytes): {}\n", o.memory_limit, limit,
                          plan.per_process() <= limit ? "fits" : "does not fit");

@@ -134,6 +134,19 @@ std::string sharding_line(const train::ShardingConfig& s, int64_t optimizer_byte
                      optimizer_bytes);
 }
 
+// An MoE run's step line: the most loaded expert over the mean (the worst MoE layer's) and the
+// drops of every layer; "" for a dense model.
+std::string moe_summary(const std::vector<train::MoeStepStats>& moe) {
+  if (moe.empty()) return "";
+  double imbalance = 0;
+  int64_t dropped = 0;
+  for (const train::MoeStepStats& m : moe) {
+    if (m.tokens_mean > 0) imbalance = std::max(imbalance, m.tokens_max / m.tokens_mean);
+    dropped += m.dropped;
+  }
+  return fmt::format("  moe max/mean {:.2f} dropped {}", imbalance, dropped);
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
@@ -250,7 +263,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
                                    config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
                                    last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
-    if (last_val >= 0) line += fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val));
+    line += (last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val)) : "") + moe_summary(last.moe);
     if (quiet) continue;
     if (tty) {
       out << "\r" << line << "\033[K" << (eval_now ? "\n" : "") << std::flush;  // a line with a new evaluation stays
@@ -316,6 +329,13 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
            "--moe-layers {}: checkpoints of MoE models are Mixtral's layout, which has experts in every layer, and "
            "this model has them in {} of its {} layers: run without --save-every, --resume and --init-from, or "
            "without --moe-layers", fmt::join(c.model.moe_layers, ","), moe_layers, c.model.layers);
+  // Mixtral's router is a softmax over the experts and it has no shared expert: a sigmoid router or a
+  // shared expert has no place in its config.json or keys.
+  SW_CHECK(c.model.experts == 0 || (c.model.router == "softmax" && c.model.shared_expert_width == 0) ||
+               (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
+           "--router {} --shared-expert-width {}: checkpoints of MoE models are Mixtral's layout, which has a softmax "
+           "router and no shared expert: run without --save-every, --resume and --init-from, or with --router softmax "
+           "and no --shared-expert-width", c.model.router, c.model.shared_expert_width);
   // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
   // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
   c.check(ranks, !mpi);

@@ -41,6 +41,12 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptio
   // Which forward nodes lie on a path to the loss.
   std::vector<bool> reaches(g.values().size(), false);
   reaches[static_cast<size_t>(loss)] = true;
+  for (ValueId v : options.extra_losses) {
+    const Value& e = g.value(v);
+    SW_CHECK(e.meta.shape.numel() == 1 && is_floating(e.meta.dtype) && e.requires_grad && v != loss,
+             "the extra loss '{}' must be a floating scalar that depends on a parameter, other than the loss", e.name);
+    reaches[static_cast<size_t>(v)] = true;
+  }
   std::vector<bool> on_path(forward_count, false);
   for (size_t i = forward_count; i-- > 0;) {
     const Node& n = g.nodes()[i];
@@ -81,6 +87,10 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptio
   g.value(loss).grad = -1;
   contributions[static_cast<size_t>(loss)].push_back(
       options.seed >= 0 ? options.seed : g.node(fill(g, g.value(loss).meta, 1.0, grad_name(loss))).outputs[0]);
+  for (ValueId v : options.extra_losses) {
+    contributions[static_cast<size_t>(v)].push_back(
+        g.node(fill(g, g.value(v).meta, 1.0, g.unique_name(g.value(v).name + "@seed"))).outputs[0]);
+  }
 
   for (size_t i = forward_count; i-- > 0;) {
     if (!on_path[i]) continue;

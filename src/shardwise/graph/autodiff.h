@@ -15,6 +15,9 @@ struct AutodiffOptions {
   // differentiates its output with the gradient the next stage sends back. The "loss" may then be
   // any floating tensor.
   ValueId seed = -1;
+  // Floating scalars added to the loss: each gets d/d(itself) = 1 as well (a pipeline stage's own
+  // terms of the loss, e.g. its MoE layers' router losses, beside the gradient of its output).
+  std::vector<ValueId> extra_losses;
   // A node whose op has a partial gradient kernel (OpDef::backward_partial) and that gives both
   // parameters and other values a gradient gets two Backward nodes: one for the other values'
   // gradients, one for the parameters' (zero-bubble schedules run them at different times).

@@ -109,6 +109,8 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
     }
     if (!l->spec.loss.empty()) l->rt->keep(l->spec.loss);
     if (!l->spec.result.empty()) l->rt->keep(l->spec.result);
+    for (const std::string& name : l->spec.stats) l->rt->keep(name);
+    if (!l->spec.extra_loss.empty()) l->rt->keep(l->spec.extra_loss);
     locals_.push_back(std::move(l));
   }
 }
@@ -163,6 +165,13 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
     stats.loss_sum += rt.gather(l.spec.loss).at(0);  // kept (a scalar): its gradient node reads it
   }
   if (!l.spec.result.empty() && on_result) on_result(s, mb, rt);
+  if (!l.spec.extra_loss.empty()) stats.extra_loss_sums[s] += rt.gather(l.spec.extra_loss).at(0);
+  for (const std::string& name : l.spec.stats) {
+    Tensor t = rt.gather(name);
+    std::vector<double>& sum = stats.stat_sums[name];
+    sum.resize(static_cast<size_t>(t.numel()), 0.0);
+    for (int64_t i = 0; i < t.numel(); ++i) sum[static_cast<size_t>(i)] += t.at(i);
+  }
   if (!l.spec.output.empty()) {
     Tensor out = rt.local(l.spec.output);
     bool next_here = schedule_.rank_of(s + 1) == rank_;

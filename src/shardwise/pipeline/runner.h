@@ -38,6 +38,10 @@ struct ActionTime {
 
 struct StepStats {
   double loss_sum = 0;     // sum of the micro-batches' losses (last stage's processes only)
+  // Per StageSpec::stats value of the local stages: its elements (as doubles) summed over the
+  // micro-batches.
+  std::map<std::string, std::vector<double>> stat_sums;
+  std::map<int, double> extra_loss_sums;  // per local stage with a StageSpec::extra_loss: its sum
   double seconds = 0;      // the step on this process
   double compute_seconds = 0;  // in forward/backward actions
   int64_t peak_activation_bytes = 0;

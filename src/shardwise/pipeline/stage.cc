@@ -61,6 +61,7 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
     options.split_param_grads = split;
     graph::ValueId target = g.get(last ? spec.loss : spec.output);
     if (!last) options.seed = g.get(spec.output_grad);
+    if (!spec.extra_loss.empty()) options.extra_losses.push_back(g.get(spec.extra_loss));
     graph::append_backward(g, target, options);
     if (!spec.input.empty()) {
       const graph::Value& in = g.value(g.get(spec.input));
@@ -90,7 +91,9 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
   // is made in it: an annotated value the rule lays out otherwise is resharded into its slot, and
   // that reshard must not wait for a backward consumer of the same layout (a residual stream whose
   // add yields P(sum) on tp, annotated R at the stage boundary, read R by the add's gradient).
-  for (const std::string* name : {&spec.output, &spec.loss, &spec.result}) {
+  std::vector<const std::string*> read = {&spec.output, &spec.loss, &spec.result, &spec.extra_loss};
+  for (const std::string& name : spec.stats) read.push_back(&name);
+  for (const std::string* name : read) {
     if (name->empty()) continue;
     int i = producer[static_cast<size_t>(p.value_slot[static_cast<size_t>(g.get(*name))])];
     while (i >= 0 && phase[static_cast<size_t>(i)] != kForward &&

@@ -25,6 +25,13 @@ struct StageSpec {
   std::string output_grad;  // the input that receives d(loss)/d(output) (with `output`)
   std::string loss;         // the last stage's scalar loss (training)
   std::string result;       // a value the caller reads after the forward (evaluation: predictions)
+  // Small values (made in the forward, e.g. an MoE layer's expert counts) read after every
+  // micro-batch's forward and summed over the micro-batches into StepStats::stat_sums.
+  std::vector<std::string> stats;
+  // A stage without the loss: its own scalar term of the loss (training; e.g. its MoE layers'
+  // router losses), differentiated with gradient 1 beside `output_grad`, and read after every
+  // forward into StepStats::extra_loss_sums.
+  std::string extra_loss;
   std::vector<std::string> feeds;      // inputs bound per micro-batch by the caller (ids, labels)
   std::vector<std::string> constants;  // inputs bound once (the causal mask)
   bool training = true;

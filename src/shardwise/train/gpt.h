@@ -51,6 +51,10 @@ struct GptConfig {
   double aux_loss = 0.0;
   double router_z_loss = 0.0;
   double capacity_factor = 0.0;  // 0: dropless
+  std::string router = "softmax";  // the gate scores: softmax over the experts, or sigmoid per expert
+  // Qwen-MoE's shared expert beside the routed ones (0: none): a SwiGLU MLP of this width on every
+  // token, scaled by sigmoid(shared_expert_gate x), added to the MoE output.
+  int64_t shared_expert_width = 0;
   bool is_moe_layer(int64_t layer) const {
     return experts > 0 && (moe_layers.empty() || std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end());
   }
@@ -115,6 +119,9 @@ struct GptGraph {
   // A pipeline stage's part: the residual stream it receives ("stage_input"), the one it sends on
   // and the input that receives the gradient of the latter ("<output>@grad_in"); -1 when absent.
   graph::ValueId input = -1, output = -1, output_grad = -1;
+  // A training stage without the head: its own term of the loss (a Llama's MoE router losses), -1
+  // when none (pipeline::StageSpec::extra_loss).
+  graph::ValueId extra_loss = -1;
 };
 
 // The part of the model a pipeline stage builds: layers [first_layer, end_layer) (end -1: to the

@@ -19,6 +19,8 @@ void validate_llama(const GptConfig& c) {
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
   SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
+  SW_CHECK(c.shared_expert_width >= 0 && (c.shared_expert_width == 0 || c.experts > 0),
+           "llama: --shared-expert-width {} needs --experts and must be >= 0", c.shared_expert_width);
   if (c.experts == 0) return;
   SW_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "llama: --top-k {} must be in [1, --experts {}]", c.top_k, c.experts);
   for (int64_t l : c.moe_layers) {
@@ -161,12 +163,17 @@ class LlamaBuilder {
     auto tokens = g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
     Attrs a{{"top_k", c_.top_k}};
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
+    if (c_.router != "softmax") a.set("router", c_.router);
     std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, a, p + ".moe");
     if (c_.aux_loss > 0) router_loss_ = add_loss(router_loss_, g_.scale(o[1], c_.aux_loss, 0.0, p + ".aux_loss"));
     if (c_.router_z_loss > 0) {
       router_loss_ = add_loss(router_loss_, g_.scale(o[2], c_.router_z_loss, 0.0, p + ".z_loss"));
     }
-    return g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+    auto out = g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+    if (c_.shared_expert_width == 0) return out;
+    auto gate_of = g_.op1("sigmoid", {linear(h, p + ".shared_expert_gate", H_, 1, true, true)}, {}, p + ".shared_gate");
+    auto shared = g_.multiply(gate_of, mlp(h, p + ".shared_expert", c_.shared_expert_width), p + ".shared_out");
+    return g_.add(out, shared, p + ".with_shared");
   }
   graph::ValueId add_loss(graph::ValueId sum, graph::ValueId term) {
     return sum < 0 ? term : g_.add(sum, term, g_.value(term).name + ".sum");
@@ -190,8 +197,8 @@ class LlamaBuilder {
     return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
   }
 
-  graph::ValueId mlp(graph::ValueId h, const std::string& p) {
-    const int64_t I = c_.mlp_width();
+  graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {
+    const int64_t I = width > 0 ? width : c_.mlp_width();
     auto gate = linear(h, p + ".gate_proj", H_, I, true);
     auto up = linear(h, p + ".up_proj", H_, I, true);
     return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
@@ -256,9 +263,6 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
            s.ep_size());
   SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",
            s.mesh.to_string());
-  SW_CHECK(s.pp < 0 || c.experts == 0 || (c.aux_loss == 0 && c.router_z_loss == 0),
-           "--aux-loss and --router-z-loss with pp are not supported yet (a stage's router losses do not reach the "
-           "last stage's loss); use dp, tp and ep");
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
@@ -280,6 +284,7 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
     out.output = x;
     out.output_grad = out.g.input(out.g.value(x).name + "@grad_in", Shape{sequences, c.seq, c.hidden});
     b.annotate(out.output_grad, b.boundary());
+    if (training) out.extra_loss = b.router_loss();  // the stage's router losses (pipeline: seeded with 1)
     return out;
   }
   b.head(x, out);
@@ -292,6 +297,12 @@ Tensor init_llama_param_block(const GptConfig& c, const std::string& name, const
   // GPT-2's draw: normal(0, init_std) keyed by (seed, name) at the global index; no Llama name is
   // one GPT-2 initializes otherwise (LayerNorms, biases, c_proj).
   return init_param_block(c, name, shape, offset, block, seed);
+}
+
+std::array<std::string, 4> moe_stat_names(int64_t layer) {
+  std::array<std::string, 4> out;
+  for (size_t i = 0; i < out.size(); ++i) out[i] = fmt::format("model.layers.{}.block_sparse_moe.moe:{}", layer, i + 1);
+  return out;
 }
 
 Tensor position_ids(int64_t seq) {

@@ -23,6 +23,7 @@
 // Positions are the graph input "positions" [S] (0 .. S-1), read by the rotary_embedding op; with
 // packed documents (document_mask) every stage takes "position_ids" [B, S] (restarting at each
 // document) and "attention_mask" [B, 1, S, S] per micro-batch instead, as GPT-2's first stage does.
+#include <array>
 #include <string>
 
 #include "shardwise/train/gpt.h"
@@ -43,6 +44,10 @@ GptGraph build_llama(const GptConfig& config, const Strategy& strategy, int64_t 
 // transformers' _init_weights: no scaled residual projections).
 Tensor init_llama_param_block(const GptConfig& config, const std::string& name, const Shape& shape,
                               std::span<const int64_t> offset, const Shape& block, uint64_t seed);
+
+// The values of MoE layer `layer`'s router statistics in its graph: moe_mlp's outputs aux_loss,
+// z_loss, dropped and expert_tokens (the training metrics read them).
+std::array<std::string, 4> moe_stat_names(int64_t layer);
 
 // The [S] i64 positions 0 .. S-1 (the graph input "positions").
 Tensor position_ids(int64_t seq);

@@ -43,6 +43,9 @@ nlohmann::json mixtral_config_json(const GptConfig& m, DType stored, const Speci
            "--moe-layers {}: Mixtral's config.json (the checkpoint layout) has experts in every layer, this model "
            "only in {} of its {} layers: it cannot be saved in Hugging Face's layout (train it without --save-every, "
            "or with experts in every layer)", fmt::join(m.moe_layers, ","), m.moe_layers.size(), m.layers);
+  SW_CHECK(m.router == "softmax" && m.shared_expert_width == 0,
+           "--router {} --shared-expert-width {}: Mixtral's config.json (the checkpoint layout) has a softmax router "
+           "and no shared expert: this model cannot be saved in Hugging Face's layout", m.router, m.shared_expert_width);
   nlohmann::json j = llama_config_json(m, stored, t);
   for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
   j["architectures"] = {"MixtralForCausalLM"};

@@ -75,6 +75,15 @@ void MetricsLog::add(const StepRecord& r) {
                       {"loader_read_s", r.step.loader_read_s}};
   if (r.accuracy) j["accuracy"] = *r.accuracy;
   if (r.val_loss) j["val_loss"] = *r.val_loss, j["val_ppl"] = std::exp(*r.val_loss);
+  for (const MoeStepStats& m : r.step.moe) {
+    j["moe"].push_back({{"layer", m.layer},
+                        {"tokens_per_expert_min", m.tokens_min},
+                        {"tokens_per_expert_mean", m.tokens_mean},
+                        {"tokens_per_expert_max", m.tokens_max},
+                        {"dropped", m.dropped},
+                        {"aux_loss", m.aux_loss},
+                        {"z_loss", m.z_loss}});
+  }
   out_ << j.dump() << "\n";
   out_.flush();
   records_.push_back(r);

@@ -6,6 +6,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/pipeline/validate.h"
 #include "shardwise/reshard/executor.h"
+#include "shardwise/train/llama.h"
 #include "shardwise/train/models.h"
 #include "shardwise/train/packing.h"
 
@@ -144,6 +145,11 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (gpt.output >= 0) spec.output = g.value(gpt.output).name, spec.output_grad = g.value(gpt.output_grad).name;
     if (gpt.loss >= 0) spec.loss = g.value(what == StageGraph::Loss ? gpt.loss_sum : gpt.loss).name;
     if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
+    if (spec.training && gpt.extra_loss >= 0) spec.extra_loss = g.value(gpt.extra_loss).name;
+    for (int64_t l = range.begin; l < range.end && spec.training; ++l) {
+      if (!model.is_moe_layer(l)) continue;
+      for (const std::string& name : moe_stat_names(l)) spec.stats.push_back(name);
+    }
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
     spec.constants = model_constant_names(model_in);
@@ -240,6 +246,14 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
   r.loader_wait_s = loader_->last_wait_s();
   r.loader_read_s = loader_->last_read_wait_s();
   world_->broadcast(&r.loss, 1, DType::F64, root_of_stage(S - 1));
+  if (strategy_.pp >= 0 && model_.is_llama() && model_.experts > 0) {
+    // The earlier stages' router losses: each counted once, by its stage's first process.
+    double extra = 0;
+    for (const auto& [s, sum] : last_stats_.extra_loss_sums) extra += root_of_stage(s) == world_->rank() ? sum : 0.0;
+    world_->all_reduce(&extra, &extra, 1, DType::F64, comm::Reduce::Sum);
+    r.loss += extra;
+  }
+  r.moe = moe_sums(last_stats_.stat_sums);
   r.grads.resize(params_.size());
   for (int s : runner_->local_stages()) {
     const std::vector<Tensor>& grads = runner_->grads(s);
@@ -252,6 +266,35 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
   }
   exchange_tied(r.grads);
   return r;
+}
+
+// Every MoE layer's sums from the stages that hold it: the ranks of a stage hold the same (R)
+// values, the others zeros, and every figure is >= 0, so one all-reduce (max) gives them to all.
+std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::vector<double>>& sums) {
+  std::vector<MoeLayerSums> out;
+  if (!model_.is_llama() || model_.experts == 0) return out;
+  const auto E = static_cast<size_t>(model_.experts), width = 3 + E;
+  std::vector<double> flat;
+  for (int64_t l = 0; l < model_.layers; ++l) {
+    if (!model_.is_moe_layer(l)) continue;
+    out.push_back(MoeLayerSums{l, 0, 0, 0, {}});
+    const std::array<std::string, 4> names = moe_stat_names(l);
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = sums.find(names[i]);
+      const size_t n = i < 3 ? 1 : E;
+      SW_CHECK(it == sums.end() || it->second.size() == n, "pipeline: statistic '{}' has {} elements, not {}",
+               names[i], it->second.size(), n);
+      if (it == sums.end()) flat.insert(flat.end(), n, 0.0);
+      else flat.insert(flat.end(), it->second.begin(), it->second.end());
+    }
+  }
+  world_->all_reduce(flat.data(), flat.data(), static_cast<int64_t>(flat.size()), DType::F64, comm::Reduce::Max);
+  for (size_t k = 0; k < out.size(); ++k) {
+    const double* f = flat.data() + k * width;
+    out[k].aux_loss = f[0], out[k].z_loss = f[1], out[k].dropped = f[2];
+    out[k].expert_tokens.assign(f + 3, f + width);
+  }
+  return out;
 }
 
 // The tied embedding on two pipeline ranks: each side adds the other's gradient.

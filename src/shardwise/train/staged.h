@@ -66,6 +66,13 @@ struct EvalResult {
   double accuracy() const { return problems ? static_cast<double>(exact) / static_cast<double>(problems) : 0; }
 };
 
+// One MoE layer's router statistics over a step's micro-batches (summed), the same on every rank.
+struct MoeLayerSums {
+  int64_t layer = 0;
+  double aux_loss = 0, z_loss = 0, dropped = 0;
+  std::vector<double> expert_tokens;  // [experts] the router's assignments, before capacity
+};
+
 class StagedGpt {
  public:
   // `model` as the kernels compute it (parameter dtype, dropout); `micro_batches`: the schedule's
@@ -86,6 +93,7 @@ class StagedGpt {
     double loader_wait_s = 0;   // seconds this rank blocked on the loader (BatchLoader::last_wait_s)
     double loader_read_s = 0;   // of which waiting for its rows to be read (BatchLoader::last_read_wait_s)
     std::vector<Tensor> grads;  // per params(), f32, summed over the micro-batches
+    std::vector<MoeLayerSums> moe;  // per MoE layer of the model, in layer order (none without)
   };
   // Runs the schedule on samples [first, first + micro_batches * sequences_per_micro_batch) of `data`,
   // its batches from the loader (each tp group's reader reads, the others receive); `data` must
@@ -132,6 +140,7 @@ class StagedGpt {
   // Binds the parameters (bf16 copies are new tensors after each update) before a run.
   void bind(pipeline::PipelineRunner& runner);
   void exchange_tied(std::vector<Tensor>& grads);
+  std::vector<MoeLayerSums> moe_sums(const std::map<std::string, std::vector<double>>& sums);
   int root_of_stage(int stage) const;  // the world rank of the stage's first process
   int my_pipeline_rank() const;
   // A loader of `micro_batches` for this rank's role (ids on the first stage or with packing, labels

@@ -339,6 +339,17 @@ StepResult Trainer::step() {
   world_->all_reduce(waits, waits, 2, DType::F64, comm::Reduce::Max);
   r.loader_wait_s = waits[0], r.loader_read_s = waits[1];
   r.lr = schedule_.at(step_);
+  for (const MoeLayerSums& m : fb.moe) {
+    MoeStepStats s;
+    s.layer = m.layer;
+    s.tokens_min = *std::min_element(m.expert_tokens.begin(), m.expert_tokens.end());
+    s.tokens_max = *std::max_element(m.expert_tokens.begin(), m.expert_tokens.end());
+    for (double t : m.expert_tokens) s.tokens_mean += t / static_cast<double>(m.expert_tokens.size());
+    s.dropped = static_cast<int64_t>(m.dropped);
+    s.aux_loss = m.aux_loss / static_cast<double>(c_.accumulation);
+    s.z_loss = m.z_loss / static_cast<double>(c_.accumulation);
+    r.moe.push_back(s);
+  }
   // Every rank holds the same loss and global norm, so every rank takes the same branch.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     SW_CHECK(c_.skip_nonfinite,

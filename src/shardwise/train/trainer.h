@@ -120,6 +120,17 @@ struct ValidationResult {
   double perplexity() const { return std::exp(loss); }
 };
 
+// One MoE layer's router over a step's global batch (every micro-batch): tokens per expert (the
+// router's assignments before capacity, summed over every rank's tokens, so no mesh changes them;
+// the mean is the batch's tokens x top_k / experts), the assignments capacity dropped, and the
+// unscaled aux and z losses (the mean over the micro-batches).
+struct MoeStepStats {
+  int64_t layer = 0;
+  double tokens_min = 0, tokens_mean = 0, tokens_max = 0;
+  int64_t dropped = 0;
+  double aux_loss = 0, z_loss = 0;
+};
+
 struct StepResult {
   int64_t step = 0;  // completed optimizer steps
   double loss = 0, grad_norm = 0, lr = 0;
@@ -129,6 +140,7 @@ struct StepResult {
   // non-reader also waits there for its reader to arrive), and the longest a reader waited for its
   // rows to be read (what prefetch hides).
   double loader_wait_s = 0, loader_read_s = 0;
+  std::vector<MoeStepStats> moe;  // per MoE layer (Llama with --experts), in layer order
 };
 
 // The model's parameters, each counted once whatever the mesh, and the optimizer state of every

@@ -46,10 +46,11 @@ struct Reference {
   std::vector<double> out;
   double aux = 0, z = 0;
   int64_t dropped = 0;
+  std::vector<int64_t> expert_tokens;  // assignments per expert, before capacity
 };
 
 // The MoE MLP one token and one expert at a time, in double, from the definitions.
-Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool normalize) {
+Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool normalize, bool sigmoid = false) {
   const Tensor &x = in.t[0], &gate = in.t[1], &w1 = in.t[2], &w3 = in.t[3], &w2 = in.t[4];
   const int64_t n = x.shape()[0], d = x.shape()[1], e = gate.shape()[0], f = w1.shape()[1];
   Reference ref;
@@ -65,7 +66,10 @@ Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool no
     double mx = *std::max_element(logit.begin(), logit.end()), z = 0;
     for (double l : logit) z += std::exp(l - mx);
     std::vector<double> p(static_cast<size_t>(e));
-    for (int64_t i = 0; i < e; ++i) p[static_cast<size_t>(i)] = std::exp(logit[static_cast<size_t>(i)] - mx) / z;
+    for (int64_t i = 0; i < e; ++i) {
+      const double l = logit[static_cast<size_t>(i)];
+      p[static_cast<size_t>(i)] = sigmoid ? 1.0 / (1.0 + std::exp(-l)) : std::exp(l - mx) / z;
+    }
     const double lse = mx + std::log(z);
     ref.z += lse * lse / static_cast<double>(n);
     std::vector<int64_t> idx(static_cast<size_t>(e));
@@ -81,6 +85,7 @@ Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool no
     }
     for (int64_t i = 0; i < e; ++i) psum[static_cast<size_t>(i)] += p[static_cast<size_t>(i)];
   }
+  for (int64_t i = 0; i < e; ++i) ref.expert_tokens.push_back(static_cast<int64_t>(count[static_cast<size_t>(i)]));
   for (int64_t i = 0; i < e; ++i) {
     ref.aux += static_cast<double>(e) * (count[static_cast<size_t>(i)] / n) * (psum[static_cast<size_t>(i)] / n);
   }
@@ -111,22 +116,27 @@ Reference reference(const Inputs& in, int64_t k, double capacity_factor, bool no
   return ref;
 }
 
-void expect_matches_reference(const Inputs& in, int64_t k, double cf, bool normalize) {
-  std::vector<Tensor> got = moe_forward(in.t, MoeConfig{k, cf, normalize}, MoeShard{});
-  Reference ref = reference(in, k, cf, normalize);
-  ASSERT_EQ(got.size(), 4u);
+void expect_matches_reference(const Inputs& in, int64_t k, double cf, bool normalize, bool sigmoid = false) {
+  std::vector<Tensor> got = moe_forward(in.t, MoeConfig{k, cf, normalize, sigmoid}, MoeShard{});
+  Reference ref = reference(in, k, cf, normalize, sigmoid);
+  ASSERT_EQ(got.size(), 5u);
   for (int64_t i = 0; i < got[0].numel(); ++i) {
     EXPECT_NEAR(got[0].at(i), ref.out[static_cast<size_t>(i)], 1e-12) << "out " << i;
   }
   EXPECT_NEAR(got[1].at(0), ref.aux, 1e-12);
   EXPECT_NEAR(got[2].at(0), ref.z, 1e-12);
   EXPECT_EQ(got[3].data<int64_t>()[0], ref.dropped);
+  ASSERT_EQ(got[4].numel(), static_cast<int64_t>(ref.expert_tokens.size()));
+  for (int64_t i = 0; i < got[4].numel(); ++i) EXPECT_EQ(got[4].data<int64_t>()[i], ref.expert_tokens[static_cast<size_t>(i)]);
 }
 
 TEST(MoeKernel, DroplessMatchesPerTokenReference) {
   expect_matches_reference(make_inputs(9, 4, 5, 3, 1), 2, 0.0, true);
   expect_matches_reference(make_inputs(6, 3, 4, 2, 2), 1, 0.0, true);
   expect_matches_reference(make_inputs(7, 3, 4, 5, 3), 3, 0.0, false);  // Qwen-MoE's norm_topk_prob=false
+  expect_matches_reference(make_inputs(9, 4, 5, 3, 5), 2, 0.0, true, true);   // sigmoid gating
+  expect_matches_reference(make_inputs(9, 4, 5, 3, 6), 2, 0.0, false, true);  // sigmoid, not renormalised
+  expect_matches_reference(make_inputs(16, 3, 4, 2, 7), 2, 0.5, true, true);  // sigmoid with drops
 }
 
 TEST(MoeKernel, CapacityDropsByPriorityAndCounts) {
@@ -141,11 +151,11 @@ TEST(MoeKernel, CapacityDropsByPriorityAndCounts) {
 }
 
 TEST(MoeKernel, BackwardMatchesCentralDifferences) {
-  for (double cf : {0.0, 0.75}) {
+  for (auto [cf, sigmoid] : {std::pair{0.0, false}, std::pair{0.75, false}, std::pair{0.0, true}, std::pair{0.75, true}}) {
     Inputs in = make_inputs(6, 3, 4, 2, 10);
     Tensor wout = random_f64({6, 3}, 20);
     const double caux = 0.7, cz = -0.3;
-    MoeConfig cfg{2, cf, true};
+    MoeConfig cfg{2, cf, true, sigmoid};
     MoeGrads g = moe_backward(in.t, wout, Tensor::scalar<double>(caux), Tensor::scalar<double>(cz), cfg, MoeShard{});
     std::vector<Tensor> grads{g.dx, g.dgate, g.dw1, g.dw3, g.dw2};
     for (size_t i = 0; i < 5; ++i) {
@@ -158,7 +168,7 @@ TEST(MoeKernel, BackwardMatchesCentralDifferences) {
         return Tensor::scalar<double>(l);
       });
       for (int64_t j = 0; j < grads[i].numel(); ++j) {
-        EXPECT_NEAR(grads[i].at(j), num[static_cast<size_t>(j)], 1e-6) << "cf " << cf << " input " << i << " at " << j;
+        EXPECT_NEAR(grads[i].at(j), num[static_cast<size_t>(j)], 1e-6) << "cf " << cf << " sigmoid " << sigmoid << " input " << i << " at " << j;
       }
     }
   }
@@ -183,8 +193,8 @@ TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
   Tensor wout = random_f64({10, 3}, 31);
   Attrs attrs{{"top_k", int64_t{2}}, {"capacity_factor", 0.75}};
   std::vector<Tensor> want = run_forward(op, in.t, attrs);
-  std::vector<Tensor> none{want[0], want[1], want[2], want[3]};
-  std::vector<Tensor> dout{wout, Tensor::scalar<double>(0.5), Tensor::scalar<double>(0.25), Tensor()};
+  std::vector<Tensor> none{want[0], want[1], want[2], want[3], want[4]};
+  std::vector<Tensor> dout{wout, Tensor::scalar<double>(0.5), Tensor::scalar<double>(0.25), Tensor(), Tensor()};
   std::vector<Tensor> want_grad = run_backward(op, in.t, none, dout, attrs);
   ASSERT_GT(want[3].data<int64_t>()[0], 0);
   mesh::ProcessMesh pm(Shape{4});
@@ -199,7 +209,7 @@ TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
     std::vector<Tensor> local = local_inputs(in, dists, pm, r, ctx);
     outs[static_cast<size_t>(r)] = run_forward(op, local, attrs, &ctx);
     auto ob = mesh::local_block(wout.shape(), dists[0], pm, pm.coords(r));
-    std::vector<Tensor> ldout{wout.slice(ob.offsets(), ob.shape), dout[1], dout[2], Tensor()};
+    std::vector<Tensor> ldout{wout.slice(ob.offsets(), ob.shape), dout[1], dout[2], Tensor(), Tensor()};
     grads[static_cast<size_t>(r)] = run_backward(op, local, outs[static_cast<size_t>(r)], ldout, attrs, &ctx);
   });
   int64_t row = 0, expert = 0;
@@ -207,6 +217,7 @@ TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
   for (size_t r = 0; r < 4; ++r) {
     EXPECT_EQ(outs[r][1].at(0), want[1].at(0));
     EXPECT_EQ(outs[r][3].data<int64_t>()[0], want[3].data<int64_t>()[0]);
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(outs[r][4].data<int64_t>()[i], want[4].data<int64_t>()[i]);  // global
     for (int64_t i = 0; i < outs[r][0].numel(); ++i) EXPECT_NEAR(outs[r][0].at(i), want[0].at(row * 3 + i), 1e-12);
     for (int64_t i = 0; i < grads[r][0].numel(); ++i) EXPECT_NEAR(grads[r][0].at(i), want_grad[0].at(row * 3 + i), 1e-12);
     for (int64_t i = 0; i < grads[r][2].numel(); ++i) EXPECT_NEAR(grads[r][2].at(i), want_grad[2].at(expert * 6 + i), 1e-12);
@@ -257,6 +268,12 @@ TEST(MoeKernel, BadInputsNameTheProblem) {
   bad_w2[4].shape = Shape{4, 2, 3};
   EXPECT_THROW(infer(bad_w2, Attrs{{"top_k", int64_t{1}}}), Error);
   EXPECT_THROW(infer(good, Attrs{{"top_k", int64_t{1}}, {"capacity_factor", -1.0}}), Error);
+  try {
+    infer(good, Attrs{{"top_k", int64_t{1}}, {"router", std::string("relu")}});
+    FAIL() << "router relu accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("router 'relu' must be softmax or sigmoid"), std::string::npos) << e.what();
+  }
   auto mixed = good;
   mixed[1].dtype = DType::F32;
   EXPECT_THROW(infer(mixed, Attrs{{"top_k", int64_t{1}}}), Error);
@@ -297,9 +314,10 @@ TEST(MoeRule, GradientsPartialOverTokenOnlyDims) {
     g.push_back({{12, 4}, DType::F64, parse_dist("R,R")});
     for (int j = 0; j < 2; ++j) g.push_back({{}, DType::F64, parse_dist("R,R")});
     g.push_back({{}, DType::I64, parse_dist("R,R")});
+    g.push_back({{6}, DType::I64, parse_dist("R,R")});
   }
   auto r = rule.grad(pm, g, {});
-  EXPECT_EQ(r.inputs[9].to_string(), "S(0),S(0)");       // dout like x
+  EXPECT_EQ(r.inputs[10].to_string(), "S(0),S(0)");       // dout like x
   EXPECT_EQ(r.outputs[0].to_string(), "S(0),S(0)");      // dx
   EXPECT_EQ(r.outputs[1].to_string(), "P(sum),P(sum)");  // dgate
   EXPECT_EQ(r.outputs[2].to_string(), "P(sum),S(0)");    // dw1: experts over dim 1, tokens only over dim 0

@@ -2,61 +2,21 @@
 #include "shardwise/ops/moe/kernels.h"
 
 #include <cmath>
+#include <utility>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/moe/dispatch.h"
 #include "shardwise/ops/moe/routing.h"
 #include "shardwise/tensor/gemm.h"
 
 namespace shardwise::ops {
 
 using moe_detail::DispatchPlan;
+using moe_detail::exchange;
+using moe_detail::regroup;
 using moe_detail::Routing;
 
 namespace {
-
-// Sends rows of `width` elements, `send_rows[p]` to peer p (packed in peer order); returns what
-// arrives. One rank: the buffer itself.
-template <class T>
-std::vector<T> exchange(comm::Communicator* group, const std::vector<T>& send, const std::vector<int64_t>& send_rows,
-                        const std::vector<int64_t>& recv_rows, int64_t width) {
-  if (!group) return send;
-  std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
-  int64_t total = 0;
-  for (size_t p = 0; p < sc.size(); ++p) {
-    sc[p] = send_rows[p] * width;
-    rc[p] = recv_rows[p] * width;
-    total += rc[p];
-  }
-  std::vector<T> out(static_cast<size_t>(total));
-  group->all_to_all_v(send.data(), sc, out.data(), rc, dtype_v<T>);
-  return out;
-}
-
-// Received rows are grouped by source, then local expert; the experts want them by expert, then
-// source. to_expert_major moves them there, the inverse back (rows of `width`).
-template <class T>
-std::vector<T> regroup(const DispatchPlan& plan, const std::vector<T>& rows, int64_t width, bool to_expert_major) {
-  const int64_t P = plan.peers, J = plan.local_experts;
-  std::vector<int64_t> expert_start(static_cast<size_t>(J), 0);
-  for (int64_t j = 1; j < J; ++j) {
-    expert_start[static_cast<size_t>(j)] = expert_start[static_cast<size_t>(j - 1)] + plan.expert_rows[static_cast<size_t>(j - 1)];
-  }
-  std::vector<T> out(rows.size());
-  int64_t src = 0;
-  std::vector<int64_t> filled(static_cast<size_t>(J), 0);
-  for (int64_t p = 0; p < P; ++p) {
-    for (int64_t j = 0; j < J; ++j) {
-      const int64_t n = plan.rows_from[static_cast<size_t>(p * J + j)];
-      const int64_t dst = expert_start[static_cast<size_t>(j)] + filled[static_cast<size_t>(j)];
-      filled[static_cast<size_t>(j)] += n;
-      const T* from = rows.data() + (to_expert_major ? src : dst) * width;
-      T* to = out.data() + (to_expert_major ? dst : src) * width;
-      std::copy(from, from + n * width, to);
-      src += n;
-    }
-  }
-  return out;
-}
 
 template <class T>
 T silu_of(T v) {
@@ -130,7 +90,7 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
   std::vector<T> got = regroup(plan, exchange(shard.expert_group, send, plan.send_rows, plan.recv_rows, dm.d), dm.d, true);
   std::vector<T> y = experts_forward<T>(plan, got, in[2], in[3], in[4], dm);
   std::vector<T> back =
-      exchange(shard.expert_group, regroup(plan, y, dm.d, false), plan.recv_rows, plan.send_rows, dm.d);
+      exchange(shard.expert_group, regroup(plan, std::move(y), dm.d, false), plan.recv_rows, plan.send_rows, dm.d);
   // Combine in slot order per token, whatever the send order.
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
@@ -147,8 +107,13 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
     T* o = out.data<T>() + t * dm.d;
     for (int64_t c = 0; c < dm.d; ++c) o[c] = static_cast<T>(acc[static_cast<size_t>(c)]);
   }
+  Tensor expert_tokens(DType::I64, Shape{r.experts});
+  for (int64_t e = 0; e < r.experts; ++e) {
+    expert_tokens.data<int64_t>()[e] = static_cast<int64_t>(r.count_total[static_cast<size_t>(e)]);
+  }
   return {out, Tensor::scalar<T>(static_cast<T>(moe_detail::aux_loss_of(r))),
-          Tensor::scalar<T>(static_cast<T>(moe_detail::z_loss_of(r))), Tensor::scalar<int64_t>(r.dropped)};
+          Tensor::scalar<T>(static_cast<T>(moe_detail::z_loss_of(r))), Tensor::scalar<int64_t>(r.dropped),
+          expert_tokens};
 }
 
 // Rows [x | dout | weight] in (width 2d + 1); rows [dx | dweight] out (width d + 1); the weight
@@ -228,7 +193,13 @@ void router_backward(const Routing& r, const std::vector<double>& dweight, doubl
     double dot = 0;
     for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[static_cast<size_t>(e)];
     const double zt = dz * 2.0 * r.lse[static_cast<size_t>(t)] / n;
-    for (int64_t e = 0; e < E; ++e) dl[static_cast<size_t>(e)] = p[e] * (dp[static_cast<size_t>(e)] - dot) + zt * p[e];
+    const double* logit = &r.logits[static_cast<size_t>(t * E)];
+    for (int64_t e = 0; e < E; ++e) {
+      const double softmax = std::exp(logit[e] - r.lse[static_cast<size_t>(t)]);  // d lse / d logit
+      const double dscore = cfg.sigmoid ? p[e] * (1.0 - p[e]) * dp[static_cast<size_t>(e)]
+                                        : p[e] * (dp[static_cast<size_t>(e)] - dot);
+      dl[static_cast<size_t>(e)] = dscore + zt * softmax;
+    }
     for (int64_t e = 0; e < E; ++e) {
       const double v = dl[static_cast<size_t>(e)];
       for (int64_t c = 0; c < d; ++c) {
@@ -270,7 +241,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
   std::vector<T> got = regroup(plan, exchange(shard.expert_group, send, plan.send_rows, plan.recv_rows, win), win, true);
   std::vector<T> res = experts_backward<T>(plan, got, in, dm, g);
   std::vector<T> back =
-      exchange(shard.expert_group, regroup(plan, res, wout, false), plan.recv_rows, plan.send_rows, wout);
+      exchange(shard.expert_group, regroup(plan, std::move(res), wout, false), plan.recv_rows, plan.send_rows, wout);
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
   std::vector<double> dx(static_cast<size_t>(r.tokens * dm.d), 0.0), dweight(r.expert.size(), 0.0);

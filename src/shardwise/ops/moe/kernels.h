@@ -3,11 +3,13 @@
 // backward, with its expert-parallel dispatch.
 //
 //   moe_mlp(x [N, d], gate [E, d], w1 [E, F, d], w3 [E, F, d], w2 [E, d, F]; top_k, capacity_factor,
-//           normalize) -> (out [N, d], aux_loss [], z_loss [], dropped [] i64)
+//           normalize) -> (out [N, d], aux_loss [], z_loss [], dropped [] i64, expert_tokens [E] i64)
 //
 // Routing (Mixtral's order): logits = x gate^T, p = softmax over all E experts, the top_k experts
 // by p (ties: the lower expert index), their weights p renormalised to sum 1 (normalize=true;
-// Qwen-MoE's norm_topk_prob=false keeps p). Expert e on its rows X: Y = (silu(X w1_e^T) *
+// Qwen-MoE's norm_topk_prob=false keeps p). router=sigmoid (DeepSeek-V3's gating): p = sigmoid of
+// each logit instead of the softmax, the rest alike (the aux loss's P_i the mean sigmoid score; the
+// z-loss still of the logits' logsumexp). Expert e on its rows X: Y = (silu(X w1_e^T) *
 // (X w3_e^T)) w2_e^T; out_t = sum over the token's kept slots of weight * Y.
 // aux_loss = E * sum_i f_i P_i with f_i = (assignments to expert i) / N, P_i = mean_t p_ti
 // (Switch / GShard; transformers' load_balancing_loss_func); z_loss = mean_t logsumexp_t^2
@@ -15,7 +17,9 @@
 // capacity_factor > 0: each expert keeps at most C = ceil(capacity_factor * N * top_k / E)
 // assignments, by priority (slot, token): every token's first choice before any second choice,
 // then token order (GShard); the others are dropped (that slot adds nothing; weights are not
-// renormalised again) and counted in `dropped`. capacity_factor = 0: dropless.
+// renormalised again) and counted in `dropped`. capacity_factor = 0: dropless. expert_tokens[i]:
+// the assignments the router gave expert i over every token (before capacity; they sum to N *
+// top_k): the load-balance figure of the training metrics. dropped and expert_tokens have no gradient.
 //
 // Sharding (the rule in rules.cc): x may be split on its token dim over mesh dims T; the experts
 // on their expert dim over mesh dims X, a subset of T (ep over the token ranks). The kernel
@@ -38,8 +42,10 @@ struct MoeConfig {
   int64_t top_k = 2;
   double capacity_factor = 0.0;  // 0: dropless
   bool normalize = true;         // renormalise the top-k weights to sum 1
+  bool sigmoid = false;          // gate scores sigmoid(logit) per expert instead of the softmax over E
 };
-// Reads top_k (required), capacity_factor (default 0), normalize (default true); Error on bad values.
+// Reads top_k (required), capacity_factor (default 0), normalize (default true), router ("softmax",
+// the default, or "sigmoid"); Error on bad values.
 MoeConfig moe_config(const Attrs& attrs, int64_t experts);
 
 // Checks shapes and dtypes (f32 or f64, all the same); Error names the input and what is allowed.
@@ -61,7 +67,7 @@ struct MoeGrads {
   Tensor dx, dgate, dw1, dw3, dw2;
 };
 
-// Inputs: x, gate, w1, w3, w2 (local blocks). Outputs: out, aux_loss, z_loss, dropped.
+// Inputs: x, gate, w1, w3, w2 (local blocks). Outputs: out, aux_loss, z_loss, dropped, expert_tokens.
 std::vector<Tensor> moe_forward(std::span<const Tensor> in, const MoeConfig& cfg, const MoeShard& shard);
 // dout: out's gradient; daux, dz: scalar gradients of aux_loss and z_loss (undefined: 0).
 MoeGrads moe_backward(std::span<const Tensor> in, const Tensor& dout, const Tensor& daux, const Tensor& dz,

@@ -5,7 +5,7 @@
 // the expert-major rows between them as tensors of data-dependent size.
 //
 // Attributes: top_k (int, required), capacity_factor (float >= 0, default 0: dropless),
-// normalize (bool, default true: renormalise the top-k weights).
+// normalize (bool, default true: renormalise the top-k weights), router ("softmax" or "sigmoid").
 #include "shardwise/core/error.h"
 #include "shardwise/ops/families.h"
 #include "shardwise/ops/moe/kernels.h"
@@ -48,10 +48,11 @@ std::vector<Tensor> backward(std::span<const Tensor> in, std::span<const Tensor>
 }
 
 VerifyCase moe_case(int64_t n, int64_t d, int64_t e, int64_t f, int64_t k, double capacity, DType dtype,
-                    bool normalize = true) {
+                    bool normalize = true, bool sigmoid = false) {
   Attrs a{{"top_k", k}};
   if (capacity > 0) a.set("capacity_factor", capacity);
   if (!normalize) a.set("normalize", false);
+  if (sigmoid) a.set("router", std::string("sigmoid"));
   return VerifyCase{{{n, d}, {e, d}, {e, f, d}, {e, f, d}, {e, d, f}},
                     {dtype, dtype, dtype, dtype, dtype},
                     std::move(a),
@@ -63,7 +64,8 @@ VerifyCase moe_case(int64_t n, int64_t d, int64_t e, int64_t f, int64_t k, doubl
 // [3] and [2,3] (ranks that send nothing); 1 token leaves empty shards everywhere. Capacity
 // cases drop assignments (dropped > 0); one f32 case without renormalisation. Skewed: a constant
 // gate ties every expert, so every token picks experts 0 and 1 (the lower index wins a tie): the
-// ranks holding the other experts receive nothing, and with capacity 0.5 those two drop half.
+// ranks holding the other experts receive nothing, and with capacity 0.5 those two drop half. One
+// sigmoid-gated case with capacity.
 std::vector<VerifyCase> moe_cases() {
   const DType f64 = DType::F64;
   VerifyCase skewed = moe_case(6, 3, 4, 2, 2, 0.0, f64), skewed_capacity = moe_case(6, 3, 4, 2, 2, 0.5, f64);
@@ -72,7 +74,7 @@ std::vector<VerifyCase> moe_cases() {
       skewed, skewed_capacity,
       moe_case(12, 4, 6, 3, 2, 0.0, f64),   moe_case(5, 3, 4, 2, 2, 0.75, f64), moe_case(2, 3, 3, 2, 1, 0.0, f64),
       moe_case(1, 2, 2, 2, 1, 1.0, f64),    moe_case(12, 12, 12, 12, 3, 0.5, f64),
-      moe_case(7, 4, 5, 3, 2, 0.0, DType::F32, false),
+      moe_case(7, 4, 5, 3, 2, 0.0, DType::F32, false),  moe_case(12, 4, 6, 3, 2, 0.75, f64, true, true),
   };
 }
 
@@ -82,18 +84,24 @@ OpDef make_moe_mlp() {
   op.family = "moe";
   op.rule = rules_of<moe_rules>().moe_mlp;
   op.summary =
-      "(out, aux_loss, z_loss, dropped) = moe_mlp(x [N, d], gate [E, d], w1 [E, F, d], w3 [E, F, d], w2 [E, d, F]; "
-      "top_k, capacity_factor=0, normalize=true): Mixtral's sparse MoE MLP (softmax over E, top-k, renormalise; "
+      "(out, aux_loss, z_loss, dropped, expert_tokens) = moe_mlp(x [N, d], gate [E, d], w1 [E, F, d], w3 [E, F, d], w2 [E, d, F]; "
+      "top_k, capacity_factor=0, normalize=true, router=softmax): Mixtral's sparse MoE MLP (softmax over E, or sigmoid "
+      "scores, top-k, renormalise; "
       "SwiGLU experts w2(silu(w1 x) * w3 x)); aux_loss = E sum_i f_i P_i, z_loss = mean logsumexp^2; capacity "
-      "C = ceil(cf N k / E) per expert by (slot, token) priority, dropped counted (i64). Experts split over mesh "
+      "C = ceil(cf N k / E) per expert by (slot, token) priority, dropped counted (i64); expert_tokens [E] i64 the "
+      "assignments per expert before capacity. Experts split over mesh "
       "dims exchange tokens by all_to_all_v";
   op.num_inputs = 5;
-  op.num_outputs = 4;
+  op.num_outputs = 5;
   op.infer = [](std::span<const TensorMeta> in, const Attrs& attrs) {
     std::array<DType, 5> dtypes{in[0].dtype, in[1].dtype, in[2].dtype, in[3].dtype, in[4].dtype};
     check_moe_inputs(in[0].shape, in[1].shape, in[2].shape, in[3].shape, in[4].shape, dtypes);
     moe_config(attrs, in[1].shape[0]);
-    return std::vector<TensorMeta>{in[0], {Shape{}, in[0].dtype}, {Shape{}, in[0].dtype}, {Shape{}, DType::I64}};
+    return std::vector<TensorMeta>{in[0],
+                                   {Shape{}, in[0].dtype},
+                                   {Shape{}, in[0].dtype},
+                                   {Shape{}, DType::I64},
+                                   {Shape{in[1].shape[0]}, DType::I64}};
   };
   op.forward_in_context = forward;
   op.backward_in_context = backward;

@@ -14,6 +14,9 @@ MoeConfig moe_config(const Attrs& attrs, int64_t experts) {
   c.top_k = attrs.get_int("top_k");
   c.capacity_factor = attrs.get_float("capacity_factor", 0.0);
   c.normalize = attrs.get_bool("normalize", true);
+  const std::string router = attrs.get_string("router", "softmax");
+  SW_CHECK(router == "softmax" || router == "sigmoid", "moe_mlp: router '{}' must be softmax or sigmoid", router);
+  c.sigmoid = router == "sigmoid";
   SW_CHECK(c.top_k >= 1 && c.top_k <= experts, "moe_mlp: top_k = {} must be in [1, experts = {}]", c.top_k,
            experts);
   SW_CHECK(c.capacity_factor >= 0.0 && std::isfinite(c.capacity_factor),
@@ -47,7 +50,7 @@ namespace moe_detail {
 namespace {
 
 template <class T>
-void router_probs(const Tensor& x, const Tensor& gate, Routing& r) {
+void router_probs(const Tensor& x, const Tensor& gate, bool sigmoid, Routing& r) {
   const int64_t d = x.shape()[1];
   const T* xs = x.data<T>();
   const T* gs = gate.data<T>();
@@ -63,7 +66,11 @@ void router_probs(const Tensor& x, const Tensor& gate, Routing& r) {
     double sum = 0;
     for (double v : logit) sum += std::exp(v - mx);
     double* p = &r.probs[static_cast<size_t>(t * r.experts)];
-    for (int64_t e = 0; e < r.experts; ++e) p[e] = std::exp(logit[static_cast<size_t>(e)] - mx) / sum;
+    std::copy(logit.begin(), logit.end(), r.logits.begin() + t * r.experts);
+    for (int64_t e = 0; e < r.experts; ++e) {
+      const double l = logit[static_cast<size_t>(e)];
+      p[e] = !sigmoid ? std::exp(l - mx) / sum : l >= 0 ? 1.0 / (1.0 + std::exp(-l)) : std::exp(l) / (1.0 + std::exp(l));
+    }
     r.lse[static_cast<size_t>(t)] = mx + std::log(sum);
   }
 }
@@ -153,14 +160,15 @@ Routing route(const Tensor& x, const Tensor& gate, const MoeConfig& cfg, const M
   r.top_k = cfg.top_k;
   r.tokens_total = shard.tokens_total < 0 ? r.tokens : shard.tokens_total;
   r.probs.assign(static_cast<size_t>(r.tokens * r.experts), 0.0);
+  r.logits.assign(r.probs.size(), 0.0);
   r.lse.assign(static_cast<size_t>(r.tokens), 0.0);
   r.expert.assign(static_cast<size_t>(r.tokens * r.top_k), 0);
   r.weight.assign(r.expert.size(), 0.0);
   r.kept.assign(r.expert.size(), 1);
   if (x.dtype() == DType::F32) {
-    router_probs<float>(x, gate, r);
+    router_probs<float>(x, gate, cfg.sigmoid, r);
   } else {
-    router_probs<double>(x, gate, r);
+    router_probs<double>(x, gate, cfg.sigmoid, r);
   }
   choose_top_k(r, cfg.normalize);
   int blocks = 1;

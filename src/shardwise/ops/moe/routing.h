@@ -11,7 +11,8 @@ namespace shardwise::ops::moe_detail {
 // The router on the local tokens, with the global sums the aux loss and capacity need.
 struct Routing {
   int64_t tokens = 0, experts = 0, top_k = 0, tokens_total = 0;
-  std::vector<double> probs;         // [tokens, experts] softmax of the logits
+  std::vector<double> probs;         // [tokens, experts] softmax (or sigmoid) of the logits
+  std::vector<double> logits;        // [tokens, experts]
   std::vector<double> lse;           // [tokens] logsumexp of the logits
   std::vector<int64_t> expert;       // [tokens * top_k] chosen experts, by descending p
   std::vector<double> weight;        // [tokens * top_k] their (renormalised) weights

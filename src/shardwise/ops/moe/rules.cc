@@ -6,11 +6,11 @@
 // Replicate, not Partial.
 //
 // Inputs x [N, d], gate [E, d], w1 [E, F, d], w3 [E, F, d], w2 [E, d, F]; outputs out [N, d],
-// aux_loss [], z_loss [], dropped [].
+// aux_loss [], z_loss [], dropped [], expert_tokens [E].
 //  - X: the mesh dims sharding w1's expert dim (w1 wins over w3 and w2, which follow it);
 //  - T: the mesh dims sharding x's token dim, then those of X it lacks (appended: a local slice
 //    of a replicated x). Every other dim and every Partial -> R; gate R.
-//  - out like x; aux_loss, z_loss, dropped R.
+//  - out like x; aux_loss, z_loss, dropped, expert_tokens R.
 //  - Grad: inputs as forward, forward outputs and every output gradient but dout R, dout like x;
 //    dx like x; dgate P(sum) on T (each token block's share); dw1/dw3/dw2 S(0) on X, P(sum) on
 //    T \ X (each expert group saw its own tokens).
@@ -52,7 +52,7 @@ SpmdResult layout(int nd, MeshDimList tokens, const MeshDimList& experts) {
     if (!tokens.contains(m)) tokens.push_back(m);
   }
   DistAttr x = sharded_on(nd, 0, tokens), w = sharded_on(nd, 0, experts), r(nd);
-  return {{x, r, w, w, w}, {x, r, r, r}};
+  return {{x, r, w, w, w}, {x, r, r, r, r}};
 }
 
 SpmdResult moe_forward_rule(const ProcessMesh& mesh, std::span<const TensorSpec> in, const Attrs&) {
@@ -63,7 +63,7 @@ SpmdResult moe_forward_rule(const ProcessMesh& mesh, std::span<const TensorSpec>
 SpmdResult moe_reverse_rule(const ProcessMesh& mesh, std::span<const TensorSpec> in, std::span<const TensorSpec> out,
                             const Attrs&) {
   check_specs(mesh, in);
-  spmd::check_inputs(kMoe, mesh, out, 4);
+  spmd::check_inputs(kMoe, mesh, out, 5);
   const MeshDimList tokens = out[0].dist.mesh_dims_of(0);
   MeshDimList experts;
   for (int8_t m : in[2].dist.mesh_dims_of(0)) {
@@ -73,7 +73,7 @@ SpmdResult moe_reverse_rule(const ProcessMesh& mesh, std::span<const TensorSpec>
 }
 
 SpmdResult moe_grad_rule(const ProcessMesh& mesh, std::span<const TensorSpec> g, const Attrs&) {
-  spmd::check_inputs(kMoe, mesh, g, 13);
+  spmd::check_inputs(kMoe, mesh, g, 15);
   check_specs(mesh, g);
   const int nd = mesh.ndim();
   SpmdResult fwd = layout(nd, g[0].dist.mesh_dims_of(0), g[2].dist.mesh_dims_of(0));
@@ -86,8 +86,8 @@ SpmdResult moe_grad_rule(const ProcessMesh& mesh, std::span<const TensorSpec> g,
   }
   SpmdResult out;
   out.inputs = fwd.inputs;
-  out.inputs.insert(out.inputs.end(), {x, r, r, r});  // forward outputs (not read)
-  out.inputs.insert(out.inputs.end(), {x, r, r, r});  // dout, daux, dz, ddropped (not read)
+  out.inputs.insert(out.inputs.end(), {x, r, r, r, r});  // forward outputs (not read)
+  out.inputs.insert(out.inputs.end(), {x, r, r, r, r});  // dout, daux, dz, ddropped, dexpert_tokens (not read)
   out.outputs = {x, dgate, dw, dw, dw};
   return out;
 }
@@ -101,7 +101,7 @@ MoeRules moe_rules() {
       "x [N, d], gate [E, d], w1/w3 [E, F, d], w2 [E, d, F]: the experts' dim E keeps w1's sharding (expert "
       "parallelism; w3, w2 follow), x's token dim keeps its sharding plus every mesh dim sharding E (tokens go to "
       "their experts' ranks by all_to_all_v), all else and every Partial -> R, gate R; out like x, aux_loss, z_loss, "
-      "dropped R (the kernel gathers the global sums). Grad: dout like x, other output grads R; dx like x, dgate "
+      "dropped, expert_tokens R (the kernel gathers the global sums). Grad: dout like x, other output grads R; dx like x, dgate "
       "P(sum) on the token dims, dw S(E) on the expert dims and P(sum) on the other token dims";
   r.moe_mlp.forward = moe_forward_rule;
   r.moe_mlp.reverse = moe_reverse_rule;
