@@ -1,6 +1,7 @@
 #include "shardwise/pipeline/runner.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "shardwise/core/error.h"
@@ -16,6 +17,9 @@ struct PipelineRunner::Local {
   std::map<int, std::vector<Tensor>> frames;  // micro-batches in flight
   std::map<int, int64_t> sample_offsets;      // theirs (a recomputed dropout draws the forward's mask)
   std::vector<Tensor> grads;
+  std::vector<bool> handed;                    // this step: grads[i] given to grad_ready_
+  std::vector<std::vector<size_t>> grads_at;  // per execution position: the parameters whose gradient it writes
+  size_t last_action = SIZE_MAX;               // the stage's last backward action (its sums complete there)
   int accumulated = 0;
   reshard::Plan to_next, from_prev, grad_to_prev, grad_from_next;
 };
@@ -105,6 +109,20 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
                                      meshes_[static_cast<size_t>(s)]);
       }
     }
+    if (l->spec.training) {
+      const size_t n = l->compiled.order.empty() ? p.instrs.size() : l->compiled.order.size();
+      l->grads_at.resize(n);
+      for (size_t pos = 0; pos < n; ++pos) {
+        const graph::Instr& ins = p.instrs[l->compiled.order.empty() ? pos : static_cast<size_t>(l->compiled.order[pos])];
+        for (int out : ins.out)
+          for (size_t i = 0; i < p.param_grad_slot.size(); ++i)
+            if (out >= 0 && p.param_grad_slot[i] == out) l->grads_at[pos].push_back(i);
+      }
+      const std::vector<Action>& actions = schedule_.actions[static_cast<size_t>(rank_)];
+      for (size_t k = 0; k < actions.size(); ++k)
+        if (actions[k].stage == s && (actions[k].kind == ActionKind::Backward || actions[k].kind == ActionKind::BackwardWeight))
+          l->last_action = k;
+    }
     if (!l->spec.loss.empty()) l->rt->keep(l->spec.loss);
     if (!l->spec.result.empty()) l->rt->keep(l->spec.result);
     locals_.push_back(std::move(l));
@@ -176,12 +194,26 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
   if (!stats.forward_bytes.contains(s)) stats.forward_bytes[s] = frame_bytes(l, l.frames[mb]);
 }
 
+void PipelineRunner::hand_over(Local& l, size_t i) {
+  if (l.handed[i]) return;
+  const graph::Program& p = l.compiled.program;
+  const Tensor& g = l.rt->buffers()[static_cast<size_t>(p.param_grad_slot[i])];
+  SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
+           p.slots[static_cast<size_t>(p.param_grad_slot[i])].name);
+  accumulate_grad(l.grads[i], g);
+  l.handed[i] = true;
+  grad_ready_(l.spec.stage, i, l.grads[i]);
+}
+
 void PipelineRunner::accumulate(Local& l) {
   const graph::Program& p = l.compiled.program;
-  if (l.accumulated == 0) l.grads.assign(p.param_grad_slot.size(), Tensor());  // new sums: the last run's are the caller's
   for (size_t i = 0; i < p.param_grad_slot.size(); ++i) {
     int slot = p.param_grad_slot[i];
-    if (slot < 0) continue;
+    if (slot < 0 || l.handed[i]) continue;
+    if (grad_ready_ && action_ == l.last_action) {
+      hand_over(l, i);
+      continue;
+    }
     const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
     SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
              p.slots[static_cast<size_t>(slot)].name);
@@ -198,6 +230,18 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
   rt.set_buffers(std::move(it->second));
   l.frames.erase(it);
   rt.set_sample_offset(l.sample_offsets.at(mb));
+  // The stage's last backward action (a split schedule's last weight gradient: the input gradient
+  // of the last micro-batch may run before other micro-batches' weight gradients): each gradient
+  // is handed on when computed.
+  if (grad_ready_ && action_ == l.last_action) {
+    rt.set_after_instr([this, &l](size_t pos) {
+      for (size_t i : l.grads_at[pos]) hand_over(l, i);
+    });
+  }
+  struct Unhook {
+    runtime::Runtime& rt;
+    ~Unhook() { rt.set_after_instr(nullptr); }
+  } unhook{rt};
   if (kind == ActionKind::BackwardWeight) {
     rt.run(l.compiled.input_grad_end, rt.size());
   } else {
@@ -224,9 +268,14 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
   for (auto& l : locals_) {
     l->shared = l->rt->buffers();
     l->accumulated = 0;
+    // New sums: the last run's are the caller's.
+    l->grads.assign(l->compiled.program.param_grad_slot.size(), Tensor());
+    l->handed.assign(l->grads.size(), false);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  for (const Action& a : schedule_.actions[static_cast<size_t>(rank_)]) {
+  const std::vector<Action>& actions = schedule_.actions[static_cast<size_t>(rank_)];
+  for (action_ = 0; action_ < actions.size(); ++action_) {
+    const Action& a = actions[action_];
     const double start = seconds_since(t0);
     switch (a.kind) {
       case ActionKind::Forward: forward(local(a.stage), a.micro_batch, feed, on_result, stats); break;

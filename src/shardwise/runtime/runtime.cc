@@ -244,6 +244,7 @@ void Runtime::run(size_t begin, size_t end) {
         buffers_[static_cast<size_t>(s)] = Tensor();
       }
     }
+    if (after_instr_) after_instr_(i);
   }
   stats_.bytes_sent = resharder_.bytes_sent() - sent_before;
 }
