@@ -60,6 +60,12 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--sharding-layout", c.sharding.layout,
                 "with --sharding-stage 1|2: v1 (each parameter's state on one dp rank, balanced by size) or v2 "
                 "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
+  t->add_option("--overlap-grad-reduce", c.overlap_grad_reduce,
+                "the dp reduction of the gradients: on (in buckets, each started while the backward runs), after "
+                "(the same buckets after the backward) or off (one collective per gradient)")
+      ->check(CLI::IsMember({"on", "after", "off"}));
+  t->add_option("--grad-bucket-mb", c.grad_bucket_mb,
+                "with --overlap-grad-reduce on|after: a gradient bucket's size in MiB (f32)");
   t->add_flag("--skip-nonfinite-steps", c.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
   t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");

@@ -11,6 +11,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/pipeline/stage.h"
+#include "shardwise/train/grad_buckets.h"
 #include "shardwise/train/models.h"
 
 namespace shardwise::train {
@@ -239,6 +240,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     std::vector<int64_t> numels;  // per trained parameter (params() order, each once)
     std::set<std::string> seen;
     int dp_rank = 0;
+    int64_t largest_grad = 0;
     for (const StageModel& m : compiled[rm.pipeline_rank]) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(m.spec.stage)];
       const auto coords = mesh.coords(mesh.rank_index_of_process(process));
@@ -252,6 +254,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
         for (graph::ValueId v : trained ? g.params() : g.frozen_params()) {
           const graph::Slot& s = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
           if (trained) rm.grads += block_bytes(s, mesh, coords, DType::F32);  // the runner's f32 sums, per stage
+          if (trained) largest_grad = std::max(largest_grad, block_bytes(s, mesh, coords, DType::F32));
           if (!seen.insert(g.value(v).name).second) continue;
           rm.params += block_bytes(s, mesh, coords, model.param_dtype);
           if (trained) numels.push_back(mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel());
@@ -268,6 +271,14 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     rm.optimizer = 8 * state_elements;
     rm.masters = c.bf16 ? 4 * state_elements : 0;
     if (c.sharding.stage >= 2) rm.grad_shards = 4 * state_elements;
+    // Overlapped buckets drop the sums during the backward (grad_buckets.h); with accumulation or pp
+    // (the earlier micro-batches' sums, the exchanged tied embedding) they are all held at some point.
+    if (c.sharding.stage >= 2 && c.overlap_grad_reduce == "on" && c.accumulation == 1 && strategy.pp < 0 &&
+        layout.stage_strategy.dp_size() > 1) {
+      BucketOptions o;
+      o.bucket_bytes = static_cast<int64_t>(c.grad_bucket_mb * (1 << 20));
+      rm.grads = std::min(rm.grads, bucket_bytes_bound(o, largest_grad));
+    }
     // The schedule's actions: frames in flight after each, and the bytes while each compute runs.
     std::map<std::pair<int, int>, int64_t> frames;
     int64_t held = 0;
