@@ -95,10 +95,12 @@ TEST(CliFailures, TrainRefusesValuesItUsedToAcceptSilently) {
   expect_refused("train --recompute some", "--recompute 'some' is not a recompute mode (none, full, selective)");
   expect_refused("train --recompute full --recompute-layers 0", "--recompute-layers must be at least 1");
   expect_refused("train --recompute-layers 2", "--recompute-layers 2 needs --recompute full or selective (it is none)");
+  expect_refused("train --attention flash", "--attention 'flash' is not an attention mode (fused, unfused)");
+  expect_refused("train --lm-head chunked", "--lm-head 'chunked' is not a head (fused, unfused)");
 }
 
-TEST(CliFailures, ShardingStageThreeAndUnknownLayoutsAreRefused) {
-  expect_usage_error("train --sharding-stage 3 " + kSmall, "--sharding-stage 3 (parameters sharded over dp");
+TEST(CliFailures, UnknownShardingStagesAndLayoutsAreRefused) {
+  expect_usage_error("train --sharding-stage 4 " + kSmall, "--sharding-stage must be 0 (none), 1 (optimizer state)");
   expect_usage_error("train --sharding-stage 1 --sharding-layout v3 " + kSmall, "--sharding-layout must be v1");
   // The same keys in a config file.
   std::string cfg = write_config("sharding.toml", "sharding-stage = 2\nsharding-layout = \"v2\"\nsteps = 2\n"
@@ -106,6 +108,12 @@ TEST(CliFailures, ShardingStageThreeAndUnknownLayoutsAreRefused) {
   Result r = run("train --config " + cfg + " " + kSmall);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("sharding: stage 2, layout v2"), std::string::npos) << r.out;
+  std::string cfg3 = write_config("sharding3.toml", "sharding-stage = 3\nsteps = 2\n"
+                                                    "run-dir = \"/tmp/sw-cfg-sharding3\"\n");
+  Result r3 = run("train --config " + cfg3 + " " + kSmall);
+  ASSERT_EQ(r3.status, 0) << r3.out;
+  EXPECT_NE(r3.out.find("sharding: stage 3, parameters, gradients and optimizer state split over dp"), std::string::npos)
+      << r3.out;
 }
 
 TEST(CliFailures, CrashesAndHangsBecomeDocumentedBounds) {

@@ -72,6 +72,28 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
   EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
 }
 
+// MoE options: bad ones exit 2 naming the value; an ep mesh without experts, experts ep does not
+// divide, and MoE checkpoints (no layout yet) are refused before training.
+TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
+  const std::string base = "train --model llama --layers 2 --hidden 32 --heads 4 --vocab 128 --seq 10 --digits 2 --steps 1 "
+                           "--progress none ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--experts 3 --mesh ep=2", "3 experts do not divide over ep=2"},
+      {"--mesh ep=2", "has an ep dim but the model has no experts"},
+      {"--experts 4 --top-k 5", "--top-k 5 must be in [1, --experts 4]"},
+      {"--experts 4 --moe-layers 0,2", "--moe-layers names layer 2"},
+      {"--experts 4 --save-every 1", "checkpoints of MoE models are not supported yet"},
+  };
+  for (const auto& [args, message] : cases) {
+    auto r = run(base + args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << ": " << r.out;
+  }
+  auto r = run("train --model gpt2 --experts 2 --steps 1 --progress none");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("built for --model llama only"), std::string::npos) << r.out;
+}
+
 // The new ids of `generate --json` (the line starting with '{').
 std::vector<int64_t> generated_ids(const std::string& out) {
   nlohmann::json j;

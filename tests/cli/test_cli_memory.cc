@@ -62,7 +62,8 @@ TEST(CliMemory, ARunOverTheMemoryLimitIsRefusedBeforeTrainingWithWhatWouldFit) {
   EXPECT_EQ(lines(r.out), 1) << r.out;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
   for (const char* part : {"shardwise: error: the run's estimated peak memory is", "over --memory-limit 100KiB",
-                           "--sharding-stage 2 (", "--recompute full (", "shardwise plan --memory"})
+                           "--sharding-stage 2 (", "--sharding-stage 3 (", "--sharding-stage 3 --recompute full (",
+                           "--recompute full (", "shardwise plan --memory"})
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   // --dry-run prints the plan and stops; over the limit it says so and fails alike.
   Result dry = run("train --dry-run --mesh dp=2 --memory-limit 100GiB " + kRun);

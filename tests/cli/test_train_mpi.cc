@@ -44,39 +44,62 @@ TEST(TrainMpi, FourProcessesFollowTheSingleRankCurve) {
   EXPECT_NE(text.find("(4 ranks, mpi)"), std::string::npos) << text;
 }
 
+// Trains `args` on one rank and on 4 processes on `mesh`: the same 20 losses within 1e-5. Returns
+// the 4-process log.
+std::string expect_four_processes_follow_one_rank(const std::string& args, const std::string& mesh,
+                                                  const std::string& name) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  EXPECT_NE(bin, nullptr);
+  if (!bin) return {};
+  const std::string ref_dir = "/tmp/shardwise-" + name + "-mpi-ref", dir = "/tmp/shardwise-" + name + "-mpi-4";
+  std::system(("rm -rf " + ref_dir + " " + dir).c_str());
+  EXPECT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--run-dir " + ref_dir + " > /dev/null").c_str()), 0);
+  std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh " + mesh + args +
+                    "--run-dir " + dir + " > " + dir + ".log 2>&1";
+  EXPECT_EQ(std::system(mpi.c_str()), 0) << "see " << dir << ".log";
+  std::vector<double> ref = losses_of(ref_dir + "/metrics.jsonl");
+  std::vector<double> got = losses_of(dir + "/metrics.jsonl");
+  EXPECT_EQ(ref.size(), 20u);
+  EXPECT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << ", step " << i + 1;
+  }
+  std::ifstream log(dir + ".log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("(4 ranks, mpi)"), std::string::npos) << text;
+  return text;
+}
+
 // Llama with grouped-query attention and an untied head, its stages on 4 processes: tp=2 x pp=2.
 TEST(TrainMpi, FourProcessesTrainLlamaOnTheSingleRankCurve) {
-  const char* bin = std::getenv("SHARDWISE_BIN");
-  ASSERT_NE(bin, nullptr);
   const std::string args =
       " --model llama --kv-heads 2 --untied-head --intermediate-size 64 --layers 2 --hidden 32 --steps 20"
       " --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 ";
-  std::system("rm -rf /tmp/shardwise-llama-mpi-ref /tmp/shardwise-llama-mpi-4");
-  ASSERT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args +
-                         "--run-dir /tmp/shardwise-llama-mpi-ref > /dev/null").c_str()), 0);
-  std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh tp=2,pp=2" + args +
-                    "--run-dir /tmp/shardwise-llama-mpi-4 > /tmp/shardwise-llama-mpi-4.log 2>&1";
-  ASSERT_EQ(std::system(mpi.c_str()), 0) << "see /tmp/shardwise-llama-mpi-4.log";
-  std::vector<double> ref = losses_of("/tmp/shardwise-llama-mpi-ref/metrics.jsonl");
-  std::vector<double> got = losses_of("/tmp/shardwise-llama-mpi-4/metrics.jsonl");
-  ASSERT_EQ(ref.size(), 20u);
-  ASSERT_EQ(got.size(), 20u);
-  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
-  std::ifstream log("/tmp/shardwise-llama-mpi-4.log");
-  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  const std::string text = expect_four_processes_follow_one_rank(args, "tp=2,pp=2", "llama");
   EXPECT_NE(text.find("Llama (2 kv heads"), std::string::npos) << text;
-  EXPECT_NE(text.find("(4 ranks, mpi)"), std::string::npos) << text;
 }
 
-// Sharding stage 2 (v2, dp=2 x tp=2) and stage 1 (v1, dp=4) on 4 processes follow plain dp on threads
-// (the same mesh).
+// An MoE Llama (4 experts, top-2, aux and z losses) with its experts split over ep=2 and the batch
+// over dp=2 on 4 processes: MPI's all_to_all_v carries the tokens.
+TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
+  const std::string args =
+      " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
+      " --router-z-loss 0.001 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0"
+      " --digits 2 ";
+  expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe");
+}
+
+// Sharding stage 2 (v2, dp=2 x tp=2), stage 1 (v1, dp=4) and stage 3 (dp=2 x tp=2 with full recompute,
+// pp=2 x dp=2) on 4 processes follow plain dp on threads (the same mesh).
 TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
   const std::string args = " --layers 2 --hidden 32 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3"
                            " --eval-every 0 ";
   for (const auto& [mesh, sharding] : {std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 2 --sharding-layout v2"},
-                                       std::pair<std::string, std::string>{"dp=4", "--sharding-stage 1 --sharding-layout v1"}}) {
+                                       std::pair<std::string, std::string>{"dp=4", "--sharding-stage 1 --sharding-layout v1"},
+                                       std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 3 --recompute full"},
+                                       std::pair<std::string, std::string>{"pp=2,dp=2", "--sharding-stage 3"}}) {
     std::system("rm -rf /tmp/shardwise-shard-mpi-ref /tmp/shardwise-shard-mpi-4");
     ASSERT_EQ(std::system((std::string(bin) + " train --mesh " + mesh + args +
                            "--run-dir /tmp/shardwise-shard-mpi-ref > /dev/null").c_str()), 0);

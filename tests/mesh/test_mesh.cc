@@ -26,6 +26,16 @@ TEST(ProcessMesh, CoordsNamesAndParsing) {
   EXPECT_EQ(parse_mesh("2x3").shape(), (Shape{2, 3}));
 }
 
+// A [2, 3] mesh of processes 10..15 (row-major): the groups along each dim, written out by hand.
+TEST(ProcessMesh, ProcessesAlongADimAreTheRanksThatDifferOnlyThere) {
+  ProcessMesh m(Shape{2, 3}, {10, 11, 12, 13, 14, 15}, {"dp", "tp"});
+  EXPECT_EQ(m.processes_along(14, 0), (std::vector<int64_t>{11, 14}));
+  EXPECT_EQ(m.processes_along(14, 1), (std::vector<int64_t>{13, 14, 15}));
+  EXPECT_EQ(m.processes_along(10, 1), (std::vector<int64_t>{10, 11, 12}));
+  EXPECT_EQ(m.processes_along(12, -1), (std::vector<int64_t>{12}));
+  EXPECT_THROW(m.processes_along(9, 0), Error);
+}
+
 TEST(Placement, ParseAndPrint) {
   EXPECT_EQ(parse_placement("S(1)"), Placement::shard(1));
   EXPECT_EQ(parse_placement("Shard(0)"), Placement::shard(0));

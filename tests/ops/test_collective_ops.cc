@@ -291,5 +291,72 @@ TEST(VocabParallelCrossEntropy, BatchAndClassShardedSumsEachRanksRows) {
   EXPECT_TRUE(cmp.equal) << cmp.message;
 }
 
+// ---- vocab_parallel_lm_head_cross_entropy
+
+// Rows 5 over mesh dim 0 (3, 2), the vocab 7 over mesh dim 1 (3, 3, 1: unequal blocks), chunks of
+// one row (5 chunks, every rank the same count) and of two rows (3 chunks, the last short); label 0
+// ignored. Against the closed formula of the logits h·Wᵀ computed here in f64: each rank's loss rows,
+// dh summed over the vocab ranks, dW summed over the row ranks.
+TEST(VocabParallelLmHeadCrossEntropy, UnevenVocabBlocksEqualTheClosedFormula) {
+  const OpDef& op = op_registry().get("vocab_parallel_lm_head_cross_entropy");
+  EXPECT_TRUE(op.collective);
+  ProcessMesh mesh(Shape{2, 3});
+  const int64_t N = 5, H = 4, V = 7;
+  Tensor h = random({N, H}, 51), w = random({V, H}, 52);
+  std::vector<int64_t> ids = {6, 0, 3, 2, 0};
+  Tensor labels = Tensor::from<int64_t>({N}, ids);
+  Tensor logits(DType::F64, {N, V});
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < V; ++c)
+      for (int64_t k = 0; k < H; ++k) logits.set_at(i * V + c, logits.at(i * V + c) + h.at(i * H + k) * w.at(c * H + k));
+  CeRef ref = closed_form(logits, ids, 0);
+  const DistAttr hd = mesh::parse_dist("S(0),R", 2), wd = mesh::parse_dist("R,S(0)", 2);
+  Tensor dloss = Tensor::from<double>({N}, std::vector<double>{0.5, -1.0, 2.0, 0.25, 3.0});
+  for (int64_t chunk_rows : {1, 2}) {
+    SCOPED_TRACE(chunk_rows);
+    Attrs attrs{{"reduction", std::string("none")}, {"ignore_index", int64_t{0}}, {"chunk_bytes", chunk_rows * V * 8}};
+    auto outs = run_on_mesh(mesh, {{h, hd}, {w, wd}, {labels, hd}},
+                            [&](std::span<const Tensor> t, const KernelContext& ctx) { return run_forward(op, t, attrs, &ctx); });
+    expect_blocks(mesh, outs, 0, {Tensor::from<double>({N}, ref.loss), hd}, 1e-12, "loss");
+    auto grads = run_on_mesh(mesh, {{h, hd}, {w, wd}, {labels, hd}, {dloss, hd}, {dloss, hd}},
+                             [&](std::span<const Tensor> t, const KernelContext& ctx) {
+                               return run_backward(op, t.subspan(0, 3), t.subspan(3, 1), t.subspan(4, 1), attrs, &ctx);
+                             });
+    // dz = (softmax - onehot) * dloss; dh = dz·W (rows of mesh coord 0), dW = dzᵀ·h (vocab block of coord 1).
+    Tensor dh(DType::F64, {N, H}), dw(DType::F64, {V, H});
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t c = 0; c < V; ++c)
+        for (int64_t k = 0; k < H; ++k) {
+          double dz = ref.softmax_minus_onehot.at(i * V + c) * dloss.at(i);
+          dh.set_at(i * H + k, dh.at(i * H + k) + dz * w.at(c * H + k));
+          dw.set_at(c * H + k, dw.at(c * H + k) + dz * h.at(i * H + k));
+        }
+    std::vector<Tensor> dh_sum(2), dw_sum(3);  // by row block, by vocab block
+    for (int64_t r = 0; r < mesh.size(); ++r) {
+      auto coords = mesh.coords(r);
+      const auto& g = grads[static_cast<size_t>(r)];
+      EXPECT_FALSE(g[2].defined());
+      for (auto [sum, part] : {std::pair{&dh_sum[static_cast<size_t>(coords[0])], &g[0]},
+                               std::pair{&dw_sum[static_cast<size_t>(coords[1])], &g[1]}}) {
+        if (!sum->defined()) {
+          *sum = part->clone();
+          continue;
+        }
+        for (int64_t i = 0; i < part->numel(); ++i) sum->set_at(i, sum->at(i) + part->at(i));
+      }
+    }
+    for (int64_t r = 0; r < mesh.size(); ++r) {
+      auto coords = mesh.coords(r);
+      Tensor want_h = local_part(dh, block_of({dh, hd}, mesh, r)), want_w = local_part(dw, block_of({dw, wd}, mesh, r));
+      const Tensor& got_h = dh_sum[static_cast<size_t>(coords[0])];
+      const Tensor& got_w = dw_sum[static_cast<size_t>(coords[1])];
+      ASSERT_EQ(got_h.shape(), want_h.shape());
+      ASSERT_EQ(got_w.shape(), want_w.shape());
+      for (int64_t i = 0; i < want_h.numel(); ++i) EXPECT_NEAR(got_h.at(i), want_h.at(i), 1e-12) << "dh rank " << r;
+      for (int64_t i = 0; i < want_w.numel(); ++i) EXPECT_NEAR(got_w.at(i), want_w.at(i), 1e-12) << "dW rank " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::ops

@@ -1,6 +1,7 @@
 // The storage cache (tensor/allocator.h): large blocks freed by tensors are reused, never handed
-// back to the system while the process runs; class sizes waste at most 12.5%; reused blocks are
-// zeroed when a zeroed tensor asks; huge blocks are 2 MiB aligned; rank threads share the cache.
+// back to the system while the process runs; requests are cut best fit from freed ranges, which join
+// their neighbours; reused blocks are zeroed when a zeroed tensor asks; huge blocks are 2 MiB
+// aligned; rank threads share the cache.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,19 +14,65 @@
 namespace shardwise {
 namespace {
 
-TEST(Allocator, ClassSizesArePagesAndWasteAtMostAnEighth) {
-  for (size_t bytes : {size_t{1} << 20, (size_t{1} << 20) + 1, size_t{3'000'001}, size_t{64} << 20,
-                       (size_t{64} << 20) + 12345, size_t{411'000'000}}) {
-    const size_t c = storage_class_size(bytes);
-    EXPECT_GE(c, bytes);
-    EXPECT_EQ(c % 4096, 0u);
-    EXPECT_LE(static_cast<double>(c), 1.125 * static_cast<double>(bytes) + 4096) << bytes;
+TEST(Allocator, RequestsAreWholePages) {
+  for (size_t bytes : {size_t{1} << 20, (size_t{1} << 20) + 1, size_t{3'000'001}, size_t{411'000'000}}) {
+    const size_t r = storage_request_size(bytes);
+    EXPECT_GE(r, bytes);
+    EXPECT_EQ(r % 4096, 0u);
+    EXPECT_LT(r - bytes, 4096u);
   }
-  // Requests of one class get one size: a freed block serves the next.
-  EXPECT_EQ(storage_class_size((size_t{64} << 20) + 1), storage_class_size((size_t{64} << 20) + 4096));
 }
 
-TEST(Allocator, AFreedLargeBlockServesTheNextRequestOfItsClass) {
+constexpr size_t kMiB = size_t{1} << 20;
+
+Tensor bytes_tensor(size_t bytes) { return Tensor::uninitialized(DType::U8, Shape{static_cast<int64_t>(bytes)}); }
+
+TEST(Allocator, ASmallerRequestIsCutFromAFreedBlockAndTheRestStaysFree) {
+  release_cached_storage();  // no free range left by other tests: best fit is predictable
+  const std::byte* base = nullptr;
+  { base = bytes_tensor(8 * kMiB).raw(); }
+  const AllocatorStats before = allocator_stats();
+  Tensor a = bytes_tensor(3 * kMiB);
+  Tensor b = bytes_tensor(5 * kMiB);
+  EXPECT_EQ(a.raw(), base);
+  EXPECT_EQ(b.raw(), base + 3 * kMiB);
+  const AllocatorStats after = allocator_stats();
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);  // both from the one freed block
+  EXPECT_EQ(after.reused, before.reused + 2);
+  EXPECT_EQ(after.cached_bytes, before.cached_bytes - static_cast<int64_t>(8 * kMiB));
+}
+
+TEST(Allocator, FreedNeighboursJoinAndServeALargerRequest) {
+  release_cached_storage();
+  const AllocatorStats start = allocator_stats();
+  { Tensor big = bytes_tensor(40 * kMiB); }  // a step's large buffer...
+  for (int step = 0; step < 5; ++step) {
+    const std::byte* big_at = nullptr;
+    {
+      std::vector<Tensor> pieces;  // ...then four smaller ones cut from it...
+      for (int i = 0; i < 4; ++i) pieces.push_back(bytes_tensor(10 * kMiB));
+      EXPECT_EQ(allocator_stats().reserved_bytes - start.reserved_bytes, static_cast<int64_t>(40 * kMiB)) << step;
+    }
+    {
+      Tensor big = bytes_tensor(40 * kMiB);  // ...which, freed, join into it again
+      big_at = big.raw();
+    }
+    EXPECT_NE(big_at, nullptr);
+  }
+  // A cache keyed by size would hold 80 MiB here (the 40 MiB block and four 10 MiB ones).
+  EXPECT_EQ(allocator_stats().reserved_bytes - start.reserved_bytes, static_cast<int64_t>(40 * kMiB));
+}
+
+TEST(Allocator, AReusedBlockIsZeroedWhenAZeroedTensorAsks) {
+  release_cached_storage();
+  { Tensor dirty = bytes_tensor(6 * kMiB); std::memset(dirty.raw(), 0x5a, dirty.nbytes()); }
+  Tensor zeroed(DType::F32, Shape{1024, 1024});  // 4 MiB cut from the dirty 6
+  EXPECT_EQ(allocator_stats().cached_bytes, static_cast<int64_t>(2 * kMiB));
+  for (int64_t i = 0; i < zeroed.numel(); i += 4099) ASSERT_EQ(zeroed.data<float>()[i], 0.0f) << i;
+  EXPECT_EQ(zeroed.data<float>()[zeroed.numel() - 1], 0.0f);
+}
+
+TEST(Allocator, AFreedLargeBlockServesTheNextRequestOfItsSize) {
   const Shape shape{1024, 1024};  // 4 MiB of f32
   const std::byte* first = nullptr;
   {

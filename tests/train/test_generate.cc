@@ -11,6 +11,7 @@
 #include "shardwise/runtime/runtime.h"
 #include "shardwise/train/generate.h"
 #include "shardwise/train/gpt_decode.h"
+#include "shardwise/train/models.h"
 #include "small_config.h"
 
 namespace shardwise::train {
@@ -74,7 +75,7 @@ std::vector<int64_t> teacher_forced_argmax(const std::vector<int64_t>& tokens) {
     for (int64_t i = 0; i < c.seq && i < static_cast<int64_t>(tokens.size()); ++i)
       ids.data<int64_t>()[i] = tokens[static_cast<size_t>(i)];
     rt.set_global("ids", ids);
-    rt.set_global("causal_mask", causal_mask(c.seq));
+    for (const auto& [name, t] : model_constants(c)) rt.set_global(name, t);  // none with fused attention
     rt.run();
     Tensor pred = rt.gather(gpt.g.value(gpt.predictions).name);
     out.assign(pred.data<int64_t>(), pred.data<int64_t>() + c.seq);

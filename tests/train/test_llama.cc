@@ -11,6 +11,7 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/llama.h"
+#include "shardwise/train/models.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {
@@ -188,6 +189,57 @@ TEST(Llama, ValidationLossIsTheSameOnEveryMesh) {
     for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << mesh << ", validation " << i;
   }
   std::filesystem::remove(data);
+}
+
+
+// Mixtral-style MoE MLPs (4 experts, top-2, aux and z losses) in every layer or in layer 1 only:
+// 20 steps on ep=2 (experts and, at the MoE layers, tokens split 2 ways), dp=2 x ep=2, and
+// tp=2 x ep=2 follow the single-rank curve; capacity mode too where it drops assignments.
+TrainConfig moe_config(const std::string& mesh) {
+  TrainConfig c = llama_test_config(mesh);
+  c.model.experts = 4, c.model.top_k = 2, c.model.aux_loss = 0.01, c.model.router_z_loss = 0.001;
+  return c;
+}
+
+TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
+  const Curve ref = train(moe_config("dp=1"));
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_LT(ref.losses.back(), ref.losses.front() * 0.8) << "the loss should fall";
+  const Curve dense = train(llama_test_config("dp=1"));
+  EXPECT_NE(dense.losses[1], ref.losses[1]) << "the MoE model must differ from the dense one";
+  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2"}) expect_same_curve(train(moe_config(mesh)), ref, mesh);
+  TrainConfig one_layer = moe_config("dp=1");
+  one_layer.model.moe_layers = {1};
+  one_layer.model.capacity_factor = 0.75;
+  const Curve one_ref = train(one_layer);
+  one_layer.mesh = "dp=2,ep=2";
+  expect_same_curve(train(one_layer), one_ref, "layer 1 only, capacity 0.75, dp=2,ep=2");
+}
+
+TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {
+  auto message = [](const TrainConfig& c, const char* mesh) {
+    try {
+      build_model(c.model, Strategy::from_mesh(mesh::parse_mesh(mesh), false), 8);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig c = moe_config("dp=1");
+  EXPECT_EQ(message(c, "ep=2"), "no error");
+  c.model.experts = 3;
+  c.model.top_k = 1;
+  EXPECT_NE(message(c, "ep=2").find("3 experts do not divide over ep=2"), std::string::npos) << message(c, "ep=2");
+  c.model.top_k = 4;
+  EXPECT_NE(message(c, "dp=1").find("--top-k 4 must be in [1, --experts 3]"), std::string::npos);
+  c = moe_config("dp=1");
+  c.model.moe_layers = {2};
+  EXPECT_NE(message(c, "dp=1").find("--moe-layers names layer 2"), std::string::npos) << message(c, "dp=1");
+  EXPECT_NE(message(llama_test_config("dp=1"), "ep=2").find("has an ep dim but the model has no experts"),
+            std::string::npos);
+  c = moe_config("dp=1");
+  EXPECT_NE(message(c, "pp=2,ep=2").find("--aux-loss and --router-z-loss with pp are not supported yet"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ namespace {
 
 struct Measured {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  int64_t gathered = 0;  // stage 3: the most bytes of all-gathered parameter copies at once
 };
 
 // One step of `c` on threads; per world rank, what its Trainer holds.
@@ -30,6 +31,7 @@ std::vector<Measured> measure(TrainConfig c) {
       for (const Tensor& g : runner.grads(s)) m.grads += g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
     m.optimizer = t.optimizer_state_bytes();
     m.activations = t.stages().last_stats().peak_activation_bytes;
+    m.gathered = t.stages().last_stats().peak_gathered_bytes;
   });
   return out;
 }
@@ -50,7 +52,8 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
   const std::vector<TrainConfig> runs = {
       config("dp=1"),           config("dp=2", 0, "v1", true), config("dp=2", 1, "v1"),
       config("dp=4", 1, "v2", true), config("dp=2,tp=2", 2, "v2"), config("dp=2,tp=2", 1, "v1", true),
-      config("pp=2,dp=2", 1, "v2"),  config("dp=3", 2, "v2", true)};
+      config("pp=2,dp=2", 1, "v2"),  config("dp=3", 2, "v2", true), config("dp=4", 3),
+      config("dp=2,tp=2", 3, "v1", true), config("pp=2,dp=2", 3), config("dp=3", 3)};
   std::vector<TrainConfig> all = runs;
   TrainConfig lora = config("dp=2,tp=2", 1, "v2");  // frozen base weights: parameters, no state
   lora.model.lora.rank = 4;
@@ -69,8 +72,10 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
       EXPECT_EQ(p.optimizer + p.masters, got[r].optimizer);
       EXPECT_EQ(p.masters > 0, c.bf16);
       // Stage 2 lets the full sums go after the reduce-scatter (the plan counts them to the peak).
-      EXPECT_EQ(c.sharding.stage >= 2 ? 0 : p.grads, got[r].grads);
-      if (c.sharding.stage >= 2) EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8);
+      // Stage 3's sums are the shards themselves (reduce-scattered per micro-batch by the graph).
+      EXPECT_EQ(c.sharding.stage == 2 ? 0 : p.grads, got[r].grads);
+      if (c.sharding.stage == 2) EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8);
+      if (c.sharding.stage == 3) EXPECT_EQ(p.grads, 4 * p.optimizer / 8);
     }
   }
 }
@@ -109,9 +114,9 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
 // One micro-batch: the runtime's last run is its backward, whose RunStats::peak_bytes counts every
 // buffer held (the shared parameters and constants too); the plan's working peak is the rest.
 TEST(MemoryPlan, WorkingBytesEqualTheRuntimesPeakOfBuffersInTheBackward) {
-  for (const char* mesh : {"dp=1", "dp=2,tp=2"}) {
+  for (const char* mesh : {"dp=1", "dp=2,tp=2", "dp=2,tp=2 stage 3"}) {
     for (const char* recompute : {"none", "selective", "full"}) {
-      TrainConfig c = config(mesh);
+      TrainConfig c = std::string(mesh).ends_with("stage 3") ? config("dp=2,tp=2", 3) : config(mesh);
       c.model.layers = 4, c.model.seq = 16, c.dropout = 0.1;
       c.model.recompute = recompute;
       c.accumulation = 1;
@@ -128,6 +133,27 @@ TEST(MemoryPlan, WorkingBytesEqualTheRuntimesPeakOfBuffersInTheBackward) {
       for (size_t r = 0; r < got.size(); ++r) {
         SCOPED_TRACE(fmt::format("{} recompute {} rank {}", mesh, recompute, r));
         EXPECT_EQ(plan.ranks[r].working, got[r]);
+      }
+    }
+  }
+}
+
+// Stage 3: the gathered parameter copies a step holds at once, planned over the same programs,
+// equal the runtime's measured peak (RunStats::peak_gathered_bytes) on every mesh and recompute mode.
+TEST(MemoryPlan, StageThreesGatheredParameterBytesEqualTheRuntimesPeak) {
+  for (const char* mesh : {"dp=2", "dp=2,tp=2", "pp=2,dp=2"}) {
+    for (const char* recompute : {"none", "full", "selective"}) {
+      TrainConfig c = config(mesh, 3);
+      c.model.layers = 4, c.model.recompute = recompute;
+      if (std::string(mesh).starts_with("pp")) c.global_batch = 16, c.accumulation = 2;
+      const MemoryPlan plan = plan_of(c);
+      const std::vector<Measured> got = measure(c);
+      for (size_t r = 0; r < got.size(); ++r) {
+        SCOPED_TRACE(fmt::format("{} recompute {} rank {}", mesh, recompute, r));
+        ASSERT_GT(got[r].gathered, 0);
+        EXPECT_EQ(plan.ranks[r].gathered, got[r].gathered);
+        EXPECT_EQ(plan.ranks[r].activations, got[r].activations);
+        EXPECT_LE(plan.ranks[r].gathered, plan.ranks[r].working);
       }
     }
   }

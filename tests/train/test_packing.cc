@@ -32,8 +32,13 @@ TEST(Packing, PositionsRestartAndAttentionStaysWithinEachDocument) {
   DocumentInputs d = document_inputs(ids, kEos);
   ASSERT_EQ(d.position_ids.shape(), (Shape{2, 6}));
   ASSERT_EQ(d.attention_mask.shape(), (Shape{2, 1, 6, 6}));
+  ASSERT_EQ(d.document_ids.shape(), (Shape{2, 6}));
+  EXPECT_FALSE(document_inputs(ids, 3, false).attention_mask.defined());
   const std::vector<int64_t> positions = {0, 1, 0, 1, 2, 0, 0, 1, 2, 3, 4, 5};
   for (size_t i = 0; i < positions.size(); ++i) EXPECT_EQ(d.position_ids.data<int64_t>()[i], positions[i]) << i;
+  // The document ids (fused attention) number the same documents: an eos ends its own.
+  const std::vector<int64_t> documents = {0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0};
+  for (size_t i = 0; i < documents.size(); ++i) EXPECT_EQ(d.document_ids.data<int64_t>()[i], documents[i]) << i;
   // Row t of sequence 0 may see keys [first of t's document, t].
   const int64_t first[6] = {0, 0, 2, 2, 2, 5};
   for (int64_t b = 0; b < 2; ++b)

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <set>
 
 #include "shardwise/comm/local.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/pipeline/simulate.h"
+#include "shardwise/train/models.h"
 #include "shardwise/train/staged.h"
 
 namespace shardwise::train {
@@ -27,7 +29,8 @@ constexpr int kMicroBatches = 4;
 constexpr uint64_t kSeed = 1234;
 
 // The reference: the whole model on one rank, gradients summed over the micro-batches.
-std::map<std::string, Tensor> single_rank_grads(const GptConfig& model, const Dataset& data) {
+std::map<std::string, Tensor> single_rank_grads(const GptConfig& model, const Dataset& data,
+                                                int micro_batches = kMicroBatches) {
   std::map<std::string, Tensor> out;
   comm::LocalWorld::run(1, [&](comm::Communicator& world) {
     Strategy s = Strategy::from_mesh(mesh::parse_mesh("dp=1"), false);
@@ -39,8 +42,8 @@ std::map<std::string, Tensor> single_rank_grads(const GptConfig& model, const Da
       const auto& val = gpt.g.value(v);
       rt.set_global(val.name, init_param(model, val.name, val.meta.shape, kSeed));
     }
-    rt.set_global("causal_mask", causal_mask(model.seq));
-    for (int a = 0; a < kMicroBatches; ++a) {
+    for (const auto& [name, t] : model_constants(model)) rt.set_global(name, t);  // none with fused attention
+    for (int a = 0; a < micro_batches; ++a) {
       Batch b = make_batch(data, a * kMicroBatch, kMicroBatch, model.seq);
       rt.set_global("ids", b.ids);
       rt.set_global("labels", b.labels);
@@ -63,16 +66,18 @@ struct PipelineStep {
   std::map<std::string, Tensor> grads;  // every rank's parameters (stage meshes of one process)
   std::vector<std::string> problems;    // peak mismatches
   std::vector<int64_t> peaks;           // per pipeline rank
+  bool shared_storage = false;          // two gradients, or a gradient and a parameter, share storage
 };
 
-PipelineStep run_pipeline(const GptConfig& model, const std::string& mesh, const PipelineConfig& pc, const Dataset& data) {
+PipelineStep run_pipeline(const GptConfig& model, const std::string& mesh, const PipelineConfig& pc, const Dataset& data,
+                          int micro_batches = kMicroBatches) {
   PipelineStep out;
   Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(mesh), false);
   std::mutex mu;
   const int ranks = static_cast<int>(strategy.mesh.size());
   out.peaks.assign(static_cast<size_t>(ranks), 0);
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
-    StagedGpt pp(model, strategy, pc, kMicroBatch, kMicroBatches, kSeed, causal_mask(model.seq),
+    StagedGpt pp(model, strategy, pc, kMicroBatch, micro_batches, kSeed, causal_mask(model.seq),
                  world.group(world.members()));
     StagedGpt::Result r = pp.forward_backward(&data, 0);
     // The simulator's peak for this rank from the frame bytes it measured for its stages.
@@ -89,7 +94,11 @@ PipelineStep run_pipeline(const GptConfig& model, const std::string& mesh, const
     if (predicted != st.peak_activation_bytes || predicted <= 0)
       out.problems.push_back(fmt::format("{} rank {}: measured peak {} B, simulated {} B", sch.name, world.rank(),
                                          st.peak_activation_bytes, predicted));
-    for (size_t i = 0; i < pp.params().size(); ++i) out.grads[pp.params()[i].name] = r.grads[i];
+    std::set<const std::byte*> storage;
+    for (size_t i = 0; i < pp.params().size(); ++i) {
+      out.grads[pp.params()[i].name] = r.grads[i];
+      out.shared_storage |= !storage.insert(r.grads[i].raw()).second || !storage.insert(pp.params()[i].param.raw()).second;
+    }
   });
   return out;
 }
@@ -123,6 +132,24 @@ TEST(Pipeline, GradientsOfEveryScheduleEqualTheSingleRankRun) {
   PipelineStep r = run_pipeline(eight, "pp=4", PipelineConfig{"interleaved", 2, true, true}, data);
   expect_same_grads(r.grads, single_rank_grads(eight, data), "interleaved v=2 on pp=4");
   EXPECT_TRUE(r.problems.empty()) << fmt::format("{}", fmt::join(r.problems, "\n"));
+}
+
+// With one micro-batch the runner takes the backward's gradient tensors as its sums instead of
+// copying them: the same bits as the single-rank runtime's gradients, on one stage and on two (the
+// tied embedding's two parts summed), and no sum shares storage with another or with a parameter.
+TEST(Pipeline, OneMicroBatchGivesTheSingleRankGradientsBitForBit) {
+  GptConfig model = small_model(4);
+  AdditionTask data(2, model.seq, kSeed);
+  auto ref = single_rank_grads(model, data, 1);
+  for (const char* mesh : {"dp=1", "pp=2"}) {
+    PipelineStep r = run_pipeline(model, mesh, PipelineConfig{"1f1b", 1, true, true}, data, 1);
+    ASSERT_EQ(r.grads.size(), ref.size()) << mesh;
+    for (const auto& [name, g] : ref) {
+      CompareResult c = compare(r.grads.at(name), g, 0, 0);
+      EXPECT_TRUE(c.equal) << mesh << ": " << name << ": " << c.message;
+    }
+    EXPECT_FALSE(r.shared_storage) << mesh;
+  }
 }
 
 TEST(Pipeline, MeasuredPeakActivationsEqualTheSimulatorWithAndWithoutRelease) {

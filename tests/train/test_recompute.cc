@@ -2,7 +2,8 @@
 // selective and first-layer-only recompute are bit for bit those without recompute on the same
 // mesh (the same kernels on the same inputs; dropout draws the same masks), for GPT-2 and Llama on
 // 1 rank, dp=2 x tp=2, tp=2 + sp and pp=2 (FThenB, 1F1B, interleaved, zero-bubble); and the activations a
-// micro-batch keeps after its forward shrink by exactly what the mode no longer keeps.
+// micro-batch keeps after its forward shrink by exactly what the mode no longer keeps. Also fused
+// attention (--attention fused) against the unfused graph on the same helpers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -26,6 +27,7 @@ GptConfig small(const std::string& type, int64_t layers) {
   if (m.is_llama()) m.kv_heads = 2, m.intermediate_size = 48, m.tie_word_embeddings = false;
   m.dropout = 0.1;
   m.dropout_seed = kSeed;
+  m.attention = "unfused";  // the selective formulas are the unfused core's (fused: FusedAttention* below)
   return m;
 }
 
@@ -126,6 +128,62 @@ TEST(Recompute, KeptActivationBytesFollowTheirFormulas) {
     // --recompute-layers 1: the first layer as full recompute keeps it, the others as without.
     EXPECT_EQ(kept(3, "full", 1) - full, 2 * (none - full) / 3);
     EXPECT_EQ(kept(3, "selective", 2), none - 2 * (none - selective) / 3);
+  }
+}
+
+// With fused attention (the default) the core keeps nothing [S, S]: selective recompute marks no
+// segment and keeps what no recompute keeps; full recompute re-runs the fused kernel (dropout
+// included) bit for bit. Per layer the fused core keeps, instead of the unfused core's probabilities,
+// dropped-out probabilities and mask (B NH S S x 9 bytes), its output [B, NH, S, HD] and log-sum-exp
+// [B, NH, S] (f32): exactly that for GPT-2; Llama's grouped q, k, v keep less besides.
+TEST(Recompute, FusedAttentionFullIsBitIdenticalAndSelectiveKeepsWhatNoneKeeps) {
+  for (const char* type : {"gpt2", "llama"}) {
+    for (const char* mesh : {"dp=1", "dp=2,tp=2", "pp=2"}) {
+      GptConfig model = small(type, 2);
+      model.attention = "fused";
+      const Step ref = run(model, mesh, false);
+      const std::string what = fmt::format("{} {} fused", type, mesh);
+      const Step full = run(with_recompute(model, "full"), mesh, false);
+      expect_identical(full, ref, what + " --recompute full");
+      EXPECT_LT(kept_bytes(full), kept_bytes(ref)) << what;
+      const Step selective = run(with_recompute(model, "selective"), mesh, false);
+      expect_identical(selective, ref, what + " --recompute selective");
+      EXPECT_EQ(kept_bytes(selective), kept_bytes(ref)) << what;
+    }
+    const GptConfig m = small(type, 3);
+    GptConfig fused = m;
+    fused.attention = "fused";
+    const int64_t B = kMicroBatch, S = m.seq, NH = m.heads, HD = m.hidden / m.heads;
+    const int64_t unfused_kept = run(m, "dp=1", false).forward_bytes.at(0);
+    const int64_t fused_kept = run(fused, "dp=1", false).forward_bytes.at(0);
+    const int64_t per_layer = B * NH * S * S * (4 + 4 + 1) - B * NH * S * HD * 4 - B * NH * S * 4;
+    if (m.is_llama()) {  // and the layouts of q, k, v differ (grouped, not repeated): at least that much
+      EXPECT_GE(unfused_kept - fused_kept, 3 * per_layer) << type;
+    } else {
+      EXPECT_EQ(unfused_kept - fused_kept, 3 * per_layer) << type;
+    }
+  }
+}
+
+// The fused core computes what the unfused graph computes, attention dropout included (the same
+// masks: with other masks the losses would differ by ~1e-2), up to float summation order: the loss
+// and every gradient on 1 rank, dp x tp (Llama: grouped kv heads sharded over tp) and pp.
+TEST(FusedAttention, LossAndGradientsFollowTheUnfusedGraphWithDropout) {
+  for (const char* type : {"gpt2", "llama"}) {
+    for (const char* mesh : {"dp=1", "dp=2,tp=2", "pp=2"}) {
+      const GptConfig unfused = small(type, 2);
+      GptConfig fused = unfused;
+      fused.attention = "fused";
+      const Step a = run(fused, mesh, false), b = run(unfused, mesh, false);
+      const std::string what = fmt::format("{} {}", type, mesh);
+      EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(b.loss)) << what;
+      ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+      for (const auto& [name, g] : b.grads) {
+        const Tensor& t = a.grads.at(name);
+        for (int64_t i = 0; i < g.numel(); ++i)
+          ASSERT_NEAR(t.at(i), g.at(i), 1e-5 * std::max(1.0, std::abs(g.at(i)))) << what << ": " << name << " " << i;
+      }
+    }
   }
 }
 

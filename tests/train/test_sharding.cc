@@ -1,85 +1,14 @@
 // Sharded optimizer state over dp (train/sharding.h): stage 1 (layouts v1 and v2) and stage 2 follow
 // plain data parallelism's loss curve on every mesh, hold the ZeRO formula's bytes per rank, and
 // checkpoint into whole tensors that load into any other layout and mesh bit for bit.
-#include <gtest/gtest.h>
-
-#include <filesystem>
-#include <map>
-#include <set>
-
 #include "llama_config.h"
-#include "shardwise/ckpt/commit.h"
-#include "shardwise/comm/local.h"
-#include "shardwise/comm/objects.h"
-#include "shardwise/train/checkpointing.h"
 #include "shardwise/train/models.h"
-#include "small_config.h"
+#include "sharding_runs.h"
 
 namespace shardwise::train {
 namespace {
 
-namespace fs = std::filesystem;
-
-TrainConfig sharded(TrainConfig c, int stage, const std::string& layout, bool bf16 = false) {
-  c.sharding = {stage, layout};
-  c.bf16 = bf16;
-  return c;
-}
-
-// The whole master, moments of every parameter (rank 0's view), keyed "<name>/<part>".
-using States = std::map<std::string, Tensor>;
-
-States gather_states(Trainer& t, comm::Communicator& world) {
-  nlohmann::json mine = nlohmann::json::array();
-  for (const ParamState& p : t.params()) mine.push_back(p.name);
-  std::set<std::string> names;
-  for (const nlohmann::json& rank : comm::all_gather_object(world, mine))
-    for (const auto& n : rank) names.insert(n.get<std::string>());
-  States out;
-  for (const std::string& name : names) {
-    for (auto [part, field] : {std::pair{"master", &ParamState::master}, std::pair{"exp_avg", &ParamState::exp_avg},
-                               std::pair{"exp_avg_sq", &ParamState::exp_avg_sq}}) {
-      Tensor whole = t.gather_state(name, field);
-      if (world.rank() == 0) out[name + "/" + part] = whole;
-    }
-  }
-  return out;
-}
-
-struct TrainRun {
-  std::vector<double> losses;
-  std::vector<int64_t> optimizer_bytes;  // per world rank
-  States states;                         // after the last step (with `gather`)
-};
-
-// `steps` steps of `c` on threads, after loading `from`, saving into `to` at the end.
-TrainRun train(const TrainConfig& c, int64_t steps, const fs::path& from = {}, const fs::path& to = {}, bool gather = false) {
-  TrainRun r;
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
-  r.optimizer_bytes.assign(static_cast<size_t>(ranks), 0);
-  comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
-    auto world = w.group(w.members());
-    Trainer t(c, world);
-    r.optimizer_bytes[static_cast<size_t>(w.rank())] = t.optimizer_state_bytes();
-    if (!from.empty()) load_trainer(t, *world, from);
-    for (int64_t s = 0; s < steps; ++s) {
-      double l = t.step().loss;
-      if (w.rank() == 0) r.losses.push_back(l);
-    }
-    if (!to.empty()) save_trainer(t, *world, to);
-    if (gather) {
-      States s = gather_states(t, *world);
-      if (w.rank() == 0) r.states = std::move(s);
-    }
-  });
-  return r;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("shardwise-sharding-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(d);
-  return d;
-}
+using namespace sharding_test;
 
 TEST(Sharding, V1AssignsParametersGreedilyByElementsAndV2CutsEqualRanges) {
   // v1: 10 -> r0, 7 -> r1, 5 -> r1 (7 < 10), 3 -> r0 (10 < 12), 1 -> r1 (12 < 13).
@@ -99,28 +28,19 @@ TEST(Sharding, V1AssignsParametersGreedilyByElementsAndV2CutsEqualRanges) {
   EXPECT_EQ(odd.counts[0], (std::vector<int64_t>{2, 3, 2, 3}));
 }
 
-TEST(Sharding, StageThreeAndUnknownLayoutsAreRefusedNamingThem) {
+TEST(Sharding, UnknownStagesAndLayoutsAreRefusedNamingThem) {
   try {
-    ShardingConfig{3, "v1"}.check();
+    ShardingConfig{4, "v1"}.check();
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--sharding-stage 3"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("not built"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--sharding-stage must be 0 (none), 1 (optimizer state), 2 (and gradients) or 3 "
+                                         "(and parameters), got 4"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(ShardingConfig({1, "v3"}).check(), Error);
   EXPECT_THROW(ShardingConfig({-1, "v1"}).check(), Error);
-}
-
-void expect_same_curve(const std::vector<double>& got, const std::vector<double>& want, const std::string& what,
-                       int* bit_exact, double rtol = 1e-5) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  bool exact = true;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_NEAR(got[i], want[i], rtol * want[i]) << what << " step " << i + 1;
-    exact = exact && got[i] == want[i];
-  }
-  if (exact) ++*bit_exact;
-  else std::cout << what << ": within " << rtol << ", not bit-identical\n";
+  EXPECT_NO_THROW(ShardingConfig({3, "v2"}).check());
 }
 
 // Stage 1 (v1, v2, v1 with bf16 masters) and stage 2 (v1, v2) against plain dp on the same mesh,
@@ -207,52 +127,16 @@ TEST(Sharding, OptimizerBytesPerRankFollowTheZeroFormula) {
   for (int64_t b : plain.optimizer_bytes) EXPECT_EQ(b, 8 * psi);
 }
 
-void expect_same_states(const States& got, const States& want, const std::string& what) {
-  ASSERT_FALSE(want.empty()) << what;
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [key, t] : want) {
-    CompareResult c = compare(got.at(key), t);
-    EXPECT_TRUE(c.equal) << what << " " << key << ": " << c.message;
-  }
-}
-
 // Saved from one layout and mesh, loaded into another: weights, moments and masters bit for bit,
 // and the resumed curve continues the uninterrupted one.
 TEST(Sharding, CheckpointsMoveBetweenLayoutsAndMeshesBitForBit) {
-  struct Case {
-    std::string from_mesh;
-    int from_stage;
-    std::string from_layout;
-    std::string to_mesh;
-    int to_stage;
-    std::string to_layout;
-  };
-  const std::vector<Case> cases = {
-      {"dp=4", 0, "v1", "dp=2,tp=2", 1, "v2"},     // none -> v2
-      {"dp=4", 2, "v2", "pp=2,dp=2", 1, "v1"},     // stage 2 -> v1, with pp
-      {"pp=2,dp=2", 1, "v2", "dp=4", 2, "v1"},     // v2 with pp -> stage 2
-      {"dp=2,tp=2", 1, "v1", "dp=1", 0, "v1"},     // v1 -> none
-  };
-  for (const Case& k : cases) {
-    const std::string what = fmt::format("{} stage {} {} -> {} stage {} {}", k.from_mesh, k.from_stage, k.from_layout,
-                                         k.to_mesh, k.to_stage, k.to_layout);
-    TrainConfig from = sharded(small_config(k.from_mesh, 8), k.from_stage, k.from_layout);
-    TrainConfig to = sharded(small_config(k.to_mesh, 8), k.to_stage, k.to_layout);
-    from.accumulation = to.accumulation = 2, from.micro_batch = to.micro_batch = 0;
-    const std::vector<double> whole = train(to, 8).losses;
-    fs::path root = fresh_dir("layouts");
-    TrainRun saved = train(from, 4, {}, root, true);
-    fs::path dir = ckpt::find_resume(root)->dir;
-    nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
-    EXPECT_EQ(state["sharding"]["stage"], k.from_stage) << what;
-    EXPECT_EQ(state["sharding"]["layout"], k.from_layout) << what;
-    TrainRun loaded = train(to, 0, dir, {}, true);
-    expect_same_states(loaded.states, saved.states, what);
-    std::vector<double> rest = train(to, 4, dir).losses;
-    ASSERT_EQ(rest.size(), 4u);
-    for (size_t i = 0; i < rest.size(); ++i) EXPECT_NEAR(rest[i], whole[4 + i], 1e-5 * whole[4 + i]) << what;
-    fs::remove_all(root);
-  }
+  for (const LayoutMove& k : std::vector<LayoutMove>{
+           {"dp=4", 0, "v1", "dp=2,tp=2", 1, "v2"},  // none -> v2
+           {"dp=4", 2, "v2", "pp=2,dp=2", 1, "v1"},  // stage 2 -> v1, with pp
+           {"pp=2,dp=2", 1, "v2", "dp=4", 2, "v1"},  // v2 with pp -> stage 2
+           {"dp=2,tp=2", 1, "v1", "dp=1", 0, "v1"},  // v1 -> none
+       })
+    expect_checkpoint_moves(k);
 }
 
 TEST(Sharding, Bf16MastersAndMomentsMoveBetweenV1AndStageTwoV2) {

@@ -55,6 +55,19 @@ TEST(Topology, LossCurvesOnEveryMeshFollowTheSingleRankCurve) {
   expect_every_mesh_follows(small("dp=1"), ref, "");
 }
 
+// The fused LM head (the default, lm_head_cross_entropy; vocab-parallel with tp) on every mesh
+// follows the curve of the unfused pair (the logits whole, then cross_entropy) on one rank: the
+// same loss formula, only the GEMM's row blocking differs.
+TEST(Topology, FusedHeadFollowsTheUnfusedCurveOnEveryMesh) {
+  TrainConfig unfused = small("dp=1");
+  unfused.model.lm_head = "unfused";
+  std::vector<double> ref = losses(unfused, 1);
+  TrainConfig fused = small("dp=1");
+  ASSERT_EQ(fused.model.lm_head, "fused");
+  expect_same_curve(losses(fused, 1), ref, "fused dp=1");
+  expect_every_mesh_follows(fused, ref, "fused ");
+}
+
 TEST(Topology, BadBatchCombinationsAreRefusedWithTheNumbers) {
   TrainConfig c = small("dp=2");
   c.global_batch = 10, c.micro_batch = 4;

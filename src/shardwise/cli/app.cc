@@ -53,12 +53,18 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "or selective (recompute the attention core: scores, softmax, dropout, probs x V)");
   t->add_option("--recompute-layers", c.model.recompute_layers,
                 "recompute only the first N layers of each pipeline stage (default: all)");
+  t->add_option("--attention", c.model.attention,
+                "attention core: fused (default; tiled causal attention, nothing [S, S] kept for the backward) or "
+                "unfused (scores, mask, softmax, dropout and probs x V as separate ops)");
+  t->add_option("--lm-head", c.model.lm_head,
+                "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~64 MiB "
+                "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   t->add_option("--sharding-stage", c.sharding.stage,
-                 "optimizer state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
-                 "(reduce-scattered); 3 is not built");
+                 "state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
+                 "(reduce-scattered), 3 and parameters (FSDP: all-gathered before each use, freed after it)");
   t->add_option("--sharding-layout", c.sharding.layout,
-                "with --sharding-stage 1|2: v1 (each parameter's state on one dp rank, balanced by size) or v2 "
+                "with --sharding-stage 1|2 (stage 3 cuts each parameter by rows): v1 (each parameter's state on one dp rank, balanced by size) or v2 "
                 "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
   t->add_option("--overlap-grad-reduce", c.overlap_grad_reduce,
                 "the dp reduction of the gradients: on (in buckets, each started while the backward runs), after "
@@ -108,6 +114,16 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--vocab", c.model.vocab, "vocabulary size");
   t->add_option("--kv-heads", c.model.kv_heads, "llama: key/value heads, dividing --heads (0: as many as --heads)");
   t->add_option("--intermediate-size", c.model.intermediate_size, "llama: the SwiGLU MLP's width (0: 4 x hidden)");
+  t->add_option("--experts", c.model.experts,
+                "llama: experts per MoE MLP (Mixtral's block_sparse_moe; 0: dense MLPs); split over an ep mesh dim");
+  t->add_option("--top-k", c.model.top_k, "llama with --experts: experts per token");
+  t->add_option("--moe-layers", c.model.moe_layers, "llama with --experts: the MoE layers (default: every layer)")
+      ->delimiter(',');
+  t->add_option("--aux-loss", c.model.aux_loss, "llama with --experts: the load-balancing loss coefficient");
+  t->add_option("--router-z-loss", c.model.router_z_loss, "llama with --experts: the router z-loss coefficient");
+  t->add_option("--capacity-factor", c.model.capacity_factor,
+                "llama with --experts: tokens per expert = ceil(factor x tokens x top-k / experts), the rest dropped "
+                "(0: dropless)");
   t->add_option("--rope-theta", c.model.rope_theta, "llama: the rotary embedding's base");
   t->add_option("--rms-norm-eps", c.model.rms_norm_eps, "llama: the RMSNorm epsilon");
   t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,

@@ -70,6 +70,7 @@ struct TrainOptions {
   train::TrainConfig config;
   std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
   std::string gemm_line;      // the run header's line, set by cmd_train
+  int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
   std::string config_file;  // --config: a TOML file of long option names (the command line wins)
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
   std::string run_dir = "runs/demo";
@@ -116,6 +117,7 @@ inline constexpr double kTemperatureUnset = -1;  // --temperature's default: gre
 struct GenerateOptions {
   std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
   std::string gemm_line;      // what runs the GEMMs and why, set by cmd_generate
+  int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_generate
   std::string checkpoint;  // --checkpoint / --init-from: a checkpoint or model directory
   std::string config_file;
   std::vector<std::string> prompts;  // --prompt, repeatable (text: byte vocabularies)

@@ -16,6 +16,7 @@
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
+#include "shardwise/tensor/parallel.h"
 #include "shardwise/train/generate.h"
 #include "shardwise/train/model_io.h"
 #include "shardwise/train/tokenizer.h"
@@ -192,6 +193,7 @@ void write_logits(const train::GenerateResult& r, int64_t vocab, const std::stri
 
 void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator& world_ref,
                    std::shared_ptr<comm::Communicator> world, std::ostream& out) {
+  RankThreads threads(o.kernel_threads);  // this rank's kernel threads (tensor/parallel.h)
   const int64_t process = world->members()[static_cast<size_t>(world->rank())];
   train::Generator gen(run.model, run.strategy, world, train::checkpoint_weights(run.dir, run.model, process));
   train::GenerateResult r = gen.generate(run.prompts, run.config);
@@ -273,6 +275,9 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
   o.gemm_line = choose_gemm(o.gemm);
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);
+  // Each rank's kernels split their loops over as many threads as its GEMMs use (one per rank when
+  // ranks share the machine, the GEMM library's count for one rank): the cores in use stay the same.
+  o.kernel_threads = mpi || ranks > 1 ? 1 : blas_threads();
   if (mpi) {
     return comm::run_mpi_main([&](comm::Communicator& world) { generate_rank(run, o, world, comm::mpi_world(), out); });
   }

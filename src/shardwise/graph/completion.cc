@@ -236,4 +236,20 @@ std::string explain(const Graph& g, const Completion& c, ValueId v) {
                      c.why[static_cast<size_t>(v)]);
 }
 
+int shard_params_over(const Graph& g, Completion& c, int mesh_dim) {
+  SW_CHECK(mesh_dim >= 0 && mesh_dim < c.mesh.ndim(), "shard_params_over: mesh {} has no dim {}", c.mesh.to_string(),
+           mesh_dim);
+  int sharded = 0;
+  for (ValueId p : g.params()) {
+    mesh::DistAttr& d = c.dist[static_cast<size_t>(p)];
+    if (g.value(p).meta.shape.ndim() == 0 || !d[mesh_dim].is_replicate()) continue;
+    mesh::MeshDimList order = d.mesh_dims_of(0);
+    order.push_back(mesh_dim);
+    d.set_shard_order(0, order);
+    c.why[static_cast<size_t>(p)] += fmt::format("; sharding stage 3: stored split over mesh dim {}", mesh_dim);
+    ++sharded;
+  }
+  return sharded;
+}
+
 }  // namespace shardwise::graph

@@ -40,6 +40,15 @@ struct CompletionOptions {
 
 Completion complete(const Graph& g, const mesh::ProcessMesh& mesh, const CompletionOptions& options = {});
 
+// Sharding stage 3 (FSDP), after completion: every parameter of g (not frozen leaves) that
+// `mesh_dim` replicates is stored sharded over it on tensor dim 0, split after the mesh dims that
+// already shard dim 0 (a tp block's rows are cut into mesh_dim chunks; uneven or empty chunks as
+// the layout allows). The kernels keep reading the completed distributions (node_inputs), so
+// lowering all-gathers each parameter before use, and its gradient, reduced into the parameter's
+// distribution, becomes a reduce-scatter (LowerOptions::regather_params frees the gathered copies).
+// Returns how many parameters it sharded.
+int shard_params_over(const Graph& g, Completion& c, int mesh_dim);
+
 // "h = matmul(x, w1)  [S(0),R] x [R,S(1)] -> [S(0),S(1)]" for every node, plus `why` on request.
 std::string explain(const Graph& g, const Completion& c, ValueId v);
 

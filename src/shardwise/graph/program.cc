@@ -3,6 +3,7 @@
 #include <map>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/op.h"
 
 namespace shardwise::graph {
 namespace {
@@ -12,7 +13,12 @@ using mesh::DistAttr;
 class Lowerer {
  public:
   Lowerer(const Graph& g, const Completion& c, const LowerOptions& options)
-      : g_(g), c_(c), cost_(options.cost), order_(options.order), partial_dims_(options.partial_grad_dims) {
+      : g_(g),
+        c_(c),
+        cost_(options.cost),
+        order_(options.order),
+        partial_dims_(options.partial_grad_dims),
+        regather_(options.regather_params) {
     p_.mesh = c.mesh;
     p_.value_slot.assign(g.values().size(), -1);
   }
@@ -21,31 +27,61 @@ class Lowerer {
     for (const Value& v : g_.values()) {
       if (v.producer < 0) p_.value_slot[static_cast<size_t>(v.id)] = slot(v.id, c_.dist[static_cast<size_t>(v.id)]);
     }
+    const std::vector<ValueId> params = g_.params();
+    p_.param_grad_slot.assign(params.size(), -1);
+    std::map<ValueId, size_t> grad_of;  // regather_params: gradient value -> parameter index
+    if (regather_) {
+      for (size_t i = 0; i < params.size(); ++i)
+        if (g_.value(params[i]).grad >= 0) grad_of[g_.value(params[i]).grad] = i;
+    }
+    auto lower_and_reduce = [&](const Node& n) {
+      lower(n);
+      // Stage 3: a gradient is reduce-scattered as soon as it is complete, so the full sum does not
+      // wait for the end of the backward (every full gradient would be alive there at once).
+      for (ValueId o : n.outputs)
+        if (auto it = grad_of.find(o); it != grad_of.end()) p_.param_grad_slot[it->second] = reduce_grad(params[it->second]);
+    };
     if (order_.empty()) {
-      for (const Node& n : g_.nodes()) lower(n);
+      for (const Node& n : g_.nodes()) lower_and_reduce(n);
     } else {
       SW_CHECK(order_.size() == g_.nodes().size(), "lower: the order names {} of the {} nodes", order_.size(),
                g_.nodes().size());
-      for (NodeId n : order_) lower(g_.node(n));
+      for (NodeId n : order_) lower_and_reduce(g_.node(n));
     }
-    for (ValueId p : g_.params()) {
-      ValueId grad = g_.value(p).grad;
-      if (grad < 0) {
-        p_.param_grad_slot.push_back(-1);
-        continue;
-      }
-      DistAttr want = c_.dist[static_cast<size_t>(p)];
-      const DistAttr& got = p_.slots[static_cast<size_t>(slot_of(grad))].dist;
-      for (int d : partial_dims_) {
-        if (got[d].is_partial() && want[d].is_replicate()) want.set(d, got[d]);
-      }
-      p_.param_grad_slot.push_back(in_dist(grad, slot_of(grad), want));
-    }
+    for (size_t i = 0; i < params.size(); ++i)
+      if (p_.param_grad_slot[i] < 0 && g_.value(params[i]).grad >= 0) p_.param_grad_slot[i] = reduce_grad(params[i]);
     return std::move(p_);
   }
 
  private:
-  static std::string key(ValueId v, const DistAttr& d) { return fmt::format("{}|{}", v, d.to_string()); }
+  // The slot of parameter p's gradient in p's distribution (Partial kept on partial_dims_).
+  int reduce_grad(ValueId p) {
+    const ValueId grad = g_.value(p).grad;
+    DistAttr want = c_.dist[static_cast<size_t>(p)];
+    const DistAttr& got = p_.slots[static_cast<size_t>(slot_of(grad))].dist;
+    for (int d : partial_dims_) {
+      if (got[d].is_partial() && want[d].is_replicate()) want.set(d, got[d]);
+    }
+    return in_dist(grad, slot_of(grad), want);
+  }
+
+  // A parameter's copy in another distribution than its own carries the reader's tag under
+  // regather_params (a fresh all-gather per tag), every other slot is keyed by value and distribution.
+  std::string key(ValueId v, const DistAttr& d) const {
+    std::string k = fmt::format("{}|{}", v, d.to_string());
+    if (!tag_.empty() && g_.value(v).kind == ValueKind::Param && d != c_.dist[static_cast<size_t>(v)]) k += tag_;
+    return k;
+  }
+  // The regather tag of node n's reads: each plain forward node its own; a recompute copy and the
+  // Backward nodes of a segment's nodes share the segment's (the copies run right before the
+  // segment's backward); other Backward nodes their own.
+  std::string regather_tag(const Node& n) const {
+    if (!regather_) return "";
+    int segment = -1;
+    if (n.kind == NodeKind::Backward) segment = g_.node(n.forward).segment;
+    else if (n.recomputes >= 0) segment = g_.node(n.recomputes).segment;
+    return segment >= 0 ? fmt::format("#s{}", segment) : fmt::format("#n{}", n.id);
+  }
 
   int slot(ValueId v, const DistAttr& d) {
     auto [it, fresh] = slots_.try_emplace(key(v, d), static_cast<int>(p_.slots.size()));
@@ -74,7 +110,22 @@ class Lowerer {
     return to;
   }
 
+  // Under regather_params: a gathered parameter the gradient kernel reads the shape of only (a bias
+  // add's, an embedding's weight) is not gathered again for the backward; its slot is never
+  // produced and the runtime gives the kernel a stand-in of its shape.
+  bool shape_only_param(const Node& n, size_t k, ValueId v, const DistAttr& d) const {
+    if (!regather_ || g_.value(v).kind != ValueKind::Param || d == c_.dist[static_cast<size_t>(v)]) return false;
+    if (c_.node_inputs[static_cast<size_t>(n.id)][k] != d) return false;
+    return !ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+  }
+
   void lower(const Node& n) {
+    tag_ = regather_tag(n);
+    lower_node(n);
+    tag_.clear();
+  }
+
+  void lower_node(const Node& n) {
     auto ni = static_cast<size_t>(n.id);
     Instr ins;
     ins.node = n.id;
@@ -92,7 +143,8 @@ class Lowerer {
           // An input is read as the forward node read it; a recompute copy (v made by apply_recompute)
           // may be laid out otherwise where no copy of f resharded it: resharded here.
           const DistAttr& d = c_.node_inputs[static_cast<size_t>(f.id)][k];
-          if (k < nin && slots_.contains(key(v, d))) from = slot(v, d);
+          if (k < nin && shape_only_param(n, k, v, d)) from = slot(v, d);  // never produced: a stand-in
+          else if (k < nin && slots_.contains(key(v, d))) from = slot(v, d);
           else if (k < nin) from = from < 0 ? -1 : in_dist(v, from, d);
           else if (k < nin + nout) from = slot(v, c_.node_outputs[static_cast<size_t>(f.id)][k - nin]);
         }
@@ -119,6 +171,8 @@ class Lowerer {
   const reshard::CostModel& cost_;
   const std::vector<NodeId>& order_;
   std::vector<int> partial_dims_;
+  bool regather_ = false;
+  std::string tag_;  // the node being lowered's regather tag
   Program p_;
   std::map<std::string, int> slots_;
 };
@@ -126,7 +180,7 @@ class Lowerer {
 }  // namespace
 
 Program lower(const Graph& g, const Completion& c, const reshard::CostModel& cost, const std::vector<NodeId>& order) {
-  return Lowerer(g, c, LowerOptions{cost, order, {}}).run();
+  return Lowerer(g, c, LowerOptions{cost, order, {}, false}).run();
 }
 Program lower(const Graph& g, const Completion& c, const LowerOptions& options) { return Lowerer(g, c, options).run(); }
 

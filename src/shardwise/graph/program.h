@@ -56,6 +56,15 @@ struct LowerOptions {
   // sums over the optimizer's shards instead of the all-reduce). Empty: every parameter gradient is
   // reduced into the parameter's distribution.
   std::vector<int> partial_grad_dims;
+  // Sharding stage 3 (shard_params_over): a parameter laid out otherwise than its consumers read it
+  // (Shard over dp) is resharded (all-gathered) for each forward consumer on its own, and once per
+  // recompute segment (or per node outside one) for the backward: the gathered copy is freed after
+  // its reader(s), never kept from the forward to the backward by reuse; a gradient kernel that
+  // reads only its shape (OpDef::backward_reads) gets a slot no instruction produces (the runtime
+  // hands it a stand-in). And each parameter gradient is reduced into the parameter's distribution
+  // (the reduce-scatter) right after the node completing it, not after the whole backward. Off: one
+  // reshard per distribution, reused by every later consumer; the gradients reduced at the end.
+  bool regather_params = false;
 };
 
 // `order`: as LowerOptions::order.

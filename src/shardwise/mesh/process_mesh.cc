@@ -86,6 +86,17 @@ int64_t ProcessMesh::rank_index_of_process(int64_t process_id) const {
   return it - process_ids_.begin();
 }
 
+std::vector<int64_t> ProcessMesh::processes_along(int64_t process_id, int mesh_dim) const {
+  if (mesh_dim < 0) return {process_id};
+  std::vector<int64_t> coords = this->coords(rank_index_of_process(process_id));
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < dim_size(mesh_dim); ++d) {
+    coords[static_cast<size_t>(mesh_dim)] = d;
+    out.push_back(process_ids_[static_cast<size_t>(rank_index(coords))]);
+  }
+  return out;
+}
+
 bool ProcessMesh::contains(int64_t process_id) const {
   return std::find(process_ids_.begin(), process_ids_.end(), process_id) != process_ids_.end();
 }

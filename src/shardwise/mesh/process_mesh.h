@@ -32,6 +32,9 @@ class ProcessMesh {
   // Rank index of a process id; Error if the process is not in the mesh.
   int64_t rank_index_of_process(int64_t process_id) const;
   bool contains(int64_t process_id) const;
+  // The process ids of the ranks that differ from `process_id`'s only along `mesh_dim`, by their
+  // coordinate there (`process_id` itself alone when mesh_dim < 0): a dp or tp group.
+  std::vector<int64_t> processes_along(int64_t process_id, int mesh_dim) const;
 
   std::string to_string() const;  // "[2,3]" or "[dp=2,tp=3]"
   friend bool operator==(const ProcessMesh& a, const ProcessMesh& b) {

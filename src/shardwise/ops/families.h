@@ -16,7 +16,9 @@
   X(channel_norm)                \
   X(misc)                        \
   X(activation)                  \
-  X(rotary)
+  X(rotary)                      \
+  X(moe)                         \
+  X(attention)
 
 namespace shardwise::ops {
 

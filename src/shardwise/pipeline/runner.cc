@@ -1,5 +1,7 @@
 #include "shardwise/pipeline/runner.h"
 
+#include <unordered_set>
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -20,6 +22,7 @@ struct PipelineRunner::Local {
   std::vector<bool> handed;                    // this step: grads[i] given to grad_ready_
   std::vector<std::vector<size_t>> grads_at;  // per execution position: the parameters whose gradient it writes
   size_t last_action = SIZE_MAX;               // the stage's last backward action (its sums complete there)
+  std::unordered_set<const std::byte*> held;   // add_to_sum, one micro-batch: storage not to take
   int accumulated = 0;
   reshard::Plan to_next, from_prev, grad_to_prev, grad_from_next;
 };
@@ -194,30 +197,38 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
   if (!stats.forward_bytes.contains(s)) stats.forward_bytes[s] = frame_bytes(l, l.frames[mb]);
 }
 
+void PipelineRunner::add_to_sum(Local& l, size_t i) {
+  const graph::Program& p = l.compiled.program;
+  const int slot = p.param_grad_slot[static_cast<size_t>(i)];
+  const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
+  SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
+           p.slots[static_cast<size_t>(slot)].name);
+  // With one micro-batch the sums are the gradients themselves: the runtime lets go of this
+  // backward's buffers right after (set_buffers(l.shared)), so an f32 gradient is taken, not
+  // copied, unless its storage is also held by a kept buffer (a parameter, a constant) or by a
+  // gradient taken already (the caller scales and clips the sums in place).
+  if (schedule_.micro_batches == 1 && g.dtype() == DType::F32 && g.numel() > 0 && l.held.insert(g.raw()).second) {
+    l.grads[i] = g;
+    return;
+  }
+  accumulate_grad(l.grads[i], g);
+}
+
 void PipelineRunner::hand_over(Local& l, size_t i) {
   if (l.handed[i]) return;
-  const graph::Program& p = l.compiled.program;
-  const Tensor& g = l.rt->buffers()[static_cast<size_t>(p.param_grad_slot[i])];
-  SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
-           p.slots[static_cast<size_t>(p.param_grad_slot[i])].name);
-  accumulate_grad(l.grads[i], g);
+  add_to_sum(l, i);
   l.handed[i] = true;
   grad_ready_(l.spec.stage, i, l.grads[i]);
+  // The gradient's buffer goes now rather than at the action's end: what is still needed is the
+  // sum (the runner's or the callee's), so a sum the callee takes and drops frees its bytes.
 }
 
 void PipelineRunner::accumulate(Local& l) {
   const graph::Program& p = l.compiled.program;
   for (size_t i = 0; i < p.param_grad_slot.size(); ++i) {
-    int slot = p.param_grad_slot[i];
-    if (slot < 0 || l.handed[i]) continue;
-    if (grad_ready_ && action_ == l.last_action) {
-      hand_over(l, i);
-      continue;
-    }
-    const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
-    SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
-             p.slots[static_cast<size_t>(slot)].name);
-    accumulate_grad(l.grads[i], g);
+    if (p.param_grad_slot[i] < 0 || l.handed[i]) continue;
+    if (grad_ready_ && action_ == l.last_action) hand_over(l, i);
+    else add_to_sum(l, i);
   }
   ++l.accumulated;
 }
@@ -230,6 +241,12 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
   rt.set_buffers(std::move(it->second));
   l.frames.erase(it);
   rt.set_sample_offset(l.sample_offsets.at(mb));
+  l.held.clear();  // add_to_sum: the storage of the kept buffers, then of the gradients taken
+  if (schedule_.micro_batches == 1) {
+    for (const Tensor& t : l.shared) {
+      if (t.defined()) l.held.insert(t.raw());
+    }
+  }
   // The stage's last backward action (a split schedule's last weight gradient: the input gradient
   // of the last micro-batch may run before other micro-batches' weight gradients): each gradient
   // is handed on when computed.
@@ -298,7 +315,10 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
     }
     const double end = seconds_since(t0);
     stats.timeline.push_back({a, start, end});
-    if (is_compute(a.kind)) stats.compute_seconds += end - start;
+    if (is_compute(a.kind)) {
+      stats.compute_seconds += end - start;
+      stats.peak_gathered_bytes = std::max(stats.peak_gathered_bytes, local(a.stage).rt->stats().peak_gathered_bytes);
+    }
     stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, activation_bytes());
   }
   stats.seconds = seconds_since(t0);

@@ -41,6 +41,9 @@ struct StepStats {
   double seconds = 0;      // the step on this process
   double compute_seconds = 0;  // in forward/backward actions
   int64_t peak_activation_bytes = 0;
+  // The most bytes of gathered parameter copies held at once in one compute action
+  // (runtime::RunStats::peak_gathered_bytes; sharding stage 3).
+  int64_t peak_gathered_bytes = 0;
   std::vector<ActionTime> timeline;
   // Per local stage: the frame's bytes after the first micro-batch's forward and after its input
   // gradient (split schedules): the simulator's StageCosts::activation_bytes / weight_grad_bytes.
@@ -95,6 +98,7 @@ class PipelineRunner {
   void forward(Local& l, int mb, const Feed& feed, const Feed& on_result, StepStats& stats);
   void backward(Local& l, int mb, ActionKind kind, StepStats& stats);
   void accumulate(Local& l);
+  void add_to_sum(Local& l, size_t i);  // the backward's gradient i into its sum
   void hand_over(Local& l, size_t i);
   int64_t frame_bytes(const Local& l, const std::vector<Tensor>& frame) const;
   int64_t activation_bytes() const;

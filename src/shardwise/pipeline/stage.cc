@@ -42,6 +42,13 @@ std::vector<int> phases(const graph::Graph& g, const graph::Program& p, int forw
   return phase;
 }
 
+int mesh_dim_named(const mesh::ProcessMesh& mesh, const std::string& dim, int stage, const char* what) {
+  const std::vector<std::string>& names = mesh.dim_names();
+  auto it = std::find(names.begin(), names.end(), dim);
+  SW_CHECK(it != names.end(), "stage {}: no mesh dim '{}' to {} (mesh {})", stage, dim, what, mesh.to_string());
+  return static_cast<int>(it - names.begin());
+}
+
 }  // namespace
 
 CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool split) {
@@ -68,14 +75,13 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
   }
   graph::Completion completion = graph::complete(g, mesh);
   graph::LowerOptions lower;
-  if (spec.training) lower.order = graph::apply_recompute(g, completion).order;  // no-op without segments
-  for (const std::string& dim : spec.partial_grad_dims) {
-    const std::vector<std::string>& names = mesh.dim_names();
-    auto it = std::find(names.begin(), names.end(), dim);
-    SW_CHECK(it != names.end(), "stage {}: no mesh dim '{}' to leave parameter gradients Partial on (mesh {})", spec.stage,
-             dim, mesh.to_string());
-    lower.partial_grad_dims.push_back(static_cast<int>(it - names.begin()));
+  if (!spec.shard_params_dim.empty()) {
+    graph::shard_params_over(g, completion, mesh_dim_named(mesh, spec.shard_params_dim, spec.stage, "store parameters sharded over"));
+    lower.regather_params = true;
   }
+  if (spec.training) lower.order = graph::apply_recompute(g, completion).order;  // no-op without segments
+  for (const std::string& dim : spec.partial_grad_dims)
+    lower.partial_grad_dims.push_back(mesh_dim_named(mesh, dim, spec.stage, "leave parameter gradients Partial on"));
   out.program = graph::lower(g, completion, lower);
   const graph::Program& p = out.program;
   std::vector<int> producer;

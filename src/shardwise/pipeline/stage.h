@@ -31,6 +31,10 @@ struct StageSpec {
   // Mesh dims (by name) along which parameter gradients are left Partial (graph::LowerOptions):
   // sharding stage 2 puts "dp" here and reduce-scatters the sums itself.
   std::vector<std::string> partial_grad_dims;
+  // Sharding stage 3: the mesh dim (by name; "" none) over which every parameter is stored sharded
+  // (graph::shard_params_over), all-gathered before each use and re-gathered for the backward
+  // (graph::LowerOptions::regather_params). Every graph of a run sharing the parameters needs it.
+  std::string shard_params_dim;
 };
 
 struct CompiledStage {

@@ -73,6 +73,19 @@ Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr
   for (int s : p.param_grad_slot) {
     if (s >= 0) kept_[static_cast<size_t>(s)] = true;
   }
+  // Slots nothing produces: a gathered parameter read for its shape only (LowerOptions::regather_params).
+  unproduced_.assign(p.slots.size(), true);
+  for (int s : p.value_slot)
+    if (s >= 0) unproduced_[static_cast<size_t>(s)] = false;
+  for (const graph::Instr& ins : p.instrs)
+    for (int s : ins.out)
+      if (s >= 0) unproduced_[static_cast<size_t>(s)] = false;
+  gathered_.assign(p.slots.size(), false);
+  for (size_t s = 0; s < p.slots.size(); ++s) {
+    const graph::ValueId v = p.slots[s].value;
+    gathered_[s] = v >= 0 && g.value(v).kind == graph::ValueKind::Param &&
+                   p.value_slot[static_cast<size_t>(v)] != static_cast<int>(s);
+  }
 }
 
 Runtime::~Runtime() = default;
@@ -169,9 +182,14 @@ void Runtime::run(size_t begin, size_t end) {
            order_.size());
   stats_ = {};
   int64_t sent_before = resharder_.bytes_sent();
-  int64_t live = 0;
-  for (const Tensor& t : buffers_) live += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  int64_t live = 0, gathered = 0;
+  auto held = [&](size_t s) { return buffers_[s].defined() ? static_cast<int64_t>(buffers_[s].nbytes()) : int64_t{0}; };
+  for (size_t s = 0; s < buffers_.size(); ++s) {
+    live += held(s);
+    if (gathered_[s]) gathered += held(s);
+  }
   stats_.peak_bytes = live;
+  stats_.peak_gathered_bytes = gathered;
   RankProfile* const profile = active_profile();  // null unless profiling (--profile)
   for (size_t i = begin; i < end; ++i) {
     const graph::Instr& ins = p_.instrs[static_cast<size_t>(order_[i])];
@@ -180,7 +198,7 @@ void Runtime::run(size_t begin, size_t end) {
     for (size_t k = 0; k < ins.in.size(); ++k) {
       int s = ins.in[k];
       const Tensor& t = buffers_[static_cast<size_t>(s)];
-      if (!t.defined() && !reads_value(ins, k)) {
+      if (!t.defined() && (!reads_value(ins, k) || unproduced_[static_cast<size_t>(s)])) {
         in.push_back(stand_in(s));  // released: the kernel reads its shape only
         continue;
       }
@@ -224,16 +242,19 @@ void Runtime::run(size_t begin, size_t end) {
     for (size_t k = 0; k < ins.out.size(); ++k) {
       int s = ins.out[k];
       if (s < 0 || k >= out.size()) continue;
-      live -= buffers_[static_cast<size_t>(s)].defined() ? static_cast<int64_t>(buffers_[static_cast<size_t>(s)].nbytes()) : 0;
+      const int64_t before = held(static_cast<size_t>(s));
       buffers_[static_cast<size_t>(s)] = out[k];
-      live += out[k].defined() ? static_cast<int64_t>(out[k].nbytes()) : 0;
+      live += held(static_cast<size_t>(s)) - before;
+      if (gathered_[static_cast<size_t>(s)]) gathered += held(static_cast<size_t>(s)) - before;
     }
     if (profile) record_instr(*profile, i, ins, in, out, started);
     stats_.peak_bytes = std::max(stats_.peak_bytes, live);
+    stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, gathered);
     for (int s : ins.in) {
       auto si = static_cast<size_t>(s);
       if (s >= 0 && last_use_[si] == static_cast<int>(i) && !kept_[si] && buffers_[si].defined()) {
         live -= static_cast<int64_t>(buffers_[si].nbytes());
+        if (gathered_[si]) gathered -= static_cast<int64_t>(buffers_[si].nbytes());
         buffers_[si] = Tensor();
       }
     }

@@ -18,6 +18,9 @@ class RankProfile;
 
 struct RunStats {
   int64_t peak_bytes = 0;        // most bytes held by this rank's buffers at once during run()
+  // Of those, the most held at once by parameters' copies in another distribution than their own
+  // (sharding stage 3: the all-gathered working copies of dp-sharded parameters).
+  int64_t peak_gathered_bytes = 0;
   int64_t bytes_sent = 0;        // bytes this rank sent to other ranks during run()
   int64_t kernels = 0, reshards = 0;
 };
@@ -105,6 +108,8 @@ class Runtime {
   std::vector<Tensor> buffers_;
   std::vector<int> last_use_;
   std::vector<bool> kept_;
+  std::vector<bool> unproduced_;  // per slot: made by no instruction nor bound (a shape-only stand-in)
+  std::vector<bool> gathered_;  // per slot: a parameter's copy in another distribution (RunStats)
   RunStats stats_;
   std::function<void(size_t)> after_instr_;
   int64_t sample_offset_ = 0;

@@ -42,7 +42,7 @@
 
 namespace shardwise::spmd {
 
-constexpr int kMaxFactorInputs = 3;   // inputs of one op (where: cond, x, y)
+constexpr int kMaxFactorInputs = 4;   // inputs of one op (flash_attention_docs: q, k, v, ids)
 constexpr int kMaxFactorOutputs = 2;  // outputs of one op (topk: values, indices)
 // Tensors a grad part sees: inputs ++ outputs ++ output gradients.
 constexpr int kMaxGradTensors = kMaxFactorInputs + 2 * kMaxFactorOutputs;

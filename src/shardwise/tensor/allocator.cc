@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
@@ -14,10 +15,62 @@ namespace shardwise {
 namespace {
 
 constexpr size_t kPage = 4096, kHuge = size_t{2} << 20;
+// A free range is cut when what it would leave over is at least this; a smaller rest stays with the
+// block (at most 64 KiB lost per block, and no sliver too small for anything).
+constexpr size_t kMinSplit = size_t{64} << 10;
+
+// Free page ranges of the normal (4 KiB-page) blocks, indexed by address (to join neighbours) and by
+// size (best fit). Ranges from different mappings may join: munmap takes any range of pages.
+struct FreeRanges {
+  std::map<uintptr_t, size_t> at;                // start -> bytes
+  std::multimap<size_t, uintptr_t> by_size;      // bytes -> start
+
+  void insert(uintptr_t start, size_t bytes) {
+    at.emplace(start, bytes);
+    by_size.emplace(bytes, start);
+  }
+  void erase(std::map<uintptr_t, size_t>::iterator it) {
+    auto [lo, hi] = by_size.equal_range(it->second);
+    for (auto s = lo; s != hi; ++s)
+      if (s->second == it->first) {
+        by_size.erase(s);
+        break;
+      }
+    at.erase(it);
+  }
+  // Adds [start, start + bytes), joined with free neighbours.
+  void give(uintptr_t start, size_t bytes) {
+    auto next = at.lower_bound(start);
+    if (next != at.end() && start + bytes == next->first) {
+      bytes += next->second;
+      erase(next);
+    }
+    auto after = at.lower_bound(start);
+    if (after != at.begin()) {
+      auto prev = std::prev(after);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        bytes += prev->second;
+        erase(prev);
+      }
+    }
+    insert(start, bytes);
+  }
+  // The smallest free range of at least `bytes`, removed; its start and size (0 if none).
+  std::pair<uintptr_t, size_t> best_fit(size_t bytes) {
+    auto s = by_size.lower_bound(bytes);
+    if (s == by_size.end()) return {0, 0};
+    const auto found = *s;
+    by_size.erase(s);
+    at.erase(found.second);
+    return {found.second, found.first};
+  }
+};
 
 struct Cache {
   std::mutex mu;
-  std::map<std::pair<size_t, bool>, std::vector<void*>> free;  // (class size, huge) -> blocks
+  FreeRanges ranges;                                    // normal blocks
+  std::map<size_t, std::vector<void*>> huge_free;       // 2 MiB-aligned blocks, by exact size
   AllocatorStats stats;
 };
 
@@ -41,24 +94,41 @@ void* map_block(size_t size, bool huge) {
 }
 
 void release_locked(Cache& c) {
-  for (auto& [key, blocks] : c.free) {
-    for (void* p : blocks) ::munmap(p, key.first);
-    c.stats.cached_bytes -= static_cast<int64_t>(key.first * blocks.size());
-    c.stats.reserved_bytes -= static_cast<int64_t>(key.first * blocks.size());
-  }
-  c.free.clear();
+  for (const auto& [start, bytes] : c.ranges.at) ::munmap(reinterpret_cast<void*>(start), bytes);
+  for (auto& [size, blocks] : c.huge_free)
+    for (void* p : blocks) ::munmap(p, size);
+  c.stats.reserved_bytes -= c.stats.cached_bytes;
+  c.stats.cached_bytes = 0;
+  c.ranges = {};
+  c.huge_free.clear();
 }
 
-std::byte* take(size_t size, bool huge, bool& fresh) {
+// A cached block of at least `size` bytes (its real size in `size` on return), or nullptr.
+void* reuse_locked(Cache& c, size_t& size, bool huge) {
+  if (huge) {
+    auto it = c.huge_free.find(size);
+    if (it == c.huge_free.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  auto [start, bytes] = c.ranges.best_fit(size);
+  if (bytes == 0) return nullptr;
+  if (bytes - size >= kMinSplit) {
+    c.ranges.give(start + size, bytes - size);  // the rest stays free
+    bytes = size;
+  }
+  size = bytes;
+  return reinterpret_cast<void*>(start);
+}
+
+std::byte* take(size_t& size, bool huge, bool& fresh) {
   Cache& c = cache();
   std::lock_guard lock(c.mu);
   ++c.stats.requests;
-  auto& blocks = c.free[{size, huge}];
-  void* p = nullptr;
-  fresh = blocks.empty();
+  void* p = reuse_locked(c, size, huge);
+  fresh = p == nullptr;
   if (!fresh) {
-    p = blocks.back();
-    blocks.pop_back();
     ++c.stats.reused;
     c.stats.cached_bytes -= static_cast<int64_t>(size);
   } else {
@@ -78,18 +148,17 @@ std::byte* take(size_t size, bool huge, bool& fresh) {
 void give_back(std::byte* p, size_t size, bool huge) {
   Cache& c = cache();
   std::lock_guard lock(c.mu);
-  c.free[{size, huge}].push_back(p);
+  if (huge)
+    c.huge_free[size].push_back(p);
+  else
+    c.ranges.give(reinterpret_cast<uintptr_t>(p), size);
   c.stats.in_use_bytes -= static_cast<int64_t>(size);
   c.stats.cached_bytes += static_cast<int64_t>(size);
 }
 
 }  // namespace
 
-size_t storage_class_size(size_t bytes) {
-  const size_t pages = (bytes + kPage - 1) / kPage * kPage;
-  const size_t step = std::max(kPage, std::bit_floor(pages) / 8);  // eight classes per doubling
-  return (pages + step - 1) / step * step;
-}
+size_t storage_request_size(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 std::shared_ptr<std::byte[]> allocate_storage(size_t bytes, bool zero, bool huge) {
   if (bytes < kCachedFrom) {
@@ -100,7 +169,7 @@ std::shared_ptr<std::byte[]> allocate_storage(size_t bytes, bool zero, bool huge
     return std::shared_ptr<std::byte[]>(zero ? new std::byte[bytes ? bytes : 1]() : new std::byte[bytes ? bytes : 1]);
   }
   huge = huge && bytes >= 2 * kHuge;
-  const size_t size = huge ? (bytes + kHuge - 1) / kHuge * kHuge : storage_class_size(bytes);
+  size_t size = huge ? (bytes + kHuge - 1) / kHuge * kHuge : storage_request_size(bytes);
   bool fresh = false;
   std::byte* p = take(size, huge, fresh);
   if (zero && !fresh) std::memset(p, 0, bytes);  // fresh mappings are zero already

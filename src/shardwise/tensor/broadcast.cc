@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise {
 
@@ -53,12 +54,15 @@ void sum_into(const Tensor& grad, Tensor& out) {
     if (cols > 0) {
       // Leading dims summed, trailing dims kept (a bias gradient): column sums, rows in order (the
       // order of the general walk below, so the same sums), in a loop that vectorizes.
+      // Threads take disjoint ranges of columns, each summed over the rows in order: the same sums.
       const int64_t rows = grad.numel() / cols;
       Acc* a = acc.data();
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* row = g + r * cols;
-        for (int64_t j = 0; j < cols; ++j) a[j] += static_cast<Acc>(static_cast<compute_t<T>>(row[j]));
-      }
+      parallel_for(cols, kParallelGrain / std::max<int64_t>(rows, 1) + 1, [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = g + r * cols;
+          for (int64_t j = c0; j < c1; ++j) a[j] += static_cast<Acc>(static_cast<compute_t<T>>(row[j]));
+        }
+      });
     } else {
       broadcast_for_each<2>(grad.shape(), {grad.shape(), out.shape()}, [&](int64_t, const std::array<int64_t, 2>& o) {
       acc[static_cast<size_t>(o[1])] += static_cast<Acc>(static_cast<compute_t<T>>(g[o[0]]));

@@ -29,26 +29,36 @@ std::array<int64_t, kMaxDims> broadcast_strides(const Shape& in, const Shape& ou
 // shape ins[k] (each must broadcast to `out`) are at offsets[k] + j * steps[k] for j < len
 // (steps[k] is 1, or 0 when input k repeats one element along the row). The outer dims are walked
 // like an odometer with per-input strides: no division per element. Lets a kernel pick a
-// vectorizable loop per row.
+// vectorizable loop per row. Only rows [row_begin, row_end) of the out.numel() / out[-1] rows
+// (-1: to the last) are walked, so that threads can take disjoint ranges of rows.
 template <size_t N, class Fn>
-void broadcast_for_each_row(const Shape& out, const std::array<Shape, N>& ins, Fn&& fn) {
+void broadcast_for_each_row(const Shape& out, const std::array<Shape, N>& ins, Fn&& fn, int64_t row_begin = 0,
+                            int64_t row_end = -1) {
   const int64_t total = out.numel();
   if (total == 0) return;
   const int nd = out.ndim();
   std::array<int64_t, N> off{};
   if (nd == 0) {
     std::array<int64_t, N> steps{};
-    fn(int64_t{0}, int64_t{1}, off, steps);
+    if (row_begin == 0 && row_end != 0) fn(int64_t{0}, int64_t{1}, off, steps);
     return;
   }
   std::array<std::array<int64_t, kMaxDims>, N> strides;
   for (size_t k = 0; k < N; ++k) strides[k] = broadcast_strides(ins[k], out);
   const auto last = static_cast<size_t>(nd - 1);
   const int64_t inner = out[nd - 1];
+  const int64_t rows = total / inner;
+  if (row_end < 0 || row_end > rows) row_end = rows;
   std::array<int64_t, N> steps;
   for (size_t k = 0; k < N; ++k) steps[k] = strides[k][last];
   std::array<int64_t, kMaxDims> idx{};
-  for (int64_t row = 0; row < total; row += inner) {
+  for (int64_t d = nd - 2, r = row_begin; d >= 0 && r > 0; --d) {  // the odometer at row_begin
+    auto du = static_cast<size_t>(d);
+    idx[du] = r % out[static_cast<int>(d)];
+    r /= out[static_cast<int>(d)];
+    for (size_t k = 0; k < N; ++k) off[k] += idx[du] * strides[k][du];
+  }
+  for (int64_t row = row_begin * inner; row < row_end * inner; row += inner) {
     fn(row, inner, off, steps);
     for (int d = nd - 2; d >= 0; --d) {
       auto du = static_cast<size_t>(d);

@@ -55,4 +55,8 @@ namespace shardwise {
 // Threads the GEMM libraries may use per call (ranks that run as threads each call it: 1 avoids
 // oversubscribing the cores). <= 0 leaves each library's default.
 void set_blas_threads(int threads);
+// Threads a GEMM call may use: set_blas_threads' last value, else OpenBLAS's own count
+// (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or the cores). A rank's kernel pool gets as many
+// (tensor/parallel.h), so the cores a rank uses are the same inside and outside GEMMs.
+int blas_threads();
 }  // namespace shardwise

@@ -24,6 +24,7 @@ using CblasDgemm = void (*)(int, int, int, int, int, int, double, const double*,
 using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t);
 using SetThreads = void (*)(int);
+using GetThreads = int (*)();
 using CoreName = char* (*)();
 struct DnnlVersion {
   int major, minor, patch;
@@ -37,6 +38,7 @@ struct Backend {
   DnnlSgemm dnnl_sgemm = nullptr;
   CblasDgemm dgemm = nullptr;  // always OpenBLAS
   SetThreads openblas_threads = nullptr, blis_threads = nullptr, omp_threads = nullptr;
+  GetThreads openblas_get_threads = nullptr;
 };
 
 std::mutex g_mutex;
@@ -95,6 +97,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   void* ob = load_openblas(core);
   b->dgemm = reinterpret_cast<CblasDgemm>(sym(ob, "cblas_dgemm", "OpenBLAS"));
   b->openblas_threads = reinterpret_cast<SetThreads>(sym(ob, "openblas_set_num_threads", "OpenBLAS"));
+  b->openblas_get_threads = reinterpret_cast<GetThreads>(sym(ob, "openblas_get_num_threads", "OpenBLAS"));
   b->info.core = reinterpret_cast<CoreName>(sym(ob, "openblas_get_corename", "OpenBLAS"))();
   std::string config = reinterpret_cast<CoreName>(sym(ob, "openblas_get_config", "OpenBLAS"))();
   SW_CHECK(core.empty() || lower(b->info.core) == core,
@@ -199,6 +202,11 @@ void set_blas_threads(int threads) {
   const Backend& be = current();
   be.openblas_threads(threads);
   if (be.blis_threads) be.blis_threads(threads);
+}
+
+int blas_threads() {
+  if (int t = g_threads.load(); t > 0) return t;
+  return std::max(1, current().openblas_get_threads());
 }
 
 }  // namespace shardwise

@@ -19,7 +19,10 @@ void GptConfig::validate() const {
   SW_CHECK(model_type == "gpt2" || model_type == "llama", "model '{}' is not one shardwise builds (gpt2, llama)",
            model_type);
   if (is_llama()) validate_llama(*this);
+  SW_CHECK(experts == 0 || is_llama(), "--experts {}: mixture-of-experts layers are built for --model llama only",
+           experts);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
+  SW_CHECK(lm_head == "fused" || lm_head == "unfused", "--lm-head '{}' is not a head (fused, unfused)", lm_head);
   SW_CHECK(recompute == "none" || recompute == "full" || recompute == "selective",
            "--recompute '{}' is not a recompute mode (none, full, selective)", recompute);
   SW_CHECK(recompute_layers == -1 || recompute_layers >= 1,
@@ -27,6 +30,22 @@ void GptConfig::validate() const {
            recompute_layers);
   SW_CHECK(recompute_layers == -1 || recompute != "none",
            "--recompute-layers {} needs --recompute full or selective (it is none)", recompute_layers);
+  SW_CHECK(attention == "fused" || attention == "unfused", "--attention '{}' is not an attention mode (fused, unfused)",
+           attention);
+}
+
+graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool training, graph::ValueId q, graph::ValueId k,
+                               graph::ValueId v, graph::ValueId doc, const std::string& name,
+                               const std::string& dropout_site) {
+  Attrs a{{"scale", 1.0 / std::sqrt(static_cast<double>(c.hidden / c.heads))}};
+  if (training && c.dropout > 0) {
+    a.set("p", c.dropout);
+    a.set("seed", static_cast<int64_t>(c.dropout_seed));
+    a.set("stream", static_cast<int64_t>(stream_id(dropout_site) >> 1));
+  }
+  std::vector<graph::ValueId> in{q, k, v};
+  if (doc >= 0) in.push_back(doc);
+  return g.op(doc >= 0 ? "flash_attention_docs" : "flash_attention", std::move(in), std::move(a), name)[0];
 }
 
 Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel) {
@@ -39,8 +58,9 @@ Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parall
     if (n == "dp") s.dp = m;
     else if (n == "tp") s.tp = m;
     else if (n == "pp") s.pp = m;
+    else if (n == "ep") s.ep = m;
     else
-      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp or pp (e.g. dp=2,tp=2)", mesh.to_string(), m,
+      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp, pp or ep (e.g. dp=2,tp=2)", mesh.to_string(), m,
            n.empty() ? "(unnamed)" : n);
   }
   SW_CHECK(!sequence_parallel || s.tp >= 0, "sequence parallelism (--sp) runs on the tp dim: the mesh {} has none",
@@ -153,14 +173,13 @@ class Builder {
     auto q = heads(linear(h, p + ".attn.q_proj", H, H, true, qkv_lora), p + ".attn.q");
     auto k = heads(linear(h, p + ".attn.k_proj", H, H, true, qkv_lora), p + ".attn.k");
     auto v = heads(linear(h, p + ".attn.v_proj", H, H, true, qkv_lora), p + ".attn.v");
-    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
-    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
-    auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
-    if (selective) g_.begin_segment();  // the attention core
-    auto scores = g_.matmul(q_scaled, k, true, p + ".attn.scores");
-    auto probs = drop(g_.softmax(g_.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
-    auto ctx_heads = g_.matmul(probs, v, false, p + ".attn.ctx.heads");
-    if (selective) g_.end_segment();
+    graph::ValueId ctx_heads;
+    if (c_.fused_attention()) {
+      ctx_heads = fused_attention(g_, c_, training_, q, k, v, c_.document_mask ? mask : -1, p + ".attn.ctx.heads",
+                                  p + ".attn.dropout");
+    } else {
+      ctx_heads = unfused_attention(q, k, v, mask, p, selective);
+    }
     auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".attn.ctx.t"), {B, S, H}, p + ".attn.ctx");
     const std::string proj = p + ".attn.c_proj";
     x = g_.add(x, drop(linear(ctx, proj, H, H, false, lora_hidden(ctx, proj)), p + ".attn.resid_dropout"),
@@ -172,6 +191,21 @@ class Builder {
     auto out = g_.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");
     if (full) g_.end_segment();
     return out;
+  }
+
+  // The attention core as separate ops (--attention unfused): scores, mask, softmax, dropout, probs x V.
+  graph::ValueId unfused_attention(graph::ValueId q, graph::ValueId k, graph::ValueId v, graph::ValueId mask,
+                                   const std::string& p, bool selective) {
+    const int64_t HD = c_.hidden / c_.heads;
+    // q is scaled by 1/sqrt(head dim) before q k^T rather than the [S, S] scores after it: a
+    // quarter of the elements for S = 4 HD, and the same numbers when the factor is a power of 2.
+    auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD)), 0.0, p + ".attn.q.scaled");
+    if (selective) g_.begin_segment();  // the attention core
+    auto scores = g_.matmul(q_scaled, k, true, p + ".attn.scores");
+    auto probs = drop(g_.softmax(g_.add(scores, mask, p + ".attn.masked"), -1, p + ".attn.probs"), p + ".attn.dropout");
+    auto ctx_heads = g_.matmul(probs, v, false, p + ".attn.ctx.heads");
+    if (selective) g_.end_segment();
+    return ctx_heads;
   }
 
  private:
@@ -186,6 +220,8 @@ class Builder {
 
 GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
   c.validate();
+  SW_CHECK(s.ep < 0, "the mesh {} has an ep dim: experts split over ep are built for --model llama --experts E only",
+           s.mesh.to_string());
   SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());
@@ -216,9 +252,15 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     g.value(x).requires_grad = training;
     b.annotate(x, boundary);
   }
-  // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads.
-  auto mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
-  b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
+  // One causal mask for every sequence, or (document_mask) one per sequence: [B, 1, S, S] broadcast over the heads;
+  // fused attention needs no mask, only the document ids [B, S] of packed documents.
+  graph::ValueId mask = -1;
+  if (c.fused_attention()) {
+    if (c.document_mask) mask = g.input("document_ids", Shape{B, S}, DType::I64);
+  } else {
+    mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
+  }
+  if (mask >= 0) b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
@@ -231,21 +273,32 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     return out;
   }
   if (wte < 0) wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");  // tied head: the last stage's copy
-  auto logits = g.matmul(b.layer_norm(x, "transformer.ln_f"), wte, true, "logits");
+  head_loss(g, c, s, b.layer_norm(x, "transformer.ln_f"), wte, training, out);
+  return out;
+}
+
+void head_loss(graph::Graph& g, const GptConfig& c, const Strategy& s, graph::ValueId x, graph::ValueId w,
+               bool training, GptGraph& out, const std::string& loss_name) {
+  const int64_t B = g.value(x).meta.shape[0], S = g.value(x).meta.shape[1];
+  const bool fused = training && c.lm_head == "fused";
+  graph::ValueId logits = fused ? -1 : g.matmul(x, w, true, "logits");
   if (!training) {
     out.predictions = g.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
-    return out;
+    return;
   }
   auto labels = g.input("labels", Shape{B, S}, DType::I64);
-  b.annotate(labels, s.placements("R", "S(0)"));
+  if (s.mesh.ndim() > 0) g.annotate(labels, s.placements("R", "S(0)"));
   // Mean over every token as sum / (B * S): a sum keeps the batch sharded (its rule gives a Partial
   // loss over dp), where "mean" would need the whole batch on every rank; no label is ignored.
-  // With tp the logits stay sharded on the vocabulary (Megatron's vocab-parallel cross-entropy).
-  auto total = g.op1(s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
-                     {{"reduction", std::string("sum")}}, "loss_sum");
+  // With tp the vocabulary stays sharded (Megatron's vocab-parallel cross-entropy); fused, the
+  // logits exist one chunk of rows at a time (ops/softmax/lm_head.h).
+  const char* op = fused ? (s.tp >= 0 ? "vocab_parallel_lm_head_cross_entropy" : "lm_head_cross_entropy")
+                         : (s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy");
+  std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{x, w, labels}
+                                         : std::vector<graph::ValueId>{logits, labels};
+  auto total = g.op1(op, in, {{"reduction", std::string("sum")}}, "loss_sum");
   out.loss_sum = total;
-  out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, "loss");
-  return out;
+  out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, loss_name);
 }
 
 Tensor init_param(const GptConfig& c, const std::string& name, const Shape& shape, uint64_t seed) {

@@ -9,6 +9,7 @@
 // Parameter names follow Hugging Face's GPT-2 ("transformer.h.0.ln_1.weight", ...), with separate
 // q/k/v projections; they are the checkpoint keys. With LoRA (config.lora, train/lora.h) every base
 // parameter is frozen and the adapters ("<module>.lora_A.weight", ...) are the graph's parameters.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,22 @@ struct GptConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;  // false: a separate lm_head.weight
+  // Llama only: a Mixtral MoE MLP (ops/moe: moe_mlp) in place of the dense one in `moe_layers`
+  // (empty: every layer) when experts > 0; each expert a SwiGLU MLP of mlp_width(). The loss adds
+  // aux_loss x the load-balancing loss and router_z_loss x the z-loss of every MoE layer.
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  std::vector<int64_t> moe_layers;
+  double aux_loss = 0.0;
+  double router_z_loss = 0.0;
+  double capacity_factor = 0.0;  // 0: dropless
+  bool is_moe_layer(int64_t layer) const {
+    return experts > 0 && (moe_layers.empty() || std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end());
+  }
+  // The training / loss graphs' head: "fused" (lm_head_cross_entropy, the [B·S, V] logits computed
+  // and dropped in row chunks) or "unfused" (matmul to the logits, then cross_entropy). Generation
+  // and the prediction graph always compute the logits.
+  std::string lm_head = "fused";
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
@@ -50,29 +67,40 @@ struct GptConfig {
   // documents ending at token `eos_id`.
   bool document_mask = false;
   int64_t eos_id = -1;
+  // The attention core (--attention): "fused" (ops/attention's flash_attention: tiled with an online
+  // softmax, nothing [S, S] kept for the backward; packed documents take "document_ids" [B, S]
+  // instead of "attention_mask", and no "causal_mask" is needed) or "unfused" (scores, mask add,
+  // softmax, dropout and probs x V as separate ops, for comparison).
+  std::string attention = "fused";
+  bool fused_attention() const { return attention == "fused"; }
   LoraConfig lora;  // rank 0: no adapters
   // Activation recompute while training (graph/recompute.h): "none"; "full" keeps each layer's
   // input only and recomputes the layer before its backward; "selective" recomputes the attention
   // core only (scores, mask, softmax, attention dropout, probs x V), as Megatron-LM's selective
-  // recompute. `recompute_layers` N: only the first N layers of each stage (-1: every layer).
+  // recompute; fused attention keeps nothing [S, S] for its backward, so there selective marks no
+  // segment (it is none). `recompute_layers` N: only the first N layers of each stage (-1: every layer).
   std::string recompute = "none";
   int64_t recompute_layers = -1;
   // Whether the builder marks the layer at `index` among its stage's layers (0: the stage's first)
   // as a full or a selective recompute segment.
   bool recompute_full(int64_t index) const { return recompute == "full" && recomputes(index); }
-  bool recompute_selective(int64_t index) const { return recompute == "selective" && recomputes(index); }
+  bool recompute_selective(int64_t index) const {
+    return recompute == "selective" && !fused_attention() && recomputes(index);
+  }
   bool recomputes(int64_t index) const { return recompute != "none" && (recompute_layers < 0 || index < recompute_layers); }
   void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
 };
 
-// Which mesh dims play which role: found by name ("dp", "tp", "pp") in the mesh.
+// Which mesh dims play which role: found by name ("dp", "tp", "pp", "ep") in the mesh. ep splits
+// the experts of MoE layers (and, at those layers, the tokens); elsewhere its ranks compute alike.
 struct Strategy {
   mesh::ProcessMesh mesh;
-  int dp = -1, tp = -1, pp = -1;
+  int dp = -1, tp = -1, pp = -1, ep = -1;
   bool sequence_parallel = false;
   static Strategy from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parallel);
   int64_t dp_size() const { return dp < 0 ? 1 : mesh.dim_size(dp); }
   int64_t tp_size() const { return tp < 0 ? 1 : mesh.dim_size(tp); }
+  int64_t ep_size() const { return ep < 0 ? 1 : mesh.dim_size(ep); }
   std::string to_string() const;
   // Placements text for the mesh: `on_tp` on the tp dim, `on_dp` on dp, R elsewhere ("S(0),S(1)").
   std::string placements(const char* on_tp, const char* on_dp = "R") const;
@@ -101,8 +129,23 @@ struct GptPart {
 // output is the loss, else the greedy next-token predictions. Errors name what does not divide.
 // With a `part` the graph is a pipeline stage's: the residual stream enters and leaves it in the
 // layout of the stage boundary (batch on dp; sequence on tp with sp, else replicated on tp).
+// The fused attention core of both builders: flash_attention(q, k, v) (flash_attention_docs with
+// `doc` >= 0, the per-token document ids [B, S]) with scale 1/sqrt(head dim) and, while training,
+// attention dropout keyed as the `dropout` op at `dropout_site` would key it. Returns the output.
+graph::ValueId fused_attention(graph::Graph& g, const GptConfig& config, bool training, graph::ValueId q,
+                               graph::ValueId k, graph::ValueId v, graph::ValueId doc, const std::string& name,
+                               const std::string& dropout_site);
+
 GptGraph build_gpt(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training = true,
                    const GptPart& part = {});
+
+// The head of a training (loss) graph from the final normed hidden states x [B, S, H] and the
+// head's weight w [V, H] (tied or not): "labels" [B, S], out.loss_sum (the summed cross-entropy,
+// fused or not as config.lm_head says; vocab-parallel with tp) and out.loss = loss_sum / (B * S);
+// without `training` the logits and out.predictions (their argmax). GPT-2's and Llama's builders share it.
+// `loss_name`: the name of out.loss (Llama's MoE adds its router losses to a "loss.ce").
+void head_loss(graph::Graph& g, const GptConfig& config, const Strategy& strategy, graph::ValueId x,
+               graph::ValueId w, bool training, GptGraph& out, const std::string& loss_name = "loss");
 
 // The initial value of a parameter: normal(0, std) from Philox keyed by (seed, name) at each
 // global element index (so any sharding holds the same numbers); std = init_std, and

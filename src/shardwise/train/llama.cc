@@ -18,6 +18,16 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
+  SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
+  if (c.experts == 0) return;
+  SW_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "llama: --top-k {} must be in [1, --experts {}]", c.top_k, c.experts);
+  for (int64_t l : c.moe_layers) {
+    SW_CHECK(l >= 0 && l < c.layers, "llama: --moe-layers names layer {}; the model has layers 0 .. {}", l,
+             c.layers - 1);
+  }
+  SW_CHECK(c.aux_loss >= 0 && c.router_z_loss >= 0 && c.capacity_factor >= 0,
+           "llama: --aux-loss ({}), --router-z-loss ({}) and --capacity-factor ({}) must be >= 0", c.aux_loss,
+           c.router_z_loss, c.capacity_factor);
 }
 
 namespace {
@@ -76,6 +86,13 @@ class LlamaBuilder {
   // documents each sequence's own (packing.h): "attention_mask" [B, 1, S, S] (broadcast over the
   // heads) and "position_ids" [B, S], both sharded with the batch on dp.
   void constants() {
+    if (c_.fused_attention() && c_.document_mask) {  // fused attention: document ids [B, S], no mask
+      mask_ = g_.input("document_ids", Shape{B_, S_}, DType::I64);
+      positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
+      annotate(mask_, placements("R", "S(0)"));
+      annotate(positions_, placements("R", "S(0)"));
+      return;
+    }
     if (c_.document_mask) {
       mask_ = g_.input("attention_mask", Shape{B_, 1, S_, S_});
       positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
@@ -83,8 +100,10 @@ class LlamaBuilder {
       annotate(positions_, placements("R", "S(0)"));
       return;
     }
-    mask_ = g_.input("causal_mask", Shape{S_, S_});
-    annotate(mask_, placements("R"));
+    if (!c_.fused_attention()) {
+      mask_ = g_.input("causal_mask", Shape{S_, S_});
+      annotate(mask_, placements("R"));
+    }
     positions_ = g_.input("positions", Shape{S_}, DType::I64);
     annotate(positions_, placements("R"));
   }
@@ -109,6 +128,7 @@ class LlamaBuilder {
     auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
     auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
     auto v = heads(linear(h, p + ".v_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".v", false);
+    if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", H_, H_, false);
     k = repeat_kv(k, p + ".k");
     v = repeat_kv(v, p + ".v");
     // q scaled by 1/sqrt(head dim) before q k^T (as GPT-2's): fewer elements than the scores.
@@ -120,6 +140,54 @@ class LlamaBuilder {
     if (selective) g_.end_segment();
     auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
     return linear(ctx, p + ".o_proj", H_, H_, false);
+  }
+
+  // Mixtral's block_sparse_moe on the tokens [B * S, H]: the router gate.weight [E, H] replicated,
+  // the experts' w1, w3 [E, I, H] and w2 [E, H, I] stacked and split over ep on E.
+  graph::ValueId moe(graph::ValueId h, const std::string& p) {
+    const int64_t I = c_.mlp_width(), E = c_.experts;
+    std::vector<std::string> on_ep(static_cast<size_t>(s_.mesh.ndim()), "R");
+    if (s_.ep >= 0) on_ep[static_cast<size_t>(s_.ep)] = "S(0)";
+    auto expert = [&](const std::string& name, const Shape& shape) {
+      auto v = g_.param(name, shape, c_.param_dtype);
+      annotate(v, fmt::format("{}", fmt::join(on_ep, ",")));
+      if (c_.param_dtype == DType::F32) return v;
+      return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+    };
+    auto gate = param(p + ".gate.weight", Shape{E, H_}, "R");
+    auto w1 = expert(p + ".experts.w1", Shape{E, I, H_});
+    auto w3 = expert(p + ".experts.w3", Shape{E, I, H_});
+    auto w2 = expert(p + ".experts.w2", Shape{E, H_, I});
+    auto tokens = g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
+    Attrs a{{"top_k", c_.top_k}};
+    if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
+    std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, a, p + ".moe");
+    if (c_.aux_loss > 0) router_loss_ = add_loss(router_loss_, g_.scale(o[1], c_.aux_loss, 0.0, p + ".aux_loss"));
+    if (c_.router_z_loss > 0) {
+      router_loss_ = add_loss(router_loss_, g_.scale(o[2], c_.router_z_loss, 0.0, p + ".z_loss"));
+    }
+    return g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+  }
+  graph::ValueId add_loss(graph::ValueId sum, graph::ValueId term) {
+    return sum < 0 ? term : g_.add(sum, term, g_.value(term).name + ".sum");
+  }
+  graph::ValueId router_loss() const { return router_loss_; }
+  // flash_attention on q [B, NH, S, HD] and k, v [B, KV, S, HD] -> ctx [B, S, H]. Grouped-query
+  // heads are the op's grouped layout q [B, KV, NH / KV, S, HD] when the kv heads are whole on
+  // each tp rank (tp divides KV: the reshape keeps the head shard as a group shard); otherwise
+  // k and v are repeated to NH heads first, as the unfused graph does (computed on every tp rank).
+  graph::ValueId fused(graph::ValueId q, graph::ValueId k, graph::ValueId v, const std::string& p) {
+    const bool grouped = KV_ != NH_ && kv_sharded_;
+    if (grouped) {
+      q = g_.reshape(q, {B_, KV_, NH_ / KV_, S_, HD_}, p + ".q.groups");
+    } else {
+      k = repeat_kv(k, p + ".k");
+      v = repeat_kv(v, p + ".v");
+    }
+    auto o = fused_attention(g_, c_, training_, q, k, v, c_.document_mask ? mask_ : -1, p + ".ctx.heads",
+                             p + ".dropout");
+    if (grouped) o = g_.reshape(o, {B_, NH_, S_, HD_}, p + ".ctx.heads.merged");
+    return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
   }
 
   graph::ValueId mlp(graph::ValueId h, const std::string& p) {
@@ -136,7 +204,8 @@ class LlamaBuilder {
     if (full) g_.begin_segment();
     auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn", training_ && c_.recompute_selective(index));
     x = g_.add(x, a, p + ".attn.residual");
-    auto m = mlp(rms_norm(x, p + ".post_attention_layernorm"), p + ".mlp");
+    auto normed = rms_norm(x, p + ".post_attention_layernorm");
+    auto m = c_.is_moe_layer(l) ? moe(normed, p + ".block_sparse_moe") : mlp(normed, p + ".mlp");
     auto out = g_.add(x, m, p + ".mlp.residual");
     if (full) g_.end_segment();
     return out;
@@ -147,18 +216,9 @@ class LlamaBuilder {
   void head(graph::ValueId x, GptGraph& out) {
     graph::ValueId w = c_.tie_word_embeddings ? embed_ : param("lm_head.weight", Shape{c_.vocab, H_}, "S(0)");
     if (w < 0) w = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
-    auto logits = g_.matmul(rms_norm(x, "model.norm"), w, true, "logits");
-    if (!training_) {
-      out.predictions = g_.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
-      return;
-    }
-    auto labels = g_.input("labels", Shape{B_, S_}, DType::I64);
-    annotate(labels, placements("R", "S(0)"));
-    // As GPT-2's: sum / (B * S), vocab-parallel with tp.
-    auto total = g_.op1(s_.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy", {logits, labels},
-                        {{"reduction", std::string("sum")}}, "loss_sum");
-    out.loss_sum = total;
-    out.loss = g_.scale(total, 1.0 / static_cast<double>(B_ * S_), 0.0, "loss");
+    // As GPT-2's (gpt.h); the MoE layers' weighted router losses join the cross-entropy mean.
+    head_loss(g_, c_, s_, rms_norm(x, "model.norm"), w, training_, out, router_loss_ < 0 ? "loss" : "loss.ce");
+    if (training_ && router_loss_ >= 0) out.loss = g_.add(out.loss, router_loss_, "loss");
   }
 
   // transformers' attention_dropout (the only dropout of LlamaForCausalLM), while training.
@@ -179,6 +239,7 @@ class LlamaBuilder {
   int64_t B_, S_, H_, NH_, KV_, HD_;
   bool kv_sharded_ = true;
   graph::ValueId embed_ = -1, mask_ = -1, positions_ = -1;
+  graph::ValueId router_loss_ = -1;  // the weighted aux and z losses of the MoE layers so far
 };
 
 }  // namespace
@@ -191,6 +252,13 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
            s.tp_size());
   SW_CHECK(sequences % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
            s.dp_size());
+  SW_CHECK(c.experts == 0 || c.experts % s.ep_size() == 0, "{} experts do not divide over ep={}", c.experts,
+           s.ep_size());
+  SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",
+           s.mesh.to_string());
+  SW_CHECK(s.pp < 0 || c.experts == 0 || (c.aux_loss == 0 && c.router_z_loss == 0),
+           "--aux-loss and --router-z-loss with pp are not supported yet (a stage's router losses do not reach the "
+           "last stage's loss); use dp, tp and ep");
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);

@@ -51,10 +51,7 @@ BatchLoader::BatchLoader(const Strategy& strategy, int64_t process, std::shared_
   reader_ = strategy.tp < 0 || coords[static_cast<size_t>(strategy.tp)] == 0;
   if (strategy.tp_size() <= 1) return;
   std::vector<int> members;  // the tp group, by tp coordinate: the reader is group rank 0
-  for (int64_t t = 0; t < strategy.tp_size(); ++t) {
-    coords[static_cast<size_t>(strategy.tp)] = t;
-    members.push_back(world_index(*world, m.process_ids()[static_cast<size_t>(m.rank_index(coords))]));
-  }
+  for (int64_t p : m.processes_along(process, strategy.tp)) members.push_back(world_index(*world, p));
   group_ = world->group(members);
 }
 

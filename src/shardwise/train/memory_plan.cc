@@ -11,7 +11,6 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/pipeline/stage.h"
-#include "shardwise/train/grad_buckets.h"
 #include "shardwise/train/models.h"
 
 namespace shardwise::train {
@@ -34,6 +33,7 @@ struct StageModel {
   std::vector<int> last_use;  // per slot: the last position in the order whose value it is read at
   std::vector<bool> kept;     // per slot: never freed by the runtime
   std::vector<bool> shared;   // per slot: a parameter or constant (bound once, in every frame)
+  std::vector<bool> gathered;  // per slot: a parameter's copy in another distribution (stage 3's all-gathers)
   std::vector<int> per_batch;  // slots bound per micro-batch before its forward (input, feeds)
   int output = -1, output_grad = -1, input = -1, input_grad = -1;
 };
@@ -75,6 +75,12 @@ StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, 
     if (s >= 0) m.kept[static_cast<size_t>(s)] = true;
   auto slot = [&](const std::string& name) { return p.value_slot[static_cast<size_t>(g.get(name))]; };
   for (graph::ValueId v : g.params()) m.shared[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])] = true;
+  m.gathered.assign(n, false);
+  for (size_t s = 0; s < n; ++s) {
+    const graph::ValueId v = p.slots[s].value;
+    m.gathered[s] = v >= 0 && g.value(v).kind == graph::ValueKind::Param &&
+                    p.value_slot[static_cast<size_t>(v)] != static_cast<int>(s);
+  }
   for (graph::ValueId v : g.frozen_params()) m.shared[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])] = true;
   for (const std::string& c : m.spec.constants) m.shared[static_cast<size_t>(slot(c))] = true;
   for (const std::string& f : m.spec.feeds) {
@@ -107,11 +113,13 @@ class Frame {
   int64_t run(size_t begin, size_t end) {
     const graph::Program& p = m_.compiled.program;
     int64_t peak = held();
+    gathered_peak_ = std::max(gathered_peak_, held(true));
     for (size_t pos = begin; pos < end; ++pos) {
       const graph::Instr& ins = p.instrs[static_cast<size_t>(m_.compiled.order[pos])];
       for (int s : ins.out)
         if (s >= 0) live_.insert(s);
       peak = std::max(peak, held());
+      gathered_peak_ = std::max(gathered_peak_, held(true));
       for (int s : ins.in)
         if (s >= 0 && m_.last_use[static_cast<size_t>(s)] == static_cast<int>(pos) && !m_.kept[static_cast<size_t>(s)])
           live_.erase(s);
@@ -120,17 +128,22 @@ class Frame {
     }
     return peak;
   }
-  int64_t held() const {  // the frame's bytes: parameters and constants are shared, not counted
+  // The frame's bytes (parameters and constants are shared, not counted), or of them the gathered
+  // parameter copies'.
+  int64_t held(bool gathered_only = false) const {
     int64_t b = 0;
     for (int s : live_)
-      if (!m_.shared[static_cast<size_t>(s)]) b += bytes_[static_cast<size_t>(s)];
+      if (!m_.shared[static_cast<size_t>(s)] && (!gathered_only || m_.gathered[static_cast<size_t>(s)]))
+        b += bytes_[static_cast<size_t>(s)];
     return b;
   }
+  int64_t gathered_peak() const { return gathered_peak_; }  // the most held(true) seen by run()
 
  private:
   const StageModel& m_;
   const std::vector<int64_t>& bytes_;
   std::set<int> live_;
+  int64_t gathered_peak_ = 0;
 };
 
 // Per local stage of one rank: the frame after a forward, after an input gradient, and the most
@@ -138,6 +151,7 @@ class Frame {
 struct StageBytes {
   int64_t frame = 0, weight_frame = 0;
   int64_t forward_peak = 0, backward_peak = 0, input_peak = 0, weight_peak = 0;
+  int64_t gathered = 0;  // the most bytes of gathered parameter copies in any of them
 };
 
 StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, bool release) {
@@ -157,6 +171,7 @@ StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, b
   if (m.input_grad >= 0) input.drop(m.input_grad);
   out.weight_frame = input.held();
   out.weight_peak = input.run(ie, end);
+  out.gathered = std::max(whole.gathered_peak(), input.gathered_peak());
   return out;
 }
 
@@ -191,6 +206,10 @@ std::string MemoryPlan::table() const {
   }
   if (!ranks.empty() && ranks.front().grad_shards)
     out += "  * stage 2: the full f32 sums until the reduce-scatter; the shards kept after it are in --json (grad_shards)\n";
+  if (const RankMemory& l = largest(); l.gathered > 0)
+    out += fmt::format("  stage 3: params are each rank's dp shards; working includes up to {} of all-gathered parameter "
+                       "copies (rank {})\n",
+                       human(l.gathered), l.rank);
   out += fmt::format("per process ({}): {}\n", threads ? "threads: every rank in one process" : "MPI: one rank a process",
                      human(per_process()));
   return out;
@@ -202,7 +221,7 @@ nlohmann::json MemoryPlan::to_json() const {
     rows.push_back({{"rank", r.rank}, {"pipeline_rank", r.pipeline_rank}, {"params", r.params}, {"grads", r.grads},
                     {"grad_shards", r.grad_shards}, {"optimizer", r.optimizer}, {"masters", r.masters},
                     {"activations", r.activations}, {"micro_batches_in_flight", r.in_flight},
-                    {"working", r.working}, {"comm", r.comm}, {"peak", r.peak()}});
+                    {"working", r.working}, {"gathered_params", r.gathered}, {"comm", r.comm}, {"peak", r.peak()}});
   }
   return {{"description", description}, {"threads", threads}, {"per_process", per_process()}, {"ranks", rows}};
 }
@@ -219,7 +238,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       "{} {} layers, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {} micro-batches; sharding stage {}{}; "
       "recompute {}{}{}",
       describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
-      c.micro_batch, c.accumulation, c.sharding.stage, c.sharding.enabled() ? " " + c.sharding.layout : "",
+      c.micro_batch, c.accumulation, c.sharding.stage, c.sharding.shards_optimizer() ? " " + c.sharding.layout : "",
       c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {} layers)", c.model.recompute_layers) : "",
       strategy.pp >= 0 ? fmt::format("; schedule {}", schedule.name) : "");
   std::map<int, std::vector<StageModel>> compiled;  // per pipeline rank: its stages
@@ -240,7 +259,6 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     std::vector<int64_t> numels;  // per trained parameter (params() order, each once)
     std::set<std::string> seen;
     int dp_rank = 0;
-    int64_t largest_grad = 0;
     for (const StageModel& m : compiled[rm.pipeline_rank]) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(m.spec.stage)];
       const auto coords = mesh.coords(mesh.rank_index_of_process(process));
@@ -250,11 +268,11 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       std::vector<int64_t> bytes;
       for (const graph::Slot& s : p.slots) bytes.push_back(block_bytes(s, mesh, coords, s.meta.dtype));
       stages[m.spec.stage] = stage_bytes(m, bytes, pc.release);
+      rm.gathered = std::max(rm.gathered, stages[m.spec.stage].gathered);
       for (bool trained : {true, false}) {
         for (graph::ValueId v : trained ? g.params() : g.frozen_params()) {
           const graph::Slot& s = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
           if (trained) rm.grads += block_bytes(s, mesh, coords, DType::F32);  // the runner's f32 sums, per stage
-          if (trained) largest_grad = std::max(largest_grad, block_bytes(s, mesh, coords, DType::F32));
           if (!seen.insert(g.value(v).name).second) continue;
           rm.params += block_bytes(s, mesh, coords, model.param_dtype);
           if (trained) numels.push_back(mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel());
@@ -265,20 +283,13 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     }
     int64_t state_elements = 0;
     for (int64_t n : numels) state_elements += n;
-    if (c.sharding.enabled())
+    if (c.sharding.shards_optimizer())  // stage 3: the blocks are the shards already
       state_elements = plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank)
                            .owned_elements();
     rm.optimizer = 8 * state_elements;
+    rm.grads_in_working = schedule.micro_batches == 1 && !c.bf16;
     rm.masters = c.bf16 ? 4 * state_elements : 0;
-    if (c.sharding.stage >= 2) rm.grad_shards = 4 * state_elements;
-    // Overlapped buckets drop the sums during the backward (grad_buckets.h); with accumulation or pp
-    // (the earlier micro-batches' sums, the exchanged tied embedding) they are all held at some point.
-    if (c.sharding.stage >= 2 && c.overlap_grad_reduce == "on" && c.accumulation == 1 && strategy.pp < 0 &&
-        layout.stage_strategy.dp_size() > 1) {
-      BucketOptions o;
-      o.bucket_bytes = static_cast<int64_t>(c.grad_bucket_mb * (1 << 20));
-      rm.grads = std::min(rm.grads, bucket_bytes_bound(o, largest_grad));
-    }
+    if (c.sharding.stage == 2) rm.grad_shards = 4 * state_elements;
     // The schedule's actions: frames in flight after each, and the bytes while each compute runs.
     std::map<std::pair<int, int>, int64_t> frames;
     int64_t held = 0;
@@ -332,6 +343,15 @@ void check_memory_limit(const TrainConfig& c, const MemoryPlan& plan, int64_t li
     TrainConfig alt = c;
     alt.sharding.stage = 2;
     try_fix("--sharding-stage 2", alt);
+  }
+  if (s.dp_size() > 1 && c.sharding.stage < 3) {
+    TrainConfig alt = c;
+    alt.sharding.stage = 3;
+    try_fix("--sharding-stage 3", alt);
+    if (c.model.recompute != "full" || c.model.recompute_layers >= 0) {
+      alt.model.recompute = "full", alt.model.recompute_layers = -1;
+      try_fix("--sharding-stage 3 --recompute full", alt);
+    }
   }
   if (c.model.recompute != "full" || c.model.recompute_layers >= 0) {
     TrainConfig alt = c;

@@ -9,13 +9,14 @@
 //                held from the first backward to the optimizer step (stage 2: until the
 //                reduce-scatter, after which `grad_shards` stay)
 //   optimizer    the AdamW moments: 8 bytes an element of the block, or of the rank's shard of it
-//                (sharding stage >= 1: train/sharding.h's plan_shards, the same ranges)
+//                (sharding stages 1, 2: train/sharding.h's plan_shards, the same ranges; stage 3: the
+//                block is the shard, as are the parameters and gradients)
 //   masters      the fp32 masters of bf16 parameters (whole blocks, or the shards); none for f32
 //   activations  the most bytes the micro-batches in flight hold at once between their forward and
 //                backward (what the runner measures as StepStats::peak_activation_bytes)
 //   working      the most bytes in use during one compute action beyond the parameters: the other
 //                micro-batches' frames plus the running action's buffers (reshards and kernel outputs
-//                included)
+//                included); `gathered`: of it, stage 3's all-gathered parameter copies at most
 //   comm         the pipeline's point-to-point buffers: a stage's outgoing activation and incoming
 //                gradient (and the other way round) of one micro-batch
 //   peak         parameters + gradients + optimizer + masters + working + comm
@@ -44,7 +45,11 @@ struct RankMemory {
   int64_t activations = 0;    // peak of the frames in flight
   int in_flight = 0;          // micro-batches in flight at most
   int64_t working = 0, comm = 0;
-  int64_t peak() const { return params + grads + optimizer + masters + working + comm; }
+  int64_t gathered = 0;       // of working: the most bytes of all-gathered parameter copies (stage 3)
+  // One micro-batch with f32 gradients: the runner's sums are the backward's own gradient buffers
+  // (PipelineRunner::accumulate takes them), already inside `working`; not added twice.
+  bool grads_in_working = false;
+  int64_t peak() const { return params + (grads_in_working ? 0 : grads) + optimizer + masters + working + comm; }
 };
 
 struct MemoryPlan {

@@ -49,6 +49,7 @@ bool is_last_stage_param(const GptConfig& c, const std::string& name) {
 
 std::vector<std::string> model_constant_names(const GptConfig& c) {
   if (c.document_mask) return {};  // one mask and position ids per micro-batch (packing.h)
+  if (c.fused_attention()) return c.is_llama() ? std::vector<std::string>{"positions"} : std::vector<std::string>{};
   if (c.is_llama()) return {"causal_mask", "positions"};
   return {"causal_mask"};
 }

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::train {
 
@@ -41,12 +43,34 @@ void AdamW::update(float* w, float* m, float* v, const float* gr, int64_t n, boo
   const float step_size = static_cast<float>(lr / bc1), inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   const float eps = static_cast<float>(c_.epsilon);
   const float decay = decay_on ? static_cast<float>(1.0 - lr * c_.weight_decay) : 1.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    m[j] = b1 * m[j] + (1.0f - b1) * gr[j];
-    v[j] = b2 * v[j] + (1.0f - b2) * gr[j] * gr[j];
-    w[j] = w[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_bc2_sqrt + eps);
-  }
+  parallel_for(n, kParallelGrain / 4, [&](int64_t b, int64_t e) {  // elementwise: any split gives the same bits
+    for (int64_t j = b; j < e; ++j) {
+      m[j] = b1 * m[j] + (1.0f - b1) * gr[j];
+      v[j] = b2 * v[j] + (1.0f - b2) * gr[j] * gr[j];
+      w[j] = w[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_bc2_sqrt + eps);
+    }
+  });
 }
+
+namespace {
+
+// Squares summed in double over fixed blocks of kNormBlock elements, the blocks' sums added in
+// block order: the same bits on any thread count. A gradient of at most one block is summed in one
+// loop, as before the blocks existed; a larger one's sum differs from that loop's by double rounding.
+double sum_of_squares(const float* g, int64_t n) {
+  constexpr int64_t kNormBlock = 1 << 16;
+  std::vector<double> partial(static_cast<size_t>((n + kNormBlock - 1) / kNormBlock));
+  parallel_blocks(n, kNormBlock, [&](int64_t block, int64_t b, int64_t e) {
+    double sq = 0;
+    for (int64_t j = b; j < e; ++j) sq += static_cast<double>(g[j]) * g[j];
+    partial[static_cast<size_t>(block)] = sq;
+  });
+  double sq = 0;
+  for (double p : partial) sq += p;
+  return sq;
+}
+
+}  // namespace
 
 double global_grad_norm(const std::vector<ParamState>& params, const std::vector<Tensor>& grads,
                         const mesh::ProcessMesh& mesh, comm::Communicator& world, int disjoint_dim) {
@@ -56,10 +80,7 @@ double global_grad_norm(const std::vector<ParamState>& params, const std::vector
     for (int m = 0; m < mesh.ndim(); ++m) {
       if (m != disjoint_dim && params[i].dist[m].is_replicate()) replicas *= static_cast<double>(mesh.dim_size(m));
     }
-    double sq = 0;
-    const float* g = grads[i].data<float>();
-    for (int64_t j = 0; j < grads[i].numel(); ++j) sq += static_cast<double>(g[j]) * g[j];
-    total += sq / replicas;
+    total += sum_of_squares(grads[i].data<float>(), grads[i].numel()) / replicas;
   }
   world.all_reduce(&total, &total, 1, DType::F64, comm::Reduce::Sum);
   return std::sqrt(total);
@@ -70,7 +91,9 @@ double clip_grad_norm(std::vector<Tensor>& grads, double norm, double max_norm) 
   const float scale = static_cast<float>(max_norm / (norm + 1e-6));
   for (Tensor& g : grads) {
     float* p = g.data<float>();
-    for (int64_t j = 0; j < g.numel(); ++j) p[j] *= scale;
+    parallel_for(g.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) p[j] *= scale;
+    });
   }
   return norm;
 }

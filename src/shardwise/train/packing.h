@@ -14,8 +14,10 @@ namespace shardwise::train {
 struct DocumentInputs {
   Tensor position_ids;    // [B, S] i64: each token's index within its document
   Tensor attention_mask;  // [B, 1, S, S] f32, additive: 0 where key u <= query t lies in t's document, -1e9 elsewhere
+  Tensor document_ids;    // [B, S] i64: each token's document, counted from 0 in its row (fused attention)
 };
 // From the input ids [B, S] of a micro-batch. Error when ids is not [B, S] i64 or eos_id < 0.
-DocumentInputs document_inputs(const Tensor& ids, int64_t eos_id);
+// `mask` false leaves attention_mask undefined (fused attention reads the document ids instead).
+DocumentInputs document_inputs(const Tensor& ids, int64_t eos_id, bool mask = true);
 
 }  // namespace shardwise::train

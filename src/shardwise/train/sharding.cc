@@ -16,10 +16,9 @@ Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
 }
 
 void ShardingConfig::check() const {
-  SW_CHECK(stage != 3,
-           "--sharding-stage 3 (parameters sharded over dp, all-gathered before use) is not built yet: stages 0, 1 "
-           "(optimizer state) and 2 (and gradients) are");
-  SW_CHECK(stage >= 0 && stage <= 2, "--sharding-stage must be 0, 1 or 2, got {}", stage);
+  SW_CHECK(stage >= 0 && stage <= 3,
+           "--sharding-stage must be 0 (none), 1 (optimizer state), 2 (and gradients) or 3 (and parameters), got {}",
+           stage);
   SW_CHECK(layout == "v1" || layout == "v2",
            "--sharding-layout must be v1 (each parameter's state on one dp rank) or v2 (split-param: a flat buffer "
            "cut into equal dp ranges), got '{}'",

@@ -1,5 +1,7 @@
 #pragma once
 // Sharded optimizer state over the data-parallel dim (ZeRO / PaddlePaddle sharding), stages 1 and 2.
+// (Stage 3 needs no ShardedOptimizer: the parameters themselves are Shard over dp, see
+// ShardingConfig::shards_params and graph::shard_params_over, so each rank's blocks are its shards.)
 //
 // Every rank of a dp group holds the same parameter blocks (its tp / pp blocks); the group splits
 // the optimizer state of those blocks among its ranks. Each block is seen as a row-major flat
@@ -27,11 +29,17 @@
 namespace shardwise::train {
 
 struct ShardingConfig {
-  int stage = 0;              // 0: none; 1: optimizer state; 2: and gradients
-  std::string layout = "v1";  // v1 or v2 (split-param)
-  // Error naming what is wrong (stage 3 is refused: not built).
+  int stage = 0;              // 0: none; 1: optimizer state; 2: and gradients; 3: and parameters
+  std::string layout = "v1";  // v1 or v2 (split-param); stage 3 ignores it (see below)
+  // Error naming what is wrong.
   void check() const;
   bool enabled() const { return stage > 0; }
+  // Stages 1 and 2: a ShardedOptimizer over the ranges of `layout`.
+  bool shards_optimizer() const { return stage == 1 || stage == 2; }
+  // Stage 3 (FSDP): the parameters themselves are Shard over dp (pipeline::StageSpec::shard_params_dim);
+  // each rank's blocks are its shards, so the plain optimizer is already sharded and `layout` plays
+  // no part (every parameter is cut by rows, dim 0 of its tp block, in dp chunks).
+  bool shards_params() const { return stage == 3; }
 };
 
 // Which flat range of each parameter's block each dp rank owns.

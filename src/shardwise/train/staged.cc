@@ -58,8 +58,12 @@ void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool la
   if (first) bind_block(rt, "ids", b.ids, b.row0);
   if (last) bind_block(rt, "labels", b.labels, b.row0);
   if (!model.document_mask) return;
-  DocumentInputs d = document_inputs(b.ids, model.eos_id);  // row by row: the rows' own masks
-  bind_block(rt, "attention_mask", d.attention_mask, b.row0);
+  DocumentInputs d = document_inputs(b.ids, model.eos_id, !model.fused_attention());  // row by row: the rows' own
+  if (model.fused_attention()) {
+    bind_block(rt, "document_ids", d.document_ids, b.row0);
+  } else {
+    bind_block(rt, "attention_mask", d.attention_mask, b.row0);
+  }
   if (first || model.is_llama()) bind_block(rt, "position_ids", d.position_ids, b.row0);
 }
 
@@ -133,6 +137,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     spec.stage = s;
     spec.training = what == StageGraph::Training;
     if (spec.training && config.partial_dp_grads && stage_strategy.dp >= 0) spec.partial_grad_dims = {"dp"};
+    if (config.shard_params && stage_strategy.dp_size() > 1) spec.shard_params_dim = "dp";  // every graph: shared blocks
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
@@ -143,7 +148,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
     spec.constants = model_constant_names(model_in);
     if (model_in.document_mask) {  // per micro-batch (bind_rows)
-      spec.feeds.push_back("attention_mask");
+      spec.feeds.push_back(model_in.fused_attention() ? "document_ids" : "attention_mask");
       if (s == 0 || model_in.is_llama()) spec.feeds.push_back("position_ids");
     }
     out.push_back(std::move(spec));
@@ -328,12 +333,8 @@ std::shared_ptr<comm::Communicator> StagedGpt::dp_group() {
   if (dp_) return dp_;
   const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(runner_->local_stages().front())];
   std::vector<int> members;
-  std::vector<int64_t> coords = m.coords(m.rank_index_of_process(my_process(*world_)));
-  const int dp = stage_strategy_.dp;
-  for (int64_t d = 0; d < (dp < 0 ? 1 : m.dim_size(dp)); ++d) {
-    if (dp >= 0) coords[static_cast<size_t>(dp)] = d;
-    members.push_back(static_cast<int>(m.process_ids()[static_cast<size_t>(m.rank_index(coords))]));
-  }
+  for (int64_t process : m.processes_along(my_process(*world_), stage_strategy_.dp))
+    members.push_back(static_cast<int>(process));
   dp_ = world_->group(members);
   return dp_;
 }

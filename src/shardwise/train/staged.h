@@ -37,6 +37,9 @@ struct PipelineConfig {
   // Sharding stage >= 1: the moments are left undefined here (the ShardedOptimizer allocates its
   // shards), so the whole moments never exist.
   bool sharded_optimizer = false;
+  // Sharding stage 3: every graph stores its parameters sharded over dp (StageSpec::shard_params_dim):
+  // each rank's ParamState is its shard, gathered before each use; no ShardedOptimizer.
+  bool shard_params = false;
 };
 
 // What a runner's stages compute: the training step, the loss only (validation), or predictions.

@@ -165,6 +165,10 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
   check_text_options(*this);
   sharding.check();
   check_bucket_options(overlap_grad_reduce, grad_bucket_mb);
+  SW_CHECK(overlap_grad_reduce == "off" || !sharding.shards_params(),
+           "--overlap-grad-reduce {} does not combine with --sharding-stage 3: stage 3 reduce-scatters each gradient "
+           "in the graph as soon as its backward made it (the buckets serve stages 0-2); use --overlap-grad-reduce off",
+           overlap_grad_reduce);
   resolve_batch(s.dp_size());
   check_largest_parameter(model);
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
@@ -239,7 +243,9 @@ GptConfig kernel_model(const TrainConfig& c) {
 
 PipelineConfig pipeline_config(const TrainConfig& c) {
   return PipelineConfig{c.schedule, c.virtual_stages, c.pipeline_release, false,
-                        LoaderOptions{c.loader_sync, c.loader_prefetch}, c.sharding.stage >= 2 || c.overlap_grad_reduce != "off", c.sharding.enabled()};
+                        LoaderOptions{c.loader_sync, c.loader_prefetch},
+                        c.sharding.stage == 2 || (c.overlap_grad_reduce != "off" && !c.sharding.shards_params()),
+                        c.sharding.shards_optimizer(), c.sharding.shards_params()};
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
@@ -250,7 +256,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
                                        c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation), c_.seed,
                                        causal_mask(c_.model.seq), world_);
-  if (c_.sharding.enabled()) {
+  if (c_.sharding.shards_optimizer()) {
     sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
     partial_grads_ = model_->grads_partial_on_dp();
   }

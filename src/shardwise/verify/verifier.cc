@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <unordered_map>
 
 #include "shardwise/comm/local.h"
@@ -64,13 +65,20 @@ struct Enumerator {
     }
     return dists;
   }
-  // The indices to check: all of them, or an evenly spaced subset of `cap`.
+  // The indices to check: all of them, or `cap` distinct ones spread over the range: i * step mod
+  // total with step near total / golden ratio and coprime to total. (Evenly spaced indices
+  // i * total / cap were a fixed stride: where cap divided total the stride held every low
+  // mixed-radix digit constant, so the first tensors kept one placement in every checked case.)
   std::vector<int64_t> indices(int64_t cap) const {
     std::vector<int64_t> out;
     if (total <= cap) {
       for (int64_t i = 0; i < total; ++i) out.push_back(i);
     } else {
-      for (int64_t i = 0; i < cap; ++i) out.push_back(static_cast<int64_t>((static_cast<__int128>(i) * total) / cap));
+      auto step = static_cast<int64_t>(static_cast<long double>(total) * 0.6180339887498948482L);
+      while (std::gcd(step, total) != 1) ++step;
+      for (int64_t i = 0; i < cap; ++i) {
+        out.push_back(static_cast<int64_t>((static_cast<__int128>(i) * step) % total));
+      }
     }
     return out;
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -61,7 +62,10 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor out = Tensor::uninitialized(gate.dtype(), gate.shape());
   float_dispatch(gate.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    swiglu_typed(gate.data<T>(), up.data<T>(), out.data<T>(), out.numel());
+    const T* g = gate.data<T>();
+    const T* u = up.data<T>();
+    T* o = out.data<T>();
+    parallel_for(out.numel(), kParallelGrain, [&](int64_t b, int64_t e) { swiglu_typed(g + b, u + b, o + b, e - b); });
   });
   return out;
 }
@@ -74,8 +78,14 @@ SwigluGrads swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& 
   SwigluGrads grads{Tensor::uninitialized(gate.dtype(), gate.shape()), Tensor::uninitialized(gate.dtype(), gate.shape())};
   float_dispatch(gate.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    swiglu_backward_typed(gate.data<T>(), up.data<T>(), dout.data<T>(), grads.dgate.data<T>(), grads.dup.data<T>(),
-                          gate.numel());
+    const T* g = gate.data<T>();
+    const T* u = up.data<T>();
+    const T* d = dout.data<T>();
+    T* dg = grads.dgate.data<T>();
+    T* du = grads.dup.data<T>();
+    parallel_for(gate.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      swiglu_backward_typed(g + b, u + b, d + b, dg + b, du + b, e - b);
+    });
   });
   return grads;
 }

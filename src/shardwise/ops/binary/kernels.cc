@@ -1,5 +1,6 @@
 #include "shardwise/ops/binary/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -7,6 +8,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/broadcast.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -130,10 +132,13 @@ void float_binary_rows(const Shape& shape, const Tensor& x, const Tensor& y, Ten
   const T* py = y.data<T>();
   T* po = out.data<T>();
   if (x.shape() == shape && y.shape() == shape) {
-    const int64_t n = out.numel();
-    for (int64_t i = 0; i < n; ++i) po[i] = static_cast<T>(f(static_cast<C>(px[i]), static_cast<C>(py[i])));
+    parallel_for(out.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) po[i] = static_cast<T>(f(static_cast<C>(px[i]), static_cast<C>(py[i])));
+    });
     return;
   }
+  const int64_t inner = shape.ndim() == 0 ? 1 : std::max<int64_t>(1, shape[shape.ndim() - 1]);
+  parallel_for(out.numel() / inner, kParallelGrain / inner + 1, [&](int64_t r0, int64_t r1) {
   broadcast_for_each_row<2>(shape, {x.shape(), y.shape()},
                             [&](int64_t i, int64_t len, const std::array<int64_t, 2>& o, const std::array<int64_t, 2>& st) {
     const T* a = px + o[0];
@@ -151,6 +156,7 @@ void float_binary_rows(const Shape& shape, const Tensor& x, const Tensor& y, Ten
       const T v = static_cast<T>(f(static_cast<C>(a[0]), static_cast<C>(b[0])));
       for (int64_t j = 0; j < len; ++j) c[j] = v;
     }
+  }, r0, r1);
   });
 }
 

@@ -1,5 +1,6 @@
 #include "shardwise/ops/index/kernels.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <type_traits>
@@ -7,6 +8,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/broadcast.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -294,15 +296,13 @@ Shape embedding_shape(const Shape& ids, const Shape& weight) {
 
 namespace {
 
-// Calls fn(i, row) for every id i that falls in the block [offset, offset + rows), row = id - offset;
-// checks every id against [0, vocab_size).
-template <class Fn>
-void for_each_local_id(std::string_view op, const Tensor& ids, int64_t offset, int64_t rows, int64_t vocab_size,
-                       Fn&& fn) {
+// `ids` as i64, after checking every id against [0, vocab_size) in order (the first bad one is
+// named) and the block [offset, offset + rows) against the vocab.
+Tensor checked_ids(std::string_view op, const Tensor& ids, int64_t offset, int64_t rows, int64_t vocab_size) {
   check_index_dtype(op, "ids", ids.dtype());
   SW_CHECK(offset >= 0 && rows >= 0 && offset + rows <= vocab_size,
            "{}: the weight block [{}, {}) does not fit a vocab of {} rows", op, offset, offset + rows, vocab_size);
-  const Tensor idx = as_i64(ids);
+  Tensor idx = as_i64(ids);
   const int64_t* iv = idx.data<int64_t>();
   for (int64_t i = 0; i < ids.numel(); ++i) {
     int64_t v = iv[i];
@@ -310,8 +310,8 @@ void for_each_local_id(std::string_view op, const Tensor& ids, int64_t offset, i
       fail("{}: id {} at position {} is out of range for a vocab of {} rows (allowed 0..{})", op, v, i, vocab_size,
            vocab_size - 1);
     }
-    if (v >= offset && v < offset + rows) fn(i, v - offset);
   }
+  return idx;
 }
 
 }  // namespace
@@ -319,9 +319,17 @@ void for_each_local_id(std::string_view op, const Tensor& ids, int64_t offset, i
 Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t vocab_offset, int64_t vocab_size) {
   Shape out_shape = embedding_shape(ids.shape(), weight.shape());
   Tensor out(weight.dtype(), out_shape);
+  const int64_t rows = weight.shape()[0];
   const auto row = static_cast<size_t>(weight.shape()[1]) * dtype_size(weight.dtype());
-  for_each_local_id("embedding", ids, vocab_offset, weight.shape()[0], vocab_size, [&](int64_t i, int64_t r) {
-    std::memcpy(out.raw() + static_cast<size_t>(i) * row, weight.raw() + static_cast<size_t>(r) * row, row);
+  const int64_t grain = kParallelGrain / std::max<int64_t>(weight.shape()[1], 1) + 1;
+  const Tensor idx = checked_ids("embedding", ids, vocab_offset, rows, vocab_size);
+  const int64_t* iv = idx.data<int64_t>();
+  parallel_for(ids.numel(), grain, [&](int64_t b, int64_t e) {  // positions split over the rank's threads
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t r = iv[i] - vocab_offset;
+      if (r >= 0 && r < rows)
+        std::memcpy(out.raw() + static_cast<size_t>(i) * row, weight.raw() + static_cast<size_t>(r) * row, row);
+    }
   });
   return out;
 }
@@ -333,10 +341,18 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, const Shape& we
            out_shape.to_string());
   check_accumulating("embedding backward", dout.dtype());
   Tensor dw(dout.dtype(), weight_shape);
-  const int64_t h = weight_shape[1];
+  const int64_t h = weight_shape[1], rows = weight_shape[0], n = ids.numel();
   const auto es = static_cast<int64_t>(dtype_size(dout.dtype()));
-  for_each_local_id("embedding backward", ids, vocab_offset, weight_shape[0], vocab_size, [&](int64_t i, int64_t r) {
-    add_elements(dout.dtype(), dw.raw() + r * h * es, dout.raw() + i * h * es, h);
+  // The scatter-add: threads take disjoint ranges of the hidden columns, and each adds every
+  // position's row into its columns in position order (the sums of a single loop, on any thread count).
+  const Tensor idx = checked_ids("embedding backward", ids, vocab_offset, rows, vocab_size);
+  const int64_t* iv = idx.data<int64_t>();
+  parallel_for(h, kParallelGrain / std::max<int64_t>(n, 1) + 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = iv[i] - vocab_offset;
+      if (r >= 0 && r < rows)
+        add_elements(dout.dtype(), dw.raw() + (r * h + c0) * es, dout.raw() + (i * h + c0) * es, c1 - c0);
+    }
   });
   return dw;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardwise/core/philox.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -233,11 +234,17 @@ Tensor dropout_mask(const Shape& local, const Shape& global_shape, std::span<con
   }
   std::array<int64_t, kMaxDims> gstride = contiguous_strides(global_shape);
   // Odometer over every dim but the last; the last dim is the contiguous inner loop.
-  std::array<int64_t, kMaxDims> idx{};
   const int last = nd - 1;
   const int64_t rows = mask.numel() / local[last];
   const int64_t inner_off = offset[static_cast<size_t>(last)];
-  for (int64_t r = 0; r < rows; ++r) {
+  // Rows split over the rank's threads: each element's bit is a function of its global index.
+  parallel_for(rows, kParallelGrain / 8 / std::max<int64_t>(local[last], 1) + 1, [&](int64_t r0, int64_t r1) {
+  std::array<int64_t, kMaxDims> idx{};
+  for (int64_t d = last - 1, q = r0; d >= 0; --d) {  // the odometer at row r0
+    idx[static_cast<size_t>(d)] = q % local[static_cast<int>(d)];
+    q /= local[static_cast<int>(d)];
+  }
+  for (int64_t r = r0; r < r1; ++r) {
     int64_t base = 0;
     for (int d = 0; d < last; ++d) {
       base += (offset[static_cast<size_t>(d)] + idx[static_cast<size_t>(d)]) * gstride[static_cast<size_t>(d)];
@@ -249,6 +256,7 @@ Tensor dropout_mask(const Shape& local, const Shape& global_shape, std::span<con
       idx[static_cast<size_t>(d)] = 0;
     }
   }
+  });
   return mask;
 }
 
@@ -268,7 +276,12 @@ Tensor apply_mask(std::string_view what, const Tensor& x, const Tensor& mask, do
   SW_CHECK(mask.dtype() == DType::U8 && mask.shape() == x.shape(), "{}: the mask must be u8 {}, got {} {}", what,
            x.shape().to_string(), dtype_name(mask.dtype()), mask.shape().to_string());
   Tensor out(x.dtype(), x.shape());
-  SW_DISPATCH(x.dtype(), [&] { mask_typed<T>(x.data<T>(), mask.data<uint8_t>(), out.data<T>(), x.numel(), scale); });
+  SW_DISPATCH(x.dtype(), [&] {
+    const T* in = x.data<T>();
+    const uint8_t* m = mask.data<uint8_t>();
+    T* o = out.data<T>();
+    parallel_for(x.numel(), kParallelGrain, [&](int64_t b, int64_t e) { mask_typed<T>(in + b, m + b, o + b, e - b, scale); });
+  });
   return out;
 }
 

@@ -1,8 +1,11 @@
 #include "shardwise/ops/norm/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <variant>
 #include <vector>
+
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -82,6 +85,9 @@ void check_dout(std::string_view op, const Tensor& dout, const Tensor& x) {
            dtype_name(x.dtype()), x.shape().to_string(), dtype_name(dout.dtype()), dout.shape().to_string());
 }
 
+// Rows (of `cols` elements each) per thread at least: about kParallelGrain elements.
+int64_t row_grain(int64_t cols) { return kParallelGrain / std::max<int64_t>(cols, 1) + 1; }
+
 // Calls fn.template operator()<T>() for a floating dtype; Error naming `op` otherwise.
 template <class Fn>
 void dispatch_float(DType dtype, std::string_view op, Fn&& fn) {
@@ -112,7 +118,8 @@ LayerNormOutputs layer_norm(const Tensor& x, const Tensor& scale, const Tensor& 
     T* po = r.out.data<T>();
     S* pm = r.mean.data<S>();
     S* pr = r.rstd.data<S>();
-    for (int64_t row = 0; row < rows; ++row) {
+    parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
       const T* xr = px + row * cols;
       double sum = 0;
       for (int64_t c = 0; c < cols; ++c) sum += to_f64(xr[c]);
@@ -131,6 +138,7 @@ LayerNormOutputs layer_norm(const Tensor& x, const Tensor& scale, const Tensor& 
         orow[c] = from_f64<T>((to_f64(xr[c]) - mu) * rs * to_f64(ps[c]) + to_f64(pb[c]));
       }
     }
+    });
   });
   return r;
 }
@@ -156,26 +164,46 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& scale, const T
     T* pdx = g.dx.data<T>();
     std::vector<double> dscale(static_cast<size_t>(cols)), dbias(static_cast<size_t>(cols));
     const double n = static_cast<double>(cols);
-    for (int64_t row = 0; row < rows; ++row) {
-      const int64_t base = row * cols;
-      const double mu = static_cast<double>(pm[row]), rs = static_cast<double>(pr[row]);
-      double sum_g = 0, sum_gx = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        double dy = to_f64(pdy[base + c]);
-        double xh = (to_f64(px[base + c]) - mu) * rs;
-        double gv = dy * to_f64(ps[c]);
-        sum_g += gv;
-        sum_gx += gv * xh;
-        dscale[static_cast<size_t>(c)] += dy * xh;
-        dbias[static_cast<size_t>(c)] += dy;
+    // dx: rows split over the threads. dscale, dbias: summed over the rows in order, in the row
+    // loop when it runs whole, else in a second pass with the columns split: the same sums.
+    bool whole = false;
+    parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      const bool fused = r0 == 0 && r1 == rows;
+      if (fused) whole = true;  // only when this is the one piece
+      for (int64_t row = r0; row < r1; ++row) {
+        const int64_t base = row * cols;
+        const double mu = static_cast<double>(pm[row]), rs = static_cast<double>(pr[row]);
+        double sum_g = 0, sum_gx = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          double dy = to_f64(pdy[base + c]);
+          double xh = (to_f64(px[base + c]) - mu) * rs;
+          double gv = dy * to_f64(ps[c]);
+          sum_g += gv;
+          sum_gx += gv * xh;
+          if (fused) {
+            dscale[static_cast<size_t>(c)] += dy * xh;
+            dbias[static_cast<size_t>(c)] += dy;
+          }
+        }
+        const double mean_g = sum_g / n, mean_gx = sum_gx / n;
+        for (int64_t c = 0; c < cols; ++c) {
+          double xh = (to_f64(px[base + c]) - mu) * rs;
+          double gv = to_f64(pdy[base + c]) * to_f64(ps[c]);
+          pdx[base + c] = from_f64<T>(rs * (gv - mean_g - xh * mean_gx));
+        }
       }
-      const double mean_g = sum_g / n, mean_gx = sum_gx / n;
-      for (int64_t c = 0; c < cols; ++c) {
-        double xh = (to_f64(px[base + c]) - mu) * rs;
-        double gv = to_f64(pdy[base + c]) * to_f64(ps[c]);
-        pdx[base + c] = from_f64<T>(rs * (gv - mean_g - xh * mean_gx));
+    });
+    if (!whole) parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t base = row * cols;
+        const double mu = static_cast<double>(pm[row]), rs = static_cast<double>(pr[row]);
+        for (int64_t c = c0; c < c1; ++c) {
+          double dy = to_f64(pdy[base + c]);
+          dscale[static_cast<size_t>(c)] += dy * ((to_f64(px[base + c]) - mu) * rs);
+          dbias[static_cast<size_t>(c)] += dy;
+        }
       }
-    }
+    });
     T* pds = g.dscale.data<T>();
     T* pdb = g.dbias.data<T>();
     for (int64_t c = 0; c < cols; ++c) {
@@ -198,15 +226,17 @@ RmsNormOutputs rms_norm(const Tensor& x, const Tensor& scale, int k, double epsi
     const T* ps = scale.data<T>();
     T* po = r.out.data<T>();
     S* pi = r.inv_rms.data<S>();
-    for (int64_t row = 0; row < rows; ++row) {
-      const T* xr = px + row * cols;
-      double sq = 0;
-      for (int64_t c = 0; c < cols; ++c) sq += to_f64(xr[c]) * to_f64(xr[c]);
-      double inv = 1.0 / std::sqrt(sq / static_cast<double>(cols) + epsilon);
-      pi[row] = static_cast<S>(inv);
-      T* orow = po + row * cols;
-      for (int64_t c = 0; c < cols; ++c) orow[c] = from_f64<T>(to_f64(xr[c]) * inv * to_f64(ps[c]));
-    }
+    parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t row = r0; row < r1; ++row) {
+        const T* xr = px + row * cols;
+        double sq = 0;
+        for (int64_t c = 0; c < cols; ++c) sq += to_f64(xr[c]) * to_f64(xr[c]);
+        double inv = 1.0 / std::sqrt(sq / static_cast<double>(cols) + epsilon);
+        pi[row] = static_cast<S>(inv);
+        T* orow = po + row * cols;
+        for (int64_t c = 0; c < cols; ++c) orow[c] = from_f64<T>(to_f64(xr[c]) * inv * to_f64(ps[c]));
+      }
+    });
   });
   return r;
 }
@@ -230,23 +260,36 @@ RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& scale, const Tenso
     T* pdx = g.dx.data<T>();
     std::vector<double> dscale(static_cast<size_t>(cols));
     const double n = static_cast<double>(cols);
-    for (int64_t row = 0; row < rows; ++row) {
-      const int64_t base = row * cols;
-      const double inv = static_cast<double>(pi[row]);
-      double sum_gx = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        double dy = to_f64(pdy[base + c]);
-        double xh = to_f64(px[base + c]) * inv;
-        sum_gx += dy * to_f64(ps[c]) * xh;
-        dscale[static_cast<size_t>(c)] += dy * xh;
+    // dx: rows split over the threads; dscale as in layer_norm_backward.
+    bool whole = false;
+    parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      const bool fused = r0 == 0 && r1 == rows;
+      if (fused) whole = true;  // only when this is the one piece
+      for (int64_t row = r0; row < r1; ++row) {
+        const int64_t base = row * cols;
+        const double inv = static_cast<double>(pi[row]);
+        double sum_gx = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          double dy = to_f64(pdy[base + c]);
+          double xh = to_f64(px[base + c]) * inv;
+          sum_gx += dy * to_f64(ps[c]) * xh;
+          if (fused) dscale[static_cast<size_t>(c)] += dy * xh;
+        }
+        const double mean_gx = sum_gx / n;
+        for (int64_t c = 0; c < cols; ++c) {
+          double xh = to_f64(px[base + c]) * inv;
+          double gv = to_f64(pdy[base + c]) * to_f64(ps[c]);
+          pdx[base + c] = from_f64<T>(inv * (gv - xh * mean_gx));
+        }
       }
-      const double mean_gx = sum_gx / n;
-      for (int64_t c = 0; c < cols; ++c) {
-        double xh = to_f64(px[base + c]) * inv;
-        double gv = to_f64(pdy[base + c]) * to_f64(ps[c]);
-        pdx[base + c] = from_f64<T>(inv * (gv - xh * mean_gx));
+    });
+    if (!whole) parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t base = row * cols;
+        const double inv = static_cast<double>(pi[row]);
+        for (int64_t c = c0; c < c1; ++c) dscale[static_cast<size_t>(c)] += to_f64(pdy[base + c]) * (to_f64(px[base + c]) * inv);
       }
-    }
+    });
     T* pds = g.dscale.data<T>();
     for (int64_t c = 0; c < cols; ++c) pds[c] = from_f64<T>(dscale[static_cast<size_t>(c)]);
   });

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -45,18 +46,20 @@ void rotate(const T* x, T* out, const Tensor& positions, int64_t rows, int64_t S
       sin_t[static_cast<size_t>(p * h + i)] = static_cast<C>(sign) * static_cast<C>(std::sin(a));
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t p = (positions.shape().ndim() == 2 ? (r / per_batch) * S : 0) + r % S;
-    const C* c = cos_t.data() + p * h;
-    const C* sn = sin_t.data() + p * h;
-    const T* xr = x + r * D;
-    T* o = out + r * D;
-    for (int64_t i = 0; i < h; ++i) {
-      const C a = static_cast<C>(xr[i]), b = static_cast<C>(xr[i + h]);
-      o[i] = static_cast<T>(a * c[i] - b * sn[i]);
-      o[i + h] = static_cast<T>(b * c[i] + a * sn[i]);
+  parallel_for(rows, kParallelGrain / std::max<int64_t>(D, 1) + 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t p = (positions.shape().ndim() == 2 ? (r / per_batch) * S : 0) + r % S;
+      const C* c = cos_t.data() + p * h;
+      const C* sn = sin_t.data() + p * h;
+      const T* xr = x + r * D;
+      T* o = out + r * D;
+      for (int64_t i = 0; i < h; ++i) {
+        const C a = static_cast<C>(xr[i]), b = static_cast<C>(xr[i + h]);
+        o[i] = static_cast<T>(a * c[i] - b * sn[i]);
+        o[i + h] = static_cast<T>(b * c[i] + a * sn[i]);
+      }
     }
-  }
+  });
 }
 
 Tensor rotate_tensor(const Tensor& x, const Tensor& positions, double theta, int sign) {

@@ -1,6 +1,7 @@
 #include "shardwise/ops/softmax/kernels.h"
 
 #include "shardwise/tensor/fast_math.h"
+#include "shardwise/tensor/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -49,12 +50,15 @@ AxisView view_around(const Shape& shape, int axis) {
   return v;
 }
 
-// Calls fn(base, stride) for every slice along the axis: its elements are base + j * stride.
+// Calls fn(base, stride, scratch) for every slice along the axis: its elements are base + j * stride;
+// `scratch` holds v.n doubles of the calling thread's own. The slices are split over the rank's
+// threads (each slice is computed by one thread, as on one: the same bits).
 template <class Fn>
 void for_each_slice(const AxisView& v, Fn&& fn) {
-  for (int64_t o = 0; o < v.outer; ++o) {
-    for (int64_t i = 0; i < v.inner; ++i) fn(o * v.n * v.inner + i, v.inner);
-  }
+  parallel_for(v.outer * v.inner, kParallelGrain / std::max<int64_t>(v.n, 1) + 1, [&](int64_t s0, int64_t s1) {
+    std::vector<double> scratch(static_cast<size_t>(v.n));
+    for (int64_t s = s0; s < s1; ++s) fn((s / v.inner) * v.n * v.inner + s % v.inner, v.inner, scratch.data());
+  });
 }
 
 int checked_axis(int64_t axis, int ndim, std::string_view op) {
@@ -177,8 +181,7 @@ Tensor softmax_impl(const Tensor& x, int axis, bool log) {
   dispatch_float(x.dtype(), op, [&]<class T>() {
     const T* px = x.data<T>();
     T* po = out.data<T>();
-    std::vector<double> e(static_cast<size_t>(v.n));
-    for_each_slice(v, [&](int64_t base, int64_t stride) {
+    for_each_slice(v, [&](int64_t base, int64_t stride, double* e) {
       if constexpr (std::is_same_v<T, float>) {
         if (stride == 1) {
           const float mx = row_max(px + base, v.n);
@@ -192,12 +195,12 @@ Tensor softmax_impl(const Tensor& x, int axis, bool log) {
       for (int64_t j = 0; j < v.n; ++j) mx = std::max(mx, to_f64(px[base + j * stride]));
       double sum = 0;
       for (int64_t j = 0; j < v.n; ++j) {
-        e[static_cast<size_t>(j)] = std::exp(to_f64(px[base + j * stride]) - mx);
-        sum += e[static_cast<size_t>(j)];
+        e[j] = std::exp(to_f64(px[base + j * stride]) - mx);
+        sum += e[j];
       }
       double log_sum = std::log(sum);
       for (int64_t j = 0; j < v.n; ++j) {
-        double r = log ? to_f64(px[base + j * stride]) - mx - log_sum : e[static_cast<size_t>(j)] / sum;
+        double r = log ? to_f64(px[base + j * stride]) - mx - log_sum : e[j] / sum;
         po[base + j * stride] = from_f64<T>(r);
       }
     });
@@ -218,7 +221,7 @@ Tensor softmax_backward_impl(const Tensor& out, const Tensor& dout, int axis, bo
     const T* py = out.data<T>();
     const T* pg = dout.data<T>();
     T* pdx = dx.data<T>();
-    for_each_slice(v, [&](int64_t base, int64_t stride) {
+    for_each_slice(v, [&](int64_t base, int64_t stride, double*) {
       if constexpr (std::is_same_v<T, float>) {
         if (stride == 1 && !log) {
           // The sum in double lanes; each element as below, in double, rounded once.
@@ -354,15 +357,17 @@ std::vector<double> cross_entropy_local_max(const Tensor& logits) {
   std::vector<double> mx(static_cast<size_t>(rows), -std::numeric_limits<double>::infinity());
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     const T* px = logits.data<T>();
-    for (size_t i = 0; i < mx.size(); ++i) {
-      const T* row = px + static_cast<int64_t>(i) * c_local;
-      if constexpr (std::is_same_v<T, float>) {
-        // The same value (a max is exact; NaN is skipped in both), in float lanes.
-        if (c_local > 0) mx[i] = static_cast<double>(row_max(row, c_local));
-        continue;
+    parallel_for(rows, kParallelGrain / std::max<int64_t>(c_local, 1) + 1, [&](int64_t r0, int64_t r1) {
+      for (auto i = static_cast<size_t>(r0); i < static_cast<size_t>(r1); ++i) {
+        const T* row = px + static_cast<int64_t>(i) * c_local;
+        if constexpr (std::is_same_v<T, float>) {
+          // The same value (a max is exact; NaN is skipped in both), in float lanes.
+          if (c_local > 0) mx[i] = static_cast<double>(row_max(row, c_local));
+          continue;
+        }
+        for (int64_t c = 0; c < c_local; ++c) mx[i] = std::max(mx[i], to_f64(row[c]));
       }
-      for (int64_t c = 0; c < c_local; ++c) mx[i] = std::max(mx[i], to_f64(row[c]));
-    }
+    });
   });
   return mx;
 }
@@ -377,7 +382,9 @@ CrossEntropyRowSums cross_entropy_local_sums(const Tensor& logits, const Tensor&
   CrossEntropyRowSums s{std::vector<double>(rows.labels.size(), 0.0), std::vector<double>(rows.labels.size(), 0.0)};
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     const T* px = logits.data<T>();
-    for (size_t i = 0; i < rows.labels.size(); ++i) {
+    const auto n_rows = static_cast<int64_t>(rows.labels.size());
+    parallel_for(n_rows, kParallelGrain / std::max<int64_t>(c_local, 1) + 1, [&](int64_t r0, int64_t r1) {
+    for (auto i = static_cast<size_t>(r0); i < static_cast<size_t>(r1); ++i) {
       const T* row = px + static_cast<int64_t>(i) * c_local;
       bool fast = false;
       if constexpr (std::is_same_v<T, float>) {
@@ -392,6 +399,7 @@ CrossEntropyRowSums cross_entropy_local_sums(const Tensor& logits, const Tensor&
         s.target[i] = to_f64(row[local_label]);
       }
     }
+    });
   });
   return s;
 }
@@ -446,7 +454,9 @@ Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labe
     const T* px = logits.data<T>();
     const T* pg = dloss.data<T>();
     T* pdx = dx.data<T>();
-    for (size_t i = 0; i < rows.labels.size(); ++i) {
+    const auto n_rows = static_cast<int64_t>(rows.labels.size());
+    parallel_for(n_rows, kParallelGrain / std::max<int64_t>(c_local, 1) + 1, [&](int64_t r0, int64_t r1) {
+    for (auto i = static_cast<size_t>(r0); i < static_cast<size_t>(r1); ++i) {
       if (rows.labels[i] == ignore_index) continue;  // dx stays 0
       const int64_t y = rows.labels[i] - shard.offset;
       double w = reduction == LossReduction::None ? to_f64(pg[i]) : to_f64(pg[0]);
@@ -472,6 +482,7 @@ Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labe
         drow[c] = from_f64<T>((p - (c == y ? 1.0 : 0.0)) * w);
       }
     }
+    });
   });
   return dx;
 }

@@ -15,6 +15,7 @@
 #include "shardwise/ops/families.h"
 #include "shardwise/ops/softmax/rules.h"
 #include "shardwise/ops/softmax/kernels.h"
+#include "shardwise/ops/softmax/lm_head.h"
 
 namespace shardwise::ops {
 
@@ -233,6 +234,106 @@ OpDef make_vocab_parallel_cross_entropy() {
   return def;
 }
 
+// ---- lm_head_cross_entropy and vocab_parallel_lm_head_cross_entropy (lm_head.h)
+
+constexpr std::string_view kLmHead = "lm_head_cross_entropy";
+constexpr std::string_view kVpLmHead = "vocab_parallel_lm_head_cross_entropy";
+
+VerifyCase head_case(Shape h, int64_t vocab, const char* reduction, DType dtype = DType::F64,
+                     int64_t ignore_index = -100, int64_t chunk_bytes = 0) {
+  Shape labels;
+  for (int d = 0; d + 1 < h.ndim(); ++d) labels.push_back(h[d]);
+  Shape w{vocab, h.back()};
+  Attrs a;
+  a.set("reduction", std::string(reduction));
+  if (ignore_index != -100) a.set("ignore_index", ignore_index);
+  if (chunk_bytes > 0) a.set("chunk_bytes", chunk_bytes);
+  return VerifyCase{{h, w, labels}, {dtype, dtype, DType::I64}, std::move(a),
+                    {ValueGen{}, ValueGen{}, ValueGen{Kind::Index, 0, static_cast<double>(vocab - 1)}}};
+}
+
+// Every reduction on 12x12 rows over 12 classes (even on every mesh) in one chunk, and on 5x3 rows
+// over 7 classes (uneven rows and vocab blocks; a vocab block may be empty on [2,3]) with ignore_index 0 (a
+// real class) in chunks of one row; 1x4 rows (empty row shards); 2x3x4 rows (two batch dims) in
+// chunks of two rows; f32.
+std::vector<VerifyCase> head_cases() {
+  std::vector<VerifyCase> cases;
+  for (const char* r : {"mean", "sum", "none"}) {
+    cases.push_back(head_case({12, 12}, 12, r));
+    cases.push_back(head_case({5, 3}, 7, r, DType::F64, 0, 8));
+  }
+  cases.push_back(head_case({1, 4}, 2, "sum"));
+  cases.push_back(head_case({2, 3, 4}, 5, "none", DType::F64, 2, 80));
+  cases.push_back(head_case({5, 3}, 7, "mean", DType::F32, -100, 64));
+  return cases;
+}
+
+// W's vocab block (input 1, dim 0) and the group holding the other blocks (vocab-parallel only).
+LmHeadArgs head_args(const Attrs& attrs, const KernelContext* ctx, std::string_view name) {
+  LmHeadArgs a = lm_head_args(attrs, name);
+  if (ctx == nullptr || ctx->tensors.size() < 2 || ctx->tensors[1].global_shape.ndim() != 2) return a;
+  a.shard = {ctx->tensors[1].global_shape[0], ctx->tensors[1].offset[0]};
+  a.group = ctx->group_sharding(1, 1u, name);
+  return a;
+}
+
+OpDef make_lm_head(bool vocab_parallel) {
+  OpDef def;
+  const std::string_view name = vocab_parallel ? kVpLmHead : kLmHead;
+  def.name = std::string(name);
+  def.family = "softmax";
+  const SoftmaxRules& rules = rules_of<softmax_rules>();
+  def.rule = vocab_parallel ? rules.vocab_parallel_lm_head_cross_entropy : rules.lm_head_cross_entropy;
+  def.summary = vocab_parallel
+                    ? "vocab_parallel_lm_head_cross_entropy: lm_head_cross_entropy with W [V, H] sharded on the "
+                      "vocab: each chunk's row max (max), sum of exponentials and target logit (sum) are "
+                      "all-reduced over the ranks holding the other vocab blocks; dh is this block's part"
+                    : "lm_head_cross_entropy(h [..., H], W [V, H], labels [...]; ignore_index=-100, "
+                      "reduction=mean|sum|none, chunk_bytes=64 MiB) = cross_entropy(h · Wᵀ, labels), the logits "
+                      "computed and dropped in row chunks of about chunk_bytes (never [N, V] whole); backward "
+                      "recomputes each chunk's logits: dh = dlogits · W, dW = Σ dlogitsᵀ · h; no gradient for labels";
+  def.num_inputs = 3;
+  def.num_outputs = 1;
+  def.infer = [name](std::span<const TensorMeta> in, const Attrs& attrs) {
+    check_lm_head_args(in[0].shape, in[0].dtype, in[1].shape, in[1].dtype, in[2].shape, in[2].dtype);
+    LmHeadArgs a = lm_head_args(attrs, name);
+    return std::vector<TensorMeta>{{cross_entropy_loss_shape(in[2].shape, a.reduction), in[0].dtype}};
+  };
+  auto forward = [name](std::span<const Tensor> in, const Attrs& attrs, const KernelContext* ctx) {
+    return std::vector<Tensor>{lm_head_cross_entropy(in[0], in[1], in[2], head_args(attrs, ctx, name))};
+  };
+  auto backward = [name](std::span<const Tensor> in, std::span<const Tensor> dout, const Attrs& attrs,
+                         const KernelContext* ctx) {
+    auto [dh, dw] = lm_head_cross_entropy_backward(in[0], in[1], in[2], dout[0], head_args(attrs, ctx, name));
+    return std::vector<Tensor>{dh, dw, Tensor()};
+  };
+  if (vocab_parallel) {
+    def.forward_in_context = [forward](std::span<const Tensor> in, const Attrs& a, const KernelContext& ctx) {
+      return forward(in, a, &ctx);
+    };
+    def.backward_in_context = [backward](std::span<const Tensor> in, std::span<const Tensor>,
+                                         std::span<const Tensor> dout, const Attrs& a, const KernelContext& ctx) {
+      return backward(in, dout, a, &ctx);
+    };
+    def.collective = true;
+  } else {
+    def.forward = [forward](std::span<const Tensor> in, const Attrs& a) { return forward(in, a, nullptr); };
+    def.backward = [backward](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
+                              const Attrs& a) { return backward(in, dout, a, nullptr); };
+    // Only the wanted GEMMs (a frozen head weight; zero-bubble's input and weight halves). The
+    // vocab-parallel op has no such kernel: a partial kernel gets no communicator.
+    def.backward_partial = [name](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
+                                  const Attrs& a, std::span<const bool> wanted) {
+      auto [dh, dw] = lm_head_cross_entropy_backward(in[0], in[1], in[2], dout[0], lm_head_args(a, name),
+                                                     {wanted[0], wanted[1]});
+      return std::vector<Tensor>{dh, dw, Tensor()};
+    };
+  }
+  def.backward_reads = std::vector<int>{0, 1, 2};  // h, W, labels; not the loss
+  def.cases = head_cases();
+  return def;
+}
+
 }  // namespace
 
 void register_softmax_ops(OpRegistry& registry) {
@@ -240,6 +341,8 @@ void register_softmax_ops(OpRegistry& registry) {
   registry.add(make_softmax(true));
   registry.add(make_cross_entropy());
   registry.add(make_vocab_parallel_cross_entropy());
+  registry.add(make_lm_head(false));
+  registry.add(make_lm_head(true));
 }
 
 }  // namespace shardwise::ops

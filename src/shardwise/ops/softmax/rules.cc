@@ -44,12 +44,27 @@
 //  the batch letters Replicate (the global divisor), not the class letter. Reverse: as above, then
 //  the given logits' class sharding is kept on the mesh dims the wanted loss left free. Grad:
 //  dlogits keeps the class sharding (softmax - onehot is computed on each class block).
+//
+// lm_head_cross_entropy (h "ab..k", W "vk", labels "ab.."; k the hidden dim, v the vocabulary):
+//  forward: merged in the order W, h, labels (W first: under sp the sequence-sharded h loses the tp
+//    mesh dim to W's vocab sharding and is gathered, as the unfused head's matmul does, never the
+//    weight); k is Replicate (contracted inside the kernel, which cannot reduce a Partial logit
+//    through the softmax); v is Replicate (the plain op) or kept sharded (the vocab-parallel op:
+//    the kernel all-reduces each chunk's row statistics). Loss as cross_entropy's (none: like
+//    labels; sum: P(sum) on the mesh dims sharding a batch letter; mean: the batch letters R).
+//  reverse: as cross_entropy's on h and labels; the vocab-parallel op keeps the given W's vocab
+//    sharding on the mesh dims the wanted loss left free.
+//  grad (h, W, labels, loss, dloss -> dh, dW, dlabels): the forward merge (with dloss after labels
+//    for "none"); dh is laid out like h plus P(sum) on the mesh dims sharding v (each vocab block's
+//    part of dlogits · W), dW like W plus P(sum) on those sharding a batch letter (each row block's
+//    part of dlogitsᵀ · h); a P(sum|avg) dloss on a mesh dim that shards nothing passes to both.
 #include <array>
 
 #include "shardwise/core/error.h"
 #include "shardwise/spmd/factor_rule.h"
 #include "shardwise/ops/softmax/rules.h"
 #include "shardwise/ops/softmax/kernels.h"
+#include "shardwise/ops/softmax/lm_head.h"
 
 namespace shardwise::ops {
 using namespace spmd;
@@ -124,6 +139,29 @@ CeLabels ce_labels(std::string_view name, const TensorSpec& logits, const Tensor
   return {letters, letters.substr(0, nb), letters.substr(nb, 1), loss_reduction(attrs, name), name == kVocabParallel};
 }
 
+// The loss's distribution from the rows' (labels') and the merged axes: like labels for "none",
+// else a scalar, P(sum) on the mesh dims sharding a batch letter (none for "mean": they are R).
+DistAttr loss_dist(const DistAttr& labels, std::string_view batch, const AxisMap& axes, LossReduction reduction,
+                   int nd) {
+  if (reduction == LossReduction::None) return labels;
+  DistAttr loss(nd);
+  add_partial_for(loss, batch, axes, ReduceOp::Sum);
+  return loss;
+}
+
+// Reverse of a "sum" loss: each mesh dim the wanted loss makes P(sum) shards a batch dim of the rows
+// (`rows`: logits or h) and of labels: the one the given rows shard there, else dim 0.
+void shard_rows_for_sum(const DistAttr& wanted, const DistAttr& given_rows, size_t batch_dims, DistAttr& rows,
+                        DistAttr& labels) {
+  for (int m = 0; m < wanted.mesh_ndim(); ++m) {
+    if (!wanted[m].is_partial(ReduceOp::Sum)) continue;
+    const Placement& given = given_rows[m];
+    int d = given.is_shard() && given.dim < static_cast<int>(batch_dims) ? given.dim : 0;
+    rows.set(m, Placement::shard(d));
+    labels.set(m, Placement::shard(d));
+  }
+}
+
 SpmdResult ce_forward(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
                       const Attrs& attrs) {
   check_inputs(name, mesh, in, 2);
@@ -131,12 +169,7 @@ SpmdResult ce_forward(std::string_view name, const ProcessMesh& mesh, std::span<
   int nd = mesh.ndim();
   AxisMap axes = merge_axes({l.logits, l.batch}, {in[0].dist, in[1].dist}, l.replicated());
   SpmdResult r{{dist_from_axes(l.logits, axes, nd), dist_from_axes(l.batch, axes, nd)}, {}};
-  if (l.reduction == LossReduction::None) {
-    r.outputs.push_back(r.inputs[1]);
-  } else {
-    r.outputs.emplace_back(nd);
-    add_partial_for(r.outputs[0], l.batch, axes, ReduceOp::Sum);  // no letters for "mean"
-  }
+  r.outputs.push_back(loss_dist(r.inputs[1], l.batch, axes, l.reduction, nd));
   return r;
 }
 
@@ -156,13 +189,7 @@ SpmdResult ce_reverse(std::string_view name, const ProcessMesh& mesh, std::span<
     specs[0].dist = dist_from_axes(l.logits, axes, nd);
     specs[1].dist = dist_from_axes(l.batch, axes, nd);
   } else if (l.reduction == LossReduction::Sum && !l.batch.empty()) {
-    for (int m = 0; m < nd; ++m) {
-      if (!out[0].dist[m].is_partial(ReduceOp::Sum)) continue;
-      const Placement& given = in[0].dist[m];
-      int d = given.is_shard() && given.dim < static_cast<int>(l.batch.size()) ? given.dim : 0;
-      specs[0].dist.set(m, Placement::shard(d));
-      specs[1].dist.set(m, Placement::shard(d));
-    }
+    shard_rows_for_sum(out[0].dist, in[0].dist, l.batch.size(), specs[0].dist, specs[1].dist);
   }
   if (l.vocab_parallel) {
     // The loss says nothing of the class dim: keep the given logits' class sharding where the
@@ -194,6 +221,93 @@ SpmdResult ce_grad(std::string_view name, const ProcessMesh& mesh, std::span<con
   return r;
 }
 
+// ---- lm_head_cross_entropy and its vocab-parallel form: h "ab..k", W "vk", labels "ab..".
+
+constexpr std::string_view kLmHead = "lm_head_cross_entropy";
+constexpr std::string_view kVpLmHead = "vocab_parallel_lm_head_cross_entropy";
+
+struct HeadLabels {
+  std::string h, batch, w, replicated;
+  LossReduction reduction;
+  bool vocab_parallel;
+};
+
+HeadLabels head_labels(std::string_view name, const TensorSpec& h, const TensorSpec& w, const TensorSpec& labels,
+                       const Attrs& attrs) {
+  check_lm_head_args(h.shape, h.dtype, w.shape, w.dtype, labels.shape, labels.dtype);
+  HeadLabels l;
+  l.h = axis_letters(h.shape.ndim());
+  l.batch = l.h.substr(0, l.h.size() - 1);
+  l.w = std::string("v") + l.h.back();  // h's rank is at most kMaxDims < 'v'
+  l.reduction = loss_reduction(attrs, name);
+  l.vocab_parallel = name == kVpLmHead;
+  l.replicated = l.h.substr(l.h.size() - 1);  // the hidden dim is contracted inside the kernel
+  if (!l.vocab_parallel) l.replicated += 'v';
+  if (l.reduction == LossReduction::Mean) l.replicated += l.batch;
+  return l;
+}
+
+SpmdResult head_forward(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
+                        const Attrs& attrs) {
+  check_inputs(name, mesh, in, 3);
+  HeadLabels l = head_labels(name, in[0], in[1], in[2], attrs);
+  const int nd = mesh.ndim();
+  // W first: its vocab sharding wins a mesh dim h shards too (h is all-gathered, never the weight).
+  AxisMap axes = merge_axes({l.w, l.h, l.batch}, {in[1].dist, in[0].dist, in[2].dist}, l.replicated);
+  SpmdResult r{{dist_from_axes(l.h, axes, nd), dist_from_axes(l.w, axes, nd), dist_from_axes(l.batch, axes, nd)}, {}};
+  r.outputs.push_back(loss_dist(r.inputs[2], l.batch, axes, l.reduction, nd));
+  return r;
+}
+
+SpmdResult head_reverse(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
+                        std::span<const TensorSpec> out, const Attrs& attrs) {
+  check_inputs(name, mesh, in, 3);
+  check_inputs(name, mesh, out, 1);
+  HeadLabels l = head_labels(name, in[0], in[1], in[2], attrs);
+  const Shape loss = cross_entropy_loss_shape(in[2].shape, l.reduction);
+  SW_CHECK(out[0].shape == loss, "{} reverse: loss has shape {}, expected {} for labels {}", name,
+           out[0].shape.to_string(), loss.to_string(), in[2].shape.to_string());
+  const int nd = mesh.ndim();
+  std::array<TensorSpec, 3> specs{TensorSpec{in[0].shape, in[0].dtype, DistAttr(nd)},
+                                  TensorSpec{in[1].shape, in[1].dtype, DistAttr(nd)},
+                                  TensorSpec{in[2].shape, in[2].dtype, DistAttr(nd)}};
+  if (l.reduction == LossReduction::None) {
+    AxisMap axes = merge_axes({std::string_view(l.batch)}, {out[0].dist});
+    specs[0].dist = dist_from_axes(l.h, axes, nd);
+    specs[2].dist = dist_from_axes(l.batch, axes, nd);
+  } else if (l.reduction == LossReduction::Sum && !l.batch.empty()) {
+    shard_rows_for_sum(out[0].dist, in[0].dist, l.batch.size(), specs[0].dist, specs[2].dist);
+  }
+  if (l.vocab_parallel) {  // keep the given weight's vocab sharding where the wanted loss left the mesh dim free
+    for (int m = 0; m < nd; ++m) {
+      if (specs[0].dist[m].is_replicate() && in[1].dist[m].is_shard(0)) specs[1].dist.set(m, Placement::shard(0));
+    }
+  }
+  return head_forward(name, mesh, specs, attrs);
+}
+
+// g: h, W, labels, loss, dloss -> dh, dW, dlabels.
+SpmdResult head_grad(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g,
+                     const Attrs& attrs) {
+  check_inputs(name, mesh, g, 5);
+  HeadLabels l = head_labels(name, g[0], g[1], g[2], attrs);
+  const Shape loss = cross_entropy_loss_shape(g[2].shape, l.reduction);
+  SW_CHECK(g[3].shape == loss && g[4].shape == loss, "{} grad: loss {} and dloss {} must have shape {}", name,
+           g[3].shape.to_string(), g[4].shape.to_string(), loss.to_string());
+  const int nd = mesh.ndim();
+  const bool none = l.reduction == LossReduction::None;
+  AxisMap axes = none ? merge_axes({l.w, l.h, l.batch, l.batch}, {g[1].dist, g[0].dist, g[2].dist, g[4].dist},
+                                   l.replicated)
+                      : merge_axes({l.w, l.h, l.batch}, {g[1].dist, g[0].dist, g[2].dist}, l.replicated);
+  DistAttr h = dist_from_axes(l.h, axes, nd), w = dist_from_axes(l.w, axes, nd);
+  DistAttr labels = dist_from_axes(l.batch, axes, nd);
+  SpmdResult r{{h, w, labels, g[3].dist, none ? labels : DistAttr(nd)}, {h, w, labels}};
+  add_partial_for(r.outputs[0], "v", axes, ReduceOp::Sum);      // dh: this vocab block's part
+  add_partial_for(r.outputs[1], l.batch, axes, ReduceOp::Sum);  // dW: this block of rows' part
+  pass_linear_partials(axes, nd, g[4].dist, r.inputs[4], std::span<DistAttr>(r.outputs.data(), 2));
+  return r;
+}
+
 }  // namespace
 
 SoftmaxRules softmax_rules() {
@@ -218,6 +332,20 @@ SoftmaxRules softmax_rules() {
       "Grad: dlogits sharded like logits (class dim included), dloss like labels for none, R for sum/mean on the "
       "mesh dims sharding the batch or the classes; reverse keeps the given logits' class sharding",
       ce_forward, ce_reverse, ce_grad);
+  r.lm_head_cross_entropy = named_rule(
+      kLmHead,
+      "fused LM head + cross_entropy(h [..., H], W [V, H], labels [...]): H and V -> R (W's vocab gathered); "
+      "batch dims of h and labels merged and kept; Partials -> R; loss as cross_entropy (none: like labels, sum: "
+      "P(sum) on mesh dims sharding the batch, mean: batch R). Grad: dh like h, dW like W plus P(sum) on mesh dims "
+      "sharding the batch; dloss P(sum|avg) on an otherwise unused mesh dim -> dh, dW same",
+      head_forward, head_reverse, head_grad);
+  r.vocab_parallel_lm_head_cross_entropy = named_rule(
+      kVpLmHead,
+      "lm_head_cross_entropy's rule with W's vocab dim KEPT sharded (W merged first: its vocab sharding wins a "
+      "mesh dim h shards; the kernel all-reduces each chunk's row max, sum of exponentials and target logit); "
+      "labels and loss R on those mesh dims. Grad: dh P(sum) on the mesh dims sharding the vocab, dW sharded like "
+      "W plus P(sum) on those sharding the batch; reverse keeps the given W's vocab sharding",
+      head_forward, head_reverse, head_grad);
   return r;
 }
 

@@ -7,6 +7,7 @@ namespace shardwise::ops {
 // from here when they register (ops.cc).
 struct SoftmaxRules {
   spmd::Rule softmax, cross_entropy, vocab_parallel_cross_entropy;
+  spmd::Rule lm_head_cross_entropy, vocab_parallel_lm_head_cross_entropy;
 };
 SoftmaxRules softmax_rules();
 

@@ -1,6 +1,7 @@
 #include "shardwise/ops/unary/kernels.h"
 
 #include "shardwise/tensor/fast_math.h"
+#include "shardwise/tensor/parallel.h"
 
 #include <cmath>
 #include <limits>
@@ -250,11 +251,15 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   check_unary_dtype(op, x.dtype());
   Tensor y = Tensor::uninitialized(x.dtype(), x.shape());
   SW_DISPATCH(x.dtype(), [&] {
-    if constexpr (is_float_v<T>) {
-      unary_float<T>(op, x.data<T>(), y.data<T>(), x.numel());
-    } else if constexpr (!std::is_same_v<T, bool>) {
-      unary_int<T>(op, x.data<T>(), y.data<T>(), x.numel());
-    }
+    const T* xp = x.data<T>();
+    T* yp = y.data<T>();
+    parallel_for(x.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      if constexpr (is_float_v<T>) {
+        unary_float<T>(op, xp + b, yp + b, e - b);
+      } else if constexpr (!std::is_same_v<T, bool>) {
+        unary_int<T>(op, xp + b, yp + b, e - b);
+      }
+    });
   });
   return y;
 }
@@ -274,7 +279,12 @@ Tensor unary_backward(UnaryOp op, const Tensor& x, const Tensor& out, const Tens
     if constexpr (is_float_v<T>) {
       const T* xp = reads == Reads::X ? x.data<T>() : nullptr;
       const T* op_ = reads == Reads::Out ? out.data<T>() : nullptr;
-      unary_grad_float<T>(op, xp, op_, dy.data<T>(), dx.data<T>(), dy.numel());
+      const T* dyp = dy.data<T>();
+      T* dxp = dx.data<T>();
+      parallel_for(dy.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+        if constexpr (is_float_v<T>)  // (again: GCC instantiates this lambda for every T)
+          unary_grad_float<T>(op, xp ? xp + b : nullptr, op_ ? op_ + b : nullptr, dyp + b, dxp + b, e - b);
+      });
     }
   });
   return dx;
@@ -301,11 +311,13 @@ Tensor scale(const Tensor& x, double scale, double bias, bool bias_after_scale) 
     if constexpr (is_float_v<T>) {
       using C = compute_t<T>;
       auto s = static_cast<C>(scale), b = static_cast<C>(bias);
-      if (bias_after_scale) {
-        map_floats(xp, yp, n, [&](C v) { return s * v + b; });
-      } else {
-        map_floats(xp, yp, n, [&](C v) { return s * (v + b); });
-      }
+      parallel_for(n, kParallelGrain, [&](int64_t i0, int64_t i1) {
+        if (bias_after_scale) {
+          map_floats(xp + i0, yp + i0, i1 - i0, [&](C v) { return s * v + b; });
+        } else {
+          map_floats(xp + i0, yp + i0, i1 - i0, [&](C v) { return s * (v + b); });
+        }
+      });
     } else if constexpr (!std::is_same_v<T, bool>) {
       // Whole-number scale and bias, wraparound arithmetic in uint64_t (see unary_int).
       auto s = static_cast<uint64_t>(static_cast<int64_t>(scale));
@@ -327,7 +339,11 @@ Tensor scale_backward(const Tensor& dy, double scale) {
     if constexpr (is_float_v<T>) {
       using C = compute_t<T>;
       auto s = static_cast<C>(scale);
-      map_floats(dy.data<T>(), dx.data<T>(), dy.numel(), [&](C g) { return s * g; });
+      const T* dyp = dy.data<T>();
+      T* dxp = dx.data<T>();
+      parallel_for(dy.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+        map_floats(dyp + b, dxp + b, e - b, [&](C g) { return s * g; });
+      });
     }
   });
   return dx;

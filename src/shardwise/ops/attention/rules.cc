@@ -1,0 +1,80 @@
+// SPMD rules of flash_attention(q, k, v) and flash_attention_docs(q, k, v, doc), derived from one
+// factor description (spmd/factor_rule.h). Labels: q [b, h, s, d] with k, v [b, h, t, d], or
+// grouped q [b, g, r, s, d] with k, v [b, g, t, d]; out is q's labels, lse q's without d; document
+// ids [b, t]. So:
+//  - the batch b is kept (dp), and so are the query heads: h (or g, r) shard out and lse as they
+//    shard q; a sharded kv group g shards q's g and k, v's together (each rank holds whole groups:
+//    the query heads of a group read its kv head), and a sharded r leaves k, v whole there (GQA with
+//    kv replicated over tp when tp does not divide the kv heads);
+//  - the query sequence s, the key sequence t and the head dim d are replicated factors (causal
+//    masking and the softmax need whole rows of keys; a context-parallel s is future work).
+// Partials: softmax is not linear in q, k or v, so every Partial input is resharded to R (forward,
+// reverse); the grad part lets none through either (dout's Partial would pass linearly, but
+// delta = rowsum(dout * out) is computed from the whole dout).
+// Grad: the kernel reads q, k, v, the document ids, out and lse; the ids and lse take no gradient.
+#include "shardwise/ops/attention/rules.h"
+
+#include "shardwise/core/error.h"
+#include "shardwise/spmd/factor_rule.h"
+
+namespace shardwise::ops {
+using namespace spmd;
+
+namespace {
+
+Labels labels(std::string_view s) {
+  Labels l;
+  for (char c : s) l.push(c);
+  return l;
+}
+
+Factors describe(std::span<const TensorSpec> in, const Attrs&) {
+  const Shape& q = in[0].shape;
+  SW_CHECK(q.ndim() == 4 || q.ndim() == 5,
+           "rule 'flash_attention': q must be [B, H, S, D] or [B, G, R, S, D], got {}", q.to_string());
+  const bool grouped = q.ndim() == 5;
+  const Labels ql = labels(grouped ? "bgrsd" : "bhsd"), kl = labels(grouped ? "bgtd" : "bhtd");
+  Shape lse;
+  for (int i = 0; i + 1 < q.ndim(); ++i) lse.push_back(q[i]);
+  Factors f;
+  f.add_input(ql);
+  f.add_input(kl);
+  f.add_input(kl);
+  if (in.size() == 4) f.add_input(labels("bt"));
+  f.add_output(ql, q);
+  f.add_output(labels(grouped ? "bgrs" : "bhs"), lse);
+  f.replicated = labels("std");
+  return f;
+}
+
+// No Partial passes anywhere (the default choice: operands resharded to R, results R).
+void no_partials(std::span<const Placement>, std::span<const TensorSpec>, const Attrs&, PartialChoice&) {}
+
+Rule make(const char* name, int inputs, const char* summary) {
+  FactorRule r;
+  r.name = name;
+  r.summary = summary;
+  r.num_inputs = inputs;
+  r.describe = describe;
+  r.forward_partials = no_partials;
+  r.reverse_partials = no_partials;
+  r.grad_partials = no_partials;
+  r.no_grad = inputs == 4 ? 0b1000u : 0u;  // the document ids
+  r.no_grad_outputs = 0b10;                 // lse
+  return derive_rule(std::move(r));
+}
+
+}  // namespace
+
+AttentionRules attention_rules() {
+  AttentionRules r;
+  r.flash_attention = make("flash_attention", 3,
+                           "q [b,h,s,d] or [b,g,r,s,d], k/v [b,h|g,t,d]: batch and heads kept (kv groups shard with "
+                           "q's), s/t/d replicated; every Partial -> R. Grad reads everything, no Partial passes");
+  r.flash_attention_docs = make("flash_attention_docs", 4,
+                                "flash_attention's labels plus document ids [b,t] (batch kept with q's, t "
+                                "replicated); ids and lse take no gradient; every Partial -> R");
+  return r;
+}
+
+}  // namespace shardwise::ops

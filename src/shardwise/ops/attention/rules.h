@@ -1,0 +1,14 @@
+#pragma once
+#include "shardwise/spmd/rule.h"
+
+namespace shardwise::ops {
+
+// The SPMD rules of the attention family (rules.cc), one member per rule; the family's ops take
+// theirs from here when they register (ops.cc).
+struct AttentionRules {
+  spmd::Rule flash_attention;       // q, k, v
+  spmd::Rule flash_attention_docs;  // q, k, v, document ids
+};
+AttentionRules attention_rules();
+
+}  // namespace shardwise::ops

@@ -1,0 +1,251 @@
+// The MoE router (softmax, top-k, renormalisation, global sums, capacity) and the dispatch plan.
+#include "shardwise/ops/moe/routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::ops {
+
+MoeConfig moe_config(const Attrs& attrs, int64_t experts) {
+  MoeConfig c;
+  c.top_k = attrs.get_int("top_k");
+  c.capacity_factor = attrs.get_float("capacity_factor", 0.0);
+  c.normalize = attrs.get_bool("normalize", true);
+  SW_CHECK(c.top_k >= 1 && c.top_k <= experts, "moe_mlp: top_k = {} must be in [1, experts = {}]", c.top_k,
+           experts);
+  SW_CHECK(c.capacity_factor >= 0.0 && std::isfinite(c.capacity_factor),
+           "moe_mlp: capacity_factor = {} must be >= 0 (0: dropless)", c.capacity_factor);
+  return c;
+}
+
+void check_moe_inputs(const Shape& x, const Shape& gate, const Shape& w1, const Shape& w3, const Shape& w2,
+                      std::span<const DType> dtypes) {
+  SW_CHECK(x.ndim() == 2, "moe_mlp: x must be [tokens, hidden], got {}", x.to_string());
+  const int64_t d = x[1];
+  SW_CHECK(gate.ndim() == 2 && gate[1] == d, "moe_mlp: gate must be [experts, hidden = {}], got {}", d,
+           gate.to_string());
+  const int64_t e = gate[0];
+  SW_CHECK(e >= 1, "moe_mlp: gate {} names no expert", gate.to_string());
+  SW_CHECK(w1.ndim() == 3 && w1[0] == e && w1[2] == d, "moe_mlp: w1 must be [experts = {}, ffn, hidden = {}], got {}",
+           e, d, w1.to_string());
+  const int64_t f = w1[1];
+  SW_CHECK(w3 == w1, "moe_mlp: w3 {} must have w1's shape {}", w3.to_string(), w1.to_string());
+  SW_CHECK(w2.ndim() == 3 && w2[0] == e && w2[1] == d && w2[2] == f,
+           "moe_mlp: w2 must be [experts = {}, hidden = {}, ffn = {}], got {}", e, d, f, w2.to_string());
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    SW_CHECK(dtypes[i] == dtypes[0] && (dtypes[0] == DType::F32 || dtypes[0] == DType::F64),
+             "moe_mlp: every input must be f32 or f64 and of one dtype; input {} is {}, x is {}", i,
+             dtype_name(dtypes[i]), dtype_name(dtypes[0]));
+  }
+}
+
+namespace moe_detail {
+
+namespace {
+
+template <class T>
+void router_probs(const Tensor& x, const Tensor& gate, Routing& r) {
+  const int64_t d = x.shape()[1];
+  const T* xs = x.data<T>();
+  const T* gs = gate.data<T>();
+  std::vector<double> logit(static_cast<size_t>(r.experts));
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    double mx = -INFINITY;
+    for (int64_t e = 0; e < r.experts; ++e) {
+      double s = 0;
+      for (int64_t c = 0; c < d; ++c) s += static_cast<double>(xs[t * d + c]) * static_cast<double>(gs[e * d + c]);
+      logit[static_cast<size_t>(e)] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (double v : logit) sum += std::exp(v - mx);
+    double* p = &r.probs[static_cast<size_t>(t * r.experts)];
+    for (int64_t e = 0; e < r.experts; ++e) p[e] = std::exp(logit[static_cast<size_t>(e)] - mx) / sum;
+    r.lse[static_cast<size_t>(t)] = mx + std::log(sum);
+  }
+}
+
+void choose_top_k(Routing& r, bool normalize) {
+  std::vector<int64_t> idx(static_cast<size_t>(r.experts));
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const double* p = &r.probs[static_cast<size_t>(t * r.experts)];
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + r.top_k, idx.end(), [p](int64_t a, int64_t b) {
+      return p[a] > p[b] || (p[a] == p[b] && a < b);
+    });
+    double sum = 0;
+    for (int64_t s = 0; s < r.top_k; ++s) sum += p[idx[static_cast<size_t>(s)]];
+    for (int64_t s = 0; s < r.top_k; ++s) {
+      const auto a = static_cast<size_t>(t * r.top_k + s);
+      r.expert[a] = idx[static_cast<size_t>(s)];
+      r.weight[a] = normalize ? p[r.expert[a]] / sum : p[r.expert[a]];
+    }
+  }
+}
+
+// Each token block's [offset, counts [top_k][E], prob sums [E], z sum], gathered over the token
+// group (one rank: its own).
+std::vector<double> gather_block_sums(const Routing& r, const MoeShard& shard, int& blocks) {
+  const size_t width = static_cast<size_t>(2 + r.top_k * r.experts + r.experts);
+  std::vector<double> mine(width, 0.0);
+  mine[0] = static_cast<double>(shard.token_offset);
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    for (int64_t s = 0; s < r.top_k; ++s) {
+      mine[static_cast<size_t>(1 + s * r.experts + r.expert[static_cast<size_t>(t * r.top_k + s)])] += 1.0;
+    }
+    for (int64_t e = 0; e < r.experts; ++e) {
+      mine[static_cast<size_t>(1 + r.top_k * r.experts + e)] += r.probs[static_cast<size_t>(t * r.experts + e)];
+    }
+    mine[width - 1] += r.lse[static_cast<size_t>(t)] * r.lse[static_cast<size_t>(t)];
+  }
+  blocks = shard.token_group ? shard.token_group->size() : 1;
+  if (!shard.token_group) return mine;
+  std::vector<double> all(width * static_cast<size_t>(blocks));
+  shard.token_group->all_gather(mine.data(), all.data(), static_cast<int64_t>(width), DType::F64);
+  return all;
+}
+
+// Capacity: assignment (token t, slot s, expert e) is kept iff fewer than C assignments to e come
+// before it in (slot, global token) order.
+void apply_capacity(Routing& r, const std::vector<double>& sums, int blocks, double capacity_factor,
+                    int64_t my_offset) {
+  const int64_t capacity = static_cast<int64_t>(
+      std::ceil(capacity_factor * static_cast<double>(r.tokens_total * r.top_k) / static_cast<double>(r.experts)));
+  const size_t width = sums.size() / static_cast<size_t>(blocks);
+  const auto ke = static_cast<size_t>(r.top_k * r.experts);
+  std::vector<int64_t> before(ke, 0), slot_total(ke, 0);
+  for (int b = 0; b < blocks; ++b) {
+    const double* row = &sums[static_cast<size_t>(b) * width];
+    for (size_t i = 0; i < ke; ++i) {
+      const auto c = static_cast<int64_t>(row[1 + i]);
+      slot_total[i] += c;
+      if (row[0] < static_cast<double>(my_offset)) before[i] += c;
+    }
+  }
+  // Position base of (slot, expert): earlier slots' totals, then earlier token blocks.
+  for (int64_t e = 0; e < r.experts; ++e) {
+    int64_t earlier = 0;
+    for (int64_t s = 0; s < r.top_k; ++s) {
+      const auto i = static_cast<size_t>(s * r.experts + e);
+      before[i] += earlier;
+      earlier += slot_total[i];
+    }
+    r.dropped += std::max<int64_t>(0, earlier - capacity);
+  }
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    for (int64_t s = 0; s < r.top_k; ++s) {
+      const auto a = static_cast<size_t>(t * r.top_k + s);
+      const int64_t pos = before[static_cast<size_t>(s * r.experts + r.expert[a])]++;
+      r.kept[a] = pos < capacity ? 1 : 0;
+    }
+  }
+}
+
+}  // namespace
+
+Routing route(const Tensor& x, const Tensor& gate, const MoeConfig& cfg, const MoeShard& shard) {
+  Routing r;
+  r.tokens = x.shape()[0];
+  r.experts = gate.shape()[0];
+  r.top_k = cfg.top_k;
+  r.tokens_total = shard.tokens_total < 0 ? r.tokens : shard.tokens_total;
+  r.probs.assign(static_cast<size_t>(r.tokens * r.experts), 0.0);
+  r.lse.assign(static_cast<size_t>(r.tokens), 0.0);
+  r.expert.assign(static_cast<size_t>(r.tokens * r.top_k), 0);
+  r.weight.assign(r.expert.size(), 0.0);
+  r.kept.assign(r.expert.size(), 1);
+  if (x.dtype() == DType::F32) {
+    router_probs<float>(x, gate, r);
+  } else {
+    router_probs<double>(x, gate, r);
+  }
+  choose_top_k(r, cfg.normalize);
+  int blocks = 1;
+  std::vector<double> sums = gather_block_sums(r, shard, blocks);
+  const size_t width = sums.size() / static_cast<size_t>(blocks);
+  r.count_total.assign(static_cast<size_t>(r.experts), 0.0);
+  r.prob_total.assign(static_cast<size_t>(r.experts), 0.0);
+  for (int b = 0; b < blocks; ++b) {  // group-rank order: every rank sums alike
+    const double* row = &sums[static_cast<size_t>(b) * width];
+    for (int64_t s = 0; s < r.top_k; ++s) {
+      for (int64_t e = 0; e < r.experts; ++e) r.count_total[static_cast<size_t>(e)] += row[1 + s * r.experts + e];
+    }
+    for (int64_t e = 0; e < r.experts; ++e) {
+      r.prob_total[static_cast<size_t>(e)] += row[static_cast<size_t>(1 + r.top_k * r.experts + e)];
+    }
+    r.z_total += row[width - 1];
+  }
+  if (cfg.capacity_factor > 0) apply_capacity(r, sums, blocks, cfg.capacity_factor, shard.token_offset);
+  return r;
+}
+
+double aux_loss_of(const Routing& r) {
+  if (r.tokens_total == 0) return 0.0;
+  const auto n = static_cast<double>(r.tokens_total);
+  double s = 0;
+  for (int64_t e = 0; e < r.experts; ++e) s += r.count_total[static_cast<size_t>(e)] * r.prob_total[static_cast<size_t>(e)];
+  return static_cast<double>(r.experts) * s / (n * n);
+}
+
+double z_loss_of(const Routing& r) {
+  return r.tokens_total == 0 ? 0.0 : r.z_total / static_cast<double>(r.tokens_total);
+}
+
+DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard) {
+  DispatchPlan plan;
+  plan.local_experts = local_experts;
+  const auto width = static_cast<size_t>(2 + r.experts);
+  std::vector<int64_t> mine(width, 0);
+  mine[0] = shard.expert_offset;
+  mine[1] = local_experts;
+  std::vector<std::vector<int64_t>> bucket(static_cast<size_t>(r.experts));
+  for (size_t a = 0; a < r.expert.size(); ++a) {
+    if (!r.kept[a]) continue;
+    bucket[static_cast<size_t>(r.expert[a])].push_back(static_cast<int64_t>(a));
+    ++mine[static_cast<size_t>(2 + r.expert[a])];
+  }
+  plan.peers = shard.expert_group ? shard.expert_group->size() : 1;
+  std::vector<int64_t> info = mine;
+  if (shard.expert_group) {
+    info.resize(width * static_cast<size_t>(plan.peers));
+    shard.expert_group->all_gather(mine.data(), info.data(), static_cast<int64_t>(width), DType::I64);
+  }
+  std::vector<int> owner(static_cast<size_t>(r.experts), -1);
+  for (int p = 0; p < plan.peers; ++p) {
+    const int64_t lo = info[p * width], n = info[p * width + 1];
+    for (int64_t e = lo; e < lo + n; ++e) {
+      SW_CHECK(e >= 0 && e < r.experts && owner[static_cast<size_t>(e)] < 0,
+               "moe_mlp: expert {} is held by two ranks of the expert group (or is out of range)", e);
+      owner[static_cast<size_t>(e)] = p;
+    }
+  }
+  for (int64_t e = 0; e < r.experts; ++e) {
+    SW_CHECK(owner[static_cast<size_t>(e)] >= 0, "moe_mlp: no rank of the expert group holds expert {}", e);
+  }
+  plan.send_rows.assign(static_cast<size_t>(plan.peers), 0);
+  plan.recv_rows.assign(static_cast<size_t>(plan.peers), 0);
+  plan.rows_from.assign(static_cast<size_t>(plan.peers * local_experts), 0);
+  plan.expert_rows.assign(static_cast<size_t>(local_experts), 0);
+  for (int p = 0; p < plan.peers; ++p) {
+    const int64_t lo = info[p * width], n = info[p * width + 1];
+    for (int64_t e = lo; e < lo + n; ++e) {
+      const auto& b = bucket[static_cast<size_t>(e)];
+      plan.order.insert(plan.order.end(), b.begin(), b.end());
+      plan.send_rows[static_cast<size_t>(p)] += static_cast<int64_t>(b.size());
+    }
+    for (int64_t j = 0; j < local_experts; ++j) {
+      const int64_t rows = info[p * width + 2 + static_cast<size_t>(shard.expert_offset + j)];
+      plan.rows_from[static_cast<size_t>(p * local_experts + j)] = rows;
+      plan.recv_rows[static_cast<size_t>(p)] += rows;
+      plan.expert_rows[static_cast<size_t>(j)] += rows;
+    }
+  }
+  return plan;
+}
+
+}  // namespace moe_detail
+
+}  // namespace shardwise::ops

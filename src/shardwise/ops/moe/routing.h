@@ -1,0 +1,45 @@
+#pragma once
+// The MoE kernels' internals shared by routing.cc and kernels.cc: the router's decisions on this
+// rank's tokens and the plan of one dispatch.
+#include <cstdint>
+#include <vector>
+
+#include "shardwise/ops/moe/kernels.h"
+
+namespace shardwise::ops::moe_detail {
+
+// The router on the local tokens, with the global sums the aux loss and capacity need.
+struct Routing {
+  int64_t tokens = 0, experts = 0, top_k = 0, tokens_total = 0;
+  std::vector<double> probs;         // [tokens, experts] softmax of the logits
+  std::vector<double> lse;           // [tokens] logsumexp of the logits
+  std::vector<int64_t> expert;       // [tokens * top_k] chosen experts, by descending p
+  std::vector<double> weight;        // [tokens * top_k] their (renormalised) weights
+  std::vector<uint8_t> kept;         // [tokens * top_k] 0: dropped by capacity
+  std::vector<double> count_total;   // [experts] assignments over every token (before drops)
+  std::vector<double> prob_total;    // [experts] sum over every token of p
+  double z_total = 0;                // sum over every token of lse^2
+  int64_t dropped = 0;               // assignments dropped over every token
+};
+
+// Routes x's local rows (f32 or f64) through gate [E, d]; collective over shard.token_group.
+Routing route(const Tensor& x, const Tensor& gate, const MoeConfig& cfg, const MoeShard& shard);
+
+// The aux loss and z-loss from the global sums (0 when there are no tokens).
+double aux_loss_of(const Routing& r);
+double z_loss_of(const Routing& r);
+
+// Where each kept assignment goes within shard.expert_group and what this rank receives.
+struct DispatchPlan {
+  int peers = 1;
+  int64_t local_experts = 0;
+  std::vector<int64_t> order;      // kept assignment indices (token * top_k + slot) in send order
+  std::vector<int64_t> send_rows;  // [peers]
+  std::vector<int64_t> recv_rows;  // [peers]
+  std::vector<int64_t> rows_from;  // [peers * local_experts]: rows from peer p for local expert j
+  std::vector<int64_t> expert_rows;  // [local_experts]
+};
+// Collective over shard.expert_group (one all-gather of each rank's expert range and counts).
+DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard);
+
+}  // namespace shardwise::ops::moe_detail

@@ -1,0 +1,193 @@
+#include "shardwise/ops/softmax/lm_head.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "shardwise/tensor/gemm.h"
+
+namespace shardwise::ops {
+
+namespace {
+
+constexpr std::string_view kOp = "lm_head_cross_entropy";
+
+// The dtype the chunks compute in: f32 for the half types, else the inputs' own.
+DType compute_dtype(DType dtype) { return dtype == DType::F16 || dtype == DType::BF16 ? DType::F32 : dtype; }
+
+const std::byte* row_ptr(const Tensor& t, int64_t row, int64_t width) {
+  return t.raw() + row * width * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+std::byte* row_ptr(Tensor& t, int64_t row, int64_t width) {
+  return t.raw() + row * width * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+// Rows [r0, r0 + rc) of a contiguous tensor whose rows have `width` elements, as a [rc] (width 1)
+// or [rc, width] tensor.
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t rc, int64_t width, bool keep_width) {
+  Tensor out = Tensor::uninitialized(t.dtype(), keep_width ? Shape{rc, width} : Shape{rc});
+  if (rc > 0) std::memcpy(out.raw(), row_ptr(t, r0, width), out.nbytes());
+  return out;
+}
+
+void all_reduce(comm::Communicator* group, std::vector<double>& v, comm::Reduce op) {
+  if (group) group->all_reduce(v.data(), v.data(), static_cast<int64_t>(v.size()), DType::F64, op);
+}
+
+// Everything both directions share: the inputs in the compute dtype, the row count and chunking.
+struct Plan {
+  Tensor h, w, labels;  // h as [N, H] in the compute dtype; w [V_local, H]; labels flat [N]
+  DType ct = DType::F32;
+  int64_t n = 0, hidden = 0, v_local = 0, chunk_rows = 1, count = 0;
+};
+
+Plan make_plan(const Tensor& h, const Tensor& w, const Tensor& labels, const LmHeadArgs& args) {
+  SW_CHECK(h.defined() && w.defined() && labels.defined(), "{}: h, W or labels is undefined", kOp);
+  check_lm_head_args(h.shape(), h.dtype(), w.shape(), w.dtype(), labels.shape(), labels.dtype());
+  Plan p;
+  p.ct = compute_dtype(h.dtype());
+  p.hidden = h.shape().back();
+  p.n = labels.numel();
+  p.v_local = w.shape()[0];
+  p.h = (p.ct == h.dtype() ? h : h.to(p.ct)).reshaped(Shape{p.n, p.hidden});
+  p.w = p.ct == w.dtype() ? w : w.to(p.ct);
+  p.labels = labels.reshaped(Shape{p.n});
+  const int64_t classes = args.shard.classes < 0 ? p.v_local : args.shard.classes;
+  SW_CHECK(args.shard.offset >= 0 && args.shard.offset + p.v_local <= classes,
+           "{}: the weight block holds classes [{}, {}), outside the {} classes", kOp, args.shard.offset,
+           args.shard.offset + p.v_local, classes);
+  p.chunk_rows = lm_head_chunk_rows(classes, p.ct, args.chunk_bytes);
+  for (int64_t i = 0; i < p.n; ++i) {
+    const auto y = static_cast<int64_t>(p.labels.at(i));
+    if (y == args.ignore_index) continue;
+    SW_CHECK(y >= 0 && y < classes,
+             "{}: label {} at position {} is out of range: labels must be in [0, {}) or equal ignore_index ({})", kOp,
+             y, i, classes, args.ignore_index);
+    ++p.count;
+  }
+  return p;
+}
+
+// The chunk's logits h[r0 : r0 + rc] · Wᵀ, [rc, V_local].
+Tensor chunk_logits(const Plan& p, int64_t r0, int64_t rc) {
+  Tensor logits = Tensor::uninitialized(p.ct, Shape{rc, p.v_local});
+  if (rc == 0 || p.v_local == 0) return logits;
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = rc;
+  g.n = p.v_local;
+  g.k = p.hidden;
+  gemm(p.ct, g, row_ptr(p.h, r0, p.hidden), p.w.raw(), logits.raw());
+  return logits;
+}
+
+// The chunk's global row max and this block's sums given it (max all-reduced over the group).
+CrossEntropyRowSums chunk_rows(const Tensor& logits, const Tensor& labels, const LmHeadArgs& args,
+                               std::vector<double>& row_max) {
+  row_max = cross_entropy_local_max(logits);
+  all_reduce(args.group, row_max, comm::Reduce::Max);
+  return cross_entropy_local_sums(logits, labels, row_max, args.ignore_index, args.shard);
+}
+
+}  // namespace
+
+LmHeadArgs lm_head_args(const Attrs& attrs, std::string_view op) {
+  LmHeadArgs a;
+  a.ignore_index = cross_entropy_ignore_index(attrs);
+  a.reduction = loss_reduction(attrs, op);
+  a.chunk_bytes = attrs.get_int("chunk_bytes", kLmHeadChunkBytes);
+  SW_CHECK(a.chunk_bytes > 0, "{}: attribute chunk_bytes must be > 0 (the byte budget of one chunk's logits), got {}",
+           op, a.chunk_bytes);
+  return a;
+}
+
+int64_t lm_head_chunk_rows(int64_t classes, DType dtype, int64_t chunk_bytes) {
+  const int64_t row_bytes = std::max<int64_t>(classes, 1) * static_cast<int64_t>(dtype_size(dtype));
+  return std::max<int64_t>(chunk_bytes / row_bytes, 1);
+}
+
+void check_lm_head_args(const Shape& h, DType h_dtype, const Shape& w, DType w_dtype, const Shape& labels,
+                        DType labels_dtype) {
+  SW_CHECK(is_floating(h_dtype), "{}: h must have a floating dtype (f32, f64, f16, bf16), got {}", kOp,
+           dtype_name(h_dtype));
+  SW_CHECK(h.ndim() >= 1, "{}: h must have a hidden dim (shape [..., H]), got a scalar", kOp);
+  SW_CHECK(w.ndim() == 2 && w[1] == h.back() && w_dtype == h_dtype,
+           "{}: W must be [V, H] of h's dtype with H = {} (h {} {}), got {} {}", kOp, h.back(), h.to_string(),
+           dtype_name(h_dtype), w.to_string(), dtype_name(w_dtype));
+  SW_CHECK(labels_dtype == DType::I64 || labels_dtype == DType::I32,
+           "{}: labels must be i64 or i32 class ids, got {}", kOp, dtype_name(labels_dtype));
+  bool ok = labels.ndim() == h.ndim() - 1;
+  for (int d = 0; ok && d < labels.ndim(); ++d) ok = labels[d] == h[d];
+  SW_CHECK(ok, "{}: labels must have h's shape without the hidden dim: h {} needs labels of shape [{}], got {}", kOp,
+           h.to_string(), fmt::join(h.span().first(static_cast<size_t>(h.ndim() - 1)), ","), labels.to_string());
+}
+
+Tensor lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& labels, const LmHeadArgs& args) {
+  Plan p = make_plan(h, w, labels, args);
+  std::vector<double> row_max(static_cast<size_t>(p.n)), chunk_max;
+  CrossEntropyRowSums all{std::vector<double>(static_cast<size_t>(p.n)), std::vector<double>(static_cast<size_t>(p.n))};
+  for (int64_t r0 = 0; r0 < p.n; r0 += p.chunk_rows) {
+    const int64_t rc = std::min(p.chunk_rows, p.n - r0);
+    CrossEntropyRowSums s = chunk_rows(chunk_logits(p, r0, rc), rows_of(p.labels, r0, rc, 1, false), args, chunk_max);
+    // sum_exp and the target logit (0 on the ranks without the label) in one all-reduce.
+    std::vector<double> buf(s.sum_exp);
+    buf.insert(buf.end(), s.target.begin(), s.target.end());
+    all_reduce(args.group, buf, comm::Reduce::Sum);
+    const auto at = static_cast<size_t>(r0), k = static_cast<size_t>(rc);
+    std::copy_n(chunk_max.begin(), k, row_max.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy_n(buf.begin(), k, all.sum_exp.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy_n(buf.begin() + static_cast<std::ptrdiff_t>(k), k, all.target.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+  return cross_entropy_from_rows(labels, h.dtype(), row_max, all, args.ignore_index, args.reduction);
+}
+
+std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tensor& w, const Tensor& labels,
+                                                     const Tensor& dloss, const LmHeadArgs& args,
+                                                     std::array<bool, 2> want_grad) {
+  Plan p = make_plan(h, w, labels, args);
+  const Shape want = cross_entropy_loss_shape(labels.shape(), args.reduction);
+  SW_CHECK(dloss.defined() && dloss.shape() == want && dloss.dtype() == h.dtype(),
+           "{} backward: dloss must be {} {}, got {} {}", kOp, dtype_name(h.dtype()), want.to_string(),
+           dloss.defined() ? dtype_name(dloss.dtype()) : "undefined", dloss.shape().to_string());
+  // The chunks see a "sum" (or "none") weight: "mean" divides by the count of every row, not the chunk's.
+  Tensor g = dloss.to(p.ct).reshaped(args.reduction == LossReduction::None ? Shape{p.n} : Shape{});
+  LossReduction chunk_reduction = args.reduction;
+  if (args.reduction == LossReduction::Mean) {
+    g.set_at(0, g.at(0) / static_cast<double>(p.count));
+    chunk_reduction = LossReduction::Sum;
+  }
+  Tensor dh = want_grad[0] ? Tensor(p.ct, Shape{p.n, p.hidden}) : Tensor();
+  Tensor dw = want_grad[1] ? Tensor(p.ct, p.w.shape()) : Tensor();
+  std::vector<double> row_max;
+  for (int64_t r0 = 0; r0 < p.n; r0 += p.chunk_rows) {
+    const int64_t rc = std::min(p.chunk_rows, p.n - r0);
+    Tensor logits = chunk_logits(p, r0, rc), labels_c = rows_of(p.labels, r0, rc, 1, false);
+    CrossEntropyRowSums s = chunk_rows(logits, labels_c, args, row_max);
+    all_reduce(args.group, s.sum_exp, comm::Reduce::Sum);
+    Tensor g_c = chunk_reduction == LossReduction::None ? rows_of(g, r0, rc, 1, false) : g;
+    Tensor dlogits = cross_entropy_backward_from_rows(logits, labels_c, g_c, row_max, s.sum_exp, args.ignore_index,
+                                                      chunk_reduction, args.shard);
+    if (p.v_local == 0) continue;  // dh stays 0, dW is empty
+    if (want_grad[0]) {
+      GemmArgs gh;  // dh_c = dlogits · W
+      gh.m = rc;
+      gh.n = p.hidden;
+      gh.k = p.v_local;
+      gemm(p.ct, gh, dlogits.raw(), p.w.raw(), row_ptr(dh, r0, p.hidden));
+    }
+    if (want_grad[1]) {
+      GemmArgs gw;  // dW += dlogitsᵀ · h_c
+      gw.trans_a = true;
+      gw.m = p.v_local;
+      gw.n = p.hidden;
+      gw.k = rc;
+      gw.beta = 1.0;
+      gemm(p.ct, gw, dlogits.raw(), row_ptr(p.h, r0, p.hidden), dw.raw());
+    }
+  }
+  if (dh.defined()) dh = dh.reshaped(h.shape());
+  auto out = [&](const Tensor& t) { return t.defined() && p.ct != h.dtype() ? t.to(h.dtype()) : t; };
+  return {out(dh), out(dw)};
+}
+
+}  // namespace shardwise::ops

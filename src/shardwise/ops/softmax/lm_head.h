@@ -1,0 +1,63 @@
+#pragma once
+// The fused LM head + cross-entropy: loss(h, W, labels) = cross_entropy(h · Wᵀ, labels) without the
+// [N, V] logits ever existing whole.
+//
+//   h [..., H] (the final hidden states; rows are the positions of labels), W [V_local, H] (the
+//   head's weight, or this rank's block of its vocabulary rows [offset, offset + V_local) of
+//   `shard.classes`), labels [...] i64 / i32 global class ids; ignore_index and reduction as
+//   cross_entropy (kernels.h). The rows run in chunks of `chunk_rows` (from the byte budget and the
+//   GLOBAL vocabulary, so every rank of a vocab-parallel group runs the same chunks): each chunk's
+//   logits h_c · Wᵀ are one GEMM into a buffer of about `chunk_bytes`, reduced to the row max, the
+//   sum of exponentials and the target logit by the same row functions cross_entropy uses
+//   (cross_entropy_local_max / _local_sums), all-reduced over `group` (the ranks holding the other
+//   vocab blocks of the same rows: max, then sum) when there is one, and dropped. The loss is
+//   cross_entropy_from_rows of the gathered row statistics: the unfused pair's formula.
+//
+//   backward: per chunk, the logits are recomputed (one GEMM), the row statistics with them (no
+//   extra GEMM; the op keeps one output instead of saving the row log-sum-exp), dlogits = (softmax -
+//   onehot) * w formed in the chunk (cross_entropy_backward_from_rows), then dh_c = dlogits · W and
+//   dW += dlogitsᵀ · h_c (two GEMMs). Under vocab parallelism dh is this block's part (the rule
+//   makes it Partial(sum)); dW is the local block. f16 / bf16 inputs compute in f32 (the chunk's
+//   logits are not rounded to the half type) and the gradients are rounded once at the end.
+#include <array>
+#include <cstdint>
+
+#include "shardwise/comm/communicator.h"
+#include "shardwise/ops/softmax/kernels.h"
+
+namespace shardwise::ops {
+
+// The default budget of one chunk's logits (64 MiB: 333 rows of f32 logits at V = 50 257). Each
+// chunk's GEMMs repack the whole weight and the dW GEMM reads and writes all of dW, so small chunks
+// cost time: the head alone at the GPT-2 small shape took 4.5x (4 MiB), 2.3x (16 MiB) and 1.5x
+// (64 MiB) the unfused pair's time (bench/bench_lm_head.cc, BENCHMARKS.md).
+inline constexpr int64_t kLmHeadChunkBytes = int64_t{64} << 20;
+
+struct LmHeadArgs {
+  int64_t ignore_index = -100;
+  LossReduction reduction = LossReduction::Mean;
+  ClassShard shard;                       // W's vocab block ({-1, 0}: W holds every class)
+  comm::Communicator* group = nullptr;    // the ranks holding the other vocab blocks; null: none
+  int64_t chunk_bytes = kLmHeadChunkBytes;  // > 0
+};
+
+// Attributes: "ignore_index", "reduction" as cross_entropy, "chunk_bytes" (default
+// kLmHeadChunkBytes; Error naming `op` unless > 0).
+LmHeadArgs lm_head_args(const Attrs& attrs, std::string_view op);
+
+// Rows per chunk: chunk_bytes / (classes * element size), at least 1.
+int64_t lm_head_chunk_rows(int64_t classes, DType dtype, int64_t chunk_bytes);
+
+// Error naming the op unless h is floating with rank >= 1, W is [V, H] of h's dtype and labels
+// are h's shape without its last dim (i64 / i32).
+void check_lm_head_args(const Shape& h, DType h_dtype, const Shape& w, DType w_dtype, const Shape& labels,
+                        DType labels_dtype);
+
+Tensor lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& labels, const LmHeadArgs& args);
+// {dh, dW}; dloss has cross_entropy_loss_shape and h's dtype. want[0] / want[1] false: that
+// gradient is left undefined and its GEMM skipped (a frozen head weight, zero-bubble's split).
+std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tensor& w, const Tensor& labels,
+                                                     const Tensor& dloss, const LmHeadArgs& args,
+                                                     std::array<bool, 2> want = {true, true});
+
+}  // namespace shardwise::ops

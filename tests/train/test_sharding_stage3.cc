@@ -1,0 +1,220 @@
+// Sharding stage 3 (FSDP, train/sharding.h's shards_params): parameters stored Shard over dp, each
+// rank's parameters, gradients and moments its shards; every use all-gathers the parameter and the
+// gathered copy goes after it (re-gathered for the backward), the gradient is reduce-scattered.
+// Checked here: the layout and the ZeRO bytes, the collectives per parameter, the gathered bytes a
+// step holds (measured by the runtime), the loss curves against plain dp, and checkpoints between
+// every layout and mesh.
+#include "llama_config.h"
+#include "shardwise/mesh/shard_math.h"
+#include "shardwise/train/models.h"
+#include "sharding_runs.h"
+
+namespace shardwise::train {
+namespace {
+
+using namespace sharding_test;
+
+TrainConfig stage3(TrainConfig c, const std::string& recompute = "none") {
+  c.sharding = {3, "v1"};
+  c.model.recompute = recompute;
+  return c;
+}
+
+// Bytes of the whole f32 parameter as the kernels read it on this rank: its block without the dp
+// shard (the tp block).
+int64_t gathered_bytes(const ParamState& p, int dp, const std::vector<int64_t>& coords) {
+  mesh::DistAttr d = p.dist;
+  d.set(dp, mesh::Placement::replicate());
+  return 4 * mesh::local_shape(p.shape, d, p.mesh, coords).numel();
+}
+
+std::vector<int64_t> my_coords(const ParamState& p, int process) {
+  return p.mesh.coords(p.mesh.rank_index_of_process(process));
+}
+
+// Each parameter is dp's Shard(0) after tp's shards of dim 0; the dp group holds every element of its
+// blocks once: AdamW's state is the ZeRO stage-3 share, 8 bytes x Psi over dp=4, and over dp=2 x tp=2
+// half what the unsharded ranks hold together (the tp replicas of norms and biases stay replicas).
+TEST(ShardingStage3, ParametersAreDpShardsAndTheOptimizerStateIsEachElementOnce) {
+  for (const std::string mesh : {"dp=4", "dp=2,tp=2"}) {
+    TrainConfig c = stage3(small_config(mesh, 1));
+    const int64_t psi = static_cast<int64_t>(parameter_count(c.model));
+    int64_t unsharded = 0;
+    for (int64_t b : train(small_config(mesh, 1), 0).optimizer_bytes) unsharded += b;
+    std::vector<int64_t> bytes(4, 0);
+    comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+      auto world = w.group(w.members());
+      Trainer t(c, world);
+      EXPECT_EQ(t.sharded(), nullptr);  // no ShardedOptimizer: the plain one updates the shards
+      const int dp = t.strategy().dp;
+      for (const ParamState& p : t.params()) {
+        EXPECT_TRUE(p.dist[dp].is_shard(0)) << p.name << " " << p.dist.to_string();
+        const mesh::MeshDimList order = p.dist.mesh_dims_of(0);
+        EXPECT_EQ(order[order.size() - 1], dp) << p.name << ": dp splits the tp block, after tp";
+        EXPECT_EQ(p.param.numel(), mesh::local_shape(p.shape, p.dist, p.mesh, my_coords(p, w.rank())).numel());
+        EXPECT_EQ(p.exp_avg.numel(), p.param.numel()) << p.name;
+      }
+      bytes[static_cast<size_t>(w.rank())] = t.optimizer_state_bytes();
+    });
+    int64_t sum = 0;
+    for (int64_t b : bytes) sum += b;
+    EXPECT_EQ(sum * (mesh == "dp=4" ? 4 : 2), unsharded) << mesh;
+    if (mesh == "dp=4") {
+      EXPECT_EQ(sum, 8 * psi);
+      // Each rank about a quarter: rows of dim 0 in 4 chunks, off by at most one row per parameter.
+      for (int64_t b : bytes) EXPECT_NEAR(static_cast<double>(b), 2.0 * psi, 0.05 * 2.0 * psi) << mesh;
+    }
+  }
+}
+
+// Per parameter and micro-batch: one all-gather for each forward use, one for the backward (shared
+// by the recompute copies and the gradient kernels of its layer), none where the gradient kernel
+// reads only the shape (a bias add, the embedding lookup); one reduce-scatter of the gradient, run
+// as soon as the gradient is complete (only reshards between the kernel making it and the
+// reduce-scatter in the execution order), not after the whole backward.
+TEST(ShardingStage3, EachParameterIsGatheredPerUseAndItsGradientReduceScatteredOnce) {
+  for (const std::string recompute : {"none", "full", "selective"}) {
+    TrainConfig c = stage3(small_config("dp=2,tp=2", 1), recompute);
+    comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+      auto world = w.group(w.members());
+      Trainer t(c, world);
+      if (w.rank() != 0) return;
+      const pipeline::PipelineRunner& runner = t.stages().runner();
+      const graph::Program& p = runner.compiled(0).program;
+      const graph::Graph& g = *runner.spec(0).graph;
+      const std::vector<graph::ValueId> params = g.params();
+      const std::vector<int>& order = runner.compiled(0).order;
+      auto position = [&](int instr) { return std::find(order.begin(), order.end(), instr) - order.begin(); };
+      for (size_t i = 0; i < params.size(); ++i) {
+        const std::string& name = g.value(params[i]).name;
+        const int home = p.value_slot[static_cast<size_t>(params[i])];
+        int gathers = 0, scatters = 0, produced_grad = 0;
+        for (const graph::Instr& ins : p.instrs) {
+          if (ins.kind != graph::InstrKind::Reshard) continue;
+          for (const reshard::Step& s : ins.plan.steps) {
+            if (ins.in[0] == home && s.kind == reshard::StepKind::AllGather) ++gathers;
+            if (ins.out[0] == p.param_grad_slot[i] && s.kind == reshard::StepKind::ReduceScatter) ++scatters;
+          }
+          if (ins.out[0] != p.param_grad_slot[i]) continue;
+          ++produced_grad;
+          int made = -1;  // the instruction writing the full gradient the reduce-scatter reads
+          for (size_t j = 0; j < p.instrs.size(); ++j)
+            for (int o : p.instrs[j].out)
+              if (o == ins.in[0]) made = static_cast<int>(j);
+          const auto from = position(made), to = position(static_cast<int>(&ins - p.instrs.data()));
+          ASSERT_LT(from, to) << name;
+          for (auto k = from + 1; k < to; ++k)
+            EXPECT_EQ(p.instrs[static_cast<size_t>(order[static_cast<size_t>(k)])].kind, graph::InstrKind::Reshard)
+                << recompute << " " << name << ": a kernel runs between its gradient and the reduce-scatter";
+        }
+        // Biases enter through `add` and layer_norm's shift (their gradients read no bias), the
+        // embedding tables through `embedding` (the lookup's gradient scatters dout by ids):
+        // gathered for the forward only, and with full recompute once more for the layer's copies,
+        // except the MLP's output bias: no gradient reads what its add makes, so it has no copy.
+        // The tied embedding is also the head's weight: + that matmul's forward and backward.
+        const bool copied = layer_of_param(c.model, name) >= 0 && !name.ends_with("mlp.c_proj.bias");
+        int want = 2;
+        if (name.ends_with(".bias")) want = recompute == "full" && copied ? 2 : 1;
+        if (name == "transformer.wpe.weight") want = 1;
+        if (name == "transformer.wte.weight") want = 3;
+        EXPECT_EQ(gathers, want) << recompute << " " << name;
+        EXPECT_EQ(scatters, 1) << recompute << " " << name;
+        EXPECT_EQ(produced_grad, 1) << recompute << " " << name;
+      }
+    });
+  }
+}
+
+// The point of stage 3: the runtime's measured peak of gathered parameter copies during a step is
+// about one layer's parameters (whole over dp, tp blocks), far from the whole model's; without the
+// frees it would be every parameter's.
+TEST(ShardingStage3, AStepHoldsAboutOneLayersGatheredParametersAtOnce) {
+  for (const std::string recompute : {"none", "full"}) {
+    TrainConfig c = stage3(small_config("dp=2", 2), recompute);
+    c.model.layers = 4;
+    std::vector<int64_t> peak(2), largest_group(2), largest_param(2), all(2);
+    comm::LocalWorld::run(2, [&](comm::Communicator& w) {
+      auto world = w.group(w.members());
+      Trainer t(c, world);
+      t.step();
+      const size_t r = static_cast<size_t>(w.rank());
+      peak[r] = t.stages().last_stats().peak_gathered_bytes;
+      std::map<int64_t, int64_t> by_layer;  // layer -> gathered bytes; -1 - k: the k-th non-layer parameter alone
+      int64_t k = 0;
+      for (const ParamState& p : t.params()) {
+        const int64_t b = gathered_bytes(p, t.strategy().dp, my_coords(p, w.rank()));
+        const int64_t layer = layer_of_param(c.model, p.name);
+        by_layer[layer >= 0 ? layer : -1 - k++] += b;
+        largest_param[r] = std::max(largest_param[r], b);
+        all[r] += b;
+      }
+      for (const auto& [layer, b] : by_layer) largest_group[r] = std::max(largest_group[r], b);
+    });
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_GE(peak[r], largest_param[r]) << recompute << " rank " << r;
+      EXPECT_LE(peak[r], largest_group[r]) << recompute << " rank " << r;
+      EXPECT_LT(3 * peak[r], all[r]) << recompute << " rank " << r;
+      std::cout << recompute << " rank " << r << ": peak gathered " << peak[r] << " B, largest layer " << largest_group[r]
+                << " B, every parameter " << all[r] << " B\n";
+    }
+  }
+}
+
+// 20 steps of stage 3 (recompute none, full, selective) follow plain dp on every mesh.
+TEST(ShardingStage3, FollowsPlainDataParallelOnEveryMeshWithEveryRecompute) {
+  int exact = 0, runs = 0;
+  for (const std::string mesh : {"dp=2", "dp=4", "dp=2,tp=2", "pp=2,dp=2"}) {
+    TrainConfig c = small_config(mesh, 20);
+    c.accumulation = 2, c.micro_batch = 0;
+    const std::vector<double> plain = train(c, 20).losses;
+    for (const std::string recompute : {"none", "full", "selective"}) {
+      expect_same_curve(train(stage3(c, recompute), 20).losses, plain, mesh + " stage 3 recompute " + recompute, &exact);
+      ++runs;
+    }
+  }
+  std::cout << exact << " of " << runs << " stage-3 curves are bit-identical to plain dp\n";
+}
+
+TEST(ShardingStage3, LlamaFollowsPlainDataParallel) {
+  int exact = 0;
+  for (const std::string mesh : {"dp=2,tp=2", "pp=2,dp=2"}) {
+    TrainConfig c = llama_test_config(mesh, 10);
+    const std::vector<double> plain = train(c, 10).losses;
+    expect_same_curve(train(stage3(c), 10).losses, plain, mesh + " llama stage 3", &exact);
+    expect_same_curve(train(stage3(c, "full"), 10).losses, plain, mesh + " llama stage 3 recompute full", &exact);
+  }
+}
+
+// Stage 3's checkpoints hold the unsharded keys and move to and from every layout and mesh
+// (expect_checkpoint_moves: bit-exact states, the resumed curve).
+TEST(ShardingStage3, CheckpointsMoveBetweenStageThreeAndEveryOtherLayoutAndMesh) {
+  for (const LayoutMove& k : std::vector<LayoutMove>{
+           {"dp=4", 3, "v1", "dp=2,tp=2", 3, "v1"},       // stage 3, dp=4 -> dp=2 x tp=2
+           {"dp=4", 0, "v1", "dp=4", 3, "v1"},            // none -> stage 3
+           {"dp=2,tp=2", 3, "v1", "dp=1", 0, "v1"},       // stage 3 -> none
+           {"dp=4", 1, "v1", "pp=2,dp=2", 3, "v1"},       // v1 -> stage 3, with pp
+           {"pp=2,dp=2", 3, "v1", "dp=4", 1, "v2"},       // stage 3 with pp -> v2
+           {"dp=2,tp=2", 1, "v2", "dp=4", 3, "v1"},       // v2 -> stage 3
+           {"dp=4", 3, "v1", "dp=2,tp=2", 2, "v2"},       // stage 3 -> stage 2
+           {"pp=2,dp=2", 2, "v1", "dp=2,tp=2", 3, "v1"},  // stage 2 with pp -> stage 3
+       })
+    expect_checkpoint_moves(k);
+}
+
+// bf16 parameters: the fp32 masters are the shards too, and move to and from stage 2 v2 bit for bit.
+TEST(ShardingStage3, Bf16MastersMoveBetweenStageThreeAndStageTwo) {
+  TrainConfig from = sharded(small_config("dp=2,tp=2", 4), 3, "v1", true);
+  TrainConfig to = sharded(small_config("dp=4", 4), 2, "v2", true);
+  fs::path root = fresh_dir("stage3-bf16");
+  TrainRun saved = train(from, 3, {}, root, true);
+  fs::path dir = ckpt::find_resume(root)->dir;
+  EXPECT_TRUE(fs::exists(dir / "master_weights.safetensors.index.json"));
+  expect_same_states(train(to, 0, dir, {}, true).states, saved.states, "bf16 stage 3 -> stage 2 v2");
+  TrainConfig back = from;
+  back.mesh = "dp=4";
+  expect_same_states(train(back, 0, dir, {}, true).states, saved.states, "bf16 stage 3 -> stage 3 dp=4");
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace shardwise::train
