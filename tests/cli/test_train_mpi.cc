@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -116,14 +117,17 @@ TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {
 
 // Gradient buckets on 4 processes (MPI_Iallreduce / MPI_Ireduce_scatter): overlap on equals the
 // same buckets reduced after the backward bit for bit, and plain dp on threads within 1e-5; stage
-// 0 on dp=4 and stage 2 v2 on dp=2 x tp=2, 2 micro-batches, small buckets (several per step).
+// 0 on dp=4 and stage 2 v2 on dp=2 x tp=2 with 2 micro-batches, stage 2 v1 on dp=4 with one (each
+// gradient freed once handed over), small buckets (several per step).
 TEST(TrainMpi, OverlappedGradientReductionOnFourProcesses) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
-  const std::string args = " --layers 2 --hidden 32 --steps 10 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3"
-                           " --eval-every 0 --grad-bucket-mb 0.01 ";
-  for (const auto& [mesh, sharding] : {std::pair<std::string, std::string>{"dp=4", "--sharding-stage 0"},
-                                       std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 2 --sharding-layout v2"}}) {
+  for (const auto& [mesh, sharding, accumulation] :
+       {std::tuple<std::string, std::string, int>{"dp=4", "--sharding-stage 0", 2},
+        std::tuple<std::string, std::string, int>{"dp=2,tp=2", "--sharding-stage 2 --sharding-layout v2", 2},
+        std::tuple<std::string, std::string, int>{"dp=4", "--sharding-stage 2 --sharding-layout v1", 1}}) {
+    const std::string args = " --layers 2 --hidden 32 --steps 10 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0"
+                             " --grad-bucket-mb 0.01 --accumulation " + std::to_string(accumulation) + " ";
     std::system("rm -rf /tmp/shardwise-overlap-mpi-ref /tmp/shardwise-overlap-mpi-on /tmp/shardwise-overlap-mpi-after");
     ASSERT_EQ(std::system((std::string(bin) + " train --mesh " + mesh + args +
                            "--run-dir /tmp/shardwise-overlap-mpi-ref > /dev/null").c_str()), 0);

@@ -218,9 +218,12 @@ void PipelineRunner::hand_over(Local& l, size_t i) {
   if (l.handed[i]) return;
   add_to_sum(l, i);
   l.handed[i] = true;
+  const std::byte* storage = l.grads[i].raw();
   grad_ready_(l.spec.stage, i, l.grads[i]);
+  if (!l.grads[i].defined()) l.held.erase(storage);  // the callee's now: once it lets go, a later gradient may reuse it
   // The gradient's buffer goes now rather than at the action's end: what is still needed is the
   // sum (the runner's or the callee's), so a sum the callee takes and drops frees its bytes.
+  l.rt->release(l.compiled.program.param_grad_slot[i]);
 }
 
 void PipelineRunner::accumulate(Local& l) {

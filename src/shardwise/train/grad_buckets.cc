@@ -42,9 +42,15 @@ void GradBuckets::ready(size_t p, Tensor& sum) {
   open_->params.push_back(p);
   open_->shapes.push_back(sum.shape());
   open_->bytes += static_cast<int64_t>(sum.nbytes());
+  hold(static_cast<int64_t>(sum.nbytes()));
   open_->sums.push_back(std::move(sum));
   sum = Tensor();
   if (open_->bytes >= o_.bucket_bytes) close();
+}
+
+void GradBuckets::hold(int64_t bytes) {
+  held_ += bytes;
+  peak_ = std::max(peak_, held_);
 }
 
 void GradBuckets::close() {
@@ -62,6 +68,7 @@ void GradBuckets::start(Bucket& b) {
   int64_t total = 0;
   for (const Tensor& s : b.sums) total += s.numel();
   b.buffer = Tensor::uninitialized(DType::F32, Shape{total});
+  hold(static_cast<int64_t>(b.buffer.nbytes()));
   float* dst = b.buffer.data<float>();
   if (!plan_) {
     for (const Tensor& s : b.sums) {
@@ -69,6 +76,7 @@ void GradBuckets::start(Bucket& b) {
       dst += s.numel();
     }
     b.sums.clear();  // the full sums go once packed
+    hold(-b.bytes);
     b.request = dp_->start_all_reduce(b.buffer.raw(), b.buffer.raw(), total, DType::F32, comm::Reduce::Sum);
     return;
   }
@@ -85,7 +93,9 @@ void GradBuckets::start(Bucket& b) {
     }
   }
   b.sums.clear();
+  hold(-b.bytes);
   b.out = Tensor::uninitialized(DType::F32, Shape{counts[static_cast<size_t>(dp_->rank())]});
+  hold(static_cast<int64_t>(b.out.nbytes()));
   b.request = dp_->start_reduce_scatter_v(b.buffer.raw(), b.out.raw(), counts, DType::F32, comm::Reduce::Sum);
 }
 
@@ -102,7 +112,9 @@ void GradBuckets::wait_oldest() {
     results_[p] = Tensor::uninitialized(DType::F32, shape);
     std::memcpy(results_[p].raw(), src, results_[p].nbytes());
     src += results_[p].numel();
+    hold(static_cast<int64_t>(results_[p].nbytes()));
   }
+  hold(-static_cast<int64_t>(b->buffer.nbytes() + (b->out.defined() ? b->out.nbytes() : 0)));
 }
 
 std::vector<Tensor> GradBuckets::finish(std::vector<Tensor>& grads, const std::vector<bool>& reduce) {
@@ -138,6 +150,8 @@ std::vector<Tensor> GradBuckets::finish(std::vector<Tensor>& grads, const std::v
   }
   results_.assign(results_.size(), Tensor());
   early_ = 0;
+  last_peak_ = peak_;
+  held_ = peak_ = 0;
   return out;
 }
 

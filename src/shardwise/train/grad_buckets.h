@@ -20,6 +20,8 @@
 // sees the same hand-over sequence, forms the same buckets and starts the same collectives in the
 // same order. With `overlap` false the same buckets are started in finish(), after the backward:
 // the same collectives on the same buffers, so the same bits (the overlap's reference).
+#include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -38,13 +40,6 @@ struct BucketOptions {
   bool overlap = true;                // start buckets as they fill (else in finish())
   int max_in_flight = 2;
 };
-
-// The most bytes of gradient sums the buckets hold at once during the backward of a step of one
-// micro-batch on a mesh without pp: the buckets in flight and the one being packed (its sums and
-// their packed copy), each at most `bucket_bytes` plus its last (at most the largest) gradient.
-inline int64_t bucket_bytes_bound(const BucketOptions& o, int64_t largest_grad_bytes) {
-  return (o.max_in_flight + 1) * (o.bucket_bytes + largest_grad_bytes);
-}
 
 class GradBuckets {
  public:
@@ -65,6 +60,9 @@ class GradBuckets {
   const std::vector<std::vector<size_t>>& last_buckets() const { return last_buckets_; }
   // Of them, how many were started before finish() (while the backward ran).
   int64_t last_started_early() const { return last_early_; }
+  // The most bytes held at once during the last finished step: the sums handed over and not yet
+  // packed, the packed buffers and received ranges of the buckets in flight, the results so far.
+  int64_t last_peak_bytes() const { return last_peak_; }
 
  private:
   struct Bucket;
@@ -80,6 +78,8 @@ class GradBuckets {
   std::vector<Tensor> results_;                 // per parameter: the reduced sum or this rank's range
   std::vector<std::vector<size_t>> buckets_, last_buckets_;
   int64_t early_ = 0, last_early_ = 0;
+  int64_t held_ = 0, peak_ = 0, last_peak_ = 0;  // bytes (last_peak_bytes)
+  void hold(int64_t bytes);                      // held_ += bytes, the peak follows
 };
 
 }  // namespace shardwise::train
