@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
 #include "shardwise/comm/objects.h"
@@ -228,6 +229,43 @@ void sub_groups(Communicator& c) {
   expect(n == c.size(), "MeshComm along 0", c, 0, double(n), c.size());
 }
 
+void started_collectives(Communicator& c) {
+  const int64_t n = 29;
+  std::vector<std::vector<double>> in, out;
+  std::vector<std::vector<float>> inplace;
+  std::vector<std::unique_ptr<Request>> requests;
+  for (Reduce op : kOps) {
+    in.push_back(values<double>(c.rank(), n));
+    out.emplace_back(n, -1.0);
+    requests.push_back(c.start_all_reduce(in.back().data(), out.back().data(), n, DType::F64, op));
+    inplace.push_back(values<float>(c.rank(), n));
+    requests.push_back(c.start_all_reduce(inplace.back().data(), inplace.back().data(), n, DType::F32, op));
+  }
+  std::vector<int64_t> counts = unequal_counts(c.size());
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const int64_t first = std::accumulate(counts.begin(), counts.begin() + c.rank(), int64_t{0});
+  std::vector<float> rs_in = values<float>(c.rank(), total), rs_out(static_cast<size_t>(counts[static_cast<size_t>(c.rank())]));
+  requests.push_back(c.start_reduce_scatter_v(rs_in.data(), rs_out.data(), counts, DType::F32, Reduce::Sum));
+  int64_t one = 1, ranks = 0;  // a blocking collective while the others are started
+  c.all_reduce(&one, &ranks, 1, DType::I64, Reduce::Sum);
+  expect(ranks == c.size(), "all_reduce between starts and waits", c, 0, double(ranks), c.size());
+  for (auto it = requests.rbegin(); it != requests.rend(); ++it) (*it)->wait();
+  for (auto& r : requests) {
+    r->wait();  // again: returns at once
+    expect(r->test(), "test after wait", c, 0, 0, 1);
+  }
+  for (size_t k = 0; k < std::size(kOps); ++k) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = reduce_expected(kOps[k], c.size(), i);
+      expect_near("start_all_reduce f64", c, i, out[k][static_cast<size_t>(i)], want);
+      const float got = inplace[k][static_cast<size_t>(i)];
+      expect(std::abs(got - want) <= 1e-6 * std::max(1.0, std::abs(want)), "start_all_reduce f32 in place", c, i, got, want);
+    }
+  }
+  for (int64_t i = 0; i < counts[static_cast<size_t>(c.rank())]; ++i)
+    expect_near("start_reduce_scatter_v", c, i, rs_out[static_cast<size_t>(i)], reduce_expected(Reduce::Sum, c.size(), first + i));
+}
+
 void all(Communicator& c) {
   all_reduce_every_op(c);
   reduce_to_every_root(c);
@@ -238,6 +276,7 @@ void all(Communicator& c) {
   send_recv_ring_and_tags(c);
   objects_and_bytes(c);
   sub_groups(c);
+  started_collectives(c);
 }
 
 }  // namespace shardwise::comm::checks

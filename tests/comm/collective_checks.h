@@ -16,6 +16,10 @@ void all_to_all_equal_and_v(Communicator& comm);  // includes zero and all-zero 
 void send_recv_ring_and_tags(Communicator& comm);
 void objects_and_bytes(Communicator& comm);
 void sub_groups(Communicator& comm);
+// start_all_reduce (every op, f32 and f64, in place or not) and start_reduce_scatter_v (unequal
+// counts) started together, a blocking collective between the starts and the waits, waited for in
+// reverse order.
+void started_collectives(Communicator& comm);
 
 // Every check above, in order.
 void all(Communicator& comm);

@@ -159,5 +159,54 @@ TEST(MemoryPlan, StageThreesGatheredParameterBytesEqualTheRuntimesPeak) {
   }
 }
 
+// Stage 2 with the gradient buckets reduced during the backward and one micro-batch: each gradient
+// leaves the runtime once handed over (PipelineRunner::hand_over). The plan replays the buckets:
+// their most bytes equal GradBuckets' own count exactly, its working bytes (the backward's buffers
+// with the buckets') lie between the runtime's measured peak and that plus the buckets' peak, the
+// runtime's measured peak drops against the same run without overlap, and on a model whose
+// gradients outweigh its activations (one sequence per rank) so does the plan's peak.
+TEST(MemoryPlan, StageTwoWithOverlappedBucketsFreesTheGradientsDuringTheBackward) {
+  for (const char* mesh : {"dp=4", "dp=2,tp=2"}) {
+    for (const char* layout : {"v1", "v2"}) {
+      TrainConfig c = config(mesh, 2, layout);
+      c.model.layers = 2, c.model.hidden = 128;
+      c.global_batch = 4, c.accumulation = 1;
+      c.overlap_grad_reduce = "on", c.grad_bucket_mb = 16.0 / 1024;  // 16 KiB: many buckets
+      TrainConfig off = c;
+      off.overlap_grad_reduce = "off";
+      const MemoryPlan plan = plan_of(c), before = plan_of(off);
+      std::vector<int64_t> working(plan.ranks.size()), buckets(plan.ranks.size()), working_off(plan.ranks.size());
+      for (bool overlap : {true, false}) {
+        comm::LocalWorld::run(static_cast<int>(working.size()), [&](comm::Communicator& world) {
+          Trainer t(overlap ? c : off, world.group(world.members()));
+          t.step();
+          const runtime::Runtime& rt = t.stages().runner().runtime(0);
+          int64_t shared = 0;
+          for (const Tensor& b : rt.buffers()) shared += b.defined() ? static_cast<int64_t>(b.nbytes()) : 0;
+          const size_t r = static_cast<size_t>(world.rank());
+          (overlap ? working : working_off)[r] = rt.stats().peak_bytes - shared;
+          if (overlap) buckets[r] = t.grad_buckets()->last_peak_bytes();
+        });
+      }
+      for (size_t r = 0; r < working.size(); ++r) {
+        const RankMemory& p = plan.ranks[r];
+        SCOPED_TRACE(fmt::format("{} {} rank {}: runtime {} (off {}), buckets {}; plan working {} grads {}, peak {} "
+                                 "(off {})",
+                                 mesh, layout, r, working[r], working_off[r], buckets[r], p.working, p.grads, p.peak(),
+                                 before.ranks[r].peak()));
+        EXPECT_TRUE(p.grads_bucketed && p.grads_in_working);
+        EXPECT_EQ(p.grads, buckets[r]);
+        EXPECT_GE(p.working, working[r]);
+        EXPECT_LE(p.working, working[r] + buckets[r]);
+        EXPECT_EQ(before.ranks[r].working, working_off[r]);
+        EXPECT_LT(working[r], working_off[r]);
+        if (std::string(mesh) == "dp=4") {
+          EXPECT_LT(p.peak(), before.ranks[r].peak());
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::train

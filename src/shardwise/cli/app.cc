@@ -23,6 +23,22 @@ constexpr const char* kGemmHelp =
     "`shardwise gemm-check` cached for this machine), openblas, openblas-haswell, openblas-zen, "
     "openblas-skylakex, openblas-cooperlake, blis or onednn";
 
+// Sharding and the dp reduction of the gradients, among `shardwise train`'s options.
+void add_sharding_options(CLI::App* t, train::TrainConfig& c) {
+  t->add_option("--sharding-stage", c.sharding.stage,
+                 "state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
+                 "(reduce-scattered), 3 and parameters (FSDP: all-gathered before each use, freed after it)");
+  t->add_option("--sharding-layout", c.sharding.layout,
+                "with --sharding-stage 1|2 (stage 3 cuts each parameter by rows): v1 (each parameter's state on one dp rank, balanced by size) or v2 "
+                "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
+  t->add_option("--overlap-grad-reduce", c.overlap_grad_reduce,
+                "the dp reduction of the gradients: on (in buckets, each started while the backward runs), after "
+                "(the same buckets after the backward) or off (one collective per gradient)")
+      ->check(CLI::IsMember({"on", "after", "off"}));
+  t->add_option("--grad-bucket-mb", c.grad_bucket_mb,
+                "with --overlap-grad-reduce on|after: a gradient bucket's size in MiB (f32)");
+}
+
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
@@ -60,12 +76,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~64 MiB "
                 "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
-  t->add_option("--sharding-stage", c.sharding.stage,
-                 "state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
-                 "(reduce-scattered), 3 and parameters (FSDP: all-gathered before each use, freed after it)");
-  t->add_option("--sharding-layout", c.sharding.layout,
-                "with --sharding-stage 1|2 (stage 3 cuts each parameter by rows): v1 (each parameter's state on one dp rank, balanced by size) or v2 "
-                "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
+  add_sharding_options(t, c);
   t->add_flag("--skip-nonfinite-steps", c.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
   t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");

@@ -124,6 +124,13 @@ void report_profile(const runtime::ProfileReport& r, const std::string& run_dir,
   out << fmt::format("  trace: {} (open it in https://ui.perfetto.dev)\n", path);
 }
 
+// The run header's line on the gradient buckets ("" without them).
+std::string buckets_line(const train::Trainer& t) {
+  if (!t.grad_buckets()) return "";
+  return fmt::format("  gradients: reduced over dp in buckets of {} MiB, {}\n", t.config().grad_bucket_mb,
+                     t.config().overlap_grad_reduce == "on" ? "each started during the backward" : "after the backward");
+}
+
 // The run header's sharding line.
 std::string sharding_line(const train::ShardingConfig& s, int64_t optimizer_bytes) {
   if (s.shards_params())
@@ -212,6 +219,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
       out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
                          c.eos_id);
     if (c.sharding.enabled()) out << sharding_line(c.sharding, trainer.optimizer_state_bytes());
+    out << buckets_line(trainer);
     if (trainer.strategy().pp >= 0)
       out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
                          c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,

@@ -21,6 +21,8 @@ std::string_view collective_name(Collective op) {
     case Collective::AllToAll: return "all_to_all";
     case Collective::AllToAllV: return "all_to_all_v";
     case Collective::Barrier: return "barrier";
+    case Collective::StartAllReduce: return "start_all_reduce";
+    case Collective::StartReduceScatterV: return "start_reduce_scatter_v";
   }
   return "?";
 }

@@ -1,6 +1,7 @@
 #include "shardwise/comm/communicator.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "shardwise/core/error.h"
 
@@ -32,6 +33,40 @@ void Communicator::all_reduce(const Tensor& in, Tensor& out, Reduce op) {
            "all_reduce: input {} {} and output {} {} differ", dtype_name(in.dtype()), in.shape().to_string(),
            dtype_name(out.dtype()), out.shape().to_string());
   all_reduce(in.raw(), out.raw(), in.numel(), in.dtype(), op);
+}
+
+namespace {
+
+// Completes at wait(), by making the blocking call then (once).
+class DeferredRequest final : public Request {
+ public:
+  explicit DeferredRequest(std::function<void()> call) : call_(std::move(call)) {}
+  // One never waited for (a step unwinding from an error) never makes its call: nothing started.
+  void wait() override {
+    if (!call_) return;
+    auto call = std::move(call_);
+    call_ = nullptr;
+    call();
+  }
+  bool test() override { return !call_; }
+
+ private:
+  std::function<void()> call_;
+};
+
+}  // namespace
+
+std::unique_ptr<Request> Communicator::start_all_reduce(const void* in, void* out, int64_t count, DType dtype,
+                                                        Reduce op) {
+  return std::make_unique<DeferredRequest>([=, this] { all_reduce(in, out, count, dtype, op); });
+}
+
+std::unique_ptr<Request> Communicator::start_reduce_scatter_v(const void* in, void* out,
+                                                              std::span<const int64_t> counts, DType dtype, Reduce op) {
+  check_counts("reduce_scatter_v", counts);
+  std::vector<int64_t> copy(counts.begin(), counts.end());
+  return std::make_unique<DeferredRequest>(
+      [=, this, copy = std::move(copy)] { reduce_scatter_v(in, out, copy, dtype, op); });
 }
 
 void Communicator::check_root(const char* op, int root) const {

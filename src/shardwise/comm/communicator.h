@@ -28,6 +28,20 @@
 
 namespace shardwise::comm {
 
+// A collective started without waiting for it (Communicator::start_*): its buffers must stay
+// alive and untouched until wait() returns. Every rank starts the same collectives in the same
+// order and waits for them in the same order (the default implementation makes its call at
+// wait()). Every request must be waited for; one never waited for is not made by the default
+// implementation, and an MPI one is waited for by its destructor (a step unwinding from an error).
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Blocks until the collective is done; later calls return at once.
+  virtual void wait() = 0;
+  // True when done (it may make progress); false when not done or not known without blocking.
+  virtual bool test() { return false; }
+};
+
 // Reduction of a collective: the placements' four plus prod.
 enum class Reduce : uint8_t { Sum, Avg, Max, Min, Prod };
 Reduce to_reduce(mesh::ReduceOp op);
@@ -72,6 +86,14 @@ class Communicator {
   virtual void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual void barrier() = 0;
+
+  // Non-blocking all_reduce / reduce_scatter_v (same arguments, results and call checks; the
+  // result is defined after wait()). The default completes at wait(), where it makes the blocking
+  // call: the local (threads) and NCCL backends use it; MPI starts MPI_Iallreduce /
+  // MPI_Ireduce_scatter. A started collective does not match a blocking one.
+  virtual std::unique_ptr<Request> start_all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op);
+  virtual std::unique_ptr<Request> start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                          DType dtype, Reduce op);
 
   // Tensor helpers (contiguous tensors; shapes must agree across ranks).
   void all_reduce(const Tensor& in, Tensor& out, Reduce op);

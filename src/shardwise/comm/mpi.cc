@@ -255,6 +255,97 @@ void MpiComm::all_reduce(const void* in, void* out, int64_t count, DType dtype, 
   if (op == Reduce::Avg) divide_by(out, count, dtype, size());
 }
 
+namespace {
+
+// A started MPI collective; Avg divides after completion.
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request request, void* out, int64_t count, DType dtype, int divide_by)
+      : request_(request), out_(out), count_(count), dtype_(dtype), divide_(divide_by) {}
+  void start(MPI_Request request) { request_ = request; }
+  ~MpiRequest() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);  // unwinding: the buffers must outlive it
+  }
+  void wait() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    done();
+  }
+  bool test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    check_mpi(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag) done();
+    return flag != 0;
+  }
+
+ private:
+  void done() {
+    request_ = MPI_REQUEST_NULL;
+    if (divide_ > 1) divide_by(out_, count_, dtype_, divide_);
+  }
+  MPI_Request request_;
+ public:
+  std::vector<int> arrays;  // count arrays the call reads until it completes (not to change before)
+
+ private:
+  void* out_;
+  int64_t count_;
+  DType dtype_;
+  int divide_;
+};
+
+class DoneRequest final : public Request {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+}  // namespace
+
+std::unique_ptr<Request> MpiComm::start_all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) {
+  check_call(signature(Collective::StartAllReduce, count, dtype, op));
+  if (count > max_count_) {  // every rank takes this branch alike (the same count)
+    reduce_chunks(in, out, count, dtype, op, -1);
+    if (op == Reduce::Avg) divide_by(out, count, dtype, size());
+    return std::make_unique<DoneRequest>();
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count), mpi_type(dtype),
+                           mpi_op(dtype, op), comm_, &request),
+            "MPI_Iallreduce");
+  return std::make_unique<MpiRequest>(request, out, count, dtype, op == Reduce::Avg ? size() : 1);
+}
+
+std::unique_ptr<Request> MpiComm::start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                         DType dtype, Reduce op) {
+  check_counts("start_reduce_scatter_v", counts);
+  const int64_t total = total_of(counts), mine = counts[static_cast<size_t>(rank_)];
+  CallSignature call = signature(Collective::StartReduceScatterV, total, dtype, op);
+  call.counts_hash = hash_counts(counts);
+  check_call(call, counts);
+  if (total > max_count_) {
+    int64_t first = 0;
+    for (int r = 0; r < size(); ++r) {
+      int64_t c = counts[static_cast<size_t>(r)];
+      reduce_chunks(at(in, first, dtype), r == rank_ ? out : nullptr, c, dtype, op, r);
+      first += c;
+    }
+    if (op == Reduce::Avg) divide_by(out, mine, dtype, size());
+    return std::make_unique<DoneRequest>();
+  }
+  std::vector<int> ints, displacements;
+  to_ints(counts, ints, displacements);
+  MPI_Request request = MPI_REQUEST_NULL;
+  // The counts array must not change before completion (MPI-3.1 5.12): the request keeps it.
+  auto started = std::make_unique<MpiRequest>(MPI_REQUEST_NULL, out, mine, dtype, op == Reduce::Avg ? size() : 1);
+  started->arrays = std::move(ints);
+  check_mpi(MPI_Ireduce_scatter(in, out, started->arrays.data(), mpi_type(dtype), mpi_op(dtype, op), comm_, &request),
+            "MPI_Ireduce_scatter");
+  started->start(request);
+  return started;
+}
+
 void MpiComm::reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) {
   check_root("reduce", root);
   check_call(signature(Collective::Reduce, count, dtype, op, root));

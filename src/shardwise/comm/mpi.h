@@ -61,6 +61,11 @@ class MpiComm final : public Communicator {
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;
+  // MPI_Iallreduce / MPI_Ireduce_scatter with the blocking calls' types and ops (so every rank gets
+  // the same bits, as above); beyond max_count elements, the blocking fallback at start.
+  std::unique_ptr<Request> start_all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) override;
+  std::unique_ptr<Request> start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                  DType dtype, Reduce op) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
   using Communicator::recv;

@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "shardwise/core/error.h"
@@ -18,6 +19,10 @@ struct PipelineRunner::Local {
   std::map<int, std::vector<Tensor>> frames;  // micro-batches in flight
   std::map<int, int64_t> sample_offsets;      // theirs (a recomputed dropout draws the forward's mask)
   std::vector<Tensor> grads;
+  std::vector<bool> handed;                    // this step: grads[i] given to grad_ready_
+  std::vector<std::vector<size_t>> grads_at;  // per execution position: the parameters whose gradient it writes
+  size_t last_action = SIZE_MAX;               // the stage's last backward action (its sums complete there)
+  std::unordered_set<const std::byte*> held;   // add_to_sum, one micro-batch: storage not to take
   int accumulated = 0;
   reshard::Plan to_next, from_prev, grad_to_prev, grad_from_next;
 };
@@ -107,6 +112,20 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
                                      meshes_[static_cast<size_t>(s)]);
       }
     }
+    if (l->spec.training) {
+      const size_t n = l->compiled.order.empty() ? p.instrs.size() : l->compiled.order.size();
+      l->grads_at.resize(n);
+      for (size_t pos = 0; pos < n; ++pos) {
+        const graph::Instr& ins = p.instrs[l->compiled.order.empty() ? pos : static_cast<size_t>(l->compiled.order[pos])];
+        for (int out : ins.out)
+          for (size_t i = 0; i < p.param_grad_slot.size(); ++i)
+            if (out >= 0 && p.param_grad_slot[i] == out) l->grads_at[pos].push_back(i);
+      }
+      const std::vector<Action>& actions = schedule_.actions[static_cast<size_t>(rank_)];
+      for (size_t k = 0; k < actions.size(); ++k)
+        if (actions[k].stage == s && (actions[k].kind == ActionKind::Backward || actions[k].kind == ActionKind::BackwardWeight))
+          l->last_action = k;
+    }
     if (!l->spec.loss.empty()) l->rt->keep(l->spec.loss);
     if (!l->spec.result.empty()) l->rt->keep(l->spec.result);
     for (const std::string& name : l->spec.stats) l->rt->keep(name);
@@ -187,31 +206,41 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
   if (!stats.forward_bytes.contains(s)) stats.forward_bytes[s] = frame_bytes(l, l.frames[mb]);
 }
 
-void PipelineRunner::accumulate(Local& l) {
+void PipelineRunner::add_to_sum(Local& l, size_t i) {
   const graph::Program& p = l.compiled.program;
-  if (l.accumulated == 0) l.grads.assign(p.param_grad_slot.size(), Tensor());  // new sums: the last run's are the caller's
+  const int slot = p.param_grad_slot[static_cast<size_t>(i)];
+  const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
+  SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
+           p.slots[static_cast<size_t>(slot)].name);
   // With one micro-batch the sums are the gradients themselves: the runtime lets go of this
   // backward's buffers right after (set_buffers(l.shared)), so an f32 gradient is taken, not
   // copied, unless its storage is also held by a kept buffer (a parameter, a constant) or by a
   // gradient taken already (the caller scales and clips the sums in place).
-  const bool take = schedule_.micro_batches == 1;
-  std::unordered_set<const std::byte*> held;
-  if (take) {
-    for (const Tensor& t : l.shared) {
-      if (t.defined()) held.insert(t.raw());
-    }
+  if (schedule_.micro_batches == 1 && g.dtype() == DType::F32 && g.numel() > 0 && l.held.insert(g.raw()).second) {
+    l.grads[i] = g;
+    return;
   }
+  accumulate_grad(l.grads[i], g);
+}
+
+void PipelineRunner::hand_over(Local& l, size_t i) {
+  if (l.handed[i]) return;
+  add_to_sum(l, i);
+  l.handed[i] = true;
+  const std::byte* storage = l.grads[i].raw();
+  grad_ready_(l.spec.stage, i, l.grads[i]);
+  if (!l.grads[i].defined()) l.held.erase(storage);  // the callee's now: once it lets go, a later gradient may reuse it
+  // The gradient's buffer goes now rather than at the action's end: what is still needed is the
+  // sum (the runner's or the callee's), so a sum the callee takes and drops frees its bytes.
+  l.rt->release(l.compiled.program.param_grad_slot[i]);
+}
+
+void PipelineRunner::accumulate(Local& l) {
+  const graph::Program& p = l.compiled.program;
   for (size_t i = 0; i < p.param_grad_slot.size(); ++i) {
-    int slot = p.param_grad_slot[i];
-    if (slot < 0) continue;
-    const Tensor& g = l.rt->buffers()[static_cast<size_t>(slot)];
-    SW_CHECK(g.defined(), "pipeline: stage {} has no gradient for '{}'", l.spec.stage,
-             p.slots[static_cast<size_t>(slot)].name);
-    if (take && g.dtype() == DType::F32 && g.numel() > 0 && held.insert(g.raw()).second) {
-      l.grads[i] = g;
-      continue;
-    }
-    accumulate_grad(l.grads[i], g);
+    if (p.param_grad_slot[i] < 0 || l.handed[i]) continue;
+    if (grad_ready_ && action_ == l.last_action) hand_over(l, i);
+    else add_to_sum(l, i);
   }
   ++l.accumulated;
 }
@@ -224,6 +253,24 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
   rt.set_buffers(std::move(it->second));
   l.frames.erase(it);
   rt.set_sample_offset(l.sample_offsets.at(mb));
+  l.held.clear();  // add_to_sum: the storage of the kept buffers, then of the gradients taken
+  if (schedule_.micro_batches == 1) {
+    for (const Tensor& t : l.shared) {
+      if (t.defined()) l.held.insert(t.raw());
+    }
+  }
+  // The stage's last backward action (a split schedule's last weight gradient: the input gradient
+  // of the last micro-batch may run before other micro-batches' weight gradients): each gradient
+  // is handed on when computed.
+  if (grad_ready_ && action_ == l.last_action) {
+    rt.set_after_instr([this, &l](size_t pos) {
+      for (size_t i : l.grads_at[pos]) hand_over(l, i);
+    });
+  }
+  struct Unhook {
+    runtime::Runtime& rt;
+    ~Unhook() { rt.set_after_instr(nullptr); }
+  } unhook{rt};
   if (kind == ActionKind::BackwardWeight) {
     rt.run(l.compiled.input_grad_end, rt.size());
   } else {
@@ -250,9 +297,14 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
   for (auto& l : locals_) {
     l->shared = l->rt->buffers();
     l->accumulated = 0;
+    // New sums: the last run's are the caller's.
+    l->grads.assign(l->compiled.program.param_grad_slot.size(), Tensor());
+    l->handed.assign(l->grads.size(), false);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  for (const Action& a : schedule_.actions[static_cast<size_t>(rank_)]) {
+  const std::vector<Action>& actions = schedule_.actions[static_cast<size_t>(rank_)];
+  for (action_ = 0; action_ < actions.size(); ++action_) {
+    const Action& a = actions[action_];
     const double start = seconds_since(t0);
     switch (a.kind) {
       case ActionKind::Forward: forward(local(a.stage), a.micro_batch, feed, on_result, stats); break;

@@ -86,6 +86,14 @@ class PipelineRunner {
   // Lets go of the last run's gradient sums (sharding stage 2 keeps only its reduced shards).
   void release_grads();
 
+  // Gradient hand-over, to overlap their reduction with the backward: during a stage's last
+  // backward action of the step (its last micro-batch's backward or weight gradient), right after
+  // the instruction that computes parameter i's gradient, the gradient is added into its sum and
+  // `ready(stage, i, sum)` is called (the other parameters: at the action's end). The callee may take the sum (grads(stage)[i]
+  // is then undefined after the run). Empty: no hand-over.
+  using GradReady = std::function<void(int stage, size_t index, Tensor& sum)>;
+  void set_grad_ready(GradReady ready) { grad_ready_ = std::move(ready); }
+
  private:
   struct Local;
   template <class Self>
@@ -94,6 +102,8 @@ class PipelineRunner {
   void forward(Local& l, int mb, const Feed& feed, const Feed& on_result, StepStats& stats);
   void backward(Local& l, int mb, ActionKind kind, StepStats& stats);
   void accumulate(Local& l);
+  void add_to_sum(Local& l, size_t i);  // the backward's gradient i into its sum
+  void hand_over(Local& l, size_t i);
   int64_t frame_bytes(const Local& l, const std::vector<Tensor>& frame) const;
   int64_t activation_bytes() const;
 
@@ -109,6 +119,8 @@ class PipelineRunner {
   std::map<std::pair<int, int>, Tensor> inbox_act_, inbox_grad_;
   // Keyed by (stage that produced it, micro-batch): computed, not yet sent.
   std::map<std::pair<int, int>, Tensor> outbox_act_, outbox_grad_;
+  GradReady grad_ready_;
+  size_t action_ = 0;  // the action run() is at
 };
 
 }  // namespace shardwise::pipeline

@@ -10,6 +10,23 @@ namespace {
 
 int64_t nbytes(int64_t count, DType dtype) { return count * static_cast<int64_t>(dtype_size(dtype)); }
 
+// Records the time a wait blocks.
+class ProfiledRequest final : public comm::Request {
+ public:
+  ProfiledRequest(std::unique_ptr<comm::Request> inner, const char* name, int64_t bytes)
+      : inner_(std::move(inner)), name_(name), bytes_(bytes) {}
+  void wait() override {
+    ProfileScope s(EventKind::Collective, name_, bytes_);
+    inner_->wait();
+  }
+  bool test() override { return inner_->test(); }
+
+ private:
+  std::unique_ptr<comm::Request> inner_;
+  const char* name_;
+  int64_t bytes_;
+};
+
 int64_t sum(std::span<const int64_t> counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); }
 
 }  // namespace
@@ -78,6 +95,22 @@ void ProfiledCommunicator::recv(void* out, int64_t count, DType dtype, int peer,
 void ProfiledCommunicator::barrier() {
   ProfileScope s(EventKind::Collective, "barrier");
   inner_->barrier();
+}
+
+std::unique_ptr<comm::Request> ProfiledCommunicator::start_all_reduce(const void* in, void* out, int64_t count,
+                                                                      DType dtype, comm::Reduce op) {
+  ProfileScope s(EventKind::Collective, "start_all_reduce", nbytes(count, dtype));
+  return std::make_unique<ProfiledRequest>(inner_->start_all_reduce(in, out, count, dtype, op), "wait_all_reduce",
+                                           nbytes(count, dtype));
+}
+
+std::unique_ptr<comm::Request> ProfiledCommunicator::start_reduce_scatter_v(const void* in, void* out,
+                                                                            std::span<const int64_t> counts,
+                                                                            DType dtype, comm::Reduce op) {
+  const int64_t total = sum(counts);
+  ProfileScope s(EventKind::Collective, "start_reduce_scatter_v", nbytes(total, dtype));
+  return std::make_unique<ProfiledRequest>(inner_->start_reduce_scatter_v(in, out, counts, dtype, op),
+                                           "wait_reduce_scatter_v", nbytes(total, dtype));
 }
 
 }  // namespace shardwise::runtime

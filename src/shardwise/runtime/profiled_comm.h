@@ -34,6 +34,11 @@ class ProfiledCommunicator : public comm::Communicator {
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;
+  // Recorded as `start_...` at the start and `wait_...` when waited for (the time blocked there).
+  std::unique_ptr<comm::Request> start_all_reduce(const void* in, void* out, int64_t count, DType dtype,
+                                                  comm::Reduce op) override;
+  std::unique_ptr<comm::Request> start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                        DType dtype, comm::Reduce op) override;
 
   using Communicator::all_reduce;
   using Communicator::broadcast;

@@ -108,6 +108,14 @@ void Runtime::free_after_use(std::string_view name) { kept_[static_cast<size_t>(
 
 void Runtime::drop(std::string_view name) { buffers_[static_cast<size_t>(value_slot(name))] = Tensor(); }
 
+void Runtime::release(int slot) {
+  SW_CHECK(slot >= 0 && static_cast<size_t>(slot) < buffers_.size(), "runtime: release of slot {} of {}", slot,
+           buffers_.size());
+  Tensor& t = buffers_[static_cast<size_t>(slot)];
+  if (t.defined()) live_ -= static_cast<int64_t>(t.nbytes());
+  t = Tensor();
+}
+
 void Runtime::set_buffers(std::vector<Tensor> buffers) {
   SW_CHECK(buffers.size() == p_.slots.size(), "runtime: {} buffers for {} slots", buffers.size(), p_.slots.size());
   buffers_ = std::move(buffers);
@@ -182,13 +190,14 @@ void Runtime::run(size_t begin, size_t end) {
            order_.size());
   stats_ = {};
   int64_t sent_before = resharder_.bytes_sent();
-  int64_t live = 0, gathered = 0;
+  int64_t gathered = 0;
+  live_ = 0;
   auto held = [&](size_t s) { return buffers_[s].defined() ? static_cast<int64_t>(buffers_[s].nbytes()) : int64_t{0}; };
   for (size_t s = 0; s < buffers_.size(); ++s) {
-    live += held(s);
+    live_ += held(s);
     if (gathered_[s]) gathered += held(s);
   }
-  stats_.peak_bytes = live;
+  stats_.peak_bytes = live_;
   stats_.peak_gathered_bytes = gathered;
   RankProfile* const profile = active_profile();  // null unless profiling (--profile)
   for (size_t i = begin; i < end; ++i) {
@@ -244,16 +253,16 @@ void Runtime::run(size_t begin, size_t end) {
       if (s < 0 || k >= out.size()) continue;
       const int64_t before = held(static_cast<size_t>(s));
       buffers_[static_cast<size_t>(s)] = out[k];
-      live += held(static_cast<size_t>(s)) - before;
+      live_ += held(static_cast<size_t>(s)) - before;
       if (gathered_[static_cast<size_t>(s)]) gathered += held(static_cast<size_t>(s)) - before;
     }
     if (profile) record_instr(*profile, i, ins, in, out, started);
-    stats_.peak_bytes = std::max(stats_.peak_bytes, live);
+    stats_.peak_bytes = std::max(stats_.peak_bytes, live_);
     stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, gathered);
     for (int s : ins.in) {
       auto si = static_cast<size_t>(s);
       if (s >= 0 && last_use_[si] == static_cast<int>(i) && !kept_[si] && buffers_[si].defined()) {
-        live -= static_cast<int64_t>(buffers_[si].nbytes());
+        live_ -= static_cast<int64_t>(buffers_[si].nbytes());
         if (gathered_[si]) gathered -= static_cast<int64_t>(buffers_[si].nbytes());
         buffers_[si] = Tensor();
       }
@@ -261,10 +270,11 @@ void Runtime::run(size_t begin, size_t end) {
     // Outputs nobody reads (an op's auxiliary outputs) go at once.
     for (int s : ins.out) {
       if (s >= 0 && last_use_[static_cast<size_t>(s)] < 0 && !kept_[static_cast<size_t>(s)] && buffers_[static_cast<size_t>(s)].defined()) {
-        live -= static_cast<int64_t>(buffers_[static_cast<size_t>(s)].nbytes());
+        live_ -= static_cast<int64_t>(buffers_[static_cast<size_t>(s)].nbytes());
         buffers_[static_cast<size_t>(s)] = Tensor();
       }
     }
+    if (after_instr_) after_instr_(i);
   }
   stats_.bytes_sent = resharder_.bytes_sent() - sent_before;
 }

@@ -2,6 +2,7 @@
 // Runs a lowered program on one rank: local kernels on the rank's blocks, reshards through the
 // planner's collectives, each buffer freed after its last use. Every rank of the mesh runs the
 // same program at the same time (threads of one process or MPI processes).
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,12 @@ class Runtime {
   // later its backward).
   void run(size_t begin, size_t end);
   size_t size() const { return order_.size(); }
+  // Called by run() after each instruction (its position in the execution order), once its outputs
+  // are stored and the buffers it read last are freed (the pipeline hands finished gradients on).
+  void set_after_instr(std::function<void(size_t position)> f) { after_instr_ = std::move(f); }
+  // Frees a slot's buffer now, also a kept one; from the after_instr callback, the run's byte count
+  // (RunStats::peak_bytes) goes down with it (the pipeline lets a handed-over gradient go).
+  void release(int slot);
   // Every slot's buffer: a pipeline keeps one set per micro-batch in flight and swaps it in.
   const std::vector<Tensor>& buffers() const { return buffers_; }
   void set_buffers(std::vector<Tensor> buffers);
@@ -107,6 +114,8 @@ class Runtime {
   std::vector<bool> unproduced_;  // per slot: made by no instruction nor bound (a shape-only stand-in)
   std::vector<bool> gathered_;  // per slot: a parameter's copy in another distribution (RunStats)
   RunStats stats_;
+  std::function<void(size_t)> after_instr_;
+  int64_t live_ = 0;  // run(): the bytes of the buffers held
   int64_t sample_offset_ = 0;
   // --profile: per position, the interned event name and detail in profile_of_text_.
   std::vector<std::pair<int32_t, int32_t>> profile_text_;

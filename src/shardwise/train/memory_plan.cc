@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <set>
@@ -11,6 +12,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/pipeline/stage.h"
+#include "shardwise/train/grad_buckets.h"
 #include "shardwise/train/models.h"
 
 namespace shardwise::train {
@@ -35,6 +37,7 @@ struct StageModel {
   std::vector<bool> shared;   // per slot: a parameter or constant (bound once, in every frame)
   std::vector<bool> gathered;  // per slot: a parameter's copy in another distribution (stage 3's all-gathers)
   std::vector<int> per_batch;  // slots bound per micro-batch before its forward (input, feeds)
+  std::vector<bool> grad;      // per slot: a parameter's gradient
   int output = -1, output_grad = -1, input = -1, input_grad = -1;
 };
 
@@ -71,8 +74,9 @@ StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, 
     const bool recomputed = v.recompute_copy >= 0 || (v.producer >= 0 && g.node(v.producer).recomputes >= 0);
     if (v.producer < 0 || (!read[static_cast<size_t>(s)] && !recomputed)) m.kept[static_cast<size_t>(s)] = true;
   }
+  m.grad.assign(n, false);
   for (int s : p.param_grad_slot)
-    if (s >= 0) m.kept[static_cast<size_t>(s)] = true;
+    if (s >= 0) m.kept[static_cast<size_t>(s)] = m.grad[static_cast<size_t>(s)] = true;
   auto slot = [&](const std::string& name) { return p.value_slot[static_cast<size_t>(g.get(name))]; };
   for (graph::ValueId v : g.params()) m.shared[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])] = true;
   m.gathered.assign(n, false);
@@ -103,28 +107,96 @@ StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, 
   return m;
 }
 
+// GradBuckets' bytes replayed (grad_buckets.cc, the same steps): the sums handed over, each closed
+// bucket packed (its sums, then the packed copy and this rank's received ranges), the oldest of
+// `max_in_flight` waited for (its ranges copied out, its buffers freed).
+class BucketSim {
+ public:
+  // Per parameter: its f32 sum's bytes and this rank's range of it (bytes).
+  BucketSim(int64_t bucket_bytes, int max_in_flight, std::vector<int64_t> sum_bytes, std::vector<int64_t> range_bytes)
+      : bucket_bytes_(bucket_bytes), max_in_flight_(max_in_flight), sum_(std::move(sum_bytes)),
+        range_(std::move(range_bytes)) {}
+  // Hands parameter p's sum over; returns the most bytes held meanwhile.
+  int64_t ready(size_t p) {
+    call_peak_ = held_;
+    hold(sum_[p]);
+    open_bytes_ += sum_[p];
+    open_range_ += range_[p];
+    if (open_bytes_ >= bucket_bytes_) close();
+    return call_peak_;
+  }
+  int64_t finish() {  // closes the open bucket, waits for all; the most bytes held meanwhile
+    call_peak_ = held_;
+    close();
+    while (!flight_.empty()) wait_oldest();
+    return call_peak_;
+  }
+  int64_t held() const { return held_; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  void hold(int64_t b) {
+    held_ += b;
+    peak_ = std::max(peak_, held_);
+    call_peak_ = std::max(call_peak_, held_);
+  }
+  void close() {
+    if (open_bytes_ == 0) return;
+    while (flight_.size() >= static_cast<size_t>(max_in_flight_)) wait_oldest();
+    hold(open_bytes_);   // the packed copy
+    hold(-open_bytes_);  // the sums go
+    hold(open_range_);   // the received ranges
+    flight_.push_back({open_bytes_, open_range_});
+    open_bytes_ = open_range_ = 0;
+  }
+  void wait_oldest() {
+    const auto [bytes, range] = flight_.front();
+    flight_.pop_front();
+    hold(range);            // the ranges copied out (the results)
+    hold(-bytes - range);  // the bucket's buffers go
+  }
+  int64_t bucket_bytes_;
+  int max_in_flight_;
+  std::vector<int64_t> sum_, range_;
+  std::deque<std::pair<int64_t, int64_t>> flight_;
+  int64_t open_bytes_ = 0, open_range_ = 0, held_ = 0, peak_ = 0, call_peak_ = 0;
+};
+
 // The buffers of one micro-batch on one rank (slot -> bytes), run through positions of the order.
 class Frame {
  public:
   Frame(const StageModel& m, const std::vector<int64_t>& bytes) : m_(m), bytes_(bytes) {}
+  // The gradients handed to `buckets` as computed (PipelineRunner::hand_over): after its instruction
+  // each leaves the frame for the buckets, whose bytes count with the frame's.
+  void hand_to(BucketSim* buckets) { buckets_ = buckets; }
   void bind(int slot) { live_.insert(slot); }
   void drop(int slot) { live_.erase(slot); }
   // Runs [begin, end); returns the most bytes held at once (after an instruction's outputs, before its frees).
   int64_t run(size_t begin, size_t end) {
     const graph::Program& p = m_.compiled.program;
-    int64_t peak = held();
+    int64_t peak = held() + (buckets_ ? buckets_->held() : 0);
     gathered_peak_ = std::max(gathered_peak_, held(true));
     for (size_t pos = begin; pos < end; ++pos) {
       const graph::Instr& ins = p.instrs[static_cast<size_t>(m_.compiled.order[pos])];
       for (int s : ins.out)
         if (s >= 0) live_.insert(s);
-      peak = std::max(peak, held());
+      peak = std::max(peak, held() + (buckets_ ? buckets_->held() : 0));
       gathered_peak_ = std::max(gathered_peak_, held(true));
       for (int s : ins.in)
         if (s >= 0 && m_.last_use[static_cast<size_t>(s)] == static_cast<int>(pos) && !m_.kept[static_cast<size_t>(s)])
           live_.erase(s);
       for (int s : ins.out)
         if (s >= 0 && m_.last_use[static_cast<size_t>(s)] < 0 && !m_.kept[static_cast<size_t>(s)]) live_.erase(s);
+      if (buckets_) {  // in parameter order, as the runner hands them over
+        std::vector<size_t> handed;
+        for (int s : ins.out)
+          if (s >= 0 && m_.grad[static_cast<size_t>(s)]) handed.push_back(grad_param(s));
+        std::sort(handed.begin(), handed.end());
+        for (size_t i : handed) {
+          live_.erase(m_.compiled.program.param_grad_slot[i]);
+          peak = std::max(peak, held() + buckets_->ready(i));
+        }
+      }
     }
     return peak;
   }
@@ -144,6 +216,11 @@ class Frame {
   const std::vector<int64_t>& bytes_;
   std::set<int> live_;
   int64_t gathered_peak_ = 0;
+  BucketSim* buckets_ = nullptr;
+  size_t grad_param(int slot) const {
+    const std::vector<int>& g = m_.compiled.program.param_grad_slot;
+    return static_cast<size_t>(std::find(g.begin(), g.end(), slot) - g.begin());
+  }
 };
 
 // Per local stage of one rank: the frame after a forward, after an input gradient, and the most
@@ -154,7 +231,8 @@ struct StageBytes {
   int64_t gathered = 0;  // the most bytes of gathered parameter copies in any of them
 };
 
-StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, bool release) {
+StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, bool release,
+                       BucketSim* buckets = nullptr) {
   StageBytes out;
   const size_t fe = m.compiled.forward_end, ie = m.compiled.input_grad_end, end = m.compiled.order.size();
   Frame f(m, bytes);
@@ -164,6 +242,7 @@ StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, b
   out.frame = f.held();
   Frame whole = f;  // the whole backward
   if (m.output_grad >= 0) whole.bind(m.output_grad);
+  whole.hand_to(buckets);
   out.backward_peak = whole.run(fe, end);
   Frame input = f;  // split: the input gradient, then the weight gradient
   if (m.output_grad >= 0) input.bind(m.output_grad);
@@ -204,7 +283,9 @@ std::string MemoryPlan::table() const {
                        human(r.masters), human(r.activations), r.in_flight, human(r.working), human(r.comm),
                        human(r.peak()));
   }
-  if (!ranks.empty() && ranks.front().grad_shards)
+  if (!ranks.empty() && ranks.front().grads_bucketed)
+    out += "  * stage 2, reduced during the backward: the most the gradient buckets hold (sums, packed copies, ranges), inside working\n";
+  else if (!ranks.empty() && ranks.front().grad_shards)
     out += "  * stage 2: the full f32 sums until the reduce-scatter; the shards kept after it are in --json (grad_shards)\n";
   if (const RankMemory& l = largest(); l.gathered > 0)
     out += fmt::format("  stage 3: params are each rank's dp shards; working includes up to {} of all-gathered parameter "
@@ -250,6 +331,11 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       compiled[r].push_back(model_stage(std::move(spec), mesh, schedule.split_backward, pc.release));
     }
   }
+  // Stage 2 with the buckets started during the backward, one micro-batch, no pp: each gradient is
+  // handed to the buckets once computed and its buffer freed (PipelineRunner::hand_over), so the
+  // runtime's working bytes lose the gradients and `grads` is what the buckets hold at most.
+  const bool early_free = c.sharding.stage == 2 && c.overlap_grad_reduce == "on" && schedule.micro_batches == 1 &&
+                          strategy.pp < 0 && layout.stage_strategy.dp_size() > 1;
   for (int64_t process = 0; process < strategy.mesh.size(); ++process) {
     RankMemory rm;
     rm.rank = process;
@@ -259,6 +345,8 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     std::vector<int64_t> numels;  // per trained parameter (params() order, each once)
     std::set<std::string> seen;
     int dp_rank = 0;
+    const StageModel* only = nullptr;  // early_free: the rank's one stage, and its slots' bytes
+    std::vector<int64_t> only_bytes;
     for (const StageModel& m : compiled[rm.pipeline_rank]) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(m.spec.stage)];
       const auto coords = mesh.coords(mesh.rank_index_of_process(process));
@@ -268,6 +356,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       std::vector<int64_t> bytes;
       for (const graph::Slot& s : p.slots) bytes.push_back(block_bytes(s, mesh, coords, s.meta.dtype));
       stages[m.spec.stage] = stage_bytes(m, bytes, pc.release);
+      if (early_free) only = &m, only_bytes = bytes;
       rm.gathered = std::max(rm.gathered, stages[m.spec.stage].gathered);
       for (bool trained : {true, false}) {
         for (graph::ValueId v : trained ? g.params() : g.frozen_params()) {
@@ -290,6 +379,21 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     rm.grads_in_working = schedule.micro_batches == 1 && !c.bf16;
     rm.masters = c.bf16 ? 4 * state_elements : 0;
     if (c.sharding.stage == 2) rm.grad_shards = 4 * state_elements;
+    int64_t finish_peak = 0;
+    if (early_free) {  // the backward again, each gradient handed to the buckets' replay once computed
+      const ShardPlan shards =
+          plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank);
+      std::vector<int64_t> sums, ranges;
+      for (size_t i = 0; i < numels.size(); ++i) {
+        sums.push_back(4 * numels[i]);
+        ranges.push_back(4 * shards.count(i));
+      }
+      BucketSim buckets(static_cast<int64_t>(c.grad_bucket_mb * (1 << 20)), BucketOptions{}.max_in_flight, sums, ranges);
+      stages.at(only->spec.stage).backward_peak = stage_bytes(*only, only_bytes, pc.release, &buckets).backward_peak;
+      finish_peak = buckets.finish();  // Trainer::reduce_grads, after the runtime let the frame go
+      rm.grads = buckets.peak();       // inside `working` (the backward's peak counts them)
+      rm.grads_in_working = rm.grads_bucketed = true;
+    }
     // The schedule's actions: frames in flight after each, and the bytes while each compute runs.
     std::map<std::pair<int, int>, int64_t> frames;
     int64_t held = 0;
@@ -309,7 +413,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       rm.activations = std::max(rm.activations, held);
       rm.in_flight = std::max(rm.in_flight, static_cast<int>(frames.size()));
     }
-    rm.working = std::max(rm.working, rm.activations);
+    rm.working = std::max({rm.working, rm.activations, finish_peak});
     plan.ranks.push_back(rm);
   }
   return plan;

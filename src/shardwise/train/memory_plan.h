@@ -7,7 +7,9 @@
 //                dtype (each once: the tied embedding's second local copy is the same tensor)
 //   gradients    the f32 sums over the micro-batches, one per parameter of each local stage's graph,
 //                held from the first backward to the optimizer step (stage 2: until the
-//                reduce-scatter, after which `grad_shards` stay)
+//                reduce-scatter, after which `grad_shards` stay; stage 2 with the buckets reduced
+//                during the backward and one micro-batch: the most the buckets hold, replayed
+//                with the backward inside `working`)
 //   optimizer    the AdamW moments: 8 bytes an element of the block, or of the rank's shard of it
 //                (sharding stages 1, 2: train/sharding.h's plan_shards, the same ranges; stage 3: the
 //                block is the shard, as are the parameters and gradients)
@@ -49,6 +51,11 @@ struct RankMemory {
   // One micro-batch with f32 gradients: the runner's sums are the backward's own gradient buffers
   // (PipelineRunner::accumulate takes them), already inside `working`; not added twice.
   bool grads_in_working = false;
+  // Stage 2 with --overlap-grad-reduce on and one micro-batch (no pp): each gradient goes to the
+  // buckets once computed and its buffer is freed; `working` replays the buckets' bytes with the
+  // backward's (grads_in_working) and `grads` is the most the buckets hold (GradBuckets's
+  // last_peak_bytes: sums, packed copies, received and reduced ranges).
+  bool grads_bucketed = false;
   int64_t peak() const { return params + (grads_in_working ? 0 : grads) + optimizer + masters + working + comm; }
 };
 

@@ -8,17 +8,12 @@
 
 namespace shardwise::train {
 
-namespace {
-
-// A 1-D copy of elements [begin, begin + n) of `t` (row-major).
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
   Tensor out = Tensor::uninitialized(t.dtype(), Shape{n});
   const size_t bytes = dtype_size(t.dtype());
   if (n > 0) std::memcpy(out.raw(), t.raw() + static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
   return out;
 }
-
-}  // namespace
 
 void ShardingConfig::check() const {
   SW_CHECK(stage >= 0 && stage <= 3,

@@ -50,6 +50,9 @@ struct ShardPlan {
   int64_t count(size_t i) const { return counts[i][static_cast<size_t>(rank)]; }
   int64_t owned_elements() const;            // over every parameter
 };
+// A 1-D copy of elements [begin, begin + n) of `t` (row-major).
+Tensor flat_range(const Tensor& t, int64_t begin, int64_t n);
+
 // `numels`: each parameter's block size on this rank.
 ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, int dp, int rank);
 

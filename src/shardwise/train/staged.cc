@@ -240,6 +240,8 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
     bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
   };
   bind(*runner_);
+  remaining_ = copies_;
+  pending_.assign(params_.size(), Tensor());
   last_stats_ = runner_->run(feed);
   Result r;
   r.loss = last_stats_.loss_sum;
@@ -259,6 +261,7 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
     const std::vector<Tensor>& grads = runner_->grads(s);
     const std::vector<size_t>& index = stage_params_.at(s);
     for (size_t i = 0; i < index.size(); ++i) {
+      if (grad_ready_ && hand_[index[i]]) continue;  // handed over (the callee holds it)
       Tensor& sum = r.grads[index[i]];
       if (!sum.defined()) sum = grads[i];  // the runner's own sum, not copied
       else pipeline::accumulate_grad(sum, grads[i]);  // a tied copy on another local stage
@@ -295,6 +298,37 @@ std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::v
     out[k].expert_tokens.assign(f + 3, f + width);
   }
   return out;
+}
+
+void StagedGpt::set_grad_ready(std::vector<bool> take, GradReady ready) {
+  SW_CHECK(take.size() == params_.size(), "hand-over: {} flags for {} parameters", take.size(), params_.size());
+  hand_ = std::move(take);
+  copies_.assign(params_.size(), 0);
+  for (int s : runner_->local_stages())
+    for (size_t p : stage_params_.at(s)) ++copies_[p];
+  const pipeline::Schedule& sch = runner_->schedule();
+  if (sch.rank_of(0) != sch.rank_of(sch.stages() - 1)) {  // exchanged after the run: not handed over
+    const std::string tied = tied_embedding(model_);
+    for (size_t p = 0; p < params_.size(); ++p)
+      if (params_[p].name == tied) hand_[p] = false;
+  }
+  grad_ready_ = std::move(ready);
+  if (!grad_ready_) {
+    runner_->set_grad_ready(nullptr);
+    return;
+  }
+  runner_->set_grad_ready([this](int stage, size_t i, Tensor& sum) {
+    const size_t p = stage_params_.at(stage)[i];
+    if (!hand_[p]) return;  // stays in the runner's sums
+    Tensor& pending = pending_[p];
+    if (!pending.defined()) {
+      pending = std::move(sum);
+    } else {  // a copy on another local stage (the tied embedding)
+      pipeline::accumulate_grad(pending, sum);
+      sum = Tensor();
+    }
+    if (--remaining_[p] == 0) grad_ready_(p, pending);
+  });
 }
 
 // The tied embedding on two pipeline ranks: each side adds the other's gradient.

@@ -9,6 +9,7 @@
 // different pipeline ranks: the first looks tokens up in it and the last's head is tied to it, so
 // both hold a copy; after each backward their gradients are summed (each copy then takes the same
 // update), and the gradient norm counts it once.
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -114,6 +115,13 @@ class StagedGpt {
   std::shared_ptr<comm::Communicator> dp_group();
   // Lets the runner go of the last step's gradient sums (after a stage-2 reduce-scatter).
   void release_grads() { runner_->release_grads(); }
+  // Gradient hand-over (grad_buckets.h): during forward_backward, `ready(p, sum)` gets params()[p]'s
+  // sum over the micro-batches (and over its copies on this rank's stages) as soon as the step's
+  // last micro-batch computed it, for the parameters `take` marks, except a tied embedding whose
+  // other copy sits on another pipeline rank (complete only after the exchange: left in the
+  // result). The callee takes the sum: forward_backward's grads[p] is then undefined.
+  using GradReady = std::function<void(size_t param, Tensor& sum)>;
+  void set_grad_ready(std::vector<bool> take, GradReady ready);
   // Held-out exact matches of the addition task (greedy answers: a causal model answers a problem
   // exactly iff its argmax at every answer position, given the true prefix, is right), on every rank.
   EvalResult evaluate(const AdditionTask& task, int64_t samples);
@@ -170,6 +178,12 @@ class StagedGpt {
   // per frozen one (frozen_params() order): its index in frozen_.
   std::map<int, std::vector<size_t>> stage_params_, stage_frozen_;
   pipeline::StepStats last_stats_;
+  // The hand-over (set_grad_ready): per params_, whether handed over, how many local copies are
+  // still to come this step, and the sum so far.
+  GradReady grad_ready_;
+  std::vector<bool> hand_;
+  std::vector<int> copies_, remaining_;
+  std::vector<Tensor> pending_;
 };
 
 }  // namespace shardwise::train

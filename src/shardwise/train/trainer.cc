@@ -164,6 +164,11 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
   SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
   check_text_options(*this);
   sharding.check();
+  check_bucket_options(overlap_grad_reduce, grad_bucket_mb);
+  SW_CHECK(overlap_grad_reduce == "off" || !sharding.shards_params(),
+           "--overlap-grad-reduce {} does not combine with --sharding-stage 3: stage 3 reduce-scatters each gradient "
+           "in the graph as soon as its backward made it (the buckets serve stages 0-2); use --overlap-grad-reduce off",
+           overlap_grad_reduce);
   resolve_batch(s.dp_size());
   check_largest_parameter(model);
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
@@ -238,7 +243,8 @@ GptConfig kernel_model(const TrainConfig& c) {
 
 PipelineConfig pipeline_config(const TrainConfig& c) {
   return PipelineConfig{c.schedule, c.virtual_stages, c.pipeline_release, false,
-                        LoaderOptions{c.loader_sync, c.loader_prefetch}, c.sharding.stage == 2,
+                        LoaderOptions{c.loader_sync, c.loader_prefetch},
+                        c.sharding.stage == 2 || (c.overlap_grad_reduce != "off" && !c.sharding.shards_params()),
                         c.sharding.shards_optimizer(), c.sharding.shards_params()};
 }
 
@@ -253,6 +259,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   if (c_.sharding.shards_optimizer()) {
     sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
     partial_grads_ = model_->grads_partial_on_dp();
+  }
+  if (c_.overlap_grad_reduce != "off" && model_->dp_group()->size() > 1) {
+    partial_grads_ = model_->grads_partial_on_dp();
+    BucketOptions o;
+    o.bucket_bytes = static_cast<int64_t>(c_.grad_bucket_mb * (1 << 20));
+    o.overlap = c_.overlap_grad_reduce == "on";
+    const ShardPlan* plan = sharded_ && c_.sharding.stage >= 2 ? &sharded_->plan() : nullptr;
+    buckets_ = std::make_unique<GradBuckets>(model_->dp_group(), model_->params().size(), plan, o);
+    model_->set_grad_ready(partial_grads_, [this](size_t p, Tensor& sum) { buckets_->ready(p, sum); });
   }
   open_data();
 }
@@ -318,19 +333,33 @@ void scale_grads(std::vector<Tensor>& grads, int64_t accumulation) {
 
 }  // namespace
 
-StepResult Trainer::step() {
-  StagedGpt::Result fb = model_->forward_backward(data_.get(), consumed_);
-  std::vector<Tensor>& grads = fb.grads;
-  // Stage 2 reduces the sums first (the mean of the reduced sum, as the all-reduced path computes it).
-  if (!sharded_ || c_.sharding.stage < 2) scale_grads(grads, c_.accumulation);
-  if (sharded_) {
-    std::vector<Tensor> owned = sharded_->reduce(grads, partial_grads_);
+std::vector<Tensor> Trainer::reduce_grads(std::vector<Tensor>& grads) {
+  if (buckets_) {  // the sums over the micro-batches reduced (stage 2 into the ranges), then the mean
+    std::vector<Tensor> owned = buckets_->finish(grads, partial_grads_);
     if (c_.sharding.stage >= 2) {
       model_->release_grads();
       scale_grads(owned, c_.accumulation);
+      return owned;
     }
-    grads = std::move(owned);
+    scale_grads(grads, c_.accumulation);
+    if (!sharded_) return std::move(grads);
+    return sharded_->reduce(grads, std::vector<bool>(grads.size(), false));  // stage 1: its ranges
   }
+  // Stage 2 reduces the sums first (the mean of the reduced sum, as the all-reduced path computes it).
+  if (!sharded_ || c_.sharding.stage < 2) scale_grads(grads, c_.accumulation);
+  if (!sharded_) return std::move(grads);
+  std::vector<Tensor> owned = sharded_->reduce(grads, partial_grads_);
+  if (c_.sharding.stage >= 2) {
+    model_->release_grads();
+    scale_grads(owned, c_.accumulation);
+  }
+  return owned;
+}
+
+StepResult Trainer::step() {
+  StagedGpt::Result fb = model_->forward_backward(data_.get(), consumed_);
+  std::vector<Tensor>& grads = fb.grads;
+  grads = reduce_grads(grads);
   last_grads_ = grads;
   StepResult r;
   r.loss = fb.loss / static_cast<double>(c_.accumulation);

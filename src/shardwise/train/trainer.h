@@ -19,6 +19,7 @@
 #include "shardwise/train/data.h"
 #include "shardwise/train/gpt.h"
 #include "shardwise/train/optimizer.h"
+#include "shardwise/train/grad_buckets.h"
 #include "shardwise/train/sharding.h"
 #include "shardwise/train/staged.h"
 
@@ -54,6 +55,12 @@ struct TrainConfig {
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
   // Optimizer state (stage 1) and gradients (stage 2) sharded over dp (sharding.h).
   ShardingConfig sharding;
+  // The dp reduction of the gradients in buckets (grad_buckets.h): `on` starts each bucket's
+  // reduction while the backward runs; `after` reduces the same buckets after the backward (the
+  // overlap's reference: the same collectives); `off` leaves it to the graph (an all-reduce per
+  // gradient per micro-batch) or, at stage 2, to ShardedOptimizer::reduce (one per gradient).
+  std::string overlap_grad_reduce = "off";
+  double grad_bucket_mb = 25;  // a bucket is closed at this size (MiB of f32 gradients)
   double dropout = 0.0;  // GPT-2's embedding, attention and residual dropout while training
   uint64_t seed = 1234;
   std::string data;  // "" = the embedded addition task; else a file, a comma-separated list or a glob
@@ -202,6 +209,8 @@ class Trainer {
   // rank's ranges of params() through its plan (train/checkpointing.cc).
   const ShardedOptimizer* sharded() const { return sharded_.get(); }
   ShardedOptimizer* sharded() { return sharded_.get(); }
+  // The gradient buckets (nullptr with --overlap-grad-reduce off or a dp group of one).
+  const GradBuckets* grad_buckets() const { return buckets_.get(); }
   ParameterCounts count_parameters();  // collective
   // The model directory the weights came from (init_from_model) and its fingerprint
   // (model_fingerprint); empty for the seeded initialization. A LoRA run's checkpoints keep it.
@@ -234,7 +243,11 @@ class Trainer {
   int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
   std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies; shards when sharded)
   std::unique_ptr<ShardedOptimizer> sharded_;
-  std::vector<bool> partial_grads_;  // per params(): Partial over dp (stage 2)
+  std::vector<bool> partial_grads_;  // per params(): Partial over dp (stage 2, or buckets)
+  std::unique_ptr<GradBuckets> buckets_;  // --overlap-grad-reduce on|after, on a dp group of more than one
+  // The step's gradients after the dp reduction (the accumulation mean taken): whole blocks, or
+  // this rank's ranges when sharded.
+  std::vector<Tensor> reduce_grads(std::vector<Tensor>& grads);
   BaseModel base_model_;
 };
 
