@@ -380,6 +380,12 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     rm.masters = c.bf16 ? 4 * state_elements : 0;
     if (c.sharding.stage == 2) rm.grad_shards = 4 * state_elements;
     int64_t finish_peak = 0;
+    if (c.sharding.stage == 1 || c.sharding.stage == 2) {
+      // ShardedOptimizer::reduce after the backward: every gradient sum is still held while the
+      // rank's range of each is copied out (stage 1) or reduce-scattered into a fresh range (stage 2,
+      // the sums freed one by one), so the sums and the ranges are alive together.
+      finish_peak = (rm.grads_in_working ? rm.grads : 0) + 4 * state_elements;
+    }
     if (early_free) {  // the backward again, each gradient handed to the buckets' replay once computed
       const ShardPlan shards =
           plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank);

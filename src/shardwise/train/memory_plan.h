@@ -18,7 +18,9 @@
 //                backward (what the runner measures as StepStats::peak_activation_bytes)
 //   working      the most bytes in use during one compute action beyond the parameters: the other
 //                micro-batches' frames plus the running action's buffers (reshards and kernel outputs
-//                included); `gathered`: of it, stage 3's all-gathered parameter copies at most
+//                included); `gathered`: of it, stage 3's all-gathered parameter copies at most; at
+//                sharding stages 1-2 also the optimizer's reduce after the backward (every full sum
+//                beside the rank's ranges of them)
 //   comm         the pipeline's point-to-point buffers: a stage's outgoing activation and incoming
 //                gradient (and the other way round) of one micro-batch
 //   peak         parameters + gradients + optimizer + masters + working + comm
