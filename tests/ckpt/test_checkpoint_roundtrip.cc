@@ -119,7 +119,7 @@ TEST(CheckpointSave, ASingleFileGroupIsOneFileWithoutAnIndex) {
   SafetensorsFile file(dir / "model.safetensors");
   EXPECT_EQ(*file.header().metadata_value("format"), "pt");
   for (const auto& t : model) {
-    if (t.group == "model") EXPECT_TRUE(bit_equal(file.read(t.name), t.value)) << t.name;
+    if (t.group == "model") { EXPECT_TRUE(bit_equal(file.read(t.name), t.value)) << t.name; }
   }
   comm::LocalWorld::run(2, [&](comm::Communicator& c) {
     const Topology to = topologies()[2];
@@ -129,7 +129,7 @@ TEST(CheckpointSave, ASingleFileGroupIsOneFileWithoutAnIndex) {
     }
     auto loaded = load_group(dir, "model", specs, c.rank());
     for (const auto& t : model) {
-      if (t.group == "model") EXPECT_TRUE(bit_equal(loaded.at(t.name), block_of(t.value, layout_of(to, t.name), c.rank())));
+      if (t.group == "model") { EXPECT_TRUE(bit_equal(loaded.at(t.name), block_of(t.value, layout_of(to, t.name), c.rank()))); }
     }
   });
 }

@@ -75,7 +75,7 @@ TEST(CliHf, InspectShowsTheFusedBoxesAndMergeKeepsThem) {
   ASSERT_EQ(r.status, 0) << r.out;
   const fs::path ckpt = dir / "checkpoints" / "checkpoint-2";
   for (const fs::path& d : {ckpt, dir / "merged"}) {
-    if (d == dir / "merged") ASSERT_EQ(run("ckpt merge " + ckpt.string() + " " + d.string()).status, 0);
+    if (d == dir / "merged") { ASSERT_EQ(run("ckpt merge " + ckpt.string() + " " + d.string()).status, 0); }
     r = run("ckpt inspect " + d.string());
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("transformer.h.0.attn.c_attn.weight       F32      [32, 96]"), std::string::npos) << r.out;

@@ -234,7 +234,7 @@ TEST(CliLlama, GenerateGivesTransformersGreedyTokens) {
     EXPECT_EQ(j["sequences"][0]["new_ids"].get<std::vector<int64_t>>(),
               std::vector<int64_t>(all.begin() + static_cast<int64_t>(prompt.size()), all.end()))
         << extra;
-    if (extra == "mpi") EXPECT_NE(r.out.find("(4 ranks, mpi)"), std::string::npos) << r.out;
+    if (extra == "mpi") { EXPECT_NE(r.out.find("(4 ranks, mpi)"), std::string::npos) << r.out; }
   }
 }
 

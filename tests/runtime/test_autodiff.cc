@@ -114,7 +114,7 @@ TEST(Autodiff, FrozenParametersTakeNoGradient) {
   EXPECT_FALSE(g.find("w@grad").has_value());
   for (const graph::Node& n : g.nodes()) {
     for (size_t k = 0; k < n.inputs.size() && n.kind == graph::NodeKind::Backward; ++k) {
-      if (n.inputs[k] == g.get("w") && k < g.node(n.forward).inputs.size()) EXPECT_EQ(n.outputs[k], -1) << n.to_string(g);
+      if (n.inputs[k] == g.get("w") && k < g.node(n.forward).inputs.size()) { EXPECT_EQ(n.outputs[k], -1) << n.to_string(g); }
     }
   }
   std::map<std::string, Tensor> data = {{"x", random(Shape{4, 3}, 11)},

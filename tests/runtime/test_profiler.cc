@@ -110,7 +110,7 @@ void check_profile(const std::map<std::string, std::string>& placements, const m
       ++collectives[name(e)];
     }
     for (const auto& [name, count] : want_ops) {
-      if (name == "matmul" || name == "matmul_grad" || name == "reshard") EXPECT_EQ(ops[name], count) << name;
+      if (name == "matmul" || name == "matmul_grad" || name == "reshard") { EXPECT_EQ(ops[name], count) << name; }
     }
     EXPECT_EQ(collectives, want_collectives);
     // Totals kept while recording agree with the events' sums.

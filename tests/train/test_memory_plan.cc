@@ -74,8 +74,8 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
       // Stage 2 lets the full sums go after the reduce-scatter (the plan counts them to the peak).
       // Stage 3's sums are the shards themselves (reduce-scattered per micro-batch by the graph).
       EXPECT_EQ(c.sharding.stage == 2 ? 0 : p.grads, got[r].grads);
-      if (c.sharding.stage == 2) EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8);
-      if (c.sharding.stage == 3) EXPECT_EQ(p.grads, 4 * p.optimizer / 8);
+      if (c.sharding.stage == 2) { EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8); }
+      if (c.sharding.stage == 3) { EXPECT_EQ(p.grads, 4 * p.optimizer / 8); }
     }
   }
 }
@@ -104,8 +104,8 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
         EXPECT_EQ(plan.ranks[r].activations, got[r].activations);
         // In flight: 1F1B keeps up to pp - stage micro-batches, FThenB all 4, one rank 1.
         const int pp_rank = plan.ranks[r].pipeline_rank;
-        if (run.schedule == "fthenb") EXPECT_EQ(plan.ranks[r].in_flight, 4);
-        if (run.schedule == "1f1b") EXPECT_EQ(plan.ranks[r].in_flight, run.mesh == "pp=2" ? 2 - pp_rank : 1);
+        if (run.schedule == "fthenb") { EXPECT_EQ(plan.ranks[r].in_flight, 4); }
+        if (run.schedule == "1f1b") { EXPECT_EQ(plan.ranks[r].in_flight, run.mesh == "pp=2" ? 2 - pp_rank : 1); }
       }
     }
   }
