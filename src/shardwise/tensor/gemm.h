@@ -31,6 +31,19 @@ struct GemmArgs {
   double beta = 0.0;  // integer dtypes: alpha and beta must be whole numbers
 };
 
+// op(A) [m, k] · op(B) [k, n] into C [m, n] (C = op(A) op(B) + beta C), packed operands; set the
+// other fields (leading dims, batch) on the result where they differ.
+inline GemmArgs gemm_args(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double beta = 0.0) {
+  GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.beta = beta;
+  return g;
+}
+
 // Fills the -1 fields of `args` with their packed values and checks every field; Error names the
 // bad field and what is allowed.
 GemmArgs resolve_gemm_args(const GemmArgs& args);

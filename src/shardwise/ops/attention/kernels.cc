@@ -47,16 +47,10 @@ const C* compute_copy(const void* src, DType dtype, int64_t n, std::vector<C>& b
 template <class C>
 void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, int64_t lda, const C* b, int64_t ldb,
                C* c, int64_t ldc, double beta) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
+  GemmArgs g = gemm_args(ta, tb, m, n, k, beta);
   g.lda = lda;
   g.ldb = ldb;
   g.ldc = ldc;
-  g.beta = beta;
   gemm<C>(g, a, b, c);
 }
 

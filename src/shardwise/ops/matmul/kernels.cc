@@ -59,14 +59,7 @@ const std::byte* at(const Tensor& t, int64_t offset) {
 std::byte* at(Tensor& t, int64_t offset) { return t.raw() + offset * static_cast<int64_t>(dtype_size(t.dtype())); }
 
 GemmArgs args(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double beta) {
-  GemmArgs g;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.beta = beta;
-  return resolve_gemm_args(g);
+  return resolve_gemm_args(gemm_args(trans_a, trans_b, m, n, k, beta));
 }
 
 // x [..., m, k] (not transposed) times a y without batch dims: one GEMM with the batch folded into

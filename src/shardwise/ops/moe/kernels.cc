@@ -31,14 +31,7 @@ T sigmoid_of(T v) {
 // C [m, n] (= or +=) op(A) op(B) with packed row-major operands.
 template <class T>
 void mm(const T* a, const T* b, T* c, int64_t m, int64_t n, int64_t k, bool ta, bool tb, double beta = 0.0) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.beta = beta;
-  gemm<T>(g, a, b, c);
+  gemm<T>(gemm_args(ta, tb, m, n, k, beta), a, b, c);
 }
 
 struct ExpertDims {

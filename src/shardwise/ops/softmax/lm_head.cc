@@ -72,12 +72,7 @@ Plan make_plan(const Tensor& h, const Tensor& w, const Tensor& labels, const LmH
 Tensor chunk_logits(const Plan& p, int64_t r0, int64_t rc) {
   Tensor logits = Tensor::uninitialized(p.ct, Shape{rc, p.v_local});
   if (rc == 0 || p.v_local == 0) return logits;
-  GemmArgs g;
-  g.trans_b = true;
-  g.m = rc;
-  g.n = p.v_local;
-  g.k = p.hidden;
-  gemm(p.ct, g, row_ptr(p.h, r0, p.hidden), p.w.raw(), logits.raw());
+  gemm(p.ct, gemm_args(false, true, rc, p.v_local, p.hidden), row_ptr(p.h, r0, p.hidden), p.w.raw(), logits.raw());
   return logits;
 }
 
@@ -169,20 +164,12 @@ std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tens
                                                       chunk_reduction, args.shard);
     if (p.v_local == 0) continue;  // dh stays 0, dW is empty
     if (want_grad[0]) {
-      GemmArgs gh;  // dh_c = dlogits · W
-      gh.m = rc;
-      gh.n = p.hidden;
-      gh.k = p.v_local;
-      gemm(p.ct, gh, dlogits.raw(), p.w.raw(), row_ptr(dh, r0, p.hidden));
+      // dh_c = dlogits · W
+      gemm(p.ct, gemm_args(false, false, rc, p.hidden, p.v_local), dlogits.raw(), p.w.raw(), row_ptr(dh, r0, p.hidden));
     }
     if (want_grad[1]) {
-      GemmArgs gw;  // dW += dlogitsᵀ · h_c
-      gw.trans_a = true;
-      gw.m = p.v_local;
-      gw.n = p.hidden;
-      gw.k = rc;
-      gw.beta = 1.0;
-      gemm(p.ct, gw, dlogits.raw(), row_ptr(p.h, r0, p.hidden), dw.raw());
+      // dW += dlogitsᵀ · h_c
+      gemm(p.ct, gemm_args(true, false, p.v_local, p.hidden, rc, 1.0), dlogits.raw(), row_ptr(p.h, r0, p.hidden), dw.raw());
     }
   }
   if (dh.defined()) dh = dh.reshaped(h.shape());
