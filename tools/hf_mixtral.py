@@ -22,9 +22,7 @@ Needs: torch, transformers >= 5 (Mixtral's router: softmax over all experts, top
 Usage: tools/hf_mixtral.py build/bin/shardwise [--golden tests/golden/hf] (make hf-parity, make hf-golden)
 """
 import argparse
-import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -35,7 +33,7 @@ from transformers import MixtralConfig, MixtralForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_parity import (check_generate, check_init_from_meshes, check_loss_on_a_batch, hf_loss,  # noqa: E402
-                       load_cleanly, run, write_u16)
+                       load_cleanly, run, write_decoder_golden, write_u16)
 
 
 def tiny_mixtral(seed, vocab=128, seq=16):
@@ -65,19 +63,7 @@ def check_init_from(shardwise, tmp, golden):
     want, logits = hf_loss(model, tokens)
     check_init_from_meshes(shardwise, tmp, "mixtral", model, data, want, MESHES)
     if golden:
-        out = os.path.join(golden, "mixtral_tiny")
-        shutil.rmtree(out, ignore_errors=True)
-        model.save_pretrained(out)
-        write_u16(os.path.join(golden, "mixtral_tokens.bin"), tokens)
-        # transformers' greedy generate from the first 5 tokens (eos = its config's, 127), which
-        # tests/train/test_generate_llama.cc replays with `shardwise generate`'s graphs.
-        greedy = model.generate(torch.tensor([tokens[:5]]), attention_mask=torch.ones(1, 5, dtype=torch.long),
-                                max_new_tokens=8, do_sample=False, pad_token_id=127)[0].tolist()
-        json.dump({"generator": f"tools/hf_mixtral.py with torch {torch.__version__}, transformers "
-                                f"{transformers.__version__}",
-                   "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
-                   "argmax": logits.argmax(-1).tolist(), "greedy_prompt": tokens[:5], "greedy": greedy},
-                  open(os.path.join(golden, "mixtral_tiny_expected.json"), "w"), indent=1)
+        write_decoder_golden(golden, "mixtral", model, tokens, want, logits, "tools/hf_mixtral.py")
 
 
 def check_load(shardwise, tmp):

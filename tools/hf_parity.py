@@ -388,6 +388,24 @@ def check_init_from_meshes(shardwise, tmp, label, model, data, want, meshes):
         print(f"  {label} init-from {mesh:10s} first loss {got:.7f} = transformers {want:.7f}")
 
 
+def write_decoder_golden(golden, name, model, tokens, want, logits, generator):
+    """tests/golden/hf/<name>_tiny (the model's save_pretrained), <name>_tokens.bin and
+    <name>_tiny_expected.json: transformers' loss, logits and greedy generate from the first 5
+    tokens (eos = its config's, 127), which tests/train/test_generate_llama.cc replays with
+    `shardwise generate`'s graphs."""
+    out = os.path.join(golden, f"{name}_tiny")
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(out)
+    write_u16(os.path.join(golden, f"{name}_tokens.bin"), tokens)
+    greedy = model.generate(torch.tensor([tokens[:5]]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                            max_new_tokens=8, do_sample=False, pad_token_id=127)[0].tolist()
+    json.dump({"generator": f"{generator} with torch {torch.__version__}, transformers "
+                            f"{transformers.__version__}",
+               "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
+               "argmax": logits.argmax(-1).tolist(), "greedy_prompt": tokens[:5], "greedy": greedy},
+              open(os.path.join(golden, f"{name}_tiny_expected.json"), "w"), indent=1)
+
+
 def check_llama_init_from(shardwise, tmp, golden):
     model = tiny_llama(11)
     rng = np.random.default_rng(5)
@@ -397,19 +415,7 @@ def check_llama_init_from(shardwise, tmp, golden):
     want, logits = hf_loss(model, tokens)
     check_init_from_meshes(shardwise, tmp, "llama", model, data, want, ["tp=2", "dp=2,tp=2", "tp=2,pp=2"])
     if golden:
-        out = os.path.join(golden, "llama_tiny")
-        shutil.rmtree(out, ignore_errors=True)
-        model.save_pretrained(out)
-        write_u16(os.path.join(golden, "llama_tokens.bin"), tokens)
-        # transformers' greedy generate from the first 5 tokens (eos = its config's, 127), which
-        # tests/train/test_generate_llama.cc replays with `shardwise generate`'s graphs.
-        greedy = model.generate(torch.tensor([tokens[:5]]), attention_mask=torch.ones(1, 5, dtype=torch.long),
-                                max_new_tokens=8, do_sample=False, pad_token_id=127)[0].tolist()
-        json.dump({"generator": f"tools/hf_parity.py with torch {torch.__version__}, transformers "
-                                f"{transformers.__version__}",
-                   "tokens": tokens, "loss": want, "last_logits": logits[-1].tolist(),
-                   "argmax": logits.argmax(-1).tolist(), "greedy_prompt": tokens[:5], "greedy": greedy},
-                  open(os.path.join(golden, "llama_tiny_expected.json"), "w"), indent=1)
+        write_decoder_golden(golden, "llama", model, tokens, want, logits, "tools/hf_parity.py")
 
 
 def check_llama_load(shardwise, tmp):
