@@ -214,7 +214,7 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
   EXPECT_LT(ref.losses.back(), ref.losses.front() * 0.8) << "the loss should fall";
   const Curve dense = train(llama_test_config("dp=1"));
   EXPECT_NE(dense.losses[1], ref.losses[1]) << "the MoE model must differ from the dense one";
-  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2", "ep=4", "pp=2,ep=2"}) {
+  for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=2,dp=2", "ep=2,tp=2", "ep=4", "pp=2,ep=2"}) {
     expect_same_curve(train(moe_config(mesh)), ref, mesh);
   }
   TrainConfig one_layer = moe_config("dp=1");
@@ -237,6 +237,25 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
     shared.mesh = mesh;
     expect_same_curve(train(shared), shared_ref, std::string("shared expert, ") + mesh);
   }
+}
+
+// ep is a data dim: on dp=2 x ep=2 the global batch of 8 in 2 micro-batches is 1 sequence per
+// rank and micro-batch, so the dense layers are 4-way data parallel. The sharded optimizer (stages
+// 1 and 2, both layouts) and the gradient buckets shard over dp only (the dense gradients are
+// summed over ep in the graph, the experts' are S(0) on ep): each follows the single-rank curve.
+TEST(Llama, MoeOnDpTimesEpWithShardingOrBucketsFollowsTheSingleRankCurve) {
+  const Curve ref = train(moe_config("dp=1"));
+  TrainConfig c = moe_config("dp=2,ep=2");
+  c.check(4, false);
+  EXPECT_EQ(c.micro_batch, 1) << "8 sequences = micro-batch x 2 micro-batches x dp 2 x ep 2";
+  for (const auto& [stage, layout] : {std::pair{1, "v1"}, {1, "v2"}, {2, "v1"}, {2, "v2"}}) {
+    TrainConfig s = moe_config("dp=2,ep=2");
+    s.sharding.stage = stage, s.sharding.layout = layout;
+    expect_same_curve(train(s), ref, fmt::format("dp=2,ep=2 sharding stage {} {}", stage, layout));
+  }
+  TrainConfig buckets = moe_config("dp=2,ep=2");
+  buckets.overlap_grad_reduce = "on";
+  expect_same_curve(train(buckets), ref, "dp=2,ep=2 --overlap-grad-reduce on");
 }
 
 TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {

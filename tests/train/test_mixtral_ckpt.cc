@@ -99,9 +99,10 @@ TEST(MixtralCkpt, ExpertsAreStoredPerExpertAndComeBackBitForBitAcrossEpSizes) {
   EXPECT_FALSE(files.contains("model:" + p + "experts.w1"));
   // weights, 2 moments, masters x (2 layers x (4 attention, 2 norms, gate, 12 experts) + embed, norm, head)
   EXPECT_EQ(files.size(), 4u * (2 * 19 + 3));
-  // ep=4 -> ep=2 -> 1 rank -> dp=2 x tp=2 (no ep): every load and save keeps every stored tensor.
+  // ep=4 -> ep=2 -> dp=2 x ep=2 -> 1 rank -> dp=2 x tp=2 (no ep): every load and save keeps every
+  // stored tensor.
   fs::path from = first;
-  for (const std::string mesh : {"ep=2", "dp=1", "dp=2,tp=2"}) {
+  for (const std::string mesh : {"ep=2", "dp=2,ep=2", "dp=1", "dp=2,tp=2"}) {
     const fs::path to = root / mesh;
     const std::map<std::string, Tensor> loaded = run(moe(mesh, true), 0, from, to);
     for (const auto& [name, t] : params) EXPECT_TRUE(same_bits(loaded.at(name), t)) << mesh << " " << name;
@@ -110,6 +111,15 @@ TEST(MixtralCkpt, ExpertsAreStoredPerExpertAndComeBackBitForBitAcrossEpSizes) {
     for (const auto& [key, t] : files) EXPECT_TRUE(same_bits(again.at(key), t)) << mesh << " " << key;
     from = to / "checkpoint-2";
   }
+  // Trained on dp=2 x ep=2 (ep a data dim: each rank its own sequences) and saved, loaded on one
+  // rank and saved again: the same parameters and stored tensors, bit for bit.
+  const std::map<std::string, Tensor> trained = run(moe("dp=2,ep=2", true), 2, {}, root / "dpep");
+  const std::map<std::string, Tensor> saved = stored(root / "dpep" / "checkpoint-2");
+  EXPECT_EQ(saved.size(), files.size());
+  const std::map<std::string, Tensor> one = run(moe("dp=1", true), 0, root / "dpep" / "checkpoint-2", root / "one");
+  for (const auto& [name, t] : trained) EXPECT_TRUE(same_bits(one.at(name), t)) << "dp=2,ep=2 -> 1 rank " << name;
+  const std::map<std::string, Tensor> again = stored(root / "one" / "checkpoint-2");
+  for (const auto& [key, t] : saved) EXPECT_TRUE(same_bits(again.at(key), t)) << "dp=2,ep=2 -> 1 rank " << key;
   fs::remove_all(root);
 }
 

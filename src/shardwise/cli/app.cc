@@ -54,9 +54,9 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
   t->add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
   t->add_option("--steps", c.steps, "optimizer steps");
-  t->add_option("--micro-batch", c.micro_batch, "sequences per data-parallel rank per micro-batch (0: derived)");
+  t->add_option("--micro-batch", c.micro_batch, "sequences per data rank (dp x ep) per micro-batch (0: derived)");
   t->add_option("--accumulation", c.accumulation, "micro-batches per step (0: derived)");
-  t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp (0: derived)");
+  t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp x ep (0: derived)");
   t->add_option("--lr", c.lr, "peak learning rate");
   t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay");
   t->add_option("--warmup", c.warmup, "linear warm-up steps");

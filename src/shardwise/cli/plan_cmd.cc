@@ -21,7 +21,7 @@ int cmd_plan(const PlanOptions& o, std::ostream& out) {
   c.lora.rank = o.lora_rank, c.lora.targets = o.lora_targets;
   train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), o.sp);
   auto start = std::chrono::steady_clock::now();
-  train::GptGraph m = train::build_gpt(c, s, o.micro_batch * s.dp_size());
+  train::GptGraph m = train::build_gpt(c, s, o.micro_batch * s.data_size());
   graph::append_backward(m.g, m.loss);
   graph::Completion done = graph::complete(m.g, s.mesh);
   graph::Program p = graph::lower(m.g, done);

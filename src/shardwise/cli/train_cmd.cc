@@ -210,10 +210,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
     if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
-    out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}; {} steps, lr {} "
+    const train::Strategy& s = trainer.strategy();
+    out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
                        "(warm-up {}, cosine to {})\n",
-                       trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation,
-                       trainer.strategy().dp_size(), c.steps, c.lr, c.warmup, c.min_lr);
+                       trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
+                       s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), c.steps, c.lr, c.warmup, c.min_lr);
     if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
     if (c.document_attention)
       out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",

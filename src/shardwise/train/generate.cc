@@ -89,7 +89,7 @@ struct Generator::Compiled {
   std::unique_ptr<runtime::Runtime> runtime;
 };
 
-// The sequences of one generate() call: the prompts, then the dp padding.
+// The sequences of one generate() call: the prompts, then the padding to a multiple of dp x ep.
 struct Generator::Batch {
   const GenerateConfig* config = nullptr;
   int64_t prompts = 0;
@@ -99,7 +99,7 @@ struct Generator::Batch {
   std::vector<StopReason> stop;
   std::vector<std::vector<std::vector<float>>> logits;  // with keep_logits: per sequence, per new token
   int64_t cache_length = 0;
-  std::vector<Tensor> cache_k, cache_v;  // per layer: this rank's block [B/dp, heads/tp, C, head_dim]
+  std::vector<Tensor> cache_k, cache_v;  // per layer: this rank's block [B/(dp x ep), heads/tp, C, head_dim]
   int64_t first_row = 0;                 // the sequence of the block's first row
   int64_t rows = 0;
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
@@ -254,7 +254,7 @@ void Generator::next_tokens(Compiled& c, Batch& b) {
 GenerateResult Generator::generate(const std::vector<std::vector<int64_t>>& prompts, const GenerateConfig& config) {
   config.validate(model_);
   check_prompts(prompts, model_);
-  const int64_t n = static_cast<int64_t>(prompts.size()), dp = strategy_.dp_size();
+  const int64_t n = static_cast<int64_t>(prompts.size()), dp = strategy_.data_size();
   Batch b;
   b.config = &config;
   b.prompts = n;

@@ -68,11 +68,20 @@ Strategy Strategy::from_mesh(const mesh::ProcessMesh& mesh, bool sequence_parall
   return s;
 }
 
-std::string Strategy::placements(const char* on_tp, const char* on_dp) const {
+std::string Strategy::placements(const char* on_tp, const char* on_data) const {
   std::vector<std::string> parts(static_cast<size_t>(mesh.ndim()), "R");
   if (tp >= 0) parts[static_cast<size_t>(tp)] = on_tp;
-  if (dp >= 0) parts[static_cast<size_t>(dp)] = on_dp;
+  if (dp >= 0) parts[static_cast<size_t>(dp)] = on_data;
+  if (ep >= 0) parts[static_cast<size_t>(ep)] = on_data;
   return fmt::format("{}", fmt::join(parts, ","));
+}
+
+int64_t Strategy::data_index(std::span<const int64_t> coords) const {
+  int64_t index = 0;
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    if (d == dp || d == ep) index = index * mesh.dim_size(d) + coords[static_cast<size_t>(d)];
+  }
+  return index;
 }
 
 std::string Strategy::to_string() const {
@@ -225,7 +234,7 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());
-  SW_CHECK(sequences % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
+  SW_CHECK(sequences % s.data_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
            s.dp_size());
   const int64_t B = sequences, S = c.seq, H = c.hidden, V = c.vocab;
   GptGraph out;

@@ -10,6 +10,7 @@
 // q/k/v projections; they are the checkpoint keys. With LoRA (config.lora, train/lora.h) every base
 // parameter is frozen and the adapters ("<module>.lora_A.weight", ...) are the graph's parameters.
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,9 @@ struct GptConfig {
   void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
 };
 
-// Which mesh dims play which role: found by name ("dp", "tp", "pp", "ep") in the mesh. ep splits
-// the experts of MoE layers (and, at those layers, the tokens); elsewhere its ranks compute alike.
+// Which mesh dims play which role: found by name ("dp", "tp", "pp", "ep") in the mesh. The data
+// dims are dp and ep (Megatron's expert-data-parallel): the batch is split over both, in mesh-dim
+// order, so every rank of dp x ep reads its own sequences; ep also splits the experts of MoE layers.
 struct Strategy {
   mesh::ProcessMesh mesh;
   int dp = -1, tp = -1, pp = -1, ep = -1;
@@ -105,9 +107,15 @@ struct Strategy {
   int64_t dp_size() const { return dp < 0 ? 1 : mesh.dim_size(dp); }
   int64_t tp_size() const { return tp < 0 ? 1 : mesh.dim_size(tp); }
   int64_t ep_size() const { return ep < 0 ? 1 : mesh.dim_size(ep); }
+  // The data dims (dp, ep): how many ways the batch is split, and which part a rank with mesh
+  // coordinates `coords` holds (row-major over the data dims in mesh-dim order, as a co-sharded
+  // S(0) splits it).
+  int64_t data_size() const { return dp_size() * ep_size(); }
+  int64_t data_index(std::span<const int64_t> coords) const;
   std::string to_string() const;
-  // Placements text for the mesh: `on_tp` on the tp dim, `on_dp` on dp, R elsewhere ("S(0),S(1)").
-  std::string placements(const char* on_tp, const char* on_dp = "R") const;
+  // Placements text for the mesh: `on_tp` on the tp dim, `on_data` on the data dims (dp and ep), R
+  // elsewhere ("S(0),S(1)").
+  std::string placements(const char* on_tp, const char* on_data = "R") const;
 };
 
 struct GptGraph {
@@ -115,7 +123,7 @@ struct GptGraph {
   graph::ValueId loss = -1;         // training graph: mean cross-entropy
   graph::ValueId loss_sum = -1;     // training graph: the summed cross-entropy (loss = loss_sum / (B * S))
   graph::ValueId predictions = -1;  // evaluation graph: argmax of the logits [B, S] i64
-  int64_t sequences = 0;  // of the micro-batch, on the whole dp dim
+  int64_t sequences = 0;  // of the micro-batch, over all the data ranks (dp x ep)
   // A pipeline stage's part: the residual stream it receives ("stage_input"), the one it sends on
   // and the input that receives the gradient of the latter ("<output>@grad_in"); -1 when absent.
   graph::ValueId input = -1, output = -1, output_grad = -1;

@@ -257,8 +257,8 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
   SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());
-  SW_CHECK(sequences % s.dp_size() == 0, "a micro-batch of {} sequences does not divide over dp={}", sequences,
-           s.dp_size());
+  SW_CHECK(sequences % s.data_size() == 0, "a micro-batch of {} sequences does not divide over dp={}{}", sequences,
+           s.dp_size(), s.ep < 0 ? "" : fmt::format(" x ep={}", s.ep_size()));
   SW_CHECK(c.experts == 0 || c.experts % s.ep_size() == 0, "{} experts do not divide over ep={}", c.experts,
            s.ep_size());
   SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",

@@ -44,10 +44,11 @@ BatchLoader::BatchLoader(const Strategy& strategy, int64_t process, std::shared_
   }
   const mesh::ProcessMesh& m = strategy.mesh;
   std::vector<int64_t> coords = m.coords(m.rank_index_of_process(process));
-  const int64_t dp = strategy.dp_size();
-  SW_CHECK(sequences_ % dp == 0, "loader: {} sequences per micro-batch do not divide over dp={}", sequences_, dp);
-  rows_ = sequences_ / dp;
-  row0_ = strategy.dp < 0 ? 0 : coords[static_cast<size_t>(strategy.dp)] * rows_;
+  const int64_t ways = strategy.data_size();  // dp x ep: each data rank its own rows
+  SW_CHECK(sequences_ % ways == 0, "loader: {} sequences per micro-batch do not divide over {} data ranks (dp x ep)",
+           sequences_, ways);
+  rows_ = sequences_ / ways;
+  row0_ = strategy.data_index(coords) * rows_;
   reader_ = strategy.tp < 0 || coords[static_cast<size_t>(strategy.tp)] == 0;
   if (strategy.tp_size() <= 1) return;
   std::vector<int> members;  // the tp group, by tp coordinate: the reader is group rank 0

@@ -325,7 +325,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   std::map<int, std::vector<StageModel>> compiled;  // per pipeline rank: its stages
   const int64_t pp = strategy.pp < 0 ? 1 : strategy.mesh.dim_size(strategy.pp);
   for (int r = 0; r < pp; ++r) {
-    for (pipeline::StageSpec& spec : stage_specs(model, layout, pc, c.micro_batch * strategy.dp_size(), r,
+    for (pipeline::StageSpec& spec : stage_specs(model, layout, pc, c.micro_batch * strategy.data_size(), r,
                                                  StageGraph::Training)) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(spec.stage)];
       compiled[r].push_back(model_stage(std::move(spec), mesh, schedule.split_backward, pc.release));

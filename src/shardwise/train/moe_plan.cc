@@ -16,8 +16,8 @@ MoeTraffic moe_traffic(const TrainConfig& c) {
   t.micro_batches = c.accumulation;
   t.ep = s.ep_size();
   t.top_k = m.top_k, t.experts = m.experts, t.hidden = m.hidden;
-  t.tokens_per_micro_batch = c.micro_batch * s.dp_size() * m.seq;
-  const int64_t token_ranks = s.dp_size() * t.ep;
+  t.tokens_per_micro_batch = c.micro_batch * s.data_size() * m.seq;
+  const int64_t token_ranks = s.data_size();  // dp x ep: each rank routes its own sequences' tokens
   t.rank_tokens = (t.tokens_per_micro_batch + token_ranks - 1) / token_ranks;
   if (m.capacity_factor > 0) {
     t.capacity = static_cast<int64_t>(

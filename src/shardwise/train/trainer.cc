@@ -120,7 +120,7 @@ std::optional<TextTokens> TrainConfig::text_tokens() const {
   return t;
 }
 
-void TrainConfig::resolve_batch(int64_t dp) {
+void TrainConfig::resolve_batch(int64_t ranks, const std::string& ways) {
   int unknown = (micro_batch == 0) + (accumulation == 0) + (global_batch == 0);
   SW_CHECK(micro_batch >= 0 && accumulation >= 0 && global_batch >= 0,
            "batch sizes must not be negative (micro-batch {}, accumulation {}, global batch {})", micro_batch,
@@ -131,21 +131,22 @@ void TrainConfig::resolve_batch(int64_t dp) {
     else micro_batch = 8;
     unknown = (micro_batch == 0) + (accumulation == 0) + (global_batch == 0);
   }
-  if (global_batch == 0) global_batch = micro_batch * accumulation * dp;
+  if (global_batch == 0) global_batch = micro_batch * accumulation * ranks;
   if (accumulation == 0) {
-    SW_CHECK(global_batch % (micro_batch * dp) == 0,
-             "global batch {} is not a multiple of micro-batch {} x dp {}: no whole number of accumulation steps",
-             global_batch, micro_batch, dp);
-    accumulation = global_batch / (micro_batch * dp);
+    SW_CHECK(global_batch % (micro_batch * ranks) == 0,
+             "global batch {} is not a multiple of micro-batch {} x {} {}: no whole number of accumulation steps",
+             global_batch, micro_batch, ways, ranks);
+    accumulation = global_batch / (micro_batch * ranks);
   }
   if (micro_batch == 0) {
-    SW_CHECK(global_batch % (accumulation * dp) == 0,
-             "global batch {} does not divide into {} accumulation steps x dp {}", global_batch, accumulation, dp);
-    micro_batch = global_batch / (accumulation * dp);
+    SW_CHECK(global_batch % (accumulation * ranks) == 0,
+             "global batch {} does not divide into {} accumulation steps x {} {}", global_batch, accumulation, ways,
+             ranks);
+    micro_batch = global_batch / (accumulation * ranks);
   }
-  SW_CHECK(micro_batch * accumulation * dp == global_batch,
-           "global batch {} must equal micro-batch {} x accumulation {} x dp {} (= {})", global_batch, micro_batch,
-           accumulation, dp, micro_batch * accumulation * dp);
+  SW_CHECK(micro_batch * accumulation * ranks == global_batch,
+           "global batch {} must equal micro-batch {} x accumulation {} x {} {} (= {})", global_batch, micro_batch,
+           accumulation, ways, ranks, micro_batch * accumulation * ranks);
   SW_CHECK(micro_batch >= 1 && accumulation >= 1, "micro-batch and accumulation must be at least 1");
 }
 
@@ -169,7 +170,7 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
            "--overlap-grad-reduce {} does not combine with --sharding-stage 3: stage 3 reduce-scatters each gradient "
            "in the graph as soon as its backward made it (the buckets serve stages 0-2); use --overlap-grad-reduce off",
            overlap_grad_reduce);
-  resolve_batch(s.dp_size());
+  resolve_batch(s.data_size(), s.ep < 0 ? "dp" : "dp x ep");
   check_largest_parameter(model);
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
   SW_CHECK(s.pp >= 0 || (schedule == "1f1b" && virtual_stages == 1),
@@ -254,7 +255,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
   schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
   model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
-                                       c_.micro_batch * strategy_.dp_size(), static_cast<int>(c_.accumulation), c_.seed,
+                                       c_.micro_batch * strategy_.data_size(), static_cast<int>(c_.accumulation), c_.seed,
                                        causal_mask(c_.model.seq), world_);
   if (c_.sharding.shards_optimizer()) {
     sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());

@@ -95,8 +95,9 @@ struct TrainConfig {
   // The tokenizer and document options of a --tokenizer run (after check()); nullopt without one.
   std::optional<TextTokens> text_tokens() const;
 
-  // Fills the derived batch number; Error naming the numbers that do not fit.
-  void resolve_batch(int64_t dp_size);
+  // Fills the derived batch number from the data ranks (dp x ep, named `ways` in the messages);
+  // Error naming the numbers that do not fit.
+  void resolve_batch(int64_t data_ranks, const std::string& ways = "dp");
   // Every check a run makes before it starts (mesh vs. ranks, heads vs. tp, batch sizes, the data
   // file, the vocabulary): one Error with what is wrong. Fills the derived batch number. Without
   // `open_data` the data files are left alone (the Trainer checks them where they are read).
