@@ -220,9 +220,10 @@ TEST(GenerateLlama, TransformersLogitsAndGreedyTokens) {
 }
 
 // A Mixtral (tools/hf_mixtral.py's MixtralForCausalLM: 4 experts, top-2, in both layers): the
-// decode graphs' MoE MLPs give transformers' logits and greedy tokens.
+// decode graphs' MoE MLPs give transformers' logits and greedy tokens; on dp=2 x ep=2 the prompts
+// are split over both data dims (one prompt padded to 4 rows).
 TEST(GenerateLlama, MixtralTransformersLogitsAndGreedyTokens) {
-  expect_transformers_logits_and_greedy("mixtral_tiny", {"dp=1", "tp=2", "dp=2,tp=2"});
+  expect_transformers_logits_and_greedy("mixtral_tiny", {"dp=1", "tp=2", "dp=2,tp=2", "dp=2,ep=2"});
 }
 
 }  // namespace

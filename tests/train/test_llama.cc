@@ -13,7 +13,10 @@
 #include "llama_config.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
+#include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
+#include "shardwise/graph/program.h"
+#include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/runtime.h"
 #include "shardwise/train/llama.h"
 #include "shardwise/train/models.h"
@@ -256,6 +259,22 @@ TEST(Llama, MoeOnDpTimesEpWithShardingOrBucketsFollowsTheSingleRankCurve) {
   TrainConfig buckets = moe_config("dp=2,ep=2");
   buckets.overlap_grad_reduce = "on";
   expect_same_curve(train(buckets), ref, "dp=2,ep=2 --overlap-grad-reduce on");
+}
+
+// The lowered training program of the MoE Llama on dp=2 x ep=2: the ids are split over both data
+// dims (a quarter of the batch a rank), and the only collectives outside the op's kernel are the
+// gradients' all-reduces (no all-gather of the MoE output, no slice of its input).
+TEST(Llama, MoeOnDpTimesEpSplitsTheBatchFourWaysAndReshardsOnlyGradients) {
+  TrainConfig c = moe_config("dp=2,ep=2");
+  c.check(4, false);
+  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.mesh), false);
+  GptGraph gpt = build_model(kernel_model(c), s, c.micro_batch * s.data_size());
+  graph::append_backward(gpt.g, gpt.loss);
+  graph::Program p = graph::lower(gpt.g, graph::complete(gpt.g, s.mesh));
+  const graph::Slot& ids = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(gpt.g.get("ids"))])];
+  EXPECT_EQ(ids.dist.to_string(), "S(0),S(0)");
+  EXPECT_EQ(mesh::local_shape(ids.meta.shape, ids.dist, s.mesh, s.mesh.coords(3)), (Shape{1, c.model.seq}));
+  for (const auto& [kind, count] : p.collective_counts()) EXPECT_EQ(kind, "all_reduce") << count << "\n" << p.to_string(gpt.g);
 }
 
 TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {

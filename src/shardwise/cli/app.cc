@@ -230,7 +230,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--seed", o.seed, "sampling seed (draws keyed by seed, prompt index and position)");
   cmd.add_option("--eos-id", o.eos_id,
                  "stop a sequence at this token (default: generation_config.json's eos_token_id; -1: never)");
-  cmd.add_option("--mesh", o.mesh, "mesh with named dims dp (splits the prompts) and tp (shards heads and cache)");
+  cmd.add_option("--mesh", o.mesh, "mesh with named dims dp and ep (split the prompts) and tp (shards heads and cache)");
   cmd.add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
   cmd.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole prefix for every token (for comparison)");
   cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
