@@ -115,6 +115,9 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--shared-expert-width 8", "--shared-expert-width 8 needs --experts"},
       {"--experts 4 --router sigmoid --save-every 1", "Mixtral's layout, which has a softmax router and no shared expert"},
       {"--experts 4 --shared-expert-width 8 --resume /nonexistent", "--router softmax --shared-expert-width 8: checkpoints"},
+      // ep is a data dim: the global batch splits over dp x ep
+      {"--experts 4 --mesh dp=2,ep=2 --global-batch 6 --micro-batch 1",
+       "global batch 6 is not a multiple of micro-batch 1 x dp x ep 4"},
   };
   for (const auto& [args, message] : cases) {
     auto r = run(base + args);
