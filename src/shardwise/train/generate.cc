@@ -254,11 +254,11 @@ void Generator::next_tokens(Compiled& c, Batch& b) {
 GenerateResult Generator::generate(const std::vector<std::vector<int64_t>>& prompts, const GenerateConfig& config) {
   config.validate(model_);
   check_prompts(prompts, model_);
-  const int64_t n = static_cast<int64_t>(prompts.size()), dp = strategy_.data_size();
+  const int64_t n = static_cast<int64_t>(prompts.size()), ways = strategy_.data_size();  // dp x ep
   Batch b;
   b.config = &config;
   b.prompts = n;
-  const int64_t B = (n + dp - 1) / dp * dp;
+  const int64_t B = (n + ways - 1) / ways * ways;
   int64_t longest = 0, cache_length = 0;
   for (int64_t i = 0; i < B; ++i) {
     const auto& p = prompts[static_cast<size_t>(i < n ? i : 0)];
