@@ -15,13 +15,17 @@ Checks, each against transformers' own results:
              logits (--logits-out) equal transformers' within 1e-5.
 With --golden DIR it also writes tests/golden/hf/mixtral_tiny, mixtral_tokens.bin and
 mixtral_tiny_expected.json, which `make test` replays without PyPI (tests/train/test_mixtral_ckpt.cc).
-The aux loss is off in every comparison (output_router_logits False in transformers, --aux-loss 0):
-transformers' load_balancing_loss_func pools the counts and probabilities of all layers into one
-E * sum f_i P_i, shardwise adds one such term per MoE layer (equal for a single MoE layer only).
+The aux loss is off in these comparisons (output_router_logits False in transformers, --aux-loss 0).
+The golden also holds transformers' load-balancing losses of the same batch (`aux_loss_model`: its
+load_balancing_loss_func over every layer's router logits pooled, as MixtralForCausalLM adds it;
+`aux_loss_layers`: the same function on each layer alone) and the gradient norms of the loss with
+each at coefficient 0.02, which tests/train/test_mixtral_ckpt.cc compares with `--aux-loss-scope
+model` and `layer`.
 Needs: torch, transformers >= 5 (Mixtral's router: softmax over all experts, top-k, renormalised).
 Usage: tools/hf_mixtral.py build/bin/shardwise [--golden tests/golden/hf] (make hf-parity, make hf-golden)
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -64,6 +68,37 @@ def check_init_from(shardwise, tmp, golden):
     check_init_from_meshes(shardwise, tmp, "mixtral", model, data, want, MESHES)
     if golden:
         write_decoder_golden(golden, "mixtral", model, tokens, want, logits, "tools/hf_mixtral.py")
+        write_router_golden(golden, model, tokens)
+
+
+def write_router_golden(golden, model, tokens, coef=0.02):
+    """Adds transformers' load-balancing losses of `tokens[:-1]` to <golden>/mixtral_tiny_expected.json
+    (`aux_loss_model`, `aux_loss_layers`) and the global L2 norm of the gradient of every parameter of
+    cross-entropy + coef x each (`grad_norm_model`, `grad_norm_layer`, coef in `aux_coef`)."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    x = torch.tensor([tokens[:-1]])
+    y = torch.tensor(tokens[1:])
+    c = model.config
+    expected_path = os.path.join(golden, "mixtral_tiny_expected.json")
+    with open(expected_path) as f:
+        expected = json.load(f)
+    norms = {}
+    for scope in ["model", "layer"]:
+        model.zero_grad()
+        out = model(x, attention_mask=torch.ones_like(x), output_router_logits=True)
+        layers = [load_balancing_loss_func((r,), c.num_local_experts, c.num_experts_per_tok) for r in out.router_logits]
+        aux = out.aux_loss if scope == "model" else sum(layers)
+        loss = torch.nn.functional.cross_entropy(out.logits[0].float(), y) + coef * aux
+        loss.backward()
+        norms[scope] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+        if scope == "model":
+            expected["aux_loss_model"] = float(out.aux_loss.detach())
+            expected["aux_loss_layers"] = [float(a.detach()) for a in layers]
+    model.zero_grad()
+    expected["aux_coef"] = coef
+    expected["grad_norm_model"], expected["grad_norm_layer"] = norms["model"], norms["layer"]
+    with open(expected_path, "w") as f:
+        json.dump(expected, f, indent=1)
 
 
 def check_load(shardwise, tmp):

@@ -113,6 +113,9 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--experts 4 --moe-layers 1 --save-every 1", "experts in every layer, and this model has them in 1 of its 2"},
       {"--experts 4 --router relu", "relu not in {softmax,sigmoid}"},
       {"--shared-expert-width 8", "--shared-expert-width 8 needs --experts"},
+      {"--experts 4 --aux-loss-scope all", "all not in {layer,model}"},
+      {"--experts 4 --router sigmoid --aux-loss 0.01 --aux-loss-scope model", "transformers' loss of softmax routers"},
+      {"--experts 4 --aux-loss 0.01 --aux-loss-scope model --mesh pp=2", "every layer must be on one pipeline stage"},
       {"--experts 4 --router sigmoid --save-every 1", "Mixtral's layout, which has a softmax router and no shared expert"},
       {"--experts 4 --shared-expert-width 8 --resume /nonexistent", "--router softmax --shared-expert-width 8: checkpoints"},
       // ep is a data dim: the global batch splits over dp x ep

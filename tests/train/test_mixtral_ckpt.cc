@@ -193,6 +193,39 @@ TEST(MixtralCkpt, InitFromTransformersMixtralGivesItsLossOnEveryMesh) {
   }
 }
 
+// transformers' MixtralForCausalLM adds router_aux_loss_coef x load_balancing_loss_func of every
+// layer's router logits pooled; --aux-loss-scope model gives that loss and its gradient, layer one
+// term per layer (the golden: transformers' function on each layer alone, and autograd's norms).
+TEST(MixtralCkpt, AuxLossScopesGiveTransformersLoadBalancingLossesAndGradients) {
+  const nlohmann::json golden = read_json(kGolden + "/mixtral_tiny_expected.json");
+  const double ce = golden["loss"].get<double>(), coef = golden["aux_coef"].get<double>();
+  const double pooled = ce + coef * golden["aux_loss_model"].get<double>();
+  double per_layer = ce;
+  for (const auto& a : golden["aux_loss_layers"]) per_layer += coef * a.get<double>();
+  ASSERT_GT(std::abs(pooled - per_layer), 1e-3);  // two layers: the scopes differ
+  for (const std::string mesh : {"dp=1", "dp=2,ep=2"}) {
+    for (const std::string scope : {"model", "layer"}) {
+      TrainConfig c = fine_tune(mesh);
+      // ep is a data dim: the 4 sequences (all the same one) split over dp x ep in one micro-batch
+      if (mesh != "dp=1") c.accumulation = 1;
+      c.model.aux_loss = coef;
+      c.model.aux_loss_scope = scope;
+      StepResult first;
+      comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
+        auto world = w.group(w.members());
+        Trainer t(c, world);
+        init_from_model(t, *world, kGolden + "/mixtral_tiny");
+        const StepResult r = t.step();
+        if (w.rank() == 0) first = r;
+      });
+      const double loss = scope == "model" ? pooled : per_layer;
+      const double norm = golden[scope == "model" ? "grad_norm_model" : "grad_norm_layer"].get<double>();
+      EXPECT_NEAR(first.loss, loss, 1e-5 * loss) << mesh << " " << scope;
+      EXPECT_NEAR(first.grad_norm, norm, 1e-5 * norm) << mesh << " " << scope;
+    }
+  }
+}
+
 TEST(MixtralCkpt, CheckpointsHoldTransformersKeysShapesAndConfig) {
   const fs::path root = fs::temp_directory_path() / "sw_mixtral_hf";
   fs::remove_all(root);

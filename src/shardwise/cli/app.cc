@@ -125,6 +125,10 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--moe-layers", c.model.moe_layers, "llama with --experts: the MoE layers (default: every layer)")
       ->delimiter(',');
   t->add_option("--aux-loss", c.model.aux_loss, "llama with --experts: the load-balancing loss coefficient");
+  t->add_option("--aux-loss-scope", c.model.aux_loss_scope,
+                "llama with --experts: layer (one load-balancing term per MoE layer, as Switch and Megatron) or model "
+                "(the counts and probabilities of all MoE layers pooled into one term, as transformers' Mixtral)")
+      ->check(CLI::IsMember({"layer", "model"}));
   t->add_option("--router-z-loss", c.model.router_z_loss, "llama with --experts: the router z-loss coefficient");
   t->add_option("--capacity-factor", c.model.capacity_factor,
                 "llama with --experts: tokens per expert = ceil(factor x tokens x top-k / experts), the rest dropped "

@@ -46,10 +46,14 @@ struct GptConfig {
   // Llama only: a Mixtral MoE MLP (ops/moe: moe_mlp) in place of the dense one in `moe_layers`
   // (empty: every layer) when experts > 0; each expert a SwiGLU MLP of mlp_width(). The loss adds
   // aux_loss x the load-balancing loss and router_z_loss x the z-loss of every MoE layer.
+  // aux_loss_scope "layer": one load-balancing term per MoE layer (Switch, Megatron); "model": one
+  // term of the counts and probabilities of every MoE layer pooled (transformers' Mixtral and
+  // Qwen-MoE load_balancing_loss_func, which router_aux_loss_coef scales).
   int64_t experts = 0;
   int64_t top_k = 2;
   std::vector<int64_t> moe_layers;
   double aux_loss = 0.0;
+  std::string aux_loss_scope = "layer";
   double router_z_loss = 0.0;
   double capacity_factor = 0.0;  // 0: dropless
   std::string router = "softmax";  // the gate scores: softmax over the experts, or sigmoid per expert

@@ -30,6 +30,11 @@ void validate_llama(const GptConfig& c) {
   SW_CHECK(c.aux_loss >= 0 && c.router_z_loss >= 0 && c.capacity_factor >= 0,
            "llama: --aux-loss ({}), --router-z-loss ({}) and --capacity-factor ({}) must be >= 0", c.aux_loss,
            c.router_z_loss, c.capacity_factor);
+  SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss_scope == "model",
+           "llama: --aux-loss-scope '{}' is not a scope (layer, model)", c.aux_loss_scope);
+  SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss == 0 || c.router == "softmax",
+           "llama: --aux-loss-scope model is transformers' loss of softmax routers; --router {} needs --aux-loss-scope "
+           "layer", c.router);
 }
 
 namespace {
@@ -165,7 +170,11 @@ class LlamaBuilder {
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
     if (c_.router != "softmax") a.set("router", c_.router);
     std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, a, p + ".moe");
-    if (c_.aux_loss > 0) router_loss_ = add_loss(router_loss_, g_.scale(o[1], c_.aux_loss, 0.0, p + ".aux_loss"));
+    if (c_.aux_loss > 0 && c_.aux_loss_scope == "model") {
+      pool_router_statistics(tokens, gate, o[4], p);
+    } else if (c_.aux_loss > 0) {
+      router_loss_ = add_loss(router_loss_, g_.scale(o[1], c_.aux_loss, 0.0, p + ".aux_loss"));
+    }
     if (c_.router_z_loss > 0) {
       router_loss_ = add_loss(router_loss_, g_.scale(o[2], c_.router_z_loss, 0.0, p + ".z_loss"));
     }
@@ -174,6 +183,27 @@ class LlamaBuilder {
     auto gate_of = g_.op1("sigmoid", {linear(h, p + ".shared_expert_gate", H_, 1, true, true)}, {}, p + ".shared_gate");
     auto shared = g_.multiply(gate_of, mlp(h, p + ".shared_expert", c_.shared_expert_width), p + ".shared_out");
     return g_.add(out, shared, p + ".with_shared");
+  }
+  // --aux-loss-scope model: sums over this layer's tokens of each expert's assignments (moe_mlp's
+  // expert_tokens, no gradient) and router probabilities (the router's softmax again: [N, E], a
+  // GEMM of E columns) join the pool that pooled_aux_loss turns into one term.
+  void pool_router_statistics(graph::ValueId tokens, graph::ValueId gate, graph::ValueId expert_tokens,
+                              const std::string& p) {
+    auto probs = g_.softmax(g_.matmul(tokens, gate, true, p + ".router_logits"), -1, p + ".router_probs");
+    auto prob_sums = g_.sum(probs, {0}, false, p + ".router_prob_sums");
+    auto counts = g_.op1("cast", {expert_tokens}, {{"dtype", std::string("f32")}}, p + ".expert_counts");
+    pooled_probs_ = pooled_probs_ < 0 ? prob_sums : g_.add(pooled_probs_, prob_sums, p + ".pooled_probs");
+    pooled_counts_ = pooled_counts_ < 0 ? counts : g_.add(pooled_counts_, counts, p + ".pooled_counts");
+    ++pooled_layers_;
+  }
+  // transformers' load_balancing_loss_func of the pooled layers: E · Σ_e (C_e / LN) (P_e / LN), the
+  // counts C and probability sums P over L layers of N tokens each; scaled by aux_loss.
+  void add_pooled_aux_loss() {
+    if (pooled_layers_ == 0) return;
+    const double rows = static_cast<double>(pooled_layers_ * B_ * S_);
+    auto dot = g_.sum(g_.multiply(pooled_counts_, pooled_probs_, "pooled.products"), {}, false, "pooled.aux_loss.raw");
+    const double scale = c_.aux_loss * static_cast<double>(c_.experts) / (rows * rows);
+    router_loss_ = add_loss(router_loss_, g_.scale(dot, scale, 0.0, "pooled.aux_loss"));
   }
   graph::ValueId add_loss(graph::ValueId sum, graph::ValueId term) {
     return sum < 0 ? term : g_.add(sum, term, g_.value(term).name + ".sum");
@@ -224,6 +254,7 @@ class LlamaBuilder {
     graph::ValueId w = c_.tie_word_embeddings ? embed_ : param("lm_head.weight", Shape{c_.vocab, H_}, "S(0)");
     if (w < 0) w = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
     // As GPT-2's (gpt.h); the MoE layers' weighted router losses join the cross-entropy mean.
+    if (training_) add_pooled_aux_loss();
     head_loss(g_, c_, s_, rms_norm(x, "model.norm"), w, training_, out, router_loss_ < 0 ? "loss" : "loss.ce");
     if (training_ && router_loss_ >= 0) out.loss = g_.add(out.loss, router_loss_, "loss");
   }
@@ -247,6 +278,8 @@ class LlamaBuilder {
   bool kv_sharded_ = true;
   graph::ValueId embed_ = -1, mask_ = -1, positions_ = -1;
   graph::ValueId router_loss_ = -1;  // the weighted aux and z losses of the MoE layers so far
+  graph::ValueId pooled_counts_ = -1, pooled_probs_ = -1;  // --aux-loss-scope model: [E] sums so far
+  int64_t pooled_layers_ = 0;
 };
 
 }  // namespace
@@ -264,6 +297,9 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
   SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",
            s.mesh.to_string());
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
+  SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss == 0 || (part.first_layer == 0 && end_layer == c.layers),
+           "--aux-loss-scope model pools the router statistics of every MoE layer into one term (transformers' "
+           "Mixtral), so every layer must be on one pipeline stage: use --aux-loss-scope layer with pp");
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
   GptGraph out;
