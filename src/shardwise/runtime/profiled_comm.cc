@@ -113,4 +113,12 @@ std::unique_ptr<comm::Request> ProfiledCommunicator::start_reduce_scatter_v(cons
                                            "wait_reduce_scatter_v", nbytes(total, dtype));
 }
 
+std::unique_ptr<comm::Request> ProfiledCommunicator::start_all_gather_v(const void* in, void* out,
+                                                                        std::span<const int64_t> counts, DType dtype) {
+  const int64_t total = sum(counts);
+  ProfileScope s(EventKind::Collective, "start_all_gather_v", nbytes(total, dtype));
+  return std::make_unique<ProfiledRequest>(inner_->start_all_gather_v(in, out, counts, dtype), "wait_all_gather_v",
+                                           nbytes(total, dtype));
+}
+
 }  // namespace shardwise::runtime
