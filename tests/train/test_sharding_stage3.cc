@@ -215,9 +215,9 @@ TEST(ShardingStage3, PrefetchGivesTheBitsOfNoPrefetchOnEveryMesh) {
   }
 }
 
-// With one layer prefetched the gathered copies alive at once are at most two layers' (the one
-// computing and the next), more than without prefetch; the layer of a parameter is its name's
-// prefix through the layer number.
+// With N layers prefetched the gathered copies alive at once are at most N + 1 layers' (the one
+// computing and the next N), more than with N - 1; the layer of a parameter is its name's prefix
+// through the layer number.
 TEST(ShardingStage3, PrefetchHoldsAtMostTwoLayersGatheredParameters) {
   EXPECT_EQ(graph::param_layer("transformer.h.3.attn.c_attn.weight"), "transformer.h.3");
   EXPECT_EQ(graph::param_layer("model.layers.12.mlp.experts.0.w1"), "model.layers.12");
@@ -225,28 +225,31 @@ TEST(ShardingStage3, PrefetchHoldsAtMostTwoLayersGatheredParameters) {
   for (const std::string recompute : {"none", "full"}) {
     TrainConfig c = stage3(small_config("dp=2", 2), recompute);
     c.model.layers = 4;
-    std::vector<int64_t> peak(2), peak_off(2), two_layers(2);
-    for (int prefetch : {0, 1}) {
+    std::vector<std::vector<int64_t>> peak(3, std::vector<int64_t>(2)), largest(3, std::vector<int64_t>(2));
+    for (int prefetch : {0, 1, 2}) {
       c.sharding.prefetch_params = prefetch;
       comm::LocalWorld::run(2, [&](comm::Communicator& w) {
         Trainer t(c, w.group(w.members()));
         t.step();
-        const size_t r = static_cast<size_t>(w.rank());
-        (prefetch ? peak : peak_off)[r] = t.stages().last_stats().peak_gathered_bytes;
+        const size_t r = static_cast<size_t>(w.rank()), n = static_cast<size_t>(prefetch);
+        peak[n][r] = t.stages().last_stats().peak_gathered_bytes;
         std::map<std::string, int64_t> by_layer;
         for (const ParamState& p : t.params())
           by_layer[graph::param_layer(p.name)] += gathered_bytes(p, t.strategy().dp, my_coords(p, w.rank()));
         std::vector<int64_t> sizes;
         for (const auto& [layer, b] : by_layer) sizes.push_back(b);
         std::sort(sizes.rbegin(), sizes.rend());
-        two_layers[r] = sizes[0] + (sizes.size() > 1 ? sizes[1] : 0);
+        for (size_t k = 0; k <= n && k < sizes.size(); ++k) largest[n][r] += sizes[k];  // the n + 1 largest layers
       });
     }
     for (size_t r = 0; r < 2; ++r) {
-      EXPECT_GT(peak[r], peak_off[r]) << recompute << " rank " << r;
-      EXPECT_LE(peak[r], two_layers[r]) << recompute << " rank " << r;
-      std::cout << recompute << " rank " << r << ": peak gathered " << peak_off[r] << " B without prefetch, " << peak[r]
-                << " B with 1 layer, two largest layers " << two_layers[r] << " B\n";
+      for (size_t n = 1; n <= 2; ++n) {
+        EXPECT_GT(peak[n][r], peak[n - 1][r]) << recompute << " prefetch " << n << " rank " << r;
+        EXPECT_LE(peak[n][r], largest[n][r]) << recompute << " prefetch " << n << " rank " << r;
+      }
+      std::cout << recompute << " rank " << r << ": peak gathered " << peak[0][r] << " B without prefetch, " << peak[1][r]
+                << " B with 1 layer (two largest layers " << largest[1][r] << " B), " << peak[2][r]
+                << " B with 2 (three largest " << largest[2][r] << " B)\n";
     }
   }
 }
