@@ -246,6 +246,10 @@ void started_collectives(Communicator& c) {
   const int64_t first = std::accumulate(counts.begin(), counts.begin() + c.rank(), int64_t{0});
   std::vector<float> rs_in = values<float>(c.rank(), total), rs_out(static_cast<size_t>(counts[static_cast<size_t>(c.rank())]));
   requests.push_back(c.start_reduce_scatter_v(rs_in.data(), rs_out.data(), counts, DType::F32, Reduce::Sum));
+  // Rank r gives counts[r] elements r * 1000 + i; every rank gets them all, packed.
+  std::vector<float> ag_in(static_cast<size_t>(counts[static_cast<size_t>(c.rank())])), ag_out(static_cast<size_t>(total), -1.0f);
+  for (size_t i = 0; i < ag_in.size(); ++i) ag_in[i] = static_cast<float>(c.rank() * 1000 + static_cast<int64_t>(i));
+  requests.push_back(c.start_all_gather_v(ag_in.data(), ag_out.data(), counts, DType::F32));
   int64_t one = 1, ranks = 0;  // a blocking collective while the others are started
   c.all_reduce(&one, &ranks, 1, DType::I64, Reduce::Sum);
   expect(ranks == c.size(), "all_reduce between starts and waits", c, 0, double(ranks), c.size());
@@ -264,6 +268,12 @@ void started_collectives(Communicator& c) {
   }
   for (int64_t i = 0; i < counts[static_cast<size_t>(c.rank())]; ++i)
     expect_near("start_reduce_scatter_v", c, i, rs_out[static_cast<size_t>(i)], reduce_expected(Reduce::Sum, c.size(), first + i));
+  int64_t at = 0;
+  for (int r = 0; r < c.size(); ++r) {
+    for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i, ++at)
+      expect(ag_out[static_cast<size_t>(at)] == static_cast<float>(r * 1000 + i), "start_all_gather_v", c, at,
+             ag_out[static_cast<size_t>(at)], r * 1000 + i);
+  }
 }
 
 void all(Communicator& c) {

@@ -16,8 +16,8 @@ void all_to_all_equal_and_v(Communicator& comm);  // includes zero and all-zero 
 void send_recv_ring_and_tags(Communicator& comm);
 void objects_and_bytes(Communicator& comm);
 void sub_groups(Communicator& comm);
-// start_all_reduce (every op, f32 and f64, in place or not) and start_reduce_scatter_v (unequal
-// counts) started together, a blocking collective between the starts and the waits, waited for in
+// start_all_reduce (every op, f32 and f64, in place or not), start_reduce_scatter_v and
+// start_all_gather_v (unequal counts) started together, a blocking collective between the starts and the waits, waited for in
 // reverse order.
 void started_collectives(Communicator& comm);
 

@@ -5,6 +5,8 @@
 // tolerance where partial values were reduced.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "shardwise/comm/local.h"
 #include "shardwise/reshard/executor.h"
 #include "shardwise/verify/sim_mesh.h"
@@ -165,6 +167,56 @@ TEST(BetweenMeshes, EveryPairReshardsToTheSameGlobalTensor) {
                                       << " -> " << mv.to.to_string() << " ranks " << fmt::format("{}", fmt::join(mv.to.process_ids(), ","))
                                       << ": " << o.failures.size() << " of " << o.checked << " pairs failed; first:\n"
                                       << (o.failures.empty() ? "" : o.failures.front());
+    }
+  }
+}
+
+// Resharder::start (sharding stage 3's prefetch): every pair of Shard/Replicate distributions whose
+// plan is one all-gather, started all at once and waited for in start order, gives the global tensor
+// bit for bit; the gathers of dim 0 land in place, the others (dim 1, a co-shard's inner dim) are
+// unpacked at the wait, and both kinds are among them.
+TEST(StartedReshard, EveryOneAllGatherPlanGivesTheGlobalTensor) {
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{2}, {4}, {2, 2}, {2, 3}}) {
+    const ProcessMesh mesh{Shape(std::span<const int64_t>(dims))};
+    for (const Shape& shape : kShapes) {
+      const std::vector<DistAttr> dists = every_dist(mesh.ndim(), false);
+      Philox rng(7, stream_id("started"));
+      const Tensor global = verify::random_tensor(shape, DType::F64, {}, rng);
+      std::vector<std::pair<size_t, size_t>> pairs;
+      std::vector<Plan> plans;
+      std::set<int> gathered_dims;
+      for (size_t a = 0; a < dists.size(); ++a) {
+        for (size_t b = 0; b < dists.size(); ++b) {
+          PlanOptions collectives;
+          collectives.strategy = PlanOptions::Strategy::Collectives;
+          Plan plan = plan_reshard(shape, DType::F64, {mesh, dists[a]}, {mesh, dists[b]}, {}, collectives);
+          if (plan.steps.size() != 1 || plan.steps[0].kind != StepKind::AllGather) continue;
+          pairs.emplace_back(a, b);
+          gathered_dims.insert(plan.steps[0].tensor_dim);
+          plans.push_back(std::move(plan));
+        }
+      }
+      ASSERT_FALSE(plans.empty());
+      EXPECT_EQ(gathered_dims, (std::set<int>{0, 1})) << mesh.to_string();
+      std::vector<std::vector<Tensor>> results(plans.size(), std::vector<Tensor>(static_cast<size_t>(mesh.size())));
+      comm::LocalWorld::run(static_cast<int>(mesh.size()), [&](comm::Communicator& c) {
+        Resharder resharder(c.group(c.members()));
+        std::vector<Tensor> inputs;  // alive until the waits
+        std::vector<std::unique_ptr<StartedReshard>> started;
+        for (size_t i = 0; i < plans.size(); ++i) {
+          ASSERT_TRUE(resharder.can_start(plans[i]));
+          inputs.push_back(verify::distribute(global, dists[pairs[i].first], mesh, Philox(1, 1))[static_cast<size_t>(c.rank())]);
+          started.push_back(resharder.start(plans[i], inputs.back()));
+        }
+        for (size_t i = 0; i < plans.size(); ++i) results[i][static_cast<size_t>(c.rank())] = started[i]->wait();
+      });
+      for (size_t i = 0; i < plans.size(); ++i) {
+        std::string error;
+        Tensor back = verify::assemble(results[i], shape, DType::F64, dists[pairs[i].second], mesh, error);
+        ASSERT_TRUE(back.defined()) << error;
+        EXPECT_TRUE(compare(back, global, 0, 0).equal)
+            << dists[pairs[i].first].to_string() << " -> " << dists[pairs[i].second].to_string() << " " << shape.to_string();
+      }
     }
   }
 }

@@ -143,17 +143,20 @@ TEST(MemoryPlan, WorkingBytesEqualTheRuntimesPeakOfBuffersInTheBackward) {
 TEST(MemoryPlan, StageThreesGatheredParameterBytesEqualTheRuntimesPeak) {
   for (const char* mesh : {"dp=2", "dp=2,tp=2", "pp=2,dp=2"}) {
     for (const char* recompute : {"none", "full", "selective"}) {
-      TrainConfig c = config(mesh, 3);
-      c.model.layers = 4, c.model.recompute = recompute;
-      if (std::string(mesh).starts_with("pp")) c.global_batch = 16, c.accumulation = 2;
-      const MemoryPlan plan = plan_of(c);
-      const std::vector<Measured> got = measure(c);
-      for (size_t r = 0; r < got.size(); ++r) {
-        SCOPED_TRACE(fmt::format("{} recompute {} rank {}", mesh, recompute, r));
-        ASSERT_GT(got[r].gathered, 0);
-        EXPECT_EQ(plan.ranks[r].gathered, got[r].gathered);
-        EXPECT_EQ(plan.ranks[r].activations, got[r].activations);
-        EXPECT_LE(plan.ranks[r].gathered, plan.ranks[r].working);
+      for (int prefetch : {0, 1}) {  // --prefetch-params: the next layer's gathers held from their start
+        TrainConfig c = config(mesh, 3);
+        c.model.layers = 4, c.model.recompute = recompute;
+        c.sharding.prefetch_params = prefetch;
+        if (std::string(mesh).starts_with("pp")) c.global_batch = 16, c.accumulation = 2;
+        const MemoryPlan plan = plan_of(c);
+        const std::vector<Measured> got = measure(c);
+        for (size_t r = 0; r < got.size(); ++r) {
+          SCOPED_TRACE(fmt::format("{} recompute {} prefetch {} rank {}", mesh, recompute, prefetch, r));
+          ASSERT_GT(got[r].gathered, 0);
+          EXPECT_EQ(plan.ranks[r].gathered, got[r].gathered);
+          EXPECT_EQ(plan.ranks[r].activations, got[r].activations);
+          EXPECT_LE(plan.ranks[r].gathered, plan.ranks[r].working);
+        }
       }
     }
   }

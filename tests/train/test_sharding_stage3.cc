@@ -5,6 +5,7 @@
 // step holds (measured by the runtime), the loss curves against plain dp, and checkpoints between
 // every layout and mesh.
 #include "llama_config.h"
+#include "shardwise/graph/prefetch.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/train/models.h"
 #include "sharding_runs.h"
@@ -173,6 +174,104 @@ TEST(ShardingStage3, FollowsPlainDataParallelOnEveryMeshWithEveryRecompute) {
     }
   }
   std::cout << exact << " of " << runs << " stage-3 curves are bit-identical to plain dp\n";
+}
+
+// --prefetch-params 1 (graph/prefetch.h): the same collectives as without prefetch, only started a
+// layer earlier, so the same bits; on dp=2, dp=4, dp=2 x tp=2 and pp=2 x dp=2, with accumulation
+// (pp: micro-batches in flight) and full recompute (the backward's gathers per segment). Every step
+// started gathers ahead (StepStats::prefetched_gathers), none without the option.
+TEST(ShardingStage3, PrefetchGivesTheBitsOfNoPrefetchOnEveryMesh) {
+  auto run = [](const TrainConfig& c, int64_t steps) {
+    std::vector<double> losses;
+    std::vector<int64_t> prefetched;
+    const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+    comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      for (int64_t s = 0; s < steps; ++s) {
+        const double l = t.step().loss;
+        if (w.rank() == 0) losses.push_back(l), prefetched.push_back(t.stages().last_stats().prefetched_gathers);
+      }
+    });
+    return std::pair{losses, prefetched};
+  };
+  int exact = 0;
+  for (const std::string mesh : {"dp=2", "dp=4", "dp=2,tp=2", "pp=2,dp=2"}) {
+    TrainConfig c = small_config(mesh, 10);
+    c.accumulation = 2, c.micro_batch = 0;
+    const std::vector<double> plain = train(c, 10).losses;
+    for (const std::string recompute : {"none", "full"}) {
+      TrainConfig off = stage3(c, recompute), on = off;
+      on.sharding.prefetch_params = 1;
+      const auto [want, none] = run(off, 10);
+      const auto [got, started] = run(on, 10);
+      const std::string what = mesh + " recompute " + recompute;
+      EXPECT_EQ(got, want) << what << ": prefetch changed the bits";
+      expect_same_curve(got, plain, what + " prefetch vs plain dp", &exact);
+      for (size_t s = 0; s < started.size(); ++s) {
+        EXPECT_GT(started[s], 0) << what << " step " << s + 1;
+        EXPECT_EQ(none[s], 0) << what << " step " << s + 1;
+      }
+    }
+  }
+}
+
+// With N layers prefetched the gathered copies alive at once are at most N + 1 layers' (the one
+// computing and the next N), more than with N - 1; the layer of a parameter is its name's prefix
+// through the layer number.
+TEST(ShardingStage3, PrefetchHoldsAtMostTwoLayersGatheredParameters) {
+  EXPECT_EQ(graph::param_layer("transformer.h.3.attn.c_attn.weight"), "transformer.h.3");
+  EXPECT_EQ(graph::param_layer("model.layers.12.mlp.experts.0.w1"), "model.layers.12");
+  EXPECT_EQ(graph::param_layer("transformer.wte.weight"), "transformer.wte.weight");
+  for (const std::string recompute : {"none", "full"}) {
+    TrainConfig c = stage3(small_config("dp=2", 2), recompute);
+    c.model.layers = 4;
+    std::vector<std::vector<int64_t>> peak(3, std::vector<int64_t>(2)), largest(3, std::vector<int64_t>(2));
+    for (int prefetch : {0, 1, 2}) {
+      c.sharding.prefetch_params = prefetch;
+      comm::LocalWorld::run(2, [&](comm::Communicator& w) {
+        Trainer t(c, w.group(w.members()));
+        t.step();
+        const size_t r = static_cast<size_t>(w.rank()), n = static_cast<size_t>(prefetch);
+        peak[n][r] = t.stages().last_stats().peak_gathered_bytes;
+        std::map<std::string, int64_t> by_layer;
+        for (const ParamState& p : t.params())
+          by_layer[graph::param_layer(p.name)] += gathered_bytes(p, t.strategy().dp, my_coords(p, w.rank()));
+        std::vector<int64_t> sizes;
+        for (const auto& [layer, b] : by_layer) sizes.push_back(b);
+        std::sort(sizes.rbegin(), sizes.rend());
+        for (size_t k = 0; k <= n && k < sizes.size(); ++k) largest[n][r] += sizes[k];  // the n + 1 largest layers
+      });
+    }
+    for (size_t r = 0; r < 2; ++r) {
+      for (size_t n = 1; n <= 2; ++n) {
+        EXPECT_GT(peak[n][r], peak[n - 1][r]) << recompute << " prefetch " << n << " rank " << r;
+        EXPECT_LE(peak[n][r], largest[n][r]) << recompute << " prefetch " << n << " rank " << r;
+      }
+      std::cout << recompute << " rank " << r << ": peak gathered " << peak[0][r] << " B without prefetch, " << peak[1][r]
+                << " B with 1 layer (two largest layers " << largest[1][r] << " B), " << peak[2][r]
+                << " B with 2 (three largest " << largest[2][r] << " B)\n";
+    }
+  }
+}
+
+TEST(ShardingStage3, PrefetchOptionIsCheckedNamingIt) {
+  TrainConfig c = small_config("dp=2", 1);
+  auto refused = [&](const std::string& want) {
+    try {
+      c.check(2);
+      ADD_FAILURE() << "accepted; wanted: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  c.sharding = {3, "v1"};
+  c.sharding.prefetch_params = -1;
+  refused("--prefetch-params must be 0 (off) or a number of layers, got -1");
+  c.sharding = {2, "v1"};
+  c.sharding.prefetch_params = 1;
+  refused("--prefetch-params 1 prefetches stage 3's parameter all-gathers: it needs --sharding-stage 3 (got stage 2)");
+  c.sharding.stage = 3;
+  EXPECT_NO_THROW(c.check(2));
 }
 
 TEST(ShardingStage3, LlamaFollowsPlainDataParallel) {

@@ -31,6 +31,9 @@ void add_sharding_options(CLI::App* t, train::TrainConfig& c) {
   t->add_option("--sharding-layout", c.sharding.layout,
                 "with --sharding-stage 1|2 (stage 3 cuts each parameter by rows): v1 (each parameter's state on one dp rank, balanced by size) or v2 "
                 "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
+  t->add_option("--prefetch-params", c.sharding.prefetch_params,
+                "with --sharding-stage 3: start the parameter all-gathers of this many layers ahead before a layer "
+                "computes, in forward and backward (0: off; each all-gather waits at its use)");
   t->add_option("--overlap-grad-reduce", c.overlap_grad_reduce,
                 "the dp reduction of the gradients: on (in buckets, each started while the backward runs), after "
                 "(the same buckets after the backward) or off (one collective per gradient)")

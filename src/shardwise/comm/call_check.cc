@@ -23,6 +23,7 @@ std::string_view collective_name(Collective op) {
     case Collective::Barrier: return "barrier";
     case Collective::StartAllReduce: return "start_all_reduce";
     case Collective::StartReduceScatterV: return "start_reduce_scatter_v";
+    case Collective::StartAllGatherV: return "start_all_gather_v";
   }
   return "?";
 }

@@ -16,7 +16,7 @@ namespace shardwise::comm {
 
 enum class Collective : uint8_t {
   AllReduce, Reduce, Broadcast, AllGather, AllGatherV, ReduceScatter, ReduceScatterV, AllToAll, AllToAllV, Barrier,
-  StartAllReduce, StartReduceScatterV  // the non-blocking ones (MPI: they match only each other)
+  StartAllReduce, StartReduceScatterV, StartAllGatherV  // the non-blocking ones (MPI: they match only each other)
 };
 std::string_view collective_name(Collective op);
 

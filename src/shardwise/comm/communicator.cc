@@ -69,6 +69,13 @@ std::unique_ptr<Request> Communicator::start_reduce_scatter_v(const void* in, vo
       [=, this, copy = std::move(copy)] { reduce_scatter_v(in, out, copy, dtype, op); });
 }
 
+std::unique_ptr<Request> Communicator::start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                          DType dtype) {
+  check_counts("all_gather_v", counts);
+  std::vector<int64_t> copy(counts.begin(), counts.end());
+  return std::make_unique<DeferredRequest>([=, this, copy = std::move(copy)] { all_gather_v(in, out, copy, dtype); });
+}
+
 void Communicator::check_root(const char* op, int root) const {
   SW_CHECK(root >= 0 && root < size(), "{}: root {} is not a rank of a group of {}", op, root, size());
 }

@@ -94,6 +94,10 @@ class Communicator {
   virtual std::unique_ptr<Request> start_all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op);
   virtual std::unique_ptr<Request> start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                                           DType dtype, Reduce op);
+  // Non-blocking all_gather_v (same arguments and results; MPI: MPI_Iallgatherv; the default
+  // completes at wait()). Sharding stage 3 prefetches the next layer's parameters with it.
+  virtual std::unique_ptr<Request> start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                      DType dtype);
 
   // Tensor helpers (contiguous tensors; shapes must agree across ranks).
   void all_reduce(const Tensor& in, Tensor& out, Reduce op);

@@ -346,6 +346,32 @@ std::unique_ptr<Request> MpiComm::start_reduce_scatter_v(const void* in, void* o
   return started;
 }
 
+std::unique_ptr<Request> MpiComm::start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                     DType dtype) {
+  check_counts("start_all_gather_v", counts);
+  CallSignature call = signature(Collective::StartAllGatherV, counts[static_cast<size_t>(rank_)], dtype);
+  call.same_count = 0;
+  call.counts_hash = hash_counts(counts);
+  check_call(call, counts);
+  if (total_of(counts) > max_count_) {  // every rank alike (the same counts): the blocking path (checked again)
+    all_gather_v(in, out, counts, dtype);
+    return std::make_unique<DoneRequest>();
+  }
+  std::vector<int> ints, displacements;
+  to_ints(counts, ints, displacements);
+  const size_t n = ints.size();
+  // The count and displacement arrays must not change before completion: the request keeps them.
+  auto started = std::make_unique<MpiRequest>(MPI_REQUEST_NULL, out, 0, dtype, 1);
+  started->arrays = std::move(ints);
+  started->arrays.insert(started->arrays.end(), displacements.begin(), displacements.end());
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgatherv(in, started->arrays[static_cast<size_t>(rank_)], mpi_type(dtype), out, started->arrays.data(),
+                            started->arrays.data() + n, mpi_type(dtype), comm_, &request),
+            "MPI_Iallgatherv");
+  started->start(request);
+  return started;
+}
+
 void MpiComm::reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) {
   check_root("reduce", root);
   check_call(signature(Collective::Reduce, count, dtype, op, root));

@@ -66,6 +66,9 @@ class MpiComm final : public Communicator {
   std::unique_ptr<Request> start_all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) override;
   std::unique_ptr<Request> start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                                   DType dtype, Reduce op) override;
+  // MPI_Iallgatherv; beyond max_count elements in all, the blocking all_gather_v at start.
+  std::unique_ptr<Request> start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                              DType dtype) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
   using Communicator::recv;

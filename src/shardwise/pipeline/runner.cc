@@ -90,6 +90,7 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
     ro.order = l->compiled.order;
     ro.release_shape_only_reads = options_.release;
     ro.poison_stand_ins = options_.poison_stand_ins;
+    ro.prefetch_params = options_.prefetch_params;
     l->rt = std::make_unique<runtime::Runtime>(*l->spec.graph, l->compiled.program, world, ro);
     const graph::Program& p = l->compiled.program;
     auto slot = [&](const std::string& name) -> const graph::Slot& {
@@ -330,6 +331,7 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
     if (is_compute(a.kind)) {
       stats.compute_seconds += end - start;
       stats.peak_gathered_bytes = std::max(stats.peak_gathered_bytes, local(a.stage).rt->stats().peak_gathered_bytes);
+      stats.prefetched_gathers += local(a.stage).rt->stats().prefetched;
     }
     stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, activation_bytes());
   }

@@ -29,6 +29,7 @@ namespace shardwise::pipeline {
 struct RunnerOptions {
   bool release = true;
   bool poison_stand_ins = false;  // tests: a wrongly released tensor shows up as NaN
+  int prefetch_params = 0;        // runtime::RuntimeOptions::prefetch_params
 };
 
 struct ActionTime {
@@ -48,6 +49,7 @@ struct StepStats {
   // The most bytes of gathered parameter copies held at once in one compute action
   // (runtime::RunStats::peak_gathered_bytes; sharding stage 3).
   int64_t peak_gathered_bytes = 0;
+  int64_t prefetched_gathers = 0;  // all-gathers started ahead (RunStats::prefetched), summed over the actions
   std::vector<ActionTime> timeline;
   // Per local stage: the frame's bytes after the first micro-batch's forward and after its input
   // gradient (split schedules): the simulator's StageCosts::activation_bytes / weight_grad_bytes.

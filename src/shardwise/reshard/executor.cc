@@ -150,6 +150,66 @@ Tensor Resharder::run_step(const Step& step, const Plan& plan, Tensor t) {
   fail("internal: unexpected reshard step {}", step_kind_name(step.kind));
 }
 
+bool Resharder::can_start(const Plan& plan) const {
+  return plan.steps.size() == 1 && plan.steps[0].kind == StepKind::AllGather && plan.from.mesh.contains(me_) &&
+         plan.to.mesh.contains(me_);
+}
+
+std::unique_ptr<StartedReshard> Resharder::start(const Plan& plan, const Tensor& local) {
+  SW_CHECK(can_start(plan), "internal: reshard::start of a plan that is not one all-gather ({})", plan.to_string());
+  const Step& step = plan.steps[0];
+  const mesh::ProcessMesh& mesh = step.before.mesh;
+  auto coords = mesh.coords(mesh.rank_index_of_process(me_));
+  const int m = step.mesh_dim;
+  auto started = std::make_unique<StartedReshard>();
+  started->after_ = block_at(plan.shape, step.after, coords);
+  Box mine = block_at(plan.shape, step.before, coords);
+  SW_CHECK(local.defined() && local.shape() == mine.shape && local.dtype() == plan.dtype,
+           "reshard: rank {} holds {} but its block under {} is {} {}", me_,
+           local.defined() ? local.shape().to_string() : "nothing", plan.from.to_string(), dtype_name(plan.dtype),
+           mine.shape.to_string());
+  comm::Communicator& g = group(mesh, coords, std::span<const int>(&m, 1));
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  bool rows_in_order = true;  // piece p = the next rows of the output
+  int64_t next_row = started->after_.offset[0];
+  for (int64_t p = 0; p < mesh.dim_size(m); ++p) {
+    Box b = block_at(plan.shape, step.before, with_coord(coords, m, p));
+    counts.push_back(b.numel());
+    total += b.numel();
+    if (b.numel() > 0) {
+      rows_in_order = rows_in_order && b.offset[0] == next_row;
+      for (int d = 1; d < b.shape.ndim(); ++d)
+        rows_in_order = rows_in_order && b.offset[static_cast<size_t>(d)] == started->after_.offset[static_cast<size_t>(d)] &&
+                        b.shape[d] == started->after_.shape[d];
+      next_row += b.shape[0];
+    }
+    started->boxes_.push_back(b);
+  }
+  started->out_ = Tensor::uninitialized(plan.dtype, started->after_.shape);
+  void* into = started->out_.raw();
+  if (!rows_in_order || total != started->out_.numel()) {
+    started->packed_ = Tensor::uninitialized(plan.dtype, Shape{total});
+    into = started->packed_.raw();
+  }
+  started->request_ = g.start_all_gather_v(local.raw(), into, counts, plan.dtype);
+  bytes_sent_ += (g.size() - 1) * local.numel() * static_cast<int64_t>(dtype_size(plan.dtype));
+  return started;
+}
+
+Tensor StartedReshard::wait() {
+  request_->wait();
+  if (packed_.defined()) {
+    int64_t at = 0;
+    for (const Box& b : boxes_) {
+      put(out_, after_, view(packed_, at, b.shape), b);
+      at += b.numel();
+    }
+    packed_ = Tensor();
+  }
+  return out_;
+}
+
 Tensor Resharder::exchange(const Step& step, const Plan& plan, const Tensor& t, std::span<const int> dims) {
   const mesh::ProcessMesh& mesh = step.before.mesh;
   auto coords = mesh.coords(mesh.rank_index_of_process(me_));

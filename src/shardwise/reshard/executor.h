@@ -5,10 +5,27 @@
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
+#include "shardwise/reshard/blocks.h"
 #include "shardwise/reshard/plan.h"
 #include "shardwise/tensor/tensor.h"
 
 namespace shardwise::reshard {
+
+// A reshard started without waiting for it (Resharder::start): its output is allocated at the
+// start; the input block must stay alive and unchanged until wait().
+class StartedReshard {
+ public:
+  // This process's block under the plan's `to` (the same tensor as the blocking run gives).
+  Tensor wait();
+  int64_t nbytes() const { return static_cast<int64_t>(out_.nbytes()); }
+
+ private:
+  friend class Resharder;
+  std::unique_ptr<comm::Request> request_;
+  Tensor out_, packed_;  // packed_: when the pieces are not out_'s rows in order (unpacked at wait)
+  std::vector<Box> boxes_;
+  Box after_;
+};
 
 class Resharder {
  public:
@@ -20,6 +37,14 @@ class Resharder {
   // plan.from passes an undefined tensor; outside plan.to it gets one. Every process of either
   // mesh must call run with the same plan. `local` is never modified.
   Tensor run(const Plan& plan, const Tensor& local);
+
+  // Whether start() can run `plan` without blocking: one all-gather step (sharding stage 3's
+  // parameter gathers) on a mesh holding this process.
+  bool can_start(const Plan& plan) const;
+  // Starts such a plan (Communicator::start_all_gather_v); every process of the group must start
+  // the same plans in the same order and wait for them in that order. When the gathered pieces
+  // are the rows of the output in rank order (a tensor-dim-0 gather) they land in place.
+  std::unique_ptr<StartedReshard> start(const Plan& plan, const Tensor& local);
 
   // Bytes this process has sent to other processes so far (all runs).
   int64_t bytes_sent() const { return bytes_sent_; }

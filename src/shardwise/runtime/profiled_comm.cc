@@ -113,4 +113,11 @@ std::unique_ptr<comm::Request> ProfiledCommunicator::start_reduce_scatter_v(cons
                                            "wait_reduce_scatter_v", nbytes(total, dtype));
 }
 
+std::unique_ptr<comm::Request> ProfiledCommunicator::start_all_gather_v(const void* in, void* out,
+                                                                        std::span<const int64_t> counts, DType dtype) {
+  const int64_t mine = nbytes(counts[static_cast<size_t>(rank())], dtype);  // as all_gather_v counts
+  ProfileScope s(EventKind::Collective, "start_all_gather_v", mine);
+  return std::make_unique<ProfiledRequest>(inner_->start_all_gather_v(in, out, counts, dtype), "wait_all_gather_v", mine);
+}
+
 }  // namespace shardwise::runtime

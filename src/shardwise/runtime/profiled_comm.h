@@ -39,6 +39,8 @@ class ProfiledCommunicator : public comm::Communicator {
                                                   comm::Reduce op) override;
   std::unique_ptr<comm::Request> start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                                         DType dtype, comm::Reduce op) override;
+  std::unique_ptr<comm::Request> start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                    DType dtype) override;
 
   using Communicator::all_reduce;
   using Communicator::broadcast;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "shardwise/core/error.h"
+#include "shardwise/graph/prefetch.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/profiler.h"
 
@@ -200,9 +201,30 @@ void Runtime::run(size_t begin, size_t end) {
   stats_.peak_bytes = live_;
   stats_.peak_gathered_bytes = gathered;
   RankProfile* const profile = active_profile();  // null unless profiling (--profile)
+  const std::vector<std::vector<size_t>>* prefetch = nullptr;
+  if (options_.prefetch_params > 0) {
+    auto [it, fresh] = prefetch_starts_.try_emplace({begin, end});
+    if (fresh) it->second = graph::prefetch_starts(g_, p_, order_, begin, end, options_.prefetch_params);
+    prefetch = &it->second;
+  }
+  started_.clear();
   for (size_t i = begin; i < end; ++i) {
     const graph::Instr& ins = p_.instrs[static_cast<size_t>(order_[i])];
     const int64_t started = profile ? profile->now_ns() : 0;
+    if (prefetch) {  // the gathers starting here: their copies count from now
+      for (size_t q : (*prefetch)[i]) {
+        const graph::Instr& gather = p_.instrs[static_cast<size_t>(order_[q])];
+        const Tensor& shard = buffers_[static_cast<size_t>(gather.in[0])];
+        SW_CHECK(shard.defined(), "'{}' is not set: bind every input and parameter before run()",
+                 p_.slots[static_cast<size_t>(gather.in[0])].name);
+        auto& r = started_[q] = resharder_.start(gather.plan, shard);
+        live_ += r->nbytes();
+        gathered += r->nbytes();
+        ++stats_.prefetched;
+      }
+      stats_.peak_bytes = std::max(stats_.peak_bytes, live_);
+      stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, gathered);
+    }
     std::vector<Tensor> in;
     for (size_t k = 0; k < ins.in.size(); ++k) {
       int s = ins.in[k];
@@ -216,7 +238,13 @@ void Runtime::run(size_t begin, size_t end) {
       in.push_back(t);
     }
     std::vector<Tensor> out;
-    if (ins.kind == InstrKind::Reshard) {
+    if (auto it = started_.find(i); it != started_.end()) {
+      out.push_back(it->second->wait());
+      live_ -= it->second->nbytes();  // counted at its start; counted again as it is stored below
+      gathered -= it->second->nbytes();
+      started_.erase(it);
+      ++stats_.reshards;
+    } else if (ins.kind == InstrKind::Reshard) {
       out.push_back(resharder_.run(ins.plan, in[0]));
       ++stats_.reshards;
     } else if (ins.kind == InstrKind::Fill) {

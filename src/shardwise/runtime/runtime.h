@@ -3,6 +3,7 @@
 // planner's collectives, each buffer freed after its last use. Every rank of the mesh runs the
 // same program at the same time (threads of one process or MPI processes).
 #include <functional>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,7 @@ struct RunStats {
   int64_t peak_gathered_bytes = 0;
   int64_t bytes_sent = 0;        // bytes this rank sent to other ranks during run()
   int64_t kernels = 0, reshards = 0;
+  int64_t prefetched = 0;  // reshards started before their position (RuntimeOptions::prefetch_params)
 };
 
 struct RuntimeOptions {
@@ -37,6 +39,10 @@ struct RuntimeOptions {
   // Stand-ins are filled with NaN (tests: a kernel that wrongly reads one produces NaN); else
   // their storage is left uninitialized (and, never touched, costs no memory pages).
   bool poison_stand_ins = false;
+  // Sharding stage 3: the parameters' all-gathers of this many layers ahead are started (non-
+  // blocking) at the first gather of a layer (graph/prefetch.h); 0: each gather blocks at its
+  // position. The gathered copy's bytes count from its start.
+  int prefetch_params = 0;
 };
 
 class Runtime {
@@ -119,6 +125,9 @@ class Runtime {
   int64_t sample_offset_ = 0;
   // --profile: per position, the interned event name and detail in profile_of_text_.
   std::vector<std::pair<int32_t, int32_t>> profile_text_;
+  // prefetch_params: per run range, the positions whose gathers start at each position.
+  std::map<std::pair<size_t, size_t>, std::vector<std::vector<size_t>>> prefetch_starts_;
+  std::map<size_t, std::unique_ptr<reshard::StartedReshard>> started_;  // by position, during run()
   uint64_t profile_of_text_ = 0;  // RankProfile::serial()
 };
 

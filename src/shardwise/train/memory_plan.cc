@@ -9,6 +9,7 @@
 #include <set>
 
 #include "shardwise/core/error.h"
+#include "shardwise/graph/prefetch.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/pipeline/stage.h"
@@ -39,6 +40,7 @@ struct StageModel {
   std::vector<int> per_batch;  // slots bound per micro-batch before its forward (input, feeds)
   std::vector<bool> grad;      // per slot: a parameter's gradient
   int output = -1, output_grad = -1, input = -1, input_grad = -1;
+  int prefetch = 0;  // stage 3's --prefetch-params: gathers started ahead (graph/prefetch.h)
 };
 
 bool reads_value(const graph::Graph& g, const graph::Instr& ins, size_t k, bool release) {
@@ -48,8 +50,10 @@ bool reads_value(const graph::Graph& g, const graph::Instr& ins, size_t k, bool 
   return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
 }
 
-StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, bool split, bool release) {
+StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, bool split, bool release,
+                       int prefetch) {
   StageModel m;
+  m.prefetch = spec.shard_params_dim.empty() ? 0 : prefetch;
   m.compiled = pipeline::compile_stage(spec, mesh, split);
   m.spec = std::move(spec);
   const graph::Graph& g = *m.spec.graph;
@@ -176,8 +180,16 @@ class Frame {
     const graph::Program& p = m_.compiled.program;
     int64_t peak = held() + (buckets_ ? buckets_->held() : 0);
     gathered_peak_ = std::max(gathered_peak_, held(true));
+    // Stage 3's prefetch: a started gather's copy is held from its start (runtime::Runtime::run).
+    const std::vector<std::vector<size_t>> starts =
+        graph::prefetch_starts(*m_.spec.graph, p, m_.compiled.order, begin, end, m_.prefetch);
     for (size_t pos = begin; pos < end; ++pos) {
       const graph::Instr& ins = p.instrs[static_cast<size_t>(m_.compiled.order[pos])];
+      if (!starts[pos].empty()) {
+        for (size_t q : starts[pos]) live_.insert(p.instrs[static_cast<size_t>(m_.compiled.order[q])].out[0]);
+        peak = std::max(peak, held() + (buckets_ ? buckets_->held() : 0));
+        gathered_peak_ = std::max(gathered_peak_, held(true));
+      }
       for (int s : ins.out)
         if (s >= 0) live_.insert(s);
       peak = std::max(peak, held() + (buckets_ ? buckets_->held() : 0));
@@ -328,7 +340,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     for (pipeline::StageSpec& spec : stage_specs(model, layout, pc, c.micro_batch * strategy.data_size(), r,
                                                  StageGraph::Training)) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(spec.stage)];
-      compiled[r].push_back(model_stage(std::move(spec), mesh, schedule.split_backward, pc.release));
+      compiled[r].push_back(model_stage(std::move(spec), mesh, schedule.split_backward, pc.release, pc.prefetch_params));
     }
   }
   // Stage 2 with the buckets started during the backward, one micro-batch, no pp: each gradient is

@@ -23,6 +23,10 @@ void ShardingConfig::check() const {
            "--sharding-layout must be v1 (each parameter's state on one dp rank) or v2 (split-param: a flat buffer "
            "cut into equal dp ranges), got '{}'",
            layout);
+  SW_CHECK(prefetch_params >= 0, "--prefetch-params must be 0 (off) or a number of layers, got {}", prefetch_params);
+  SW_CHECK(prefetch_params == 0 || stage == 3,
+           "--prefetch-params {} prefetches stage 3's parameter all-gathers: it needs --sharding-stage 3 (got stage {})",
+           prefetch_params, stage);
 }
 
 int64_t ShardPlan::begin(size_t i) const {

@@ -40,6 +40,9 @@ struct ShardingConfig {
   // each rank's blocks are its shards, so the plain optimizer is already sharded and `layout` plays
   // no part (every parameter is cut by rows, dim 0 of its tp block, in dp chunks).
   bool shards_params() const { return stage == 3; }
+  // Stage 3: the all-gathers of this many layers ahead are started before the current layer
+  // computes, in forward and backward (runtime::RuntimeOptions::prefetch_params; 0: off).
+  int prefetch_params = 0;
 };
 
 // Which flat range of each parameter's block each dp rank owns.

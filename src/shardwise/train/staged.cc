@@ -89,7 +89,7 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   std::vector<pipeline::StageSpec> specs = local_specs(schedule, StageGraph::Training);
   // Release on every mesh: even when each backward follows its forward at once, a forward tensor
   // the gradients read the shape of only (and, with recompute, a segment's values) need not wait.
-  pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins};
+  pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins, config_.prefetch_params};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
   bind_constants(*runner_, model_, mask_);
@@ -397,7 +397,7 @@ std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_ba
   pipeline::Schedule sch = pipeline::forward_only(static_cast<int>(pp_), runner_->schedule().virtual_stages, micro_batches);
   std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
   auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
-                                                           pipeline::RunnerOptions{true, false});
+                                                           pipeline::RunnerOptions{true, false, config_.prefetch_params});
   bind_constants(*runner, model_, mask_);
   return runner;
 }

@@ -40,6 +40,7 @@ struct PipelineConfig {
   // Sharding stage 3: every graph stores its parameters sharded over dp (StageSpec::shard_params_dim):
   // each rank's ParamState is its shard, gathered before each use; no ShardedOptimizer.
   bool shard_params = false;
+  int prefetch_params = 0;  // with shard_params: layers whose gathers start ahead (pipeline::RunnerOptions)
 };
 
 // What a runner's stages compute: the training step, the loss only (validation), or predictions.

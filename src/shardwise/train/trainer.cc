@@ -246,7 +246,7 @@ PipelineConfig pipeline_config(const TrainConfig& c) {
   return PipelineConfig{c.schedule, c.virtual_stages, c.pipeline_release, false,
                         LoaderOptions{c.loader_sync, c.loader_prefetch},
                         c.sharding.stage == 2 || (c.overlap_grad_reduce != "off" && !c.sharding.shards_params()),
-                        c.sharding.shards_optimizer(), c.sharding.shards_params()};
+                        c.sharding.shards_optimizer(), c.sharding.shards_params(), c.sharding.prefetch_params};
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
