@@ -157,6 +157,61 @@ void all_to_all_equal_and_v(Communicator& c) {
   c.all_to_all_v(nullptr, zeros, nullptr, zeros, DType::F32);  // all-zero
 }
 
+void all_to_all_pieces_scattered(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  // Rank q sends (q + 2p) % 4 elements to p (zero for some pairs), value(q, 10 * p + i), in pieces
+  // of 2, 1 (the last one cut short) and an empty one, which both ends name alike.
+  auto count = [](int from, int to) { return int64_t((from + 2 * to) % 4); };
+  auto sizes = [](int64_t total) {
+    std::vector<int64_t> v;
+    for (int64_t done = 0, k = 0; done < total; done += v.back(), ++k) v.push_back(std::min<int64_t>(k % 2 ? 1 : 2, total - done));
+    v.push_back(0);
+    return v;
+  };
+  // Send side: peers in reverse order in the buffer, a gap before each piece.
+  std::vector<int64_t> sf{0}, so, sc, rf{0}, ro, rc;
+  std::vector<float> in(static_cast<size_t>(8 * n), -1.0f);
+  for (int p = 0; p < n; ++p) {
+    int64_t at = 8 * (n - 1 - p), i = 0;
+    for (int64_t len : sizes(count(me, p))) {
+      ++at;  // a gap
+      so.push_back(at), sc.push_back(len);
+      for (int64_t j = 0; j < len; ++j, ++i) in[static_cast<size_t>(at + j)] = static_cast<float>(value(me, 10 * p + i));
+      at += len;
+    }
+    sf.push_back(static_cast<int64_t>(so.size()));
+  }
+  // Receive side: piece k from peer q in slot k * n + q of 3 elements, slots from the buffer's end
+  // backwards (peers interleaved).
+  std::vector<float> out(static_cast<size_t>(9 * n), -1.0f);
+  for (int q = 0; q < n; ++q) {
+    int64_t k = 0;
+    for (int64_t len : sizes(count(q, me))) ro.push_back(3 * (3 * n - 1 - (k++ * n + q))), rc.push_back(len);
+    rf.push_back(static_cast<int64_t>(ro.size()));
+  }
+  c.all_to_all_pieces(in.data(), Pieces{sf, so, sc}, out.data(), Pieces{rf, ro, rc}, DType::F32);
+  std::vector<bool> written(out.size(), false);
+  for (int q = 0; q < n; ++q) {
+    int64_t i = 0;
+    for (auto k = static_cast<size_t>(rf[static_cast<size_t>(q)]); k < static_cast<size_t>(rf[static_cast<size_t>(q) + 1]); ++k) {
+      for (int64_t j = 0; j < rc[k]; ++j, ++i) {
+        const auto at = static_cast<size_t>(ro[k] + j);
+        written[at] = true;
+        expect(out[at] == static_cast<float>(value(q, 10 * me + i)), "all_to_all_pieces", c, static_cast<int64_t>(at),
+               out[at], value(q, 10 * me + i));
+      }
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!written[i]) expect(out[i] == -1.0f, "all_to_all_pieces (outside the pieces)", c, static_cast<int64_t>(i), out[i], -1.0);
+  }
+  // No pieces at all, and only empty pieces.
+  std::vector<int64_t> none(static_cast<size_t>(n + 1), 0), one_each(static_cast<size_t>(n + 1)), zeros(static_cast<size_t>(n), 0);
+  std::iota(one_each.begin(), one_each.end(), int64_t{0});
+  c.all_to_all_pieces(nullptr, Pieces{none, {}, {}}, nullptr, Pieces{none, {}, {}}, DType::F64);
+  c.all_to_all_pieces(in.data(), Pieces{one_each, zeros, zeros}, out.data(), Pieces{one_each, zeros, zeros}, DType::F32);
+}
+
 void send_recv_ring_and_tags(Communicator& c) {
   const int n = c.size(), me = c.rank();
   if (n == 1) return;
@@ -283,6 +338,7 @@ void all(Communicator& c) {
   all_gather_equal_and_unequal(c);
   reduce_scatter_equal_and_unequal(c);
   all_to_all_equal_and_v(c);
+  all_to_all_pieces_scattered(c);
   send_recv_ring_and_tags(c);
   objects_and_bytes(c);
   sub_groups(c);

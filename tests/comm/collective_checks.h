@@ -13,6 +13,9 @@ void broadcast_from_every_root(Communicator& comm);
 void all_gather_equal_and_unequal(Communicator& comm);
 void reduce_scatter_equal_and_unequal(Communicator& comm);
 void all_to_all_equal_and_v(Communicator& comm);  // includes zero and all-zero counts
+// Pieces out of order with gaps, peers interleaved, empty pieces, zero counts, no pieces at all;
+// the receive buffer outside the pieces is untouched.
+void all_to_all_pieces_scattered(Communicator& comm);
 void send_recv_ring_and_tags(Communicator& comm);
 void objects_and_bytes(Communicator& comm);
 void sub_groups(Communicator& comm);

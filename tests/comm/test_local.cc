@@ -13,6 +13,16 @@ namespace {
 // Rank r contributes value(r, i) = (r + 1) * 10 + i.
 double value(int r, int i) { return (r + 1) * 10.0 + i; }
 
+// The Error `fn` raises on `ranks` threads ("no error" if none).
+std::string message_of(int ranks, const std::function<void(Communicator&)>& fn) {
+  try {
+    LocalWorld::run(ranks, fn);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(LocalComm, AllReduceEveryOpOn1To4Ranks) {
   for (int n = 1; n <= 4; ++n) {
     for (Reduce op : {Reduce::Sum, Reduce::Avg, Reduce::Max, Reduce::Min, Reduce::Prod}) {
@@ -59,15 +69,32 @@ TEST(LocalComm, UnequalAllToAllVCountsAreAnErrorNamingBothCounts) {
   }
 }
 
+TEST(LocalComm, AllToAllPiecesTotalsAndBadPiecesAreErrors) {
+  auto message_of = [](const std::function<void(Communicator&)>& fn) { return comm::message_of(3, fn); };
+  // Rank 0 sends 1 element to rank 2 in one piece; rank 2 expects 2 (two pieces of 1).
+  EXPECT_NE(message_of([](Communicator& c) {
+              std::vector<int64_t> first = {0, 1, 2, 3}, offset = {0, 1, 2}, count = {1, 1, 1};
+              std::vector<int64_t> rfirst = first, roffset = offset, rcount = count;
+              if (c.rank() == 2) rfirst = {0, 2, 3, 4}, roffset = {0, 1, 2, 3}, rcount = {1, 1, 1, 1};
+              std::vector<float> in(3), out(4);
+              c.all_to_all_pieces(in.data(), Pieces{first, offset, count}, out.data(), Pieces{rfirst, roffset, rcount},
+                                  DType::F32);
+            }).find("all_to_all_pieces: rank 0 sends 1 elements to rank 2, but rank 2 expects 2"),
+            std::string::npos);
+  EXPECT_NE(message_of([](Communicator& c) {
+              std::vector<int64_t> first = {0, 0, 0}, none;
+              c.all_to_all_pieces(nullptr, Pieces{first, none, none}, nullptr, Pieces{first, none, none}, DType::F32);
+            }).find("all_to_all_pieces (send): 3 piece starts given for a group of 3 ranks (want 4"),
+            std::string::npos);
+  EXPECT_NE(message_of([](Communicator& c) {
+              std::vector<int64_t> first = {0, 1, 1, 1}, offset = {0}, count = {-1}, none = {0, 0, 0, 0};
+              c.all_to_all_pieces(nullptr, Pieces{none, {}, {}}, nullptr, Pieces{first, offset, count}, DType::F32);
+            }).find("all_to_all_pieces (receive): piece 0 of rank 0 has offset 0 and count -1"),
+            std::string::npos);
+}
+
 TEST(LocalComm, MismatchedOperationsRootsAndMessagesAreErrors) {
-  auto message_of = [](const std::function<void(Communicator&)>& fn) -> std::string {
-    try {
-      LocalWorld::run(2, fn);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
+  auto message_of = [](const std::function<void(Communicator&)>& fn) { return comm::message_of(2, fn); };
   std::string m = message_of([](Communicator& c) {
     int64_t x = 0;
     if (c.rank() == 0) c.broadcast(&x, 1, DType::I64, 0);

@@ -229,6 +229,21 @@ TEST(MpiComm, MismatchesRaiseTheSameErrorOnEveryRank) {
                     }),
                     fmt::format("all_to_all_v: rank 0 sends 1 elements to rank {0}, but rank {0} expects 4 from rank 0",
                                 last));
+  expect_everywhere(error_of([&](MpiComm& c) {
+                      // One piece of 1 element per rank; the last rank expects a second piece from rank 0.
+                      std::vector<int64_t> first(static_cast<size_t>(n + 1)), offset(static_cast<size_t>(n)), count(offset.size(), 1);
+                      std::iota(first.begin(), first.end(), int64_t{0});
+                      std::iota(offset.begin(), offset.end(), int64_t{0});
+                      std::vector<int64_t> rfirst = first, roffset = offset, rcount = count;
+                      if (c.rank() == last) {
+                        for (size_t i = 1; i < rfirst.size(); ++i) ++rfirst[i];
+                        roffset.push_back(n), rcount.push_back(1);
+                      }
+                      c.all_to_all_pieces(in.data(), Pieces{first, offset, count}, out.data(),
+                                          Pieces{rfirst, roffset, rcount}, DType::F32);
+                    }),
+                    fmt::format("all_to_all_pieces: rank 0 sends 1 elements to rank {0}, but rank {0} expects 2 from rank 0",
+                                last));
   // The communicator still works after the errors.
   checks::all_reduce_every_op(world());
 }

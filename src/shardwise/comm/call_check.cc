@@ -24,6 +24,7 @@ std::string_view collective_name(Collective op) {
     case Collective::StartAllReduce: return "start_all_reduce";
     case Collective::StartReduceScatterV: return "start_reduce_scatter_v";
     case Collective::StartAllGatherV: return "start_all_gather_v";
+    case Collective::AllToAllPieces: return "all_to_all_pieces";
   }
   return "?";
 }
@@ -76,9 +77,9 @@ void check_same_counts(Collective op, std::span<const std::span<const int64_t>> 
   }
 }
 
-void fail_all_to_all_counts(int from, int64_t sent, int to, int64_t expected) {
-  fail("all_to_all_v: rank {} sends {} elements to rank {}, but rank {} expects {} from rank {}", from, sent, to, to,
-       expected, from);
+void fail_all_to_all_counts(int from, int64_t sent, int to, int64_t expected, Collective op) {
+  fail("{}: rank {} sends {} elements to rank {}, but rank {} expects {} from rank {}", collective_name(op), from, sent,
+       to, to, expected, from);
 }
 
 void fail_recv_size(int receiver, int64_t count, DType dtype, int64_t want, int sender, int tag, int64_t got) {
@@ -102,7 +103,7 @@ void check_call(const CheckExchange& exchange, const CallSignature& mine, std::s
     for (size_t r = 0; r < n; ++r) per_rank.emplace_back(all.data() + r * counts.size(), counts.size());
     check_same_counts(mine.op, per_rank, members);
   }
-  if (mine.op != Collective::AllToAllV) return;
+  if (mine.op != Collective::AllToAllV && mine.op != Collective::AllToAllPieces) return;
   // Each rank learns what every peer sends it and reports its first disagreement; every rank
   // then raises the one with the lowest (sender, receiver), as the local backend does.
   std::vector<int64_t> incoming(n);
@@ -124,7 +125,8 @@ void check_call(const CheckExchange& exchange, const CallSignature& mine, std::s
   }
   if (best >= 0) {
     const Disagreement& d = all[static_cast<size_t>(best)];
-    fail_all_to_all_counts(members[static_cast<size_t>(d.from)], d.sent, members[static_cast<size_t>(best)], d.expected);
+    fail_all_to_all_counts(members[static_cast<size_t>(d.from)], d.sent, members[static_cast<size_t>(best)], d.expected,
+                           mine.op);
   }
 }
 

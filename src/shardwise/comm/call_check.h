@@ -16,7 +16,8 @@ namespace shardwise::comm {
 
 enum class Collective : uint8_t {
   AllReduce, Reduce, Broadcast, AllGather, AllGatherV, ReduceScatter, ReduceScatterV, AllToAll, AllToAllV, Barrier,
-  StartAllReduce, StartReduceScatterV, StartAllGatherV  // the non-blocking ones (MPI: they match only each other)
+  StartAllReduce, StartReduceScatterV, StartAllGatherV,  // the non-blocking ones (MPI: they match only each other)
+  AllToAllPieces
 };
 std::string_view collective_name(Collective op);
 
@@ -40,7 +41,8 @@ void check_alike(std::span<const CallSignature> calls, std::span<const int> memb
 void check_same_counts(Collective op, std::span<const std::span<const int64_t>> counts, std::span<const int> members);
 // The Error of an all_to_all_v whose rank `from` sends `sent` elements to rank `to`, which expects
 // `expected` (global ranks).
-[[noreturn]] void fail_all_to_all_counts(int from, int64_t sent, int to, int64_t expected);
+[[noreturn]] void fail_all_to_all_counts(int from, int64_t sent, int to, int64_t expected,
+                                         Collective op = Collective::AllToAllV);
 
 // The Error of a recv of `count` elements (`want` bytes) that found a message of `got` bytes.
 [[noreturn]] void fail_recv_size(int receiver, int64_t count, DType dtype, int64_t want, int sender, int tag, int64_t got);

@@ -1,7 +1,9 @@
 #include "shardwise/comm/communicator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
+#include <numeric>
 
 #include "shardwise/core/error.h"
 
@@ -74,6 +76,52 @@ std::unique_ptr<Request> Communicator::start_all_gather_v(const void* in, void* 
   check_counts("all_gather_v", counts);
   std::vector<int64_t> copy(counts.begin(), counts.end());
   return std::make_unique<DeferredRequest>([=, this, copy = std::move(copy)] { all_gather_v(in, out, copy, dtype); });
+}
+
+int64_t Pieces::total(size_t rank) const {
+  int64_t s = 0;
+  for (auto i = static_cast<size_t>(first[rank]); i < static_cast<size_t>(first[rank + 1]); ++i) s += count[i];
+  return s;
+}
+
+std::vector<int64_t> Communicator::check_pieces(const char* op, const Pieces& p) const {
+  SW_CHECK(static_cast<int>(p.first.size()) == size() + 1 && p.first[0] == 0,
+           "{}: {} piece starts given for a group of {} ranks (want {}, the first 0)", op, p.first.size(), size(),
+           size() + 1);
+  for (size_t r = 0; r < static_cast<size_t>(size()); ++r) {
+    SW_CHECK(p.first[r + 1] >= p.first[r], "{}: the pieces of rank {} end before they start", op, r);
+  }
+  const auto n = static_cast<size_t>(p.first.back());
+  SW_CHECK(p.offset.size() == n && p.count.size() == n, "{}: {} pieces named but {} offsets and {} counts given", op, n,
+           p.offset.size(), p.count.size());
+  std::vector<int64_t> totals(static_cast<size_t>(size()), 0);
+  for (size_t r = 0; r < totals.size(); ++r) {
+    for (auto i = static_cast<size_t>(p.first[r]); i < static_cast<size_t>(p.first[r + 1]); ++i) {
+      SW_CHECK(p.count[i] >= 0 && p.offset[i] >= 0, "{}: piece {} of rank {} has offset {} and count {} (both must be >= 0)",
+               op, i, r, p.offset[i], p.count[i]);
+      totals[r] += p.count[i];
+    }
+  }
+  return totals;
+}
+
+void Communicator::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) {
+  const std::vector<int64_t> sc = check_pieces("all_to_all_pieces (send)", send);
+  const std::vector<int64_t> rc = check_pieces("all_to_all_pieces (receive)", recv);
+  const size_t es = dtype_size(dtype);
+  auto gather = [es](const std::byte* from, const Pieces& p, std::byte* to, bool into_pieces) {
+    size_t at = 0;
+    for (size_t i = 0; i < p.offset.size(); ++i) {
+      const size_t b = static_cast<size_t>(p.count[i]) * es, o = static_cast<size_t>(p.offset[i]) * es;
+      if (b) std::memcpy(into_pieces ? to + o : to + at, into_pieces ? from + at : from + o, b);
+      at += b;
+    }
+  };
+  std::vector<std::byte> packed(static_cast<size_t>(std::accumulate(sc.begin(), sc.end(), int64_t{0})) * es);
+  std::vector<std::byte> got(static_cast<size_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0})) * es);
+  gather(static_cast<const std::byte*>(in), send, packed.data(), false);
+  all_to_all_v(packed.data(), sc, got.data(), rc, dtype);
+  gather(got.data(), recv, static_cast<std::byte*>(out), true);
 }
 
 void Communicator::check_root(const char* op, int root) const {

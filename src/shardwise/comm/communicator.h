@@ -44,6 +44,15 @@ class Request {
 
 // Reduction of a collective: the placements' four plus prod.
 enum class Reduce : uint8_t { Sum, Avg, Max, Min, Prod };
+
+// A buffer's pieces, grouped by rank (Communicator::all_to_all_pieces): rank p's pieces are
+// [first[p], first[p + 1]) of offset / count (elements from the buffer's start, each >= 0).
+struct Pieces {
+  std::span<const int64_t> first;   // group size + 1 entries, first[0] = 0, non-decreasing
+  std::span<const int64_t> offset;  // first.back() entries
+  std::span<const int64_t> count;   // first.back() entries
+  int64_t total(size_t rank) const;  // the elements of rank `rank`'s pieces
+};
 Reduce to_reduce(mesh::ReduceOp op);
 std::string_view reduce_name(Reduce op);
 
@@ -81,6 +90,14 @@ class Communicator {
   // packed). Rank q's send_counts[p] must equal rank p's recv_counts[q].
   virtual void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                             std::span<const int64_t> recv_counts, DType dtype) = 0;
+  // all_to_all_v with each rank's data in pieces anywhere in the buffers (the MoE dispatch: rows
+  // land where the experts read them, no regrouping pass). The pieces pair up: rank q's i-th send
+  // piece for p is rank p's i-th receive piece from q, of the same count (empty ones included);
+  // the totals follow all_to_all_v's rule, checked alike; receive pieces must not overlap. No
+  // agreement collective: MPI sends each non-empty piece as its own message, contiguous at both
+  // ends (large ones take MPI's single-copy path). The default (NCCL) packs into a contiguous
+  // buffer, runs all_to_all_v and unpacks.
+  virtual void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype);
   // Point to point within this group (peer is a group rank). The receiver names the exact count;
   // a message of another size is an Error on the receiver naming both sizes.
   virtual void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) = 0;
@@ -116,6 +133,8 @@ class Communicator {
   void check_root(const char* op, int root) const;
   void check_peer(const char* op, int peer) const;
   void check_counts(const char* op, std::span<const int64_t> counts) const;  // one per rank, >= 0
+  // Checks `p` (shape, counts and offsets >= 0) and returns each rank's total.
+  std::vector<int64_t> check_pieces(const char* op, const Pieces& p) const;
   // Checks the argument of group() (members of this group, each once, this rank among them) and
   // returns this rank's index in it.
   int group_index(std::span<const int> global_ranks) const;

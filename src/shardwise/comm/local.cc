@@ -27,6 +27,7 @@ struct LocalWorld::Group {
     CallSignature call;
     std::span<const int64_t> counts;       // per-rank counts (v variants; all_to_all_v: send)
     std::span<const int64_t> recv_counts;  // all_to_all_v
+    const Pieces* send_pieces = nullptr;   // all_to_all_pieces
     const std::byte* part = nullptr;       // all_reduce: the chunk this rank reduced
   };
   static Slot slot(Collective op, const void* in, void* out, int64_t count, DType dtype, int root = -1,
@@ -156,28 +157,41 @@ class LocalComm final : public Communicator {
                     std::span<const int64_t> recv_counts, DType dtype) override {
     check_counts("all_to_all_v (send counts)", send_counts);
     check_counts("all_to_all_v (receive counts)", recv_counts);
-    Group::Slot s = Group::slot(Collective::AllToAllV, in, out, 0, dtype, -1);
-    s.counts = send_counts;
-    s.recv_counts = recv_counts;
-    enter(s);
-    // Every rank checks the whole matrix, so all of them raise the same Error.
-    const auto& slots = group_->slots;
-    check_together([&] {
-      for (size_t q = 0; q < slots.size(); ++q) {
-        for (size_t p = 0; p < slots.size(); ++p) {
-          if (slots[q].counts[p] != slots[p].recv_counts[q]) {
-            fail_all_to_all_counts(group_->members[q], slots[q].counts[p], group_->members[p], slots[p].recv_counts[q]);
-          }
-        }
-      }
-    });
+    enter_all_to_all(in, out, send_counts, recv_counts, nullptr, dtype);
     auto me = static_cast<size_t>(rank_);
+    const auto& slots = group_->slots;
     size_t at = 0;
     for (size_t p = 0; p < slots.size(); ++p) {
       size_t b = bytes(recv_counts[p], dtype);
       size_t from = bytes(sum_of(slots[p].counts, me), dtype);
       if (b) std::memcpy(static_cast<std::byte*>(out) + at, static_cast<const std::byte*>(slots[p].in) + from, b);
       at += b;
+    }
+    rendezvous();
+  }
+
+  // Each receiver copies straight from its peers' send pieces into its receive pieces.
+  void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) override {
+    const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
+    const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
+    enter_all_to_all(in, out, send_counts, recv_counts, &send, dtype);
+    auto me = static_cast<size_t>(rank_);
+    const auto& slots = group_->slots;
+    for (size_t p = 0; p < slots.size(); ++p) {
+      const Pieces& from = *slots[p].send_pieces;
+      const auto* src = static_cast<const std::byte*>(slots[p].in);
+      auto i = static_cast<size_t>(from.first[me]), j = static_cast<size_t>(recv.first[p]);
+      int64_t used_i = 0, used_j = 0;  // elements of piece i (sent) and j (received) already copied
+      while (i < static_cast<size_t>(from.first[me + 1]) && j < static_cast<size_t>(recv.first[p + 1])) {
+        const int64_t n = std::min(from.count[i] - used_i, recv.count[j] - used_j);
+        if (n) {
+          std::memcpy(static_cast<std::byte*>(out) + bytes(recv.offset[j] + used_j, dtype),
+                      src + bytes(from.offset[i] + used_i, dtype), bytes(n, dtype));
+        }
+        used_i += n, used_j += n;
+        if (used_i == from.count[i]) ++i, used_i = 0;
+        if (used_j == recv.count[j]) ++j, used_j = 0;
+      }
     }
     rendezvous();
   }
@@ -300,6 +314,28 @@ class LocalComm final : public Communicator {
       --g.arrived;
       throw;
     }
+  }
+
+  // Deposits an all_to_all_v's (or all_to_all_pieces') counts; every rank checks the whole
+  // matrix, so all of them raise the same Error.
+  void enter_all_to_all(const void* in, void* out, std::span<const int64_t> send_counts,
+                        std::span<const int64_t> recv_counts, const Pieces* pieces, DType dtype) {
+    Group::Slot s = Group::slot(pieces ? Collective::AllToAllPieces : Collective::AllToAllV, in, out, 0, dtype, -1);
+    s.counts = send_counts;
+    s.recv_counts = recv_counts;
+    s.send_pieces = pieces;
+    enter(s);
+    const auto& slots = group_->slots;
+    check_together([&] {
+      for (size_t q = 0; q < slots.size(); ++q) {
+        for (size_t p = 0; p < slots.size(); ++p) {
+          if (slots[q].counts[p] != slots[p].recv_counts[q]) {
+            fail_all_to_all_counts(group_->members[q], slots[q].counts[p], group_->members[p], slots[p].recv_counts[q],
+                                   s.call.op);
+          }
+        }
+      }
+    });
   }
 
   void check_same_counts() {

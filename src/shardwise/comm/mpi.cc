@@ -488,6 +488,61 @@ void MpiComm::all_to_all_v(const void* in, std::span<const int64_t> send_counts,
   }
 }
 
+void MpiComm::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) {
+  const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
+  const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
+  check_call(signature(Collective::AllToAllPieces, 0, dtype), {}, send_counts, recv_counts);
+  const auto me = static_cast<size_t>(rank_);
+  const int64_t mine = send.first[me + 1] - send.first[me];
+  SW_CHECK(recv.first[me + 1] - recv.first[me] == mine, "all_to_all_pieces: rank {} sends itself {} pieces but receives {}",
+           members_[me], mine, recv.first[me + 1] - recv.first[me]);
+  for (int64_t i = 0; i < mine; ++i) {
+    const auto s = static_cast<size_t>(send.first[me] + i), r = static_cast<size_t>(recv.first[me] + i);
+    SW_CHECK(send.count[s] == recv.count[r], "all_to_all_pieces: rank {} sends itself a piece of {} elements into one of {}",
+             members_[me], send.count[s], recv.count[r]);
+    if (send.count[s]) {
+      std::memcpy(at(out, recv.offset[r], dtype), at(in, send.offset[s], dtype),
+                  static_cast<size_t>(send.count[s]) * dtype_size(dtype));
+    }
+  }
+  // Receives first, then sends, every non-empty piece its own message on the reserved tag (MPI
+  // keeps the order of messages between two ranks on one tag, so the i-th send meets the i-th receive).
+  std::vector<MPI_Request> requests;
+  std::vector<std::unique_ptr<Block>> blocks;
+  std::vector<std::pair<size_t, int>> receives;  // (piece, peer) of each receive request
+  for (size_t p = 0; p < members_.size(); ++p) {
+    for (auto i = static_cast<size_t>(recv.first[p]); p != me && i < static_cast<size_t>(recv.first[p + 1]); ++i) {
+      if (!recv.count[i]) continue;
+      blocks.push_back(std::make_unique<Block>(recv.count[i], dtype, max_count_));
+      requests.emplace_back();
+      receives.emplace_back(i, static_cast<int>(p));
+      check_mpi(MPI_Irecv(at(out, recv.offset[i], dtype), blocks.back()->count(), blocks.back()->type(), static_cast<int>(p),
+                          internal_tag_, comm_, &requests.back()),
+                "MPI_Irecv");
+    }
+  }
+  for (size_t step = 1; step < members_.size(); ++step) {  // peers after this rank first, as a ring
+    const size_t p = (me + step) % members_.size();
+    for (auto i = static_cast<size_t>(send.first[p]); i < static_cast<size_t>(send.first[p + 1]); ++i) {
+      if (!send.count[i]) continue;
+      blocks.push_back(std::make_unique<Block>(send.count[i], dtype, max_count_));
+      requests.emplace_back();
+      check_mpi(MPI_Isend(at(in, send.offset[i], dtype), blocks.back()->count(), blocks.back()->type(), static_cast<int>(p),
+                          internal_tag_, comm_, &requests.back()),
+                "MPI_Isend");
+    }
+  }
+  std::vector<MPI_Status> statuses(requests.size());
+  check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data()), "MPI_Waitall");
+  for (size_t k = 0; k < receives.size(); ++k) {
+    MPI_Count got = 0;
+    check_mpi(MPI_Get_elements_x(&statuses[k], MPI_BYTE, &got), "MPI_Get_elements_x");
+    const auto want = static_cast<MPI_Count>(recv.count[receives[k].first] * static_cast<int64_t>(dtype_size(dtype)));
+    SW_CHECK(got == want, "all_to_all_pieces: rank {} received a piece of {} bytes from rank {} into one of {} bytes",
+             members_[me], got, members_[static_cast<size_t>(receives[k].second)], want);
+  }
+}
+
 void MpiComm::send(const void* in, int64_t count, DType dtype, int peer, int tag) {
   check_peer("send", peer);
   SW_CHECK(count >= 0, "send: negative count {}", count);

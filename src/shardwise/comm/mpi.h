@@ -58,6 +58,9 @@ class MpiComm final : public Communicator {
   void all_to_all(const void* in, void* out, int64_t count, DType dtype) override;
   void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                     std::span<const int64_t> recv_counts, DType dtype) override;
+  // One MPI_Isend / MPI_Irecv per non-empty piece (beyond max_count elements: a derived type
+  // spanning it), pieces to itself copied; each receive's size checked.
+  void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) override;
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;

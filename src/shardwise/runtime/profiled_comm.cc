@@ -82,6 +82,14 @@ void ProfiledCommunicator::all_to_all_v(const void* in, std::span<const int64_t>
   inner_->all_to_all_v(in, send_counts, out, recv_counts, dtype);
 }
 
+void ProfiledCommunicator::all_to_all_pieces(const void* in, const comm::Pieces& send, void* out,
+                                             const comm::Pieces& recv, DType dtype) {
+  int64_t total = 0;
+  for (size_t p = 0; p + 1 < send.first.size(); ++p) total += send.total(p);
+  ProfileScope s(EventKind::Collective, "all_to_all", nbytes(total, dtype));
+  inner_->all_to_all_pieces(in, send, out, recv, dtype);
+}
+
 void ProfiledCommunicator::send(const void* in, int64_t count, DType dtype, int peer, int tag) {
   ProfileScope s(EventKind::Collective, "send", nbytes(count, dtype));
   inner_->send(in, count, dtype, peer, tag);
