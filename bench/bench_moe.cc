@@ -1,11 +1,12 @@
 // The MoE MLP's expert parallelism under MPI (issue 17; bench/moe.sh runs it, BENCHMARKS.md keeps
 // the figures), every rank one ep rank of one expert group (the world), interleaved per iteration:
 //
-//   dispatch + combine: the kernel's counts exchange (plan_dispatch: one all_gather), packing the
-//   kept rows, the all_to_all_v, regrouping expert-major and back and the inverse all_to_all_v
-//   (ops/moe/dispatch.h, as moe_forward runs them), against two raw MPI_Alltoallv of the same
-//   counts and the same bytes (no packing, no counts exchange); also the two exchanges alone; with
-//   the mpi backend's call checks (default: a 32-byte all-gather before each collective) and without.
+//   dispatch + combine: the kernel's plan (plan_dispatch: the counts came with the router's
+//   all_gather, which both sides leave out), packing the kept rows, the all_to_all_pieces that
+//   lands them expert-major and the inverse that returns them (ops/moe/dispatch.h, as moe_forward
+//   runs them), against two raw MPI_Alltoallv of the same counts and the same bytes (preallocated
+//   buffers, no packing); also the two exchanges alone; with the mpi backend's call checks
+//   (default: a 32-byte all-gather before each collective) and without.
 //   experts: moe_forward on one rank's tokens with all E experts (router in double, grouped GEMMs,
 //   combine) against a dense SwiGLU MLP of width top_k x F on the same tokens (equal active FLOPs).
 //
@@ -81,8 +82,8 @@ int main(int argc, char** argv) {
     Tensor gate = random_tensor(Shape{E, d}, 7, 0.1);
     ops::MoeConfig cfg{k, 0.0, true};
     ops::MoeShard shard{me * n, P * n, me * local, &world, &world};
-    ops::moe_detail::Routing r = ops::moe_detail::route(x, gate, cfg, shard);
-    std::vector<double> t_ours[2], t_exchange[2], t_raw, t_raw_agree, t_moe, t_dense;
+    ops::moe_detail::Routing r = ops::moe_detail::route(x, gate, local, cfg, shard);
+    std::vector<double> t_ours[2], t_exchange[2], t_plan, t_pack, t_raw, t_raw_agree, t_moe, t_dense;
     int64_t rows_sent = 0, rows_received = 0;
     // Experts on one rank: all E experts, its n tokens.
     Tensor w1 = random_tensor(Shape{E, f, d}, 11, 0.05), w3 = random_tensor(Shape{E, f, d}, 12, 0.05);
@@ -94,36 +95,28 @@ int main(int argc, char** argv) {
     for (int it = -2; it < iters; ++it) {
      for (int checks = 0; checks < 2; ++checks) {
       mpi.set_checks(checks == 1);
-      // Ours: counts exchange, pack, dispatch, regroup, regroup back, combine exchange.
+      // Ours: plan, pack, dispatch (expert-major), combine.
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
       ops::moe_detail::DispatchPlan plan = ops::moe_detail::plan_dispatch(r, local, shard);
-      std::vector<float> send(plan.order.size() * static_cast<size_t>(d));
-      for (size_t i = 0; i < plan.order.size(); ++i) {
-        const float* src = x.data<float>() + (plan.order[i] / k) * d;
-        std::copy(src, src + d, send.data() + static_cast<int64_t>(i) * d);
-      }
-      double t1 = MPI_Wtime();
-      std::vector<float> got = ops::moe_detail::exchange(&world, send, plan.send_rows, plan.recv_rows, d);
-      double t2 = MPI_Wtime();
-      std::vector<float> expert_major = ops::moe_detail::regroup(plan, std::move(got), d, true);
-      std::vector<float> back_order = ops::moe_detail::regroup(plan, std::move(expert_major), d, false);
-      double t3 = MPI_Wtime();
-      std::vector<float> back = ops::moe_detail::exchange(&world, back_order, plan.recv_rows, plan.send_rows, d);
-      double t4 = MPI_Wtime();
-      const double ours = slowest(t4 - t0);
-      (void)t1, (void)t2, (void)t3;
-      // The two exchanges alone, each after a barrier (no skew from the packing and regrouping).
+      const double t1 = MPI_Wtime();
+      float* send = ops::moe_detail::pack_rows<float>(plan, k, x.data<float>(), d);
+      const double t2 = MPI_Wtime();
+      float* rows = ops::moe_detail::exchange_rows<float>(&world, plan, send, d, true);
+      ops::moe_detail::exchange_rows<float>(&world, plan, rows, d, false);
+      const double ours = slowest(MPI_Wtime() - t0), plan_time = slowest(t1 - t0), pack_time = slowest(t2 - t1);
+      // The two exchanges alone, each after a barrier (no skew from the packing).
       MPI_Barrier(MPI_COMM_WORLD);
       t0 = MPI_Wtime();
-      got = ops::moe_detail::exchange(&world, send, plan.send_rows, plan.recv_rows, d);
+      rows = ops::moe_detail::exchange_rows<float>(&world, plan, send, d, true);
       double exchanges = slowest(MPI_Wtime() - t0);
       MPI_Barrier(MPI_COMM_WORLD);
       t0 = MPI_Wtime();
-      back = ops::moe_detail::exchange(&world, back_order, plan.recv_rows, plan.send_rows, d);
+      ops::moe_detail::exchange_rows<float>(&world, plan, rows, d, false);
       exchanges += slowest(MPI_Wtime() - t0);
       if (it >= 0) t_ours[checks].push_back(ours), t_exchange[checks].push_back(exchanges);
-      rows_sent = static_cast<int64_t>(plan.order.size()), rows_received = static_cast<int64_t>(got.size()) / d;
+      if (it >= 0) t_plan.push_back(plan_time), t_pack.push_back(pack_time);
+      rows_sent = static_cast<int64_t>(plan.order.size()), rows_received = ops::moe_detail::total_rows(plan.recv_rows);
       if (checks == 0) continue;
       // Raw MPI: the same counts, two Alltoallv.
       std::vector<int> sc(static_cast<size_t>(P)), rc(sc.size()), sd(sc.size()), rd(sc.size());
@@ -133,7 +126,8 @@ int main(int argc, char** argv) {
         if (p > 0) sd[static_cast<size_t>(p)] = sd[static_cast<size_t>(p - 1)] + sc[static_cast<size_t>(p - 1)];
         if (p > 0) rd[static_cast<size_t>(p)] = rd[static_cast<size_t>(p - 1)] + rc[static_cast<size_t>(p - 1)];
       }
-      std::vector<float> raw_in(send.size()), raw_mid(got.size()), raw_out(send.size());
+      std::vector<float> raw_in(static_cast<size_t>(rows_sent * d)), raw_mid(static_cast<size_t>(rows_received * d)),
+          raw_out(raw_in.size());
       MPI_Barrier(MPI_COMM_WORLD);
       t0 = MPI_Wtime();
       MPI_Alltoallv(raw_in.data(), sc.data(), sd.data(), MPI_FLOAT, raw_mid.data(), rc.data(), rd.data(), MPI_FLOAT,
@@ -181,10 +175,12 @@ int main(int argc, char** argv) {
                   raw * 1e6, median(t_raw_agree) * 1e6);
       for (int checks = 1; checks >= 0; --checks) {
         const double ours = median(t_ours[checks]), ex = median(t_exchange[checks]);
-        std::printf("call checks %-3s: dispatch + combine (counts, pack, 2 all_to_all_v, regroup) %9.1f us, raw / ours "
-                    "%.3f; the two all_to_all_v alone (each after a barrier) %9.1f us, raw / them %.3f\n",
+        std::printf("call checks %-3s: dispatch + combine (plan, pack, 2 all_to_all_pieces) %9.1f us, raw / ours "
+                    "%.3f; the two all_to_all_pieces alone (each after a barrier) %9.1f us, raw / them %.3f\n",
                     checks ? "on" : "off", ours * 1e6, raw / ours, ex * 1e6, raw / ex);
       }
+      std::printf("of which (slowest rank, both check settings): plan %9.1f us, pack %9.1f us\n", median(t_plan) * 1e6,
+                  median(t_pack) * 1e6);
       const double moe = median(t_moe), dense = median(t_dense);
       std::printf("moe_forward, all %lld experts on one rank's tokens: %9.1f us; dense SwiGLU of width %lld: %9.1f us; "
                   "dense / moe = %.3f\n",

@@ -18,7 +18,7 @@ TEST(MoePlan, CountsTheAllToAllsAndTheirBytes) {
   EXPECT_EQ(t.tokens_per_micro_batch, 40);
   EXPECT_EQ(t.rank_tokens, 10);
   EXPECT_EQ(t.all_to_alls, 16);
-  EXPECT_EQ(t.all_gathers, 16);
+  EXPECT_EQ(t.all_gathers, 8);  // one per forward and one per backward: router sums and counts
   // 20 rows each way; f32 rows of 32 (dispatch), 32 (combine), 65 and 33 (backward): 648 bytes.
   EXPECT_DOUBLE_EQ(t.sent_max, 4.0 * 20 * 648);
   EXPECT_DOUBLE_EQ(t.sent_uniform, 4.0 * 20 * 648 / 2);

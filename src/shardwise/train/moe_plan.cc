@@ -25,7 +25,7 @@ MoeTraffic moe_traffic(const TrainConfig& c) {
   }
   const int64_t calls = t.moe_layers * t.micro_batches;  // each: 2 forward, 2 backward
   if (t.ep > 1) t.all_to_alls = 4 * calls;
-  t.all_gathers = (token_ranks > 1 ? 2 : 0) * calls + (t.ep > 1 ? 2 : 0) * calls;
+  t.all_gathers = (token_ranks > 1 ? 2 : 0) * calls;  // the router sums carry the dispatch counts
   // Row widths in f32 elements of the four exchanges: dispatch d, combine d, backward 2d + 1 and d + 1.
   const double row_bytes = 4.0 * static_cast<double>(m.hidden + m.hidden + 2 * m.hidden + 1 + m.hidden + 1);
   const double rows = static_cast<double>(t.rank_tokens * m.top_k);
@@ -56,7 +56,7 @@ std::string MoeTraffic::table() const {
                        all_gathers);
     return out;
   }
-  out += fmt::format("  all_to_all_v x{} (dispatch and combine, forward and backward), all_gather x{} (router sums, counts)\n",
+  out += fmt::format("  all_to_all_v x{} (dispatch and combine, forward and backward), all_gather x{} (router sums and counts)\n",
                      all_to_alls, all_gathers);
   out += fmt::format("  sent to other ranks: {} assuming uniform routing ((ep-1)/ep of the rows leave), at most {}\n",
                      mib(sent_uniform), mib(sent_max));

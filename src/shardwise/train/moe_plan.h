@@ -3,10 +3,10 @@
 // it): the collectives every MoE layer's moe_mlp runs (ops/moe/kernels.h) and the bytes its
 // all_to_all_v calls move, per rank, per step.
 //
-// Per MoE layer and micro-batch, forward: an all_gather of each token block's router sums over the
-// token ranks (dp x ep), an all_gather of per-expert counts over ep, then dispatch (rows of d f32)
-// and combine (d f32) by all_to_all_v over ep; backward recomputes the routing (the same two
-// all_gathers), dispatches rows [x | dout | weight] (2d + 1 f32) and returns [dx | dweight] (d + 1).
+// Per MoE layer and micro-batch, forward: an all_gather of each token block's router sums and
+// counts over the token ranks (dp x ep), then dispatch (rows of d f32) and combine (d f32) by
+// all_to_all_v (all_to_all_pieces) over ep; backward recomputes the routing (the same
+// all_gather), dispatches rows [x | dout | weight] (2d + 1 f32) and returns [dx | dweight] (d + 1).
 // A rank holds n = tokens of the micro-batch / (dp x ep) of the MoE layer's tokens and sends n x
 // top_k assignment rows. Dropless, where they go depends on the routing: the estimate assumes
 // uniform routing (each assignment on another ep rank with probability (ep - 1) / ep); the bound
@@ -29,7 +29,7 @@ struct MoeTraffic {
   int64_t top_k = 0, experts = 0, hidden = 0;
   int64_t capacity = 0;                // C per expert and micro-batch (0: dropless)
   int64_t all_to_alls = 0;             // all_to_all_v calls per step on each rank (4 per layer and micro-batch)
-  int64_t all_gathers = 0;             // all_gathers per step (4 per layer and micro-batch)
+  int64_t all_gathers = 0;             // all_gathers per step (2 per layer and micro-batch)
   // Bytes a rank sends to other ranks by all_to_all_v per step (all four directions): under uniform
   // routing, and at most (every row to another rank).
   double sent_uniform = 0, sent_max = 0;

@@ -12,8 +12,6 @@
 namespace shardwise::ops {
 
 using moe_detail::DispatchPlan;
-using moe_detail::exchange;
-using moe_detail::regroup;
 using moe_detail::Routing;
 
 namespace {
@@ -51,39 +49,33 @@ void expert_hidden(const T* x, const T* w1, const T* w3, int64_t m, ExpertDims d
   for (size_t i = 0; i < mf; ++i) a[i] = silu_of(h1[i]) * h3[i];
 }
 
-// Runs every local expert on its rows (expert-major, rows of `d`): y = a w2^T.
+// Runs every local expert on its rows (expert-major, rows of `d`): y = a w2^T, written over the
+// expert's rows once its two input GEMMs have read them.
 template <class T>
-std::vector<T> experts_forward(const DispatchPlan& plan, const std::vector<T>& x, const Tensor& w1, const Tensor& w3,
-                               const Tensor& w2, ExpertDims dm) {
-  std::vector<T> y(x.size());
+void experts_forward(const DispatchPlan& plan, T* rows, const Tensor& w1, const Tensor& w3, const Tensor& w2,
+                     ExpertDims dm) {
   std::vector<T> h1, h3, a;
   int64_t row = 0;
   for (int64_t j = 0; j < plan.local_experts; ++j) {
     const int64_t m = plan.expert_rows[static_cast<size_t>(j)];
     if (m == 0) continue;  // an empty expert costs nothing
     const int64_t wo = j * dm.f * dm.d;
-    expert_hidden<T>(x.data() + row * dm.d, w1.data<T>() + wo, w3.data<T>() + wo, m, dm, h1, h3, a);
-    mm<T>(a.data(), w2.data<T>() + wo, y.data() + row * dm.d, m, dm.d, dm.f, false, true);
+    expert_hidden<T>(rows + row * dm.d, w1.data<T>() + wo, w3.data<T>() + wo, m, dm, h1, h3, a);
+    mm<T>(a.data(), w2.data<T>() + wo, rows + row * dm.d, m, dm.d, dm.f, false, true);
     row += m;
   }
-  return y;
 }
 
 template <class T>
 std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& cfg, const MoeShard& shard) {
   const Tensor& x = in[0];
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
-  Routing r = moe_detail::route(x, in[1], cfg, shard);
+  Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
   DispatchPlan plan = moe_detail::plan_dispatch(r, in[2].shape()[0], shard);
-  std::vector<T> send(plan.order.size() * static_cast<size_t>(dm.d));
-  for (size_t i = 0; i < plan.order.size(); ++i) {
-    const T* src = x.data<T>() + (plan.order[i] / r.top_k) * dm.d;
-    std::copy(src, src + dm.d, send.data() + static_cast<int64_t>(i) * dm.d);
-  }
-  std::vector<T> got = regroup(plan, exchange(shard.expert_group, send, plan.send_rows, plan.recv_rows, dm.d), dm.d, true);
-  std::vector<T> y = experts_forward<T>(plan, got, in[2], in[3], in[4], dm);
-  std::vector<T> back =
-      exchange(shard.expert_group, regroup(plan, std::move(y), dm.d, false), plan.recv_rows, plan.send_rows, dm.d);
+  T* send = moe_detail::pack_rows<T>(plan, r.top_k, x.data<T>(), dm.d);
+  T* rows = moe_detail::exchange_rows<T>(shard.expert_group, plan, send, dm.d, true);
+  experts_forward<T>(plan, rows, in[2], in[3], in[4], dm);
+  const T* back = moe_detail::exchange_rows<T>(shard.expert_group, plan, rows, dm.d, false);
   // Combine in slot order per token, whatever the send order.
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
@@ -94,7 +86,7 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
     for (int64_t s = 0; s < r.top_k; ++s) {
       const auto a = static_cast<size_t>(t * r.top_k + s);
       if (pos[a] < 0) continue;
-      const T* yr = back.data() + pos[a] * dm.d;
+      const T* yr = back + pos[a] * dm.d;
       for (int64_t c = 0; c < dm.d; ++c) acc[static_cast<size_t>(c)] += r.weight[a] * static_cast<double>(yr[c]);
     }
     T* o = out.data<T>() + t * dm.d;
@@ -109,13 +101,14 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
           expert_tokens};
 }
 
-// Rows [x | dout | weight] in (width 2d + 1); rows [dx | dweight] out (width d + 1); the weight
-// gradients of the local experts accumulated into g.
+// Rows [x | dout | weight] in (width 2d + 1); rows [dx | dweight] out (width d + 1), packed over
+// the same buffer (an expert's results are written after its rows were read, and never reach a
+// later expert's rows: out row i ends before in row i does); the weight gradients of the local
+// experts accumulated into g.
 template <class T>
-std::vector<T> experts_backward(const DispatchPlan& plan, const std::vector<T>& rows, std::span<const Tensor> in,
-                                ExpertDims dm, MoeGrads& g) {
+void experts_backward(const DispatchPlan& plan, T* rows, std::span<const Tensor> in, ExpertDims dm, MoeGrads& g) {
   const int64_t win = 2 * dm.d + 1, wout = dm.d + 1;
-  std::vector<T> out(static_cast<size_t>((static_cast<int64_t>(rows.size()) / win) * wout));
+  T* out = rows;
   std::vector<T> x, dout, h1, h3, a, y, dy, da, dh1, dh3, dx;
   int64_t row = 0;
   for (int64_t j = 0; j < plan.local_experts; ++j) {
@@ -124,7 +117,7 @@ std::vector<T> experts_backward(const DispatchPlan& plan, const std::vector<T>& 
     const auto md = static_cast<size_t>(m * dm.d), mf = static_cast<size_t>(m * dm.f);
     x.resize(md), dout.resize(md), y.resize(md), dy.resize(md), dx.resize(md);
     for (int64_t i = 0; i < m; ++i) {
-      const T* rw = rows.data() + (row + i) * win;
+      const T* rw = rows + (row + i) * win;
       std::copy(rw, rw + dm.d, x.data() + i * dm.d);
       for (int64_t c = 0; c < dm.d; ++c) {
         dout[static_cast<size_t>(i * dm.d + c)] = rw[dm.d + c];
@@ -148,7 +141,7 @@ std::vector<T> experts_backward(const DispatchPlan& plan, const std::vector<T>& 
     mm<T>(dh1.data(), w1, dx.data(), m, dm.d, dm.f, false, false);                       // dx = dh1 w1
     mm<T>(dh3.data(), w3, dx.data(), m, dm.d, dm.f, false, false, 1.0);                  //    + dh3 w3
     for (int64_t i = 0; i < m; ++i) {
-      T* o = out.data() + (row + i) * wout;
+      T* o = out + (row + i) * wout;
       double gw = 0;
       for (int64_t c = 0; c < dm.d; ++c) {
         o[c] = dx[static_cast<size_t>(i * dm.d + c)];
@@ -158,7 +151,6 @@ std::vector<T> experts_backward(const DispatchPlan& plan, const std::vector<T>& 
     }
     row += m;
   }
-  return out;
 }
 
 // The router's gradient: dlogits from the gate-weight gradients dweight [tokens * top_k], the aux
@@ -215,7 +207,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
                         const MoeShard& shard) {
   const Tensor& x = in[0];
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
-  Routing r = moe_detail::route(x, in[1], cfg, shard);
+  Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
   DispatchPlan plan = moe_detail::plan_dispatch(r, in[2].shape()[0], shard);
   MoeGrads g;
   g.dgate = Tensor::full(x.dtype(), in[1].shape(), 0.0);
@@ -223,18 +215,17 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
   g.dw3 = Tensor::full(x.dtype(), in[3].shape(), 0.0);
   g.dw2 = Tensor::full(x.dtype(), in[4].shape(), 0.0);
   const int64_t win = 2 * dm.d + 1, wout = dm.d + 1;
-  std::vector<T> send(plan.order.size() * static_cast<size_t>(win));
+  T* send = moe_detail::scratch<T>(moe_detail::kSendBuffer, plan.order.size() * static_cast<size_t>(win));
   for (size_t i = 0; i < plan.order.size(); ++i) {
     const int64_t t = plan.order[i] / r.top_k;
-    T* row = send.data() + static_cast<int64_t>(i) * win;
+    T* row = send + static_cast<int64_t>(i) * win;
     std::copy(x.data<T>() + t * dm.d, x.data<T>() + (t + 1) * dm.d, row);
     std::copy(dout.data<T>() + t * dm.d, dout.data<T>() + (t + 1) * dm.d, row + dm.d);
     row[2 * dm.d] = static_cast<T>(r.weight[static_cast<size_t>(plan.order[i])]);
   }
-  std::vector<T> got = regroup(plan, exchange(shard.expert_group, send, plan.send_rows, plan.recv_rows, win), win, true);
-  std::vector<T> res = experts_backward<T>(plan, got, in, dm, g);
-  std::vector<T> back =
-      exchange(shard.expert_group, regroup(plan, std::move(res), wout, false), plan.recv_rows, plan.send_rows, wout);
+  T* rows = moe_detail::exchange_rows<T>(shard.expert_group, plan, send, win, true);
+  experts_backward<T>(plan, rows, in, dm, g);
+  const T* back = moe_detail::exchange_rows<T>(shard.expert_group, plan, rows, wout, false);
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
   std::vector<double> dx(static_cast<size_t>(r.tokens * dm.d), 0.0), dweight(r.expert.size(), 0.0);
@@ -242,7 +233,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
     for (int64_t s = 0; s < r.top_k; ++s) {
       const auto a = static_cast<size_t>(t * r.top_k + s);
       if (pos[a] < 0) continue;
-      const T* br = back.data() + pos[a] * wout;
+      const T* br = back + pos[a] * wout;
       for (int64_t c = 0; c < dm.d; ++c) dx[static_cast<size_t>(t * dm.d + c)] += static_cast<double>(br[c]);
       dweight[a] = static_cast<double>(br[dm.d]);
     }

@@ -93,46 +93,51 @@ void choose_top_k(Routing& r, bool normalize) {
   }
 }
 
-// Each token block's [offset, counts [top_k][E], prob sums [E], z sum], gathered over the token
-// group (one rank: its own).
-std::vector<double> gather_block_sums(const Routing& r, const MoeShard& shard, int& blocks) {
-  const size_t width = static_cast<size_t>(2 + r.top_k * r.experts + r.experts);
+constexpr size_t kHead = 3;  // a block row's token offset, expert offset, local experts
+
+// Each token block's [token offset, expert offset, local experts, counts [top_k][E], prob sums
+// [E], z sum], gathered over the token group into r.block_sums (one rank: its own).
+void gather_block_sums(Routing& r, int64_t local_experts, const MoeShard& shard) {
+  const size_t width = kHead + static_cast<size_t>(r.top_k * r.experts + r.experts) + 1;
   std::vector<double> mine(width, 0.0);
   mine[0] = static_cast<double>(shard.token_offset);
+  mine[1] = static_cast<double>(shard.expert_offset);
+  mine[2] = static_cast<double>(local_experts);
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t s = 0; s < r.top_k; ++s) {
-      mine[static_cast<size_t>(1 + s * r.experts + r.expert[static_cast<size_t>(t * r.top_k + s)])] += 1.0;
+      mine[kHead + static_cast<size_t>(s * r.experts + r.expert[static_cast<size_t>(t * r.top_k + s)])] += 1.0;
     }
     for (int64_t e = 0; e < r.experts; ++e) {
-      mine[static_cast<size_t>(1 + r.top_k * r.experts + e)] += r.probs[static_cast<size_t>(t * r.experts + e)];
+      mine[kHead + static_cast<size_t>(r.top_k * r.experts + e)] += r.probs[static_cast<size_t>(t * r.experts + e)];
     }
     mine[width - 1] += r.lse[static_cast<size_t>(t)] * r.lse[static_cast<size_t>(t)];
   }
-  blocks = shard.token_group ? shard.token_group->size() : 1;
-  if (!shard.token_group) return mine;
-  std::vector<double> all(width * static_cast<size_t>(blocks));
-  shard.token_group->all_gather(mine.data(), all.data(), static_cast<int64_t>(width), DType::F64);
-  return all;
+  r.blocks = shard.token_group ? shard.token_group->size() : 1;
+  if (!shard.token_group) {
+    r.block_sums = std::move(mine);
+    return;
+  }
+  r.block_sums.resize(width * static_cast<size_t>(r.blocks));
+  shard.token_group->all_gather(mine.data(), r.block_sums.data(), static_cast<int64_t>(width), DType::F64);
 }
 
-// Capacity: assignment (token t, slot s, expert e) is kept iff fewer than C assignments to e come
-// before it in (slot, global token) order.
-void apply_capacity(Routing& r, const std::vector<double>& sums, int blocks, double capacity_factor,
-                    int64_t my_offset) {
-  const int64_t capacity = static_cast<int64_t>(
-      std::ceil(capacity_factor * static_cast<double>(r.tokens_total * r.top_k) / static_cast<double>(r.experts)));
-  const size_t width = sums.size() / static_cast<size_t>(blocks);
+size_t row_width(const Routing& r) { return r.block_sums.size() / static_cast<size_t>(r.blocks); }
+const double* block_row(const Routing& r, int b) { return &r.block_sums[static_cast<size_t>(b) * row_width(r)]; }
+
+// Capacity positions: where the first assignment of (slot, expert) of the block at token offset
+// `offset` stands among every assignment to the expert, in (slot, global token) order: earlier
+// slots' totals, then earlier token blocks' counts.
+std::vector<int64_t> slot_bases(const Routing& r, double offset) {
   const auto ke = static_cast<size_t>(r.top_k * r.experts);
   std::vector<int64_t> before(ke, 0), slot_total(ke, 0);
-  for (int b = 0; b < blocks; ++b) {
-    const double* row = &sums[static_cast<size_t>(b) * width];
+  for (int b = 0; b < r.blocks; ++b) {
+    const double* row = block_row(r, b);
     for (size_t i = 0; i < ke; ++i) {
-      const auto c = static_cast<int64_t>(row[1 + i]);
+      const auto c = static_cast<int64_t>(row[kHead + i]);
       slot_total[i] += c;
-      if (row[0] < static_cast<double>(my_offset)) before[i] += c;
+      if (row[0] < offset) before[i] += c;
     }
   }
-  // Position base of (slot, expert): earlier slots' totals, then earlier token blocks.
   for (int64_t e = 0; e < r.experts; ++e) {
     int64_t earlier = 0;
     for (int64_t s = 0; s < r.top_k; ++s) {
@@ -140,20 +145,47 @@ void apply_capacity(Routing& r, const std::vector<double>& sums, int blocks, dou
       before[i] += earlier;
       earlier += slot_total[i];
     }
-    r.dropped += std::max<int64_t>(0, earlier - capacity);
   }
+  return before;
+}
+
+// Capacity: assignment (token t, slot s, expert e) is kept iff fewer than C assignments to e come
+// before it in (slot, global token) order.
+void apply_capacity(Routing& r, double capacity_factor, int64_t my_offset) {
+  r.capacity = static_cast<int64_t>(
+      std::ceil(capacity_factor * static_cast<double>(r.tokens_total * r.top_k) / static_cast<double>(r.experts)));
+  for (int64_t e = 0; e < r.experts; ++e) {
+    r.dropped += std::max<int64_t>(0, static_cast<int64_t>(r.count_total[static_cast<size_t>(e)]) - r.capacity);
+  }
+  std::vector<int64_t> before = slot_bases(r, static_cast<double>(my_offset));
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t s = 0; s < r.top_k; ++s) {
       const auto a = static_cast<size_t>(t * r.top_k + s);
       const int64_t pos = before[static_cast<size_t>(s * r.experts + r.expert[a])]++;
-      r.kept[a] = pos < capacity ? 1 : 0;
+      r.kept[a] = pos < r.capacity ? 1 : 0;
     }
   }
 }
 
+// The assignments token block b keeps for each expert (what it sends there): its counts, less
+// what capacity drops (the positions apply_capacity gives that block's assignments).
+std::vector<int64_t> kept_counts_of_block(const Routing& r, int b) {
+  const double* row = block_row(r, b);
+  std::vector<int64_t> kept(static_cast<size_t>(r.experts), 0);
+  std::vector<int64_t> base = r.capacity >= 0 ? slot_bases(r, row[0]) : std::vector<int64_t>{};
+  for (int64_t s = 0; s < r.top_k; ++s) {
+    for (int64_t e = 0; e < r.experts; ++e) {
+      const auto i = static_cast<size_t>(s * r.experts + e);
+      const auto c = static_cast<int64_t>(row[kHead + i]);
+      kept[static_cast<size_t>(e)] += r.capacity < 0 ? c : std::clamp<int64_t>(r.capacity - base[i], 0, c);
+    }
+  }
+  return kept;
+}
+
 }  // namespace
 
-Routing route(const Tensor& x, const Tensor& gate, const MoeConfig& cfg, const MoeShard& shard) {
+Routing route(const Tensor& x, const Tensor& gate, int64_t local_experts, const MoeConfig& cfg, const MoeShard& shard) {
   Routing r;
   r.tokens = x.shape()[0];
   r.experts = gate.shape()[0];
@@ -171,22 +203,21 @@ Routing route(const Tensor& x, const Tensor& gate, const MoeConfig& cfg, const M
     router_probs<double>(x, gate, cfg.sigmoid, r);
   }
   choose_top_k(r, cfg.normalize);
-  int blocks = 1;
-  std::vector<double> sums = gather_block_sums(r, shard, blocks);
-  const size_t width = sums.size() / static_cast<size_t>(blocks);
+  gather_block_sums(r, local_experts, shard);
+  const size_t width = row_width(r);
   r.count_total.assign(static_cast<size_t>(r.experts), 0.0);
   r.prob_total.assign(static_cast<size_t>(r.experts), 0.0);
-  for (int b = 0; b < blocks; ++b) {  // group-rank order: every rank sums alike
-    const double* row = &sums[static_cast<size_t>(b) * width];
+  for (int b = 0; b < r.blocks; ++b) {  // group-rank order: every rank sums alike
+    const double* row = block_row(r, b);
     for (int64_t s = 0; s < r.top_k; ++s) {
-      for (int64_t e = 0; e < r.experts; ++e) r.count_total[static_cast<size_t>(e)] += row[1 + s * r.experts + e];
+      for (int64_t e = 0; e < r.experts; ++e) r.count_total[static_cast<size_t>(e)] += row[kHead + static_cast<size_t>(s * r.experts + e)];
     }
     for (int64_t e = 0; e < r.experts; ++e) {
-      r.prob_total[static_cast<size_t>(e)] += row[static_cast<size_t>(1 + r.top_k * r.experts + e)];
+      r.prob_total[static_cast<size_t>(e)] += row[kHead + static_cast<size_t>(r.top_k * r.experts + e)];
     }
     r.z_total += row[width - 1];
   }
-  if (cfg.capacity_factor > 0) apply_capacity(r, sums, blocks, cfg.capacity_factor, shard.token_offset);
+  if (cfg.capacity_factor > 0) apply_capacity(r, cfg.capacity_factor, shard.token_offset);
   return r;
 }
 
@@ -202,28 +233,39 @@ double z_loss_of(const Routing& r) {
   return r.tokens_total == 0 ? 0.0 : r.z_total / static_cast<double>(r.tokens_total);
 }
 
+namespace {
+
+// The token block (index into r.block_sums) of each expert-group peer: the same process's row of
+// the token group, which contains the expert group.
+std::vector<int> peer_blocks(const MoeShard& shard, int peers) {
+  if (!shard.expert_group) return {shard.token_group ? shard.token_group->rank() : 0};
+  SW_CHECK(shard.token_group, "moe_mlp: the experts are split over {} ranks but the tokens are not", peers);
+  const std::vector<int>& tokens = shard.token_group->members();
+  std::vector<int> blocks(static_cast<size_t>(peers), -1);
+  for (int p = 0; p < peers; ++p) {
+    const int global = shard.expert_group->members()[static_cast<size_t>(p)];
+    const auto at = std::find(tokens.begin(), tokens.end(), global);
+    SW_CHECK(at != tokens.end(), "moe_mlp: rank {} of the expert group does not hold a token block", global);
+    blocks[static_cast<size_t>(p)] = static_cast<int>(at - tokens.begin());
+  }
+  return blocks;
+}
+
+}  // namespace
+
 DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard) {
   DispatchPlan plan;
   plan.local_experts = local_experts;
-  const auto width = static_cast<size_t>(2 + r.experts);
-  std::vector<int64_t> mine(width, 0);
-  mine[0] = shard.expert_offset;
-  mine[1] = local_experts;
   std::vector<std::vector<int64_t>> bucket(static_cast<size_t>(r.experts));
   for (size_t a = 0; a < r.expert.size(); ++a) {
-    if (!r.kept[a]) continue;
-    bucket[static_cast<size_t>(r.expert[a])].push_back(static_cast<int64_t>(a));
-    ++mine[static_cast<size_t>(2 + r.expert[a])];
+    if (r.kept[a]) bucket[static_cast<size_t>(r.expert[a])].push_back(static_cast<int64_t>(a));
   }
   plan.peers = shard.expert_group ? shard.expert_group->size() : 1;
-  std::vector<int64_t> info = mine;
-  if (shard.expert_group) {
-    info.resize(width * static_cast<size_t>(plan.peers));
-    shard.expert_group->all_gather(mine.data(), info.data(), static_cast<int64_t>(width), DType::I64);
-  }
+  const std::vector<int> blocks = peer_blocks(shard, plan.peers);
   std::vector<int> owner(static_cast<size_t>(r.experts), -1);
   for (int p = 0; p < plan.peers; ++p) {
-    const int64_t lo = info[p * width], n = info[p * width + 1];
+    const double* row = block_row(r, blocks[static_cast<size_t>(p)]);
+    const auto lo = static_cast<int64_t>(row[1]), n = static_cast<int64_t>(row[2]);
     for (int64_t e = lo; e < lo + n; ++e) {
       SW_CHECK(e >= 0 && e < r.experts && owner[static_cast<size_t>(e)] < 0,
                "moe_mlp: expert {} is held by two ranks of the expert group (or is out of range)", e);
@@ -237,15 +279,20 @@ DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeSha
   plan.recv_rows.assign(static_cast<size_t>(plan.peers), 0);
   plan.rows_from.assign(static_cast<size_t>(plan.peers * local_experts), 0);
   plan.expert_rows.assign(static_cast<size_t>(local_experts), 0);
+  plan.send_first.assign(1, 0);
   for (int p = 0; p < plan.peers; ++p) {
-    const int64_t lo = info[p * width], n = info[p * width + 1];
+    const double* row = block_row(r, blocks[static_cast<size_t>(p)]);
+    const auto lo = static_cast<int64_t>(row[1]), n = static_cast<int64_t>(row[2]);
     for (int64_t e = lo; e < lo + n; ++e) {
       const auto& b = bucket[static_cast<size_t>(e)];
       plan.order.insert(plan.order.end(), b.begin(), b.end());
       plan.send_rows[static_cast<size_t>(p)] += static_cast<int64_t>(b.size());
+      plan.send_expert_rows.push_back(static_cast<int64_t>(b.size()));
     }
+    plan.send_first.push_back(static_cast<int64_t>(plan.send_expert_rows.size()));
+    const std::vector<int64_t> kept = kept_counts_of_block(r, blocks[static_cast<size_t>(p)]);
     for (int64_t j = 0; j < local_experts; ++j) {
-      const int64_t rows = info[p * width + 2 + static_cast<size_t>(shard.expert_offset + j)];
+      const int64_t rows = kept[static_cast<size_t>(shard.expert_offset + j)];
       plan.rows_from[static_cast<size_t>(p * local_experts + j)] = rows;
       plan.recv_rows[static_cast<size_t>(p)] += rows;
       plan.expert_rows[static_cast<size_t>(j)] += rows;

@@ -21,10 +21,17 @@ struct Routing {
   std::vector<double> prob_total;    // [experts] sum over every token of p
   double z_total = 0;                // sum over every token of lse^2
   int64_t dropped = 0;               // assignments dropped over every token
+  int64_t capacity = -1;             // assignments an expert keeps (-1: dropless)
+  // Every token block's row, gathered over the token group in group-rank order (one rank: its
+  // own): [token offset, expert offset, local experts, counts [top_k][E], prob sums [E], sum lse^2].
+  std::vector<double> block_sums;
+  int blocks = 1;
 };
 
-// Routes x's local rows (f32 or f64) through gate [E, d]; collective over shard.token_group.
-Routing route(const Tensor& x, const Tensor& gate, const MoeConfig& cfg, const MoeShard& shard);
+// Routes x's local rows (f32 or f64) through gate [E, d]; collective over shard.token_group (one
+// all_gather, which also carries this rank's expert range [shard.expert_offset, +local_experts)
+// and counts: plan_dispatch needs no collective of its own).
+Routing route(const Tensor& x, const Tensor& gate, int64_t local_experts, const MoeConfig& cfg, const MoeShard& shard);
 
 // The aux loss and z-loss from the global sums (0 when there are no tokens).
 double aux_loss_of(const Routing& r);
@@ -36,11 +43,14 @@ struct DispatchPlan {
   int64_t local_experts = 0;
   std::vector<int64_t> order;      // kept assignment indices (token * top_k + slot) in send order
   std::vector<int64_t> send_rows;  // [peers]
+  // The rows sent to each of peer p's experts, in order: [send_first[p], send_first[p + 1]).
+  std::vector<int64_t> send_first, send_expert_rows;
   std::vector<int64_t> recv_rows;  // [peers]
   std::vector<int64_t> rows_from;  // [peers * local_experts]: rows from peer p for local expert j
   std::vector<int64_t> expert_rows;  // [local_experts]
 };
-// Collective over shard.expert_group (one all-gather of each rank's expert range and counts).
+// No collective: each expert-group peer's expert range and kept counts per expert come from its
+// token block's row in r.block_sums (the expert group is within the token group).
 DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard);
 
 }  // namespace shardwise::ops::moe_detail
