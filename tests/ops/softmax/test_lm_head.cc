@@ -334,7 +334,7 @@ TEST(LmHeadCrossEntropyRule, DataTensorAndSequenceParallelLayouts) {
   EXPECT_EQ(r.outputs[0].to_string(), "S(0),P(sum)");
   EXPECT_EQ(r.outputs[1].to_string(), "P(sum),S(0)");
   // forward_grads: the extra outputs are laid out as those gradients; in the grad rule they are read
-  // as made, their own grads (never read) Replicate.
+  // as made, their own grads (never read) laid out as them.
   Attrs fg{{"reduction", std::string("sum")}, {"forward_grads", int64_t{3}}, {"grad_scale", 0.5}};
   r = vp.forward(m22, in, fg);
   ASSERT_EQ(r.outputs.size(), 3u);
@@ -348,7 +348,8 @@ TEST(LmHeadCrossEntropyRule, DataTensorAndSequenceParallelLayouts) {
   ASSERT_EQ(r.inputs.size(), 9u);
   EXPECT_EQ(r.inputs[4].to_string(), "S(0),P(sum)");
   EXPECT_EQ(r.inputs[5].to_string(), "P(sum),S(0)");
-  EXPECT_EQ(r.inputs[8].to_string(), "R,R");
+  EXPECT_EQ(r.inputs[7].to_string(), "S(0),P(sum)");
+  EXPECT_EQ(r.inputs[8].to_string(), "P(sum),S(0)");
   EXPECT_EQ(r.outputs[0].to_string(), "S(0),P(sum)");
   EXPECT_EQ(r.outputs[1].to_string(), "P(sum),S(0)");
   // A hidden-sharded h is gathered (the contraction happens inside the kernel); "mean" gathers rows.

@@ -354,6 +354,7 @@ OpDef make_lm_head(bool vocab_parallel) {
   }
   // h, W, labels (for the gradients not formed in the forward) and the forward's dh and dW; not the loss.
   def.backward_reads = std::vector<int>{0, 1, 2, 4, 5};
+  def.grad_outputs = 1;  // dh and dW carry no gradient: their slots hold themselves, not a zero fill
   def.cases = head_cases();
   return def;
 }

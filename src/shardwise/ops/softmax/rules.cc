@@ -60,7 +60,8 @@
 //    part of dlogitsᵀ · h); a P(sum|avg) dloss on a mesh dim that shards nothing passes to both.
 //  forward_grads (the gradients formed in the forward as extra outputs): forward lays them out as
 //    the gradients above; grad reads them so (h, W, labels, loss, [dh], [dW], dloss, [ddh], [ddW]),
-//    the extra outputs' own grads (never read) Replicate, as the graph's zero fill is.
+//    the extra outputs' own grads (never read) laid out as the outputs, which autodiff puts in
+//    their slots (OpDef::grad_outputs).
 #include <array>
 
 #include "shardwise/core/error.h"
@@ -335,9 +336,13 @@ SpmdResult head_grad(std::string_view name, const ProcessMesh& mesh, std::span<c
   SpmdResult r{{h, w, labels, g[3].dist}, {grads[0], grads[1], labels}};
   for (DistAttr& d : saved_grad_dists(l, axes, nd)) r.inputs.push_back(std::move(d));  // as the forward made them
   r.inputs.push_back(none ? labels : DistAttr(nd));
-  // The extra outputs' grads are never read (the loss's gradient is what flows): Replicate, as the
-  // graph's zero fill for them already is.
-  for (size_t k = dloss + 1; k < g.size(); ++k) r.inputs.push_back(DistAttr(nd));
+  // The extra outputs' grads are never read (the loss's gradient is what flows): laid out as the
+  // outputs, which autodiff puts in those slots (OpDef::grad_outputs); a zero fill (R) partializes
+  // or slices for free.
+  for (size_t k = 4; k < dloss; ++k) {
+    DistAttr made = r.inputs[k];
+    r.inputs.push_back(std::move(made));
+  }
   pass_linear_partials(axes, nd, g[dloss].dist, r.inputs[dloss], std::span<DistAttr>(r.outputs.data(), 2));
   return r;
 }
