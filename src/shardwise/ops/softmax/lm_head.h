@@ -40,7 +40,8 @@ namespace shardwise::ops {
 // The default budget of one chunk's logits (64 MiB: 333 rows of f32 logits at V = 50 257). Each
 // chunk's GEMMs repack the whole weight and the dW GEMM reads and writes all of dW, so small chunks
 // cost time: the head alone at the GPT-2 small shape took 4.5x (4 MiB), 2.3x (16 MiB) and 1.5x
-// (64 MiB) the unfused pair's time (bench/bench_lm_head.cc, BENCHMARKS.md).
+// (64 MiB) the unfused pair's time with the recomputing backward, and about the pair's time at 64
+// MiB with the gradients formed in the forward (bench/bench_lm_head.cc, BENCHMARKS.md).
 inline constexpr int64_t kLmHeadChunkBytes = int64_t{64} << 20;
 
 struct LmHeadArgs {
