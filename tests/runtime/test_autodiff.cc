@@ -139,6 +139,52 @@ TEST(Autodiff, FrozenParametersTakeNoGradient) {
   }
 }
 
+// The fused LM head with its gradients formed in the forward (two outputs that carry no gradient,
+// OpDef::grad_outputs): their gradient slots hold the outputs themselves, no zero fill of their
+// size is added, and the parameters' gradients equal the unfused matmul + cross_entropy graph's.
+void build_head(graph::Graph& g, bool fused) {
+  auto x = g.input("x", Shape{6, 3}, DType::F64);
+  auto labels = g.input("labels", Shape{6}, DType::I64);
+  auto w1 = g.param("w1", Shape{3, 4}, DType::F64);
+  auto head = g.param("head", Shape{9, 4}, DType::F64);
+  auto h = g.matmul(x, w1, false, "h");
+  Attrs a{{"reduction", std::string("sum")}};
+  if (fused) a.set("forward_grads", int64_t{3}), a.set("grad_scale", 0.25);
+  auto total = fused ? g.op1("lm_head_cross_entropy", {h, head, labels}, a, "total")
+                     : g.op1("cross_entropy", {g.matmul(h, head, true, "logits"), labels}, a, "total");
+  g.scale(total, 0.25, 0.0, "loss");
+}
+
+TEST(Autodiff, OutputsWithoutAGradientStandInForTheirOwnAndAddNoFill) {
+  graph::Graph g;
+  build_head(g, true);
+  graph::append_backward(g, g.get("loss"));
+  int backward_nodes = 0;
+  for (const graph::Node& n : g.nodes()) {
+    if (n.kind == graph::NodeKind::Fill) EXPECT_NE(g.value(n.outputs[0]).meta.shape, (Shape{9, 4})) << "a fill of dW's size";
+    if (n.kind != graph::NodeKind::Backward || n.op != "lm_head_cross_entropy") continue;
+    ++backward_nodes;
+    ASSERT_EQ(n.inputs.size(), 9u);  // h, W, labels, 3 outputs, 3 output grads
+    EXPECT_EQ(n.inputs[7], g.get("total:1"));
+    EXPECT_EQ(n.inputs[8], g.get("total:2"));
+    EXPECT_NE(n.inputs[6], g.get("total"));  // the loss's gradient is a real one
+  }
+  EXPECT_EQ(backward_nodes, 1);
+  std::map<std::string, Tensor> data = {{"x", random(Shape{6, 3}, 11)}, {"w1", random(Shape{3, 4}, 12)},
+                                        {"head", random(Shape{9, 4}, 13)},
+                                        {"labels", Tensor::from<int64_t>({6}, std::vector<int64_t>{3, 8, 0, 5, 5, 1})}};
+  mesh::ProcessMesh one(Shape{1});
+  auto fused = run_graph([](graph::Graph& gr) { build_head(gr, true); }, one, data, "loss", {"loss"});
+  auto plain = run_graph([](graph::Graph& gr) { build_head(gr, false); }, one, data, "loss", {"loss"});
+  EXPECT_NEAR(fused.values.at("loss").at(0), plain.values.at("loss").at(0), 1e-12);
+  for (const char* p : {"w1", "head"}) {
+    const Tensor& a = fused.grads.at(p);
+    const Tensor& b = plain.grads.at(p);
+    ASSERT_EQ(a.shape(), b.shape()) << p;
+    for (int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.at(i), b.at(i), 1e-12) << p << " element " << i;
+  }
+}
+
 TEST(Builder, ShapeMismatchAndUnknownOpNameTheNode) {
   graph::Graph g;
   auto x = g.input("x", Shape{2, 3});

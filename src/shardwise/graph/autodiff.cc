@@ -16,6 +16,15 @@ NodeId fill(Graph& g, const ops::TensorMeta& meta, double value, const std::stri
   return g.add_node(std::move(n), {meta}, ValueKind::Grad, {name});
 }
 
+// The gradient slot of a forward node's output k: past the op's grad_outputs, when nothing gives it
+// a gradient, the output itself (never read) rather than finish's zero fill of its size.
+template <class Finish>
+ValueId grad_slot(const ops::OpDef& def, ValueId out, size_t k, const std::vector<ValueId>& contributions,
+                  Finish& finish) {
+  const bool no_grad = def.grad_outputs >= 0 && k >= static_cast<size_t>(def.grad_outputs) && contributions.empty();
+  return no_grad ? out : finish(out);
+}
+
 }  // namespace
 
 std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptions& options) {
@@ -108,7 +117,8 @@ std::vector<ValueId> append_backward(Graph& g, ValueId loss, const AutodiffOptio
     back.forward = fwd.id;
     back.inputs = fwd.inputs;
     back.inputs.insert(back.inputs.end(), fwd.outputs.begin(), fwd.outputs.end());
-    for (ValueId o : fwd.outputs) back.inputs.push_back(finish(o));
+    for (size_t k = 0; k < fwd.outputs.size(); ++k)
+      back.inputs.push_back(grad_slot(def, fwd.outputs[k], k, contributions[static_cast<size_t>(fwd.outputs[k])], finish));
     std::vector<ops::TensorMeta> metas;
     std::vector<std::string> names;
     for (size_t k = 0; k < fwd.inputs.size(); ++k) {

@@ -117,6 +117,11 @@ struct OpDef {
   std::optional<std::vector<int>> backward_reads;
   // Optional: gradients of a subset of the inputs (see PartialBackwardFn).
   PartialBackwardFn backward_partial;
+  // Outputs from this index on carry no gradient (by-products the backward reads as values, such as
+  // the fused LM head's gradients formed in its forward): where nothing else gives them one,
+  // autodiff puts the output itself in its gradient slot (never read) instead of a zero fill of its
+  // size. -1: every output takes a gradient.
+  int grad_outputs = -1;
   bool has_backward() const { return backward || backward_in_context; }
   // Whether the gradient kernel reads the value of forward tensor k (index into inputs ++ outputs).
   bool backward_reads_value(int k) const;

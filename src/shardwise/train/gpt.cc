@@ -305,9 +305,15 @@ void head_loss(graph::Graph& g, const GptConfig& c, const Strategy& s, graph::Va
                          : (s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy");
   std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{x, w, labels}
                                          : std::vector<graph::ValueId>{logits, labels};
-  auto total = g.op1(op, in, {{"reduction", std::string("sum")}}, "loss_sum");
+  // Fused, the head's gradients for the dloss this scale gives it come out of its forward (extra
+  // outputs "loss_sum:1", ":2"; only those of inputs that take a gradient: a frozen LoRA head none).
+  const double scale = 1.0 / static_cast<double>(B * S);
+  Attrs attrs{{"reduction", std::string("sum")}};
+  const int64_t grads = (g.value(x).requires_grad ? 1 : 0) | (g.value(w).requires_grad ? 2 : 0);
+  if (fused && c.head_grads_in_forward && grads != 0) attrs.set("forward_grads", grads), attrs.set("grad_scale", scale);
+  auto total = g.op1(op, in, std::move(attrs), "loss_sum");
   out.loss_sum = total;
-  out.loss = g.scale(total, 1.0 / static_cast<double>(B * S), 0.0, loss_name);
+  out.loss = g.scale(total, scale, 0.0, loss_name);
 }
 
 Tensor init_param(const GptConfig& c, const std::string& name, const Shape& shape, uint64_t seed) {

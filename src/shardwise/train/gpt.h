@@ -67,6 +67,10 @@ struct GptConfig {
   // and dropped in row chunks) or "unfused" (matmul to the logits, then cross_entropy). Generation
   // and the prediction graph always compute the logits.
   std::string lm_head = "fused";
+  // The fused head of a training graph forms its gradients in its forward (lm_head.h's
+  // forward_grads: three GEMMs, no chunk of logits recomputed in the backward); the loss graph,
+  // which is never differentiated, turns it off (staged.cc).
+  bool head_grads_in_forward = true;
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }

@@ -129,7 +129,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
   // The loss graph is the training graph without dropout, read at its summed cross-entropy, and
   // compiled without a backward (StageSpec::training false).
   GptConfig model = model_in;
-  if (what == StageGraph::Loss) model.dropout = 0;
+  if (what == StageGraph::Loss) model.dropout = 0, model.head_grads_in_forward = false;
   const bool with_loss = what != StageGraph::Predictions;
   for (int s : layout.schedule.stages_of(pipeline_rank)) {
     const pipeline::LayerRange& range = layout.layers[static_cast<size_t>(s)];

@@ -154,6 +154,71 @@ TEST(LmHeadCrossEntropy, PartialBackwardComputesOnlyTheWantedGradient) {
   }
 }
 
+// forward_grads: the forward's dh and dW (for dloss = grad_scale) against the double reference,
+// bit for bit the recomputing backward's (same chunks, same formula); the backward hands them back
+// without a copy when dloss is grad_scale and rescales them otherwise.
+TEST(LmHeadCrossEntropy, ForwardGradsEqualTheReferenceAndTheRecomputedBackward) {
+  Fixture f;
+  Ref ref = reference(f.h, f.w, f.ids, 0);
+  for (LossReduction r : {LossReduction::Sum, LossReduction::Mean}) {
+    SCOPED_TRACE(static_cast<int>(r));
+    LmHeadArgs a = f.args(r);
+    a.forward_grads = kLmHeadGradH | kLmHeadGradW;
+    a.grad_scale = 1.7;
+    std::vector<Tensor> out = lm_head_cross_entropy_outputs(f.h, f.w, f.labels, a);
+    ASSERT_EQ(out.size(), 3u);
+    ASSERT_EQ(out[1].shape(), f.h.shape());
+    ASSERT_EQ(out[2].shape(), f.w.shape());
+    EXPECT_TRUE(compare(out[0], lm_head_cross_entropy(f.h, f.w, f.labels, f.args(r)), 0, 0).equal);
+    const double wgt = r == LossReduction::Mean ? 1.7 / static_cast<double>(ref.count) : 1.7;
+    for (int64_t i = 0; i < 7; ++i) {
+      for (int64_t k = 0; k < 5; ++k) {
+        double dh = 0, dw = 0;
+        for (int64_t c = 0; c < 11; ++c) dh += ref.dz[static_cast<size_t>(i * 11 + c)] * f.w.at(c * 5 + k);
+        for (int64_t j = 0; j < 7; ++j) dw += ref.dz[static_cast<size_t>(j * 11 + i)] * f.h.at(j * 5 + k);
+        EXPECT_NEAR(out[1].at(i * 5 + k), dh * wgt, 1e-12) << "dh " << i << "," << k;
+        EXPECT_NEAR(out[2].at(i * 5 + k), dw * wgt, 1e-12) << "dW " << i << "," << k;  // classes 0..6
+      }
+    }
+    const Tensor dloss = Tensor::from<double>({}, {1.7});
+    auto [rh, rw] = lm_head_cross_entropy_backward(f.h, f.w, f.labels, dloss, f.args(r));
+    EXPECT_TRUE(compare(out[1], rh, 0, 0).equal);
+    EXPECT_TRUE(compare(out[2], rw, 0, 0).equal);
+    auto [sh, sw] = lm_head_cross_entropy_backward(f.h, f.w, f.labels, dloss, a, {true, true}, {out[1], out[2]});
+    EXPECT_EQ(sh.raw(), out[1].raw());  // no copy
+    EXPECT_EQ(sw.raw(), out[2].raw());
+    const Tensor other = Tensor::from<double>({}, {-0.6});
+    auto [oh, ow] = lm_head_cross_entropy_backward(f.h, f.w, f.labels, other, a, {true, true}, {out[1], out[2]});
+    auto [eh, ew] = lm_head_cross_entropy_backward(f.h, f.w, f.labels, other, f.args(r));
+    for (int64_t i = 0; i < eh.numel(); ++i) EXPECT_NEAR(oh.at(i), eh.at(i), 1e-14) << "rescaled dh " << i;
+    for (int64_t i = 0; i < ew.numel(); ++i) EXPECT_NEAR(ow.at(i), ew.at(i), 1e-14) << "rescaled dW " << i;
+  }
+}
+
+// Only dh formed in the forward (a frozen head weight): one extra output; a dW asked for anyway is
+// recomputed; an undefined W gradient is not.
+TEST(LmHeadCrossEntropy, ForwardGradsOfOneInputRecomputeTheOther) {
+  Fixture f;
+  const OpDef& op = op_registry().get("lm_head_cross_entropy");
+  Attrs attrs{{"reduction", std::string("sum")}, {"ignore_index", int64_t{0}}, {"chunk_bytes", int64_t{3 * 11 * 8}},
+              {"forward_grads", int64_t{1}}, {"grad_scale", 0.5}};
+  std::vector<Tensor> in{f.h, f.w, f.labels};
+  std::vector<Tensor> out = run_forward(op, in, attrs);
+  ASSERT_EQ(out.size(), 2u);
+  std::vector<TensorMeta> in_meta{{f.h.shape(), DType::F64}, {f.w.shape(), DType::F64}, {f.labels.shape(), DType::I64}};
+  std::vector<TensorMeta> metas = infer_checked(op, in_meta, attrs);
+  ASSERT_EQ(metas.size(), 2u);
+  EXPECT_EQ(metas[1].shape, f.h.shape());
+  std::vector<Tensor> dout{Tensor::from<double>({}, {0.5}), Tensor(DType::F64, f.h.shape())};
+  std::vector<Tensor> g = run_backward(op, in, out, dout, attrs);
+  auto [rh, rw] = lm_head_cross_entropy_backward(f.h, f.w, f.labels, dout[0], f.args(LossReduction::Sum));
+  EXPECT_EQ(g[0].raw(), out[1].raw());
+  EXPECT_TRUE(compare(g[0], rh, 0, 0).equal);
+  EXPECT_TRUE(compare(g[1], rw, 0, 0).equal);
+  bool only_h[3] = {true, false, false};
+  EXPECT_FALSE(run_backward(op, in, out, dout, attrs, nullptr, only_h)[1].defined());
+}
+
 TEST(LmHeadCrossEntropy, EveryLabelIgnoredGivesZeroGradientsAndPyTorchsMean) {
   Fixture f;
   Tensor labels = Tensor::from<int64_t>({7}, std::vector<int64_t>(7, 0));
@@ -195,6 +260,16 @@ TEST(LmHeadCrossEntropy, F32MatchesTheUnfusedPair) {
     }
   }
   EXPECT_FALSE(g[2].defined());
+  // The gradients formed in the forward: the pair's too, and the recomputing backward's bits.
+  attrs.set("forward_grads", int64_t{3});
+  attrs.set("grad_scale", 0.25);
+  std::vector<Tensor> fwd = run_forward(op_registry().get("lm_head_cross_entropy"), in, attrs);
+  ASSERT_EQ(fwd.size(), 3u);
+  EXPECT_TRUE(compare(fwd[0], fused, 0, 0).equal);
+  for (int t = 0; t < 2; ++t) {
+    CompareResult c = compare(fwd[static_cast<size_t>(t) + 1], g[static_cast<size_t>(t)], 0, 0);
+    EXPECT_TRUE(c.equal) << t << ": " << c.message;
+  }
 }
 
 TEST(LmHeadCrossEntropy, BadInputsAreErrorsNamingTheProblem) {
@@ -214,6 +289,15 @@ TEST(LmHeadCrossEntropy, BadInputsAreErrorsNamingTheProblem) {
   EXPECT_NE(message([&] { lm_head_cross_entropy(f.h, f.w, bad, f.args(LossReduction::Sum)); }).find("label 11 at position 2"),
             std::string::npos);
   EXPECT_NE(message([&] { lm_head_args({{"chunk_bytes", int64_t{0}}}, "lm_head_cross_entropy"); }).find("chunk_bytes"),
+            std::string::npos);
+  EXPECT_NE(message([&] { lm_head_args({{"forward_grads", int64_t{4}}}, "lm_head_cross_entropy"); })
+                .find("forward_grads must be 0-3"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              lm_head_args({{"forward_grads", int64_t{3}}, {"reduction", std::string("none")}}, "lm_head_cross_entropy");
+            }).find("forward_grads needs reduction \"sum\" or \"mean\""),
+            std::string::npos);
+  EXPECT_NE(message([&] { lm_head_args({{"grad_scale", 0.0}}, "lm_head_cross_entropy"); }).find("grad_scale must be"),
             std::string::npos);
 }
 
@@ -247,6 +331,25 @@ TEST(LmHeadCrossEntropyRule, DataTensorAndSequenceParallelLayouts) {
   std::vector<TensorSpec> g{in[0], in[1], in[2], spec({}, DType::F32, "P(sum),R", 2), spec({}, DType::F32, "R,R", 2)};
   r = vp.grad(m22, g, sum);
   EXPECT_EQ(r.inputs[0].to_string(), "S(0),R");
+  EXPECT_EQ(r.outputs[0].to_string(), "S(0),P(sum)");
+  EXPECT_EQ(r.outputs[1].to_string(), "P(sum),S(0)");
+  // forward_grads: the extra outputs are laid out as those gradients; in the grad rule they are read
+  // as made, their own grads (never read) laid out as them.
+  Attrs fg{{"reduction", std::string("sum")}, {"forward_grads", int64_t{3}}, {"grad_scale", 0.5}};
+  r = vp.forward(m22, in, fg);
+  ASSERT_EQ(r.outputs.size(), 3u);
+  EXPECT_EQ(r.outputs[1].to_string(), "S(0),P(sum)");
+  EXPECT_EQ(r.outputs[2].to_string(), "P(sum),S(0)");
+  std::vector<TensorSpec> g3{in[0], in[1], in[2], spec({}, DType::F32, "P(sum),R", 2),
+                             spec({4, 6, 8}, DType::F32, "S(0),P(sum)", 2), spec({10, 8}, DType::F32, "P(sum),S(0)", 2),
+                             spec({}, DType::F32, "R,R", 2), spec({4, 6, 8}, DType::F32, "R,R", 2),
+                             spec({10, 8}, DType::F32, "R,S(1)", 2)};
+  r = vp.grad(m22, g3, fg);
+  ASSERT_EQ(r.inputs.size(), 9u);
+  EXPECT_EQ(r.inputs[4].to_string(), "S(0),P(sum)");
+  EXPECT_EQ(r.inputs[5].to_string(), "P(sum),S(0)");
+  EXPECT_EQ(r.inputs[7].to_string(), "S(0),P(sum)");
+  EXPECT_EQ(r.inputs[8].to_string(), "P(sum),S(0)");
   EXPECT_EQ(r.outputs[0].to_string(), "S(0),P(sum)");
   EXPECT_EQ(r.outputs[1].to_string(), "P(sum),S(0)");
   // A hidden-sharded h is gathered (the contraction happens inside the kernel); "mean" gathers rows.

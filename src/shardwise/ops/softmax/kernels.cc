@@ -487,6 +487,76 @@ Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labe
   return dx;
 }
 
+CrossEntropyRowSums cross_entropy_local_sums_to_exp(Tensor& logits, const Tensor& labels,
+                                                    std::span<const double> row_max, int64_t ignore_index,
+                                                    const ClassShard& shard, std::vector<uint8_t>& exp_rows) {
+  check_inputs_defined(logits, labels);
+  const int64_t c_local = logits.shape().back();
+  LabelRows rows = check_labels(labels, checked_classes(logits, shard), ignore_index);
+  check_rows("the row max", row_max, rows.labels.size());
+  const size_t n = rows.labels.size();
+  CrossEntropyRowSums s{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+  exp_rows.assign(n, 0);
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    T* px = logits.data<T>();
+    parallel_for(static_cast<int64_t>(n), kParallelGrain / std::max<int64_t>(c_local, 1) + 1, [&](int64_t r0, int64_t r1) {
+      for (auto i = static_cast<size_t>(r0); i < static_cast<size_t>(r1); ++i) {
+        T* row = px + static_cast<int64_t>(i) * c_local;
+        const int64_t local_label = rows.labels[i] - shard.offset;
+        if (rows.labels[i] != ignore_index && local_label >= 0 && local_label < c_local) {
+          s.target[i] = to_f64(row[local_label]);  // before the row becomes exponentials
+        }
+        if constexpr (std::is_same_v<T, float>) {
+          if (fast_f32_row(row, c_local, row_max[i])) {
+            s.sum_exp[i] = row_sum_exp(row, static_cast<float>(row_max[i]), row, c_local);
+            exp_rows[i] = 1;
+            continue;
+          }
+        }
+        for (int64_t c = 0; c < c_local; ++c) s.sum_exp[i] += std::exp(to_f64(row[c]) - row_max[i]);
+      }
+    });
+  });
+  return s;
+}
+
+void cross_entropy_grad_in_place(Tensor& x, const Tensor& labels, double w, std::span<const double> row_max,
+                                 std::span<const double> sum_exp, std::span<const uint8_t> exp_rows,
+                                 int64_t ignore_index, const ClassShard& shard) {
+  check_inputs_defined(x, labels);
+  const int64_t c_local = x.shape().back();
+  LabelRows rows = check_labels(labels, checked_classes(x, shard), ignore_index);
+  check_rows("the row max", row_max, rows.labels.size());
+  check_rows("the sum of exponentials", sum_exp, rows.labels.size());
+  SW_CHECK(exp_rows.size() == rows.labels.size(), "cross_entropy: {} exponential-row flags for {} rows",
+           exp_rows.size(), rows.labels.size());
+  dispatch_float(x.dtype(), "cross_entropy backward", [&]<class T>() {
+    T* px = x.data<T>();
+    const auto n_rows = static_cast<int64_t>(rows.labels.size());
+    parallel_for(n_rows, kParallelGrain / std::max<int64_t>(c_local, 1) + 1, [&](int64_t r0, int64_t r1) {
+      for (auto i = static_cast<size_t>(r0); i < static_cast<size_t>(r1); ++i) {
+        T* row = px + static_cast<int64_t>(i) * c_local;
+        if (rows.labels[i] == ignore_index) {
+          std::fill(row, row + c_local, T(0));
+          continue;
+        }
+        const int64_t y = rows.labels[i] - shard.offset;
+        if (exp_rows[i]) {  // row[c] = exp_shifted(logit - max): as cross_entropy_backward_from_rows' f32 path
+          const double inv = 1.0 / sum_exp[i];
+          const double py = y >= 0 && y < c_local ? static_cast<double>(row[y]) * inv : 0.0;
+          for (int64_t c = 0; c < c_local; ++c) row[c] = static_cast<T>(static_cast<double>(row[c]) * inv * w);
+          if (y >= 0 && y < c_local) row[y] = static_cast<T>((py - 1.0) * w);
+          continue;
+        }
+        for (int64_t c = 0; c < c_local; ++c) {
+          const double p = std::exp(to_f64(row[c]) - row_max[i]) / sum_exp[i];
+          row[c] = from_f64<T>((p - (c == y ? 1.0 : 0.0)) * w);
+        }
+      }
+    });
+  });
+}
+
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
                               LossReduction reduction) {
   check_inputs_defined(logits, labels);

@@ -83,4 +83,17 @@ Tensor cross_entropy_backward_from_rows(const Tensor& logits, const Tensor& labe
                                         std::span<const double> row_max, std::span<const double> sum_exp,
                                         int64_t ignore_index, LossReduction reduction, const ClassShard& shard = {});
 
+// The same two pieces on one buffer, for the fused LM head (lm_head.cc), with the same numbers:
+// cross_entropy_local_sums_to_exp returns cross_entropy_local_sums' values and replaces each row that
+// takes the f32 path by its exponentials exp_shifted(logit - max) (exp_rows[i] = 1); the other rows
+// keep their logits. cross_entropy_grad_in_place then makes every row its dlogits (softmax - onehot)
+// * w (w: the per-row weight of a "sum" / "mean" loss, dloss or dloss / count), 0 on ignored rows:
+// cross_entropy_backward_from_rows' values without a second buffer or a second exponential.
+CrossEntropyRowSums cross_entropy_local_sums_to_exp(Tensor& logits, const Tensor& labels,
+                                                    std::span<const double> row_max, int64_t ignore_index,
+                                                    const ClassShard& shard, std::vector<uint8_t>& exp_rows);
+void cross_entropy_grad_in_place(Tensor& rows, const Tensor& labels, double w, std::span<const double> row_max,
+                                 std::span<const double> sum_exp, std::span<const uint8_t> exp_rows,
+                                 int64_t ignore_index, const ClassShard& shard);
+
 }  // namespace shardwise::ops

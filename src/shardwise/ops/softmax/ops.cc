@@ -240,7 +240,8 @@ constexpr std::string_view kLmHead = "lm_head_cross_entropy";
 constexpr std::string_view kVpLmHead = "vocab_parallel_lm_head_cross_entropy";
 
 VerifyCase head_case(Shape h, int64_t vocab, const char* reduction, DType dtype = DType::F64,
-                     int64_t ignore_index = -100, int64_t chunk_bytes = 0) {
+                     int64_t ignore_index = -100, int64_t chunk_bytes = 0, int64_t forward_grads = 0,
+                     double grad_scale = 1.0) {
   Shape labels;
   for (int d = 0; d + 1 < h.ndim(); ++d) labels.push_back(h[d]);
   Shape w{vocab, h.back()};
@@ -248,6 +249,7 @@ VerifyCase head_case(Shape h, int64_t vocab, const char* reduction, DType dtype 
   a.set("reduction", std::string(reduction));
   if (ignore_index != -100) a.set("ignore_index", ignore_index);
   if (chunk_bytes > 0) a.set("chunk_bytes", chunk_bytes);
+  if (forward_grads != 0) a.set("forward_grads", forward_grads), a.set("grad_scale", grad_scale);
   return VerifyCase{{h, w, labels}, {dtype, dtype, DType::I64}, std::move(a),
                     {ValueGen{}, ValueGen{}, ValueGen{Kind::Index, 0, static_cast<double>(vocab - 1)}}};
 }
@@ -255,7 +257,10 @@ VerifyCase head_case(Shape h, int64_t vocab, const char* reduction, DType dtype 
 // Every reduction on 12x12 rows over 12 classes (even on every mesh) in one chunk, and on 5x3 rows
 // over 7 classes (uneven rows and vocab blocks; a vocab block may be empty on [2,3]) with ignore_index 0 (a
 // real class) in chunks of one row; 1x4 rows (empty row shards); 2x3x4 rows (two batch dims) in
-// chunks of two rows; f32.
+// chunks of two rows; f32. Gradients formed in the forward (forward_grads; few cases: each extra
+// output multiplies the reverse and grad combinations): both on 12x12 "sum" and on 5x3 "mean" in
+// one-row chunks (grad_scale 0.25, which the verifier's random dloss is not: the backward
+// rescales), dh only on 4x3 "sum" in two-row chunks, dW only on 1x4 (empty row shards).
 std::vector<VerifyCase> head_cases() {
   std::vector<VerifyCase> cases;
   for (const char* r : {"mean", "sum", "none"}) {
@@ -265,6 +270,10 @@ std::vector<VerifyCase> head_cases() {
   cases.push_back(head_case({1, 4}, 2, "sum"));
   cases.push_back(head_case({2, 3, 4}, 5, "none", DType::F64, 2, 80));
   cases.push_back(head_case({5, 3}, 7, "mean", DType::F32, -100, 64));
+  cases.push_back(head_case({12, 12}, 12, "sum", DType::F64, -100, 0, 3));
+  cases.push_back(head_case({5, 3}, 7, "mean", DType::F64, 0, 8, 3, 0.25));
+  cases.push_back(head_case({4, 3}, 5, "sum", DType::F64, 2, 80, 1));
+  cases.push_back(head_case({1, 4}, 2, "sum", DType::F64, -100, 0, 2));
   return cases;
 }
 
@@ -275,6 +284,15 @@ LmHeadArgs head_args(const Attrs& attrs, const KernelContext* ctx, std::string_v
   a.shard = {ctx->tensors[1].global_shape[0], ctx->tensors[1].offset[0]};
   a.group = ctx->group_sharding(1, 1u, name);
   return a;
+}
+
+// The forward's dh and dW among the op's outputs (undefined where forward_grads did not ask).
+std::array<Tensor, 2> saved_grads(const LmHeadArgs& a, std::span<const Tensor> out) {
+  std::array<Tensor, 2> saved;
+  size_t next = 1;
+  if ((a.forward_grads & kLmHeadGradH) && next < out.size()) saved[0] = out[next++];
+  if ((a.forward_grads & kLmHeadGradW) && next < out.size()) saved[1] = out[next++];
+  return saved;
 }
 
 OpDef make_lm_head(bool vocab_parallel) {
@@ -289,47 +307,54 @@ OpDef make_lm_head(bool vocab_parallel) {
                       "vocab: each chunk's row max (max), sum of exponentials and target logit (sum) are "
                       "all-reduced over the ranks holding the other vocab blocks; dh is this block's part"
                     : "lm_head_cross_entropy(h [..., H], W [V, H], labels [...]; ignore_index=-100, "
-                      "reduction=mean|sum|none, chunk_bytes=64 MiB) = cross_entropy(h · Wᵀ, labels), the logits "
-                      "computed and dropped in row chunks of about chunk_bytes (never [N, V] whole); backward "
-                      "recomputes each chunk's logits: dh = dlogits · W, dW = Σ dlogitsᵀ · h; no gradient for labels";
+                      "reduction=mean|sum|none, chunk_bytes=64 MiB, forward_grads=0, grad_scale=1) = "
+                      "cross_entropy(h · Wᵀ, labels), the logits computed and dropped in row chunks of about "
+                      "chunk_bytes (never [N, V] whole); backward recomputes each chunk's logits: dh = dlogits · W, "
+                      "dW = Σ dlogitsᵀ · h; no gradient for labels. forward_grads (bit 1 dh, bit 2 dW; sum / mean "
+                      "only): those gradients for dloss = grad_scale are formed in the forward from each chunk "
+                      "and are extra outputs, which the backward returns (rescaled when dloss differs)";
   def.num_inputs = 3;
-  def.num_outputs = 1;
+  def.num_outputs = -1;  // the loss, then dh and dW as forward_grads asks
   def.infer = [name](std::span<const TensorMeta> in, const Attrs& attrs) {
     check_lm_head_args(in[0].shape, in[0].dtype, in[1].shape, in[1].dtype, in[2].shape, in[2].dtype);
     LmHeadArgs a = lm_head_args(attrs, name);
-    return std::vector<TensorMeta>{{cross_entropy_loss_shape(in[2].shape, a.reduction), in[0].dtype}};
+    std::vector<TensorMeta> out{{cross_entropy_loss_shape(in[2].shape, a.reduction), in[0].dtype}};
+    if (a.forward_grads & kLmHeadGradH) out.push_back(in[0]);
+    if (a.forward_grads & kLmHeadGradW) out.push_back(in[1]);
+    return out;
   };
   auto forward = [name](std::span<const Tensor> in, const Attrs& attrs, const KernelContext* ctx) {
-    return std::vector<Tensor>{lm_head_cross_entropy(in[0], in[1], in[2], head_args(attrs, ctx, name))};
+    return lm_head_cross_entropy_outputs(in[0], in[1], in[2], head_args(attrs, ctx, name));
   };
-  auto backward = [name](std::span<const Tensor> in, std::span<const Tensor> dout, const Attrs& attrs,
-                         const KernelContext* ctx) {
-    auto [dh, dw] = lm_head_cross_entropy_backward(in[0], in[1], in[2], dout[0], head_args(attrs, ctx, name));
+  auto backward = [name](std::span<const Tensor> in, std::span<const Tensor> out, std::span<const Tensor> dout,
+                         const Attrs& attrs, const KernelContext* ctx, std::array<bool, 2> wanted) {
+    LmHeadArgs a = head_args(attrs, ctx, name);
+    auto [dh, dw] = lm_head_cross_entropy_backward(in[0], in[1], in[2], dout[0], a, wanted, saved_grads(a, out));
     return std::vector<Tensor>{dh, dw, Tensor()};
   };
   if (vocab_parallel) {
     def.forward_in_context = [forward](std::span<const Tensor> in, const Attrs& a, const KernelContext& ctx) {
       return forward(in, a, &ctx);
     };
-    def.backward_in_context = [backward](std::span<const Tensor> in, std::span<const Tensor>,
+    def.backward_in_context = [backward](std::span<const Tensor> in, std::span<const Tensor> out,
                                          std::span<const Tensor> dout, const Attrs& a, const KernelContext& ctx) {
-      return backward(in, dout, a, &ctx);
+      return backward(in, out, dout, a, &ctx, {true, true});
     };
     def.collective = true;
   } else {
     def.forward = [forward](std::span<const Tensor> in, const Attrs& a) { return forward(in, a, nullptr); };
-    def.backward = [backward](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
-                              const Attrs& a) { return backward(in, dout, a, nullptr); };
+    def.backward = [backward](std::span<const Tensor> in, std::span<const Tensor> out, std::span<const Tensor> dout,
+                              const Attrs& a) { return backward(in, out, dout, a, nullptr, {true, true}); };
     // Only the wanted GEMMs (a frozen head weight; zero-bubble's input and weight halves). The
     // vocab-parallel op has no such kernel: a partial kernel gets no communicator.
-    def.backward_partial = [name](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
-                                  const Attrs& a, std::span<const bool> wanted) {
-      auto [dh, dw] = lm_head_cross_entropy_backward(in[0], in[1], in[2], dout[0], lm_head_args(a, name),
-                                                     {wanted[0], wanted[1]});
-      return std::vector<Tensor>{dh, dw, Tensor()};
+    def.backward_partial = [backward](std::span<const Tensor> in, std::span<const Tensor> out,
+                                      std::span<const Tensor> dout, const Attrs& a, std::span<const bool> wanted) {
+      return backward(in, out, dout, a, nullptr, {wanted[0], wanted[1]});
     };
   }
-  def.backward_reads = std::vector<int>{0, 1, 2};  // h, W, labels; not the loss
+  // h, W, labels (for the gradients not formed in the forward) and the forward's dh and dW; not the loss.
+  def.backward_reads = std::vector<int>{0, 1, 2, 4, 5};
+  def.grad_outputs = 1;  // dh and dW carry no gradient: their slots hold themselves, not a zero fill
   def.cases = head_cases();
   return def;
 }

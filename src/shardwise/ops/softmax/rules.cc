@@ -58,6 +58,10 @@
 //    for "none"); dh is laid out like h plus P(sum) on the mesh dims sharding v (each vocab block's
 //    part of dlogits · W), dW like W plus P(sum) on those sharding a batch letter (each row block's
 //    part of dlogitsᵀ · h); a P(sum|avg) dloss on a mesh dim that shards nothing passes to both.
+//  forward_grads (the gradients formed in the forward as extra outputs): forward lays them out as
+//    the gradients above; grad reads them so (h, W, labels, loss, [dh], [dW], dloss, [ddh], [ddW]),
+//    the extra outputs' own grads (never read) laid out as the outputs, which autodiff puts in
+//    their slots (OpDef::grad_outputs).
 #include <array>
 
 #include "shardwise/core/error.h"
@@ -230,6 +234,8 @@ struct HeadLabels {
   std::string h, batch, w, replicated;
   LossReduction reduction;
   bool vocab_parallel;
+  int forward_grads = 0;  // the extra outputs (lm_head.h)
+  int outputs = 1;
 };
 
 HeadLabels head_labels(std::string_view name, const TensorSpec& h, const TensorSpec& w, const TensorSpec& labels,
@@ -239,12 +245,34 @@ HeadLabels head_labels(std::string_view name, const TensorSpec& h, const TensorS
   l.h = axis_letters(h.shape.ndim());
   l.batch = l.h.substr(0, l.h.size() - 1);
   l.w = std::string("v") + l.h.back();  // h's rank is at most kMaxDims < 'v'
-  l.reduction = loss_reduction(attrs, name);
+  const LmHeadArgs args = lm_head_args(attrs, name);
+  l.reduction = args.reduction;
+  l.forward_grads = args.forward_grads;
+  l.outputs = lm_head_num_outputs(args);
   l.vocab_parallel = name == kVpLmHead;
   l.replicated = l.h.substr(l.h.size() - 1);  // the hidden dim is contracted inside the kernel
   if (!l.vocab_parallel) l.replicated += 'v';
   if (l.reduction == LossReduction::Mean) l.replicated += l.batch;
   return l;
+}
+
+// The gradients' layouts: dh like h plus P(sum) on the mesh dims sharding v (each vocab block's
+// part of dlogits · W), dW like W plus P(sum) on those sharding a batch letter (each row block's
+// part of dlogitsᵀ · h).
+std::array<DistAttr, 2> grad_dists(const HeadLabels& l, const AxisMap& axes, int nd) {
+  std::array<DistAttr, 2> g{dist_from_axes(l.h, axes, nd), dist_from_axes(l.w, axes, nd)};
+  add_partial_for(g[0], "v", axes, ReduceOp::Sum);
+  add_partial_for(g[1], l.batch, axes, ReduceOp::Sum);
+  return g;
+}
+
+// The forward's extra outputs (forward_grads): dh and / or dW laid out as the gradients.
+std::vector<DistAttr> saved_grad_dists(const HeadLabels& l, const AxisMap& axes, int nd) {
+  std::array<DistAttr, 2> g = grad_dists(l, axes, nd);
+  std::vector<DistAttr> out;
+  if (l.forward_grads & kLmHeadGradH) out.push_back(g[0]);
+  if (l.forward_grads & kLmHeadGradW) out.push_back(g[1]);
+  return out;
 }
 
 SpmdResult head_forward(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
@@ -256,14 +284,15 @@ SpmdResult head_forward(std::string_view name, const ProcessMesh& mesh, std::spa
   AxisMap axes = merge_axes({l.w, l.h, l.batch}, {in[1].dist, in[0].dist, in[2].dist}, l.replicated);
   SpmdResult r{{dist_from_axes(l.h, axes, nd), dist_from_axes(l.w, axes, nd), dist_from_axes(l.batch, axes, nd)}, {}};
   r.outputs.push_back(loss_dist(r.inputs[2], l.batch, axes, l.reduction, nd));
+  for (DistAttr& g : saved_grad_dists(l, axes, nd)) r.outputs.push_back(std::move(g));
   return r;
 }
 
 SpmdResult head_reverse(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> in,
                         std::span<const TensorSpec> out, const Attrs& attrs) {
   check_inputs(name, mesh, in, 3);
-  check_inputs(name, mesh, out, 1);
   HeadLabels l = head_labels(name, in[0], in[1], in[2], attrs);
+  check_inputs(name, mesh, out, static_cast<size_t>(l.outputs));  // the loss decides; dh and dW follow
   const Shape loss = cross_entropy_loss_shape(in[2].shape, l.reduction);
   SW_CHECK(out[0].shape == loss, "{} reverse: loss has shape {}, expected {} for labels {}", name,
            out[0].shape.to_string(), loss.to_string(), in[2].shape.to_string());
@@ -286,25 +315,35 @@ SpmdResult head_reverse(std::string_view name, const ProcessMesh& mesh, std::spa
   return head_forward(name, mesh, specs, attrs);
 }
 
-// g: h, W, labels, loss, dloss -> dh, dW, dlabels.
+// g: h, W, labels, the outputs (loss, [dh], [dW]), their grads (dloss, [ddh], [ddW]) -> dh, dW, dlabels.
 SpmdResult head_grad(std::string_view name, const ProcessMesh& mesh, std::span<const TensorSpec> g,
                      const Attrs& attrs) {
-  check_inputs(name, mesh, g, 5);
+  SW_CHECK(g.size() >= 3, "{} grad: expected h, W, labels, the outputs and their grads, got {} tensors", name, g.size());
   HeadLabels l = head_labels(name, g[0], g[1], g[2], attrs);
+  const auto nout = static_cast<size_t>(l.outputs), dloss = 3 + nout;
+  check_inputs(name, mesh, g, 3 + 2 * nout);
   const Shape loss = cross_entropy_loss_shape(g[2].shape, l.reduction);
-  SW_CHECK(g[3].shape == loss && g[4].shape == loss, "{} grad: loss {} and dloss {} must have shape {}", name,
-           g[3].shape.to_string(), g[4].shape.to_string(), loss.to_string());
+  SW_CHECK(g[3].shape == loss && g[dloss].shape == loss, "{} grad: loss {} and dloss {} must have shape {}", name,
+           g[3].shape.to_string(), g[dloss].shape.to_string(), loss.to_string());
   const int nd = mesh.ndim();
   const bool none = l.reduction == LossReduction::None;
-  AxisMap axes = none ? merge_axes({l.w, l.h, l.batch, l.batch}, {g[1].dist, g[0].dist, g[2].dist, g[4].dist},
+  AxisMap axes = none ? merge_axes({l.w, l.h, l.batch, l.batch}, {g[1].dist, g[0].dist, g[2].dist, g[dloss].dist},
                                    l.replicated)
                       : merge_axes({l.w, l.h, l.batch}, {g[1].dist, g[0].dist, g[2].dist}, l.replicated);
   DistAttr h = dist_from_axes(l.h, axes, nd), w = dist_from_axes(l.w, axes, nd);
   DistAttr labels = dist_from_axes(l.batch, axes, nd);
-  SpmdResult r{{h, w, labels, g[3].dist, none ? labels : DistAttr(nd)}, {h, w, labels}};
-  add_partial_for(r.outputs[0], "v", axes, ReduceOp::Sum);      // dh: this vocab block's part
-  add_partial_for(r.outputs[1], l.batch, axes, ReduceOp::Sum);  // dW: this block of rows' part
-  pass_linear_partials(axes, nd, g[4].dist, r.inputs[4], std::span<DistAttr>(r.outputs.data(), 2));
+  std::array<DistAttr, 2> grads = grad_dists(l, axes, nd);
+  SpmdResult r{{h, w, labels, g[3].dist}, {grads[0], grads[1], labels}};
+  for (DistAttr& d : saved_grad_dists(l, axes, nd)) r.inputs.push_back(std::move(d));  // as the forward made them
+  r.inputs.push_back(none ? labels : DistAttr(nd));
+  // The extra outputs' grads are never read (the loss's gradient is what flows): laid out as the
+  // outputs, which autodiff puts in those slots (OpDef::grad_outputs); a zero fill (R) partializes
+  // or slices for free.
+  for (size_t k = 4; k < dloss; ++k) {
+    DistAttr made = r.inputs[k];
+    r.inputs.push_back(std::move(made));
+  }
+  pass_linear_partials(axes, nd, g[dloss].dist, r.inputs[dloss], std::span<DistAttr>(r.outputs.data(), 2));
   return r;
 }
 
