@@ -4,11 +4,12 @@
 //   bench_sharding_memory --mesh dp=4 --stage 3 --recompute full [--layers 14 --hidden 768 --heads 12
 //                         --seq 128 --vocab 8192 --micro-batch 1 --steps 2 --bf16 0]
 //
-// Measured: parameters (the ParamStates' `param` bytes), gradients (the runner's f32 sums after the
-// step; stage 2 lets them go after the reduce-scatter, so its row shows the kept shards), optimizer
-// (Trainer::optimizer_state_bytes: moments and masters), activations (StepStats::peak_activation_bytes),
-// gathered parameter copies (StepStats::peak_gathered_bytes, stage 3), and the storage cache's peak
-// of bytes in use over the whole process (tensor/allocator.h). One line per rank, then the process.
+// Measured (Trainer::held_bytes): parameters (the ParamStates' `param` bytes), gradients (the
+// runner's f32 sums after the step; stage 2 lets them go after the reduce-scatter, so its row shows
+// the kept shards), optimizer (Trainer::optimizer_state_bytes: moments and masters), activations
+// (StepStats::peak_activation_bytes), gathered parameter copies (StepStats::peak_gathered_bytes,
+// stage 3), and the storage cache's peak of bytes in use over the whole process
+// (tensor/allocator.h). One line per rank, then the process.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,10 +22,6 @@
 using namespace shardwise;
 
 namespace {
-
-struct Measured {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0;
-};
 
 double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 double ratio(int64_t plan, int64_t got) { return got ? static_cast<double>(plan) / static_cast<double>(got) : 0; }
@@ -59,18 +56,11 @@ int main(int argc, char** argv) {
   c.global_batch = 0;
   c.check(ranks, false);
   const train::MemoryPlan plan = train::plan_memory(c, true);
-  std::vector<Measured> got(static_cast<size_t>(ranks));
+  std::vector<train::HeldBytes> got(static_cast<size_t>(ranks));
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
     train::Trainer t(c, world.group(world.members()));
     for (int64_t s = 0; s < c.steps; ++s) t.step();
-    Measured& m = got[static_cast<size_t>(world.rank())];
-    for (const train::ParamState& p : t.params()) m.params += static_cast<int64_t>(p.param.nbytes());
-    const pipeline::PipelineRunner& runner = t.stages().runner();
-    for (int s : runner.local_stages())
-      for (const Tensor& g : runner.grads(s)) m.grads += g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
-    m.optimizer = t.optimizer_state_bytes();
-    m.activations = t.stages().last_stats().peak_activation_bytes;
-    m.gathered = t.stages().last_stats().peak_gathered_bytes;
+    got[static_cast<size_t>(world.rank())] = t.held_bytes();
   });
   std::printf("%s\n", plan.description.c_str());
   std::printf("rank  piece        plan_MiB  measured_MiB  plan/measured\n");

@@ -11,27 +11,14 @@
 namespace shardwise::train {
 namespace {
 
-struct Measured {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
-  int64_t gathered = 0;  // stage 3: the most bytes of all-gathered parameter copies at once
-};
-
 // One step of `c` on threads; per world rank, what its Trainer holds.
-std::vector<Measured> measure(TrainConfig c) {
+std::vector<HeldBytes> measure(TrainConfig c) {
   const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
-  std::vector<Measured> out(static_cast<size_t>(ranks));
+  std::vector<HeldBytes> out(static_cast<size_t>(ranks));
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
     Trainer t(c, world.group(world.members()));
     t.step();
-    Measured& m = out[static_cast<size_t>(world.rank())];
-    for (const ParamState& p : t.params()) m.params += static_cast<int64_t>(p.param.nbytes());
-    for (const ParamState& p : t.frozen()) m.params += static_cast<int64_t>(p.param.nbytes());
-    const pipeline::PipelineRunner& runner = t.stages().runner();
-    for (int s : runner.local_stages())
-      for (const Tensor& g : runner.grads(s)) m.grads += g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
-    m.optimizer = t.optimizer_state_bytes();
-    m.activations = t.stages().last_stats().peak_activation_bytes;
-    m.gathered = t.stages().last_stats().peak_gathered_bytes;
+    out[static_cast<size_t>(world.rank())] = t.held_bytes();
   });
   return out;
 }
@@ -62,7 +49,7 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
     if (c.mesh.find("pp") != std::string::npos) c.global_batch = 16, c.accumulation = 2;
     if (c.mesh == "dp=3") c.global_batch = 6;
     const MemoryPlan plan = plan_of(c);
-    const std::vector<Measured> got = measure(c);
+    const std::vector<HeldBytes> got = measure(c);
     ASSERT_EQ(plan.ranks.size(), got.size());
     for (size_t r = 0; r < got.size(); ++r) {
       const RankMemory& p = plan.ranks[r];
@@ -94,7 +81,7 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
       if (run.schedule == "interleaved") c.virtual_stages = 2;
       if (run.mesh == "pp=2") c.global_batch = 8, c.accumulation = 4;
       const MemoryPlan plan = plan_of(c);
-      const std::vector<Measured> got = measure(c);
+      const std::vector<HeldBytes> got = measure(c);
       for (size_t r = 0; r < got.size(); ++r) {
         SCOPED_TRACE(fmt::format("{} {} recompute {} rank {}: plan {} measured {}", run.mesh, run.schedule, recompute,
                                  r, plan.ranks[r].activations, got[r].activations));
@@ -149,7 +136,7 @@ TEST(MemoryPlan, StageThreesGatheredParameterBytesEqualTheRuntimesPeak) {
         c.sharding.prefetch_params = prefetch;
         if (std::string(mesh).starts_with("pp")) c.global_batch = 16, c.accumulation = 2;
         const MemoryPlan plan = plan_of(c);
-        const std::vector<Measured> got = measure(c);
+        const std::vector<HeldBytes> got = measure(c);
         for (size_t r = 0; r < got.size(); ++r) {
           SCOPED_TRACE(fmt::format("{} recompute {} prefetch {} rank {}", mesh, recompute, prefetch, r));
           ASSERT_GT(got[r].gathered, 0);

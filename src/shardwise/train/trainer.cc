@@ -424,6 +424,19 @@ int64_t Trainer::optimizer_state_bytes() const {
   return bytes;
 }
 
+HeldBytes Trainer::held_bytes() const {
+  HeldBytes h;
+  for (const ParamState& p : model_->params()) h.params += static_cast<int64_t>(p.param.nbytes());
+  for (const ParamState& p : model_->frozen()) h.params += static_cast<int64_t>(p.param.nbytes());
+  const pipeline::PipelineRunner& runner = model_->runner();
+  for (int s : runner.local_stages())
+    for (const Tensor& g : runner.grads(s)) h.grads += g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
+  h.optimizer = optimizer_state_bytes();
+  h.activations = model_->last_stats().peak_activation_bytes;
+  h.gathered = model_->last_stats().peak_gathered_bytes;
+  return h;
+}
+
 Tensor Trainer::gather_state(const std::string& name, Tensor ParamState::*field) {
   std::vector<ParamState>& params = model_->params();
   auto it = std::find_if(params.begin(), params.end(), [&](const ParamState& p) { return p.name == name; });

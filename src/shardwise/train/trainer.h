@@ -158,6 +158,15 @@ struct ParameterCounts {
   int64_t optimizer_bytes = 0;  // summed over the ranks (data-parallel replicas hold copies)
 };
 
+// What one rank holds, piece by piece as the memory plan (memory_plan.h) names the pieces.
+struct HeldBytes {
+  int64_t params = 0;       // its blocks of every parameter, frozen ones too
+  int64_t grads = 0;        // its gradient buffers
+  int64_t optimizer = 0;    // Trainer::optimizer_state_bytes
+  int64_t activations = 0;  // the last step's peak of saved activations
+  int64_t gathered = 0;     // the last step's peak of all-gathered parameter copies (stage 3)
+};
+
 class Trainer {
  public:
   Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world);
@@ -206,6 +215,9 @@ class Trainer {
   // parameters) of its blocks of the trained parameters, or of its shards of them under sharding;
   // nothing for frozen ones.
   int64_t optimizer_state_bytes() const;
+  // This rank's bytes per piece after a step (what bench_sharding_memory and the memory plan's
+  // tests measure against the plan).
+  HeldBytes held_bytes() const;
   // The sharded optimizer (nullptr unless sharding stage 1 or 2). Checkpoints save and load each
   // rank's ranges of params() through its plan (train/checkpointing.cc).
   const ShardedOptimizer* sharded() const { return sharded_.get(); }
