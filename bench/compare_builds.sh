@@ -21,7 +21,7 @@ for d in "$a" "$b"; do
     [[ -x $d/bench/$p ]] || { echo "compare_builds.sh: $d/bench/$p is missing" >&2; exit 2; }
   done
 done
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+source "$(dirname "$0")/common.sh"  # median
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "== $a (A) vs $b (B): $(nproc) cores, $(date -u +%F), load $(cut -d' ' -f1-3 /proc/loadavg)"

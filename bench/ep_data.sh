@@ -17,7 +17,7 @@ rounds=${3:-3}
 steps=${4:-8}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mpi="mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np 4"
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+source "$(dirname "$0")/common.sh"  # median
 tokens() { sed -nE 's/^done: .*, ([0-9.]+) tokens\/s.*/\1/p'; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -27,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 ckpt="$tmp/run/checkpoints/checkpoint-2"
 awk -v n="$prompts" 'NF && k < n { print substr($0, 1, 32); k++ }' "$root/README.md" >"$tmp/prompts.txt"
 
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+source "$(dirname "$0")/common.sh"  # median
 field() { python3 -c "import json, sys; print(json.loads(sys.stdin.readline())['stats']['$1'])"; }
 
 echo "== shardwise generate: layers 4, hidden 256, heads 4, vocab 256; $prompts prompts of up to 32 tokens, $new new tokens each, greedy ($(nproc) cores, $(date -u +%F))"

@@ -12,7 +12,7 @@ build=${1:-build}
 rounds=${2:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mpi="mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np 4"
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+source "$(dirname "$0")/common.sh"  # median
 tokens() { sed -nE 's/^done: .*, ([0-9.]+) tokens\/s.*/\1/p'; }
 
 echo "== MoE under mpirun -np 4 ($(nproc) cores, $(date -u +%F)); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

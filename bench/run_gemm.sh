@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bench="$build/bench/bench_gpt"
 sw="$build/bin/shardwise"
 [[ -x $bench && -x $sw ]] || { echo "run_gemm.sh: build bench_gpt and shardwise first" >&2; exit 2; }
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+source "$(dirname "$0")/common.sh"  # median
 
 echo "== GEMM backends on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($(nproc) cores, $(date -u '+%F %H:%M') UTC)"
 echo "   OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset>}; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

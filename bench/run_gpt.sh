@@ -19,7 +19,7 @@ root=$(cd "$here/.." && pwd)
 bench="$build/bench/bench_gpt"
 [[ -x $bench ]] || { echo "run_gpt.sh: $bench is missing: cmake --build $build --target bench_gpt" >&2; exit 2; }
 
-median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+source "$(dirname "$0")/common.sh"  # median
 tokens() { sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/'; }
 
 echo "== GPT training throughput: layers 4, hidden 256, heads 4, seq 256, vocab 256, batch 8 ($(nproc) cores, $(date -u +%F))"

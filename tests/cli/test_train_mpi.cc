@@ -82,13 +82,16 @@ TEST(TrainMpi, FourProcessesTrainLlamaOnTheSingleRankCurve) {
   EXPECT_NE(text.find("Llama (2 kv heads"), std::string::npos) << text;
 }
 
+// The MoE Llama (4 experts, top-2, aux and z losses) of the 20-step curves below.
+const std::string kMoeLlama20 =
+    " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
+    " --router-z-loss 0.001 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0"
+    " --digits 2 ";
+
 // An MoE Llama (4 experts, top-2, aux and z losses) with its experts split over ep=2 and the batch
 // over dp=2 on 4 processes: MPI's all_to_all_v carries the tokens.
 TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
-  const std::string args =
-      " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
-      " --router-z-loss 0.001 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0"
-      " --digits 2 ";
+  const std::string args = kMoeLlama20;
   expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe");
 }
 
@@ -123,10 +126,7 @@ TEST(TrainMpi, AnMoeCheckpointSavedOnFourProcessesResumesOnOneRank) {
 // the MoE metrics (the first layer's tokens per expert, from the first stage's processes) are the
 // single-rank run's.
 TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnPipelineStages) {
-  const std::string args =
-      " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
-      " --router-z-loss 0.001 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0"
-      " --digits 2 ";
+  const std::string args = kMoeLlama20;
   expect_four_processes_follow_one_rank(args, "pp=2,ep=2", "moe-pp");
   for (const char* key : {"tokens_per_expert_min", "tokens_per_expert_max"}) {
     std::vector<double> ref = losses_of("/tmp/shardwise-moe-pp-mpi-ref/metrics.jsonl", key);

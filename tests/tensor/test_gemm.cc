@@ -91,12 +91,7 @@ void check_all_layouts(double tol) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       for (auto [m, n, k] : {std::array<int64_t, 3>{3, 4, 5}, {1, 7, 2}, {6, 1, 9}, {5, 3, 1}}) {
-        GemmArgs g;
-        g.trans_a = ta;
-        g.trans_b = tb;
-        g.m = m;
-        g.n = n;
-        g.k = k;
+        GemmArgs g = gemm_args(ta, tb, m, n, k);
         check_against_reference<T>(g, tol, seed++);
         // Padded leading dims, a batch of 3 with a broadcast B, alpha and beta.
         g.lda = (ta ? m : k) + 2;

@@ -99,8 +99,8 @@ std::vector<int64_t> Communicator::check_pieces(const char* op, const Pieces& p)
     for (auto i = static_cast<size_t>(p.first[r]); i < static_cast<size_t>(p.first[r + 1]); ++i) {
       SW_CHECK(p.count[i] >= 0 && p.offset[i] >= 0, "{}: piece {} of rank {} has offset {} and count {} (both must be >= 0)",
                op, i, r, p.offset[i], p.count[i]);
-      totals[r] += p.count[i];
     }
+    totals[r] = p.total(r);
   }
   return totals;
 }
