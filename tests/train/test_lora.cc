@@ -37,6 +37,7 @@ LoraRun train(const TrainConfig& c, bool grads = true, bool frozen = false) {
   comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
+    t.keep_gradients(grads);
     auto gather_frozen = [&](std::map<std::string, Tensor>& into) {
       for (ParamState& p : t.frozen()) {
         Tensor whole = t.gather_param(p.name);

@@ -161,7 +161,7 @@ struct ParameterCounts {
 // What one rank holds, piece by piece as the memory plan (memory_plan.h) names the pieces.
 struct HeldBytes {
   int64_t params = 0;       // its blocks of every parameter, frozen ones too
-  int64_t grads = 0;        // its gradient buffers
+  int64_t grads = 0;        // its gradient buffers at the last step's update (let go after it)
   int64_t optimizer = 0;    // Trainer::optimizer_state_bytes
   int64_t activations = 0;  // the last step's peak of saved activations
   int64_t gathered = 0;     // the last step's peak of all-gathered parameter copies (stage 3)
@@ -209,8 +209,11 @@ class Trainer {
   // exp_avg_sq, however the optimizer shards it (collective).
   Tensor gather_state(const std::string& name, Tensor ParamState::*field);
   // The whole gradient of a trained parameter in the last step (averaged over the micro-batches,
-  // clipped as the update used it); collective.
+  // clipped as the update used it); collective. Needs keep_gradients(true) before that step: by
+  // default a step lets go of its gradients after the update, so that the next forward reuses
+  // their bytes (the memory plan counts them from the first backward to the update only).
   Tensor gather_grad(const std::string& name);
+  void keep_gradients(bool keep) { keep_grads_ = keep; }
   // Bytes of optimizer state this rank holds: the AdamW moments (and fp32 masters of bf16
   // parameters) of its blocks of the trained parameters, or of its shards of them under sharding;
   // nothing for frozen ones.
@@ -254,7 +257,9 @@ class Trainer {
   AdamW adamw_;
   LrSchedule schedule_;
   int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
-  std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies; shards when sharded)
+  bool keep_grads_ = false;
+  std::vector<Tensor> last_grads_;  // with keep_grads_: the last step's gradients (the runner's sums, not copies; shards when sharded)
+  int64_t last_grad_bytes_ = 0;     // the runner's gradient sums at the last step's update (HeldBytes::grads)
   std::unique_ptr<ShardedOptimizer> sharded_;
   std::vector<bool> partial_grads_;  // per params(): Partial over dp (stage 2, or buckets)
   std::unique_ptr<GradBuckets> buckets_;  // --overlap-grad-reduce on|after, on a dp group of more than one
