@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/gemm.h"
 
 namespace shardwise {
 
@@ -76,6 +77,14 @@ void ThreadPool::run(int64_t tasks, void (*fn)(void*, int64_t), void* ctx) {
   if (std::exception_ptr err = std::exchange(error_, nullptr)) std::rethrow_exception(err);
 }
 
+
+RankThreads::RankThreads(int threads, int64_t grain) : pool_(threads, grain), scope_(&pool_) {
+  if (pool_.threads() > 1) gemm_split_begin();
+}
+
+RankThreads::~RankThreads() {
+  if (pool_.threads() > 1) gemm_split_end();
+}
 
 ThreadPool* current_thread_pool() { return t_pool; }
 int parallel_threads() { return t_pool ? t_pool->threads() : 1; }

@@ -69,10 +69,16 @@ class ParallelScope {
   ThreadPool* saved_;
 };
 
-// A rank's own pool, installed on the calling thread (the rank's) while the object lives.
+// A rank's own pool, installed on the calling thread (the rank's) while the object lives. A pool of
+// more than one thread also runs the rank's GEMMs (tensor/gemm.h): each is cut into one piece per
+// thread, every piece on one library thread, so the rank's cores are the same threads inside and
+// outside GEMMs (no second set of GEMM library threads spinning beside the pool's).
 class RankThreads {
  public:
-  explicit RankThreads(int threads, int64_t grain = 0) : pool_(threads, grain), scope_(&pool_) {}
+  explicit RankThreads(int threads, int64_t grain = 0);
+  ~RankThreads();
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
 
  private:
   ThreadPool pool_;
