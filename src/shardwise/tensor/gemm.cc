@@ -148,8 +148,9 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
   const double macs = static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   const bool by_rows = g.m >= g.n;
   const int64_t extent = by_rows ? g.m : g.n, cut = kGemmCut;
-  const int64_t pieces = std::min({threads, extent / cut, static_cast<int64_t>(macs / (kGemmSplitMacs + 2 * cut *
-      static_cast<double>(by_rows ? g.n : g.m) * static_cast<double>(g.k)))});  // the smallest piece >= kGemmSplitMacs
+  // Pieces differ by up to two cuts: the smallest still has kGemmSplitMacs.
+  const double per_cut = static_cast<double>(cut) * static_cast<double>(by_rows ? g.n : g.m) * static_cast<double>(g.k);
+  const int64_t pieces = std::min({threads, extent / cut, static_cast<int64_t>(macs / (kGemmSplitMacs + 2 * per_cut))});
   for (int64_t bi = 0; bi < g.batch; ++bi) {
     const T* ab = a + bi * g.stride_a;
     const T* bb = b + bi * g.stride_b;
@@ -161,7 +162,8 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
     const int64_t units = (extent + cut - 1) / cut;
     parallel_for(pieces, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        const int64_t lo = std::min(extent, units * p / pieces * cut), hi = std::min(extent, units * (p + 1) / pieces * cut);
+        const int64_t lo = std::min(extent, units * p / pieces * cut);
+        const int64_t hi = std::min(extent, units * (p + 1) / pieces * cut);
         if (lo >= hi) continue;
         if (by_rows) blas_block(g, ab, bb, cb, lo, hi, 0, g.n);
         else blas_block(g, ab, bb, cb, 0, g.m, lo, hi);

@@ -72,7 +72,9 @@ void ThreadPool::work() {
   std::unique_lock lock(mutex_);
   for (;;) {
     lock.unlock();
-    spin_until([&] { return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen; });
+    spin_until([&] {
+      return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
+    });
     lock.lock();
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
