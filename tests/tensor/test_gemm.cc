@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise {
 namespace {
@@ -229,5 +231,57 @@ TEST(Gemm, TensorFormBroadcastsBatchOfOne) {
   EXPECT_EQ(ct.at(3), -2);
   EXPECT_THROW(gemm(a.reshaped({2, 2}), Tensor::from<double>({3, 1}, std::vector<double>{1, 2, 3})), Error);
 }
+// A rank's pool of 2-4 threads splits an f32 / f64 GEMM into blocks of C (tensor/gemm.cc): the
+// same bits as the one library call a 1-thread pool makes, for every transpose, rows and columns
+// split, odd sizes, leading dims and a batch; and within rounding of the f64 reference.
+template <class T>
+void check_split_matches_one_call(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t batch, double tol) {
+  SCOPED_TRACE(testing::Message() << m << "x" << n << "x" << k << " ta " << ta << " tb " << tb);
+  GemmArgs g = gemm_args(ta, tb, m, n, k, 0.5);
+  g.batch = batch;
+  g.lda = (ta ? m : k) + 3, g.ldb = (tb ? k : n) + 1, g.ldc = n + 2;
+  g.alpha = 1.5;
+  const GemmArgs r = resolve_gemm_args(g);
+  const std::vector<double> ad = values(r.stride_a * batch, 1), bd = values(r.stride_b * batch, 2),
+                            cd = values(r.stride_c * batch, 3);
+  const std::vector<T> a(ad.begin(), ad.end()), b(bd.begin(), bd.end()), c0(cd.begin(), cd.end());
+  std::vector<T> whole = c0;
+  {
+    RankThreads one(1);
+    gemm<T>(g, a.data(), b.data(), whole.data());
+  }
+  if (tol > 0) {  // the f64 reference (skipped on the large shapes: seconds of double loops)
+    const std::vector<double> want = reference(r, ad, bd, cd);
+    for (size_t i = 0; i < whole.size(); ++i)
+      ASSERT_NEAR(static_cast<double>(whole[i]), want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+  }
+  for (int threads : {2, 3, 4}) {
+    std::vector<T> split = c0;
+    RankThreads pool(threads);
+    EXPECT_TRUE(gemm_split_active()) << "the default backend is OpenBLAS";
+    gemm<T>(g, a.data(), b.data(), split.data());
+    EXPECT_EQ(0, std::memcmp(split.data(), whole.data(), whole.size() * sizeof(T))) << "on " << threads << " threads";
+  }
+  EXPECT_FALSE(gemm_split_active());
+}
+
+TEST(GemmSplit, SameBitsAsOneCallOnTwoToFourThreads) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      check_split_matches_one_call<float>(517, 131, 259, ta, tb, 1, 1e-4);    // rows, odd sizes
+      check_split_matches_one_call<float>(96, 389, 300, ta, tb, 2, 1e-4);     // columns, a batch
+    }
+  }
+}
+
+// The transformer step's shapes (d256 and d768 layers, 2048 tokens: forward, dX and dW): rows and
+// columns split, bits against the one call only.
+TEST(GemmSplit, SameBitsOnTheStepsShapes) {
+  check_split_matches_one_call<float>(2048, 768, 256, false, false, 1, 0);
+  check_split_matches_one_call<float>(2048, 256, 1024, false, true, 1, 0);
+  check_split_matches_one_call<float>(256, 768, 2048, true, false, 1, 0);
+  check_split_matches_one_call<float>(768, 3072, 2048, true, false, 1, 0);
+}
+
 }  // namespace
 }  // namespace shardwise

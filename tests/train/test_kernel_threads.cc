@@ -250,6 +250,14 @@ TEST(KernelThreads, GptTrainingIsTheSameOnOneTwoAndThreeThreads) {
   expect_same_training("gpt2", c);
 }
 
+// Wide enough that the pool also splits the GEMMs (tensor/gemm.cc: pieces of >= 2 Mi multiply-adds;
+// 640 tokens x hidden 256: every projection, the MLP, the head and their gradients).
+TEST(KernelThreads, GptTrainingWithSplitGemmsIsTheSameOnOneTwoAndThreeThreads) {
+  train::TrainConfig c = train::small_config("dp=1", 2);
+  c.model.hidden = 256, c.global_batch = 64;
+  expect_same_training("gpt2 hidden 256", c);
+}
+
 TEST(KernelThreads, LlamaTrainingIsTheSameOnOneTwoAndThreeThreads) {
   expect_same_training("llama", train::llama_test_config("dp=1", 3));
 }

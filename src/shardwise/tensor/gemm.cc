@@ -1,6 +1,7 @@
 #include "shardwise/tensor/gemm.h"
 
 #include "shardwise/tensor/gemm_backend.h"
+#include "shardwise/tensor/parallel.h"
 
 #include <algorithm>
 #include <climits>
@@ -108,24 +109,66 @@ void naive_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
   }
 }
 
+// One library call: rows [i0, i1) and columns [j0, j1) of C = op(A) op(B) for one batch item.
+template <class T>
+void blas_block(const GemmArgs& g, const T* a, const T* b, T* c, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const T* ab = a + (g.trans_a ? i0 : i0 * g.lda);
+  const T* bb = b + (g.trans_b ? j0 * g.ldb : j0);
+  T* cb = c + i0 * g.ldc + j0;
+  auto m = static_cast<int>(i1 - i0), n = static_cast<int>(j1 - j0), k = static_cast<int>(g.k);
+  auto lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    backend_sgemm(g.trans_a, g.trans_b, m, n, k, static_cast<float>(g.alpha), ab, lda, bb, ldb,
+                  static_cast<float>(g.beta), cb, ldc);
+  } else {
+    backend_dgemm(g.trans_a, g.trans_b, m, n, k, g.alpha, ab, lda, bb, ldb, g.beta, cb, ldc);
+  }
+}
+
+// A GEMM split over the rank's pool (RankThreads: the library runs one thread per call) is cut into
+// one block of C per thread, by rows when C has at least as many rows as columns (each piece then
+// reads all of op(B) and its own rows of op(A)), else by columns; cuts at multiples of kGemmCut
+// (the library kernels' unrolls). Each C element is still one library call's sum over the whole k
+// in the library's blocking of k, so the bits do not depend on the cuts (tests/tensor/test_gemm.cc
+// checks it on 2-4 threads). Every piece has at least kGemmSplitMacs multiply-adds: smaller calls
+// run whole, and no piece reaches OpenBLAS's small-matrix kernels (m n k <= 100^3 on SkylakeX-class
+// cores), which sum in another order than the blocked kernels a larger whole call runs on.
+constexpr int64_t kGemmCut = 16;
+constexpr double kGemmSplitMacs = 1 << 21;  // ~20 us of one core's SGEMM; a worker's wake-up is a few us
+
 template <class T>
 void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
   SW_CHECK(fits_blas(g.m) && fits_blas(g.n) && fits_blas(g.k) && fits_blas(g.lda) && fits_blas(g.ldb) &&
                fits_blas(g.ldc),
            "gemm: m={} n={} k={} lda={} ldb={} ldc={} exceed the BLAS integer range", g.m, g.n, g.k, g.lda, g.ldb,
            g.ldc);
-  auto m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
-  auto lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
+  ThreadPool* pool = current_thread_pool();
+  // f64 is not split: OpenBLAS's DGEMM gives other bits for some blocks (the f64 GEMMs are tests' references).
+  const int64_t threads = std::is_same_v<T, float> && pool != nullptr && gemm_split_active() ? pool->threads() : 1;
+  const double macs = static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  const bool by_rows = g.m >= g.n;
+  const int64_t extent = by_rows ? g.m : g.n, cut = kGemmCut;
+  // Pieces differ by up to two cuts: the smallest still has kGemmSplitMacs.
+  const double per_cut = static_cast<double>(cut) * static_cast<double>(by_rows ? g.n : g.m) * static_cast<double>(g.k);
+  const int64_t pieces = std::min({threads, extent / cut, static_cast<int64_t>(macs / (kGemmSplitMacs + 2 * per_cut))});
   for (int64_t bi = 0; bi < g.batch; ++bi) {
     const T* ab = a + bi * g.stride_a;
     const T* bb = b + bi * g.stride_b;
     T* cb = c + bi * g.stride_c;
-    if constexpr (std::is_same_v<T, float>) {
-      backend_sgemm(g.trans_a, g.trans_b, m, n, k, static_cast<float>(g.alpha), ab, lda, bb, ldb,
-                    static_cast<float>(g.beta), cb, ldc);
-    } else {
-      backend_dgemm(g.trans_a, g.trans_b, m, n, k, g.alpha, ab, lda, bb, ldb, g.beta, cb, ldc);
+    if (pieces < 2) {
+      blas_block(g, ab, bb, cb, 0, g.m, 0, g.n);
+      continue;
     }
+    const int64_t units = (extent + cut - 1) / cut;
+    parallel_for(pieces, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t lo = std::min(extent, units * p / pieces * cut);
+        const int64_t hi = std::min(extent, units * (p + 1) / pieces * cut);
+        if (lo >= hi) continue;
+        if (by_rows) blas_block(g, ab, bb, cb, lo, hi, 0, g.n);
+        else blas_block(g, ab, bb, cb, 0, g.m, lo, hi);
+      }
+    });
   }
 }
 

@@ -44,6 +44,10 @@ struct Backend {
 std::mutex g_mutex;
 std::atomic<const Backend*> g_backend{nullptr};
 std::atomic<int> g_threads{0};  // set_blas_threads' request (0: each library's default)
+// Pools that split GEMMs themselves (gemm_split_begin): while any is alive, every library runs one
+// thread per call, and blas_threads() keeps answering the request.
+int g_split_pools = 0;  // under g_mutex
+std::atomic<bool> g_split{false};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
@@ -161,7 +165,7 @@ const GemmBackendInfo& load_gemm_backend(const std::string& name) {
     return b->info;
   }
   auto b = make_backend(name);
-  if (int t = g_threads.load(); t > 0) {
+  if (int t = g_split_pools > 0 ? 1 : g_threads.load(); t > 0) {
     b->openblas_threads(t);
     if (b->blis_threads) b->blis_threads(t);
   }
@@ -177,7 +181,7 @@ void backend_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const flo
   if (be.dnnl_sgemm) {
     // OpenMP's thread count is a per-thread setting: apply set_blas_threads' on each calling thread.
     thread_local int applied = 0;
-    int want = g_threads.load(std::memory_order_relaxed);
+    int want = g_split.load(std::memory_order_relaxed) ? 1 : g_threads.load(std::memory_order_relaxed);
     if (be.omp_threads && want > 0 && applied != want) {
       be.omp_threads(want);
       applied = want;
@@ -198,10 +202,34 @@ void backend_dgemm(bool ta, bool tb, int m, int n, int k, double alpha, const do
 // Threads each library may use per call (tensor/gemm.h).
 void set_blas_threads(int threads) {
   if (threads <= 0) return;
-  g_threads.store(threads);
   const Backend& be = current();
-  be.openblas_threads(threads);
-  if (be.blis_threads) be.blis_threads(threads);
+  std::lock_guard lock(g_mutex);
+  g_threads.store(threads);
+  const int lib = g_split_pools > 0 ? 1 : threads;
+  be.openblas_threads(lib);
+  if (be.blis_threads) be.blis_threads(lib);
+}
+
+// Only OpenBLAS's SGEMM is split (the bits of its blocks are checked); BLIS and oneDNN keep their threads.
+void gemm_split_begin() {
+  const Backend& be = current();
+  std::lock_guard lock(g_mutex);
+  if (be.info.name.rfind("openblas", 0) != 0 || g_split_pools++ > 0) return;
+  if (g_threads.load() <= 0) g_threads.store(std::max(1, be.openblas_get_threads()));  // keep the count it had
+  g_split.store(true);
+  be.openblas_threads(1);
+  if (be.blis_threads) be.blis_threads(1);
+}
+
+bool gemm_split_active() { return g_split.load(std::memory_order_relaxed); }
+
+void gemm_split_end() {
+  const Backend& be = current();
+  std::lock_guard lock(g_mutex);
+  if (be.info.name.rfind("openblas", 0) != 0 || g_split_pools == 0 || --g_split_pools > 0) return;
+  g_split.store(false);
+  be.openblas_threads(g_threads.load());
+  if (be.blis_threads) be.blis_threads(g_threads.load());
 }
 
 int blas_threads() {

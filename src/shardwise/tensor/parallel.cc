@@ -1,13 +1,35 @@
 #include "shardwise/tensor/parallel.h"
 
+#include <chrono>
 #include <utility>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/gemm.h"
 
 namespace shardwise {
 
 namespace {
 thread_local ThreadPool* t_pool = nullptr;
+
+// How long a worker keeps polling for the next run, and the caller for a worker's last task, before
+// sleeping on the condition variable: a step's kernels follow each other within microseconds, and a
+// futex wake-up of a sleeping thread costs about as long as a small kernel piece.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// Polls done() until it holds or kSpin has passed; true if it holds.
+template <class Done>
+bool spin_until(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= until) return done();
+  }
+}
 }  // namespace
 
 ParallelScope::ParallelScope(ThreadPool* pool) : saved_(t_pool) { t_pool = pool; }
@@ -41,7 +63,7 @@ void ThreadPool::drain(std::unique_lock<std::mutex>& lock) {
     }
     lock.lock();
     if (err && !error_) error_ = err;
-    if (++finished_ == tasks_) done_.notify_all();
+    if (finished_.fetch_add(1, std::memory_order_release) + 1 == tasks_) done_.notify_all();
   }
 }
 
@@ -49,6 +71,11 @@ void ThreadPool::work() {
   uint64_t seen = 0;
   std::unique_lock lock(mutex_);
   for (;;) {
+    lock.unlock();
+    spin_until([&] {
+      return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
+    });
+    lock.lock();
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
@@ -71,11 +98,25 @@ void ThreadPool::run(int64_t tasks, void (*fn)(void*, int64_t), void* ctx) {
     ParallelScope inline_only(nullptr);  // a loop inside a task runs whole on its thread (no reentry)
     drain(lock);
   }
+  if (finished_ != tasks_) {
+    const int64_t tasks = tasks_;
+    lock.unlock();
+    spin_until([&] { return finished_.load(std::memory_order_acquire) == tasks; });
+    lock.lock();
+  }
   done_.wait(lock, [&] { return finished_ == tasks_; });
   tasks_ = 0, next_ = 0;
   if (std::exception_ptr err = std::exchange(error_, nullptr)) std::rethrow_exception(err);
 }
 
+
+RankThreads::RankThreads(int threads, int64_t grain) : pool_(threads, grain), scope_(&pool_) {
+  if (pool_.threads() > 1) gemm_split_begin();
+}
+
+RankThreads::~RankThreads() {
+  if (pool_.threads() > 1) gemm_split_end();
+}
 
 ThreadPool* current_thread_pool() { return t_pool; }
 int parallel_threads() { return t_pool ? t_pool->threads() : 1; }

@@ -9,6 +9,7 @@
 // count or on how the range was cut. A reduction that combines values across a range uses
 // parallel_blocks: fixed-size blocks (the split points depend on the data size only), one
 // partial per block, combined by the caller in block order.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -48,11 +49,14 @@ class ThreadPool {
   int64_t grain_ = 0;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  uint64_t generation_ = 0;  // a new run bumps it
-  bool stop_ = false;
+  // Written under mutex_; atomic so that a worker waiting for the next run and the caller waiting
+  // for the last task can spin on them briefly (kSpinMicros) before sleeping on the condition.
+  std::atomic<uint64_t> generation_{0};  // a new run bumps it
+  std::atomic<bool> stop_{false};
   void (*fn_)(void*, int64_t) = nullptr;
   void* ctx_ = nullptr;
-  int64_t tasks_ = 0, next_ = 0, finished_ = 0;
+  int64_t tasks_ = 0, next_ = 0;
+  std::atomic<int64_t> finished_{0};
   std::exception_ptr error_;
 };
 
@@ -69,10 +73,16 @@ class ParallelScope {
   ThreadPool* saved_;
 };
 
-// A rank's own pool, installed on the calling thread (the rank's) while the object lives.
+// A rank's own pool, installed on the calling thread (the rank's) while the object lives. A pool of
+// more than one thread also runs the rank's GEMMs (tensor/gemm.h): each is cut into one piece per
+// thread, every piece on one library thread, so the rank's cores are the same threads inside and
+// outside GEMMs (no second set of GEMM library threads spinning beside the pool's).
 class RankThreads {
  public:
-  explicit RankThreads(int threads, int64_t grain = 0) : pool_(threads, grain), scope_(&pool_) {}
+  explicit RankThreads(int threads, int64_t grain = 0);
+  ~RankThreads();
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
 
  private:
   ThreadPool pool_;
