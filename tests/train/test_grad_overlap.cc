@@ -42,7 +42,8 @@ TEST(GradBuckets, ReduceEachParameterAsOneCollectivePerParameterWould) {
           std::vector<int64_t> numels;
           for (const Shape& s : kShapes) numels.push_back(s.numel());
           ShardPlan plan = plan_shards(mode == "v1" ? "v1" : "v2", numels, ranks, w.rank());
-          GradBuckets buckets(dp, kShapes.size(), mode == "all_reduce" ? nullptr : &plan, {bucket, overlap, 2});
+          GradBuckets buckets(DataGroups{{dp}, {{0}}, std::vector<int>(kShapes.size(), 0)},
+                              mode == "all_reduce" ? nullptr : &plan, {bucket, overlap, 2});
           std::vector<Tensor> grads(kShapes.size());
           std::vector<bool> reduce(kShapes.size(), true);
           reduce[3] = false;  // kept as it is (not Partial over dp)

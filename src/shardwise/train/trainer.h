@@ -53,7 +53,7 @@ struct TrainConfig {
   // no update, its samples consumed, counted in Trainer::skipped_steps().
   bool skip_nonfinite = false;
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
-  // Optimizer state (stage 1) and gradients (stage 2) sharded over dp (sharding.h).
+  // Optimizer state (stage 1) and gradients (stage 2) sharded over each parameter's data group (sharding.h).
   ShardingConfig sharding;
   // The dp reduction of the gradients in buckets (grad_buckets.h): `on` starts each bucket's
   // reduction while the backward runs; `after` reduces the same buckets after the backward (the
@@ -222,7 +222,7 @@ class Trainer {
   // rank's ranges of params() through its plan (train/checkpointing.cc).
   const ShardedOptimizer* sharded() const { return sharded_.get(); }
   ShardedOptimizer* sharded() { return sharded_.get(); }
-  // The gradient buckets (nullptr with --overlap-grad-reduce off or a dp group of one).
+  // The gradient buckets (nullptr with --overlap-grad-reduce off or data groups of one).
   const GradBuckets* grad_buckets() const { return buckets_.get(); }
   ParameterCounts count_parameters();  // collective
   // The model directory the weights came from (init_from_model) and its fingerprint
@@ -256,8 +256,8 @@ class Trainer {
   int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
   std::vector<Tensor> last_grads_;  // the last step's gradients (the runner's sums, not copies; shards when sharded)
   std::unique_ptr<ShardedOptimizer> sharded_;
-  std::vector<bool> partial_grads_;  // per params(): Partial over dp (stage 2, or buckets)
-  std::unique_ptr<GradBuckets> buckets_;  // --overlap-grad-reduce on|after, on a dp group of more than one
+  std::vector<bool> partial_grads_;  // per params(): Partial over its data group (stage 2, or buckets)
+  std::unique_ptr<GradBuckets> buckets_;  // --overlap-grad-reduce on|after, a data group of more than one
   // The step's gradients after the dp reduction (the accumulation mean taken): whole blocks, or
   // this rank's ranges when sharded.
   std::vector<Tensor> reduce_grads(std::vector<Tensor>& grads);
