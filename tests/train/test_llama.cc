@@ -244,14 +244,15 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
 
 // ep is a data dim: on dp=2 x ep=2 the global batch of 8 in 2 micro-batches is 1 sequence per
 // rank and micro-batch, so the dense layers are 4-way data parallel. The sharded optimizer (stages
-// 1 and 2, both layouts) and the gradient buckets shard over dp only (the dense gradients are
-// summed over ep in the graph, the experts' are S(0) on ep): each follows the single-rank curve.
+// 1 and 2, both layouts), the gradient buckets and stage 3 shard each parameter over its data
+// group (dense ones over dp x ep, their gradients left summed over ep by the graph; the experts',
+// S(0) on ep, over dp): each follows the single-rank curve.
 TEST(Llama, MoeOnDpTimesEpWithShardingOrBucketsFollowsTheSingleRankCurve) {
   const Curve ref = train(moe_config("dp=1"));
   TrainConfig c = moe_config("dp=2,ep=2");
   c.check(4, false);
   EXPECT_EQ(c.micro_batch, 1) << "8 sequences = micro-batch x 2 micro-batches x dp 2 x ep 2";
-  for (const auto& [stage, layout] : {std::pair{1, "v1"}, {1, "v2"}, {2, "v1"}, {2, "v2"}}) {
+  for (const auto& [stage, layout] : {std::pair{1, "v1"}, {1, "v2"}, {2, "v1"}, {2, "v2"}, {3, "v1"}}) {
     TrainConfig s = moe_config("dp=2,ep=2");
     s.sharding.stage = stage, s.sharding.layout = layout;
     expect_same_curve(train(s), ref, fmt::format("dp=2,ep=2 sharding stage {} {}", stage, layout));

@@ -202,9 +202,9 @@ TEST(MemoryPlan, StageTwoWithOverlappedBucketsFreesTheGradientsDuringTheBackward
   }
 }
 
-// MoE on dp=2 x ep=2: each rank's optimizer state is a quarter of the dense parameters' (sharded
-// over dp x ep) and half of its ep block of the experts' (sharded over dp), by the model's own
-// formula, and the plan says the same bytes; stage 2 with overlapped buckets (a bucket open per data
+// MoE on dp=2 x ep=2 at sharding stages 1-3: each rank's optimizer state is a quarter of the dense
+// parameters' (sharded over dp x ep) and half of its ep block of the experts' (sharded over dp), by
+// the model's own formula (stage 3: its parameters too), and the plan says the same bytes; stage 2 with overlapped buckets (a bucket open per data
 // group) holds what the plan's bucket replay says.
 TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
   TrainConfig c = llama_test_config("dp=2,ep=2", 1);
@@ -214,7 +214,7 @@ TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
   const int64_t dense = m.layers * (H * H + 2 * kv * H + H * H + 2 * H + m.experts * H) + 2 * m.vocab * H + H;
   const int64_t experts = m.layers * 3 * m.experts * m.intermediate_size * H;  // over ep=2: half a rank
   ASSERT_EQ(dense % 4, 0);
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (bool bf16 : {false, true}) {
       c.sharding = {stage, "v2"}, c.bf16 = bf16;
       const MemoryPlan plan = plan_of(c);
@@ -226,6 +226,7 @@ TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
         // bf16 at stage 0: the f32 parameters' masters are the parameters themselves (none held).
         EXPECT_EQ(got[r].optimizer, stage == 0 && !bf16 ? 8 * (dense + experts / 2) : want);
         EXPECT_EQ(plan.ranks[r].optimizer + plan.ranks[r].masters, got[r].optimizer);
+        if (stage == 3) { EXPECT_EQ(got[r].params, (bf16 ? 2 : 4) * (dense / 4 + experts / 4)); }
       }
     }
   }

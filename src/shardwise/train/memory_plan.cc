@@ -53,7 +53,7 @@ bool reads_value(const graph::Graph& g, const graph::Instr& ins, size_t k, bool 
 StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, bool split, bool release,
                        int prefetch) {
   StageModel m;
-  m.prefetch = spec.shard_params_dim.empty() ? 0 : prefetch;
+  m.prefetch = spec.shard_params_dims.empty() ? 0 : prefetch;
   m.compiled = pipeline::compile_stage(spec, mesh, split);
   m.spec = std::move(spec);
   const graph::Graph& g = *m.spec.graph;

@@ -43,9 +43,10 @@ struct ShardingConfig {
   bool enabled() const { return stage > 0; }
   // Stages 1 and 2: a ShardedOptimizer over the ranges of `layout`.
   bool shards_optimizer() const { return stage == 1 || stage == 2; }
-  // Stage 3 (FSDP): the parameters themselves are Shard over dp (pipeline::StageSpec::shard_params_dim);
+  // Stage 3 (FSDP): the parameters themselves are Shard over their data dims (dp, and ep for dense
+  // parameters: pipeline::StageSpec::shard_params_dims);
   // each rank's blocks are its shards, so the plain optimizer is already sharded and `layout` plays
-  // no part (every parameter is cut by rows, dim 0 of its tp block, in dp chunks).
+  // no part (every parameter is cut by rows, dim 0 of its tp block, in data-group chunks).
   bool shards_params() const { return stage == 3; }
   // Stage 3: the all-gathers of this many layers ahead are started before the current layer
   // computes, in forward and backward (runtime::RuntimeOptions::prefetch_params; 0: off).

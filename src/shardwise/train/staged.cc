@@ -140,7 +140,10 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (spec.training && config.partial_dp_grads) {  // each gradient reduced over its data group after
       for (int d : stage_strategy.data_dims()) spec.partial_grad_dims.push_back(layout.meshes[0].dim_names()[static_cast<size_t>(d)]);
     }
-    if (config.shard_params && stage_strategy.dp_size() > 1) spec.shard_params_dim = "dp";  // every graph: shared blocks
+    for (int d : stage_strategy.data_dims()) {  // every graph: shared blocks; dense over dp x ep, experts over dp
+      if (config.shard_params && layout.meshes[0].dim_size(d) > 1)
+        spec.shard_params_dims.push_back(layout.meshes[0].dim_names()[static_cast<size_t>(d)]);
+    }
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;

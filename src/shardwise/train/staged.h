@@ -39,7 +39,8 @@ struct PipelineConfig {
   // Sharding stage >= 1: the moments are left undefined here (the ShardedOptimizer allocates its
   // shards), so the whole moments never exist.
   bool sharded_optimizer = false;
-  // Sharding stage 3: every graph stores its parameters sharded over dp (StageSpec::shard_params_dim):
+  // Sharding stage 3: every graph stores its parameters sharded over their data dims (dp and ep for
+  // dense parameters, dp for experts; StageSpec::shard_params_dims):
   // each rank's ParamState is its shard, gathered before each use; no ShardedOptimizer.
   bool shard_params = false;
   int prefetch_params = 0;  // with shard_params: layers whose gathers start ahead (pipeline::RunnerOptions)
