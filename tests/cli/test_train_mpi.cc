@@ -95,6 +95,15 @@ TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
   expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe");
 }
 
+// The same with each parameter's state sharded over its data group under MPI (dense ones over
+// dp x ep, the experts' over dp): stage 2 with overlapped buckets (an open bucket per group, the
+// reduce-scatters on two communicators) and stage 3 (dense parameters stored in quarters).
+TEST(TrainMpi, FourProcessesTrainAnMoeLlamaWithStateShardedOverDpTimesEp) {
+  expect_four_processes_follow_one_rank(kMoeLlama20 + "--sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on ",
+                                        "dp=2,ep=2", "moe-stage2");
+  expect_four_processes_follow_one_rank(kMoeLlama20 + "--sharding-stage 3 ", "ep=2,dp=2", "moe-stage3");
+}
+
 // The MoE Llama's checkpoint in Mixtral's layout saved by 4 processes on ep=2 x dp=2 (each ep rank
 // writing its own experts' keys), resumed on one rank: steps 5..8 continue the single-rank curve.
 TEST(TrainMpi, AnMoeCheckpointSavedOnFourProcessesResumesOnOneRank) {

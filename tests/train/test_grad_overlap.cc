@@ -30,6 +30,45 @@ float rank_order_sum(int ranks, size_t p, const Shape& shape, int64_t i) {
 
 const std::vector<Shape> kShapes = {Shape{5, 7}, Shape{3}, Shape{64}, Shape{2, 9}, Shape{1}, Shape{40}};
 
+// Two data groups, as dense parameters (all 4 ranks, dp x ep) and experts (the 2 ranks of a dp
+// pair) on dp=2 x ep=2: parameters 0, 2, 4 reduced over the 4, 1, 3, 5 over the pair; each sum in
+// its own group's rank order, each group's buckets apart (one open bucket per group), reduce-scatter
+// into each group's own plan.
+TEST(GradBuckets, EachParameterIsReducedOverItsOwnDataGroup) {
+  const std::vector<int> group_of = {0, 1, 0, 1, 0, 1};
+  for (const std::string mode : {"all_reduce", "v2"}) {
+    for (int64_t bucket : {4, 1 << 20}) {
+      comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+        const int ep = w.rank() % 2;  // world rank = dp * 2 + ep
+        const std::vector<int> pair = {ep, 2 + ep};
+        DataGroups g{{w.group(w.members()), w.group(pair)}, {{0, 1}, {0}}, group_of};
+        std::vector<int64_t> numels;
+        for (const Shape& s : kShapes) numels.push_back(s.numel());
+        const ShardPlan plan = plan_shards("v2", numels, group_of, {4, 2}, {w.rank(), w.rank() / 2});
+        GradBuckets buckets(g, mode == "all_reduce" ? nullptr : &plan, {bucket, true, 2});
+        std::vector<Tensor> grads(kShapes.size());
+        for (size_t p = 0; p < kShapes.size(); ++p) grads[p] = grad_of(w.rank(), p, kShapes[p]);
+        for (size_t p : {5, 4, 3, 2, 1}) buckets.ready(p, grads[p]);
+        std::vector<Tensor> out = buckets.finish(grads, std::vector<bool>(kShapes.size(), true));
+        for (size_t p = 0; p < kShapes.size(); ++p) {
+          const std::vector<int> members = group_of[p] == 0 ? std::vector<int>{0, 1, 2, 3} : pair;
+          const Tensor& got = mode == "all_reduce" ? grads[p] : out[p];
+          const int64_t begin = mode == "all_reduce" ? 0 : plan.begin(p);
+          ASSERT_EQ(got.numel(), mode == "all_reduce" ? kShapes[p].numel() : plan.count(p));
+          for (int64_t j = 0; j < got.numel(); ++j) {
+            float want = grad_of(members[0], p, kShapes[p]).data<float>()[begin + j];
+            for (size_t m = 1; m < members.size(); ++m) want += grad_of(members[m], p, kShapes[p]).data<float>()[begin + j];
+            ASSERT_EQ(got.data<float>()[j], want) << mode << " bucket " << bucket << " parameter " << p << " element " << j;
+          }
+        }
+        // Hand-over order per group: the groups' buckets never mix.
+        for (const std::vector<size_t>& b : buckets.last_buckets())
+          for (size_t p : b) EXPECT_EQ(group_of[p], group_of[b.front()]) << mode << " bucket " << bucket;
+      });
+    }
+  }
+}
+
 // All-reduce and reduce-scatter (v1 and v2 plans) of six parameters in 4-element..64-element
 // buckets, handed over in reverse order, one held back to finish(), one not to reduce.
 TEST(GradBuckets, ReduceEachParameterAsOneCollectivePerParameterWould) {
@@ -42,7 +81,8 @@ TEST(GradBuckets, ReduceEachParameterAsOneCollectivePerParameterWould) {
           std::vector<int64_t> numels;
           for (const Shape& s : kShapes) numels.push_back(s.numel());
           ShardPlan plan = plan_shards(mode == "v1" ? "v1" : "v2", numels, ranks, w.rank());
-          GradBuckets buckets(dp, kShapes.size(), mode == "all_reduce" ? nullptr : &plan, {bucket, overlap, 2});
+          GradBuckets buckets(DataGroups{{dp}, {{0}}, std::vector<int>(kShapes.size(), 0)},
+                              mode == "all_reduce" ? nullptr : &plan, {bucket, overlap, 2});
           std::vector<Tensor> grads(kShapes.size());
           std::vector<bool> reduce(kShapes.size(), true);
           reduce[3] = false;  // kept as it is (not Partial over dp)

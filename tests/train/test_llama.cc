@@ -244,14 +244,15 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
 
 // ep is a data dim: on dp=2 x ep=2 the global batch of 8 in 2 micro-batches is 1 sequence per
 // rank and micro-batch, so the dense layers are 4-way data parallel. The sharded optimizer (stages
-// 1 and 2, both layouts) and the gradient buckets shard over dp only (the dense gradients are
-// summed over ep in the graph, the experts' are S(0) on ep): each follows the single-rank curve.
+// 1 and 2, both layouts), the gradient buckets and stage 3 shard each parameter over its data
+// group (dense ones over dp x ep, their gradients left summed over ep by the graph; the experts',
+// S(0) on ep, over dp): each follows the single-rank curve.
 TEST(Llama, MoeOnDpTimesEpWithShardingOrBucketsFollowsTheSingleRankCurve) {
   const Curve ref = train(moe_config("dp=1"));
   TrainConfig c = moe_config("dp=2,ep=2");
   c.check(4, false);
   EXPECT_EQ(c.micro_batch, 1) << "8 sequences = micro-batch x 2 micro-batches x dp 2 x ep 2";
-  for (const auto& [stage, layout] : {std::pair{1, "v1"}, {1, "v2"}, {2, "v1"}, {2, "v2"}}) {
+  for (const auto& [stage, layout] : {std::pair{1, "v1"}, {1, "v2"}, {2, "v1"}, {2, "v2"}, {3, "v1"}}) {
     TrainConfig s = moe_config("dp=2,ep=2");
     s.sharding.stage = stage, s.sharding.layout = layout;
     expect_same_curve(train(s), ref, fmt::format("dp=2,ep=2 sharding stage {} {}", stage, layout));
@@ -275,6 +276,24 @@ TEST(Llama, MoeOnDpTimesEpSplitsTheBatchFourWaysAndReshardsOnlyGradients) {
   EXPECT_EQ(ids.dist.to_string(), "S(0),S(0)");
   EXPECT_EQ(mesh::local_shape(ids.meta.shape, ids.dist, s.mesh, s.mesh.coords(3)), (Shape{1, c.model.seq}));
   for (const auto& [kind, count] : p.collective_counts()) EXPECT_EQ(kind, "all_reduce") << count << "\n" << p.to_string(gpt.g);
+  // Sharding stage 2 takes every gradient's reduction (dense ones over dp x ep, the experts' over
+  // dp): of stage 0's all-reduces (one per data dim of each gradient: 17 dense x 2 + 6 experts, and
+  // two that are no parameter's gradient) only those two are left, and the gradients stay P(sum) on
+  // their data dims.
+  for (int stage : {0, 2}) {
+    c.sharding = {stage, "v2"};
+    comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      const graph::Program& staged = t.stages().runner().compiled(0).program;
+      const std::vector<std::pair<std::string, int>> all_reduces = {{"all_reduce", stage == 0 ? 2 + 17 * 2 + 6 : 2}};
+      EXPECT_EQ(staged.collective_counts(), all_reduces) << "stage " << stage;
+      std::map<std::string, int> grads;  // gradient layouts (dp, ep) -> how many
+      for (int slot : staged.param_grad_slot) ++grads[staged.slots[static_cast<size_t>(slot)].dist.to_string()];
+      const std::map<std::string, int> partial = {{"P(sum),P(sum)", 17}, {"P(sum),S(0)", 6}};
+      const std::map<std::string, int> reduced = {{"R,R", 17}, {"R,S(0)", 6}};
+      EXPECT_EQ(grads, stage == 2 ? partial : reduced) << "stage " << stage;
+    });
+  }
 }
 
 TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {

@@ -7,6 +7,7 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/tensor/allocator.h"
 #include "shardwise/train/memory_plan.h"
+#include "llama_config.h"
 #include "small_config.h"
 
 namespace shardwise::train {
@@ -221,6 +222,50 @@ TEST(MemoryPlan, StageTwoWithOverlappedBucketsFreesTheGradientsDuringTheBackward
         }
       }
     }
+  }
+}
+
+// MoE on dp=2 x ep=2 at sharding stages 1-3: each rank's optimizer state is a quarter of the dense
+// parameters' (sharded over dp x ep) and half of its ep block of the experts' (sharded over dp), by
+// the model's own formula (stage 3: its parameters too), and the plan says the same bytes; stage 2 with overlapped buckets (a bucket open per data
+// group) holds what the plan's bucket replay says.
+TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
+  TrainConfig c = llama_test_config("dp=2,ep=2", 1);
+  c.model.experts = 4, c.model.top_k = 2;
+  const GptConfig& m = c.model;
+  const int64_t H = m.hidden, head_dim = H / m.heads, kv = m.kv_heads * head_dim;
+  const int64_t dense = m.layers * (H * H + 2 * kv * H + H * H + 2 * H + m.experts * H) + 2 * m.vocab * H + H;
+  const int64_t experts = m.layers * 3 * m.experts * m.intermediate_size * H;  // over ep=2: half a rank
+  ASSERT_EQ(dense % 4, 0);
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool bf16 : {false, true}) {
+      c.sharding = {stage, "v2"}, c.bf16 = bf16;
+      const MemoryPlan plan = plan_of(c);
+      const std::vector<HeldBytes> got = measure(c);
+      const int64_t per_element = bf16 ? 12 : 8;  // moments, and bf16's f32 master
+      const int64_t want = stage == 0 ? per_element * (dense + experts / 2) : per_element * (dense / 4 + experts / 4);
+      for (size_t r = 0; r < got.size(); ++r) {
+        SCOPED_TRACE(fmt::format("stage {}{} rank {}", stage, bf16 ? " bf16" : "", r));
+        // bf16 at stage 0: the f32 parameters' masters are the parameters themselves (none held).
+        EXPECT_EQ(got[r].optimizer, stage == 0 && !bf16 ? 8 * (dense + experts / 2) : want);
+        EXPECT_EQ(plan.ranks[r].optimizer + plan.ranks[r].masters, got[r].optimizer);
+        if (stage == 3) { EXPECT_EQ(got[r].params, (bf16 ? 2 : 4) * (dense / 4 + experts / 4)); }
+      }
+    }
+  }
+  c.sharding = {2, "v1"}, c.bf16 = false;
+  c.global_batch = 4, c.accumulation = 1;
+  c.overlap_grad_reduce = "on", c.grad_bucket_mb = 8.0 / 1024;
+  const MemoryPlan plan = plan_of(c);
+  std::vector<int64_t> buckets(4);
+  comm::LocalWorld::run(4, [&](comm::Communicator& world) {
+    Trainer t(c, world.group(world.members()));
+    t.step();
+    buckets[static_cast<size_t>(world.rank())] = t.grad_buckets()->last_peak_bytes();
+  });
+  for (size_t r = 0; r < buckets.size(); ++r) {
+    EXPECT_TRUE(plan.ranks[r].grads_bucketed) << r;
+    EXPECT_EQ(plan.ranks[r].grads, buckets[r]) << r;
   }
 }
 

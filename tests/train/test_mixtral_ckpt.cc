@@ -123,6 +123,33 @@ TEST(MixtralCkpt, ExpertsAreStoredPerExpertAndComeBackBitForBitAcrossEpSizes) {
   fs::remove_all(root);
 }
 
+// Sharding stage 2 on dp=2 x ep=2 keeps each rank's range of the dense state (over dp x ep) and of
+// its experts' (over dp) and saves straight from them: loaded on one rank (unsharded) and saved
+// again, every stored tensor (weights, moments, fp32 masters) is the same bits, and loaded back on
+// dp=2 x ep=2 at stage 2 (v2, then v1) and saved, too.
+TEST(MixtralCkpt, ShardedStateOnDpTimesEpSavesWhatOneRankLoadsAndBack) {
+  const fs::path root = fs::temp_directory_path() / "sw_mixtral_sharded";
+  fs::remove_all(root);
+  TrainConfig sharded = moe("dp=2,ep=2", true);
+  sharded.sharding = {2, "v2"};
+  const std::map<std::string, Tensor> trained = run(sharded, 2, {}, root / "dpep");
+  const std::map<std::string, Tensor> saved = stored(root / "dpep" / "checkpoint-2");
+  EXPECT_EQ(saved.size(), 4u * (2 * 19 + 3));
+  fs::path from = root / "dpep" / "checkpoint-2";
+  for (const auto& [mesh, stage, layout] : {std::tuple{"dp=1", 0, "v1"}, {"dp=2,ep=2", 2, "v2"}, {"dp=2,ep=2", 2, "v1"}}) {
+    TrainConfig c = moe(mesh, true);
+    c.sharding = {stage, layout};
+    const fs::path to = root / fmt::format("{}-{}{}", mesh, stage, layout);
+    const std::map<std::string, Tensor> loaded = run(c, 0, from, to);
+    for (const auto& [name, t] : trained) EXPECT_TRUE(same_bits(loaded.at(name), t)) << mesh << " " << name;
+    const std::map<std::string, Tensor> again = stored(to / "checkpoint-2");
+    ASSERT_EQ(again.size(), saved.size()) << mesh;
+    for (const auto& [key, t] : saved) EXPECT_TRUE(same_bits(again.at(key), t)) << mesh << " " << layout << " " << key;
+    from = to / "checkpoint-2";
+  }
+  fs::remove_all(root);
+}
+
 TEST(MixtralCkpt, ResumeOnAnotherEpSizeOrFromPipelineStagesContinuesTheSingleRankCurve) {
   const fs::path root = fs::temp_directory_path() / "sw_mixtral_resume";
   fs::remove_all(root);

@@ -215,6 +215,30 @@ TEST(ShardingStage3, PrefetchGivesTheBitsOfNoPrefetchOnEveryMesh) {
   }
 }
 
+// MoE on dp=2 x ep=2: dense parameters stored over dp x ep (two mesh dims on dim 0), experts over dp
+// after ep; prefetching one layer starts gathers early and gives the same bits.
+TEST(ShardingStage3, MoeOnDpTimesEpPrefetchGivesTheBitsOfNoPrefetch) {
+  TrainConfig c = stage3(llama_test_config("dp=2,ep=2", 4));
+  c.model.experts = 4, c.model.top_k = 2;
+  std::vector<double> losses[2];
+  std::vector<int64_t> started[2];
+  for (int prefetch : {0, 1}) {
+    c.sharding.prefetch_params = prefetch;
+    comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      for (int s = 0; s < 4; ++s) {
+        const double l = t.step().loss;
+        if (w.rank() == 0) losses[prefetch].push_back(l), started[prefetch].push_back(t.stages().last_stats().prefetched_gathers);
+      }
+    });
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  for (size_t s = 0; s < started[1].size(); ++s) {
+    EXPECT_GT(started[1][s], 0) << "step " << s + 1;
+    EXPECT_EQ(started[0][s], 0) << "step " << s + 1;
+  }
+}
+
 // With N layers prefetched the gathered copies alive at once are at most N + 1 layers' (the one
 // computing and the next N), more than with N - 1; the layer of a parameter is its name's prefix
 // through the layer number.

@@ -76,8 +76,8 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
   }
   graph::Completion completion = graph::complete(g, mesh);
   graph::LowerOptions lower;
-  if (!spec.shard_params_dim.empty()) {
-    graph::shard_params_over(g, completion, mesh_dim_named(mesh, spec.shard_params_dim, spec.stage, "store parameters sharded over"));
+  for (const std::string& dim : spec.shard_params_dims) {
+    graph::shard_params_over(g, completion, mesh_dim_named(mesh, dim, spec.stage, "store parameters sharded over"));
     lower.regather_params = true;
   }
   if (spec.training) lower.order = graph::apply_recompute(g, completion).order;  // no-op without segments

@@ -38,10 +38,12 @@ struct StageSpec {
   // Mesh dims (by name) along which parameter gradients are left Partial (graph::LowerOptions):
   // sharding stage 2 puts "dp" here and reduce-scatters the sums itself.
   std::vector<std::string> partial_grad_dims;
-  // Sharding stage 3: the mesh dim (by name; "" none) over which every parameter is stored sharded
-  // (graph::shard_params_over), all-gathered before each use and re-gathered for the backward
+  // Sharding stage 3: the mesh dims (by name; none: off) over which every parameter is stored
+  // sharded, in this order after the dims already sharding its dim 0 (graph::shard_params_over per
+  // dim that replicates it: dp and ep for dense parameters, dp for experts split over ep),
+  // all-gathered before each use and re-gathered for the backward
   // (graph::LowerOptions::regather_params). Every graph of a run sharing the parameters needs it.
-  std::string shard_params_dim;
+  std::vector<std::string> shard_params_dims;
 };
 
 struct CompiledStage {

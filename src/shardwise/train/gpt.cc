@@ -84,6 +84,13 @@ int64_t Strategy::data_index(std::span<const int64_t> coords) const {
   return index;
 }
 
+std::vector<int> Strategy::data_dims() const {
+  std::vector<int> out;
+  for (int d = 0; d < mesh.ndim(); ++d)
+    if (d == dp || d == ep) out.push_back(d);
+  return out;
+}
+
 std::string Strategy::to_string() const {
   return fmt::format("mesh {}{}", mesh.to_string(), sequence_parallel ? " + sequence parallel" : "");
 }

@@ -120,6 +120,8 @@ struct Strategy {
   // S(0) splits it).
   int64_t data_size() const { return dp_size() * ep_size(); }
   int64_t data_index(std::span<const int64_t> coords) const;
+  // The data dims the mesh has (dp, ep), in mesh-dim order.
+  std::vector<int> data_dims() const;
   std::string to_string() const;
   // Placements text for the mesh: `on_tp` on the tp dim, `on_data` on the data dims (dp and ep), R
   // elsewhere ("S(0),S(1)").

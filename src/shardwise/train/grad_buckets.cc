@@ -16,6 +16,7 @@ void check_bucket_options(const std::string& mode, double bucket_mb) {
 }
 
 struct GradBuckets::Bucket {
+  size_t group = 0;
   std::vector<size_t> params;
   std::vector<Shape> shapes;
   std::vector<Tensor> sums;  // until packed
@@ -24,9 +25,9 @@ struct GradBuckets::Bucket {
   std::unique_ptr<comm::Request> request;
 };
 
-GradBuckets::GradBuckets(std::shared_ptr<comm::Communicator> dp, size_t params, const ShardPlan* plan,
-                         BucketOptions options)
-    : dp_(std::move(dp)), plan_(plan), o_(options), results_(params) {
+GradBuckets::GradBuckets(DataGroups groups, const ShardPlan* plan, BucketOptions options)
+    : g_(std::move(groups)), plan_(plan), o_(options), open_(g_.comms.size()), results_(g_.of.size()) {
+  const size_t params = g_.of.size();
   SW_CHECK(o_.bucket_bytes > 0, "--grad-bucket-mb must be positive, got {} bytes", o_.bucket_bytes);
   SW_CHECK(o_.max_in_flight >= 1, "gradient buckets: at least one in flight, got {}", o_.max_in_flight);
   SW_CHECK(!plan_ || plan_->counts.size() == params, "gradient buckets: a plan of {} parameters for {}",
@@ -38,14 +39,16 @@ GradBuckets::~GradBuckets() = default;
 void GradBuckets::ready(size_t p, Tensor& sum) {
   SW_CHECK(p < results_.size() && sum.defined() && sum.dtype() == DType::F32,
            "gradient buckets: parameter {} of {} handed over without an f32 sum", p, results_.size());
-  if (!open_) open_ = std::make_unique<Bucket>();
-  open_->params.push_back(p);
-  open_->shapes.push_back(sum.shape());
-  open_->bytes += static_cast<int64_t>(sum.nbytes());
+  const auto g = static_cast<size_t>(g_.of[p]);
+  std::unique_ptr<Bucket>& open = open_[g];
+  if (!open) open = std::make_unique<Bucket>(), open->group = g;
+  open->params.push_back(p);
+  open->shapes.push_back(sum.shape());
+  open->bytes += static_cast<int64_t>(sum.nbytes());
   hold(static_cast<int64_t>(sum.nbytes()));
-  open_->sums.push_back(std::move(sum));
+  open->sums.push_back(std::move(sum));
   sum = Tensor();
-  if (open_->bytes >= o_.bucket_bytes) close();
+  if (open->bytes >= o_.bucket_bytes) close(g);
 }
 
 void GradBuckets::hold(int64_t bytes) {
@@ -53,10 +56,11 @@ void GradBuckets::hold(int64_t bytes) {
   peak_ = std::max(peak_, held_);
 }
 
-void GradBuckets::close() {
-  if (!open_ || open_->params.empty()) return;
-  buckets_.push_back(open_->params);
-  closed_.push_back(std::move(open_));
+void GradBuckets::close(size_t group) {
+  std::unique_ptr<Bucket>& open = open_[group];
+  if (!open || open->params.empty()) return;
+  buckets_.push_back(open->params);
+  closed_.push_back(std::move(open));
   if (!o_.overlap) return;
   while (started_ >= static_cast<size_t>(o_.max_in_flight)) wait_oldest();
   start(*closed_[started_]);
@@ -65,6 +69,7 @@ void GradBuckets::close() {
 }
 
 void GradBuckets::start(Bucket& b) {
+  comm::Communicator& group = *g_.comms[b.group];
   int64_t total = 0;
   for (const Tensor& s : b.sums) total += s.numel();
   b.buffer = Tensor::uninitialized(DType::F32, Shape{total});
@@ -77,11 +82,11 @@ void GradBuckets::start(Bucket& b) {
     }
     b.sums.clear();  // the full sums go once packed
     hold(-b.bytes);
-    b.request = dp_->start_all_reduce(b.buffer.raw(), b.buffer.raw(), total, DType::F32, comm::Reduce::Sum);
+    b.request = group.start_all_reduce(b.buffer.raw(), b.buffer.raw(), total, DType::F32, comm::Reduce::Sum);
     return;
   }
   // Rank r's block: its range of each parameter, in bucket order.
-  std::vector<int64_t> counts(static_cast<size_t>(dp_->size()), 0);
+  std::vector<int64_t> counts(static_cast<size_t>(group.size()), 0);
   for (size_t r = 0; r < counts.size(); ++r) {
     for (size_t k = 0; k < b.params.size(); ++k) {
       const std::vector<int64_t>& c = plan_->counts[b.params[k]];
@@ -94,9 +99,9 @@ void GradBuckets::start(Bucket& b) {
   }
   b.sums.clear();
   hold(-b.bytes);
-  b.out = Tensor::uninitialized(DType::F32, Shape{counts[static_cast<size_t>(dp_->rank())]});
+  b.out = Tensor::uninitialized(DType::F32, Shape{counts[static_cast<size_t>(group.rank())]});
   hold(static_cast<int64_t>(b.out.nbytes()));
-  b.request = dp_->start_reduce_scatter_v(b.buffer.raw(), b.out.raw(), counts, DType::F32, comm::Reduce::Sum);
+  b.request = group.start_reduce_scatter_v(b.buffer.raw(), b.out.raw(), counts, DType::F32, comm::Reduce::Sum);
 }
 
 void GradBuckets::wait_oldest() {
@@ -124,7 +129,7 @@ std::vector<Tensor> GradBuckets::finish(std::vector<Tensor>& grads, const std::v
   last_early_ = early_;  // the buckets the backward started, before the late sums join
   for (size_t p = 0; p < grads.size(); ++p)
     if (reduce[p] && grads[p].defined()) ready(p, grads[p]);
-  close();
+  for (size_t g = 0; g < open_.size(); ++g) close(g);  // the groups' last buckets, in group order
   while (!closed_.empty()) {  // what is not started yet (overlap off: everything), at most max_in_flight at a time
     if (started_ < closed_.size() && started_ < static_cast<size_t>(o_.max_in_flight)) {
       start(*closed_[started_]);

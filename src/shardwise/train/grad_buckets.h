@@ -5,8 +5,10 @@
 // The graph leaves the gradients Partial(sum) over dp (pipeline::StageSpec::partial_grad_dims),
 // the runner sums them over the micro-batches, and StagedGpt hands each parameter's sum on as soon
 // as the step's last micro-batch computed it (StagedGpt::set_grad_ready): in the order the backward
-// completes them, the reverse of their use in the forward. Each sum joins the open bucket; a bucket
-// of at least `bucket_bytes` is closed and its reduction started (Communicator::start_*):
+// completes them, the reverse of their use in the forward. Each sum joins the open bucket of its
+// parameter's data group (sharding.h DataGroups: dense parameters dp x ep, experts dp; one bucket
+// open per group); a bucket of at least `bucket_bytes` is closed and its reduction started over its
+// group (Communicator::start_*):
 //   - all-reduce (sharding stage 0 and 1): the bucket's sums packed back to back, reduced in place;
 //   - reduce-scatter (stage 2, a ShardPlan): the sums packed rank by rank (rank r's block holds
 //     r's ranges of the bucket's parameters, in bucket order), each rank receiving its ranges.
@@ -16,7 +18,7 @@
 // there). finish() adds the sums handed over after the backward (a tied embedding exchanged
 // between pipeline ranks), closes the last bucket and waits for every bucket in start order.
 //
-// Every rank of the dp group holds the same blocks and runs the same programs and schedule, so it
+// Every rank of a data group holds the same blocks and runs the same programs and schedule, so it
 // sees the same hand-over sequence, forms the same buckets and starts the same collectives in the
 // same order. With `overlap` false the same buckets are started in finish(), after the backward:
 // the same collectives on the same buffers, so the same bits (the overlap's reference).
@@ -43,9 +45,9 @@ struct BucketOptions {
 
 class GradBuckets {
  public:
-  // `params`: the number of parameters; `plan`: reduce-scatter into its ranges (stage 2), else
-  // null: all-reduce. `dp`: the ranks holding the same blocks.
-  GradBuckets(std::shared_ptr<comm::Communicator> dp, size_t params, const ShardPlan* plan, BucketOptions options);
+  // `groups`: each parameter's data group (the ranks holding the same block); `plan`: reduce-scatter
+  // into its ranges (stage 2), else null: all-reduce.
+  GradBuckets(DataGroups groups, const ShardPlan* plan, BucketOptions options);
   ~GradBuckets();
 
   // Takes parameter p's f32 sum over the micro-batches (Partial over dp): `sum` is left undefined.
@@ -66,13 +68,13 @@ class GradBuckets {
 
  private:
   struct Bucket;
-  void close();             // starts the open bucket's reduction
+  void close(size_t group);  // starts the group's open bucket's reduction
   void start(Bucket& b);    // packs and starts
   void wait_oldest();       // waits for the oldest bucket in flight and unpacks it
-  std::shared_ptr<comm::Communicator> dp_;
+  DataGroups g_;
   const ShardPlan* plan_;
   BucketOptions o_;
-  std::unique_ptr<Bucket> open_;
+  std::vector<std::unique_ptr<Bucket>> open_;  // per group
   std::deque<std::unique_ptr<Bucket>> closed_;  // closed, in close order (started, or waiting for finish())
   size_t started_ = 0;                          // of closed_, the first `started_` are in flight
   std::vector<Tensor> results_;                 // per parameter: the reduced sum or this rank's range

@@ -53,7 +53,7 @@ bool reads_value(const graph::Graph& g, const graph::Instr& ins, size_t k, bool 
 StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, bool split, bool release,
                        int prefetch) {
   StageModel m;
-  m.prefetch = spec.shard_params_dim.empty() ? 0 : prefetch;
+  m.prefetch = spec.shard_params_dims.empty() ? 0 : prefetch;
   m.compiled = pipeline::compile_stage(spec, mesh, split);
   m.spec = std::move(spec);
   const graph::Graph& g = *m.spec.graph;
@@ -116,22 +116,27 @@ StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, 
 // `max_in_flight` waited for (its ranges copied out, its buffers freed).
 class BucketSim {
  public:
-  // Per parameter: its f32 sum's bytes and this rank's range of it (bytes).
-  BucketSim(int64_t bucket_bytes, int max_in_flight, std::vector<int64_t> sum_bytes, std::vector<int64_t> range_bytes)
+  // Per parameter: its f32 sum's bytes, this rank's range of it (bytes) and its data group (one
+  // bucket open per group).
+  BucketSim(int64_t bucket_bytes, int max_in_flight, std::vector<int64_t> sum_bytes, std::vector<int64_t> range_bytes,
+            std::vector<int> group_of)
       : bucket_bytes_(bucket_bytes), max_in_flight_(max_in_flight), sum_(std::move(sum_bytes)),
-        range_(std::move(range_bytes)) {}
+        range_(std::move(range_bytes)), group_(std::move(group_of)) {
+    for (int g : group_) open_.resize(std::max(open_.size(), static_cast<size_t>(g) + 1));
+  }
   // Hands parameter p's sum over; returns the most bytes held meanwhile.
   int64_t ready(size_t p) {
     call_peak_ = held_;
     hold(sum_[p]);
-    open_bytes_ += sum_[p];
-    open_range_ += range_[p];
-    if (open_bytes_ >= bucket_bytes_) close();
+    auto& [bytes, range] = open_[static_cast<size_t>(group_[p])];
+    bytes += sum_[p];
+    range += range_[p];
+    if (bytes >= bucket_bytes_) close(static_cast<size_t>(group_[p]));
     return call_peak_;
   }
-  int64_t finish() {  // closes the open bucket, waits for all; the most bytes held meanwhile
+  int64_t finish() {  // closes the open buckets, waits for all; the most bytes held meanwhile
     call_peak_ = held_;
-    close();
+    for (size_t g = 0; g < open_.size(); ++g) close(g);
     while (!flight_.empty()) wait_oldest();
     return call_peak_;
   }
@@ -144,14 +149,15 @@ class BucketSim {
     peak_ = std::max(peak_, held_);
     call_peak_ = std::max(call_peak_, held_);
   }
-  void close() {
-    if (open_bytes_ == 0) return;
+  void close(size_t g) {
+    auto& [bytes, range] = open_[g];
+    if (bytes == 0) return;
     while (flight_.size() >= static_cast<size_t>(max_in_flight_)) wait_oldest();
-    hold(open_bytes_);   // the packed copy
-    hold(-open_bytes_);  // the sums go
-    hold(open_range_);   // the received ranges
-    flight_.push_back({open_bytes_, open_range_});
-    open_bytes_ = open_range_ = 0;
+    hold(bytes);   // the packed copy
+    hold(-bytes);  // the sums go
+    hold(range);   // the received ranges
+    flight_.push_back({bytes, range});
+    bytes = range = 0;
   }
   void wait_oldest() {
     const auto [bytes, range] = flight_.front();
@@ -162,8 +168,10 @@ class BucketSim {
   int64_t bucket_bytes_;
   int max_in_flight_;
   std::vector<int64_t> sum_, range_;
+  std::vector<int> group_;
+  std::vector<std::pair<int64_t, int64_t>> open_;  // per group: the open bucket's sums and ranges
   std::deque<std::pair<int64_t, int64_t>> flight_;
-  int64_t open_bytes_ = 0, open_range_ = 0, held_ = 0, peak_ = 0, call_peak_ = 0;
+  int64_t held_ = 0, peak_ = 0, call_peak_ = 0;
 };
 
 // The buffers of one micro-batch on one rank (slot -> bytes), run through positions of the order.
@@ -347,7 +355,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   // handed to the buckets once computed and its buffer freed (PipelineRunner::hand_over), so the
   // runtime's working bytes lose the gradients and `grads` is what the buckets hold at most.
   const bool early_free = c.sharding.stage == 2 && c.overlap_grad_reduce == "on" && schedule.micro_batches == 1 &&
-                          strategy.pp < 0 && layout.stage_strategy.dp_size() > 1;
+                          strategy.pp < 0 && layout.stage_strategy.data_size() > 1;
   for (int64_t process = 0; process < strategy.mesh.size(); ++process) {
     RankMemory rm;
     rm.rank = process;
@@ -355,14 +363,14 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     rm.pipeline_rank = strategy.pp < 0 ? 0 : static_cast<int>(world_coords[static_cast<size_t>(strategy.pp)]);
     std::map<int, StageBytes> stages;
     std::vector<int64_t> numels;  // per trained parameter (params() order, each once)
+    std::vector<std::vector<int>> data_dims;  // per trained parameter: its data group's dims (sharding.h)
+    std::map<std::vector<int>, std::pair<int, int>> groups;  // dims -> size, this rank's index (data_groups' order)
     std::set<std::string> seen;
-    int dp_rank = 0;
     const StageModel* only = nullptr;  // early_free: the rank's one stage, and its slots' bytes
     std::vector<int64_t> only_bytes;
     for (const StageModel& m : compiled[rm.pipeline_rank]) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(m.spec.stage)];
       const auto coords = mesh.coords(mesh.rank_index_of_process(process));
-      if (layout.stage_strategy.dp >= 0) dp_rank = static_cast<int>(coords[static_cast<size_t>(layout.stage_strategy.dp)]);
       const graph::Graph& g = *m.spec.graph;
       const graph::Program& p = m.compiled.program;
       std::vector<int64_t> bytes;
@@ -376,17 +384,25 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
           if (trained) rm.grads += block_bytes(s, mesh, coords, DType::F32);  // the runner's f32 sums, per stage
           if (!seen.insert(g.value(v).name).second) continue;
           rm.params += block_bytes(s, mesh, coords, model.param_dtype);
-          if (trained) numels.push_back(mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel());
+          if (!trained) continue;
+          numels.push_back(mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel());
+          data_dims.push_back(data_group_dims(s.dist, layout.stage_strategy.data_dims()));
+          const auto [it, added] = groups.emplace(data_dims.back(), std::pair{0, 0});
+          if (added) it->second = {static_cast<int>(group_size(mesh, it->first)), group_index(mesh, coords, it->first)};
         }
       }
       if (m.input >= 0) rm.comm += bytes[static_cast<size_t>(m.input)] + bytes[static_cast<size_t>(m.input_grad)];
       if (m.output >= 0) rm.comm += bytes[static_cast<size_t>(m.output)] + bytes[static_cast<size_t>(m.output_grad)];
     }
+    // Each parameter's state over its data group (StagedGpt::data_groups): dense dp x ep, experts dp.
+    std::vector<int> group_of, group_sizes, group_ranks;
+    for (const auto& [dims, size_rank] : groups) group_sizes.push_back(size_rank.first), group_ranks.push_back(size_rank.second);
+    for (const std::vector<int>& dims : data_dims)
+      group_of.push_back(static_cast<int>(std::distance(groups.begin(), groups.find(dims))));
+    const ShardPlan shards = plan_shards(c.sharding.layout, numels, group_of, group_sizes, group_ranks);
     int64_t state_elements = 0;
     for (int64_t n : numels) state_elements += n;
-    if (c.sharding.shards_optimizer())  // stage 3: the blocks are the shards already
-      state_elements = plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank)
-                           .owned_elements();
+    if (c.sharding.shards_optimizer()) state_elements = shards.owned_elements();  // stage 3: the blocks are the shards
     rm.optimizer = 8 * state_elements;
     rm.grads_in_working = schedule.micro_batches == 1 && !c.bf16;
     rm.masters = c.bf16 ? 4 * state_elements : 0;
@@ -399,14 +415,13 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       finish_peak = (rm.grads_in_working ? rm.grads : 0) + 4 * state_elements;
     }
     if (early_free) {  // the backward again, each gradient handed to the buckets' replay once computed
-      const ShardPlan shards =
-          plan_shards(c.sharding.layout, numels, static_cast<int>(layout.stage_strategy.dp_size()), dp_rank);
       std::vector<int64_t> sums, ranges;
       for (size_t i = 0; i < numels.size(); ++i) {
         sums.push_back(4 * numels[i]);
         ranges.push_back(4 * shards.count(i));
       }
-      BucketSim buckets(static_cast<int64_t>(c.grad_bucket_mb * (1 << 20)), BucketOptions{}.max_in_flight, sums, ranges);
+      BucketSim buckets(static_cast<int64_t>(c.grad_bucket_mb * (1 << 20)), BucketOptions{}.max_in_flight, sums, ranges,
+                        group_of);
       stages.at(only->spec.stage).backward_peak = stage_bytes(*only, only_bytes, pc.release, &buckets).backward_peak;
       finish_peak = buckets.finish();  // Trainer::reduce_grads, after the runtime let the frame go
       rm.grads = buckets.peak();       // inside `working` (the backward's peak counts them)

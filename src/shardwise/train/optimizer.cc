@@ -1,5 +1,6 @@
 #include "shardwise/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -73,12 +74,14 @@ double sum_of_squares(const float* g, int64_t n) {
 }  // namespace
 
 double global_grad_norm(const std::vector<ParamState>& params, const std::vector<Tensor>& grads,
-                        const mesh::ProcessMesh& mesh, comm::Communicator& world, int disjoint_dim) {
+                        const mesh::ProcessMesh& mesh, comm::Communicator& world,
+                        const std::vector<int>& disjoint_dims) {
   double total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     double replicas = 1;
     for (int m = 0; m < mesh.ndim(); ++m) {
-      if (m != disjoint_dim && params[i].dist[m].is_replicate()) replicas *= static_cast<double>(mesh.dim_size(m));
+      const bool disjoint = std::find(disjoint_dims.begin(), disjoint_dims.end(), m) != disjoint_dims.end();
+      if (!disjoint && params[i].dist[m].is_replicate()) replicas *= static_cast<double>(mesh.dim_size(m));
     }
     total += sum_of_squares(grads[i].data<float>(), grads[i].numel()) / replicas;
   }

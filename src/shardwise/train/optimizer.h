@@ -55,10 +55,11 @@ class AdamW {
 // The global L2 norm of the gradients, whatever their sharding: each rank sums the squares of its
 // blocks, weighted by 1 / (number of ranks holding the same block), and one all_reduce over the
 // world adds them up. Every rank gets the same bits.
-// `disjoint_dim` (>= 0): a mesh dim whose ranks hold disjoint parts of each gradient instead of
-// replicas (the dp dim under sharding: each rank's `grads[i]` is its shard), not counted as replicas.
+// `disjoint_dims`: mesh dims whose ranks hold disjoint parts of each gradient instead of replicas
+// (the data dims dp and ep under sharding: each rank's `grads[i]` is its shard), not counted as replicas.
 double global_grad_norm(const std::vector<ParamState>& params, const std::vector<Tensor>& grads,
-                        const mesh::ProcessMesh& mesh, comm::Communicator& world, int disjoint_dim = -1);
+                        const mesh::ProcessMesh& mesh, comm::Communicator& world,
+                        const std::vector<int>& disjoint_dims = {});
 // Scales the gradients so that their global norm is at most `max_norm` (<= 0: no clipping).
 // Returns the norm before clipping.
 double clip_grad_norm(std::vector<Tensor>& grads, double norm, double max_norm);

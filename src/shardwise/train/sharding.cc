@@ -29,9 +29,33 @@ void ShardingConfig::check() const {
            prefetch_params, stage);
 }
 
+std::vector<int> data_group_dims(const mesh::DistAttr& dist, std::span<const int> data_dims) {
+  std::vector<int> out;
+  for (int d : data_dims)
+    if (d >= 0 && dist[d].is_replicate()) out.push_back(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int64_t group_size(const mesh::ProcessMesh& mesh, std::span<const int> dims) {
+  int64_t n = 1;
+  for (int d : dims) n *= mesh.dim_size(d);
+  return n;
+}
+
+int group_index(const mesh::ProcessMesh& mesh, std::span<const int64_t> coords, std::span<const int> dims) {
+  int64_t index = 0;
+  for (int d : dims) index = index * mesh.dim_size(d) + coords[static_cast<size_t>(d)];
+  return static_cast<int>(index);
+}
+
+bool DataGroups::any_shared() const {
+  return std::any_of(comms.begin(), comms.end(), [](const auto& c) { return c->size() > 1; });
+}
+
 int64_t ShardPlan::begin(size_t i) const {
   int64_t b = 0;
-  for (int r = 0; r < rank; ++r) b += counts[i][static_cast<size_t>(r)];
+  for (int r = 0; r < ranks[i]; ++r) b += counts[i][static_cast<size_t>(r)];
   return b;
 }
 
@@ -44,7 +68,7 @@ int64_t ShardPlan::owned_elements() const {
 ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, int dp, int rank) {
   SW_CHECK(dp >= 1 && rank >= 0 && rank < dp, "sharding: rank {} of a dp group of {}", rank, dp);
   ShardPlan plan;
-  plan.rank = rank;
+  plan.ranks.assign(numels.size(), rank);
   plan.counts.assign(numels.size(), std::vector<int64_t>(static_cast<size_t>(dp), 0));
   if (layout == "v1") {
     std::vector<size_t> order(numels.size());
@@ -71,21 +95,51 @@ ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& num
   return plan;
 }
 
-ShardedOptimizer::ShardedOptimizer(ShardingConfig config, std::vector<ParamState>& params,
-                                   std::shared_ptr<comm::Communicator> dp)
-    : c_(std::move(config)), dp_(std::move(dp)) {
+ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, const std::vector<int>& group_of,
+                      const std::vector<int>& sizes, const std::vector<int>& ranks) {
+  SW_CHECK(group_of.size() == numels.size() && sizes.size() == ranks.size(),
+           "sharding: {} groups for {} parameters, {} sizes for {} ranks", group_of.size(), numels.size(), sizes.size(),
+           ranks.size());
+  ShardPlan plan;
+  plan.counts.resize(numels.size());
+  plan.ranks.resize(numels.size());
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    std::vector<size_t> members;
+    std::vector<int64_t> sub;
+    for (size_t i = 0; i < numels.size(); ++i)
+      if (group_of[i] == static_cast<int>(g)) members.push_back(i), sub.push_back(numels[i]);
+    ShardPlan one = plan_shards(layout, sub, sizes[g], ranks[g]);
+    for (size_t k = 0; k < members.size(); ++k) {
+      plan.counts[members[k]] = std::move(one.counts[k]);
+      plan.ranks[members[k]] = ranks[g];
+    }
+  }
+  return plan;
+}
+
+ShardedOptimizer::ShardedOptimizer(ShardingConfig config, std::vector<ParamState>& params, DataGroups groups)
+    : c_(std::move(config)), g_(std::move(groups)) {
   c_.check();
+  SW_CHECK(g_.of.size() == params.size(), "sharding: data groups for {} parameters, {} given", g_.of.size(),
+           params.size());
   std::vector<int64_t> numels;
   for (const ParamState& p : params) numels.push_back(p.param.numel());
-  // Every rank of the group must cut the same blocks: compare the element counts.
-  int64_t sizes[2] = {static_cast<int64_t>(numels.size()), std::accumulate(numels.begin(), numels.end(), int64_t{0})};
-  int64_t low[2], high[2];
-  dp_->all_reduce(sizes, low, 2, DType::I64, comm::Reduce::Min);
-  dp_->all_reduce(sizes, high, 2, DType::I64, comm::Reduce::Max);
-  SW_CHECK(low[0] == high[0] && low[1] == high[1],
-           "sharding: the ranks of a dp group hold different parameter blocks ({}..{} parameters, {}..{} elements)",
-           low[0], high[0], low[1], high[1]);
-  plan_ = plan_shards(c_.layout, numels, dp_->size(), dp_->rank());
+  std::vector<int> sizes, ranks;
+  for (size_t g = 0; g < g_.comms.size(); ++g) {
+    // Every rank of a group must cut the same blocks: compare the element counts.
+    int64_t mine[2] = {0, 0};
+    for (size_t i = 0; i < numels.size(); ++i)
+      if (g_.of[i] == static_cast<int>(g)) mine[0] += 1, mine[1] += numels[i];
+    int64_t low[2], high[2];
+    g_.comms[g]->all_reduce(mine, low, 2, DType::I64, comm::Reduce::Min);
+    g_.comms[g]->all_reduce(mine, high, 2, DType::I64, comm::Reduce::Max);
+    SW_CHECK(low[0] == high[0] && low[1] == high[1],
+             "sharding: the ranks of a data group hold different parameter blocks ({}..{} parameters, {}..{} elements)",
+             low[0], high[0], low[1], high[1]);
+    sizes.push_back(g_.comms[g]->size());
+    ranks.push_back(g_.comms[g]->rank());
+  }
+  plan_ = plan_shards(c_.layout, numels, g_.of, sizes, ranks);
   for (size_t i = 0; i < params.size(); ++i) {
     // Fresh moments are zero: allocated here at the shard's size when the model left them out.
     ParamState& p = params[i];
@@ -104,7 +158,7 @@ std::vector<Tensor> ShardedOptimizer::reduce(std::vector<Tensor>& grads, const s
     const int64_t n = plan_.count(i);
     if (c_.stage >= 2 && partial[i]) {
       owned[i] = Tensor::uninitialized(DType::F32, Shape{n});
-      dp_->reduce_scatter_v(grads[i].raw(), owned[i].raw(), plan_.counts[i], DType::F32, comm::Reduce::Sum);
+      group_of(i).reduce_scatter_v(grads[i].raw(), owned[i].raw(), plan_.counts[i], DType::F32, comm::Reduce::Sum);
       grads[i] = Tensor();  // the full sum goes as soon as it is reduced
     } else {
       owned[i] = flat_range(grads[i], plan_.begin(i), n);
@@ -125,17 +179,17 @@ void ShardedOptimizer::step(const AdamW& adamw, std::vector<ParamState>& params,
       float* w = f32 ? p.param.data<float>() + b : p.master.data<float>();
       adamw.update(w, p.exp_avg.data<float>(), p.exp_avg_sq.data<float>(), owned[i].data<float>(), n, p.decay, lr, step);
     }
-    // Every rank's updated range into every rank's parameter (the kernels' dtype).
+    // Every rank's updated range into every rank of the group's parameter (the kernels' dtype).
     Tensor piece = f32 ? flat_range(p.param, b, n) : p.master.to(p.param.dtype());
     Tensor out = f32 ? p.param : Tensor::uninitialized(p.param.dtype(), p.param.shape());
-    dp_->all_gather_v(piece.raw(), out.raw(), plan_.counts[i], p.param.dtype());
+    group_of(i).all_gather_v(piece.raw(), out.raw(), plan_.counts[i], p.param.dtype());
     p.param = out;  // a bf16 parameter is a new tensor after each update, as unsharded
   }
 }
 
 Tensor ShardedOptimizer::whole(size_t i, const Tensor& piece, const Shape& block_shape) {
   Tensor out = Tensor::uninitialized(piece.dtype(), block_shape);
-  dp_->all_gather_v(piece.raw(), out.raw(), plan_.counts[i], piece.dtype());
+  group_of(i).all_gather_v(piece.raw(), out.raw(), plan_.counts[i], piece.dtype());
   return out;
 }
 
@@ -148,7 +202,7 @@ void ShardedOptimizer::gather_params(std::vector<ParamState>& params) {
     SW_CHECK(p.master.numel() == plan_.count(i), "sharding: '{}' holds {} master elements, its range has {}", p.name,
              p.master.numel(), plan_.count(i));
     Tensor out = Tensor::uninitialized(p.param.dtype(), p.param.shape());
-    dp_->all_gather_v(p.master.to(p.param.dtype()).raw(), out.raw(), plan_.counts[i], p.param.dtype());
+    group_of(i).all_gather_v(p.master.to(p.param.dtype()).raw(), out.raw(), plan_.counts[i], p.param.dtype());
     p.param = out;
   }
 }

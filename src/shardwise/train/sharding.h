@@ -1,10 +1,14 @@
 #pragma once
-// Sharded optimizer state over the data-parallel dim (ZeRO / PaddlePaddle sharding), stages 1 and 2.
+// Sharded optimizer state over the data-parallel dims (ZeRO / PaddlePaddle sharding), stages 1 and 2.
 // (Stage 3 needs no ShardedOptimizer: the parameters themselves are Shard over dp, see
 // ShardingConfig::shards_params and graph::shard_params_over, so each rank's blocks are its shards.)
 //
-// Every rank of a dp group holds the same parameter blocks (its tp / pp blocks); the group splits
-// the optimizer state of those blocks among its ranks. Each block is seen as a row-major flat
+// Each parameter has a data group: the ranks of the data dims (dp, ep) that replicate its block, whose
+// gradient is a sum over them (data_group_dims): dense parameters dp x ep, MoE experts (S(0) on ep)
+// dp only, as Megatron's distributed optimizer shards dense state over the data-parallel group and
+// the experts' over the expert-data-parallel one. Every rank of a group holds the same blocks of its
+// parameters (its tp / pp blocks); the group splits the optimizer state of those blocks among its
+// ranks, each group planned on its own (its parameters in params() order). Each block is seen as a row-major flat
 // array, and each dp rank owns one contiguous range of it (possibly empty), ranks in dp order:
 //   - layout v1: each parameter owned whole by one dp rank, assigned greedily by elements (largest
 //     first, to the least-loaded rank; ties to the lower index / rank);
@@ -20,10 +24,13 @@
 // (global_grad_norm with dp as the disjoint dim); each rank updates its ranges (AdamW::update) and
 // the parameters are all-gathered over dp (v1: the owner's whole block, a broadcast).
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
+#include "shardwise/mesh/dist_attr.h"
+#include "shardwise/mesh/process_mesh.h"
 #include "shardwise/train/optimizer.h"
 
 namespace shardwise::train {
@@ -36,57 +43,79 @@ struct ShardingConfig {
   bool enabled() const { return stage > 0; }
   // Stages 1 and 2: a ShardedOptimizer over the ranges of `layout`.
   bool shards_optimizer() const { return stage == 1 || stage == 2; }
-  // Stage 3 (FSDP): the parameters themselves are Shard over dp (pipeline::StageSpec::shard_params_dim);
+  // Stage 3 (FSDP): the parameters themselves are Shard over their data dims (dp, and ep for dense
+  // parameters: pipeline::StageSpec::shard_params_dims);
   // each rank's blocks are its shards, so the plain optimizer is already sharded and `layout` plays
-  // no part (every parameter is cut by rows, dim 0 of its tp block, in dp chunks).
+  // no part (every parameter is cut by rows, dim 0 of its tp block, in data-group chunks).
   bool shards_params() const { return stage == 3; }
   // Stage 3: the all-gathers of this many layers ahead are started before the current layer
   // computes, in forward and backward (runtime::RuntimeOptions::prefetch_params; 0: off).
   int prefetch_params = 0;
 };
 
-// Which flat range of each parameter's block each dp rank owns.
+// A parameter's data group: of `data_dims` (the mesh's dp and ep dims, those it has), the ones on
+// which `dist` replicates the block, in mesh-dim order.
+std::vector<int> data_group_dims(const mesh::DistAttr& dist, std::span<const int> data_dims);
+// The ranks of the group over `dims` and the index in it of the rank at `coords` (row-major over
+// `dims` in mesh-dim order, as a co-sharded S(0) splits the batch).
+int64_t group_size(const mesh::ProcessMesh& mesh, std::span<const int> dims);
+int group_index(const mesh::ProcessMesh& mesh, std::span<const int64_t> coords, std::span<const int> dims);
+
+// Which flat range of each parameter's block each rank of its data group owns.
 struct ShardPlan {
-  std::vector<std::vector<int64_t>> counts;  // per parameter, per dp rank: elements owned
-  int rank = 0;                              // this rank's index in the dp group
+  std::vector<std::vector<int64_t>> counts;  // per parameter, per rank of its group: elements owned
+  std::vector<int> ranks;                    // per parameter: this rank's index in its group
   int64_t begin(size_t i) const;             // where this rank's range of parameter i starts
-  int64_t count(size_t i) const { return counts[i][static_cast<size_t>(rank)]; }
+  int64_t count(size_t i) const { return counts[i][static_cast<size_t>(ranks[i])]; }
   int64_t owned_elements() const;            // over every parameter
 };
 // A 1-D copy of elements [begin, begin + n) of `t` (row-major).
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n);
 
-// `numels`: each parameter's block size on this rank.
+// `numels`: each parameter's block size on this rank; one group of `dp` ranks, this one `rank`.
 ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, int dp, int rank);
+// Several groups: parameter i in group `group_of[i]` of `sizes[g]` ranks, this rank `ranks[g]` in
+// it; each group's parameters planned as one (plan_shards over them alone, in their order).
+ShardPlan plan_shards(const std::string& layout, const std::vector<int64_t>& numels, const std::vector<int>& group_of,
+                      const std::vector<int>& sizes, const std::vector<int>& ranks);
+
+// The data groups of a rank's parameters: the communicators and each parameter's.
+struct DataGroups {
+  std::vector<std::shared_ptr<comm::Communicator>> comms;  // per group
+  std::vector<std::vector<int>> dims;                      // per group: its mesh dims
+  std::vector<int> of;                                     // per parameter: its group
+  bool any_shared() const;  // a group of more than one rank
+};
 
 class ShardedOptimizer {
  public:
-  // Cuts each parameter's master and moments to this rank's ranges. `dp`: this rank's dp group
-  // (the ranks holding the same blocks), every parameter of `params` on it.
-  ShardedOptimizer(ShardingConfig config, std::vector<ParamState>& params, std::shared_ptr<comm::Communicator> dp);
+  // Cuts each parameter's master and moments to this rank's ranges. `groups`: each parameter's
+  // data group (the ranks holding the same block).
+  ShardedOptimizer(ShardingConfig config, std::vector<ParamState>& params, DataGroups groups);
 
   const ShardingConfig& config() const { return c_; }
   const ShardPlan& plan() const { return plan_; }
-  comm::Communicator& group() { return *dp_; }
+  const DataGroups& groups() const { return g_; }
 
   // This rank's ranges of the gradients (1-D f32, per parameter): stage 1 reads them from the
-  // all-reduced blocks; stage 2 reduce-scatters the blocks marked `partial` (Partial(sum) over dp)
-  // and releases every full block (`grads` is emptied).
+  // all-reduced blocks; stage 2 reduce-scatters over its group each block marked `partial`
+  // (Partial(sum) over its group's dims) and releases every full block (`grads` is emptied).
   std::vector<Tensor> reduce(std::vector<Tensor>& grads, const std::vector<bool>& partial);
-  // AdamW on this rank's ranges, then every parameter's `param` all-gathered over dp.
+  // AdamW on this rank's ranges, then every parameter's `param` all-gathered over its group.
   void step(const AdamW& adamw, std::vector<ParamState>& params, const std::vector<Tensor>& owned, double lr,
             int64_t step);
 
-  // Collective over dp: the whole block from each rank's 1-D range `piece` of parameter i.
+  // Collective over parameter i's group: the whole block from each rank's 1-D range `piece`.
   Tensor whole(size_t i, const Tensor& piece, const Shape& block_shape);
-  // Collective over dp: every bf16 parameter's `param` rebuilt from the ranks' ranges of its master
+  // Collective over the groups: every bf16 parameter's `param` rebuilt from the ranks' ranges of its master
   // (rounded, all-gathered), as after a step; f32 parameters are their own masters and stay. A
   // checkpoint load fills only each rank's ranges (train/checkpointing.cc), then calls this.
   void gather_params(std::vector<ParamState>& params);
 
  private:
+  comm::Communicator& group_of(size_t i) { return *g_.comms[static_cast<size_t>(g_.of[i])]; }
   ShardingConfig c_;
-  std::shared_ptr<comm::Communicator> dp_;
+  DataGroups g_;
   ShardPlan plan_;
 };
 

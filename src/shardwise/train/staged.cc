@@ -137,8 +137,13 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     pipeline::StageSpec spec;
     spec.stage = s;
     spec.training = what == StageGraph::Training;
-    if (spec.training && config.partial_dp_grads && stage_strategy.dp >= 0) spec.partial_grad_dims = {"dp"};
-    if (config.shard_params && stage_strategy.dp_size() > 1) spec.shard_params_dim = "dp";  // every graph: shared blocks
+    if (spec.training && config.partial_dp_grads) {  // each gradient reduced over its data group after
+      for (int d : stage_strategy.data_dims()) spec.partial_grad_dims.push_back(layout.meshes[0].dim_names()[static_cast<size_t>(d)]);
+    }
+    for (int d : stage_strategy.data_dims()) {  // every graph: shared blocks; dense over dp x ep, experts over dp
+      if (config.shard_params && layout.meshes[0].dim_size(d) > 1)
+        spec.shard_params_dims.push_back(layout.meshes[0].dim_names()[static_cast<size_t>(d)]);
+    }
     spec.graph = std::make_shared<graph::Graph>(std::move(gpt.g));
     const graph::Graph& g = *spec.graph;
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
@@ -342,8 +347,8 @@ void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
   const mesh::ProcessMesh &a = meshes_[0], &b = meshes_[static_cast<size_t>(S - 1)];
   // Both stages lay the copy out alike (the same annotations on meshes of one shape).
   mesh::DistAttr dist = it->dist;
-  if (config_.partial_dp_grads && stage_strategy_.dp >= 0)  // each dp rank's part goes to its peer
-    dist.set(stage_strategy_.dp, mesh::Placement::partial());
+  if (config_.partial_dp_grads)  // each data rank's part goes to its peer
+    for (int d : data_group_dims(dist, stage_strategy_.data_dims())) dist.set(d, mesh::Placement::partial());
   if (!tied_) tied_ = std::make_unique<reshard::Resharder>(world_);
   Tensor& mine = grads[static_cast<size_t>(it - params_.begin())];
   const bool on_first = a.contains(my_process(*world_));
@@ -354,32 +359,53 @@ void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
   pipeline::accumulate_grad(mine, on_first ? from_last : from_first);
 }
 
-std::vector<bool> StagedGpt::grads_partial_on_dp() const {
+std::vector<bool> StagedGpt::grads_partial() const {
   std::vector<bool> out(params_.size(), false);
-  if (stage_strategy_.dp < 0) return out;
+  const std::vector<int> data = stage_strategy_.data_dims();
   for (int s : runner_->local_stages()) {
     const graph::Program& p = runner_->compiled(s).program;
     const std::vector<size_t>& index = stage_params_.at(s);
     for (size_t i = 0; i < index.size(); ++i) {
-      const int slot = p.param_grad_slot[i];
-      const mesh::Placement& on_dp = p.slots[static_cast<size_t>(slot)].dist[stage_strategy_.dp];
-      SW_CHECK(!on_dp.is_partial() || on_dp.is_partial(mesh::ReduceOp::Sum),
-               "sharding: the gradient of '{}' is {} over dp, expected a sum", params_[index[i]].name,
-               p.slots[static_cast<size_t>(slot)].dist.to_string());
-      out[index[i]] = on_dp.is_partial();
+      const mesh::DistAttr& got = p.slots[static_cast<size_t>(p.param_grad_slot[i])].dist;
+      const std::vector<int> dims = data_group_dims(params_[index[i]].dist, data);
+      size_t partial = 0;
+      for (int d : dims) {
+        SW_CHECK(!got[d].is_partial() || got[d].is_partial(mesh::ReduceOp::Sum),
+                 "sharding: the gradient of '{}' is {} over its data dims, expected a sum", params_[index[i]].name,
+                 got.to_string());
+        partial += got[d].is_partial() ? 1 : 0;
+      }
+      SW_CHECK(partial == 0 || partial == dims.size(),
+               "sharding: the gradient of '{}' is {}: a sum over some of its data group's dims only",
+               params_[index[i]].name, got.to_string());
+      out[index[i]] = partial > 0;
     }
   }
   return out;
 }
 
-std::shared_ptr<comm::Communicator> StagedGpt::dp_group() {
-  if (dp_) return dp_;
+const DataGroups& StagedGpt::data_groups() {
+  if (groups_) return *groups_;
+  groups_ = std::make_unique<DataGroups>();
   const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(runner_->local_stages().front())];
-  std::vector<int> members;
-  for (int64_t process : m.processes_along(my_process(*world_), stage_strategy_.dp))
-    members.push_back(static_cast<int>(process));
-  dp_ = world_->group(members);
-  return dp_;
+  const std::vector<int64_t> me = m.coords(m.rank_index_of_process(my_process(*world_)));
+  std::map<std::vector<int>, int> ids;  // the groups in order of their dims (the same on every rank)
+  for (const ParamState& p : params_) ids.emplace(data_group_dims(p.dist, stage_strategy_.data_dims()), 0);
+  for (auto& [dims, id] : ids) {
+    id = static_cast<int>(groups_->dims.size());
+    groups_->dims.push_back(dims);
+    std::vector<int> members;  // row-major over `dims` (group_index)
+    for (int64_t r = 0; r < m.size(); ++r) {
+      const std::vector<int64_t> c = m.coords(r);
+      bool same = true;
+      for (int d = 0; d < m.ndim(); ++d)
+        if (std::find(dims.begin(), dims.end(), d) == dims.end() && c[static_cast<size_t>(d)] != me[static_cast<size_t>(d)]) same = false;
+      if (same) members.push_back(static_cast<int>(m.process_ids()[static_cast<size_t>(r)]));
+    }
+    groups_->comms.push_back(world_->group(members));
+  }
+  for (const ParamState& p : params_) groups_->of.push_back(ids.at(data_group_dims(p.dist, stage_strategy_.data_dims())));
+  return *groups_;
 }
 
 double StagedGpt::grad_norm(const std::vector<Tensor>& grads, bool sharded) {
@@ -390,7 +416,8 @@ double StagedGpt::grad_norm(const std::vector<Tensor>& grads, bool sharded) {
     counted.push_back(params_[i]);
     counted_grads.push_back(grads[i]);
   }
-  return global_grad_norm(counted, counted_grads, meshes_[0], *world_, sharded ? stage_strategy_.dp : -1);
+  return global_grad_norm(counted, counted_grads, meshes_[0], *world_,
+                          sharded ? stage_strategy_.data_dims() : std::vector<int>{});
 }
 
 std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_batches, StageGraph what) {

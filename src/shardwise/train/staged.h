@@ -22,6 +22,7 @@
 #include "shardwise/train/gpt.h"
 #include "shardwise/train/loader.h"
 #include "shardwise/train/optimizer.h"
+#include "shardwise/train/sharding.h"
 
 namespace shardwise::train {
 
@@ -31,13 +32,15 @@ struct PipelineConfig {
   bool release = true;            // free what backward does not need after each forward
   bool poison_stand_ins = false;  // tests
   LoaderOptions loader;           // the training step's batches (loader.h)
-  // Sharding stage 2: parameter gradients left Partial over dp by the graph (the trainer's
-  // ShardedOptimizer reduce-scatters them); false: all-reduced into the parameters' layouts.
+  // Sharding stage 2 or gradient buckets: parameter gradients left Partial over the data dims (dp,
+  // ep) by the graph (the trainer's ShardedOptimizer or GradBuckets reduce each over its data group);
+  // false: all-reduced into the parameters' layouts.
   bool partial_dp_grads = false;
   // Sharding stage >= 1: the moments are left undefined here (the ShardedOptimizer allocates its
   // shards), so the whole moments never exist.
   bool sharded_optimizer = false;
-  // Sharding stage 3: every graph stores its parameters sharded over dp (StageSpec::shard_params_dim):
+  // Sharding stage 3: every graph stores its parameters sharded over their data dims (dp and ep for
+  // dense parameters, dp for experts; StageSpec::shard_params_dims):
   // each rank's ParamState is its shard, gathered before each use; no ShardedOptimizer.
   bool shard_params = false;
   int prefetch_params = 0;  // with shard_params: layers whose gathers start ahead (pipeline::RunnerOptions)
@@ -106,14 +109,15 @@ class StagedGpt {
   // open the data files; the same for training and validation batches.
   bool reads_data() const { return loader_->reader() && loader_->needs_data(); }
   // The global gradient norm over every rank (the tied embedding counted once). `sharded`: each
-  // rank holds its dp shard of each gradient (the dp dim holds disjoint parts, not replicas).
+  // rank holds its data group's shard of each gradient (the data dims hold disjoint parts, not replicas).
   double grad_norm(const std::vector<Tensor>& grads, bool sharded = false);
-  // Per params(): whether its gradient from forward_backward is Partial(sum) over dp
-  // (PipelineConfig::partial_dp_grads).
-  std::vector<bool> grads_partial_on_dp() const;
-  // This rank's dp group on its stages' mesh: the ranks holding the same parameter blocks
-  // (collective over that group on first use).
-  std::shared_ptr<comm::Communicator> dp_group();
+  // Per params(): whether its gradient from forward_backward is Partial(sum) over its data group's
+  // dims (PipelineConfig::partial_dp_grads); Error if over some of them only.
+  std::vector<bool> grads_partial() const;
+  // Each parameter's data group on its stages' mesh (sharding.h data_group_dims: dense parameters
+  // dp x ep, experts dp): the ranks holding the same block, whose gradient sums over them
+  // (collective over each group on first use; groups in order of their dims).
+  const DataGroups& data_groups();
   // Lets the runner go of the last step's gradient sums (after a stage-2 reduce-scatter).
   void release_grads() { runner_->release_grads(); }
   // Gradient hand-over (grad_buckets.h): during forward_backward, `ready(p, sum)` gets params()[p]'s
@@ -171,7 +175,7 @@ class StagedGpt {
   std::unique_ptr<BatchLoader> loader_;  // the training step's batches
   std::unique_ptr<BatchLoader> val_loader_;  // validation's, for val_'s micro-batches
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange
-  std::shared_ptr<comm::Communicator> dp_;
+  std::unique_ptr<DataGroups> groups_;
   std::vector<ParamState> params_, frozen_;
   // Per params_: counted in the norm (false for the last stage's tied copy).
   std::vector<bool> counted_;

@@ -257,17 +257,17 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
                                        c_.micro_batch * strategy_.data_size(), static_cast<int>(c_.accumulation), c_.seed,
                                        causal_mask(c_.model.seq), world_);
-  if (c_.sharding.shards_optimizer()) {
-    sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->dp_group());
-    partial_grads_ = model_->grads_partial_on_dp();
+  if (c_.sharding.shards_optimizer()) {  // each parameter's state over its data group (dense dp x ep, experts dp)
+    sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->data_groups());
+    partial_grads_ = model_->grads_partial();
   }
-  if (c_.overlap_grad_reduce != "off" && model_->dp_group()->size() > 1) {
-    partial_grads_ = model_->grads_partial_on_dp();
+  if (c_.overlap_grad_reduce != "off" && model_->data_groups().any_shared()) {
+    partial_grads_ = model_->grads_partial();
     BucketOptions o;
     o.bucket_bytes = static_cast<int64_t>(c_.grad_bucket_mb * (1 << 20));
     o.overlap = c_.overlap_grad_reduce == "on";
     const ShardPlan* plan = sharded_ && c_.sharding.stage >= 2 ? &sharded_->plan() : nullptr;
-    buckets_ = std::make_unique<GradBuckets>(model_->dp_group(), model_->params().size(), plan, o);
+    buckets_ = std::make_unique<GradBuckets>(model_->data_groups(), plan, o);
     model_->set_grad_ready(partial_grads_, [this](size_t p, Tensor& sum) { buckets_->ready(p, sum); });
   }
   open_data();

@@ -53,7 +53,7 @@ struct TrainConfig {
   // no update, its samples consumed, counted in Trainer::skipped_steps().
   bool skip_nonfinite = false;
   bool bf16 = false;  // parameters stored in bf16 for the kernels, fp32 masters
-  // Optimizer state (stage 1) and gradients (stage 2) sharded over dp (sharding.h).
+  // Optimizer state (stage 1) and gradients (stage 2) sharded over each parameter's data group (sharding.h).
   ShardingConfig sharding;
   // The dp reduction of the gradients in buckets (grad_buckets.h): `on` starts each bucket's
   // reduction while the backward runs; `after` reduces the same buckets after the backward (the
@@ -225,7 +225,7 @@ class Trainer {
   // rank's ranges of params() through its plan (train/checkpointing.cc).
   const ShardedOptimizer* sharded() const { return sharded_.get(); }
   ShardedOptimizer* sharded() { return sharded_.get(); }
-  // The gradient buckets (nullptr with --overlap-grad-reduce off or a dp group of one).
+  // The gradient buckets (nullptr with --overlap-grad-reduce off or data groups of one).
   const GradBuckets* grad_buckets() const { return buckets_.get(); }
   ParameterCounts count_parameters();  // collective
   // The model directory the weights came from (init_from_model) and its fingerprint
@@ -261,8 +261,8 @@ class Trainer {
   std::vector<Tensor> last_grads_;  // with keep_grads_: the last step's gradients (the runner's sums, not copies; shards when sharded)
   int64_t last_grad_bytes_ = 0;     // the runner's gradient sums at the last step's update (HeldBytes::grads)
   std::unique_ptr<ShardedOptimizer> sharded_;
-  std::vector<bool> partial_grads_;  // per params(): Partial over dp (stage 2, or buckets)
-  std::unique_ptr<GradBuckets> buckets_;  // --overlap-grad-reduce on|after, on a dp group of more than one
+  std::vector<bool> partial_grads_;  // per params(): Partial over its data group (stage 2, or buckets)
+  std::unique_ptr<GradBuckets> buckets_;  // --overlap-grad-reduce on|after, a data group of more than one
   // The step's gradients after the dp reduction (the accumulation mean taken): whole blocks, or
   // this rank's ranges when sharded.
   std::vector<Tensor> reduce_grads(std::vector<Tensor>& grads);
