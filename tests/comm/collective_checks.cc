@@ -212,6 +212,48 @@ void all_to_all_pieces_scattered(Communicator& c) {
   c.all_to_all_pieces(in.data(), Pieces{one_each, zeros, zeros}, out.data(), Pieces{one_each, zeros, zeros}, DType::F32);
 }
 
+void all_to_all_pieces_filled(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  // Rank q sends q + p + 1 elements to p in one piece, value(q, 10 * p + i), written only when
+  // fill(p) is called; its own piece travels as empty and fill(me) writes it straight into out.
+  auto count = [](int from, int to) { return int64_t(from + to + 1); };
+  std::vector<int64_t> sf{0}, so, sc, rf{0}, ro, rc;
+  int64_t at = 0;
+  for (int p = 0; p < n; ++p) {
+    so.push_back(at), sc.push_back(p == me ? 0 : count(me, p)), sf.push_back(p + 1);
+    at += count(me, p);
+  }
+  std::vector<float> in(static_cast<size_t>(at), -1.0f);
+  at = 0;
+  for (int q = 0; q < n; ++q) {
+    ro.push_back(at), rc.push_back(q == me ? 0 : count(q, me)), rf.push_back(q + 1);
+    at += count(q, me);
+  }
+  std::vector<float> out(static_cast<size_t>(at), -1.0f);
+  std::vector<int> calls;
+  auto fill = [&](int p) {
+    calls.push_back(p);
+    float* to = p == me ? out.data() + ro[static_cast<size_t>(me)] : in.data() + so[static_cast<size_t>(p)];
+    for (int64_t i = 0; i < count(me, p); ++i) to[i] = static_cast<float>(value(me, 10 * p + i));
+  };
+  c.all_to_all_pieces(in.data(), Pieces{sf, so, sc}, out.data(), Pieces{rf, ro, rc}, DType::F32, fill);
+  std::vector<int> sorted = calls;
+  std::sort(sorted.begin(), sorted.end());
+  for (int p = 0; p < n; ++p) {
+    const int got = static_cast<size_t>(p) < sorted.size() ? sorted[static_cast<size_t>(p)] : -1;
+    expect(got == p && sorted.size() == static_cast<size_t>(n), "all_to_all_pieces (fill once per rank)", c, p, got, p);
+  }
+  expect(!calls.empty() && calls.back() == me, "all_to_all_pieces (fill of this rank last)", c, 0,
+         calls.empty() ? -1 : calls.back(), me);
+  for (int q = 0; q < n; ++q) {
+    for (int64_t i = 0; i < count(q, me); ++i) {
+      const auto k = static_cast<size_t>(ro[static_cast<size_t>(q)] + i);
+      expect(out[k] == static_cast<float>(value(q, 10 * me + i)), "all_to_all_pieces (filled)", c, static_cast<int64_t>(k),
+             out[k], value(q, 10 * me + i));
+    }
+  }
+}
+
 void send_recv_ring_and_tags(Communicator& c) {
   const int n = c.size(), me = c.rank();
   if (n == 1) return;
@@ -339,6 +381,7 @@ void all(Communicator& c) {
   reduce_scatter_equal_and_unequal(c);
   all_to_all_equal_and_v(c);
   all_to_all_pieces_scattered(c);
+  all_to_all_pieces_filled(c);
   send_recv_ring_and_tags(c);
   objects_and_bytes(c);
   sub_groups(c);

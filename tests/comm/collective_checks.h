@@ -16,6 +16,9 @@ void all_to_all_equal_and_v(Communicator& comm);  // includes zero and all-zero 
 // Pieces out of order with gaps, peers interleaved, empty pieces, zero counts, no pieces at all;
 // the receive buffer outside the pieces is untouched.
 void all_to_all_pieces_scattered(Communicator& comm);
+// all_to_all_pieces with `fill`: each rank's send pieces written only when fill names their peer
+// (once per rank, this rank's last, writing its own piece straight into the receive buffer).
+void all_to_all_pieces_filled(Communicator& comm);
 void send_recv_ring_and_tags(Communicator& comm);
 void objects_and_bytes(Communicator& comm);
 void sub_groups(Communicator& comm);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "collective_checks.h"
 #include "shardwise/comm/local.h"
@@ -71,7 +72,7 @@ TEST(LocalComm, UnequalAllToAllVCountsAreAnErrorNamingBothCounts) {
 
 // A local communicator without its own all_to_all_pieces: the default (pack, all_to_all_v,
 // unpack) that the NCCL backend uses.
-class DefaultPieces final : public Communicator {
+class DefaultPieces : public Communicator {
  public:
   explicit DefaultPieces(Communicator& c) : c_(c) {}
   std::string_view backend() const override { return c_.backend(); }
@@ -106,8 +107,50 @@ TEST(LocalComm, TheDefaultAllToAllPiecesPacksAndUnpacks) {
     LocalWorld::run(n, [](Communicator& c) {
       DefaultPieces d(c);
       checks::all_to_all_pieces_scattered(d);
+      checks::all_to_all_pieces_filled(d);
     });
   }
+}
+
+// A scope names one communicator (through forwarding wrappers: carrier()), in this thread only,
+// and nests; the local backend checks its calls even inside one.
+TEST(CheckedByCaller, ScopesAreByCommunicatorAndThreadAndNest) {
+  struct Wrapper final : DefaultPieces {
+    Wrapper(Communicator& c) : DefaultPieces(c), inner(&c) {}
+    const Communicator* carrier() const override { return inner->carrier(); }
+    Communicator* inner;
+  };
+  LocalWorld::run(2, [](Communicator& c) {
+    auto group = c.group(c.members());
+    Wrapper wrapped(c);
+    EXPECT_FALSE(CheckedByCaller::active(&c));
+    {
+      CheckedByCaller outer(&wrapped);
+      EXPECT_TRUE(CheckedByCaller::active(&c));
+      EXPECT_TRUE(CheckedByCaller::active(&wrapped));
+      EXPECT_FALSE(CheckedByCaller::active(group.get()));
+      EXPECT_FALSE(CheckedByCaller::active(nullptr));
+      bool elsewhere = true;
+      std::thread([&] { elsewhere = CheckedByCaller::active(&c); }).join();
+      EXPECT_FALSE(elsewhere);
+      {
+        CheckedByCaller inner(group.get());
+        CheckedByCaller none(nullptr);
+        EXPECT_TRUE(CheckedByCaller::active(group.get()));
+        EXPECT_TRUE(CheckedByCaller::active(&c));
+      }
+      EXPECT_FALSE(CheckedByCaller::active(group.get()));
+      EXPECT_TRUE(CheckedByCaller::active(&c));
+    }
+    EXPECT_FALSE(CheckedByCaller::active(&c));
+  });
+  const std::string m = message_of(2, [](Communicator& c) {
+    CheckedByCaller scope(&c);
+    int64_t x = 0;
+    if (c.rank() == 0) c.broadcast(&x, 1, DType::I64, 0);
+    else c.all_reduce(&x, &x, 1, DType::I64, Reduce::Sum);
+  });
+  EXPECT_NE(m.find("called broadcast while rank 1 called all_reduce"), std::string::npos) << m;
 }
 
 TEST(LocalComm, AllToAllPiecesTotalsAndBadPiecesAreErrors) {

@@ -248,6 +248,25 @@ TEST(MpiComm, MismatchesRaiseTheSameErrorOnEveryRank) {
   checks::all_reduce_every_op(world());
 }
 
+// Inside a CheckedByCaller scope the world's collectives skip the signature exchange and still
+// give every result; a scope on another communicator leaves the world's calls checked.
+TEST(MpiComm, CheckedByCallerSkipsTheChecksOfItsCommunicatorOnly) {
+  {
+    CheckedByCaller scope(&world());
+    checks::all(world());
+  }
+  std::vector<int> reversed(world().members().rbegin(), world().members().rend());
+  auto group = world().group(reversed);
+  CheckedByCaller scope(group.get());
+  std::vector<float> in(8), out(8);
+  expect_everywhere(error_of([&](MpiComm& c) {
+                      if (c.rank() == 0) c.broadcast(in.data(), 1, DType::F32, 0);
+                      else c.all_reduce(in.data(), out.data(), 1, DType::F32, Reduce::Sum);
+                    }),
+                    "collective mismatch: rank 0 called broadcast while rank 1 called all_reduce");
+  checks::all_to_all_pieces_filled(*group);
+}
+
 TEST(MpiComm, RecvOfAnotherSizeIsAnErrorNamingBothSizes) {
   const int me = world().rank();
   std::vector<float> buf(4, 1.5f);

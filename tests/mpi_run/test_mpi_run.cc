@@ -8,6 +8,7 @@
 #include "shardwise/comm/mpi.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/mesh/shard_math.h"
+#include "shardwise/ops/moe/kernels.h"
 #include "shardwise/reshard/executor.h"
 #include "shardwise/verify/sim_mesh.h"
 
@@ -112,6 +113,53 @@ TEST(MpiRuntime, GptBlockOnDp2Tp2EqualsTheSingleDeviceRun) {
     EXPECT_TRUE(c.equal) << "gradient of " << name << ": " << c.message;
   }
   EXPECT_GT(rt.stats().bytes_sent, 0);
+}
+
+// The MoE kernel with tokens and experts split over the 4 processes (one expert each; its two
+// exchanges skip the call checks: CheckedByCaller) against each process's one-rank run, forward
+// and backward; then a process that calls another collective while the others run the kernel
+// makes every process raise the same Error at the kernel's first (checked) collective.
+TEST(MpiMoe, ExpertParallelEqualsOneRankAndAMismatchedCallIsAnError) {
+  auto world = comm::mpi_world();
+  const int n = world->size(), me = world->rank();
+  const int64_t tokens = 6, d = 4, f = 3;  // tokens a rank
+  auto filled = [](Shape shape, double scale, int seed) {
+    Tensor t(DType::F64, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = scale * std::sin(0.7 * static_cast<double>(i) + seed);
+    return t;
+  };
+  Tensor x = filled(Shape{tokens * n, d}, 1.0, 1), gate = filled(Shape{n, d}, 0.8, 2);
+  Tensor w1 = filled(Shape{n, f, d}, 0.5, 3), w3 = filled(Shape{n, f, d}, 0.5, 4), w2 = filled(Shape{n, d, f}, 0.5, 5);
+  Tensor dout = filled(Shape{tokens * n, d}, 1.0, 6);
+  const ops::MoeConfig cfg{2, 0.0, true, false};
+  std::vector<Tensor> all{x, gate, w1, w3, w2};
+  const std::vector<Tensor> want = ops::moe_forward(all, cfg, ops::MoeShard{});
+  const ops::MoeGrads want_grad = ops::moe_backward(all, dout, Tensor(), Tensor(), cfg, ops::MoeShard{});
+  auto rows = [&](const Tensor& t) { return t.slice(std::vector<int64_t>{me * tokens, 0}, Shape{tokens, d}); };
+  auto expert = [&](const Tensor& t) {
+    return t.slice(std::vector<int64_t>{me, 0, 0}, Shape{1, t.shape()[1], t.shape()[2]});
+  };
+  std::vector<Tensor> mine{rows(x), gate, expert(w1), expert(w3), expert(w2)};
+  const ops::MoeShard shard{me * tokens, n * tokens, me, world.get(), world.get()};
+  const std::vector<Tensor> got = ops::moe_forward(mine, cfg, shard);
+  const ops::MoeGrads grad = ops::moe_backward(mine, rows(dout), Tensor(), Tensor(), cfg, shard);
+  const Tensor want_out = rows(want[0]), want_dx = rows(want_grad.dx), want_dw1 = expert(want_grad.dw1);
+  for (int64_t i = 0; i < tokens * d; ++i) {
+    EXPECT_NEAR(got[0].at(i), want_out.at(i), 1e-12) << i;
+    EXPECT_NEAR(grad.dx.at(i), want_dx.at(i), 1e-12) << i;
+  }
+  for (int64_t i = 0; i < f * d; ++i) EXPECT_NEAR(grad.dw1.at(i), want_dw1.at(i), 1e-12) << i;
+  EXPECT_NEAR(got[1].at(0), want[1].at(0), 1e-12);  // the aux loss, from the global sums
+  std::string message = "no error";
+  try {
+    if (me == 0) ops::moe_forward(mine, cfg, shard);
+    else world->all_reduce(dout, comm::Reduce::Sum);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("collective mismatch: rank 0 called all_gather while rank 1 called all_reduce"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

@@ -78,6 +78,23 @@ std::unique_ptr<Request> Communicator::start_all_gather_v(const void* in, void* 
   return std::make_unique<DeferredRequest>([=, this, copy = std::move(copy)] { all_gather_v(in, out, copy, dtype); });
 }
 
+namespace {
+// This thread's CheckedByCaller scopes, innermost last.
+thread_local std::vector<const Communicator*> checked_by_caller;
+}  // namespace
+
+CheckedByCaller::CheckedByCaller(const Communicator* group) : group_(group ? group->carrier() : nullptr) {
+  if (group_) checked_by_caller.push_back(group_);
+}
+
+CheckedByCaller::~CheckedByCaller() {
+  if (group_) checked_by_caller.pop_back();
+}
+
+bool CheckedByCaller::active(const Communicator* group) {
+  return group && std::find(checked_by_caller.begin(), checked_by_caller.end(), group->carrier()) != checked_by_caller.end();
+}
+
 int64_t Pieces::total(size_t rank) const {
   int64_t s = 0;
   for (auto i = static_cast<size_t>(first[rank]); i < static_cast<size_t>(first[rank + 1]); ++i) s += count[i];
@@ -105,9 +122,16 @@ std::vector<int64_t> Communicator::check_pieces(const char* op, const Pieces& p)
   return totals;
 }
 
-void Communicator::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) {
+void fill_every_peer(const Communicator& c, const FillPieces& fill) {
+  if (!fill) return;
+  for (int step = 1; step <= c.size(); ++step) fill((c.rank() + step) % c.size());
+}
+
+void Communicator::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype,
+                                     const FillPieces& fill) {
   const std::vector<int64_t> sc = check_pieces("all_to_all_pieces (send)", send);
   const std::vector<int64_t> rc = check_pieces("all_to_all_pieces (receive)", recv);
+  fill_every_peer(*this, fill);
   const size_t es = dtype_size(dtype);
   auto gather = [es](const std::byte* from, const Pieces& p, std::byte* to, bool into_pieces) {
     size_t at = 0;

@@ -15,6 +15,7 @@
 // - send may return before the matching recv is posted, or not: callers order their sends and
 //   receives so that blocking sends cannot deadlock (as with MPI_Send).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +54,8 @@ struct Pieces {
   std::span<const int64_t> count;   // first.back() entries
   int64_t total(size_t rank) const;  // the elements of rank `rank`'s pieces
 };
+// Writes a rank's send pieces (Communicator::all_to_all_pieces' `fill`).
+using FillPieces = std::function<void(int peer)>;
 Reduce to_reduce(mesh::ReduceOp op);
 std::string_view reduce_name(Reduce op);
 
@@ -64,6 +67,9 @@ class Communicator {
   virtual int size() const = 0;
   // The global ranks of this group's members, in group-rank order.
   virtual const std::vector<int>& members() const = 0;
+  // The communicator that makes this one's calls: itself, or for a wrapper that forwards every
+  // call (runtime::ProfiledCommunicator) the wrapped one's carrier. CheckedByCaller goes by it.
+  virtual const Communicator* carrier() const { return this; }
 
   // A communicator over `global_ranks` (a subset of this one's members, in the given order) for
   // a member of it; every member must call it (collective over the sub-group only).
@@ -97,7 +103,14 @@ class Communicator {
   // agreement collective: MPI sends each non-empty piece as its own message, contiguous at both
   // ends (large ones take MPI's single-copy path). The default (NCCL) packs into a contiguous
   // buffer, runs all_to_all_v and unpacks.
-  virtual void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype);
+  // `fill` (optional) lets the caller write its send pieces as they are needed, so that writing
+  // the later ones overlaps the travel of the earlier (the MoE dispatch packs each peer's rows just
+  // before their messages leave): fill(p) is called once for every rank p of the group, before p's
+  // send pieces are read, and fill(rank()) last (MPI: ranks from rank() + 1 on as a ring, each
+  // peer's messages started right after its fill; this rank's own call once every message has
+  // started, before waiting for them, so it can also write into `out` outside the receive pieces).
+  virtual void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype,
+                                 const FillPieces& fill = {});
   // Point to point within this group (peer is a group rank). The receiver names the exact count;
   // a message of another size is an Error on the receiver naming both sizes.
   virtual void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) = 0;
@@ -138,6 +151,32 @@ class Communicator {
   // Checks the argument of group() (members of this group, each once, this rank among them) and
   // returns this rank's index in it.
   int group_index(std::span<const int> global_ranks) const;
+};
+
+// Calls `fill` (when given) for every rank of `c`, from c.rank() + 1 on as a ring, c.rank() last:
+// all_to_all_pieces' order for backends that need every piece before they start.
+void fill_every_peer(const Communicator& c, const FillPieces& fill);
+
+// While alive, this thread's calls on `group` skip the call checks of the backends that make
+// them with messages (MPI, NCCL: a signature all-gather before each collective, and before an
+// all-to-all a counts all-to-all and an all-gather of disagreements). For a caller whose calls on
+// the group follow one fixed sequence after a checked collective that carried what the later ones
+// need (the MoE kernel: the router's all_gather gives every rank every peer's counts, so the two
+// exchanges that follow agree by construction); a mismatch at that first call is still an Error
+// on every rank. Argument checks stay, and MPI still checks each received piece's size. The local
+// backend checks regardless (its checks read the shared slots it meets at anyway). Scopes nest;
+// other threads' calls are not affected. Every rank of the group must be in such a scope alike.
+class CheckedByCaller {
+ public:
+  explicit CheckedByCaller(const Communicator* group);  // null: no effect
+  ~CheckedByCaller();
+  CheckedByCaller(const CheckedByCaller&) = delete;
+  CheckedByCaller& operator=(const CheckedByCaller&) = delete;
+  // True while this thread holds a scope on `group`.
+  static bool active(const Communicator* group);
+
+ private:
+  const Communicator* group_;
 };
 
 // The communicators of one rank along mesh dims: for each subset of mesh dims, the group of

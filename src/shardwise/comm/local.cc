@@ -171,9 +171,11 @@ class LocalComm final : public Communicator {
   }
 
   // Each receiver copies straight from its peers' send pieces into its receive pieces.
-  void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) override {
+  void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype,
+                         const FillPieces& fill = {}) override {
     const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
     const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
+    fill_every_peer(*this, fill);  // the peers read every piece once all have met
     enter_all_to_all(in, out, send_counts, recv_counts, &send, dtype);
     auto me = static_cast<size_t>(rank_);
     const auto& slots = group_->slots;

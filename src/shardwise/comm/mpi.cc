@@ -197,7 +197,7 @@ void MpiComm::set_max_count(int64_t max_count) {
 void MpiComm::check_call(const CallSignature& call, std::span<const int64_t> counts,
                          std::span<const int64_t> a2a_send, std::span<const int64_t> a2a_recv) {
   SW_CHECK(call.count >= 0, "{}: negative count {}", collective_name(call.op), call.count);
-  if (!checks_) return;
+  if (!checks_ || CheckedByCaller::active(this)) return;
   CheckExchange exchange{
       [this](const void* mine, void* all, size_t bytes) {
         check_mpi(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all, static_cast<int>(bytes), MPI_BYTE, comm_),
@@ -488,7 +488,8 @@ void MpiComm::all_to_all_v(const void* in, std::span<const int64_t> send_counts,
   }
 }
 
-void MpiComm::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) {
+void MpiComm::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype,
+                                const FillPieces& fill) {
   const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
   const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
   check_call(signature(Collective::AllToAllPieces, 0, dtype), {}, send_counts, recv_counts);
@@ -500,36 +501,45 @@ void MpiComm::all_to_all_pieces(const void* in, const Pieces& send, void* out, c
     const auto s = static_cast<size_t>(send.first[me] + i), r = static_cast<size_t>(recv.first[me] + i);
     SW_CHECK(send.count[s] == recv.count[r], "all_to_all_pieces: rank {} sends itself a piece of {} elements into one of {}",
              members_[me], send.count[s], recv.count[r]);
-    if (send.count[s]) {
-      std::memcpy(at(out, recv.offset[r], dtype), at(in, send.offset[s], dtype),
-                  static_cast<size_t>(send.count[s]) * dtype_size(dtype));
-    }
   }
-  // Receives first, then sends, every non-empty piece its own message on the reserved tag (MPI
-  // keeps the order of messages between two ranks on one tag, so the i-th send meets the i-th receive).
+  // Receives first, then each peer's fill and sends, every non-empty piece its own message on the
+  // reserved tag (MPI keeps the order of messages between two ranks on one tag, so the i-th send
+  // meets the i-th receive).
   std::vector<MPI_Request> requests;
   std::vector<std::unique_ptr<Block>> blocks;
   std::vector<std::pair<size_t, int>> receives;  // (piece, peer) of each receive request
-  for (size_t p = 0; p < members_.size(); ++p) {
-    for (auto i = static_cast<size_t>(recv.first[p]); p != me && i < static_cast<size_t>(recv.first[p + 1]); ++i) {
-      if (!recv.count[i]) continue;
-      blocks.push_back(std::make_unique<Block>(recv.count[i], dtype, max_count_));
+  auto start = [&](const Pieces& pieces, size_t p, bool receive) {
+    for (auto i = static_cast<size_t>(pieces.first[p]); i < static_cast<size_t>(pieces.first[p + 1]); ++i) {
+      if (!pieces.count[i]) continue;
+      blocks.push_back(std::make_unique<Block>(pieces.count[i], dtype, max_count_));
       requests.emplace_back();
-      receives.emplace_back(i, static_cast<int>(p));
-      check_mpi(MPI_Irecv(at(out, recv.offset[i], dtype), blocks.back()->count(), blocks.back()->type(), static_cast<int>(p),
-                          internal_tag_, comm_, &requests.back()),
-                "MPI_Irecv");
+      const int peer = static_cast<int>(p);
+      if (receive) {
+        receives.emplace_back(i, peer);
+        check_mpi(MPI_Irecv(at(out, pieces.offset[i], dtype), blocks.back()->count(), blocks.back()->type(), peer,
+                            internal_tag_, comm_, &requests.back()),
+                  "MPI_Irecv");
+      } else {
+        check_mpi(MPI_Isend(at(in, pieces.offset[i], dtype), blocks.back()->count(), blocks.back()->type(), peer,
+                            internal_tag_, comm_, &requests.back()),
+                  "MPI_Isend");
+      }
     }
+  };
+  for (size_t p = 0; p < members_.size(); ++p) {
+    if (p != me) start(recv, p, true);
   }
   for (size_t step = 1; step < members_.size(); ++step) {  // peers after this rank first, as a ring
     const size_t p = (me + step) % members_.size();
-    for (auto i = static_cast<size_t>(send.first[p]); i < static_cast<size_t>(send.first[p + 1]); ++i) {
-      if (!send.count[i]) continue;
-      blocks.push_back(std::make_unique<Block>(send.count[i], dtype, max_count_));
-      requests.emplace_back();
-      check_mpi(MPI_Isend(at(in, send.offset[i], dtype), blocks.back()->count(), blocks.back()->type(), static_cast<int>(p),
-                          internal_tag_, comm_, &requests.back()),
-                "MPI_Isend");
+    if (fill) fill(static_cast<int>(p));
+    start(send, p, false);
+  }
+  if (fill) fill(rank_);
+  for (int64_t i = 0; i < mine; ++i) {
+    const auto s = static_cast<size_t>(send.first[me] + i), r = static_cast<size_t>(recv.first[me] + i);
+    if (send.count[s]) {
+      std::memcpy(at(out, recv.offset[r], dtype), at(in, send.offset[s], dtype),
+                  static_cast<size_t>(send.count[s]) * dtype_size(dtype));
     }
   }
   std::vector<MPI_Status> statuses(requests.size());

@@ -18,7 +18,8 @@
 // - Call checks: before each collective the ranks all-gather a 32-byte signature (operation,
 //   count, dtype, root, reduction, hash of v counts), so a mismatch raises the same Error on every
 //   rank instead of a hang or wrong data (call_check.h). SHARDWISE_COMM_CHECKS=0 or set_checks(false)
-//   skips it. recv probes the message and raises an Error naming both sizes.
+//   skips it, as does a CheckedByCaller scope for its thread's calls (communicator.h). recv probes
+//   the message and raises an Error naming both sizes.
 // - MPI errors come back as return codes (MPI_ERRORS_RETURN) and are thrown as shardwise::Error.
 //   A rank that throws out of run_mpi_main aborts the whole job (MPI_Abort), so no rank hangs.
 // - User tags are 0 .. MPI_TAG_UB - 1; MPI_TAG_UB itself is kept for the fallback paths.
@@ -59,8 +60,10 @@ class MpiComm final : public Communicator {
   void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                     std::span<const int64_t> recv_counts, DType dtype) override;
   // One MPI_Isend / MPI_Irecv per non-empty piece (beyond max_count elements: a derived type
-  // spanning it), pieces to itself copied; each receive's size checked.
-  void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype) override;
+  // spanning it): every receive posted, then each peer's fill and sends in ring order, then this
+  // rank's fill and its pieces to itself copied; each receive's size checked.
+  void all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype,
+                         const FillPieces& fill = {}) override;
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;

@@ -83,11 +83,11 @@ void ProfiledCommunicator::all_to_all_v(const void* in, std::span<const int64_t>
 }
 
 void ProfiledCommunicator::all_to_all_pieces(const void* in, const comm::Pieces& send, void* out,
-                                             const comm::Pieces& recv, DType dtype) {
+                                             const comm::Pieces& recv, DType dtype, const comm::FillPieces& fill) {
   int64_t total = 0;
   for (size_t p = 0; p + 1 < send.first.size(); ++p) total += send.total(p);
   ProfileScope s(EventKind::Collective, "all_to_all", nbytes(total, dtype));
-  inner_->all_to_all_pieces(in, send, out, recv, dtype);
+  inner_->all_to_all_pieces(in, send, out, recv, dtype, fill);
 }
 
 void ProfiledCommunicator::send(const void* in, int64_t count, DType dtype, int peer, int tag) {

@@ -18,6 +18,7 @@ class ProfiledCommunicator : public comm::Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::vector<int>& members() const override { return inner_->members(); }
+  const comm::Communicator* carrier() const override { return inner_->carrier(); }
   std::shared_ptr<Communicator> group(std::span<const int> global_ranks) override;
 
   void all_reduce(const void* in, void* out, int64_t count, DType dtype, comm::Reduce op) override;
@@ -31,8 +32,8 @@ class ProfiledCommunicator : public comm::Communicator {
   void all_to_all(const void* in, void* out, int64_t count, DType dtype) override;
   void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                     std::span<const int64_t> recv_counts, DType dtype) override;
-  void all_to_all_pieces(const void* in, const comm::Pieces& send, void* out, const comm::Pieces& recv,
-                         DType dtype) override;
+  void all_to_all_pieces(const void* in, const comm::Pieces& send, void* out, const comm::Pieces& recv, DType dtype,
+                         const comm::FillPieces& fill = {}) override;
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;

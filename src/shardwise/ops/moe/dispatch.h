@@ -1,9 +1,10 @@
 #pragma once
 // The MoE kernels' row movement (kernels.cc; bench/bench_moe.cc times it against raw
 // MPI_Alltoallv): the kept rows packed in send order (by peer, then the peer's experts, then
-// assignment), one all_to_all_pieces within the expert group that lands them expert-major (each
-// local expert's rows from every source, in source order: where its GEMMs read them), and the
-// inverse that returns the results in send order. The buffers are kept by the calling thread.
+// assignment) while the earlier peers' travel, one all_to_all_pieces within the expert group that
+// lands them expert-major (each local expert's rows from every source, in source order: where its
+// GEMMs read them), and the inverse that returns the results in send order. The buffers are kept
+// by the calling thread.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -82,29 +83,51 @@ inline int64_t total_rows(const std::vector<int64_t>& rows) {
   return s;
 }
 
-// The send buffer (kSendBuffer) of plan.order's rows of x [tokens, d] (assignment a is token a / top_k).
-template <class T>
-T* pack_rows(const DispatchPlan& plan, int64_t top_k, const T* x, int64_t d) {
-  T* send = scratch<T>(kSendBuffer, plan.order.size() * static_cast<size_t>(d));
-  for (size_t i = 0; i < plan.order.size(); ++i) {
-    const T* src = x + (plan.order[i] / top_k) * d;
-    std::copy(src, src + d, send + static_cast<int64_t>(i) * d);
+// Dispatch: the kept rows, `width` elements each (write_row(i, dst) writes send-order row i, that
+// is assignment plan.order[i], at dst), to the ranks owning their experts; returns this rank's
+// experts' rows, expert-major (kExpertRows). Each peer's rows are packed into the send buffer
+// (kSendBuffer) just before their messages leave, so packing the later peers overlaps the earlier
+// ones' travel (all_to_all_pieces' fill); this rank's own rows travel as empty pieces and are
+// written straight into place once every message has started. One rank: every row into place.
+// Called after route()'s all_gather of the same op call, which the backends checked and which
+// gave every rank every peer's counts: the exchanges agree by construction, so they skip the call
+// checks (CheckedByCaller; MPI still checks each received piece's size). So does the combine.
+template <class T, class WriteRow>
+T* dispatch_rows(comm::Communicator* group, const DispatchPlan& plan, int64_t width, WriteRow write_row) {
+  T* send = scratch<T>(kSendBuffer, plan.order.size() * static_cast<size_t>(width));
+  T* to = scratch<T>(kExpertRows, static_cast<size_t>(total_rows(plan.recv_rows) * width));
+  RowPieces senders = send_order(plan, width), experts = expert_major(plan, width);
+  const auto me = static_cast<size_t>(group ? group->rank() : 0);
+  auto fill = [&](int peer) {
+    const auto p = static_cast<size_t>(peer);
+    for (auto i = static_cast<size_t>(senders.first[p]), j = static_cast<size_t>(experts.first[p]);
+         i < static_cast<size_t>(senders.first[p + 1]); ++i, ++j) {
+      const int64_t row = senders.offset[i] / width, rows = plan.send_expert_rows[i];  // (the counts of me's pieces are 0)
+      T* dst = p == me ? to + experts.offset[j] : send + senders.offset[i];
+      for (int64_t q = 0; q < rows; ++q) write_row(row + q, dst + q * width);
+    }
+  };
+  if (!group) {
+    fill(0);
+    return to;
   }
-  return send;
+  for (auto i = static_cast<size_t>(senders.first[me]); i < static_cast<size_t>(senders.first[me + 1]); ++i) senders.count[i] = 0;
+  for (auto j = static_cast<size_t>(experts.first[me]); j < static_cast<size_t>(experts.first[me + 1]); ++j) experts.count[j] = 0;
+  comm::CheckedByCaller checked(group);
+  group->all_to_all_pieces(send, senders.view(), to, experts.view(), dtype_v<T>, fill);
+  return to;
 }
 
-// Dispatch (to_experts): the packed rows (`width` elements each) to the ranks owning their
-// experts; returns this rank's experts' rows, expert-major (kExpertRows). Combine (!to_experts):
-// the experts' results, expert-major, back to their senders; returns them in this rank's send
-// order (kSendBuffer). One rank: `from` itself, whose two orders are the same.
+// Combine: the experts' results (`width` elements a row), expert-major, back to their senders;
+// returns them in this rank's send order (kSendBuffer). One rank: `from` itself, whose two
+// orders are the same.
 template <class T>
-T* exchange_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, int64_t width, bool to_experts) {
+T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, int64_t width) {
   if (!group) return from;
-  const int64_t rows = total_rows(to_experts ? plan.recv_rows : plan.send_rows);
-  T* to = scratch<T>(to_experts ? kExpertRows : kSendBuffer, static_cast<size_t>(rows * width));
+  T* to = scratch<T>(kSendBuffer, plan.order.size() * static_cast<size_t>(width));
   const RowPieces senders = send_order(plan, width), experts = expert_major(plan, width);
-  group->all_to_all_pieces(from, (to_experts ? senders : experts).view(), to, (to_experts ? experts : senders).view(),
-                           dtype_v<T>);
+  comm::CheckedByCaller checked(group);
+  group->all_to_all_pieces(from, experts.view(), to, senders.view(), dtype_v<T>);
   return to;
 }
 

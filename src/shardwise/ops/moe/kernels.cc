@@ -72,10 +72,12 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
   Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
   DispatchPlan plan = moe_detail::plan_dispatch(r, in[2].shape()[0], shard);
-  T* send = moe_detail::pack_rows<T>(plan, r.top_k, x.data<T>(), dm.d);
-  T* rows = moe_detail::exchange_rows<T>(shard.expert_group, plan, send, dm.d, true);
+  T* rows = moe_detail::dispatch_rows<T>(shard.expert_group, plan, dm.d, [&](int64_t i, T* dst) {
+    const T* src = x.data<T>() + (plan.order[static_cast<size_t>(i)] / r.top_k) * dm.d;
+    std::copy(src, src + dm.d, dst);
+  });
   experts_forward<T>(plan, rows, in[2], in[3], in[4], dm);
-  const T* back = moe_detail::exchange_rows<T>(shard.expert_group, plan, rows, dm.d, false);
+  const T* back = moe_detail::combine_rows<T>(shard.expert_group, plan, rows, dm.d);
   // Combine in slot order per token, whatever the send order.
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
@@ -215,17 +217,14 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
   g.dw3 = Tensor::full(x.dtype(), in[3].shape(), 0.0);
   g.dw2 = Tensor::full(x.dtype(), in[4].shape(), 0.0);
   const int64_t win = 2 * dm.d + 1, wout = dm.d + 1;
-  T* send = moe_detail::scratch<T>(moe_detail::kSendBuffer, plan.order.size() * static_cast<size_t>(win));
-  for (size_t i = 0; i < plan.order.size(); ++i) {
-    const int64_t t = plan.order[i] / r.top_k;
-    T* row = send + static_cast<int64_t>(i) * win;
+  T* rows = moe_detail::dispatch_rows<T>(shard.expert_group, plan, win, [&](int64_t i, T* row) {
+    const int64_t a = plan.order[static_cast<size_t>(i)], t = a / r.top_k;
     std::copy(x.data<T>() + t * dm.d, x.data<T>() + (t + 1) * dm.d, row);
     std::copy(dout.data<T>() + t * dm.d, dout.data<T>() + (t + 1) * dm.d, row + dm.d);
-    row[2 * dm.d] = static_cast<T>(r.weight[static_cast<size_t>(plan.order[i])]);
-  }
-  T* rows = moe_detail::exchange_rows<T>(shard.expert_group, plan, send, win, true);
+    row[2 * dm.d] = static_cast<T>(r.weight[static_cast<size_t>(a)]);
+  });
   experts_backward<T>(plan, rows, in, dm, g);
-  const T* back = moe_detail::exchange_rows<T>(shard.expert_group, plan, rows, wout, false);
+  const T* back = moe_detail::combine_rows<T>(shard.expert_group, plan, rows, wout);
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
   std::vector<double> dx(static_cast<size_t>(r.tokens * dm.d), 0.0), dweight(r.expert.size(), 0.0);
