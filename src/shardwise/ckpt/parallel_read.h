@@ -52,7 +52,7 @@ struct LoadTuning {
   // O_DIRECT reads (pread_ranges_direct) for boxes whose runs average at least direct_min_run
   // bytes (whole tensors, row blocks); shorter runs (column blocks) share the page cache.
   bool direct = true;
-  int direct_requests = 4;
+  int direct_requests = 8;  // 64 MiB in flight, as dd bs=64M keeps
   size_t direct_piece = size_t{8} << 20;
   size_t direct_min_run = size_t{1} << 20;
 };
