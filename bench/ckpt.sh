@@ -38,7 +38,6 @@ for r in $(seq 1 "$rounds"); do
   # them back?), whichever load comes first: read them once, untimed.
   sync; cat "$dir"/r1/checkpoint-1/* "$dir"/dptp/checkpoint-1/* "$dir"/dd.bin > /dev/null
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
-  drop; echo -n "dd read (bs=64M, iflag=direct): "; dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct 2>&1 | tail -1
   # load ARGS: RANKS READERS HUGE_PAGES WILLNEED DIRECT (the defaults: O_DIRECT with 8 requests in
   # flight for whole tensors and row blocks; 2 buffered readers, huge pages, WILLNEED otherwise)
   # The order rotates by round, so no load is always first or last.
@@ -53,6 +52,8 @@ for r in $(seq 1 "$rounds"); do
   if [ "$has_st" = yes ]; then drop; echo -n "[1-rank ckpt] "; $py "$here/ckpt_safetensors.py" "$dir/r1/checkpoint-1"; fi
   if [ "$has_torch" = yes ]; then drop; $py "$here/ckpt_torch.py" load "$dir/torch"; fi
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
+  # Last: a load right after an O_DIRECT dd measured slower on this VM's disk.
+  drop; echo -n "dd read (bs=64M, iflag=direct): "; dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct 2>&1 | tail -1
 done
 "$bench" async "$dir/async" "$gib"
 rm -rf "$dir"
