@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <random>
 
 #include "ckpt_test_util.h"
@@ -35,6 +36,13 @@ std::vector<std::byte> pattern(size_t n) {
 void write_bytes(const fs::path& path, const std::vector<std::byte>& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Drops the file's clean pages from the page cache (the load reads a cached span through it).
+void evict(const fs::path& path) {
+  FileHandle f(path, O_RDONLY);
+  f.sync();
+  ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_DONTNEED);
 }
 
 // Whether the file system under `dir` opens files for O_DIRECT (ext4 does; tmpfs may refuse).
@@ -224,7 +232,8 @@ TEST(ParallelRead, ReadBoxMatchesTheValuesUnderEveryTuning) {
 
 // read_box with O_DIRECT reads (forced for every run length) against the values computed in
 // memory: tensors whose data start off the block alignment in the file (the destination takes the
-// same residue), and column blocks whose runs keep it only now and then (the others buffered).
+// same residue), and column blocks whose runs keep it only now and then (the others buffered);
+// once the file is in the page cache, no direct reads.
 TEST(ParallelRead, ReadBoxMatchesTheValuesWithDirectReads) {
   testing::ScratchDir dir("pread_box_direct");
   Tensor small = testing::make_global(DType::F32, Shape{3}, 1);        // puts "w" 12 bytes off
@@ -236,6 +245,7 @@ TEST(ParallelRead, ReadBoxMatchesTheValuesWithDirectReads) {
   TuningGuard guard;
   for (int requests : {1, 3}) {
     load_tuning() = {2, size_t{1} << 20, true, true, true, requests, size_t{64} << 10, 0};
+    evict(dir.path / "m.safetensors");
     const uint64_t before = direct_read_bytes();
     Tensor whole = f.read_box("w", reshard::Box{{0, 0}, Shape{300, 1500}});
     if (direct_ok) {
@@ -253,6 +263,12 @@ TEST(ParallelRead, ReadBoxMatchesTheValuesWithDirectReads) {
     for (int64_t i = 0; i < 200 * 1500; ++i) ASSERT_EQ(rows.at(i), w.at(17 * 1500 + i));
     for (int64_t i = 0; i < 250'000; ++i) ASSERT_EQ(range.at(i), w.at(10 * 1500 + 1234 + i));
   }
+  // A file in the page cache (just read whole) is read through it, not from the disk.
+  std::ifstream(dir.path / "m.safetensors", std::ios::binary).ignore(std::numeric_limits<std::streamsize>::max());
+  const uint64_t before = direct_read_bytes();
+  Tensor cached = f.read_box("w", reshard::Box{{0, 0}, Shape{300, 1500}});
+  EXPECT_EQ(direct_read_bytes(), before);
+  for (int64_t i = 0; i < 300 * 1500; ++i) ASSERT_EQ(cached.at(i), w.at(i));
 }
 
 }  // namespace

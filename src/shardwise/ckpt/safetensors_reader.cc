@@ -336,9 +336,13 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
   // Runs that average direct_min_run bytes or more are read with O_DIRECT straight into place: the
   // destination starts at the file offset's residue modulo the alignment (every run of a box keeps
   // it when the runs' strides are whole blocks). Shorter runs share the page cache with the other
-  // ranks reading the same rows. Huge pages for the destination and the reader threads are chosen
-  // by measurement (LoadTuning, BENCHMARKS.md).
-  const bool direct = tuning.direct && !runs.empty() && static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size();
+  // ranks reading the same rows, and so does a span mostly in the page cache already (a file just
+  // written or read): memory is faster than the disk. Huge pages for the destination and the reader
+  // threads are chosen by measurement (LoadTuning, BENCHMARKS.md).
+  const bool direct = tuning.direct && !runs.empty() &&
+                      static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size() &&
+                      !map_.mostly_cached(base + static_cast<uint64_t>(runs.front().s) * es,
+                                          static_cast<uint64_t>(runs.back().s + runs.back().n - runs.front().s) * es);
   size_t lead = 0;
   if (direct) {
     lead = static_cast<size_t>((base + static_cast<uint64_t>(runs.front().s - runs.front().d) * es) % kDirectAlign);
