@@ -1,8 +1,9 @@
 // Checkpoint throughput: `bench_ckpt save DIR GIB RANKS` saves a model of GIB GiB (F32 matrices of
 // 64 MiB, tensor-parallel S(0) over RANKS LocalWorld ranks, or "R,S(0)" on dp=2 x tp=2 with `dp2tp2`)
-// and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED]]]` loads it back on
-// RANKS ranks with S(1) (another layout than saved) with READERS reader threads per read and the
-// destinations on huge pages or not (ckpt::LoadTuning); `bench_ckpt
+// and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]]` loads it
+// back on RANKS ranks with S(1) (another layout than saved) with READERS reader threads per read, the
+// destinations on huge pages or not, and DIRECT O_DIRECT requests in flight (0: the page cache;
+// ckpt::LoadTuning); `bench_ckpt
 // async DIR GIB` prints how long a synchronous save and an AsyncSaver::save() block the caller.
 // bench/ckpt.sh runs them next to dd on the same disk.
 #include <chrono>
@@ -46,7 +47,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [dp2tp2] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED]]] | async DIR GIB\n");
+    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [dp2tp2] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]] | async DIR GIB\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
   if (argc > 4) tuning.reader_threads = std::atoi(argv[4]);
   if (argc > 5) tuning.huge_pages = std::atoi(argv[5]) != 0;
   if (argc > 6) tuning.will_need = std::atoi(argv[6]) != 0;
+  if (argc > 7) {
+    tuning.direct = std::atoi(argv[7]) > 0;
+    if (tuning.direct) tuning.direct_requests = std::atoi(argv[7]);
+  }
   std::vector<ckpt::LoadSpec> specs;
   auto index = ckpt::load_json(dir, "model.safetensors.index.json");
   for (const auto& [name, file] : index["weight_map"].items()) {
@@ -108,8 +113,11 @@ int main(int argc, char** argv) {
     if (c.rank() == 0) check = loaded.at("layer1.weight").at(0);
   });
   double s = seconds_since(t0);
+  std::string direct = tuning.direct ? fmt::format("O_DIRECT x{}: {:.0f}% of the bytes", tuning.direct_requests,
+                                                   100.0 * static_cast<double>(ckpt::direct_read_bytes()) / bytes)
+                                     : std::string("page cache");
   std::printf("shardwise load: %.2f GB in %.2f s = %.2f GB/s (%d ranks, S(0) saved -> S(1) loaded, %d reader threads, "
-              "huge pages %s, WILLNEED %s; check %g)\n", bytes / 1e9, s, bytes / 1e9 / s, ranks, tuning.reader_threads,
-              tuning.huge_pages ? "on" : "off", tuning.will_need ? "on" : "off", check);
+              "huge pages %s, WILLNEED %s, %s; check %g)\n", bytes / 1e9, s, bytes / 1e9 / s, ranks, tuning.reader_threads,
+              tuning.huge_pages ? "on" : "off", tuning.will_need ? "on" : "off", direct.c_str(), check);
   return 0;
 }

@@ -2,7 +2,8 @@
 # Checkpoint save/load throughput next to dd on the same disk, interleaved round by round (the
 # machine is shared: compare within a round), and the caller's blocking time of async vs sync
 # saves. Loads: a checkpoint saved on 1 rank (S(0)) and one saved on dp=2 x tp=2 ("R,S(0)"), loaded
-# as S(1) on 1 rank and on tp=4; reader threads 1/2/4 and huge-page destinations on/off; and the
+# as S(1) on 1 rank and on tp=4; O_DIRECT with 2/4/8 requests in flight or the page cache with
+# 1/2 reader threads, huge-page destinations on/off; and the
 # peers' loads of the same bytes: safetensors' safe_open on shardwise's own files, torch.load of a
 # torch.save of the same tensors (both when $PYTHON imports them: a venv, see BENCHMARKS.md).
 # Usage: [PYTHON=venv/bin/python] bash bench/ckpt.sh [build] [dir on the disk to test] [GiB] [rounds]
@@ -26,22 +27,33 @@ for r in $(seq 1 "$rounds"); do
   echo "-- round $r: saves"
   echo -n "dd write (bs=64M, conv=fdatasync): "
   dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((gib * 16)) conv=fdatasync 2>&1 | tail -1
+  echo -n "dd write (bs=64M, oflag=direct): "
+  dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((gib * 16)) oflag=direct conv=fdatasync 2>&1 | tail -1
   rm -rf "$dir/r1" "$dir/dptp"
   "$bench" save "$dir/r1" "$gib" 1
   "$bench" save "$dir/dptp" "$gib" 4 dp2tp2
   if [ "$has_torch" = yes ]; then rm -rf "$dir/torch"; $py "$here/ckpt_torch.py" save "$dir/torch" "$gib"; fi
   echo "-- round $r: loads (page cache dropped before each)"
+  # Settle: the first read of files just saved is slower on this VM's disk (the host still writing
+  # them back?), whichever load comes first: read them once, untimed.
+  sync; cat "$dir"/r1/checkpoint-1/* "$dir"/dptp/checkpoint-1/* "$dir"/dd.bin > /dev/null
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
-  # load ARGS: RANKS READERS HUGE_PAGES WILLNEED (the defaults: 2 readers, huge pages, WILLNEED)
-  for cfg in "1 2 1 1" "1 1 1 1" "1 4 1 1" "1 2 0 1" "1 2 1 0"; do
+  # load ARGS: RANKS READERS HUGE_PAGES WILLNEED DIRECT (the defaults: O_DIRECT with 8 requests in
+  # flight for whole tensors and row blocks; 2 buffered readers, huge pages, WILLNEED otherwise)
+  # The order rotates by round, so no load is always first or last.
+  cfgs=("1 2 1 1 8" "1 2 1 1 4" "1 2 1 1 2" "1 2 0 1 8" "1 2 1 1 0" "1 1 1 1 0")
+  for i in "${!cfgs[@]}"; do
+    cfg=${cfgs[$(( (i + r - 1) % ${#cfgs[@]} ))]}
     drop; echo -n "[1-rank ckpt] "; "$bench" load "$dir/r1/checkpoint-1" $cfg
   done
-  for cfg in "1 2 1 1" "4 2 1 1" "4 1 1 1"; do
+  for cfg in "1 2 1 1 8" "4 2 1 1 8" "4 1 1 1 8"; do
     drop; echo -n "[dp2tp2 ckpt] "; "$bench" load "$dir/dptp/checkpoint-1" $cfg
   done
   if [ "$has_st" = yes ]; then drop; echo -n "[1-rank ckpt] "; $py "$here/ckpt_safetensors.py" "$dir/r1/checkpoint-1"; fi
   if [ "$has_torch" = yes ]; then drop; $py "$here/ckpt_torch.py" load "$dir/torch"; fi
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
+  # Last: a load right after an O_DIRECT dd measured slower on this VM's disk.
+  drop; echo -n "dd read (bs=64M, iflag=direct): "; dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct 2>&1 | tail -1
 done
 "$bench" async "$dir/async" "$gib"
 rm -rf "$dir"

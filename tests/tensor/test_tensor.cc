@@ -39,3 +39,24 @@ TEST(Tensor, ConversionsAndCompare) {
 
 }  // namespace
 }  // namespace shardwise
+
+namespace shardwise {
+namespace {
+
+// uninitialized_at: the data starts `lead` bytes into a fresh block (huge-page blocks are 2 MiB
+// aligned, so the address modulo 4 KiB is the lead), the block lives as long as any copy of the
+// tensor, and a lead off the element size is refused.
+TEST(Tensor, UninitializedAtPlacesTheDataAtTheLead) {
+  for (size_t lead : {size_t{0}, size_t{12}, size_t{4092}}) {
+    Tensor t = Tensor::uninitialized_at(DType::F32, Shape{1024, 1024}, true, lead);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 4096, lead);
+    Tensor copy = t;
+    t = Tensor();
+    for (int64_t i = 0; i < copy.numel(); ++i) copy.data<float>()[i] = static_cast<float>(i);
+    EXPECT_EQ(copy.at(copy.numel() - 1), static_cast<double>(copy.numel() - 1));
+  }
+  EXPECT_THROW(Tensor::uninitialized_at(DType::F32, Shape{8}, false, 6), Error);
+}
+
+}  // namespace
+}  // namespace shardwise

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <vector>
 
 #include "shardwise/core/error.h"
 
@@ -78,6 +79,18 @@ void MappedFile::will_need(uint64_t offset, uint64_t length) const {
   uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint64_t start = offset / page * page;
   ::madvise(data_ + start, offset + length - start, MADV_WILLNEED);
+}
+
+bool MappedFile::mostly_cached(uint64_t offset, uint64_t length) const {
+  if (!data_ || length == 0) return false;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const uint64_t pages = (offset + length - start + page - 1) / page;
+  std::vector<unsigned char> resident(static_cast<size_t>(pages));
+  if (::mincore(data_ + start, static_cast<size_t>(offset + length - start), resident.data()) != 0) return false;
+  uint64_t in = 0;
+  for (unsigned char r : resident) in += r & 1u;
+  return 2 * in >= pages;
 }
 
 FileHandle::FileHandle(const fs::path& path, int flags) : path_(path) {

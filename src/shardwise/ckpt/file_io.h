@@ -32,6 +32,8 @@ class MappedFile {
   const fs::path& path() const { return path_; }
   // Hint that [offset, offset + length) will be read soon (madvise WILLNEED).
   void will_need(uint64_t offset, uint64_t length) const;
+  // Whether at least half the pages of [offset, offset + length) are in the page cache (mincore).
+  bool mostly_cached(uint64_t offset, uint64_t length) const;
 
  private:
   fs::path path_;

@@ -1,12 +1,112 @@
 #include "shardwise/ckpt/parallel_read.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "shardwise/core/error.h"
+
 namespace shardwise::ckpt {
+
+namespace {
+
+std::atomic<uint64_t> g_direct_bytes{0};
+
+// Runs `job(i)` for i in [0, n) on `threads` threads (the caller one of them), each taking the next
+// index; the first error is rethrown on the caller after all threads finished.
+template <class Job>
+void run_jobs(size_t n, int threads, const Job& job) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&] {
+    try {
+      for (size_t i; (i = next.fetch_add(1)) < n;) job(i);
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+      next.store(n);
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t k = std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), n);
+  for (size_t t = 1; t < k; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// O_DIRECT preads of `n` bytes at `offset` (both aligned); returns how many were read, less than
+// `n` when the file system refuses (EINVAL), the file ends or a short read leaves the alignment:
+// the caller reads the rest through the page cache (which reports a short file).
+size_t pread_direct(int fd, const fs::path& path, std::byte* p, size_t n, uint64_t offset) {
+  size_t done = 0;
+  while (done < n && (offset + done) % kDirectAlign == 0) {
+    ssize_t got = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && errno == EINVAL) break;
+    if (got < 0) {
+      int e = errno;
+      fail("cannot read '{}' (O_DIRECT): {}", path.string(), std::strerror(e));
+    }
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  g_direct_bytes.fetch_add(done);
+  return done;
+}
+
+}  // namespace
+
+uint64_t direct_read_bytes() { return g_direct_bytes.load(); }
+
+void pread_ranges_direct(const FileHandle& buffered, std::span<const ReadRange> ranges, int requests, size_t piece) {
+  piece = std::max(piece / kDirectAlign * kDirectAlign, kDirectAlign);
+  int fd = ::open(buffered.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) {  // refused (EINVAL on file systems without direct I/O): all through the page cache
+    pread_ranges(buffered, ranges, 1);
+    return;
+  }
+  struct Job {
+    ReadRange r;
+    bool direct;
+  };
+  std::vector<Job> jobs;
+  for (const ReadRange& r : ranges) {
+    if (r.n == 0) continue;
+    const uint64_t lo = (r.offset + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    const uint64_t hi = (r.offset + r.n) / kDirectAlign * kDirectAlign;
+    const bool same_residue = (reinterpret_cast<uintptr_t>(r.dst) - r.offset) % kDirectAlign == 0;
+    if (!same_residue || hi <= lo) {
+      jobs.push_back({r, false});
+      continue;
+    }
+    if (lo > r.offset) jobs.push_back({{r.offset, r.dst, static_cast<size_t>(lo - r.offset)}, false});
+    for (uint64_t at = lo; at < hi; at += piece) {
+      jobs.push_back({{at, r.dst + (at - r.offset), static_cast<size_t>(std::min<uint64_t>(piece, hi - at))}, true});
+    }
+    if (r.offset + r.n > hi) jobs.push_back({{hi, r.dst + (hi - r.offset), static_cast<size_t>(r.offset + r.n - hi)}, false});
+  }
+  try {
+    run_jobs(jobs.size(), requests, [&](size_t i) {
+      const ReadRange& r = jobs[i].r;
+      const size_t done = jobs[i].direct ? pread_direct(fd, buffered.path(), r.dst, r.n, r.offset) : 0;
+      if (done < r.n) buffered.pread_all({r.dst + done, r.n - done}, r.offset + done);
+    });
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
 
 LoadTuning& load_tuning() {
   static LoadTuning tuning;
@@ -35,22 +135,9 @@ void pread_ranges(const FileHandle& file, std::span<const ReadRange> ranges, int
       at += n;
     }
   }
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto read_share = [&](const std::vector<ReadRange>& share) {
-    try {
-      for (const ReadRange& r : share) file.pread_all({r.dst, r.n}, r.offset);
-    } catch (...) {
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
-  std::vector<std::thread> readers;
-  readers.reserve(k - 1);
-  for (uint64_t t = 1; t < k; ++t) readers.emplace_back(read_share, std::cref(shares[t]));
-  read_share(shares[0]);  // the caller reads the first share
-  for (auto& t : readers) t.join();
-  if (error) std::rethrow_exception(error);
+  run_jobs(k, static_cast<int>(k), [&](size_t t) {  // thread t reads share t, in file order
+    for (const ReadRange& r : shares[t]) file.pread_all({r.dst, r.n}, r.offset);
+  });
 }
 
 }  // namespace shardwise::ckpt

@@ -24,15 +24,37 @@ struct ReadRange {
 // rethrown on the caller after all threads finished.
 void pread_ranges(const FileHandle& file, std::span<const ReadRange> ranges, int threads, size_t piece = size_t{8} << 20);
 
-// Process-wide tuning of checkpoint loads (SafetensorsFile::read_box): reader threads per box read
-// (each takes byte-balanced pieces of at most piece_bytes) and whether destination tensors are
-// offered to transparent huge pages. BENCHMARKS.md
+// The alignment of O_DIRECT reads (file offsets, lengths and addresses): a page, a multiple of
+// every disk's logical block size up to 4 KiB.
+inline constexpr size_t kDirectAlign = 4096;
+
+// Reads every range of `file` (open as `buffered`) with O_DIRECT where it can, for the bytes to go
+// from the disk straight into place with neither a page-cache copy nor page-cache pages to
+// allocate: a range's part from its first to its last multiple of kDirectAlign in the file, when
+// its destination address has the same offset modulo kDirectAlign (allocate the destination with
+// that lead: Tensor::uninitialized_at), in pieces of at most `piece` bytes taken in file order by
+// `requests` threads (that many requests in flight). Heads, tails, ranges whose residues differ, and
+// everything on a file system that refuses O_DIRECT (EINVAL) go through `buffered`. Errors as
+// pread_ranges.
+void pread_ranges_direct(const FileHandle& buffered, std::span<const ReadRange> ranges, int requests, size_t piece);
+// Bytes read with O_DIRECT by this process so far (tests and the bench check the path was taken).
+uint64_t direct_read_bytes();
+
+// Process-wide tuning of checkpoint loads (SafetensorsFile::read_box): O_DIRECT or buffered reads,
+// reader threads per box read (buffered: each takes byte-balanced pieces of at most piece_bytes)
+// and whether destination tensors are offered to transparent huge pages. BENCHMARKS.md
 // ("Checkpoints") has the measurements behind the defaults.
 struct LoadTuning {
   int reader_threads = 2;
   size_t piece_bytes = size_t{8} << 20;
   bool huge_pages = true;
-  bool will_need = true;  // posix_fadvise(WILLNEED) over the box's file span before reading it
+  bool will_need = true;  // posix_fadvise(WILLNEED) over the box's file span before reading it (not direct)
+  // O_DIRECT reads (pread_ranges_direct) for boxes whose runs average at least direct_min_run
+  // bytes (whole tensors, row blocks); shorter runs (column blocks) share the page cache.
+  bool direct = true;
+  int direct_requests = 8;  // 64 MiB in flight, as dd bs=64M keeps
+  size_t direct_piece = size_t{8} << 20;
+  size_t direct_min_run = size_t{1} << 20;
 };
 LoadTuning& load_tuning();
 

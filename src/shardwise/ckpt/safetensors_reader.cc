@@ -304,14 +304,9 @@ Tensor SafetensorsFile::read_box(std::string_view name, const reshard::Box& box)
   const StTensorInfo& t = info(name);
   DType dtype = tensor_dtype_or_fail(path(), t);
   check_box(t, box);
-  // Every run below writes its part. Huge pages for the destination and the reader threads are
-  // chosen by measurement (LoadTuning): with two readers the kernel's clearing of fresh pages runs
-  // on both cores.
-  Tensor out = Tensor::uninitialized(dtype, box.shape, load_tuning().huge_pages);
   std::vector<Run> runs;
   for_each_run(box, Region::whole(t.shape), Region::of(box), [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d, n}); });
-  read_runs(t, runs, out);
-  return out;
+  return read_runs(t, runs, dtype, box.shape);
 }
 
 Tensor SafetensorsFile::read_range(std::string_view name, const reshard::Box& block, int64_t begin, int64_t count) const {
@@ -321,7 +316,6 @@ Tensor SafetensorsFile::read_range(std::string_view name, const reshard::Box& bl
   SW_CHECK(begin >= 0 && count >= 0 && begin + count <= block.numel(),
            "safetensors file '{}': tensor '{}': elements [{}, {}) of a block of {} elements asked for", path().string(),
            t.name, begin, begin + count, block.numel());
-  Tensor out = Tensor::uninitialized(dtype, Shape{count}, load_tuning().huge_pages);
   // Each box of the range is contiguous in the block: its runs land at their flat offsets in the
   // block, less `begin`.
   std::vector<Run> runs;
@@ -329,29 +323,49 @@ Tensor SafetensorsFile::read_range(std::string_view name, const reshard::Box& bl
     for_each_run(b, Region::whole(t.shape), Region::of(block),
                  [&](int64_t s, int64_t d, int64_t n) { runs.push_back({s, d - begin, n}); });
   }
-  read_runs(t, runs, out);
-  return out;
+  return read_runs(t, runs, dtype, Shape{count});
 }
 
-void SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>& runs, Tensor& out) const {
+Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>& runs, DType dtype, const Shape& shape) const {
   const LoadTuning& tuning = load_tuning();
-  const size_t es = dtype_size(out.dtype());
+  const size_t es = dtype_size(dtype);
   const std::byte* src = data(t).data();
-  std::byte* dst = out.raw();
-  if (runs.empty()) return;
-  const int64_t first = runs.front().s, last = runs.back().s + runs.back().n;
+  const auto base = static_cast<uint64_t>(src - map_.data());
   int64_t needed = 0;
   for (const Run& r : runs) needed += r.n;
-  const auto base = static_cast<uint64_t>(src - map_.data());
+  // Runs that average direct_min_run bytes or more are read with O_DIRECT straight into place: the
+  // destination starts at the file offset's residue modulo the alignment (every run of a box keeps
+  // it when the runs' strides are whole blocks). Shorter runs share the page cache with the other
+  // ranks reading the same rows, and so does a span mostly in the page cache already (a file just
+  // written or read): memory is faster than the disk. Huge pages for the destination and the reader
+  // threads are chosen by measurement (LoadTuning, BENCHMARKS.md).
+  const bool direct = tuning.direct && !runs.empty() &&
+                      static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size() &&
+                      !map_.mostly_cached(base + static_cast<uint64_t>(runs.front().s) * es,
+                                          static_cast<uint64_t>(runs.back().s + runs.back().n - runs.front().s) * es);
+  size_t lead = 0;
+  if (direct) {
+    lead = static_cast<size_t>((base + static_cast<uint64_t>(runs.front().s - runs.front().d) * es) % kDirectAlign);
+    if (lead % es != 0) lead = 0;  // a foreign file off its element alignment: buffered reads
+  }
+  Tensor out = Tensor::uninitialized_at(dtype, shape, tuning.huge_pages, lead);  // every run writes its part
+  if (runs.empty()) return out;
+  std::byte* dst = out.raw();
+  const int64_t first = runs.front().s, last = runs.back().s + runs.back().n;
   const auto file_offset = base + static_cast<uint64_t>(first) * es;
-  // A box's runs are all alike; a range's head and tail runs may be shorter: the mean decides.
-  if (runs.size() == 1 || static_cast<size_t>(needed) * es >= 4096 * runs.size()) {
+  auto ranges_of_runs = [&] {
     std::vector<ReadRange> ranges;
     ranges.reserve(runs.size());
     for (const Run& r : runs) {
-      ranges.push_back({base + static_cast<uint64_t>(r.s) * es, dst + static_cast<size_t>(r.d) * es,
-                        static_cast<size_t>(r.n) * es});
+      ranges.push_back({base + static_cast<uint64_t>(r.s) * es, dst + static_cast<size_t>(r.d) * es, static_cast<size_t>(r.n) * es});
     }
+    return ranges;
+  };
+  if (direct) {
+    pread_ranges_direct(FileHandle(path(), O_RDONLY), ranges_of_runs(), tuning.direct_requests, tuning.direct_piece);
+  } else if (runs.size() == 1 || static_cast<size_t>(needed) * es >= 4096 * runs.size()) {
+    // A box's runs are all alike; a range's head and tail runs may be shorter: the mean decides.
+    const std::vector<ReadRange> ranges = ranges_of_runs();
     FileHandle file(path(), O_RDONLY);
     if (tuning.will_need) {  // the disk starts on the whole span while the readers fault their pages in
       ::posix_fadvise(file.fd(), static_cast<off_t>(file_offset), static_cast<off_t>(last - first) * static_cast<off_t>(es),
@@ -370,6 +384,7 @@ void SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>& r
       std::memcpy(dst + static_cast<size_t>(r.d) * es, src + static_cast<size_t>(r.s) * es, static_cast<size_t>(r.n) * es);
     }
   }
+  return out;
 }
 
 }  // namespace shardwise::ckpt

@@ -79,7 +79,8 @@ class SafetensorsFile {
   struct Run {
     int64_t s, d, n;
   };
-  void read_runs(const StTensorInfo& t, const std::vector<Run>& runs, Tensor& out) const;
+  // A fresh tensor of `shape` filled by the runs (which write every element).
+  Tensor read_runs(const StTensorInfo& t, const std::vector<Run>& runs, DType dtype, const Shape& shape) const;
   void check_box(const StTensorInfo& t, const reshard::Box& box) const;
 
   MappedFile map_;

@@ -22,6 +22,19 @@ Tensor Tensor::uninitialized(DType dtype, const Shape& shape, bool huge_pages) {
   return t;
 }
 
+Tensor Tensor::uninitialized_at(DType dtype, const Shape& shape, bool huge_pages, size_t lead) {
+  if (lead == 0) return uninitialized(dtype, shape, huge_pages);
+  SW_CHECK(lead % dtype_size(dtype) == 0, "storage lead of {} bytes is not a multiple of the {} element size", lead,
+           dtype_name(dtype));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.numel_ = shape.numel();
+  std::shared_ptr<std::byte[]> block = allocate_storage(t.nbytes() + lead, /*zero=*/false, huge_pages);
+  t.storage_ = std::shared_ptr<std::byte[]>(block, block.get() + lead);  // shares the block's ownership
+  return t;
+}
+
 Tensor Tensor::full(DType dtype, const Shape& shape, double value) {
   Tensor t = uninitialized(dtype, shape);
   SW_DISPATCH(dtype, [&] {

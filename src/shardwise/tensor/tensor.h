@@ -19,6 +19,10 @@ class Tensor {
   // Storage left uninitialized: for kernels that write every element (no zero-fill pass).
   // `huge_pages`: a large buffer filled once (a checkpoint read) asks for transparent huge pages.
   static Tensor uninitialized(DType dtype, const Shape& shape, bool huge_pages = false);
+  // Same, with the data starting `lead` bytes into a fresh block (a multiple of the element size):
+  // a checkpoint read with O_DIRECT lands the file's bytes where their offset modulo the disk's
+  // block size matches the address's.
+  static Tensor uninitialized_at(DType dtype, const Shape& shape, bool huge_pages, size_t lead);
 
   template <class T>
   static Tensor from(const Shape& shape, std::span<const T> values) {
