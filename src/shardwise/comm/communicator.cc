@@ -225,20 +225,9 @@ Communicator& MeshComm::along(std::span<const int> mesh_dims) {
     if (k == key) return *g;
   }
   // Members: vary the listed mesh dims (first listed = most significant), keep the others.
-  std::vector<int64_t> coords = mesh_.coords(rank_index_);
   std::vector<int> members;
-  int64_t count = 1;
-  for (int m : mesh_dims) count *= mesh_.dim_size(m);
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t rest = i;
-    std::vector<int64_t> c = coords;
-    for (size_t j = mesh_dims.size(); j-- > 0;) {
-      int m = mesh_dims[j];
-      c[static_cast<size_t>(m)] = rest % mesh_.dim_size(m);
-      rest /= mesh_.dim_size(m);
-    }
-    members.push_back(static_cast<int>(mesh_.process_ids()[static_cast<size_t>(mesh_.rank_index(c))]));
-  }
+  for (int64_t p : mesh_.processes_along(mesh_.process_ids()[static_cast<size_t>(rank_index_)], mesh_dims))
+    members.push_back(static_cast<int>(p));
   groups_.emplace_back(key, world_->group(members));
   return *groups_.back().second;
 }

@@ -88,11 +88,26 @@ int64_t ProcessMesh::rank_index_of_process(int64_t process_id) const {
 
 std::vector<int64_t> ProcessMesh::processes_along(int64_t process_id, int mesh_dim) const {
   if (mesh_dim < 0) return {process_id};
-  std::vector<int64_t> coords = this->coords(rank_index_of_process(process_id));
+  return processes_along(process_id, std::span<const int>(&mesh_dim, 1));
+}
+
+std::vector<int64_t> ProcessMesh::processes_along(int64_t process_id, std::span<const int> mesh_dims) const {
+  const std::vector<int64_t> coords = this->coords(rank_index_of_process(process_id));
+  int64_t count = 1;
+  for (int m : mesh_dims) {
+    SW_CHECK(m >= 0 && m < ndim(), "mesh {} has no dim {}", to_string(), m);
+    count *= dim_size(m);
+  }
   std::vector<int64_t> out;
-  for (int64_t d = 0; d < dim_size(mesh_dim); ++d) {
-    coords[static_cast<size_t>(mesh_dim)] = d;
-    out.push_back(process_ids_[static_cast<size_t>(rank_index(coords))]);
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int64_t> c = coords;
+    int64_t rest = i;
+    for (size_t j = mesh_dims.size(); j-- > 0;) {
+      const int m = mesh_dims[j];
+      c[static_cast<size_t>(m)] = rest % dim_size(m);
+      rest /= dim_size(m);
+    }
+    out.push_back(process_ids_[static_cast<size_t>(rank_index(c))]);
   }
   return out;
 }

@@ -3,6 +3,7 @@
 // index of coordinates (c0, c1, ...) is c0 * shape[1] * ... + c1 * ... ; process_ids[rank index]
 // is the process (global rank) at those coordinates.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,9 @@ class ProcessMesh {
   // The process ids of the ranks that differ from `process_id`'s only along `mesh_dim`, by their
   // coordinate there (`process_id` itself alone when mesh_dim < 0): a dp or tp group.
   std::vector<int64_t> processes_along(int64_t process_id, int mesh_dim) const;
+  // The same along several mesh dims: row-major over `mesh_dims` (the first listed varies slowest),
+  // the other coordinates `process_id`'s (`process_id` alone when `mesh_dims` is empty).
+  std::vector<int64_t> processes_along(int64_t process_id, std::span<const int> mesh_dims) const;
 
   std::string to_string() const;  // "[2,3]" or "[dp=2,tp=3]"
   friend bool operator==(const ProcessMesh& a, const ProcessMesh& b) {

@@ -388,7 +388,11 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
           numels.push_back(mesh::local_shape(s.meta.shape, s.dist, mesh, coords).numel());
           data_dims.push_back(data_group_dims(s.dist, layout.stage_strategy.data_dims()));
           const auto [it, added] = groups.emplace(data_dims.back(), std::pair{0, 0});
-          if (added) it->second = {static_cast<int>(group_size(mesh, it->first)), group_index(mesh, coords, it->first)};
+          if (added) {  // as StagedGpt::data_groups orders the group's members
+            const std::vector<int64_t> members = mesh.processes_along(process, it->first);
+            it->second = {static_cast<int>(members.size()),
+                          static_cast<int>(std::find(members.begin(), members.end(), process) - members.begin())};
+          }
         }
       }
       if (m.input >= 0) rm.comm += bytes[static_cast<size_t>(m.input)] + bytes[static_cast<size_t>(m.input_grad)];

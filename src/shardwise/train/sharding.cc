@@ -37,18 +37,6 @@ std::vector<int> data_group_dims(const mesh::DistAttr& dist, std::span<const int
   return out;
 }
 
-int64_t group_size(const mesh::ProcessMesh& mesh, std::span<const int> dims) {
-  int64_t n = 1;
-  for (int d : dims) n *= mesh.dim_size(d);
-  return n;
-}
-
-int group_index(const mesh::ProcessMesh& mesh, std::span<const int64_t> coords, std::span<const int> dims) {
-  int64_t index = 0;
-  for (int d : dims) index = index * mesh.dim_size(d) + coords[static_cast<size_t>(d)];
-  return static_cast<int>(index);
-}
-
 bool DataGroups::any_shared() const {
   return std::any_of(comms.begin(), comms.end(), [](const auto& c) { return c->size() > 1; });
 }

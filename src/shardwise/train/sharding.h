@@ -30,7 +30,6 @@
 
 #include "shardwise/comm/communicator.h"
 #include "shardwise/mesh/dist_attr.h"
-#include "shardwise/mesh/process_mesh.h"
 #include "shardwise/train/optimizer.h"
 
 namespace shardwise::train {
@@ -56,10 +55,6 @@ struct ShardingConfig {
 // A parameter's data group: of `data_dims` (the mesh's dp and ep dims, those it has), the ones on
 // which `dist` replicates the block, in mesh-dim order.
 std::vector<int> data_group_dims(const mesh::DistAttr& dist, std::span<const int> data_dims);
-// The ranks of the group over `dims` and the index in it of the rank at `coords` (row-major over
-// `dims` in mesh-dim order, as a co-sharded S(0) splits the batch).
-int64_t group_size(const mesh::ProcessMesh& mesh, std::span<const int> dims);
-int group_index(const mesh::ProcessMesh& mesh, std::span<const int64_t> coords, std::span<const int> dims);
 
 // Which flat range of each parameter's block each rank of its data group owns.
 struct ShardPlan {

@@ -388,20 +388,13 @@ const DataGroups& StagedGpt::data_groups() {
   if (groups_) return *groups_;
   groups_ = std::make_unique<DataGroups>();
   const mesh::ProcessMesh& m = meshes_[static_cast<size_t>(runner_->local_stages().front())];
-  const std::vector<int64_t> me = m.coords(m.rank_index_of_process(my_process(*world_)));
   std::map<std::vector<int>, int> ids;  // the groups in order of their dims (the same on every rank)
   for (const ParamState& p : params_) ids.emplace(data_group_dims(p.dist, stage_strategy_.data_dims()), 0);
   for (auto& [dims, id] : ids) {
     id = static_cast<int>(groups_->dims.size());
     groups_->dims.push_back(dims);
-    std::vector<int> members;  // row-major over `dims` (group_index)
-    for (int64_t r = 0; r < m.size(); ++r) {
-      const std::vector<int64_t> c = m.coords(r);
-      bool same = true;
-      for (int d = 0; d < m.ndim(); ++d)
-        if (std::find(dims.begin(), dims.end(), d) == dims.end() && c[static_cast<size_t>(d)] != me[static_cast<size_t>(d)]) same = false;
-      if (same) members.push_back(static_cast<int>(m.process_ids()[static_cast<size_t>(r)]));
-    }
+    std::vector<int> members;  // row-major over `dims` in mesh-dim order, as the memory plan counts them
+    for (int64_t p : m.processes_along(my_process(*world_), dims)) members.push_back(static_cast<int>(p));
     groups_->comms.push_back(world_->group(members));
   }
   for (const ParamState& p : params_) groups_->of.push_back(ids.at(data_group_dims(p.dist, stage_strategy_.data_dims())));
