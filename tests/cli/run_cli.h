@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace shardwise_cli_test {
@@ -33,6 +34,10 @@ inline Result run(const std::string& args) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   return run_command(std::string(bin ? bin : "shardwise") + " " + args);
 }
+
+// `name` in this test binary's own scratch directory (tests/support/scratch_tmpdir.cc makes it
+// TMPDIR), so two runs of the tests at once never share a run directory or a log.
+inline std::string tmp(const std::string& name) { return (std::filesystem::temp_directory_path() / name).string(); }
 
 inline int lines(const std::string& s) {
   int n = 0;

@@ -14,6 +14,7 @@ namespace {
 using shardwise_cli_test::lines;
 using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
+using shardwise_cli_test::tmp;
 
 TEST(Cli, InferPrintsRequiredPlacementsOutputsAndLocalShapes) {
   Result r = run("infer matmul --mesh 2,2 --shapes 8x16,16x4 --placements \"S(0),R;R,S(1)\"");
@@ -131,7 +132,7 @@ TEST(Cli, TrainRefusesBadConfigurationsBeforeItStarts) {
            {"train --digits 3 --seq 8", "sequence length 8 is too short for 3-digit addition"},
            {"train --mesh dp=2,zp=2", "mesh [dp=2,zp=2]: dim 1 is named 'zp'; name every dim dp, tp, pp or ep"},
        }) {
-    Result r = run(b.args + " --run-dir /tmp/shardwise-cli-bad-run");
+    Result r = run(b.args + " --run-dir " + tmp("shardwise-cli-bad-run"));
     EXPECT_EQ(r.status, 2) << b.args << "\n" << r.out;
     EXPECT_EQ(lines(r.out), 1) << b.args << "\n" << r.out;
     EXPECT_NE(r.out.find("shardwise: error: " + b.message), std::string::npos) << b.args << "\n" << r.out;
@@ -142,7 +143,7 @@ TEST(Cli, TrainRefusesBadConfigurationsBeforeItStarts) {
 }
 
 TEST(Cli, TrainWritesItsLogAndCurveAndLearns) {
-  std::string dir = "/tmp/shardwise-cli-train-run";
+  std::string dir = tmp("shardwise-cli-train-run");
   std::system(("rm -rf " + dir).c_str());
   Result r = run("train --mesh dp=2 --layers 1 --hidden 32 --steps 30 --global-batch 16 --lr 0.003 --warmup 5 --eval-every 10 "
                  "--run-dir " + dir);

@@ -14,6 +14,7 @@ namespace {
 using shardwise_cli_test::lines;
 using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
+using shardwise_cli_test::tmp;
 
 const std::string kSmall = "--mesh dp=2 --layers 1 --hidden 32 --global-batch 16 --eval-every 0";
 
@@ -33,7 +34,7 @@ void expect_usage_error(const std::string& args, const std::string& message) {
 
 TEST(CliFailures, ConfigFileKeysChangeTheRunAndTheCommandLineWins) {
   std::string cfg = write_config("three_steps.toml",
-                                 "# a comment\n[train]\nsteps = 3  # three\nlr = 0.003\nrun-dir = \"/tmp/sw-cfg-run\"\n"
+                                 "# a comment\n[train]\nsteps = 3  # three\nlr = 0.003\nrun-dir = \"" + tmp("sw-cfg-run") + "\"\n"
                                  "sp = false\n");
   Result r = run("train --config " + cfg + " " + kSmall);
   ASSERT_EQ(r.status, 0) << r.out;
@@ -59,7 +60,7 @@ TEST(CliFailures, ConfigFileErrorsNameTheKeyAndTheLine) {
        }) {
     std::string path = write_config(b.name, b.text);
     // --steps 1: a file that were not refused would run briefly
-    expect_usage_error("train --steps 1 --run-dir /tmp/shardwise-cli-cfg --config " + path, path + " " + b.message);
+    expect_usage_error("train --steps 1 --run-dir " + tmp("shardwise-cli-cfg") + " --config " + path, path + " " + b.message);
   }
   expect_usage_error("train --config /nonexistent/run.toml", "cannot read the config file '/nonexistent/run.toml'");
   expect_usage_error("train --config /tmp", "--config '/tmp' is a directory");
@@ -79,7 +80,7 @@ TEST(CliFailures, UsageErrorsAreOneLineWithExitStatus2AndASuggestion) {
 }
 
 void expect_refused(const std::string& args, const std::string& message) {
-  Result r = run(args + (args.starts_with("train") ? " --run-dir /tmp/shardwise-cli-refused" : ""));
+  Result r = run(args + (args.starts_with("train") ? " --run-dir " + tmp("shardwise-cli-refused") : ""));
   EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
   EXPECT_EQ(lines(r.out), 1) << args << "\n" << r.out;
   EXPECT_NE(r.out.find("shardwise: error: " + message), std::string::npos) << args << "\n" << r.out;
@@ -104,12 +105,12 @@ TEST(CliFailures, UnknownShardingStagesAndLayoutsAreRefused) {
   expect_usage_error("train --sharding-stage 1 --sharding-layout v3 " + kSmall, "--sharding-layout must be v1");
   // The same keys in a config file.
   std::string cfg = write_config("sharding.toml", "sharding-stage = 2\nsharding-layout = \"v2\"\nsteps = 2\n"
-                                                  "run-dir = \"/tmp/sw-cfg-sharding\"\n");
+                                                  "run-dir = \"" + tmp("sw-cfg-sharding") + "\"\n");
   Result r = run("train --config " + cfg + " " + kSmall);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("sharding: stage 2, layout v2"), std::string::npos) << r.out;
   std::string cfg3 = write_config("sharding3.toml", "sharding-stage = 3\nsteps = 2\n"
-                                                    "run-dir = \"/tmp/sw-cfg-sharding3\"\n");
+                                                    "run-dir = \"" + tmp("sw-cfg-sharding3") + "\"\n");
   Result r3 = run("train --config " + cfg3 + " " + kSmall);
   ASSERT_EQ(r3.status, 0) << r3.out;
   EXPECT_NE(r3.out.find("sharding: stage 3, parameters, gradients and optimizer state split over dp"), std::string::npos)
@@ -136,7 +137,7 @@ TEST(CliFailures, CrashesAndHangsBecomeDocumentedBounds) {
 
 TEST(CliFailures, ProgressIsPlainLinesOffATerminalAndBarOnRequest) {
   const std::string args = "train --mesh dp=1 --layers 1 --hidden 32 --steps 4 --global-batch 8 --eval-every 2 "
-                           "--run-dir /tmp/shardwise-cli-progress";
+                           "--run-dir " + tmp("shardwise-cli-progress");
   Result plain = run(args);
   ASSERT_EQ(plain.status, 0) << plain.out;
   EXPECT_EQ(plain.out.find('\r'), std::string::npos) << plain.out;
@@ -162,7 +163,7 @@ TEST(CliFailures, UnderMpirunAConfigurationErrorIsPrintedOnce) {
   EXPECT_EQ(r.out.find("shardwise: error:", first + 1), std::string::npos) << r.out;
   // The data's checks run on the processes that read it (process 1, tp's second rank, never opens
   // it) and end every process alike: still one line.
-  const std::string data = "/tmp/shardwise-cli-mpi-vocab.bin";  // u16 tokens 0..127
+  const std::string data = tmp("shardwise-cli-mpi-vocab.bin");  // u16 tokens 0..127
   {
     std::ofstream out(data, std::ios::binary | std::ios::trunc);
     for (int i = 0; i < 400; ++i) out.put(static_cast<char>(i % 128)).put('\0');
@@ -184,7 +185,7 @@ TEST(CliFailures, UnderMpirunATrainingErrorIsPrintedOnce) {
   Result r = shardwise_cli_test::run_command(
       std::string(SHARDWISE_MPIRUN_LINE) +
       " -np 2 $SHARDWISE_BIN train --mesh dp=2 --layers 1 --hidden 32 --digits 2 --global-batch 8 --steps 40 "
-      "--lr 1e6 --min-lr 0 --warmup 0 --clip 0 --run-dir /tmp/shardwise-cli-mpi-nonfinite");
+      "--lr 1e6 --min-lr 0 --warmup 0 --clip 0 --run-dir " + tmp("shardwise-cli-mpi-nonfinite"));
   EXPECT_NE(r.status, 0) << r.out;
   size_t first = r.out.find("shardwise: error: rank ");
   ASSERT_NE(first, std::string::npos) << r.out;

@@ -15,12 +15,13 @@ namespace {
 
 using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
+using shardwise_cli_test::tmp;
 
 const std::string kDiverging = "train --mesh dp=1 --layers 1 --hidden 32 --digits 2 --global-batch 8 --steps 40 "
                                "--lr 1e6 --min-lr 0 --warmup 0 --clip 0 --log-every 1 ";
 
 TEST(CliNonFinite, ANonFiniteLossStopsTheRunWithExitStatus2AndKeepsTheLastCheckpoint) {
-  const std::string dir = "/tmp/shardwise-cli-nonfinite";
+  const std::string dir = tmp("shardwise-cli-nonfinite");
   std::filesystem::remove_all(dir);
   Result r = run(kDiverging + "--save-every 1 --run-dir " + dir);
   EXPECT_EQ(r.status, 2) << r.out;
@@ -45,7 +46,7 @@ TEST(CliNonFinite, ANonFiniteLossStopsTheRunWithExitStatus2AndKeepsTheLastCheckp
 }
 
 TEST(CliNonFinite, SkippingIsAnExplicitOptIn) {
-  Result r = run(kDiverging + "--skip-nonfinite-steps --run-dir /tmp/shardwise-cli-nonfinite-skip");
+  Result r = run(kDiverging + "--skip-nonfinite-steps --run-dir " + tmp("shardwise-cli-nonfinite-skip"));
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("done: 40 steps"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("non-finite loss or gradient norm (--skip-nonfinite-steps)"), std::string::npos) << r.out;

@@ -15,6 +15,8 @@
 
 #include "run_cli.h"
 
+using shardwise_cli_test::tmp;
+
 namespace {
 
 using nlohmann::json;
@@ -113,43 +115,43 @@ void check_table(const std::string& out, const std::map<std::string, Totals>& to
 }
 
 TEST(CliProfile, ThreadsSameLossesAndAConsistentTrace) {
-  std::system("rm -rf /tmp/shardwise-profile-off /tmp/shardwise-profile-on");
-  auto off = shardwise_cli_test::run("train" + kArgs + "--run-dir /tmp/shardwise-profile-off");
+  std::system(("rm -rf " + tmp("shardwise-profile-off") + " " + tmp("shardwise-profile-on")).c_str());
+  auto off = shardwise_cli_test::run("train" + kArgs + "--run-dir " + tmp("shardwise-profile-off"));
   ASSERT_EQ(off.status, 0) << off.out;
-  auto on = shardwise_cli_test::run("train" + kArgs + "--run-dir /tmp/shardwise-profile-on --profile");
+  auto on = shardwise_cli_test::run("train" + kArgs + "--run-dir " + tmp("shardwise-profile-on") + " --profile");
   ASSERT_EQ(on.status, 0) << on.out;
   EXPECT_EQ(off.out.find("profile:"), std::string::npos);
   EXPECT_NE(on.out.find("profile: 6 steps on 4 ranks"), std::string::npos) << on.out;
-  std::vector<std::string> a = losses("/tmp/shardwise-profile-off"), b = losses("/tmp/shardwise-profile-on");
+  std::vector<std::string> a = losses(tmp("shardwise-profile-off")), b = losses(tmp("shardwise-profile-on"));
   ASSERT_EQ(a.size(), 6u);
   EXPECT_EQ(a, b);
-  check_table(on.out, check_trace("/tmp/shardwise-profile-on/trace.json", 4));
+  check_table(on.out, check_trace(tmp("shardwise-profile-on/trace.json"), 4));
 }
 
 // Under mpirun rank 0 gathers every process's events into the one trace.json.
 TEST(CliProfile, FourMpiProcessesOneTraceWithFourTracks) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
-  std::system("rm -rf /tmp/shardwise-profile-mpi");
+  std::system(("rm -rf " + tmp("shardwise-profile-mpi")).c_str());
   auto r = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train" + kArgs +
-                                           "--run-dir /tmp/shardwise-profile-mpi --profile");
+                                           "--run-dir " + tmp("shardwise-profile-mpi") + " --profile");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("profile: 6 steps on 4 ranks"), std::string::npos) << r.out;
-  check_table(r.out, check_trace("/tmp/shardwise-profile-mpi/trace.json", 4));
+  check_table(r.out, check_trace(tmp("shardwise-profile-mpi/trace.json"), 4));
 }
 
 // The trace is written last: a failure to write it is an error (exit 2) after the run's summary,
 // the table and metrics.jsonl.
 TEST(CliProfile, AnUnwritableTraceIsAnErrorAfterTheRunsResults) {
-  std::system("rm -rf /tmp/shardwise-profile-bad && mkdir -p /tmp/shardwise-profile-bad/trace.json");
+  std::system(("rm -rf " + tmp("shardwise-profile-bad") + " && mkdir -p " + tmp("shardwise-profile-bad/trace.json")).c_str());
   auto r = shardwise_cli_test::run("train --mesh dp=2 --layers 1 --hidden 32 --steps 2 --global-batch 4 --eval-every 0 "
-                                   "--progress none --run-dir /tmp/shardwise-profile-bad --profile");
+                                   "--progress none --run-dir " + tmp("shardwise-profile-bad") + " --profile");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("profile: 2 steps on 2 ranks"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("cannot write the trace /tmp/shardwise-profile-bad/trace.json: Is a directory"), std::string::npos)
+  EXPECT_NE(r.out.find("cannot write the trace " + tmp("shardwise-profile-bad/trace.json") + ": Is a directory"), std::string::npos)
       << r.out;
-  EXPECT_EQ(losses("/tmp/shardwise-profile-bad").size(), 2u);
+  EXPECT_EQ(losses(tmp("shardwise-profile-bad")).size(), 2u);
 }
 
 }  // namespace

@@ -14,6 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "run_cli.h"
+
+using shardwise_cli_test::tmp;
+
 namespace {
 
 // The values of `key` ("loss", "val_loss") in the lines of metrics.jsonl that have one.
@@ -32,17 +36,17 @@ TEST(TrainMpi, FourProcessesFollowTheSingleRankCurve) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
   const std::string args = " --layers 2 --hidden 32 --steps 20 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0 ";
-  std::system("rm -rf /tmp/shardwise-train-mpi-ref /tmp/shardwise-train-mpi-4");
-  ASSERT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--run-dir /tmp/shardwise-train-mpi-ref > /dev/null").c_str()), 0);
+  std::system(("rm -rf " + tmp("shardwise-train-mpi-ref") + " " + tmp("shardwise-train-mpi-4")).c_str());
+  ASSERT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--run-dir " + tmp("shardwise-train-mpi-ref") + " > /dev/null").c_str()), 0);
   std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh dp=2,tp=2" + args +
-                    "--run-dir /tmp/shardwise-train-mpi-4 > /tmp/shardwise-train-mpi-4.log 2>&1";
-  ASSERT_EQ(std::system(mpi.c_str()), 0) << "see /tmp/shardwise-train-mpi-4.log";
-  std::vector<double> ref = losses_of("/tmp/shardwise-train-mpi-ref/metrics.jsonl");
-  std::vector<double> got = losses_of("/tmp/shardwise-train-mpi-4/metrics.jsonl");
+                    "--run-dir " + tmp("shardwise-train-mpi-4") + " > " + tmp("shardwise-train-mpi-4.log") + " 2>&1";
+  ASSERT_EQ(std::system(mpi.c_str()), 0) << "see " + tmp("shardwise-train-mpi-4.log");
+  std::vector<double> ref = losses_of(tmp("shardwise-train-mpi-ref/metrics.jsonl"));
+  std::vector<double> got = losses_of(tmp("shardwise-train-mpi-4/metrics.jsonl"));
   ASSERT_EQ(ref.size(), 20u);
   ASSERT_EQ(got.size(), 20u);
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
-  std::ifstream log("/tmp/shardwise-train-mpi-4.log");
+  std::ifstream log(tmp("shardwise-train-mpi-4.log"));
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("(4 ranks, mpi)"), std::string::npos) << text;
 }
@@ -54,7 +58,7 @@ std::string expect_four_processes_follow_one_rank(const std::string& args, const
   const char* bin = std::getenv("SHARDWISE_BIN");
   EXPECT_NE(bin, nullptr);
   if (!bin) return {};
-  const std::string ref_dir = "/tmp/shardwise-" + name + "-mpi-ref", dir = "/tmp/shardwise-" + name + "-mpi-4";
+  const std::string ref_dir = tmp("shardwise-") + name + "-mpi-ref", dir = tmp("shardwise-") + name + "-mpi-4";
   std::system(("rm -rf " + ref_dir + " " + dir).c_str());
   EXPECT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--run-dir " + ref_dir + " > /dev/null").c_str()), 0);
   std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh " + mesh + args +
@@ -112,8 +116,8 @@ TEST(TrainMpi, AnMoeCheckpointSavedOnFourProcessesResumesOnOneRank) {
   const std::string args =
       " --model llama --kv-heads 2 --layers 2 --hidden 32 --seq 10 --vocab 128 --experts 4 --top-k 2 --aux-loss 0.01"
       " --steps 8 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 --progress none ";
-  const std::string ref_dir = "/tmp/shardwise-moe-ckpt-ref", dir = "/tmp/shardwise-moe-ckpt-mpi",
-                    back = "/tmp/shardwise-moe-ckpt-back";
+  const std::string ref_dir = tmp("shardwise-moe-ckpt-ref"), dir = tmp("shardwise-moe-ckpt-mpi"),
+                    back = tmp("shardwise-moe-ckpt-back");
   std::system(("rm -rf " + ref_dir + " " + dir + " " + back).c_str());
   ASSERT_EQ(std::system((std::string(bin) + " train --mesh dp=1" + args + "--run-dir " + ref_dir + " > /dev/null").c_str()), 0);
   const std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh dp=2,ep=2" + args +
@@ -138,9 +142,9 @@ TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnPipelineStages) {
   const std::string args = kMoeLlama20;
   expect_four_processes_follow_one_rank(args, "pp=2,ep=2", "moe-pp");
   for (const char* key : {"tokens_per_expert_min", "tokens_per_expert_max"}) {
-    std::vector<double> ref = losses_of("/tmp/shardwise-moe-pp-mpi-ref/metrics.jsonl", key);
+    std::vector<double> ref = losses_of(tmp("shardwise-moe-pp-mpi-ref/metrics.jsonl"), key);
     EXPECT_EQ(ref.size(), 20u) << key;
-    EXPECT_EQ(losses_of("/tmp/shardwise-moe-pp-mpi-4/metrics.jsonl", key), ref) << key;
+    EXPECT_EQ(losses_of(tmp("shardwise-moe-pp-mpi-4/metrics.jsonl"), key), ref) << key;
   }
 }
 
@@ -155,15 +159,15 @@ TEST(TrainMpi, ShardedOptimizerOnFourProcessesFollowsPlainDataParallel) {
                                        std::pair<std::string, std::string>{"dp=4", "--sharding-stage 1 --sharding-layout v1"},
                                        std::pair<std::string, std::string>{"dp=2,tp=2", "--sharding-stage 3 --recompute full"},
                                        std::pair<std::string, std::string>{"pp=2,dp=2", "--sharding-stage 3"}}) {
-    std::system("rm -rf /tmp/shardwise-shard-mpi-ref /tmp/shardwise-shard-mpi-4");
+    std::system(("rm -rf " + tmp("shardwise-shard-mpi-ref") + " " + tmp("shardwise-shard-mpi-4")).c_str());
     ASSERT_EQ(std::system((std::string(bin) + " train --mesh " + mesh + args +
-                           "--run-dir /tmp/shardwise-shard-mpi-ref > /dev/null").c_str()), 0);
-    std::vector<double> ref = losses_of("/tmp/shardwise-shard-mpi-ref/metrics.jsonl");
+                           "--run-dir " + tmp("shardwise-shard-mpi-ref") + " > /dev/null").c_str()), 0);
+    std::vector<double> ref = losses_of(tmp("shardwise-shard-mpi-ref/metrics.jsonl"));
     ASSERT_EQ(ref.size(), 20u);
     std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh " + mesh + args + sharding +
-                      " --run-dir /tmp/shardwise-shard-mpi-4 > /tmp/shardwise-shard-mpi-4.log 2>&1";
-    ASSERT_EQ(std::system(mpi.c_str()), 0) << "see /tmp/shardwise-shard-mpi-4.log";
-    std::vector<double> got = losses_of("/tmp/shardwise-shard-mpi-4/metrics.jsonl");
+                      " --run-dir " + tmp("shardwise-shard-mpi-4") + " > " + tmp("shardwise-shard-mpi-4.log") + " 2>&1";
+    ASSERT_EQ(std::system(mpi.c_str()), 0) << "see " + tmp("shardwise-shard-mpi-4.log");
+    std::vector<double> got = losses_of(tmp("shardwise-shard-mpi-4/metrics.jsonl"));
     ASSERT_EQ(got.size(), 20u);
     for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << mesh << " " << sharding << " step " << i + 1;
   }
@@ -176,7 +180,7 @@ TEST(TrainMpi, StageThreePrefetchOnFourProcessesGivesTheBitsOfNoPrefetch) {
   ASSERT_NE(bin, nullptr);
   const std::string args = " --layers 2 --hidden 32 --steps 10 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3"
                            " --eval-every 0 ";
-  const std::string root = "/tmp/shardwise-prefetch-mpi";
+  const std::string root = tmp("shardwise-prefetch-mpi");
   for (const auto& [mesh, extra] : {std::pair<std::string, std::string>{"dp=4", ""},
                                     std::pair<std::string, std::string>{"dp=2,tp=2", "--recompute full"},
                                     std::pair<std::string, std::string>{"pp=2,dp=2", ""}}) {
@@ -218,7 +222,7 @@ TEST(TrainMpi, AStageOneV2CheckpointOfFourProcessesIsPlainDpsFilesAndResumesOnDp
   ASSERT_NE(bin, nullptr);
   const std::string args = " --layers 2 --hidden 32 --steps 8 --save-every 4 --global-batch 8 --lr 0.003 --warmup 3"
                            " --eval-every 0 ";
-  const std::string root = "/tmp/shardwise-shard-save-mpi";
+  const std::string root = tmp("shardwise-shard-save-mpi");
   std::system(("rm -rf " + root).c_str());
   auto mpirun = [&](const std::string& name, const std::string& extra) {
     const std::string cmd = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train" + args + extra +
@@ -253,24 +257,24 @@ TEST(TrainMpi, OverlappedGradientReductionOnFourProcesses) {
         std::tuple<std::string, std::string, int>{"dp=4", "--sharding-stage 2 --sharding-layout v1", 1}}) {
     const std::string args = " --layers 2 --hidden 32 --steps 10 --global-batch 8 --lr 0.003 --warmup 3 --eval-every 0"
                              " --grad-bucket-mb 0.01 --accumulation " + std::to_string(accumulation) + " ";
-    std::system("rm -rf /tmp/shardwise-overlap-mpi-ref /tmp/shardwise-overlap-mpi-on /tmp/shardwise-overlap-mpi-after");
+    std::system(("rm -rf " + tmp("shardwise-overlap-mpi-ref") + " " + tmp("shardwise-overlap-mpi-on") + " " + tmp("shardwise-overlap-mpi-after")).c_str());
     ASSERT_EQ(std::system((std::string(bin) + " train --mesh " + mesh + args +
-                           "--run-dir /tmp/shardwise-overlap-mpi-ref > /dev/null").c_str()), 0);
-    std::vector<double> ref = losses_of("/tmp/shardwise-overlap-mpi-ref/metrics.jsonl");
+                           "--run-dir " + tmp("shardwise-overlap-mpi-ref") + " > /dev/null").c_str()), 0);
+    std::vector<double> ref = losses_of(tmp("shardwise-overlap-mpi-ref/metrics.jsonl"));
     ASSERT_EQ(ref.size(), 10u);
     std::vector<double> runs[2];
     for (int k = 0; k < 2; ++k) {
       const std::string mode = k == 0 ? "on" : "after";
       std::string mpi = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train --mesh " + mesh + args + sharding +
-                        " --overlap-grad-reduce " + mode + " --run-dir /tmp/shardwise-overlap-mpi-" + mode +
-                        " > /tmp/shardwise-overlap-mpi.log 2>&1";
-      ASSERT_EQ(std::system(mpi.c_str()), 0) << "see /tmp/shardwise-overlap-mpi.log";
-      runs[k] = losses_of("/tmp/shardwise-overlap-mpi-" + mode + "/metrics.jsonl");
+                        " --overlap-grad-reduce " + mode + " --run-dir " + tmp("shardwise-overlap-mpi-") + mode +
+                        " > " + tmp("shardwise-overlap-mpi.log") + " 2>&1";
+      ASSERT_EQ(std::system(mpi.c_str()), 0) << "see " + tmp("shardwise-overlap-mpi.log");
+      runs[k] = losses_of(tmp("shardwise-overlap-mpi-") + mode + "/metrics.jsonl");
       ASSERT_EQ(runs[k].size(), 10u);
     }
     EXPECT_EQ(runs[0], runs[1]) << mesh << " " << sharding;
     for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(runs[0][i], ref[i], 1e-5 * ref[i]) << mesh << " " << sharding << " step " << i + 1;
-    std::ifstream log("/tmp/shardwise-overlap-mpi.log");
+    std::ifstream log(tmp("shardwise-overlap-mpi.log"));
     std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
     EXPECT_NE(text.find("gradients: reduced over dp in buckets of 0.01 MiB"), std::string::npos) << text;
   }
@@ -292,35 +296,35 @@ std::string token_file(const std::string& path, int n) {
 TEST(TrainMpi, ProcessesThatAreNotReadersNeverReadTheData) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
-  const std::string data = token_file("/tmp/shardwise-loader-mpi.bin", 4000);
+  const std::string data = token_file(tmp("shardwise-loader-mpi.bin"), 4000);
   const std::string args = " --layers 2 --hidden 32 --seq 16 --steps 6 --global-batch 8 --lr 0.003 --warmup 3"
                            " --eval-every 2 --val-fraction 0.2 --val-samples 5 --save-every 3 --data " + data +
                            " --mesh dp=2,tp=2 ";
-  std::system("rm -rf /tmp/shardwise-loader-threads /tmp/shardwise-loader-hooked /tmp/shardwise-loader-mpi "
-              "/tmp/shardwise-loader-mpi-bad");
-  ASSERT_EQ(std::system((std::string(bin) + " train" + args + "--run-dir /tmp/shardwise-loader-threads > /dev/null").c_str()), 0);
+  std::system(("rm -rf " + tmp("shardwise-loader-threads") + " " + tmp("shardwise-loader-hooked") + " " + tmp("shardwise-loader-mpi") + " " +
+              tmp("shardwise-loader-mpi-bad")).c_str());
+  ASSERT_EQ(std::system((std::string(bin) + " train" + args + "--run-dir " + tmp("shardwise-loader-threads") + " > /dev/null").c_str()), 0);
   const std::string hooked = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 " + std::string(bin) + " train" + args +
-                             "--run-dir /tmp/shardwise-loader-hooked > /tmp/shardwise-loader-hooked.log 2>&1";
-  ASSERT_EQ(std::system(hooked.c_str()), 0) << "see /tmp/shardwise-loader-hooked.log";
+                             "--run-dir " + tmp("shardwise-loader-hooked") + " > " + tmp("shardwise-loader-hooked.log") + " 2>&1";
+  ASSERT_EQ(std::system(hooked.c_str()), 0) << "see " + tmp("shardwise-loader-hooked.log");
   const std::string mpi = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=1,3 " + std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " +
                           bin + " train" + args;
-  ASSERT_EQ(std::system((mpi + "--run-dir /tmp/shardwise-loader-mpi > /tmp/shardwise-loader-mpi.log 2>&1").c_str()), 0)
-      << "see /tmp/shardwise-loader-mpi.log";
+  ASSERT_EQ(std::system((mpi + "--run-dir " + tmp("shardwise-loader-mpi") + " > " + tmp("shardwise-loader-mpi.log") + " 2>&1").c_str()), 0)
+      << "see " + tmp("shardwise-loader-mpi.log");
   for (const std::string key : {"loss", "val_loss"}) {
-    std::vector<double> ref = losses_of("/tmp/shardwise-loader-threads/metrics.jsonl", key);
+    std::vector<double> ref = losses_of(tmp("shardwise-loader-threads/metrics.jsonl"), key);
     ASSERT_EQ(ref.size(), key == "loss" ? 6u : 3u) << key;
-    for (const std::string run : {"/tmp/shardwise-loader-hooked", "/tmp/shardwise-loader-mpi"}) {
+    for (const std::string& run : {tmp("shardwise-loader-hooked"), tmp("shardwise-loader-mpi")}) {
       std::vector<double> got = losses_of(run + "/metrics.jsonl", key);
       ASSERT_EQ(got.size(), ref.size()) << run << " " << key;
       for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-6 * ref[i]) << run << " " << key << " " << i;
     }
   }
-  EXPECT_EQ(std::system("test -d /tmp/shardwise-loader-mpi/checkpoints/checkpoint-6"), 0);
+  EXPECT_EQ(std::system(("test -d " + tmp("shardwise-loader-mpi/checkpoints/checkpoint-6")).c_str()), 0);
   // The hook bites: a reader listed (process 2) fails as it opens the file; every process stops naming it.
   const std::string bad = "SHARDWISE_TEST_UNREADABLE_FOR_RANKS=2 " + std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " +
-                          bin + " train" + args + "--run-dir /tmp/shardwise-loader-mpi-bad > /tmp/shardwise-loader-bad.log 2>&1";
+                          bin + " train" + args + "--run-dir " + tmp("shardwise-loader-mpi-bad") + " > " + tmp("shardwise-loader-bad.log") + " 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
-  std::ifstream log("/tmp/shardwise-loader-bad.log");
+  std::ifstream log(tmp("shardwise-loader-bad.log"));
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("SHARDWISE_TEST_UNREADABLE_FOR_RANKS=2"), std::string::npos) << text;
 }
@@ -337,7 +341,7 @@ TEST(TrainMpi, RecomputeKeepsTheLossesBitForBit) {
                            " --dropout 0.1 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 ";
   std::vector<std::vector<double>> curves;
   for (const char* mode : {"none", "full"}) {
-    const std::string dir = std::string("/tmp/shardwise-recompute-mpi-") + mode;
+    const std::string dir = std::string(tmp("shardwise-recompute-mpi-")) + mode;
     std::system(("rm -rf " + dir).c_str());
     std::string cmd = std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " train" + args + "--recompute " + mode +
                       " --run-dir " + dir + " > " + dir + ".log 2>&1";
