@@ -72,10 +72,13 @@ TEST(ShardingStage3, ParametersAreDpShardsAndTheOptimizerStateIsEachElementOnce)
 // by the recompute copies and the gradient kernels of its layer), none where the gradient kernel
 // reads only the shape (a bias add, the embedding lookup); one reduce-scatter of the gradient, run
 // as soon as the gradient is complete (only reshards between the kernel making it and the
-// reduce-scatter in the execution order), not after the whole backward.
+// reduce-scatter in the execution order), not after the whole backward. The fused LM head forms
+// its gradients in its forward (the default), so its backward reads no weight and gathers none;
+// with head_grads_in_forward off its backward recomputes them from a gathered weight.
 TEST(ShardingStage3, EachParameterIsGatheredPerUseAndItsGradientReduceScatteredOnce) {
-  for (const std::string recompute : {"none", "full", "selective"}) {
-    TrainConfig c = stage3(small_config("dp=2,tp=2", 1), recompute);
+  for (const std::string recompute : {"none", "full", "selective", "none, head grads in the backward"}) {
+    TrainConfig c = stage3(small_config("dp=2,tp=2", 1), recompute.substr(0, recompute.find(',')));
+    c.model.head_grads_in_forward = recompute.find(',') == std::string::npos;
     comm::LocalWorld::run(4, [&](comm::Communicator& w) {
       auto world = w.group(w.members());
       Trainer t(c, world);
@@ -112,12 +115,13 @@ TEST(ShardingStage3, EachParameterIsGatheredPerUseAndItsGradientReduceScatteredO
         // embedding tables through `embedding` (the lookup's gradient scatters dout by ids):
         // gathered for the forward only, and with full recompute once more for the layer's copies,
         // except the MLP's output bias: no gradient reads what its add makes, so it has no copy.
-        // The tied embedding is also the head's weight: + that matmul's forward and backward.
+        // The tied embedding is also the head's weight: + the fused head's forward, and its
+        // backward where that recomputes the gradients.
         const bool copied = layer_of_param(c.model, name) >= 0 && !name.ends_with("mlp.c_proj.bias");
         int want = 2;
         if (name.ends_with(".bias")) want = recompute == "full" && copied ? 2 : 1;
         if (name == "transformer.wpe.weight") want = 1;
-        if (name == "transformer.wte.weight") want = 3;
+        if (name == "transformer.wte.weight") want = c.model.head_grads_in_forward ? 2 : 3;
         EXPECT_EQ(gathers, want) << recompute << " " << name;
         EXPECT_EQ(scatters, 1) << recompute << " " << name;
         EXPECT_EQ(produced_grad, 1) << recompute << " " << name;

@@ -116,7 +116,7 @@ class Lowerer {
   bool shape_only_param(const Node& n, size_t k, ValueId v, const DistAttr& d) const {
     if (!regather_ || g_.value(v).kind != ValueKind::Param || d == c_.dist[static_cast<size_t>(v)]) return false;
     if (c_.node_inputs[static_cast<size_t>(n.id)][k] != d) return false;
-    return !ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+    return !ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k), n.attrs);
   }
 
   void lower(const Node& n) {

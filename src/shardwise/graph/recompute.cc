@@ -25,7 +25,7 @@ RecomputeResult apply_recompute(Graph& g, Completion& c) {
   auto recomputed_read = [&](const Node& b, size_t k) {
     const Node& f = g.node(b.forward);
     return k < f.inputs.size() + f.outputs.size() && f.segment >= 0 && segment_of(b.inputs[k]) == f.segment &&
-           ops::op_registry().get(b.op).backward_reads_value(static_cast<int>(k));
+           ops::op_registry().get(b.op).backward_reads_value(static_cast<int>(k), b.attrs);
   };
   // 1. The forward nodes to repeat: the producers of what the gradients read, and their in-segment inputs.
   std::vector<bool> repeat(forward, false);

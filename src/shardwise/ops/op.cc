@@ -89,7 +89,11 @@ std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs,
   return op.forward(inputs, attrs);
 }
 
-bool OpDef::backward_reads_value(int k) const {
+bool OpDef::backward_reads_value(int k, const Attrs& attrs) const {
+  if (backward_reads_for) {
+    const std::vector<int> reads = backward_reads_for(attrs);
+    return std::ranges::find(reads, k) != reads.end();
+  }
   return !backward_reads || std::find(backward_reads->begin(), backward_reads->end(), k) != backward_reads->end();
 }
 

@@ -115,6 +115,9 @@ struct OpDef {
   // Unset: it may read all of them. A pipeline stage keeps only these between a micro-batch's
   // forward and its backward.
   std::optional<std::vector<int>> backward_reads;
+  // Optional: backward_reads for a node's attributes where they decide it (the fused LM head reads
+  // neither h nor W when its forward formed both gradients). Set, it replaces backward_reads.
+  std::function<std::vector<int>(const Attrs&)> backward_reads_for;
   // Optional: gradients of a subset of the inputs (see PartialBackwardFn).
   PartialBackwardFn backward_partial;
   // Outputs from this index on carry no gradient (by-products the backward reads as values, such as
@@ -124,7 +127,7 @@ struct OpDef {
   int grad_outputs = -1;
   bool has_backward() const { return backward || backward_in_context; }
   // Whether the gradient kernel reads the value of forward tensor k (index into inputs ++ outputs).
-  bool backward_reads_value(int k) const;
+  bool backward_reads_value(int k, const Attrs& attrs) const;
 };
 
 class OpRegistry {

@@ -331,6 +331,7 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
     if (is_compute(a.kind)) {
       stats.compute_seconds += end - start;
       stats.peak_gathered_bytes = std::max(stats.peak_gathered_bytes, local(a.stage).rt->stats().peak_gathered_bytes);
+      stats.peak_bytes = std::max(stats.peak_bytes, local(a.stage).rt->stats().peak_bytes);
       stats.prefetched_gathers += local(a.stage).rt->stats().prefetched;
     }
     stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, activation_bytes());

@@ -46,6 +46,9 @@ struct StepStats {
   double seconds = 0;      // the step on this process
   double compute_seconds = 0;  // in forward/backward actions
   int64_t peak_activation_bytes = 0;
+  // The most bytes of buffers held at once in one compute action (runtime::RunStats::peak_bytes:
+  // parameters and constants included), forward or backward.
+  int64_t peak_bytes = 0;
   // The most bytes of gathered parameter copies held at once in one compute action
   // (runtime::RunStats::peak_gathered_bytes; sharding stage 3).
   int64_t peak_gathered_bytes = 0;

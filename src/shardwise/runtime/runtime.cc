@@ -95,7 +95,7 @@ bool Runtime::reads_value(const graph::Instr& ins, size_t k) const {
   if (!options_.release_shape_only_reads || ins.kind != InstrKind::Backward) return true;
   const graph::Node& n = g_.node(ins.node);
   size_t forward_tensors = g_.node(n.forward).inputs.size() + g_.node(n.forward).outputs.size();
-  return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+  return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k), n.attrs);
 }
 
 Tensor Runtime::stand_in(int slot) const {

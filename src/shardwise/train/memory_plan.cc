@@ -47,7 +47,7 @@ bool reads_value(const graph::Graph& g, const graph::Instr& ins, size_t k, bool 
   if (!release || ins.kind != graph::InstrKind::Backward) return true;
   const graph::Node& n = g.node(ins.node);
   const size_t forward_tensors = g.node(n.forward).inputs.size() + g.node(n.forward).outputs.size();
-  return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k));
+  return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k), n.attrs);
 }
 
 StageModel model_stage(pipeline::StageSpec spec, const mesh::ProcessMesh& mesh, bool split, bool release,

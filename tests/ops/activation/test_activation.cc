@@ -144,7 +144,7 @@ TEST(ActivationOps, SwigluEntry) {
   EXPECT_EQ(op.family, "activation");
   EXPECT_EQ(op.rule.name, "swiglu");
   EXPECT_EQ(op.num_inputs, 2);
-  EXPECT_FALSE(op.backward_reads_value(2));  // the output is not read by the gradient
+  EXPECT_FALSE(op.backward_reads_value(2, {}));  // the output is not read by the gradient
   std::vector<TensorMeta> in = {{Shape{4, 6}, DType::F32}, {Shape{4, 6}, DType::F32}};
   EXPECT_EQ(infer_checked(op, in, {})[0].shape, (Shape{4, 6}));
   in[1].shape = Shape{6, 4};

@@ -212,8 +212,8 @@ TEST(RotaryOps, RotaryEmbeddingEntry) {
   EXPECT_EQ(op.family, "rotary");
   EXPECT_EQ(op.rule.name, "rotary_embedding");
   EXPECT_EQ(op.num_inputs, 2);
-  EXPECT_FALSE(op.backward_reads_value(0));  // x is not read by the gradient
-  EXPECT_TRUE(op.backward_reads_value(1));
+  EXPECT_FALSE(op.backward_reads_value(0, {}));  // x is not read by the gradient
+  EXPECT_TRUE(op.backward_reads_value(1, {}));
   std::vector<TensorMeta> in = {{Shape{2, 5, 6}, DType::F32}, {Shape{5}, DType::I64}};
   EXPECT_EQ(infer_checked(op, in, {})[0].shape, (Shape{2, 5, 6}));
   in[1].shape = Shape{6};

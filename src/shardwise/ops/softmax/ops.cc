@@ -352,8 +352,15 @@ OpDef make_lm_head(bool vocab_parallel) {
       return backward(in, out, dout, a, nullptr, {wanted[0], wanted[1]});
     };
   }
-  // h, W, labels (for the gradients not formed in the forward) and the forward's dh and dW; not the loss.
+  // h, W, labels (for the gradients not formed in the forward) and the forward's dh and dW; not the
+  // loss. With both formed in the forward only those two (h's dtype and the labels' shape come from
+  // stand-ins): stage 3 gathers no head weight for the backward and h is freed after the forward.
   def.backward_reads = std::vector<int>{0, 1, 2, 4, 5};
+  def.backward_reads_for = [name](const Attrs& attrs) {
+    const int both = kLmHeadGradH | kLmHeadGradW;
+    return (lm_head_args(attrs, name).forward_grads & both) == both ? std::vector<int>{4, 5}
+                                                                     : std::vector<int>{0, 1, 2, 4, 5};
+  };
   def.grad_outputs = 1;  // dh and dW carry no gradient: their slots hold themselves, not a zero fill
   def.cases = head_cases();
   return def;
