@@ -139,8 +139,8 @@ T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, in
 // packed from the start). dispatch(): every rank writes its kept rows at plan.send_at in their
 // peers' regions (peers in ring order from the next rank, so that the ranks spread over the
 // regions), then a shared_barrier; the experts compute in place in this rank's region. combine():
-// a shared_barrier (every expert's results written), then the results are read where they lie, no
-// copy (row_at). The next call writes the other half; the barrier after its writes orders them
+// a shared_barrier (every expert's results written), then returns where each result lies: the
+// caller reads it there, no copy. The next call writes the other half; the barrier after its writes orders them
 // after this call's reads (no third barrier). One rank or messages: the rows of the scratch
 // buffers, as before.
 template <class T>
@@ -158,8 +158,9 @@ class RowExchange {
     const comm::SharedRegions shared = group_->shared_regions(2 * half);
     if (!shared) {
       SW_CHECK(wanted == MoeExchange::Auto,
-               "moe_mlp: the shared-memory exchange was asked for (SHARDWISE_MOE_EXCHANGE=shared), but the expert "
-               "group [{}] ({} backend) has no shared regions (a member on another node, or a backend without them)",
+               "moe_mlp: the shared-memory exchange was asked for (MoeExchange::Shared or "
+               "SHARDWISE_MOE_EXCHANGE=shared), but the expert group [{}] ({} backend) has no shared regions (a "
+               "member on another node, or a backend without them)",
                fmt::join(group_->members(), ","), group_->backend());
       return;
     }
