@@ -18,6 +18,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/moe/kernels.h"
 #include "shardwise/ops/op.h"
+#include "tests/comm/forwarder.h"
 #include "tests/ops/numeric_grad.h"
 
 namespace shardwise::ops {
@@ -248,19 +249,27 @@ TEST(MoeKernel, SharedAndMessageExchangesGiveTheSameBits) {
   ASSERT_GT(want[3].data<int64_t>()[0], 0);
   ASSERT_EQ(want[4].data<int64_t>()[5], 0);
   const int64_t token_first[5] = {0, 4, 8, 11, 11}, expert_first[5] = {0, 2, 5, 6, 6};  // rank 3: no experts either
+  // Rank r's inputs: tokens [t0, t1), experts [e0, e1).
+  auto block = [&](int64_t t0, int64_t t1, int64_t e0, int64_t e1) {
+    auto experts = [&](const Tensor& t) {
+      return t.slice(std::vector<int64_t>{e0, 0, 0}, Shape{e1 - e0, t.shape()[1], t.shape()[2]});
+    };
+    return std::vector<Tensor>{in.t[0].slice(std::vector<int64_t>{t0, 0}, Shape{t1 - t0, d}), in.t[1],
+                               experts(in.t[2]), experts(in.t[3]), experts(in.t[4])};
+  };
+  auto ranks_block = [&](size_t r) {
+    return block(token_first[r], token_first[r + 1], expert_first[r], expert_first[r + 1]);
+  };
   std::vector<Tensor> got[2][4];  // [exchange][rank]: out, dx, dgate, dw1, dw2
   int64_t calls[2][4];
   for (int path = 0; path < 2; ++path) {
     const MoeExchange exchange = path == 0 ? MoeExchange::Messages : MoeExchange::Shared;
     comm::LocalWorld::run(4, [&](comm::Communicator& world) {
       const auto r = static_cast<size_t>(world.rank());
-      const int64_t t0 = token_first[r], t1 = token_first[r + 1], e0 = expert_first[r], e1 = expert_first[r + 1];
+      const int64_t t0 = token_first[r], t1 = token_first[r + 1];
+      const std::vector<Tensor> mine = ranks_block(r);
       auto rows = [&](const Tensor& t) { return t.slice(std::vector<int64_t>{t0, 0}, Shape{t1 - t0, d}); };
-      auto experts = [&](const Tensor& t) {
-        return t.slice(std::vector<int64_t>{e0, 0, 0}, Shape{e1 - e0, t.shape()[1], t.shape()[2]});
-      };
-      std::vector<Tensor> mine{rows(in.t[0]), in.t[1], experts(in.t[2]), experts(in.t[3]), experts(in.t[4])};
-      MoeShard shard{t0, 11, e0, &world, &world, exchange};
+      MoeShard shard{t0, 11, expert_first[r], &world, &world, exchange};
       const int64_t before = world.shared_regions(0).call;
       const std::vector<Tensor> out = moe_forward(mine, cfg, shard);
       const MoeGrads g = moe_backward(mine, rows(dout), Tensor::scalar<double>(0.5), Tensor(), cfg, shard);
@@ -283,16 +292,31 @@ TEST(MoeKernel, SharedAndMessageExchangesGiveTheSameBits) {
     for (int64_t i = 0; i < got[1][r][3].numel(); ++i) EXPECT_NEAR(got[1][r][3].at(i), want_grad.dw1.at(e0 * f * d + i), 1e-12);
     for (int64_t i = 0; i < got[1][r][4].numel(); ++i) EXPECT_NEAR(got[1][r][4].at(i), want_grad.dw2.at(e0 * d * f + i), 1e-12);
   }
-  ::setenv("SHARDWISE_MOE_EXCHANGE", "pipes", 1);
+  // A group without shared regions (the base class's default): Auto goes by messages, to the
+  // same bits; Shared asked for is an Error naming the group.
   std::string message;
+  comm::LocalWorld::run(4, [&](comm::Communicator& world) {
+    comm::Forwarder plain(world);
+    const auto r = static_cast<size_t>(world.rank());
+    const std::vector<Tensor> mine = ranks_block(r);
+    const std::vector<Tensor> out = moe_forward(mine, cfg, MoeShard{token_first[r], 11, expert_first[r], &plain, &plain});
+    EXPECT_TRUE(same_bits(out[0], got[0][r][0])) << "rank " << r;
+    try {
+      moe_forward(mine, cfg, MoeShard{token_first[r], 11, expert_first[r], &plain, &plain, MoeExchange::Shared});
+    } catch (const Error& e) {
+      if (r == 0) message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("the shared-memory exchange was asked for (MoeExchange::Shared or SHARDWISE_MOE_EXCHANGE=shared), "
+                         "but the expert group [0,1,2,3] (local backend) has no shared regions"),
+            std::string::npos)
+      << message;
+  message.clear();
+  ::setenv("SHARDWISE_MOE_EXCHANGE", "pipes", 1);
   try {
     comm::LocalWorld::run(2, [&](comm::Communicator& world) {
       const int64_t r = world.rank();
-      std::vector<Tensor> mine{in.t[0].slice(std::vector<int64_t>{r * 5, 0}, Shape{5, d}), in.t[1],
-                               in.t[2].slice(std::vector<int64_t>{r * 3, 0, 0}, Shape{3, f, d}),
-                               in.t[3].slice(std::vector<int64_t>{r * 3, 0, 0}, Shape{3, f, d}),
-                               in.t[4].slice(std::vector<int64_t>{r * 3, 0, 0}, Shape{3, d, f})};
-      moe_forward(mine, cfg, MoeShard{r * 5, 10, r * 3, &world, &world});
+      moe_forward(block(r * 5, r * 5 + 5, r * 3, r * 3 + 3), cfg, MoeShard{r * 5, 10, r * 3, &world, &world});
     });
   } catch (const Error& e) {
     message = e.what();
