@@ -1,14 +1,16 @@
 // The MoE MLP's expert parallelism under MPI (issue 17; bench/moe.sh runs it, BENCHMARKS.md keeps
 // the figures), every rank one ep rank of one expert group (the world), interleaved per iteration:
 //
-//   dispatch + combine, as moe_forward runs them (ops/moe/dispatch.h): the plan (plan_dispatch:
-//   the counts came with the router's all_gather, which both sides leave out), dispatch_rows (each
-//   peer's kept rows packed just before their messages leave, this rank's own straight into
-//   place; all_to_all_pieces lands them expert-major) and combine_rows, against two raw
-//   MPI_Alltoallv of the same counts and the same bytes (preallocated buffers, no packing). Also
-//   the former order, every row packed first and then the two exchanges (the pack and the
-//   exchanges timed apart), once with the exchanges' call checks skipped as the kernel does
-//   (CheckedByCaller) and once with them (the backend's default outside a kernel's scope).
+//   dispatch + combine, as moe_forward runs them (ops/moe/dispatch.h RowExchange, after the plan:
+//   the counts came with the router's all_gather, which every path leaves out), against two raw
+//   MPI_Alltoallv of the same counts and the same bytes (preallocated buffers, no packing):
+//   - shared: each rank writes its kept rows straight into the node-shared region of the rank
+//     owning their expert, a barrier, then (as the second Alltoallv lands the rows) each rank
+//     copies its results from the experts' regions into a send-order buffer after the second
+//     barrier (the kernel reads them there in its weighted combine instead; timed apart: "in place";
+//     and in place with a third barrier after the reads, as one buffer instead of two halves needs);
+//   - messages: each peer's rows packed just before their messages leave, all_to_all_pieces
+//     landing them expert-major, and the inverse (SHARDWISE_MOE_EXCHANGE=messages).
 //   experts: moe_forward on one rank's tokens with all E experts (router in double, grouped GEMMs,
 //   combine) against a dense SwiGLU MLP of width top_k x F on the same tokens (equal active FLOPs).
 //
@@ -70,23 +72,26 @@ void dense_mlp(const Tensor& x, const Tensor& w1, const Tensor& w3, const Tensor
   mm(h1.data(), w2.data<float>(), y.data(), n, d, f);
 }
 
-// The former dispatch + combine: every kept row packed in send order first, then the two
-// all_to_all_pieces (self pieces copied by the backend); returns (pack, exchanges) seconds.
-std::pair<double, double> pack_then_exchange(comm::Communicator& world, const md::DispatchPlan& plan, int64_t top_k,
-                                             const float* x, int64_t d, bool checked_by_caller) {
+// Dispatch + combine by `exchange` (plan included); `copy_back`: the results copied into a
+// send-order buffer, as a message exchange delivers them; `third_barrier`: a barrier after the
+// reads, as single buffering would need. Returns the seconds.
+double dispatch_combine(comm::Communicator& world, const md::Routing& r, int64_t local, const ops::MoeShard& shard,
+                        ops::MoeExchange exchange, const float* x, int64_t d, bool copy_back, bool third_barrier) {
   const double t0 = MPI_Wtime();
-  float* send = md::scratch<float>(md::kSendBuffer, plan.order.size() * static_cast<size_t>(d));
-  for (size_t i = 0; i < plan.order.size(); ++i) {
-    const float* src = x + (plan.order[i] / top_k) * d;
-    std::copy(src, src + d, send + static_cast<int64_t>(i) * d);
+  md::DispatchPlan plan = md::plan_dispatch(r, local, shard);
+  md::RowExchange<float> ex(&world, plan, exchange, d, d);
+  if (ex.shared() != (exchange == ops::MoeExchange::Shared)) throw std::runtime_error("not the exchange asked for");
+  ex.dispatch([&](int64_t i, float* dst) {
+    const float* src = x + (plan.order[static_cast<size_t>(i)] / r.top_k) * d;
+    std::copy(src, src + d, dst);
+  });
+  const std::vector<const float*> back = ex.combine();
+  if (copy_back && ex.shared()) {
+    float* to = md::scratch<float>(md::kSendBuffer, back.size() * static_cast<size_t>(d));
+    for (size_t i = 0; i < back.size(); ++i) std::copy(back[i], back[i] + d, to + static_cast<int64_t>(i) * d);
   }
-  const double t1 = MPI_Wtime();
-  float* rows = md::scratch<float>(md::kExpertRows, static_cast<size_t>(md::total_rows(plan.recv_rows) * d));
-  const md::RowPieces senders = md::send_order(plan, d), experts = md::expert_major(plan, d);
-  comm::CheckedByCaller checked(checked_by_caller ? &world : nullptr);
-  world.all_to_all_pieces(send, senders.view(), rows, experts.view(), DType::F32);
-  world.all_to_all_pieces(rows, experts.view(), send, senders.view(), DType::F32);
-  return {t1 - t0, MPI_Wtime() - t1};
+  if (third_barrier) world.shared_barrier();  // what one buffer instead of two halves would need
+  return MPI_Wtime() - t0;
 }
 
 struct Series {
@@ -110,8 +115,8 @@ int main(int argc, char** argv) {
     ops::MoeConfig cfg{k, 0.0, true};
     ops::MoeShard shard{me * n, P * n, me * local, &world, &world};
     ops::moe_detail::Routing r = ops::moe_detail::route(x, gate, local, cfg, shard);
-    std::vector<double> t_raw, t_moe, t_dense, t_plan, t_pack, t_exchanges[2];
-    Series ours, former[2];
+    std::vector<double> t_raw, t_moe, t_dense;
+    Series shared, in_place, three_barriers, messages;
     int64_t rows_sent = 0, rows_received = 0;
     // Experts on one rank: all E experts, its n tokens.
     Tensor w1 = random_tensor(Shape{E, f, d}, 11, 0.05), w3 = random_tensor(Shape{E, f, d}, 12, 0.05);
@@ -139,28 +144,15 @@ int main(int argc, char** argv) {
       MPI_Alltoallv(raw_mid.data(), rc.data(), rd.data(), MPI_FLOAT, raw_out.data(), sc.data(), sd.data(), MPI_FLOAT,
                     MPI_COMM_WORLD);
       const double raw = slowest(MPI_Wtime() - t0);
-      // Ours, as moe_forward: plan, dispatch (pack overlapped, expert-major), combine.
-      MPI_Barrier(MPI_COMM_WORLD);
-      t0 = MPI_Wtime();
-      plan = md::plan_dispatch(r, local, shard);
-      const double t1 = MPI_Wtime();
-      float* rows = md::dispatch_rows<float>(&world, plan, d, [&](int64_t i, float* dst) {
-        const float* src = xs + (plan.order[static_cast<size_t>(i)] / k) * d;
-        std::copy(src, src + d, dst);
-      });
-      md::combine_rows<float>(&world, plan, rows, d);
-      const double whole = slowest(MPI_Wtime() - t0), plan_time = slowest(t1 - t0);
-      // The former order: pack everything, then the exchanges; with the kernel's scope, then
-      // with the call checks.
-      double former_time[2], pack_time = 0;
-      for (int checks = 0; checks < 2; ++checks) {
+      // The kernel's paths: shared (results copied back; read in place; with a third barrier), messages.
+      comm::CheckedByCaller checked(&world);
+      double t[4];
+      const ops::MoeExchange kinds[4] = {ops::MoeExchange::Shared, ops::MoeExchange::Shared, ops::MoeExchange::Shared,
+                                         ops::MoeExchange::Messages};
+      for (int j = 0; j < 4; ++j) {  // in a rotating order: none always follows raw
+        const int i = (j + it + 2) % 4;
         MPI_Barrier(MPI_COMM_WORLD);
-        t0 = MPI_Wtime();
-        auto [pack, exchanges] = pack_then_exchange(world, plan, k, xs, d, checks == 0);
-        former_time[checks] = slowest(MPI_Wtime() - t0);
-        if (checks == 0) pack_time = slowest(pack);
-        const double exchange_time = slowest(exchanges);
-        if (it >= 0) t_exchanges[checks].push_back(exchange_time);
+        t[i] = slowest(dispatch_combine(world, r, local, shard, kinds[i], xs, d, i == 0, i == 2));
       }
       // Experts on one rank vs the dense MLP of equal active FLOPs.
       MPI_Barrier(MPI_COMM_WORLD);
@@ -172,9 +164,8 @@ int main(int argc, char** argv) {
       dense_mlp(x, dw1, dw3, dw2, h1, h3, y);
       const double dense = slowest(MPI_Wtime() - t0);
       if (it < 0) continue;
-      t_raw.push_back(raw), t_moe.push_back(moe), t_dense.push_back(dense), t_plan.push_back(plan_time);
-      t_pack.push_back(pack_time);
-      ours.add(whole, raw), former[0].add(former_time[0], raw), former[1].add(former_time[1], raw);
+      t_raw.push_back(raw), t_moe.push_back(moe), t_dense.push_back(dense);
+      shared.add(t[0], raw), in_place.add(t[1], raw), three_barriers.add(t[2], raw), messages.add(t[3], raw);
     }
     if (me == 0) {
       const double raw = median(t_raw);
@@ -188,13 +179,10 @@ int main(int argc, char** argv) {
         std::printf("%-62s %9.1f us, raw / it %.3f (median of per-iteration ratios %.3f)\n", what, median(s.t) * 1e6,
                     raw / median(s.t), median(s.ratio));
       };
-      line("dispatch + combine (plan, dispatch_rows, combine_rows):", ours);
-      line("former: pack all, then 2 all_to_all_pieces, checks skipped:", former[0]);
-      line("former: pack all, then 2 all_to_all_pieces, call checks on:", former[1]);
-      std::printf("of which: plan %.1f us; former pack %.1f us, its exchanges %.1f us (raw / them %.3f), with call "
-                  "checks %.1f us (%.3f)\n",
-                  median(t_plan) * 1e6, median(t_pack) * 1e6, median(t_exchanges[0]) * 1e6,
-                  raw / median(t_exchanges[0]), median(t_exchanges[1]) * 1e6, raw / median(t_exchanges[1]));
+      line("shared: write into the owners' regions, copy the results back:", shared);
+      line("shared, the results read in place (the kernel's combine):", in_place);
+      line("shared, in place, a third barrier (one buffer, not two halves):", three_barriers);
+      line("messages: all_to_all_pieces both ways (pack overlapped):", messages);
       const double moe = median(t_moe), dense = median(t_dense);
       std::printf("moe_forward, all %lld experts on one rank's tokens: %9.1f us; dense SwiGLU of width %lld: %9.1f us; "
                   "dense / moe = %.3f\n",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mixture of experts under MPI (issue 17), 4 processes:
-#  1. bench_moe: the kernel's dispatch + combine against raw MPI_Alltoallv of the same counts, and
+#  1. bench_moe: the kernel's dispatch + combine (through node-shared memory, and by messages)
+#     against raw MPI_Alltoallv of the same counts, and
 #     moe_forward's grouped experts against a dense SwiGLU MLP of equal active FLOPs;
 #  2. `shardwise train` tokens/s of a dense Llama and of an MoE Llama with the same active
 #     parameters per token (8 experts, top-2, each expert half the dense MLP's width), rounds

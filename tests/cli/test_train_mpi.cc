@@ -93,10 +93,17 @@ const std::string kMoeLlama20 =
     " --digits 2 ";
 
 // An MoE Llama (4 experts, top-2, aux and z losses) with its experts split over ep=2 and the batch
-// over dp=2 on 4 processes: MPI's all_to_all_v carries the tokens.
+// over dp=2 on 4 processes: the tokens travel through the node-shared window (the default on one
+// node), and by MPI messages (SHARDWISE_MOE_EXCHANGE=messages), to the same bits.
 TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
   const std::string args = kMoeLlama20;
   expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe");
+  ::setenv("SHARDWISE_MOE_EXCHANGE", "messages", 1);
+  expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe-messages");
+  ::unsetenv("SHARDWISE_MOE_EXCHANGE");
+  const std::vector<double> shared = losses_of("/tmp/shardwise-moe-mpi-4/metrics.jsonl");
+  EXPECT_EQ(shared, losses_of("/tmp/shardwise-moe-messages-mpi-4/metrics.jsonl"));
+  EXPECT_EQ(shared.size(), 20u);
 }
 
 // The same with each parameter's state sharded over its data group under MPI (dense ones over

@@ -373,6 +373,59 @@ void started_collectives(Communicator& c) {
   }
 }
 
+void shared_regions(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  const SharedRegions first = c.shared_regions(100);
+  if (c.backend() == "nccl") {  // GPU memory is not shared this way
+    if (first) fail("shared_regions on rank {} ({}): regions where the backend has none", me, c.backend());
+    return;
+  }
+  // Every member writes its own slot of every region, a barrier, every member reads every slot of
+  // every region (the tests run on one node).
+  auto exchange = [&](const SharedRegions& s, int64_t asked, int64_t round) {
+    if (static_cast<int>(s.at.size()) != n || s.bytes < asked) {
+      fail("shared_regions on rank {} ({}): {} regions of {} bytes for {} members asking {}", me, c.backend(),
+           s.at.size(), s.bytes, n, asked);
+    }
+    const int64_t slots = asked / static_cast<int64_t>(sizeof(int64_t)), per = slots / n;  // each member's share
+    for (int p = 0; p < n; ++p) {
+      const auto at = reinterpret_cast<uintptr_t>(s.at[static_cast<size_t>(p)]);
+      if (at % 64) fail("shared_regions on rank {} ({}): region {} at {:#x} is not 64-byte aligned", me, c.backend(), p, at);
+      for (int q = 0; q < n; ++q) {
+        if (q != p && at < reinterpret_cast<uintptr_t>(s.at[static_cast<size_t>(q)]) + static_cast<uintptr_t>(s.bytes) &&
+            reinterpret_cast<uintptr_t>(s.at[static_cast<size_t>(q)]) < at + static_cast<uintptr_t>(s.bytes)) {
+          fail("shared_regions on rank {} ({}): regions {} and {} overlap", me, c.backend(), p, q);
+        }
+      }
+      auto* slot = reinterpret_cast<int64_t*>(s.at[static_cast<size_t>(p)]) + me * per;
+      for (int64_t i = 0; i < per; ++i) slot[i] = round * 1000000 + (p * 100 + me) * 1000 + i % 1000;
+    }
+    c.shared_barrier();
+    for (int p = 0; p < n; ++p) {
+      for (int q = 0; q < n; ++q) {
+        const auto* slot = reinterpret_cast<const int64_t*>(s.at[static_cast<size_t>(p)]) + q * per;
+        for (int64_t i = 0; i < per; ++i) {
+          const int64_t want = round * 1000000 + (p * 100 + q) * 1000 + i % 1000;
+          if (slot[i] != want) {
+            fail("shared_regions on rank {} ({}): region {} holds {} where rank {} wrote {} (element {})", me,
+                 c.backend(), p, slot[i], q, want, i);
+          }
+        }
+      }
+    }
+    c.shared_barrier();  // every read done before the next round writes
+  };
+  exchange(first, 100, 1);
+  const SharedRegions within = c.shared_regions(first.bytes);  // no growth: the same regions
+  if (within.call != first.call + 1 || within.at.data() == nullptr || within.at[0] != first.at[0] || within.bytes != first.bytes) {
+    fail("shared_regions on rank {} ({}): a call within the size moved the regions or miscounted calls ({} after {})", me,
+         c.backend(), within.call, first.call);
+  }
+  exchange(within, first.bytes, 2);
+  const int64_t big = 3 * first.bytes + 8 * 1024 * n;
+  exchange(c.shared_regions(big), big, 3);  // grown on every member together
+}
+
 void all(Communicator& c) {
   all_reduce_every_op(c);
   reduce_to_every_root(c);
@@ -386,6 +439,7 @@ void all(Communicator& c) {
   objects_and_bytes(c);
   sub_groups(c);
   started_collectives(c);
+  shared_regions(c);
 }
 
 }  // namespace shardwise::comm::checks

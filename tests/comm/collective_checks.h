@@ -27,6 +27,11 @@ void sub_groups(Communicator& comm);
 // reverse order.
 void started_collectives(Communicator& comm);
 
+// shared_regions and shared_barrier (one node): every member writes its slots of every region,
+// then reads every member's slots of every region; a call within the size keeps the regions and
+// counts the call; a larger one grows them. NCCL: no regions.
+void shared_regions(Communicator& comm);
+
 // Every check above, in order.
 void all(Communicator& comm);
 

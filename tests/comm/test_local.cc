@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "collective_checks.h"
+#include "forwarder.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 
@@ -70,53 +71,43 @@ TEST(LocalComm, UnequalAllToAllVCountsAreAnErrorNamingBothCounts) {
   }
 }
 
-// A local communicator without its own all_to_all_pieces: the default (pack, all_to_all_v,
-// unpack) that the NCCL backend uses.
-class DefaultPieces : public Communicator {
- public:
-  explicit DefaultPieces(Communicator& c) : c_(c) {}
-  std::string_view backend() const override { return c_.backend(); }
-  int rank() const override { return c_.rank(); }
-  int size() const override { return c_.size(); }
-  const std::vector<int>& members() const override { return c_.members(); }
-  std::shared_ptr<Communicator> group(std::span<const int> ranks) override { return c_.group(ranks); }
-  void all_reduce(const void* in, void* out, int64_t n, DType t, Reduce op) override { c_.all_reduce(in, out, n, t, op); }
-  void reduce(const void* in, void* out, int64_t n, DType t, Reduce op, int root) override { c_.reduce(in, out, n, t, op, root); }
-  void broadcast(void* b, int64_t n, DType t, int root) override { c_.broadcast(b, n, t, root); }
-  void all_gather(const void* in, void* out, int64_t n, DType t) override { c_.all_gather(in, out, n, t); }
-  void all_gather_v(const void* in, void* out, std::span<const int64_t> n, DType t) override { c_.all_gather_v(in, out, n, t); }
-  void reduce_scatter(const void* in, void* out, int64_t n, DType t, Reduce op) override { c_.reduce_scatter(in, out, n, t, op); }
-  void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> n, DType t, Reduce op) override {
-    c_.reduce_scatter_v(in, out, n, t, op);
-  }
-  void all_to_all(const void* in, void* out, int64_t n, DType t) override { c_.all_to_all(in, out, n, t); }
-  void all_to_all_v(const void* in, std::span<const int64_t> s, void* out, std::span<const int64_t> r, DType t) override {
-    c_.all_to_all_v(in, s, out, r, t);
-  }
-  void send(const void* in, int64_t n, DType t, int peer, int tag) override { c_.send(in, n, t, peer, tag); }
-  void recv(void* out, int64_t n, DType t, int peer, int tag) override { c_.recv(out, n, t, peer, tag); }
-  void barrier() override { c_.barrier(); }
-
- private:
-  Communicator& c_;
-};
-
+// The default all_to_all_pieces (pack, all_to_all_v, unpack) that the NCCL backend uses.
 TEST(LocalComm, TheDefaultAllToAllPiecesPacksAndUnpacks) {
   for (int n = 1; n <= 4; ++n) {
     SCOPED_TRACE(n);
     LocalWorld::run(n, [](Communicator& c) {
-      DefaultPieces d(c);
+      Forwarder d(c);
       checks::all_to_all_pieces_scattered(d);
       checks::all_to_all_pieces_filled(d);
     });
   }
 }
 
+// Shared regions: none for a backend without them (the base class's default), a wrapper's are
+// its carrier's.
+TEST(LocalComm, SharedRegionsAreNoneByDefaultAndTheCarriersThroughAWrapper) {
+  LocalWorld::run(2, [](Communicator& c) {
+    Forwarder plain(c);
+    EXPECT_FALSE(plain.shared_regions(64));
+    EXPECT_THROW(plain.shared_barrier(), Error);
+    struct Wrapper final : Forwarder {
+      Wrapper(Communicator& c) : Forwarder(c), inner(&c) {}
+      const Communicator* carrier() const override { return inner->carrier(); }
+      const Communicator* inner;
+    } wrapped(c);
+    const SharedRegions direct = c.shared_regions(64), through = wrapped.shared_regions(64);
+    ASSERT_TRUE(through);
+    EXPECT_EQ(through.at[1], direct.at[1]);
+    EXPECT_EQ(through.call, direct.call + 1);
+    wrapped.shared_barrier();
+  });
+}
+
 // A scope names one communicator (through forwarding wrappers: carrier()), in this thread only,
 // and nests; the local backend checks its calls even inside one.
 TEST(CheckedByCaller, ScopesAreByCommunicatorAndThreadAndNest) {
-  struct Wrapper final : DefaultPieces {
-    Wrapper(Communicator& c) : DefaultPieces(c), inner(&c) {}
+  struct Wrapper final : Forwarder {
+    Wrapper(Communicator& c) : Forwarder(c), inner(&c) {}
     const Communicator* carrier() const override { return inner->carrier(); }
     Communicator* inner;
   };

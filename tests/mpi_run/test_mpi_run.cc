@@ -3,6 +3,9 @@
 // cut/assemble for reshards, a single-device run for the model.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "../runtime/harness.h"
 #include "../runtime/transformer_block.h"
 #include "shardwise/comm/mpi.h"
@@ -160,6 +163,59 @@ TEST(MpiMoe, ExpertParallelEqualsOneRankAndAMismatchedCallIsAnError) {
   EXPECT_NE(message.find("collective mismatch: rank 0 called all_gather while rank 1 called all_reduce"),
             std::string::npos)
       << message;
+}
+
+// The two exchanges of the MoE kernel on 4 processes (MoeExchange): by messages and through the
+// node-shared window give the same bits, forward and backward, equal to each process's one-rank
+// run; rank 1 holds no tokens (sends nothing) and expert 3 is never chosen (receives nothing).
+TEST(MpiMoe, SharedAndMessageExchangesGiveTheSameBits) {
+  auto world = comm::mpi_world();
+  const int n = world->size(), me = world->rank();
+  const int64_t d = 4, f = 3, tokens = 7;  // tokens a rank, but rank 1 holds none
+  auto filled = [](Shape shape, double scale, int seed) {
+    Tensor t(DType::F64, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = scale * std::sin(0.9 * static_cast<double>(i) + seed);
+    return t;
+  };
+  Tensor x = filled(Shape{tokens * (n - 1), d}, 1.0, 1), gate = filled(Shape{n, d}, 0.8, 2);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = std::abs(x.data<double>()[i]) + 0.1;
+  for (int64_t c = 0; c < d; ++c) gate.data<double>()[(n - 1) * d + c] = -10.0;  // the last expert: never chosen
+  Tensor w1 = filled(Shape{n, f, d}, 0.5, 3), w3 = filled(Shape{n, f, d}, 0.5, 4), w2 = filled(Shape{n, d, f}, 0.5, 5);
+  Tensor dout = filled(Shape{tokens * (n - 1), d}, 1.0, 6);
+  const ops::MoeConfig cfg{2, 0.0, true, false};
+  std::vector<Tensor> all{x, gate, w1, w3, w2};
+  const std::vector<Tensor> want = ops::moe_forward(all, cfg, ops::MoeShard{});
+  const ops::MoeGrads want_grad = ops::moe_backward(all, dout, Tensor(), Tensor(), cfg, ops::MoeShard{});
+  const int64_t first = me <= 1 ? me * tokens : (me - 1) * tokens, count = me == 1 ? 0 : tokens;
+  auto rows = [&](const Tensor& t) { return t.slice(std::vector<int64_t>{first, 0}, Shape{count, d}); };
+  auto expert = [&](const Tensor& t) {
+    return t.slice(std::vector<int64_t>{me, 0, 0}, Shape{1, t.shape()[1], t.shape()[2]});
+  };
+  std::vector<Tensor> mine{rows(x), gate, expert(w1), expert(w3), expert(w2)};
+  std::vector<Tensor> got[2];
+  for (int path = 0; path < 2; ++path) {
+    const ops::MoeShard shard{first, tokens * (n - 1), me, world.get(), world.get(),
+                              path == 0 ? ops::MoeExchange::Messages : ops::MoeExchange::Shared};
+    const int64_t before = world->shared_regions(0).call;
+    const std::vector<Tensor> out = ops::moe_forward(mine, cfg, shard);
+    const ops::MoeGrads g = ops::moe_backward(mine, rows(dout), Tensor(), Tensor(), cfg, shard);
+    EXPECT_EQ(world->shared_regions(0).call - before - 1, path == 0 ? 0 : 2) << "path " << path;
+    got[path] = {out[0], g.dx, g.dgate, g.dw1, g.dw2, g.dw3};
+  }
+  for (size_t i = 0; i < got[0].size(); ++i) {
+    EXPECT_TRUE(got[0][i].shape() == got[1][i].shape() &&
+                std::memcmp(got[0][i].raw(), got[1][i].raw(), got[0][i].nbytes()) == 0)
+        << "output " << i << " differs between the exchanges on rank " << me;
+  }
+  const Tensor want_out = rows(want[0]), want_dx = rows(want_grad.dx), want_dw1 = expert(want_grad.dw1);
+  for (int64_t i = 0; i < count * d; ++i) {
+    EXPECT_NEAR(got[1][0].at(i), want_out.at(i), 1e-12) << i;
+    EXPECT_NEAR(got[1][1].at(i), want_dx.at(i), 1e-12) << i;
+  }
+  for (int64_t i = 0; i < f * d; ++i) EXPECT_NEAR(got[1][3].at(i), want_dw1.at(i), 1e-12) << i;
+  if (me == n - 1) {
+    for (int64_t i = 0; i < f * d; ++i) EXPECT_EQ(got[1][3].at(i), 0.0) << "the unchosen expert's gradient";
+  }
 }
 
 }  // namespace

@@ -122,6 +122,19 @@ std::vector<int64_t> Communicator::check_pieces(const char* op, const Pieces& p)
   return totals;
 }
 
+// A forwarding wrapper's carrier makes the calls (the wrapper holds it, so the cast is to an
+// object the caller may change through the wrapper anyway); any other backend shares nothing.
+SharedRegions Communicator::shared_regions(int64_t bytes) {
+  SW_CHECK(bytes >= 0, "shared_regions: negative size {}", bytes);
+  if (carrier() != this) return const_cast<Communicator*>(carrier())->shared_regions(bytes);
+  return {};
+}
+
+void Communicator::shared_barrier() {
+  SW_CHECK(carrier() != this, "shared_barrier: the {} backend has no shared regions", backend());
+  const_cast<Communicator*>(carrier())->shared_barrier();
+}
+
 void fill_every_peer(const Communicator& c, const FillPieces& fill) {
   if (!fill) return;
   for (int step = 1; step <= c.size(); ++step) fill((c.rank() + step) % c.size());

@@ -56,6 +56,17 @@ struct Pieces {
 };
 // Writes a rank's send pieces (Communicator::all_to_all_pieces' `fill`).
 using FillPieces = std::function<void(int peer)>;
+
+// Memory every member of a group can address (Communicator::shared_regions): at[r] is member r's
+// region of `bytes` bytes (at least what was asked, the same on every member; 64-byte aligned).
+// `call` counts the group's earlier shared_regions calls (the same on every member): a caller
+// alternating between two halves of the regions picks the half by it.
+struct SharedRegions {
+  std::span<std::byte* const> at;  // empty: the group cannot share memory
+  int64_t bytes = 0;
+  int64_t call = 0;
+  explicit operator bool() const { return !at.empty(); }
+};
 Reduce to_reduce(mesh::ReduceOp op);
 std::string_view reduce_name(Reduce op);
 
@@ -116,6 +127,28 @@ class Communicator {
   virtual void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual void barrier() = 0;
+
+  // Node-shared memory: the exchange that needs no messages when every member of the group is on
+  // one node (the MoE dispatch writes each row straight into the region of the rank owning its
+  // expert, DeepEP-style). Collective: every member calls it with the same `bytes` (derived from
+  // what every member knows, e.g. the counts of a checked all_gather): a call within the current
+  // size makes no collective and returns at once; one beyond it grows every region (a barrier,
+  // then the old regions are freed and larger ones made; every pointer of an earlier call is then
+  // invalid). Empty (every member alike) when the group cannot: MPI with a member on another node
+  // (MPI_Comm_split_type SHARED, decided once per group) or NCCL; the local backend's regions are
+  // plain memory of the process. MPI: one MPI_Win_allocate_shared window per group, freed with
+  // the group (the world's before MPI_Finalize). A wrapper (carrier() != this) forwards to its
+  // carrier.
+  // The rules: between two shared_barrier calls a byte of any region is written by at most one
+  // member and, if written, read by no other member; what a member wrote before a shared_barrier
+  // is what every member reads after it. (A caller that wants no barrier before its next writes
+  // alternates halves by SharedRegions::call: the barrier after the next call's writes is the one
+  // that orders them after this call's reads.)
+  virtual SharedRegions shared_regions(int64_t bytes);
+  // The barrier of the shared regions: a barrier of the group that also orders memory (MPI:
+  // MPI_Win_sync, MPI_Barrier, MPI_Win_sync on the window; local: the threads' rendezvous).
+  // Only after shared_regions returned regions.
+  virtual void shared_barrier();
 
   // Non-blocking all_reduce / reduce_scatter_v (same arguments, results and call checks; the
   // result is defined after wait()). The default completes at wait(), where it makes the blocking

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <tuple>
 
@@ -39,6 +40,12 @@ struct LocalWorld::Group {
   std::vector<Slot> slots;
   // Point-to-point messages in flight: (source group rank, destination group rank, tag) -> queue.
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mailbox;
+  // shared_regions: every member's region (made and grown by member 0 while the others wait),
+  // their size, and each member's count of its calls.
+  std::vector<std::unique_ptr<std::byte[]>> region_memory;
+  std::vector<std::byte*> regions;
+  int64_t region_bytes = 0;
+  std::vector<int64_t> region_calls;
 };
 
 namespace {
@@ -242,6 +249,32 @@ class LocalComm final : public Communicator {
     enter(Group::slot(Collective::Barrier, nullptr, nullptr, 0, DType::U8, -1));
     rendezvous();
   }
+
+  // Plain memory of the process, one region a member (the threads share it). A growth is a
+  // barrier (every member is done with the old regions), member 0 replaces them, and a rendezvous.
+  SharedRegions shared_regions(int64_t bytes) override {
+    SW_CHECK(bytes >= 0, "shared_regions: negative size {}", bytes);
+    Group& g = *group_;
+    if (bytes > g.region_bytes || g.regions.empty()) {
+      barrier();
+      if (rank_ == 0) {
+        constexpr int64_t kAlign = 64;
+        const int64_t grown = std::max(bytes, g.region_bytes + g.region_bytes / 2);
+        g.region_bytes = (grown + kAlign - 1) / kAlign * kAlign;
+        g.region_memory.clear();
+        g.regions.clear();
+        for (size_t r = 0; r < g.members.size(); ++r) {
+          g.region_memory.push_back(std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(g.region_bytes + kAlign)));
+          auto at = reinterpret_cast<uintptr_t>(g.region_memory.back().get());
+          g.regions.push_back(g.region_memory.back().get() + (kAlign - at % kAlign) % kAlign);
+        }
+        g.region_calls.resize(g.members.size(), 0);
+      }
+      rendezvous();
+    }
+    return {g.regions, g.region_bytes, g.region_calls[static_cast<size_t>(rank_)]++};
+  }
+  void shared_barrier() override { barrier(); }
 
  private:
   static size_t bytes(int64_t count, DType dtype) { return static_cast<size_t>(count) * dtype_size(dtype); }

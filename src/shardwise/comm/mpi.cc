@@ -186,7 +186,71 @@ MpiComm::MpiComm(MPI_Comm comm, std::vector<int> members)
 MpiComm::~MpiComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  try {
+    free_shared();
+  } catch (const Error&) {  // a destructor does not throw; the window is MPI's to clean up then
+  }
+  if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+}
+
+SharedRegions MpiComm::shared_regions(int64_t bytes) {
+  SW_CHECK(bytes >= 0, "shared_regions: negative size {}", bytes);
+  if (on_one_node_ < 0) {
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int node_size = 0;
+    const int code = MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    check_mpi(code, "MPI_Comm_size");
+    int all = node_size == size() ? 1 : 0;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    on_one_node_ = all;
+  }
+  if (!on_one_node_) return {};
+  if (window_ == MPI_WIN_NULL || bytes > region_bytes_) {
+    constexpr int64_t kAlign = 64;
+    const int64_t grown = (std::max(bytes, region_bytes_ + region_bytes_ / 2) + kAlign - 1) / kAlign * kAlign;
+    if (window_ != MPI_WIN_NULL) shared_barrier();  // every member is done with the old regions
+    free_shared();
+    MPI_Info info;
+    check_mpi(MPI_Info_create(&info), "MPI_Info_create");
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each region on its owner's memory
+    void* mine = nullptr;
+    const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(grown + kAlign), 1, info, comm_, &mine, &window_);
+    MPI_Info_free(&info);
+    check_mpi(code, "MPI_Win_allocate_shared");
+    check_mpi(MPI_Win_set_errhandler(window_, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler");
+    regions_.assign(members_.size(), nullptr);
+    for (size_t r = 0; r < members_.size(); ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* at = nullptr;
+      check_mpi(MPI_Win_shared_query(window_, static_cast<int>(r), &size, &unit, &at), "MPI_Win_shared_query");
+      SW_CHECK(size >= grown + kAlign, "shared_regions: rank {}'s region has {} bytes, not the {} asked",
+               members_[r], static_cast<int64_t>(size), grown + kAlign);
+      const auto address = reinterpret_cast<uintptr_t>(at);  // (Open MPI's are 8-byte aligned)
+      regions_[r] = static_cast<std::byte*>(at) + (kAlign - address % kAlign) % kAlign;
+    }
+    check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
+    region_bytes_ = grown;
+  }
+  return {regions_, region_bytes_, region_calls_++};
+}
+
+void MpiComm::shared_barrier() {
+  SW_CHECK(window_ != MPI_WIN_NULL, "shared_barrier: no shared regions on this group (call shared_regions first)");
+  check_mpi(MPI_Win_sync(window_), "MPI_Win_sync");
+  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+  check_mpi(MPI_Win_sync(window_), "MPI_Win_sync");
+}
+
+void MpiComm::free_shared() {
+  if (window_ == MPI_WIN_NULL) return;
+  regions_.clear();
+  region_bytes_ = 0;
+  check_mpi(MPI_Win_unlock_all(window_), "MPI_Win_unlock_all");
+  check_mpi(MPI_Win_free(&window_), "MPI_Win_free");
 }
 
 void MpiComm::set_max_count(int64_t max_count) {
@@ -597,7 +661,12 @@ namespace {
 void finalize_mpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  try {
+    mpi_world()->free_shared();  // (initialised: this runs only once mpi_world made the world)
+  } catch (const Error&) {
+  }
+  MPI_Finalize();
 }
 }  // namespace
 

@@ -23,6 +23,8 @@
 // - MPI errors come back as return codes (MPI_ERRORS_RETURN) and are thrown as shardwise::Error.
 //   A rank that throws out of run_mpi_main aborts the whole job (MPI_Abort), so no rank hangs.
 // - User tags are 0 .. MPI_TAG_UB - 1; MPI_TAG_UB itself is kept for the fallback paths.
+// - shared_regions: a shared-memory window per group whose members are all on one node, freed
+//   with the group; the world's is freed before MPI_Finalize.
 #include <mpi.h>
 
 #include <functional>
@@ -75,6 +77,15 @@ class MpiComm final : public Communicator {
   // MPI_Iallgatherv; beyond max_count elements in all, the blocking all_gather_v at start.
   std::unique_ptr<Request> start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
                                               DType dtype) override;
+  // One MPI_Win_allocate_shared window over the group once MPI_Comm_split_type(SHARED) showed
+  // every member on this node (an MPI_Allreduce on the first call); held in a passive epoch
+  // (MPI_Win_lock_all) until freed. Empty when a member is on another node.
+  SharedRegions shared_regions(int64_t bytes) override;
+  // MPI_Win_sync, MPI_Barrier, MPI_Win_sync: the memory model's barrier for a shared window.
+  void shared_barrier() override;
+  // Frees the shared window (collective over the group, after a shared_barrier); the destructor
+  // and the finalization of MPI call it.
+  void free_shared();
   using Communicator::all_reduce;
   using Communicator::broadcast;
   using Communicator::recv;
@@ -98,6 +109,10 @@ class MpiComm final : public Communicator {
   int internal_tag_ = 0;
   bool checks_ = true;
   int64_t max_count_ = 0;
+  int on_one_node_ = -1;  // shared_regions: -1 not asked yet
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::vector<std::byte*> regions_;
+  int64_t region_bytes_ = 0, region_calls_ = 0;
 };
 
 // True when this process was started by mpirun/mpiexec (OpenMPI, MPICH/PMI or PMIx variables).

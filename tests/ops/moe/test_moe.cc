@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/moe/kernels.h"
 #include "shardwise/ops/op.h"
+#include "tests/comm/forwarder.h"
 #include "tests/ops/numeric_grad.h"
 
 namespace shardwise::ops {
@@ -226,6 +229,101 @@ TEST(MoeKernel, ExpertParallelEqualsOneDevice) {
     expert += grads[r][2].shape()[0];
   }
   for (int64_t i = 0; i < want_grad[1].numel(); ++i) EXPECT_NEAR(dgate[static_cast<size_t>(i)], want_grad[1].at(i), 1e-12);
+}
+
+// The two exchanges of the expert group (MoeExchange) on 4 threads, tokens and experts split
+// unevenly: rank 3 holds no tokens (sends nothing), expert 5 is never chosen (receives nothing),
+// rank 2's only expert is 5 (empty), capacity drops some rows. Forward and backward give the same
+// bits by messages and through the shared regions (the data travel differently, the arithmetic
+// is the same), both equal to one device; the shared path is the one that ran (its calls counted
+// by shared_regions); a bad SHARDWISE_MOE_EXCHANGE is an Error naming the value.
+TEST(MoeKernel, SharedAndMessageExchangesGiveTheSameBits) {
+  const int64_t d = 3, f = 2, E = 6;
+  Inputs in = make_inputs(11, d, E, f, 60);
+  for (int64_t i = 0; i < in.t[0].numel(); ++i) in.t[0].set_at(i, std::abs(in.t[0].at(i)) + 0.1);  // x > 0
+  for (int64_t c = 0; c < d; ++c) in.t[1].set_at(5 * d + c, -10.0);  // expert 5's logit far below the others
+  Tensor dout = random_f64({11, d}, 61);
+  const MoeConfig cfg{2, 0.9, true, false};
+  const std::vector<Tensor> want = moe_forward(in.t, cfg, MoeShard{});
+  const MoeGrads want_grad = moe_backward(in.t, dout, Tensor::scalar<double>(0.5), Tensor(), cfg, MoeShard{});
+  ASSERT_GT(want[3].data<int64_t>()[0], 0);
+  ASSERT_EQ(want[4].data<int64_t>()[5], 0);
+  const int64_t token_first[5] = {0, 4, 8, 11, 11}, expert_first[5] = {0, 2, 5, 6, 6};  // rank 3: no experts either
+  // Rank r's inputs: tokens [t0, t1), experts [e0, e1).
+  auto block = [&](int64_t t0, int64_t t1, int64_t e0, int64_t e1) {
+    auto experts = [&](const Tensor& t) {
+      return t.slice(std::vector<int64_t>{e0, 0, 0}, Shape{e1 - e0, t.shape()[1], t.shape()[2]});
+    };
+    return std::vector<Tensor>{in.t[0].slice(std::vector<int64_t>{t0, 0}, Shape{t1 - t0, d}), in.t[1],
+                               experts(in.t[2]), experts(in.t[3]), experts(in.t[4])};
+  };
+  auto ranks_block = [&](size_t r) {
+    return block(token_first[r], token_first[r + 1], expert_first[r], expert_first[r + 1]);
+  };
+  std::vector<Tensor> got[2][4];  // [exchange][rank]: out, dx, dgate, dw1, dw2
+  int64_t calls[2][4];
+  for (int path = 0; path < 2; ++path) {
+    const MoeExchange exchange = path == 0 ? MoeExchange::Messages : MoeExchange::Shared;
+    comm::LocalWorld::run(4, [&](comm::Communicator& world) {
+      const auto r = static_cast<size_t>(world.rank());
+      const int64_t t0 = token_first[r], t1 = token_first[r + 1];
+      const std::vector<Tensor> mine = ranks_block(r);
+      auto rows = [&](const Tensor& t) { return t.slice(std::vector<int64_t>{t0, 0}, Shape{t1 - t0, d}); };
+      MoeShard shard{t0, 11, expert_first[r], &world, &world, exchange};
+      const int64_t before = world.shared_regions(0).call;
+      const std::vector<Tensor> out = moe_forward(mine, cfg, shard);
+      const MoeGrads g = moe_backward(mine, rows(dout), Tensor::scalar<double>(0.5), Tensor(), cfg, shard);
+      calls[path][r] = world.shared_regions(0).call - before - 1;
+      got[path][r] = {out[0], g.dx, g.dgate, g.dw1, g.dw2};
+    });
+  }
+  auto same_bits = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(calls[0][r], 0) << "rank " << r << ": the message path used the shared regions";
+    EXPECT_EQ(calls[1][r], 2) << "rank " << r << ": the shared path did not use the shared regions";
+    for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(same_bits(got[0][r][i], got[1][r][i])) << "rank " << r << " output " << i;
+    const int64_t t0 = token_first[r], e0 = expert_first[r];
+    for (int64_t i = 0; i < got[1][r][0].numel(); ++i) {
+      EXPECT_NEAR(got[1][r][0].at(i), want[0].at(t0 * d + i), 1e-12);
+      EXPECT_NEAR(got[1][r][1].at(i), want_grad.dx.at(t0 * d + i), 1e-12);
+    }
+    for (int64_t i = 0; i < got[1][r][3].numel(); ++i) EXPECT_NEAR(got[1][r][3].at(i), want_grad.dw1.at(e0 * f * d + i), 1e-12);
+    for (int64_t i = 0; i < got[1][r][4].numel(); ++i) EXPECT_NEAR(got[1][r][4].at(i), want_grad.dw2.at(e0 * d * f + i), 1e-12);
+  }
+  // A group without shared regions (the base class's default): Auto goes by messages, to the
+  // same bits; Shared asked for is an Error naming the group.
+  std::string message;
+  comm::LocalWorld::run(4, [&](comm::Communicator& world) {
+    comm::Forwarder plain(world);
+    const auto r = static_cast<size_t>(world.rank());
+    const std::vector<Tensor> mine = ranks_block(r);
+    const std::vector<Tensor> out = moe_forward(mine, cfg, MoeShard{token_first[r], 11, expert_first[r], &plain, &plain});
+    EXPECT_TRUE(same_bits(out[0], got[0][r][0])) << "rank " << r;
+    try {
+      moe_forward(mine, cfg, MoeShard{token_first[r], 11, expert_first[r], &plain, &plain, MoeExchange::Shared});
+    } catch (const Error& e) {
+      if (r == 0) message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("the shared-memory exchange was asked for (MoeExchange::Shared or SHARDWISE_MOE_EXCHANGE=shared), "
+                         "but the expert group [0,1,2,3] (local backend) has no shared regions"),
+            std::string::npos)
+      << message;
+  message.clear();
+  ::setenv("SHARDWISE_MOE_EXCHANGE", "pipes", 1);
+  try {
+    comm::LocalWorld::run(2, [&](comm::Communicator& world) {
+      const int64_t r = world.rank();
+      moe_forward(block(r * 5, r * 5 + 5, r * 3, r * 3 + 3), cfg, MoeShard{r * 5, 10, r * 3, &world, &world});
+    });
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ::unsetenv("SHARDWISE_MOE_EXCHANGE");
+  EXPECT_NE(message.find("SHARDWISE_MOE_EXCHANGE=pipes: the MoE exchange is 'messages' or 'shared'"), std::string::npos)
+      << message;
 }
 
 // Experts split over a mesh dim that does not split the tokens (a layout the rule never asks for)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
+#include "shardwise/core/error.h"
 #include "shardwise/ops/moe/routing.h"
 
 namespace shardwise::ops::moe_detail {
@@ -130,5 +131,89 @@ T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, in
   group->all_to_all_pieces(from, experts.view(), to, senders.view(), dtype_v<T>);
   return to;
 }
+
+// One call's dispatch and combine over the expert group, by messages (dispatch_rows and
+// combine_rows) or through the group's shared regions (MoeExchange). Shared: each region holds two
+// halves, one a call (by SharedRegions::call), each the expert-major rows of its rank's experts,
+// `width_in` elements a row in, `width_out` out (the experts write their results over their rows,
+// packed from the start). dispatch(): every rank writes its kept rows at plan.send_at in their
+// peers' regions (peers in ring order from the next rank, so that the ranks spread over the
+// regions), then a shared_barrier; the experts compute in place in this rank's region. combine():
+// a shared_barrier (every expert's results written), then returns where each result lies: the
+// caller reads it there, no copy. The next call writes the other half; the barrier after its writes orders them
+// after this call's reads (no third barrier). One rank or messages: the rows of the scratch
+// buffers, as before.
+template <class T>
+class RowExchange {
+ public:
+  RowExchange(comm::Communicator* group, const DispatchPlan& plan, MoeExchange exchange, int64_t width_in,
+              int64_t width_out)
+      : group_(group), plan_(plan), width_in_(width_in), width_out_(width_out) {
+    for (int64_t n : plan.send_expert_rows) piece_row_.push_back(piece_row_.back() + n);
+    const MoeExchange wanted = group_ ? exchange_wanted(exchange) : MoeExchange::Messages;
+    if (wanted == MoeExchange::Messages) return;
+    int64_t rows = 0;
+    for (int64_t n : plan.peer_rows) rows = std::max(rows, n);
+    const int64_t half = (rows * std::max(width_in, width_out) * static_cast<int64_t>(sizeof(T)) + 63) / 64 * 64;
+    const comm::SharedRegions shared = group_->shared_regions(2 * half);
+    if (!shared) {
+      SW_CHECK(wanted == MoeExchange::Auto,
+               "moe_mlp: the shared-memory exchange was asked for (MoeExchange::Shared or "
+               "SHARDWISE_MOE_EXCHANGE=shared), but the expert group [{}] ({} backend) has no shared regions (a "
+               "member on another node, or a backend without them)",
+               fmt::join(group_->members(), ","), group_->backend());
+      return;
+    }
+    const int64_t at = shared.call % 2 * (shared.bytes / 2 / 64 * 64);
+    for (std::byte* region : shared.at) regions_.push_back(reinterpret_cast<T*>(region + at));
+  }
+  bool shared() const { return !regions_.empty(); }
+
+  // The rows of this rank's experts, expert-major (write_row(i, dst): send-order row i at dst).
+  template <class WriteRow>
+  T* dispatch(WriteRow write_row) {
+    if (!shared()) return from_ = dispatch_rows<T>(group_, plan_, width_in_, write_row);
+    const int me = group_->rank(), peers = plan_.peers;
+    for (int step = 1; step <= peers; ++step) {
+      const auto p = static_cast<size_t>((me + step) % peers);
+      for (auto i = static_cast<size_t>(plan_.send_first[p]); i < static_cast<size_t>(plan_.send_first[p + 1]); ++i) {
+        T* dst = regions_[p] + plan_.send_at[i] * width_in_;
+        const int64_t first = piece_row_[i];
+        for (int64_t q = 0; q < plan_.send_expert_rows[i]; ++q) write_row(first + q, dst + q * width_in_);
+      }
+    }
+    group_->shared_barrier();
+    return regions_[static_cast<size_t>(me)];
+  }
+
+  // After the experts wrote their results (`width_out` a row) over the rows dispatch() returned:
+  // where send-order row i's result lies, for every i.
+  std::vector<const T*> combine() {
+    std::vector<const T*> at(plan_.order.size());
+    if (!shared()) {
+      const T* back = combine_rows<T>(group_, plan_, from_, width_out_);
+      for (size_t i = 0; i < at.size(); ++i) at[i] = back + static_cast<int64_t>(i) * width_out_;
+      return at;
+    }
+    group_->shared_barrier();
+    for (size_t p = 0; p < static_cast<size_t>(plan_.peers); ++p) {
+      for (auto i = static_cast<size_t>(plan_.send_first[p]); i < static_cast<size_t>(plan_.send_first[p + 1]); ++i) {
+        const int64_t first = piece_row_[i];
+        for (int64_t q = 0; q < plan_.send_expert_rows[i]; ++q) {
+          at[static_cast<size_t>(first + q)] = regions_[p] + (plan_.send_at[i] + q) * width_out_;
+        }
+      }
+    }
+    return at;
+  }
+
+ private:
+  comm::Communicator* group_;
+  const DispatchPlan& plan_;
+  int64_t width_in_, width_out_;
+  std::vector<T*> regions_;  // this call's half of every member's region
+  std::vector<int64_t> piece_row_{0};  // send piece i's first row in send order
+  T* from_ = nullptr;  // messages: the experts' rows
+};
 
 }  // namespace shardwise::ops::moe_detail

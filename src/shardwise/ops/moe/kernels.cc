@@ -72,12 +72,13 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
   Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
   DispatchPlan plan = moe_detail::plan_dispatch(r, in[2].shape()[0], shard);
-  T* rows = moe_detail::dispatch_rows<T>(shard.expert_group, plan, dm.d, [&](int64_t i, T* dst) {
+  moe_detail::RowExchange<T> exchange(shard.expert_group, plan, shard.exchange, dm.d, dm.d);
+  T* rows = exchange.dispatch([&](int64_t i, T* dst) {
     const T* src = x.data<T>() + (plan.order[static_cast<size_t>(i)] / r.top_k) * dm.d;
     std::copy(src, src + dm.d, dst);
   });
   experts_forward<T>(plan, rows, in[2], in[3], in[4], dm);
-  const T* back = moe_detail::combine_rows<T>(shard.expert_group, plan, rows, dm.d);
+  const std::vector<const T*> back = exchange.combine();
   // Combine in slot order per token, whatever the send order.
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
@@ -88,7 +89,7 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
     for (int64_t s = 0; s < r.top_k; ++s) {
       const auto a = static_cast<size_t>(t * r.top_k + s);
       if (pos[a] < 0) continue;
-      const T* yr = back + pos[a] * dm.d;
+      const T* yr = back[static_cast<size_t>(pos[a])];
       for (int64_t c = 0; c < dm.d; ++c) acc[static_cast<size_t>(c)] += r.weight[a] * static_cast<double>(yr[c]);
     }
     T* o = out.data<T>() + t * dm.d;
@@ -217,14 +218,15 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
   g.dw3 = Tensor::full(x.dtype(), in[3].shape(), 0.0);
   g.dw2 = Tensor::full(x.dtype(), in[4].shape(), 0.0);
   const int64_t win = 2 * dm.d + 1, wout = dm.d + 1;
-  T* rows = moe_detail::dispatch_rows<T>(shard.expert_group, plan, win, [&](int64_t i, T* row) {
+  moe_detail::RowExchange<T> exchange(shard.expert_group, plan, shard.exchange, win, wout);
+  T* rows = exchange.dispatch([&](int64_t i, T* row) {
     const int64_t a = plan.order[static_cast<size_t>(i)], t = a / r.top_k;
     std::copy(x.data<T>() + t * dm.d, x.data<T>() + (t + 1) * dm.d, row);
     std::copy(dout.data<T>() + t * dm.d, dout.data<T>() + (t + 1) * dm.d, row + dm.d);
     row[2 * dm.d] = static_cast<T>(r.weight[static_cast<size_t>(a)]);
   });
   experts_backward<T>(plan, rows, in, dm, g);
-  const T* back = moe_detail::combine_rows<T>(shard.expert_group, plan, rows, wout);
+  const std::vector<const T*> back = exchange.combine();
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
   std::vector<double> dx(static_cast<size_t>(r.tokens * dm.d), 0.0), dweight(r.expert.size(), 0.0);
@@ -232,7 +234,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
     for (int64_t s = 0; s < r.top_k; ++s) {
       const auto a = static_cast<size_t>(t * r.top_k + s);
       if (pos[a] < 0) continue;
-      const T* br = back + pos[a] * wout;
+      const T* br = back[static_cast<size_t>(pos[a])];
       for (int64_t c = 0; c < dm.d; ++c) dx[static_cast<size_t>(t * dm.d + c)] += static_cast<double>(br[c]);
       dweight[a] = static_cast<double>(br[dm.d]);
     }

@@ -26,8 +26,9 @@
 // all-gathers each token block's per-expert counts and probability sums over T (the aux loss and
 // capacity positions are global), then, within X, all-gathers every rank's expert range and
 // per-expert counts, sends each kept assignment's row to the rank owning its expert with one
-// all_to_all_v, runs each local expert as one GEMM chain over the rows it received (an empty
-// expert costs nothing) and returns the results by the inverse all_to_all_v. Backward the same:
+// all_to_all_v (or, on one node, writes it into that rank's shared memory: MoeExchange), runs
+// each local expert as one GEMM chain over the rows it received (an empty expert costs nothing)
+// and returns the results by the inverse all_to_all_v (or reads them there). Backward the same:
 // rows [x, dout, weight] out, [dx, dweight] back. On one device (null groups) it is the same code
 // with every exchange a copy.
 #include <cstdint>
@@ -52,6 +53,13 @@ MoeConfig moe_config(const Attrs& attrs, int64_t experts);
 void check_moe_inputs(const Shape& x, const Shape& gate, const Shape& w1, const Shape& w3, const Shape& w2,
                       std::span<const DType> dtypes);
 
+// How the expert group's rows travel. Messages: all_to_all_pieces (any backend). Shared: each
+// rank writes its rows straight into the node-shared region of the rank owning their expert and
+// reads its results from there (Communicator::shared_regions; no messages, two barriers a call).
+// Auto: the environment's SHARDWISE_MOE_EXCHANGE (messages or shared; unset or empty: shared where
+// the group has shared regions, else messages). Shared where the group has none is an Error.
+enum class MoeExchange : uint8_t { Auto, Messages, Shared };
+
 // Where this rank's blocks sit: the token block [token_offset, +N_local) of `tokens_total` and the
 // expert block [expert_offset, +E_local) of the gate's E, and the groups the kernel talks to
 // (null: one rank). One device: offsets 0, totals the local sizes, no groups.
@@ -61,6 +69,7 @@ struct MoeShard {
   int64_t expert_offset = 0;
   comm::Communicator* token_group = nullptr;   // the ranks holding the other token blocks
   comm::Communicator* expert_group = nullptr;  // the ranks holding the other expert blocks
+  MoeExchange exchange = MoeExchange::Auto;    // the same on every rank of the expert group
 };
 
 struct MoeGrads {

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string_view>
 
 #include "shardwise/core/error.h"
 
@@ -280,17 +282,33 @@ DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeSha
   plan.rows_from.assign(static_cast<size_t>(plan.peers * local_experts), 0);
   plan.expert_rows.assign(static_cast<size_t>(local_experts), 0);
   plan.send_first.assign(1, 0);
+  plan.peer_rows.assign(static_cast<size_t>(plan.peers), 0);
+  std::vector<std::vector<int64_t>> kept_of(static_cast<size_t>(plan.peers));  // [peer][expert]
+  for (int p = 0; p < plan.peers; ++p) kept_of[static_cast<size_t>(p)] = kept_counts_of_block(r, blocks[static_cast<size_t>(p)]);
+  const int me = shard.expert_group ? shard.expert_group->rank() : 0;
   for (int p = 0; p < plan.peers; ++p) {
     const double* row = block_row(r, blocks[static_cast<size_t>(p)]);
     const auto lo = static_cast<int64_t>(row[1]), n = static_cast<int64_t>(row[2]);
+    int64_t& at = plan.peer_rows[static_cast<size_t>(p)];  // expert e's first row in p's rows, then their total
     for (int64_t e = lo; e < lo + n; ++e) {
       const auto& b = bucket[static_cast<size_t>(e)];
       plan.order.insert(plan.order.end(), b.begin(), b.end());
       plan.send_rows[static_cast<size_t>(p)] += static_cast<int64_t>(b.size());
       plan.send_expert_rows.push_back(static_cast<int64_t>(b.size()));
+      int64_t before = 0, total = 0;  // rows for e from the peers before this rank, from all
+      for (int q = 0; q < plan.peers; ++q) {
+        const int64_t c = kept_of[static_cast<size_t>(q)][static_cast<size_t>(e)];
+        before += q < me ? c : 0;
+        total += c;
+      }
+      SW_CHECK(kept_of[static_cast<size_t>(me)][static_cast<size_t>(e)] == static_cast<int64_t>(b.size()),
+               "moe_mlp: this rank keeps {} rows for expert {} but its gathered counts say {}", b.size(), e,
+               kept_of[static_cast<size_t>(me)][static_cast<size_t>(e)]);
+      plan.send_at.push_back(at + before);
+      at += total;
     }
     plan.send_first.push_back(static_cast<int64_t>(plan.send_expert_rows.size()));
-    const std::vector<int64_t> kept = kept_counts_of_block(r, blocks[static_cast<size_t>(p)]);
+    const std::vector<int64_t>& kept = kept_of[static_cast<size_t>(p)];
     for (int64_t j = 0; j < local_experts; ++j) {
       const int64_t rows = kept[static_cast<size_t>(shard.expert_offset + j)];
       plan.rows_from[static_cast<size_t>(p * local_experts + j)] = rows;
@@ -299,6 +317,18 @@ DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeSha
     }
   }
   return plan;
+}
+
+MoeExchange exchange_wanted(MoeExchange exchange) {
+  if (exchange != MoeExchange::Auto) return exchange;
+  const char* env = std::getenv("SHARDWISE_MOE_EXCHANGE");
+  const std::string_view v = env ? env : "";
+  if (v.empty()) return MoeExchange::Auto;
+  if (v == "messages") return MoeExchange::Messages;
+  if (v == "shared") return MoeExchange::Shared;
+  fail("SHARDWISE_MOE_EXCHANGE={}: the MoE exchange is 'messages' or 'shared' (unset: shared where the expert "
+       "group shares memory)",
+       v);
 }
 
 }  // namespace moe_detail

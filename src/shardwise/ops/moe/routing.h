@@ -48,9 +48,17 @@ struct DispatchPlan {
   std::vector<int64_t> recv_rows;  // [peers]
   std::vector<int64_t> rows_from;  // [peers * local_experts]: rows from peer p for local expert j
   std::vector<int64_t> expert_rows;  // [local_experts]
+  // Where this rank's rows land in each peer's expert-major rows (the shared-memory exchange
+  // writes them there itself): send piece i's first row is row send_at[i] of its peer's rows.
+  std::vector<int64_t> send_at;    // [send_expert_rows.size()]
+  std::vector<int64_t> peer_rows;  // [peers]: the rows each peer's experts receive in all
 };
 // No collective: each expert-group peer's expert range and kept counts per expert come from its
 // token block's row in r.block_sums (the expert group is within the token group).
 DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard);
+
+// The exchange a call asks for: `exchange` unless Auto, else SHARDWISE_MOE_EXCHANGE's (messages,
+// shared; unset or empty: Auto, i.e. shared where available). Error on another value.
+MoeExchange exchange_wanted(MoeExchange exchange);
 
 }  // namespace shardwise::ops::moe_detail
