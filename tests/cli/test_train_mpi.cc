@@ -101,8 +101,8 @@ TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
   ::setenv("SHARDWISE_MOE_EXCHANGE", "messages", 1);
   expect_four_processes_follow_one_rank(args, "dp=2,ep=2", "moe-messages");
   ::unsetenv("SHARDWISE_MOE_EXCHANGE");
-  const std::vector<double> shared = losses_of("/tmp/shardwise-moe-mpi-4/metrics.jsonl");
-  EXPECT_EQ(shared, losses_of("/tmp/shardwise-moe-messages-mpi-4/metrics.jsonl"));
+  const std::vector<double> shared = losses_of(tmp("shardwise-moe-mpi-4/metrics.jsonl"));
+  EXPECT_EQ(shared, losses_of(tmp("shardwise-moe-messages-mpi-4/metrics.jsonl")));
   EXPECT_EQ(shared.size(), 20u);
 }
 
