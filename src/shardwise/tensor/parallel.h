@@ -121,6 +121,30 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
   }, &ctx);
 }
 
+// parallel_for with every cut between two pieces at a multiple of `cut` (the last piece ends at n):
+// threads writing neighbouring ranges of an array then never share a cache line.
+template <class F>
+void parallel_for_cuts(int64_t n, int64_t grain, int64_t cut, F&& fn) {
+  if (n <= 0) return;
+  const int64_t c = cut < 1 ? 1 : cut;
+  const int64_t units = (n + c - 1) / c;
+  parallel_for(units, (grain + c - 1) / c, [&](int64_t u0, int64_t u1) { fn(u0 * c, u1 * c < n ? u1 * c : n); });
+}
+
+// Column sums with the columns split over the threads (a bias gradient, a norm's dscale): fn(c0, c1)
+// for tiles of at most kColumnTile columns covering [0, cols), the threads' ranges cut at multiples
+// of 16. A kernel sums a tile's columns over the rows in order into a local array and stores it once:
+// each sum is the single loop's (the same bits on any thread count), and no thread writes a shared
+// cache line per row.
+inline constexpr int64_t kColumnTile = 64;
+
+template <class F>
+void parallel_column_tiles(int64_t cols, int64_t grain, F&& fn) {
+  parallel_for_cuts(cols, grain, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t t = c0; t < c1; t += kColumnTile) fn(t, t + kColumnTile < c1 ? t + kColumnTile : c1);
+  });
+}
+
 // fn(block, begin, end) for the blocks [block * block_size, min(n, (block + 1) * block_size)) of
 // [0, n), spread over the threads. The blocks depend on n and block_size only: a reduction keeps
 // one partial per block and combines them in block order to get the same bits on any thread count.
