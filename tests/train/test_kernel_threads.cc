@@ -115,8 +115,8 @@ TEST(KernelThreads, NormsForwardAndBackward) {
   }
 }
 
-// Columns wider than a column tile (parallel_column_tiles: 64): several tiles per thread's range,
-// a last tile of 22, sums over the rows of every tile against a double loop written here.
+// Column sums over 150 columns (parallel_columns: one range per thread, cut at multiples of 16,
+// the last one shorter): the same bits on 1-4 threads, and the sums against loops written here.
 TEST(KernelThreads, ColumnSumsOverSeveralTiles) {
   const Shape s{2, 9, 150};
   Tensor x = random(DType::F64, s, 21), scale = random(DType::F64, {150}, 22), bias = random(DType::F64, {150}, 23);

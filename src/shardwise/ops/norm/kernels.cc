@@ -193,9 +193,11 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& scale, const T
         }
       }
     });
-    if (!whole) parallel_column_tiles(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
-      double ds[kColumnTile] = {}, db[kColumnTile] = {};
+    if (!whole) parallel_columns(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
       const int64_t w = c1 - c0;
+      std::vector<double> ds_sums(static_cast<size_t>(w)), db_sums(static_cast<size_t>(w));
+      double* ds = ds_sums.data();
+      double* db = db_sums.data();
       for (int64_t row = 0; row < rows; ++row) {
         const T* dyr = pdy + row * cols + c0;
         const T* xr = px + row * cols + c0;
@@ -288,9 +290,10 @@ RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& scale, const Tenso
         }
       }
     });
-    if (!whole) parallel_column_tiles(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
-      double ds[kColumnTile] = {};
+    if (!whole) parallel_columns(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
       const int64_t w = c1 - c0;
+      std::vector<double> ds_sums(static_cast<size_t>(w));
+      double* ds = ds_sums.data();
       for (int64_t row = 0; row < rows; ++row) {
         const T* dyr = pdy + row * cols + c0;
         const T* xr = px + row * cols + c0;
