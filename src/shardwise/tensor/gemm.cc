@@ -126,7 +126,7 @@ void blas_block(const GemmArgs& g, const T* a, const T* b, T* c, int64_t i0, int
 }
 
 // A GEMM split over the rank's pool (RankThreads: the library runs one thread per call) is cut into
-// up to kPiecesPerThread blocks of C per thread, by rows when C has at least as many rows as columns (each piece then
+// one block of C per thread, by rows when C has at least as many rows as columns (each piece then
 // reads all of op(B) and its own rows of op(A)), else by columns; cuts at multiples of kGemmCut
 // (the library kernels' unrolls). Each C element is still one library call's sum over the whole k
 // in the library's blocking of k, so the bits do not depend on the cuts (tests/tensor/test_gemm.cc
@@ -150,11 +150,9 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
   const int64_t extent = by_rows ? g.m : g.n, cut = kGemmCut;
   // Pieces differ by up to two cuts: the smallest still has kGemmSplitMacs.
   const double per_cut = static_cast<double>(cut) * static_cast<double>(by_rows ? g.n : g.m) * static_cast<double>(g.k);
-  // Up to kPiecesPerThread pieces a thread, taken as the threads come free: a thread the shared
-  // machine preempts holds up a GEMM by one piece, not by half of it.
-  const int64_t pieces = threads < 2 ? 1
-                                     : std::min({threads * kPiecesPerThread, extent / cut,
-                                                 static_cast<int64_t>(macs / (kGemmSplitMacs + 2 * per_cut))});
+  // One piece a thread: more (tried: up to 4 a thread, taken as the threads come free) pack op(B)
+  // (rows) or op(A) (columns) once more per piece, and measured no faster on the shared machine.
+  const int64_t pieces = std::min({threads, extent / cut, static_cast<int64_t>(macs / (kGemmSplitMacs + 2 * per_cut))});
   for (int64_t bi = 0; bi < g.batch; ++bi) {
     const T* ab = a + bi * g.stride_a;
     const T* bb = b + bi * g.stride_b;
