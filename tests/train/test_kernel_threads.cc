@@ -115,9 +115,9 @@ TEST(KernelThreads, NormsForwardAndBackward) {
   }
 }
 
-// Column sums over 150 columns (parallel_columns: one range per thread, cut at multiples of 16,
-// the last one shorter): the same bits on 1-4 threads, and the sums against loops written here.
-TEST(KernelThreads, ColumnSumsOverSeveralTiles) {
+// Column sums over 150 columns (parallel_columns: ranges cut at multiples of 16, the last one
+// shorter): the same bits on 1-4 threads, and the sums against loops written here.
+TEST(KernelThreads, ColumnSumsOf150ColumnsAgainstALoop) {
   const Shape s{2, 9, 150};
   Tensor x = random(DType::F64, s, 21), scale = random(DType::F64, {150}, 22), bias = random(DType::F64, {150}, 23);
   Tensor dy = random(DType::F64, s, 24);

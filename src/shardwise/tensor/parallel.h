@@ -132,15 +132,15 @@ void parallel_for_cuts(int64_t n, int64_t grain, int64_t cut, F&& fn) {
 }
 
 // Column sums with the columns split over the threads (a bias gradient, a norm's dscale): fn(c0, c1)
-// for at most one range of columns per thread, cut at multiples of 16 (at least `grain` columns
-// each). A kernel walks the rows in order, adding each row's run of its columns into a local array,
-// and stores the array once: each sum is the single loop's (the same bits on any thread count), the
-// rows are read in long runs, and no thread writes a cache line another one writes.
+// over ranges of columns cut at multiples of 16 (at most kPiecesPerThread a thread, taken as the
+// threads come free). A kernel walks the rows in order, adding each row's run of its columns into a
+// local array, and stores the array once: each sum is the single loop's (the same bits on any thread
+// count), and no thread writes a cache line another one writes row after row. (One range a thread,
+// tried, read longer runs but made a preempted thread hold up the whole sum: slower on the shared
+// machine.)
 template <class F>
 void parallel_columns(int64_t cols, int64_t grain, F&& fn) {
-  const int64_t threads = parallel_threads();
-  const int64_t per_thread = ((cols + threads - 1) / threads + 15) / 16 * 16;
-  parallel_for_cuts(cols, grain > per_thread ? grain : per_thread, 16, fn);
+  parallel_for_cuts(cols, grain, 16, fn);
 }
 
 // fn(block, begin, end) for the blocks [block * block_size, min(n, (block + 1) * block_size)) of
