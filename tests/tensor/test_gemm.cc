@@ -283,5 +283,31 @@ TEST(GemmSplit, SameBitsOnTheStepsShapes) {
   check_split_matches_one_call<float>(768, 3072, 2048, true, false, 1, 0);
 }
 
+// A pool's split leaves the GEMM thread settings as it found them: without a request (0: the
+// library's default) the request stays 0 and OpenBLAS gets back the count it had; blas_threads()
+// answers that count throughout. A request made while the pool lives is applied when it ends.
+TEST(GemmSplit, EndRestoresTheThreadSettings) {
+  ASSERT_EQ(blas_threads_requested(), 0) << "this test binary makes no set_blas_threads request before";
+  const int library = gemm_library_threads();
+  {
+    RankThreads pool(2);
+    EXPECT_EQ(gemm_library_threads(), 1);
+    EXPECT_EQ(blas_threads(), library);
+    EXPECT_EQ(blas_threads_requested(), 0);
+  }
+  EXPECT_EQ(blas_threads_requested(), 0) << "0 means the library's default again";
+  EXPECT_EQ(gemm_library_threads(), library);
+  EXPECT_EQ(blas_threads(), library);
+  {
+    RankThreads pool(3);
+    set_blas_threads(library + 1);
+    EXPECT_EQ(gemm_library_threads(), 1);
+    EXPECT_EQ(blas_threads(), library + 1);
+  }
+  EXPECT_EQ(gemm_library_threads(), library + 1);
+  EXPECT_EQ(blas_threads_requested(), library + 1);
+  set_blas_threads(library);
+}
+
 }  // namespace
 }  // namespace shardwise

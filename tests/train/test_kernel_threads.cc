@@ -20,8 +20,10 @@
 #include "shardwise/ops/misc/kernels.h"
 #include "shardwise/ops/norm/kernels.h"
 #include "shardwise/ops/rotary/kernels.h"
+#include "shardwise/ops/shape/kernels.h"
 #include "shardwise/ops/softmax/kernels.h"
 #include "shardwise/ops/unary/kernels.h"
+#include "shardwise/tensor/broadcast.h"
 #include "shardwise/tensor/parallel.h"
 #include "shardwise/train/optimizer.h"
 #include "tests/train/llama_config.h"
@@ -110,6 +112,59 @@ TEST(KernelThreads, NormsForwardAndBackward) {
       ops::RmsNormGrads g = ops::rms_norm_backward(x, scale, f.inv_rms, dy, 2);
       return Outputs{f.out, f.inv_rms, g.dx, g.dscale};
     });
+  }
+}
+
+// Column sums over 150 columns (parallel_columns: ranges cut at multiples of 16, the last one
+// shorter): the same bits on 1-4 threads, and the sums against loops written here.
+TEST(KernelThreads, ColumnSumsOf150ColumnsAgainstALoop) {
+  const Shape s{2, 9, 150};
+  Tensor x = random(DType::F64, s, 21), scale = random(DType::F64, {150}, 22), bias = random(DType::F64, {150}, 23);
+  Tensor dy = random(DType::F64, s, 24);
+  expect_same_on_1_to_4_threads("layer_norm, rms_norm and a bias gradient, 150 columns", [&] {
+    ops::LayerNormOutputs f = ops::layer_norm(x, scale, bias, 2, 1e-5);
+    ops::LayerNormGrads g = ops::layer_norm_backward(x, scale, f.mean, f.rstd, dy, 2);
+    ops::RmsNormOutputs r = ops::rms_norm(x, scale, 2, 1e-6);
+    ops::RmsNormGrads rg = ops::rms_norm_backward(x, scale, r.inv_rms, dy, 2);
+    return Outputs{g.dx, g.dscale, g.dbias, rg.dscale, reduce_to_shape(dy, {150})};
+  });
+  RankThreads pool(3, 1);
+  const Tensor sum = reduce_to_shape(dy, {150});
+  ops::LayerNormOutputs f = ops::layer_norm(x, scale, bias, 2, 1e-5);
+  ops::LayerNormGrads g = ops::layer_norm_backward(x, scale, f.mean, f.rstd, dy, 2);
+  for (int64_t c = 0; c < 150; ++c) {
+    double want = 0, want_ds = 0;
+    for (int64_t r = 0; r < 18; ++r) {
+      double sum_x = 0, sum_sq = 0;
+      for (int64_t j = 0; j < 150; ++j) sum_x += x.at(r * 150 + j);
+      const double mu = sum_x / 150;
+      for (int64_t j = 0; j < 150; ++j) sum_sq += (x.at(r * 150 + j) - mu) * (x.at(r * 150 + j) - mu);
+      want += dy.at(r * 150 + c);
+      want_ds += dy.at(r * 150 + c) * (x.at(r * 150 + c) - mu) / std::sqrt(sum_sq / 150 + 1e-5);
+    }
+    EXPECT_NEAR(sum.at(c), want, 1e-12) << "column " << c;
+    EXPECT_NEAR(g.dbias.at(c), want, 1e-12) << "column " << c;
+    EXPECT_NEAR(g.dscale.at(c), want_ds, 1e-9) << "column " << c;
+  }
+}
+
+// transpose's copy split over the threads (each range of the output starts its own walk): the head
+// split [B, S, NH, HD] -> [B, NH, S, HD] (whole rows copied) and a general permutation, against
+// the index mapping written here.
+TEST(KernelThreads, TransposeAgainstTheIndexMapping) {
+  const Shape s{3, 7, 5, 4};
+  Tensor x = random(DType::F32, s, 31);
+  const ops::Perm heads{{0, 2, 1, 3}, 4}, general{{3, 1, 0, 2}, 4};
+  expect_same_on_1_to_4_threads("transpose", [&] { return Outputs{ops::transpose(x, heads), ops::transpose(x, general)}; });
+  RankThreads pool(3, 1);
+  for (const ops::Perm& p : {heads, general}) {
+    const Tensor y = ops::transpose(x, p);
+    int64_t in[4], o = 0;
+    for (in[p.to[0]] = 0; in[p.to[0]] < s[p.to[0]]; ++in[p.to[0]])
+      for (in[p.to[1]] = 0; in[p.to[1]] < s[p.to[1]]; ++in[p.to[1]])
+        for (in[p.to[2]] = 0; in[p.to[2]] < s[p.to[2]]; ++in[p.to[2]])
+          for (in[p.to[3]] = 0; in[p.to[3]] < s[p.to[3]]; ++in[p.to[3]], ++o)
+            ASSERT_EQ(y.at(o), x.at(((in[0] * s[1] + in[1]) * s[2] + in[2]) * s[3] + in[3])) << "output " << o;
   }
 }
 

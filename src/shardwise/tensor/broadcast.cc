@@ -57,11 +57,15 @@ void sum_into(const Tensor& grad, Tensor& out) {
       // Threads take disjoint ranges of columns, each summed over the rows in order: the same sums.
       const int64_t rows = grad.numel() / cols;
       Acc* a = acc.data();
-      parallel_for(cols, kParallelGrain / std::max<int64_t>(rows, 1) + 1, [&](int64_t c0, int64_t c1) {
+      parallel_columns(cols, kParallelGrain / std::max<int64_t>(rows, 1) + 1, [&](int64_t c0, int64_t c1) {
+        const int64_t w = c1 - c0;
+        std::vector<Acc> sums(static_cast<size_t>(w), Acc{});
+        Acc* t = sums.data();
         for (int64_t r = 0; r < rows; ++r) {
-          const T* row = g + r * cols;
-          for (int64_t j = c0; j < c1; ++j) a[j] += static_cast<Acc>(static_cast<compute_t<T>>(row[j]));
+          const T* row = g + r * cols + c0;
+          for (int64_t j = 0; j < w; ++j) t[j] += static_cast<Acc>(static_cast<compute_t<T>>(row[j]));
         }
+        std::copy(t, t + w, a + c0);
       });
     } else {
       broadcast_for_each<2>(grad.shape(), {grad.shape(), out.shape()}, [&](int64_t, const std::array<int64_t, 2>& o) {

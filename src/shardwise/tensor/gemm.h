@@ -72,6 +72,10 @@ void set_blas_threads(int threads);
 // (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or the cores). A rank's kernel pool gets as many
 // (tensor/parallel.h), so the cores a rank uses are the same inside and outside GEMMs.
 int blas_threads();
+// set_blas_threads' last request (0: none, each library runs its default count).
+int blas_threads_requested();
+// The threads OpenBLAS runs a call on now (1 while a pool splits the GEMMs).
+int gemm_library_threads();
 // A rank's pool of more than one thread splits the rank's GEMMs itself (tensor/parallel.h's
 // RankThreads): between gemm_split_begin and the matching gemm_split_end (nested: counted) every
 // GEMM library call runs on one thread (the pool's threads are the GEMM's), and blas_threads()

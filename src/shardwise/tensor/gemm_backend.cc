@@ -43,10 +43,12 @@ struct Backend {
 
 std::mutex g_mutex;
 std::atomic<const Backend*> g_backend{nullptr};
-std::atomic<int> g_threads{0};  // set_blas_threads' request (0: each library's default)
+std::atomic<int> g_threads{0};  // set_blas_threads' request (0: none, each library's default)
 // Pools that split GEMMs themselves (gemm_split_begin): while any is alive, every library runs one
-// thread per call, and blas_threads() keeps answering the request.
+// thread per call, and blas_threads() keeps answering the request, else the count OpenBLAS had
+// when the first pool began (g_split_library), which the last gemm_split_end gives it back.
 int g_split_pools = 0;  // under g_mutex
+std::atomic<int> g_split_library{0};
 std::atomic<bool> g_split{false};
 
 std::string lower(std::string s) {
@@ -215,7 +217,7 @@ void gemm_split_begin() {
   const Backend& be = current();
   std::lock_guard lock(g_mutex);
   if (be.info.name.rfind("openblas", 0) != 0 || g_split_pools++ > 0) return;
-  if (g_threads.load() <= 0) g_threads.store(std::max(1, be.openblas_get_threads()));  // keep the count it had
+  g_split_library.store(std::max(1, be.openblas_get_threads()));  // the count it had (its default without a request)
   g_split.store(true);
   be.openblas_threads(1);
   if (be.blis_threads) be.blis_threads(1);
@@ -228,13 +230,21 @@ void gemm_split_end() {
   std::lock_guard lock(g_mutex);
   if (be.info.name.rfind("openblas", 0) != 0 || g_split_pools == 0 || --g_split_pools > 0) return;
   g_split.store(false);
-  be.openblas_threads(g_threads.load());
-  if (be.blis_threads) be.blis_threads(g_threads.load());
+  // The request made since, else the count the library had before the first pool (a request of 0
+  // stays 0: the library's default).
+  const int t = g_threads.load() > 0 ? g_threads.load() : g_split_library.load();
+  be.openblas_threads(t);
+  if (be.blis_threads) be.blis_threads(t);
 }
 
 int blas_threads() {
   if (int t = g_threads.load(); t > 0) return t;
+  if (g_split.load()) return g_split_library.load();
   return std::max(1, current().openblas_get_threads());
 }
+
+int blas_threads_requested() { return g_threads.load(); }
+
+int gemm_library_threads() { return std::max(1, current().openblas_get_threads()); }
 
 }  // namespace shardwise

@@ -121,6 +121,28 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
   }, &ctx);
 }
 
+// parallel_for with every cut between two pieces at a multiple of `cut` (the last piece ends at n):
+// threads writing neighbouring ranges of an array then never share a cache line.
+template <class F>
+void parallel_for_cuts(int64_t n, int64_t grain, int64_t cut, F&& fn) {
+  if (n <= 0) return;
+  const int64_t c = cut < 1 ? 1 : cut;
+  const int64_t units = (n + c - 1) / c;
+  parallel_for(units, (grain + c - 1) / c, [&](int64_t u0, int64_t u1) { fn(u0 * c, u1 * c < n ? u1 * c : n); });
+}
+
+// Column sums with the columns split over the threads (a bias gradient, a norm's dscale): fn(c0, c1)
+// over ranges of columns cut at multiples of 16 (at most kPiecesPerThread a thread, taken as the
+// threads come free). A kernel walks the rows in order, adding each row's run of its columns into a
+// local array, and stores the array once: each sum is the single loop's (the same bits on any thread
+// count), and no thread writes a cache line another one writes row after row. (One range a thread,
+// tried, read longer runs but made a preempted thread hold up the whole sum: slower on the shared
+// machine.)
+template <class F>
+void parallel_columns(int64_t cols, int64_t grain, F&& fn) {
+  parallel_for_cuts(cols, grain, 16, fn);
+}
+
 // fn(block, begin, end) for the blocks [block * block_size, min(n, (block + 1) * block_size)) of
 // [0, n), spread over the threads. The blocks depend on n and block_size only: a reduction keeps
 // one partial per block and combines them in block order to get the same bits on any thread count.

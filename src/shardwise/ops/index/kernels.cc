@@ -343,11 +343,12 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, const Shape& we
   Tensor dw(dout.dtype(), weight_shape);
   const int64_t h = weight_shape[1], rows = weight_shape[0], n = ids.numel();
   const auto es = static_cast<int64_t>(dtype_size(dout.dtype()));
-  // The scatter-add: threads take disjoint ranges of the hidden columns, and each adds every
-  // position's row into its columns in position order (the sums of a single loop, on any thread count).
+  // The scatter-add: threads take disjoint ranges of the hidden columns (cut at multiples of 16, so
+  // no two threads write one cache line), and each adds every position's row into its columns in
+  // position order (the sums of a single loop, on any thread count).
   const Tensor idx = checked_ids("embedding backward", ids, vocab_offset, rows, vocab_size);
   const int64_t* iv = idx.data<int64_t>();
-  parallel_for(h, kParallelGrain / std::max<int64_t>(n, 1) + 1, [&](int64_t c0, int64_t c1) {
+  parallel_for_cuts(h, kParallelGrain / std::max<int64_t>(n, 1) + 1, 16, [&](int64_t c0, int64_t c1) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = iv[i] - vocab_offset;
       if (r >= 0 && r < rows)

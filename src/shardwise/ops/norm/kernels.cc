@@ -107,7 +107,7 @@ LayerNormOutputs layer_norm(const Tensor& x, const Tensor& scale, const Tensor& 
   k = resolve_norm_axis(k, x.ndim(), "layer_norm");
   check_norm_param("layer_norm", "scale", x.shape(), x.dtype(), k, scale.shape(), scale.dtype());
   check_norm_param("layer_norm", "bias", x.shape(), x.dtype(), k, bias.shape(), bias.dtype());
-  LayerNormOutputs r{Tensor(x.dtype(), x.shape()), Tensor(norm_stat_dtype(x.dtype()), norm_leading_shape(x.shape(), k)),
+  LayerNormOutputs r{Tensor::uninitialized(x.dtype(), x.shape()), Tensor(norm_stat_dtype(x.dtype()), norm_leading_shape(x.shape(), k)),
                      Tensor(norm_stat_dtype(x.dtype()), norm_leading_shape(x.shape(), k))};
   auto [rows, cols] = rows_of(x.shape(), k);
   dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
@@ -152,7 +152,7 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& scale, const T
   check_stat(op, "mean", mean, x, k);
   check_stat(op, "rstd", rstd, x, k);
   check_dout(op, dout, x);
-  LayerNormGrads g{Tensor(x.dtype(), x.shape()), Tensor(x.dtype(), scale.shape()), Tensor(x.dtype(), scale.shape())};
+  LayerNormGrads g{Tensor::uninitialized(x.dtype(), x.shape()), Tensor(x.dtype(), scale.shape()), Tensor(x.dtype(), scale.shape())};
   auto [rows, cols] = rows_of(x.shape(), k);
   dispatch_float(x.dtype(), op, [&]<class T>() {
     using S = compute_t<T>;
@@ -193,16 +193,23 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& scale, const T
         }
       }
     });
-    if (!whole) parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+    if (!whole) parallel_columns(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+      const int64_t w = c1 - c0;
+      std::vector<double> ds_sums(static_cast<size_t>(w)), db_sums(static_cast<size_t>(w));
+      double* ds = ds_sums.data();
+      double* db = db_sums.data();
       for (int64_t row = 0; row < rows; ++row) {
-        const int64_t base = row * cols;
+        const T* dyr = pdy + row * cols + c0;
+        const T* xr = px + row * cols + c0;
         const double mu = static_cast<double>(pm[row]), rs = static_cast<double>(pr[row]);
-        for (int64_t c = c0; c < c1; ++c) {
-          double dy = to_f64(pdy[base + c]);
-          dscale[static_cast<size_t>(c)] += dy * ((to_f64(px[base + c]) - mu) * rs);
-          dbias[static_cast<size_t>(c)] += dy;
+        for (int64_t c = 0; c < w; ++c) {
+          double dy = to_f64(dyr[c]);
+          ds[c] += dy * ((to_f64(xr[c]) - mu) * rs);
+          db[c] += dy;
         }
       }
+      std::copy(ds, ds + w, dscale.begin() + c0);
+      std::copy(db, db + w, dbias.begin() + c0);
     });
     T* pds = g.dscale.data<T>();
     T* pdb = g.dbias.data<T>();
@@ -218,7 +225,7 @@ RmsNormOutputs rms_norm(const Tensor& x, const Tensor& scale, int k, double epsi
   check_defined("rms_norm", {{"x", &x}, {"scale", &scale}});
   k = resolve_norm_axis(k, x.ndim(), "rms_norm");
   check_norm_param("rms_norm", "scale", x.shape(), x.dtype(), k, scale.shape(), scale.dtype());
-  RmsNormOutputs r{Tensor(x.dtype(), x.shape()), Tensor(norm_stat_dtype(x.dtype()), norm_leading_shape(x.shape(), k))};
+  RmsNormOutputs r{Tensor::uninitialized(x.dtype(), x.shape()), Tensor(norm_stat_dtype(x.dtype()), norm_leading_shape(x.shape(), k))};
   auto [rows, cols] = rows_of(x.shape(), k);
   dispatch_float(x.dtype(), "rms_norm", [&]<class T>() {
     using S = compute_t<T>;
@@ -249,7 +256,7 @@ RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& scale, const Tenso
   check_norm_param(op, "scale", x.shape(), x.dtype(), k, scale.shape(), scale.dtype());
   check_stat(op, "inv_rms", inv_rms, x, k);
   check_dout(op, dout, x);
-  RmsNormGrads g{Tensor(x.dtype(), x.shape()), Tensor(x.dtype(), scale.shape())};
+  RmsNormGrads g{Tensor::uninitialized(x.dtype(), x.shape()), Tensor(x.dtype(), scale.shape())};
   auto [rows, cols] = rows_of(x.shape(), k);
   dispatch_float(x.dtype(), op, [&]<class T>() {
     using S = compute_t<T>;
@@ -283,12 +290,17 @@ RmsNormGrads rms_norm_backward(const Tensor& x, const Tensor& scale, const Tenso
         }
       }
     });
-    if (!whole) parallel_for(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+    if (!whole) parallel_columns(cols, row_grain(rows), [&](int64_t c0, int64_t c1) {
+      const int64_t w = c1 - c0;
+      std::vector<double> ds_sums(static_cast<size_t>(w));
+      double* ds = ds_sums.data();
       for (int64_t row = 0; row < rows; ++row) {
-        const int64_t base = row * cols;
+        const T* dyr = pdy + row * cols + c0;
+        const T* xr = px + row * cols + c0;
         const double inv = static_cast<double>(pi[row]);
-        for (int64_t c = c0; c < c1; ++c) dscale[static_cast<size_t>(c)] += to_f64(pdy[base + c]) * (to_f64(px[base + c]) * inv);
+        for (int64_t c = 0; c < w; ++c) ds[c] += to_f64(dyr[c]) * (to_f64(xr[c]) * inv);
       }
+      std::copy(ds, ds + w, dscale.begin() + c0);
     });
     T* pds = g.dscale.data<T>();
     for (int64_t c = 0; c < cols; ++c) pds[c] = from_f64<T>(dscale[static_cast<size_t>(c)]);

@@ -7,6 +7,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/broadcast.h"
+#include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
@@ -280,20 +281,29 @@ Tensor transpose(const Tensor& x, const Perm& perm) {
   const int64_t total = out.numel();
   if (total == 0) return out;
   // Calls copy(o, s) for flat index o of `out` (stepping by `step`) and x's offset s, walking the
-  // first `nd` output dims like an odometer: no division per element.
+  // first `nd` output dims like an odometer: no division per element. The steps are split over the
+  // rank's threads (each writes its own range of `out`), each range starting from its first index.
   auto walk = [&](int nd, int64_t step, auto&& copy) {
-    std::array<int64_t, kMaxDims> idx{};
-    int64_t s = 0;
-    for (int64_t o = 0; o < total; o += step) {
-      copy(o, s);
-      for (int d = nd - 1; d >= 0; --d) {
+    parallel_for(total / step, kParallelGrain / step + 1, [&](int64_t i0, int64_t i1) {
+      std::array<int64_t, kMaxDims> idx{};
+      int64_t s = 0;
+      for (int64_t rest = i0, d = nd - 1; d >= 0; --d) {
         auto u = static_cast<size_t>(d);
-        s += strides[u];
-        if (++idx[u] < out_shape[d]) break;
-        s -= strides[u] * out_shape[d];
-        idx[u] = 0;
+        idx[u] = rest % out_shape[static_cast<int>(d)];
+        rest /= out_shape[static_cast<int>(d)];
+        s += idx[u] * strides[u];
       }
-    }
+      for (int64_t o = i0 * step; o < i1 * step; o += step) {
+        copy(o, s);
+        for (int d = nd - 1; d >= 0; --d) {
+          auto u = static_cast<size_t>(d);
+          s += strides[u];
+          if (++idx[u] < out_shape[d]) break;
+          s -= strides[u] * out_shape[d];
+          idx[u] = 0;
+        }
+      }
+    });
   };
   if (perm.n >= 2 && perm.to[static_cast<size_t>(perm.n - 1)] == perm.n - 1) {
     // The last dim stays last: copy whole rows of it (head splits and merges: [B, S, NH, HD] <->
