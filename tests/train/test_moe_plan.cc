@@ -28,6 +28,7 @@ TEST(MoePlan, CountsTheAllToAllsAndTheirBytes) {
   EXPECT_EQ(t.capacity, 15);
   EXPECT_EQ(t.received_rows_max, 30);
   EXPECT_NE(t.table().find("all_to_all_v x16"), std::string::npos) << t.table();
+  EXPECT_NE(t.table().find("16 shared barriers"), std::string::npos) << t.table();
   c.model.moe_layers = {1};
   EXPECT_EQ(moe_traffic(c).all_to_alls, 8);
   // Without an ep dim nothing is exchanged; a dense model has no section.

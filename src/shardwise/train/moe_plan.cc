@@ -58,6 +58,9 @@ std::string MoeTraffic::table() const {
   }
   out += fmt::format("  all_to_all_v x{} (dispatch and combine, forward and backward), all_gather x{} (router sums and counts)\n",
                      all_to_alls, all_gathers);
+  out += fmt::format("  on one node (the default there): no messages, each exchange writes the rows into the owners' "
+                     "shared memory, {} shared barriers; MPI messages across nodes or with SHARDWISE_MOE_EXCHANGE=messages\n",
+                     all_to_alls);
   out += fmt::format("  sent to other ranks: {} assuming uniform routing ((ep-1)/ep of the rows leave), at most {}\n",
                      mib(sent_uniform), mib(sent_max));
   out += fmt::format("  rows one rank's experts receive per dispatch: {} uniform, at most {} ({})\n",
