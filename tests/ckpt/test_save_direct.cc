@@ -1,5 +1,5 @@
 // The save's streamed file writer gives the bytes of the plain concatenation of its segments and
-// their digests, with O_DIRECT and through the page cache, on the test's disk and on tmpfs, for
+// their digests, with O_DIRECT and through the page cache, on the test's disk, tmpfs and ramfs, for
 // pieces of one block or many, an unaligned last block and unaligned sources; a one-rank save
 // writes, on both paths, the file the in-memory serializer gives, and the same files as a save on
 // tp=2 (whose files several ranks write, through the page cache).
@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -52,25 +53,37 @@ bool takes_direct_io(const fs::path& dir) {
   return fd >= 0;
 }
 
-// The test's scratch directory and a directory on tmpfs (/dev/shm), removed at the end.
-struct TwoDirs {
+// The test's scratch directory, a directory on tmpfs (/dev/shm; tmpfs takes O_DIRECT since Linux
+// 6.6) and, where this process may mount one, a ramfs, which refuses O_DIRECT (EINVAL): the
+// fallback. All removed at the end.
+struct TestDirs {
   testing::ScratchDir scratch{"save_direct"};
   std::vector<fs::path> dirs;
-  TwoDirs() {
+  fs::path shm, ramfs;
+  TestDirs() {
     dirs.push_back(scratch.path);
     if (fs::is_directory("/dev/shm")) {
-      dirs.push_back(fs::path("/dev/shm") / scratch.path.filename());
-      fs::create_directories(dirs.back());
+      shm = fs::path("/dev/shm") / scratch.path.filename();
+      fs::create_directories(shm);
+      dirs.push_back(shm);
+    }
+    fs::create_directories(scratch.path / "ramfs");
+    if (std::system(("mount -t ramfs ramfs " + (scratch.path / "ramfs").string() + " 2>/dev/null").c_str()) == 0) {
+      ramfs = scratch.path / "ramfs";
+      dirs.push_back(ramfs);
+    } else {
+      std::cout << "cannot mount a ramfs here: the refused-O_DIRECT path is not exercised\n";
     }
   }
-  ~TwoDirs() {
+  ~TestDirs() {
     std::error_code ec;
-    if (dirs.size() > 1) fs::remove_all(dirs.back(), ec);
+    if (!shm.empty()) fs::remove_all(shm, ec);
+    if (!ramfs.empty()) (void)std::system(("umount " + ramfs.string()).c_str());
   }
 };
 
 TEST(StreamedWrite, SameBytesAndDigestsAsTheConcatenationOnBothPaths) {
-  TwoDirs two;
+  TestDirs two;
   // A header-like first segment, then segments of odd sizes from unaligned places in a source.
   const std::vector<std::byte> source = pattern(200'000, 3);
   const std::vector<std::pair<size_t, size_t>> cuts = {{7, 1234}, {5000, 5000}, {1, 1}, {4096, 4096},
@@ -103,6 +116,7 @@ TEST(StreamedWrite, SameBytesAndDigestsAsTheConcatenationOnBothPaths) {
       }
     }
     std::cout << dir << ": O_DIRECT " << (direct_ok ? "taken" : "refused") << "\n";
+    if (dir == two.ramfs) EXPECT_FALSE(direct_ok);
     // An empty file, and one under a block (all of it the padded last block).
     for (size_t n : {size_t{0}, size_t{100}}) {
       std::vector<WriteSegment> small = {{0, source.data() + 3, n}};
@@ -155,7 +169,7 @@ fs::path save_on(const fs::path& root, const testing::Topology& topo, int ranks,
 
 TEST(SaveDirect, OneRankSaveWritesTheSerializedFileOnEveryPath) {
   SaveTuningGuard guard;
-  TwoDirs two;
+  TestDirs two;
   const auto model = odd_model();
   std::vector<StEntry> entries;
   for (const auto& t : model) {
