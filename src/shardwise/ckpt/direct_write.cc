@@ -197,7 +197,9 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
     int e = errno;
     fail("cannot reserve {} bytes for '{}': {}", padded, path.string(), std::strerror(e));
   }
-  const size_t piece = std::max(tuning.direct_piece / kDirectAlign * kDirectAlign, kDirectAlign);
+  // Staging buffers no larger than the file (a small file gets one buffer of its own size).
+  const auto piece = static_cast<size_t>(
+      std::min<uint64_t>(std::max(tuning.direct_piece / kDirectAlign * kDirectAlign, kDirectAlign), padded));
   const int requests = static_cast<int>(std::clamp<uint64_t>((padded + piece - 1) / piece, 1,
                                                               static_cast<uint64_t>(std::max(tuning.direct_requests, 1))));
   WritePipeline pipeline(fd, buffered, piece, requests);
