@@ -1,6 +1,7 @@
-// Checkpoint throughput: `bench_ckpt save DIR GIB RANKS` saves a model of GIB GiB (F32 matrices of
-// 64 MiB, tensor-parallel S(0) over RANKS LocalWorld ranks, or "R,S(0)" on dp=2 x tp=2 with `dp2tp2`)
-// and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]]` loads it
+// Checkpoint throughput: `bench_ckpt save DIR GIB RANKS [tp|dp2tp2 [DIRECT [PIECE_MIB]]]` saves a
+// model of GIB GiB (F32 matrices of 64 MiB, tensor-parallel S(0) over RANKS LocalWorld ranks, or
+// "R,S(0)" on dp=2 x tp=2 with `dp2tp2`) with DIRECT O_DIRECT writes in flight of PIECE_MIB each
+// (0: the page cache; ckpt::SaveTuning) and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]]` loads it
 // back on RANKS ranks with S(1) (another layout than saved) with READERS reader threads per read, the
 // destinations on huge pages or not, and DIRECT O_DIRECT requests in flight (0: the page cache;
 // ckpt::LoadTuning); `bench_ckpt
@@ -13,6 +14,7 @@
 
 #include "shardwise/ckpt/async_saver.h"
 #include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/ckpt/direct_write.h"
 #include "shardwise/ckpt/parallel_read.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/mesh/shard_math.h"
@@ -47,7 +49,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [dp2tp2] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]] | async DIR GIB\n");
+    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [tp|dp2tp2 [DIRECT [PIECE_MIB]]] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]] | async DIR GIB\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -57,15 +59,26 @@ int main(int argc, char** argv) {
     int ranks = mode == "save" && argc > 4 ? std::atoi(argv[4]) : 1;
     bool dp_tp = mode == "save" && argc > 5 && std::string(argv[5]) == "dp2tp2";
     if (dp_tp) ranks = 4;
+    ckpt::SaveTuning& tuning = ckpt::save_tuning();
+    if (mode == "save" && argc > 6) {
+      tuning.direct = std::atoi(argv[6]) > 0;
+      if (tuning.direct) tuning.direct_requests = std::atoi(argv[6]);
+    }
+    if (mode == "save" && argc > 7) tuning.direct_piece = static_cast<size_t>(std::atoi(argv[7])) << 20;
     double bytes = static_cast<double>(tensors) * kRows * kCols * 4;
     std::vector<ckpt::CheckpointContent> parts;
     for (int r = 0; r < ranks; ++r) parts.push_back(content(r, ranks, tensors, 1, dp_tp));
     if (mode == "save") {
+      const uint64_t direct0 = ckpt::direct_write_bytes();
       auto t0 = Clock::now();
       comm::LocalWorld::run(ranks, [&](comm::Communicator& c) { ckpt::save_checkpoint(c, dir, parts[static_cast<size_t>(c.rank())]); });
       double s = seconds_since(t0);
-      std::printf("shardwise save: %.2f GB in %.2f s = %.2f GB/s (%s, fsync + xxh64 manifest included)\n", bytes / 1e9, s,
-                  bytes / 1e9 / s, dp_tp ? "dp=2 x tp=2 ranks" : (std::to_string(ranks) + " ranks").c_str());
+      std::string how = tuning.direct ? fmt::format("O_DIRECT x{} of {} MiB: {:.0f}% of the bytes", tuning.direct_requests,
+                                                    tuning.direct_piece >> 20,
+                                                    100.0 * static_cast<double>(ckpt::direct_write_bytes() - direct0) / bytes)
+                                      : std::string("page cache");
+      std::printf("shardwise save: %.2f GB in %.2f s = %.2f GB/s (%s, %s, fsync + xxh64 manifest included)\n", bytes / 1e9,
+                  s, bytes / 1e9 / s, dp_tp ? "dp=2 x tp=2 ranks" : (std::to_string(ranks) + " ranks").c_str(), how.c_str());
       return 0;
     }
     double sync_s = 0, async_s = 0, async_total = 0, async2_s = 0;

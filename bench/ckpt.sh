@@ -6,13 +6,16 @@
 # 1/2 reader threads, huge-page destinations on/off; and the
 # peers' loads of the same bytes: safetensors' safe_open on shardwise's own files, torch.load of a
 # torch.save of the same tensors (both when $PYTHON imports them: a venv, see BENCHMARKS.md).
-# Usage: [PYTHON=venv/bin/python] bash bench/ckpt.sh [build] [dir on the disk to test] [GiB] [rounds]
+# Saves: the default (O_DIRECT, ckpt::SaveTuning), O_DIRECT with other requests in flight / piece
+# sizes, and the page cache, each next to dd's buffered write + fdatasync and dd oflag=direct.
+# Usage: [PYTHON=venv/bin/python] [PARTS=save|load|save,load] bash bench/ckpt.sh [build] [dir on the disk to test] [GiB] [rounds]
 set -euo pipefail
 build=${1:-build}
 dir=${2:-/tmp/shardwise_ckpt_bench}
 gib=${3:-1}
 rounds=${4:-3}
 py=${PYTHON:-python3}
+parts=${PARTS:-save,load}
 here=$(dirname "$0")
 bench="$build/bench/bench_ckpt"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -29,10 +32,21 @@ for r in $(seq 1 "$rounds"); do
   dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((gib * 16)) conv=fdatasync 2>&1 | tail -1
   echo -n "dd write (bs=64M, oflag=direct): "
   dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((gib * 16)) oflag=direct conv=fdatasync 2>&1 | tail -1
+  # save ARGS after DIR GIB RANKS: LAYOUT DIRECT PIECE_MIB (DIRECT 0: the page cache). The order
+  # rotates by round; the default's files are the ones loaded below.
+  if [[ $parts == *save* ]]; then
+    saves=("tp 4 16" "tp 0 16" "tp 2 64" "tp 8 8")
+    for i in "${!saves[@]}"; do
+      cfg=${saves[$(( (i + r - 1) % ${#saves[@]} ))]}
+      rm -rf "$dir/s"; sync; "$bench" save "$dir/s" "$gib" 1 $cfg
+    done
+    rm -rf "$dir/s"
+  fi
   rm -rf "$dir/r1" "$dir/dptp"
   "$bench" save "$dir/r1" "$gib" 1
   "$bench" save "$dir/dptp" "$gib" 4 dp2tp2
   if [ "$has_torch" = yes ]; then rm -rf "$dir/torch"; $py "$here/ckpt_torch.py" save "$dir/torch" "$gib"; fi
+  [[ $parts == *load* ]] || continue
   echo "-- round $r: loads (page cache dropped before each)"
   # Settle: the first read of files just saved is slower on this VM's disk (the host still writing
   # them back?), whichever load comes first: read them once, untimed.

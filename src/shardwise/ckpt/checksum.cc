@@ -49,22 +49,53 @@ std::string sha256_hex(std::span<const std::byte> bytes) {
   return hex(out, len);
 }
 
+struct StreamDigest::State {
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> xxh{XXH64_createState(), XXH64_freeState};
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha{nullptr, EVP_MD_CTX_free};
+  uint64_t size = 0;
+};
+
+StreamDigest::StreamDigest(bool with_sha256) : state_(std::make_unique<State>()) {
+  SW_CHECK(state_->xxh && XXH64_reset(state_->xxh.get(), 0) == XXH_OK, "xxHash: cannot start");
+  if (with_sha256) {
+    state_->sha.reset(EVP_MD_CTX_new());
+    SW_CHECK(state_->sha && EVP_DigestInit_ex(state_->sha.get(), EVP_sha256(), nullptr) == 1,
+             "OpenSSL: cannot start SHA-256");
+  }
+}
+
+StreamDigest::~StreamDigest() = default;
+
+void StreamDigest::update(std::span<const std::byte> bytes) {
+  for (size_t at = 0; at < bytes.size(); at += kSlice) {
+    size_t n = std::min(kSlice, bytes.size() - at);
+    XXH64_update(state_->xxh.get(), bytes.data() + at, n);
+    if (state_->sha) SW_CHECK(EVP_DigestUpdate(state_->sha.get(), bytes.data() + at, n) == 1, "OpenSSL: SHA-256 update failed");
+  }
+  state_->size += bytes.size();
+}
+
+FileDigest StreamDigest::finish() {
+  FileDigest d;
+  d.size = state_->size;
+  XXH64_canonical_t c;
+  XXH64_canonicalFromHash(&c, XXH64_digest(state_->xxh.get()));
+  d.xxh64 = hex(c.digest, sizeof(c.digest));
+  if (state_->sha) {
+    unsigned char out[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    SW_CHECK(EVP_DigestFinal_ex(state_->sha.get(), out, &len) == 1, "OpenSSL: SHA-256 final failed");
+    d.sha256 = hex(out, len);
+  }
+  return d;
+}
+
 FileDigest digest_file(const fs::path& path, bool with_sha256) {
   MappedFile f(path);
-  FileDigest d;
-  d.size = f.size();
   f.will_need(0, f.size());
-  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> st(XXH64_createState(), XXH64_freeState);
-  SW_CHECK(st && XXH64_reset(st.get(), 0) == XXH_OK, "xxHash: cannot start");
-  for (uint64_t at = 0; at < f.size(); at += kSlice) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(kSlice, f.size() - at));
-    XXH64_update(st.get(), f.data() + at, n);
-  }
-  XXH64_canonical_t c;
-  XXH64_canonicalFromHash(&c, XXH64_digest(st.get()));
-  d.xxh64 = hex(c.digest, sizeof(c.digest));
-  if (with_sha256) d.sha256 = sha256_hex(f.bytes());
-  return d;
+  StreamDigest digest(with_sha256);
+  digest.update(f.bytes());
+  return digest.finish();
 }
 
 FileSample sample_file(const fs::path& path) {

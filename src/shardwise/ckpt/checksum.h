@@ -2,6 +2,7 @@
 // File checksums of the manifest: xxHash64 (fast, always) and SHA-256 (optional, for integrity
 // against tampering rather than accidents).
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -16,6 +17,23 @@ struct FileDigest {
 };
 
 std::string xxh64_hex(std::span<const std::byte> bytes);
+
+// Both digests of a byte stream given in order, piece by piece (a file's bytes as they are
+// written, so the save need not read the file back).
+class StreamDigest {
+ public:
+  explicit StreamDigest(bool with_sha256);
+  ~StreamDigest();
+  StreamDigest(const StreamDigest&) = delete;
+  StreamDigest& operator=(const StreamDigest&) = delete;
+  void update(std::span<const std::byte> bytes);
+  FileDigest finish();  // once
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 std::string sha256_hex(std::span<const std::byte> bytes);
 // Reads the file once (mapped) and computes both digests (SHA-256 only when asked).
 FileDigest digest_file(const fs::path& path, bool with_sha256);

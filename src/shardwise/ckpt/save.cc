@@ -4,10 +4,13 @@
 // failure anywhere becomes the same Error on every rank instead of a hang.
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "shardwise/ckpt/commit.h"
+#include "shardwise/ckpt/direct_write.h"
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/save_plan.h"
 #include "shardwise/core/error.h"
@@ -85,8 +88,52 @@ void write_synced(const fs::path& path, std::string_view text) {
   h.close();
 }
 
-void write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
+// Calls fn(file offset, bytes) for every run of the pieces of file `f` that rank `me` writes.
+template <class Fn>
+void for_each_piece_run(const SavePlan& plan, const Sources& sources, size_t f, int me, Fn&& fn) {
+  const PlannedFile& pf = plan.files[f];
+  for (const Piece& p : plan.pieces) {
+    if (p.writer != me || p.file != f) continue;
+    const StTensorInfo& info = pf.layout.tensors[p.entry];
+    const BlockSource& src = sources.at({p.group, p.tensor});
+    const size_t es = st_dtype_size(info.dtype);
+    const uint64_t base = pf.layout.data_start() + info.begin;
+    for_each_run(p.box, src.region, p.dst, [&](int64_t s, int64_t d, int64_t n) {
+      fn(base + static_cast<uint64_t>(d) * es, std::span<const std::byte>(src.data + static_cast<size_t>(s - src.flat_begin) * es,
+                                                                         static_cast<size_t>(n) * es));
+    });
+  }
+}
+
+// The bytes of file `f` as segments in file order (header, then every piece's runs) when rank `me`
+// writes all of them and they tile the file; nullopt when other ranks write pieces of it.
+std::optional<std::vector<WriteSegment>> whole_file_segments(const SavePlan& plan, const Sources& sources, size_t f,
+                                                             int me) {
+  const PlannedFile& pf = plan.files[f];
+  if (pf.owner != me) return std::nullopt;
+  for (const Piece& p : plan.pieces) {
+    if (p.file == f && p.writer != me) return std::nullopt;
+  }
+  std::vector<WriteSegment> segs = {{0, reinterpret_cast<const std::byte*>(pf.layout.header.data()), pf.layout.header.size()}};
+  for_each_piece_run(plan, sources, f, me, [&](uint64_t offset, std::span<const std::byte> bytes) {
+    segs.push_back({offset, bytes.data(), bytes.size()});
+  });
+  std::sort(segs.begin(), segs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
+  uint64_t at = 0;
+  for (const WriteSegment& s : segs) {
+    if (s.offset != at) return std::nullopt;  // a gap or an overlap: the plan's pieces do not tile it
+    at += s.n;
+  }
+  if (at != pf.layout.file_size()) return std::nullopt;
+  return segs;
+}
+
+// Writes this rank's pieces. A file this rank writes whole is written as one stream (O_DIRECT where
+// SaveTuning and the file system allow it) and its digests, computed on the way, are returned; the
+// other files get each writer's pieces by pwrite and are digested after the fsync.
+std::map<std::string, FileDigest> write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
   const int me = comm.rank();
+  std::map<std::string, FileDigest> streamed;
   std::set<size_t> touched;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     if (plan.files[f].owner == me) touched.insert(f);
@@ -96,32 +143,31 @@ void write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources&
   }
   for (size_t f : touched) {
     const PlannedFile& pf = plan.files[f];
+    if (auto segs = whole_file_segments(plan, sources, f, me)) {
+      streamed[pf.name] = write_file_streamed(plan.tmp_dir / pf.name, *segs, plan.options.sha256, save_tuning());
+      crash_point("file written");
+      continue;
+    }
     FileHandle h(plan.tmp_dir / pf.name, O_WRONLY | O_CREAT);
     h.truncate(pf.layout.file_size());  // every writer sets the same final size: order does not matter
     if (pf.owner == me) h.pwrite_all(std::as_bytes(std::span<const char>(pf.layout.header)), 0);
-    for (const Piece& p : plan.pieces) {
-      if (p.writer != me || p.file != f) continue;
-      const StTensorInfo& info = pf.layout.tensors[p.entry];
-      const BlockSource& src = sources.at({p.group, p.tensor});
-      const size_t es = st_dtype_size(info.dtype);
-      const uint64_t base = pf.layout.data_start() + info.begin;
-      for_each_run(p.box, src.region, p.dst, [&](int64_t s, int64_t d, int64_t n) {
-        h.pwrite_all({src.data + static_cast<size_t>(s - src.flat_begin) * es, static_cast<size_t>(n) * es},
-                     base + static_cast<uint64_t>(d) * es);
-      });
-    }
+    for_each_piece_run(plan, sources, f, me,
+                       [&](uint64_t offset, std::span<const std::byte> bytes) { h.pwrite_all(bytes, offset); });
     h.close();
     crash_point("file written");
   }
   if (me == 0) {
     for (const auto& [name, text] : plan.text_files) write_synced(plan.tmp_dir / name, text);
   }
+  return streamed;
 }
 
-json sync_and_digest(comm::Communicator& comm, const SavePlan& plan) {
+// `streamed`: the digests of the files written as one stream (write_pieces); the others are read.
+json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const std::map<std::string, FileDigest>& streamed) {
   json digests = json::object();
   auto add = [&](const std::string& name) {
-    FileDigest d = digest_file(plan.tmp_dir / name, plan.options.sha256);
+    auto it = streamed.find(name);
+    FileDigest d = it != streamed.end() ? it->second : digest_file(plan.tmp_dir / name, plan.options.sha256);
     digests[name] = {{"size", d.size}, {"xxh64", d.xxh64}, {"sha256", d.sha256}};
   };
   for (const PlannedFile& f : plan.files) {
@@ -156,14 +202,15 @@ fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
 
 fs::path execute_save(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
   json status = json::object();
+  std::map<std::string, FileDigest> streamed;
   try {
-    write_pieces(comm, plan, sources);
+    streamed = write_pieces(comm, plan, sources);
   } catch (const std::exception& e) {
     status = {{"error", e.what()}};
   }
   raise_if_error(comm, report_to_root(comm, status, [](std::vector<json>&) { return json::object(); }), plan);
   try {
-    status = {{"digests", sync_and_digest(comm, plan)}};
+    status = {{"digests", sync_and_digest(comm, plan, streamed)}};
   } catch (const std::exception& e) {
     status = {{"error", e.what()}};
   }

@@ -1,0 +1,208 @@
+// The save's streamed file writer gives the bytes of the plain concatenation of its segments and
+// their digests, with O_DIRECT and through the page cache, on the test's disk, tmpfs and ramfs, for
+// pieces of one block or many, an unaligned last block and unaligned sources; a one-rank save
+// writes, on both paths, the file the in-memory serializer gives, and the same files as a save on
+// tp=2 (whose files several ranks write, through the page cache).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include "ckpt_test_util.h"
+#include "shardwise/ckpt/checksum.h"
+#include "shardwise/ckpt/direct_write.h"
+#include "shardwise/ckpt/manifest.h"
+#include "shardwise/ckpt/parallel_read.h"
+#include "shardwise/ckpt/safetensors_writer.h"
+#include "shardwise/comm/local.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::ckpt {
+namespace {
+
+struct SaveTuningGuard {
+  SaveTuning saved = save_tuning();
+  ~SaveTuningGuard() { save_tuning() = saved; }
+};
+
+std::vector<std::byte> pattern(size_t n, unsigned seed) {
+  std::vector<std::byte> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>(((i + seed) * 2654435761u) >> 13);
+  return b;
+}
+
+std::vector<std::byte> read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> b(c.size());
+  if (!c.empty()) std::memcpy(b.data(), c.data(), c.size());
+  return b;
+}
+
+// Whether the file system under `dir` opens files for O_DIRECT writes.
+bool takes_direct_io(const fs::path& dir) {
+  int fd = ::open((dir / "probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd >= 0) ::close(fd);
+  fs::remove(dir / "probe");
+  return fd >= 0;
+}
+
+// The test's scratch directory, a directory on tmpfs (/dev/shm; tmpfs takes O_DIRECT since Linux
+// 6.6) and, where this process may mount one, a ramfs, which refuses O_DIRECT (EINVAL): the
+// fallback. All removed at the end.
+struct TestDirs {
+  testing::ScratchDir scratch{"save_direct"};
+  std::vector<fs::path> dirs;
+  fs::path shm, ramfs;
+  TestDirs() {
+    dirs.push_back(scratch.path);
+    if (fs::is_directory("/dev/shm")) {
+      shm = fs::path("/dev/shm") / scratch.path.filename();
+      fs::create_directories(shm);
+      dirs.push_back(shm);
+    }
+    fs::create_directories(scratch.path / "ramfs");
+    if (std::system(("mount -t ramfs ramfs " + (scratch.path / "ramfs").string() + " 2>/dev/null").c_str()) == 0) {
+      ramfs = scratch.path / "ramfs";
+      dirs.push_back(ramfs);
+    } else {
+      std::cout << "cannot mount a ramfs here: the refused-O_DIRECT path is not exercised\n";
+    }
+  }
+  ~TestDirs() {
+    std::error_code ec;
+    if (!shm.empty()) fs::remove_all(shm, ec);
+    if (!ramfs.empty()) (void)std::system(("umount " + ramfs.string()).c_str());
+  }
+};
+
+TEST(StreamedWrite, SameBytesAndDigestsAsTheConcatenationOnBothPaths) {
+  TestDirs two;
+  // A header-like first segment, then segments of odd sizes from unaligned places in a source.
+  const std::vector<std::byte> source = pattern(200'000, 3);
+  const std::vector<std::pair<size_t, size_t>> cuts = {{7, 1234}, {5000, 5000}, {1, 1}, {4096, 4096},
+                                                      {77, 3 * 4096 + 17}, {9, 0}, {100'001, 70'000}};
+  std::vector<WriteSegment> segs;
+  std::vector<std::byte> expected;
+  for (const auto& [from, n] : cuts) {
+    segs.push_back({expected.size(), source.data() + from, n});
+    expected.insert(expected.end(), source.begin() + static_cast<std::ptrdiff_t>(from),
+                    source.begin() + static_cast<std::ptrdiff_t>(from + n));
+  }
+  const uint64_t padded = (expected.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  for (const fs::path& dir : two.dirs) {
+    const bool direct_ok = takes_direct_io(dir);
+    for (bool direct : {false, true}) {
+      for (size_t piece : {kDirectAlign, 3 * kDirectAlign, size_t{1} << 20}) {
+        for (int requests : {1, 3}) {
+          SaveTuning tuning{direct, requests, piece};
+          const fs::path path = dir / fmt::format("f_{}_{}_{}", direct, piece, requests);
+          const uint64_t before = direct_write_bytes();
+          FileDigest d = write_file_streamed(path, segs, true, tuning);
+          const uint64_t direct_bytes = direct_write_bytes() - before;
+          SCOPED_TRACE(path.string());
+          EXPECT_EQ(read_all(path), expected);
+          EXPECT_EQ(d.size, expected.size());
+          EXPECT_EQ(d.xxh64, xxh64_hex(expected));
+          EXPECT_EQ(d.sha256, sha256_hex(expected));
+          EXPECT_EQ(direct_bytes, direct && direct_ok ? padded : 0);
+        }
+      }
+    }
+    std::cout << dir << ": O_DIRECT " << (direct_ok ? "taken" : "refused") << "\n";
+    if (dir == two.ramfs) EXPECT_FALSE(direct_ok);
+    // An empty file, and one under a block (all of it the padded last block).
+    for (size_t n : {size_t{0}, size_t{100}}) {
+      std::vector<WriteSegment> small = {{0, source.data() + 3, n}};
+      FileDigest d = write_file_streamed(dir / "small", small, false, SaveTuning{});
+      EXPECT_EQ(read_all(dir / "small"), std::vector<std::byte>(source.begin() + 3, source.begin() + 3 + static_cast<std::ptrdiff_t>(n)));
+      EXPECT_EQ(d.xxh64, xxh64_hex({source.data() + 3, n}));
+      EXPECT_TRUE(d.sha256.empty());
+    }
+  }
+}
+
+TEST(StreamedWrite, RefusesSegmentsThatDoNotTileTheFile) {
+  testing::ScratchDir dir("save_direct_gap");
+  const std::vector<std::byte> source = pattern(100, 1);
+  std::vector<WriteSegment> segs = {{0, source.data(), 10}, {11, source.data() + 10, 5}};
+  try {
+    write_file_streamed(dir.path / "f", segs, false, SaveTuning{});
+    FAIL() << "a gap was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a segment at byte 11 where byte 10 was expected"), std::string::npos) << e.what();
+  }
+}
+
+// A model with tensors of odd byte sizes (no tensor starts or ends on a 4 KiB boundary).
+std::vector<testing::GlobalTensor> odd_model() {
+  return {{"model", "a.weight", testing::make_global(DType::F32, Shape{301, 37}, 1)},
+          {"model", "b.weight", testing::make_global(DType::BF16, Shape{333, 5}, 2)},
+          {"model", "c.bias", testing::make_global(DType::F32, Shape{37}, 3)},
+          {"optimizer", "a.weight/exp_avg", testing::make_global(DType::F32, Shape{301, 37}, 4)}};
+}
+
+// Every file of a checkpoint directory, by name.
+std::map<std::string, std::vector<std::byte>> files_of(const fs::path& dir) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_all(e.path());
+  return out;
+}
+
+fs::path save_on(const fs::path& root, const testing::Topology& topo, int ranks, bool sha256) {
+  const auto model = odd_model();
+  fs::path dir;
+  comm::LocalWorld::run(ranks, [&](comm::Communicator& c) {
+    SaveOptions options;
+    options.sha256 = sha256;
+    fs::path d = save_checkpoint(c, root, testing::content_for(model, topo, c.rank(), 1), options);
+    if (c.rank() == 0) dir = d;
+  });
+  return dir;
+}
+
+TEST(SaveDirect, OneRankSaveWritesTheSerializedFileOnEveryPath) {
+  SaveTuningGuard guard;
+  TestDirs two;
+  const auto model = odd_model();
+  std::vector<StEntry> entries;
+  for (const auto& t : model) {
+    if (t.group == "model") entries.push_back(entry_of(t.name, t.value));
+  }
+  const std::vector<std::byte> reference = serialize_safetensors(entries, StMetadata{{"format", "pt"}});
+  const testing::Topology single{"single", "1", {{"*", "R"}}};
+  const testing::Topology tp2{"tp2", "tp=2", {{"*", "R"}, {"a.weight", "S(0)"}, {"b.weight", "S(1)"},
+                                               {"a.weight/exp_avg", "S(1)"}}};
+  for (const fs::path& dir : two.dirs) {
+    const bool direct_ok = takes_direct_io(dir);
+    save_tuning() = SaveTuning{false, 1, kDirectAlign};
+    const auto buffered = files_of(save_on(dir / "buffered", single, 1, true));
+    save_tuning() = SaveTuning{true, 3, 2 * kDirectAlign};  // many pieces per file
+    const uint64_t before = direct_write_bytes();
+    const fs::path direct_dir = save_on(dir / "direct", single, 1, true);
+    EXPECT_EQ(direct_write_bytes() > before, direct_ok) << dir;
+    const auto direct = files_of(direct_dir);
+    const auto sharded = files_of(save_on(dir / "tp2", tp2, 2, true));  // two writers per file
+    ASSERT_TRUE(buffered.count("model-00001-of-00001.safetensors")) << dir;
+    EXPECT_EQ(buffered.at("model-00001-of-00001.safetensors"), reference) << dir;
+    for (const auto& [name, bytes] : buffered) {
+      if (name == kManifestName) continue;  // saved_on names the mesh
+      EXPECT_EQ(direct.at(name), bytes) << dir << " " << name;
+      EXPECT_EQ(sharded.at(name), bytes) << dir << " " << name;
+    }
+    // The digests computed from memory are those of the files (verify re-reads them).
+    for (const fs::path& d : {direct_dir, dir / "tp2" / "checkpoint-1"}) {
+      VerifyReport r = verify_checkpoint(d, true);
+      EXPECT_TRUE(r.ok()) << d << ": " << (r.problems.empty() ? "" : r.problems.front());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardwise::ckpt
