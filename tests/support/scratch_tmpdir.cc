@@ -2,7 +2,7 @@
 // a fresh `shardwise-test-XXXXXX` under $TMPDIR (or /tmp) becomes TMPDIR for this process and what
 // it starts (the shardwise binary, mpirun), so fs::temp_directory_path() and the tests' named
 // paths cannot meet another run's: two checkouts, or two ctest jobs, testing at once. It is removed
-// when every test passed and kept (and named) when one failed, for its logs.
+// when every test passed or it is empty, and kept (and named) when a test failed, for its logs.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -27,11 +27,12 @@ class ScratchTmpdir : public ::testing::Environment {
   }
   void TearDown() override {
     if (dir_.empty()) return;
+    std::error_code ec;
+    if (std::filesystem::remove(dir_, ec)) return;  // empty: nothing to keep
     if (!::testing::UnitTest::GetInstance()->Passed()) {
       std::fprintf(stderr, "kept the tests' scratch directory %s\n", dir_.c_str());
       return;
     }
-    std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
 
