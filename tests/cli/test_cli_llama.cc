@@ -128,7 +128,11 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
     EXPECT_EQ(r.status, 2) << args << ": " << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << args << ": " << r.out;
   }
-  auto r = run("train --model gpt2 --experts 2 --steps 1 --progress none");
+  // The exchange setting is read before training too.
+  auto r = shardwise_cli_test::run_command("SHARDWISE_MOE_EXCHANGE=bogus $SHARDWISE_BIN " + base + "--experts 4");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("SHARDWISE_MOE_EXCHANGE=bogus: the MoE exchange is 'messages' or 'shared'"), std::string::npos) << r.out;
+  r = run("train --model gpt2 --experts 2 --steps 1 --progress none");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("built for --model llama only"), std::string::npos) << r.out;
 }

@@ -4,6 +4,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
+#include "shardwise/ops/moe/kernels.h"
 
 namespace shardwise::train {
 
@@ -296,6 +297,7 @@ GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, b
            s.ep_size());
   SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",
            s.mesh.to_string());
+  if (c.experts > 0) ops::check_moe_exchange_setting();
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss == 0 || (part.first_layer == 0 && end_layer == c.layers),
            "--aux-loss-scope model pools the router statistics of every MoE layer into one term (transformers' "

@@ -59,6 +59,10 @@ void check_moe_inputs(const Shape& x, const Shape& gate, const Shape& w1, const 
 // Auto: the environment's SHARDWISE_MOE_EXCHANGE (messages or shared; unset or empty: shared where
 // the group has shared regions, else messages). Shared where the group has none is an Error.
 enum class MoeExchange : uint8_t { Auto, Messages, Shared };
+// SHARDWISE_MOE_EXCHANGE read up front (a model with experts checks it before training, so a bad
+// value is a usage error, not a failure at the first MoE layer): Error on a value other than
+// messages, shared or empty.
+void check_moe_exchange_setting();
 
 // Where this rank's blocks sit: the token block [token_offset, +N_local) of `tokens_total` and the
 // expert block [expert_offset, +E_local) of the gate's E, and the groups the kernel talks to

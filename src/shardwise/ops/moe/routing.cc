@@ -333,4 +333,6 @@ MoeExchange exchange_wanted(MoeExchange exchange) {
 
 }  // namespace moe_detail
 
+void check_moe_exchange_setting() { moe_detail::exchange_wanted(MoeExchange::Auto); }
+
 }  // namespace shardwise::ops
