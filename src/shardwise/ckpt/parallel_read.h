@@ -59,8 +59,9 @@ struct LoadTuning {
   // needed) go through the span cache (span_cache.h) while a load holds a SpanCacheUse: chunks of
   // span_chunk bytes read once with O_DIRECT and shared by the ranks of the process, at most
   // span_cache_bytes of them held (0: no cache, the page cache instead).
-  size_t span_cache_bytes = size_t{256} << 20;
-  size_t span_chunk = size_t{16} << 20;
+  size_t span_cache_bytes = size_t{64} << 20;
+  size_t span_chunk = size_t{8} << 20;
+  bool span_read_ahead = true;  // a rank reading a span's last chunks also reads the next window's
 };
 LoadTuning& load_tuning();
 

@@ -161,56 +161,74 @@ uint64_t span_cache_read_bytes() { return g_read.load(); }
 
 namespace {
 
-// Chunks [first, last] (of `chunk` bytes) of the file `key` names: claims the ones nobody has yet
-// and reads them (O_DIRECT, `requests` in flight), waits for the others, and copies each range's
-// part of each chunk.
-void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_t chunk, uint64_t first, uint64_t last,
-                      std::span<const ReadRange> ranges, int requests, size_t piece) {
+// Reads the claimed chunks `mine` (O_DIRECT, `requests` in flight), marks them ready and wakes the
+// ranks waiting for them; a failed chunk leaves the cache and its error goes to every waiter and
+// is returned. With `failed` set, the chunks are not read but fail with it.
+std::exception_ptr read_claimed(const fs::path& path, Key key, std::span<const std::pair<uint64_t, std::shared_ptr<Entry>>> mine,
+                  uint64_t chunk, int requests, size_t piece, std::exception_ptr failed = nullptr) {
+  if (mine.empty()) return failed;
   Cache& c = cache();
-  std::vector<std::shared_ptr<Entry>> chunks;
-  std::vector<size_t> mine;
-  {
-    std::lock_guard lock(c.m);
-    for (uint64_t k = first; k <= last; ++k) {
-      key.chunk = k;
-      auto it = c.entries.find(key);
-      if (it == c.entries.end()) {
-        evict_for(c, chunk, load_tuning().span_cache_bytes);
-        auto entry = std::make_shared<Entry>(take_buffer(chunk), static_cast<size_t>(std::min(chunk, file_size - k * chunk)));
-        it = c.entries.emplace(key, std::move(entry)).first;
-        c.held += chunk;
-        mine.push_back(chunks.size());
-      }
-      it->second->used = ++c.tick;
-      chunks.push_back(it->second);
-    }
-  }
-  if (!mine.empty()) {
+  std::exception_ptr error = failed;
+  if (!error) {
     std::vector<ReadRange> reads;
-    for (size_t i : mine) reads.push_back({(first + i) * chunk, chunks[i]->buf.p, chunks[i]->n});
-    std::exception_ptr error;
+    for (const auto& [k, e] : mine) reads.push_back({k * chunk, e->buf.p, e->n});
     try {
       pread_ranges_direct(FileHandle(path, O_RDONLY), reads, requests, piece);
     } catch (...) {
       error = std::current_exception();
     }
-    {
-      std::lock_guard lock(c.m);
-      for (size_t i : mine) {
-        chunks[i]->ready = true;
-        chunks[i]->error = error;
-        if (!error) g_read.fetch_add(chunks[i]->n);
-        key.chunk = first + i;
-        auto it = c.entries.find(key);
-        if (error && it != c.entries.end() && it->second == chunks[i]) {  // nobody keeps a failed chunk
-          c.held -= it->second->buf.cap;
-          c.entries.erase(it);
-        }
+  }
+  {
+    std::lock_guard lock(c.m);
+    for (const auto& [k, e] : mine) {
+      e->ready = true;
+      e->error = error;
+      if (!error) g_read.fetch_add(e->n);
+      key.chunk = k;
+      auto it = c.entries.find(key);
+      if (error && it != c.entries.end() && it->second == e) {  // nobody keeps a failed chunk
+        c.held -= it->second->buf.cap;
+        c.entries.erase(it);
       }
     }
-    c.cv.notify_all();
-    if (error) std::rethrow_exception(error);
   }
+  c.cv.notify_all();
+  return error;
+}
+
+// Chunks [first, last] (of `chunk` bytes) of the file `key` names: claims the ones nobody has yet
+// and reads them, waits for the others, and copies each range's part of each chunk. Chunks
+// (last, ahead] nobody has yet are claimed too and read after this window's, before copying: the
+// next tensor in the file is usually the next one loaded, so the disk keeps busy while the ranks copy.
+void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_t chunk, uint64_t first, uint64_t last,
+                      uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece) {
+  Cache& c = cache();
+  std::vector<std::shared_ptr<Entry>> chunks;
+  std::vector<std::pair<uint64_t, std::shared_ptr<Entry>>> mine, mine_ahead;
+  std::exception_ptr error;  // a buffer that could not be mapped: the chunks claimed so far fail
+  {
+    std::lock_guard lock(c.m);
+    try {
+      for (uint64_t k = first; k <= ahead; ++k) {
+        key.chunk = k;
+        auto it = c.entries.find(key);
+        if (it == c.entries.end()) {
+          evict_for(c, chunk, load_tuning().span_cache_bytes);
+          auto entry = std::make_shared<Entry>(take_buffer(chunk), static_cast<size_t>(std::min(chunk, file_size - k * chunk)));
+          it = c.entries.emplace(key, std::move(entry)).first;
+          c.held += chunk;
+          (k <= last ? mine : mine_ahead).emplace_back(k, it->second);
+        }
+        it->second->used = ++c.tick;
+        if (k <= last) chunks.push_back(it->second);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  error = read_claimed(path, key, mine, chunk, requests, piece, error);
+  read_claimed(path, key, mine_ahead, chunk, requests, piece, error);  // its own error is its waiters'
+  if (error) std::rethrow_exception(error);
   for (size_t i = 0; i < chunks.size(); ++i) {  // in file order, each as soon as it is read
     const Entry& e = *chunks[i];
     {
@@ -245,12 +263,16 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   if (probe < 0) return false;  // no direct I/O on this file system: the caller's page-cache path
   ::close(probe);
   const Key key = file_key(path);
+  SpanCacheUse hold;  // a reader outside load_group still frees what it cached when it ends last
   // A window of a quarter of the cache at a time (several ranks hold windows at once), so a span
   // larger than the cache stays within it.
   const uint64_t window = std::max<uint64_t>(tuning.span_cache_bytes / 4 / chunk, 1);
   const uint64_t first = lo / chunk, last = (hi - 1) / chunk;
+  const uint64_t file_last = (file_size - 1) / chunk;
   for (uint64_t k = first; k <= last; k += window) {
-    fill_from_chunks(path, key, file_size, chunk, k, std::min(last, k + window - 1), ranges, requests, piece);
+    const uint64_t end = std::min(last, k + window - 1);
+    const uint64_t ahead = end == last && tuning.span_read_ahead ? std::min(file_last, last + window) : end;
+    fill_from_chunks(path, key, file_size, chunk, k, end, ahead, ranges, requests, piece);
   }
   return true;
 }
