@@ -164,8 +164,10 @@ namespace {
 // Reads the claimed chunks `mine` (O_DIRECT, `requests` in flight), marks them ready and wakes the
 // ranks waiting for them; a failed chunk leaves the cache and its error goes to every waiter and
 // is returned. With `failed` set, the chunks are not read but fail with it.
-std::exception_ptr read_claimed(const fs::path& path, Key key, std::span<const std::pair<uint64_t, std::shared_ptr<Entry>>> mine,
-                  uint64_t chunk, int requests, size_t piece, std::exception_ptr failed = nullptr) {
+using Claimed = std::vector<std::pair<uint64_t, std::shared_ptr<Entry>>>;  // (chunk index, entry)
+
+std::exception_ptr read_claimed(const fs::path& path, Key key, const Claimed& mine, uint64_t chunk, int requests,
+                                size_t piece, std::exception_ptr failed = nullptr) {
   if (mine.empty()) return failed;
   Cache& c = cache();
   std::exception_ptr error = failed;
@@ -204,7 +206,7 @@ void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_
                       uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece) {
   Cache& c = cache();
   std::vector<std::shared_ptr<Entry>> chunks;
-  std::vector<std::pair<uint64_t, std::shared_ptr<Entry>>> mine, mine_ahead;
+  Claimed mine, mine_ahead;
   std::exception_ptr error;  // a buffer that could not be mapped: the chunks claimed so far fail
   {
     std::lock_guard lock(c.m);
