@@ -1,7 +1,8 @@
 // The span cache of the load path (span_cache.h): a row-major tensor loaded by column blocks on 4
 // rank threads, its spans read once with O_DIRECT and shared, gives each rank the file's own bytes
 // of its columns (the file written here byte by byte, not by shardwise's writer), with chunks small
-// enough to be evicted and read again mid-load; and nothing stays mapped after the load.
+// enough to be evicted and read again mid-load; a chunk whose read fails is an error on every rank
+// that needs it, not a hang; and nothing stays mapped after the load.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "ckpt_test_util.h"
 #include "shardwise/ckpt/parallel_read.h"
 #include "shardwise/ckpt/span_cache.h"
+#include "shardwise/core/error.h"
 
 namespace shardwise::ckpt {
 namespace {
@@ -129,6 +131,46 @@ TEST(SpanCache, ColumnBlocksOnFourThreadsAreTheFilesBytesAndNothingStaysCached) 
   before = span_cache_read_bytes();
   load_and_check(dir.path, data);
   EXPECT_EQ(span_cache_read_bytes(), before);
+}
+
+// A chunk whose read fails (here: past the end of a file said to be longer) fails on every rank
+// that needs it, the one reading it and the ones waiting for it, instead of leaving them waiting;
+// nothing stays cached.
+TEST(SpanCache, AFailedChunkIsAnErrorOnEveryRankThatNeedsIt) {
+  testing::ScratchDir dir("span_cache_error");
+  const fs::path file = dir.path / "short.bin";
+  {
+    std::vector<char> bytes(size_t{3} << 20, 'x');
+    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  if (!takes_direct_io(file)) GTEST_SKIP() << "no O_DIRECT under " << dir.path;
+  TuningGuard guard;
+  load_tuning().span_chunk = size_t{1} << 20;
+  const uint64_t claimed_size = uint64_t{5} << 20;  // 2 MiB more than the file holds
+  std::vector<std::vector<std::byte>> dst(kRanks, std::vector<std::byte>(size_t{1} << 20));
+  std::vector<std::string> errors(kRanks);
+  {
+    SpanCacheUse use;
+    std::vector<std::thread> ranks;
+    for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
+      ranks.emplace_back([&, p] {
+        std::vector<ReadRange> runs;  // 4 KiB of every 20 KiB over the 5 MiB, this rank's column
+        for (uint64_t at = p * 4096; at + 4096 <= claimed_size; at += 5 * 4096) {
+          runs.push_back({at, dst[p].data() + runs.size() * 4096 % dst[p].size(), 4096});
+        }
+        try {
+          read_through_span_cache(file, claimed_size, runs, 4, size_t{256} << 10);
+        } catch (const Error& e) {
+          errors[p] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+  }
+  for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
+    EXPECT_NE(errors[p].find("short.bin"), std::string::npos) << "rank " << p << ": '" << errors[p] << "'";
+  }
+  EXPECT_EQ(span_cache_held_bytes(), 0u);
 }
 
 }  // namespace
