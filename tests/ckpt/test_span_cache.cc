@@ -64,7 +64,8 @@ bool takes_direct_io(const fs::path& path) {
   return fd >= 0;
 }
 
-// Loads "w" as S(1) over kRanks rank threads and checks every rank's block against the file's bytes.
+// Loads "w" as S(1) over kRanks rank threads and checks every rank's block against the file's bytes
+// (the caller holds a SpanCacheUse, so the ranks share the cache however their threads start).
 void load_and_check(const fs::path& dir, const std::vector<std::byte>& data) {
   const std::vector<LoadSpec> specs = {
       {"w", Shape{kRows, kCols}, DType::F32, {mesh::ProcessMesh(Shape{kRanks}), mesh::parse_dist("S(1)", 1)}}};
@@ -115,15 +116,29 @@ TEST(SpanCache, ColumnBlocksOnFourThreadsAreTheFilesBytesAndNothingStaysCached) 
   EXPECT_EQ(span_cache_held_bytes(), 0u);
 
   // Room for 4 chunks: chunks are evicted while other ranks may still need them (then read
-  // again); the bytes stay right. The loads alone open and free the cache.
+  // again); the bytes stay right.
   load_tuning().span_cache_bytes = size_t{4} << 20;
   evict(file);
   before = span_cache_read_bytes();
-  load_and_check(dir.path, data);
+  {
+    SpanCacheUse use;
+    load_and_check(dir.path, data);
+  }
   if (direct_ok) {
     EXPECT_GE(span_cache_read_bytes() - before, data.size());
   }
   EXPECT_EQ(span_cache_held_bytes(), 0u);
+
+  // One rank loading alone in its process (one rank per process, as under MPI) keeps the page
+  // cache, which the processes of a node share.
+  load_tuning().span_cache_bytes = size_t{64} << 20;
+  evict(file);
+  before = span_cache_read_bytes();
+  const std::vector<LoadSpec> specs = {
+      {"w", Shape{kRows, kCols}, DType::F32, {mesh::ProcessMesh(Shape{kRanks}), mesh::parse_dist("S(1)", 1)}}};
+  const Tensor alone = load_group(dir.path, "model", specs, 2).at("w");
+  EXPECT_EQ(span_cache_read_bytes(), before);
+  ASSERT_EQ(std::memcmp(alone.raw() + 4100, data.data() + (kCols + 2 * 1025) * 4, 4100), 0);
 
   // No cache (0 bytes): the page-cache path, same bytes, nothing read into chunks.
   load_tuning().span_cache_bytes = 0;

@@ -56,7 +56,7 @@ struct LoadTuning {
   size_t direct_piece = size_t{8} << 20;
   size_t direct_min_run = size_t{1} << 20;
   // Boxes of shorter runs (column blocks) spread over a span of the file (at least 1/16 of it
-  // needed) go through the span cache (span_cache.h) while a load holds a SpanCacheUse: chunks of
+  // needed) go through the span cache (span_cache.h) while two loads or more run in the process: chunks of
   // span_chunk bytes read once with O_DIRECT and shared by the ranks of the process, at most
   // span_cache_bytes of them held (0: no cache, the page cache instead).
   size_t span_cache_bytes = size_t{64} << 20;

@@ -346,7 +346,7 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
   const uint64_t span = runs.empty() ? 0 : static_cast<uint64_t>(runs.back().s + runs.back().n - runs.front().s) * es;
   const bool long_runs = static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size();
   const bool spread = runs.size() > 1 && !long_runs && tuning.span_cache_bytes > 0 &&
-                      16 * static_cast<uint64_t>(needed) * es >= span && span_cache_active();
+                      16 * static_cast<uint64_t>(needed) * es >= span && span_cache_shared();
   const bool uncached = tuning.direct && (long_runs || spread) && !runs.empty() &&
                         !map_.mostly_cached(base + static_cast<uint64_t>(runs.front().s) * es, span);
   const bool direct = uncached && long_runs;

@@ -151,9 +151,9 @@ SpanCacheUse::~SpanCacheUse() {
   unmap_free_buffers();
 }
 
-bool span_cache_active() {
+bool span_cache_shared() {
   std::lock_guard lock(cache().m);
-  return cache().users > 0;
+  return cache().users > 1;
 }
 
 uint64_t span_cache_held_bytes() { return g_mapped.load(); }

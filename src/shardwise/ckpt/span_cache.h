@@ -20,8 +20,7 @@
 
 namespace shardwise::ckpt {
 
-// While one is alive, read_box/read_range may go through the cache (load_group holds one for
-// its duration); the last one to end frees every entry and buffer.
+// load_group holds one for its duration; the last one to end frees every entry and buffer.
 class SpanCacheUse {
  public:
   SpanCacheUse();
@@ -30,7 +29,11 @@ class SpanCacheUse {
   SpanCacheUse& operator=(const SpanCacheUse&) = delete;
 };
 
-bool span_cache_active();
+// Whether two or more SpanCacheUses are alive: rank threads of this process loading at once, whose
+// boxes read_box/read_range then send through the cache. A process loading alone (one rank per
+// process, as under MPI) keeps the page cache, which the processes of a node share: each would
+// otherwise read every span from the disk itself.
+bool span_cache_shared();
 
 // Fills every range (`file_size` bytes in the file at `path`) from cached chunks, reading the
 // chunks not cached yet with O_DIRECT (`requests` in flight, pieces of at most `piece` bytes).
