@@ -1,10 +1,10 @@
 // Checkpoint throughput: `bench_ckpt save DIR GIB RANKS [tp|dp2tp2 [DIRECT [PIECE_MIB]]]` saves a
 // model of GIB GiB (F32 matrices of 64 MiB, tensor-parallel S(0) over RANKS LocalWorld ranks, or
 // "R,S(0)" on dp=2 x tp=2 with `dp2tp2`) with DIRECT O_DIRECT writes in flight of PIECE_MIB each
-// (0: the page cache; ckpt::SaveTuning) and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]]` loads it
+// (0: the page cache; ckpt::SaveTuning) and prints the wall time; `bench_ckpt load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT [SPAN_MIB [AHEAD]]]]]]` loads it
 // back on RANKS ranks with S(1) (another layout than saved) with READERS reader threads per read, the
 // destinations on huge pages or not, and DIRECT O_DIRECT requests in flight (0: the page cache;
-// ckpt::LoadTuning); `bench_ckpt
+// ckpt::LoadTuning) and a span cache of SPAN_MIB MiB (0: none; span_cache.h) reading ahead or not (AHEAD 1/0); `bench_ckpt
 // async DIR GIB` prints how long a synchronous save and an AsyncSaver::save() block the caller.
 // bench/ckpt.sh runs them next to dd on the same disk.
 #include <chrono>
@@ -16,6 +16,7 @@
 #include "shardwise/ckpt/checkpoint.h"
 #include "shardwise/ckpt/direct_write.h"
 #include "shardwise/ckpt/parallel_read.h"
+#include "shardwise/ckpt/span_cache.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/mesh/shard_math.h"
 
@@ -49,7 +50,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [tp|dp2tp2 [DIRECT [PIECE_MIB]]] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT]]]] | async DIR GIB\n");
+    std::fprintf(stderr, "usage: bench_ckpt save DIR GIB RANKS [tp|dp2tp2 [DIRECT [PIECE_MIB]]] | load DIR RANKS [READERS [HUGE_PAGES [WILLNEED [DIRECT [SPAN_MIB [AHEAD]]]]]] | async DIR GIB\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -113,6 +114,8 @@ int main(int argc, char** argv) {
     tuning.direct = std::atoi(argv[7]) > 0;
     if (tuning.direct) tuning.direct_requests = std::atoi(argv[7]);
   }
+  if (argc > 8) tuning.span_cache_bytes = static_cast<size_t>(std::atoi(argv[8])) << 20;
+  if (argc > 9) tuning.span_read_ahead = std::atoi(argv[9]) != 0;
   std::vector<ckpt::LoadSpec> specs;
   auto index = ckpt::load_json(dir, "model.safetensors.index.json");
   for (const auto& [name, file] : index["weight_map"].items()) {
@@ -126,8 +129,12 @@ int main(int argc, char** argv) {
     if (c.rank() == 0) check = loaded.at("layer1.weight").at(0);
   });
   double s = seconds_since(t0);
-  std::string direct = tuning.direct ? fmt::format("O_DIRECT x{}: {:.0f}% of the bytes", tuning.direct_requests,
-                                                   100.0 * static_cast<double>(ckpt::direct_read_bytes()) / bytes)
+  std::string direct = tuning.direct ? fmt::format("O_DIRECT x{}: {:.0f}% of the bytes, span cache {} MiB{}: {:.0f}%",
+                                                   tuning.direct_requests,
+                                                   100.0 * static_cast<double>(ckpt::direct_read_bytes()) / bytes,
+                                                   tuning.span_cache_bytes >> 20,
+                                                   tuning.span_read_ahead ? " + read-ahead" : "",
+                                                   100.0 * static_cast<double>(ckpt::span_cache_read_bytes()) / bytes)
                                      : std::string("page cache");
   std::printf("shardwise load: %.2f GB in %.2f s = %.2f GB/s (%d ranks, S(0) saved -> S(1) loaded, %d reader threads, "
               "huge pages %s, WILLNEED %s, %s; check %g)\n", bytes / 1e9, s, bytes / 1e9 / s, ranks, tuning.reader_threads,

@@ -2,7 +2,7 @@
 # Checkpoint save/load throughput next to dd on the same disk, interleaved round by round (the
 # machine is shared: compare within a round), and the caller's blocking time of async vs sync
 # saves. Loads: a checkpoint saved on 1 rank (S(0)) and one saved on dp=2 x tp=2 ("R,S(0)"), loaded
-# as S(1) on 1 rank and on tp=4; O_DIRECT with 2/4/8 requests in flight or the page cache with
+# as S(1) on 1 rank and on tp=4 (with and without the span cache); O_DIRECT with 2/4/8 requests in flight or the page cache with
 # 1/2 reader threads, huge-page destinations on/off; and the
 # peers' loads of the same bytes: safetensors' safe_open on shardwise's own files, torch.load of a
 # torch.save of the same tensors (both when $PYTHON imports them: a venv, see BENCHMARKS.md).
@@ -60,7 +60,9 @@ for r in $(seq 1 "$rounds"); do
     cfg=${cfgs[$(( (i + r - 1) % ${#cfgs[@]} ))]}
     drop; echo -n "[1-rank ckpt] "; "$bench" load "$dir/r1/checkpoint-1" $cfg
   done
-  for cfg in "1 2 1 1 8" "4 2 1 1 8" "4 1 1 1 8"; do
+  # tp=4: the default (column blocks through the span cache, 64 MiB), then the page cache with 2
+  # and 1 reader threads per rank (span cache off: the previous default)
+  for cfg in "1 2 1 1 8" "4 2 1 1 8" "4 2 1 1 8 0" "4 1 1 1 8 0"; do
     drop; echo -n "[dp2tp2 ckpt] "; "$bench" load "$dir/dptp/checkpoint-1" $cfg
   done
   if [ "$has_st" = yes ]; then drop; echo -n "[1-rank ckpt] "; $py "$here/ckpt_safetensors.py" "$dir/r1/checkpoint-1"; fi

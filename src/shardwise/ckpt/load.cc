@@ -7,6 +7,7 @@
 
 #include "shardwise/ckpt/checkpoint.h"
 #include "shardwise/ckpt/group_reader.h"
+#include "shardwise/ckpt/span_cache.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::ckpt {
@@ -73,6 +74,7 @@ Tensor read_range_placed(const GroupReader& reader, const SafetensorsFile& file,
 
 std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view group, std::span<const LoadSpec> specs,
                                          int64_t process, const LoadOptions& options) {
+  SpanCacheUse span_cache;  // ranks of this process loading at the same time share spans read once
   GroupReader reader(dir, std::string(group));
   std::set<std::string> asked, covered;  // names, and the file keys they are stored in
   std::vector<std::string> missing, unexpected;

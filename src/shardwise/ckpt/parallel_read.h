@@ -55,6 +55,13 @@ struct LoadTuning {
   int direct_requests = 8;  // 64 MiB in flight, as dd bs=64M keeps
   size_t direct_piece = size_t{8} << 20;
   size_t direct_min_run = size_t{1} << 20;
+  // Boxes of shorter runs (column blocks) spread over a span of the file (at least 1/16 of it
+  // needed) go through the span cache (span_cache.h) while two loads or more run in the process: chunks of
+  // span_chunk bytes read once with O_DIRECT and shared by the ranks of the process, at most
+  // span_cache_bytes of them held (0: no cache, the page cache instead).
+  size_t span_cache_bytes = size_t{64} << 20;
+  size_t span_chunk = size_t{8} << 20;
+  bool span_read_ahead = true;  // a rank reading a span's last chunks also reads the next window's
 };
 LoadTuning& load_tuning();
 

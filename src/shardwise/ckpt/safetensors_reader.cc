@@ -9,6 +9,7 @@
 
 #include "shardwise/ckpt/box_runs.h"
 #include "shardwise/ckpt/parallel_read.h"
+#include "shardwise/ckpt/span_cache.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::ckpt {
@@ -339,10 +340,16 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
   // ranks reading the same rows, and so does a span mostly in the page cache already (a file just
   // written or read): memory is faster than the disk. Huge pages for the destination and the reader
   // threads are chosen by measurement (LoadTuning, BENCHMARKS.md).
-  const bool direct = tuning.direct && !runs.empty() &&
-                      static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size() &&
-                      !map_.mostly_cached(base + static_cast<uint64_t>(runs.front().s) * es,
-                                          static_cast<uint64_t>(runs.back().s + runs.back().n - runs.front().s) * es);
+  // Short runs spread over a span (a column block: every rank of the process needs bytes of every
+  // row) go through the process's span cache when a load holds one: the span read once with
+  // O_DIRECT, each rank copying its runs out.
+  const uint64_t span = runs.empty() ? 0 : static_cast<uint64_t>(runs.back().s + runs.back().n - runs.front().s) * es;
+  const bool long_runs = static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size();
+  const bool spread = runs.size() > 1 && !long_runs && tuning.span_cache_bytes > 0 &&
+                      16 * static_cast<uint64_t>(needed) * es >= span && span_cache_shared();
+  const bool uncached = tuning.direct && (long_runs || spread) && !runs.empty() &&
+                        !map_.mostly_cached(base + static_cast<uint64_t>(runs.front().s) * es, span);
+  const bool direct = uncached && long_runs;
   size_t lead = 0;
   if (direct) {
     lead = static_cast<size_t>((base + static_cast<uint64_t>(runs.front().s - runs.front().d) * es) % kDirectAlign);
@@ -363,6 +370,9 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
   };
   if (direct) {
     pread_ranges_direct(FileHandle(path(), O_RDONLY), ranges_of_runs(), tuning.direct_requests, tuning.direct_piece);
+  } else if (uncached && spread &&
+             read_through_span_cache(path(), map_.size(), ranges_of_runs(), tuning.direct_requests, tuning.direct_piece)) {
+    // read (false: no O_DIRECT on this file system, the page-cache paths below)
   } else if (runs.size() == 1 || static_cast<size_t>(needed) * es >= 4096 * runs.size()) {
     // A box's runs are all alike; a range's head and tail runs may be shorter: the mean decides.
     const std::vector<ReadRange> ranges = ranges_of_runs();

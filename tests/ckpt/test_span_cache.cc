@@ -1,0 +1,192 @@
+// The span cache of the load path (span_cache.h): a row-major tensor loaded by column blocks on 4
+// rank threads, its spans read once with O_DIRECT and shared, gives each rank the file's own bytes
+// of its columns (the file written here byte by byte, not by shardwise's writer), with chunks small
+// enough to be evicted and read again mid-load; a chunk whose read fails is an error on every rank
+// that needs it, not a hang; and nothing stays mapped after the load.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt_test_util.h"
+#include "shardwise/ckpt/parallel_read.h"
+#include "shardwise/ckpt/span_cache.h"
+#include "shardwise/core/error.h"
+
+namespace shardwise::ckpt {
+namespace {
+
+// 33.6 MB: the disk's readahead of the header's page (8 MiB here) leaves most of it uncached.
+// Column blocks of 1025 floats: runs of 4100 bytes, off the 4 KiB alignment.
+constexpr int64_t kRows = 2048, kCols = 4100, kRanks = 4;
+
+struct TuningGuard {
+  LoadTuning saved = load_tuning();
+  ~TuningGuard() { load_tuning() = saved; }
+};
+
+// "model.safetensors" holding one F32 tensor "w" [kRows, kCols] of arbitrary bytes (every bit
+// pattern a float may have, NaNs included: the load must move bytes, not values); returns the
+// data section. The header's length puts the data off the 4 KiB alignment.
+std::vector<std::byte> write_model(const fs::path& dir) {
+  const size_t n = static_cast<size_t>(kRows * kCols) * 4;
+  std::vector<std::byte> data(n);
+  uint64_t x = 88172645463325252ull;
+  for (auto& b : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  const std::string header =
+      fmt::format(R"({{"w":{{"dtype":"F32","shape":[{},{}],"data_offsets":[0,{}]}}}})", kRows, kCols, n);
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  const uint64_t len = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
+  out << header;
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(n));
+  return data;
+}
+
+// Drops the file's clean pages from the page cache (a cached span is read through it instead).
+void evict(const fs::path& path) {
+  FileHandle f(path, O_RDONLY);
+  f.sync();
+  ::posix_fadvise(f.fd(), 0, 0, POSIX_FADV_DONTNEED);
+}
+
+bool takes_direct_io(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
+}
+
+// Loads "w" as S(1) over kRanks rank threads and checks every rank's block against the file's bytes
+// (the caller holds a SpanCacheUse, so the ranks share the cache however their threads start).
+void load_and_check(const fs::path& dir, const std::vector<std::byte>& data) {
+  const std::vector<LoadSpec> specs = {
+      {"w", Shape{kRows, kCols}, DType::F32, {mesh::ProcessMesh(Shape{kRanks}), mesh::parse_dist("S(1)", 1)}}};
+  std::vector<Tensor> got(kRanks);
+  std::vector<std::thread> ranks;
+  for (int64_t p = 0; p < kRanks; ++p) {
+    ranks.emplace_back([&, p] { got[static_cast<size_t>(p)] = load_group(dir, "model", specs, p).at("w"); });
+  }
+  for (auto& t : ranks) t.join();
+  const int64_t cols = kCols / kRanks;
+  for (int64_t p = 0; p < kRanks; ++p) {
+    const Tensor& t = got[static_cast<size_t>(p)];
+    ASSERT_EQ(t.shape(), (Shape{kRows, cols}));
+    for (int64_t r = 0; r < kRows; ++r) {
+      ASSERT_EQ(std::memcmp(t.raw() + r * cols * 4, data.data() + (r * kCols + p * cols) * 4, static_cast<size_t>(cols) * 4), 0)
+          << "rank " << p << " row " << r;
+    }
+  }
+}
+
+TEST(SpanCache, ColumnBlocksOnFourThreadsAreTheFilesBytesAndNothingStaysCached) {
+  testing::ScratchDir dir("span_cache");
+  const std::vector<std::byte> data = write_model(dir.path);
+  const fs::path file = dir.path / "model.safetensors";
+  const bool direct_ok = takes_direct_io(file);
+  TuningGuard guard;
+  load_tuning().span_chunk = size_t{1} << 20;  // 33 chunks over the tensor
+  const uint64_t mapped0 = span_cache_held_bytes();
+  EXPECT_EQ(mapped0, 0u);
+
+  // Room for every chunk: each is read once for the four ranks (the test holds the cache open
+  // across the ranks' loads, so a rank finishing early does not free chunks another still needs).
+  load_tuning().span_cache_bytes = size_t{64} << 20;
+  evict(file);
+  uint64_t before = span_cache_read_bytes();
+  {
+    SpanCacheUse use;
+    load_and_check(dir.path, data);
+    if (direct_ok) {
+      EXPECT_GT(span_cache_held_bytes(), 0u);
+    }
+  }
+  if (direct_ok) {
+    const uint64_t read = span_cache_read_bytes() - before;
+    EXPECT_GE(read, data.size());
+    EXPECT_LE(read, fs::file_size(file));  // once, not once per rank
+  }
+  EXPECT_EQ(span_cache_held_bytes(), 0u);
+
+  // Room for 4 chunks: chunks are evicted while other ranks may still need them (then read
+  // again); the bytes stay right.
+  load_tuning().span_cache_bytes = size_t{4} << 20;
+  evict(file);
+  before = span_cache_read_bytes();
+  {
+    SpanCacheUse use;
+    load_and_check(dir.path, data);
+  }
+  if (direct_ok) {
+    EXPECT_GE(span_cache_read_bytes() - before, data.size());
+  }
+  EXPECT_EQ(span_cache_held_bytes(), 0u);
+
+  // One rank loading alone in its process (one rank per process, as under MPI) keeps the page
+  // cache, which the processes of a node share.
+  load_tuning().span_cache_bytes = size_t{64} << 20;
+  evict(file);
+  before = span_cache_read_bytes();
+  const std::vector<LoadSpec> specs = {
+      {"w", Shape{kRows, kCols}, DType::F32, {mesh::ProcessMesh(Shape{kRanks}), mesh::parse_dist("S(1)", 1)}}};
+  const Tensor alone = load_group(dir.path, "model", specs, 2).at("w");
+  EXPECT_EQ(span_cache_read_bytes(), before);
+  ASSERT_EQ(std::memcmp(alone.raw() + 4100, data.data() + (kCols + 2 * 1025) * 4, 4100), 0);
+
+  // No cache (0 bytes): the page-cache path, same bytes, nothing read into chunks.
+  load_tuning().span_cache_bytes = 0;
+  evict(file);
+  before = span_cache_read_bytes();
+  load_and_check(dir.path, data);
+  EXPECT_EQ(span_cache_read_bytes(), before);
+}
+
+// A chunk whose read fails (here: past the end of a file said to be longer) fails on every rank
+// that needs it, the one reading it and the ones waiting for it, instead of leaving them waiting;
+// nothing stays cached.
+TEST(SpanCache, AFailedChunkIsAnErrorOnEveryRankThatNeedsIt) {
+  testing::ScratchDir dir("span_cache_error");
+  const fs::path file = dir.path / "short.bin";
+  {
+    std::vector<char> bytes(size_t{3} << 20, 'x');
+    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  if (!takes_direct_io(file)) GTEST_SKIP() << "no O_DIRECT under " << dir.path;
+  TuningGuard guard;
+  load_tuning().span_chunk = size_t{1} << 20;
+  const uint64_t claimed_size = uint64_t{5} << 20;  // 2 MiB more than the file holds
+  std::vector<std::vector<std::byte>> dst(kRanks, std::vector<std::byte>(size_t{1} << 20));
+  std::vector<std::string> errors(kRanks);
+  {
+    SpanCacheUse use;
+    std::vector<std::thread> ranks;
+    for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
+      ranks.emplace_back([&, p] {
+        std::vector<ReadRange> runs;  // 4 KiB of every 20 KiB over the 5 MiB, this rank's column
+        for (uint64_t at = p * 4096; at + 4096 <= claimed_size; at += 5 * 4096) {
+          runs.push_back({at, dst[p].data() + runs.size() * 4096 % dst[p].size(), 4096});
+        }
+        try {
+          read_through_span_cache(file, claimed_size, runs, 4, size_t{256} << 10);
+        } catch (const Error& e) {
+          errors[p] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+  }
+  for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
+    EXPECT_NE(errors[p].find("short.bin"), std::string::npos) << "rank " << p << ": '" << errors[p] << "'";
+  }
+  EXPECT_EQ(span_cache_held_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace shardwise::ckpt
