@@ -13,6 +13,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -29,11 +30,6 @@ struct FreeDeleter {
   void operator()(std::byte* p) const { std::free(p); }
 };
 using AlignedBuffer = std::unique_ptr<std::byte, FreeDeleter>;
-
-[[noreturn]] void fail_errno(std::string_view what, const fs::path& path) {
-  int e = errno;
-  fail("{} '{}': {}", what, path.string(), std::strerror(e));
-}
 
 // O_DIRECT pwrites of `n` bytes at `offset` (address, offset and length aligned); returns how many
 // were written, less than `n` when the file system refuses (EINVAL) or a short write leaves the
@@ -177,8 +173,9 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
   }
   StreamDigest digest(with_sha256);
   FileHandle buffered(path, O_WRONLY | O_CREAT | O_TRUNC);
-  const int fd = tuning.direct && size > 0 ? ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC) : -1;
-  if (fd < 0) {  // not asked, or refused (EINVAL on file systems without direct I/O): the page cache
+  std::optional<FileHandle> direct;
+  if (tuning.direct && size > 0) direct = FileHandle::open_direct(path, O_WRONLY);
+  if (!direct) {  // not asked, or refused (EINVAL on file systems without direct I/O): the page cache
     for (const WriteSegment& s : segments) {
       digest.update({s.data, s.n});
       buffered.pwrite_all({s.data, s.n}, s.offset);
@@ -186,14 +183,10 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
     buffered.close();
     return digest.finish();
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   const uint64_t padded = (size + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   // Allocated (unwritten) extents: ext4 runs aligned direct writes into them concurrently, where
   // filling holes takes the inode lock for each write; and a full disk is found before writing.
-  if (::fallocate(fd, 0, 0, static_cast<off_t>(padded)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+  if (::fallocate(direct->fd(), 0, 0, static_cast<off_t>(padded)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
     int e = errno;
     fail("cannot reserve {} bytes for '{}': {}", padded, path.string(), std::strerror(e));
   }
@@ -202,7 +195,7 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
       std::min<uint64_t>(std::max(tuning.direct_piece / kDirectAlign * kDirectAlign, kDirectAlign), padded));
   const int requests = static_cast<int>(std::clamp<uint64_t>((padded + piece - 1) / piece, 1,
                                                               static_cast<uint64_t>(std::max(tuning.direct_requests, 1))));
-  WritePipeline pipeline(fd, buffered, piece, requests);
+  WritePipeline pipeline(direct->fd(), buffered, piece, requests);
   size_t seg = 0, seg_at = 0;
   for (uint64_t at = 0; at < size;) {
     std::byte* b = pipeline.acquire();
@@ -217,7 +210,7 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
   }
   pipeline.finish();
   buffered.truncate(size);
-  if (::close(std::exchange(closer.fd, -1)) != 0) fail_errno("cannot close", path);
+  direct->close();
   buffered.close();
   return digest.finish();
 }

@@ -15,12 +15,12 @@
 
 namespace shardwise::ckpt {
 
-namespace {
-
-[[noreturn]] void fail_errno(std::string_view what, const fs::path& path) {
+void fail_errno(std::string_view what, const fs::path& path) {
   int e = errno;
   fail("{} '{}': {}", what, path.string(), std::strerror(e));
 }
+
+namespace {
 
 std::atomic<int64_t> g_kill_at{0};
 std::atomic<CrashAction> g_action{CrashAction::Kill};
@@ -110,6 +110,15 @@ FileHandle& FileHandle::operator=(FileHandle&& o) noexcept {
 
 FileHandle::~FileHandle() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<FileHandle> FileHandle::open_direct(const fs::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  FileHandle h;
+  h.path_ = path;
+  h.fd_ = fd;
+  return h;
 }
 
 void FileHandle::write_all(std::span<const std::byte> bytes) {

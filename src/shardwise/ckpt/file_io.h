@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -13,6 +14,9 @@
 namespace shardwise::ckpt {
 
 namespace fs = std::filesystem;
+
+// Error "<what> '<path>': <strerror(errno)>".
+[[noreturn]] void fail_errno(std::string_view what, const fs::path& path);
 
 // A whole file mapped read-only. The mapping stays valid when the path is later replaced by a
 // rename (the writers never write into an existing file in place).
@@ -52,6 +56,10 @@ class FileHandle {
   FileHandle(const FileHandle&) = delete;
   FileHandle& operator=(const FileHandle&) = delete;
   ~FileHandle();
+  // `path` opened with O_DIRECT added to `flags` (no O_CREAT: the file exists), or nothing where
+  // that fails, e.g. EINVAL on a file system without direct I/O: the caller reads or writes through
+  // the page cache instead.
+  static std::optional<FileHandle> open_direct(const fs::path& path, int flags);
 
   int fd() const { return fd_; }
   const fs::path& path() const { return path_; }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -70,8 +71,8 @@ uint64_t direct_read_bytes() { return g_direct_bytes.load(); }
 
 void pread_ranges_direct(const FileHandle& buffered, std::span<const ReadRange> ranges, int requests, size_t piece) {
   piece = std::max(piece / kDirectAlign * kDirectAlign, kDirectAlign);
-  int fd = ::open(buffered.path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (fd < 0) {  // refused (EINVAL on file systems without direct I/O): all through the page cache
+  const std::optional<FileHandle> direct = FileHandle::open_direct(buffered.path(), O_RDONLY);
+  if (!direct) {  // refused (EINVAL on file systems without direct I/O): all through the page cache
     pread_ranges(buffered, ranges, 1);
     return;
   }
@@ -95,17 +96,11 @@ void pread_ranges_direct(const FileHandle& buffered, std::span<const ReadRange> 
     }
     if (r.offset + r.n > hi) jobs.push_back({{hi, r.dst + (hi - r.offset), static_cast<size_t>(r.offset + r.n - hi)}, false});
   }
-  try {
-    run_jobs(jobs.size(), requests, [&](size_t i) {
-      const ReadRange& r = jobs[i].r;
-      const size_t done = jobs[i].direct ? pread_direct(fd, buffered.path(), r.dst, r.n, r.offset) : 0;
-      if (done < r.n) buffered.pread_all({r.dst + done, r.n - done}, r.offset + done);
-    });
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  run_jobs(jobs.size(), requests, [&](size_t i) {
+    const ReadRange& r = jobs[i].r;
+    const size_t done = jobs[i].direct ? pread_direct(direct->fd(), buffered.path(), r.dst, r.n, r.offset) : 0;
+    if (done < r.n) buffered.pread_all({r.dst + done, r.n - done}, r.offset + done);
+  });
 }
 
 LoadTuning& load_tuning() {

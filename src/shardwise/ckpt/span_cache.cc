@@ -127,10 +127,7 @@ void evict_for(Cache& c, uint64_t incoming, uint64_t limit) {
 
 Key file_key(const fs::path& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    int e = errno;
-    fail("cannot stat '{}': {}", path.string(), std::strerror(e));
-  }
+  if (::stat(path.c_str(), &st) != 0) fail_errno("cannot stat", path);
   return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
           static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec, 0};
 }
@@ -261,9 +258,7 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   if (hi <= lo) return true;
   SW_CHECK(hi <= file_size, "checkpoint load: bytes [{}, {}) asked of '{}', which has {}", lo, hi, path.string(),
            file_size);
-  const int probe = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (probe < 0) return false;  // no direct I/O on this file system: the caller's page-cache path
-  ::close(probe);
+  if (!FileHandle::open_direct(path, O_RDONLY)) return false;  // no direct I/O here: the caller's page-cache path
   const Key key = file_key(path);
   SpanCacheUse hold;  // a reader outside load_group still frees what it cached when it ends last
   // A window of a quarter of the cache at a time (several ranks hold windows at once), so a span
