@@ -14,6 +14,7 @@
 // - in == out is allowed for all_reduce; other operations need distinct buffers.
 // - send may return before the matching recv is posted, or not: callers order their sends and
 //   receives so that blocking sends cannot deadlock (as with MPI_Send).
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -67,6 +68,19 @@ struct SharedRegions {
   int64_t call = 0;
   explicit operator bool() const { return !at.empty(); }
 };
+// Shared regions' alignment, of their addresses and sizes.
+inline constexpr int64_t kRegionAlign = 64;
+inline int64_t region_round_up(int64_t bytes) { return (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+// A backend's new region size when `asked` bytes exceed the `current` ones: at least half again
+// (few growths when the counts creep up), rounded up. The memory behind a region is that plus
+// kRegionAlign, and aligned_region gives the region's start in it.
+inline int64_t grown_region_bytes(int64_t asked, int64_t current) {
+  return region_round_up(asked > current + current / 2 ? asked : current + current / 2);
+}
+inline std::byte* aligned_region(std::byte* memory) {
+  const auto at = reinterpret_cast<uintptr_t>(memory);
+  return memory + (kRegionAlign - at % kRegionAlign) % kRegionAlign;
+}
 Reduce to_reduce(mesh::ReduceOp op);
 std::string_view reduce_name(Reduce op);
 

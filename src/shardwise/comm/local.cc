@@ -258,15 +258,12 @@ class LocalComm final : public Communicator {
     if (bytes > g.region_bytes || g.regions.empty()) {
       barrier();
       if (rank_ == 0) {
-        constexpr int64_t kAlign = 64;
-        const int64_t grown = std::max(bytes, g.region_bytes + g.region_bytes / 2);
-        g.region_bytes = (grown + kAlign - 1) / kAlign * kAlign;
+        g.region_bytes = grown_region_bytes(bytes, g.region_bytes);
         g.region_memory.clear();
         g.regions.clear();
         for (size_t r = 0; r < g.members.size(); ++r) {
-          g.region_memory.push_back(std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(g.region_bytes + kAlign)));
-          auto at = reinterpret_cast<uintptr_t>(g.region_memory.back().get());
-          g.regions.push_back(g.region_memory.back().get() + (kAlign - at % kAlign) % kAlign);
+          g.region_memory.push_back(std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(g.region_bytes + kRegionAlign)));
+          g.regions.push_back(aligned_region(g.region_memory.back().get()));
         }
         g.region_calls.resize(g.members.size(), 0);
       }

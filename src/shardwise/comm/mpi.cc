@@ -209,15 +209,14 @@ SharedRegions MpiComm::shared_regions(int64_t bytes) {
   }
   if (!on_one_node_) return {};
   if (window_ == MPI_WIN_NULL || bytes > region_bytes_) {
-    constexpr int64_t kAlign = 64;
-    const int64_t grown = (std::max(bytes, region_bytes_ + region_bytes_ / 2) + kAlign - 1) / kAlign * kAlign;
+    const int64_t grown = grown_region_bytes(bytes, region_bytes_);
     if (window_ != MPI_WIN_NULL) shared_barrier();  // every member is done with the old regions
     free_shared();
     MPI_Info info;
     check_mpi(MPI_Info_create(&info), "MPI_Info_create");
     MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each region on its owner's memory
     void* mine = nullptr;
-    const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(grown + kAlign), 1, info, comm_, &mine, &window_);
+    const int code = MPI_Win_allocate_shared(static_cast<MPI_Aint>(grown + kRegionAlign), 1, info, comm_, &mine, &window_);
     MPI_Info_free(&info);
     check_mpi(code, "MPI_Win_allocate_shared");
     check_mpi(MPI_Win_set_errhandler(window_, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler");
@@ -227,10 +226,9 @@ SharedRegions MpiComm::shared_regions(int64_t bytes) {
       int unit = 0;
       void* at = nullptr;
       check_mpi(MPI_Win_shared_query(window_, static_cast<int>(r), &size, &unit, &at), "MPI_Win_shared_query");
-      SW_CHECK(size >= grown + kAlign, "shared_regions: rank {}'s region has {} bytes, not the {} asked",
-               members_[r], static_cast<int64_t>(size), grown + kAlign);
-      const auto address = reinterpret_cast<uintptr_t>(at);  // (Open MPI's are 8-byte aligned)
-      regions_[r] = static_cast<std::byte*>(at) + (kAlign - address % kAlign) % kAlign;
+      SW_CHECK(size >= grown + kRegionAlign, "shared_regions: rank {}'s region has {} bytes, not the {} asked",
+               members_[r], static_cast<int64_t>(size), grown + kRegionAlign);
+      regions_[r] = aligned_region(static_cast<std::byte*>(at));  // (Open MPI's are 8-byte aligned)
     }
     check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_), "MPI_Win_lock_all");
     region_bytes_ = grown;

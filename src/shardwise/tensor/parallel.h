@@ -50,7 +50,7 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   // Written under mutex_; atomic so that a worker waiting for the next run and the caller waiting
-  // for the last task can spin on them briefly (kSpinMicros) before sleeping on the condition.
+  // for the last task can spin on them briefly (parallel.cc's kSpin) before sleeping on the condition.
   std::atomic<uint64_t> generation_{0};  // a new run bumps it
   std::atomic<bool> stop_{false};
   void (*fn_)(void*, int64_t) = nullptr;

@@ -154,7 +154,7 @@ class RowExchange {
     if (wanted == MoeExchange::Messages) return;
     int64_t rows = 0;
     for (int64_t n : plan.peer_rows) rows = std::max(rows, n);
-    const int64_t half = (rows * std::max(width_in, width_out) * static_cast<int64_t>(sizeof(T)) + 63) / 64 * 64;
+    const int64_t half = comm::region_round_up(rows * std::max(width_in, width_out) * static_cast<int64_t>(sizeof(T)));
     const comm::SharedRegions shared = group_->shared_regions(2 * half);
     if (!shared) {
       SW_CHECK(wanted == MoeExchange::Auto,
@@ -164,7 +164,7 @@ class RowExchange {
                fmt::join(group_->members(), ","), group_->backend());
       return;
     }
-    const int64_t at = shared.call % 2 * (shared.bytes / 2 / 64 * 64);
+    const int64_t at = shared.call % 2 * (shared.bytes / 2 / comm::kRegionAlign * comm::kRegionAlign);
     for (std::byte* region : shared.at) regions_.push_back(reinterpret_cast<T*>(region + at));
   }
   bool shared() const { return !regions_.empty(); }
