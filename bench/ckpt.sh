@@ -8,7 +8,7 @@
 # torch.save of the same tensors (both when $PYTHON imports them: a venv, see BENCHMARKS.md).
 # Saves: the default (O_DIRECT, ckpt::SaveTuning), O_DIRECT with other requests in flight / piece
 # sizes, and the page cache, each next to dd's buffered write + fdatasync and dd oflag=direct.
-# Usage: [PYTHON=venv/bin/python] [PARTS=save|load|save,load] bash bench/ckpt.sh [build] [dir on the disk to test] [GiB] [rounds]
+# Usage: [PYTHON=venv/bin/python] [PARTS=save|load|save,load] [LOADS=all|short] bash bench/ckpt.sh [build] [dir on the disk to test] [GiB] [rounds]
 set -euo pipefail
 build=${1:-build}
 dir=${2:-/tmp/shardwise_ckpt_bench}
@@ -16,6 +16,7 @@ gib=${3:-1}
 rounds=${4:-3}
 py=${PYTHON:-python3}
 parts=${PARTS:-save,load}
+which_loads=${LOADS:-all}
 here=$(dirname "$0")
 bench="$build/bench/bench_ckpt"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -52,21 +53,24 @@ for r in $(seq 1 "$rounds"); do
   # them back?), whichever load comes first: read them once, untimed.
   sync; cat "$dir"/r1/checkpoint-1/* "$dir"/dptp/checkpoint-1/* "$dir"/dd.bin > /dev/null
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
-  # load ARGS: RANKS READERS HUGE_PAGES WILLNEED DIRECT (the defaults: O_DIRECT with 8 requests in
-  # flight for whole tensors and row blocks; 2 buffered readers, huge pages, WILLNEED otherwise)
-  # The order rotates by round, so no load is always first or last.
-  cfgs=("1 2 1 1 8" "1 2 1 1 4" "1 2 1 1 2" "1 2 0 1 8" "1 2 1 1 0" "1 1 1 1 0")
-  for i in "${!cfgs[@]}"; do
-    cfg=${cfgs[$(( (i + r - 1) % ${#cfgs[@]} ))]}
-    drop; echo -n "[1-rank ckpt] "; "$bench" load "$dir/r1/checkpoint-1" $cfg
+  # load ARGS: RANKS READERS HUGE_PAGES WILLNEED DIRECT [SPAN_CACHE_MIB] (the defaults: O_DIRECT
+  # with 8 requests in flight for whole tensors and row blocks; column blocks of ranks sharing a
+  # process through the 64 MiB span cache; 2 buffered readers, huge pages, WILLNEED otherwise).
+  # One list of every load, peers included, its order rotated by round, so no load is always first
+  # or last. LOADS=short keeps the default loads, the tp=4 page-cache one and the peers.
+  loads=("r1 1 2 1 1 8" "dptp 4 2 1 1 8" "dptp 4 1 1 1 8 0" "st" "torch" "dptp 1 2 1 1 8")
+  if [ "$which_loads" != short ]; then
+    loads+=("r1 1 2 1 1 4" "r1 1 2 1 1 2" "r1 1 2 0 1 8" "r1 1 2 1 1 0" "r1 1 1 1 1 0" "dptp 4 2 1 1 8 0")
+  fi
+  for i in "${!loads[@]}"; do
+    set -- ${loads[$(( (i + r - 1) % ${#loads[@]} ))]}
+    case $1 in
+      st) if [ "$has_st" = yes ]; then drop; echo -n "[1-rank ckpt] "; $py "$here/ckpt_safetensors.py" "$dir/r1/checkpoint-1"; fi ;;
+      torch) if [ "$has_torch" = yes ]; then drop; $py "$here/ckpt_torch.py" load "$dir/torch"; fi ;;
+      r1) shift; drop; echo -n "[1-rank ckpt] "; "$bench" load "$dir/r1/checkpoint-1" "$@" ;;
+      dptp) shift; drop; echo -n "[dp2tp2 ckpt] "; "$bench" load "$dir/dptp/checkpoint-1" "$@" ;;
+    esac
   done
-  # tp=4: the default (column blocks through the span cache, 64 MiB), then the page cache with 2
-  # and 1 reader threads per rank (span cache off: the previous default)
-  for cfg in "1 2 1 1 8" "4 2 1 1 8" "4 2 1 1 8 0" "4 1 1 1 8 0"; do
-    drop; echo -n "[dp2tp2 ckpt] "; "$bench" load "$dir/dptp/checkpoint-1" $cfg
-  done
-  if [ "$has_st" = yes ]; then drop; echo -n "[1-rank ckpt] "; $py "$here/ckpt_safetensors.py" "$dir/r1/checkpoint-1"; fi
-  if [ "$has_torch" = yes ]; then drop; $py "$here/ckpt_torch.py" load "$dir/torch"; fi
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
   # Last: a load right after an O_DIRECT dd measured slower on this VM's disk.
   drop; echo -n "dd read (bs=64M, iflag=direct): "; dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct 2>&1 | tail -1

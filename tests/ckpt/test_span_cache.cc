@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -146,6 +148,56 @@ TEST(SpanCache, ColumnBlocksOnFourThreadsAreTheFilesBytesAndNothingStaysCached) 
   before = span_cache_read_bytes();
   load_and_check(dir.path, data);
   EXPECT_EQ(span_cache_read_bytes(), before);
+}
+
+// One rank much slower than the others (here it reads its column one chunk per call, sleeping
+// between calls; on 2 cores a rank thread can lose its core for as long): the others run at most
+// the cache's room ahead of it, so no chunk it still needs is evicted and every chunk of the file
+// is read from the disk exactly once. Without that bound the three fast ranks race through the
+// file, the cache (4 chunks) keeps only their latest chunks, and the slow rank reads the file again.
+TEST(SpanCache, AFastRankWaitsForASlowOneSoEachChunkIsReadOnce) {
+  testing::ScratchDir dir("span_cache_slow");
+  const fs::path file = dir.path / "spans.bin";
+  constexpr size_t kChunk = size_t{1} << 20, kFile = 24 * kChunk, kRun = 4096, kStride = kRanks * kRun;
+  std::vector<std::byte> data(kFile);
+  for (size_t i = 0; i < kFile; ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(kFile));
+  if (!takes_direct_io(file)) GTEST_SKIP() << "no O_DIRECT under " << dir.path;
+  TuningGuard guard;
+  load_tuning().span_chunk = kChunk;
+  load_tuning().span_cache_bytes = 4 * kChunk;
+  evict(file);
+  const uint64_t before = span_cache_read_bytes();
+
+  std::vector<std::vector<std::byte>> dst(kRanks, std::vector<std::byte>(kFile / kRanks));
+  auto runs_of = [&](size_t p, size_t from, size_t to) {  // rank p's 4 KiB of every 16 KiB in [from, to)
+    std::vector<ReadRange> runs;
+    for (size_t at = from; at < to; at += kStride) runs.push_back({at + p * kRun, dst[p].data() + at / kRanks, kRun});
+    return runs;
+  };
+  std::atomic<bool> slow_joined{false};
+  std::vector<std::thread> ranks;
+  ranks.emplace_back([&] {  // rank 3, slow: one chunk per call; its use spans the calls, as load_group's does
+    SpanCacheUse use;
+    for (size_t c = 0; c < kFile / kChunk; ++c) {
+      read_through_span_cache(file, kFile, runs_of(3, c * kChunk, (c + 1) * kChunk), 4, size_t{256} << 10);
+      slow_joined = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  while (!slow_joined) std::this_thread::yield();
+  for (size_t p = 0; p < 3; ++p) {
+    ranks.emplace_back([&, p] { read_through_span_cache(file, kFile, runs_of(p, 0, kFile), 4, size_t{256} << 10); });
+  }
+  for (auto& t : ranks) t.join();
+
+  EXPECT_EQ(span_cache_read_bytes() - before, kFile);  // each chunk once
+  for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
+    for (size_t at = 0; at < kFile; at += kStride) {
+      ASSERT_EQ(std::memcmp(dst[p].data() + at / kRanks, data.data() + at + p * kRun, kRun), 0) << "rank " << p << " at " << at;
+    }
+  }
+  EXPECT_EQ(span_cache_held_bytes(), 0u);
 }
 
 // A chunk whose read fails (here: past the end of a file said to be longer) fails on every rank

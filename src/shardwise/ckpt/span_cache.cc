@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <compare>
 #include <condition_variable>
@@ -15,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "shardwise/core/error.h"
@@ -91,11 +93,22 @@ struct Entry {
   size_t n = 0;        // bytes of the file in the chunk (the last chunk of a file is shorter)
   bool ready = false;  // read (or failed: error)
   std::exception_ptr error;
-  uint64_t used = 0;  // LRU tick
+  uint64_t used = 0;    // LRU tick
+  uint64_t served = 0;  // slots (Reader::slot) of the readers that have copied from it
   explicit Entry(Buffer b, size_t bytes) : buf(b), n(bytes) {}
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
   ~Entry() { give_buffer(buf); }
+};
+
+// A thread holding a SpanCacheUse (a rank loading). Once it reads through the cache it is
+// "joined": it gets a slot (one bit of Entry::served) and counts the chunks it has copied from, in
+// the order it needs them. The ranks of a tp group need the same chunks in the same order, so the
+// difference of two readers' counts is how far one runs ahead of the other.
+struct Reader {
+  int depth = 0;        // SpanCacheUses of this thread alive (load_group, then read_through_span_cache)
+  int slot = -1;        // joined: 0..63; -1 before (or beyond 64 readers: not waited for)
+  uint64_t copied = 0;  // chunks copied from so far
 };
 
 struct Cache {
@@ -105,19 +118,22 @@ struct Cache {
   uint64_t held = 0;  // buffer bytes of `entries`
   uint64_t tick = 0;
   int users = 0;
+  std::map<std::thread::id, Reader> readers;
+  uint64_t joined = 0;  // slots of the joined readers
 };
 Cache& cache() {
   static Cache* c = new Cache;
   return *c;
 }
 
-// Drops least recently used ready entries (their users keep them alive until done) until
-// `incoming` more bytes fit in `limit`. Lock held.
+// Drops ready entries (their users keep them alive until done) until `incoming` more bytes fit in
+// `limit`: first those every joined reader has copied from, then the least recently used. Lock held.
 void evict_for(Cache& c, uint64_t incoming, uint64_t limit) {
+  auto rank = [&](const Entry& e) { return std::pair((c.joined & ~e.served) != 0, e.used); };
   while (c.held + incoming > limit) {
     auto victim = c.entries.end();
     for (auto it = c.entries.begin(); it != c.entries.end(); ++it) {
-      if (it->second->ready && (victim == c.entries.end() || it->second->used < victim->second->used)) victim = it;
+      if (it->second->ready && (victim == c.entries.end() || rank(*it->second) < rank(*victim->second))) victim = it;
     }
     if (victim == c.entries.end()) return;  // all being read: go over the limit for now
     c.held -= victim->second->buf.cap;
@@ -137,15 +153,25 @@ Key file_key(const fs::path& path) {
 SpanCacheUse::SpanCacheUse() {
   std::lock_guard lock(cache().m);
   ++cache().users;
+  ++cache().readers[std::this_thread::get_id()].depth;
 }
 
 SpanCacheUse::~SpanCacheUse() {
   Cache& c = cache();
-  std::lock_guard lock(c.m);
-  if (--c.users > 0) return;
-  c.entries.clear();  // every reader is done: the buffers go back to the pool, then are unmapped
-  c.held = 0;
-  unmap_free_buffers();
+  {
+    std::lock_guard lock(c.m);
+    auto it = c.readers.find(std::this_thread::get_id());
+    if (--it->second.depth == 0) {  // this rank's load ends: nobody waits for it any more
+      if (it->second.slot >= 0) c.joined &= ~(uint64_t{1} << it->second.slot);
+      c.readers.erase(it);
+    }
+    if (--c.users == 0) {
+      c.entries.clear();  // every reader is done: the buffers go back to the pool, then are unmapped
+      c.held = 0;
+      unmap_free_buffers();
+    }
+  }
+  c.cv.notify_all();
 }
 
 bool span_cache_shared() {
@@ -157,6 +183,35 @@ uint64_t span_cache_held_bytes() { return g_mapped.load(); }
 uint64_t span_cache_read_bytes() { return g_read.load(); }
 
 namespace {
+
+constexpr auto kLeadWait = std::chrono::seconds(2);
+
+// The fewest chunks any joined reader has copied. Lock held.
+uint64_t slowest_copied(const Cache& c) {
+  uint64_t least = UINT64_MAX;
+  for (const auto& [id, r] : c.readers) {
+    if (r.slot >= 0) least = std::min(least, r.copied);
+  }
+  return least;
+}
+
+// This thread's reader, joined (given a slot, if one of the 64 is free) on its first read through
+// the cache. A late joiner starts level with the slowest reader: chunks the others have passed are
+// read again for it rather than holding them back.
+Reader& join(Cache& c) {
+  std::lock_guard lock(c.m);
+  Reader& me = c.readers.at(std::this_thread::get_id());
+  if (me.slot >= 0) return me;
+  for (int s = 0; s < 64; ++s) {
+    if (c.joined & (uint64_t{1} << s)) continue;
+    const uint64_t least = slowest_copied(c);
+    me.copied = least == UINT64_MAX ? 0 : least;
+    me.slot = s;
+    c.joined |= uint64_t{1} << s;
+    break;
+  }
+  return me;
+}
 
 // Reads the claimed chunks `mine` (O_DIRECT, `requests` in flight), marks them ready and wakes the
 // ranks waiting for them; a failed chunk leaves the cache and its error goes to every waiter and
@@ -199,14 +254,23 @@ std::exception_ptr read_claimed(const fs::path& path, Key key, const Claimed& mi
 // and reads them, waits for the others, and copies each range's part of each chunk. Chunks
 // (last, ahead] nobody has yet are claimed too and read after this window's, before copying: the
 // next tensor in the file is usually the next one loaded, so the disk keeps busy while the ranks copy.
+//
+// Before claiming, a reader more than the cache can hold ahead of the slowest joined reader waits
+// for it (holding no claim, so nobody waits for this one): on 4 rank threads sharing 2 cores one
+// rank can fall behind by more than the cache, and would find the chunks it still needs evicted and
+// read them again. The wait is bounded (kLeadWait): it only shapes the order, the bytes do not
+// depend on it.
 void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_t chunk, uint64_t first, uint64_t last,
-                      uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece) {
+                      uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece, Reader& me) {
   Cache& c = cache();
   std::vector<std::shared_ptr<Entry>> chunks;
   Claimed mine, mine_ahead;
   std::exception_ptr error;  // a buffer that could not be mapped: the chunks claimed so far fail
   {
-    std::lock_guard lock(c.m);
+    std::unique_lock lock(c.m);
+    const uint64_t room = std::max<uint64_t>(load_tuning().span_cache_bytes / chunk, 1), need = ahead - first + 1;
+    const uint64_t lead = room > need ? room - need : 0;
+    if (me.slot >= 0) c.cv.wait_for(lock, kLeadWait, [&] { return me.copied <= slowest_copied(c) + lead; });
     try {
       for (uint64_t k = first; k <= ahead; ++k) {
         key.chunk = k;
@@ -240,6 +304,12 @@ void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_
       const uint64_t a = std::max(r.offset, base), b = std::min(r.offset + r.n, end);
       if (a < b) std::memcpy(r.dst + (a - r.offset), e.buf.p + (a - base), static_cast<size_t>(b - a));
     }
+    {
+      std::lock_guard lock(c.m);
+      if (me.slot >= 0) chunks[i]->served |= uint64_t{1} << me.slot;
+      ++me.copied;
+    }
+    c.cv.notify_all();  // a reader waiting for this one to catch up
   }
 }
 
@@ -261,6 +331,7 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   if (!FileHandle::open_direct(path, O_RDONLY)) return false;  // no direct I/O here: the caller's page-cache path
   const Key key = file_key(path);
   SpanCacheUse hold;  // a reader outside load_group still frees what it cached when it ends last
+  Reader& me = join(cache());
   // A window of a quarter of the cache at a time (several ranks hold windows at once), so a span
   // larger than the cache stays within it.
   const uint64_t window = std::max<uint64_t>(tuning.span_cache_bytes / 4 / chunk, 1);
@@ -269,7 +340,7 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   for (uint64_t k = first; k <= last; k += window) {
     const uint64_t end = std::min(last, k + window - 1);
     const uint64_t ahead = end == last && tuning.span_read_ahead ? std::min(file_last, last + window) : end;
-    fill_from_chunks(path, key, file_size, chunk, k, end, ahead, ranges, requests, piece);
+    fill_from_chunks(path, key, file_size, chunk, k, end, ahead, ranges, requests, piece, me);
   }
   return true;
 }
