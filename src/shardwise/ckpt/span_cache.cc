@@ -102,13 +102,16 @@ struct Entry {
 };
 
 // A thread holding a SpanCacheUse (a rank loading). Once it reads through the cache it is
-// "joined": it gets a slot (one bit of Entry::served) and counts the chunks it has copied from, in
-// the order it needs them. The ranks of a tp group need the same chunks in the same order, so the
-// difference of two readers' counts is how far one runs ahead of the other.
+// "joined": it gets a slot (one bit of Entry::served) and counts the bytes of the spans it has
+// passed (copied its runs out of), in the order it reads them. The ranks of a tp group read the
+// same tensors in the same order, and their column blocks' spans have the same length (first run to
+// last), so the difference of two readers' counts is how far one runs ahead of the other. (Counts
+// of chunks would drift: the spans of ranks' blocks start at different columns and may meet one
+// chunk more or less per tensor.)
 struct Reader {
   int depth = 0;        // SpanCacheUses of this thread alive (load_group, then read_through_span_cache)
   int slot = -1;        // joined: 0..63; -1 before (or beyond 64 readers: not waited for)
-  uint64_t copied = 0;  // chunks copied from so far
+  uint64_t passed = 0;  // bytes of spans passed so far
 };
 
 struct Cache {
@@ -186,26 +189,25 @@ namespace {
 
 constexpr auto kLeadWait = std::chrono::seconds(2);
 
-// The fewest chunks any joined reader has copied. Lock held.
-uint64_t slowest_copied(const Cache& c) {
+// The fewest bytes any joined reader has passed. Lock held.
+uint64_t slowest_passed(const Cache& c) {
   uint64_t least = UINT64_MAX;
   for (const auto& [id, r] : c.readers) {
-    if (r.slot >= 0) least = std::min(least, r.copied);
+    if (r.slot >= 0) least = std::min(least, r.passed);
   }
   return least;
 }
 
 // This thread's reader, joined (given a slot, if one of the 64 is free) on its first read through
-// the cache. A late joiner starts level with the slowest reader: chunks the others have passed are
-// read again for it rather than holding them back.
+// the cache, with nothing passed yet: the ranks of a tp group start their loads together, so counts
+// from 0 compare positions. (A rank that joins later holds the others back while it reads again
+// the chunks they have passed.)
 Reader& join(Cache& c) {
   std::lock_guard lock(c.m);
   Reader& me = c.readers.at(std::this_thread::get_id());
   if (me.slot >= 0) return me;
   for (int s = 0; s < 64; ++s) {
     if (c.joined & (uint64_t{1} << s)) continue;
-    const uint64_t least = slowest_copied(c);
-    me.copied = least == UINT64_MAX ? 0 : least;
     me.slot = s;
     c.joined |= uint64_t{1} << s;
     break;
@@ -255,13 +257,15 @@ std::exception_ptr read_claimed(const fs::path& path, Key key, const Claimed& mi
 // (last, ahead] nobody has yet are claimed too and read after this window's, before copying: the
 // next tensor in the file is usually the next one loaded, so the disk keeps busy while the ranks copy.
 //
-// Before claiming, a reader more than the cache can hold ahead of the slowest joined reader waits
-// for it (holding no claim, so nobody waits for this one): on 4 rank threads sharing 2 cores one
+// `span` is the bytes [lo, hi) this call's ranges cover; the reader has passed `before` bytes of
+// earlier spans. Before claiming, a reader more than the cache can hold ahead of the slowest joined
+// reader waits for it (holding no claim, so nobody waits for this one): on 4 rank threads sharing 2 cores one
 // rank can fall behind by more than the cache, and would find the chunks it still needs evicted and
 // read them again. The wait is bounded (kLeadWait): it only shapes the order, the bytes do not
 // depend on it.
 void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_t chunk, uint64_t first, uint64_t last,
-                      uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece, Reader& me) {
+                      uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece, Reader& me,
+                      std::pair<uint64_t, uint64_t> span, uint64_t before) {
   Cache& c = cache();
   std::vector<std::shared_ptr<Entry>> chunks;
   Claimed mine, mine_ahead;
@@ -269,8 +273,10 @@ void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_
   {
     std::unique_lock lock(c.m);
     const uint64_t room = std::max<uint64_t>(load_tuning().span_cache_bytes / chunk, 1), need = ahead - first + 1;
-    const uint64_t lead = room > need ? room - need : 0;
-    if (me.slot >= 0) c.cv.wait_for(lock, kLeadWait, [&] { return me.copied <= slowest_copied(c) + lead; });
+    // The slowest still needs the chunk it is in and those up to this one's; spans do not start on
+    // chunk boundaries: one chunk more.
+    const uint64_t lead = room > need + 1 ? (room - need - 1) * chunk : 0;
+    if (me.slot >= 0) c.cv.wait_for(lock, kLeadWait, [&] { return me.passed <= slowest_passed(c) + lead; });
     try {
       for (uint64_t k = first; k <= ahead; ++k) {
         key.chunk = k;
@@ -307,7 +313,7 @@ void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_
     {
       std::lock_guard lock(c.m);
       if (me.slot >= 0) chunks[i]->served |= uint64_t{1} << me.slot;
-      ++me.copied;
+      me.passed = before + std::min(end, span.second) - span.first;
     }
     c.cv.notify_all();  // a reader waiting for this one to catch up
   }
@@ -332,6 +338,7 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   const Key key = file_key(path);
   SpanCacheUse hold;  // a reader outside load_group still frees what it cached when it ends last
   Reader& me = join(cache());
+  const uint64_t before = me.passed;  // only this thread changes it
   // A window of a quarter of the cache at a time (several ranks hold windows at once), so a span
   // larger than the cache stays within it.
   const uint64_t window = std::max<uint64_t>(tuning.span_cache_bytes / 4 / chunk, 1);
@@ -340,7 +347,7 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   for (uint64_t k = first; k <= last; k += window) {
     const uint64_t end = std::min(last, k + window - 1);
     const uint64_t ahead = end == last && tuning.span_read_ahead ? std::min(file_last, last + window) : end;
-    fill_from_chunks(path, key, file_size, chunk, k, end, ahead, ranges, requests, piece, me);
+    fill_from_chunks(path, key, file_size, chunk, k, end, ahead, ranges, requests, piece, me, {lo, hi}, before);
   }
   return true;
 }
