@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +52,14 @@ std::vector<std::byte> write_model(const fs::path& dir) {
   for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
   out << header;
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(n));
+  return data;
+}
+
+// `n` bytes of a fixed pattern written to `file`; returns them.
+std::vector<std::byte> write_bytes(const fs::path& file, size_t n) {
+  std::vector<std::byte> data(n);
+  for (size_t i = 0; i < n; ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(n));
   return data;
 }
 
@@ -159,13 +169,11 @@ TEST(SpanCache, AFastRankWaitsForASlowOneSoEachChunkIsReadOnce) {
   testing::ScratchDir dir("span_cache_slow");
   const fs::path file = dir.path / "spans.bin";
   constexpr size_t kChunk = size_t{1} << 20, kFile = 24 * kChunk, kRun = 4096, kStride = kRanks * kRun;
-  std::vector<std::byte> data(kFile);
-  for (size_t i = 0; i < kFile; ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
-  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(kFile));
+  const std::vector<std::byte> data = write_bytes(file, kFile);
   if (!takes_direct_io(file)) GTEST_SKIP() << "no O_DIRECT under " << dir.path;
   TuningGuard guard;
   load_tuning().span_chunk = kChunk;
-  load_tuning().span_cache_bytes = 4 * kChunk;
+  load_tuning().span_cache_bytes = 4 * kChunk;  // room for 4 chunks
   evict(file);
   const uint64_t before = span_cache_read_bytes();
 
@@ -195,6 +203,57 @@ TEST(SpanCache, AFastRankWaitsForASlowOneSoEachChunkIsReadOnce) {
   for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
     for (size_t at = 0; at < kFile; at += kStride) {
       ASSERT_EQ(std::memcmp(dst[p].data() + at / kRanks, data.data() + at + p * kRun, kRun), 0) << "rank " << p << " at " << at;
+    }
+  }
+  EXPECT_EQ(span_cache_held_bytes(), 0u);
+}
+
+// A rank that stays out of the cache (here: between two of its reads for seconds, as a rank
+// reading a large tensor another way would) is not waited for: the other rank reads the whole file
+// without stopping for it (it would wait kLeadWait, 2 s, per window otherwise: 40 s here).
+TEST(SpanCache, ARankAwayFromTheCacheIsNotWaitedFor) {
+  testing::ScratchDir dir("span_cache_away");
+  const fs::path file = dir.path / "spans.bin";
+  constexpr size_t kChunk = size_t{1} << 20, kFile = 24 * kChunk, kRun = 4096, kStride = 2 * kRun;
+  const std::vector<std::byte> data = write_bytes(file, kFile);
+  if (!takes_direct_io(file)) GTEST_SKIP() << "no O_DIRECT under " << dir.path;
+  TuningGuard guard;
+  load_tuning().span_chunk = kChunk;
+  load_tuning().span_cache_bytes = 4 * kChunk;  // room for 4 chunks
+  std::vector<std::vector<std::byte>> dst(2, std::vector<std::byte>(kFile / 2));
+  auto runs_of = [&](size_t p, size_t from, size_t to) {
+    std::vector<ReadRange> runs;
+    for (size_t at = from; at < to; at += kStride) runs.push_back({at + p * kRun, dst[p].data() + at / 2, kRun});
+    return runs;
+  };
+  std::mutex m;
+  std::condition_variable cv;
+  bool joined = false, fast_done = false, gave_up = false;
+  std::thread away([&] {
+    SpanCacheUse use;  // inside its load all along, as in load_group
+    read_through_span_cache(file, kFile, runs_of(1, 0, kChunk), 4, size_t{256} << 10);
+    std::unique_lock lock(m);
+    joined = true;
+    cv.notify_all();
+    gave_up = !cv.wait_for(lock, std::chrono::seconds(10), [&] { return fast_done; });
+    lock.unlock();
+    read_through_span_cache(file, kFile, runs_of(1, kChunk, kFile), 4, size_t{256} << 10);
+  });
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return joined; });
+  }
+  read_through_span_cache(file, kFile, runs_of(0, 0, kFile), 4, size_t{256} << 10);
+  {
+    std::lock_guard lock(m);
+    fast_done = true;
+  }
+  cv.notify_all();
+  away.join();
+  EXPECT_FALSE(gave_up) << "the rank reading the file waited for the one away from the cache";
+  for (size_t p = 0; p < 2; ++p) {
+    for (size_t at = 0; at < kFile; at += kStride) {
+      ASSERT_EQ(std::memcmp(dst[p].data() + at / 2, data.data() + at + p * kRun, kRun), 0) << "rank " << p << " at " << at;
     }
   }
   EXPECT_EQ(span_cache_held_bytes(), 0u);

@@ -108,10 +108,13 @@ struct Entry {
 // last), so the difference of two readers' counts is how far one runs ahead of the other. (Counts
 // of chunks would drift: the spans of ranks' blocks start at different columns and may meet one
 // chunk more or less per tensor.)
+using Clock = std::chrono::steady_clock;
 struct Reader {
   int depth = 0;        // SpanCacheUses of this thread alive (load_group, then read_through_span_cache)
   int slot = -1;        // joined: 0..63; -1 before (or beyond 64 readers: not waited for)
   uint64_t passed = 0;  // bytes of spans passed so far
+  bool inside = false;  // in read_through_span_cache now
+  Clock::time_point left{};  // when it last returned from it
 };
 
 struct Cache {
@@ -187,24 +190,41 @@ uint64_t span_cache_read_bytes() { return g_read.load(); }
 
 namespace {
 
+// A guard only: the slowest reader inside the cache always progresses (it never waits itself).
 constexpr auto kLeadWait = std::chrono::seconds(2);
+// A reader out of the cache this long (loading a tensor another way, or done with spans) is not
+// waited for: only a rank between two spans (seconds of other reads would hold the others back).
+constexpr auto kAwayWait = std::chrono::milliseconds(20);
 
-// The fewest bytes any joined reader has passed. Lock held.
-uint64_t slowest_passed(const Cache& c) {
+// The fewest bytes passed by a joined reader to be waited for: inside the cache now, or out of it
+// for less than kAwayWait. Lock held.
+uint64_t slowest_passed(const Cache& c, Clock::time_point now) {
   uint64_t least = UINT64_MAX;
   for (const auto& [id, r] : c.readers) {
-    if (r.slot >= 0) least = std::min(least, r.passed);
+    if (r.slot >= 0 && (r.inside || now - r.left < kAwayWait)) least = std::min(least, r.passed);
   }
   return least;
 }
 
-// This thread's reader, joined (given a slot, if one of the 64 is free) on its first read through
-// the cache, with nothing passed yet: the ranks of a tp group start their loads together, so counts
+// Waits while `me` is more than `lead` bytes ahead of the slowest reader to be waited for (re-checked
+// every kAwayWait, since a reader staying away wakes nobody), at most kLeadWait. Lock held.
+void wait_for_slowest(Cache& c, std::unique_lock<std::mutex>& lock, const Reader& me, uint64_t lead) {
+  const Clock::time_point deadline = Clock::now() + kLeadWait;
+  for (Clock::time_point now = Clock::now(); now < deadline; now = Clock::now()) {
+    const uint64_t least = slowest_passed(c, now);
+    if (least == UINT64_MAX || me.passed <= least + lead) return;
+    c.cv.wait_for(lock, kAwayWait);
+  }
+}
+
+// This thread's reader, marked inside the cache, joined (given a slot, if one of the 64 is free) on
+// its first read through the cache, with nothing passed yet: the ranks of a tp group start their loads together, so counts
 // from 0 compare positions. (A rank that joins later holds the others back while it reads again
 // the chunks they have passed.)
 Reader& join(Cache& c) {
   std::lock_guard lock(c.m);
   Reader& me = c.readers.at(std::this_thread::get_id());
+  me.inside = true;
   if (me.slot >= 0) return me;
   for (int s = 0; s < 64; ++s) {
     if (c.joined & (uint64_t{1} << s)) continue;
@@ -276,7 +296,7 @@ void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_
     // The slowest still needs the chunk it is in and those up to this one's; spans do not start on
     // chunk boundaries: one chunk more.
     const uint64_t lead = room > need + 1 ? (room - need - 1) * chunk : 0;
-    if (me.slot >= 0) c.cv.wait_for(lock, kLeadWait, [&] { return me.passed <= slowest_passed(c) + lead; });
+    if (me.slot >= 0) wait_for_slowest(c, lock, me, lead);
     try {
       for (uint64_t k = first; k <= ahead; ++k) {
         key.chunk = k;
@@ -338,6 +358,17 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
   const Key key = file_key(path);
   SpanCacheUse hold;  // a reader outside load_group still frees what it cached when it ends last
   Reader& me = join(cache());
+  struct Leave {  // before `hold` ends (which may drop the reader)
+    Reader& r;
+    ~Leave() {
+      {
+        std::lock_guard lock(cache().m);
+        r.inside = false;
+        r.left = Clock::now();
+      }
+      cache().cv.notify_all();
+    }
+  } leave{me};
   const uint64_t before = me.passed;  // only this thread changes it
   // A window of a quarter of the cache at a time (several ranks hold windows at once), so a span
   // larger than the cache stays within it.

@@ -11,7 +11,7 @@
 // (file identity, chunk index). Entries are evicted least recently used once the cache holds more
 // than LoadTuning::span_cache_bytes, those every rank has copied from first (an entry still being
 // copied from is kept alive by its users); a rank running more than the cache ahead of the slowest
-// waits for it rather than evict chunks that one still needs,
+// rank reading through the cache waits for it rather than evict chunks that one still needs,
 // and everything is freed (buffers unmapped) when the last SpanCacheUse of the process ends:
 // nothing stays allocated after a load.
 #include <cstdint>
