@@ -161,6 +161,36 @@ TEST(CliProfile, AnUnwritableTraceIsAnErrorAfterTheRunsResults) {
   EXPECT_EQ(losses(tmp("shardwise-profile-bad")).size(), 2u);
 }
 
+// One rank (dp = 1): its gradients are P(sum) over a mesh dim of one rank, which the reshard plan
+// leaves out, so no reshard makes a collective (there was one all_reduce per parameter and step,
+// and one for the loss). What stays per step is the Trainer's agreement over the world, which a
+// world of one still calls (2 scalars' all_reduce, a few microseconds): the gradient norm's sum and
+// the loader's wait times; and the loss's broadcast from the last pipeline stage.
+TEST(CliProfile, OneRankMakesNoReshardCollectives) {
+  const std::string dir = tmp("shardwise-profile-dp1");
+  std::system(("rm -rf " + dir).c_str());
+  auto r = shardwise_cli_test::run("train --mesh dp=1 --layers 2 --hidden 32 --steps 3 --global-batch 8 --eval-every 0 "
+                                   "--progress none --profile --run-dir " + dir);
+  ASSERT_EQ(r.status, 0) << r.out;
+  json trace = json::parse(read(dir + "/trace.json"));
+  std::vector<json> events;
+  for (const json& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X") events.push_back(e);
+  sort_by_start(events);
+  std::map<std::string, int> collectives;  // "parent's cat: name"
+  std::vector<std::pair<double, std::string>> open;  // end, cat
+  int reshards = 0;
+  for (const json& e : events) {
+    const double ts = e["ts"];
+    while (!open.empty() && ts >= open.back().first) open.pop_back();
+    if (e["cat"] == "collective") ++collectives[(open.empty() ? "" : open.back().second) + ": " + e["name"].get<std::string>()];
+    reshards += e["cat"] == "reshard";
+    open.emplace_back(ts + e["dur"].get<double>(), e["cat"]);
+  }
+  EXPECT_GT(reshards, 0);  // the reshards are still there: they hand their input on
+  EXPECT_EQ(collectives, (std::map<std::string, int>{{"step: all_reduce", 2 * 3}, {"step: broadcast", 3}})) << r.out;
+}
+
 // The MoE exchange on either path (SHARDWISE_MOE_EXCHANGE): each moe_mlp and moe_mlp_grad kernel
 // holds two all_to_all events, the dispatch and the combine, in that order.
 struct MoeExchanges {
