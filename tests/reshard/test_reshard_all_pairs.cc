@@ -1,8 +1,10 @@
-// Every pair of distributions on meshes [2], [4], [2,2], [2,3]: a random global tensor is cut into
-// the source shards (Partial dims split into unequal random parts) by the verifier's simulated mesh,
-// resharded on threads, and the result is put back together from the target placements and
-// compared with the global tensor: bit for bit where no arithmetic happens, within a rounding
-// tolerance where partial values were reduced.
+// Every pair of distributions on meshes [2], [4], [2,2], [2,3], and with dims of one rank [1],
+// [1,2], [2,1]: a random global tensor is cut into the source shards (Partial dims split into
+// unequal random parts) by the verifier's simulated mesh, resharded on threads, and the result is
+// put back together from the target placements and compared with the global tensor: bit for bit
+// where no arithmetic happens, within a rounding tolerance where partial values were reduced.
+// No plan has a step that moves nothing (a collective over one rank, a slice that cuts nothing):
+// a data-parallel gradient at dp = 1 is P(sum) -> R over one rank.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -53,6 +55,24 @@ struct Outcome {
   std::vector<std::string> failures;
 };
 
+// Why `plan` has a step that moves nothing, or "".
+std::string idle_step(const Plan& plan) {
+  for (const Step& s : plan.steps) {
+    const ProcessMesh& m = s.before.mesh;
+    if (s.kind == StepKind::SendRecv) continue;
+    if (m.size() == 1) return "a step on a mesh of one rank: " + s.to_string();
+    if (s.mesh_dim >= 0 && m.dim_size(s.mesh_dim) == 1) return "a step over a mesh dim of one rank: " + s.to_string();
+    if (s.kind != StepKind::LocalSlice) continue;
+    bool cuts = false;
+    for (int64_t r = 0; r < m.size() && !cuts; ++r) {
+      const auto coords = m.coords(r);
+      cuts = block_at(plan.shape, s.before, coords).shape != block_at(plan.shape, s.after, coords).shape;
+    }
+    if (!cuts) return "a slice that cuts nothing: " + s.to_string();
+  }
+  return "";
+}
+
 // Reshards every pair of distributions from `from` to `to` (meshes of processes 0..world-1) with
 // `strategy`; returns the failures.
 Outcome check_all_pairs(const ProcessMesh& from, const ProcessMesh& to, int world, const Shape& shape,
@@ -94,6 +114,10 @@ Outcome check_all_pairs(const ProcessMesh& from, const ProcessMesh& to, int worl
         o.failures.push_back(fmt::format("{} -> {} shape {}: {}\n{}", src_dists[a].to_string(), dst_dists[b].to_string(),
                                          shape.to_string(), back.defined() ? r.message : error,
                                          plans[a * nd + b].to_string()));
+      }
+      if (std::string idle = idle_step(plans[a * nd + b]); !idle.empty()) {
+        o.failures.push_back(fmt::format("{} -> {} shape {}: {}\n{}", src_dists[a].to_string(), dst_dists[b].to_string(),
+                                         shape.to_string(), idle, plans[a * nd + b].to_string()));
       }
       ++o.checked;
     }
@@ -142,7 +166,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{{4}, PlanOptions::Strategy::Collectives}, Case{{4}, PlanOptions::Strategy::Redistribute},
                     Case{{2, 2}, PlanOptions::Strategy::Collectives}, Case{{2, 2}, PlanOptions::Strategy::Redistribute},
                     Case{{2, 3}, PlanOptions::Strategy::Collectives}, Case{{2, 3}, PlanOptions::Strategy::Redistribute},
-                    Case{{2, 3}, PlanOptions::Strategy::Auto}),
+                    Case{{2, 3}, PlanOptions::Strategy::Auto}, Case{{1}, PlanOptions::Strategy::Auto},
+                    Case{{1, 2}, PlanOptions::Strategy::Collectives}, Case{{1, 2}, PlanOptions::Strategy::Redistribute},
+                    Case{{2, 1}, PlanOptions::Strategy::Auto}),
     name_of);
 
 // Between meshes: disjoint process sets (pipeline stages), the same processes in another shape,

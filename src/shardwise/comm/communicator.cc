@@ -135,6 +135,12 @@ void Communicator::shared_barrier() {
   const_cast<Communicator*>(carrier())->shared_barrier();
 }
 
+void Communicator::shared_exchange(int64_t bytes, const FillPieces& fill) {
+  SW_CHECK(bytes >= 0, "shared_exchange: negative size {}", bytes);
+  fill_every_peer(*this, fill);
+  shared_barrier();
+}
+
 void fill_every_peer(const Communicator& c, const FillPieces& fill) {
   if (!fill) return;
   for (int step = 1; step <= c.size(); ++step) fill((c.rank() + step) % c.size());

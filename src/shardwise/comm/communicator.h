@@ -163,6 +163,14 @@ class Communicator {
   // MPI_Win_sync, MPI_Barrier, MPI_Win_sync on the window; local: the threads' rendezvous).
   // Only after shared_regions returned regions.
   virtual void shared_barrier();
+  // One step of an exchange through the shared regions: fill(p) for every member p in
+  // all_to_all_pieces' order (ring order from rank() + 1, rank() last; the caller writes what it
+  // sends p into p's region), or nothing when `fill` is empty (a step that only waits for the
+  // others' writes), then shared_barrier(). `bytes`: what this member moves in the step, counted as
+  // the message exchange the step stands for counts its send pieces, so that a profiling wrapper
+  // (runtime::ProfiledCommunicator) records it like that exchange: an all_to_all of `bytes`. A
+  // wrapper forwards to its carrier.
+  virtual void shared_exchange(int64_t bytes, const FillPieces& fill = {});
 
   // Non-blocking all_reduce / reduce_scatter_v (same arguments, results and call checks; the
   // result is defined after wait()). The default completes at wait(), where it makes the blocking

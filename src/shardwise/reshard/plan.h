@@ -16,7 +16,8 @@
 //                            processes or another shape), point to point
 // A value that is Partial on several mesh dims is reduced over the last such mesh dim first, so
 // a Partial dim is only reduced while every later Partial dim commutes with it (both sum/avg, or
-// the same op).
+// the same op). A step that changes placements on mesh dims of one rank only moves nothing and is
+// left out (a dp = 1 gradient's P(sum) -> R: a plan with no steps, whose output is its input).
 #include <string>
 #include <vector>
 

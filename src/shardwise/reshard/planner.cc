@@ -40,6 +40,20 @@ MeshDimList with(const MeshDimList& l, int m) {
   return out;
 }
 
+// `d` with every mesh dim of size 1 made Replicate: the same block on every rank (a Partial over
+// one rank is its value, reduced or not; a tensor dim split into one piece is whole).
+DistAttr without_unit_dims(const mesh::ProcessMesh& mesh, const DistAttr& d) {
+  DistAttr out = d;
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    if (mesh.dim_size(m) == 1 && !d[m].is_replicate()) out.set(m, Placement::replicate());
+  }
+  return out;
+}
+
+// Builds a plan step by step from `from`. A step that changes the layout on mesh dims of size 1
+// only (a dp = 1 gradient's P(sum) -> R, a slice over one rank) moves no data: it changes the
+// current layout but is left out of the plan, so such a reshard makes no collective and no copy
+// (the executor hands the input on as the output; the bits are the same).
 class Builder {
  public:
   Builder(const Shape& shape, DType dtype, const Layout& from, const CostModel& cost)
@@ -125,7 +139,7 @@ class Builder {
     s.cost_s = (k - 1) * alpha + static_cast<double>(s.bytes) / bw;
     s.after = after;
     cur_ = after;
-    steps_.push_back(s);
+    if (!moves_nothing(s)) steps_.push_back(s);
   }
 
  private:
@@ -141,7 +155,10 @@ class Builder {
     s.bytes = static_cast<int64_t>(bytes);
     s.cost_s = s.mesh_dim >= 0 ? alpha_total + bytes / cost_.bandwidth(s.mesh_dim) : 0;
     cur_ = s.after;
-    steps_.push_back(s);
+    if (!moves_nothing(s)) steps_.push_back(s);
+  }
+  static bool moves_nothing(const Step& s) {
+    return without_unit_dims(s.before.mesh, s.before.dist) == without_unit_dims(s.after.mesh, s.after.dist);
   }
   int64_t bytes_under(const DistAttr& d) const { return max_local_numel(shape_, {cur_.mesh, d}) * elem_; }
   int64_t local_bytes() const { return bytes_under(cur_.dist); }

@@ -105,6 +105,11 @@ void ProfiledCommunicator::barrier() {
   inner_->barrier();
 }
 
+void ProfiledCommunicator::shared_exchange(int64_t bytes, const comm::FillPieces& fill) {
+  ProfileScope s(EventKind::Collective, "all_to_all", bytes, "shared memory");
+  inner_->shared_exchange(bytes, fill);
+}
+
 std::unique_ptr<comm::Request> ProfiledCommunicator::start_all_reduce(const void* in, void* out, int64_t count,
                                                                       DType dtype, comm::Reduce op) {
   ProfileScope s(EventKind::Collective, "start_all_reduce", nbytes(count, dtype));

@@ -1,9 +1,10 @@
 #pragma once
 // A Communicator that forwards every call to another and records it as a Collective event in the
 // calling thread's active profile (profiler.h): its name, time and bytes (this rank's input; for
-// recv the bytes received). Its groups are profiled too. `shardwise train --profile` hands the
-// Trainer a ProfiledCommunicator over the world, so reshards, collective kernels, pipeline
-// sends, the gradient norm and the sharded optimizer's collectives are all seen.
+// recv the bytes received; for a shared-memory exchange step the bytes its caller names). Its
+// groups are profiled too. `shardwise train --profile` hands the Trainer a ProfiledCommunicator
+// over the world, so reshards, collective kernels (the MoE exchanges on either path included),
+// pipeline sends, the gradient norm and the sharded optimizer's collectives are all seen.
 #include <memory>
 
 #include "shardwise/comm/communicator.h"
@@ -37,6 +38,9 @@ class ProfiledCommunicator : public comm::Communicator {
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;
+  // Recorded as an all_to_all of `bytes` (the message exchange it stands for) with the detail
+  // "shared memory": the writes and the barrier.
+  void shared_exchange(int64_t bytes, const comm::FillPieces& fill = {}) override;
   // Recorded as `start_...` at the start and `wait_...` when waited for (the time blocked there).
   std::unique_ptr<comm::Request> start_all_reduce(const void* in, void* out, int64_t count, DType dtype,
                                                   comm::Reduce op) override;

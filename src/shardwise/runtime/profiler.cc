@@ -102,10 +102,13 @@ RankProfile* active_profile() { return current; }
 ActiveProfile::ActiveProfile(RankProfile* p) : previous_(current) { current = p; }
 ActiveProfile::~ActiveProfile() { current = previous_; }
 
-ProfileScope::ProfileScope(RankProfile* p, EventKind kind, std::string_view name, int64_t bytes) : p_(p) {
+ProfileScope::ProfileScope(RankProfile* p, EventKind kind, std::string_view name, int64_t bytes,
+                           std::string_view detail)
+    : p_(p) {
   if (!p_) return;
   e_.kind = kind;
   e_.name = p_->intern(name);
+  if (!detail.empty()) e_.detail = p_->intern(detail);
   e_.bytes = bytes;
   if (kind == EventKind::Step || kind == EventKind::Eval) thread_faults(e_.minflt, e_.majflt);
   e_.start_ns = p_->now_ns();

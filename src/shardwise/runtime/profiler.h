@@ -28,7 +28,8 @@ std::string_view event_kind_name(EventKind k);  // the trace's "cat": "step", "o
 struct ProfileEvent {
   EventKind kind = EventKind::Op;
   int32_t name = -1;    // op type ("matmul", "matmul_grad"), collective ("all_reduce"), "step 3", ...
-  int32_t detail = -1;  // op: node and operand shapes; reshard: the distributions (-1: none)
+  int32_t detail = -1;  // op: node and operand shapes; reshard: the distributions; an all_to_all
+                        // through shared memory: "shared memory" (-1: none)
   int64_t start_ns = 0, dur_ns = 0;  // from the profile's origin
   int64_t bytes = 0;    // collectives: this rank's bytes (sent, or received by recv); reshards: output bytes
   int64_t minflt = -1, majflt = -1;  // steps: page faults of the rank's thread during the step
@@ -84,12 +85,12 @@ class ActiveProfile {
 
 // Records one event from construction to destruction into `p` (the first form: the thread's
 // active profile); nothing when it is null. Steps and evaluations also record the thread's page
-// faults during them.
+// faults during them. A non-empty `detail` becomes the event's detail (the trace's args.detail).
 class ProfileScope {
  public:
-  ProfileScope(EventKind kind, std::string_view name, int64_t bytes = 0)
-      : ProfileScope(active_profile(), kind, name, bytes) {}
-  ProfileScope(RankProfile* p, EventKind kind, std::string_view name, int64_t bytes = 0);
+  ProfileScope(EventKind kind, std::string_view name, int64_t bytes = 0, std::string_view detail = {})
+      : ProfileScope(active_profile(), kind, name, bytes, detail) {}
+  ProfileScope(RankProfile* p, EventKind kind, std::string_view name, int64_t bytes = 0, std::string_view detail = {});
   ~ProfileScope();
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;

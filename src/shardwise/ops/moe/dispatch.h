@@ -138,8 +138,10 @@ T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, in
 // `width_in` elements a row in, `width_out` out (the experts write their results over their rows,
 // packed from the start). dispatch(): every rank writes its kept rows at plan.send_at in their
 // peers' regions (peers in ring order from the next rank, so that the ranks spread over the
-// regions), then a shared_barrier; the experts compute in place in this rank's region. combine():
-// a shared_barrier (every expert's results written), then returns where each result lies: the
+// regions), then a shared_barrier (the two: one Communicator::shared_exchange, which --profile
+// records as an all_to_all of the bytes the message path's call counts); the experts compute in
+// place in this rank's region. combine(): a shared_exchange with no writes, that is a
+// shared_barrier (every expert's results written), then returns where each result lies: the
 // caller reads it there, no copy. The next call writes the other half; the barrier after its writes orders them
 // after this call's reads (no third barrier). One rank or messages: the rows of the scratch
 // buffers, as before.
@@ -173,16 +175,19 @@ class RowExchange {
   template <class WriteRow>
   T* dispatch(WriteRow write_row) {
     if (!shared()) return from_ = dispatch_rows<T>(group_, plan_, width_in_, write_row);
-    const int me = group_->rank(), peers = plan_.peers;
-    for (int step = 1; step <= peers; ++step) {
-      const auto p = static_cast<size_t>((me + step) % peers);
+    const int me = group_->rank();
+    // The bytes dispatch_rows' all_to_all_pieces counts: the rows for the other ranks (this
+    // rank's own go straight into place on both paths).
+    int64_t sent = 0;
+    for (int p = 0; p < plan_.peers; ++p) sent += p == me ? 0 : plan_.send_rows[static_cast<size_t>(p)];
+    group_->shared_exchange(sent * width_in_ * static_cast<int64_t>(sizeof(T)), [&](int peer) {
+      const auto p = static_cast<size_t>(peer);
       for (auto i = static_cast<size_t>(plan_.send_first[p]); i < static_cast<size_t>(plan_.send_first[p + 1]); ++i) {
         T* dst = regions_[p] + plan_.send_at[i] * width_in_;
         const int64_t first = piece_row_[i];
         for (int64_t q = 0; q < plan_.send_expert_rows[i]; ++q) write_row(first + q, dst + q * width_in_);
       }
-    }
-    group_->shared_barrier();
+    });
     return regions_[static_cast<size_t>(me)];
   }
 
@@ -195,7 +200,8 @@ class RowExchange {
       for (size_t i = 0; i < at.size(); ++i) at[i] = back + static_cast<int64_t>(i) * width_out_;
       return at;
     }
-    group_->shared_barrier();
+    // The bytes combine_rows' all_to_all_pieces counts: every result of this rank's experts.
+    group_->shared_exchange(total_rows(plan_.recv_rows) * width_out_ * static_cast<int64_t>(sizeof(T)));
     for (size_t p = 0; p < static_cast<size_t>(plan_.peers); ++p) {
       for (auto i = static_cast<size_t>(plan_.send_first[p]); i < static_cast<size_t>(plan_.send_first[p + 1]); ++i) {
         const int64_t first = piece_row_[i];
