@@ -2,8 +2,7 @@
 // their digests, with O_DIRECT and through the page cache, on the test's disk, tmpfs and ramfs, for
 // pieces of one block or many, an unaligned last block and unaligned sources; a one-rank save
 // writes, on both paths, the file the in-memory serializer gives, and the same files as a save on
-// tp=2 (whose files several ranks write: write_runs, O_DIRECT for the blocks one rank covers whole,
-// the digests read back); several writers of one file sharing blocks give its bytes.
+// tp=2 (whose files several ranks write, through the page cache).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +13,6 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <thread>
 
 #include "ckpt_test_util.h"
 #include "shardwise/ckpt/checksum.h"
@@ -143,62 +141,6 @@ TEST(StreamedWrite, RefusesSegmentsThatDoNotTileTheFile) {
 }
 
 // A model with tensors of odd byte sizes (no tensor starts or ends on a 4 KiB boundary).
-// Three writers (threads) write the runs of one file, their boundaries inside blocks they share,
-// one writer's part broken by short runs of another (a column block's shape), each stretch made of
-// several runs from unaligned places in memory: on both paths the file is the bytes, O_DIRECT
-// writes exactly the blocks one writer covers whole, and the read-back digests are the bytes'.
-TEST(WriteRuns, WritersSharingBlocksGiveTheBytesAndTheReadBackDigests) {
-  TestDirs two;
-  constexpr size_t kSize = 150'001;
-  const std::vector<std::byte> source = pattern(kSize + 13, 5);
-  const std::vector<std::byte> expected(source.begin() + 13, source.end());  // file byte x = source[x + 13]
-  auto writer_of = [](size_t x) {
-    if (x < 50'003) return (x >= 20'000 && x % 20'000 < 100) ? 2 : 0;
-    return x < 100'777 ? 1 : 2;
-  };
-  std::vector<std::vector<WriteSegment>> runs(3);
-  uint64_t whole_blocks = 0;  // bytes of the blocks inside one writer's stretch
-  for (size_t x = 0; x < kSize;) {
-    size_t end = x;
-    while (end < kSize && writer_of(end) == writer_of(x)) ++end;
-    const uint64_t a = (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign, b = end / kDirectAlign * kDirectAlign;
-    if (a < b) whole_blocks += b - a;
-    for (size_t at = x; at < end; at += 7'777) {  // several runs per stretch
-      runs[static_cast<size_t>(writer_of(x))].push_back({at, source.data() + at + 13, std::min<size_t>(7'777, end - at)});
-    }
-    x = end;
-  }
-  for (const fs::path& dir : two.dirs) {
-    const bool direct_ok = takes_direct_io(dir);
-    for (bool direct : {false, true}) {
-      for (size_t piece : {kDirectAlign, size_t{1} << 20}) {
-        const SaveTuning tuning{direct, 3, piece};
-        const fs::path path = dir / fmt::format("runs_{}_{}", direct, piece);
-        const uint64_t before = direct_write_bytes();
-        std::vector<std::thread> writers;
-        for (size_t w = 0; w < 3; ++w) {
-          writers.emplace_back([&, w] {
-            FileHandle h(path, O_WRONLY | O_CREAT);
-            h.truncate(kSize);
-            write_runs(h, runs[w], tuning);
-            h.close();
-          });
-        }
-        for (auto& t : writers) t.join();
-        SCOPED_TRACE(path.string());
-        EXPECT_EQ(read_all(path), expected);
-        EXPECT_EQ(direct_write_bytes() - before, direct && direct_ok ? whole_blocks : 0);
-        FileHandle(path, O_RDONLY).sync();
-        const FileDigest d = digest_file_direct(path, true, tuning);
-        EXPECT_EQ(d.size, kSize);
-        EXPECT_EQ(d.xxh64, xxh64_hex(expected));
-        EXPECT_EQ(d.sha256, sha256_hex(expected));
-      }
-    }
-  }
-  ASSERT_GT(whole_blocks, 20 * kDirectAlign);  // the O_DIRECT part is exercised
-}
-
 std::vector<testing::GlobalTensor> odd_model() {
   return {{"model", "a.weight", testing::make_global(DType::F32, Shape{301, 37}, 1)},
           {"model", "b.weight", testing::make_global(DType::BF16, Shape{333, 5}, 2)},
@@ -246,9 +188,7 @@ TEST(SaveDirect, OneRankSaveWritesTheSerializedFileOnEveryPath) {
     const fs::path direct_dir = save_on(dir / "direct", single, 1, true);
     EXPECT_EQ(direct_write_bytes() > before, direct_ok) << dir;
     const auto direct = files_of(direct_dir);
-    const uint64_t before_tp2 = direct_write_bytes();
     const auto sharded = files_of(save_on(dir / "tp2", tp2, 2, true));  // two writers per file
-    EXPECT_EQ(direct_write_bytes() > before_tp2, direct_ok) << dir;   // a.weight's row blocks
     ASSERT_TRUE(buffered.count("model-00001-of-00001.safetensors")) << dir;
     EXPECT_EQ(buffered.at("model-00001-of-00001.safetensors"), reference) << dir;
     for (const auto& [name, bytes] : buffered) {

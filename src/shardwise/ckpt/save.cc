@@ -130,8 +130,7 @@ std::optional<std::vector<WriteSegment>> whole_file_segments(const SavePlan& pla
 
 // Writes this rank's pieces. A file this rank writes whole is written as one stream (O_DIRECT where
 // SaveTuning and the file system allow it) and its digests, computed on the way, are returned; the
-// other files get each writer's runs (write_runs: O_DIRECT for the blocks one writer covers whole)
-// and are digested after the fsync, read back (digest_file_direct).
+// other files get each writer's pieces by pwrite and are digested after the fsync.
 std::map<std::string, FileDigest> write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
   const int me = comm.rank();
   std::map<std::string, FileDigest> streamed;
@@ -151,15 +150,9 @@ std::map<std::string, FileDigest> write_pieces(comm::Communicator& comm, const S
     }
     FileHandle h(plan.tmp_dir / pf.name, O_WRONLY | O_CREAT);
     h.truncate(pf.layout.file_size());  // every writer sets the same final size: order does not matter
-    std::vector<WriteSegment> runs;
-    if (pf.owner == me) {
-      runs.push_back({0, reinterpret_cast<const std::byte*>(pf.layout.header.data()), pf.layout.header.size()});
-    }
-    for_each_piece_run(plan, sources, f, me, [&](uint64_t offset, std::span<const std::byte> bytes) {
-      runs.push_back({offset, bytes.data(), bytes.size()});
-    });
-    std::sort(runs.begin(), runs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
-    write_runs(h, runs, save_tuning());
+    if (pf.owner == me) h.pwrite_all(std::as_bytes(std::span<const char>(pf.layout.header)), 0);
+    for_each_piece_run(plan, sources, f, me,
+                       [&](uint64_t offset, std::span<const std::byte> bytes) { h.pwrite_all(bytes, offset); });
     h.close();
     crash_point("file written");
   }
@@ -174,8 +167,7 @@ json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const std::
   json digests = json::object();
   auto add = [&](const std::string& name) {
     auto it = streamed.find(name);
-    FileDigest d = it != streamed.end() ? it->second
-                                        : digest_file_direct(plan.tmp_dir / name, plan.options.sha256, save_tuning());
+    FileDigest d = it != streamed.end() ? it->second : digest_file(plan.tmp_dir / name, plan.options.sha256);
     digests[name] = {{"size", d.size}, {"xxh64", d.xxh64}, {"sha256", d.sha256}};
   };
   for (const PlannedFile& f : plan.files) {
