@@ -2,17 +2,20 @@
 // their digests, with O_DIRECT and through the page cache, on the test's disk, tmpfs and ramfs, for
 // pieces of one block or many, an unaligned last block and unaligned sources; a one-rank save
 // writes, on both paths, the file the in-memory serializer gives, and the same files as a save on
-// tp=2 (whose files several ranks write, through the page cache).
+// tp=2 (whose files several ranks write: write_runs, O_DIRECT for the blocks one rank covers whole,
+// the digests read back); several writers of one file sharing blocks give its bytes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <thread>
 
 #include "ckpt_test_util.h"
 #include "shardwise/ckpt/checksum.h"
@@ -140,6 +143,71 @@ TEST(StreamedWrite, RefusesSegmentsThatDoNotTileTheFile) {
   }
 }
 
+// Three writers (threads) write the runs of one file, their boundaries inside blocks they share,
+// one writer's part broken by short runs of another (a column block's shape), each stretch made of
+// several runs from unaligned places in memory: on both paths the file is the bytes, O_DIRECT
+// writes exactly the blocks one writer covers whole, and the writers' part digests tile the file,
+// one per stretch, each the xxh64 of the file's bytes there.
+TEST(WriteRuns, WritersSharingBlocksGiveTheBytesAndOneDigestPerStretch) {
+  TestDirs two;
+  constexpr size_t kSize = 150'001;
+  const std::vector<std::byte> source = pattern(kSize + 13, 5);
+  const std::vector<std::byte> expected(source.begin() + 13, source.end());  // file byte x = source[x + 13]
+  auto writer_of = [](size_t x) {
+    if (x < 50'003) return (x >= 20'000 && x % 20'000 < 100) ? 2 : 0;
+    return x < 100'777 ? 1 : 2;
+  };
+  std::vector<std::vector<WriteSegment>> runs(3);
+  uint64_t whole_blocks = 0;  // bytes of the blocks inside one writer's stretch
+  size_t stretches = 0;
+  for (size_t x = 0; x < kSize; ++stretches) {
+    size_t end = x;
+    while (end < kSize && writer_of(end) == writer_of(x)) ++end;
+    const uint64_t a = (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign, b = end / kDirectAlign * kDirectAlign;
+    if (a < b) whole_blocks += b - a;
+    for (size_t at = x; at < end; at += 7'777) {  // several runs per stretch
+      runs[static_cast<size_t>(writer_of(x))].push_back({at, source.data() + at + 13, std::min<size_t>(7'777, end - at)});
+    }
+    x = end;
+  }
+  for (const fs::path& dir : two.dirs) {
+    const bool direct_ok = takes_direct_io(dir);
+    for (bool direct : {false, true}) {
+      for (size_t piece : {kDirectAlign, size_t{1} << 20}) {
+        const SaveTuning tuning{direct, 3, piece};
+        const fs::path path = dir / fmt::format("runs_{}_{}", direct, piece);
+        const uint64_t before = direct_write_bytes();
+        std::vector<std::vector<PartDigest>> parts(3);
+        std::vector<std::thread> writers;
+        for (size_t w = 0; w < 3; ++w) {
+          writers.emplace_back([&, w] {
+            FileHandle h(path, O_WRONLY | O_CREAT);
+            h.truncate(kSize);
+            parts[w] = write_runs(h, runs[w], tuning);
+            h.close();
+          });
+        }
+        for (auto& t : writers) t.join();
+        SCOPED_TRACE(path.string());
+        EXPECT_EQ(read_all(path), expected);
+        EXPECT_EQ(direct_write_bytes() - before, direct && direct_ok ? whole_blocks : 0);
+        std::vector<PartDigest> all;
+        for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+        std::sort(all.begin(), all.end(), [](const PartDigest& a, const PartDigest& b) { return a.offset < b.offset; });
+        EXPECT_EQ(all.size(), stretches);
+        uint64_t at = 0;
+        for (const PartDigest& p : all) {
+          ASSERT_EQ(p.offset, at);
+          EXPECT_EQ(p.xxh64, xxh64_hex({expected.data() + at, p.n})) << "bytes " << at << " + " << p.n;
+          at += p.n;
+        }
+        EXPECT_EQ(at, kSize);
+      }
+    }
+  }
+  ASSERT_GT(whole_blocks, 20 * kDirectAlign);  // the O_DIRECT part is exercised
+}
+
 // A model with tensors of odd byte sizes (no tensor starts or ends on a 4 KiB boundary).
 std::vector<testing::GlobalTensor> odd_model() {
   return {{"model", "a.weight", testing::make_global(DType::F32, Shape{301, 37}, 1)},
@@ -188,19 +256,44 @@ TEST(SaveDirect, OneRankSaveWritesTheSerializedFileOnEveryPath) {
     const fs::path direct_dir = save_on(dir / "direct", single, 1, true);
     EXPECT_EQ(direct_write_bytes() > before, direct_ok) << dir;
     const auto direct = files_of(direct_dir);
-    const auto sharded = files_of(save_on(dir / "tp2", tp2, 2, true));  // two writers per file
+    // Two writers per file: digested by parts (O_DIRECT for a.weight's row blocks), and with a
+    // SHA-256 asked for, read back whole by the owner (through the page cache).
+    uint64_t before_tp2 = direct_write_bytes();
+    const auto sharded = files_of(save_on(dir / "tp2", tp2, 2, false));
+    EXPECT_EQ(direct_write_bytes() > before_tp2, direct_ok) << dir;
+    before_tp2 = direct_write_bytes();
+    const auto sharded_sha = files_of(save_on(dir / "tp2sha", tp2, 2, true));
+    EXPECT_EQ(direct_write_bytes(), before_tp2) << dir;
     ASSERT_TRUE(buffered.count("model-00001-of-00001.safetensors")) << dir;
     EXPECT_EQ(buffered.at("model-00001-of-00001.safetensors"), reference) << dir;
     for (const auto& [name, bytes] : buffered) {
       if (name == kManifestName) continue;  // saved_on names the mesh
       EXPECT_EQ(direct.at(name), bytes) << dir << " " << name;
       EXPECT_EQ(sharded.at(name), bytes) << dir << " " << name;
+      EXPECT_EQ(sharded_sha.at(name), bytes) << dir << " " << name;
     }
     // The digests computed from memory are those of the files (verify re-reads them).
-    for (const fs::path& d : {direct_dir, dir / "tp2" / "checkpoint-1"}) {
+    const fs::path parted = dir / "tp2" / "checkpoint-1";
+    for (const fs::path& d : {direct_dir, parted, dir / "tp2sha" / "checkpoint-1"}) {
       VerifyReport r = verify_checkpoint(d, true);
       EXPECT_TRUE(r.ok()) << d << ": " << (r.problems.empty() ? "" : r.problems.front());
     }
+    const std::string manifest = read_text_file(parted / kManifestName);
+    EXPECT_NE(manifest.find("xxh64_parts"), std::string::npos) << manifest;
+    // A byte changed in a file digested by parts is found, in the part that holds it.
+    {
+      const fs::path model = parted / "model-00001-of-00001.safetensors";
+      std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+      const auto at = static_cast<std::streamoff>(fs::file_size(model) - 7);
+      f.seekg(at);
+      const char c = static_cast<char>(f.get());
+      f.seekp(at);
+      f.put(static_cast<char>(c ^ 0x5a));
+    }
+    VerifyReport bad = verify_checkpoint(parted, true);
+    ASSERT_FALSE(bad.ok()) << dir;
+    EXPECT_NE(bad.problems.front().find("model-00001-of-00001.safetensors: xxh64 of bytes ["), std::string::npos)
+        << bad.problems.front();
   }
 }
 

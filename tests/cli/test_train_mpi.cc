@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "run_cli.h"
+#include "shardwise/ckpt/checksum.h"
 
 using shardwise_cli_test::tmp;
 
@@ -209,13 +210,16 @@ TEST(TrainMpi, StageThreePrefetchOnFourProcessesGivesTheBitsOfNoPrefetch) {
   }
 }
 
-// The xxh64 of each safetensors and index file of a checkpoint, from its manifest.
+// The xxh64 of each safetensors and index file its manifest lists, read from the files (a file
+// several processes wrote is digested by parts in the manifest).
 std::map<std::string, std::string> tensor_digests(const std::string& dir) {
   std::ifstream f(dir + "/manifest.json");
   const nlohmann::json m = nlohmann::json::parse(f);
   std::map<std::string, std::string> out;
   for (const auto& [name, entry] : m.at("files").items()) {
-    if (name.ends_with(".safetensors") || name.ends_with(".index.json")) out[name] = entry.at("xxh64").get<std::string>();
+    if (name.ends_with(".safetensors") || name.ends_with(".index.json")) {
+      out[name] = shardwise::ckpt::digest_file(dir + "/" + name, false).xxh64;
+    }
   }
   return out;
 }

@@ -5,15 +5,25 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "shardwise/ckpt/file_io.h"
 
 namespace shardwise::ckpt {
 
+// The xxh64 of bytes [offset, offset + n) of a file.
+struct PartDigest {
+  uint64_t offset = 0, n = 0;
+  std::string xxh64;
+};
+
 struct FileDigest {
   uint64_t size = 0;
-  std::string xxh64;   // 16 lowercase hex digits
+  std::string xxh64;   // 16 lowercase hex digits (empty where `parts` stand for it)
   std::string sha256;  // 64 lowercase hex digits, empty when not computed
+  // A file several ranks wrote: the xxh64 of each stretch one rank wrote, tiling the file, computed
+  // from memory by its writer (an xxh64 of the whole cannot be combined from parts).
+  std::vector<PartDigest> parts;
 };
 
 std::string xxh64_hex(std::span<const std::byte> bytes);

@@ -74,6 +74,7 @@ class WritePipeline {
     free_.pop_back();
     return b;
   }
+  size_t piece() const { return piece_; }
   // Writes `n` bytes (a multiple of the alignment) of an acquired buffer at `offset`.
   void submit(std::byte* buffer, uint64_t offset, size_t n) {
     {
@@ -154,6 +155,37 @@ void gather(std::span<const WriteSegment> segments, size_t& seg, size_t& seg_at,
   }
 }
 
+// Allocated (unwritten) extents for [offset, offset + n): ext4 runs aligned direct writes into
+// them concurrently, where filling holes takes the inode lock for each write; and a full disk is
+// found before writing.
+void reserve(const FileHandle& file, uint64_t offset, uint64_t n) {
+  if (::fallocate(file.fd(), 0, static_cast<off_t>(offset), static_cast<off_t>(n)) != 0 && errno != EOPNOTSUPP &&
+      errno != ENOSYS) {
+    int e = errno;
+    fail("cannot reserve {} bytes for '{}': {}", n, file.path().string(), std::strerror(e));
+  }
+}
+
+// Staging buffers (a multiple of the alignment) no larger than `bytes` rounded up to it (a small
+// write gets one buffer of its own size), and as many writes in flight as it has pieces, up to
+// tuning.direct_requests.
+std::pair<size_t, int> staging_for(uint64_t bytes, const SaveTuning& tuning) {
+  bytes = std::max<uint64_t>((bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign, kDirectAlign);
+  const auto piece = static_cast<size_t>(
+      std::min<uint64_t>(std::max(tuning.direct_piece / kDirectAlign * kDirectAlign, kDirectAlign), bytes));
+  const int requests = static_cast<int>(std::clamp<uint64_t>((bytes + piece - 1) / piece, 1,
+                                                              static_cast<uint64_t>(std::max(tuning.direct_requests, 1))));
+  return {piece, requests};
+}
+
+// The parts of `segs` (adjacent, in order) inside [from, to), through the page cache.
+void pwrite_part(FileHandle& file, std::span<const WriteSegment> segs, uint64_t from, uint64_t to) {
+  for (const WriteSegment& s : segs) {
+    const uint64_t a = std::max(from, s.offset), b = std::min(to, s.offset + s.n);
+    if (a < b) file.pwrite_all({s.data + (a - s.offset), static_cast<size_t>(b - a)}, a);
+  }
+}
+
 }  // namespace
 
 SaveTuning& save_tuning() {
@@ -184,17 +216,8 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
     return digest.finish();
   }
   const uint64_t padded = (size + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  // Allocated (unwritten) extents: ext4 runs aligned direct writes into them concurrently, where
-  // filling holes takes the inode lock for each write; and a full disk is found before writing.
-  if (::fallocate(direct->fd(), 0, 0, static_cast<off_t>(padded)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
-    int e = errno;
-    fail("cannot reserve {} bytes for '{}': {}", padded, path.string(), std::strerror(e));
-  }
-  // Staging buffers no larger than the file (a small file gets one buffer of its own size).
-  const auto piece = static_cast<size_t>(
-      std::min<uint64_t>(std::max(tuning.direct_piece / kDirectAlign * kDirectAlign, kDirectAlign), padded));
-  const int requests = static_cast<int>(std::clamp<uint64_t>((padded + piece - 1) / piece, 1,
-                                                              static_cast<uint64_t>(std::max(tuning.direct_requests, 1))));
+  reserve(*direct, 0, padded);
+  const auto [piece, requests] = staging_for(padded, tuning);
   WritePipeline pipeline(direct->fd(), buffered, piece, requests);
   size_t seg = 0, seg_at = 0;
   for (uint64_t at = 0; at < size;) {
@@ -213,6 +236,84 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
   direct->close();
   buffered.close();
   return digest.finish();
+}
+
+namespace {
+
+// The xxh64 of every stretch of adjacent runs.
+std::vector<PartDigest> stretch_digests(std::span<const WriteSegment> runs) {
+  std::vector<PartDigest> parts;
+  for (size_t i = 0; i < runs.size();) {
+    StreamDigest digest(false);
+    size_t j = i;
+    uint64_t stop = runs[i].offset;
+    for (; j < runs.size() && runs[j].offset == stop; ++j) {
+      digest.update({runs[j].data, runs[j].n});
+      stop += runs[j].n;
+    }
+    parts.push_back({runs[i].offset, stop - runs[i].offset, digest.finish().xxh64});
+    i = j;
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::vector<PartDigest> write_runs(FileHandle& file, std::span<const WriteSegment> runs, const SaveTuning& tuning) {
+  uint64_t total = 0, end = 0;
+  for (const WriteSegment& r : runs) {
+    SW_CHECK(r.offset >= end, "writing '{}': a run at byte {} overlaps or precedes the one ending at {}",
+             file.path().string(), r.offset, end);
+    end = r.offset + r.n;
+    total += r.n;
+  }
+  std::optional<FileHandle> direct;
+  if (tuning.direct && total >= kDirectAlign) direct = FileHandle::open_direct(file.path(), O_WRONLY);
+  std::vector<PartDigest> parts = stretch_digests(runs);
+  if (!direct) {
+    for (const WriteSegment& r : runs) file.pwrite_all({r.data, r.n}, r.offset);
+    return parts;
+  }
+  std::optional<WritePipeline> pipeline;  // made at the first stretch that covers a block whole
+  for (size_t i = 0; i < runs.size();) {
+    size_t j = i + 1;
+    uint64_t stop = runs[i].offset + runs[i].n;
+    while (j < runs.size() && runs[j].offset == stop) stop += runs[j++].n;
+    const std::span<const WriteSegment> stretch = runs.subspan(i, j - i);
+    const uint64_t start = runs[i].offset;
+    const uint64_t a = (start + kDirectAlign - 1) / kDirectAlign * kDirectAlign, b = stop / kDirectAlign * kDirectAlign;
+    i = j;
+    if (a >= b) {  // no whole block: it may share each with another writer
+      pwrite_part(file, stretch, start, stop);
+      continue;
+    }
+    pwrite_part(file, stretch, start, a);
+    pwrite_part(file, stretch, b, stop);
+    reserve(*direct, a, b - a);
+    if (!pipeline) {
+      const auto [piece, requests] = staging_for(total, tuning);
+      pipeline.emplace(direct->fd(), file, piece, requests);
+    }
+    size_t seg = 0, seg_at = 0;
+    for (uint64_t skip = a - start; skip > 0;) {  // to byte a of the stretch
+      const uint64_t k = std::min<uint64_t>(skip, stretch[seg].n - seg_at);
+      seg_at += static_cast<size_t>(k);
+      skip -= k;
+      if (seg_at == stretch[seg].n) ++seg, seg_at = 0;
+    }
+    const size_t piece = pipeline->piece();
+    for (uint64_t at = a; at < b;) {
+      std::byte* buf = pipeline->acquire();
+      if (!buf) break;  // a write failed: finish() raises it
+      const auto n = static_cast<size_t>(std::min<uint64_t>(piece, b - at));
+      gather(stretch, seg, seg_at, buf, n);
+      pipeline->submit(buf, at, n);
+      at += n;
+    }
+  }
+  if (pipeline) pipeline->finish();
+  direct->close();
+  return parts;
 }
 
 }  // namespace shardwise::ckpt

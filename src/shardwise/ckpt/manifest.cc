@@ -19,7 +19,9 @@ nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDiges
   if (!key_maps.empty()) m["key_maps"] = key_maps;
   nlohmann::json fj = nlohmann::json::object();
   for (const auto& [name, d] : files) {
-    nlohmann::json e = {{"size", d.size}, {"xxh64", d.xxh64}};
+    nlohmann::json e = {{"size", d.size}};
+    if (d.parts.empty()) e["xxh64"] = d.xxh64;
+    for (const PartDigest& p : d.parts) e["xxh64_parts"].push_back({p.offset, p.n, p.xxh64});
     if (!d.sha256.empty()) e["sha256"] = d.sha256;
     fj[name] = e;
   }
@@ -64,6 +66,30 @@ void check_group(const fs::path& dir, const std::string& group, VerifyReport& r)
   }
 }
 
+// The parts [[offset, bytes, xxh64], ...] of the manifest's entry for `name`: they tile the file
+// and each is the xxh64 of its bytes.
+void check_parts(const fs::path& path, const std::string& name, const nlohmann::json& parts, uint64_t size,
+                 VerifyReport& r) {
+  MappedFile f(path);
+  f.will_need(0, f.size());
+  uint64_t at = 0;
+  for (const auto& p : parts) {
+    if (!p.is_array() || p.size() != 3 || !p[0].is_number_unsigned() || !p[1].is_number_unsigned() || !p[2].is_string() ||
+        p[0].get<uint64_t>() != at || p[1].get<uint64_t>() > size - at) {
+      r.problems.push_back(fmt::format("{}: xxh64_parts entry {} does not continue at byte {}", name, p.dump(), at));
+      return;
+    }
+    const uint64_t n = p[1].get<uint64_t>();
+    const std::string got = xxh64_hex(f.bytes().subspan(at, n));
+    if (got != p[2].get<std::string>()) {
+      r.problems.push_back(fmt::format("{}: xxh64 of bytes [{}, {}) {} != manifest {}", name, at, at + n, got,
+                                       p[2].get<std::string>()));
+    }
+    at += n;
+  }
+  if (at != size) r.problems.push_back(fmt::format("{}: xxh64_parts cover {} of its {} bytes", name, at, size));
+}
+
 }  // namespace
 
 VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
@@ -103,6 +129,10 @@ VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
       continue;
     }
     if (!checksums) continue;
+    if (e.contains("xxh64_parts")) {  // a file several ranks wrote: each one's stretches
+      check_parts(p, name, e["xxh64_parts"], size, r);
+      continue;
+    }
     bool with_sha = e.contains("sha256");
     FileDigest d = digest_file(p, with_sha);
     if (d.xxh64 != e.value("xxh64", "")) {

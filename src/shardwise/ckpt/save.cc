@@ -128,12 +128,56 @@ std::optional<std::vector<WriteSegment>> whole_file_segments(const SavePlan& pla
   return segs;
 }
 
+// Most stretches (a rank's adjacent runs) a file several ranks write may have to be digested by
+// parts: row blocks give a few; column blocks, one per row and rank, are digested whole instead.
+constexpr size_t kMaxParts = 4096;
+
+// Whether file `f` is written by several ranks and digested by parts (each writer's stretches'
+// xxh64, from memory: no read-back) rather than read back whole by its owner after the fsync
+// (which a SHA-256 needs). Every rank decides the same from the plan.
+bool digested_by_parts(const SavePlan& plan, size_t f) {
+  if (plan.options.sha256) return false;
+  const PlannedFile& pf = plan.files[f];
+  struct Run {
+    uint64_t offset, n;
+    int writer;
+  };
+  std::vector<Run> runs = {{0, pf.layout.header.size(), pf.owner}};
+  bool several = false;
+  for (const Piece& p : plan.pieces) {
+    if (p.file != f) continue;
+    several = several || p.writer != pf.owner;
+    const StTensorInfo& info = pf.layout.tensors[p.entry];
+    const uint64_t es = st_dtype_size(info.dtype), base = pf.layout.data_start() + info.begin;
+    for_each_run(p.box, Region::of(p.box), p.dst, [&](int64_t, int64_t d, int64_t n) {
+      if (runs.size() <= kMaxParts) runs.push_back({base + static_cast<uint64_t>(d) * es, static_cast<uint64_t>(n) * es, p.writer});
+    });
+    if (runs.size() > kMaxParts) return false;
+  }
+  if (!several) return false;
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.offset < b.offset; });
+  size_t stretches = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const bool continues = i > 0 && runs[i].writer == runs[i - 1].writer && runs[i].offset == runs[i - 1].offset + runs[i - 1].n;
+    stretches += continues ? 0 : 1;
+  }
+  return stretches <= kMaxParts;
+}
+
 // Writes this rank's pieces. A file this rank writes whole is written as one stream (O_DIRECT where
-// SaveTuning and the file system allow it) and its digests, computed on the way, are returned; the
-// other files get each writer's pieces by pwrite and are digested after the fsync.
-std::map<std::string, FileDigest> write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
-  const int me = comm.rank();
+// SaveTuning and the file system allow it) and its digests, computed on the way, are returned in
+// `streamed`; a file several ranks write gets this rank's runs (write_runs), with O_DIRECT and the
+// stretches' digests returned in `parts` where it is digested by parts, else through the page cache
+// (its owner digests it after the fsync).
+struct Written {
   std::map<std::string, FileDigest> streamed;
+  std::map<std::string, std::vector<PartDigest>> parts;
+};
+
+Written write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
+  const int me = comm.rank();
+  Written out;
+  std::map<std::string, FileDigest>& streamed = out.streamed;
   std::set<size_t> touched;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     if (plan.files[f].owner == me) touched.insert(f);
@@ -150,26 +194,53 @@ std::map<std::string, FileDigest> write_pieces(comm::Communicator& comm, const S
     }
     FileHandle h(plan.tmp_dir / pf.name, O_WRONLY | O_CREAT);
     h.truncate(pf.layout.file_size());  // every writer sets the same final size: order does not matter
-    if (pf.owner == me) h.pwrite_all(std::as_bytes(std::span<const char>(pf.layout.header)), 0);
-    for_each_piece_run(plan, sources, f, me,
-                       [&](uint64_t offset, std::span<const std::byte> bytes) { h.pwrite_all(bytes, offset); });
+    std::vector<WriteSegment> runs;
+    if (pf.owner == me) {
+      runs.push_back({0, reinterpret_cast<const std::byte*>(pf.layout.header.data()), pf.layout.header.size()});
+    }
+    for_each_piece_run(plan, sources, f, me, [&](uint64_t offset, std::span<const std::byte> bytes) {
+      runs.push_back({offset, bytes.data(), bytes.size()});
+    });
+    std::sort(runs.begin(), runs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
+    if (digested_by_parts(plan, f)) {
+      out.parts[pf.name] = write_runs(h, runs, save_tuning());
+    } else {
+      SaveTuning buffered = save_tuning();  // the owner reads it back from the pages written
+      buffered.direct = false;
+      write_runs(h, runs, buffered);
+    }
     h.close();
     crash_point("file written");
   }
   if (me == 0) {
     for (const auto& [name, text] : plan.text_files) write_synced(plan.tmp_dir / name, text);
   }
-  return streamed;
+  return out;
 }
 
-// `streamed`: the digests of the files written as one stream (write_pieces); the others are read.
-json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const std::map<std::string, FileDigest>& streamed) {
+json parts_json(const std::vector<PartDigest>& parts) {
+  json out = json::array();
+  for (const PartDigest& p : parts) out.push_back({p.offset, p.n, p.xxh64});
+  return out;
+}
+
+// The owners fsync their files and report each file's size and digests: those of the files written
+// as one stream (`written.streamed`), the parts of the files digested by parts (every writer reports
+// its own, `written.parts`), and the others read back.
+json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const Written& written) {
   json digests = json::object();
   auto add = [&](const std::string& name) {
-    auto it = streamed.find(name);
-    FileDigest d = it != streamed.end() ? it->second : digest_file(plan.tmp_dir / name, plan.options.sha256);
+    if (written.parts.count(name)) {
+      digests[name] = {{"size", fs::file_size(plan.tmp_dir / name)}, {"parts", parts_json(written.parts.at(name))}};
+      return;
+    }
+    auto it = written.streamed.find(name);
+    FileDigest d = it != written.streamed.end() ? it->second : digest_file(plan.tmp_dir / name, plan.options.sha256);
     digests[name] = {{"size", d.size}, {"xxh64", d.xxh64}, {"sha256", d.sha256}};
   };
+  for (const auto& [name, parts] : written.parts) {  // a writer's parts of a file another rank owns
+    if (!digests.contains(name)) digests[name] = {{"parts", parts_json(parts)}};
+  }
   for (const PlannedFile& f : plan.files) {
     if (f.owner != comm.rank()) continue;
     FileHandle h(plan.tmp_dir / f.name, O_RDONLY);
@@ -184,13 +255,35 @@ json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const std::
   return digests;
 }
 
-fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
+// The manifest's digests from every rank's report: a file's size, xxh64 and SHA-256 from its
+// owner, and the parts of a file digested by parts from all its writers, which must tile it.
+std::map<std::string, FileDigest> merge_digests(const std::vector<json>& reports) {
   std::map<std::string, FileDigest> files;
   for (const json& r : reports) {
     for (const auto& [name, d] : r["digests"].items()) {
-      files[name] = {d["size"].get<uint64_t>(), d["xxh64"].get<std::string>(), d["sha256"].get<std::string>()};
+      FileDigest& f = files[name];
+      if (d.contains("size")) f.size = d["size"].get<uint64_t>();
+      if (d.contains("xxh64")) f.xxh64 = d["xxh64"].get<std::string>(), f.sha256 = d["sha256"].get<std::string>();
+      for (const json& p : d.value("parts", json::array())) {
+        f.parts.push_back({p[0].get<uint64_t>(), p[1].get<uint64_t>(), p[2].get<std::string>()});
+      }
     }
   }
+  for (auto& [name, f] : files) {
+    std::sort(f.parts.begin(), f.parts.end(), [](const PartDigest& a, const PartDigest& b) { return a.offset < b.offset; });
+    uint64_t at = 0;
+    for (const PartDigest& p : f.parts) {
+      SW_CHECK(p.offset == at, "'{}': its writers' parts leave bytes [{}, {}) undigested or digest them twice", name,
+               std::min(at, p.offset), std::max(at, p.offset));
+      at += p.n;
+    }
+    SW_CHECK(f.parts.empty() || at == f.size, "'{}': its writers' parts cover {} of its {} bytes", name, at, f.size);
+  }
+  return files;
+}
+
+fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
+  const std::map<std::string, FileDigest> files = merge_digests(reports);
   std::string text = make_manifest(plan.step, files, plan.groups, plan.saved_on, plan.key_maps).dump(2) + "\n";
   write_synced(plan.tmp_dir / kManifestName, text);
   fs::path dir = finish_commit(plan.root, plan.step);
@@ -202,15 +295,15 @@ fs::path commit(const SavePlan& plan, std::vector<json>& reports) {
 
 fs::path execute_save(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
   json status = json::object();
-  std::map<std::string, FileDigest> streamed;
+  Written written;
   try {
-    streamed = write_pieces(comm, plan, sources);
+    written = write_pieces(comm, plan, sources);
   } catch (const std::exception& e) {
     status = {{"error", e.what()}};
   }
   raise_if_error(comm, report_to_root(comm, status, [](std::vector<json>&) { return json::object(); }), plan);
   try {
-    status = {{"digests", sync_and_digest(comm, plan, streamed)}};
+    status = {{"digests", sync_and_digest(comm, plan, written)}};
   } catch (const std::exception& e) {
     status = {{"error", e.what()}};
   }
