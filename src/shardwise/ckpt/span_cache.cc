@@ -218,9 +218,9 @@ void wait_for_slowest(Cache& c, std::unique_lock<std::mutex>& lock, const Reader
 }
 
 // This thread's reader, marked inside the cache, joined (given a slot, if one of the 64 is free) on
-// its first read through the cache, with nothing passed yet: the ranks of a tp group start their loads together, so counts
-// from 0 compare positions. (A rank that joins later holds the others back while it reads again
-// the chunks they have passed.)
+// its first read through the cache, with nothing passed yet: the ranks of a tp group start their
+// loads together, so counts from 0 compare positions. (A rank that joins later holds the others
+// back while it reads again the chunks they have passed.)
 Reader& join(Cache& c) {
   std::lock_guard lock(c.m);
   Reader& me = c.readers.at(std::this_thread::get_id());
@@ -279,10 +279,10 @@ std::exception_ptr read_claimed(const fs::path& path, Key key, const Claimed& mi
 //
 // `span` is the bytes [lo, hi) this call's ranges cover; the reader has passed `before` bytes of
 // earlier spans. Before claiming, a reader more than the cache can hold ahead of the slowest joined
-// reader waits for it (holding no claim, so nobody waits for this one): on 4 rank threads sharing 2 cores one
-// rank can fall behind by more than the cache, and would find the chunks it still needs evicted and
-// read them again. The wait is bounded (kLeadWait): it only shapes the order, the bytes do not
-// depend on it.
+// reader waits for it (holding no claim, so nobody waits for this one): on 4 rank threads sharing 2
+// cores one rank can fall behind by more than the cache, and would find the chunks it still needs
+// evicted and read them again. The wait is bounded (kLeadWait): it only shapes the order, the bytes
+// do not depend on it.
 void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_t chunk, uint64_t first, uint64_t last,
                       uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece, Reader& me,
                       std::pair<uint64_t, uint64_t> span, uint64_t before) {
