@@ -17,11 +17,15 @@ namespace shardwise::ckpt {
 // Process-wide tuning of checkpoint saves; BENCHMARKS.md ("Checkpoints") has the measurements
 // behind the defaults.
 struct SaveTuning {
-  // O_DIRECT for the files one rank writes whole and for the stretches of the files several ranks
-  // write that are digested by parts (write_runs; off: the page cache for all).
+  // O_DIRECT for the files one rank writes whole and for the long stretches of the files several
+  // ranks write (write_runs; off: the page cache for all).
   bool direct = true;
   int direct_requests = 4;                 // writes in flight
   size_t direct_piece = size_t{16} << 20;  // bytes per write (a multiple of 4 KiB)
+  // A file several ranks write: a rank's stretch of adjacent bytes this long or longer is written
+  // with O_DIRECT and digested by its writer from memory; the shorter ones (column blocks: a run
+  // per row) go through the page cache and the owner digests them after the fsync, from memory.
+  size_t direct_min_stretch = size_t{1} << 20;
 };
 SaveTuning& save_tuning();
 

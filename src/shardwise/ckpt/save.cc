@@ -128,50 +128,49 @@ std::optional<std::vector<WriteSegment>> whole_file_segments(const SavePlan& pla
   return segs;
 }
 
-// Most stretches (a rank's adjacent runs) a file several ranks write may have to be digested by
-// parts: row blocks give a few; column blocks, one per row and rank, are digested whole instead.
-constexpr size_t kMaxParts = 4096;
+// A stretch of a file several ranks write: bytes [offset, offset + n) that one rank writes, not
+// adjacent to another of its own.
+struct Stretch {
+  uint64_t offset, n;
+  int writer;
+};
 
-// Whether file `f` is written by several ranks and digested by parts (each writer's stretches'
-// xxh64, from memory: no read-back) rather than read back whole by its owner after the fsync
-// (which a SHA-256 needs). Every rank decides the same from the plan.
-bool digested_by_parts(const SavePlan& plan, size_t f) {
-  if (plan.options.sha256) return false;
+// The stretches of file `f` that their writers digest from memory (and write with O_DIRECT): those
+// of at least SaveTuning::direct_min_stretch bytes (row blocks, ranges; not the column blocks'
+// run per row), in file order; the owner digests the rest of the file after the fsync. Every rank
+// finds the same from the plan. None where a SHA-256 of the whole file is asked for.
+std::vector<Stretch> long_stretches(const SavePlan& plan, size_t f) {
+  if (plan.options.sha256) return {};
   const PlannedFile& pf = plan.files[f];
-  struct Run {
-    uint64_t offset, n;
-    int writer;
-  };
-  std::vector<Run> runs = {{0, pf.layout.header.size(), pf.owner}};
-  bool several = false;
+  std::vector<Stretch> runs = {{0, pf.layout.header.size(), pf.owner}};
   for (const Piece& p : plan.pieces) {
     if (p.file != f) continue;
-    several = several || p.writer != pf.owner;
     const StTensorInfo& info = pf.layout.tensors[p.entry];
     const uint64_t es = st_dtype_size(info.dtype), base = pf.layout.data_start() + info.begin;
     for_each_run(p.box, Region::of(p.box), p.dst, [&](int64_t, int64_t d, int64_t n) {
-      if (runs.size() <= kMaxParts) runs.push_back({base + static_cast<uint64_t>(d) * es, static_cast<uint64_t>(n) * es, p.writer});
+      runs.push_back({base + static_cast<uint64_t>(d) * es, static_cast<uint64_t>(n) * es, p.writer});
     });
-    if (runs.size() > kMaxParts) return false;
   }
-  if (!several) return false;
-  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.offset < b.offset; });
-  size_t stretches = 0;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const bool continues = i > 0 && runs[i].writer == runs[i - 1].writer && runs[i].offset == runs[i - 1].offset + runs[i - 1].n;
-    stretches += continues ? 0 : 1;
+  std::sort(runs.begin(), runs.end(), [](const Stretch& a, const Stretch& b) { return a.offset < b.offset; });
+  std::vector<Stretch> out;
+  for (size_t i = 0; i < runs.size();) {
+    Stretch s = runs[i++];
+    for (; i < runs.size() && runs[i].writer == s.writer && runs[i].offset == s.offset + s.n; ++i) s.n += runs[i].n;
+    if (s.n >= save_tuning().direct_min_stretch) out.push_back(s);
   }
-  return stretches <= kMaxParts;
+  return out;
 }
 
 // Writes this rank's pieces. A file this rank writes whole is written as one stream (O_DIRECT where
 // SaveTuning and the file system allow it) and its digests, computed on the way, are returned in
-// `streamed`; a file several ranks write gets this rank's runs (write_runs), with O_DIRECT and the
-// stretches' digests returned in `parts` where it is digested by parts, else through the page cache
-// (its owner digests it after the fsync).
+// `streamed`. A file several ranks write gets this rank's runs: those in its long stretches by
+// write_runs (O_DIRECT, each stretch's digest returned in `parts`), the others through the page
+// cache; its owner digests the rest of the file after the fsync (`long_of` the owned files' long
+// stretches, every writer's).
 struct Written {
   std::map<std::string, FileDigest> streamed;
   std::map<std::string, std::vector<PartDigest>> parts;
+  std::map<std::string, std::vector<Stretch>> long_of;
 };
 
 Written write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
@@ -202,13 +201,19 @@ Written write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sourc
       runs.push_back({offset, bytes.data(), bytes.size()});
     });
     std::sort(runs.begin(), runs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
-    if (digested_by_parts(plan, f)) {
-      out.parts[pf.name] = write_runs(h, runs, save_tuning());
-    } else {
-      SaveTuning buffered = save_tuning();  // the owner reads it back from the pages written
-      buffered.direct = false;
-      write_runs(h, runs, buffered);
+    const std::vector<Stretch> stretches = long_stretches(plan, f);
+    std::vector<WriteSegment> in_long;
+    size_t k = 0;
+    for (const WriteSegment& r : runs) {  // both in file order
+      while (k < stretches.size() && stretches[k].offset + stretches[k].n <= r.offset) ++k;
+      if (k < stretches.size() && stretches[k].writer == me && stretches[k].offset <= r.offset) {
+        in_long.push_back(r);
+      } else {
+        h.pwrite_all({r.data, r.n}, r.offset);  // the owner digests it from the page cache
+      }
     }
+    if (!stretches.empty()) out.parts[pf.name] = write_runs(h, in_long, save_tuning());
+    if (!stretches.empty() && pf.owner == me) out.long_of[pf.name] = stretches;
     h.close();
     crash_point("file written");
   }
@@ -224,14 +229,34 @@ json parts_json(const std::vector<PartDigest>& parts) {
   return out;
 }
 
+// The xxh64 of every stretch of the file at `path` between the long stretches (those its writers
+// digest), read after the fsync; they are in the page cache.
+std::vector<PartDigest> digest_between(const fs::path& path, const std::vector<Stretch>& long_ones) {
+  MappedFile m(path);
+  std::vector<PartDigest> out;
+  uint64_t at = 0;
+  auto add = [&](uint64_t end) {
+    if (end > at) out.push_back({at, end - at, xxh64_hex(m.bytes().subspan(at, end - at))});
+  };
+  for (const Stretch& s : long_ones) {
+    add(s.offset);
+    at = s.offset + s.n;
+  }
+  add(m.size());
+  return out;
+}
+
 // The owners fsync their files and report each file's size and digests: those of the files written
-// as one stream (`written.streamed`), the parts of the files digested by parts (every writer reports
-// its own, `written.parts`), and the others read back.
+// as one stream (`written.streamed`); for a file with long stretches the parts (every writer
+// reports those of its long stretches, `written.parts`, and the owner the rest of the file); the
+// others read back whole.
 json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const Written& written) {
   json digests = json::object();
   auto add = [&](const std::string& name) {
-    if (written.parts.count(name)) {
-      digests[name] = {{"size", fs::file_size(plan.tmp_dir / name)}, {"parts", parts_json(written.parts.at(name))}};
+    if (written.long_of.count(name)) {
+      std::vector<PartDigest> parts = digest_between(plan.tmp_dir / name, written.long_of.at(name));
+      if (written.parts.count(name)) parts.insert(parts.end(), written.parts.at(name).begin(), written.parts.at(name).end());
+      digests[name] = {{"size", fs::file_size(plan.tmp_dir / name)}, {"parts", parts_json(parts)}};
       return;
     }
     auto it = written.streamed.find(name);
