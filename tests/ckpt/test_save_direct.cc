@@ -283,6 +283,19 @@ TEST(SaveDirect, OneRankSaveWritesTheSerializedFileOnEveryPath) {
     }
     const std::string manifest = read_text_file(parted / kManifestName);
     EXPECT_NE(manifest.find("xxh64_parts"), std::string::npos) << manifest;
+    EXPECT_NE(manifest.find("\"version\": 2"), std::string::npos) << manifest;  // parts: version 2
+    EXPECT_NE(read_text_file(direct_dir / kManifestName).find("\"version\": 1"), std::string::npos);
+    {  // a manifest of a later version is refused by name, not misread
+      const fs::path later = dir / "later";
+      fs::create_directories(later);
+      std::string text = manifest;
+      text.replace(text.find("\"version\": 2"), 12, "\"version\": 3");
+      std::ofstream(later / kManifestName) << text;
+      VerifyReport r = verify_checkpoint(later, true);
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.problems.front().find("version 3 is newer than this shardwise reads (2)"), std::string::npos)
+          << r.problems.front();
+    }
     // A byte changed in a file digested by parts is found in the part that holds it: one in
     // a.weight's first row block (a writer's part), then one in the last tensor (the owner's).
     const fs::path model = parted / "model-00001-of-00001.safetensors";

@@ -1,5 +1,6 @@
 #include "shardwise/ckpt/manifest.h"
 
+#include <algorithm>
 #include <set>
 
 #include "shardwise/ckpt/group_reader.h"
@@ -12,7 +13,8 @@ nlohmann::json make_manifest(int64_t step, const std::map<std::string, FileDiges
                              const nlohmann::json& key_maps) {
   nlohmann::json m;
   m["format"] = kManifestFormat;
-  m["version"] = 1;
+  const bool parts = std::any_of(files.begin(), files.end(), [](const auto& f) { return !f.second.parts.empty(); });
+  m["version"] = parts ? 2 : 1;
   m["step"] = step;
   m["saved_on"] = saved_on;
   m["groups"] = groups;
@@ -109,6 +111,8 @@ VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
     SW_CHECK(m.is_object() && m.value("format", "") == kManifestFormat, "not a {} manifest", kManifestFormat);
     SW_CHECK(m.contains("files") && m["files"].is_object(), "no \"files\" object");
     SW_CHECK(m.contains("step") && m["step"].is_number_integer(), "no integer \"step\"");
+    SW_CHECK(m.value("version", 1) <= kManifestVersion, "version {} is newer than this shardwise reads ({})",
+             m.value("version", 1), kManifestVersion);
     r.step = m["step"].get<int64_t>();
   } catch (const std::exception& e) {
     r.problems.push_back(fmt::format("{}: {}", kManifestName, e.what()));

@@ -14,6 +14,9 @@ namespace shardwise::ckpt {
 
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kManifestFormat = "shardwise-checkpoint";
+// 1: every file has one xxh64; 2: some have xxh64_parts instead (files several ranks wrote). A
+// manifest is written at the lowest version that holds it; a newer one is refused by name.
+inline constexpr int kManifestVersion = 2;
 
 // groups: group name -> its index file name; key_maps: group name -> its KeyMap's JSON (key_map.h),
 // for the groups that place tensors in fused stored tensors.
