@@ -64,6 +64,26 @@ Result resume_changed(const RunDir& d, const std::string& file, Change change, c
   return run(train(d, 6, "--resume " + d.ckpt(3).string() + extra));
 }
 
+// The run's summary says how many saves there were (every 3 steps of 7, and the last: steps 3, 6
+// and 7) and how long they stopped training, in total and the longest.
+TEST(CliCheckpoints, TheSummaryCountsTheSavesAndTheTimeTheyTook) {
+  RunDir d("stalls");
+  Result r = run(train(d, 7));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const size_t at = r.out.find("(newest: step 7); 3 saves stopped training for ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  double total = -1, longest = -1;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "(newest: step 7); 3 saves stopped training for %lf s, the longest %lf s", &total,
+                        &longest), 2) << r.out;
+  EXPECT_GT(longest, 0.0);
+  EXPECT_GE(total, longest);
+  EXPECT_LE(total, 3 * longest + 1e-9);
+  r = run(train(d, 8, "--resume auto --async-save"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(newest: step 8); 1 save stopped training for "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(async: the copies into host memory)"), std::string::npos) << r.out;
+}
+
 TEST(CliCheckpoints, ExplicitResumeRefusesAFlippedShardByteUnlessToldNotToVerify) {
   RunDir d("flip");
   Result r = resume_changed(d, "model-00001-of-00001.safetensors", [](const fs::path& shard) {

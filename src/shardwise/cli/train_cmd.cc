@@ -154,6 +154,14 @@ std::string moe_summary(const std::vector<train::MoeStepStats>& moe) {
   return fmt::format("  moe max/mean {:.2f} dropped {}", imbalance, dropped);
 }
 
+// The summary's checkpoint line: where, the newest step, and how long the saves stopped training.
+std::string checkpoint_summary(const train::CheckpointSchedule& checkpoints, const std::string& dir, int64_t newest) {
+  const auto& st = checkpoints.stalls();
+  return fmt::format("  checkpoints: {} (newest: step {}); {} save{} stopped training for {:.2f} s, the longest {:.2f} s{}\n",
+                     dir, newest, st.saves, st.saves == 1 ? "" : "s", st.total_s, st.longest_s,
+                     checkpoints.async() ? " (async: the copies into host memory)" : "");
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
@@ -283,7 +291,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   // Collective: rank 0 gathers every rank's events for the one trace.
   const runtime::ProfileReport profiled = profile ? runtime::gather_profile(*profile, world_ref) : runtime::ProfileReport{};
   if (!report) return;
-  if (o.save_every > 0) out << fmt::format("  checkpoints: {} (newest: step {})\n", save_dir, trainer.steps_done());
+  if (o.save_every > 0) out << checkpoint_summary(checkpoints, save_dir, trainer.steps_done());
   if (log->records().empty()) return;
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string curve =

@@ -2,6 +2,8 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "shardwise/ckpt/checksum.h"
@@ -479,11 +481,16 @@ CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool 
 std::optional<ckpt::fs::path> CheckpointSchedule::after_step(Trainer& trainer, comm::Communicator& world, bool force) {
   if (!force && (every_ <= 0 || trainer.steps_done() % every_ != 0)) return std::nullopt;
   std::optional<ckpt::fs::path> dir;
+  const auto start = std::chrono::steady_clock::now();
   if (async_) {
     async_->save(world, root_, checkpoint_content(trainer, world));
   } else {
     dir = save_trainer(trainer, world, root_, options_);
   }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++stalls_.saves;
+  stalls_.total_s += s;
+  stalls_.longest_s = std::max(stalls_.longest_s, s);
   return dir;
 }
 

@@ -55,11 +55,21 @@ class CheckpointSchedule {
   // Waits for a background save; raises its error.
   std::optional<ckpt::fs::path> finish();
 
+  // The saves made so far and how long training stood still for them (a whole save, or an async
+  // save's copy into host buffers): in total and the longest.
+  struct Stalls {
+    int64_t saves = 0;
+    double total_s = 0, longest_s = 0;
+  };
+  const Stalls& stalls() const { return stalls_; }
+  bool async() const { return async_ != nullptr; }
+
  private:
   ckpt::fs::path root_;
   int64_t every_;
   ckpt::SaveOptions options_;
   std::unique_ptr<ckpt::AsyncSaver> async_;
+  Stalls stalls_;
 };
 
 }  // namespace shardwise::train
