@@ -84,6 +84,28 @@ TEST(CliCheckpoints, TheSummaryCountsTheSavesAndTheTimeTheyTook) {
   EXPECT_NE(r.out.find("(async: the copies into host memory)"), std::string::npos) << r.out;
 }
 
+// A newest checkpoint written by a newer shardwise (its manifest's version above what this one
+// reads) stops --resume auto with its name, instead of being set aside as corrupted and an older
+// one resumed: nothing is moved.
+TEST(CliCheckpoints, ResumeAutoStopsAtACheckpointOfANewerVersionAndMovesNothing) {
+  RunDir d("newer");
+  ASSERT_EQ(run(train(d, 6)).status, 0);
+  const fs::path manifest = d.ckpt(6) / "manifest.json";
+  std::string text = read(manifest);
+  const size_t at = text.find("\"version\": ");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 12, "\"version\": 9");
+  write(manifest, text);
+  Result r = run(train(d, 9, "--resume auto"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint-6 was written by a newer shardwise (manifest.json: version 9 is newer than this "
+                       "shardwise reads (2)): nothing was set aside"),
+            std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d.ckpt(6))) << r.out;
+  EXPECT_TRUE(fs::exists(d.ckpt(3))) << r.out;
+  EXPECT_FALSE(fs::exists(d.ckpt(6).string() + ".rejected")) << r.out;
+}
+
 TEST(CliCheckpoints, ExplicitResumeRefusesAFlippedShardByteUnlessToldNotToVerify) {
   RunDir d("flip");
   Result r = resume_changed(d, "model-00001-of-00001.safetensors", [](const fs::path& shard) {

@@ -106,6 +106,8 @@ std::optional<CheckpointEntry> find_resume(const fs::path& root, bool checksums,
   auto all = list_checkpoints(root);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     VerifyReport r = verify_checkpoint(it->dir, checksums);
+    SW_CHECK(!r.newer_version, "{} was written by a newer shardwise ({}): nothing was set aside; resume it with that "
+             "version, or an older checkpoint with --resume DIR", it->dir.filename().string(), r.problems.front());
     if (r.ok() && r.step == it->step) {
       if (notes) {
         for (const auto& n : r.notes) notes->push_back(fmt::format("{}: {}", it->dir.filename().string(), n));

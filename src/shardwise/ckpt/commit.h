@@ -41,7 +41,8 @@ std::vector<fs::path> clean_stale(const fs::path& root);
 
 // The newest checkpoint whose manifest verifies (checksums too when `checksums`); cleans stale
 // directories first. `rejected` gets one line per newer checkpoint that failed, with why; `notes`
-// the harmless findings of the one taken (files its manifest does not list).
+// the harmless findings of the one taken (files its manifest does not list). A checkpoint a newer
+// shardwise wrote (its manifest's version) is an Error, not a rejection: it is not ours to set aside.
 std::optional<CheckpointEntry> find_resume(const fs::path& root, bool checksums = true,
                                            std::vector<std::string>* rejected = nullptr,
                                            std::vector<std::string>* notes = nullptr);

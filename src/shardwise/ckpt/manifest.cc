@@ -111,9 +111,9 @@ VerifyReport verify_checkpoint(const fs::path& dir, bool checksums) {
     SW_CHECK(m.is_object() && m.value("format", "") == kManifestFormat, "not a {} manifest", kManifestFormat);
     SW_CHECK(m.contains("files") && m["files"].is_object(), "no \"files\" object");
     SW_CHECK(m.contains("step") && m["step"].is_number_integer(), "no integer \"step\"");
-    SW_CHECK(m.value("version", 1) <= kManifestVersion, "version {} is newer than this shardwise reads ({})",
-             m.value("version", 1), kManifestVersion);
     r.step = m["step"].get<int64_t>();
+    r.newer_version = m.value("version", 1) > kManifestVersion;
+    SW_CHECK(!r.newer_version, "version {} is newer than this shardwise reads ({})", m.value("version", 1), kManifestVersion);
   } catch (const std::exception& e) {
     r.problems.push_back(fmt::format("{}: {}", kManifestName, e.what()));
     return r;

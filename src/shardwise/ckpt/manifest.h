@@ -28,6 +28,7 @@ struct VerifyReport {
   int64_t step = -1;
   std::vector<std::string> problems;  // each names the file at fault
   std::vector<std::string> notes;     // harmless findings (files the manifest does not list)
+  bool newer_version = false;         // the manifest's version is above kManifestVersion (nothing else checked)
   bool ok() const { return problems.empty(); }
 };
 
