@@ -75,9 +75,11 @@ TEST(CliCheckpoints, TheSummaryCountsTheSavesAndTheTimeTheyTook) {
   double total = -1, longest = -1;
   ASSERT_EQ(std::sscanf(r.out.c_str() + at, "(newest: step 7); 3 saves stopped training for %lf s, the longest %lf s", &total,
                         &longest), 2) << r.out;
-  EXPECT_GT(longest, 0.0);
+  // The summary rounds each figure to 0.01 s (0.005 either way): total <= 3 x longest holds for
+  // the printed figures within 4 x 0.005.
+  EXPECT_GE(longest, 0.0);
   EXPECT_GE(total, longest);
-  EXPECT_LE(total, 3 * longest + 1e-9);
+  EXPECT_LE(total, 3 * longest + 0.02 + 1e-9);
   r = run(train(d, 8, "--resume auto --async-save"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("(newest: step 8); 1 save stopped training for "), std::string::npos) << r.out;
