@@ -238,27 +238,6 @@ FileDigest write_file_streamed(const fs::path& path, std::span<const WriteSegmen
   return digest.finish();
 }
 
-namespace {
-
-// The xxh64 of every stretch of adjacent runs.
-std::vector<PartDigest> stretch_digests(std::span<const WriteSegment> runs) {
-  std::vector<PartDigest> parts;
-  for (size_t i = 0; i < runs.size();) {
-    StreamDigest digest(false);
-    size_t j = i;
-    uint64_t stop = runs[i].offset;
-    for (; j < runs.size() && runs[j].offset == stop; ++j) {
-      digest.update({runs[j].data, runs[j].n});
-      stop += runs[j].n;
-    }
-    parts.push_back({runs[i].offset, stop - runs[i].offset, digest.finish().xxh64});
-    i = j;
-  }
-  return parts;
-}
-
-}  // namespace
-
 std::vector<PartDigest> write_runs(FileHandle& file, std::span<const WriteSegment> runs, const SaveTuning& tuning) {
   uint64_t total = 0, end = 0;
   for (const WriteSegment& r : runs) {
@@ -269,11 +248,7 @@ std::vector<PartDigest> write_runs(FileHandle& file, std::span<const WriteSegmen
   }
   std::optional<FileHandle> direct;
   if (tuning.direct && total >= kDirectAlign) direct = FileHandle::open_direct(file.path(), O_WRONLY);
-  std::vector<PartDigest> parts = stretch_digests(runs);
-  if (!direct) {
-    for (const WriteSegment& r : runs) file.pwrite_all({r.data, r.n}, r.offset);
-    return parts;
-  }
+  std::vector<PartDigest> parts;
   std::optional<WritePipeline> pipeline;  // made at the first stretch that covers a block whole
   for (size_t i = 0; i < runs.size();) {
     size_t j = i + 1;
@@ -283,7 +258,10 @@ std::vector<PartDigest> write_runs(FileHandle& file, std::span<const WriteSegmen
     const uint64_t start = runs[i].offset;
     const uint64_t a = (start + kDirectAlign - 1) / kDirectAlign * kDirectAlign, b = stop / kDirectAlign * kDirectAlign;
     i = j;
-    if (a >= b) {  // no whole block: it may share each with another writer
+    StreamDigest digest(false);
+    for (const WriteSegment& r : stretch) digest.update({r.data, r.n});
+    parts.push_back({start, stop - start, digest.finish().xxh64});
+    if (!direct || a >= b) {  // no O_DIRECT, or no whole block: it may share each with another writer
       pwrite_part(file, stretch, start, stop);
       continue;
     }
@@ -312,7 +290,7 @@ std::vector<PartDigest> write_runs(FileHandle& file, std::span<const WriteSegmen
     }
   }
   if (pipeline) pipeline->finish();
-  direct->close();
+  if (direct) direct->close();
   return parts;
 }
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <set>
 
 #include "shardwise/ckpt/commit.h"
@@ -105,27 +104,33 @@ void for_each_piece_run(const SavePlan& plan, const Sources& sources, size_t f, 
   }
 }
 
-// The bytes of file `f` as segments in file order (header, then every piece's runs) when rank `me`
-// writes all of them and they tile the file; nullopt when other ranks write pieces of it.
-std::optional<std::vector<WriteSegment>> whole_file_segments(const SavePlan& plan, const Sources& sources, size_t f,
-                                                             int me) {
+// Rank `me`'s bytes of file `f` in file order: the header when it owns the file, and the runs of
+// its pieces.
+std::vector<WriteSegment> runs_of(const SavePlan& plan, const Sources& sources, size_t f, int me) {
   const PlannedFile& pf = plan.files[f];
-  if (pf.owner != me) return std::nullopt;
-  for (const Piece& p : plan.pieces) {
-    if (p.file == f && p.writer != me) return std::nullopt;
-  }
-  std::vector<WriteSegment> segs = {{0, reinterpret_cast<const std::byte*>(pf.layout.header.data()), pf.layout.header.size()}};
+  std::vector<WriteSegment> runs;
+  if (pf.owner == me) runs.push_back({0, reinterpret_cast<const std::byte*>(pf.layout.header.data()), pf.layout.header.size()});
   for_each_piece_run(plan, sources, f, me, [&](uint64_t offset, std::span<const std::byte> bytes) {
-    segs.push_back({offset, bytes.data(), bytes.size()});
+    runs.push_back({offset, bytes.data(), bytes.size()});
   });
-  std::sort(segs.begin(), segs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
+  std::sort(runs.begin(), runs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
+  return runs;
+}
+
+// Whether rank `me` writes all of file `f`: it owns it, no other rank writes a piece of it, and
+// its runs (runs_of) tile the file.
+bool writes_whole(const SavePlan& plan, size_t f, int me, std::span<const WriteSegment> runs) {
+  const PlannedFile& pf = plan.files[f];
+  if (pf.owner != me) return false;
+  for (const Piece& p : plan.pieces) {
+    if (p.file == f && p.writer != me) return false;
+  }
   uint64_t at = 0;
-  for (const WriteSegment& s : segs) {
-    if (s.offset != at) return std::nullopt;  // a gap or an overlap: the plan's pieces do not tile it
+  for (const WriteSegment& s : runs) {
+    if (s.offset != at) return false;  // a gap or an overlap: the plan's pieces do not tile it
     at += s.n;
   }
-  if (at != pf.layout.file_size()) return std::nullopt;
-  return segs;
+  return at == pf.layout.file_size();
 }
 
 // A stretch of a file several ranks write: bytes [offset, offset + n) that one rank writes, not
@@ -176,7 +181,6 @@ struct Written {
 Written write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sources& sources) {
   const int me = comm.rank();
   Written out;
-  std::map<std::string, FileDigest>& streamed = out.streamed;
   std::set<size_t> touched;
   for (size_t f = 0; f < plan.files.size(); ++f) {
     if (plan.files[f].owner == me) touched.insert(f);
@@ -186,21 +190,14 @@ Written write_pieces(comm::Communicator& comm, const SavePlan& plan, const Sourc
   }
   for (size_t f : touched) {
     const PlannedFile& pf = plan.files[f];
-    if (auto segs = whole_file_segments(plan, sources, f, me)) {
-      streamed[pf.name] = write_file_streamed(plan.tmp_dir / pf.name, *segs, plan.options.sha256, save_tuning());
+    const std::vector<WriteSegment> runs = runs_of(plan, sources, f, me);
+    if (writes_whole(plan, f, me, runs)) {
+      out.streamed[pf.name] = write_file_streamed(plan.tmp_dir / pf.name, runs, plan.options.sha256, save_tuning());
       crash_point("file written");
       continue;
     }
     FileHandle h(plan.tmp_dir / pf.name, O_WRONLY | O_CREAT);
     h.truncate(pf.layout.file_size());  // every writer sets the same final size: order does not matter
-    std::vector<WriteSegment> runs;
-    if (pf.owner == me) {
-      runs.push_back({0, reinterpret_cast<const std::byte*>(pf.layout.header.data()), pf.layout.header.size()});
-    }
-    for_each_piece_run(plan, sources, f, me, [&](uint64_t offset, std::span<const std::byte> bytes) {
-      runs.push_back({offset, bytes.data(), bytes.size()});
-    });
-    std::sort(runs.begin(), runs.end(), [](const WriteSegment& a, const WriteSegment& b) { return a.offset < b.offset; });
     const std::vector<Stretch> stretches = long_stretches(plan, f);
     std::vector<WriteSegment> in_long;
     size_t k = 0;
