@@ -261,7 +261,7 @@ json sync_and_digest(comm::Communicator& comm, const SavePlan& plan, const Writt
     digests[name] = {{"size", d.size}, {"xxh64", d.xxh64}, {"sha256", d.sha256}};
   };
   for (const auto& [name, parts] : written.parts) {  // a writer's parts of a file another rank owns
-    if (!digests.contains(name)) digests[name] = {{"parts", parts_json(parts)}};
+    if (!written.long_of.count(name)) digests[name] = {{"parts", parts_json(parts)}};
   }
   for (const PlannedFile& f : plan.files) {
     if (f.owner != comm.rank()) continue;
