@@ -14,7 +14,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm clean
+.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm clean
 
 all: build
 
@@ -40,6 +40,12 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1200
 	@echo; echo "== verifier coverage (op x mesh x placement combinations checked)"
 	@cat $(BUILD)/tests/verify_coverage/*.txt 2>/dev/null | awk 'NR == 1 || !/^op /' | grep -v '^total:' || true
+
+# The repository's shape alone (also ctests `layout` and `layout_checker`): file, function and
+# folder sizes, and no include that runs up a layer.
+check-layout:
+	python3 tools/check_layout.py .
+	python3 tests/layout/test_check_layout.py .
 
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: deps
@@ -96,7 +102,7 @@ llama-demo: deps $(BUILD)/build.ninja
 
 # The PyTorch reference of the trainer: shardwise exports its initial weights and batches, Debian's
 # PyTorch (python3-torch 1.13) trains the same model on them and writes tests/golden/gpt_losses.json,
-# which tests/train/test_golden.cc replays. Not part of `make test`.
+# which tests/models/test_golden.cc replays. Not part of `make test`.
 golden: build
 	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
 	  { SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; $$SUDO apt-get install -y -qq python3-torch python3-numpy; }
@@ -104,14 +110,14 @@ golden: build
 	/usr/bin/python3 tests/golden/gpt_parity.py $(BUILD)/golden_inputs.safetensors tests/golden/gpt_losses.json
 
 # The same for the Llama model against transformers' LlamaForCausalLM (PyPI torch and transformers in
-# $(HF_VENV)): tests/golden/llama_losses.json, replayed by tests/train/test_llama_golden.cc.
+# $(HF_VENV)): tests/golden/llama_losses.json, replayed by tests/models/test_llama_golden.cc.
 llama-golden: build $(HF_VENV)/bin/python
 	$(BUILD)/tests/golden_export $(BUILD)/llama_golden_inputs.safetensors llama
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/llama_golden_inputs.safetensors \
 	  tests/golden/llama_losses.json
 
 # The MoE Llama against the PyTorch reference MoE of llama_parity.py (the same venv):
-# tests/golden/moe_losses.json, replayed by tests/train/test_llama_golden.cc.
+# tests/golden/moe_losses.json, replayed by tests/models/test_llama_golden.cc.
 moe-golden: build $(HF_VENV)/bin/python
 	$(BUILD)/tests/golden_export $(BUILD)/moe_golden_inputs.safetensors moe
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/moe_golden_inputs.safetensors \

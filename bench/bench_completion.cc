@@ -4,7 +4,7 @@
 
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/program.h"
-#include "shardwise/train/gpt.h"
+#include "shardwise/models/gpt.h"
 
 namespace {
 

@@ -4,7 +4,10 @@
   2. no C++ function over 150 lines;
   3. a layer includes only itself and the layers it links (src/CMakeLists.txt's DEPS, transitively),
      so spmd/ never reaches into an op family's kernels;
-  4. an op family's files include no other family's files (shared code lives in tensor/ or spmd/).
+  4. an op family's files include no other family's files (shared code lives in tensor/ or spmd/);
+  5. no folder holds more than MAX_FOLDER_FILES source files or MAX_FOLDER_LINES lines of them
+     directly: a room that grows past that is split into rooms (sub-folders or layers) before it
+     becomes a grab-bag (src/shardwise/train/ held 50 files and 8,032 lines before it was split).
 Usage: check_layout.py REPO_ROOT. Prints every violation; exit 1 if there is any."""
 import os
 import re
@@ -12,6 +15,8 @@ import sys
 
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 150
+MAX_FOLDER_FILES = 40
+MAX_FOLDER_LINES = 6000
 SOURCE_EXT = ('.cc', '.h', '.cpp', '.py', '.cmake', '.sh')
 
 
@@ -76,8 +81,26 @@ def layer_deps(root):
     return closed
 
 
+def crowded_folders(root):
+    """(folder, files, lines) of every folder whose own source files (not its sub-folders') pass
+    either limit."""
+    per_folder = {}
+    for path in tracked_sources(root):
+        if not path.endswith(('.cc', '.h', '.cpp', '.py')):
+            continue
+        with open(path, encoding='utf-8', errors='replace') as f:
+            lines = f.read().count('\n')
+        files, total = per_folder.get(os.path.dirname(path), (0, 0))
+        per_folder[os.path.dirname(path)] = (files + 1, total + lines)
+    return [(os.path.relpath(d, root), n, lines) for d, (n, lines) in sorted(per_folder.items())
+            if n > MAX_FOLDER_FILES or lines > MAX_FOLDER_LINES]
+
+
 def main(root):
     problems = []
+    for folder, files, lines in crowded_folders(root):
+        problems.append(f'{folder}/: {files} source files, {lines} lines directly in it (at most '
+                        f'{MAX_FOLDER_FILES} files and {MAX_FOLDER_LINES} lines: split it into rooms)')
     allowed = layer_deps(root)
     include = re.compile(r'#include "shardwise/(\w+)/(?:(\w+)/)?')
     for path in sorted(tracked_sources(root)):

@@ -39,7 +39,7 @@ def gpt2_encoder():
 
 
 def documents(text, how, separator):
-    """The documents of `text`, as shardwise's split_documents (src/shardwise/train/tokenize.h) cuts them."""
+    """The documents of `text`, as shardwise's split_documents (src/shardwise/data/tokenize.h) cuts them."""
     if separator:
         pieces = (p.strip('\r\n') for p in text.split(separator))
         return [p for p in pieces if p]

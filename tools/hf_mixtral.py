@@ -14,12 +14,12 @@ Checks, each against transformers' own results:
              1e-5; greedy `shardwise generate` on dp=2 x tp=2 gives transformers' tokens and its
              logits (--logits-out) equal transformers' within 1e-5.
 With --golden DIR it also writes tests/golden/hf/mixtral_tiny, mixtral_tokens.bin and
-mixtral_tiny_expected.json, which `make test` replays without PyPI (tests/train/test_mixtral_ckpt.cc).
+mixtral_tiny_expected.json, which `make test` replays without PyPI (tests/models/test_mixtral_ckpt.cc).
 The aux loss is off in these comparisons (output_router_logits False in transformers, --aux-loss 0).
 The golden also holds transformers' load-balancing losses of the same batch (`aux_loss_model`: its
 load_balancing_loss_func over every layer's router logits pooled, as MixtralForCausalLM adds it;
 `aux_loss_layers`: the same function on each layer alone) and the gradient norms of the loss with
-each at coefficient 0.02, which tests/train/test_mixtral_ckpt.cc compares with `--aux-loss-scope
+each at coefficient 0.02, which tests/models/test_mixtral_ckpt.cc compares with `--aux-loss-scope
 model` and `layer`.
 Needs: torch, transformers >= 5 (Mixtral's router: softmax over all experts, top-k, renormalised).
 Usage: tools/hf_mixtral.py build/bin/shardwise [--golden tests/golden/hf] (make hf-parity, make hf-golden)

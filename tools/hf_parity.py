@@ -25,7 +25,7 @@ Checks, each against the Python libraries' own results:
 --only gpt2|lora|llama (repeatable) runs those parts (gpt2: init-from and load; lora: lora-merge and
 lora-train; llama); without it, all of them.
 With --golden DIR it also writes the small files tests/golden/hf/ holds, which `make test` replays
-without PyPI (tests/train/test_hf_golden.cc, test_lora_golden.cc, test_llama_hf.cc,
+without PyPI (tests/generate/test_hf_golden.cc, test_lora_golden.cc, test_llama_hf.cc,
 test_generate_llama.cc).
 Needs: pip install torch transformers peft safetensors numpy (the Makefile target makes a venv).
 """
@@ -391,7 +391,7 @@ def check_init_from_meshes(shardwise, tmp, label, model, data, want, meshes):
 def write_decoder_golden(golden, name, model, tokens, want, logits, generator):
     """tests/golden/hf/<name>_tiny (the model's save_pretrained), <name>_tokens.bin and
     <name>_tiny_expected.json: transformers' loss, logits and greedy generate from the first 5
-    tokens (eos = its config's, 127), which tests/train/test_generate_llama.cc replays with
+    tokens (eos = its config's, 127), which tests/generate/test_generate_llama.cc replays with
     `shardwise generate`'s graphs."""
     out = os.path.join(golden, f"{name}_tiny")
     shutil.rmtree(out, ignore_errors=True)

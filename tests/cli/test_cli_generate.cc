@@ -1,7 +1,7 @@
 // `shardwise generate` from a checkpoint that `shardwise train` saved: the output format (text for a
 // byte vocabulary, --json), the same tokens on every mesh, with and without the KV cache, under
 // mpirun, and the errors (exit status 2, one line naming the problem). The tokens themselves are
-// checked against an independent reference in tests/train/test_generate.cc.
+// checked against an independent reference in tests/generate/test_generate.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // Writes what the PyTorch reference (tests/golden/gpt_parity.py; llama_parity.py) needs to train
-// the same model as tests/train/test_golden.cc (test_llama_golden.cc): the initial parameters as
+// the same model as tests/models/test_golden.cc (test_llama_golden.cc): the initial parameters as
 // shardwise initializes them, the batches of every step, and the configuration (safetensors
 // __metadata__ "config", JSON).
 //
@@ -8,7 +8,7 @@
 
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/graph/graph.h"
-#include "shardwise/train/models.h"
+#include "shardwise/models/models.h"
 #include "tests/golden/parity_config.h"
 
 int main(int argc, char** argv) {

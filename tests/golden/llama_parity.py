@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The reference for shardwise's Llama: transformers' LlamaForCausalLM with shardwise's initial
 weights, trained on the same batches with the same AdamW, warm-up + cosine schedule and clipping
-for 20 steps; the losses go to a JSON golden file that tests/train/test_llama_golden.cc replays.
+for 20 steps; the losses go to a JSON golden file that tests/models/test_llama_golden.cc replays.
 
     python tests/golden/llama_parity.py INPUTS.safetensors tests/golden/llama_losses.json
 

@@ -1,6 +1,6 @@
 #pragma once
 // The run compared with PyTorch: shared by the exporter (tests/golden/export_parity_inputs.cc) and
-// the test that replays the golden losses (tests/train/test_golden.cc).
+// the test that replays the golden losses (tests/models/test_golden.cc).
 #include <nlohmann/json.hpp>
 
 #include "shardwise/train/trainer.h"
@@ -22,7 +22,7 @@ inline train::TrainConfig parity_config() {
 }
 
 // The Llama run compared with transformers' LlamaForCausalLM (tests/golden/llama_parity.py,
-// tests/train/test_llama_golden.cc): grouped-query attention (4 heads, 2 kv heads), an untied head.
+// tests/models/test_llama_golden.cc): grouped-query attention (4 heads, 2 kv heads), an untied head.
 inline train::TrainConfig llama_parity_config() {
   train::TrainConfig c = parity_config();
   c.model.model_type = "llama";
@@ -33,7 +33,7 @@ inline train::TrainConfig llama_parity_config() {
 }
 
 // The MoE Llama run compared with the PyTorch reference in tests/golden/llama_parity.py
-// (tests/golden/moe_losses.json, tests/train/test_llama_golden.cc): Mixtral MoE MLPs, 4 experts,
+// (tests/golden/moe_losses.json, tests/models/test_llama_golden.cc): Mixtral MoE MLPs, 4 experts,
 // top-2, in both layers, dropless, with the aux and z losses.
 inline train::TrainConfig moe_parity_config() {
   train::TrainConfig c = llama_parity_config();

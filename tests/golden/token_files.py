@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Token files as other tools write them, for tests/train/test_token_files_golden.cc.
+"""Token files as other tools write them, for tests/data/test_token_files_golden.cc.
 
 Writes into tests/golden/tokens/ (run from the repository root; numpy only):
   nanogpt.bin    nanoGPT's prepare.py format: the tokens as headerless little-endian uint16

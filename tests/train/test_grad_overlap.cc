@@ -8,7 +8,7 @@
 
 #include "shardwise/comm/local.h"
 #include "shardwise/train/grad_buckets.h"
-#include "small_config.h"
+#include "tests/support/small_config.h"
 
 namespace shardwise::train {
 namespace {

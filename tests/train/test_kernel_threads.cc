@@ -26,8 +26,8 @@
 #include "shardwise/tensor/broadcast.h"
 #include "shardwise/tensor/parallel.h"
 #include "shardwise/train/optimizer.h"
-#include "tests/train/llama_config.h"
-#include "tests/train/small_config.h"
+#include "tests/support/llama_config.h"
+#include "tests/support/small_config.h"
 
 namespace shardwise {
 namespace {

@@ -7,8 +7,8 @@
 #include "shardwise/comm/local.h"
 #include "shardwise/tensor/allocator.h"
 #include "shardwise/train/memory_plan.h"
-#include "llama_config.h"
-#include "small_config.h"
+#include "tests/support/llama_config.h"
+#include "tests/support/small_config.h"
 
 namespace shardwise::train {
 namespace {

@@ -2,7 +2,7 @@
 // step, against the counts and sizes worked out by hand from the kernel's exchanges.
 #include <gtest/gtest.h>
 
-#include "llama_config.h"
+#include "tests/support/llama_config.h"
 #include "shardwise/train/moe_plan.h"
 
 namespace shardwise::train {

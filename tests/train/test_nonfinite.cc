@@ -7,7 +7,7 @@
 
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
-#include "tests/train/small_config.h"
+#include "tests/support/small_config.h"
 
 namespace shardwise::train {
 namespace {

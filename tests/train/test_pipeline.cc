@@ -12,7 +12,7 @@
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/pipeline/simulate.h"
-#include "shardwise/train/models.h"
+#include "shardwise/models/models.h"
 #include "shardwise/train/staged.h"
 
 namespace shardwise::train {

@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "pipeline_config.h"
+#include "tests/support/pipeline_config.h"
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/train/checkpointing.h"
-#include "train_losses.h"
+#include "tests/support/train_losses.h"
 
 namespace shardwise::train {
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "shardwise/comm/local.h"
-#include "pipeline_config.h"
+#include "tests/support/pipeline_config.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {

@@ -7,8 +7,8 @@
 
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/comm/local.h"
-#include "small_config.h"
-#include "train_losses.h"
+#include "tests/support/small_config.h"
+#include "tests/support/train_losses.h"
 #include "shardwise/train/checkpointing.h"
 
 namespace shardwise::train {
@@ -29,24 +29,7 @@ fs::path fresh_dir(const std::string& name) {
 // Trains `steps` steps (after loading `from` when given), saves into `root` at the end when given.
 std::vector<double> train(const std::string& mesh, int64_t steps, const fs::path& from = {}, const fs::path& root = {},
                           std::map<std::string, Tensor>* params = nullptr) {
-  std::vector<double> losses;
-  comm::LocalWorld::run(ranks_of(mesh), [&](comm::Communicator& w) {
-    auto world = w.group(w.members());
-    Trainer t(small(mesh), world);
-    if (!from.empty()) load_trainer(t, *world, from);
-    for (int64_t s = 0; s < steps; ++s) {
-      double l = t.step().loss;
-      if (w.rank() == 0) losses.push_back(l);
-    }
-    if (!root.empty()) save_trainer(t, *world, root);
-    if (params) {
-      for (ParamState& p : t.params()) {
-        Tensor g = t.gather_param(p.name);
-        if (w.rank() == 0) (*params)[p.name] = g;
-      }
-    }
-  });
-  return losses;
+  return train_losses(small(mesh), steps, from, root, params);
 }
 
 TEST(Resume, OnAnotherMeshTheLossCurveContinues) {

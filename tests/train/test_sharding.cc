@@ -1,9 +1,9 @@
 // Sharded optimizer state over dp (train/sharding.h): stage 1 (layouts v1 and v2) and stage 2 follow
 // plain data parallelism's loss curve on every mesh, hold the ZeRO formula's bytes per rank, and
 // checkpoint into whole tensors that load into any other layout and mesh bit for bit.
-#include "llama_config.h"
-#include "shardwise/train/models.h"
-#include "sharding_runs.h"
+#include "tests/support/llama_config.h"
+#include "shardwise/models/models.h"
+#include "tests/support/sharding_runs.h"
 
 namespace shardwise::train {
 namespace {

@@ -4,7 +4,7 @@
 // moments is allocated while saving, and the states move between layouts and meshes bit for bit.
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/tensor/allocator.h"
-#include "sharding_runs.h"
+#include "tests/support/sharding_runs.h"
 
 namespace shardwise::train {
 namespace {

@@ -4,11 +4,11 @@
 // Checked here: the layout and the ZeRO bytes, the collectives per parameter, the gathered bytes a
 // step holds (measured by the runtime), the loss curves against plain dp, and checkpoints between
 // every layout and mesh.
-#include "llama_config.h"
+#include "tests/support/llama_config.h"
 #include "shardwise/graph/prefetch.h"
 #include "shardwise/mesh/shard_math.h"
-#include "shardwise/train/models.h"
-#include "sharding_runs.h"
+#include "shardwise/models/models.h"
+#include "tests/support/sharding_runs.h"
 
 namespace shardwise::train {
 namespace {

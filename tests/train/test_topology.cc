@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "shardwise/comm/local.h"
-#include "small_config.h"
+#include "tests/support/small_config.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "shardwise/comm/local.h"
-#include "reference_gpt.h"
+#include "tests/support/reference_gpt.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {

@@ -17,9 +17,9 @@
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/parallel.h"
-#include "shardwise/train/generate.h"
-#include "shardwise/train/model_io.h"
-#include "shardwise/train/tokenizer.h"
+#include "shardwise/generate/generate.h"
+#include "shardwise/models/model_io.h"
+#include "shardwise/data/tokenizer.h"
 
 namespace shardwise::cli {
 namespace {

@@ -9,7 +9,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/program.h"
-#include "shardwise/train/gpt.h"
+#include "shardwise/models/gpt.h"
 #include "shardwise/train/memory_plan.h"
 #include "shardwise/train/moe_plan.h"
 

@@ -4,9 +4,9 @@
 #include <fstream>
 
 #include "shardwise/core/error.h"
-#include "shardwise/train/data.h"
-#include "shardwise/train/tokenize.h"
-#include "shardwise/train/tokenizer.h"
+#include "shardwise/data/data.h"
+#include "shardwise/data/tokenize.h"
+#include "shardwise/data/tokenizer.h"
 
 namespace shardwise::cli {
 

@@ -24,8 +24,8 @@
 #include "shardwise/runtime/profiler.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
-#include "shardwise/train/model_io.h"
-#include "shardwise/train/models.h"
+#include "shardwise/models/model_io.h"
+#include "shardwise/models/models.h"
 #include "shardwise/train/run_guard.h"
 
 namespace shardwise::cli {

@@ -10,8 +10,8 @@
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
-#include "shardwise/train/model_io.h"
-#include "shardwise/train/tokenizer.h"
+#include "shardwise/models/model_io.h"
+#include "shardwise/data/tokenizer.h"
 
 namespace shardwise::train {
 namespace {

@@ -14,7 +14,7 @@
 #include "shardwise/ops/op.h"
 #include "shardwise/pipeline/stage.h"
 #include "shardwise/train/grad_buckets.h"
-#include "shardwise/train/models.h"
+#include "shardwise/models/models.h"
 
 namespace shardwise::train {
 

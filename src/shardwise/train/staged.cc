@@ -6,9 +6,9 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/pipeline/validate.h"
 #include "shardwise/reshard/executor.h"
-#include "shardwise/train/llama.h"
-#include "shardwise/train/models.h"
-#include "shardwise/train/packing.h"
+#include "shardwise/models/llama.h"
+#include "shardwise/models/models.h"
+#include "shardwise/data/packing.h"
 
 namespace shardwise::train {
 namespace {

@@ -18,9 +18,9 @@
 #include "shardwise/comm/communicator.h"
 #include "shardwise/pipeline/runner.h"
 #include "shardwise/reshard/executor.h"
-#include "shardwise/train/data.h"
-#include "shardwise/train/gpt.h"
-#include "shardwise/train/loader.h"
+#include "shardwise/data/data.h"
+#include "shardwise/models/gpt.h"
+#include "shardwise/data/loader.h"
 #include "shardwise/train/optimizer.h"
 #include "shardwise/train/sharding.h"
 

@@ -12,7 +12,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 #include "shardwise/runtime/profiler.h"
-#include "shardwise/train/models.h"
+#include "shardwise/models/models.h"
 
 namespace shardwise::train {
 

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "shardwise/comm/communicator.h"
-#include "shardwise/train/data.h"
-#include "shardwise/train/gpt.h"
+#include "shardwise/data/data.h"
+#include "shardwise/models/gpt.h"
 #include "shardwise/train/optimizer.h"
 #include "shardwise/train/grad_buckets.h"
 #include "shardwise/train/sharding.h"

@@ -8,7 +8,7 @@
 // [B, G, S, D] (query head h = g R + r reads kv head g, transformers' repeat_kv order). out is q's
 // shape, lse q's shape without D (the compute type: f32 for f32 / f16 / bf16, f64 for f64).
 // Key j is visible to query i iff j <= i and, with per-token document ids doc [B, S] (packed
-// documents, train/packing.h), doc[b, j] == doc[b, i].
+// documents, data/packing.h), doc[b, j] == doc[b, i].
 // Attention dropout draws exactly the mask the `dropout` op draws on the unfused probabilities
 // [B, NH, S, S] (NH = G R global query heads): keep (b, h, i, j) iff Philox(seed, stream).uniform(
 // ((b NH + h) S + i) S + j) >= p with global b (plus the micro-batch's sample offset) and h; kept

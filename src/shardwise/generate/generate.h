@@ -1,0 +1,124 @@
+#pragma once
+// Text generation with the GPT-2 of gpt.h or the Llama of llama.h on a dp x tp mesh: every rank
+// of the mesh constructs a Generator with the same arguments and calls generate() together
+// (threads of one process or MPI processes); every rank returns the same tokens.
+//
+// The graphs are gpt_decode.h's or llama_decode.h's (models.h picks), planned by the same
+// completion and lowering as training and run
+// by runtime::Runtime, so dp and tp are annotations: dp splits the prompts (the batch is padded to
+// a multiple of dp with copies of the first prompt, dropped from the result), tp shards the heads
+// (and so the KV cache) and the vocabulary. Each graph is planned once per shape and kept.
+//
+// With the KV cache (the default): one prefill over the prompts, then one decode step per new
+// token, which reads the cached keys and values instead of recomputing the prefix. Each rank holds
+// its block of the cache, [B/dp, heads/tp, C, head_dim] per layer for keys and values (Llama:
+// its kv heads, kv_heads/tp, or all of them when tp does not divide kv_heads), C =
+// the longest prompt + new tokens (at most the model's positions), and writes the step's keys and
+// values into it at each sequence's position. Without (`kv_cache = false`): each step runs the
+// prefill graph over every token so far (one graph per length), for comparison.
+//
+// Prompts of different lengths: each sequence keeps its own positions (0, 1, ...); the prefill
+// pads on the right (causal attention never looks ahead, so real positions do not see the
+// padding) and a decode step masks cache slots at or past its position. So a sequence's tokens are
+// those it gets alone; only the GEMM shapes differ, which may change the last float bits.
+//
+// A sequence stops after `max_new_tokens`, after its eos token (kept in the output), or when it
+// reaches positions + 1 tokens (the last token is predicted from the last position and never fed
+// back). Sampling: sampling.h, keyed by (seed, prompt index, position).
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/comm/communicator.h"
+#include "shardwise/models/gpt.h"
+#include "shardwise/generate/sampling.h"
+
+namespace shardwise::train {
+
+struct GenerateConfig {
+  int64_t max_new_tokens = 32;
+  SamplingConfig sampling;
+  int64_t eos_id = -1;  // -1: none
+  bool kv_cache = true;
+  bool keep_logits = false;  // keep the row of logits each new token was chosen from
+  void validate(const GptConfig& model) const;
+};
+
+enum class StopReason { Eos, MaxNewTokens, MaxPositions };
+std::string_view stop_reason_name(StopReason reason);  // "eos", "max_new_tokens", "max_positions"
+
+struct GeneratedSequence {
+  std::vector<int64_t> tokens;  // the new tokens (the eos token included)
+  std::vector<std::vector<float>> logits;  // with keep_logits: per new token, the [vocab] row it came from
+  StopReason stop = StopReason::MaxNewTokens;
+};
+
+struct GenerateStats {
+  double plan_seconds = 0;     // building, planning and binding graphs not planned before
+  double prefill_seconds = 0;  // the first new token of every sequence
+  double decode_seconds = 0;   // every later token
+  int64_t new_tokens = 0;      // over the prompts (the padding's not counted)
+  int64_t decode_tokens = 0;   // new tokens after the first of each sequence
+  int64_t steps = 0;           // graph runs (prefill included)
+  // New tokens per second of prefill + decode, and decode tokens per second of decode.
+  double tokens_per_second() const;
+  double decode_tokens_per_second() const;
+};
+
+struct GenerateResult {
+  std::vector<GeneratedSequence> sequences;  // one per prompt
+  GenerateStats stats;
+};
+
+// This process's block of each parameter `specs` names (its global shape and layout), f32.
+using WeightSource = std::function<std::map<std::string, Tensor>(std::span<const ckpt::LoadSpec> specs)>;
+// From a model directory (train::load_model_weights).
+WeightSource checkpoint_weights(const ckpt::fs::path& dir, const GptConfig& model, int64_t process);
+// Blocks cut from whole tensors (tests; a model trained in-process).
+WeightSource whole_weights(std::map<std::string, Tensor> whole, int64_t process);
+
+// Error naming the prompt (by index) that is empty, holds a token outside [0, vocab) or is longer
+// than the model's positions.
+void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptConfig& model);
+
+class Generator {
+ public:
+  // `strategy`: dims dp and tp only (Error for pp); `model` a GPT-2 or a Llama. Weights are read
+  // from `weights` as the graphs need them, once per layout.
+  Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
+            WeightSource weights);
+  ~Generator();
+
+  GenerateResult generate(const std::vector<std::vector<int64_t>>& prompts, const GenerateConfig& config);
+
+ private:
+  struct Compiled;
+  struct Batch;
+  Compiled& prefill(int64_t sequences, int64_t length);
+  Compiled& decode_step(int64_t sequences, int64_t cache_length);
+  Compiled& compile(std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Compiled>>& cache,
+                    std::pair<int64_t, int64_t> key, bool decode);
+  void bind_weights(Compiled& c);
+  // Runs `c` on the sequences' current tokens (prefill graph: every token; decode: the last one).
+  void run_prefill(Compiled& c, Batch& b);
+  void run_decode(Compiled& c, Batch& b);
+  // Appends each active sequence's next token, chosen from the logits `c` computed.
+  void next_tokens(Compiled& c, Batch& b);
+  void write_cache(Compiled& c, Batch& b, bool prefill, const std::vector<int64_t>& fed_position);
+
+  GptConfig model_;
+  Strategy strategy_;
+  std::shared_ptr<comm::Communicator> world_;
+  WeightSource weights_;
+  int64_t process_ = 0;
+  std::map<std::string, Tensor> loaded_;  // "<name>|<placements>" -> this process's block
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Compiled>> prefill_, decode_;
+  double plan_seconds_ = 0;
+};
+
+}  // namespace shardwise::train

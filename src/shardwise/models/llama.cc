@@ -1,0 +1,336 @@
+#include "shardwise/models/llama.h"
+
+#include <cmath>
+
+#include "shardwise/core/error.h"
+#include "shardwise/core/philox.h"
+#include "shardwise/ops/moe/kernels.h"
+
+namespace shardwise::train {
+
+void validate_llama(const GptConfig& c) {
+  const int64_t kv = c.key_value_heads();
+  SW_CHECK(kv >= 1 && kv <= c.heads && c.heads % kv == 0,
+           "llama: {} key/value heads must divide the {} attention heads (grouped-query attention)", kv, c.heads);
+  SW_CHECK((c.hidden / c.heads) % 2 == 0,
+           "llama: the head dim {} (hidden {} / {} heads) must be even: rotary embeddings rotate its two halves",
+           c.hidden / c.heads, c.hidden, c.heads);
+  SW_CHECK(c.intermediate_size >= 0, "llama: intermediate size must be positive (0: 4 x hidden), got {}",
+           c.intermediate_size);
+  SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
+  SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
+  SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
+  SW_CHECK(c.shared_expert_width >= 0 && (c.shared_expert_width == 0 || c.experts > 0),
+           "llama: --shared-expert-width {} needs --experts and must be >= 0", c.shared_expert_width);
+  if (c.experts == 0) return;
+  SW_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "llama: --top-k {} must be in [1, --experts {}]", c.top_k, c.experts);
+  for (int64_t l : c.moe_layers) {
+    SW_CHECK(l >= 0 && l < c.layers, "llama: --moe-layers names layer {}; the model has layers 0 .. {}", l,
+             c.layers - 1);
+  }
+  SW_CHECK(c.aux_loss >= 0 && c.router_z_loss >= 0 && c.capacity_factor >= 0,
+           "llama: --aux-loss ({}), --router-z-loss ({}) and --capacity-factor ({}) must be >= 0", c.aux_loss,
+           c.router_z_loss, c.capacity_factor);
+  SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss_scope == "model",
+           "llama: --aux-loss-scope '{}' is not a scope (layer, model)", c.aux_loss_scope);
+  SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss == 0 || c.router == "softmax",
+           "llama: --aux-loss-scope model is transformers' loss of softmax routers; --router {} needs --aux-loss-scope "
+           "layer", c.router);
+}
+
+namespace {
+
+// One micro-batch's graph, written as transformers' LlamaForCausalLM computes it.
+class LlamaBuilder {
+ public:
+  LlamaBuilder(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, GptGraph& out)
+      : c_(c), s_(s), g_(out.g), training_(training), B_(sequences), S_(c.seq), H_(c.hidden), NH_(c.heads),
+        KV_(c.key_value_heads()), HD_(c.hidden / c.heads) {
+    kv_sharded_ = KV_ % s.tp_size() == 0;
+  }
+
+  std::string placements(const char* on_tp, const char* on_dp = "R") const { return s_.placements(on_tp, on_dp); }
+  void annotate(graph::ValueId v, const std::string& p) {
+    if (s_.mesh.ndim() > 0) g_.annotate(v, p);
+  }
+  // Between pipeline stages: batch on dp; sequence on tp with sp, else replicated on tp.
+  std::string boundary() const { return placements(s_.sequence_parallel ? "S(1)" : "R", "S(0)"); }
+
+  // A parameter as stored (f32, or bf16 cast to f32 for the kernels, as GPT-2's).
+  graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp) {
+    auto v = g_.param(name, shape, c_.param_dtype);
+    if (s_.tp >= 0) annotate(v, placements(on_tp));
+    if (c_.param_dtype == DType::F32) return v;
+    return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+  }
+
+  graph::ValueId rms_norm(graph::ValueId x, const std::string& name) {
+    auto w = param(name + ".weight", Shape{H_}, "R");
+    auto y = g_.op1("rms_norm", {x, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".out");
+    if (s_.sequence_parallel) annotate(y, placements("R", "S(0)"));  // gathered before the column-parallel matmuls
+    return y;
+  }
+
+  // x [.., in] times weight [out, in] transposed (nn.Linear, no bias). Column-parallel: the weight
+  // S(0) on tp (or `replicated`); row-parallel: S(1), the output reduce-scattered onto the sequence with sp.
+  graph::ValueId linear(graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool column,
+                        bool replicated = false) {
+    auto w = param(name + ".weight", Shape{out, in}, replicated ? "R" : column ? "S(0)" : "S(1)");
+    auto y = g_.matmul(x, w, true, name + ".out");
+    if (!column && s_.sequence_parallel) annotate(y, placements("S(1)", "S(0)"));
+    return y;
+  }
+
+  graph::ValueId embeddings() {
+    auto ids = g_.input("ids", Shape{B_, S_}, DType::I64);
+    annotate(ids, placements("R", "S(0)"));
+    embed_ = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
+    auto x = g_.embedding(ids, embed_, "tok_emb");
+    if (s_.sequence_parallel) annotate(x, placements("S(1)", "S(0)"));  // reduce-scattered onto the sequence
+    return x;
+  }
+
+  // The causal mask [S, S] and the positions 0 .. S-1 [S] shared by every sequence, or with packed
+  // documents each sequence's own (packing.h): "attention_mask" [B, 1, S, S] (broadcast over the
+  // heads) and "position_ids" [B, S], both sharded with the batch on dp.
+  void constants() {
+    if (c_.fused_attention() && c_.document_mask) {  // fused attention: document ids [B, S], no mask
+      mask_ = g_.input("document_ids", Shape{B_, S_}, DType::I64);
+      positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
+      annotate(mask_, placements("R", "S(0)"));
+      annotate(positions_, placements("R", "S(0)"));
+      return;
+    }
+    if (c_.document_mask) {
+      mask_ = g_.input("attention_mask", Shape{B_, 1, S_, S_});
+      positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
+      annotate(mask_, placements("R", "S(0)"));
+      annotate(positions_, placements("R", "S(0)"));
+      return;
+    }
+    if (!c_.fused_attention()) {
+      mask_ = g_.input("causal_mask", Shape{S_, S_});
+      annotate(mask_, placements("R"));
+    }
+    positions_ = g_.input("positions", Shape{S_}, DType::I64);
+    annotate(positions_, placements("R"));
+  }
+
+  // [B, S, n * HD] -> [B, n, S, HD], rotated by the positions when `rotate`.
+  graph::ValueId heads(graph::ValueId t, int64_t n, const std::string& name, bool rotate) {
+    auto h = g_.transpose(g_.reshape(t, {B_, S_, n, HD_}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
+    if (!rotate) return h;
+    return g_.op1("rotary_embedding", {h, positions_}, {{"theta", c_.rope_theta}}, name + ".rotary");
+  }
+
+  // transformers' repeat_kv: [B, KV, S, HD] -> [B, KV, n_rep, S, HD] -> [B, NH, S, HD].
+  graph::ValueId repeat_kv(graph::ValueId t, const std::string& name) {
+    if (KV_ == NH_) return t;
+    auto one = g_.reshape(t, {B_, KV_, 1, S_, HD_}, name + ".unsqueeze");
+    auto rep = g_.op1("expand", {one}, {{"shape", std::vector<int64_t>{B_, KV_, NH_ / KV_, S_, HD_}}}, name + ".expand");
+    return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
+  }
+
+  graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
+    const int64_t kv_width = KV_ * HD_;
+    auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
+    auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
+    auto v = heads(linear(h, p + ".v_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".v", false);
+    if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", H_, H_, false);
+    k = repeat_kv(k, p + ".k");
+    v = repeat_kv(v, p + ".v");
+    auto ctx_heads = unfused_attention(g_, c_, training_, q, k, v, mask_, p, selective);
+    auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
+    return linear(ctx, p + ".o_proj", H_, H_, false);
+  }
+
+  // Mixtral's block_sparse_moe on the tokens [B * S, H]: the router gate.weight [E, H] replicated,
+  // the experts' w1, w3 [E, I, H] and w2 [E, H, I] stacked and split over ep on E.
+  graph::ValueId moe(graph::ValueId h, const std::string& p) {
+    const int64_t I = c_.mlp_width(), E = c_.experts;
+    std::vector<std::string> on_ep(static_cast<size_t>(s_.mesh.ndim()), "R");
+    if (s_.ep >= 0) on_ep[static_cast<size_t>(s_.ep)] = "S(0)";
+    auto expert = [&](const std::string& name, const Shape& shape) {
+      auto v = g_.param(name, shape, c_.param_dtype);
+      annotate(v, fmt::format("{}", fmt::join(on_ep, ",")));
+      if (c_.param_dtype == DType::F32) return v;
+      return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+    };
+    auto gate = param(p + ".gate.weight", Shape{E, H_}, "R");
+    auto w1 = expert(p + ".experts.w1", Shape{E, I, H_});
+    auto w3 = expert(p + ".experts.w3", Shape{E, I, H_});
+    auto w2 = expert(p + ".experts.w2", Shape{E, H_, I});
+    auto tokens = g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
+    Attrs a{{"top_k", c_.top_k}};
+    if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
+    if (c_.router != "softmax") a.set("router", c_.router);
+    std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, a, p + ".moe");
+    if (c_.aux_loss > 0 && c_.aux_loss_scope == "model") {
+      pool_router_statistics(tokens, gate, o[4], p);
+    } else if (c_.aux_loss > 0) {
+      router_loss_ = add_loss(router_loss_, g_.scale(o[1], c_.aux_loss, 0.0, p + ".aux_loss"));
+    }
+    if (c_.router_z_loss > 0) {
+      router_loss_ = add_loss(router_loss_, g_.scale(o[2], c_.router_z_loss, 0.0, p + ".z_loss"));
+    }
+    auto out = g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+    if (c_.shared_expert_width == 0) return out;
+    auto gate_of = g_.op1("sigmoid", {linear(h, p + ".shared_expert_gate", H_, 1, true, true)}, {}, p + ".shared_gate");
+    auto shared = g_.multiply(gate_of, mlp(h, p + ".shared_expert", c_.shared_expert_width), p + ".shared_out");
+    return g_.add(out, shared, p + ".with_shared");
+  }
+  // --aux-loss-scope model: sums over this layer's tokens of each expert's assignments (moe_mlp's
+  // expert_tokens, no gradient) and router probabilities (the router's softmax again: [N, E], a
+  // GEMM of E columns) join the pool that pooled_aux_loss turns into one term.
+  void pool_router_statistics(graph::ValueId tokens, graph::ValueId gate, graph::ValueId expert_tokens,
+                              const std::string& p) {
+    auto probs = g_.softmax(g_.matmul(tokens, gate, true, p + ".router_logits"), -1, p + ".router_probs");
+    auto prob_sums = g_.sum(probs, {0}, false, p + ".router_prob_sums");
+    auto counts = g_.op1("cast", {expert_tokens}, {{"dtype", std::string("f32")}}, p + ".expert_counts");
+    pooled_probs_ = pooled_probs_ < 0 ? prob_sums : g_.add(pooled_probs_, prob_sums, p + ".pooled_probs");
+    pooled_counts_ = pooled_counts_ < 0 ? counts : g_.add(pooled_counts_, counts, p + ".pooled_counts");
+    ++pooled_layers_;
+  }
+  // transformers' load_balancing_loss_func of the pooled layers: E · Σ_e (C_e / LN) (P_e / LN), the
+  // counts C and probability sums P over L layers of N tokens each; scaled by aux_loss.
+  void add_pooled_aux_loss() {
+    if (pooled_layers_ == 0) return;
+    const double rows = static_cast<double>(pooled_layers_ * B_ * S_);
+    auto dot = g_.sum(g_.multiply(pooled_counts_, pooled_probs_, "pooled.products"), {}, false, "pooled.aux_loss.raw");
+    const double scale = c_.aux_loss * static_cast<double>(c_.experts) / (rows * rows);
+    router_loss_ = add_loss(router_loss_, g_.scale(dot, scale, 0.0, "pooled.aux_loss"));
+  }
+  graph::ValueId add_loss(graph::ValueId sum, graph::ValueId term) {
+    return sum < 0 ? term : g_.add(sum, term, g_.value(term).name + ".sum");
+  }
+  graph::ValueId router_loss() const { return router_loss_; }
+  // flash_attention on q [B, NH, S, HD] and k, v [B, KV, S, HD] -> ctx [B, S, H]. Grouped-query
+  // heads are the op's grouped layout q [B, KV, NH / KV, S, HD] when the kv heads are whole on
+  // each tp rank (tp divides KV: the reshape keeps the head shard as a group shard); otherwise
+  // k and v are repeated to NH heads first, as the unfused graph does (computed on every tp rank).
+  graph::ValueId fused(graph::ValueId q, graph::ValueId k, graph::ValueId v, const std::string& p) {
+    const bool grouped = KV_ != NH_ && kv_sharded_;
+    if (grouped) {
+      q = g_.reshape(q, {B_, KV_, NH_ / KV_, S_, HD_}, p + ".q.groups");
+    } else {
+      k = repeat_kv(k, p + ".k");
+      v = repeat_kv(v, p + ".v");
+    }
+    auto o = fused_attention(g_, c_, training_, q, k, v, c_.document_mask ? mask_ : -1, p + ".ctx.heads",
+                             p + ".dropout");
+    if (grouped) o = g_.reshape(o, {B_, NH_, S_, HD_}, p + ".ctx.heads.merged");
+    return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
+  }
+
+  graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {
+    const int64_t I = width > 0 ? width : c_.mlp_width();
+    auto gate = linear(h, p + ".gate_proj", H_, I, true);
+    auto up = linear(h, p + ".up_proj", H_, I, true);
+    return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
+  }
+
+  // Layer l, the stage's layer number `index` (which ones recompute).
+  graph::ValueId layer(graph::ValueId x, int64_t l, int64_t index) {
+    const std::string p = fmt::format("model.layers.{}", l);
+    const bool full = training_ && c_.recompute_full(index);
+    if (full) g_.begin_segment();
+    auto a = attention(rms_norm(x, p + ".input_layernorm"), p + ".self_attn", training_ && c_.recompute_selective(index));
+    x = g_.add(x, a, p + ".attn.residual");
+    auto normed = rms_norm(x, p + ".post_attention_layernorm");
+    auto m = c_.is_moe_layer(l) ? moe(normed, p + ".block_sparse_moe") : mlp(normed, p + ".mlp");
+    auto out = g_.add(x, m, p + ".mlp.residual");
+    if (full) g_.end_segment();
+    return out;
+  }
+
+  // The final norm, the head (tied: the embedding, the last stage's copy when it has none) and
+  // the loss (training) or the greedy predictions.
+  void head(graph::ValueId x, GptGraph& out) {
+    graph::ValueId w = c_.tie_word_embeddings ? embed_ : param("lm_head.weight", Shape{c_.vocab, H_}, "S(0)");
+    if (w < 0) w = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
+    // As GPT-2's (gpt.h); the MoE layers' weighted router losses join the cross-entropy mean.
+    if (training_) add_pooled_aux_loss();
+    head_loss(g_, c_, s_, rms_norm(x, "model.norm"), w, training_, out, router_loss_ < 0 ? "loss" : "loss.ce");
+    if (training_ && router_loss_ >= 0) out.loss = g_.add(out.loss, router_loss_, "loss");
+  }
+
+ private:
+  const GptConfig& c_;
+  const Strategy& s_;
+  graph::Graph& g_;
+  bool training_;
+  int64_t B_, S_, H_, NH_, KV_, HD_;
+  bool kv_sharded_ = true;
+  graph::ValueId embed_ = -1, mask_ = -1, positions_ = -1;
+  graph::ValueId router_loss_ = -1;  // the weighted aux and z losses of the MoE layers so far
+  graph::ValueId pooled_counts_ = -1, pooled_probs_ = -1;  // --aux-loss-scope model: [E] sums so far
+  int64_t pooled_layers_ = 0;
+};
+
+}  // namespace
+
+GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
+  c.validate();
+  SW_CHECK(c.is_llama(), "build_llama: the configuration is a '{}' model", c.model_type);
+  SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
+  SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
+           s.tp_size());
+  SW_CHECK(sequences % s.data_size() == 0, "a micro-batch of {} sequences does not divide over dp={}{}", sequences,
+           s.dp_size(), s.ep < 0 ? "" : fmt::format(" x ep={}", s.ep_size()));
+  SW_CHECK(c.experts == 0 || c.experts % s.ep_size() == 0, "{} experts do not divide over ep={}", c.experts,
+           s.ep_size());
+  SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts (--experts)",
+           s.mesh.to_string());
+  if (c.experts > 0) ops::check_moe_exchange_setting();
+  const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
+  SW_CHECK(c.aux_loss_scope == "layer" || c.aux_loss == 0 || (part.first_layer == 0 && end_layer == c.layers),
+           "--aux-loss-scope model pools the router statistics of every MoE layer into one term (transformers' "
+           "Mixtral), so every layer must be on one pipeline stage: use --aux-loss-scope layer with pp");
+  SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
+           "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
+  GptGraph out;
+  out.sequences = sequences;
+  LlamaBuilder b(c, s, sequences, training, out);
+  graph::ValueId x;
+  if (part.embeddings) {
+    x = b.embeddings();
+  } else {
+    out.input = x = out.g.input("stage_input", Shape{sequences, c.seq, c.hidden});
+    out.g.value(x).requires_grad = training;
+    b.annotate(x, b.boundary());
+  }
+  b.constants();
+  for (int64_t l = part.first_layer; l < end_layer; ++l) x = b.layer(x, l, l - part.first_layer);
+  if (!part.head) {
+    b.annotate(x, b.boundary());
+    out.output = x;
+    out.output_grad = out.g.input(out.g.value(x).name + "@grad_in", Shape{sequences, c.seq, c.hidden});
+    b.annotate(out.output_grad, b.boundary());
+    if (training) out.extra_loss = b.router_loss();  // the stage's router losses (pipeline: seeded with 1)
+    return out;
+  }
+  b.head(x, out);
+  return out;
+}
+
+Tensor init_llama_param_block(const GptConfig& c, const std::string& name, const Shape& shape,
+                              std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
+  if (name.ends_with("norm.weight")) return Tensor::full(DType::F32, block, 1.0);
+  // GPT-2's draw: normal(0, init_std) keyed by (seed, name) at the global index; no Llama name is
+  // one GPT-2 initializes otherwise (LayerNorms, biases, c_proj).
+  return init_param_block(c, name, shape, offset, block, seed);
+}
+
+std::array<std::string, 4> moe_stat_names(int64_t layer) {
+  std::array<std::string, 4> out;
+  for (size_t i = 0; i < out.size(); ++i) out[i] = fmt::format("model.layers.{}.block_sparse_moe.moe:{}", layer, i + 1);
+  return out;
+}
+
+Tensor position_ids(int64_t seq) {
+  Tensor t(DType::I64, Shape{seq});
+  for (int64_t i = 0; i < seq; ++i) t.data<int64_t>()[i] = i;
+  return t;
+}
+
+}  // namespace shardwise::train

@@ -1,0 +1,185 @@
+// Llama's Hugging Face layout (model_io.h): config.json as transformers' LlamaConfig, read back
+// with what this Llama cannot build refused; and the model comparisons both architectures share.
+#include "shardwise/core/error.h"
+#include "shardwise/models/model_io.h"
+
+namespace shardwise::train {
+
+nlohmann::json llama_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  return with_tokens_and_dtype(t, stored, {{"architectures", {"LlamaForCausalLM"}},
+                                          {"model_type", "llama"},
+                                          {"num_hidden_layers", m.layers},
+                                          {"num_attention_heads", m.heads},
+                                          {"num_key_value_heads", m.key_value_heads()},
+                                          {"hidden_size", m.hidden},
+                                          {"head_dim", m.hidden / m.heads},
+                                          {"intermediate_size", m.mlp_width()},
+                                          {"max_position_embeddings", m.seq},
+                                          {"vocab_size", m.vocab},
+                                          {"hidden_act", "silu"},
+                                          {"rms_norm_eps", m.rms_norm_eps},
+                                          // transformers 5 reads rope_parameters, earlier ones rope_theta.
+                                          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", m.rope_theta}}},
+                                          {"rope_theta", m.rope_theta},
+                                          {"rope_scaling", nullptr},
+                                          {"attention_bias", false},
+                                          {"mlp_bias", false},
+                                          {"attention_dropout", m.dropout},
+                                          {"initializer_range", m.init_std},
+                                          {"pretraining_tp", 1},
+                                          {"tie_word_embeddings", m.tie_word_embeddings},
+                                          {"use_cache", true}});
+}
+
+// Mixtral's config.json: LlamaConfig's fields that MixtralConfig shares, and its experts. Mixtral
+// has an MoE MLP in every layer: a model with dense layers (--moe-layers) has no such config.
+nlohmann::json mixtral_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  SW_CHECK(m.moe_layers.empty() || static_cast<int64_t>(m.moe_layers.size()) == m.layers,
+           "--moe-layers {}: Mixtral's config.json (the checkpoint layout) has experts in every layer, this model "
+           "only in {} of its {} layers: it cannot be saved in Hugging Face's layout (train it without --save-every, "
+           "or with experts in every layer)", fmt::join(m.moe_layers, ","), m.moe_layers.size(), m.layers);
+  SW_CHECK(m.router == "softmax" && m.shared_expert_width == 0,
+           "--router {} --shared-expert-width {}: Mixtral's config.json (the checkpoint layout) has a softmax router "
+           "and no shared expert: this model cannot be saved in Hugging Face's layout", m.router, m.shared_expert_width);
+  nlohmann::json j = llama_config_json(m, stored, t);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["model_type"] = "mixtral";
+  j["num_local_experts"] = m.experts;
+  j["num_experts_per_tok"] = m.top_k;
+  j["router_aux_loss_coef"] = m.aux_loss;
+  j["output_router_logits"] = false;
+  j["router_jitter_noise"] = 0.0;
+  j["sliding_window"] = nullptr;
+  return j;
+}
+
+ckpt::KeyMap mixtral_key_map(const GptConfig& c) {
+  ckpt::KeyMap m;
+  const int64_t E = c.experts, I = c.mlp_width(), H = c.hidden;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    const std::string p = fmt::format("model.layers.{}.block_sparse_moe.experts.", l);
+    for (auto [w, shape] : {std::pair{"w1", Shape{E, I, H}}, {"w3", Shape{E, I, H}}, {"w2", Shape{E, H, I}}}) {
+      std::vector<std::string> keys;
+      for (int64_t e = 0; e < E; ++e) keys.push_back(fmt::format("{}{}.{}.weight", p, e, w));
+      m.place_slices(p + w, shape, keys);
+    }
+  }
+  return m;
+}
+
+nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
+  return m.is_llama() ? llama_config_json(m, stored, t) : gpt2_config_json(m, stored, t);
+}
+
+std::vector<std::string> model_identity_keys(const GptConfig& m) {
+  if (!m.is_llama()) return {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+  std::vector<std::string> keys = {"model_type",        "num_hidden_layers",       "num_attention_heads",
+                                   "num_key_value_heads", "hidden_size",            "intermediate_size",
+                                   "max_position_embeddings", "vocab_size",         "tie_word_embeddings"};
+  if (m.experts > 0) keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok"});
+  return keys;
+}
+
+namespace {
+
+double rope_theta_of(const nlohmann::json& j, const std::string& file) {
+  // transformers 5: rope_parameters {rope_type, rope_theta}; earlier: rope_theta and rope_scaling.
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    const nlohmann::json& r = j["rope_parameters"];
+    const std::string type = r.value("rope_type", r.value("type", "default"));
+    SW_CHECK(type == "default", "'{}': rope_parameters.rope_type = '{}' is not supported (shardwise's Llama has the "
+             "default rotary embedding)", file, type);
+    if (r.contains("rope_theta")) return r["rope_theta"].get<double>();
+  }
+  SW_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+           "'{}': rope_scaling = {} is not supported (shardwise's Llama has the default rotary embedding)", file,
+           j.contains("rope_scaling") ? j["rope_scaling"].dump() : "");
+  return j.value("rope_theta", 10000.0);
+}
+
+}  // namespace
+
+GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
+  auto field = [&](const char* key) {
+    SW_CHECK(j.contains(key) && j[key].is_number_integer(), "'{}': config.json has no integer '{}'", file, key);
+    return j[key].get<int64_t>();
+  };
+  GptConfig c;
+  c.model_type = "llama";
+  c.layers = field("num_hidden_layers");
+  c.heads = field("num_attention_heads");
+  c.hidden = field("hidden_size");
+  c.intermediate_size = field("intermediate_size");
+  c.seq = field("max_position_embeddings");
+  c.vocab = field("vocab_size");
+  c.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                   ? j["num_key_value_heads"].get<int64_t>() : c.heads;
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.init_std = j.value("initializer_range", c.init_std);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);  // LlamaConfig's default
+  c.rope_theta = rope_theta_of(j, file);
+  // What LlamaForCausalLM can be configured to do that this model does not.
+  auto refuse_unless = [&](bool ok, const char* key, const std::string& want) {
+    SW_CHECK(ok, "'{}': {} = {} is not supported (shardwise's Llama has {})", file, key,
+             j.contains(key) ? j[key].dump() : "(missing)", want);
+  };
+  if (j.value("model_type", "") == "mixtral") {  // MixtralConfig: no biases, experts in every layer
+    c.experts = field("num_local_experts");
+    c.top_k = field("num_experts_per_tok");
+    c.aux_loss = j.value("router_aux_loss_coef", 0.0);
+    refuse_unless(j.value("router_jitter_noise", 0.0) == 0.0, "router_jitter_noise", "no router noise");
+    refuse_unless(!j.contains("sliding_window") || j["sliding_window"].is_null() ||
+                      j["sliding_window"].get<int64_t>() >= c.seq,
+                  "sliding_window", "full causal attention (a window of at least max_position_embeddings)");
+  }
+  refuse_unless(j.value("hidden_act", "silu") == "silu", "hidden_act", "silu (SwiGLU)");
+  refuse_unless(!j.value("attention_bias", false), "attention_bias", "no biases");
+  refuse_unless(!j.value("mlp_bias", false), "mlp_bias", "no biases");
+  SW_CHECK(c.heads >= 1, "'{}': num_attention_heads must be at least 1", file);
+  SW_CHECK(c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
+           "'{}': num_key_value_heads = {} must divide num_attention_heads = {} (grouped-query attention)", file,
+           c.kv_heads, c.heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null())
+    refuse_unless(j["head_dim"] == c.hidden / c.heads, "head_dim",
+                  fmt::format("hidden_size / num_attention_heads = {}", c.hidden / c.heads));
+  c.validate();
+  return c;
+}
+
+std::vector<std::string> model_differences(const GptConfig& saved, const GptConfig& mine) {
+  std::vector<std::string> differ;
+  if (saved.model_type != mine.model_type) {
+    differ.push_back(fmt::format("model_type '{}' (directory) vs '{}' (this run, --model)", saved.model_type,
+                                 mine.model_type));
+    return differ;
+  }
+  auto compare = [&](const char* key, int64_t a, int64_t b) {
+    if (a != b) differ.push_back(fmt::format("{} {} (directory) vs {} (this run)", key, a, b));
+  };
+  if (!mine.is_llama()) {
+    compare("n_layer", saved.layers, mine.layers);
+    compare("n_head", saved.heads, mine.heads);
+    compare("n_embd", saved.hidden, mine.hidden);
+    compare("n_positions", saved.seq, mine.seq);
+    compare("vocab_size", saved.vocab, mine.vocab);
+    return differ;
+  }
+  compare("num_hidden_layers", saved.layers, mine.layers);
+  compare("num_attention_heads", saved.heads, mine.heads);
+  compare("num_key_value_heads", saved.key_value_heads(), mine.key_value_heads());
+  compare("hidden_size", saved.hidden, mine.hidden);
+  compare("intermediate_size", saved.mlp_width(), mine.mlp_width());
+  compare("vocab_size", saved.vocab, mine.vocab);
+  compare("tie_word_embeddings", saved.tie_word_embeddings, mine.tie_word_embeddings);
+  compare("num_local_experts (--experts)", saved.experts, mine.experts);
+  if (saved.experts > 0 && mine.experts > 0) compare("num_experts_per_tok (--top-k)", saved.top_k, mine.top_k);
+  if (mine.seq > saved.seq)  // no parameter depends on it, but the positions were trained up to it
+    differ.push_back(fmt::format("max_position_embeddings {} (directory) vs sequences of {} (this run)", saved.seq,
+                                 mine.seq));
+  return differ;
+}
+
+}  // namespace shardwise::train

@@ -1,0 +1,183 @@
+#include "shardwise/models/lora.h"
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+
+#include "shardwise/core/error.h"
+#include "shardwise/core/philox.h"
+#include "shardwise/models/gpt.h"
+
+namespace shardwise::train {
+namespace {
+
+const char* kPrefix = "base_model.model.";
+
+// The adaptable modules of layer l: path suffix, [in, out], column-parallel, the parts it covers.
+struct ModuleKind {
+  const char* suffix;
+  int64_t in_mult, out_mult;  // x hidden
+  bool column;
+};
+constexpr ModuleKind kKinds[] = {
+    {"attn.c_attn", 1, 3, true}, {"attn.c_proj", 1, 1, false}, {"mlp.c_fc", 1, 4, true}, {"mlp.c_proj", 4, 1, false}};
+
+// What GPT-2 holds besides: modules PEFT could name but shardwise does not adapt.
+constexpr const char* kOthers[] = {"transformer.wte", "transformer.wpe", "lm_head", "transformer.ln_f",
+                                   "transformer.h.0.ln_1", "transformer.h.0.ln_2"};
+
+bool matches(const std::string& path, const std::string& target) {
+  return path == target || (path.size() > target.size() && path.ends_with(target) &&
+                            path[path.size() - target.size() - 1] == '.');
+}
+
+}  // namespace
+
+double LoraConfig::scale() const {
+  return alpha / (rslora ? std::sqrt(static_cast<double>(rank)) : static_cast<double>(rank));
+}
+
+bool LoraConfig::targets_module(const std::string& path) const {
+  if (!target_regex.empty()) return std::regex_match(path, std::regex(target_regex));
+  for (const std::string& t : targets)
+    if (matches(path, t)) return true;
+  return false;
+}
+
+std::vector<LoraModule> lora_modules(const GptConfig& c) {
+  const LoraConfig& l = c.lora;
+  SW_CHECK(!c.is_llama(), "LoRA (--lora-rank / --lora-from) with --model llama is not supported: shardwise's adapters "
+           "are GPT-2's modules (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); train every parameter of the Llama "
+           "model (leave the --lora-* options out), or adapt a GPT-2 base");
+  SW_CHECK(l.rank >= 1, "--lora-rank must be at least 1, got {}", l.rank);
+  SW_CHECK(l.alpha != 0 && std::isfinite(l.alpha), "--lora-alpha must be a non-zero number, got {}", l.alpha);
+  SW_CHECK(l.dropout >= 0 && l.dropout < 1, "--lora-dropout must be in [0, 1), got {}", l.dropout);
+  SW_CHECK(!l.targets.empty() || !l.target_regex.empty(), "--lora-targets names no module: give c_attn, c_proj, c_fc, "
+           "attn.c_proj or mlp.c_proj (comma-separated)");
+  std::vector<LoraModule> out;
+  std::vector<std::string> all;
+  for (int64_t layer = 0; layer < c.layers; ++layer) {
+    for (const ModuleKind& k : kKinds) {
+      LoraModule m{fmt::format("transformer.h.{}.{}", layer, k.suffix), k.in_mult * c.hidden, k.out_mult * c.hidden,
+                   k.column, {}};
+      all.push_back(m.path);
+      if (!l.targets_module(m.path)) continue;
+      const std::string attn = fmt::format("transformer.h.{}.attn.", layer);
+      if (std::string(k.suffix) == "attn.c_attn") m.parts = {attn + "q_proj", attn + "k_proj", attn + "v_proj"};
+      else m.parts = {m.path};
+      out.push_back(std::move(m));
+    }
+  }
+  for (const std::string& t : l.targets) {
+    bool any = false;
+    for (const std::string& path : all) any = any || matches(path, t);
+    if (any) continue;
+    for (const char* other : kOthers) {
+      SW_CHECK(!matches(other, t), "--lora-targets '{}' names '{}', which LoRA does not adapt here: the targets are "
+               "GPT-2's linear layers c_attn, c_proj (attn and mlp) and c_fc", t, other);
+    }
+    fail("--lora-targets '{}' names no module of the model: its linear layers are c_attn, c_proj (attn.c_proj, "
+         "mlp.c_proj) and c_fc in every layer (transformer.h.<i>.attn.c_attn, ...)", t);
+  }
+  SW_CHECK(!out.empty(), "target_modules '{}' matches no module of the model (transformer.h.<i>.attn.c_attn, "
+           "attn.c_proj, mlp.c_fc, mlp.c_proj)", l.target_regex);
+  return out;
+}
+
+std::string lora_a_name(const std::string& module_path) { return module_path + ".lora_A.weight"; }
+std::string lora_b_name(const std::string& part_path) { return part_path + ".lora_B.weight"; }
+bool is_lora_param(const std::string& name) {
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
+Tensor init_lora_block(const std::string& name, const Shape& shape, std::span<const int64_t> offset,
+                       const Shape& block, uint64_t seed) {
+  SW_CHECK(is_lora_param(name) && shape.ndim() == 2 && block.ndim() == 2, "'{}' {} is not a LoRA matrix", name,
+           shape.to_string());
+  Tensor t(DType::F32, block);  // B: zeros
+  if (name.ends_with(".lora_B.weight")) return t;
+  // kaiming_uniform_(a = sqrt(5)) on [r, in]: gain sqrt(2 / 6), bound gain * sqrt(3 / in) = 1 / sqrt(in).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(shape[1]));
+  Philox rng(seed, stream_id(name));
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < block[0]; ++i) {
+    for (int64_t j = 0; j < block[1]; ++j) {
+      const auto global = static_cast<uint64_t>((offset[0] + i) * shape[1] + offset[1] + j);
+      p[i * block[1] + j] = static_cast<float>(bound * (2.0 * rng.uniform(global) - 1.0));
+    }
+  }
+  return t;
+}
+
+ckpt::KeyMap lora_key_map(const GptConfig& c) {
+  ckpt::KeyMap keys;
+  const int64_t r = c.lora.rank;
+  for (const LoraModule& m : lora_modules(c)) {
+    keys.place(lora_a_name(m.path), Shape{r, m.in}, kPrefix + lora_a_name(m.path), Shape{r, m.in}, {0, 0});
+    const int64_t rows = m.out / static_cast<int64_t>(m.parts.size());
+    for (size_t i = 0; i < m.parts.size(); ++i) {
+      keys.place(lora_b_name(m.parts[i]), Shape{rows, r}, kPrefix + lora_b_name(m.path), Shape{m.out, r},
+                 {static_cast<int64_t>(i) * rows, 0});
+    }
+  }
+  return keys;
+}
+
+nlohmann::json adapter_config_json(const LoraConfig& l, const std::string& base) {
+  nlohmann::json alpha = l.alpha;
+  if (l.alpha == std::floor(l.alpha) && std::abs(l.alpha) < 1e15) alpha = static_cast<int64_t>(l.alpha);
+  nlohmann::json targets = l.target_regex.empty() ? nlohmann::json(l.targets) : nlohmann::json(l.target_regex);
+  // Every field PEFT 0.21's LoraConfig writes, in its order (json sorts the keys, as PEFT does).
+  return {{"alora_invocation_tokens", nullptr}, {"alpha_pattern", nlohmann::json::object()},
+          {"arrow_config", nullptr}, {"auto_mapping", nullptr},
+          {"base_model_name_or_path", base.empty() ? nlohmann::json() : nlohmann::json(base)},
+          {"bias", "none"}, {"corda_config", nullptr}, {"ensure_weight_tying", false}, {"eva_config", nullptr},
+          {"exclude_modules", nullptr}, {"fan_in_fan_out", true}, {"inference_mode", true},
+          {"init_lora_weights", true}, {"kasa_config", nullptr}, {"layer_replication", nullptr},
+          {"layers_pattern", nullptr}, {"layers_to_transform", nullptr}, {"loftq_config", nlohmann::json::object()},
+          {"lora_alpha", alpha}, {"lora_bias", false}, {"lora_dropout", l.dropout}, {"lora_ga_config", nullptr},
+          {"megatron_config", nullptr}, {"megatron_core", "megatron.core"}, {"modules_to_save", nullptr},
+          {"monteclora_config", nullptr}, {"peft_type", "LORA"}, {"qalora_group_size", 16}, {"r", l.rank},
+          {"rank_pattern", nlohmann::json::object()}, {"revision", nullptr}, {"target_modules", targets},
+          {"target_parameters", nullptr}, {"task_type", "CAUSAL_LM"}, {"trainable_token_indices", nullptr},
+          {"use_bdlora", nullptr}, {"use_dora", false}, {"use_qalora", false}, {"use_rslora", l.rslora},
+          {"velora_config", nullptr}};
+}
+
+LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "adapter_config.json";
+  SW_CHECK(std::filesystem::is_directory(dir), "--lora-from '{}' is not a directory", dir.string());
+  std::ifstream in(file);
+  SW_CHECK(in.good(), "--lora-from '{}' has no adapter_config.json (a PEFT adapter directory holds it and "
+           "adapter_model.safetensors)", dir.string());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("'{}' is not valid JSON: {}", file.string(), e.what());
+  }
+  auto unset = [&](const char* key) { return !j.contains(key) || j[key].is_null() || (j[key].is_object() && j[key].empty()); };
+  SW_CHECK(j.value("peft_type", "LORA") == "LORA", "'{}': peft_type '{}' is not LORA", file.string(),
+           j.value("peft_type", ""));
+  for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform", "layers_pattern",
+                          "exclude_modules", "target_parameters", "trainable_token_indices", "layer_replication"})
+    SW_CHECK(unset(key), "'{}' sets {} = {}, which shardwise's LoRA does not support", file.string(), key, j[key].dump());
+  for (const char* key : {"use_dora", "lora_bias", "use_qalora"})
+    SW_CHECK(!j.value(key, false), "'{}' sets {} = true, which shardwise's LoRA does not support", file.string(), key);
+  SW_CHECK(j.value("bias", "none") == "none", "'{}': bias '{}': only \"none\" (biases stay frozen) is supported",
+           file.string(), j.value("bias", ""));
+  SW_CHECK(j.contains("r") && j["r"].is_number_integer(), "'{}' has no integer r", file.string());
+  LoraConfig l;
+  l.rank = j["r"].get<int64_t>();
+  l.alpha = j.value("lora_alpha", 8.0);
+  l.rslora = j.value("use_rslora", false);
+  l.dropout = j.value("lora_dropout", 0.0);
+  const nlohmann::json& t = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+  SW_CHECK(t.is_array() || t.is_string(), "'{}': target_modules must be a list of module names or a regex",
+           file.string());
+  if (t.is_string()) l.targets.clear(), l.target_regex = t.get<std::string>();
+  else l.targets = t.get<std::vector<std::string>>();
+  return l;
+}
+
+}  // namespace shardwise::train

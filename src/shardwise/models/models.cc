@@ -1,0 +1,89 @@
+#include "shardwise/models/models.h"
+
+#include <cstring>
+
+#include "shardwise/models/llama.h"
+#include "shardwise/models/llama_decode.h"
+
+namespace shardwise::train {
+
+GptGraph build_model(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
+  return c.is_llama() ? build_llama(c, s, sequences, training, part) : build_gpt(c, s, sequences, training, part);
+}
+
+DecoderGraph build_model_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
+  return c.is_llama() ? build_llama_prefill(c, s, sequences, length) : build_gpt_prefill(c, s, sequences, length);
+}
+
+DecoderGraph build_model_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length) {
+  return c.is_llama() ? build_llama_decode_step(c, s, sequences, cache_length)
+                      : build_gpt_decode_step(c, s, sequences, cache_length);
+}
+
+Tensor init_model_param_block(const GptConfig& c, const std::string& name, const Shape& shape,
+                              std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
+  return c.is_llama() ? init_llama_param_block(c, name, shape, offset, block, seed)
+                      : init_param_block(c, name, shape, offset, block, seed);
+}
+
+Tensor init_model_param(const GptConfig& c, const std::string& name, const Shape& shape, uint64_t seed) {
+  std::vector<int64_t> zeros(static_cast<size_t>(shape.ndim()), 0);
+  return init_model_param_block(c, name, shape, zeros, shape, seed);
+}
+
+std::string tied_embedding(const GptConfig& c) {
+  if (!c.is_llama()) return "transformer.wte.weight";
+  return c.tie_word_embeddings ? "model.embed_tokens.weight" : "";
+}
+
+int64_t layer_of_param(const GptConfig& c, const std::string& name) {
+  const char* prefix = c.is_llama() ? "model.layers." : "transformer.h.";
+  if (!name.starts_with(prefix)) return -1;
+  return std::stoll(name.substr(std::strlen(prefix)));
+}
+
+bool is_last_stage_param(const GptConfig& c, const std::string& name) {
+  if (!c.is_llama()) return name.starts_with("transformer.ln_f");
+  return name.starts_with("model.norm.") || name.starts_with("lm_head.");
+}
+
+std::vector<std::string> model_constant_names(const GptConfig& c) {
+  if (c.document_mask) return {};  // one mask and position ids per micro-batch (packing.h)
+  if (c.fused_attention()) return c.is_llama() ? std::vector<std::string>{"positions"} : std::vector<std::string>{};
+  if (c.is_llama()) return {"causal_mask", "positions"};
+  return {"causal_mask"};
+}
+
+std::map<std::string, Tensor> model_constants(const GptConfig& c) {
+  std::map<std::string, Tensor> out;
+  for (const std::string& name : model_constant_names(c))
+    out[name] = name == "causal_mask" ? causal_mask(c.seq) : position_ids(c.seq);
+  return out;
+}
+
+double parameter_count(const GptConfig& m) {
+  const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab), L = static_cast<double>(m.layers);
+  if (!m.is_llama()) return L * (12 * h * h + 13 * h) + V * h + static_cast<double>(m.seq) * h + 2 * h;
+  const double kv = static_cast<double>(m.key_value_heads() * (m.hidden / m.heads)), I = static_cast<double>(m.mlp_width());
+  return L * (2 * h * h + 2 * h * kv + 3 * h * I + 2 * h) + V * h * (m.tie_word_embeddings ? 1 : 2) + h;
+}
+
+std::pair<std::string, double> largest_parameter(const GptConfig& m) {
+  const double h = static_cast<double>(m.hidden), embedding = static_cast<double>(m.vocab) * h;
+  const int64_t I = m.is_llama() ? m.mlp_width() : 4 * m.hidden;
+  const double mlp = h * static_cast<double>(I);
+  if (embedding > mlp)
+    return {fmt::format("{} ({}x{})", m.is_llama() ? "model.embed_tokens.weight" : "transformer.wte.weight", m.vocab,
+                        m.hidden),
+            embedding};
+  if (m.is_llama()) return {fmt::format("model.layers.0.mlp.gate_proj.weight ({}x{})", I, m.hidden), mlp};
+  return {fmt::format("transformer.h.0.mlp.c_fc.weight ({}x{})", m.hidden, I), mlp};
+}
+
+std::string describe_architecture(const GptConfig& m) {
+  if (!m.is_llama()) return "GPT";
+  return fmt::format("Llama ({} kv heads, intermediate {}, rope theta {}, {} head)", m.key_value_heads(), m.mlp_width(),
+                     m.rope_theta, m.tie_word_embeddings ? "tied" : "untied");
+}
+
+}  // namespace shardwise::train
