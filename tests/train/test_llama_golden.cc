@@ -1,8 +1,8 @@
 // shardwise's Llama reproduces transformers' LlamaForCausalLM per-step losses
 // (tests/golden/llama_losses.json, written by tests/golden/llama_parity.py from shardwise's exported
 // initial weights and batches; `make llama-golden` regenerates it) within 1e-4 relative, on one rank
-// and on dp=2 x tp=2; the MoE Llama those of the script's PyTorch MoE (tests/golden/moe_losses.json,
-// `make moe-golden`) on one rank and on dp=2 x ep=2.
+// and on dp=2 x tp=2; the MoE Llama those of transformers' MixtralForCausalLM (the same script;
+// tests/golden/moe_losses.json, `make moe-golden`) on one rank and on dp=2 x ep=2.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -44,7 +44,7 @@ void expect_golden(const nlohmann::json& g, TrainConfig c, const std::vector<std
       EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << mesh << ": step " << i + 1;
       worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
     }
-    std::cout << "largest relative difference from the PyTorch reference on " << mesh << ": " << worst << "\n";
+    std::cout << "largest relative difference from transformers on " << mesh << ": " << worst << "\n";
   }
   EXPECT_LT(want.back(), want.front()) << "the reference run should learn";
 }
@@ -53,8 +53,8 @@ TEST(LlamaGolden, LossesMatchTransformersWithinOneInTenThousand) {
   expect_golden(golden(), golden::llama_parity_config(), {{"dp=1", 1}, {"dp=2,tp=2", 4}});
 }
 
-// The MoE Llama (4 experts, top-2, aux and z losses) against llama_parity.py's PyTorch MoE.
-TEST(LlamaGolden, MoeLossesMatchThePyTorchReferenceWithinOneInTenThousand) {
+// The MoE Llama (4 experts, top-2, aux and z losses) against transformers' MixtralSparseMoeBlock.
+TEST(LlamaGolden, MoeLossesMatchTransformersMixtralWithinOneInTenThousand) {
   expect_golden(golden("moe_losses.json"), golden::moe_parity_config(), {{"dp=1", 1}, {"dp=2,ep=2", 4}});
 }
 
