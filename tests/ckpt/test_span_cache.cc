@@ -158,6 +158,7 @@ TEST(SpanCache, ColumnBlocksOnFourThreadsAreTheFilesBytesAndNothingStaysCached) 
   before = span_cache_read_bytes();
   load_and_check(dir.path, data);
   EXPECT_EQ(span_cache_read_bytes(), before);
+  testing::skip_unless_direct_io(direct_ok, dir.path);
 }
 
 // One rank much slower than the others (here it reads its column one chunk per call, sleeping
