@@ -11,6 +11,7 @@
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/tokenize_cmd.h"
+#include "shardwise/cli/train_options.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 
@@ -42,13 +43,16 @@ void add_sharding_options(CLI::App* t, train::TrainConfig& c) {
                 "with --overlap-grad-reduce on|after: a gradient bucket's size in MiB (f32)");
 }
 
+}  // namespace
+
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
   auto* t = &cmd;
   t->add_option("--config", o.config_file,
-                 "read options from a TOML file: `key = value` lines, keys are the long option names "
-                 "(an optional [train] section); options on the command line win");
+                 "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections "
+                 "below ([model], [parallel], ...) or in none; paths resolve from the file; the command line wins")
+      ->type_name("PATH");
   t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
   t->add_option("--gemm", o.gemm, kGemmHelp);
   t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
@@ -101,7 +105,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--eos-id", c.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
   t->add_flag("--no-cross-document-attention", c.document_attention,
               "tokens attend only within their document and position ids restart at each document (needs an eos id)");
-  t->add_flag("--no-prefetch{false}", c.loader_prefetch,
+  t->add_flag("!--no-prefetch", c.loader_prefetch,
               "each tp group's data reader reads a step's batch when the step starts, not during the step before "
               "(loader_wait_s in metrics.jsonl shows the difference)");
   t->add_option("--val-data", c.val_data,
@@ -190,6 +194,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "--lora-* options; a LoRA checkpoint is one)");
 }
 
+namespace {
+
 // `shardwise plan --memory ...`: the memory plan of a training run, read with train's options (and
 // --config file); run() sends it here before parsing the other commands.
 int run_plan_memory(int argc, char** argv) {
@@ -199,6 +205,7 @@ int run_plan_memory(int argc, char** argv) {
   auto* cmd = app.add_subcommand("plan", "The per-rank memory plan of a training run: train's options");
   cmd->option_defaults()->always_capture_default();
   add_train_options(*cmd, o);
+  group_train_options(*cmd);
   cmd->add_flag("--memory", memory, "print the memory plan of the run train's options describe");
   try {
     app.parse(argc, argv);
@@ -343,6 +350,7 @@ int run(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   train_cmd->option_defaults()->always_capture_default();
   add_train_options(*train_cmd, train_opts);
+  group_train_options(*train_cmd);
   GenerateOptions gen_opts;
   auto* gen_cmd = app.add_subcommand("generate", "Continue prompts with a saved model on a dp x tp mesh (KV cache)");
   gen_cmd->option_defaults()->always_capture_default();
