@@ -4,6 +4,8 @@
 
 #include <regex>
 
+#include "shardwise/cli/usage.h"
+
 namespace shardwise::cli {
 
 const std::vector<OptionSection>& train_option_sections() {
@@ -87,6 +89,28 @@ void group_train_options(CLI::App& cmd) {
     if (CLI::Option* opt = cmd.get_option_no_throw("--" + std::string(name))) opt->type_name(std::string(type));
   }
   cmd.formatter(std::make_shared<HelpFormatter>());
+}
+
+void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
+  add_train_options(cmd, run);
+  group_train_options(cmd);
+  const std::string group = "Plan: what to show";
+  cmd.add_flag("--memory", plan.memory,
+               "per rank: the bytes of parameters, gradients, optimizer state, activations and the peak; over "
+               "--memory-limit, \"does not fit\" with the largest cause and the change that fixes it")
+      ->group(group);
+  cmd.add_flag("--check", plan.check, "with --memory: exit 2 when the plan does not fit --memory-limit")->group(group);
+  cmd.add_option("--explain", plan.explain,
+                 "value names (as the plan shows them): say which rule and neighbour placed them")
+      ->delimiter(',')
+      ->group(group);
+  cmd.add_flag("--summary", plan.summary, "only the totals")->group(group);
+}
+
+void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {
+  if (!o.config_file.empty()) apply_config_file(cmd, o.config_file);
+  if (!o.init_from.empty()) apply_init_from(cmd, o);
+  if (lora_needs_base || !o.init_from.empty() || !o.lora_from.empty()) apply_lora(cmd, o);
 }
 
 }  // namespace shardwise::cli

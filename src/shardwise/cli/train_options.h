@@ -30,4 +30,13 @@ const std::vector<OptionSection>& train_option_sections();
 // ungrouped "Options" heading (tests/cli checks there are none but --help and --config).
 void group_train_options(CLI::App& cmd);
 
+// `shardwise plan`'s options: train's (the run it plans, with train's defaults and sections),
+// then its own: --memory, --check, --explain, --summary.
+void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan);
+
+// What sets a run's options besides the command line, in order: the --config file, --init-from's
+// config.json, the --lora-* options (apply_lora). `lora_needs_base` false (`plan` of the program):
+// --lora-rank without --init-from plans the adapters on a freshly initialised base.
+void apply_run_sources(CLI::App& cmd, TrainOptions& options, bool lora_needs_base = true);
+
 }  // namespace shardwise::cli
