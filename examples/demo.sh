@@ -8,6 +8,6 @@ here=$(dirname "$0")
 step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "${*:2}"; "${@:2}"; }
 
 step "What each rank runs: Megatron tensor parallelism + data parallelism, collectives per step" \
-  "$sw" plan --mesh dp=2,tp=2 --layers 2 --hidden 128 --seq 12 --vocab 128 --micro-batch 32 --summary
+  "$sw" plan --config "$here/demo.toml" --summary
 step "Training: 4 ranks as threads, dp=2 x tp=2, the embedded 3-digit addition task" \
   "$sw" train --config "$here/demo.toml"

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -38,6 +39,11 @@ inline Result run(const std::string& args) {
 // `name` in this test binary's own scratch directory (tests/support/scratch_tmpdir.cc makes it
 // TMPDIR), so two runs of the tests at once never share a run directory or a log.
 inline std::string tmp(const std::string& name) { return (std::filesystem::temp_directory_path() / name).string(); }
+
+// GPT-2 with tied head: wte V*H + wpe S*H + per layer 12H^2 + 13H + the final LayerNorm 2H.
+inline int64_t gpt2_parameters(int64_t layers, int64_t hidden, int64_t seq, int64_t vocab) {
+  return vocab * hidden + seq * hidden + layers * (12 * hidden * hidden + 13 * hidden) + 2 * hidden;
+}
 
 inline int lines(const std::string& s) {
   int n = 0;

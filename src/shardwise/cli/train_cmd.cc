@@ -14,6 +14,7 @@
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/run_header.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -162,6 +163,17 @@ std::string checkpoint_summary(const train::CheckpointSchedule& checkpoints, con
                      checkpoints.async() ? " (async: the copies into host memory)" : "");
 }
 
+// The run header's LoRA line: the adapters, and the parameters they train of the model's.
+std::string lora_line(const train::LoraConfig& l, const train::ParameterCounts& n, int64_t rank0_optimizer_bytes) {
+  const auto all = static_cast<double>(n.trained + n.frozen);
+  return fmt::format("  LoRA: r {}, alpha {} (scale {:.4g}{}) on {}; base frozen: {} trainable parameters of {} "
+                     "({:.2f}%); optimizer state {} bytes (adapters only; rank 0: {})\n",
+                     l.rank, l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "",
+                     l.target_regex.empty() ? fmt::format("{}", fmt::join(l.targets, ", ")) : l.target_regex,
+                     n.trained, n.trained + n.frozen, 100.0 * static_cast<double>(n.trained) / all, n.optimizer_bytes,
+                     rank0_optimizer_bytes);
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
@@ -172,27 +184,17 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   if (profile) world = std::make_shared<runtime::ProfiledCommunicator>(world);
   train::Trainer trainer(config, world);
   const bool report = world_ref.rank() == 0;
+  const train::ParameterCounts counts = trainer.count_parameters();  // collective
   if (!o.init_from.empty()) {
     const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
-    if (report) out << fmt::format("  weights from {} ({} parameters{})\n", o.init_from, n,
+    if (report) out << fmt::format("  weights from {} ({} tensors{})\n", o.init_from, n,
                                    o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")));
   }
   if (!o.lora_from.empty()) {
     const int64_t n = train::load_adapter(trainer, *world, o.lora_from);
     if (report) out << fmt::format("  adapters from {} ({} tensors)\n", o.lora_from, n);
   }
-  if (config.model.lora.enabled()) {
-    const train::ParameterCounts n = trainer.count_parameters();
-    const train::LoraConfig& l = config.model.lora;
-    const auto all = static_cast<double>(n.trained + n.frozen);
-    if (report)
-      out << fmt::format("  LoRA: r {}, alpha {} (scale {:.4g}{}) on {}; base frozen: {} trainable parameters of {} "
-                         "({:.2f}%); optimizer state {} bytes (adapters only; rank 0: {})\n",
-                         l.rank, l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "",
-                         l.target_regex.empty() ? fmt::format("{}", fmt::join(l.targets, ", ")) : l.target_regex,
-                         n.trained, n.trained + n.frozen, 100.0 * static_cast<double>(n.trained) / all,
-                         n.optimizer_bytes, trainer.optimizer_state_bytes());
-  }
+  if (config.model.lora.enabled() && report) out << lora_line(config.model.lora, counts, trainer.optimizer_state_bytes());
   const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
   train::RunDirs dirs{o.run_dir, save_dir, o.save_every > 0, !o.resume.empty()};
   for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {
@@ -214,9 +216,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     log = std::make_unique<train::MetricsLog>(o.run_dir, resumed.dir ? trainer.steps_done() : -1);
     if (!log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", log->kept_aside());
     const auto& c = trainer.config();
-    out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
-                       train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
+    out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {}: {} parameters on {} ({} ranks, "
+                       "{})\n", train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads,
+                       c.model.seq, c.model.vocab, count_text(counts.trained + counts.frozen),
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
+    if (!o.options_line.empty()) out << "  options: " << o.options_line << "\n";
     if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
     const train::Strategy& s = trainer.strategy();
     out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
