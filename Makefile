@@ -87,7 +87,8 @@ hf-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 
-# The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
+# The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml)
+# into runs/demo-<time>, which keeps its last checkpoint, then a few sums answered from it.
 # Builds only the shardwise binary (not the tests and benchmarks).
 demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target shardwise

@@ -44,6 +44,17 @@ void add_sharding_options(CLI::App* t, train::TrainConfig& c) {
                 "with --overlap-grad-reduce on|after: a gradient bucket's size in MiB (f32)");
 }
 
+// When and where `shardwise train` saves, and what a stopped run keeps.
+void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
+  t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
+  t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
+  t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
+  t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
+  t->add_flag("--save-on-interrupt,!--no-save-on-interrupt", o.save_on_interrupt,
+              "Ctrl-C or SIGTERM stops the run after its step and saves that step (default: on with --save-every)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
 }  // namespace
 
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
@@ -156,16 +167,15 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--eval-every", o.eval_every,
                 "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");
   t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
-  t->add_option("--run-dir", o.run_dir, "where metrics.jsonl and loss_curve.svg go");
+  t->add_option("--run-dir", o.run_dir,
+                "where metrics.jsonl, loss_curve.svg and checkpoints/ go (default: the run --resume continues, else "
+                "a new runs/<config file or model>-<YYYYmmdd-HHMMSS>, named by runs/latest)");
   t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: linear or log")
       ->check(CLI::IsMember({"linear", "log"}));
   t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
   t->add_option("--progress", o.progress,
                 "auto (a live bar on a terminal, plain lines otherwise and under mpirun), bar, lines or none");
-  t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
-  t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
-  t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
-  t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
+  add_checkpoint_options(t, o);
   t->add_flag("--profile", o.profile, "time every op, reshard, collective and optimizer step: a table at the end and "
               "<run-dir>/trace.json (Chrome trace format: open it in Perfetto)");
   t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
@@ -336,6 +346,8 @@ int run(int argc, char** argv) {
     if (*train_cmd) {
       apply_run_sources(*train_cmd, train_opts);
       train_opts.options_line = given_options(*train_cmd);
+      if (train_cmd->get_option("--save-on-interrupt")->count() == 0) train_opts.save_on_interrupt = train_opts.save_every > 0;
+      train_opts.command_line.assign(argv, argv + argc);
       if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }

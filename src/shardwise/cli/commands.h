@@ -71,7 +71,9 @@ struct TrainOptions {
   std::string options_line;   // the run header's options that differ from the defaults (run_header.h), set by app.cc
   std::string config_file;  // --config: a TOML file of long option names (the command line wins)
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
-  std::string run_dir = "runs/demo";
+  std::string run_dir;  // "": the run that --resume continues, else a new runs/<config or model>-<time>
+  std::vector<std::string> command_line;  // the program and its arguments, for the resume command
+  bool save_on_interrupt = false;  // SIGINT/SIGTERM save the step the run stops at (default: when saving)
   std::string loss_axis = "linear";  // loss_curve.svg: linear or log
   int64_t eval_every = 500;  // 0: at the end only (accuracy of the addition task, or the validation loss)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
