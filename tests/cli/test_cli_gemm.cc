@@ -43,6 +43,7 @@ TEST(CliGemm, QuickCheckPassesAndReportsAWrongOrCrashingCandidate) {
   r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas:crash", "gemm-check --quick --candidates openblas");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("crashed (Segmentation fault)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("DEADLYSIGNAL"), std::string::npos) << r.out;  // the same under AddressSanitizer
   EXPECT_NE(r.out.find("no backend passed the check"), std::string::npos) << r.out;
 }
 

@@ -50,6 +50,16 @@ SgemmFn probe_fn(const std::string& name) {
   };
 }
 
+// The child reports a crash as the signal that ended it, the same with and without a sanitizer: a
+// sanitizer's handlers (AddressSanitizer's DEADLYSIGNAL report and exit) are replaced by the
+// default action, so the parent sees the signal itself.
+void default_crash_signals() {
+  struct sigaction action {};
+  action.sa_handler = SIG_DFL;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) sigaction(sig, &action, nullptr);
+}
+
 // The check's step shapes: the measured step's dims with 128 tokens (a quick run: a tiny model's).
 StepShape check_shape(bool quick, const std::string& shape) {
   if (quick) return {2, 64, 4, 32, 257, 64};
@@ -84,6 +94,7 @@ double measure_step(const SgemmFn& fn, const std::string& shape) {
 // --probe NAME --measure: the step-mix rate on 1 and 2 threads instead.
 int run_probe(const GemmCheckOptions& o, std::ostream& out) {
   alarm(600);  // a hung library fails its candidate instead of the whole check
+  default_crash_signals();
   const auto& info = load_gemm_backend(o.probe);
   SgemmFn fn = probe_fn(o.probe);
   json j = {{"name", info.name}, {"library", info.library}, {"core", info.core}, {"version", info.version}};
