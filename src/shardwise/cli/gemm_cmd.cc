@@ -174,13 +174,33 @@ int run_probe(const GemmCheckOptions& o, std::ostream& out) {
 
 // ---- the parent: a child per candidate ----
 
+// The child's environment: this one with AddressSanitizer's exit-time leak check off (ASAN_OPTIONS
+// gains detect_leaks=0; nothing reads it without a sanitizer). A child is a probe whose answer is
+// its output, and LeakSanitizer dies in its tracer ("Tracer caught signal 11", a fatal error and
+// exit 1) on the OpenMP threads BLIS and oneDNN leave running: under `make test-asan` those two
+// failed the check.
+std::vector<std::string> child_environment() {
+  std::vector<std::string> env;
+  std::string asan = "ASAN_OPTIONS=detect_leaks=0";
+  for (char** e = environ; *e; ++e) {
+    std::string v = *e;
+    if (v.rfind("ASAN_OPTIONS=", 0) != 0) env.push_back(v);
+    else if (v.size() > 13) asan = v + ":detect_leaks=0";  // the last setting wins
+  }
+  env.push_back(asan);
+  return env;
+}
+
 json spawn_probe(const std::string& name, bool quick, bool measure, const std::string& shape) {
   std::vector<std::string> args = {"shardwise", "gemm-check", "--probe", name, "--shape", shape};
   if (quick) args.push_back("--quick");
   if (measure) args.push_back("--measure");
-  std::vector<char*> argv;
+  std::vector<std::string> env = child_environment();
+  std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  for (auto& v : env) envp.push_back(v.data());
+  envp.push_back(nullptr);
   int fds[2];
   SW_CHECK(pipe(fds) == 0, "gemm-check: pipe failed: {}", std::strerror(errno));
   posix_spawn_file_actions_t fa;
@@ -189,7 +209,7 @@ json spawn_probe(const std::string& name, bool quick, bool measure, const std::s
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
   pid_t pid = 0;
-  int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
   SW_CHECK(rc == 0, "gemm-check: cannot start a child process: {}", std::strerror(rc));
