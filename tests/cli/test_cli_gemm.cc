@@ -33,17 +33,35 @@ std::string tiny_train(const fs::path& dir) {
          (dir / "run").string();
 }
 
-TEST(CliGemm, QuickCheckPassesAndReportsAWrongOrCrashingCandidate) {
-  Result r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas-haswell:wrong",
-                "gemm-check --quick --candidates openblas,openblas-haswell");
+// --quick is a gate of `make test`: every backend that can run here must pass (one that is not
+// installed is reported, not counted); a planted wrong or crashing kernel fails it, naming the
+// backend. The crash is reported as its signal with and without AddressSanitizer.
+TEST(CliGemm, QuickCheckFailsOnAnyWrongOrCrashingBackendNamingIt) {
+  const std::string two = "gemm-check --quick --candidates openblas,openblas-haswell";
+  Result r = sw("", two);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("openblas             OpenBLAS"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("pass ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("quick check done: every installed backend passed (openblas, openblas-haswell;"),
+            std::string::npos) << r.out;
+  r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas-haswell:wrong", two);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("pass ("), std::string::npos) << r.out;  // openblas
   EXPECT_NE(r.out.find("FAIL on 1 thread(s)"), std::string::npos) << r.out;
-  r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas:crash", "gemm-check --quick --candidates openblas");
+  EXPECT_NE(r.out.find("quick check FAILED: every installed backend must pass; failed: openblas-haswell\n"),
+            std::string::npos) << r.out;
+  r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas:crash", two);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("crashed (Segmentation fault)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("no backend passed the check"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("DEADLYSIGNAL"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("quick check FAILED: every installed backend must pass; failed: openblas\n"), std::string::npos)
+      << r.out;
+  r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas-haswell:missing", two);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("not installed (planted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("every installed backend passed (openblas;"), std::string::npos) << r.out;
+  r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas:crash", "gemm-check --quick --candidates openblas");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("failed: openblas\n"), std::string::npos) << r.out;
 }
 
 TEST(CliGemm, AutoUsesTheCachedChoiceAndNeverAFailedCandidate) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "shardwise/comm/call_check.h"
 #include "shardwise/comm/reduce_kernels.h"
@@ -21,6 +22,9 @@ struct LocalWorld::Group {
   std::condition_variable cv;
   int arrived = 0;
   uint64_t generation = 0;
+  // A meeting inside a collective (LocalComm::meet): the first member that failed at the meeting
+  // under way (global rank, its error; rank -1: none) and that of the last completed meeting.
+  std::pair<int, std::string> failing{-1, ""}, failed{-1, ""};
   // What each member deposited for the current collective.
   struct Slot {
     const void* in = nullptr;
@@ -75,45 +79,44 @@ class LocalComm final : public Communicator {
   }
 
   void all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) override {
-    Group::Slot s = Group::slot(Collective::AllReduce, in, out, count, dtype, -1, op);
-    enter(s);
     // Each rank reduces one chunk of every input, in rank order, into a private buffer (peers may
     // still read our input if out == in); then every rank copies every chunk. Every element is
-    // reduced once, by one rank, so all get the same bits.
-    const int64_t n = size(), per = (count + n - 1) / n;
-    const int64_t first = std::min(count, per * rank_), mine = std::min(count, first + per) - first;
-    std::vector<std::byte> part(bytes(mine, dtype));
-    reduce_block(first, mine, dtype, op, part.data());
-    group_->slots[static_cast<size_t>(rank_)].part = part.data();
-    rendezvous();
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t at = std::min(count, per * r), len = std::min(count, at + per) - at;
-      if (len) std::memcpy(static_cast<std::byte*>(out) + bytes(at, dtype), group_->slots[static_cast<size_t>(r)].part, bytes(len, dtype));
-    }
-    rendezvous();  // nobody frees its chunk while a peer copies it
+    // reduced once, by one rank, so all get the same bits. `part` outlives the collective's end.
+    std::vector<std::byte> part;
+    collective(Group::slot(Collective::AllReduce, in, out, count, dtype, -1, op), [&] {
+      const int64_t n = size(), per = (count + n - 1) / n;
+      const int64_t first = std::min(count, per * rank_), mine = std::min(count, first + per) - first;
+      part.resize(bytes(mine, dtype));
+      reduce_block(first, mine, dtype, op, part.data());
+      group_->slots[static_cast<size_t>(rank_)].part = part.data();
+      step();
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t at = std::min(count, per * r), len = std::min(count, at + per) - at;
+        if (len) std::memcpy(static_cast<std::byte*>(out) + bytes(at, dtype), group_->slots[static_cast<size_t>(r)].part, bytes(len, dtype));
+      }
+    });
   }
 
   void reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) override {
     check_root("reduce", root);
-    Group::Slot s = Group::slot(Collective::Reduce, in, out, count, dtype, root, op);
-    enter(s);
-    if (rank_ == root) {
-      std::vector<std::byte> result(bytes(count, dtype));
+    // The root reduces into a private buffer (its `out` may be its input) and copies it once the
+    // collective has ended.
+    std::vector<std::byte> result;
+    collective(Group::slot(Collective::Reduce, in, out, count, dtype, root, op), [&] {
+      if (rank_ != root) return;
+      result.resize(bytes(count, dtype));
       reduce_block(0, count, dtype, op, result.data());
-      rendezvous();
-      if (count) std::memcpy(out, result.data(), result.size());
-    } else {
-      rendezvous();
-    }
+    });
+    if (rank_ == root && count) std::memcpy(out, result.data(), result.size());
   }
 
   void all_gather(const void* in, void* out, int64_t count, DType dtype) override {
-    enter(Group::slot(Collective::AllGather, in, out, count, dtype, -1));
-    size_t b = bytes(count, dtype);
-    for (size_t r = 0; r < group_->slots.size(); ++r) {
-      if (b) std::memcpy(static_cast<std::byte*>(out) + r * b, group_->slots[r].in, b);
-    }
-    rendezvous();
+    collective(Group::slot(Collective::AllGather, in, out, count, dtype, -1), [&] {
+      size_t b = bytes(count, dtype);
+      for (size_t r = 0; r < group_->slots.size(); ++r) {
+        if (b) std::memcpy(static_cast<std::byte*>(out) + r * b, group_->slots[r].in, b);
+      }
+    });
   }
 
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype) override {
@@ -121,21 +124,20 @@ class LocalComm final : public Communicator {
     Group::Slot s = Group::slot(Collective::AllGatherV, in, out, counts[static_cast<size_t>(rank_)], dtype, -1);
     s.counts = counts;
     s.call.same_count = 0;
-    enter(s);
-    check_same_counts();
-    size_t at = 0;
-    for (size_t r = 0; r < group_->slots.size(); ++r) {
-      size_t b = bytes(counts[r], dtype);
-      if (b) std::memcpy(static_cast<std::byte*>(out) + at, group_->slots[r].in, b);
-      at += b;
-    }
-    rendezvous();
+    collective(s, [&] {
+      check_same_counts();
+      size_t at = 0;
+      for (size_t r = 0; r < group_->slots.size(); ++r) {
+        size_t b = bytes(counts[r], dtype);
+        if (b) std::memcpy(static_cast<std::byte*>(out) + at, group_->slots[r].in, b);
+        at += b;
+      }
+    });
   }
 
   void reduce_scatter(const void* in, void* out, int64_t count, DType dtype, Reduce op) override {
-    enter(Group::slot(Collective::ReduceScatter, in, out, count, dtype, -1, op));
-    reduce_block(count * rank_, count, dtype, op, out);
-    rendezvous();
+    collective(Group::slot(Collective::ReduceScatter, in, out, count, dtype, -1, op),
+               [&] { reduce_block(count * rank_, count, dtype, op, out); });
   }
 
   void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype,
@@ -143,38 +145,38 @@ class LocalComm final : public Communicator {
     check_counts("reduce_scatter_v", counts);
     Group::Slot s = Group::slot(Collective::ReduceScatterV, in, out, sum_of(counts, counts.size()), dtype, -1, op);
     s.counts = counts;
-    enter(s);
-    check_same_counts();
-    auto r = static_cast<size_t>(rank_);
-    reduce_block(sum_of(counts, r), counts[r], dtype, op, out);
-    rendezvous();
+    collective(s, [&] {
+      check_same_counts();
+      auto r = static_cast<size_t>(rank_);
+      reduce_block(sum_of(counts, r), counts[r], dtype, op, out);
+    });
   }
 
   void all_to_all(const void* in, void* out, int64_t count, DType dtype) override {
-    enter(Group::slot(Collective::AllToAll, in, out, count, dtype, -1));
-    size_t b = bytes(count, dtype);
-    for (size_t p = 0; p < group_->slots.size(); ++p) {
-      if (b) std::memcpy(static_cast<std::byte*>(out) + p * b,
-                         static_cast<const std::byte*>(group_->slots[p].in) + static_cast<size_t>(rank_) * b, b);
-    }
-    rendezvous();
+    collective(Group::slot(Collective::AllToAll, in, out, count, dtype, -1), [&] {
+      size_t b = bytes(count, dtype);
+      for (size_t p = 0; p < group_->slots.size(); ++p) {
+        if (b) std::memcpy(static_cast<std::byte*>(out) + p * b,
+                           static_cast<const std::byte*>(group_->slots[p].in) + static_cast<size_t>(rank_) * b, b);
+      }
+    });
   }
 
   void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                     std::span<const int64_t> recv_counts, DType dtype) override {
     check_counts("all_to_all_v (send counts)", send_counts);
     check_counts("all_to_all_v (receive counts)", recv_counts);
-    enter_all_to_all(in, out, send_counts, recv_counts, nullptr, dtype);
-    auto me = static_cast<size_t>(rank_);
-    const auto& slots = group_->slots;
-    size_t at = 0;
-    for (size_t p = 0; p < slots.size(); ++p) {
-      size_t b = bytes(recv_counts[p], dtype);
-      size_t from = bytes(sum_of(slots[p].counts, me), dtype);
-      if (b) std::memcpy(static_cast<std::byte*>(out) + at, static_cast<const std::byte*>(slots[p].in) + from, b);
-      at += b;
-    }
-    rendezvous();
+    all_to_all_collective(in, out, send_counts, recv_counts, nullptr, dtype, [&] {
+      auto me = static_cast<size_t>(rank_);
+      const auto& slots = group_->slots;
+      size_t at = 0;
+      for (size_t p = 0; p < slots.size(); ++p) {
+        size_t b = bytes(recv_counts[p], dtype);
+        size_t from = bytes(sum_of(slots[p].counts, me), dtype);
+        if (b) std::memcpy(static_cast<std::byte*>(out) + at, static_cast<const std::byte*>(slots[p].in) + from, b);
+        at += b;
+      }
+    });
   }
 
   // Each receiver copies straight from its peers' send pieces into its receive pieces.
@@ -183,34 +185,18 @@ class LocalComm final : public Communicator {
     const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
     const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
     fill_every_peer(*this, fill);  // the peers read every piece once all have met
-    enter_all_to_all(in, out, send_counts, recv_counts, &send, dtype);
-    auto me = static_cast<size_t>(rank_);
-    const auto& slots = group_->slots;
-    for (size_t p = 0; p < slots.size(); ++p) {
-      const Pieces& from = *slots[p].send_pieces;
-      const auto* src = static_cast<const std::byte*>(slots[p].in);
-      auto i = static_cast<size_t>(from.first[me]), j = static_cast<size_t>(recv.first[p]);
-      int64_t used_i = 0, used_j = 0;  // elements of piece i (sent) and j (received) already copied
-      while (i < static_cast<size_t>(from.first[me + 1]) && j < static_cast<size_t>(recv.first[p + 1])) {
-        const int64_t n = std::min(from.count[i] - used_i, recv.count[j] - used_j);
-        if (n) {
-          std::memcpy(static_cast<std::byte*>(out) + bytes(recv.offset[j] + used_j, dtype),
-                      src + bytes(from.offset[i] + used_i, dtype), bytes(n, dtype));
-        }
-        used_i += n, used_j += n;
-        if (used_i == from.count[i]) ++i, used_i = 0;
-        if (used_j == recv.count[j]) ++j, used_j = 0;
-      }
-    }
-    rendezvous();
+    all_to_all_collective(in, out, send_counts, recv_counts, &send, dtype, [&] {
+      const auto& slots = group_->slots;
+      for (size_t p = 0; p < slots.size(); ++p) copy_pieces(*slots[p].send_pieces, slots[p].in, p, out, recv, dtype);
+    });
   }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     check_root("broadcast", root);
-    enter(Group::slot(Collective::Broadcast, buffer, buffer, count, dtype, root));
-    size_t b = bytes(count, dtype);
-    if (rank_ != root && b) std::memcpy(buffer, group_->slots[static_cast<size_t>(root)].in, b);
-    rendezvous();
+    collective(Group::slot(Collective::Broadcast, buffer, buffer, count, dtype, root), [&] {
+      size_t b = bytes(count, dtype);
+      if (rank_ != root && b) std::memcpy(buffer, group_->slots[static_cast<size_t>(root)].in, b);
+    });
   }
 
   void send(const void* in, int64_t count, DType dtype, int peer, int tag) override {
@@ -245,29 +231,27 @@ class LocalComm final : public Communicator {
     if (want) std::memcpy(out, message.data(), want);
   }
 
-  void barrier() override {
-    enter(Group::slot(Collective::Barrier, nullptr, nullptr, 0, DType::U8, -1));
-    rendezvous();
-  }
+  void barrier() override { collective(Group::slot(Collective::Barrier, nullptr, nullptr, 0, DType::U8, -1), [] {}); }
 
-  // Plain memory of the process, one region a member (the threads share it). A growth is a
-  // barrier (every member is done with the old regions), member 0 replaces them, and a rendezvous.
+  // Plain memory of the process, one region a member (the threads share it), owned by the group:
+  // a member that fails frees none of it. A growth is a barrier-like collective (every member is
+  // done with the old regions) inside which member 0 replaces them.
   SharedRegions shared_regions(int64_t bytes) override {
     SW_CHECK(bytes >= 0, "shared_regions: negative size {}", bytes);
     Group& g = *group_;
     if (bytes > g.region_bytes || g.regions.empty()) {
-      barrier();
-      if (rank_ == 0) {
-        g.region_bytes = grown_region_bytes(bytes, g.region_bytes);
-        g.region_memory.clear();
-        g.regions.clear();
+      collective(Group::slot(Collective::Barrier, nullptr, nullptr, 0, DType::U8, -1), [&] {
+        if (rank_ != 0) return;
+        const int64_t grown = grown_region_bytes(bytes, g.region_bytes);
+        std::vector<std::unique_ptr<std::byte[]>> memory;
+        std::vector<std::byte*> regions;
         for (size_t r = 0; r < g.members.size(); ++r) {
-          g.region_memory.push_back(std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(g.region_bytes + kRegionAlign)));
-          g.regions.push_back(aligned_region(g.region_memory.back().get()));
+          memory.push_back(std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(grown + kRegionAlign)));
+          regions.push_back(aligned_region(memory.back().get()));
         }
+        g.region_memory = std::move(memory), g.regions = std::move(regions), g.region_bytes = grown;
         g.region_calls.resize(g.members.size(), 0);
-      }
-      rendezvous();
+      });
     }
     return {g.regions, g.region_bytes, g.region_calls[static_cast<size_t>(rank_)]++};
   }
@@ -276,34 +260,80 @@ class LocalComm final : public Communicator {
  private:
   static size_t bytes(int64_t count, DType dtype) { return static_cast<size_t>(count) * dtype_size(dtype); }
 
-  // Deposits this rank's call, waits for every member, and checks that all called alike.
-  void enter(const Group::Slot& slot) {
+  // One collective call: deposits this rank's `slot` and meets every member (the start: a rank
+  // that leaves here, aborted or timed out, has let no peer read its buffers), checks that all
+  // called alike, runs `body` (which reads the peers' buffers, and may meet them again with
+  // step()), and meets them at the end before it returns or throws. A rank that fails in between
+  // (a check, its body, a test hook) still meets the others, and the first meeting where a member
+  // failed ends the collective for every member: the failed ones rethrow their error, the others
+  // throw one naming the failed member and its error. So no member leaves, and frees the buffers
+  // its slot points to, while a peer may still read them; the meetings inside ignore the world's
+  // abort (every member is past the start, busy with its own copies, and comes).
+  template <class Body>
+  void collective(const Group::Slot& slot, Body&& body) {
+    const auto me = static_cast<size_t>(rank_);
     SW_CHECK(slot.call.count >= 0, "{}: negative count {}", collective_name(slot.call.op), slot.call.count);
     {
       std::lock_guard lock(group_->mu);
       if (group_->slots.size() != group_->members.size()) group_->slots.resize(group_->members.size());
-      group_->slots[static_cast<size_t>(rank_)] = slot;
+      group_->slots[me] = slot;
     }
     rendezvous();
-    std::vector<CallSignature> calls;
-    for (const auto& s : group_->slots) calls.push_back(s.call);
-    check_together([&] { check_alike(calls, group_->members); });
+    std::exception_ptr error;
+    std::string message;
+    std::pair<int, std::string> failed{-1, ""};
+    bool over = false;  // a meeting inside the body ended the collective
+    try {
+      if (world_->hooks().inside) world_->hooks().inside(group_->members[me], slot.call.op);
+      std::vector<CallSignature> calls;
+      for (const auto& s : group_->slots) calls.push_back(s.call);
+      check_alike(calls, group_->members);  // every rank finds the same Error
+      body();
+    } catch (PeerFailed& f) {
+      failed = {f.rank, std::move(f.message)}, over = true;
+    } catch (const std::exception& e) {
+      error = std::current_exception(), message = e.what();
+    } catch (...) {
+      error = std::current_exception(), message = "an exception that is not a std::exception";
+    }
+    if (!over) failed = meet(error ? &message : nullptr);
+    if (error) std::rethrow_exception(error);
+    if (failed.first >= 0) {
+      fail("{} on rank {}: rank {} failed inside it: {}", collective_name(slot.call.op), group_->members[me],
+           failed.first, failed.second);
+    }
   }
 
-  // Runs a check that reads the peers' deposited arguments. On a mismatch every rank finds the
-  // same Error; they meet once more before raising it, so no rank leaves (and frees the buffers its
-  // slot points to) while a peer still reads them.
-  template <class Check>
-  void check_together(Check&& check) {
-    std::exception_ptr error;
-    try {
-      check();
-    } catch (const Error&) {
-      error = std::current_exception();
+  // A meeting inside a collective's body; when a peer failed at it, the collective is over.
+  struct PeerFailed {
+    int rank;
+    std::string message;
+  };
+  void step() {
+    auto [rank, message] = meet(nullptr);
+    if (rank >= 0) throw PeerFailed{rank, std::move(message)};
+  }
+
+  // Waits until every member has arrived at this meeting inside a collective, without a timeout or
+  // the world's abort (see collective()). `failure`: this rank's error (null: none). Returns the
+  // first failed member of the meeting and its error (rank -1: none failed).
+  std::pair<int, std::string> meet(const std::string* failure) {
+    Group& g = *group_;
+    const int me = g.members[static_cast<size_t>(rank_)];
+    std::unique_lock lock(g.mu);
+    if (failure && g.failing.first < 0) g.failing = {me, *failure};
+    const uint64_t generation = g.generation;
+    if (++g.arrived == static_cast<int>(g.members.size())) {
+      g.arrived = 0, ++g.generation;
+      g.failed = std::exchange(g.failing, {-1, ""});
+      g.cv.notify_all();
+    } else {
+      while (g.generation == generation) {
+        if (world_->hooks().waiting) world_->hooks().waiting(me);
+        g.cv.wait(lock);
+      }
     }
-    if (!error) return;
-    rendezvous();
-    std::rethrow_exception(error);
+    return g.failed;  // no later meeting completes before this member arrives at it
   }
 
   // Reduction of the elements [offset, offset + count) of every rank's input, in rank order.
@@ -329,7 +359,9 @@ class LocalComm final : public Communicator {
     }
   }
 
-  // Waits until every member has arrived at this point.
+  // The start of a collective: waits until every member has arrived, or fails when the world is
+  // aborted or the members do not all come within the timeout (this rank then no longer counts as
+  // arrived, so no member starts the collective without it).
   void rendezvous() {
     Group& g = *group_;
     std::unique_lock lock(g.mu);
@@ -348,17 +380,17 @@ class LocalComm final : public Communicator {
     }
   }
 
-  // Deposits an all_to_all_v's (or all_to_all_pieces') counts; every rank checks the whole
-  // matrix, so all of them raise the same Error.
-  void enter_all_to_all(const void* in, void* out, std::span<const int64_t> send_counts,
-                        std::span<const int64_t> recv_counts, const Pieces* pieces, DType dtype) {
+  // An all_to_all_v (or all_to_all_pieces) with its counts deposited; every rank checks the whole
+  // matrix, so all of them raise the same Error, before `body`.
+  template <class Body>
+  void all_to_all_collective(const void* in, void* out, std::span<const int64_t> send_counts,
+                             std::span<const int64_t> recv_counts, const Pieces* pieces, DType dtype, Body&& body) {
     Group::Slot s = Group::slot(pieces ? Collective::AllToAllPieces : Collective::AllToAllV, in, out, 0, dtype, -1);
     s.counts = send_counts;
     s.recv_counts = recv_counts;
     s.send_pieces = pieces;
-    enter(s);
-    const auto& slots = group_->slots;
-    check_together([&] {
+    collective(s, [&] {
+      const auto& slots = group_->slots;
       for (size_t q = 0; q < slots.size(); ++q) {
         for (size_t p = 0; p < slots.size(); ++p) {
           if (slots[q].counts[p] != slots[p].recv_counts[q]) {
@@ -367,13 +399,33 @@ class LocalComm final : public Communicator {
           }
         }
       }
+      body();
     });
+  }
+
+  // all_to_all_pieces: what peer `p` sends this rank (its pieces `from` of its buffer `in`) into
+  // this rank's receive pieces `recv` of `out`.
+  void copy_pieces(const Pieces& from, const void* in, size_t p, void* out, const Pieces& recv, DType dtype) const {
+    const auto me = static_cast<size_t>(rank_);
+    const auto* src = static_cast<const std::byte*>(in);
+    auto i = static_cast<size_t>(from.first[me]), j = static_cast<size_t>(recv.first[p]);
+    int64_t used_i = 0, used_j = 0;  // elements of piece i (sent) and j (received) already copied
+    while (i < static_cast<size_t>(from.first[me + 1]) && j < static_cast<size_t>(recv.first[p + 1])) {
+      const int64_t n = std::min(from.count[i] - used_i, recv.count[j] - used_j);
+      if (n) {
+        std::memcpy(static_cast<std::byte*>(out) + bytes(recv.offset[j] + used_j, dtype),
+                    src + bytes(from.offset[i] + used_i, dtype), bytes(n, dtype));
+      }
+      used_i += n, used_j += n;
+      if (used_i == from.count[i]) ++i, used_i = 0;
+      if (used_j == recv.count[j]) ++j, used_j = 0;
+    }
   }
 
   void check_same_counts() {
     std::vector<std::span<const int64_t>> counts;
     for (const auto& s : group_->slots) counts.push_back(s.counts);
-    check_together([&] { comm::check_same_counts(group_->slots[0].call.op, counts, group_->members); });
+    comm::check_same_counts(group_->slots[0].call.op, counts, group_->members);
   }
 
   std::shared_ptr<LocalWorld> world_;
