@@ -117,13 +117,8 @@ llama-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/llama_golden_inputs.safetensors \
 	  tests/golden/llama_losses.json
 
-<<<<<<< HEAD
-# The MoE Llama against the PyTorch reference MoE of llama_parity.py (the same venv):
-# tests/golden/moe_losses.json, replayed by tests/models/test_llama_golden.cc.
-=======
 # The MoE Llama against transformers' MixtralForCausalLM (llama_parity.py, the same venv):
 # tests/golden/moe_losses.json, replayed by tests/models/test_llama_golden.cc.
->>>>>>> moegold
 moe-golden: build $(HF_VENV)/bin/python
 	$(BUILD)/tests/golden_export $(BUILD)/moe_golden_inputs.safetensors moe
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/moe_golden_inputs.safetensors \
