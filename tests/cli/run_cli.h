@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 namespace shardwise_cli_test {
 
@@ -38,6 +40,17 @@ inline Result run(const std::string& args) {
 // `name` in this test binary's own scratch directory (tests/support/scratch_tmpdir.cc makes it
 // TMPDIR), so two runs of the tests at once never share a run directory or a log.
 inline std::string tmp(const std::string& name) { return (std::filesystem::temp_directory_path() / name).string(); }
+
+// metrics.jsonl's "loss" values by line, as written (text: compares bit for bit).
+inline std::vector<std::string> metrics_losses(const std::filesystem::path& metrics) {
+  std::vector<std::string> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const size_t at = line.find("\"loss\":") + 7;
+    out.push_back(line.substr(at, line.find_first_of(",}", at) - at));
+  }
+  return out;
+}
 
 inline int lines(const std::string& s) {
   int n = 0;

@@ -13,7 +13,9 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/data_defaults.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/progress.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -108,13 +110,6 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
 
 namespace {
 
-std::string duration(double seconds) {
-  auto s = static_cast<int64_t>(std::llround(seconds));
-  if (s < 60) return fmt::format("{}s", s);
-  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
-}
-
 // --profile on rank 0, after the run's summary: the table, then the trace (an error writing it
 // comes after everything else is printed and saved).
 void report_profile(const runtime::ProfileReport& r, const std::string& run_dir, std::ostream& out) {
@@ -162,6 +157,14 @@ std::string checkpoint_summary(const train::CheckpointSchedule& checkpoints, con
                      checkpoints.async() ? " (async: the copies into host memory)" : "");
 }
 
+// The live bar only on a terminal and not under mpirun; plain lines otherwise; none with --progress none.
+ProgressPrinter::Mode progress_mode(const std::string& progress, const std::ostream& out) {
+  if (progress == "none") return ProgressPrinter::Mode::None;
+  const bool tty = progress == "bar" || (progress == "auto" && &out == &std::cout && isatty(STDOUT_FILENO) &&
+                                         !comm::launched_by_mpirun());
+  return tty ? ProgressPrinter::Mode::Bar : ProgressPrinter::Mode::Lines;
+}
+
 // The loop every rank runs; rank 0 reports.
 void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
                 std::shared_ptr<comm::Communicator> world, std::ostream& out) {
@@ -171,6 +174,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   auto profile = o.profile ? std::make_unique<runtime::RankProfile>(world_ref.rank()) : nullptr;
   if (profile) world = std::make_shared<runtime::ProfiledCommunicator>(world);
   train::Trainer trainer(config, world);
+  trainer.set_run_options(o.given);  // its checkpoints keep them (run_options.json)
   const bool report = world_ref.rank() == 0;
   if (!o.init_from.empty()) {
     const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
@@ -203,6 +207,9 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   for (const auto& line : resumed.lines) {
     if (report) out << "  " << line << "\n";
   }
+  for (const auto& line : o.resume_notes) {
+    if (report && resumed.dir) out << "  " << line << "\n";
+  }
   if (resumed.nothing_to_do) return;
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.save_total_limit;
@@ -219,9 +226,11 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                        trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
     if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
     const train::Strategy& s = trainer.strategy();
-    out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
+    out << fmt::format("  data: {}\n", trainer.data_description());
+    for (const std::string& line : o.data_notes) out << "  " << line << "\n";
+    out << fmt::format("  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
                        "(warm-up {}, cosine to {})\n",
-                       trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
+                       c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
                        s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), c.steps, c.lr, c.warmup, c.min_lr);
     if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
     if (c.document_attention)
@@ -235,18 +244,13 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
                          trainer.strategy().mesh.dim_size(trainer.strategy().pp), c.virtual_stages, c.accumulation);
     out.flush();
   }
-  // The live bar (\r, erase to the end of the line) only on a terminal and not under mpirun;
-  // plain lines otherwise; none with --progress none.
-  const bool tty = report && (o.progress == "bar" || (o.progress == "auto" && &out == &std::cout &&
-                                                      isatty(STDOUT_FILENO) && !comm::launched_by_mpirun()));
-  const bool quiet = o.progress == "none";
   const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
   auto start = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   double best = -1, last_acc = -1, last_val = -1;
-  bool bar_open = false;  // the live bar's line has no newline yet
   train::StepResult last;
   const int64_t first_step = trainer.steps_done();
+  ProgressPrinter progress(out, progress_mode(o.progress, out), first_step, config.steps, log_every);
   if (profile) profile->start(world_ref);
   for (int64_t s = first_step; s < config.steps; ++s) {
     {
@@ -278,14 +282,10 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (val) last_val = *val;
     double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
     std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
-                                   config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
+                                   config.steps, last.loss, last.lr, last.grad_norm, tps, duration_text(eta),
                                    last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
     line += (last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val)) : "") + moe_summary(last.moe);
-    if (quiet) continue;
-    if (tty) {
-      out << "\r" << line << "\033[K" << (eval_now ? "\n" : "") << std::flush;  // a line with a new evaluation stays
-      bar_open = !eval_now;
-    } else if (last.step % log_every == 0 || last.step == config.steps || eval_now) out << line << "\n" << std::flush;
+    progress.step(line, last.step, eval_now, elapsed);
   }
   checkpoints.finish();  // waits for a background save; raises its error
   // Collective: rank 0 gathers every rank's events for the one trace.
@@ -297,8 +297,8 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   std::string curve =
       log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()), o.loss_axis == "log");
   const auto& rec = log->records();
-  out << (bar_open ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
-                                          duration(elapsed), rec.front().step.loss, rec.back().step.loss,
+  out << (progress.bar_open() ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
+                                          duration_text(elapsed), rec.front().step.loss, rec.back().step.loss,
                                           static_cast<double>(tokens) / elapsed);
   if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
   if (last_val >= 0) out << fmt::format(", validation loss {:.4f} (perplexity {:.2f})", last_val, std::exp(last_val));
@@ -333,6 +333,8 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
   for (auto [name, value] : {std::pair{"--eval-every", o.eval_every}, {"--log-every", o.log_every},
                              {"--save-every", o.save_every}, {"--save-total-limit", o.save_total_limit}})
     SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
+  o.data_notes = apply_data_defaults(o, c, ranks);  // --data: the vocabulary and the steps from the data
+  if (o.eval_every == 0) o.eval_every = c.steps;  // once, at the end
   SW_CHECK(!o.json || o.dry_run, "--json prints the memory plan of --dry-run (or `shardwise plan --memory --json`): "
            "add --dry-run");
   SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
