@@ -14,6 +14,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/data/data.h"
+#include "tests/support/error_of.h"
 
 namespace shardwise::train {
 namespace {
@@ -32,15 +33,6 @@ fs::path temp_dir(const std::string& name) {
 void write_positions(const fs::path& p, uint32_t first, uint32_t count) {
   std::ofstream out(p, std::ios::binary);
   for (uint32_t t = first; t < first + count; ++t) out.put(static_cast<char>(t & 0xFF)).put(static_cast<char>(t >> 8));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Three files of 700, 500 and 800 tokens (2000 in all); F = 0.3 holds out round(600) tokens:

@@ -14,6 +14,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
 #include "shardwise/data/data.h"
+#include "tests/support/error_of.h"
 
 namespace shardwise::train {
 namespace {
@@ -51,15 +52,6 @@ std::vector<uint32_t> ramp(size_t n, uint32_t first, uint32_t step) {
   std::vector<uint32_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = first + static_cast<uint32_t>(i) * step;
   return v;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // The sampling formula from before memory mapping, on the whole file read into a vector.

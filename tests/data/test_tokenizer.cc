@@ -17,6 +17,7 @@
 #include "shardwise/data/tokenize.h"
 #include "shardwise/data/tokenizer.h"
 #include "shardwise/train/trainer.h"
+#include "tests/support/error_of.h"
 
 namespace shardwise::train {
 namespace {
@@ -45,15 +46,6 @@ const std::string& fables_model() {
 
 DocumentOptions cut(DocumentSplit split, std::string separator = "", bool eos = true) {
   return DocumentOptions{split, std::move(separator), eos};
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Tokenizer, DecodeOfEncodeGivesTheTextBack) {

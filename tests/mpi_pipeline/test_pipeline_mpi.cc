@@ -5,7 +5,7 @@
 
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
-#include "../train/pipeline_config.h"
+#include "tests/support/pipeline_config.h"
 #include "shardwise/train/trainer.h"
 
 namespace shardwise::train {

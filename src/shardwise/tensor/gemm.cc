@@ -1,6 +1,7 @@
 #include "shardwise/tensor/gemm.h"
 
 #include "shardwise/tensor/gemm_backend.h"
+#include "shardwise/tensor/gemm_split_probe.h"
 #include "shardwise/tensor/parallel.h"
 
 #include <algorithm>
@@ -132,8 +133,8 @@ void blas_block(const GemmArgs& g, const T* a, const T* b, T* c, int64_t i0, int
 // in the library's blocking of k, so the bits do not depend on the cuts (tests/tensor/test_gemm.cc
 // checks it on 2-4 threads). Every piece has at least kGemmSplitMacs multiply-adds: smaller calls
 // run whole, and no piece reaches OpenBLAS's small-matrix kernels (m n k <= 100^3 on SkylakeX-class
-// cores), which sum in another order than the blocked kernels a larger whole call runs on.
-constexpr int64_t kGemmCut = 16;
+// cores), which sum in another order than the blocked kernels a larger whole call runs on. A
+// library whose bits do depend on the cuts (tensor/gemm_split_probe.h) is not split.
 constexpr double kGemmSplitMacs = 1 << 21;  // ~20 us of one core's SGEMM; a worker's wake-up is a few us
 
 template <class T>
@@ -144,7 +145,8 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
            g.ldc);
   ThreadPool* pool = current_thread_pool();
   // f64 is not split: OpenBLAS's DGEMM gives other bits for some blocks (the f64 GEMMs are tests' references).
-  const int64_t threads = std::is_same_v<T, float> && pool != nullptr && gemm_split_active() ? pool->threads() : 1;
+  const int64_t threads =
+      std::is_same_v<T, float> && pool != nullptr && gemm_split_active() && gemm_split_keeps_bits() ? pool->threads() : 1;
   const double macs = static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   const bool by_rows = g.m >= g.n;
   const int64_t extent = by_rows ? g.m : g.n, cut = kGemmCut;
@@ -161,11 +163,9 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
       blas_block(g, ab, bb, cb, 0, g.m, 0, g.n);
       continue;
     }
-    const int64_t units = (extent + cut - 1) / cut;
     parallel_for(pieces, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        const int64_t lo = std::min(extent, units * p / pieces * cut);
-        const int64_t hi = std::min(extent, units * (p + 1) / pieces * cut);
+        const auto [lo, hi] = split_range(extent, cut, pieces, p);
         if (lo >= hi) continue;
         if (by_rows) blas_block(g, ab, bb, cb, lo, hi, 0, g.n);
         else blas_block(g, ab, bb, cb, 0, g.m, lo, hi);
