@@ -87,7 +87,8 @@ hf-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 
-# The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml).
+# The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml)
+# into runs/demo-<time>, which keeps its last checkpoint, then a few sums answered from it.
 # Builds only the shardwise binary (not the tests and benchmarks).
 demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target shardwise
@@ -116,8 +117,13 @@ llama-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/llama_golden_inputs.safetensors \
 	  tests/golden/llama_losses.json
 
+<<<<<<< HEAD
 # The MoE Llama against the PyTorch reference MoE of llama_parity.py (the same venv):
 # tests/golden/moe_losses.json, replayed by tests/models/test_llama_golden.cc.
+=======
+# The MoE Llama against transformers' MixtralForCausalLM (llama_parity.py, the same venv):
+# tests/golden/moe_losses.json, replayed by tests/models/test_llama_golden.cc.
+>>>>>>> moegold
 moe-golden: build $(HF_VENV)/bin/python
 	$(BUILD)/tests/golden_export $(BUILD)/moe_golden_inputs.safetensors moe
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/moe_golden_inputs.safetensors \

@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the checkpoint tests: a scratch directory, a small model's global tensors (uneven
 // shapes, several dtypes, a scalar, a zero-size tensor) and the layouts of five topologies.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <map>
@@ -124,6 +125,15 @@ inline CheckpointContent content_for(const std::vector<GlobalTensor>& model, con
 inline bool bit_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+}
+
+// Called last in a test whose O_DIRECT checks ran only where `where` takes O_DIRECT: the test shows
+// as skipped, naming why, rather than passing without them (the checks before it still count).
+inline void skip_unless_direct_io(bool direct_ok, const fs::path& where) {
+  if (!direct_ok) {
+    GTEST_SKIP() << "O_DIRECT is refused under " << where << ": its checks did not run (the other checks did); run "
+                 << "with TMPDIR on a file system that takes O_DIRECT (ext4, xfs, tmpfs since Linux 6.6)";
+  }
 }
 
 }  // namespace shardwise::ckpt::testing

@@ -129,6 +129,7 @@ TEST(StreamedWrite, SameBytesAndDigestsAsTheConcatenationOnBothPaths) {
       EXPECT_TRUE(d.sha256.empty());
     }
   }
+  testing::skip_unless_direct_io(takes_direct_io(two.scratch.path), two.scratch.path);
 }
 
 TEST(StreamedWrite, RefusesSegmentsThatDoNotTileTheFile) {
@@ -206,6 +207,7 @@ TEST(WriteRuns, WritersSharingBlocksGiveTheBytesAndOneDigestPerStretch) {
     }
   }
   ASSERT_GT(whole_blocks, 20 * kDirectAlign);  // the O_DIRECT part is exercised
+  testing::skip_unless_direct_io(takes_direct_io(two.scratch.path), two.scratch.path);
 }
 
 // A model with tensors of odd byte sizes (no tensor starts or ends on a 4 KiB boundary).
@@ -314,6 +316,7 @@ TEST(SaveDirect, OneRankSaveWritesTheSerializedFileOnEveryPath) {
     flip(fs::file_size(model) - 7);
     EXPECT_EQ(verify_checkpoint(parted, true).problems.size(), 2u) << dir;
   }
+  testing::skip_unless_direct_io(takes_direct_io(two.scratch.path), two.scratch.path);
 }
 
 }  // namespace

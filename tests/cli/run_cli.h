@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -50,6 +51,11 @@ inline std::vector<std::string> metrics_losses(const std::filesystem::path& metr
     out.push_back(line.substr(at, line.find_first_of(",}", at) - at));
   }
   return out;
+}
+
+// GPT-2 with tied head: wte V*H + wpe S*H + per layer 12H^2 + 13H + the final LayerNorm 2H.
+inline int64_t gpt2_parameters(int64_t layers, int64_t hidden, int64_t seq, int64_t vocab) {
+  return vocab * hidden + seq * hidden + layers * (12 * hidden * hidden + 13 * hidden) + 2 * hidden;
 }
 
 inline int lines(const std::string& s) {

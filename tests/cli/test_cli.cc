@@ -108,9 +108,9 @@ TEST(Cli, PlanShowsTheProgramAndExplainsAPlacement) {
   // The row-parallel projection's Partial sum is all-reduced, once, before the bias and residual.
   EXPECT_NE(r.out.find("transformer.h.0.attn.c_proj.mm[P(sum)] = matmul("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("all_reduce(sum) along mesh dim 0"), std::string::npos) << r.out;
-  r = run("plan --mesh dp=2,tp=2 --explain transformer.h.0.attn.q_proj.mm");
+  r = run("plan --mesh dp=2,tp=2 --explain 'transformer.h.0.attn.c_attn(q).mm'");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("[S(0),S(2)] — output 0 of node transformer.h.0.attn.q_proj.mm = matmul"), std::string::npos)
+  EXPECT_NE(r.out.find("[S(0),S(2)] — output 0 of node transformer.h.0.attn.c_attn(q).mm = matmul"), std::string::npos)
       << r.out;
   r = run("plan --mesh dp=2,tp=3 --heads 4");
   EXPECT_EQ(r.status, 2) << r.out;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "run_cli.h"
@@ -19,12 +21,25 @@ void put_le(std::ofstream& out, uint32_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.put(static_cast<char>(v >> (8 * i) & 0xFF));
 }
 
-// An llm.c token file (version 1: uint16 tokens) of `n` tokens below `vocab`.
-void write_llmc(const fs::path& p, uint32_t n, uint32_t vocab) {
+// An llm.c token file (version 1: uint16 tokens) of `n` tokens below `vocab` (files of different
+// `seed`s hold different tokens).
+void write_llmc(const fs::path& p, uint32_t n, uint32_t vocab, uint32_t seed = 0) {
   std::ofstream out(p, std::ios::binary);
   put_le(out, 20240520, 4), put_le(out, 1, 4), put_le(out, n, 4);
   for (int i = 3; i < 256; ++i) put_le(out, 0, 4);
-  for (uint32_t i = 0; i < n; ++i) put_le(out, (i * 37 + i / 7) % vocab, 2);
+  for (uint32_t i = 0; i < n; ++i) put_le(out, (i * 37 + i / 7 + seed * 101) % vocab, 2);
+}
+
+// The loss of every step metrics.jsonl logs, by step.
+std::map<int, double> logged_losses(const fs::path& metrics) {
+  std::map<int, double> out;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out[j.at("step").get<int>()] = j.at("loss").get<double>();
+  }
+  return out;
 }
 
 fs::path fresh_dir(const std::string& name) {
@@ -84,15 +99,25 @@ TEST(CliData, TrainsOnAGlobAndRefusesABadFormat) {
   fs::remove_all(d);
 }
 
+// The resumed run reads the samples the uninterrupted one reads after step 2 (its steps 3 and 4
+// have the same losses; the shards hold different tokens, so another shard or position would show).
 TEST(CliData, AGlobResumesOnTheSameShardsAndNotOnOthers) {
   fs::path d = fresh_dir("resume");
-  for (int k = 0; k < 3; ++k) write_llmc(d / ("shard_" + std::to_string(k) + ".bin"), 500, 300);
+  for (uint32_t k = 0; k < 3; ++k) write_llmc(d / ("shard_" + std::to_string(k) + ".bin"), 500, 300, k);
   const std::string run_dir = " --run-dir " + (d / "run").string() + " --save-every 2";
   const std::string glob = " --data '" + (d / "shard_*.bin").string() + "'";
+  ASSERT_EQ(run(train(4) + " --run-dir " + (d / "whole").string() + glob).status, 0);
   ASSERT_EQ(run(kTrain + run_dir + glob).status, 0);
   Result again = run(train(4) + run_dir + glob + " --resume auto");
   EXPECT_EQ(again.status, 0) << again.out;
-  write_llmc(d / "shard_3.bin", 500, 300);  // another shard: another corpus
+  const std::map<int, double> whole = logged_losses(d / "whole" / "metrics.jsonl"),
+                              resumed = logged_losses(d / "run" / "metrics.jsonl");
+  ASSERT_EQ(whole.size(), 4u);
+  for (int step : {3, 4}) {
+    ASSERT_TRUE(resumed.count(step)) << "step " << step << " not logged";
+    EXPECT_EQ(resumed.at(step), whole.at(step)) << "step " << step;
+  }
+  write_llmc(d / "shard_3.bin", 500, 300, 3);  // another shard: another corpus
   Result other = run(train(6) + run_dir + glob + " --resume auto");
   EXPECT_NE(other.status, 0) << other.out;
   EXPECT_NE(other.out.find("resume with the same --data"), std::string::npos) << other.out;

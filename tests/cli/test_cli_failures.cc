@@ -55,7 +55,7 @@ TEST(CliFailures, ConfigFileErrorsNameTheKeyAndTheLine) {
            {"float.toml", "layers = 3.5\n", "line 1: key 'layers': "},
            {"mesh.toml", "mesh = dp=2\n", "line 1: key 'mesh' expects a string in double quotes"},
            {"flag.toml", "sp = 1\n", "line 1: key 'sp' is a flag: expected true or false, got 1"},
-           {"section.toml", "[model]\nlayers = 1\n", "line 1: section [model]: only [train]"},
+           {"section.toml", "[modle]\nlayers = 1\n", "line 1: section [modle]: use ["},
            {"twice.toml", "steps = 3\nsteps = 4\n", "line 2: key 'steps' is given twice"},
        }) {
     std::string path = write_config(b.name, b.text);

@@ -85,7 +85,16 @@ TEST(CliGenerate, JsonHoldsIdsTextStopReasonsAndTimings) {
   EXPECT_EQ(j["sequences"][1]["new_ids"].size(), 4u);
   EXPECT_EQ(j["sequences"][1]["stop"], "max_new_tokens");
   EXPECT_EQ(j["kv_cache"], true);
-  EXPECT_GT(j["stats"]["tokens_per_second"].get<double>(), 0);
+  // The timings' counts are exact (2 prompts x 4 new tokens, the first of each from the prefill;
+  // with the cache, one graph run per new token) and the rates are those counts over the times.
+  const nlohmann::json& st = j["stats"];
+  EXPECT_EQ(st["new_tokens"], 8) << st;
+  EXPECT_EQ(st["decode_tokens"], 6) << st;
+  EXPECT_EQ(st["steps"], 4) << st;
+  for (const char* t : {"plan_seconds", "prefill_seconds", "decode_seconds"}) EXPECT_GE(st[t].get<double>(), 0.0) << t;
+  const double prefill = st["prefill_seconds"], decode = st["decode_seconds"];
+  EXPECT_DOUBLE_EQ(st["tokens_per_second"].get<double>(), prefill + decode > 0 ? 8 / (prefill + decode) : 0) << st;
+  EXPECT_DOUBLE_EQ(st["decode_tokens_per_second"].get<double>(), decode > 0 ? 6 / decode : 0) << st;
 }
 
 TEST(CliGenerate, EveryMeshAndTheRecomputingPathGiveTheSameTokens) {

@@ -9,14 +9,10 @@
 
 namespace {
 
+using shardwise_cli_test::gpt2_parameters;
 using shardwise_cli_test::lines;
 using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
-
-// GPT-2 with tied head: wte V*H + wpe S*H + per layer 12H^2 + 13H + the final LayerNorm 2H.
-int64_t gpt2_parameters(int64_t layers, int64_t hidden, int64_t seq, int64_t vocab) {
-  return vocab * hidden + seq * hidden + layers * (12 * hidden * hidden + 13 * hidden) + 2 * hidden;
-}
 
 const std::string kRun = "--layers 1 --hidden 32 --heads 4 --seq 16 --vocab 128 --global-batch 16 --eval-every 0";
 

@@ -307,7 +307,7 @@ TEST(MpiComm, BadArgumentsAreErrors) {
 // 2^31 + 5 bytes really travel (about 4.3 GB per rank in all): opt-in with SHARDWISE_TEST_LARGE=1.
 TEST(MpiComm, CountsAboveIntMax) {
   const char* large = std::getenv("SHARDWISE_TEST_LARGE");
-  if (!large || std::string(large) != "1") GTEST_SKIP() << "set SHARDWISE_TEST_LARGE=1 to move 2^31 + 5 bytes";
+  if (!large || std::string(large) != "1") GTEST_SKIP() << "opt-in (moves 2^31 + 5 bytes per rank): SHARDWISE_TEST_LARGE=1 ctest -R comm_mpi_np2_counts_above_int_max";
   const int64_t count = int64_t{INT_MAX} + 6;
   std::vector<uint8_t> buf(static_cast<size_t>(count));
   const int me = world().rank();

@@ -6,9 +6,14 @@ for 20 steps; the losses go to a JSON golden file that tests/models/test_llama_g
     python tests/golden/llama_parity.py INPUTS.safetensors tests/golden/llama_losses.json
 
 With "experts" in the configuration (`golden_export OUT moe`, `make moe-golden`: moe_losses.json)
-the MLP of every MoE layer is replaced by MoE below, a PyTorch reference of Mixtral's sparse MoE
-block written from its definition (not shardwise's code), and the loss adds aux_loss x the
-load-balancing loss and router_z_loss x the z-loss of every MoE layer.
+the model is transformers' MixtralForCausalLM instead: its MixtralSparseMoeBlock (router softmax in
+float32, top-k, renormalised, SwiGLU experts) is every layer's MLP, and the loss adds aux_loss x
+transformers' load-balancing loss and router_z_loss x its router z-loss of every layer
+(router_losses). This script only renames shardwise's parameters into transformers' layout and
+drives the training; no part of the model is written here.
+transformers' router runs in float32 where shardwise's runs in double: a token whose k-th and
+(k+1)-th probabilities nearly tie could go to other experts in the two (on this run none does: the
+replay agrees within 2e-7 relative, against a bound of 1e-4).
 
 INPUTS.safetensors comes from shardwise (`build/tests/golden_export OUT llama`, run by
 `make llama-golden`): the initial parameters under transformers' names, batch.<k>.ids /
@@ -23,7 +28,9 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
 
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
@@ -43,49 +50,54 @@ def read_safetensors(path):
     return tensors, meta
 
 
-class Experts(torch.nn.Module):
-    def __init__(self, E, I, H):
-        super().__init__()
-        self.w1 = torch.nn.Parameter(torch.empty(E, I, H))
-        self.w3 = torch.nn.Parameter(torch.empty(E, I, H))
-        self.w2 = torch.nn.Parameter(torch.empty(E, H, I))
+def hf_state(t, moe):
+    """shardwise's exported parameters under the names of the transformers model: for Mixtral each
+    layer's block_sparse_moe.experts.w1 / w3 / w2 [E, I, H] / [E, H, I] become mlp.experts.gate_up_proj
+    (w1 then w3 along I: the halves MixtralExperts chunks into gate and up) and mlp.experts.down_proj,
+    and block_sparse_moe.gate.weight mlp.gate.weight (transformers >= 5's fused layout)."""
+    state = {k: torch.tensor(v) for k, v in t.items() if not k.startswith("batch.")}
+    if not moe:
+        return state
+    out = {}
+    for k, v in state.items():
+        if ".block_sparse_moe.experts.w3" in k:
+            continue
+        if ".block_sparse_moe.experts.w1" in k:
+            k, v = k.replace("block_sparse_moe.experts.w1", "mlp.experts.gate_up_proj"), torch.cat([v, state[k.replace("w1", "w3")]], 1)
+        k = k.replace("block_sparse_moe.experts.w2", "mlp.experts.down_proj").replace("block_sparse_moe.gate", "mlp.gate")
+        out[k] = v
+    return out
 
 
-class MoE(torch.nn.Module):
-    """Mixtral's block_sparse_moe: softmax over the E router logits, the top-k experts (ties: the
-    lower index), their probabilities renormalised to sum 1, out = sum of weight x SwiGLU expert
-    (w2(silu(w1 x) * w3 x)). The router runs in double (as shardwise's does, so both choose the same
-    experts); aux = E * sum_i f_i P_i (f_i = assignments to i / N, P_i = mean p_i: transformers'
-    load_balancing_loss_func), z = mean logsumexp^2 (ST-MoE). Dropless only."""
+def make_model(cfg):
+    """LlamaForCausalLM, or with "experts" MixtralForCausalLM (the same decoder with transformers'
+    MixtralSparseMoeBlock as every layer's MLP), eager attention and experts."""
+    common = dict(
+        vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"], num_key_value_heads=cfg["kv_heads"],
+        max_position_embeddings=cfg["seq"], rms_norm_eps=cfg["rms_norm_eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
+        tie_word_embeddings=cfg["tie_word_embeddings"], attention_dropout=0.0, attn_implementation="eager")
+    if cfg.get("experts", 0) == 0:
+        return LlamaForCausalLM(LlamaConfig(**common))
+    assert cfg["capacity_factor"] == 0, "transformers' Mixtral is dropless"
+    assert not cfg["moe_layers"] or cfg["moe_layers"] == list(range(cfg["layers"])), "Mixtral has MoE in every layer"
+    return MixtralForCausalLM(MixtralConfig(
+        **common, num_local_experts=cfg["experts"], num_experts_per_tok=cfg["top_k"], router_jitter_noise=0.0,
+        router_aux_loss_coef=cfg["aux_loss"], sliding_window=None, experts_implementation="eager"))
 
-    def __init__(self, E, I, H, k):
-        super().__init__()
-        self.gate = torch.nn.Linear(H, E, bias=False)
-        self.experts = Experts(E, I, H)
-        self.k = k
-        self.aux = self.z = None
 
-    def forward(self, h):
-        shape = h.shape
-        x = h.reshape(-1, shape[-1])
-        N, E = x.shape[0], self.gate.weight.shape[0]
-        logits = x.double() @ self.gate.weight.double().t()
-        p = torch.softmax(logits, dim=-1)
-        order = torch.sort(-p.detach(), dim=-1, stable=True).indices[:, : self.k]  # stable: ties to the lower index
-        chosen = torch.gather(p, 1, order)
-        weight = chosen / chosen.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(x)
-        for e in range(E):
-            token, slot = torch.nonzero(order == e, as_tuple=True)
-            if token.numel() == 0:
-                continue
-            xe = x[token]
-            y = (torch.nn.functional.silu(xe @ self.experts.w1[e].t()) * (xe @ self.experts.w3[e].t())) @ self.experts.w2[e].t()
-            out = out.index_add(0, token, (weight[token, slot].unsqueeze(1) * y.double()).float())
-        counts = torch.zeros(E, dtype=torch.float64).index_add(0, order.reshape(-1), torch.ones(order.numel(), dtype=torch.float64))
-        self.aux = E * torch.sum(counts / N * p.mean(dim=0))
-        self.z = torch.mean(torch.logsumexp(logits, dim=-1) ** 2)
-        return out.reshape(shape)
+def router_losses(cfg, out, B, S):
+    """aux_loss x the load-balancing loss + router_z_loss x the z-loss, summed over the layers (shardwise's
+    default --aux-loss-scope layer), both transformers' functions on transformers' router logits:
+    Mixtral's load_balancing_loss_func on each layer's logits alone, Switch Transformers'
+    router_z_loss_func (mean logsumexp^2, ST-MoE; Mixtral has none)."""
+    E, k = cfg["experts"], cfg["top_k"]
+    total = 0.0
+    for r in out.router_logits:
+        total = total + cfg["aux_loss"] * load_balancing_loss_func((r,), E, k)
+        total = total + cfg["router_z_loss"] * router_z_loss_func(r.reshape(B, S, E))
+    return total
 
 
 def main():
@@ -95,25 +107,9 @@ def main():
     assert cfg["model"] == "llama", cfg
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    config = LlamaConfig(
-        vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate_size"],
-        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"], num_key_value_heads=cfg["kv_heads"],
-        max_position_embeddings=cfg["seq"], rms_norm_eps=cfg["rms_norm_eps"],
-        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
-        tie_word_embeddings=cfg["tie_word_embeddings"], attention_dropout=0.0, attn_implementation="eager")
-    model = LlamaForCausalLM(config)
-    moe = []
-    if cfg.get("experts", 0) > 0:
-        assert cfg["capacity_factor"] == 0, "the reference is dropless"
-        for l, layer in enumerate(model.model.layers):
-            if cfg["moe_layers"] and l not in cfg["moe_layers"]:
-                continue
-            block = MoE(cfg["experts"], cfg["intermediate_size"], cfg["hidden"], cfg["top_k"])
-            del layer._modules["mlp"]
-            layer.block_sparse_moe = block
-            object.__setattr__(layer, "mlp", block)  # the decoder layer calls self.mlp
-            moe.append(block)
-    state = {k: torch.tensor(v) for k, v in t.items() if not k.startswith("batch.")}
+    moe = cfg.get("experts", 0) > 0
+    model = make_model(cfg)
+    state = hf_state(t, moe)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     model.train()
@@ -142,10 +138,10 @@ def main():
         labels = torch.tensor(t[f"batch.{step}.labels"])
         B, S = ids.shape
         opt.zero_grad()
-        logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="sum") / (B * S)
-        for block in moe:
-            loss = loss + cfg["aux_loss"] * block.aux.float() + cfg["router_z_loss"] * block.z.float()
+        out = model(input_ids=ids, output_router_logits=True) if moe else model(input_ids=ids)
+        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, V), labels.reshape(-1), reduction="sum") / (B * S)
+        if moe:
+            loss = loss + router_losses(cfg, out, B, S)
         loss.backward()
         if cfg["clip"] > 0:
             torch.nn.utils.clip_grad_norm_(list(p.values()), cfg["clip"])
@@ -156,7 +152,7 @@ def main():
         print(f"step {step + 1}: loss {loss.item():.6f}")
     with open(out_path, "w") as f:
         json.dump({"generator": f"tests/golden/llama_parity.py with torch {torch.__version__}, transformers "
-                                f"{transformers.__version__} (LlamaForCausalLM{', MoE MLPs' if moe else ''})",
+                                f"{transformers.__version__} ({type(model).__name__})",
                    "config": cfg, "losses": losses}, f, indent=1)
         f.write("\n")
 

@@ -32,9 +32,9 @@ inline train::TrainConfig llama_parity_config() {
   return c;
 }
 
-// The MoE Llama run compared with the PyTorch reference in tests/golden/llama_parity.py
-// (tests/golden/moe_losses.json, tests/models/test_llama_golden.cc): Mixtral MoE MLPs, 4 experts,
-// top-2, in both layers, dropless, with the aux and z losses.
+// The MoE Llama run compared with transformers' MixtralForCausalLM (tests/golden/llama_parity.py,
+// tests/golden/moe_losses.json, tests/models/test_llama_golden.cc): MoE MLPs in both layers, 4
+// experts, top-2, dropless, with the aux and z losses.
 inline train::TrainConfig moe_parity_config() {
   train::TrainConfig c = llama_parity_config();
   c.model.experts = 4, c.model.top_k = 2, c.model.aux_loss = 0.02, c.model.router_z_loss = 0.001;

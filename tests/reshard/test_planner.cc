@@ -91,11 +91,32 @@ TEST(Planner, AutoPicksTheCheaperStrategy) {
          r = plan(Shape{64, 48}, from, to, Strategy::Redistribute);
     EXPECT_DOUBLE_EQ(a.cost_s, std::min(c.cost_s, r.cost_s)) << from << " -> " << to;
   }
-  // A slow mesh dim 1 makes the per-dim plan that avoids it win.
+  // Each strategy's cost worked out by hand (alpha per message round, bytes over the bandwidth), so
+  // that a wrong cost formula, not only a wrong comparison, picks the wrong plan. 64x48 f32 as
+  // S(0),S(0) on 2x2: 16-row blocks of 3072 bytes; to S(0)@1,S(0)@0 ranks (0,1) and (1,0) swap.
+  // Collectives: all_gather on mesh dim 1 (half of 6144 bytes), then on dim 0 (half of 12288 bytes).
+  // Redistribute: one all_to_all_v over the 4 ranks (3 alphas), the busiest rank sends 3072 bytes.
+  const char *from = "mesh=2x2 S(0),S(0)", *to = "mesh=2x2 S(0)@1,S(0)@0";
+  CostModel fast;  // alpha 5 us, 10 GB/s on both mesh dims
+  const double gathers = (5e-6 + 3072 / 10e9) + (5e-6 + 6144 / 10e9), swap = 3 * 5e-6 + 3072 / 10e9;
+  Plan a = plan(Shape{64, 48}, from, to, Strategy::Auto, fast);
+  EXPECT_DOUBLE_EQ(plan(Shape{64, 48}, from, to, Strategy::Redistribute, fast).cost_s, swap);
+  EXPECT_DOUBLE_EQ(a.cost_s, gathers);  // two alphas beat three
+  EXPECT_EQ(kinds(a), "all_gather,all_gather,local_slice");
+  // Without latency the swap's 3072 bytes beat the gathers' 9216.
+  CostModel no_alpha;
+  no_alpha.alpha_s = 0;
+  a = plan(Shape{64, 48}, from, to, Strategy::Auto, no_alpha);
+  EXPECT_DOUBLE_EQ(a.cost_s, 3072 / 10e9);
+  EXPECT_EQ(kinds(a), "redistribute");
+  // A slow mesh dim 1 (1 MB/s): both plans cross it with 3072 bytes, the gathers with one alpha
+  // fewer, so the gathers still win.
   CostModel slow;
   slow.dim_bandwidth_Bps = {0, 1e6};
-  Plan a = plan(Shape{64, 48}, "mesh=2x2 S(0),S(0)", "mesh=2x2 S(0)@1,S(0)@0", Strategy::Auto, slow);
-  EXPECT_LE(a.cost_s, plan(Shape{64, 48}, "mesh=2x2 S(0),S(0)", "mesh=2x2 S(0)@1,S(0)@0", Strategy::Redistribute, slow).cost_s);
+  a = plan(Shape{64, 48}, from, to, Strategy::Auto, slow);
+  EXPECT_DOUBLE_EQ(plan(Shape{64, 48}, from, to, Strategy::Redistribute, slow).cost_s, 3 * 5e-6 + 3072 / 1e6);
+  EXPECT_DOUBLE_EQ(a.cost_s, (5e-6 + 3072 / 1e6) + (5e-6 + 6144 / 10e9));
+  EXPECT_EQ(kinds(a), "all_gather,all_gather,local_slice");
 }
 
 TEST(Planner, BetweenMeshesSendsPointToPoint) {

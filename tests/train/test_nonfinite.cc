@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <map>
 #include <string>
 
 #include "shardwise/comm/local.h"
@@ -19,6 +21,19 @@ TrainConfig diverging(int64_t steps) {
   return c;
 }
 
+// Every parameter's bytes (and its fp32 master's, if any), by name.
+std::map<std::string, std::vector<std::byte>> param_bytes(Trainer& t) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (ParamState& p : t.params()) {
+    for (const Tensor* w : {&p.param, &p.master}) {
+      if (!w->defined()) continue;
+      std::vector<std::byte>& b = out[p.name + (w == &p.master ? " master" : "")];
+      b.assign(w->raw(), w->raw() + w->nbytes());
+    }
+  }
+  return out;
+}
+
 bool all_finite(Trainer& t) {
   for (ParamState& p : t.params()) {
     const Tensor& w = p.master.defined() ? p.master : p.param;
@@ -33,10 +48,12 @@ TEST(NonFinite, TheRunStopsAtTheFirstNonFiniteStepBeforeTheUpdate) {
   comm::LocalWorld::run(1, [](comm::Communicator& w) {
     Trainer t(diverging(50), w.group(w.members()));
     int64_t good = 0;
+    auto last_good = param_bytes(t);  // after the last step that returned
     try {
       for (int s = 0; s < 50; ++s) {
         t.step();
         if (all_finite(t)) good = t.steps_done();
+        last_good = param_bytes(t);
       }
       FAIL() << "50 steps at lr 1e6 without clipping stayed finite";
     } catch (const Error& e) {
@@ -48,6 +65,10 @@ TEST(NonFinite, TheRunStopsAtTheFirstNonFiniteStepBeforeTheUpdate) {
     }
     EXPECT_TRUE(all_finite(t)) << "the failing step must not update the parameters";
     EXPECT_EQ(t.steps_done(), good);
+    const auto now = param_bytes(t);
+    for (const auto& [name, bytes] : last_good) {
+      EXPECT_TRUE(now.at(name) == bytes) << name << " changed in the failing step";
+    }
   });
 }
 

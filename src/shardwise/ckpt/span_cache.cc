@@ -27,6 +27,7 @@ namespace {
 
 std::atomic<uint64_t> g_read{0};    // bytes read into chunks
 std::atomic<uint64_t> g_mapped{0};  // bytes of chunk buffers mapped now (in entries or free)
+std::atomic<uint64_t> g_lead_timeouts{0};  // waits for a slower reader that ran out (kLeadWait)
 
 // An anonymous mapping (page-aligned, as O_DIRECT wants; unmapped, not kept by malloc, at the end).
 struct Buffer {
@@ -187,6 +188,7 @@ bool span_cache_shared() {
 
 uint64_t span_cache_held_bytes() { return g_mapped.load(); }
 uint64_t span_cache_read_bytes() { return g_read.load(); }
+uint64_t span_cache_lead_timeouts() { return g_lead_timeouts.load(); }
 
 namespace {
 
@@ -215,6 +217,7 @@ void wait_for_slowest(Cache& c, std::unique_lock<std::mutex>& lock, const Reader
     if (least == UINT64_MAX || me.passed <= least + lead) return;
     c.cv.wait_for(lock, kAwayWait);
   }
+  g_lead_timeouts.fetch_add(1);
 }
 
 // This thread's reader, marked inside the cache, joined (given a slot, if one of the 64 is free) on

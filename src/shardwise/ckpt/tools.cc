@@ -29,6 +29,14 @@ std::string human(uint64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+// 1234567 -> "1,234,567".
+std::string grouped(int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) out += (i > 0 && (digits.size() - i) % 3 == 0 ? "," : "") + digits.substr(i, 1);
+  return out;
+}
+
 std::string shape_text(const Shape& s) { return fmt::format("[{}]", fmt::join(s.span(), ", ")); }
 
 void print_tensor(std::ostream& out, const StTensorInfo& t, std::string_view file) {
@@ -198,8 +206,12 @@ void inspect(const fs::path& path, std::ostream& out) {
   }
   for (const std::string& g : groups_in(path)) {
     GroupReader reader(path, g);
-    out << fmt::format("group {}: {} tensors, {} in {} files\n", g, reader.names().size(), human(reader.total_size()),
-                       reader.file_names().size());
+    int64_t elements = 0;
+    for (const std::string& name : reader.names()) elements += reader.info(name).shape.numel();
+    // The model's weights count parameters; the other groups (moments, masters) the elements they keep.
+    const bool weights = g == "model" || g == "adapter_model";
+    out << fmt::format("group {}: {} tensors, {} {}, {} in {} files\n", g, reader.names().size(), grouped(elements),
+                       weights ? "parameters" : "elements", human(reader.total_size()), reader.file_names().size());
     const KeyMap keys = key_maps.contains(g) ? KeyMap::from_json(key_maps[g]) : KeyMap();
     for (const std::string& name : reader.names()) {
       print_tensor(out, reader.info(name), reader.file_name_of(name));

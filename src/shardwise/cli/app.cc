@@ -10,8 +10,10 @@
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/run_header.h"
 #include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/tokenize_cmd.h"
+#include "shardwise/cli/train_options.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 
@@ -43,13 +45,27 @@ void add_sharding_options(CLI::App* t, train::TrainConfig& c) {
                 "with --overlap-grad-reduce on|after: a gradient bucket's size in MiB (f32)");
 }
 
+// When and where `shardwise train` saves, and what a stopped run keeps.
+void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
+  t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
+  t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
+  t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
+  t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
+  t->add_flag("--save-on-interrupt,!--no-save-on-interrupt", o.save_on_interrupt,
+              "Ctrl-C or SIGTERM stops the run after its step and saves that step (default: on with --save-every)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+}  // namespace
+
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
   auto* t = &cmd;
   t->add_option("--config", o.config_file,
-                 "read options from a TOML file: `key = value` lines, keys are the long option names "
-                 "(an optional [train] section); options on the command line win");
+                 "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections "
+                 "below ([model], [parallel], ...) or in none; paths resolve from the file; the command line wins")
+      ->type_name("PATH");
   t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
   t->add_option("--gemm", o.gemm, kGemmHelp);
   t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
@@ -104,7 +120,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--eos-id", c.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
   t->add_flag("--no-cross-document-attention", c.document_attention,
               "tokens attend only within their document and position ids restart at each document (needs an eos id)");
-  t->add_flag("--no-prefetch{false}", c.loader_prefetch,
+  t->add_flag("!--no-prefetch", c.loader_prefetch,
               "each tp group's data reader reads a step's batch when the step starts, not during the step before "
               "(loader_wait_s in metrics.jsonl shows the difference)");
   t->add_option("--val-data", c.val_data,
@@ -155,16 +171,15 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--eval-every", o.eval_every,
                 "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");
   t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
-  t->add_option("--run-dir", o.run_dir, "where metrics.jsonl and loss_curve.svg go");
+  t->add_option("--run-dir", o.run_dir,
+                "where metrics.jsonl, loss_curve.svg and checkpoints/ go (default: the run --resume continues, else "
+                "a new runs/<config file or model>-<YYYYmmdd-HHMMSS>, named by runs/latest)");
   t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: linear or log")
       ->check(CLI::IsMember({"linear", "log"}));
   t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
   t->add_option("--progress", o.progress,
                 "auto (a live bar on a terminal, plain lines otherwise and under mpirun), bar, lines or none");
-  t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
-  t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
-  t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
-  t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
+  add_checkpoint_options(t, o);
   t->add_flag("--profile", o.profile, "time every op, reshard, collective and optimizer step: a table at the end and "
               "<run-dir>/trace.json (Chrome trace format: open it in Perfetto)");
   t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
@@ -194,31 +209,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "--lora-* options; a LoRA checkpoint is one)");
 }
 
-// `shardwise plan --memory ...`: the memory plan of a training run, read with train's options (and
-// --config file); run() sends it here before parsing the other commands.
-int run_plan_memory(int argc, char** argv) {
-  CLI::App app{"shardwise"};
-  TrainOptions o;
-  bool memory = false;
-  auto* cmd = app.add_subcommand("plan", "The per-rank memory plan of a training run: train's options");
-  cmd->option_defaults()->always_capture_default();
-  add_train_options(*cmd, o);
-  cmd->add_flag("--memory", memory, "print the memory plan of the run train's options describe");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return report_parse_error(app, e, argc, argv, std::cerr);
-  }
-  try {
-    if (!o.config_file.empty()) apply_config_file(*cmd, o.config_file);
-    if (!o.init_from.empty()) apply_init_from(*cmd, o);
-    apply_lora(*cmd, o);
-    return cmd_plan_memory(o, std::cout);
-  } catch (const Error& e) {
-    std::cerr << "shardwise: error: " << e.what() << "\n";
-    return 2;
-  }
-}
+namespace {
 
 // `shardwise generate`'s options, bound to `o`.
 void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
@@ -255,9 +246,6 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
 }  // namespace
 
 int run(int argc, char** argv) {
-  if (argc > 2 && std::string_view(argv[1]) == "plan" &&
-      std::any_of(argv + 2, argv + argc, [](const char* a) { return std::string_view(a) == "--memory"; }))
-    return run_plan_memory(argc, argv);
   CLI::App app{"shardwise: auto-parallel training core (SPMD rules, reshard, pipelines, unified checkpoints)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardwise 0.1.0");
@@ -303,26 +291,11 @@ int run(int argc, char** argv) {
       ->delimiter(',');
 
   PlanOptions plan_opts;
-  auto* plan_cmd = app.add_subcommand("plan", "Show how the GPT model runs on a mesh: placements, reshards, collectives");
+  TrainOptions plan_run;
+  auto* plan_cmd = app.add_subcommand("plan", "Show how the run `train` describes (its options, --config and defaults) "
+                                              "runs on its mesh: placements, reshards, collectives; or its memory");
   plan_cmd->option_defaults()->always_capture_default();  // help shows the options' struct defaults
-  plan_cmd->add_option("--mesh", plan_opts.mesh, "mesh with named dims dp, tp");
-  plan_cmd->add_flag("--sp", plan_opts.sp, "sequence parallelism on the tp dim");
-  plan_cmd->add_option("--layers", plan_opts.layers, "transformer layers");
-  plan_cmd->add_option("--heads", plan_opts.heads, "attention heads");
-  plan_cmd->add_option("--hidden", plan_opts.hidden, "hidden size");
-  plan_cmd->add_option("--seq", plan_opts.seq, "sequence length");
-  plan_cmd->add_option("--vocab", plan_opts.vocab, "vocabulary size");
-  plan_cmd->add_option("--micro-batch", plan_opts.micro_batch, "sequences per data-parallel rank per micro-batch");
-  plan_cmd->add_option("--lora-rank", plan_opts.lora_rank, "the LoRA model: adapters of rank R, the base frozen");
-  plan_cmd->add_option("--lora-targets", plan_opts.lora_targets, "with --lora-rank: the adapted modules")
-      ->delimiter(',');
-  plan_cmd->add_option("--explain", plan_opts.explain, "value names: say which rule and neighbour placed them")
-      ->delimiter(',');
-  plan_cmd->add_flag("--summary", plan_opts.summary, "only the totals");
-  bool memory_help = false;  // run_plan_memory takes --memory before this parser sees it: here for --help
-  plan_cmd->add_flag("--memory", memory_help, "per rank: the bytes of parameters, gradients, optimizer state, activations and the "
-                                 "peak of a training run; takes train's options (`shardwise plan --memory --help`)");
-
+  add_plan_options(*plan_cmd, plan_run, plan_opts);
   PipelineOptions pipe_opts;
   auto* pipe_cmd = app.add_subcommand("pipeline", "Generate, validate and simulate a pipeline schedule");
   pipe_cmd->option_defaults()->always_capture_default();
@@ -347,6 +320,7 @@ int run(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
   train_cmd->option_defaults()->always_capture_default();
   add_train_options(*train_cmd, train_opts);
+  group_train_options(*train_cmd);
   GenerateOptions gen_opts;
   auto* gen_cmd = app.add_subcommand("generate", "Continue prompts with a saved model on a dp x tp mesh (KV cache)");
   gen_cmd->option_defaults()->always_capture_default();
@@ -367,17 +341,18 @@ int run(int argc, char** argv) {
     if (*infer_cmd) return cmd_infer(infer_opts, std::cout);
     if (*verify_cmd) return cmd_verify(verify_opts, std::cout);
     if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
-    if (*plan_cmd) return cmd_plan(plan_opts, std::cout);
+    if (*plan_cmd) {
+      apply_run_sources(*plan_cmd, plan_run, !plan_opts.memory);
+      return cmd_plan(plan_run, plan_opts, std::cout);
+    }
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
     if (*gemm_cmd) return cmd_gemm_check(gemm_opts, std::cout);
     if (*train_cmd) {
-      if (!train_opts.config_file.empty()) apply_config_file(*train_cmd, train_opts.config_file);
-      train_opts.resume_notes = apply_stored_options(*train_cmd, train_opts);  // --resume: the checkpoint's options
-      train_opts.given = given_options(*train_cmd);
-      train_opts.vocab_given = train_cmd->count("--vocab") > 0 || !train_opts.init_from.empty();
-      train_opts.steps_given = train_cmd->count("--steps") > 0;
-      if (!train_opts.init_from.empty()) apply_init_from(*train_cmd, train_opts);
-      apply_lora(*train_cmd, train_opts);
+      apply_run_sources(*train_cmd, train_opts);
+      train_opts.options_line = given_options(*train_cmd);
+      train_opts.given = stored_run_options(*train_cmd);  // the checkpoints' run_options.json
+      if (train_cmd->get_option("--save-on-interrupt")->count() == 0) train_opts.save_on_interrupt = train_opts.save_every > 0;
+      train_opts.command_line.assign(argv, argv + argc);
       return cmd_train(train_opts, std::cout);
     }
     if (*gen_cmd) {

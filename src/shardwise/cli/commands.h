@@ -38,16 +38,13 @@ struct PlanReshardOptions {
 };
 int cmd_plan_reshard(const PlanReshardOptions& options, std::ostream& out);
 
+// `shardwise plan`'s own options; the run it plans is train's options (TrainOptions, declared below).
 struct PlanOptions {
-  std::string mesh = "tp=2";
-  bool sp = false;
-  int64_t layers = 2, heads = 4, hidden = 64, seq = 32, vocab = 256, micro_batch = 4;
-  int64_t lora_rank = 0;  // > 0: the LoRA model (frozen base, adapters on lora_targets)
-  std::vector<std::string> lora_targets = {"c_attn"};
   std::vector<std::string> explain;
   bool summary = false;
+  bool memory = false;  // the per-rank memory plan instead of the program
+  bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
 };
-int cmd_plan(const PlanOptions& options, std::ostream& out);
 
 // `shardwise pipeline`'s bounds: stages, micro-batches, and stages x virtual x micro-batches.
 inline constexpr int kMaxPipelineStages = 1024, kMaxPipelineMicroBatches = 16384;
@@ -71,9 +68,12 @@ struct TrainOptions {
   std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
   std::string gemm_line;      // the run header's line, set by cmd_train
   int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
+  std::string options_line;   // the run header's options that differ from the defaults (run_header.h), set by app.cc
   std::string config_file;  // --config: a TOML file of long option names (the command line wins)
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
-  std::string run_dir = "runs/demo";
+  std::string run_dir;  // "": the run that --resume continues, else a new runs/<config or model>-<time>
+  std::vector<std::string> command_line;  // the program and its arguments, for the resume command
+  bool save_on_interrupt = false;  // SIGINT/SIGTERM save the step the run stops at (default: when saving)
   std::string loss_axis = "linear";  // loss_curve.svg: linear or log
   int64_t eval_every = 500;  // 0: at the end only (accuracy of the addition task, or the validation loss)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
@@ -102,13 +102,17 @@ struct TrainOptions {
 };
 // --memory-limit's bytes: auto (the machine's available memory), none (0) or a size.
 int64_t memory_limit_bytes(const std::string& text);
+// `shardwise plan` of the run `train` describes: its program on the mesh (names as checkpoints
+// have them: plan_names.h), with `plan.memory` its memory plan (plan --memory).
+int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& out);
 // `shardwise plan --memory` (and `train --dry-run`): the plan of the run `options` describe, as a
-// table or JSON, then an Error (exit 2) when it does not fit --memory-limit.
-int cmd_plan_memory(const TrainOptions& options, std::ostream& out);
+// table or JSON; over --memory-limit "does not fit" with its largest cause and the change that fixes
+// it (train/memory_advice.h), then an Error (exit 2) only with `check`.
+int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan
-// when `print`, and refuses (Error) a plan over --memory-limit.
+// when `print`, and with `refuse` refuses (Error) a plan over --memory-limit.
 void check_run_memory(const train::TrainConfig& config, const TrainOptions& options, bool threads, bool print,
-                      std::ostream& out);
+                      std::ostream& out, bool refuse = true);
 // --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
 // given on the command line or in --config that contradicts it is an Error naming both values.
 void apply_init_from(CLI::App& cmd, TrainOptions& options);

@@ -5,41 +5,54 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/plan_names.h"
+#include "shardwise/cli/run_header.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/program.h"
 #include "shardwise/models/gpt.h"
+#include "shardwise/models/models.h"
+#include "shardwise/train/memory_advice.h"
 #include "shardwise/train/memory_plan.h"
 #include "shardwise/train/moe_plan.h"
 
 namespace shardwise::cli {
 
-int cmd_plan(const PlanOptions& o, std::ostream& out) {
-  train::GptConfig c;
-  c.layers = o.layers, c.heads = o.heads, c.hidden = o.hidden, c.seq = o.seq, c.vocab = o.vocab;
-  c.lora.rank = o.lora_rank, c.lora.targets = o.lora_targets;
-  train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), o.sp);
+int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& out) {
+  if (o.memory) return cmd_plan_memory(options, o.check, out);
+  train::TrainConfig tc = options.config;
+  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.mesh).size(), false);  // train's checks and derived sizes
+  const train::GptConfig c = train::kernel_model(tc);
+  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.mesh), tc.sequence_parallel);
+  SW_CHECK(s.pp < 0, "plan shows one program on a mesh without pp ({} has a pp dim): see a pipeline's stages with "
+           "`shardwise plan --memory` and its schedule with `shardwise pipeline`", s.mesh.to_string());
+  const CheckpointNames names(c);
   auto start = std::chrono::steady_clock::now();
-  train::GptGraph m = train::build_gpt(c, s, o.micro_batch * s.data_size());
+  train::GptGraph m = train::build_model(c, s, tc.micro_batch * s.data_size());
   graph::append_backward(m.g, m.loss);
   graph::Completion done = graph::complete(m.g, s.mesh);
   graph::Program p = graph::lower(m.g, done);
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  int64_t parameters = 0;
+  for (bool trained : {true, false}) {
+    for (graph::ValueId v : trained ? m.g.params() : m.g.frozen_params()) parameters += m.g.value(v).meta.shape.numel();
+  }
   if (!o.explain.empty()) {
-    for (const std::string& name : o.explain) out << graph::explain(m.g, done, m.g.get(name)) << "\n";
+    for (const std::string& name : o.explain) out << names.rename(graph::explain(m.g, done, m.g.get(names.graph_name(name)))) << "\n";
     return 0;
   }
-  if (!o.summary) out << p.to_string(m.g);
+  if (!o.summary) out << names.legend() << names.rename(p.to_string(m.g));
   else {
     out << fmt::format("reshards: {:.3g} us estimated, {} B sent by the busiest rank; collectives:", p.reshard_cost_s * 1e6,
                        p.reshard_bytes);
     for (auto& [kind, count] : p.collective_counts()) out << fmt::format(" {} x{}", kind, count);
     out << "\n";
   }
-  out << fmt::format("GPT {} layers, hidden {}, {} heads, seq {}, vocab {}, micro-batch {} per dp rank{} on {}: {} nodes, "
-                     "{} instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
-                     c.layers, c.hidden, c.heads, c.seq, c.vocab, o.micro_batch,
+  out << fmt::format("{} {} layers, hidden {}, {} heads, seq {}, vocab {}: {} parameters; micro-batch {} per data rank{} on "
+                     "{}: {} nodes, {} instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
+                     train::describe_architecture(c), c.layers, c.hidden, c.heads, c.seq, c.vocab,
+                     count_text(parameters), tc.micro_batch,
                      c.lora.enabled() ? fmt::format(", LoRA r {} on {} (base frozen)", c.lora.rank,
                                                     fmt::join(c.lora.targets, ","))
                                       : "",
@@ -62,32 +75,34 @@ int64_t memory_limit_bytes(const std::string& text) {
   }
 }
 
-void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool threads, bool print, std::ostream& out) {
+void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool threads, bool print, std::ostream& out,
+                      bool refuse) {
   const int64_t limit = memory_limit_bytes(o.memory_limit);  // a bad value is refused before the plan
   if (!print && limit == 0) return;
   const train::MemoryPlan plan = train::plan_memory(c, threads);
   const train::MoeTraffic moe = train::moe_traffic(c);  // an MoE model's all-to-alls
+  const bool fits = limit == 0 || plan.per_process() <= limit;
   if (print && o.json) {
     nlohmann::json j = plan.to_json();
     if (moe.moe_layers > 0) j["moe_traffic"] = moe.to_json();
     j["memory_limit"] = limit;
-    j["fits"] = limit == 0 || plan.per_process() <= limit;
+    j["fits"] = fits;
+    if (!fits) j["advice"] = train::advise_memory(c, plan, limit).to_json();
     out << j.dump(2) << "\n";
   } else if (print) {
     out << plan.table() << moe.table();
-    if (limit > 0)
-      out << fmt::format("--memory-limit {} ({} bytes): {}\n", o.memory_limit, limit,
-                         plan.per_process() <= limit ? "fits" : "does not fit");
+    if (fits && limit > 0) out << fmt::format("--memory-limit {} ({} bytes): fits\n", o.memory_limit, limit);
+    if (!fits) out << train::does_not_fit(plan, train::advise_memory(c, plan, limit), limit, o.memory_limit);
   }
   out.flush();
-  train::check_memory_limit(c, plan, limit, o.memory_limit);
+  if (refuse) train::check_memory_limit(c, plan, limit, o.memory_limit);
 }
 
-int cmd_plan_memory(const TrainOptions& o, std::ostream& out) {
+int cmd_plan_memory(const TrainOptions& o, bool check, std::ostream& out) {
   train::TrainConfig c = o.config;
   const int64_t ranks = o.ranks > 0 ? o.ranks : mesh::parse_mesh(c.mesh).size();
   c.check(ranks, false);
-  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out);
+  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out, check);
   return 0;
 }
 

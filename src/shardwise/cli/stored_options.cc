@@ -5,6 +5,7 @@
 
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/core/error.h"
+#include "shardwise/train/run_dir.h"
 #include "shardwise/train/run_options.h"
 
 namespace shardwise::cli {
@@ -33,7 +34,16 @@ std::optional<ckpt::fs::path> resumed_dir(const TrainOptions& o) {
     if (ckpt::fs::is_directory(o.resume)) return ckpt::fs::path(o.resume);
     return std::nullopt;  // the resume itself says what is wrong with it
   }
-  const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
+  // Where train_cmd's choose_run_dir looks: --save-dir, --run-dir, else the newest run of this name.
+  std::string save_dir = o.save_dir;
+  if (save_dir.empty() && !o.run_dir.empty()) save_dir = o.run_dir + "/checkpoints";
+  if (save_dir.empty()) {
+    const train::GptConfig& m = o.config.model;
+    const auto run = train::newest_run_with_checkpoint(
+        train::kRunsRoot, train::run_name(o.config_file, m.experts > 0 ? "mixtral" : m.model_type));
+    if (!run) return std::nullopt;
+    save_dir = *run + "/checkpoints";
+  }
   std::vector<ckpt::CheckpointEntry> all = ckpt::list_checkpoints(save_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it)
     if (ckpt::fs::exists(it->dir / train::kRunOptionsFile)) return it->dir;
@@ -42,7 +52,7 @@ std::optional<ckpt::fs::path> resumed_dir(const TrainOptions& o) {
 
 }  // namespace
 
-nlohmann::json given_options(const CLI::App& cmd) {
+nlohmann::json stored_run_options(const CLI::App& cmd) {
   nlohmann::json out = nlohmann::json::object();
   for (const CLI::Option* opt : cmd.get_options()) {
     const std::string name = long_name(*opt);

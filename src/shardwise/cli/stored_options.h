@@ -15,7 +15,7 @@ namespace shardwise::cli {
 // checkpoint), by long name: {"lr": ["0.002"], ...}. Leaves out what describes this invocation
 // rather than the run: --resume, --config, --dry-run, --json, --no-verify-resume, and the machine's
 // --ranks, --gemm and --memory-limit.
-nlohmann::json given_options(const CLI::App& cmd);
+nlohmann::json stored_run_options(const CLI::App& cmd);
 
 // --resume: the options stored in the checkpoint it names (--resume DIR, or for --resume auto the
 // newest checkpoint of the save directory) become the defaults: each option not given again takes

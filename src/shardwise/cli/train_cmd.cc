@@ -16,8 +16,11 @@
 #include "shardwise/cli/data_defaults.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/progress.h"
+#include "shardwise/cli/run_header.h"
+#include "shardwise/cli/interrupt.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
+#include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/parallel.h"
@@ -28,6 +31,7 @@
 #include "shardwise/train/metrics.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/models/models.h"
+#include "shardwise/train/run_dir.h"
 #include "shardwise/train/run_guard.h"
 
 namespace shardwise::cli {
@@ -110,6 +114,8 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
 
 namespace {
 
+constexpr const char* kRunsRoot = train::kRunsRoot;
+
 // --profile on rank 0, after the run's summary: the table, then the trace (an error writing it
 // comes after everything else is printed and saved).
 void report_profile(const runtime::ProfileReport& r, const std::string& run_dir, std::ostream& out) {
@@ -157,12 +163,145 @@ std::string checkpoint_summary(const train::CheckpointSchedule& checkpoints, con
                      checkpoints.async() ? " (async: the copies into host memory)" : "");
 }
 
+// The run header's LoRA line: the adapters, and the parameters they train of the model's.
+std::string lora_line(const train::LoraConfig& l, const train::ParameterCounts& n, int64_t rank0_optimizer_bytes) {
+  const auto all = static_cast<double>(n.trained + n.frozen);
+  return fmt::format("  LoRA: r {}, alpha {} (scale {:.4g}{}) on {}; base frozen: {} trainable parameters of {} "
+                     "({:.2f}%); optimizer state {} bytes (adapters only; rank 0: {})\n",
+                     l.rank, l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "",
+                     l.target_regex.empty() ? fmt::format("{}", fmt::join(l.targets, ", ")) : l.target_regex,
+                     n.trained, n.trained + n.frozen, 100.0 * static_cast<double>(n.trained) / all, n.optimizer_bytes,
+                     rank0_optimizer_bytes);
+}
+
+// The run's directory, the same on every rank (rank 0 decides): --run-dir; else the run that --resume
+// continues (a checkpoint's run, <run>/checkpoints/checkpoint-N; for auto, the newest run of this
+// name with a checkpoint); else a new directory of this run's own, runs/<name>-<time>, which
+// runs/latest then names. Rank 0 prints `notes`.
+std::string choose_run_dir(const TrainOptions& o, const train::TrainConfig& c, comm::Communicator& world,
+                           std::vector<std::string>& notes) {
+  nlohmann::json said;
+  if (world.rank() == 0) {
+    try {
+      std::string dir = o.run_dir;
+      const std::string name = train::run_name(
+          o.config_file, c.model.experts > 0 ? "mixtral" : c.model.model_type);
+      ckpt::fs::path from = ckpt::fs::path(o.resume).lexically_normal();
+      if (from.filename().empty()) from = from.parent_path();
+      if (!dir.empty() || !o.save_dir.empty()) {
+      } else if (!o.resume.empty() && o.resume != "auto" && from.parent_path().filename() == "checkpoints") {
+        dir = from.parent_path().parent_path().string();
+        said["notes"].push_back(fmt::format("run directory: {} (the run of {})", dir, o.resume));
+      } else if (auto newest = o.resume == "auto" ? train::newest_run_with_checkpoint(kRunsRoot, name) : std::nullopt) {
+        dir = *newest;
+        said["notes"].push_back(fmt::format("run directory: {} (--resume auto: the newest run named {} with a "
+                                            "checkpoint; --run-dir chooses another)", dir, name));
+      }
+      std::error_code ec;
+      if (!dir.empty() && ckpt::fs::is_symlink(dir, ec))  // runs/latest: the run it names now, for the whole run
+        dir = (ckpt::fs::path(dir).parent_path() / ckpt::fs::read_symlink(dir, ec)).lexically_normal().string();
+      if (dir.empty()) {
+        dir = train::claim_run_dir(kRunsRoot, name, std::time(nullptr));
+        said["notes"].push_back(fmt::format("run directory: {} (a new one; {}/latest names it)", dir, kRunsRoot));
+        if (std::string w = train::point_latest(kRunsRoot, dir); !w.empty()) said["notes"].push_back("warning: " + w);
+      }
+      said["dir"] = dir;
+    } catch (const Error& e) {
+      said["error"] = e.what();
+    }
+  }
+  said = comm::broadcast_object(world, said, 0);
+  if (said.contains("error")) fail("{}", said["error"].get<std::string>());
+  if (said.contains("notes")) notes = said["notes"].get<std::vector<std::string>>();
+  return said["dir"].get<std::string>();
+}
+
 // The live bar only on a terminal and not under mpirun; plain lines otherwise; none with --progress none.
 ProgressPrinter::Mode progress_mode(const std::string& progress, const std::ostream& out) {
   if (progress == "none") return ProgressPrinter::Mode::None;
   const bool tty = progress == "bar" || (progress == "auto" && &out == &std::cout && isatty(STDOUT_FILENO) &&
                                          !comm::launched_by_mpirun());
   return tty ? ProgressPrinter::Mode::Bar : ProgressPrinter::Mode::Lines;
+}
+
+// What rank 0 keeps while the steps run, for the progress lines and the summary.
+struct Progress {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  double best = -1, last_acc = -1, last_val = -1;
+  bool bar_open = false;  // the live bar's line has no newline yet
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+};
+
+// Rank 0's header: the model, the mesh, the data and batch, and the options that change how it runs.
+void print_header(const train::Trainer& trainer, const TrainOptions& o, const train::ParameterCounts& counts,
+                  comm::Communicator& world_ref, const std::string& run_dir, std::ostream& out) {
+  const auto& c = trainer.config();
+  out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {}: {} parameters on {} ({} ranks, "
+                     "{})\n", train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads,
+                     c.model.seq, c.model.vocab, count_text(counts.trained + counts.frozen),
+                     trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
+  if (!o.options_line.empty()) out << "  options: " << o.options_line << "\n";
+  out << fmt::format("  run directory: {}\n", run_dir);
+  if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
+  const train::Strategy& s = trainer.strategy();
+  out << fmt::format("  data: {}\n", trainer.data_description());
+  for (const std::string& line : o.data_notes) out << "  " << line << "\n";
+  out << fmt::format("  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
+                     "(warm-up {}, cosine to {})\n",
+                     c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
+                     s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), c.steps, c.lr, c.warmup, c.min_lr);
+  if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
+  if (c.document_attention)
+    out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
+                       c.eos_id);
+  if (c.sharding.enabled()) out << sharding_line(c.sharding, trainer.optimizer_state_bytes());
+  out << buckets_line(trainer);
+  if (s.pp >= 0)
+    out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
+                       c.schedule, s.mesh.dim_size(s.pp) * c.virtual_stages, s.mesh.dim_size(s.pp), c.virtual_stages,
+                       c.accumulation);
+  out.flush();
+}
+
+// Rank 0's summary: how the run ended (done, or stopped by a signal with the newest checkpoint and
+// the command that continues it), the loader, the metrics and the loss curve.
+void print_summary(const Progress& p, const train::MetricsLog& log, const train::Trainer& trainer,
+                   const TrainOptions& o, const std::string& run_dir, const std::string& save_dir, int world_size,
+                   std::ostream& out) {
+  const auto& config = trainer.config();
+  const double elapsed = p.elapsed();
+  const std::string curve =
+      log.write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()), o.loss_axis == "log");
+  const auto& rec = log.records();
+  const int64_t step = trainer.steps_done();
+  out << (p.bar_open ? "\n" : "")
+      << (agreed_stop() ? fmt::format("interrupted ({}): {} of {} steps in {}", signal_name(agreed_stop()), step,
+                                      config.steps, duration_text(elapsed))
+                        : fmt::format("done: {} steps in {}", step, duration_text(elapsed)))
+      << fmt::format(", loss {:.4f} -> {:.4f}, {:.0f} tokens/s", rec.front().step.loss, rec.back().step.loss,
+                     static_cast<double>(p.tokens) / elapsed);
+  if (p.best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * p.last_acc, 100 * p.best);
+  if (p.last_val >= 0) out << fmt::format(", validation loss {:.4f} (perplexity {:.2f})", p.last_val, std::exp(p.last_val));
+  double waited = 0, read = 0;
+  for (const train::StepRecord& r : rec) waited += r.step.loader_wait_s, read += r.step.loader_read_s;
+  const double per_step = 1e3 / static_cast<double>(rec.size());
+  out << fmt::format("\n  loader: {:.2f} ms blocked on data per step, the longest rank's ({:.2f} ms waiting for the read; {})",
+                     waited * per_step, read * per_step, config.loader_prefetch ? "prefetch" : "no prefetch");
+  if (trainer.skipped_steps() > 0) {
+    out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
+                       trainer.skipped_steps());
+  }
+  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log.jsonl_path(), curve);
+  if (!agreed_stop()) return;
+  const auto saved = ckpt::list_checkpoints(save_dir);
+  if (saved.empty()) {
+    out << "  no checkpoint to resume from: --save-every N (or --save-on-interrupt) keeps one\n";
+  } else {
+    out << fmt::format("  newest checkpoint: {} (step {})\n  resume with: {}\n", saved.back().dir.string(),
+                       saved.back().step,
+                       resume_command(o.command_line, run_dir, comm::launched_by_mpirun() ? world_size : 0));
+  }
 }
 
 // The loop every rank runs; rank 0 reports.
@@ -176,39 +315,28 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   train::Trainer trainer(config, world);
   trainer.set_run_options(o.given);  // its checkpoints keep them (run_options.json)
   const bool report = world_ref.rank() == 0;
+  const train::ParameterCounts counts = trainer.count_parameters();  // collective
   if (!o.init_from.empty()) {
     const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
-    if (report) out << fmt::format("  weights from {} ({} parameters{})\n", o.init_from, n,
+    if (report) out << fmt::format("  weights from {} ({} tensors{})\n", o.init_from, n,
                                    o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")));
   }
   if (!o.lora_from.empty()) {
     const int64_t n = train::load_adapter(trainer, *world, o.lora_from);
     if (report) out << fmt::format("  adapters from {} ({} tensors)\n", o.lora_from, n);
   }
-  if (config.model.lora.enabled()) {
-    const train::ParameterCounts n = trainer.count_parameters();
-    const train::LoraConfig& l = config.model.lora;
-    const auto all = static_cast<double>(n.trained + n.frozen);
-    if (report)
-      out << fmt::format("  LoRA: r {}, alpha {} (scale {:.4g}{}) on {}; base frozen: {} trainable parameters of {} "
-                         "({:.2f}%); optimizer state {} bytes (adapters only; rank 0: {})\n",
-                         l.rank, l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "",
-                         l.target_regex.empty() ? fmt::format("{}", fmt::join(l.targets, ", ")) : l.target_regex,
-                         n.trained, n.trained + n.frozen, 100.0 * static_cast<double>(n.trained) / all,
-                         n.optimizer_bytes, trainer.optimizer_state_bytes());
-  }
-  const std::string save_dir = o.save_dir.empty() ? o.run_dir + "/checkpoints" : o.save_dir;
-  train::RunDirs dirs{o.run_dir, save_dir, o.save_every > 0, !o.resume.empty()};
-  for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) {
+  if (config.model.lora.enabled() && report) out << lora_line(config.model.lora, counts, trainer.optimizer_state_bytes());
+  std::vector<std::string> notes;
+  const std::string run_dir = choose_run_dir(o, config, world_ref, notes);
+  const std::string save_dir = o.save_dir.empty() ? run_dir + "/checkpoints" : o.save_dir;
+  const bool saves = o.save_every > 0 || o.save_on_interrupt;
+  train::RunDirs dirs{run_dir, save_dir, saves, !o.resume.empty()};
+  for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) notes.push_back(line);
+  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume, saves);
+  notes.insert(notes.end(), resumed.lines.begin(), resumed.lines.end());
+  if (resumed.dir) notes.insert(notes.end(), o.resume_notes.begin(), o.resume_notes.end());
+  for (const auto& line : notes) {
     if (report) out << "  " << line << "\n";
-  }
-  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume,
-                                                            o.save_every > 0);
-  for (const auto& line : resumed.lines) {
-    if (report) out << "  " << line << "\n";
-  }
-  for (const auto& line : o.resume_notes) {
-    if (report && resumed.dir) out << "  " << line << "\n";
   }
   if (resumed.nothing_to_do) return;
   ckpt::SaveOptions save_options;
@@ -218,39 +346,16 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const bool addition = config.data.empty();
   std::unique_ptr<train::MetricsLog> log;
   if (report) {
-    log = std::make_unique<train::MetricsLog>(o.run_dir, resumed.dir ? trainer.steps_done() : -1);
+    log = std::make_unique<train::MetricsLog>(run_dir, resumed.dir ? trainer.steps_done() : -1);
     if (!log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", log->kept_aside());
-    const auto& c = trainer.config();
-    out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {} on {} ({} ranks, {})\n",
-                       train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads, c.model.seq, c.model.vocab,
-                       trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
-    if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
-    const train::Strategy& s = trainer.strategy();
-    out << fmt::format("  data: {}\n", trainer.data_description());
-    for (const std::string& line : o.data_notes) out << "  " << line << "\n";
-    out << fmt::format("  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
-                       "(warm-up {}, cosine to {})\n",
-                       c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
-                       s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), c.steps, c.lr, c.warmup, c.min_lr);
-    if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
-    if (c.document_attention)
-      out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
-                         c.eos_id);
-    if (c.sharding.enabled()) out << sharding_line(c.sharding, trainer.optimizer_state_bytes());
-    out << buckets_line(trainer);
-    if (trainer.strategy().pp >= 0)
-      out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
-                         c.schedule, trainer.strategy().mesh.dim_size(trainer.strategy().pp) * c.virtual_stages,
-                         trainer.strategy().mesh.dim_size(trainer.strategy().pp), c.virtual_stages, c.accumulation);
-    out.flush();
+    print_header(trainer, o, counts, world_ref, run_dir, out);
   }
   const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
-  auto start = std::chrono::steady_clock::now();
-  int64_t tokens = 0;
-  double best = -1, last_acc = -1, last_val = -1;
+  Progress p;
   train::StepResult last;
   const int64_t first_step = trainer.steps_done();
-  ProgressPrinter progress(out, progress_mode(o.progress, out), first_step, config.steps, log_every);
+  int64_t saved_step = -1;  // the step of the newest save this run made
+  ProgressPrinter printer(out, progress_mode(o.progress, out), first_step, config.steps, log_every);
   if (profile) profile->start(world_ref);
   for (int64_t s = first_step; s < config.steps; ++s) {
     {
@@ -258,7 +363,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
       runtime::ActiveProfile active(profile.get());
       last = trainer.step();
     }
-    tokens += last.tokens;
+    p.tokens += last.tokens;
     std::optional<double> acc, val;
     bool eval_now = (addition || trainer.has_validation()) && o.eval_every > 0 &&
                     (last.step % o.eval_every == 0 || last.step == config.steps);
@@ -268,51 +373,38 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
       if (addition) acc = trainer.evaluate().accuracy();
       if (trainer.has_validation()) val = trainer.validate().loss;
     }
+    const double elapsed = p.elapsed(), tps = static_cast<double>(p.tokens) / std::max(elapsed, 1e-9);
     // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
-    auto save = [&] { checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps); };
-    if (!report) {
-      save();
-      continue;
+    if (report) log->add({last, elapsed, tps, acc, val});
+    const bool due = o.save_every > 0 && (last.step % o.save_every == 0 || last.step == config.steps);
+    checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps);
+    if (due) saved_step = last.step;
+    if (report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
+    if (report && val) p.last_val = *val;
+    if (report) {
+      double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
+      std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}",
+                                     last.step, config.steps, last.loss, last.lr, last.grad_norm, tps, duration_text(eta),
+                                     p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
+      line += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
+              moe_summary(last.moe);
+      printer.step(line, last.step, eval_now, elapsed);
+      p.bar_open = printer.bar_open();
     }
-    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    double tps = static_cast<double>(tokens) / std::max(elapsed, 1e-9);
-    log->add({last, elapsed, tps, acc, val});
-    save();
-    if (acc) best = std::max(best, *acc), last_acc = *acc;
-    if (val) last_val = *val;
-    double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
-    std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}", last.step,
-                                   config.steps, last.loss, last.lr, last.grad_norm, tps, duration_text(eta),
-                                   last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * last_acc) : "");
-    line += (last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", last_val, std::exp(last_val)) : "") + moe_summary(last.moe);
-    progress.step(line, last.step, eval_now, elapsed);
+    // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
+    if (last.step < config.steps && agree_to_stop(world_ref) != 0) {
+      if (o.save_on_interrupt && saved_step != last.step) checkpoints.after_step(trainer, *world, true);
+      break;
+    }
   }
   checkpoints.finish();  // waits for a background save; raises its error
   // Collective: rank 0 gathers every rank's events for the one trace.
   const runtime::ProfileReport profiled = profile ? runtime::gather_profile(*profile, world_ref) : runtime::ProfileReport{};
   if (!report) return;
-  if (o.save_every > 0) out << checkpoint_summary(checkpoints, save_dir, trainer.steps_done());
+  if (checkpoints.stalls().saves > 0) out << checkpoint_summary(checkpoints, save_dir, trainer.steps_done());
   if (log->records().empty()) return;
-  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::string curve =
-      log->write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()), o.loss_axis == "log");
-  const auto& rec = log->records();
-  out << (progress.bar_open() ? "\n" : "") << fmt::format("done: {} steps in {}, loss {:.4f} -> {:.4f}, {:.0f} tokens/s", last.step,
-                                          duration_text(elapsed), rec.front().step.loss, rec.back().step.loss,
-                                          static_cast<double>(tokens) / elapsed);
-  if (best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * last_acc, 100 * best);
-  if (last_val >= 0) out << fmt::format(", validation loss {:.4f} (perplexity {:.2f})", last_val, std::exp(last_val));
-  double waited = 0, read = 0;
-  for (const train::StepRecord& r : rec) waited += r.step.loader_wait_s, read += r.step.loader_read_s;
-  const double per_step = 1e3 / static_cast<double>(rec.size());
-  out << fmt::format("\n  loader: {:.2f} ms blocked on data per step, the longest rank's ({:.2f} ms waiting for the read; {})",
-                     waited * per_step, read * per_step, config.loader_prefetch ? "prefetch" : "no prefetch");
-  if (trainer.skipped_steps() > 0) {
-    out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
-                       trainer.skipped_steps());
-  }
-  out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log->jsonl_path(), curve);
-  if (profile) report_profile(profiled, o.run_dir, out);
+  print_summary(p, *log, trainer, o, run_dir, save_dir, world_ref.size(), out);
+  if (profile) report_profile(profiled, run_dir, out);
 }
 
 }  // namespace
@@ -368,16 +460,17 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
   // Each rank's kernels split their loops over as many threads as its GEMMs use (one per rank when
   // ranks share the machine, the GEMM library's count for one rank): the cores in use stay the same.
   o.kernel_threads = mpi || ranks > 1 ? 1 : blas_threads();
+  // Ctrl-C / SIGTERM from here on: the run stops after the step, saves, summarizes, exits 130.
+  StopSignals signals(!mpi_rank || std::atoi(mpi_rank) == 0);
   if (mpi) {
-    return comm::run_mpi_main([&](comm::Communicator& world) {
-      train_rank(o, c, world, comm::mpi_world(), out);
+    comm::run_mpi_main([&](comm::Communicator& world) { train_rank(o, c, world, comm::mpi_world(), out); });
+  } else {
+    comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
+      auto self = world.group(world.members());
+      train_rank(o, c, world, self, out);
     });
   }
-  comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
-    auto self = world.group(world.members());
-    train_rank(o, c, world, self, out);
-  });
-  return 0;
+  return agreed_stop() != 0 ? kInterruptedExit : 0;
 }
 
 }  // namespace shardwise::cli

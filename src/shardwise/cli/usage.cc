@@ -75,9 +75,9 @@ std::string config_value(const CLI::Option& opt, std::string_view value, const s
   if (opt.get_expected_max() == 0) {  // a flag
     SW_CHECK(!quoted && (value == "true" || value == "false"), "{}: key '{}' is a flag: expected true or false, got {}",
              where, key, value);
-    return std::string(value);
+    return opt.get_flag_value(key, std::string(value));  // `no-prefetch = true` turns prefetch off
   }
-  if (type.starts_with("TEXT")) {
+  if (type.starts_with("TEXT") || type.starts_with("PATH")) {
     SW_CHECK(quoted, "{}: key '{}' expects a string in double quotes, got {}", where, key, value);
     return std::string(value.substr(1, value.size() - 2));
   }
@@ -88,11 +88,69 @@ std::string config_value(const CLI::Option& opt, std::string_view value, const s
 
 }  // namespace
 
+std::string option_section(const CLI::Option& opt) {
+  const std::string& group = opt.get_group();
+  const size_t open = group.rfind('[');
+  if (open == std::string::npos || group.back() != ']') return "";
+  return group.substr(open + 1, group.size() - open - 2);
+}
+
+namespace {
+
+// A value of a path-typed option (train_options.h) resolved from the config file's directory:
+// absolute paths, "auto" of --resume and empty values stay; PATHS resolves each comma-separated part.
+std::string resolve_from(const std::filesystem::path& dir, const std::string& type, const std::string& value) {
+  if (type != "PATH" && type != "PATHS" && type != "PATH|auto") return value;
+  if (value.empty() || (type == "PATH|auto" && value == "auto")) return value;
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t comma = type == "PATHS" ? value.find(',', start) : std::string::npos;
+    std::filesystem::path part = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    parts.push_back(part.is_absolute() || part.empty() ? part.string() : (dir / part).lexically_normal().string());
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+// Checks `text` the way the command line's value was checked (type, range, choices) without
+// changing what the command line gave: the option parses `text`, then its own results again.
+void check_like_command_line(CLI::Option& opt, const std::string& text) {
+  const std::vector<std::string> given = opt.results();
+  opt.clear();
+  opt.add_result(text);
+  std::string error;
+  try {
+    opt.run_callback();
+  } catch (const CLI::Error& e) {
+    error = e.what();
+  }
+  opt.clear();
+  opt.add_result(given);
+  opt.run_callback();
+  SW_CHECK(error.empty(), "{}", error);
+}
+
+// The sections a config file of `cmd` may have: its options' groups' tables.
+std::vector<std::string> sections_of(const CLI::App& cmd) {
+  std::vector<std::string> sections;
+  for (const CLI::Option* opt : cmd.get_options()) {
+    std::string s = option_section(*opt);
+    if (!s.empty() && std::find(sections.begin(), sections.end(), s) == sections.end()) sections.push_back(s);
+  }
+  return sections;
+}
+
+}  // namespace
+
 void apply_config_file(CLI::App& cmd, const std::string& path) {
   SW_CHECK(!std::filesystem::is_directory(path), "--config '{}' is a directory; expected a TOML file", path);
   std::ifstream in(path);
   SW_CHECK(in.good(), "cannot read the config file '{}'", path);
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
   const std::vector<std::string> names = long_names(cmd);
+  const std::vector<std::string> sections = sections_of(cmd);
+  std::string section;  // "": the flat form or [<command>], which hold any key
   std::set<std::string> seen;
   std::string raw;
   for (int number = 1; std::getline(in, raw); ++number) {
@@ -100,8 +158,14 @@ void apply_config_file(CLI::App& cmd, const std::string& path) {
     std::string_view line = trim(strip_comment(raw));
     if (line.empty()) continue;
     if (line.front() == '[') {
-      SW_CHECK(line == "[" + cmd.get_name() + "]", "{}: section {}: only [{}] (or no section) is allowed", where, line,
-               cmd.get_name());
+      const std::string name(trim(line.substr(1, line.size() - (line.back() == ']' ? 2 : 1))));
+      const bool known = std::find(sections.begin(), sections.end(), name) != sections.end();
+      SW_CHECK(line.back() == ']' && (name == cmd.get_name() || known), "{}: section {}: {}{}", where, line,
+               sections.empty() ? fmt::format("only [{}] (or no section) is allowed", cmd.get_name())
+                                : fmt::format("use [{}] (or [{}], or no section)", fmt::join(sections, "], ["),
+                                              cmd.get_name()),
+               did_you_mean(name, sections));
+      section = known ? name : "";
       continue;
     }
     size_t eq = line.find('=');
@@ -113,12 +177,20 @@ void apply_config_file(CLI::App& cmd, const std::string& path) {
     SW_CHECK(!value.empty(), "{}: key '{}' has no value", where, key);
     SW_CHECK(seen.insert(key).second, "{}: key '{}' is given twice", where, key);
     CLI::Option* opt = cmd.get_option("--" + key);
-    std::string text = config_value(*opt, value, where, key);
-    if (opt->count() > 0) continue;  // the command line wins
+    const std::string belongs = option_section(*opt);
+    SW_CHECK(section.empty() || belongs == section, "{}: key '{}' belongs in [{}], not [{}]", where, key,
+             belongs.empty() ? cmd.get_name() : belongs, section);
+    const std::string text = resolve_from(dir, opt->get_type_name(), config_value(*opt, value, where, key));
     try {
+      if (opt->count() > 0) {  // the command line wins, but the file's value must be one it could give
+        check_like_command_line(*opt, text);
+        continue;
+      }
       opt->add_result(text);
       opt->run_callback();
     } catch (const CLI::Error& e) {
+      fail("{}: key '{}': {}", where, key, e.what());
+    } catch (const Error& e) {
       fail("{}: key '{}': {}", where, key, e.what());
     }
   }

@@ -17,12 +17,17 @@ size_t edit_distance(std::string_view a, std::string_view b);
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates,
                          std::string_view prefix = "");
 
-// Reads `path` — `key = value` lines, `#` comments, an optional section named for the command
-// (`[train]`, `[generate]`); values are "strings", integers, floats and true/false — and gives
-// each key to the option of `cmd` with that long name, unless the command line gave that option
-// (the command line wins). Error naming the file, the line and the key for a missing file, an
-// unknown key, a wrong type or a bad line.
+// Reads `path` — `key = value` lines, `#` comments, sections; values are "strings", integers,
+// floats and true/false — and gives each key to the option of `cmd` with that long name, unless the
+// command line gave that option (the command line wins; the file's value is still checked). A
+// section is `[<command>]` (`[train]`, `[generate]`: any key, as without a section) or one of the
+// tables of `cmd`'s option groups (train_options.h: `[model]`, `[parallel]`, ...), which holds only
+// its own options. Values of PATH, PATHS and "PATH|auto" options resolve from the file's directory.
+// Error naming the file, the line and the key for a missing file, an unknown key, a key in another
+// section than its own (naming that one), a wrong type or value, or a bad line.
 void apply_config_file(CLI::App& cmd, const std::string& path);
+// The config-file table of `option`: the "[key]" that ends its --help group, or "" for none.
+std::string option_section(const CLI::Option& option);
 
 // Gives every integer option of `app` and its subcommands a check that refuses a number that does
 // not fit in 64 bits (CLI11 would clamp it silently).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -702,6 +703,10 @@ namespace {
   // When every rank fails alike (a check all ranks make), one line is enough: the lowest failing
   // rank prints and aborts the job first, the others wait in proportion to their rank and are
   // usually ended by that abort before they print. A rank that fails alone still prints, late.
+  // mpirun ends the others with SIGTERM: a handler of the program's (train's Ctrl-C) must not keep
+  // a failing rank alive to print a second line.
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
   if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 * std::min(rank, 8)));
   std::fprintf(stderr, "shardwise: error: rank %d: %s\n", rank, message);
   std::fflush(stderr);

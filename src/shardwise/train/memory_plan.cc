@@ -18,15 +18,17 @@
 
 namespace shardwise::train {
 
-namespace {
-
-std::string human(int64_t bytes) {
+std::string human_bytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
   if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
   if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
   return fmt::format("{} B", bytes);
 }
+
+namespace {
+
+std::string human(int64_t bytes) { return human_bytes(bytes); }
 
 // One compiled stage with the runtime's buffer lifetimes (runtime::Runtime's rules, with the
 // runner's keep / free_after_use / drop calls), replayed per rank over the slots' block sizes.
@@ -464,48 +466,6 @@ int64_t available_memory() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
-
-void check_memory_limit(const TrainConfig& c, const MemoryPlan& plan, int64_t limit, const std::string& limit_text) {
-  if (limit <= 0 || plan.per_process() <= limit) return;
-  const RankMemory& r = plan.largest();
-  std::vector<std::pair<int64_t, std::string>> parts = {
-      {r.params, "parameters"}, {r.grads, "gradients"}, {r.optimizer, "optimizer moments"}, {r.masters, "fp32 masters"},
-      {r.working, "activations and working buffers"}, {r.comm, "pipeline buffers"}};
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  // What would make it fit: the same run with more sharding or recompute, planned again.
-  std::vector<std::string> fixes;
-  auto try_fix = [&](const std::string& what, TrainConfig alt) {
-    const int64_t need = plan_memory(alt, plan.threads).per_process();
-    fixes.push_back(fmt::format("{} ({}{})", what, human(need), need <= limit ? ", fits" : ""));
-  };
-  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.mesh), c.sequence_parallel);
-  if (s.dp_size() > 1 && c.sharding.stage < 2) {
-    TrainConfig alt = c;
-    alt.sharding.stage = 2;
-    try_fix("--sharding-stage 2", alt);
-  }
-  if (s.dp_size() > 1 && c.sharding.stage < 3) {
-    TrainConfig alt = c;
-    alt.sharding.stage = 3;
-    try_fix("--sharding-stage 3", alt);
-    if (c.model.recompute != "full" || c.model.recompute_layers >= 0) {
-      alt.model.recompute = "full", alt.model.recompute_layers = -1;
-      try_fix("--sharding-stage 3 --recompute full", alt);
-    }
-  }
-  if (c.model.recompute != "full" || c.model.recompute_layers >= 0) {
-    TrainConfig alt = c;
-    alt.model.recompute = "full", alt.model.recompute_layers = -1;
-    try_fix("--recompute full", alt);
-  }
-  fixes.push_back(plan.threads ? "more tp / pp ranks as MPI processes (mpirun: one rank a process)"
-                               : "more tp / pp (or dp with sharding) processes");
-  fail("the run's estimated peak memory is {} per process ({}), over --memory-limit {} ({}); rank {}: {} = {} {}, {} "
-       "{}, {} {}, ...; to fit try {} (`shardwise plan --memory` prints the plan)",
-       human(plan.per_process()), plan.threads ? fmt::format("{} ranks as threads", plan.ranks.size()) : "one MPI rank",
-       limit_text, human(limit), r.rank, human(r.peak()), parts[0].second, human(parts[0].first), parts[1].second,
-       human(parts[1].first), parts[2].second, human(parts[2].first), fmt::join(fixes, ", "));
 }
 
 }  // namespace shardwise::train

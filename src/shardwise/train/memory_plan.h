@@ -78,8 +78,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads);
 
 // The machine's available memory (/proc/meminfo MemAvailable; physical memory where absent).
 int64_t available_memory();
-// Error (naming the estimate, its largest parts and what would make it fit: a sharding stage,
-// recompute, more dp / tp / pp ranks) when the plan's per-process bytes exceed `limit` (> 0).
-void check_memory_limit(const TrainConfig& c, const MemoryPlan& plan, int64_t limit, const std::string& limit_text);
+// "1.50 GiB", "12.0 MiB", "3.0 KiB" or "512 B".
+std::string human_bytes(int64_t bytes);
 
 }  // namespace shardwise::train

@@ -56,13 +56,18 @@ MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) : dir_(
     SW_CHECK(!ec, "cannot replace '{}': {}", jsonl_path(), ec.message());
   }
   if (resumed_step < 0 && std::filesystem::file_size(jsonl_path(), ec) > 0 && !ec) {
-    // A fresh run in a directory with an earlier run's log (e.g. every checkpoint was rejected):
-    // that log is kept aside, not emptied.
-    std::string aside = jsonl_path() + ".previous";
-    for (int k = 1; std::filesystem::exists(aside); ++k) aside = fmt::format("{}.previous.{}", jsonl_path(), k);
-    std::filesystem::rename(jsonl_path(), aside, ec);
+    // A fresh run in a directory with an earlier run's log (--run-dir given again, or every
+    // checkpoint was rejected): that log and its loss curve are kept aside, not emptied, under one
+    // suffix, so no curve is left next to another run's metrics.
+    const std::string curve = dir_ + "/loss_curve.svg";
+    auto suffix = [](int k) { return k == 0 ? std::string(".previous") : fmt::format(".previous.{}", k); };
+    int k = 0;
+    while (std::filesystem::exists(jsonl_path() + suffix(k)) || std::filesystem::exists(curve + suffix(k))) ++k;
+    std::filesystem::rename(jsonl_path(), jsonl_path() + suffix(k), ec);
     SW_CHECK(!ec, "cannot move the earlier '{}' aside: {}", jsonl_path(), ec.message());
-    kept_aside_ = aside;
+    if (std::filesystem::exists(curve)) std::filesystem::rename(curve, curve + suffix(k), ec);
+    SW_CHECK(!ec, "cannot move the earlier '{}' aside: {}", curve, ec.message());
+    kept_aside_ = jsonl_path() + suffix(k);
   }
   out_.open(jsonl_path(), resumed_step >= 0 ? std::ios::app : std::ios::trunc);
   SW_CHECK(out_.good(), "cannot write '{}'", jsonl_path());

@@ -58,6 +58,25 @@ std::string check_save_dir(const RunDirs& dirs, uint64_t need, std::vector<std::
   return "";
 }
 
+// Collective (rank 0 looks): Error when `dir` does not exist, naming the checkpoints its parent
+// holds (rotation by --save-total-limit removes old ones) and how to resume one of them.
+void check_exists(comm::Communicator& world, const ckpt::fs::path& dir) {
+  std::string error;
+  std::error_code ec;
+  if (world.rank() == 0 && !ckpt::fs::exists(dir, ec)) {
+    const ckpt::fs::path parent = dir.lexically_normal().parent_path().empty() ? "." : dir.lexically_normal().parent_path();
+    std::vector<std::string> names;
+    for (const auto& c : ckpt::list_checkpoints(parent)) names.push_back(c.dir.filename().string());
+    error = names.empty()
+                ? fmt::format("--resume {}: there is no such checkpoint, and '{}' holds none", dir.string(), parent.string())
+                : fmt::format("--resume {}: there is no such checkpoint (--save-total-limit removes older ones); '{}' "
+                              "holds {}: pass one of them, or --resume auto for the newest",
+                              dir.string(), parent.string(), fmt::join(names, ", "));
+  }
+  error = comm::broadcast_object(world, error, 0).get<std::string>();
+  if (!error.empty()) fail("{}", error);
+}
+
 }  // namespace
 
 uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world) {
@@ -113,6 +132,7 @@ ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const s
     r.dir = found->dir;
   } else {
     r.dir = ckpt::fs::path(resume);
+    check_exists(world, *r.dir);
     if (verify) {
       for (auto& n : ckpt::verify_resume_dir(world, *r.dir)) r.lines.push_back(fmt::format("{}: {}", resume, n));
     } else {

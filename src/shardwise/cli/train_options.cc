@@ -1,0 +1,121 @@
+#include "shardwise/cli/train_options.h"
+
+#include <fmt/format.h>
+
+#include <regex>
+
+#include "shardwise/cli/stored_options.h"
+#include "shardwise/cli/usage.h"
+
+namespace shardwise::cli {
+
+const std::vector<OptionSection>& train_option_sections() {
+  static const std::vector<OptionSection> sections = {
+      {"model", "Model",
+       {"model", "layers", "heads", "hidden", "seq", "vocab", "kv-heads", "intermediate-size", "tied-head", "rope-theta",
+        "rms-norm-eps", "experts", "top-k", "moe-layers", "aux-loss", "aux-loss-scope", "router-z-loss",
+        "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "recompute", "recompute-layers",
+        "attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},
+      {"parallel", "Parallelism",
+       {"mesh", "ranks", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
+        "prefetch-params", "overlap-grad-reduce", "grad-bucket-mb", "gemm", "memory-limit"}},
+      {"optimizer", "Optimizer",
+       {"steps", "epochs", "tokens", "global-batch", "micro-batch", "accumulation", "lr", "min-lr", "warmup", "weight-decay", "beta1",
+        "beta2", "clip", "seed", "skip-nonfinite-steps"}},
+      {"data", "Data",
+       {"data", "data-format", "tokenizer", "documents", "document-separator", "eos-id", "no-cross-document-attention",
+        "no-prefetch", "val-data", "val-fraction", "val-samples", "digits", "eval-samples"}},
+      {"checkpoint", "Checkpoints",
+       {"save-every", "save-dir", "save-total-limit", "async-save", "save-on-interrupt", "max-shard-size", "resume",
+        "no-verify-resume",
+        "init-from", "ignore-keys", "lora-from"}},
+      {"logging", "Logging",
+       {"run-dir", "eval-every", "log-every", "progress", "loss-axis", "profile", "dry-run", "json"}},
+  };
+  return sections;
+}
+
+namespace {
+
+// Input files and directories: a --config file resolves these from its own directory.
+constexpr std::pair<std::string_view, std::string_view> kPathTypes[] = {
+    {"data", "PATHS"},  {"val-data", "PATHS"}, {"tokenizer", "PATH"},
+    {"init-from", "PATH"}, {"lora-from", "PATH"}, {"resume", "PATH|auto"}};
+
+// Where an option comes in --help: its section's place, then its place in the section.
+std::pair<size_t, size_t> help_order(const CLI::Option* opt) {
+  const auto& sections = train_option_sections();
+  for (size_t s = 0; s < sections.size(); ++s) {
+    const auto& names = sections[s].options;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (opt->check_lname(std::string(names[i]))) return {s + 1, i};
+    }
+  }
+  return {0, 0};  // --help and --config come first
+}
+
+// CLI11's help with the sections in train_option_sections' order (each option in its section's
+// order), and without the flag values CLI11 appends to a flag's names ("--no-prefetch{false}").
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    if (mode == CLI::AppFormatMode::Sub) return CLI::Formatter::make_help(app, name, mode);
+    std::vector<const CLI::Option*> opts =
+        app->get_options([](const CLI::Option* o) { return !o->get_group().empty() && o->nonpositional(); });
+    std::stable_sort(opts.begin(), opts.end(), [](auto* a, auto* b) { return help_order(a) < help_order(b); });
+    std::string out = make_description(app) + make_usage(app, name);
+    for (size_t i = 0; i < opts.size();) {
+      size_t end = i;
+      while (end < opts.size() && opts[end]->get_group() == opts[i]->get_group()) ++end;
+      out += make_group(opts[i]->get_group(), false, {opts.begin() + static_cast<std::ptrdiff_t>(i),
+                                                      opts.begin() + static_cast<std::ptrdiff_t>(end)});
+      i = end;
+    }
+    return out + make_footer(app);
+  }
+  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
+    return std::regex_replace(CLI::Formatter::make_option_name(opt, positional), std::regex("\\{[^}]*\\}"), "");
+  }
+};
+
+}  // namespace
+
+void group_train_options(CLI::App& cmd) {
+  for (const OptionSection& s : train_option_sections()) {
+    const std::string group = fmt::format("{} [{}]", s.title, s.key);
+    for (std::string_view name : s.options) {
+      if (CLI::Option* opt = cmd.get_option_no_throw("--" + std::string(name))) opt->group(group);
+    }
+  }
+  for (auto [name, type] : kPathTypes) {
+    if (CLI::Option* opt = cmd.get_option_no_throw("--" + std::string(name))) opt->type_name(std::string(type));
+  }
+  cmd.formatter(std::make_shared<HelpFormatter>());
+}
+
+void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
+  add_train_options(cmd, run);
+  group_train_options(cmd);
+  const std::string group = "Plan: what to show";
+  cmd.add_flag("--memory", plan.memory,
+               "per rank: the bytes of parameters, gradients, optimizer state, activations and the peak; over "
+               "--memory-limit, \"does not fit\" with the largest cause and the change that fixes it")
+      ->group(group);
+  cmd.add_flag("--check", plan.check, "with --memory: exit 2 when the plan does not fit --memory-limit")->group(group);
+  cmd.add_option("--explain", plan.explain,
+                 "value names (as the plan shows them): say which rule and neighbour placed them")
+      ->delimiter(',')
+      ->group(group);
+  cmd.add_flag("--summary", plan.summary, "only the totals")->group(group);
+}
+
+void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {
+  if (!o.config_file.empty()) apply_config_file(cmd, o.config_file);
+  o.resume_notes = apply_stored_options(cmd, o);  // --resume: the checkpoint's options are the defaults
+  o.vocab_given = cmd.count("--vocab") > 0 || !o.init_from.empty();
+  o.steps_given = cmd.count("--steps") > 0;
+  if (!o.init_from.empty()) apply_init_from(cmd, o);
+  if (lora_needs_base || !o.init_from.empty() || !o.lora_from.empty()) apply_lora(cmd, o);
+}
+
+}  // namespace shardwise::cli
