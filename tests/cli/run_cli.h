@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 namespace shardwise_cli_test {
 
@@ -39,6 +41,17 @@ inline Result run(const std::string& args) {
 // `name` in this test binary's own scratch directory (tests/support/scratch_tmpdir.cc makes it
 // TMPDIR), so two runs of the tests at once never share a run directory or a log.
 inline std::string tmp(const std::string& name) { return (std::filesystem::temp_directory_path() / name).string(); }
+
+// metrics.jsonl's "loss" values by line, as written (text: compares bit for bit).
+inline std::vector<std::string> metrics_losses(const std::filesystem::path& metrics) {
+  std::vector<std::string> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const size_t at = line.find("\"loss\":") + 7;
+    out.push_back(line.substr(at, line.find_first_of(",}", at) - at));
+  }
+  return out;
+}
 
 // GPT-2 with tied head: wte V*H + wpe S*H + per layer 12H^2 + 13H + the final LayerNorm 2H.
 inline int64_t gpt2_parameters(int64_t layers, int64_t hidden, int64_t seq, int64_t vocab) {

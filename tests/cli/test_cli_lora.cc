@@ -122,7 +122,16 @@ TEST(CliLora, BadLoraOptionsAreOneLineNamingTheProblem) {
   auto r = run(train(d.path / "run", "dp=1", 1) + golden + " --lora-rank 2 --save-every 1");
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string ckpt = (d.path / "run" / "checkpoints" / "checkpoint-1").string();
-  expect_error(golden + " --resume " + ckpt, "holds LoRA adapters (adapter_config.json), not a model", 2);
+  // Its run_options.json gives the resume its --lora-* options; a checkpoint without one (an older
+  // shardwise's) resumed without them is refused.
+  r = run(train(d.path, "dp=1", 2) + golden + " --resume " + ckpt);
+  EXPECT_EQ(r.status, 0) << r.out;
+  fs::remove_all(d.path / "checkpoints");
+  const fs::path old = d.path / "older";
+  fs::copy(ckpt, old, fs::copy_options::recursive);
+  fs::remove(old / "run_options.json");
+  expect_error(golden + " --resume " + old.string() + " --no-verify-resume",
+               "holds LoRA adapters (adapter_config.json), not a model", 2);
   expect_error(golden + " --lora-rank 4 --lora-targets c_attn,c_fc --resume " + ckpt,
                "holds other adapters: r 2 (checkpoint) vs 4 (this run), target_modules [c_attn] (checkpoint) vs "
                "[c_attn, c_fc] (this run)", 2);

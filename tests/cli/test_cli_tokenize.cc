@@ -85,8 +85,10 @@ TEST(CliTokenize, TrainsOnTextThroughTheTokenizerAndResumesOnlyWithIt) {
   EXPECT_NE(r.out.find("data: " + kFables + " (text tokenized by " + model + ": 48 documents, one document per "
                        "paragraph, eos after each"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("packing: documents end at id 2"), std::string::npos) << r.out;
-  // The same text as bytes is other data.
-  Result bytes = run(kTrain + "--steps 4 --vocab 512 --resume auto --data " + kFables + run_dir);
+  // The same text as bytes is other data (the checkpoint's --tokenizer, --documents and
+  // --no-cross-document-attention, which a resume takes, overridden).
+  Result bytes = run(kTrain + "--steps 4 --vocab 512 --resume auto --data " + kFables + run_dir +
+                     " --tokenizer '' --documents file --no-cross-document-attention=false");
   EXPECT_EQ(bytes.status, 2) << bytes.out;
   EXPECT_NE(bytes.out.find("tokenized by m.model"), std::string::npos) << bytes.out;
   Result again = run(kTrain + "--steps 4 --no-cross-document-attention --resume auto" + run_dir + text);
@@ -125,8 +127,14 @@ TEST(CliTokenize, GenerateEncodesTextPromptsAndDecodesTheOutput) {
   EXPECT_EQ(j["sequences"][0]["prompt_ids"].get<std::vector<int64_t>>(), want);
   EXPECT_EQ(j["sequences"][0]["prompt"], "The fox and the crow");
   EXPECT_TRUE(j["sequences"][0].contains("text"));
-  // Without the tokenizer a 512-token model takes ids only; a tokenizer larger than the model is refused.
-  Result no = run("generate --checkpoint " + ckpt + " --prompt hello");
+  // Without --tokenizer the checkpoint's copy encodes the prompt alike.
+  Result kept = run("generate --checkpoint " + ckpt + " --prompt 'The fox and the crow' --max-new-tokens 5 --json");
+  ASSERT_EQ(kept.status, 0) << kept.out;
+  EXPECT_EQ(nlohmann::json::parse(kept.out.substr(0, kept.out.find('\n')))["sequences"][0]["prompt_ids"], want);
+  // Without any tokenizer a 512-token model takes ids only; a tokenizer larger than the model is refused.
+  fs::copy(ckpt, d / "bare", fs::copy_options::recursive);
+  fs::remove(d / "bare" / "tokenizer.model");
+  Result no = run("generate --checkpoint " + (d / "bare").string() + " --prompt hello");
   EXPECT_EQ(no.status, 2) << no.out;
   EXPECT_NE(no.out.find("or the model's --tokenizer"), std::string::npos) << no.out;
   Result wide = run("generate --checkpoint " + std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/gpt2_tiny --tokenizer " +

@@ -72,6 +72,8 @@ struct CheckpointContent {
   // Whole JSON files ("config.json", "generation_config.json", "trainer_state.json"); rank 0's
   // are written.
   std::vector<std::pair<std::string, nlohmann::json>> json_files;
+  // Other whole files as bytes (a run's tokenizer.model); rank 0's are written, covered by the manifest.
+  std::vector<std::pair<std::string, std::string>> raw_files;
 };
 
 struct SaveOptions {

@@ -104,6 +104,10 @@ std::string local_problem(comm::Communicator& comm, const CheckpointContent& con
       SW_CHECK(plain_name(name) && name.ends_with(".json"), "JSON file name '{}': use a plain name ending in .json", name);
       SW_CHECK(files.insert(name).second, "JSON file '{}' collides with another file of the checkpoint", name);
     }
+    for (const auto& [name, bytes] : content.raw_files) {
+      SW_CHECK(plain_name(name), "file name '{}': use a plain name", name);
+      SW_CHECK(files.insert(name).second, "file '{}' collides with another file of the checkpoint", name);
+    }
   } catch (const Error& e) {
     return e.what();
   }
@@ -122,6 +126,7 @@ json describe(const CheckpointContent& content, const SaveOptions& options) {
   }
   json names = json::array();
   for (const auto& [name, v] : content.json_files) names.push_back(name);
+  for (const auto& [name, bytes] : content.raw_files) names.push_back(name);
   return {{"step", content.step}, {"groups", groups}, {"json_files", names},
           {"options", {options.max_shard_bytes, options.save_total_limit, options.sha256, options.split_bytes}}};
 }
@@ -411,6 +416,7 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
     plan.groups[g.name] = index_file_name(g.name);
   }
   for (const auto& [name, value] : content.json_files) plan.text_files.emplace_back(name, value.dump(2) + "\n");
+  for (const auto& [name, bytes] : content.raw_files) plan.text_files.emplace_back(name, bytes);
   assign_writers(cands, comm.size(), plan.pieces);
   // File owners (fsync + digest), balanced by file bytes.
   std::vector<uint64_t> load(static_cast<size_t>(comm.size()), 0);

@@ -160,7 +160,8 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   write_file_atomic(tmp / index_file_name("model"), index.dump(2) + "\n");
   digests[index_file_name("model")] = digest_file(tmp / index_file_name("model"), false);
-  for (const std::string name : {"config.json", "generation_config.json"}) {
+  // The model's settings, and the tokenizer a training run stored beside them (train/run_options.h).
+  for (const std::string name : {"config.json", "generation_config.json", "tokenizer.model", "tokenizer_config.json"}) {
     if (!fs::exists(json_from / name)) continue;
     std::string text = read_text_file(json_from / name);
     if (name == "config.json" && options.dtype) {  // the file says what the tensors now hold

@@ -11,6 +11,7 @@
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/run_header.h"
+#include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/tokenize_cmd.h"
 #include "shardwise/cli/train_options.h"
 #include "shardwise/cli/usage.h"
@@ -72,7 +73,9 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
   t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
   t->add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
-  t->add_option("--steps", c.steps, "optimizer steps");
+  t->add_option("--steps", c.steps, "optimizer steps (default with --data: one epoch of its training tokens)");
+  t->add_option("--epochs", o.epochs, "with --data: steps for this many passes over its training tokens");
+  t->add_option("--tokens", o.tokens, "with --data: steps for this many training tokens (global batch x seq a step)");
   t->add_option("--micro-batch", c.micro_batch, "sequences per data rank (dp x ep) per micro-batch (0: derived)");
   t->add_option("--accumulation", c.accumulation, "micro-batches per step (0: derived)");
   t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp x ep (0: derived)");
@@ -135,7 +138,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--heads", c.model.heads, "attention heads");
   t->add_option("--hidden", c.model.hidden, "hidden size");
   t->add_option("--seq", c.model.seq, "sequence length (0: the longest addition problem, or 256 for a file)");
-  t->add_option("--vocab", c.model.vocab, "vocabulary size");
+  t->add_option("--vocab", c.model.vocab,
+                "vocabulary size (default with --data: the tokenizer's or the data's, rounded up to a multiple of 64)");
   t->add_option("--kv-heads", c.model.kv_heads, "llama: key/value heads, dividing --heads (0: as many as --heads)");
   t->add_option("--intermediate-size", c.model.intermediate_size, "llama: the SwiGLU MLP's width (0: 4 x hidden)");
   t->add_option("--experts", c.model.experts,
@@ -234,7 +238,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
   cmd.add_option("--tokenizer", o.tokenizer,
                  "a SentencePiece tokenizer.model: text prompts are encoded with it and the output decoded (its eos "
-                 "stops a sequence unless --eos-id)");
+                 "stops a sequence unless --eos-id); default: the checkpoint's tokenizer.model when it has one");
   cmd.add_option("--logits-out", o.logits_out,
                  "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");
 }
@@ -346,9 +350,9 @@ int run(int argc, char** argv) {
     if (*train_cmd) {
       apply_run_sources(*train_cmd, train_opts);
       train_opts.options_line = given_options(*train_cmd);
+      train_opts.given = stored_run_options(*train_cmd);  // the checkpoints' run_options.json
       if (train_cmd->get_option("--save-on-interrupt")->count() == 0) train_opts.save_on_interrupt = train_opts.save_every > 0;
       train_opts.command_line.assign(argv, argv + argc);
-      if (train_opts.eval_every == 0) train_opts.eval_every = train_opts.config.steps;  // once, at the end
       return cmd_train(train_opts, std::cout);
     }
     if (*gen_cmd) {

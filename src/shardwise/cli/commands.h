@@ -92,6 +92,13 @@ struct TrainOptions {
   std::string memory_limit = "auto";  // auto (MemAvailable), none, or a size: refuse a plan over it
   bool dry_run = false;    // print the memory plan and stop
   bool json = false;       // the plan as JSON
+  // --data runs (cli/data_defaults.h): the vocabulary and the steps come from the data unless given.
+  bool vocab_given = true, steps_given = true;  // set by the command line (the option, --config, a checkpoint)
+  double epochs = 0;       // --epochs E: steps for E passes over the training tokens
+  int64_t tokens = 0;      // --tokens N: steps for N training tokens
+  nlohmann::json given;    // the options given (cli/stored_options.h): the checkpoints' run_options.json
+  std::vector<std::string> data_notes;    // what the run took from its data (cli/data_defaults.h)
+  std::vector<std::string> resume_notes;  // options a --resume took from its checkpoint, and the overrides
 };
 // --memory-limit's bytes: auto (the machine's available memory), none (0) or a size.
 int64_t memory_limit_bytes(const std::string& text);

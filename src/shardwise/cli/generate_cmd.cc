@@ -20,6 +20,7 @@
 #include "shardwise/generate/generate.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/data/tokenizer.h"
+#include "shardwise/train/run_options.h"
 
 namespace shardwise::cli {
 namespace {
@@ -252,12 +253,15 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   SW_CHECK(run.strategy.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            run.strategy.mesh.to_string(), run.strategy.mesh.size(), ranks, run.strategy.mesh.size(),
            run.strategy.mesh.size());
+  // A checkpoint of a --tokenizer run holds its tokenizer.model (train/run_options.h).
+  if (o.tokenizer.empty()) o.tokenizer = train::stored_tokenizer(run.dir).value_or("");
   run.codec = codec_for(o, run.model);
   run.prompts = collect_prompts(o, run.model, run.codec);
   train::check_prompts(run.prompts, run.model);
   run.config.max_new_tokens = o.max_new_tokens;
   run.config.kv_cache = !o.no_kv_cache;
   run.config.keep_logits = !o.logits_out.empty();
+  if (run.codec.tokenizer) run.config.usable_vocab = run.codec.tokenizer->vocab_size();  // not the padding ids
   if (run.config.keep_logits) {  // before any work: the file is written after generating
     const std::filesystem::path parent = std::filesystem::absolute(o.logits_out).parent_path();
     SW_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0,

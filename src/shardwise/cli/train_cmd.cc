@@ -13,7 +13,9 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/data_defaults.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/progress.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/cli/interrupt.h"
 #include "shardwise/comm/local.h"
@@ -112,14 +114,7 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
 
 namespace {
 
-constexpr const char* kRunsRoot = "runs";  // where a run without --run-dir gets a directory of its own
-
-std::string duration(double seconds) {
-  auto s = static_cast<int64_t>(std::llround(seconds));
-  if (s < 60) return fmt::format("{}s", s);
-  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
-}
+constexpr const char* kRunsRoot = train::kRunsRoot;
 
 // --profile on rank 0, after the run's summary: the table, then the trace (an error writing it
 // comes after everything else is printed and saved).
@@ -221,6 +216,14 @@ std::string choose_run_dir(const TrainOptions& o, const train::TrainConfig& c, c
   return said["dir"].get<std::string>();
 }
 
+// The live bar only on a terminal and not under mpirun; plain lines otherwise; none with --progress none.
+ProgressPrinter::Mode progress_mode(const std::string& progress, const std::ostream& out) {
+  if (progress == "none") return ProgressPrinter::Mode::None;
+  const bool tty = progress == "bar" || (progress == "auto" && &out == &std::cout && isatty(STDOUT_FILENO) &&
+                                         !comm::launched_by_mpirun());
+  return tty ? ProgressPrinter::Mode::Bar : ProgressPrinter::Mode::Lines;
+}
+
 // What rank 0 keeps while the steps run, for the progress lines and the summary.
 struct Progress {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -242,9 +245,11 @@ void print_header(const train::Trainer& trainer, const TrainOptions& o, const tr
   out << fmt::format("  run directory: {}\n", run_dir);
   if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
   const train::Strategy& s = trainer.strategy();
-  out << fmt::format("  data: {}\n  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
+  out << fmt::format("  data: {}\n", trainer.data_description());
+  for (const std::string& line : o.data_notes) out << "  " << line << "\n";
+  out << fmt::format("  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
                      "(warm-up {}, cosine to {})\n",
-                     trainer.data_description(), c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
+                     c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
                      s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), c.steps, c.lr, c.warmup, c.min_lr);
   if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
   if (c.document_attention)
@@ -272,8 +277,8 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   const int64_t step = trainer.steps_done();
   out << (p.bar_open ? "\n" : "")
       << (agreed_stop() ? fmt::format("interrupted ({}): {} of {} steps in {}", signal_name(agreed_stop()), step,
-                                      config.steps, duration(elapsed))
-                        : fmt::format("done: {} steps in {}", step, duration(elapsed)))
+                                      config.steps, duration_text(elapsed))
+                        : fmt::format("done: {} steps in {}", step, duration_text(elapsed)))
       << fmt::format(", loss {:.4f} -> {:.4f}, {:.0f} tokens/s", rec.front().step.loss, rec.back().step.loss,
                      static_cast<double>(p.tokens) / elapsed);
   if (p.best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * p.last_acc, 100 * p.best);
@@ -308,6 +313,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   auto profile = o.profile ? std::make_unique<runtime::RankProfile>(world_ref.rank()) : nullptr;
   if (profile) world = std::make_shared<runtime::ProfiledCommunicator>(world);
   train::Trainer trainer(config, world);
+  trainer.set_run_options(o.given);  // its checkpoints keep them (run_options.json)
   const bool report = world_ref.rank() == 0;
   const train::ParameterCounts counts = trainer.count_parameters();  // collective
   if (!o.init_from.empty()) {
@@ -328,6 +334,7 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) notes.push_back(line);
   train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume, saves);
   notes.insert(notes.end(), resumed.lines.begin(), resumed.lines.end());
+  if (resumed.dir) notes.insert(notes.end(), o.resume_notes.begin(), o.resume_notes.end());
   for (const auto& line : notes) {
     if (report) out << "  " << line << "\n";
   }
@@ -343,16 +350,12 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (!log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", log->kept_aside());
     print_header(trainer, o, counts, world_ref, run_dir, out);
   }
-  // The live bar (\r, erase to the end of the line) only on a terminal and not under mpirun;
-  // plain lines otherwise; none with --progress none.
-  const bool tty = report && (o.progress == "bar" || (o.progress == "auto" && &out == &std::cout &&
-                                                      isatty(STDOUT_FILENO) && !comm::launched_by_mpirun()));
-  const bool quiet = o.progress == "none";
   const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
   Progress p;
   train::StepResult last;
   const int64_t first_step = trainer.steps_done();
   int64_t saved_step = -1;  // the step of the newest save this run made
+  ProgressPrinter printer(out, progress_mode(o.progress, out), first_step, config.steps, log_every);
   if (profile) profile->start(world_ref);
   for (int64_t s = first_step; s < config.steps; ++s) {
     {
@@ -378,19 +381,15 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (due) saved_step = last.step;
     if (report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
     if (report && val) p.last_val = *val;
-    if (report && !quiet) {
+    if (report) {
       double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
       std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}",
-                                     last.step, config.steps, last.loss, last.lr, last.grad_norm, tps, duration(eta),
+                                     last.step, config.steps, last.loss, last.lr, last.grad_norm, tps, duration_text(eta),
                                      p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
       line += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
               moe_summary(last.moe);
-      if (tty) {
-        out << "\r" << line << "\033[K" << (eval_now ? "\n" : "") << std::flush;  // a line with a new evaluation stays
-        p.bar_open = !eval_now;
-      } else if (last.step % log_every == 0 || last.step == config.steps || eval_now) {
-        out << line << "\n" << std::flush;
-      }
+      printer.step(line, last.step, eval_now, elapsed);
+      p.bar_open = printer.bar_open();
     }
     // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
     if (last.step < config.steps && agree_to_stop(world_ref) != 0) {
@@ -426,6 +425,8 @@ int cmd_train(const TrainOptions& options, std::ostream& out) {
   for (auto [name, value] : {std::pair{"--eval-every", o.eval_every}, {"--log-every", o.log_every},
                              {"--save-every", o.save_every}, {"--save-total-limit", o.save_total_limit}})
     SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
+  o.data_notes = apply_data_defaults(o, c, ranks);  // --data: the vocabulary and the steps from the data
+  if (o.eval_every == 0) o.eval_every = c.steps;  // once, at the end
   SW_CHECK(!o.json || o.dry_run, "--json prints the memory plan of --dry-run (or `shardwise plan --memory --json`): "
            "add --dry-run");
   SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",

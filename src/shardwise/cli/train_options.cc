@@ -4,6 +4,7 @@
 
 #include <regex>
 
+#include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/usage.h"
 
 namespace shardwise::cli {
@@ -19,7 +20,7 @@ const std::vector<OptionSection>& train_option_sections() {
        {"mesh", "ranks", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
         "prefetch-params", "overlap-grad-reduce", "grad-bucket-mb", "gemm", "memory-limit"}},
       {"optimizer", "Optimizer",
-       {"steps", "global-batch", "micro-batch", "accumulation", "lr", "min-lr", "warmup", "weight-decay", "beta1",
+       {"steps", "epochs", "tokens", "global-batch", "micro-batch", "accumulation", "lr", "min-lr", "warmup", "weight-decay", "beta1",
         "beta2", "clip", "seed", "skip-nonfinite-steps"}},
       {"data", "Data",
        {"data", "data-format", "tokenizer", "documents", "document-separator", "eos-id", "no-cross-document-attention",
@@ -109,6 +110,9 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
 
 void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {
   if (!o.config_file.empty()) apply_config_file(cmd, o.config_file);
+  o.resume_notes = apply_stored_options(cmd, o);  // --resume: the checkpoint's options are the defaults
+  o.vocab_given = cmd.count("--vocab") > 0 || !o.init_from.empty();
+  o.steps_given = cmd.count("--steps") > 0;
   if (!o.init_from.empty()) apply_init_from(cmd, o);
   if (lora_needs_base || !o.init_from.empty() || !o.lora_from.empty()) apply_lora(cmd, o);
 }

@@ -240,7 +240,8 @@ void Generator::next_tokens(Compiled& c, Batch& b) {
     if (b.done[i]) continue;
     std::span<const float> row(logits.data<float>() + static_cast<int64_t>(i) * V, static_cast<size_t>(V));
     const int64_t position = b.length(i);
-    const int64_t token = choose_token(row, config.sampling, static_cast<int64_t>(i), position);
+    const auto usable = config.usable_vocab > 0 ? std::min(row.size(), static_cast<size_t>(config.usable_vocab)) : row.size();
+    const int64_t token = choose_token(row.first(usable), config.sampling, static_cast<int64_t>(i), position);
     b.tokens[i].push_back(token);
     if (config.keep_logits) b.logits[i].emplace_back(row.begin(), row.end());
     const int64_t produced = b.length(i) - b.prompt_length[i];

@@ -46,6 +46,9 @@ struct GenerateConfig {
   int64_t eos_id = -1;  // -1: none
   bool kv_cache = true;
   bool keep_logits = false;  // keep the row of logits each new token was chosen from
+  // Choose among the first `usable_vocab` ids only (0: every id): a tokenizer's vocabulary inside a
+  // model's rounded-up one (train/data_defaults.h), whose padding ids decode to nothing.
+  int64_t usable_vocab = 0;
   void validate(const GptConfig& model) const;
 };
 

@@ -12,6 +12,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/data/tokenizer.h"
+#include "shardwise/train/run_options.h"
 
 namespace shardwise::train {
 namespace {
@@ -224,6 +225,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
                           {"generation_config.json", generation_config_json(c.model, tokens)}};
   }
   content.json_files.emplace_back("trainer_state.json", std::move(state));
+  add_run_files(c, trainer.run_options(), content);  // run_options.json, the tokenizer
   return content;
 }
 

@@ -9,6 +9,8 @@
 
 namespace shardwise::train {
 
+inline constexpr const char* kRunsRoot = "runs";  // where a run without --run-dir gets a directory of its own
+
 // The name of a run: its config file's stem ("demo" for examples/demo.toml), else `model`; any
 // character outside [A-Za-z0-9._-] becomes '_'.
 std::string run_name(const std::string& config_file, const std::string& model);

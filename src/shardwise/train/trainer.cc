@@ -12,6 +12,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 #include "shardwise/runtime/profiler.h"
+#include "shardwise/train/data_defaults.h"
 #include "shardwise/models/models.h"
 
 namespace shardwise::train {
@@ -154,7 +155,7 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
   Strategy s = Strategy::from_mesh(mesh::parse_mesh(mesh), sequence_parallel);
   SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            s.mesh.to_string(), s.mesh.size(), ranks, s.mesh.size(), s.mesh.size());
-  if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : 256;
+  if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : kDefaultFileSeq;
   model.validate();
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
   SW_CHECK(model.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)",
@@ -170,6 +171,12 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
            "--overlap-grad-reduce {} does not combine with --sharding-stage 3: stage 3 reduce-scatters each gradient "
            "in the graph as soon as its backward made it (the buckets serve stages 0-2); use --overlap-grad-reduce off",
            overlap_grad_reduce);
+  // A pipeline's micro-batches, when no batch split is given: as many as pipeline ranks (torchtitan's
+  // default), the fewest every schedule accepts (zbh1 needs at least pp, interleaved a multiple of pp)
+  // and what keeps every rank busy in the steady phase; when the global batch divides into them.
+  if (s.pp >= 0 && accumulation == 0 && micro_batch == 0 &&
+      global_batch % (s.mesh.dim_size(s.pp) * s.data_size()) == 0)
+    accumulation = s.mesh.dim_size(s.pp);
   resolve_batch(s.data_size(), s.ep < 0 ? "dp" : "dp x ep");
   check_largest_parameter(model);
   pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh

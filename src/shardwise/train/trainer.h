@@ -235,6 +235,10 @@ class Trainer {
   };
   const BaseModel& base_model() const { return base_model_; }
   void set_base_model(BaseModel base) { base_model_ = std::move(base); }
+  // The options the run was given ({"name": ["value", ...]}), which its checkpoints keep in
+  // run_options.json (run_options.h); null: none written.
+  const nlohmann::json& run_options() const { return run_options_; }
+  void set_run_options(nlohmann::json options) { run_options_ = std::move(options); }
   const LrSchedule& schedule() const { return schedule_; }
   // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
   void restore_position(int64_t step, int64_t consumed);
@@ -267,6 +271,7 @@ class Trainer {
   // this rank's ranges when sharded.
   std::vector<Tensor> reduce_grads(std::vector<Tensor>& grads);
   BaseModel base_model_;
+  nlohmann::json run_options_;
 };
 
 }  // namespace shardwise::train
