@@ -87,7 +87,7 @@ hf-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 
-# The collectives of the GPT on dp=2 x tp=2, then about two minutes of training (examples/demo.toml)
+# The collectives of the GPT on dp=2 x tp=2, then 1.5-6 minutes of training (examples/demo.toml; README: measured)
 # into runs/demo-<time>, which keeps its last checkpoint, then a few sums answered from it.
 # Builds only the shardwise binary (not the tests and benchmarks).
 demo: deps $(BUILD)/build.ninja
@@ -95,7 +95,7 @@ demo: deps $(BUILD)/build.ninja
 	@bash examples/demo.sh $(BUILD)/bin/shardwise
 
 # A SentencePiece tokenizer, a small Llama trained on tests/data/fables.txt through it, and generation
-# from its checkpoint (examples/llama_tiny.sh, examples/llama_tiny.toml; under a minute). Builds only
+# from its checkpoint (examples/llama_tiny.sh, examples/llama_tiny.toml; about 20 s). Builds only
 # the shardwise binary.
 llama-demo: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target shardwise

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: how the GPT runs on a dp=2 x tp=2 mesh (its collectives), then training it on the
-# embedded addition task for about two minutes (the loss falls, the held-out exact-match accuracy
+# embedded addition task for 1.5-6 minutes on 2 cores (README: measured; the loss falls, the held-out exact-match accuracy
 # rises) into a run directory of its own, runs/demo-<time>, which keeps the metrics, the loss curve
 # and the last step's checkpoint; then `shardwise generate` answers a few sums from that checkpoint
 # and each answer is checked.
