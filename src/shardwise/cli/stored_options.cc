@@ -38,9 +38,8 @@ std::optional<ckpt::fs::path> resumed_dir(const TrainOptions& o) {
   std::string save_dir = o.save_dir;
   if (save_dir.empty() && !o.run_dir.empty()) save_dir = o.run_dir + "/checkpoints";
   if (save_dir.empty()) {
-    const train::GptConfig& m = o.config.model;
-    const auto run = train::newest_run_with_checkpoint(
-        train::kRunsRoot, train::run_name(o.config_file, m.experts > 0 ? "mixtral" : m.model_type));
+    const auto run =
+        train::newest_run_with_checkpoint(train::kRunsRoot, train::run_name(o.config_file, o.config.model));
     if (!run) return std::nullopt;
     save_dir = *run + "/checkpoints";
   }

@@ -184,8 +184,7 @@ std::string choose_run_dir(const TrainOptions& o, const train::TrainConfig& c, c
   if (world.rank() == 0) {
     try {
       std::string dir = o.run_dir;
-      const std::string name = train::run_name(
-          o.config_file, c.model.experts > 0 ? "mixtral" : c.model.model_type);
+      const std::string name = train::run_name(o.config_file, c.model);
       ckpt::fs::path from = ckpt::fs::path(o.resume).lexically_normal();
       if (from.filename().empty()) from = from.parent_path();
       if (!dir.empty() || !o.save_dir.empty()) {

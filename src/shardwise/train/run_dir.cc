@@ -15,8 +15,9 @@ namespace shardwise::train {
 
 namespace fs = std::filesystem;
 
-std::string run_name(const std::string& config_file, const std::string& model) {
-  std::string name = config_file.empty() ? model : fs::path(config_file).stem().string();
+std::string run_name(const std::string& config_file, const GptConfig& model) {
+  const std::string kind = model.experts > 0 ? "mixtral" : model.model_type;
+  std::string name = config_file.empty() ? kind : fs::path(config_file).stem().string();
   for (char& c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
                     c == '_' || c == '-';

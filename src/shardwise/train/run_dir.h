@@ -7,13 +7,15 @@
 #include <optional>
 #include <string>
 
+#include "shardwise/models/gpt.h"
+
 namespace shardwise::train {
 
 inline constexpr const char* kRunsRoot = "runs";  // where a run without --run-dir gets a directory of its own
 
-// The name of a run: its config file's stem ("demo" for examples/demo.toml), else `model`; any
-// character outside [A-Za-z0-9._-] becomes '_'.
-std::string run_name(const std::string& config_file, const std::string& model);
+// The name of a run: its config file's stem ("demo" for examples/demo.toml), else the model's kind
+// (gpt2, llama, mixtral for a Llama with experts); any character outside [A-Za-z0-9._-] becomes '_'.
+std::string run_name(const std::string& config_file, const GptConfig& model);
 
 // Creates and returns <root>/<name>-<stamp of `now` in local time>, or the first -2, -3, ... of it
 // that no other run took. Error naming the directory when it cannot be created.
