@@ -6,10 +6,11 @@
 #include <csignal>
 #include <cstdint>
 #include <limits>
-#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
+
+#include "shardwise/cli/run_header.h"
 
 namespace shardwise::cli {
 
@@ -32,23 +33,6 @@ void on_signal(int sig) {
   }
   constexpr char kAfter[] = "\nshardwise: stopping after this step (Ctrl-C again to stop at once)\n";
   if (g_say.load()) (void)!::write(STDERR_FILENO, kAfter, sizeof kAfter - 1);
-}
-
-bool plain(const std::string& arg) {
-  if (arg.empty()) return false;
-  for (char c : arg) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    std::string_view("-_./=:,+@%").find(c) != std::string_view::npos;
-    if (!ok) return false;
-  }
-  return true;
-}
-
-std::string quoted(const std::string& arg) {
-  if (plain(arg)) return arg;
-  std::string q = "'";
-  for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 }  // namespace
@@ -103,9 +87,9 @@ std::string resume_command(const std::vector<std::string>& argv, const std::stri
       continue;
     }
     if (a.rfind("--resume=", 0) == 0 || a.rfind("--run-dir=", 0) == 0) continue;
-    line += quoted(a) + " ";
+    line += shell_quoted(a) + " ";
   }
-  return line + "--run-dir " + quoted(run_dir) + " --resume auto";
+  return line + "--run-dir " + shell_quoted(run_dir) + " --resume auto";
 }
 
 }  // namespace shardwise::cli

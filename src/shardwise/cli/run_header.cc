@@ -2,18 +2,22 @@
 
 #include <fmt/format.h>
 
+#include <string_view>
 #include <vector>
 
 namespace shardwise::cli {
 
-namespace {
-
-std::string quoted(const std::string& value) {
-  const bool plain = !value.empty() && value.find_first_of(" \t'\"*?;&|<>()$") == std::string::npos;
-  return plain ? value : "'" + value + "'";
+std::string shell_quoted(const std::string& arg) {
+  bool plain = !arg.empty();
+  for (char c : arg) {
+    plain = plain && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      std::string_view("-_./=:,+@%").find(c) != std::string_view::npos);
+  }
+  if (plain) return arg;
+  std::string q = "'";
+  for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
-
-}  // namespace
 
 std::string given_options(const CLI::App& cmd) {
   std::vector<std::string> given;
@@ -28,7 +32,7 @@ std::string given_options(const CLI::App& cmd) {
     }
     const std::string value = fmt::format("{}", fmt::join(opt->results(), ","));
     if (value == opt->get_default_str() || "[" + value + "]" == opt->get_default_str()) continue;
-    given.push_back("--" + opt->get_lnames().front() + " " + quoted(value));
+    given.push_back("--" + opt->get_lnames().front() + " " + shell_quoted(value));
   }
   return fmt::format("{}", fmt::join(given, " "));
 }

@@ -12,6 +12,10 @@ namespace shardwise::cli {
 // its value: --untied-head, --no-prefetch); "" when none.
 std::string given_options(const CLI::App& cmd);
 
+// `arg` as a POSIX shell reads it back: as it is when it holds only letters, digits and -_./=:,+@%,
+// else single-quoted (a ' inside as '\'').
+std::string shell_quoted(const std::string& arg);
+
 // "1,234,567 (1.23 M)".
 std::string count_text(int64_t n);
 
