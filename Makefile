@@ -10,7 +10,8 @@ CMAKE_FLAGS ?=
 # GEMM candidates loaded at run time (`shardwise gemm-check`): a machine without them builds and runs.
 DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev \
                 libcli11-dev libfmt-dev libopenblas-dev valgrind libopenmpi-dev openmpi-bin \
-                libxxhash-dev libssl-dev libsentencepiece-dev pkg-config python3 libblis-dev libdnnl-dev
+                libxxhash-dev libssl-dev libsentencepiece-dev pkg-config python3 python3-dev python3-venv \
+                libblis-dev libdnnl-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
@@ -28,14 +29,29 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	else echo "deps: all Debian packages present"; fi
 
-$(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+# The venv the Python package is built with and installed into (PyPI: nanobind, scikit-build-core,
+# NumPy, pytest; never PyTorch). Its interpreter configures the build, which then builds the module.
+PY_VENV ?= $(BUILD)/py-venv
+PY_BUILD_PACKAGES := nanobind scikit-build-core numpy pytest
+$(PY_VENV)/.ready:
+	@python3 -m venv $(PY_VENV) 2>/dev/null || { SUDO=""; [ "$$(id -u)" -ne 0 ] && SUDO=sudo; \
+	  $$SUDO apt-get install -y -qq python3-venv && python3 -m venv $(PY_VENV); }
+	$(PY_VENV)/bin/pip install -q $(PY_BUILD_PACKAGES)
+	@touch $@
 
-build: deps $(BUILD)/build.ninja
+$(BUILD)/build.ninja: | $(PY_VENV)/.ready
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSHARDWISE_PYTHON=ON \
+	  -DPython_EXECUTABLE=$(abspath $(PY_VENV))/bin/python $(CMAKE_FLAGS)
+
+build: deps $(PY_VENV)/.ready $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Release build with assertions on; every GoogleTest test through ctest.
+# Release build with assertions on; every GoogleTest test through ctest, and the Python package's
+# pytest suite (ctest python_package) against the package pip installs from this same build
+# directory (scikit-build-core reuses it: nothing is compiled twice).
 test: build
+	$(PY_VENV)/bin/pip install -q --no-build-isolation --no-deps -Cbuild-dir=$(BUILD) \
+	  -Ccmake.define.SHARDWISE_BUILD_TESTS=ON -Ccmake.define.SHARDWISE_BUILD_BENCH=ON .
 	@rm -rf $(BUILD)/tests/verify_coverage
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1200
 	@echo; echo "== verifier coverage (op x mesh x placement combinations checked)"

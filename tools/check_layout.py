@@ -21,7 +21,7 @@ SOURCE_EXT = ('.cc', '.h', '.cpp', '.py', '.cmake', '.sh')
 
 
 def tracked_sources(root):
-    for top in ('src', 'tests', 'bench', 'tools', 'fuzz', 'examples'):
+    for top in ('src', 'tests', 'bench', 'tools', 'fuzz', 'examples', 'python'):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for f in files:
                 if f.endswith(SOURCE_EXT) or f == 'CMakeLists.txt':

@@ -13,6 +13,17 @@ Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape), 
   storage_ = allocate_storage(nbytes(), /*zero=*/true);
 }
 
+Tensor Tensor::adopt(DType dtype, const Shape& shape, std::shared_ptr<std::byte[]> storage) {
+  SW_CHECK(storage != nullptr, "Tensor::adopt: no storage for a {} tensor of shape {}", dtype_name(dtype),
+           shape.to_string());
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.numel_ = shape.numel();
+  t.storage_ = std::move(storage);
+  return t;
+}
+
 Tensor Tensor::uninitialized(DType dtype, const Shape& shape, bool huge_pages) {
   Tensor t;
   t.dtype_ = dtype;

@@ -24,6 +24,12 @@ class Tensor {
   // block size matches the address's.
   static Tensor uninitialized_at(DType dtype, const Shape& shape, bool huge_pages, size_t lead);
 
+  // A tensor over memory someone else owns (a NumPy array, a DLPack capsule): no copy. `storage`
+  // holds at least nbytes() bytes, row-major; its deleter releases the owner.
+  static Tensor adopt(DType dtype, const Shape& shape, std::shared_ptr<std::byte[]> storage);
+  // The storage block, shared: whoever holds it keeps the data alive (a NumPy array returned
+  // without a copy holds it).
+  const std::shared_ptr<std::byte[]>& storage() const { return storage_; }
   template <class T>
   static Tensor from(const Shape& shape, std::span<const T> values) {
     Tensor t(dtype_v<T>, shape);

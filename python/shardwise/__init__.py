@@ -1,0 +1,35 @@
+"""shardwise: layouts, SPMD rules, reshard plans, unified checkpoints and training over a C++ core.
+
+Layouts in the vocabulary of PyTorch DTensor and PaddlePaddle::
+
+    import shardwise as sw
+    mesh = sw.Mesh({"dp": 2, "tp": 2})
+    sw.local_shape((8, 6), mesh, [sw.Shard(0), sw.Shard(1)], rank=3)   # (4, 3)
+    sw.infer("matmul", mesh, [(8, 16), (16, 4)], [[sw.Shard(0), sw.Replicate()]] * 2).outputs
+
+Errors are shardwise.Error (UsageError, CheckpointError, DataError) with the C++ message.
+"""
+from ._core import (  # noqa: F401
+    CheckpointError,
+    DataError,
+    Error,
+    Mesh,
+    OpInfo,
+    Partial,
+    Placement,
+    Placements,
+    Replicate,
+    ReshardPlan,
+    ReshardStep,
+    RuleAnswer,
+    Shard,
+    UsageError,
+    infer,
+    local_block,
+    local_shape,
+    ops,
+    plan_reshard,
+    run_op,
+)
+
+__version__ = "0.1.0"

@@ -1,0 +1,16 @@
+// shardwise._core: the native module under `import shardwise` (python/shardwise/__init__.py).
+#include <nanobind/nanobind.h>
+
+#include "errors.h"
+#include "layouts.h"
+
+namespace shardwise::py {
+void bind_rules(nb::module_& m);
+}  // namespace shardwise::py
+
+NB_MODULE(_core, m) {
+  m.doc() = "shardwise's C++ core: layouts, SPMD rules, reshard plans, checkpoints, training.";
+  shardwise::py::bind_errors(m);
+  shardwise::py::bind_layouts(m);
+  shardwise::py::bind_rules(m);
+}
