@@ -7,7 +7,10 @@
 // checkpoint as the one resume() finds (commit protocol, commit.h).
 //
 // The background thread uses only tagged send/recv on the communicator (never a collective), so
-// the caller may keep running collectives on it; the communicator must outlive the save.
+// the caller may keep running collectives on it; the communicator must outlive the save. On a
+// communicator without send/recv (comm::has_point_to_point: the exchange backend over an
+// all-gather only) it makes collectives instead, and the caller makes no call on that communicator
+// until finish().
 #include <chrono>
 #include <exception>
 #include <map>

@@ -1,7 +1,8 @@
 // Executing a save plan: every rank writes its pieces as byte ranges of whole tensors into the
 // shared .tmp directory, owners fsync and digest the files, rank 0 writes the manifest last and
-// commits. Ranks talk only to rank 0, by tagged point-to-point messages, after every phase, so a
-// failure anywhere becomes the same Error on every rank instead of a hang.
+// commits. Ranks talk only to rank 0, by tagged point-to-point messages (collectives where the
+// communicator has none), after every phase, so a failure anywhere becomes the same Error on every
+// rank instead of a hang.
 #include <fcntl.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include "shardwise/ckpt/direct_write.h"
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/save_plan.h"
+#include "shardwise/comm/exchange_communicator.h"
+#include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::ckpt {
@@ -41,14 +44,23 @@ std::string recv_text(comm::Communicator& comm, int peer, int tag) {
 }
 
 // Every rank reports to rank 0; rank 0 decides (an exception becomes an error answer) and every
-// rank gets the answer. Reports and answers are JSON objects; "error" marks a failure.
+// rank gets the answer. Reports and answers are JSON objects; "error" marks a failure. A
+// communicator without send/recv (the exchange backend over an all-gather only, such as a PyTorch
+// job's group) carries them by an all-gather and a broadcast instead; then an AsyncSaver's worker
+// makes collectives, and its caller none on that communicator until finish().
 json report_to_root(comm::Communicator& comm, const json& mine, const std::function<json(std::vector<json>&)>& decide) {
+  const bool messages = comm::has_point_to_point(comm);
   if (comm.rank() != 0) {
+    if (!messages) {
+      comm::all_gather_object(comm, mine);
+      return comm::broadcast_object(comm, json(), 0);
+    }
     send_text(comm, mine.dump(), 0, kTagReport);
     return json::parse(recv_text(comm, 0, kTagAnswer));
   }
   std::vector<json> reports = {mine};
-  for (int r = 1; r < comm.size(); ++r) reports.push_back(json::parse(recv_text(comm, r, kTagReport)));
+  if (!messages) reports = comm::all_gather_object(comm, mine);
+  for (int r = 1; r < comm.size() && messages; ++r) reports.push_back(json::parse(recv_text(comm, r, kTagReport)));
   json answer;
   for (size_t r = 0; r < reports.size() && answer.is_null(); ++r) {
     if (reports[r].contains("error")) answer = {{"error", fmt::format("rank {}: {}", r, reports[r]["error"].get<std::string>())}};
@@ -60,6 +72,7 @@ json report_to_root(comm::Communicator& comm, const json& mine, const std::funct
       answer = {{"error", fmt::format("rank 0: {}", e.what())}};
     }
   }
+  if (!messages) return comm::broadcast_object(comm, answer, 0);
   std::string text = answer.dump();
   for (int r = 1; r < comm.size(); ++r) send_text(comm, text, r, kTagAnswer);
   return answer;
