@@ -225,7 +225,7 @@ TEST(CliCheckpoints, ARunDirWithCheckpointsIsOnlyReusedByAResumeAndKeepsItsMetri
   Result r = run(train(d, 3));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("save directory '" + (d.path / "checkpoints").string() +
-                       "' already holds 1 checkpoint(s) (newest: checkpoint-3): pass --resume auto"),
+                       "' already holds 1 checkpoint (newest: checkpoint-3): pass --resume auto"),
             std::string::npos) << r.out;
   EXPECT_EQ(read(d.path / "metrics.jsonl"), metrics);
   EXPECT_TRUE(fs::exists(d.ckpt(3) / "manifest.json"));

@@ -17,6 +17,7 @@
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::ckpt {
 
@@ -186,8 +187,8 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
 void inspect(const fs::path& path, std::ostream& out) {
   if (fs::is_regular_file(path)) {
     SafetensorsFile f(path);
-    out << fmt::format("{}: safetensors, header {} bytes, data {}, {} tensors\n", path.string(), f.header().header_size,
-                       human(f.header().data_size()), f.tensors().size());
+    out << fmt::format("{}: safetensors, header {} bytes, data {}, {}\n", path.string(), f.header().header_size,
+                       human(f.header().data_size()), counted(static_cast<int64_t>(f.tensors().size()), "tensor"));
     for (const auto& [k, v] : f.header().metadata) out << fmt::format("  metadata {} = {}\n", k, v);
     for (const auto& t : f.tensors()) print_tensor(out, t, "");
     return;
@@ -197,7 +198,8 @@ void inspect(const fs::path& path, std::ostream& out) {
   if (fs::exists(path / kManifestName)) {
     auto m = nlohmann::json::parse(read_text_file(path / kManifestName));
     if (m.contains("key_maps")) key_maps = m["key_maps"];
-    out << fmt::format("{}: step {}, {} files\n", path.string(), m.value("step", -1), m["files"].size());
+    out << fmt::format("{}: step {}, {}\n", path.string(), m.value("step", -1),
+                       counted(static_cast<int64_t>(m["files"].size()), "file"));
     if (m.contains("saved_on")) out << "  saved on: " << m["saved_on"].dump() << "\n";
   } else {
     SW_CHECK(!groups_in(path).empty(), "'{}' holds no {} and no safetensors files: not a checkpoint (pass a checkpoint "
@@ -210,8 +212,10 @@ void inspect(const fs::path& path, std::ostream& out) {
     for (const std::string& name : reader.names()) elements += reader.info(name).shape.numel();
     // The model's weights count parameters; the other groups (moments, masters) the elements they keep.
     const bool weights = g == "model" || g == "adapter_model";
-    out << fmt::format("group {}: {} tensors, {} {}, {} in {} files\n", g, reader.names().size(), grouped(elements),
-                       weights ? "parameters" : "elements", human(reader.total_size()), reader.file_names().size());
+    out << fmt::format("group {}: {}, {} {}, {} in {}\n", g,
+                       counted(static_cast<int64_t>(reader.names().size()), "tensor"), grouped(elements),
+                       plural_noun(elements, weights ? "parameter" : "element"), human(reader.total_size()),
+                       counted(static_cast<int64_t>(reader.file_names().size()), "file"));
     const KeyMap keys = key_maps.contains(g) ? KeyMap::from_json(key_maps[g]) : KeyMap();
     for (const std::string& name : reader.names()) {
       print_tensor(out, reader.info(name), reader.file_name_of(name));

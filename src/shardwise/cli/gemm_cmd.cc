@@ -22,6 +22,7 @@
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/gemm_backend.h"
 #include "shardwise/tensor/gemm_check.h"
+#include "shardwise/core/plural.h"
 
 extern char** environ;
 
@@ -254,10 +255,10 @@ std::string describe_check(const json& c) {
   if (c.contains("error")) return c["error"].get<std::string>();
   std::string s;
   for (const auto& r : c["check"]) {
-    if (!r["ok"].get<bool>()) return fmt::format("FAIL on {} thread(s): {} (error {:.3g} x tolerance)",
-                                                 r["threads"].get<int>(), r["worst_case"].get<std::string>(),
+    if (!r["ok"].get<bool>()) return fmt::format("FAIL on {}: {} (error {:.3g} x tolerance)",
+                                                 counted(r["threads"].get<int>(), "thread"), r["worst_case"].get<std::string>(),
                                                  r["worst"].get<double>());
-    s = fmt::format("pass ({} cases, worst {:.2g} x tol)", r["cases"].get<int>(), r["worst"].get<double>());
+    s = fmt::format("pass ({}, worst {:.2g} x tol)", counted(r["cases"].get<int>(), "case"), r["worst"].get<double>());
   }
   return s;
 }

@@ -11,6 +11,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/allocator.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::runtime {
 
@@ -198,8 +199,9 @@ std::string format_profile(const ProfileReport& r) {
   const TypeTotal step = sum.count("step") ? sum["step"] : TypeTotal{};
   const double step_ms = static_cast<double>(step.ns) / 1e6;
   auto pct = [&](int64_t ns) { return step.ns > 0 ? 100.0 * static_cast<double>(ns) / static_cast<double>(step.ns) : 0.0; };
-  std::string out = fmt::format("profile: {} steps on {} ranks, {:.2f} ms per step (mean over ranks)\n",
-                                step.count / std::max<int64_t>(1, static_cast<int64_t>(r.ranks.size())), r.ranks.size(),
+  std::string out = fmt::format("profile: {} on {}, {:.2f} ms per step (mean over ranks)\n",
+                                counted(step.count / std::max<int64_t>(1, static_cast<int64_t>(r.ranks.size())), "step"),
+                                counted(static_cast<int64_t>(r.ranks.size()), "rank"),
                                 step.count > 0 ? step_ms / static_cast<double>(step.count) : 0.0);
   // Types by time, largest first (steps and evaluations are the totals, listed above).
   std::vector<std::pair<std::string, TypeTotal>> rows;
@@ -234,7 +236,7 @@ std::string format_profile(const ProfileReport& r) {
   int64_t coll_n = 0, coll_ns = 0, coll_bytes = 0;
   for (const auto& [k, t] : sum)
     if (k.rfind("collective ", 0) == 0) coll_n += t.count, coll_ns += t.ns, coll_bytes += t.bytes;
-  out += fmt::format("  collectives: {} calls, {}, {:.1f}% of step time\n", coll_n, mib(coll_bytes), pct(coll_ns));
+  out += fmt::format("  collectives: {}, {}, {:.1f}% of step time\n", counted(coll_n, "call"), mib(coll_bytes), pct(coll_ns));
   // The allocator is one per process: threads share one; MPI processes each have theirs (largest shown).
   const RankSummary* a = &r.ranks[0];
   for (const RankSummary& s : r.ranks)

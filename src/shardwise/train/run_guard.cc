@@ -12,6 +12,7 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::train {
 namespace {
@@ -40,9 +41,10 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<d
 std::string check_save_dir(const RunDirs& dirs, uint64_t need, std::vector<std::string>& warnings) {
   auto existing = ckpt::list_checkpoints(dirs.save_dir);
   if (!existing.empty() && !dirs.resuming) {
-    return fmt::format("save directory '{}' already holds {} checkpoint(s) (newest: {}): pass --resume auto to "
+    return fmt::format("save directory '{}' already holds {} (newest: {}): pass --resume auto to "
                        "continue that run, or choose another --run-dir / --save-dir; nothing was changed",
-                       dirs.save_dir, existing.size(), existing.back().dir.filename().string());
+                       dirs.save_dir, counted(static_cast<int64_t>(existing.size()), "checkpoint"),
+                       existing.back().dir.filename().string());
   }
   struct statvfs st {};
   if (statvfs(dirs.save_dir.c_str(), &st) != 0) return "";
