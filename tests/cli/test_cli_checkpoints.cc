@@ -191,8 +191,11 @@ TEST(CliCheckpoints, ASaveDirUnderAFileOrThatIsAFileFailsBeforeTheFirstStep) {
   // regular file cannot be created, the same probe failure.
   r = run(train(d, 3, "--save-dir " + (d.path / "file" / "ckpts").string()));
   EXPECT_NE(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("save directory '" + (d.path / "file" / "ckpts").string() + "' is not usable (rank 0): cannot create it"),
+  EXPECT_NE(r.out.find("shardwise: error: rank 0 failed: save directory '" + (d.path / "file" / "ckpts").string() +
+                       "' is not usable: cannot create it"),
             std::string::npos) << r.out;
+  // One rank named, once: the rank that found the problem (every rank probes and agrees).
+  EXPECT_EQ(r.out.find("rank ", r.out.find("rank 0 failed") + 1), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
 }
 
@@ -210,7 +213,7 @@ TEST(CliCheckpoints, AReadOnlyOrFullFileSystemFailsBeforeTheFirstStep) {
   Result r2 = run(train(d, 3, "--save-dir " + small));
   std::system(("umount " + ro + " " + small).c_str());
   EXPECT_NE(r1.status, 0) << r1.out;
-  EXPECT_NE(r1.out.find("save directory '" + ro + "' is not usable (rank 0): cannot write a file in it: Read-only file system"),
+  EXPECT_NE(r1.out.find("save directory '" + ro + "' is not usable: cannot write a file in it: Read-only file system"),
             std::string::npos) << r1.out;
   EXPECT_NE(r2.status, 0) << r2.out;
   EXPECT_NE(r2.out.find("save directory '" + small + "' has "), std::string::npos) << r2.out;

@@ -13,6 +13,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/core/plural.h"
+#include "shardwise/core/rank_failure.h"
 
 namespace shardwise::train {
 namespace {
@@ -106,16 +107,16 @@ std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& wo
   }
   if (error.empty() && dirs.saves) {
     if (std::string why = probe(dirs.save_dir, world.rank()); !why.empty()) {
-      error = fmt::format("save directory '{}' is not usable (rank {}): {}; choose another --save-dir", dirs.save_dir,
-                          world.rank(), why);
+      error = fmt::format("save directory '{}' is not usable: {}; choose another --save-dir", dirs.save_dir, why);
     }
   }
   if (error.empty() && world.rank() == 0 && (dirs.saves || ckpt::fs::is_directory(dirs.save_dir))) {
     error = check_save_dir(dirs, need, warnings);
   }
-  // Every rank agrees: the first error (by rank) stops them all.
-  for (const auto& e : comm::all_gather_object(world, error)) {
-    if (!e.get<std::string>().empty()) fail("{}", e.get<std::string>());
+  // Every rank agrees: the first error (by rank) stops them all, naming that rank.
+  const std::vector<nlohmann::json> all = comm::all_gather_object(world, error);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].get<std::string>().empty()) throw RankFailure(static_cast<int64_t>(r), all[r].get<std::string>());
   }
   return warnings;
 }

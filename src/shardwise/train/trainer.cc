@@ -15,6 +15,7 @@
 #include "shardwise/train/data_defaults.h"
 #include "shardwise/models/models.h"
 #include "shardwise/core/plural.h"
+#include "shardwise/core/rank_failure.h"
 
 namespace shardwise::train {
 
@@ -304,7 +305,7 @@ void Trainer::open_data() {
   size_t f = all.size();  // the first reader
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].is_null()) continue;
-    if (all[r].contains("error")) fail("{}", all[r]["error"].get<std::string>());
+    if (all[r].contains("error")) throw RankFailure(static_cast<int64_t>(r), all[r]["error"].get<std::string>());
     if (f == all.size()) f = r;
   }
   SW_CHECK(f < all.size(), "no rank reads the data (mesh {})", strategy_.mesh.to_string());
