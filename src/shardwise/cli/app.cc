@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 #include <iostream>
+#include <sstream>
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
@@ -334,7 +335,8 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return report_parse_error(app, e, argc, argv, std::cerr);
+    std::ostringstream unsaid;  // the other processes of an mpirun job: the same status, no second line
+    return report_parse_error(app, e, argc, argv, reports_errors() ? std::cerr : unsaid);
   }
   try {
     if (*rules_cmd) return cmd_rules(rules_opts, std::cout);
@@ -363,9 +365,7 @@ int run(int argc, char** argv) {
     if (tokenize_cmd->chosen()) return tokenize_cmd->run(std::cout);
   } catch (const Error& e) {
     // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank) rank = std::getenv("PMI_RANK");
-    if (!rank || std::atoi(rank) == 0) std::cerr << "shardwise: error: " << e.what() << "\n";
+    if (reports_errors()) std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;
   }
   return 0;

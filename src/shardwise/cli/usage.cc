@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -272,6 +273,13 @@ void refuse_out_of_range_integers(CLI::App& app) {
     if (type.starts_with("UINT")) opt->check(fits(uint64_t{0}));
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_out_of_range_integers(*sub);
+}
+
+bool reports_errors() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* rank = std::getenv(name); rank && *rank) return std::atoi(rank) == 0;
+  }
+  return true;
 }
 
 int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv, std::ostream& err) {
