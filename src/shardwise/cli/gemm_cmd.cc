@@ -23,6 +23,7 @@
 #include "shardwise/tensor/gemm_backend.h"
 #include "shardwise/tensor/gemm_check.h"
 #include "shardwise/core/plural.h"
+#include "shardwise/core/table.h"
 
 extern char** environ;
 
@@ -341,15 +342,17 @@ json check_all(const std::vector<std::string>& names, bool quick, const std::str
       if (!c.contains("gflops")) c["gflops"] = {0.0, 0.0};
       for (int t = 0; t < 2; ++t) c["gflops"][t] = std::max(c["gflops"][t].get<double>(), m["gflops"][t].get<double>());
     }
-  out << fmt::format("{:<20} {:<34} {:>10} {:>9}  {}\n", "backend", "library", "GFLOP/s 1t", "2t",
-                     "check vs float64 (error / tolerance)");
+  using A = TextTable::Align;
+  TextTable table({A::Left, A::Left, A::Right, A::Right, A::Left});
+  table.row({"backend", "library", "GFLOP/s 1t", "2t", "check vs float64 (error / tolerance)"});
   for (const auto& c : candidates) {
     std::string g1 = "-", g2 = "-";
     if (c.contains("gflops"))
       g1 = fmt::format("{:.1f}", c["gflops"][0].get<double>()), g2 = fmt::format("{:.1f}", c["gflops"][1].get<double>());
-    out << fmt::format("{:<20} {:<34} {:>10} {:>9}  {}{}\n", c["name"].get<std::string>(), c.value("library", "-"), g1,
-                       g2, describe_check(c), c.value("same_as_openblas", false) ? "; the same as openblas" : "");
+    table.row({c["name"].get<std::string>(), c.value("library", "-"), g1, g2,
+               describe_check(c) + (c.value("same_as_openblas", false) ? "; the same as openblas" : "")});
   }
+  out << table.str();
   return candidates;
 }
 

@@ -12,6 +12,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/allocator.h"
 #include "shardwise/core/plural.h"
+#include "shardwise/core/table.h"
 
 namespace shardwise::runtime {
 
@@ -212,8 +213,9 @@ std::string format_profile(const ProfileReport& r) {
     if (k == "op matmul" || k == "op matmul_grad") gemm_ns += t.ns;
   }
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-  out += fmt::format("  {:<34} {:>8} {:>11} {:>9} {:>7}  {}\n", "type (all ranks)", "count", "ms", "ms/step", "% step",
-                     "bytes (out / sent)");
+  using A = TextTable::Align;
+  TextTable table({A::Left, A::Right, A::Right, A::Right, A::Right, A::Left}, "  ");
+  table.row({"type (all ranks)", "count", "ms", "ms/step", "% step", "bytes (out / sent)"});
   const double per_step = step.count > 0 ? nranks / static_cast<double>(step.count) : 0.0;  // steps per rank
   size_t shown = 0;
   TypeTotal rest;
@@ -225,12 +227,15 @@ std::string format_profile(const ProfileReport& r) {
     }
     ++shown;
     const double ms = static_cast<double>(t.ns) / 1e6;
-    out += fmt::format("  {:<34} {:>8} {:>11.3f} {:>9.3f} {:>6.1f}%  {}\n", k, t.count, ms, ms * per_step / nranks,
-                       pct(t.ns), t.bytes > 0 ? mib(t.bytes) : "");
+    table.row({k, std::to_string(t.count), fmt::format("{:.3f}", ms), fmt::format("{:.3f}", ms * per_step / nranks),
+               fmt::format("{:.1f}%", pct(t.ns)), t.bytes > 0 ? mib(t.bytes) : ""});
   }
-  if (rest.count > 0)
-    out += fmt::format("  {:<34} {:>8} {:>11.3f} {:>9.3f} {:>6.1f}%\n", "(other types)", rest.count,
-                       static_cast<double>(rest.ns) / 1e6, static_cast<double>(rest.ns) / 1e6 * per_step / nranks, pct(rest.ns));
+  if (rest.count > 0) {
+    const double ms = static_cast<double>(rest.ns) / 1e6;
+    table.row({"(other types)", std::to_string(rest.count), fmt::format("{:.3f}", ms),
+               fmt::format("{:.3f}", ms * per_step / nranks), fmt::format("{:.1f}%", pct(rest.ns))});
+  }
+  out += table.str();
   out += "  (a reshard's time includes its collectives'; the optimizer's its own collectives')\n";
   out += fmt::format("  GEMM (matmul and matmul_grad kernels): {:.1f}% of step time\n", pct(gemm_ns));
   int64_t coll_n = 0, coll_ns = 0, coll_bytes = 0;
