@@ -383,13 +383,13 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
     if (report && val) p.last_val = *val;
     if (report) {
-      double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
-      std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}",
-                                     last.step, config.steps, last.loss, last.lr, last.grad_norm, tps, duration_text(eta),
-                                     p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
-      line += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
-              moe_summary(last.moe);
-      printer.step(line, last.step, eval_now, elapsed);
+      std::string metrics = fmt::format("loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s{}", last.loss, last.lr,
+                                        last.grad_norm, tps,
+                                        p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
+      metrics += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
+                 moe_summary(last.moe);
+      printer.step(progress_text({last.step, first_step, config.steps, elapsed, metrics}, printer.bar()), last.step,
+                   eval_now, elapsed);
       p.bar_open = printer.bar_open();
     }
     // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
