@@ -175,7 +175,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--run-dir", o.run_dir,
                 "where metrics.jsonl, loss_curve.svg and checkpoints/ go (default: the run --resume continues, else "
                 "a new runs/<config file or model>-<YYYYmmdd-HHMMSS>, named by runs/latest)");
-  t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: linear or log")
+  t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: log (a falling loss stays readable after the first steps) or linear")
       ->check(CLI::IsMember({"linear", "log"}));
   t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
   t->add_option("--progress", o.progress,

@@ -273,7 +273,7 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   const auto& config = trainer.config();
   const double elapsed = p.elapsed();
   const std::string curve =
-      log.write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()), o.loss_axis == "log");
+      log.write_curve(train::loss_curve_title(config.model, trainer.strategy().to_string()), o.loss_axis == "log");
   const auto& rec = log.records();
   const int64_t step = trainer.steps_done();
   out << (p.bar_open ? "\n" : "")
