@@ -429,12 +429,11 @@ std::string choose_gemm(const std::string& flag) {
     } else {
       json cache = read_cache();
       // A run never measures by itself (the measurement takes minutes): OpenBLAS's own pick, which
-      // `make test` checks against float64, until `shardwise gemm-check` has cached a choice.
+      // `make test` checks against float64, until `shardwise gemm-check` has cached a choice (it
+      // checks and measures every backend and caches the fastest correct one). One short line.
       if (cache.is_null()) {
-        const auto& info = load_gemm_backend("openblas");
-        return fmt::format("gemm: openblas = {}; OpenBLAS's own pick: no choice cached for this machine (`shardwise "
-                           "gemm-check` checks and measures every backend and caches the fastest correct one)",
-                           info.library);
+        return fmt::format("gemm: openblas = {}; no choice cached: run `shardwise gemm-check`",
+                           load_gemm_backend("openblas").library);
       }
       name = cache["chosen"];
       why = fmt::format("chosen by check and measurement ({}, {})", cache_path().string(),
