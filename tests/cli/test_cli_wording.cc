@@ -41,4 +41,19 @@ TEST(CliWording, ACountOfOneTakesTheSingular) {
   EXPECT_NE(zb.out.find("zbh1: 1 micro-batch for 2 pipeline ranks"), std::string::npos) << zb.out;
 }
 
+// Every command's --help is free of CLI11's artefacts: no flag values after a flag's names
+// ("--no-eos-between-documents{false}") and no "TEXT:{a,b}" for a choice (it reads "a|b").
+TEST(CliWording, HelpHasNoCli11Artefacts) {
+  for (const char* command : {"train", "generate", "plan", "pipeline", "tokenize", "gemm-check", "ckpt inspect",
+                              "ckpt verify", "ckpt merge", "ckpt convert", "ckpt lora-merge", "verify", "infer",
+                              "rules", "plan-reshard", ""}) {
+    Result r = run(std::string(command) + " --help");
+    EXPECT_EQ(r.status, 0) << command << "\n" << r.out;
+    EXPECT_EQ(r.out.find('{'), std::string::npos) << command << "\n" << r.out;
+  }
+  Result train = run("train --help");
+  EXPECT_NE(train.out.find("  --model gpt2|llama=gpt2 "), std::string::npos) << train.out;
+  EXPECT_NE(run("tokenize --help").out.find("  --eos-between-documents,--no-eos-between-documents\n"), std::string::npos);
+}
+
 }  // namespace

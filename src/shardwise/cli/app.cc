@@ -11,6 +11,7 @@
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/help_format.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/tokenize_cmd.h"
@@ -248,6 +249,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
 
 int run(int argc, char** argv) {
   CLI::App app{"shardwise: auto-parallel training core (SPMD rules, reshard, pipelines, unified checkpoints)"};
+  app.formatter(std::make_shared<CleanHelpFormatter>());  // every command inherits it
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardwise 0.1.0");
   RulesOptions rules_opts;
