@@ -84,6 +84,11 @@ std::string config_value(const CLI::Option& opt, std::string_view value, const s
   }
   SW_CHECK(!quoted && value != "true" && value != "false", "{}: key '{}' expects {}, got {}", where, key,
            type.starts_with("FLOAT") ? "a number" : "an integer", value);
+  if (type.starts_with("INT") || type.starts_with("UINT")) {  // `steps = 3.5` is not truncated to 3
+    const std::string_view digits = value.substr(value.front() == '-' || value.front() == '+' ? 1 : 0);
+    SW_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos,
+             "{}: key '{}' expects an integer, got {}", where, key, value);
+  }
   return std::string(value);
 }
 
