@@ -17,7 +17,7 @@ shift $(( $# < 5 ? $# : 5 ))
 [[ ${1:-} == -- ]] && shift
 extra=("$@")
 here=$(cd "$(dirname "$0")" && pwd)
-data="$here/../README.md"
+data="$here/../tests/data/fables.txt"
 for d in "$a" "$b"; do
   [[ -x $d/bench/bench_gpt ]] || { echo "abba_gpt.sh: $d/bench/bench_gpt is missing" >&2; exit 2; }
 done

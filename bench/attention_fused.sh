@@ -8,7 +8,7 @@
 #
 #   bash bench/attention_fused.sh [BUILD_DIR]        (about 10 minutes here)
 B=${1:-build}
-data="$(cd "$(dirname "$0")/.." && pwd)/README.md"
+data="$(cd "$(dirname "$0")/.." && pwd)/tests/data/fables.txt"
 for S in 512 1024; do
   for t in 1 2; do
     OPENBLAS_NUM_THREADS=$t $B/bench/bench_gpt attention --threads $t --seq $S --batch 4 --heads 12 --hidden 768 --steps 3 | tail -1

@@ -43,7 +43,7 @@ struct Options {
   int threads = 1, steps = 6, n = 2048;
   int kernel_threads = -1;  // --kernel-threads: the rank's kernel pool (-1: as --threads; 1: GEMMs only, main's behaviour)
   int64_t layers = 4, hidden = 256, heads = 4, seq = 256, vocab = 256, batch = 8;
-  std::string data = "README.md";
+  std::string data = "tests/data/fables.txt";  // a fixed corpus (README.md changes)
   std::string recompute = "none";
   std::string attention = "fused";
   std::string lm_head = "fused";  // --lm-head fused|unfused (GptConfig::lm_head)

@@ -15,7 +15,7 @@ b=${2:?build B}
 rounds=${3:-3}
 steps=${4:-6}
 here=$(cd "$(dirname "$0")" && pwd)
-data="$here/../README.md"
+data="$here/../tests/data/fables.txt"
 for d in "$a" "$b"; do
   for p in bench_rules bench_gpt; do
     [[ -x $d/bench/$p ]] || { echo "compare_builds.sh: $d/bench/$p is missing" >&2; exit 2; }

@@ -27,7 +27,7 @@ echo "== ep as a data dim: $a (A) vs $b (B), $(nproc) cores, $(date -u '+%F %H:%
 for side in A B; do
   d=$a; [[ $side == B ]] && d=$b
   echo "-- $side: shardwise plan --memory $model"
-  "$d/bin/shardwise" plan --memory $model --data "$root/README.md" --data-format bytes |
+  "$d/bin/shardwise" plan --memory $model --data "$root/tests/data/fables.txt" --data-format bytes |
     grep -vE "^ +[1-9][0-9]* |memory-limit" || true  # rank 0 stands for the others
 done
 declare -A tps
@@ -36,7 +36,7 @@ for r in $(seq "$rounds"); do
     d=$a; [[ $side == B ]] && d=$b
     rm -rf "$tmp/run"
     out=$(OPENBLAS_NUM_THREADS=1 nice $mpi "$d/bin/shardwise" train $model --steps "$steps" --eval-every 0 \
-          --progress none --data "$root/README.md" --data-format bytes --run-dir "$tmp/run" 2>&1)
+          --progress none --data "$root/tests/data/fables.txt" --data-format bytes --run-dir "$tmp/run" 2>&1)
     t=$(echo "$out" | tokens)
     echo "round $r $side: ${t:-failed} tokens/s"
     tps[$side]+="${t:-0} "

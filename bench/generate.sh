@@ -5,8 +5,8 @@
 #   bash bench/generate.sh [build] [rounds] [new tokens] [prompts]
 #
 # Model: bench/run_gpt.sh's configuration (layers 4, hidden 256, heads 4, seq 256, vocab 256),
-# trained 2 steps on README.md's bytes and saved (its weights do not change the cost). Prompts: the
-# first non-empty lines of README.md, cut to 32 bytes (the first is 11 bytes); greedy, no eos (every sequence generates every token).
+# trained 2 steps on tests/data/fables.txt's bytes and saved (its weights do not change the cost). Prompts: the
+# first non-empty lines of tests/data/fables.txt, cut to 32 bytes (the first is 28 bytes); greedy, no eos (every sequence generates every token).
 # Meshes: one rank, and tp=2 on 2 threads. A run reports new tokens / (prefill + decode seconds);
 # planning (once per graph shape: twice with the cache, once per length without) is reported apart.
 # The table gives the median over rounds (the machine is shared: compare within one run only).
@@ -22,10 +22,10 @@ root=$(cd "$here/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$bin" train --mesh dp=1 --layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --data "$root/README.md" \
+"$bin" train --mesh dp=1 --layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --data "$root/tests/data/fables.txt" \
   --global-batch 8 --steps 2 --eval-every 0 --save-every 2 --progress none --run-dir "$tmp/run" >/dev/null
 ckpt="$tmp/run/checkpoints/checkpoint-2"
-awk -v n="$prompts" 'NF && k < n { print substr($0, 1, 32); k++ }' "$root/README.md" >"$tmp/prompts.txt"
+awk -v n="$prompts" 'NF && k < n { print substr($0, 1, 32); k++ }' "$root/tests/data/fables.txt" >"$tmp/prompts.txt"
 
 source "$(dirname "$0")/common.sh"  # median
 field() { python3 -c "import json, sys; print(json.loads(sys.stdin.readline())['stats']['$1'])"; }

@@ -9,7 +9,7 @@
 set -u
 A=$(cd "${1:?build A}" && pwd); B=$(cd "${2:?build B}" && pwd); rounds=${3:-3}; big=${4:-}
 root="$(cd "$(dirname "$0")/.." && pwd)"
-data="$root/README.md"
+data="$root/tests/data/fables.txt"
 small="--layers 4 --hidden 256 --heads 4 --seq 256 --vocab 256 --batch 8"
 large="--layers 12 --hidden 768 --heads 12 --seq 512 --vocab 50257 --batch 4"
 configs=("small|$small|6")

@@ -8,7 +8,7 @@
 #
 #   bash bench/lm_head_124m.sh BUILD [MAIN_BUILD] [STEPS]
 B=${1:?build}; M=${2:-}; steps=${3:-3}
-data="$(cd "$(dirname "$0")/.." && pwd)/README.md"
+data="$(cd "$(dirname "$0")/.." && pwd)/tests/data/fables.txt"
 cfg="--layers 12 --hidden 768 --heads 12 --seq 512 --vocab 50257 --batch 4 --threads 2 --steps $steps --data $data"
 run() {  # label, binary, extra args
   out=$( { OPENBLAS_NUM_THREADS=2 /usr/bin/time -f "maxRSS %M KiB" "$2" train $cfg $3; } 2>&1 )

@@ -20,7 +20,7 @@ echo "== MoE under mpirun -np 4 ($(nproc) cores, $(date -u +%F)); load average b
 OPENBLAS_NUM_THREADS=1 $mpi "$build/bench/bench_moe" 2048 256 512 8 2 20
 echo
 common="--model llama --layers 2 --hidden 256 --heads 4 --vocab 256 --seq 128 --global-batch 16 --steps 8 \
---eval-every 0 --progress none --data $root/README.md --data-format bytes --run-dir ${TMPDIR:-/tmp}/shardwise_moe_bench"
+--eval-every 0 --progress none --data $root/tests/data/fables.txt --data-format bytes --run-dir ${TMPDIR:-/tmp}/shardwise_moe_bench"
 declare -A tps
 for r in $(seq "$rounds"); do
   for run in dense moe_dp4 moe_dp2_ep2; do

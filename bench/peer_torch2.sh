@@ -25,7 +25,7 @@ if [[ ! -x $py ]]; then
 fi
 bench="$build/bench/bench_gpt"
 [[ -x $bench ]] || { echo "peer_torch2.sh: $bench is missing: cmake --build $build --target bench_gpt" >&2; exit 2; }
-data="$root/README.md"
+data="$root/tests/data/fables.txt"
 
 shape() {
   case $1 in

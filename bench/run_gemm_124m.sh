@@ -11,7 +11,7 @@ steps=${3:-3}
 threads=${4:-2}
 backends=${5:-openblas openblas-haswell onednn}
 root=$(cd "$(dirname "$0")/.." && pwd)
-cfg="--layers 12 --hidden 768 --heads 12 --seq 512 --vocab 50257 --batch 4 --data $root/README.md"
+cfg="--layers 12 --hidden 768 --heads 12 --seq 512 --vocab 50257 --batch 4 --data $root/tests/data/fables.txt"
 echo "== GPT-2 small shape, $threads threads, $steps steps ($(date -u '+%F %H:%M') UTC; load $(cut -d' ' -f1-3 /proc/loadavg))"
 for r in $(seq "$rounds"); do
   for b in $backends; do

@@ -30,10 +30,10 @@ for t in 1 2; do
   echo "$line"
   sgemm[$t]=$(sed -E 's/.*: ([0-9.]+) GFLOP\/s.*/\1/' <<<"$line")
 done
-flops=$(OPENBLAS_NUM_THREADS=1 "$bench" train --threads 1 --steps 1 --data "$root/README.md" | sed -E 's/.*; ([0-9.]+) MFLOP\/token.*/\1/')
+flops=$(OPENBLAS_NUM_THREADS=1 "$bench" train --threads 1 --steps 1 --data "$root/tests/data/fables.txt" | sed -E 's/.*; ([0-9.]+) MFLOP\/token.*/\1/')
 for r in $(seq "$rounds"); do
   for t in 1 2; do
-    a=$(OPENBLAS_NUM_THREADS=$t "$bench" train --threads "$t" --steps "$steps" --data "$root/README.md")
+    a=$(OPENBLAS_NUM_THREADS=$t "$bench" train --threads "$t" --steps "$steps" --data "$root/tests/data/fables.txt")
     b=$(OMP_NUM_THREADS=$t "$py" "$root/bench/gpt_torch_throughput.py" --threads "$t" --steps "$steps" 2>/dev/null)
     echo "round $r: $a"
     echo "round $r: $b"

@@ -5,7 +5,7 @@
 #
 #   bash bench/storage_cache_124m.sh A_BUILD B_BUILD
 A=${1:?build A}; B=${2:?build B}
-data="$(cd "$(dirname "$0")/.." && pwd)/README.md"
+data="$(cd "$(dirname "$0")/.." && pwd)/tests/data/fables.txt"
 cfg="--layers 12 --hidden 768 --heads 12 --seq 512 --vocab 50257 --batch 4 --data $data"
 for side in A B A B; do
   d=$A; [ $side = B ] && d=$B

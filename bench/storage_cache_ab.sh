@@ -6,7 +6,7 @@
 #   bash bench/storage_cache_ab.sh A_BUILD B_BUILD [rounds]
 set -u
 A=$1; B=$2; rounds=${3:-2}
-data="$(cd "$(dirname "$0")/.." && pwd)/README.md"
+data="$(cd "$(dirname "$0")/.." && pwd)/tests/data/fables.txt"
 cfg="--layers 6 --hidden 512 --heads 8 --seq 512 --vocab 8192 --batch 4 --data $data"
 for r in $(seq $rounds); do
   for side in A B; do

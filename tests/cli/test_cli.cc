@@ -114,7 +114,7 @@ TEST(Cli, PlanShowsTheProgramAndExplainsAPlacement) {
       << r.out;
   r = run("plan --mesh dp=2,tp=3 --heads 4");
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("4 heads do not divide over tp=3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 heads cannot be split over tp=3"), std::string::npos) << r.out;
   r = run("plan --mesh dp=2,xp=2");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("name every dim dp, tp, pp or ep"), std::string::npos) << r.out;
@@ -126,7 +126,7 @@ TEST(Cli, TrainRefusesBadConfigurationsBeforeItStarts) {
   };
   for (const Bad& b : std::vector<Bad>{
            {"train --mesh dp=2,tp=2 --ranks 3", "mesh [dp=2,tp=2] has 4 ranks but 3 ranks run"},
-           {"train --mesh tp=3 --heads 4", "4 heads do not divide over tp=3"},
+           {"train --mesh tp=3 --heads 4", "4 heads cannot be split over tp=3"},
            {"train --data /nonexistent/file.txt", "cannot read the data file '/nonexistent/file.txt'"},
            {"train --mesh dp=2 --global-batch 10 --micro-batch 4", "global batch 10 is not a multiple of micro-batch 4 x dp 2"},
            {"train --digits 3 --seq 8", "sequence length 8 is too short for 3-digit addition"},

@@ -191,8 +191,11 @@ TEST(CliCheckpoints, ASaveDirUnderAFileOrThatIsAFileFailsBeforeTheFirstStep) {
   // regular file cannot be created, the same probe failure.
   r = run(train(d, 3, "--save-dir " + (d.path / "file" / "ckpts").string()));
   EXPECT_NE(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("save directory '" + (d.path / "file" / "ckpts").string() + "' is not usable (rank 0): cannot create it"),
+  EXPECT_NE(r.out.find("shardwise: error: rank 0 failed: save directory '" + (d.path / "file" / "ckpts").string() +
+                       "' is not usable: cannot create it"),
             std::string::npos) << r.out;
+  // One rank named, once: the rank that found the problem (every rank probes and agrees).
+  EXPECT_EQ(r.out.find("rank ", r.out.find("rank 0 failed") + 1), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
 }
 
@@ -210,7 +213,7 @@ TEST(CliCheckpoints, AReadOnlyOrFullFileSystemFailsBeforeTheFirstStep) {
   Result r2 = run(train(d, 3, "--save-dir " + small));
   std::system(("umount " + ro + " " + small).c_str());
   EXPECT_NE(r1.status, 0) << r1.out;
-  EXPECT_NE(r1.out.find("save directory '" + ro + "' is not usable (rank 0): cannot write a file in it: Read-only file system"),
+  EXPECT_NE(r1.out.find("save directory '" + ro + "' is not usable: cannot write a file in it: Read-only file system"),
             std::string::npos) << r1.out;
   EXPECT_NE(r2.status, 0) << r2.out;
   EXPECT_NE(r2.out.find("save directory '" + small + "' has "), std::string::npos) << r2.out;
@@ -225,7 +228,7 @@ TEST(CliCheckpoints, ARunDirWithCheckpointsIsOnlyReusedByAResumeAndKeepsItsMetri
   Result r = run(train(d, 3));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("save directory '" + (d.path / "checkpoints").string() +
-                       "' already holds 1 checkpoint(s) (newest: checkpoint-3): pass --resume auto"),
+                       "' already holds 1 checkpoint (newest: checkpoint-3): pass --resume auto"),
             std::string::npos) << r.out;
   EXPECT_EQ(read(d.path / "metrics.jsonl"), metrics);
   EXPECT_TRUE(fs::exists(d.ckpt(3) / "manifest.json"));

@@ -105,7 +105,7 @@ TEST(CliConfig, SectionedFilesRunAndAKeyInAnotherSectionNamesItsOwn) {
            {"wrong.toml", "[model]\nlayers = 1\nlr = 0.1\n", "line 3: key 'lr' belongs in [optimizer], not [model]"},
            {"typo.toml", "[modle]\n", "line 1: section [modle]: use ["},
            // The command line's --steps wins, but the file's value is still one --steps could take.
-           {"float.toml", "[optimizer]\nsteps = 3.5\n", "line 2: key 'steps': "},
+           {"float.toml", "[optimizer]\nsteps = 3.5\n", "line 2: key 'steps' expects an integer, got 3.5"},
            {"choice.toml", "data-format = \"nope\"\n", "line 1: key 'data-format': "},
        }) {
     Result bad = run("train --steps 1 " + kSmall + " --data-format auto --run-dir " + tmp("sw-cfg-bad") + " --config " +

@@ -120,8 +120,8 @@ TEST(CliDataDefaults, TheFirstProgressLineComesAfterTheFirstStep) {
   Result r = run("train --layers 1 --hidden 32 --global-batch 8 --eval-every 0 --steps 40 --progress lines --run-dir " +
                  (d / "run").string());
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("step     1/40  loss"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("step     3/40  loss"), std::string::npos) << r.out;  // then every 2 steps
+  EXPECT_NE(r.out.find("step     1/40    2%  elapsed "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step     3/40 "), std::string::npos) << r.out;  // then every 2 steps
   fs::remove_all(d);
 }
 
@@ -147,6 +147,20 @@ TEST(CliDataDefaults, ThePrinterWarnsOnceAndPrintsAtLeastOnceAMinute) {
   EXPECT_EQ(out.str(),
             "line 1\nline 2\nwarning: at 47 s a step the 97 steps left take about 1h15m (over an hour): --steps, "
             "--epochs or --tokens sets a shorter run\nline 3\nline 4\n");
+}
+
+// The progress line: a 20-character bar on a terminal, the percentage done (rounded down), the time
+// since this run's first step and the time left at its speed (a resumed run counts its own steps).
+TEST(CliDataDefaults, TheProgressLineShowsABarThePercentageAndTheElapsedTime) {
+  using shardwise::cli::progress_text;
+  EXPECT_EQ(progress_text({126, 0, 300, 65, "loss 1.2345"}, false),
+            "step   126/300   42%  elapsed 1m05s  ETA 1m30s  loss 1.2345");
+  EXPECT_EQ(progress_text({126, 0, 300, 65, "loss 1.2345"}, true),
+            "[########------------]  42%  step 126/300  elapsed 1m05s  ETA 1m30s  loss 1.2345");
+  EXPECT_EQ(progress_text({300, 0, 300, 90, ""}, true), "[####################] 100%  step 300/300  elapsed 1m30s  ETA 0s");
+  EXPECT_EQ(progress_text({1, 0, 300, 2, "x"}, true), "[--------------------]   0%  step 1/300  elapsed 2s  ETA 9m58s  x");
+  // resumed at step 200: 10 steps in 20 s, 90 left
+  EXPECT_EQ(progress_text({210, 200, 300, 20, "x"}, false), "step   210/300   70%  elapsed 20s  ETA 3m00s  x");
 }
 
 TEST(CliDataDefaults, ARunOfOverAnHourIsWarnedAboutOnceItsSpeedIsMeasured) {

@@ -52,7 +52,7 @@ TEST(CliFailures, ConfigFileErrorsNameTheKeyAndTheLine) {
   for (const Bad& b : std::vector<Bad>{
            {"unknown.toml", "steps = 3\nstpes = 4\n", "line 2: unknown key 'stpes' (did you mean 'steps'?)"},
            {"type.toml", "\n\nsteps = \"ten\"\n", "line 3: key 'steps' expects an integer, got \"ten\""},
-           {"float.toml", "layers = 3.5\n", "line 1: key 'layers': "},
+           {"float.toml", "layers = 3.5\n", "line 1: key 'layers' expects an integer, got 3.5"},
            {"mesh.toml", "mesh = dp=2\n", "line 1: key 'mesh' expects a string in double quotes"},
            {"flag.toml", "sp = 1\n", "line 1: key 'sp' is a flag: expected true or false, got 1"},
            {"section.toml", "[modle]\nlayers = 1\n", "line 1: section [modle]: use ["},

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "run_cli.h"
 
@@ -40,13 +42,13 @@ TEST(CliGemm, QuickCheckFailsOnAnyWrongOrCrashingBackendNamingIt) {
   const std::string two = "gemm-check --quick --candidates openblas,openblas-haswell";
   Result r = sw("", two);
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("openblas             OpenBLAS"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nopenblas          OpenBLAS"), std::string::npos) << r.out;  // as wide as openblas-haswell
   EXPECT_NE(r.out.find("quick check done: every installed backend passed (openblas, openblas-haswell;"),
             std::string::npos) << r.out;
   r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas-haswell:wrong", two);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("pass ("), std::string::npos) << r.out;  // openblas
-  EXPECT_NE(r.out.find("FAIL on 1 thread(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL on 1 thread:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("quick check FAILED: every installed backend must pass; failed: openblas-haswell\n"),
             std::string::npos) << r.out;
   r = sw("SHARDWISE_GEMM_CHECK_FAULT=openblas:crash", two);
@@ -71,7 +73,7 @@ TEST(CliGemm, AutoUsesTheCachedChoiceAndNeverAFailedCandidate) {
   Result first = sw(env, tiny_train(dir));
   ASSERT_EQ(first.status, 0) << first.out;
   EXPECT_NE(first.out.find("gemm: openblas = OpenBLAS"), std::string::npos) << first.out;
-  EXPECT_NE(first.out.find("no choice cached for this machine"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("; no choice cached: run `shardwise gemm-check`\n"), std::string::npos) << first.out;
   EXPECT_FALSE(fs::exists(dir / "cache" / "shardwise" / "gemm.json"));
   // openblas-zen returns a wrong element: it is reported, left unmeasured and not chosen.
   Result r = sw(env + " SHARDWISE_GEMM_CHECK_FAULT=openblas-zen:wrong",
@@ -84,6 +86,27 @@ TEST(CliGemm, AutoUsesTheCachedChoiceAndNeverAFailedCandidate) {
   EXPECT_NE(r.out.find("gemm: openblas-haswell = OpenBLAS"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(core Haswell)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("chosen by check and measurement"), std::string::npos) << r.out;
+}
+
+// Without a cached choice every run says so: in one line of at most 100 characters (it wrapped to
+// three), printed once, by rank 0, under mpirun too.
+TEST(CliGemm, TheNoChoiceCachedNoticeIsOneShortLineOncePerRun) {
+  fs::path dir = fresh_dir("notice");
+  const std::string env = "XDG_CACHE_HOME=" + (dir / "cache").string();
+  for (const std::string& launch : {std::string(), std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 "}) {
+    const char* bin = std::getenv("SHARDWISE_BIN");
+    Result r = run_command("env -u SHARDWISE_GEMM -u OPENBLAS_CORETYPE " + env + " " + launch + (bin ? bin : "shardwise") +
+                           " train --mesh dp=2 --layers 1 --hidden 32 --heads 2 --steps 2 --global-batch 4 "
+                           "--eval-every 0 --progress lines --run-dir " + (dir / ("run" + std::to_string(launch.size()))).string());
+    ASSERT_EQ(r.status, 0) << r.out;
+    std::vector<std::string> notices;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.find("gemm") != std::string::npos && line.find("gemm-check") != std::string::npos) notices.push_back(line);
+    ASSERT_EQ(notices.size(), 1u) << launch << "\n" << r.out;
+    EXPECT_LE(notices[0].size(), 100u) << notices[0];
+    EXPECT_TRUE(notices[0].starts_with("  gemm: openblas = OpenBLAS")) << notices[0];
+  }
 }
 
 TEST(CliGemm, TheUsersOpenblasCoretypeWinsOverAutoAndOnlyGemmOverridesIt) {

@@ -78,7 +78,7 @@ TEST(CliHf, InspectShowsTheFusedBoxesAndMergeKeepsThem) {
     if (d == dir / "merged") { ASSERT_EQ(run("ckpt merge " + ckpt.string() + " " + d.string()).status, 0); }
     r = run("ckpt inspect " + d.string());
     ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("transformer.h.0.attn.c_attn.weight       F32      [32, 96]"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("transformer.h.0.attn.c_attn.weight  F32  [32, 96]"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("[0:32, 32:64] = transformer.h.0.attn.k_proj.weight"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("[64:96] = transformer.h.0.attn.v_proj.bias"), std::string::npos) << r.out;
   }

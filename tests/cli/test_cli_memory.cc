@@ -19,7 +19,7 @@ const std::string kRun = "--layers 1 --hidden 32 --heads 4 --seq 16 --vocab 128 
 TEST(CliMemory, PlanMemoryPrintsEveryRanksBytesAsATableAndJson) {
   Result table = run("plan --memory --mesh dp=2 " + kRun);
   ASSERT_EQ(table.status, 0) << table.out;
-  EXPECT_NE(table.out.find("memory plan: GPT 1 layers, hidden 32"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("memory plan: GPT 1 layer, hidden 32"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("activations"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("per process (threads"), std::string::npos) << table.out;
 

@@ -103,8 +103,8 @@ TEST(CliValidation, EvaluationStepsCarryValLossAndPerplexity) {
   EXPECT_NE(svg.find("validation loss</text>"), std::string::npos);
   EXPECT_NE(svg.find("training loss</text>"), std::string::npos);
   EXPECT_NE(svg.find("loss (log scale)"), std::string::npos);
-  // The default axis is linear, and a run without validation draws no validation series.
-  Result plain = run(train(2, d / "plain") + "--eval-every 1 --data " + data.string());
+  // The linear axis on request, and a run without validation draws no validation series.
+  Result plain = run(train(2, d / "plain") + "--eval-every 1 --loss-axis linear --data " + data.string());
   ASSERT_EQ(plain.status, 0) << plain.out;
   const std::string plain_svg = read(d / "plain" / "loss_curve.svg");
   EXPECT_EQ(plain_svg.find("log scale"), std::string::npos);

@@ -362,3 +362,23 @@ TEST(TrainMpi, RecomputeKeepsTheLossesBitForBit) {
   }
   EXPECT_EQ(curves[1], curves[0]);
 }
+
+// A usage error of an mpirun job (a mistyped option: CLI11's parse error; a value train refuses
+// before it starts) is printed once, by the job's first process, with the exit status 2 that every
+// process returns; before, 2 to 4 processes each printed it, their lines sometimes run together.
+TEST(TrainMpi, AUsageErrorIsPrintedOnceWithStatus2) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  for (const std::string& args : {std::string("train --stesp 3"), std::string("train --mesh dp=4 --steps 0")}) {
+    shardwise_cli_test::Result r =
+        shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 4 " + bin + " " + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    size_t count = 0;
+    for (size_t at = r.out.find("shardwise: error:"); at != std::string::npos; at = r.out.find("shardwise: error:", at + 1))
+      ++count;
+    EXPECT_EQ(count, 1u) << args << "\n" << r.out;
+  }
+  shardwise_cli_test::Result typo = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin +
+                                                                    " train --stesp 3");
+  EXPECT_NE(typo.out.find("shardwise: error: unknown option '--stesp'"), std::string::npos) << typo.out;
+}

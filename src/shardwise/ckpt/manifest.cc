@@ -5,6 +5,7 @@
 
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::ckpt {
 
@@ -214,8 +215,9 @@ VerifyReport verify_safetensors_files(const fs::path& path) {
     r.problems.push_back(fmt::format("{}: no {} and no safetensors files: not a checkpoint", path.string(), kManifestName));
     return r;
   }
-  r.notes.push_back(fmt::format("no {}: {} index(es) and {} safetensors file(s) checked against the format rules, "
-                                "no checksums exist", kManifestName, groups.size(), loose.size()));
+  r.notes.push_back(fmt::format("no {}: {} and {} checked against the format rules, no checksums exist",
+                                kManifestName, counted(static_cast<int64_t>(groups.size()), "index", "indexes"),
+                                counted(static_cast<int64_t>(loose.size()), "safetensors file")));
   return r;
 }
 

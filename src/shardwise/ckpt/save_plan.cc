@@ -11,6 +11,7 @@
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/mesh/shard_math.h"
+#include "shardwise/core/rank_failure.h"
 
 namespace shardwise::ckpt::detail {
 
@@ -330,7 +331,7 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
   std::vector<json> all = comm::all_gather_object(comm, mine);
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r]["problem"].get<std::string>().empty()) {
-      fail("save checkpoint (rank {}): {}", r, all[r]["problem"].get<std::string>());
+      throw RankFailure(static_cast<int64_t>(r), "save checkpoint: " + all[r]["problem"].get<std::string>());
     }
   }
   for (size_t r = 1; r < all.size(); ++r) {

@@ -17,6 +17,8 @@
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
+#include "shardwise/core/table.h"
 
 namespace shardwise::ckpt {
 
@@ -39,9 +41,14 @@ std::string grouped(int64_t n) {
 
 std::string shape_text(const Shape& s) { return fmt::format("[{}]", fmt::join(s.span(), ", ")); }
 
-void print_tensor(std::ostream& out, const StTensorInfo& t, std::string_view file) {
-  out << fmt::format("  {:<40} {:<8} {:<18} {:>12}  {}\n", t.name, st_dtype_name(t.dtype), shape_text(t.shape),
-                     human(t.nbytes()), file);
+// The tensor table of `ckpt inspect`: name, dtype, shape, size and file, aligned by the widest cell.
+TextTable tensor_table() {
+  using A = TextTable::Align;
+  return TextTable({A::Left, A::Left, A::Left, A::Right, A::Left}, "  ");
+}
+
+void add_tensor(TextTable& table, const StTensorInfo& t, std::string_view file) {
+  table.row({t.name, std::string(st_dtype_name(t.dtype)), shape_text(t.shape), human(t.nbytes()), std::string(file)});
 }
 
 // The groups of a directory: from the manifest, else every *.safetensors.index.json / *.safetensors.
@@ -186,10 +193,12 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
 void inspect(const fs::path& path, std::ostream& out) {
   if (fs::is_regular_file(path)) {
     SafetensorsFile f(path);
-    out << fmt::format("{}: safetensors, header {} bytes, data {}, {} tensors\n", path.string(), f.header().header_size,
-                       human(f.header().data_size()), f.tensors().size());
+    out << fmt::format("{}: safetensors, header {} bytes, data {}, {}\n", path.string(), f.header().header_size,
+                       human(f.header().data_size()), counted(static_cast<int64_t>(f.tensors().size()), "tensor"));
     for (const auto& [k, v] : f.header().metadata) out << fmt::format("  metadata {} = {}\n", k, v);
-    for (const auto& t : f.tensors()) print_tensor(out, t, "");
+    TextTable table = tensor_table();
+    for (const auto& t : f.tensors()) add_tensor(table, t, "");
+    out << table.str();
     return;
   }
   SW_CHECK(fs::is_directory(path), "'{}' is neither a directory nor a file", path.string());
@@ -197,7 +206,8 @@ void inspect(const fs::path& path, std::ostream& out) {
   if (fs::exists(path / kManifestName)) {
     auto m = nlohmann::json::parse(read_text_file(path / kManifestName));
     if (m.contains("key_maps")) key_maps = m["key_maps"];
-    out << fmt::format("{}: step {}, {} files\n", path.string(), m.value("step", -1), m["files"].size());
+    out << fmt::format("{}: step {}, {}\n", path.string(), m.value("step", -1),
+                       counted(static_cast<int64_t>(m["files"].size()), "file"));
     if (m.contains("saved_on")) out << "  saved on: " << m["saved_on"].dump() << "\n";
   } else {
     SW_CHECK(!groups_in(path).empty(), "'{}' holds no {} and no safetensors files: not a checkpoint (pass a checkpoint "
@@ -210,25 +220,29 @@ void inspect(const fs::path& path, std::ostream& out) {
     for (const std::string& name : reader.names()) elements += reader.info(name).shape.numel();
     // The model's weights count parameters; the other groups (moments, masters) the elements they keep.
     const bool weights = g == "model" || g == "adapter_model";
-    out << fmt::format("group {}: {} tensors, {} {}, {} in {} files\n", g, reader.names().size(), grouped(elements),
-                       weights ? "parameters" : "elements", human(reader.total_size()), reader.file_names().size());
+    out << fmt::format("group {}: {}, {} {}, {} in {}\n", g,
+                       counted(static_cast<int64_t>(reader.names().size()), "tensor"), grouped(elements),
+                       plural_noun(elements, weights ? "parameter" : "element"), human(reader.total_size()),
+                       counted(static_cast<int64_t>(reader.file_names().size()), "file"));
     const KeyMap keys = key_maps.contains(g) ? KeyMap::from_json(key_maps[g]) : KeyMap();
+    TextTable table = tensor_table();
     for (const std::string& name : reader.names()) {
-      print_tensor(out, reader.info(name), reader.file_name_of(name));
+      add_tensor(table, reader.info(name), reader.file_name_of(name));
       const std::vector<std::string> names = keys.names_of(name);
       const std::vector<const KeyPlacement*> parts = keys.parts_of(name);
       for (size_t i = 0; i < parts.size(); ++i) {  // a fused tensor: what each box holds; a slice: of what
         const KeyPlacement& p = *parts[i];
         if (p.is_slice()) {
-          out << fmt::format("      = {}[{}] of {}\n", names[i], p.index, p.shape.to_string());
+          table.line(fmt::format("    = {}[{}] of {}", names[i], p.index, p.shape.to_string()));
           continue;
         }
         std::vector<std::string> box;
         for (int d = 0; d < p.shape.ndim(); ++d)
           box.push_back(fmt::format("{}:{}", p.offset[static_cast<size_t>(d)], p.offset[static_cast<size_t>(d)] + p.shape[d]));
-        out << fmt::format("      [{}] = {}\n", fmt::join(box, ", "), names[i]);
+        table.line(fmt::format("    [{}] = {}", fmt::join(box, ", "), names[i]));
       }
     }
+    out << table.str();
   }
   for (const auto& e : fs::directory_iterator(path)) {
     std::string n = e.path().filename().string();

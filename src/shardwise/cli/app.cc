@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <string_view>
 #include <iostream>
+#include <sstream>
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/help_format.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/tokenize_cmd.h"
@@ -174,7 +176,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--run-dir", o.run_dir,
                 "where metrics.jsonl, loss_curve.svg and checkpoints/ go (default: the run --resume continues, else "
                 "a new runs/<config file or model>-<YYYYmmdd-HHMMSS>, named by runs/latest)");
-  t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: linear or log")
+  t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: log (a falling loss stays readable after the first steps) or linear")
       ->check(CLI::IsMember({"linear", "log"}));
   t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
   t->add_option("--progress", o.progress,
@@ -247,6 +249,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
 
 int run(int argc, char** argv) {
   CLI::App app{"shardwise: auto-parallel training core (SPMD rules, reshard, pipelines, unified checkpoints)"};
+  app.formatter(std::make_shared<CleanHelpFormatter>());  // every command inherits it
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardwise 0.1.0");
   RulesOptions rules_opts;
@@ -334,7 +337,8 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return report_parse_error(app, e, argc, argv, std::cerr);
+    std::ostringstream unsaid;  // the other processes of an mpirun job: the same status, no second line
+    return report_parse_error(app, e, argc, argv, reports_errors() ? std::cerr : unsaid);
   }
   try {
     if (*rules_cmd) return cmd_rules(rules_opts, std::cout);
@@ -363,9 +367,7 @@ int run(int argc, char** argv) {
     if (tokenize_cmd->chosen()) return tokenize_cmd->run(std::cout);
   } catch (const Error& e) {
     // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank) rank = std::getenv("PMI_RANK");
-    if (!rank || std::atoi(rank) == 0) std::cerr << "shardwise: error: " << e.what() << "\n";
+    if (reports_errors()) std::cerr << "shardwise: error: " << e.what() << "\n";
     return 2;
   }
   return 0;

@@ -6,6 +6,7 @@
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/tools.h"
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 
@@ -71,7 +72,7 @@ int CkptCommands::run(std::ostream& os) const {
     for (const auto& p : r.problems) os << "bad: " << p << "\n";
     for (const auto& n : r.notes) os << "note: " << n << "\n";
     if (!r.ok()) {
-      os << fmt::format("{}: {} problem(s)\n", path, r.problems.size());
+      os << fmt::format("{}: {}\n", path, counted(static_cast<int64_t>(r.problems.size()), "problem"));
       return 1;
     }
     if (plain) os << fmt::format("{}: ok (format rules only, no checksums exist)\n", path);
@@ -84,7 +85,7 @@ int CkptCommands::run(std::ostream& os) const {
   if (*convert) rw.dtype = parse_dtype(dtype);
   if (*merge || *convert) {
     size_t n = ckpt::merge_checkpoint(path, out, rw);
-    os << fmt::format("wrote {} tensors to {}\n", n, out);
+    os << fmt::format("wrote {} to {}\n", counted(static_cast<int64_t>(n), "tensor"), out);
     return 0;
   }
   ckpt::LoraOptions lo{alpha, rank, rw};

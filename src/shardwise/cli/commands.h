@@ -74,7 +74,7 @@ struct TrainOptions {
   std::string run_dir;  // "": the run that --resume continues, else a new runs/<config or model>-<time>
   std::vector<std::string> command_line;  // the program and its arguments, for the resume command
   bool save_on_interrupt = false;  // SIGINT/SIGTERM save the step the run stops at (default: when saving)
-  std::string loss_axis = "linear";  // loss_curve.svg: linear or log
+  std::string loss_axis = "log";  // loss_curve.svg: log (the usual choice for a loss) or linear
   int64_t eval_every = 500;  // 0: at the end only (accuracy of the addition task, or the validation loss)
   int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
   std::string progress = "auto";  // auto: a live bar on a terminal (not under mpirun), else lines; bar, lines, none

@@ -22,6 +22,8 @@
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/gemm_backend.h"
 #include "shardwise/tensor/gemm_check.h"
+#include "shardwise/core/plural.h"
+#include "shardwise/core/table.h"
 
 extern char** environ;
 
@@ -254,10 +256,10 @@ std::string describe_check(const json& c) {
   if (c.contains("error")) return c["error"].get<std::string>();
   std::string s;
   for (const auto& r : c["check"]) {
-    if (!r["ok"].get<bool>()) return fmt::format("FAIL on {} thread(s): {} (error {:.3g} x tolerance)",
-                                                 r["threads"].get<int>(), r["worst_case"].get<std::string>(),
+    if (!r["ok"].get<bool>()) return fmt::format("FAIL on {}: {} (error {:.3g} x tolerance)",
+                                                 counted(r["threads"].get<int>(), "thread"), r["worst_case"].get<std::string>(),
                                                  r["worst"].get<double>());
-    s = fmt::format("pass ({} cases, worst {:.2g} x tol)", r["cases"].get<int>(), r["worst"].get<double>());
+    s = fmt::format("pass ({}, worst {:.2g} x tol)", counted(r["cases"].get<int>(), "case"), r["worst"].get<double>());
   }
   return s;
 }
@@ -340,15 +342,17 @@ json check_all(const std::vector<std::string>& names, bool quick, const std::str
       if (!c.contains("gflops")) c["gflops"] = {0.0, 0.0};
       for (int t = 0; t < 2; ++t) c["gflops"][t] = std::max(c["gflops"][t].get<double>(), m["gflops"][t].get<double>());
     }
-  out << fmt::format("{:<20} {:<34} {:>10} {:>9}  {}\n", "backend", "library", "GFLOP/s 1t", "2t",
-                     "check vs float64 (error / tolerance)");
+  using A = TextTable::Align;
+  TextTable table({A::Left, A::Left, A::Right, A::Right, A::Left});
+  table.row({"backend", "library", "GFLOP/s 1t", "2t", "check vs float64 (error / tolerance)"});
   for (const auto& c : candidates) {
     std::string g1 = "-", g2 = "-";
     if (c.contains("gflops"))
       g1 = fmt::format("{:.1f}", c["gflops"][0].get<double>()), g2 = fmt::format("{:.1f}", c["gflops"][1].get<double>());
-    out << fmt::format("{:<20} {:<34} {:>10} {:>9}  {}{}\n", c["name"].get<std::string>(), c.value("library", "-"), g1,
-                       g2, describe_check(c), c.value("same_as_openblas", false) ? "; the same as openblas" : "");
+    table.row({c["name"].get<std::string>(), c.value("library", "-"), g1, g2,
+               describe_check(c) + (c.value("same_as_openblas", false) ? "; the same as openblas" : "")});
   }
+  out << table.str();
   return candidates;
 }
 
@@ -425,12 +429,11 @@ std::string choose_gemm(const std::string& flag) {
     } else {
       json cache = read_cache();
       // A run never measures by itself (the measurement takes minutes): OpenBLAS's own pick, which
-      // `make test` checks against float64, until `shardwise gemm-check` has cached a choice.
+      // `make test` checks against float64, until `shardwise gemm-check` has cached a choice (it
+      // checks and measures every backend and caches the fastest correct one). One short line.
       if (cache.is_null()) {
-        const auto& info = load_gemm_backend("openblas");
-        return fmt::format("gemm: openblas = {}; OpenBLAS's own pick: no choice cached for this machine (`shardwise "
-                           "gemm-check` checks and measures every backend and caches the fastest correct one)",
-                           info.library);
+        return fmt::format("gemm: openblas = {}; no choice cached: run `shardwise gemm-check`",
+                           load_gemm_backend("openblas").library);
       }
       name = cache["chosen"];
       why = fmt::format("chosen by check and measurement ({}, {})", cache_path().string(),

@@ -21,6 +21,7 @@
 #include "shardwise/models/model_io.h"
 #include "shardwise/data/tokenizer.h"
 #include "shardwise/train/run_options.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 namespace {
@@ -200,7 +201,7 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
   train::GenerateResult r = gen.generate(run.prompts, run.config);
   if (world_ref.rank() != 0) return;
   if (!o.logits_out.empty()) write_logits(r, run.model.vocab, o.logits_out);
-  const std::string ranks = fmt::format("{} ranks, {}", world_ref.size(), world_ref.backend());
+  const std::string ranks = fmt::format("{}, {}", counted(world_ref.size(), "rank"), world_ref.backend());
   if (o.json) {
     print_json(run, r, ranks, out);
   } else {
@@ -214,9 +215,9 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
                                i, run.model.seq, run.model.is_llama() ? "max_position_embeddings" : "n_positions");
   }
   const auto& st = r.stats;
-  std::cerr << fmt::format("shardwise generate: {} new tokens for {} prompt{} in {:.3g} s ({:.1f} tokens/s; decode "
+  std::cerr << fmt::format("shardwise generate: {} for {} in {:.3g} s ({:.1f} tokens/s; decode "
                            "{:.1f} tokens/s; {}; planning {:.3g} s) on {} ({})\n",
-                           st.new_tokens, r.sequences.size(), r.sequences.size() == 1 ? "" : "s",
+                           counted(st.new_tokens, "new token"), counted(static_cast<int64_t>(r.sequences.size()), "prompt"),
                            st.prefill_seconds + st.decode_seconds,
                            st.tokens_per_second(), st.decode_tokens_per_second(),
                            run.config.kv_cache ? "KV cache" : "recomputing the prefix", st.plan_seconds,

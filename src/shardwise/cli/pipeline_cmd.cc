@@ -6,6 +6,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/simulate.h"
 #include "shardwise/pipeline/validate.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 
@@ -25,9 +26,9 @@ int cmd_pipeline(const PipelineOptions& o, std::ostream& out) {
   Schedule s = make_schedule(kind, o.stages, o.micro_batches, o.virtual_stages);
   validate(s);
   const int p = s.ranks, m = s.micro_batches, v = s.virtual_stages;
-  out << fmt::format("schedule {}: {} ranks x {} virtual stage{} = {} stages, {} micro-batches (valid: no deadlock under "
-                     "blocking send/recv)\n",
-                     s.name, p, v, v > 1 ? "s" : "", s.stages(), m);
+  out << fmt::format("schedule {}: {} x {} = {}, {} (valid: no deadlock under blocking send/recv)\n", s.name,
+                     counted(p, "rank"), counted(v, "virtual stage"), counted(s.stages(), "stage"),
+                     counted(m, "micro-batch"));
   out << s.to_string();
   SimOptions sim;
   // Times are per rank's share of the model: a virtual stage takes 1/v of them.
@@ -47,7 +48,7 @@ int cmd_pipeline(const PipelineOptions& o, std::ostream& out) {
   if (formula >= 0 && o.send_time == 0)
     out << fmt::format(" (closed form {} = {:.4f})", kind == ScheduleKind::Interleaved ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)",
                        formula);
-  out << fmt::format(", peak activations {} {}\n", r.max_peak_bytes(), o.activation_bytes == 1 ? "micro-batches" : "bytes");
+  out << fmt::format(", peak activations {}\n", counted(r.max_peak_bytes(), o.activation_bytes == 1 ? "micro-batch" : "byte"));
   out << r.summary();
   if (!o.svg.empty()) {
     std::ofstream f(o.svg);

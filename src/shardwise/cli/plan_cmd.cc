@@ -16,6 +16,7 @@
 #include "shardwise/train/memory_advice.h"
 #include "shardwise/train/memory_plan.h"
 #include "shardwise/train/moe_plan.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 
@@ -49,9 +50,9 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& ou
     for (auto& [kind, count] : p.collective_counts()) out << fmt::format(" {} x{}", kind, count);
     out << "\n";
   }
-  out << fmt::format("{} {} layers, hidden {}, {} heads, seq {}, vocab {}: {} parameters; micro-batch {} per data rank{} on "
+  out << fmt::format("{} {}, hidden {}, {}, seq {}, vocab {}: {} parameters; micro-batch {} per data rank{} on "
                      "{}: {} nodes, {} instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
-                     train::describe_architecture(c), c.layers, c.hidden, c.heads, c.seq, c.vocab,
+                     train::describe_architecture(c), counted(c.layers, "layer"), c.hidden, counted(c.heads, "head"), c.seq, c.vocab,
                      count_text(parameters), tc.micro_batch,
                      c.lora.enabled() ? fmt::format(", LoRA r {} on {} (base frozen)", c.lora.rank,
                                                     fmt::join(c.lora.targets, ","))

@@ -1,5 +1,6 @@
 #include "shardwise/cli/progress.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -43,6 +44,20 @@ void ProgressPrinter::step(const std::string& line, int64_t step, bool evaluated
     out_ << line << "\n" << std::flush;
     last_line_s_ = elapsed_s;
   }
+}
+
+std::string progress_text(const StepProgress& p, bool bar) {
+  const int64_t steps = std::max<int64_t>(p.steps, 1), step = std::clamp<int64_t>(p.step, 0, steps);
+  const int64_t percent = step * 100 / steps;
+  const int64_t done = std::max<int64_t>(step - p.first_step, 1);
+  const double eta = p.elapsed_s / static_cast<double>(done) * static_cast<double>(steps - step);
+  const std::string times = fmt::format("elapsed {}  ETA {}", duration_text(p.elapsed_s), duration_text(eta));
+  const std::string tail = p.metrics.empty() ? "" : "  " + p.metrics;
+  if (!bar) return fmt::format("step {:>5}/{}  {:>3}%  {}{}", p.step, p.steps, percent, times, tail);
+  const auto filled = static_cast<size_t>(step * kProgressBarWidth / steps);
+  return fmt::format("[{}{}] {:>3}%  step {}/{}  {}{}", std::string(filled, '#'),
+                     std::string(static_cast<size_t>(kProgressBarWidth) - filled, '-'), percent, p.step, p.steps, times,
+                     tail);
 }
 
 std::string duration_text(double seconds) {

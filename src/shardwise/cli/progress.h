@@ -40,6 +40,7 @@ class ProgressPrinter {
   // After step `step`: its progress line; `evaluated` when it evaluated; `elapsed_s` since the first step began.
   void step(const std::string& line, int64_t step, bool evaluated, double elapsed_s);
   bool bar_open() const { return bar_open_; }  // the bar's line has no newline yet
+  bool bar() const { return mode_ == Mode::Bar; }
 
  private:
   std::ostream& out_;
@@ -51,5 +52,18 @@ class ProgressPrinter {
 
 // "42s", "3m05s", "13h20m".
 std::string duration_text(double seconds);
+
+// A step's progress line: where the run is (a bar on a terminal; the step and the percentage done),
+// the time since its first step, the time left at this run's speed, then `metrics` (loss, lr, ...).
+//   bar:   "[########------------]  42%  step 126/300  elapsed 1m05s  ETA 1m30s  <metrics>"
+//   lines: "step   126/300   42%  elapsed 1m05s  ETA 1m30s  <metrics>"
+// The percentage is rounded down (100% only at the last step).
+inline constexpr int kProgressBarWidth = 20;
+struct StepProgress {
+  int64_t step = 0, first_step = 0, steps = 0;  // first_step: the steps done when this run started
+  double elapsed_s = 0;                         // since this run's first step began
+  std::string metrics;
+};
+std::string progress_text(const StepProgress& p, bool bar);
 
 }  // namespace shardwise::cli

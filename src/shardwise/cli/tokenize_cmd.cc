@@ -7,6 +7,7 @@
 #include "shardwise/data/data.h"
 #include "shardwise/data/tokenize.h"
 #include "shardwise/data/tokenizer.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 
@@ -91,7 +92,8 @@ int decode(const TokenizeCommand& o, const train::Tokenizer& tok, const train::D
   f << text;
   f.close();
   SW_CHECK(f.good(), "cannot write the text file '{}'", o.output);
-  out << fmt::format("decoded {} tokens into {} documents ({}) with {}\n  wrote {}\n", tokens, docs.size(),
+  out << fmt::format("decoded {} into {} ({}) with {}\n  wrote {}\n", counted(tokens, "token"),
+                     counted(static_cast<int64_t>(docs.size()), "document"),
                      human_bytes(text.size()), tok.describe(), o.output);
   return 0;
 }
@@ -125,8 +127,9 @@ int TokenizeCommand::run(std::ostream& out) const {
   const std::string read_as = written == train::TokenFormat::U32                                ? "u32"
                               : written == train::TokenFormat::U16 && !output.ends_with(".bin") ? "u16"
                                                                                                 : "auto";
-  out << fmt::format("tokenized {} file(s) ({}) into {} documents, {} tokens ({}) with {}\n", inputs.size(),
-                     human_bytes(bytes), docs, tokens.size(), d.describe(), tok.describe());
+  out << fmt::format("tokenized {} ({}) into {}, {} ({}) with {}\n",
+                     counted(static_cast<int64_t>(inputs.size()), "file"), human_bytes(bytes), counted(docs, "document"),
+                     counted(static_cast<int64_t>(tokens.size()), "token"), d.describe(), tok.describe());
   out << fmt::format("  wrote {}: {} format, uint{} tokens (train reads it with --data-format {})\n", output,
                      train::token_format_name(written), wide ? 32 : 16, read_as);
   return 0;

@@ -33,6 +33,7 @@
 #include "shardwise/models/models.h"
 #include "shardwise/train/run_dir.h"
 #include "shardwise/train/run_guard.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 
@@ -236,20 +237,21 @@ struct Progress {
 void print_header(const train::Trainer& trainer, const TrainOptions& o, const train::ParameterCounts& counts,
                   comm::Communicator& world_ref, const std::string& run_dir, std::ostream& out) {
   const auto& c = trainer.config();
-  out << fmt::format("shardwise train: {} {} layers, hidden {}, {} heads, seq {}, vocab {}: {} parameters on {} ({} ranks, "
-                     "{})\n", train::describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.heads,
+  out << fmt::format("shardwise train: {} {}, hidden {}, {}, seq {}, vocab {}: {} parameters on {} ({}, {})\n",
+                     train::describe_architecture(c.model), counted(c.model.layers, "layer"), c.model.hidden,
+                     counted(c.model.heads, "head"),
                      c.model.seq, c.model.vocab, count_text(counts.trained + counts.frozen),
-                     trainer.strategy().to_string(), world_ref.size(), world_ref.backend());
+                     trainer.strategy().to_string(), counted(world_ref.size(), "rank"), world_ref.backend());
   if (!o.options_line.empty()) out << "  options: " << o.options_line << "\n";
   out << fmt::format("  run directory: {}\n", run_dir);
   if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
   const train::Strategy& s = trainer.strategy();
   out << fmt::format("  data: {}\n", trainer.data_description());
   for (const std::string& line : o.data_notes) out << "  " << line << "\n";
-  out << fmt::format("  batch: {} sequences = micro-batch {} x accumulation {} x dp {}{}; {} steps, lr {} "
+  out << fmt::format("  batch: {} = micro-batch {} x accumulation {} x dp {}{}; {}, lr {} "
                      "(warm-up {}, cosine to {})\n",
-                     c.global_batch, c.micro_batch, c.accumulation, s.dp_size(),
-                     s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), c.steps, c.lr, c.warmup, c.min_lr);
+                     counted(c.global_batch, "sequence"), c.micro_batch, c.accumulation, s.dp_size(),
+                     s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), counted(c.steps, "step"), c.lr, c.warmup, c.min_lr);
   if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
   if (c.document_attention)
     out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
@@ -257,9 +259,9 @@ void print_header(const train::Trainer& trainer, const TrainOptions& o, const tr
   if (c.sharding.enabled()) out << sharding_line(c.sharding, trainer.optimizer_state_bytes());
   out << buckets_line(trainer);
   if (s.pp >= 0)
-    out << fmt::format("  pipeline: schedule {}, {} stages on pp={} ({} virtual per rank), {} micro-batches per step\n",
-                       c.schedule, s.mesh.dim_size(s.pp) * c.virtual_stages, s.mesh.dim_size(s.pp), c.virtual_stages,
-                       c.accumulation);
+    out << fmt::format("  pipeline: schedule {}, {} on pp={} ({} virtual per rank), {} per step\n", c.schedule,
+                       counted(s.mesh.dim_size(s.pp) * c.virtual_stages, "stage"), s.mesh.dim_size(s.pp),
+                       c.virtual_stages, counted(c.accumulation, "micro-batch"));
   out.flush();
 }
 
@@ -271,13 +273,13 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   const auto& config = trainer.config();
   const double elapsed = p.elapsed();
   const std::string curve =
-      log.write_curve(fmt::format("shardwise GPT on {}", trainer.strategy().to_string()), o.loss_axis == "log");
+      log.write_curve(train::loss_curve_title(config.model, trainer.strategy().to_string()), o.loss_axis == "log");
   const auto& rec = log.records();
   const int64_t step = trainer.steps_done();
   out << (p.bar_open ? "\n" : "")
-      << (agreed_stop() ? fmt::format("interrupted ({}): {} of {} steps in {}", signal_name(agreed_stop()), step,
-                                      config.steps, duration_text(elapsed))
-                        : fmt::format("done: {} steps in {}", step, duration_text(elapsed)))
+      << (agreed_stop() ? fmt::format("interrupted ({}): {} of {} in {}", signal_name(agreed_stop()), step,
+                                      counted(config.steps, "step"), duration_text(elapsed))
+                        : fmt::format("done: {} in {}", counted(step, "step"), duration_text(elapsed)))
       << fmt::format(", loss {:.4f} -> {:.4f}, {:.0f} tokens/s", rec.front().step.loss, rec.back().step.loss,
                      static_cast<double>(p.tokens) / elapsed);
   if (p.best >= 0) out << fmt::format(", held-out exact match {:.1f}% (best {:.1f}%)", 100 * p.last_acc, 100 * p.best);
@@ -288,8 +290,8 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   out << fmt::format("\n  loader: {:.2f} ms blocked on data per step, the longest rank's ({:.2f} ms waiting for the read; {})",
                      waited * per_step, read * per_step, config.loader_prefetch ? "prefetch" : "no prefetch");
   if (trainer.skipped_steps() > 0) {
-    out << fmt::format("\n  skipped {} steps with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
-                       trainer.skipped_steps());
+    out << fmt::format("\n  skipped {} with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
+                       counted(trainer.skipped_steps(), "step"));
   }
   out << fmt::format("\n  metrics: {}\n  loss curve: {}\n", log.jsonl_path(), curve);
   if (!agreed_stop()) return;
@@ -381,13 +383,13 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
     if (report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
     if (report && val) p.last_val = *val;
     if (report) {
-      double eta = elapsed / static_cast<double>(last.step - first_step) * static_cast<double>(config.steps - last.step);
-      std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  ETA {}{}",
-                                     last.step, config.steps, last.loss, last.lr, last.grad_norm, tps, duration_text(eta),
-                                     p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
-      line += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
-              moe_summary(last.moe);
-      printer.step(line, last.step, eval_now, elapsed);
+      std::string metrics = fmt::format("loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s{}", last.loss, last.lr,
+                                        last.grad_norm, tps,
+                                        p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
+      metrics += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
+                 moe_summary(last.moe);
+      printer.step(progress_text({last.step, first_step, config.steps, elapsed, metrics}, printer.bar()), last.step,
+                   eval_now, elapsed);
       p.bar_open = printer.bar_open();
     }
     // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.

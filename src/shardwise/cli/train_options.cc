@@ -2,8 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <regex>
-
+#include "shardwise/cli/help_format.h"
 #include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/usage.h"
 
@@ -54,8 +53,8 @@ std::pair<size_t, size_t> help_order(const CLI::Option* opt) {
 }
 
 // CLI11's help with the sections in train_option_sections' order (each option in its section's
-// order), and without the flag values CLI11 appends to a flag's names ("--no-prefetch{false}").
-class HelpFormatter : public CLI::Formatter {
+// order), without CLI11's artefacts (CleanHelpFormatter).
+class HelpFormatter : public CleanHelpFormatter {
  public:
   std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
     if (mode == CLI::AppFormatMode::Sub) return CLI::Formatter::make_help(app, name, mode);
@@ -71,9 +70,6 @@ class HelpFormatter : public CLI::Formatter {
       i = end;
     }
     return out + make_footer(app);
-  }
-  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
-    return std::regex_replace(CLI::Formatter::make_option_name(opt, positional), std::regex("\\{[^}]*\\}"), "");
   }
 };
 

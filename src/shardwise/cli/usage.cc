@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -83,6 +84,11 @@ std::string config_value(const CLI::Option& opt, std::string_view value, const s
   }
   SW_CHECK(!quoted && value != "true" && value != "false", "{}: key '{}' expects {}, got {}", where, key,
            type.starts_with("FLOAT") ? "a number" : "an integer", value);
+  if (type.starts_with("INT") || type.starts_with("UINT")) {  // `steps = 3.5` is not truncated to 3
+    const std::string_view digits = value.substr(value.front() == '-' || value.front() == '+' ? 1 : 0);
+    SW_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos,
+             "{}: key '{}' expects an integer, got {}", where, key, value);
+  }
   return std::string(value);
 }
 
@@ -272,6 +278,13 @@ void refuse_out_of_range_integers(CLI::App& app) {
     if (type.starts_with("UINT")) opt->check(fits(uint64_t{0}));
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_out_of_range_integers(*sub);
+}
+
+bool reports_errors() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* rank = std::getenv(name); rank && *rank) return std::atoi(rank) == 0;
+  }
+  return true;
 }
 
 int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv, std::ostream& err) {

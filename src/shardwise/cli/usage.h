@@ -37,4 +37,10 @@ void refuse_out_of_range_integers(CLI::App& app);
 // --help and --version print as CLI11 does and return 0.
 int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv, std::ostream& err);
 
+// Whether this process says what went wrong before a command runs: every process not started by
+// mpirun, and under mpirun the first of the job only (decided from the launcher's rank variables,
+// OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK, before MPI starts), so that a usage error of an
+// mpirun job is printed once, not once per process. The exit status is the same on every process.
+bool reports_errors();
+
 }  // namespace shardwise::cli

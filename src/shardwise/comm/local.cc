@@ -13,6 +13,7 @@
 #include "shardwise/comm/call_check.h"
 #include "shardwise/comm/reduce_kernels.h"
 #include "shardwise/core/error.h"
+#include "shardwise/core/rank_failure.h"
 
 namespace shardwise::comm {
 
@@ -488,6 +489,8 @@ void LocalWorld::run(int size, const std::function<void(Communicator&)>& fn, std
       try {
         auto comm = world->communicator(r);
         fn(*comm);
+      } catch (const RankFailure& e) {  // the agreed error already names the rank where it arose
+        world->abort(e.what());
       } catch (const std::exception& e) {
         world->abort(fmt::format("rank {} failed: {}", r, e.what()));
       }

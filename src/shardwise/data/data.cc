@@ -16,6 +16,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::train {
 
@@ -315,7 +316,7 @@ TokenFile::TokenFile(const std::string& spec, int64_t seq, uint64_t seed, TokenF
   if (text) {
     int64_t documents = 0;
     for (const Mapped& m : files_) documents += m.text->documents;
-    text_note_ = fmt::format("text tokenized by {}: {} documents, {}", text->tokenizer, documents,
+    text_note_ = fmt::format("text tokenized by {}: {}, {}", text->tokenizer, counted(documents, "document"),
                              text->documents.describe());
   }
   restrict_to(part);

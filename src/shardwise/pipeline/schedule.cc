@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::pipeline {
 
@@ -132,9 +133,9 @@ Schedule interleaved_1f1b(int p, int v, int m) {
   check_basic("interleaved", p, m);
   SW_CHECK(v >= 2, "interleaved: needs at least 2 virtual stages per rank (--virtual), got {}; with 1 use 1f1b", v);
   SW_CHECK(m % p == 0,
-           "interleaved: {} micro-batches are not a multiple of the {} pipeline ranks (the schedule runs rounds of "
-           "{} micro-batches through each virtual stage)",
-           m, p, p);
+           "interleaved: {} are not a multiple of the {} (the schedule runs rounds of {} through each "
+           "virtual stage)",
+           counted(m, "micro-batch"), counted(p, "pipeline rank"), counted(p, "micro-batch"));
   Schedule s = empty("interleaved", p, v, m, false);
   const int total = m * v;  // virtual micro-steps per rank
   // Virtual micro-step k: chunk (k / p) % v (backward: reversed), micro-batch (k / (p v)) * p + k % p.
@@ -162,9 +163,8 @@ Schedule interleaved_1f1b(int p, int v, int m) {
 Schedule zero_bubble_h1(int p, int m) {
   check_basic("zbh1", p, m);
   SW_CHECK(m >= p,
-           "zbh1: {} micro-batches for {} pipeline ranks; the zero-bubble schedule needs at least as many "
-           "micro-batches as ranks",
-           m, p);
+           "zbh1: {} for {}; the zero-bubble schedule needs at least as many micro-batches as ranks",
+           counted(m, "micro-batch"), counted(p, "pipeline rank"));
   Schedule s = empty("zbh1", p, 1, m, true);
   // Rank r: the p - r warm-up forwards of 1F1B; then for each micro-batch j its input gradient, the
   // weight gradient of micro-batch j - r (the later ranks defer theirs into what was 1F1B's cool-down

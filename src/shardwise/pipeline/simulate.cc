@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::pipeline {
 
@@ -24,8 +25,8 @@ std::string SimResult::summary() const {
   std::string out = fmt::format("step time {:.6g}\n", step_time);
   for (size_t r = 0; r < ranks.size(); ++r) {
     const RankSim& s = ranks[r];
-    out += fmt::format("rank {}: busy {:.6g}, idle {:.6g}, bubble {:.4f}, peak activations {} ({} micro-batches)\n", r,
-                       s.compute, step_time - s.compute, s.bubble_fraction, s.peak_bytes, s.peak_micro_batches);
+    out += fmt::format("rank {}: busy {:.6g}, idle {:.6g}, bubble {:.4f}, peak activations {} ({})\n", r, s.compute,
+                       step_time - s.compute, s.bubble_fraction, s.peak_bytes, counted(s.peak_micro_batches, "micro-batch"));
   }
   return out;
 }
@@ -123,7 +124,7 @@ std::string timeline_svg(const Schedule& s, const SimResult& r, const std::strin
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       left + width + 20, height);
-  std::string heading = title.empty() ? fmt::format("{}: {} ranks, {} micro-batches{}", s.name, s.ranks, s.micro_batches,
+  std::string heading = title.empty() ? fmt::format("{}: {}, {}{}", s.name, counted(s.ranks, "rank"), counted(s.micro_batches, "micro-batch"),
                                                     s.virtual_stages > 1 ? fmt::format(", {} virtual stages", s.virtual_stages) : "")
                                       : title;
   out += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"14\">{} (step {:.4g}, bubble {:.1f}%)</text>\n", left, heading,

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::pipeline {
 namespace {
@@ -22,8 +23,8 @@ class Validator {
 
   void run() {
     SW_CHECK(s_.ranks >= 1 && s_.virtual_stages >= 1 && s_.micro_batches >= 1,
-             "schedule '{}': {} ranks, {} virtual stages, {} micro-batches (each must be at least 1)", s_.name, s_.ranks,
-             s_.virtual_stages, s_.micro_batches);
+             "schedule '{}': {}, {}, {} (each must be at least 1)", s_.name, counted(s_.ranks, "rank"),
+             counted(s_.virtual_stages, "virtual stage"), counted(s_.micro_batches, "micro-batch"));
     SW_CHECK(static_cast<int>(s_.actions.size()) == s_.ranks, "schedule '{}' has action lists for {} ranks, not {}",
              s_.name, s_.actions.size(), s_.ranks);
     for (int r = 0; r < s_.ranks; ++r) check_rank(r);

@@ -11,6 +11,8 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/allocator.h"
+#include "shardwise/core/plural.h"
+#include "shardwise/core/table.h"
 
 namespace shardwise::runtime {
 
@@ -198,8 +200,9 @@ std::string format_profile(const ProfileReport& r) {
   const TypeTotal step = sum.count("step") ? sum["step"] : TypeTotal{};
   const double step_ms = static_cast<double>(step.ns) / 1e6;
   auto pct = [&](int64_t ns) { return step.ns > 0 ? 100.0 * static_cast<double>(ns) / static_cast<double>(step.ns) : 0.0; };
-  std::string out = fmt::format("profile: {} steps on {} ranks, {:.2f} ms per step (mean over ranks)\n",
-                                step.count / std::max<int64_t>(1, static_cast<int64_t>(r.ranks.size())), r.ranks.size(),
+  std::string out = fmt::format("profile: {} on {}, {:.2f} ms per step (mean over ranks)\n",
+                                counted(step.count / std::max<int64_t>(1, static_cast<int64_t>(r.ranks.size())), "step"),
+                                counted(static_cast<int64_t>(r.ranks.size()), "rank"),
                                 step.count > 0 ? step_ms / static_cast<double>(step.count) : 0.0);
   // Types by time, largest first (steps and evaluations are the totals, listed above).
   std::vector<std::pair<std::string, TypeTotal>> rows;
@@ -210,8 +213,9 @@ std::string format_profile(const ProfileReport& r) {
     if (k == "op matmul" || k == "op matmul_grad") gemm_ns += t.ns;
   }
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-  out += fmt::format("  {:<34} {:>8} {:>11} {:>9} {:>7}  {}\n", "type (all ranks)", "count", "ms", "ms/step", "% step",
-                     "bytes (out / sent)");
+  using A = TextTable::Align;
+  TextTable table({A::Left, A::Right, A::Right, A::Right, A::Right, A::Left}, "  ");
+  table.row({"type (all ranks)", "count", "ms", "ms/step", "% step", "bytes (out / sent)"});
   const double per_step = step.count > 0 ? nranks / static_cast<double>(step.count) : 0.0;  // steps per rank
   size_t shown = 0;
   TypeTotal rest;
@@ -223,18 +227,21 @@ std::string format_profile(const ProfileReport& r) {
     }
     ++shown;
     const double ms = static_cast<double>(t.ns) / 1e6;
-    out += fmt::format("  {:<34} {:>8} {:>11.3f} {:>9.3f} {:>6.1f}%  {}\n", k, t.count, ms, ms * per_step / nranks,
-                       pct(t.ns), t.bytes > 0 ? mib(t.bytes) : "");
+    table.row({k, std::to_string(t.count), fmt::format("{:.3f}", ms), fmt::format("{:.3f}", ms * per_step / nranks),
+               fmt::format("{:.1f}%", pct(t.ns)), t.bytes > 0 ? mib(t.bytes) : ""});
   }
-  if (rest.count > 0)
-    out += fmt::format("  {:<34} {:>8} {:>11.3f} {:>9.3f} {:>6.1f}%\n", "(other types)", rest.count,
-                       static_cast<double>(rest.ns) / 1e6, static_cast<double>(rest.ns) / 1e6 * per_step / nranks, pct(rest.ns));
+  if (rest.count > 0) {
+    const double ms = static_cast<double>(rest.ns) / 1e6;
+    table.row({"(other types)", std::to_string(rest.count), fmt::format("{:.3f}", ms),
+               fmt::format("{:.3f}", ms * per_step / nranks), fmt::format("{:.1f}%", pct(rest.ns))});
+  }
+  out += table.str();
   out += "  (a reshard's time includes its collectives'; the optimizer's its own collectives')\n";
   out += fmt::format("  GEMM (matmul and matmul_grad kernels): {:.1f}% of step time\n", pct(gemm_ns));
   int64_t coll_n = 0, coll_ns = 0, coll_bytes = 0;
   for (const auto& [k, t] : sum)
     if (k.rfind("collective ", 0) == 0) coll_n += t.count, coll_ns += t.ns, coll_bytes += t.bytes;
-  out += fmt::format("  collectives: {} calls, {}, {:.1f}% of step time\n", coll_n, mib(coll_bytes), pct(coll_ns));
+  out += fmt::format("  collectives: {}, {}, {:.1f}% of step time\n", counted(coll_n, "call"), mib(coll_bytes), pct(coll_ns));
   // The allocator is one per process: threads share one; MPI processes each have theirs (largest shown).
   const RankSummary* a = &r.ranks[0];
   for (const RankSummary& s : r.ranks)

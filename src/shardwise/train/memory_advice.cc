@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::train {
 
@@ -126,7 +127,7 @@ std::string does_not_fit(const MemoryPlan& plan, const MemoryAdvice& a, int64_t 
   const RankMemory& r = plan.largest();
   std::string out = fmt::format(
       "does not fit: {} per process ({}) over --memory-limit {} ({}); the largest part: {} {} of rank {}'s {}{}\n",
-      human_bytes(plan.per_process()), plan.threads ? fmt::format("{} ranks as threads", plan.ranks.size()) : "one MPI rank",
+      human_bytes(plan.per_process()), plan.threads ? counted(static_cast<int64_t>(plan.ranks.size()), "rank") + " as threads" : "one MPI rank",
       limit_text, human_bytes(limit), a.cause, human_bytes(a.cause_bytes), r.rank, human_bytes(r.peak()),
       a.cause_detail.empty() ? "" : " (" + a.cause_detail + ")");
   if (const MemoryChange* fix = a.fix())
@@ -148,7 +149,7 @@ void check_memory_limit(const TrainConfig& c, const MemoryPlan& plan, int64_t li
   const MemoryAdvice a = advise_memory(c, plan, limit);
   fail("the run's estimated peak memory is {} per process ({}), over --memory-limit {} ({}); rank {}: {} = {} {}, {} "
        "{}, {} {}, ...; to fit try {} (`shardwise plan --memory` prints the plan)",
-       human_bytes(plan.per_process()), plan.threads ? fmt::format("{} ranks as threads", plan.ranks.size()) : "one MPI rank",
+       human_bytes(plan.per_process()), plan.threads ? counted(static_cast<int64_t>(plan.ranks.size()), "rank") + " as threads" : "one MPI rank",
        limit_text, human_bytes(limit), r.rank, human_bytes(r.peak()), parts[0].second, human_bytes(parts[0].first),
        parts[1].second, human_bytes(parts[1].first), parts[2].second, human_bytes(parts[2].first), a.changes_text());
 }

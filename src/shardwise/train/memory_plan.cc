@@ -15,6 +15,7 @@
 #include "shardwise/pipeline/stage.h"
 #include "shardwise/train/grad_buckets.h"
 #include "shardwise/models/models.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::train {
 
@@ -338,11 +339,11 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   MemoryPlan plan;
   plan.threads = threads;
   plan.description = fmt::format(
-      "{} {} layers, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {} micro-batches; sharding stage {}{}; "
+      "{} {}, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {}; sharding stage {}{}; "
       "recompute {}{}{}",
-      describe_architecture(c.model), c.model.layers, c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
-      c.micro_batch, c.accumulation, c.sharding.stage, c.sharding.shards_optimizer() ? " " + c.sharding.layout : "",
-      c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {} layers)", c.model.recompute_layers) : "",
+      describe_architecture(c.model), counted(c.model.layers, "layer"), c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
+      c.micro_batch, counted(c.accumulation, "micro-batch"), c.sharding.stage, c.sharding.shards_optimizer() ? " " + c.sharding.layout : "",
+      c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {})", counted(c.model.recompute_layers, "layer")) : "",
       strategy.pp >= 0 ? fmt::format("; schedule {}", schedule.name) : "");
   std::map<int, std::vector<StageModel>> compiled;  // per pipeline rank: its stages
   const int64_t pp = strategy.pp < 0 ? 1 : strategy.mesh.dim_size(strategy.pp);

@@ -1,11 +1,13 @@
 #include "shardwise/train/metrics.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "shardwise/core/error.h"
+#include "shardwise/core/plural.h"
 
 namespace shardwise::train {
 
@@ -115,10 +117,6 @@ struct LossAxis {
   double lo = 0, hi = 1;
   double scaled(double v) const { return log ? std::log10(v) : v; }
   double fraction(double loss) const { return (scaled(loss) - scaled(lo)) / (scaled(hi) - scaled(lo)); }
-  double at(double f) const {
-    const double v = scaled(lo) + f * (scaled(hi) - scaled(lo));
-    return log ? std::pow(10.0, v) : v;
-  }
 };
 
 LossAxis loss_axis(const std::vector<StepRecord>& records, bool log) {
@@ -146,6 +144,51 @@ LossAxis loss_axis(const std::vector<StepRecord>& records, bool log) {
 
 }  // namespace
 
+std::string loss_curve_title(const GptConfig& m, const std::string& mesh) {
+  const std::string kind = !m.is_llama()     ? "GPT-2"
+                           : m.experts == 0 ? "Llama"
+                                            : fmt::format("Mixtral ({}, top-{})", counted(m.experts, "expert"), m.top_k);
+  return fmt::format("shardwise: {}, {}, hidden {} on {}", kind, counted(m.layers, "layer"), m.hidden, mesh);
+}
+
+std::vector<double> nice_ticks(double lo, double hi, int most) {
+  SW_CHECK(lo < hi && most >= 2, "nice_ticks: the range [{}, {}] needs lo < hi and room for 2 ticks", lo, hi);
+  // The step is mantissa x 10^exponent; a tick k x mantissa / 10^-exponent is then the double nearest
+  // the decimal value (0.6, not 3 x 0.2 = 0.6000000000000001).
+  int exponent = static_cast<int>(std::floor(std::log10((hi - lo) / most)));
+  double mantissa = 1;
+  for (int i = 0;; ++i) {
+    mantissa = std::array<double, 4>{1, 2, 2.5, 5}[static_cast<size_t>(i % 4)];
+    const double s = mantissa * std::pow(10.0, exponent + i / 4);
+    if (std::floor(hi / s + 1e-9) - std::ceil(lo / s - 1e-9) + 1 <= most) {
+      exponent += i / 4;
+      break;
+    }
+  }
+  const double scale = std::pow(10.0, std::abs(exponent)), step = exponent < 0 ? mantissa / scale : mantissa * scale;
+  std::vector<double> out;
+  for (double k = std::ceil(lo / step - 1e-9); k <= std::floor(hi / step + 1e-9); ++k) {
+    out.push_back(exponent < 0 ? k * mantissa / scale : k * mantissa * scale);
+  }
+  return out;
+}
+
+std::vector<double> log_ticks(double lo, double hi, int most) {
+  SW_CHECK(lo > 0 && lo < hi, "log_ticks: the range [{}, {}] needs 0 < lo < hi", lo, hi);
+  std::vector<double> decades, steps;
+  for (int k = static_cast<int>(std::floor(std::log10(lo))); k <= static_cast<int>(std::ceil(std::log10(hi))); ++k) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      const double v = m * std::pow(10.0, k);
+      if (v < lo * (1 - 1e-9) || v > hi * (1 + 1e-9)) continue;
+      steps.push_back(v);
+      if (m == 1.0) decades.push_back(v);
+    }
+  }
+  if (decades.size() >= 3) return decades;
+  if (steps.size() >= 2 && static_cast<int>(steps.size()) <= most) return steps;
+  return nice_ticks(lo, hi, most);
+}
+
 std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title, bool log_loss_axis) {
   const double W = 720, H = 400, left = 60, right = 60, top = 40, bottom = 50;
   const double max_step = records.empty() ? 1 : static_cast<double>(std::max<int64_t>(1, records.back().step.step));
@@ -159,11 +202,14 @@ std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::st
       W, H, left, title);
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left, top, H - bottom);
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left, H - bottom, W - right);
-  for (int i = 0; i <= 4; ++i) {
-    double v = axis.at(i / 4.0);
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3g}</text>\n", left - 6, y(v) + 4, v);
-    double st = max_step * i / 4.0;
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", x(st), H - bottom + 18, st);
+  for (double v : log_loss_axis ? log_ticks(axis.lo, axis.hi) : nice_ticks(axis.lo, axis.hi)) {
+    s += fmt::format("<text class=\"loss-tick\" x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:g}</text>\n", left - 6,
+                     y(v) + 4, v);
+  }
+  for (double st : nice_ticks(0, max_step, 6)) {
+    if (st != std::floor(st)) continue;  // steps are whole
+    s += fmt::format("<text class=\"step-tick\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>\n", x(st),
+                     H - bottom + 18, st);
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", (W + left - right) / 2, H - 10);
   s += fmt::format("<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" fill=\"#1f77b4\">loss{}</text>\n", H / 2,

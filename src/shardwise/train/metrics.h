@@ -41,6 +41,19 @@ class MetricsLog {
 
 // The SVG text of a loss curve (validation losses and accuracy points, when given), for MetricsLog
 // and tests. `log_loss_axis`: the loss axis is logarithmic (non-positive losses are not drawn).
+// Both axes carry ticks at nice values (nice_ticks, log_ticks).
 std::string loss_curve_svg(const std::vector<StepRecord>& records, const std::string& title, bool log_loss_axis = false);
+
+// The curve's title: the model that ran and where, "shardwise: GPT-2, 2 layers, hidden 32 on [dp=2]";
+// "Llama", or "Mixtral (8 experts, top-2)" for a Llama with experts.
+std::string loss_curve_title(const GptConfig& model, const std::string& mesh);
+
+// Tick values of a linear axis over [lo, hi]: the multiples in the range of the smallest step of
+// 1, 2, 2.5 or 5 x 10^k that gives at most `most` of them (lo < hi).
+std::vector<double> nice_ticks(double lo, double hi, int most = 6);
+// Tick values of a logarithmic axis over [lo, hi] (0 < lo < hi): the decades 10^k in the range when
+// it holds at least 3 of them, else 1, 2 and 5 x 10^k when at least 2 of those fall in it, else
+// nice_ticks (a narrow range is nearly linear).
+std::vector<double> log_ticks(double lo, double hi, int most = 6);
 
 }  // namespace shardwise::train

@@ -1,4 +1,5 @@
 #include "shardwise/train/moe_plan.h"
+#include "shardwise/core/plural.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,9 +49,9 @@ std::string mib(double bytes) { return fmt::format("{:.3f} MiB", bytes / (1024.0
 std::string MoeTraffic::table() const {
   if (moe_layers == 0) return "";
   std::string out = fmt::format(
-      "moe traffic per step and rank: {} MoE layers x {} micro-batches, {} tokens each ({} on this rank), top-{} of {} "
+      "moe traffic per step and rank: {} x {}, {} tokens each ({} on this rank), top-{} of {} "
       "experts over ep={}\n",
-      moe_layers, micro_batches, tokens_per_micro_batch, rank_tokens, top_k, experts, ep);
+      counted(moe_layers, "MoE layer"), counted(micro_batches, "micro-batch"), tokens_per_micro_batch, rank_tokens, top_k, experts, ep);
   if (ep == 1) {
     out += fmt::format("  no ep dim: dispatch and combine are local copies (no all_to_all_v); {} all_gathers of router sums\n",
                        all_gathers);

@@ -12,6 +12,8 @@
 #include "shardwise/ckpt/commit.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
+#include "shardwise/core/plural.h"
+#include "shardwise/core/rank_failure.h"
 
 namespace shardwise::train {
 namespace {
@@ -40,9 +42,10 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<d
 std::string check_save_dir(const RunDirs& dirs, uint64_t need, std::vector<std::string>& warnings) {
   auto existing = ckpt::list_checkpoints(dirs.save_dir);
   if (!existing.empty() && !dirs.resuming) {
-    return fmt::format("save directory '{}' already holds {} checkpoint(s) (newest: {}): pass --resume auto to "
+    return fmt::format("save directory '{}' already holds {} (newest: {}): pass --resume auto to "
                        "continue that run, or choose another --run-dir / --save-dir; nothing was changed",
-                       dirs.save_dir, existing.size(), existing.back().dir.filename().string());
+                       dirs.save_dir, counted(static_cast<int64_t>(existing.size()), "checkpoint"),
+                       existing.back().dir.filename().string());
   }
   struct statvfs st {};
   if (statvfs(dirs.save_dir.c_str(), &st) != 0) return "";
@@ -104,16 +107,16 @@ std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& wo
   }
   if (error.empty() && dirs.saves) {
     if (std::string why = probe(dirs.save_dir, world.rank()); !why.empty()) {
-      error = fmt::format("save directory '{}' is not usable (rank {}): {}; choose another --save-dir", dirs.save_dir,
-                          world.rank(), why);
+      error = fmt::format("save directory '{}' is not usable: {}; choose another --save-dir", dirs.save_dir, why);
     }
   }
   if (error.empty() && world.rank() == 0 && (dirs.saves || ckpt::fs::is_directory(dirs.save_dir))) {
     error = check_save_dir(dirs, need, warnings);
   }
-  // Every rank agrees: the first error (by rank) stops them all.
-  for (const auto& e : comm::all_gather_object(world, error)) {
-    if (!e.get<std::string>().empty()) fail("{}", e.get<std::string>());
+  // Every rank agrees: the first error (by rank) stops them all, naming that rank.
+  const std::vector<nlohmann::json> all = comm::all_gather_object(world, error);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].get<std::string>().empty()) throw RankFailure(static_cast<int64_t>(r), all[r].get<std::string>());
   }
   return warnings;
 }

@@ -14,6 +14,8 @@
 #include "shardwise/runtime/profiler.h"
 #include "shardwise/train/data_defaults.h"
 #include "shardwise/models/models.h"
+#include "shardwise/core/plural.h"
+#include "shardwise/core/rank_failure.h"
 
 namespace shardwise::train {
 
@@ -153,13 +155,13 @@ void TrainConfig::resolve_batch(int64_t ranks, const std::string& ways) {
 
 void TrainConfig::check(int64_t ranks, bool open_data) {
   Strategy s = Strategy::from_mesh(mesh::parse_mesh(mesh), sequence_parallel);
-  SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
-           s.mesh.to_string(), s.mesh.size(), ranks, s.mesh.size(), s.mesh.size());
+  SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} but {} run (use --ranks {} or mpirun -np {})",
+           s.mesh.to_string(), counted(s.mesh.size(), "rank"), counted(ranks, "rank"), s.mesh.size(), s.mesh.size());
   if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : kDefaultFileSeq;
   model.validate();
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
-  SW_CHECK(model.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)",
-           model.heads, s.tp_size());
+  SW_CHECK(model.heads % s.tp_size() == 0, "{} cannot be split over tp={} (each tp rank needs whole heads)",
+           counted(model.heads, "head"), s.tp_size());
   SW_CHECK(steps >= 1, "steps must be at least 1, got {}", steps);
   SW_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr, "learning rates must satisfy 0 <= min_lr <= lr and lr > 0 (lr {}, min_lr {})",
            lr, min_lr);
@@ -303,7 +305,7 @@ void Trainer::open_data() {
   size_t f = all.size();  // the first reader
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].is_null()) continue;
-    if (all[r].contains("error")) fail("{}", all[r]["error"].get<std::string>());
+    if (all[r].contains("error")) throw RankFailure(static_cast<int64_t>(r), all[r]["error"].get<std::string>());
     if (f == all.size()) f = r;
   }
   SW_CHECK(f < all.size(), "no rank reads the data (mesh {})", strategy_.mesh.to_string());
