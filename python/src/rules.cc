@@ -2,6 +2,8 @@
 // plan_reshard(), run_op(). Everything is read from the C++ registry, so an op registered in C++
 // appears here with no Python written for it.
 #include <fmt/format.h>
+
+#include <chrono>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -145,6 +147,14 @@ void bind_rules(nb::module_& m) {
         "Asks an op's SPMD rule: forward (placements: one per input), reverse (one per output) or grad (one per "
         "input, then one per output grad). Returns the required input and the output placements, as "
         "`shardwise infer` does.");
+  m.def("_seconds_per_ask_rule", [](const std::string& op, nb::handle mesh_spec, nb::handle shapes, nb::handle placements,
+                                     int64_t repeat) {
+    ops::RuleQuestion q{op, "forward", mesh_of(mesh_spec), metas_of(shapes, nb::none()), {}, {}};
+    for (nb::handle p : placements) q.placements.push_back(dist_of(p, q.mesh.ndim(), "placements"));
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < repeat; ++i) ops::ask_rule(q);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(repeat);
+  }, "For bench/python_call_overhead.py: the C++ time of one forward rule question, without Python.");
   bind_plan(m);
   m.def("plan_reshard", [](nb::handle shape, nb::handle mesh_spec, nb::handle src, nb::handle dst, nb::handle dst_mesh,
                            const std::string& dtype, double alpha_us, double bandwidth_gbps, const std::string& strategy) {

@@ -320,7 +320,7 @@ int run(int argc, char** argv) {
   pipe_cmd->add_option("--svg", pipe_opts.svg, "write the simulated timeline as an SVG picture");
 
   TrainOptions train_opts;
-  auto* train_cmd = app.add_subcommand("train", "Train the GPT model on a mesh (threads, or MPI processes under mpirun)");
+  auto* train_cmd = app.add_subcommand("train", "Train a GPT-2, Llama or Mixtral model on a mesh (threads, or MPI processes under mpirun)");
   train_cmd->option_defaults()->always_capture_default();
   add_train_options(*train_cmd, train_opts);
   group_train_options(*train_cmd);
