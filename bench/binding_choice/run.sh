@@ -15,7 +15,11 @@ pb_inc=$("$PY" -c "import pybind11; print(pybind11.get_include())")
 flags="-O2 -shared -fPIC -std=c++20 -fvisibility=hidden -I$inc"
 # nanobind's own library, as nanobind_add_module(NB_STATIC) builds it (one translation unit here).
 c++ $flags -I"$nb_inc" -I"$nb_src/../ext/robin_map/include" "$here/mod_nb.cc" "$nb_src/nb_combined.cpp" -o "$out/mod_nb$ext"
-c++ $flags -I"$pb_inc" "$here/mod_pb.cc" -o "$out/mod_pb$ext"
+# The pybind11 module is mod_nb.cc with pybind11's spellings: the same code, bound the other way.
+sed -e 's|nanobind/nanobind.h|pybind11/pybind11.h|; s|nanobind/stl/string.h|pybind11/stl.h|; /nanobind\/stl\/vector.h/d' \
+    -e 's|namespace nb = nanobind;|namespace nb = pybind11;|; s|NB_MODULE(mod_nb, m)|PYBIND11_MODULE(mod_pb, m)|' \
+    -e 's|def_rw|def_readwrite|' "$here/mod_nb.cc" > "$out/mod_pb.cc"
+c++ $flags -I"$pb_inc" "$out/mod_pb.cc" -o "$out/mod_pb$ext"
 strip "$out/mod_nb$ext" "$out/mod_pb$ext"
 cd "$out" && "$PY" - <<'PYEOF'
 import glob, os, timeit
