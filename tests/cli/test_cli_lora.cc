@@ -20,12 +20,8 @@ using shardwise_cli_test::run_command;
 
 const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("sw_cli_lora_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : shardwise_cli_test::TempDir {
+  explicit TempDir(const std::string& name) : shardwise_cli_test::TempDir("sw_cli_lora_" + name) {}
 };
 
 double first_loss(const fs::path& run_dir) {

@@ -115,14 +115,21 @@ std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, cons
   return prompts;
 }
 
-// --eos-id, else the tokenizer's eos, else generation_config.json's eos_token_id, else none.
-int64_t resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir, const TextCodec& codec) {
-  if (o.eos_id != kEosFromModel) return o.eos_id;
-  if (codec.tokenizer && codec.tokenizer->eos_id() >= 0) return codec.tokenizer->eos_id();
-  if (!std::filesystem::exists(dir / "generation_config.json")) return -1;
-  nlohmann::json j = ckpt::load_json(dir, "generation_config.json");
-  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) return j["eos_token_id"].get<int64_t>();
-  return -1;
+// --eos-id, else the tokenizer's eos, else generation_config.json's eos_token_id (an id, or a list
+// of ids: each ends a sequence), else none (-1). The first id, then the others.
+std::vector<int64_t> resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir, const TextCodec& codec) {
+  if (o.eos_id != kEosFromModel) return {o.eos_id};
+  if (codec.tokenizer && codec.tokenizer->eos_id() >= 0) return {codec.tokenizer->eos_id()};
+  if (!std::filesystem::exists(dir / "generation_config.json")) return {-1};
+  const nlohmann::json j = ckpt::load_json(dir, "generation_config.json").value("eos_token_id", nlohmann::json());
+  if (j.is_number_integer()) return {j.get<int64_t>()};
+  std::vector<int64_t> ids;
+  for (const nlohmann::json& id : j.is_array() ? j : nlohmann::json::array()) {
+    SW_CHECK(id.is_number_integer(), "{}: eos_token_id {} is not a token id or a list of ids",
+             (dir / "generation_config.json").string(), j.dump());
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids.empty() ? std::vector<int64_t>{-1} : ids;
 }
 
 struct Run {
@@ -274,7 +281,9 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   run.config.sampling.top_p = o.top_p;
   run.config.sampling.seed = o.seed;
   SW_CHECK(o.eos_id >= kEosFromModel, "--eos-id must be a token id, or -1 for none, got {}", o.eos_id);
-  run.config.eos_id = resolve_eos(o, run.dir, run.codec);
+  const std::vector<int64_t> eos = resolve_eos(o, run.dir, run.codec);
+  run.config.eos_id = eos.front();
+  run.config.more_eos_ids.assign(eos.begin() + 1, eos.end());
   run.config.validate(run.model);
   // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
   o.gemm_line = choose_gemm(o.gemm);

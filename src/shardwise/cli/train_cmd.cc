@@ -73,6 +73,7 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   }
   m.layer_norm_epsilon = saved.layer_norm_epsilon;
   m.init_std = saved.init_std;
+  o.config.init_token_ids = train::read_stored_token_ids(o.init_from);  // its checkpoints keep them
 }
 
 void apply_lora(CLI::App& cmd, TrainOptions& o) {

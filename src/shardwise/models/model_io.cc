@@ -39,6 +39,33 @@ nlohmann::json with_tokens_and_dtype(const SpecialTokens& t, DType stored, nlohm
   return config;
 }
 
+namespace {
+constexpr const char* kTokenFields[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+}  // namespace
+
+StoredTokenIds read_stored_token_ids(const ckpt::fs::path& dir) {
+  auto fields = [&](const char* name) {
+    nlohmann::json out = nlohmann::json::object(), j = ckpt::load_json(dir, name);
+    for (const char* key : kTokenFields)
+      if (j.contains(key)) out[key] = j[key];
+    return out;
+  };
+  StoredTokenIds t;
+  t.config = fields("config.json");
+  t.generation = ckpt::fs::exists(dir / "generation_config.json") ? fields("generation_config.json") : t.config;
+  return t;
+}
+
+nlohmann::json with_stored_token_ids(nlohmann::json file, const nlohmann::json& stored,
+                                     const std::vector<std::string>& keep) {
+  for (const char* key : kTokenFields) {
+    if (std::find(keep.begin(), keep.end(), key) != keep.end()) continue;
+    if (stored.contains(key)) file[key] = stored[key];
+    else file.erase(key);
+  }
+  return file;
+}
+
 nlohmann::json gpt2_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
   return with_tokens_and_dtype(t, stored, {{"architectures", {"GPT2LMHeadModel"}},
                                           {"model_type", "gpt2"},

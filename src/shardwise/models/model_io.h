@@ -40,6 +40,20 @@ struct SpecialTokens {
 // else the last id.
 SpecialTokens default_special_tokens(int64_t vocab);
 
+// The special-token fields of a model directory as stored: bos_token_id, eos_token_id and
+// pad_token_id of its config.json and of its generation_config.json (the two may differ; each value
+// an id, null, or for eos a list of ids). A field the file lacks is absent; without a
+// generation_config.json, transformers derives one from config.json: `generation` is config's.
+struct StoredTokenIds {
+  nlohmann::json config = nlohmann::json::object(), generation = nlohmann::json::object();
+};
+StoredTokenIds read_stored_token_ids(const ckpt::fs::path& dir);
+// `file` (config.json or generation_config.json) with its special-token fields replaced by
+// `stored`'s: a field `stored` lacks is removed (transformers' default applies, as it did to the
+// directory), except those named in `keep` (what the run sets itself), which stay as they are.
+nlohmann::json with_stored_token_ids(nlohmann::json file, const nlohmann::json& stored,
+                                     const std::vector<std::string>& keep);
+
 // `config` with the special tokens' ids and the stored dtype as transformers names them (every
 // architecture's config.json carries both).
 nlohmann::json with_tokens_and_dtype(const SpecialTokens& tokens, DType stored, nlohmann::json config);
