@@ -1,6 +1,7 @@
 // What a checkpoint of an `--init-from` run keeps of the model directory it started from: its
 // special-token ids (config.json's and generation_config.json's, each its own, unless the run sets
-// them), and `generate` stops on every id of a generation_config.json's eos list. The fixtures are
+// them) and its dropout (trained, and saved as trained); `generate` stops on every id of a
+// generation_config.json's eos list. The fixtures are
 // copies of tests/golden/hf's transformers directories with their token ids rewritten here.
 #include <gtest/gtest.h>
 
@@ -83,6 +84,42 @@ TEST(CliInitFromKeeps, TheModelsSpecialTokenIdsUnlessTheRunSetsThem) {
   EXPECT_EQ(token_fields(ckpt / "config.json"),
             (nlohmann::json{{"bos_token_id", 4}, {"eos_token_id", 5}, {"pad_token_id", nullptr}}));
   EXPECT_EQ(token_fields(ckpt / "generation_config.json"), (nlohmann::json{{"bos_token_id", 4}, {"eos_token_id", 5}}));
+}
+
+double first_loss(const fs::path& run_dir) {
+  std::ifstream f(run_dir / "metrics.jsonl");
+  std::string line;
+  std::getline(f, line);
+  return nlohmann::json::parse(line)["loss"].get<double>();
+}
+
+// GPT-2's resid/embd/attn_pdrop (one probability at GPT-2's three sites, as shardwise's --dropout)
+// are trained with and saved; --dropout overrides them; three different ones are refused naming
+// them and --dropout. Llama's attention_dropout likewise.
+TEST(CliInitFromKeeps, TheModelsDropout) {
+  TempDir d("dropout");
+  const nlohmann::json p1 = {{"resid_pdrop", 0.1}, {"embd_pdrop", 0.1}, {"attn_pdrop", 0.1}};
+  const fs::path gpt2 = model_copy("gpt2_tiny", d.path / "gpt2", p1, nlohmann::json::object());
+  fs::path ckpt = fine_tune(gpt2, "tokens.bin", d.path / "kept");
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
+    EXPECT_EQ(read_json(ckpt / "config.json")[key], 0.1) << key;
+  fine_tune(gpt2, "tokens.bin", d.path / "explicit", "--dropout 0.1");
+  ckpt = fine_tune(gpt2, "tokens.bin", d.path / "none", "--dropout 0");
+  EXPECT_EQ(read_json(ckpt / "config.json")["resid_pdrop"], 0.0);
+  EXPECT_EQ(first_loss(d.path / "kept"), first_loss(d.path / "explicit"));  // trained with 0.1
+  EXPECT_NE(first_loss(d.path / "kept"), first_loss(d.path / "none"));
+  const fs::path mixed = model_copy("gpt2_tiny", d.path / "mixed", {{"resid_pdrop", 0.1}, {"embd_pdrop", 0.0}},
+                                    nlohmann::json::object());
+  auto r = run("train --init-from " + mixed.string() + " --data " + kGolden + "/tokens.bin --steps 1 --global-batch 4 "
+               "--progress none --run-dir " + (d.path / "mixed-run").string());
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("resid_pdrop 0.1, embd_pdrop 0 and attn_pdrop 0 differ"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("choose it with --dropout P"), std::string::npos) << r.out;
+  ckpt = fine_tune(mixed, "tokens.bin", d.path / "mixed-chosen", "--dropout 0.05");
+  EXPECT_EQ(read_json(ckpt / "config.json")["attn_pdrop"], 0.05);
+  const fs::path llama = model_copy("llama_tiny", d.path / "llama", {{"attention_dropout", 0.2}}, nlohmann::json::object());
+  ckpt = fine_tune(llama, "llama_tokens.bin", d.path / "llama-run");
+  EXPECT_EQ(read_json(ckpt / "config.json")["attention_dropout"], 0.2);
 }
 
 // generate --json's new ids for `prompt` on `model` (greedy, 8 new tokens).

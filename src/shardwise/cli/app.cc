@@ -85,7 +85,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices");
   t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
   t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
-  t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
+  t->add_option("--dropout", c.dropout, "dropout probability on GPT-2's embeddings, attention and residuals, Llama's attention "
+                "(with --init-from: the directory's *_pdrop or attention_dropout unless given)");
   t->add_option("--recompute", c.model.recompute,
                 "activation recompute: none, full (keep each layer's input, recompute the layer before its backward) "
                 "or selective (recompute the attention core: scores, softmax, dropout, probs x V)");

@@ -131,6 +131,20 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
   return c;
 }
 
+double stored_dropout(const ckpt::fs::path& dir) {
+  const nlohmann::json j = ckpt::load_json(dir, "config.json");
+  const std::string type = j.value("model_type", "");
+  if (type == "llama" || type == "mixtral") return j.value("attention_dropout", 0.0);
+  const double absent = type == "gpt2" ? 0.1 : 0.0;
+  const double resid = j.value("resid_pdrop", absent), embd = j.value("embd_pdrop", absent),
+               attn = j.value("attn_pdrop", absent);
+  SW_CHECK(resid == embd && embd == attn,
+           "'{}': resid_pdrop {}, embd_pdrop {} and attn_pdrop {} differ; shardwise's GPT-2 drops out the embeddings, "
+           "the attention probabilities and the residual branches with one probability: choose it with --dropout P",
+           (dir / "config.json").string(), resid, embd, attn);
+  return resid;
+}
+
 bool is_legacy_layout(const ckpt::fs::path& dir) {
   return ckpt::load_json(dir, "config.json").value("model_type", "") == "shardwise_gpt";
 }

@@ -81,6 +81,13 @@ GptConfig read_llama_config(const nlohmann::json& config, const std::string& fil
 // may train on sequences shorter than the directory's max_position_embeddings.
 std::vector<std::string> model_differences(const GptConfig& saved, const GptConfig& run);
 
+// The dropout probability a model directory's config.json trains with: GPT-2's resid_pdrop,
+// embd_pdrop and attn_pdrop (transformers' default 0.1 where absent; 0 for the earlier
+// shardwise_gpt layout), Llama's and Mixtral's attention_dropout (default 0). shardwise's GPT-2
+// drops out at GPT-2's sites (embeddings, attention probabilities, both residual branches) with one
+// probability: Error naming the three values when they differ.
+double stored_dropout(const ckpt::fs::path& dir);
+
 // True when `dir` holds the earlier layout (separate q/k/v keys); false for GPT-2's and Llama's.
 bool is_legacy_layout(const ckpt::fs::path& dir);
 // The key map to read `dir` with: model_key_map, or empty for the earlier GPT layout.

@@ -42,8 +42,11 @@ std::vector<std::string> tokens_the_run_sets(const TrainConfig& c) {
   return out;
 }
 
+// config.json of the model as trained: its dropout is the run's (TrainConfig::dropout).
 nlohmann::json model_config(const TrainConfig& c, const SpecialTokens& tokens) {
-  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, tokens);
+  GptConfig trained = c.model;
+  trained.dropout = c.dropout;
+  return model_config_json(trained, c.bf16 ? DType::BF16 : DType::F32, tokens);
 }
 
 // Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
