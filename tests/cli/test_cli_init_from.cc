@@ -1,12 +1,13 @@
 // What a checkpoint of an `--init-from` run keeps of the model directory it started from: its
 // special-token ids (config.json's and generation_config.json's, each its own, unless the run sets
-// them) and its dropout (trained, and saved as trained); `generate` stops on every id of a
+// them), its dropout (trained, and saved as trained) and its tokenizer files; `generate` stops on every id of a
 // generation_config.json's eos list. The fixtures are
 // copies of tests/golden/hf's transformers directories with their token ids rewritten here.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -120,6 +121,39 @@ TEST(CliInitFromKeeps, TheModelsDropout) {
   const fs::path llama = model_copy("llama_tiny", d.path / "llama", {{"attention_dropout", 0.2}}, nlohmann::json::object());
   ckpt = fine_tune(llama, "llama_tokens.bin", d.path / "llama-run");
   EXPECT_EQ(read_json(ckpt / "config.json")["attention_dropout"], 0.2);
+}
+
+std::string bytes_of(const fs::path& file) {
+  std::ifstream f(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The directory's tokenizer files are copied byte for byte into every checkpoint, listed in its
+// manifest (ckpt verify checks their digests), and on by `ckpt merge`; a checkpoint of a model
+// without them has none.
+TEST(CliInitFromKeeps, TheModelsTokenizerFiles) {
+  TempDir d("tokenizer");
+  const fs::path gpt2 = model_copy("gpt2_tiny", d.path / "gpt2", nlohmann::json::object(), nlohmann::json::object());
+  const std::map<std::string, std::string> files = {
+      {"tokenizer.json", R"({"version": "1.0", "model": {"type": "BPE"}})"},
+      {"tokenizer_config.json", R"({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 16})"},
+      {"special_tokens_map.json", R"({"eos_token": "<|endoftext|>"})"},
+      {"vocab.json", R"({"a": 0, "b": 1})"},
+      {"merges.txt", std::string("#version: 0.2\na b\n\0\xff", 20)}};
+  for (const auto& [name, text] : files) std::ofstream(gpt2 / name, std::ios::binary) << text;
+  const fs::path ckpt = fine_tune(gpt2, "tokens.bin", d.path / "run");
+  const nlohmann::json manifest = read_json(ckpt / "manifest.json");
+  for (const auto& [name, text] : files) {
+    EXPECT_EQ(bytes_of(ckpt / name), text) << name;
+    EXPECT_NE(manifest.dump().find("\"" + name + "\""), std::string::npos) << name << " not in the manifest";
+  }
+  auto r = run("ckpt verify " + ckpt.string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run("ckpt merge " + ckpt.string() + " " + (d.path / "merged").string());  // the tools carry them too
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const auto& [name, text] : files) EXPECT_EQ(bytes_of(d.path / "merged" / name), text) << name;
+  const fs::path bare = fine_tune(kGolden + "/gpt2_tiny", "tokens.bin", d.path / "bare");
+  for (const auto& [name, text] : files) EXPECT_FALSE(fs::exists(bare / name)) << name;
 }
 
 // generate --json's new ids for `prompt` on `model` (greedy, 8 new tokens).

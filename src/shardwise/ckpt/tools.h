@@ -2,8 +2,9 @@
 // The checkpoint tools behind `shardwise ckpt ...`: inspect, verify, merge, convert, lora-merge.
 // merge/convert/lora-merge read the "model" group of any checkpoint (shardwise's, or a Hugging
 // Face directory with model.safetensors or an index) and write a Hugging Face style checkpoint
-// (index + k-of-n shards with format=pt, config.json and generation_config.json copied, a
-// manifest) through the same commit protocol: OUT.tmp, fsync, rename. OUT must not exist.
+// (index + k-of-n shards with format=pt; config.json, generation_config.json and the tokenizer
+// files, kTokenizerFiles, copied; a manifest) through the same commit protocol: OUT.tmp, fsync,
+// rename. OUT must not exist.
 #include <optional>
 #include <ostream>
 #include <string>

@@ -246,7 +246,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
     content.json_files = {{"config.json", std::move(config)}, {"generation_config.json", std::move(generation)}};
   }
   content.json_files.emplace_back("trainer_state.json", std::move(state));
-  add_run_files(c, trainer.run_options(), content);  // run_options.json, the tokenizer
+  add_run_files(c, trainer.run_options(), trainer.base_model().dir, content);  // run_options.json, the tokenizer
   return content;
 }
 
