@@ -73,6 +73,31 @@ TEST(CliLora, RunOnAShardwiseBaseSavesPeftFilesResumesAndMerges) {
   EXPECT_NE(adapted, first_loss(d.path / "lora"));  // the adapters changed the model
 }
 
+// A LoRA checkpoint records its base's fingerprint: lora-merge into another base (other weights of
+// the same shape) is refused naming the adapter, its base and the base given; --skip-base-check
+// merges anyway; the adapter's own base merges.
+TEST(CliLora, MergeRefusesABaseTheAdapterWasNotTrainedOn) {
+  TempDir d("base_check");
+  const std::string gpt2 = " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden + "/tokens.bin";
+  auto r = run(train(d.path / "other", "dp=1", 1) + gpt2 + " --save-every 1 --lr 0.1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(train(d.path / "lora", "dp=1", 1) + gpt2 + " --lora-rank 2 --save-every 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string other = (d.path / "other" / "checkpoints" / "checkpoint-1").string(),
+                    adapter = (d.path / "lora" / "checkpoints" / "checkpoint-1").string();
+  r = run("ckpt lora-merge " + other + " " + adapter + " " + (d.path / "merged").string());
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("lora-merge: adapter " + adapter + " was trained on the base model '" + kGolden +
+                       "/gpt2_tiny', and base " + other + " is another model or holds other weights"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pass --skip-base-check to merge anyway"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "merged"));
+  r = run("ckpt lora-merge " + other + " " + adapter + " " + (d.path / "merged").string() + " --skip-base-check");
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run("ckpt lora-merge " + kGolden + "/gpt2_tiny " + adapter + " " + (d.path / "merged-own").string());
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
 TEST(CliLora, PeftsAdapterTrainsOnMpiProcessesFromPeftsLoss) {
   TempDir d("mpi");
   std::ifstream f(kGolden + "/lora_gpt2_expected.json");
