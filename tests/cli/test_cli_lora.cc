@@ -98,6 +98,29 @@ TEST(CliLora, MergeRefusesABaseTheAdapterWasNotTrainedOn) {
   EXPECT_EQ(r.status, 0) << r.out;
 }
 
+// generate on an adapter directory names it and the lora-merge to run (the base from its
+// adapter_config.json), and that command, then generate on its output, work.
+TEST(CliLora, GenerateOnAnAdapterDirectoryShowsTheMergeCommand) {
+  TempDir d("generate");
+  auto r = run(train(d.path / "lora", "dp=1", 1) + " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden +
+               "/tokens.bin --lora-rank 2 --save-every 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string adapter = (d.path / "lora" / "checkpoints" / "checkpoint-1").string(),
+                    merged = (d.path / "lora" / "merged-checkpoint-1").string();
+  r = run("generate --checkpoint " + adapter + " --prompt-ids 1,2 --max-new-tokens 2");
+  EXPECT_EQ(r.status, 2) << r.out;
+  const std::string merge = "ckpt lora-merge " + kGolden + "/gpt2_tiny " + adapter + " " + merged;
+  EXPECT_NE(r.out.find("--checkpoint " + adapter + " holds LoRA adapters (adapter_config.json), not a model: merge "
+                       "them into their base model first, `shardwise " + merge + "`, then generate with "
+                       "--checkpoint " + merged), std::string::npos) << r.out;
+  ASSERT_EQ(run(merge).status, 0);
+  r = run("generate --checkpoint " + merged + " --prompt-ids 1,2 --max-new-tokens 2");
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run("generate --checkpoint " + kGolden + "/lora_gpt2 --prompt-ids 1,2");  // PEFT's: its base as PEFT names it
+  EXPECT_NE(r.out.find("`shardwise ckpt lora-merge gpt2_tiny " + kGolden + "/lora_gpt2 " + kGolden + "/lora_gpt2-merged`"),
+            std::string::npos) << r.out;
+}
+
 TEST(CliLora, PeftsAdapterTrainsOnMpiProcessesFromPeftsLoss) {
   TempDir d("mpi");
   std::ifstream f(kGolden + "/lora_gpt2_expected.json");

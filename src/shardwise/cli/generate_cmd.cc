@@ -12,6 +12,7 @@
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/run_header.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -132,6 +133,27 @@ std::vector<int64_t> resolve_eos(const GenerateOptions& o, const std::filesystem
   return ids.empty() ? std::vector<int64_t>{-1} : ids;
 }
 
+// A LoRA checkpoint or PEFT adapter directory (adapter_config.json, no config.json) is not a model:
+// the error names it and the `ckpt lora-merge` that makes one from it and its base.
+void refuse_adapter_directory(const std::filesystem::path& dir) {
+  if (!std::filesystem::exists(dir / "adapter_config.json") || std::filesystem::exists(dir / "config.json")) return;
+  std::string base = "BASE";
+  try {
+    const nlohmann::json j = ckpt::load_json(dir, "adapter_config.json");
+    if (j.value("base_model_name_or_path", nlohmann::json()).is_string()) base = j["base_model_name_or_path"];
+  } catch (const std::exception&) {
+  }
+  // The merged model beside the run's checkpoints (<run>/merged-checkpoint-N), else beside DIR.
+  const std::filesystem::path out =
+      dir.parent_path().filename() == "checkpoints"
+          ? dir.parent_path().parent_path() / ("merged-" + dir.filename().string())
+          : std::filesystem::path(dir.string() + "-merged");
+  fail("--checkpoint {} holds LoRA adapters (adapter_config.json), not a model: merge them into their base model "
+       "first, `shardwise ckpt lora-merge {} {} {}`, then generate with --checkpoint {}", dir.string(),
+       shell_quoted(base.empty() ? "BASE" : base), shell_quoted(dir.string()), shell_quoted(out.string()),
+       shell_quoted(out.string()));
+}
+
 struct Run {
   train::GptConfig model;
   train::Strategy strategy;
@@ -241,6 +263,7 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   run.dir = o.checkpoint;
   SW_CHECK(std::filesystem::is_directory(run.dir), "--checkpoint '{}' is not a directory (a checkpoint such as "
                                                    "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
+  refuse_adapter_directory(run.dir);
   run.model = train::read_model_config(run.dir);
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
   SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
