@@ -167,7 +167,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--rope-theta", c.model.rope_theta, "llama: the rotary embedding's base");
   t->add_option("--rms-norm-eps", c.model.rms_norm_eps, "llama: the RMSNorm epsilon");
   t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,
-              "llama: --untied-head gives a separate LM head (lm_head.weight); tied (default): the token embedding")
+              "llama: --untied-head: a separate LM head (lm_head.weight); tied (default; GPT-2: always): the embedding")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   t->add_option("--eval-every", o.eval_every,
                 "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");
