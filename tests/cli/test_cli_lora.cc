@@ -121,6 +121,30 @@ TEST(CliLora, GenerateOnAnAdapterDirectoryShowsTheMergeCommand) {
             std::string::npos) << r.out;
 }
 
+std::string file_bytes(const fs::path& file) {
+  std::ifstream f(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// A bare GPT-2 adapter (adapter_model.safetensors alone, or a directory without adapter_config.json,
+// with --rank and --alpha) merges in GPT-2's Conv1D layout, which the base's config.json names: the
+// same weights as the merge of PEFT's directory (rsLoRA: alpha 8 / sqrt(4) = 16 / 4).
+TEST(CliLora, ABareGpt2AdapterMergesInConv1DLayout) {
+  TempDir d("bare");
+  auto r = run("ckpt lora-merge " + kGolden + "/gpt2_tiny " + kGolden + "/lora_gpt2 " + (d.path / "peft").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  fs::create_directories(d.path / "bare");
+  fs::copy_file(kGolden + "/lora_gpt2/adapter_model.safetensors", d.path / "bare" / "adapter_model.safetensors");
+  for (const fs::path& adapter : {d.path / "bare" / "adapter_model.safetensors", d.path / "bare"}) {
+    const fs::path out = d.path / ("merged-" + adapter.filename().string());
+    r = run("ckpt lora-merge " + kGolden + "/gpt2_tiny " + adapter.string() + " " + out.string() + " --rank 4 --alpha 16");
+    ASSERT_EQ(r.status, 0) << adapter << "\n" << r.out;
+    EXPECT_NE(r.out.find("merged 8 adapted weights"), std::string::npos) << r.out;
+    EXPECT_EQ(file_bytes(out / "model-00001-of-00001.safetensors"),
+              file_bytes(d.path / "peft" / "model-00001-of-00001.safetensors")) << adapter;
+  }
+}
+
 TEST(CliLora, PeftsAdapterTrainsOnMpiProcessesFromPeftsLoss) {
   TempDir d("mpi");
   std::ifstream f(kGolden + "/lora_gpt2_expected.json");

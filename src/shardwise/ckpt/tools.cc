@@ -315,6 +315,7 @@ LoraSettings lora_settings(const fs::path& adapter, const LoraOptions& options) 
   }
   SW_CHECK(s.rank > 0 && alpha != 0,
            "lora-merge: pass --rank and --alpha, or an adapter directory with PEFT's adapter_config.json");
+  if (options.fan_in_fan_out) s.fan_in_fan_out = *options.fan_in_fan_out;
   s.scale = alpha / (rslora ? std::sqrt(static_cast<double>(s.rank)) : static_cast<double>(s.rank));
   return s;
 }

@@ -110,7 +110,10 @@ int CkptCommands::run(std::ostream& os) const {
     return 0;
   }
   if (!skip_base_check) check_adapter_base(path, adapter);
-  ckpt::LoraOptions lo{alpha, rank, rw};
+  ckpt::LoraOptions lo{alpha, rank, {}, rw};
+  const std::filesystem::path base_dir = std::filesystem::is_directory(path) ? std::filesystem::path(path)
+                                                                             : std::filesystem::path(path).parent_path();
+  lo.fan_in_fan_out = train::linear_weights_in_out(base_dir);  // GPT-2's Conv1D even for a bare adapter
   size_t n = ckpt::lora_merge(path, adapter, out, lo);
   os << fmt::format("merged {} adapted weights into {}\n", n, out);
   return 0;

@@ -145,6 +145,14 @@ double stored_dropout(const ckpt::fs::path& dir) {
   return resid;
 }
 
+std::optional<bool> linear_weights_in_out(const ckpt::fs::path& dir) {
+  if (!ckpt::fs::is_regular_file(dir / "config.json")) return std::nullopt;
+  const std::string type = ckpt::load_json(dir, "config.json").value("model_type", "");
+  if (type == "gpt2") return true;
+  if (type == "llama" || type == "mixtral") return false;
+  return std::nullopt;
+}
+
 bool is_legacy_layout(const ckpt::fs::path& dir) {
   return ckpt::load_json(dir, "config.json").value("model_type", "") == "shardwise_gpt";
 }

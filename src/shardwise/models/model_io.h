@@ -12,6 +12,7 @@
 // Llama (llama.h) uses transformers' LlamaForCausalLM layout: config.json a LlamaConfig, every
 // parameter stored whole under its own name in its own layout (the key map is empty).
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,6 +88,11 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
 // drops out at GPT-2's sites (embeddings, attention probabilities, both residual branches) with one
 // probability: Error naming the three values when they differ.
 double stored_dropout(const ckpt::fs::path& dir);
+
+// How model directory `dir` stores its linear weights, by its config.json's model_type: true for
+// GPT-2's Conv1D [in, out], false for Llama's and Mixtral's nn.Linear [out, in]; nullopt without a
+// config.json or for another model_type.
+std::optional<bool> linear_weights_in_out(const ckpt::fs::path& dir);
 
 // True when `dir` holds the earlier layout (separate q/k/v keys); false for GPT-2's and Llama's.
 bool is_legacy_layout(const ckpt::fs::path& dir);
