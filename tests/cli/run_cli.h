@@ -42,6 +42,15 @@ inline Result run(const std::string& args) {
 // TMPDIR), so two runs of the tests at once never share a run directory or a log.
 inline std::string tmp(const std::string& name) { return (std::filesystem::temp_directory_path() / name).string(); }
 
+// A scratch directory `name` (not created), emptied before the test and removed after it.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name) : path(std::filesystem::temp_directory_path() / name) {
+    std::filesystem::remove_all(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
 // metrics.jsonl's "loss" values by line, as written (text: compares bit for bit).
 inline std::vector<std::string> metrics_losses(const std::filesystem::path& metrics) {
   std::vector<std::string> out;

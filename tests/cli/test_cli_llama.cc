@@ -98,6 +98,17 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
   r = run("train --model mistral --steps 1 --mesh dp=1");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("mistral"), std::string::npos) << r.out;
+  // GPT-2's head is always tied: --untied-head is refused (it was accepted and trained tied), in
+  // train and in plan, and with --init-from a GPT-2 directory.
+  const std::vector<std::string> gpt2 = {
+      "train --steps 1 --mesh dp=1 --progress none", "plan --mesh dp=1",
+      "train --init-from " + kGolden + "/gpt2_tiny --data " + kGolden + "/tokens.bin --steps 1 --mesh dp=1 --progress none"};
+  for (const std::string& cmd : gpt2) {
+    r = run(cmd + " --untied-head");
+    EXPECT_EQ(r.status, 2) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("--untied-head: GPT-2's LM head is the token embedding (wte)"), std::string::npos)
+        << cmd << "\n" << r.out;
+  }
 }
 
 // MoE options: bad ones exit 2 naming the value; an ep mesh without experts, experts ep does not

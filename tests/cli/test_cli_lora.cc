@@ -20,12 +20,8 @@ using shardwise_cli_test::run_command;
 
 const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("sw_cli_lora_" + name)) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : shardwise_cli_test::TempDir {
+  explicit TempDir(const std::string& name) : shardwise_cli_test::TempDir("sw_cli_lora_" + name) {}
 };
 
 double first_loss(const fs::path& run_dir) {
@@ -75,6 +71,78 @@ TEST(CliLora, RunOnAShardwiseBaseSavesPeftFilesResumesAndMerges) {
   const double adapted = first_loss(d.path / "adapted");
   EXPECT_NEAR(first_loss(d.path / "merged-run"), adapted, 1e-5 * adapted);
   EXPECT_NE(adapted, first_loss(d.path / "lora"));  // the adapters changed the model
+}
+
+// A LoRA checkpoint records its base's fingerprint: lora-merge into another base (other weights of
+// the same shape) is refused naming the adapter, its base and the base given; --skip-base-check
+// merges anyway; the adapter's own base merges.
+TEST(CliLora, MergeRefusesABaseTheAdapterWasNotTrainedOn) {
+  TempDir d("base_check");
+  const std::string gpt2 = " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden + "/tokens.bin";
+  auto r = run(train(d.path / "other", "dp=1", 1) + gpt2 + " --save-every 1 --lr 0.1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(train(d.path / "lora", "dp=1", 1) + gpt2 + " --lora-rank 2 --save-every 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string other = (d.path / "other" / "checkpoints" / "checkpoint-1").string(),
+                    adapter = (d.path / "lora" / "checkpoints" / "checkpoint-1").string();
+  r = run("ckpt lora-merge " + other + " " + adapter + " " + (d.path / "merged").string());
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("lora-merge: adapter " + adapter + " was trained on the base model '" + kGolden +
+                       "/gpt2_tiny', and base " + other + " is another model or holds other weights"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pass --skip-base-check to merge anyway"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "merged"));
+  r = run("ckpt lora-merge " + other + " " + adapter + " " + (d.path / "merged").string() + " --skip-base-check");
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run("ckpt lora-merge " + kGolden + "/gpt2_tiny " + adapter + " " + (d.path / "merged-own").string());
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
+// generate on an adapter directory names it and the lora-merge to run (the base from its
+// adapter_config.json), and that command, then generate on its output, work.
+TEST(CliLora, GenerateOnAnAdapterDirectoryShowsTheMergeCommand) {
+  TempDir d("generate");
+  auto r = run(train(d.path / "lora", "dp=1", 1) + " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden +
+               "/tokens.bin --lora-rank 2 --save-every 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string adapter = (d.path / "lora" / "checkpoints" / "checkpoint-1").string(),
+                    merged = (d.path / "lora" / "merged-checkpoint-1").string();
+  r = run("generate --checkpoint " + adapter + " --prompt-ids 1,2 --max-new-tokens 2");
+  EXPECT_EQ(r.status, 2) << r.out;
+  const std::string merge = "ckpt lora-merge " + kGolden + "/gpt2_tiny " + adapter + " " + merged;
+  EXPECT_NE(r.out.find("--checkpoint " + adapter + " holds LoRA adapters (adapter_config.json), not a model: merge "
+                       "them into their base model first, `shardwise " + merge + "`, then generate with "
+                       "--checkpoint " + merged), std::string::npos) << r.out;
+  ASSERT_EQ(run(merge).status, 0);
+  r = run("generate --checkpoint " + merged + " --prompt-ids 1,2 --max-new-tokens 2");
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run("generate --checkpoint " + kGolden + "/lora_gpt2 --prompt-ids 1,2");  // PEFT's: its base as PEFT names it
+  EXPECT_NE(r.out.find("`shardwise ckpt lora-merge gpt2_tiny " + kGolden + "/lora_gpt2 " + kGolden + "/lora_gpt2-merged`"),
+            std::string::npos) << r.out;
+}
+
+std::string file_bytes(const fs::path& file) {
+  std::ifstream f(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// A bare GPT-2 adapter (adapter_model.safetensors alone, or a directory without adapter_config.json,
+// with --rank and --alpha) merges in GPT-2's Conv1D layout, which the base's config.json names: the
+// same weights as the merge of PEFT's directory (rsLoRA: alpha 8 / sqrt(4) = 16 / 4).
+TEST(CliLora, ABareGpt2AdapterMergesInConv1DLayout) {
+  TempDir d("bare");
+  auto r = run("ckpt lora-merge " + kGolden + "/gpt2_tiny " + kGolden + "/lora_gpt2 " + (d.path / "peft").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  fs::create_directories(d.path / "bare");
+  fs::copy_file(kGolden + "/lora_gpt2/adapter_model.safetensors", d.path / "bare" / "adapter_model.safetensors");
+  for (const fs::path& adapter : {d.path / "bare" / "adapter_model.safetensors", d.path / "bare"}) {
+    const fs::path out = d.path / ("merged-" + adapter.filename().string());
+    r = run("ckpt lora-merge " + kGolden + "/gpt2_tiny " + adapter.string() + " " + out.string() + " --rank 4 --alpha 16");
+    ASSERT_EQ(r.status, 0) << adapter << "\n" << r.out;
+    EXPECT_NE(r.out.find("merged 8 adapted weights"), std::string::npos) << r.out;
+    EXPECT_EQ(file_bytes(out / "model-00001-of-00001.safetensors"),
+              file_bytes(d.path / "peft" / "model-00001-of-00001.safetensors")) << adapter;
+  }
 }
 
 TEST(CliLora, PeftsAdapterTrainsOnMpiProcessesFromPeftsLoss) {

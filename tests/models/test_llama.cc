@@ -160,7 +160,7 @@ TEST(Llama, LoraIsRefusedNamingTheCombination) {
   c.model.lora.rank = 4;
   std::string m = message([&] { c.check(1); });
   EXPECT_NE(m.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos) << m;
-  c.model.model_type = "gpt2", c.model.kv_heads = 0, c.model.intermediate_size = 0;
+  c.model.model_type = "gpt2", c.model.kv_heads = 0, c.model.intermediate_size = 0, c.model.tie_word_embeddings = true;
   EXPECT_EQ(message([&] { c.check(1); }), "no error");
 }
 
@@ -318,6 +318,38 @@ TEST(Llama, MoeConfigurationsItCannotBuildAreRefused) {
   EXPECT_NE(message(llama_test_config("dp=1"), "ep=2").find("has an ep dim but the model has no experts"),
             std::string::npos);
   EXPECT_EQ(message(moe_config("dp=1"), "pp=2,ep=2"), "no error");  // router losses with pp: StageSpec::extra_loss
+}
+
+// parameter_count and largest_parameter against the parameters the builder creates (summed from
+// the one-rank graph): dense and tied Llama, MoE in every layer or in layer 1 only, with a shared
+// expert, and GPT-2.
+TEST(Llama, ParameterCountIsTheBuiltGraphsIncludingTheExperts) {
+  auto built = [](const GptConfig& m) {
+    GptGraph gpt = build_model(m, Strategy::from_mesh(mesh::parse_mesh("dp=1"), false), 1);
+    std::pair<double, double> total_largest{0, 0};
+    for (graph::ValueId v : gpt.g.params()) {
+      const double n = static_cast<double>(gpt.g.value(v).meta.shape.numel());
+      total_largest.first += n;
+      total_largest.second = std::max(total_largest.second, n);
+    }
+    return total_largest;
+  };
+  GptConfig tied = llama_test_config("dp=1").model, one_layer = moe_config("dp=1").model;
+  tied.tie_word_embeddings = true;
+  one_layer.moe_layers = {1};
+  GptConfig shared = moe_config("dp=1").model, gpt;
+  shared.shared_expert_width = 32;
+  gpt.layers = 2, gpt.hidden = 32, gpt.heads = 4, gpt.seq = 16, gpt.vocab = 64;
+  const std::pair<const char*, GptConfig> models[] = {{"dense", llama_test_config("dp=1").model}, {"tied", tied},
+                                                      {"moe", moe_config("dp=1").model},         {"moe layer 1", one_layer},
+                                                      {"shared expert", shared},                 {"gpt2", gpt}};
+  for (const auto& [what, m] : models) {
+    const auto [total, largest] = built(m);
+    EXPECT_EQ(parameter_count(m), total) << what;
+    EXPECT_EQ(largest_parameter(m).second, largest) << what;
+  }
+  EXPECT_EQ(largest_parameter(moe_config("dp=1").model).first, "model.layers.0.block_sparse_moe.experts.w1 (4x64x32)");
+  EXPECT_EQ(largest_parameter(one_layer).first, "model.layers.1.block_sparse_moe.experts.w1 (4x64x32)");
 }
 
 // The router statistics of the metrics on 1 rank equal an independent count: the whole model on

@@ -66,6 +66,12 @@ struct TensorGroup {
   bool single_file = false;
 };
 
+// The files of a transformers tokenizer a model directory may hold (save_pretrained's): a
+// checkpoint of a model started from such a directory, and the tools' output, carry them byte for byte.
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json",          "tokenizer.model",   "tokenizer_config.json",
+                                                  "special_tokens_map.json", "vocab.json",        "merges.txt",
+                                                  "added_tokens.json",       "chat_template.jinja"};
+
 struct CheckpointContent {
   int64_t step = 0;
   std::vector<TensorGroup> groups;

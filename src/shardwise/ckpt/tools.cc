@@ -11,6 +11,7 @@
 #include <regex>
 #include <set>
 
+#include "shardwise/ckpt/checkpoint.h"
 #include "shardwise/ckpt/file_io.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/key_map.h"
@@ -108,7 +109,7 @@ std::string torch_dtype_name(DType d) {
   }
 }
 
-// config.json and generation_config.json are copied from `json_from`; after a conversion
+// config.json, generation_config.json and the tokenizer's files are copied from `json_from`; after a conversion
 // (options.dtype) config.json's torch_dtype names the new dtype.
 // The part of the source checkpoint's key map (manifest "key_maps" of group "model") whose stored
 // tensors are among `tensors`: merge, convert and lora-merge keep the keys, so the table still
@@ -167,8 +168,10 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   write_file_atomic(tmp / index_file_name("model"), index.dump(2) + "\n");
   digests[index_file_name("model")] = digest_file(tmp / index_file_name("model"), false);
-  // The model's settings, and the tokenizer a training run stored beside them (train/run_options.h).
-  for (const std::string name : {"config.json", "generation_config.json", "tokenizer.model", "tokenizer_config.json"}) {
+  // The model's settings, and the tokenizer stored beside them (kTokenizerFiles, train/run_options.h).
+  std::vector<std::string> names = {"config.json", "generation_config.json"};
+  names.insert(names.end(), std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
+  for (const std::string& name : names) {
     if (!fs::exists(json_from / name)) continue;
     std::string text = read_text_file(json_from / name);
     if (name == "config.json" && options.dtype) {  // the file says what the tensors now hold
@@ -326,6 +329,7 @@ LoraSettings lora_settings(const fs::path& adapter, const LoraOptions& options) 
   }
   SW_CHECK(s.rank > 0 && alpha != 0,
            "lora-merge: pass --rank and --alpha, or an adapter directory with PEFT's adapter_config.json");
+  if (options.fan_in_fan_out) s.fan_in_fan_out = *options.fan_in_fan_out;
   s.scale = alpha / (rslora ? std::sqrt(static_cast<double>(s.rank)) : static_cast<double>(s.rank));
   return s;
 }

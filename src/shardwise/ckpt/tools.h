@@ -2,8 +2,9 @@
 // The checkpoint tools behind `shardwise ckpt ...`: inspect, verify, merge, convert, lora-merge.
 // merge/convert/lora-merge read the "model" group of any checkpoint (shardwise's, or a Hugging
 // Face directory with model.safetensors or an index) and write a Hugging Face style checkpoint
-// (index + k-of-n shards with format=pt, config.json and generation_config.json copied, a
-// manifest) through the same commit protocol: OUT.tmp, fsync, rename. OUT must not exist.
+// (index + k-of-n shards with format=pt; config.json, generation_config.json and the tokenizer
+// files, kTokenizerFiles, copied; a manifest) through the same commit protocol: OUT.tmp, fsync,
+// rename. OUT must not exist.
 #include <optional>
 #include <ostream>
 #include <string>
@@ -28,6 +29,10 @@ size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteO
 struct LoraOptions {
   double alpha = 0;   // 0: lora_alpha from the adapter's adapter_config.json
   int64_t rank = 0;   // 0: r from adapter_config.json
+  // The base's layout when the caller knows it (the command reads the base's config.json: GPT-2's
+  // Conv1D weights are [in, out]); it wins over adapter_config.json's fan_in_fan_out, as PEFT
+  // corrects that flag by the module it adapts. nullopt: adapter_config.json's, else false.
+  std::optional<bool> fan_in_fan_out;
   RewriteOptions rewrite;
 };
 // W + scale * B @ A for every weight W with PEFT adapter matrices "<prefix>.lora_A.weight"
@@ -35,8 +40,9 @@ struct LoraOptions {
 // "base_model.model."); adapter keys are left out of the result. `adapter` is a .safetensors file or
 // a directory holding adapter_model.safetensors and, as PEFT writes it, adapter_config.json, whose
 // r, lora_alpha, use_rslora (scale alpha / sqrt(r) instead of alpha / r), fan_in_fan_out (W stored
-// [in, out], GPT-2's Conv1D: the product is added transposed) and target_modules (every adapted
-// module must be one of them) are read; options given here must agree with it. Returns weights merged.
+// [in, out], GPT-2's Conv1D: the product is added transposed; LoraOptions::fan_in_fan_out wins) and
+// target_modules (every adapted module must be one of them) are read; options given here must agree
+// with it. Returns weights merged.
 size_t lora_merge(const fs::path& base, const fs::path& adapter, const fs::path& out, const LoraOptions& options);
 
 }  // namespace shardwise::ckpt

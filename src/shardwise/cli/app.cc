@@ -87,7 +87,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices");
   t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
   t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
-  t->add_option("--dropout", c.dropout, "dropout probability on embeddings, attention and residuals");
+  t->add_option("--dropout", c.dropout, "dropout probability on GPT-2's embeddings, attention and residuals, Llama's attention "
+                "(with --init-from: the directory's *_pdrop or attention_dropout unless given)");
   t->add_option("--recompute", c.model.recompute,
                 "activation recompute: none, full (keep each layer's input, recompute the layer before its backward) "
                 "or selective (recompute the attention core: scores, softmax, dropout, probs x V)");
@@ -168,7 +169,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--rope-theta", c.model.rope_theta, "llama: the rotary embedding's base");
   t->add_option("--rms-norm-eps", c.model.rms_norm_eps, "llama: the RMSNorm epsilon");
   t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,
-              "llama: --untied-head gives a separate LM head (lm_head.weight); tied (default): the token embedding")
+              "llama: --untied-head: a separate LM head (lm_head.weight); tied (default; GPT-2: always): the embedding")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   t->add_option("--eval-every", o.eval_every,
                 "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");

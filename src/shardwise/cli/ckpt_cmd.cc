@@ -7,6 +7,7 @@
 #include "shardwise/ckpt/tools.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/plural.h"
+#include "shardwise/models/model_io.h"
 
 namespace shardwise::cli {
 
@@ -30,6 +31,25 @@ uint64_t parse_byte_size(const std::string& text) {
   fail("size '{}': expected a positive number with an optional unit (B, KB, MB, GB, TB, KiB, MiB, GiB), e.g. 5GB", text);
 }
 
+namespace {
+
+// A shardwise LoRA checkpoint records its base model's fingerprint (trainer_state.json, which
+// --resume checks): lora-merge refuses another base unless told to skip the check. PEFT's adapters
+// record none.
+void check_adapter_base(const std::filesystem::path& base, const std::filesystem::path& adapter) {
+  if (!std::filesystem::is_regular_file(adapter / "trainer_state.json")) return;
+  const nlohmann::json lora = ckpt::load_json(adapter, "trainer_state.json").value("lora", nlohmann::json::object());
+  const std::string recorded = lora.value("base_fingerprint", "");
+  if (recorded.empty()) return;
+  const std::filesystem::path dir = std::filesystem::is_directory(base) ? base : base.parent_path();
+  SW_CHECK(train::model_fingerprint(dir) == recorded,
+           "lora-merge: adapter {} was trained on the base model '{}', and base {} is another model or holds other "
+           "weights (the fingerprints of their weight files differ): merge into the adapter's base, or pass "
+           "--skip-base-check to merge anyway", adapter.string(), lora.value("base", ""), base.string());
+}
+
+}  // namespace
+
 std::unique_ptr<CkptCommands> add_ckpt_commands(CLI::App& app) {
   auto c = std::make_unique<CkptCommands>();
   c->ckpt = app.add_subcommand("ckpt", "Checkpoint tools: inspect, verify, merge, lora-merge, convert");
@@ -52,6 +72,8 @@ std::unique_ptr<CkptCommands> add_ckpt_commands(CLI::App& app) {
   c->lora->add_option("out", c->out, "new output directory")->required();
   c->lora->add_option("--alpha", c->alpha, "LoRA alpha (0: lora_alpha from the adapter's adapter_config.json)");
   c->lora->add_option("--rank", c->rank, "LoRA rank r (0: r from the adapter's adapter_config.json)");
+  c->lora->add_flag("--skip-base-check", c->skip_base_check,
+                    "merge even into a base other than the one a shardwise adapter records (trainer_state.json)");
   for (CLI::App* sub : {c->merge, c->convert, c->lora}) {
     sub->add_option("--max-shard-size", c->max_shard, "largest shard file, e.g. 5GB (default), 500MB");
     sub->add_option("--remove-keys", c->remove_keys, "glob patterns of keys to leave out")->delimiter(',');
@@ -88,7 +110,11 @@ int CkptCommands::run(std::ostream& os) const {
     os << fmt::format("wrote {} to {}\n", counted(static_cast<int64_t>(n), "tensor"), out);
     return 0;
   }
-  ckpt::LoraOptions lo{alpha, rank, rw};
+  if (!skip_base_check) check_adapter_base(path, adapter);
+  ckpt::LoraOptions lo{alpha, rank, {}, rw};
+  const std::filesystem::path base_dir = std::filesystem::is_directory(path) ? std::filesystem::path(path)
+                                                                             : std::filesystem::path(path).parent_path();
+  lo.fan_in_fan_out = train::linear_weights_in_out(base_dir);  // GPT-2's Conv1D even for a bare adapter
   size_t n = ckpt::lora_merge(path, adapter, out, lo);
   os << fmt::format("merged {} adapted weights into {}\n", n, out);
   return 0;

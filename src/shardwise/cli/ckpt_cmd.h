@@ -17,6 +17,7 @@ struct CkptCommands {
   double alpha = 0;
   int64_t rank = 0;
   bool no_checksums = false;
+  bool skip_base_check = false;  // lora-merge: merge into a base other than the adapter's recorded one
   bool chosen() const { return ckpt && *ckpt; }
   int run(std::ostream& out) const;
 };

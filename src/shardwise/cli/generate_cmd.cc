@@ -12,6 +12,7 @@
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/run_header.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
@@ -116,14 +117,42 @@ std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, cons
   return prompts;
 }
 
-// --eos-id, else the tokenizer's eos, else generation_config.json's eos_token_id, else none.
-int64_t resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir, const TextCodec& codec) {
-  if (o.eos_id != kEosFromModel) return o.eos_id;
-  if (codec.tokenizer && codec.tokenizer->eos_id() >= 0) return codec.tokenizer->eos_id();
-  if (!std::filesystem::exists(dir / "generation_config.json")) return -1;
-  nlohmann::json j = ckpt::load_json(dir, "generation_config.json");
-  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) return j["eos_token_id"].get<int64_t>();
-  return -1;
+// --eos-id, else the tokenizer's eos, else generation_config.json's eos_token_id (an id, or a list
+// of ids: each ends a sequence), else none (-1). The first id, then the others.
+std::vector<int64_t> resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir, const TextCodec& codec) {
+  if (o.eos_id != kEosFromModel) return {o.eos_id};
+  if (codec.tokenizer && codec.tokenizer->eos_id() >= 0) return {codec.tokenizer->eos_id()};
+  if (!std::filesystem::exists(dir / "generation_config.json")) return {-1};
+  const nlohmann::json j = ckpt::load_json(dir, "generation_config.json").value("eos_token_id", nlohmann::json());
+  if (j.is_number_integer()) return {j.get<int64_t>()};
+  std::vector<int64_t> ids;
+  for (const nlohmann::json& id : j.is_array() ? j : nlohmann::json::array()) {
+    SW_CHECK(id.is_number_integer(), "{}: eos_token_id {} is not a token id or a list of ids",
+             (dir / "generation_config.json").string(), j.dump());
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids.empty() ? std::vector<int64_t>{-1} : ids;
+}
+
+// A LoRA checkpoint or PEFT adapter directory (adapter_config.json, no config.json) is not a model:
+// the error names it and the `ckpt lora-merge` that makes one from it and its base.
+void refuse_adapter_directory(const std::filesystem::path& dir) {
+  if (!std::filesystem::exists(dir / "adapter_config.json") || std::filesystem::exists(dir / "config.json")) return;
+  std::string base = "BASE";
+  try {
+    const nlohmann::json j = ckpt::load_json(dir, "adapter_config.json");
+    if (j.value("base_model_name_or_path", nlohmann::json()).is_string()) base = j["base_model_name_or_path"];
+  } catch (const std::exception&) {
+  }
+  // The merged model beside the run's checkpoints (<run>/merged-checkpoint-N), else beside DIR.
+  const std::filesystem::path out =
+      dir.parent_path().filename() == "checkpoints"
+          ? dir.parent_path().parent_path() / ("merged-" + dir.filename().string())
+          : std::filesystem::path(dir.string() + "-merged");
+  fail("--checkpoint {} holds LoRA adapters (adapter_config.json), not a model: merge them into their base model "
+       "first, `shardwise ckpt lora-merge {} {} {}`, then generate with --checkpoint {}", dir.string(),
+       shell_quoted(base.empty() ? "BASE" : base), shell_quoted(dir.string()), shell_quoted(out.string()),
+       shell_quoted(out.string()));
 }
 
 struct Run {
@@ -235,6 +264,7 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   run.dir = o.checkpoint;
   SW_CHECK(std::filesystem::is_directory(run.dir), "--checkpoint '{}' is not a directory (a checkpoint such as "
                                                    "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
+  refuse_adapter_directory(run.dir);
   run.model = train::read_model_config(run.dir);
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
   SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
@@ -275,7 +305,9 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   run.config.sampling.top_p = o.top_p;
   run.config.sampling.seed = o.seed;
   SW_CHECK(o.eos_id >= kEosFromModel, "--eos-id must be a token id, or -1 for none, got {}", o.eos_id);
-  run.config.eos_id = resolve_eos(o, run.dir, run.codec);
+  const std::vector<int64_t> eos = resolve_eos(o, run.dir, run.codec);
+  run.config.eos_id = eos.front();
+  run.config.more_eos_ids.assign(eos.begin() + 1, eos.end());
   run.config.validate(run.model);
   // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
   o.gemm_line = choose_gemm(o.gemm);

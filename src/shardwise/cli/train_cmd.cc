@@ -74,6 +74,9 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   }
   m.layer_norm_epsilon = saved.layer_norm_epsilon;
   m.init_std = saved.init_std;
+  o.config.init_token_ids = train::read_stored_token_ids(o.init_from);  // its checkpoints keep them
+  // The directory's dropout (GPT-2's *_pdrop, Llama's attention_dropout) unless --dropout sets it.
+  if (cmd.count("--dropout") == 0) o.config.dropout = train::stored_dropout(o.init_from);
 }
 
 void apply_lora(CLI::App& cmd, TrainOptions& o) {
@@ -319,8 +322,9 @@ void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::C
   const train::ParameterCounts counts = trainer.count_parameters();  // collective
   if (!o.init_from.empty()) {
     const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
-    if (report) out << fmt::format("  weights from {} ({} tensors{})\n", o.init_from, n,
-                                   o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")));
+    if (report) out << fmt::format("  weights from {} ({} tensors{}); dropout {}\n", o.init_from, n,
+                                   o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")),
+                                   config.dropout);
   }
   if (!o.lora_from.empty()) {
     const int64_t n = train::load_adapter(trainer, *world, o.lora_from);

@@ -27,6 +27,9 @@ void GenerateConfig::validate(const GptConfig& model) const {
   SW_CHECK(max_new_tokens >= 1, "--max-new-tokens must be at least 1, got {}", max_new_tokens);
   SW_CHECK(eos_id >= -1 && eos_id < model.vocab, "--eos-id {} is outside the vocabulary [0, {}) (-1: none)", eos_id,
            model.vocab);
+  for (int64_t id : more_eos_ids)
+    SW_CHECK(id >= 0 && id < model.vocab, "eos id {} (generation_config.json's eos_token_id) is outside the vocabulary "
+             "[0, {})", id, model.vocab);
   sampling.validate();
 }
 
@@ -246,7 +249,8 @@ void Generator::next_tokens(Compiled& c, Batch& b) {
     if (config.keep_logits) b.logits[i].emplace_back(row.begin(), row.end());
     const int64_t produced = b.length(i) - b.prompt_length[i];
     if (static_cast<int64_t>(i) >= b.prompts) b.done[i] = true;  // dp padding: one token is enough
-    else if (token == config.eos_id) b.done[i] = true, b.stop[i] = StopReason::Eos;
+    else if (token == config.eos_id || std::ranges::count(config.more_eos_ids, token) > 0)
+      b.done[i] = true, b.stop[i] = StopReason::Eos;
     else if (produced == config.max_new_tokens) b.done[i] = true, b.stop[i] = StopReason::MaxNewTokens;
     else if (b.length(i) == b.limit[i]) b.done[i] = true, b.stop[i] = StopReason::MaxPositions;
   }

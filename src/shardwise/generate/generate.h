@@ -44,6 +44,9 @@ struct GenerateConfig {
   int64_t max_new_tokens = 32;
   SamplingConfig sampling;
   int64_t eos_id = -1;  // -1: none
+  // Further ids that end a sequence as eos_id does (generation_config.json's eos_token_id as a list
+  // of several ids).
+  std::vector<int64_t> more_eos_ids;
   bool kv_cache = true;
   bool keep_logits = false;  // keep the row of logits each new token was chosen from
   // Choose among the first `usable_vocab` ids only (0: every id): a tokenizer's vocabulary inside a

@@ -19,6 +19,8 @@ void GptConfig::validate() const {
   SW_CHECK(model_type == "gpt2" || model_type == "llama", "model '{}' is not one shardwise builds (gpt2, llama)",
            model_type);
   if (is_llama()) validate_llama(*this);
+  SW_CHECK(tie_word_embeddings || is_llama(), "--untied-head: GPT-2's LM head is the token embedding (wte), as in "
+           "transformers' GPT2LMHeadModel; a separate lm_head.weight is built for --model llama only");
   SW_CHECK(experts == 0 || is_llama(), "--experts {}: mixture-of-experts layers are built for --model llama only",
            experts);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)

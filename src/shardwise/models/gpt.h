@@ -37,7 +37,7 @@ struct GptConfig {
   uint64_t dropout_seed = 0;
   // The architecture, as Hugging Face's model_type: "gpt2" (this file) or "llama" (llama.h: RMSNorm,
   // rotary positions, a SwiGLU MLP, grouped-query attention, no biases). The fields below are
-  // Llama's; GPT-2 ignores them (its head is always tied, its MLP 4 x hidden).
+  // Llama's; GPT-2 ignores them (its MLP is 4 x hidden) but refuses an untied head (validate).
   std::string model_type = "gpt2";
   int64_t kv_heads = 0;           // key/value heads, dividing heads (0: as many as heads)
   int64_t intermediate_size = 0;  // the SwiGLU MLP's width (0: 4 x hidden)

@@ -39,6 +39,33 @@ nlohmann::json with_tokens_and_dtype(const SpecialTokens& t, DType stored, nlohm
   return config;
 }
 
+namespace {
+constexpr const char* kTokenFields[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+}  // namespace
+
+StoredTokenIds read_stored_token_ids(const ckpt::fs::path& dir) {
+  auto fields = [&](const char* name) {
+    nlohmann::json out = nlohmann::json::object(), j = ckpt::load_json(dir, name);
+    for (const char* key : kTokenFields)
+      if (j.contains(key)) out[key] = j[key];
+    return out;
+  };
+  StoredTokenIds t;
+  t.config = fields("config.json");
+  t.generation = ckpt::fs::exists(dir / "generation_config.json") ? fields("generation_config.json") : t.config;
+  return t;
+}
+
+nlohmann::json with_stored_token_ids(nlohmann::json file, const nlohmann::json& stored,
+                                     const std::vector<std::string>& keep) {
+  for (const char* key : kTokenFields) {
+    if (std::find(keep.begin(), keep.end(), key) != keep.end()) continue;
+    if (stored.contains(key)) file[key] = stored[key];
+    else file.erase(key);
+  }
+  return file;
+}
+
 nlohmann::json gpt2_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
   return with_tokens_and_dtype(t, stored, {{"architectures", {"GPT2LMHeadModel"}},
                                           {"model_type", "gpt2"},
@@ -102,6 +129,28 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
                 "no per-layer scaling");
   c.validate();
   return c;
+}
+
+double stored_dropout(const ckpt::fs::path& dir) {
+  const nlohmann::json j = ckpt::load_json(dir, "config.json");
+  const std::string type = j.value("model_type", "");
+  if (type == "llama" || type == "mixtral") return j.value("attention_dropout", 0.0);
+  const double absent = type == "gpt2" ? 0.1 : 0.0;
+  const double resid = j.value("resid_pdrop", absent), embd = j.value("embd_pdrop", absent),
+               attn = j.value("attn_pdrop", absent);
+  SW_CHECK(resid == embd && embd == attn,
+           "'{}': resid_pdrop {}, embd_pdrop {} and attn_pdrop {} differ; shardwise's GPT-2 drops out the embeddings, "
+           "the attention probabilities and the residual branches with one probability: choose it with --dropout P",
+           (dir / "config.json").string(), resid, embd, attn);
+  return resid;
+}
+
+std::optional<bool> linear_weights_in_out(const ckpt::fs::path& dir) {
+  if (!ckpt::fs::is_regular_file(dir / "config.json")) return std::nullopt;
+  const std::string type = ckpt::load_json(dir, "config.json").value("model_type", "");
+  if (type == "gpt2") return true;
+  if (type == "llama" || type == "mixtral") return false;
+  return std::nullopt;
 }
 
 bool is_legacy_layout(const ckpt::fs::path& dir) {

@@ -12,6 +12,7 @@
 // Llama (llama.h) uses transformers' LlamaForCausalLM layout: config.json a LlamaConfig, every
 // parameter stored whole under its own name in its own layout (the key map is empty).
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +41,20 @@ struct SpecialTokens {
 // else the last id.
 SpecialTokens default_special_tokens(int64_t vocab);
 
+// The special-token fields of a model directory as stored: bos_token_id, eos_token_id and
+// pad_token_id of its config.json and of its generation_config.json (the two may differ; each value
+// an id, null, or for eos a list of ids). A field the file lacks is absent; without a
+// generation_config.json, transformers derives one from config.json: `generation` is config's.
+struct StoredTokenIds {
+  nlohmann::json config = nlohmann::json::object(), generation = nlohmann::json::object();
+};
+StoredTokenIds read_stored_token_ids(const ckpt::fs::path& dir);
+// `file` (config.json or generation_config.json) with its special-token fields replaced by
+// `stored`'s: a field `stored` lacks is removed (transformers' default applies, as it did to the
+// directory), except those named in `keep` (what the run sets itself), which stay as they are.
+nlohmann::json with_stored_token_ids(nlohmann::json file, const nlohmann::json& stored,
+                                     const std::vector<std::string>& keep);
+
 // `config` with the special tokens' ids and the stored dtype as transformers names them (every
 // architecture's config.json carries both).
 nlohmann::json with_tokens_and_dtype(const SpecialTokens& tokens, DType stored, nlohmann::json config);
@@ -66,6 +81,18 @@ GptConfig read_llama_config(const nlohmann::json& config, const std::string& fil
 // field> <directory's> (directory) vs <run's> (this run)"; empty when the weights fit. A Llama run
 // may train on sequences shorter than the directory's max_position_embeddings.
 std::vector<std::string> model_differences(const GptConfig& saved, const GptConfig& run);
+
+// The dropout probability a model directory's config.json trains with: GPT-2's resid_pdrop,
+// embd_pdrop and attn_pdrop (transformers' default 0.1 where absent; 0 for the earlier
+// shardwise_gpt layout), Llama's and Mixtral's attention_dropout (default 0). shardwise's GPT-2
+// drops out at GPT-2's sites (embeddings, attention probabilities, both residual branches) with one
+// probability: Error naming the three values when they differ.
+double stored_dropout(const ckpt::fs::path& dir);
+
+// How model directory `dir` stores its linear weights, by its config.json's model_type: true for
+// GPT-2's Conv1D [in, out], false for Llama's and Mixtral's nn.Linear [out, in]; nullopt without a
+// config.json or for another model_type.
+std::optional<bool> linear_weights_in_out(const ckpt::fs::path& dir);
 
 // True when `dir` holds the earlier layout (separate q/k/v keys); false for GPT-2's and Llama's.
 bool is_legacy_layout(const ckpt::fs::path& dir);

@@ -65,17 +65,30 @@ double parameter_count(const GptConfig& m) {
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab), L = static_cast<double>(m.layers);
   if (!m.is_llama()) return L * (12 * h * h + 13 * h) + V * h + static_cast<double>(m.seq) * h + 2 * h;
   const double kv = static_cast<double>(m.key_value_heads() * (m.hidden / m.heads)), I = static_cast<double>(m.mlp_width());
-  return L * (2 * h * h + 2 * h * kv + 3 * h * I + 2 * h) + V * h * (m.tie_word_embeddings ? 1 : 2) + h;
+  // An MoE layer's MLP: the router [E, H], the stacked experts' w1, w3 [E, I, H] and w2 [E, H, I],
+  // and a shared expert of width W (gate, up, down) with its gate [1, H]; a dense layer's: 3 H I.
+  const double E = static_cast<double>(m.experts), W = static_cast<double>(m.shared_expert_width);
+  const double moe_mlp = E * h + 3 * E * I * h + (W > 0 ? 3 * h * W + h : 0);
+  double total = V * h * (m.tie_word_embeddings ? 1 : 2) + h;
+  for (int64_t l = 0; l < m.layers; ++l) total += 2 * h * h + 2 * h * kv + 2 * h + (m.is_moe_layer(l) ? moe_mlp : 3 * h * I);
+  return total;
 }
 
 std::pair<std::string, double> largest_parameter(const GptConfig& m) {
   const double h = static_cast<double>(m.hidden), embedding = static_cast<double>(m.vocab) * h;
   const int64_t I = m.is_llama() ? m.mlp_width() : 4 * m.hidden;
   const double mlp = h * static_cast<double>(I);
-  if (embedding > mlp)
-    return {fmt::format("{} ({}x{})", m.is_llama() ? "model.embed_tokens.weight" : "transformer.wte.weight", m.vocab,
-                        m.hidden),
-            embedding};
+  std::pair<std::string, double> out = {
+      fmt::format("{} ({}x{})", m.is_llama() ? "model.embed_tokens.weight" : "transformer.wte.weight", m.vocab, m.hidden),
+      embedding};
+  if (m.is_llama() && m.experts > 0) {  // the stacked experts' w1 [E, I, H] of the first MoE layer
+    int64_t layer = 0;
+    while (!m.is_moe_layer(layer)) ++layer;
+    const double experts = static_cast<double>(m.experts) * mlp;
+    if (experts > out.second)  // also larger than a dense layer's gate_proj [I, H]
+      return {fmt::format("model.layers.{}.block_sparse_moe.experts.w1 ({}x{}x{})", layer, m.experts, I, m.hidden), experts};
+  }
+  if (mlp < out.second) return out;
   if (m.is_llama()) return {fmt::format("model.layers.0.mlp.gate_proj.weight ({}x{})", I, m.hidden), mlp};
   return {fmt::format("transformer.h.0.mlp.c_fc.weight ({}x{})", m.hidden, I), mlp};
 }

@@ -29,8 +29,24 @@ SpecialTokens special_tokens(const TrainConfig& c) {
   return default_special_tokens(c.model.vocab);
 }
 
+// The special-token fields an --init-from run sets itself (special_tokens' ids that replace the
+// model directory's): a --tokenizer's bos, eos and pad (those it defines), --eos-id's eos.
+std::vector<std::string> tokens_the_run_sets(const TrainConfig& c) {
+  std::vector<std::string> out;
+  if (!c.tokenizer.empty()) {
+    const Tokenizer t(c.tokenizer);
+    if (t.bos_id() >= 0) out.push_back("bos_token_id");
+    if (t.pad_id() >= 0) out.push_back("pad_token_id");
+  }
+  if (c.eos_id >= 0) out.push_back("eos_token_id");  // --eos-id, or the tokenizer's (TrainConfig::check)
+  return out;
+}
+
+// config.json of the model as trained: its dropout is the run's (TrainConfig::dropout).
 nlohmann::json model_config(const TrainConfig& c, const SpecialTokens& tokens) {
-  return model_config_json(c.model, c.bf16 ? DType::BF16 : DType::F32, tokens);
+  GptConfig trained = c.model;
+  trained.dropout = c.dropout;
+  return model_config_json(trained, c.bf16 ? DType::BF16 : DType::F32, tokens);
 }
 
 // Every parameter of the model with the layout a checkpoint uses for it, known on every rank. Without
@@ -221,11 +237,16 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
     content.json_files = {{"adapter_config.json", adapter_config_json(c.model.lora, trainer.base_model().dir)}};
   } else {
     const SpecialTokens tokens = special_tokens(c);  // reads the tokenizer's model once per save
-    content.json_files = {{"config.json", model_config(c, tokens)},
-                          {"generation_config.json", generation_config_json(c.model, tokens)}};
+    nlohmann::json config = model_config(c, tokens), generation = generation_config_json(c.model, tokens);
+    if (c.init_token_ids) {  // the --init-from model's own ids, except those the run sets
+      const std::vector<std::string> set = tokens_the_run_sets(c);
+      config = with_stored_token_ids(std::move(config), c.init_token_ids->config, set);
+      generation = with_stored_token_ids(std::move(generation), c.init_token_ids->generation, set);
+    }
+    content.json_files = {{"config.json", std::move(config)}, {"generation_config.json", std::move(generation)}};
   }
   content.json_files.emplace_back("trainer_state.json", std::move(state));
-  add_run_files(c, trainer.run_options(), content);  // run_options.json, the tokenizer
+  add_run_files(c, trainer.run_options(), trainer.base_model().dir, content);  // run_options.json, the tokenizer
   return content;
 }
 

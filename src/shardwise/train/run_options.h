@@ -4,7 +4,9 @@
 //   - run_options.json: the options the run was given (on the command line or in --config), as
 //     {"options": {"<long option name>": ["value", ...]}}; a resume takes them as its defaults;
 //   - tokenizer.model: a --tokenizer run's SentencePiece model, byte for byte (what transformers'
-//     LlamaTokenizer reads), with a tokenizer_config.json naming that class and the special tokens.
+//     LlamaTokenizer reads), with a tokenizer_config.json naming that class and the special tokens;
+//   - else the tokenizer files of the --init-from model directory (ckpt::kTokenizerFiles), byte for
+//     byte, so that the checkpoint is usable alone (AutoTokenizer.from_pretrained, generate).
 #include <optional>
 #include <string>
 
@@ -18,9 +20,10 @@ namespace shardwise::train {
 inline constexpr const char* kRunOptionsFile = "run_options.json";
 inline constexpr const char* kTokenizerFile = "tokenizer.model";
 
-// Adds run_options.json (when `options` is an object) and the tokenizer's files (a --tokenizer run)
-// to a checkpoint's content.
-void add_run_files(const TrainConfig& c, const nlohmann::json& options, ckpt::CheckpointContent& content);
+// Adds run_options.json (when `options` is an object) and the tokenizer's files to a checkpoint's
+// content: a --tokenizer run's, else those of `model_dir` (the --init-from directory; "" for none).
+void add_run_files(const TrainConfig& c, const nlohmann::json& options, const std::string& model_dir,
+                   ckpt::CheckpointContent& content);
 
 // The options stored in checkpoint `dir` ({"name": ["value", ...]}); nullopt for a checkpoint
 // without run_options.json (written before it, or not by `shardwise train`). Error naming the file

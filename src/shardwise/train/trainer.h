@@ -18,6 +18,7 @@
 #include "shardwise/comm/communicator.h"
 #include "shardwise/data/data.h"
 #include "shardwise/models/gpt.h"
+#include "shardwise/models/model_io.h"
 #include "shardwise/train/optimizer.h"
 #include "shardwise/train/grad_buckets.h"
 #include "shardwise/train/sharding.h"
@@ -88,6 +89,10 @@ struct TrainConfig {
   // only: check() refuses it for a Llama model).
   int64_t eos_id = -1;
   bool document_attention = false;
+  // --init-from: the model directory's special-token ids, which its checkpoints keep (config.json
+  // and generation_config.json each their own) except those the run sets: a --tokenizer's
+  // bos/eos/pad, --eos-id's eos. nullopt: a fresh model (the ids come from the run alone).
+  std::optional<StoredTokenIds> init_token_ids;
   // The training step's batches (loader.h): each tp group's reader reads and broadcasts
   // (`loader_sync`; false: every rank reads the whole micro-batch), prefetching the next step on a
   // background thread (`loader_prefetch`, --no-prefetch to turn off).
