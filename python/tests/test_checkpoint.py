@@ -175,6 +175,22 @@ def test_a_gpt2_resaved_sharded_from_python_trains_like_the_original(tmp_path, s
     assert first_loss(shardwise_bin, saved, tmp_path / "a") == first_loss(shardwise_bin, src, tmp_path / "b")
 
 
+def test_a_key_map_stores_q_k_v_side_by_side_in_one_fused_tensor(tmp_path):
+    rng = np.random.default_rng(5)
+    qkv = {n: rng.standard_normal((4, 6)).astype(np.float32) for n in ("q", "k", "v")}
+    key_map = {n: {"key": "c_attn.weight", "key_shape": [4, 18], "offset": [0, 6 * i], "shape": [4, 6]}
+               for i, n in enumerate(("q", "k", "v"))}
+    mesh = {"tp": 2}
+    shards = [{n: shard(a, mesh, [sw.Shard(1)], r) for n, a in qkv.items()} for r in range(2)]
+    moments = [{n: {"exp_avg": s[n], "exp_avg_sq": s[n]} for n in s} for s in shards]
+    saved = ckpt.save_all_ranks(shards, tmp_path, mesh, [sw.Shard(1)], key_map=key_map, optimizers=moments)
+    assert ckpt.info(saved).names == ["k", "q", "v"]  # the manifest's key map names them
+    assert "q/exp_avg_sq" in ckpt.info(saved).groups["optimizer"]
+    stored = ckpt.load(saved, {"x": 1}, [sw.Replicate()], 0, key_map={})  # the files' own keys
+    assert stored["c_attn.weight"].tobytes() == np.concatenate([qkv["q"], qkv["k"], qkv["v"]], axis=1).tobytes()
+    assert ckpt.load(saved, {"x": 1}, [sw.Replicate()], 0, names=["k"])["k"].tobytes() == qkv["k"].tobytes()
+
+
 def test_shards_that_no_global_shape_explains_are_refused_on_every_rank(tmp_path):
     shards = [{"a": np.zeros((2, 5), np.float32)} for _ in range(4)]
     shards[1]["a"] = np.zeros((2, 4), np.float32)
