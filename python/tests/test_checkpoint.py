@@ -7,6 +7,7 @@ Run as a script, this file is one worker process: `python test_checkpoint.py sav
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -240,8 +241,28 @@ def test_a_group_objects_exception_surfaces_with_its_message(tmp_path):
         ckpt.save({"a": np.ones(4, np.float32)}, tmp_path, {"dp": 2}, [sw.Shard(0)], 0)
 
 
+def worker_mpi(out):
+    """Under mpirun: no group given, the save runs over the MPI world."""
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    whole = np.arange(15, dtype=np.float32).reshape(5, 3)
+    print(ckpt.save({"a": shard(whole, {"dp": 2}, [sw.Shard(0)], rank)}, out, {"dp": 2}, [sw.Shard(0)], rank))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+def test_under_mpirun_a_save_needs_no_group(tmp_path):
+    p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl",
+                        "self,vader", "-np", "2", sys.executable, __file__, "mpi", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.split() == [str(tmp_path / "checkpoint-0")] * 2
+    got = ckpt.load(tmp_path, {"x": 1}, [sw.Replicate()], 0)["a"]
+    assert got.tobytes() == np.arange(15, dtype=np.float32).reshape(5, 3).tobytes()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "save":
+    if sys.argv[1] == "mpi":
+        worker_mpi(sys.argv[2])
+    elif sys.argv[1] == "save":
         worker_save(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
     else:
         worker_load(int(sys.argv[2]), sys.argv[3])
