@@ -10,7 +10,8 @@ shardwise checkpoint: no missing keys, and the embedding equals the original.
 
 GB/s is 1e9 bytes / s: for a save, the checkpoint's tensor bytes over the wall time from a barrier
 before to a barrier after; for a load, the bytes the ranks received (the whole checkpoint once for
-Shard(1), once per rank for whole tensors) over the same kind of wall time. Peak RSS is the
+Shard(1), once per rank for whole tensors) over the same kind of wall time; before each load the
+page cache holds none of either checkpoint's files (evict() below). Peak RSS is the
 largest VmHWM over the ranks, reset with /proc/self/clear_refs just before the load: the process's
 baseline (Python, torch, shardwise) plus what the load held at its peak, the loaded tensors included.
 
@@ -196,6 +197,20 @@ def phase_hf(args):
     assert not missing and same, (missing, same)
 
 
+def evict(root):
+    """Drops the page-cache pages of every file under `root` (synced first), so that every load
+    reads from the disk: shardwise's save writes with direct I/O, DCP's through the page cache, and
+    a load right after a save would otherwise read DCP's checkpoint from memory."""
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def run(cmd, env):
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
@@ -246,6 +261,7 @@ def main():
         r = run(torchrun(4, "--phase", "save", "--dir", args.dir), env)
         for layout in ("shard1", "whole"):  # each load in fresh processes: its own peak RSS
             for who in ("sw", "dcp"):
+                evict(args.dir)
                 r.update(run(torchrun(2, "--phase", "load", "--dir", args.dir, "--sw-dir", r["sw_dir"], "--who", who,
                                       "--layout", layout), env))
         r.update(run([sys.executable, __file__, "--phase", "hf", "--dir", args.dir, "--sw-dir", r["sw_dir"]], env))
