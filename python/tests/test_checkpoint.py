@@ -174,6 +174,10 @@ def test_a_gpt2_resaved_sharded_from_python_trains_like_the_original(tmp_path, s
     saved = ckpt.save_all_ranks(shards, tmp_path / "resaved", mesh, [sw.Shard(0)], files=files)
     cli("ckpt", "verify", saved)
     assert first_loss(shardwise_bin, saved, tmp_path / "a") == first_loss(shardwise_bin, src, tmp_path / "b")
+    cli("ckpt", "merge", saved, str(tmp_path / "merged"))
+    merged = ckpt.load(tmp_path / "merged", {"x": 1}, [sw.Replicate()], 0)
+    assert sorted(merged) == sorted(weights)
+    assert all(merged[n].tobytes() == w.tobytes() for n, w in weights.items())
 
 
 def test_a_key_map_stores_q_k_v_side_by_side_in_one_fused_tensor(tmp_path):
