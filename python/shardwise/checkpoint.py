@@ -177,11 +177,15 @@ def _files(files):
     return json_files, raw_files
 
 
+def _mesh(mesh):
+    return mesh if isinstance(mesh, _core.Mesh) else _core.Mesh(mesh)
+
+
 def _native_group(group, mesh, rank):
     if group is None:
         if _core._launched_by_mpirun():
             native = _core._mpi_group()
-        elif len(_core.Mesh(mesh) if not isinstance(mesh, _core.Mesh) else mesh) == 1:
+        elif len(_mesh(mesh)) == 1:
             native = _core._single_group()
         else:
             raise CheckpointError("a save over several ranks needs their group: group=FileGroup(dir, rank, size), "
@@ -244,10 +248,6 @@ def _dtype_name(dtype):
     return text[len("torch."):] if text.startswith("torch.") else text
 
 
-def _ndim(mesh):
-    return (mesh if isinstance(mesh, _core.Mesh) else _core.Mesh(mesh)).ndim
-
-
 def load(path, mesh, placements, rank, names=None, dtype=None, group_name="model", key_map=None):
     """This rank's blocks of the checkpoint's tensors under ``placements`` on ``mesh``, as arrays
     over the loaded memory (no copy; bf16 as a DLPack array): {name: array}, None where ``rank``
@@ -267,6 +267,6 @@ def load(path, mesh, placements, rank, names=None, dtype=None, group_name="model
             shape, stored = tensors[n]
             specs.append((n, shape, _placements_for(placements, n), stored if dtype is None else _dtype_name(dtype)))
         else:  # the C++ load names every missing key
-            specs.append((n, (), [Replicate()] * _ndim(mesh), "f32"))
+            specs.append((n, (), [Replicate()] * _mesh(mesh).ndim, "f32"))
     maps = _key_map_json(key_map) if group_name == "model" else None
     return _core._ckpt_load(described["dir"], group_name, mesh, specs, int(rank), maps, dtype is not None)

@@ -31,16 +31,18 @@ bool holds_tensors(const ckpt::fs::path& dir) {
   return false;
 }
 
-// `path` itself when it holds a checkpoint, else the newest checkpoint under it that verifies.
+// `path` itself when it holds a checkpoint, else the newest complete checkpoint under it.
 ckpt::fs::path checkpoint_dir(const std::string& path) {
   ckpt::fs::path p(path);
   SW_CHECK(ckpt::fs::exists(p), "no checkpoint at '{}': it does not exist", path);
   SW_CHECK(ckpt::fs::is_directory(p), "'{}' is a file, not a checkpoint directory", path);
   if (holds_tensors(p)) return p;
-  std::optional<ckpt::CheckpointEntry> newest = ckpt::find_resume(p, /*checksums=*/false);
-  SW_CHECK(newest.has_value(), "'{}' holds no checkpoint (no manifest.json, no .safetensors file, no complete "
+  // Complete checkpoints only (a save in progress is a ".tmp" directory until its rename); nothing
+  // is removed or set aside, unlike a resume: another job may be saving here.
+  std::vector<ckpt::CheckpointEntry> saved = ckpt::list_checkpoints(p);
+  SW_CHECK(!saved.empty(), "'{}' holds no checkpoint (no manifest.json, no .safetensors file, no complete "
            "checkpoint-<step>/ directory)", path);
-  return newest->dir;
+  return saved.back().dir;
 }
 
 nlohmann::json manifest_of(const ckpt::fs::path& dir) {

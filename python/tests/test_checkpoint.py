@@ -216,6 +216,16 @@ def test_uneven_shards_follow_chunk_semantics_or_give_shapes(tmp_path):
     np.testing.assert_array_equal(ckpt.load(saved, {"x": 1}, [sw.Replicate()], 0)["a"][:3], 1)
 
 
+def test_a_save_root_loads_its_newest_complete_checkpoint_and_leaves_a_save_in_progress_alone(tmp_path):
+    for step in (1, 2):
+        ckpt.save_all_ranks([{"a": np.full(3, step, np.float32)}], tmp_path, {"x": 1}, [sw.Replicate()], step=step)
+    in_progress = tmp_path / "checkpoint-3.tmp"
+    in_progress.mkdir()  # another job's save, not yet renamed
+    assert ckpt.info(tmp_path).step == 2
+    assert (ckpt.load(tmp_path, {"x": 1}, [sw.Replicate()], 0)["a"] == 2).all()
+    assert in_progress.exists()
+
+
 def test_load_errors_name_the_problem(tmp_path):
     saved = ckpt.save_all_ranks([{"a": np.ones(4, np.float32)}], tmp_path / "c", {"x": 1}, [sw.Replicate()])
     with pytest.raises(sw.CheckpointError, match="missing from the checkpoint.*'b'"):
