@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm clean
+.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm bench-ckpt-dcp clean
 
 all: build
 
@@ -146,6 +146,16 @@ bench: build
 # Collectives: mpi backend vs raw MPI (mpirun -np 2), local backend vs memcpy.
 bench-comm: build
 	@bash bench/run_comm.sh $(BUILD)
+
+# shardwise.checkpoint against torch.distributed.checkpoint (bench/ckpt_dcp.py: a 4-process torchrun
+# save of GPT-2 124M + AdamW, 2-process loads as Shard(1) and whole, transformers from_pretrained):
+# the package of this build as a wheel, installed into HF_VENV (torch, transformers).
+bench-ckpt-dcp: build $(HF_VENV)/bin/python
+	rm -rf $(BUILD)/wheel
+	$(PY_VENV)/bin/pip wheel -q --no-build-isolation --no-deps -Cbuild-dir=$(BUILD) \
+	  -Ccmake.define.SHARDWISE_BUILD_TESTS=ON -Ccmake.define.SHARDWISE_BUILD_BENCH=ON -w $(BUILD)/wheel .
+	$(HF_VENV)/bin/pip install -q --no-deps --force-reinstall $(BUILD)/wheel/shardwise-*.whl
+	$(HF_VENV)/bin/python bench/ckpt_dcp.py --dir $(BUILD)/ckpt_dcp
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -32,4 +32,6 @@ from ._core import (  # noqa: F401
     run_op,
 )
 
+from . import checkpoint  # noqa: E402,F401  (shardwise.checkpoint: save / load / info)
+
 __version__ = "0.1.0"

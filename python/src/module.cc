@@ -1,6 +1,7 @@
 // shardwise._core: the native module under `import shardwise` (python/shardwise/__init__.py).
 #include <nanobind/nanobind.h>
 
+#include "checkpoint.h"
 #include "errors.h"
 #include "layouts.h"
 
@@ -13,4 +14,7 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_errors(m);
   shardwise::py::bind_layouts(m);
   shardwise::py::bind_rules(m);
+  shardwise::py::bind_checkpoint_groups(m);
+  shardwise::py::bind_checkpoint_save(m);
+  shardwise::py::bind_checkpoint_load(m);
 }
