@@ -6,6 +6,8 @@
 
 namespace shardwise::py {
 void bind_rules(nb::module_& m);
+void bind_train(nb::module_& m);
+void bind_generate(nb::module_& m);
 }  // namespace shardwise::py
 
 NB_MODULE(_core, m) {
@@ -13,4 +15,6 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_errors(m);
   shardwise::py::bind_layouts(m);
   shardwise::py::bind_rules(m);
+  shardwise::py::bind_train(m);
+  shardwise::py::bind_generate(m);
 }
