@@ -80,6 +80,10 @@ def test_a_config_from_keywords_a_dict_or_a_file_resolves_as_the_command(tmp_pat
     assert d["hidden"] == 128 and d["mesh"] == "dp=2,tp=2"                # the command's defaults
     assert "--global-batch 8" in repr(c)
     assert sw.TrainConfig({"global-batch": 8}).to_dict()["global_batch"] == 8
+    flags = sw.TrainConfig(bf16=True, no_prefetch=True, tied_head=False, moe_layers=[0, 1], save_every=5).to_dict()
+    assert flags["bf16"] is True and flags["no_prefetch"] is True and flags["tied_head"] is False
+    assert flags["sp"] is False and flags["moe_layers"] == [0, 1] and flags["save_on_interrupt"] is True
+    assert sw.TrainConfig().to_dict()["no_prefetch"] is False
 
 
 def test_an_unknown_or_bad_option_is_the_commands_usage_error(shardwise_bin):

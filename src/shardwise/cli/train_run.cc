@@ -56,6 +56,7 @@ nlohmann::json resolved_options(const CLI::App& cmd) {
         values.push_back(d);
       }
     }
+    if (values.empty() && opt->get_expected_max() == 0) values.push_back("false");  // a flag not given
     if (list) {
       out[name] = values;
     } else {
@@ -93,6 +94,10 @@ ParsedTrain parse_train_args(const std::vector<std::string>& args) {
   }
   raising(ErrorKind::Usage, [&] { complete_train_options(*cmd, parsed.options, words); });
   parsed.resolved = resolved_options(*cmd);
+  // The flags whose value is not their option's text: --no-prefetch holds the prefetch it turns off,
+  // and --save-on-interrupt's default follows --save-every.
+  parsed.resolved["no-prefetch"] = parsed.options.config.loader_prefetch ? "false" : "true";
+  parsed.resolved["save-on-interrupt"] = parsed.options.save_on_interrupt ? "true" : "false";
   return parsed;
 }
 
