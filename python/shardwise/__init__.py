@@ -7,6 +7,11 @@ Layouts in the vocabulary of PyTorch DTensor and PaddlePaddle::
     sw.local_shape((8, 6), mesh, [sw.Shard(0), sw.Shard(1)], rank=3)   # (4, 3)
     sw.infer("matmul", mesh, [(8, 16), (16, 4)], [[sw.Shard(0), sw.Replicate()]] * 2).outputs
 
+Training and generation, as `shardwise train` and `shardwise generate` run them::
+
+    result = sw.train(mesh="dp=2,tp=2", steps=20, on_step=print)   # or sw.Trainer(...).step()
+    sw.generate(result.checkpoint, "123+456=", max_new_tokens=4)
+
 Errors are shardwise.Error (UsageError, CheckpointError, DataError) with the C++ message.
 """
 from ._core import (  # noqa: F401
@@ -31,6 +36,7 @@ from ._core import (  # noqa: F401
     plan_reshard,
     run_op,
 )
+from .training import Metrics, TrainConfig, Trainer, TrainResult, generate, train  # noqa: F401
 
 from . import checkpoint  # noqa: E402,F401  (shardwise.checkpoint: save / load / info)
 

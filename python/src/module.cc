@@ -7,6 +7,8 @@
 
 namespace shardwise::py {
 void bind_rules(nb::module_& m);
+void bind_train(nb::module_& m);
+void bind_generate(nb::module_& m);
 }  // namespace shardwise::py
 
 NB_MODULE(_core, m) {
@@ -17,4 +19,6 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_checkpoint_groups(m);
   shardwise::py::bind_checkpoint_save(m);
   shardwise::py::bind_checkpoint_load(m);
+  shardwise::py::bind_train(m);
+  shardwise::py::bind_generate(m);
 }

@@ -212,6 +212,29 @@ TEST(LocalComm, ARankFailingWhileOthersWaitInRecvReleasesThem) {
   }
 }
 
+TEST(LocalComm, TheFailingRanksErrorKeepsItsKind) {
+  // The rank that fails first decides the error and its kind; the ranks it releases do not.
+  try {
+    LocalWorld::run(3, [](Communicator& c) {
+      float x = 0;
+      if (c.rank() == 2) throw KindedError(ErrorKind::Data, "rank two read no data");
+      c.recv(&x, 1, DType::F32, c.rank() == 0 ? 1 : 0);  // nobody ever sends
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(error_kind(e), ErrorKind::Data) << e.what();
+    EXPECT_STREQ(e.what(), "rank 2 failed: rank two read no data");
+  }
+  try {
+    LocalWorld::run(2, [](Communicator& c) {
+      if (c.rank() == 1) throw Error("plain");
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(error_kind(e), ErrorKind::General) << e.what();
+  }
+}
+
 TEST(LocalComm, InPlaceAllReduceAndIntegers) {
   LocalWorld::run(3, [](Communicator& c) {
     Tensor t = Tensor::full(DType::I32, Shape{4}, c.rank() + 1);

@@ -16,6 +16,7 @@
 #include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/tokenize_cmd.h"
 #include "shardwise/cli/train_options.h"
+#include "shardwise/cli/train_run.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 
@@ -353,11 +354,7 @@ int run(int argc, char** argv) {
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
     if (*gemm_cmd) return cmd_gemm_check(gemm_opts, std::cout);
     if (*train_cmd) {
-      apply_run_sources(*train_cmd, train_opts);
-      train_opts.options_line = given_options(*train_cmd);
-      train_opts.given = stored_run_options(*train_cmd);  // the checkpoints' run_options.json
-      if (train_cmd->get_option("--save-on-interrupt")->count() == 0) train_opts.save_on_interrupt = train_opts.save_every > 0;
-      train_opts.command_line.assign(argv, argv + argc);
+      complete_train_options(*train_cmd, train_opts, std::vector<std::string>(argv, argv + argc));
       return cmd_train(train_opts, std::cout);
     }
     if (*gen_cmd) {

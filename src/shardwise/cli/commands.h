@@ -2,11 +2,16 @@
 // The shardwise subcommands; each writes to `out` and returns the exit code. Bad input throws
 // shardwise::Error, which the caller prints as one line.
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <ostream>
 
 #include "shardwise/train/trainer.h"
 #include <string>
 #include <vector>
+
+namespace shardwise::train {
+struct GenerateResult;  // generate/generate.h
+}  // namespace shardwise::train
 
 namespace shardwise::cli {
 
@@ -146,7 +151,13 @@ struct GenerateOptions {
   bool json = false;
   std::string logits_out;          // a .safetensors file: "logits.<i>" [new tokens, vocab] f32 per prompt
   std::string tokenizer;           // a SentencePiece model: text prompts encoded, output decoded
+  bool keep_logits = false;        // each new token's logits in the result (run_generate)
 };
 int cmd_generate(const GenerateOptions& options, std::ostream& out);
+// The ranks of a run (train, generate): mpirun's process count under mpirun (Error when --ranks
+// `given` says another), else `given`, else mesh_size() (0: the mesh's size).
+int64_t count_ranks(int64_t given, const std::function<int64_t()>& mesh_size);
+// cmd_generate handing rank 0's result to `result` (the Python package) instead of printing it.
+int run_generate(const GenerateOptions& options, std::ostream& out, train::GenerateResult* result);
 
 }  // namespace shardwise::cli

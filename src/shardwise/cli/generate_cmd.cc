@@ -212,23 +212,22 @@ void print_json(const Run& run, const train::GenerateResult& r, const std::strin
 void write_logits(const train::GenerateResult& r, int64_t vocab, const std::string& path) {
   std::vector<Tensor> rows;
   std::vector<ckpt::StEntry> entries;
-  for (size_t i = 0; i < r.sequences.size(); ++i) {
-    const auto& l = r.sequences[i].logits;
-    Tensor t(DType::F32, Shape{static_cast<int64_t>(l.size()), vocab});
-    for (size_t k = 0; k < l.size(); ++k) std::copy(l[k].begin(), l[k].end(), t.data<float>() + k * vocab);
-    rows.push_back(t);
-  }
+  for (const train::GeneratedSequence& s : r.sequences) rows.push_back(train::logits_tensor(s, vocab));
   for (size_t i = 0; i < rows.size(); ++i) entries.push_back(ckpt::entry_of(fmt::format("logits.{}", i), rows[i]));
   ckpt::write_safetensors(path, entries, ckpt::StMetadata{{"format", "pt"}});
 }
 
 void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator& world_ref,
-                   std::shared_ptr<comm::Communicator> world, std::ostream& out) {
+                   std::shared_ptr<comm::Communicator> world, std::ostream& out, train::GenerateResult* result) {
   RankThreads threads(o.kernel_threads);  // this rank's kernel threads (tensor/parallel.h)
   const int64_t process = world->members()[static_cast<size_t>(world->rank())];
   train::Generator gen(run.model, run.strategy, world, train::checkpoint_weights(run.dir, run.model, process));
   train::GenerateResult r = gen.generate(run.prompts, run.config);
   if (world_ref.rank() != 0) return;
+  if (result) {  // the caller's, not printed
+    *result = std::move(r);
+    return;
+  }
   if (!o.logits_out.empty()) write_logits(r, run.model.vocab, o.logits_out);
   const std::string ranks = fmt::format("{}, {}", counted(world_ref.size(), "rank"), world_ref.backend());
   if (o.json) {
@@ -256,7 +255,9 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
 
 }  // namespace
 
-int cmd_generate(const GenerateOptions& options, std::ostream& out) {
+int cmd_generate(const GenerateOptions& options, std::ostream& out) { return run_generate(options, out, nullptr); }
+
+int run_generate(const GenerateOptions& options, std::ostream& out, train::GenerateResult* result) {
   GenerateOptions o = options;
   SW_CHECK(!o.checkpoint.empty(), "give the model: --checkpoint DIR (or --init-from DIR), a checkpoint or model "
                                   "directory with config.json");
@@ -273,14 +274,7 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
            "the model's {} heads do not divide over tp={} (each tp rank needs whole heads)", run.model.heads,
            run.strategy.tp_size());
   const bool mpi = comm::launched_by_mpirun();
-  int64_t ranks = o.ranks;
-  if (mpi) {
-    int64_t size = comm::mpi_world()->size();
-    SW_CHECK(ranks == 0 || ranks == size, "--ranks {} but mpirun started {} processes", ranks, size);
-    ranks = size;
-  } else if (ranks == 0) {
-    ranks = run.strategy.mesh.size();
-  }
+  const int64_t ranks = count_ranks(o.ranks, [&] { return run.strategy.mesh.size(); });
   SW_CHECK(run.strategy.mesh.size() == ranks, "mesh {} has {} ranks but {} ranks run (use --ranks {} or mpirun -np {})",
            run.strategy.mesh.to_string(), run.strategy.mesh.size(), ranks, run.strategy.mesh.size(),
            run.strategy.mesh.size());
@@ -291,9 +285,9 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   train::check_prompts(run.prompts, run.model);
   run.config.max_new_tokens = o.max_new_tokens;
   run.config.kv_cache = !o.no_kv_cache;
-  run.config.keep_logits = !o.logits_out.empty();
+  run.config.keep_logits = !o.logits_out.empty() || o.keep_logits;
   if (run.codec.tokenizer) run.config.usable_vocab = run.codec.tokenizer->vocab_size();  // not the padding ids
-  if (run.config.keep_logits) {  // before any work: the file is written after generating
+  if (!o.logits_out.empty()) {  // before any work: the file is written after generating
     const std::filesystem::path parent = std::filesystem::absolute(o.logits_out).parent_path();
     SW_CHECK(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0,
              "--logits-out '{}': the directory '{}' does not exist or is not writable", o.logits_out, parent.string());
@@ -316,10 +310,10 @@ int cmd_generate(const GenerateOptions& options, std::ostream& out) {
   // ranks share the machine, the GEMM library's count for one rank): the cores in use stay the same.
   o.kernel_threads = mpi || ranks > 1 ? 1 : blas_threads();
   if (mpi) {
-    return comm::run_mpi_main([&](comm::Communicator& world) { generate_rank(run, o, world, comm::mpi_world(), out); });
+    return comm::run_mpi_main([&](comm::Communicator& world) { generate_rank(run, o, world, comm::mpi_world(), out, result); });
   }
   comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
-    generate_rank(run, o, world, world.group(world.members()), out);
+    generate_rank(run, o, world, world.group(world.members()), out, result);
   });
   return 0;
 }

@@ -52,6 +52,8 @@ StopSignals::StopSignals(bool say) {
 StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
+  g_signal = 0;  // a later run in this process (the Python package's) starts without a stop request
+  g_agreed = 0;
 }
 
 int stop_signal() { return g_signal.load(); }

@@ -13,7 +13,7 @@ inline constexpr int kInterruptedExit = 130;  // 128 + SIGINT, what a shell repo
 // While it lives, SIGINT and SIGTERM set this process's stop request (the first one) and end the
 // process with status 130 (the same signal again; the other one after the first is ignored, since
 // mpirun answers a Ctrl-C with a SIGTERM to every process); the handlers before it come back when it
-// ends. `say`: the
+// ends, and the stop request with them. `say`: the
 // first signal prints one line on stderr (one process of an MPI job says it, not every rank).
 class StopSignals {
  public:

@@ -18,6 +18,7 @@
 #include "shardwise/cli/progress.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/cli/interrupt.h"
+#include "shardwise/cli/train_run.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/comm/objects.h"
@@ -308,174 +309,230 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   }
 }
 
-// The loop every rank runs; rank 0 reports.
-void train_rank(const TrainOptions& o, const train::TrainConfig& config, comm::Communicator& world_ref,
-                std::shared_ptr<comm::Communicator> world, std::ostream& out) {
-  RankThreads threads(o.kernel_threads);  // this rank's kernel threads (tensor/parallel.h)
+}  // namespace
+
+struct RankRun::State {
+  State(const TrainOptions& options, const train::TrainConfig& c, comm::Communicator& w_ref,
+        std::shared_ptr<comm::Communicator> w, std::ostream& o_out, StepHook hook)
+      : o(options), config(c), world_ref(w_ref), world(std::move(w)), out(o_out), on_step(std::move(hook)),
+        threads(options.kernel_threads), report(w_ref.rank() == 0) {}
+  TrainOptions o;
+  train::TrainConfig config;
+  comm::Communicator& world_ref;
+  std::shared_ptr<comm::Communicator> world;
+  std::ostream& out;
+  StepHook on_step;
+  RankThreads threads;  // this rank's kernel threads (tensor/parallel.h)
+  bool report;          // rank 0 reports
+  std::unique_ptr<runtime::RankProfile> profile;
+  std::unique_ptr<train::Trainer> trainer;
+  train::ParameterCounts counts;
+  std::string run_dir, save_dir;
+  bool nothing_to_do = false, stopped = false, finished = false;
+  std::unique_ptr<train::CheckpointSchedule> checkpoints;
+  std::unique_ptr<train::MetricsLog> log;
+  std::unique_ptr<ProgressPrinter> printer;
+  Progress p;
+  int64_t first_step = 0, saved_step = -1;  // saved_step: the step of the newest save this run made
+};
+
+RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, comm::Communicator& world_ref,
+                 std::shared_ptr<comm::Communicator> world_in, std::ostream& out_in, StepHook on_step)
+    : s_(std::make_unique<State>(options, config, world_ref, std::move(world_in), out_in, std::move(on_step))) {
+  State& s = *s_;
+  const TrainOptions& o = s.o;
+  std::ostream& out = s.out;
   // --profile: the Trainer's collectives go through a recording communicator; events are kept
   // only while a training step runs (runtime/profiler.h).
-  auto profile = o.profile ? std::make_unique<runtime::RankProfile>(world_ref.rank()) : nullptr;
-  if (profile) world = std::make_shared<runtime::ProfiledCommunicator>(world);
-  train::Trainer trainer(config, world);
+  if (o.profile) s.profile = std::make_unique<runtime::RankProfile>(world_ref.rank());
+  if (s.profile) s.world = std::make_shared<runtime::ProfiledCommunicator>(s.world);
+  s.trainer = std::make_unique<train::Trainer>(config, s.world);
+  train::Trainer& trainer = *s.trainer;
+  comm::Communicator& world = *s.world;
   trainer.set_run_options(o.given);  // its checkpoints keep them (run_options.json)
-  const bool report = world_ref.rank() == 0;
-  const train::ParameterCounts counts = trainer.count_parameters();  // collective
+  s.counts = trainer.count_parameters();  // collective
   if (!o.init_from.empty()) {
-    const int64_t n = train::init_from_model(trainer, *world, o.init_from, o.ignore_keys);
-    if (report) out << fmt::format("  weights from {} ({} tensors{}); dropout {}\n", o.init_from, n,
-                                   o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")),
-                                   config.dropout);
+    const int64_t n = raising(ErrorKind::Checkpoint,
+                              [&] { return train::init_from_model(trainer, world, o.init_from, o.ignore_keys); });
+    if (s.report) out << fmt::format("  weights from {} ({} tensors{}); dropout {}\n", o.init_from, n,
+                                     o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")),
+                                     config.dropout);
   }
   if (!o.lora_from.empty()) {
-    const int64_t n = train::load_adapter(trainer, *world, o.lora_from);
-    if (report) out << fmt::format("  adapters from {} ({} tensors)\n", o.lora_from, n);
+    const int64_t n = raising(ErrorKind::Checkpoint, [&] { return train::load_adapter(trainer, world, o.lora_from); });
+    if (s.report) out << fmt::format("  adapters from {} ({} tensors)\n", o.lora_from, n);
   }
-  if (config.model.lora.enabled() && report) out << lora_line(config.model.lora, counts, trainer.optimizer_state_bytes());
+  if (config.model.lora.enabled() && s.report)
+    out << lora_line(config.model.lora, s.counts, trainer.optimizer_state_bytes());
   std::vector<std::string> notes;
-  const std::string run_dir = choose_run_dir(o, config, world_ref, notes);
-  const std::string save_dir = o.save_dir.empty() ? run_dir + "/checkpoints" : o.save_dir;
+  s.run_dir = choose_run_dir(o, config, world_ref, notes);
+  s.save_dir = o.save_dir.empty() ? s.run_dir + "/checkpoints" : o.save_dir;
   const bool saves = o.save_every > 0 || o.save_on_interrupt;
-  train::RunDirs dirs{run_dir, save_dir, saves, !o.resume.empty()};
-  for (const auto& line : train::check_run_dirs(trainer, *world, dirs)) notes.push_back(line);
-  train::ResumeResult resumed = train::resume_trainer(trainer, *world, o.resume, save_dir, !o.no_verify_resume, saves);
+  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.resume.empty()};
+  for (const auto& line : train::check_run_dirs(trainer, world, dirs)) notes.push_back(line);
+  train::ResumeResult resumed = raising(ErrorKind::Checkpoint, [&] {
+    return train::resume_trainer(trainer, world, o.resume, s.save_dir, !o.no_verify_resume, saves);
+  });
   notes.insert(notes.end(), resumed.lines.begin(), resumed.lines.end());
   if (resumed.dir) notes.insert(notes.end(), o.resume_notes.begin(), o.resume_notes.end());
   for (const auto& line : notes) {
-    if (report) out << "  " << line << "\n";
+    if (s.report) out << "  " << line << "\n";
   }
-  if (resumed.nothing_to_do) return;
+  s.nothing_to_do = resumed.nothing_to_do;
+  if (s.nothing_to_do) return;
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.save_total_limit;
   save_options.max_shard_bytes = parse_byte_size(o.max_shard_size);
-  train::CheckpointSchedule checkpoints(save_dir, o.save_every, o.async_save, save_options);
-  const bool addition = config.data.empty();
-  std::unique_ptr<train::MetricsLog> log;
-  if (report) {
-    log = std::make_unique<train::MetricsLog>(run_dir, resumed.dir ? trainer.steps_done() : -1);
-    if (!log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", log->kept_aside());
-    print_header(trainer, o, counts, world_ref, run_dir, out);
+  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.save_every, o.async_save, save_options);
+  if (s.report) {
+    s.log = std::make_unique<train::MetricsLog>(s.run_dir, resumed.dir ? trainer.steps_done() : -1);
+    if (!s.log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", s.log->kept_aside());
+    print_header(trainer, o, s.counts, world_ref, s.run_dir, out);
   }
   const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
-  Progress p;
-  train::StepResult last;
-  const int64_t first_step = trainer.steps_done();
-  int64_t saved_step = -1;  // the step of the newest save this run made
-  ProgressPrinter printer(out, progress_mode(o.progress, out), first_step, config.steps, log_every);
-  if (profile) profile->start(world_ref);
-  for (int64_t s = first_step; s < config.steps; ++s) {
-    {
-      runtime::ProfileScope profiled(profile.get(), runtime::EventKind::Step, fmt::format("step {}", s + 1));
-      runtime::ActiveProfile active(profile.get());
-      last = trainer.step();
-    }
-    p.tokens += last.tokens;
-    std::optional<double> acc, val;
-    bool eval_now = (addition || trainer.has_validation()) && o.eval_every > 0 &&
-                    (last.step % o.eval_every == 0 || last.step == config.steps);
-    if (eval_now) {
-      // One event, nothing inside: the profile's types are what the training steps spend.
-      runtime::ProfileScope profiled(profile.get(), runtime::EventKind::Eval, addition ? "evaluate" : "validate");
-      if (addition) acc = trainer.evaluate().accuracy();
-      if (trainer.has_validation()) val = trainer.validate().loss;
-    }
-    const double elapsed = p.elapsed(), tps = static_cast<double>(p.tokens) / std::max(elapsed, 1e-9);
-    // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
-    if (report) log->add({last, elapsed, tps, acc, val});
-    const bool due = o.save_every > 0 && (last.step % o.save_every == 0 || last.step == config.steps);
-    checkpoints.after_step(trainer, *world, o.save_every > 0 && last.step == config.steps);
-    if (due) saved_step = last.step;
-    if (report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
-    if (report && val) p.last_val = *val;
-    if (report) {
-      std::string metrics = fmt::format("loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s{}", last.loss, last.lr,
-                                        last.grad_norm, tps,
-                                        p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
-      metrics += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
-                 moe_summary(last.moe);
-      printer.step(progress_text({last.step, first_step, config.steps, elapsed, metrics}, printer.bar()), last.step,
-                   eval_now, elapsed);
-      p.bar_open = printer.bar_open();
-    }
-    // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
-    if (last.step < config.steps && agree_to_stop(world_ref) != 0) {
-      if (o.save_on_interrupt && saved_step != last.step) checkpoints.after_step(trainer, *world, true);
-      break;
-    }
-  }
-  checkpoints.finish();  // waits for a background save; raises its error
-  // Collective: rank 0 gathers every rank's events for the one trace.
-  const runtime::ProfileReport profiled = profile ? runtime::gather_profile(*profile, world_ref) : runtime::ProfileReport{};
-  if (!report) return;
-  if (checkpoints.stalls().saves > 0) out << checkpoint_summary(checkpoints, save_dir, trainer.steps_done());
-  if (log->records().empty()) return;
-  print_summary(p, *log, trainer, o, run_dir, save_dir, world_ref.size(), out);
-  if (profile) report_profile(profiled, run_dir, out);
+  s.first_step = trainer.steps_done();
+  s.printer = std::make_unique<ProgressPrinter>(out, progress_mode(o.progress, out), s.first_step, config.steps, log_every);
+  if (s.profile) s.profile->start(world_ref);
 }
 
-}  // namespace
+RankRun::~RankRun() = default;
 
-int cmd_train(const TrainOptions& options, std::ostream& out) {
-  TrainOptions o = options;
-  train::TrainConfig c = o.config;
-  const bool mpi = comm::launched_by_mpirun();
-  int64_t ranks = o.ranks;
-  if (mpi) {
-    int64_t world = comm::mpi_world()->size();
-    SW_CHECK(ranks == 0 || ranks == world, "--ranks {} but mpirun started {} processes", ranks, world);
-    ranks = world;
-  } else if (ranks == 0) {
-    ranks = mesh::parse_mesh(c.mesh).size();
+bool RankRun::done() const {
+  return s_->nothing_to_do || s_->stopped || s_->finished || s_->trainer->steps_done() >= s_->config.steps;
+}
+
+train::StepRecord RankRun::step() {
+  State& s = *s_;
+  SW_CHECK(!done(), "the run has no step left: {} of {} steps done{}", s.trainer->steps_done(), s.config.steps,
+           s.stopped ? " (stopped by a signal)" : s.finished ? " (finished)" : "");
+  const TrainOptions& o = s.o;
+  const train::TrainConfig& config = s.config;
+  train::Trainer& trainer = *s.trainer;
+  train::StepResult last;
+  {
+    runtime::ProfileScope profiled(s.profile.get(), runtime::EventKind::Step, fmt::format("step {}", trainer.steps_done() + 1));
+    runtime::ActiveProfile active(s.profile.get());
+    last = trainer.step();
   }
-  SW_CHECK(ranks >= 1, "--ranks must be at least 1, got {}", ranks);
-  for (auto [name, value] : {std::pair{"--eval-every", o.eval_every}, {"--log-every", o.log_every},
-                             {"--save-every", o.save_every}, {"--save-total-limit", o.save_total_limit}})
-    SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
-  o.data_notes = apply_data_defaults(o, c, ranks);  // --data: the vocabulary and the steps from the data
-  if (o.eval_every == 0) o.eval_every = c.steps;  // once, at the end
-  SW_CHECK(!o.json || o.dry_run, "--json prints the memory plan of --dry-run (or `shardwise plan --memory --json`): "
-           "add --dry-run");
-  SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
-           "--progress '{}': use auto, bar, lines or none", o.progress);
-  // An MoE model's checkpoints are Mixtral's (config.json and per-expert keys), which has experts in
-  // every layer: dense layers among MoE ones have no such layout.
-  int64_t moe_layers = 0;
-  for (int64_t l = 0; l < c.model.layers; ++l) moe_layers += c.model.is_moe_layer(l) ? 1 : 0;
-  SW_CHECK(c.model.experts == 0 || moe_layers == c.model.layers ||
-               (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
-           "--moe-layers {}: checkpoints of MoE models are Mixtral's layout, which has experts in every layer, and "
-           "this model has them in {} of its {} layers: run without --save-every, --resume and --init-from, or "
-           "without --moe-layers", fmt::join(c.model.moe_layers, ","), moe_layers, c.model.layers);
-  // Mixtral's router is a softmax over the experts and it has no shared expert: a sigmoid router or a
-  // shared expert has no place in its config.json or keys.
-  SW_CHECK(c.model.experts == 0 || (c.model.router == "softmax" && c.model.shared_expert_width == 0) ||
-               (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
-           "--router {} --shared-expert-width {}: checkpoints of MoE models are Mixtral's layout, which has a softmax "
-           "router and no shared expert: run without --save-every, --resume and --init-from, or with --router softmax "
-           "and no --shared-expert-width", c.model.router, c.model.shared_expert_width);
-  // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
-  // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
-  c.check(ranks, !mpi);
-  // The memory plan against --memory-limit before anything is allocated; --dry-run prints it and stops
-  // (under mpirun the first process prints).
-  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  check_run_memory(c, o, !mpi, o.dry_run && (!mpi_rank || std::atoi(mpi_rank) == 0), out);
-  if (o.dry_run) return 0;
-  o.gemm_line = choose_gemm(o.gemm);  // before any GEMM: fixes the library's core type
-  set_blas_threads(mpi || ranks > 1 ? 1 : 0);
-  // Each rank's kernels split their loops over as many threads as its GEMMs use (one per rank when
-  // ranks share the machine, the GEMM library's count for one rank): the cores in use stay the same.
-  o.kernel_threads = mpi || ranks > 1 ? 1 : blas_threads();
+  Progress& p = s.p;
+  p.tokens += last.tokens;
+  const bool addition = config.data.empty();
+  std::optional<double> acc, val;
+  bool eval_now = (addition || trainer.has_validation()) && o.eval_every > 0 &&
+                  (last.step % o.eval_every == 0 || last.step == config.steps);
+  if (eval_now) {
+    // One event, nothing inside: the profile's types are what the training steps spend.
+    runtime::ProfileScope profiled(s.profile.get(), runtime::EventKind::Eval, addition ? "evaluate" : "validate");
+    if (addition) acc = trainer.evaluate().accuracy();
+    if (trainer.has_validation()) val = trainer.validate().loss;
+  }
+  const double elapsed = p.elapsed(), tps = static_cast<double>(p.tokens) / std::max(elapsed, 1e-9);
+  const train::StepRecord record{last, elapsed, tps, acc, val};
+  // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
+  if (s.report) s.log->add(record);
+  const bool due = o.save_every > 0 && (last.step % o.save_every == 0 || last.step == config.steps);
+  raising(ErrorKind::Checkpoint, [&] {
+    s.checkpoints->after_step(trainer, *s.world, o.save_every > 0 && last.step == config.steps);
+  });
+  if (due) s.saved_step = last.step;
+  if (s.report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
+  if (s.report && val) p.last_val = *val;
+  if (s.report) {
+    std::string metrics = fmt::format("loss {:.4f}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s{}", last.loss, last.lr,
+                                      last.grad_norm, tps,
+                                      p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
+    metrics += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
+               moe_summary(last.moe);
+    s.printer->step(progress_text({last.step, s.first_step, config.steps, elapsed, metrics}, s.printer->bar()), last.step,
+                    eval_now, elapsed);
+    p.bar_open = s.printer->bar_open();
+    if (s.on_step) s.on_step(record);
+  }
+  // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
+  if (last.step < config.steps && agree_to_stop(s.world_ref) != 0) {
+    if (o.save_on_interrupt && s.saved_step != last.step)
+      raising(ErrorKind::Checkpoint, [&] { s.checkpoints->after_step(trainer, *s.world, true); });
+    s.stopped = true;
+  }
+  return record;
+}
+
+void check_evaluates(const train::TrainConfig& c) {
+  SW_CHECK(c.data.empty(), "evaluate() is the held-out accuracy of the embedded addition task; this run trains on "
+           "--data {} (validate() gives its validation loss with --val-data or --val-fraction)", c.data);
+}
+
+void check_validates(const train::TrainConfig& c) {
+  SW_CHECK(c.has_validation(), "validate() needs a validation set: --val-data or --val-fraction (with --data)");
+}
+
+double RankRun::evaluate() {
+  check_evaluates(s_->config);
+  return s_->trainer->evaluate().accuracy();
+}
+
+double RankRun::validate() {
+  check_validates(s_->config);
+  return s_->trainer->validate().loss;
+}
+
+std::string RankRun::save() {
+  State& s = *s_;
+  SW_CHECK(!s.nothing_to_do && !s.finished, "the run is {}: nothing to save", s.finished ? "finished" : "done");
+  auto dir = raising(ErrorKind::Checkpoint, [&] { return s.checkpoints->after_step(*s.trainer, *s.world, true); });
+  s.saved_step = s.trainer->steps_done();
+  return dir ? dir->string() : "";
+}
+
+void RankRun::finish() {
+  State& s = *s_;
+  if (s.nothing_to_do || s.finished) return;
+  s.finished = true;
+  raising(ErrorKind::Checkpoint, [&] { s.checkpoints->finish(); });  // waits for a background save; raises its error
+  // Collective: rank 0 gathers every rank's events for the one trace.
+  const runtime::ProfileReport profiled =
+      s.profile ? runtime::gather_profile(*s.profile, s.world_ref) : runtime::ProfileReport{};
+  if (!s.report) return;
+  if (s.checkpoints->stalls().saves > 0)
+    s.out << checkpoint_summary(*s.checkpoints, s.save_dir, s.trainer->steps_done());
+  if (s.log->records().empty()) return;
+  print_summary(s.p, *s.log, *s.trainer, s.o, s.run_dir, s.save_dir, s.world_ref.size(), s.out);
+  if (s.profile) report_profile(profiled, s.run_dir, s.out);
+}
+
+TrainOutcome RankRun::outcome() const {
+  TrainOutcome r{s_->run_dir, s_->save_dir, "", s_->trainer->steps_done()};
+  std::error_code ec;
+  if (ckpt::fs::is_directory(r.save_dir, ec)) {
+    const auto saved = ckpt::list_checkpoints(r.save_dir);
+    if (!saved.empty()) r.newest_checkpoint = saved.back().dir.string();
+  }
+  return r;
+}
+
+const train::Trainer& RankRun::trainer() const { return *s_->trainer; }
+
+const std::vector<train::StepRecord>& RankRun::records() const {
+  static const std::vector<train::StepRecord> none;
+  return s_->log ? s_->log->records() : none;
+}
+
+int run_train(const TrainOptions& options, std::ostream& out, const RankRun::StepHook& on_step,
+              TrainOutcome* outcome) {
+  const PreparedRun run = prepare_train_run(options, out);
+  if (run.o.dry_run) return 0;
   // Ctrl-C / SIGTERM from here on: the run stops after the step, saves, summarizes, exits 130.
+  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   StopSignals signals(!mpi_rank || std::atoi(mpi_rank) == 0);
-  if (mpi) {
-    comm::run_mpi_main([&](comm::Communicator& world) { train_rank(o, c, world, comm::mpi_world(), out); });
-  } else {
-    comm::LocalWorld::run(static_cast<int>(ranks), [&](comm::Communicator& world) {
-      auto self = world.group(world.members());
-      train_rank(o, c, world, self, out);
-    });
-  }
+  run_ranks(run, [&](comm::Communicator& world_ref, std::shared_ptr<comm::Communicator> world) {
+    RankRun rank(run.o, run.c, world_ref, std::move(world), out, on_step);
+    while (!rank.done()) rank.step();
+    rank.finish();
+    if (outcome && world_ref.rank() == 0) *outcome = rank.outcome();
+  });
   return agreed_stop() != 0 ? kInterruptedExit : 0;
 }
+
+int cmd_train(const TrainOptions& options, std::ostream& out) { return run_train(options, out, {}, nullptr); }
 
 }  // namespace shardwise::cli

@@ -458,10 +458,10 @@ std::shared_ptr<Communicator> LocalWorld::communicator(int rank) {
   return std::make_shared<LocalComm>(shared_from_this(), group_state(all), rank);
 }
 
-void LocalWorld::abort(std::string reason) {
+void LocalWorld::abort(std::string reason, ErrorKind kind) {
   {
     std::lock_guard lock(mu_);
-    if (!aborted_.load()) reason_ = std::move(reason);
+    if (!aborted_.load()) reason_ = std::move(reason), kind_ = kind;
     aborted_.store(true);
   }
   // Wake every waiter now rather than at its next poll.
@@ -492,13 +492,13 @@ void LocalWorld::run(int size, const std::function<void(Communicator&)>& fn, std
       } catch (const RankFailure& e) {  // the agreed error already names the rank where it arose
         world->abort(e.what());
       } catch (const std::exception& e) {
-        world->abort(fmt::format("rank {} failed: {}", r, e.what()));
+        world->abort(fmt::format("rank {} failed: {}", r, e.what()), error_kind(e));
       }
     });
   }
   for (auto& t : threads) t.join();
   // Report the rank that failed first (the abort reason), not the ranks it released.
-  if (world->aborted()) throw Error(world->abort_reason());
+  if (world->aborted()) throw KindedError(world->kind_, world->abort_reason());
 }
 
 }  // namespace shardwise::comm

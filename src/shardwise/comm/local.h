@@ -18,6 +18,7 @@
 
 #include "shardwise/comm/call_check.h"
 #include "shardwise/comm/communicator.h"
+#include "shardwise/core/error.h"
 
 namespace shardwise::comm {
 
@@ -40,8 +41,9 @@ class LocalWorld : public std::enable_shared_from_this<LocalWorld> {
   int size() const { return size_; }
   // The world communicator of `rank`.
   std::shared_ptr<Communicator> communicator(int rank);
-  // Marks the world failed: every rank waiting in (or later entering) a collective throws.
-  void abort(std::string reason);
+  // Marks the world failed: every rank waiting in (or later entering) a collective throws. The
+  // first reason and its kind (core/error.h) are kept: run() rethrows them.
+  void abort(std::string reason, ErrorKind kind = ErrorKind::General);
   bool aborted() const { return aborted_.load(); }
   std::string abort_reason() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -50,7 +52,8 @@ class LocalWorld : public std::enable_shared_from_this<LocalWorld> {
   const LocalHooks& hooks() const { return hooks_; }
 
   // Runs fn(comm) on `size` threads, one per rank. If any rank throws, the world is aborted and
-  // the first error is rethrown here (prefixed with the rank) after every thread has finished.
+  // the first error is rethrown here (prefixed with the rank, with its kind) after every thread has
+  // finished.
   static void run(int size, const std::function<void(Communicator&)>& fn,
                   std::chrono::milliseconds timeout = std::chrono::seconds(300));
 
@@ -64,6 +67,7 @@ class LocalWorld : public std::enable_shared_from_this<LocalWorld> {
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;
   std::string reason_;
+  ErrorKind kind_ = ErrorKind::General;
   std::map<std::vector<int>, std::shared_ptr<Group>> groups_;
   LocalHooks hooks_;
 };

@@ -72,6 +72,12 @@ WeightSource whole_weights(std::map<std::string, Tensor> whole, int64_t process)
   };
 }
 
+Tensor logits_tensor(const GeneratedSequence& s, int64_t vocab) {
+  Tensor t(DType::F32, Shape{static_cast<int64_t>(s.logits.size()), vocab});
+  for (size_t k = 0; k < s.logits.size(); ++k) std::copy(s.logits[k].begin(), s.logits[k].end(), t.data<float>() + k * vocab);
+  return t;
+}
+
 void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptConfig& model) {
   SW_CHECK(!prompts.empty(), "no prompt to generate from");
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -64,6 +64,9 @@ struct GeneratedSequence {
   StopReason stop = StopReason::MaxNewTokens;
 };
 
+// A sequence's kept logits as one [new tokens, vocab] f32 tensor (a row per new token).
+Tensor logits_tensor(const GeneratedSequence& s, int64_t vocab);
+
 struct GenerateStats {
   double plan_seconds = 0;     // building, planning and binding graphs not planned before
   double prefill_seconds = 0;  // the first new token of every sequence

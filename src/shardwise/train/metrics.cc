@@ -75,7 +75,7 @@ MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) : dir_(
   SW_CHECK(out_.good(), "cannot write '{}'", jsonl_path());
 }
 
-void MetricsLog::add(const StepRecord& r) {
+nlohmann::json record_json(const StepRecord& r) {
   nlohmann::json j = {{"step", r.step.step},          {"loss", r.step.loss},         {"lr", r.step.lr},
                       {"grad_norm", r.step.grad_norm}, {"tokens", r.step.tokens},    {"elapsed_s", r.elapsed_s},
                       {"tokens_per_s", r.tokens_per_s}, {"loader_wait_s", r.step.loader_wait_s},
@@ -91,6 +91,11 @@ void MetricsLog::add(const StepRecord& r) {
                         {"aux_loss", m.aux_loss},
                         {"z_loss", m.z_loss}});
   }
+  return j;
+}
+
+void MetricsLog::add(const StepRecord& r) {
+  const nlohmann::json j = record_json(r);
   out_ << j.dump() << "\n";
   out_.flush();
   records_.push_back(r);

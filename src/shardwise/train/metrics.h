@@ -4,6 +4,7 @@
 // exp(val_loss) for a validation set; "loader_wait_s" and "loader_read_s" every step: StepResult's) and loss_curve.svg (the training loss by step, the
 // validation loss beside it with a legend, accuracy on a second axis; a linear or log loss axis).
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,9 @@ struct StepRecord {
   std::optional<double> accuracy;
   std::optional<double> val_loss;  // metrics.jsonl also gets val_ppl = exp(val_loss)
 };
+
+// A step's line of metrics.jsonl (without the newline).
+nlohmann::json record_json(const StepRecord& r);
 
 class MetricsLog {
  public:

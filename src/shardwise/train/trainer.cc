@@ -209,9 +209,11 @@ void check_vocabulary(const TrainConfig& c, const Dataset& data, const EvenWindo
 std::unique_ptr<Dataset> open_training_data(const TrainConfig& c) {
   CorpusPart part;
   if (c.val_fraction != 0) part = {CorpusPart::Side::Training, c.val_fraction};
-  const std::optional<TextTokens> text = c.text_tokens();
-  return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part,
-                      text ? &*text : nullptr);
+  return raising(ErrorKind::Data, [&] {  // a file that cannot be read or tokenized: a data error
+    const std::optional<TextTokens> text = c.text_tokens();
+    return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part,
+                        text ? &*text : nullptr);
+  });
 }
 
 std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
@@ -225,20 +227,22 @@ std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
   SW_CHECK(c.val_fraction == 0 || (c.val_fraction > 0 && c.val_fraction < 1),
            "--val-fraction must be in (0, 1) (the share of --data's tokens held out), got {}", c.val_fraction);
   SW_CHECK(c.val_samples >= 1, "--val-samples must be at least 1, got {}", c.val_samples);
-  const TokenFormat format = parse_token_format(c.data_format);
-  const std::optional<TextTokens> text_tokens = c.text_tokens();
-  const TextTokens* text = text_tokens ? &*text_tokens : nullptr;
-  if (c.val_data.empty()) {
-    auto held_out = std::make_unique<TokenFile>(c.data, c.model.seq, c.seed, format,
-                                                CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction}, text);
-    return std::make_unique<EvenWindows>(std::move(held_out), c.val_samples);
-  }
-  try {  // the file errors say --data: say which option named the file
-    return std::make_unique<EvenWindows>(
-        std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format, CorpusPart{}, text), c.val_samples);
-  } catch (const Error& e) {
-    fail("--val-data: {}", e.what());
-  }
+  return raising(ErrorKind::Data, [&]() -> std::unique_ptr<EvenWindows> {
+    const TokenFormat format = parse_token_format(c.data_format);
+    const std::optional<TextTokens> text_tokens = c.text_tokens();
+    const TextTokens* text = text_tokens ? &*text_tokens : nullptr;
+    if (c.val_data.empty()) {
+      auto held_out = std::make_unique<TokenFile>(c.data, c.model.seq, c.seed, format,
+                                                  CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction}, text);
+      return std::make_unique<EvenWindows>(std::move(held_out), c.val_samples);
+    }
+    try {  // the file errors say --data: say which option named the file
+      return std::make_unique<EvenWindows>(
+          std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format, CorpusPart{}, text), c.val_samples);
+    } catch (const Error& e) {
+      fail("--val-data: {}", e.what());
+    }
+  });
 }
 
 GptConfig kernel_model(const TrainConfig& c) {

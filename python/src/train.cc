@@ -1,0 +1,278 @@
+// Training from Python (python/shardwise/training.py wraps these): `shardwise train`'s options parsed
+// by the command's own parser (cli/train_run.h), a whole run as the command runs it, and a run driven
+// step by step. Ranks are threads of this process (or this process's rank under mpirun); the GIL is
+// released while they run.
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <condition_variable>
+#include <exception>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "errors.h"
+#include "shardwise/cli/train_run.h"
+
+namespace shardwise::py {
+namespace {
+
+using cli::RankRun;
+
+// A Python callable called on rank 0's thread with a step's metrics line (JSON text). An exception
+// it raises is kept (and stops the run through an Error on rank 0); the caller raises it again.
+struct StepCallback {
+  nb::object fn;
+  std::optional<nb::python_error> raised;
+  RankRun::StepHook hook() {
+    if (!fn.is_valid() || fn.is_none()) return {};
+    return [this](const train::StepRecord& r) {
+      const std::string line = train::record_json(r).dump();
+      nb::gil_scoped_acquire gil;
+      try {
+        fn(line);
+      } catch (nb::python_error& e) {
+        raised.emplace(std::move(e));
+        fail("on_step raised an exception at step {}", r.step.step);
+      }
+    };
+  }
+};
+
+// shardwise.train: the whole run; the outcome as JSON text with the exit status (130: a signal).
+std::string train_run(const std::vector<std::string>& args, nb::object on_step) {
+  const cli::ParsedTrain parsed = cli::parse_train_args(args);
+  StepCallback callback{std::move(on_step), std::nullopt};
+  cli::TrainOutcome outcome;
+  int status = 0;
+  try {
+    nb::gil_scoped_release release;
+    status = cli::run_train(parsed.options, std::cout, callback.hook(), &outcome);
+  } catch (const Error&) {
+    if (callback.raised) throw std::move(*callback.raised);
+    throw;
+  }
+  nlohmann::json j = {{"status", status},
+                      {"run_dir", outcome.run_dir},
+                      {"save_dir", outcome.save_dir},
+                      {"newest_checkpoint", outcome.newest_checkpoint},
+                      {"steps_done", outcome.steps_done},
+                      {"dry_run", parsed.options.dry_run}};
+  return j.dump();
+}
+
+// shardwise.Trainer: the ranks run on a thread of their own, each waiting for the caller's next
+// command (a step, an evaluation, a save, the end); the caller waits for every rank to finish it.
+class StepwiseRun {
+ public:
+  enum class Op { Setup, Step, Evaluate, Validate, Save, Finish };
+
+  explicit StepwiseRun(const std::vector<std::string>& args) : parsed_(cli::parse_train_args(args)) {
+    start();
+    wait(Op::Setup);
+  }
+  ~StepwiseRun() {
+    try {
+      close();
+    } catch (...) {  // a destructor does not raise; close() did, when called
+    }
+  }
+
+  std::string step() {
+    raising(ErrorKind::Usage, [&] {
+      SW_CHECK(!done_, "the run has no step left: {} of {} steps done", outcome_.steps_done, run_.c.steps);
+    });
+    command(Op::Step);
+    return record_;
+  }
+  double evaluate() {
+    raising(ErrorKind::Usage, [&] { cli::check_evaluates(run_.c); });
+    command(Op::Evaluate);
+    return value_;
+  }
+  double validate() {
+    raising(ErrorKind::Usage, [&] { cli::check_validates(run_.c); });
+    command(Op::Validate);
+    return value_;
+  }
+  std::string save() {
+    command(Op::Save);
+    return saved_;
+  }
+  // The summary (as `shardwise train` prints it at the end); the ranks end. Again: nothing.
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (!failed()) command(Op::Finish);
+    nb::gil_scoped_release release;
+    if (runner_.joinable()) runner_.join();
+  }
+  bool done() const { return done_; }
+  const std::vector<std::string>& records() const { return records_; }
+  const cli::TrainOutcome& outcome() const { return outcome_; }
+  const cli::ParsedTrain& parsed() const { return parsed_; }
+  int ranks() const { return ranks_; }
+
+ private:
+  // The checks before a run (the GIL released), then the ranks on a thread of their own.
+  void start() {
+    nb::gil_scoped_release release;
+    run_ = cli::prepare_train_run(parsed_.options, std::cout);
+    SW_CHECK(!run_.o.dry_run, "--dry-run only prints the memory plan: Trainer.memory_plan() gives it");
+    ranks_ = run_.mpi ? 1 : static_cast<int>(run_.ranks);  // the ranks of this process
+    runner_ = std::thread([this] {
+      try {
+        cli::run_ranks(run_, [this](comm::Communicator& world_ref, std::shared_ptr<comm::Communicator> world) {
+          rank_loop(world_ref, std::move(world));
+        });
+      } catch (...) {
+        std::lock_guard lock(mu_);
+        error_ = std::current_exception();
+      }
+      std::lock_guard lock(mu_);
+      ended_ = true;
+      cv_.notify_all();
+    });
+  }
+
+  bool failed() {
+    std::lock_guard lock(mu_);
+    return ended_;
+  }
+  // Runs `op` on every rank (the GIL released) and waits; the run's error when a rank failed.
+  void command(Op op) {
+    SW_CHECK(!closed_ || op == Op::Finish, "the Trainer is closed");
+    {
+      std::lock_guard lock(mu_);
+      SW_CHECK(!ended_, "the Trainer's ranks have stopped after an error");
+      op_ = op;
+      acked_ = 0;
+      ++generation_;
+    }
+    cv_.notify_all();
+    wait(op);
+  }
+  void wait(Op op) {
+    nb::gil_scoped_release release;
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return acked_ == ranks_ || ended_; });
+    if (acked_ == ranks_ && (op != Op::Finish || !error_)) return;
+    lock.unlock();
+    if (runner_.joinable()) runner_.join();
+    if (error_) std::rethrow_exception(error_);
+    if (op != Op::Finish) fail("the Trainer's ranks ended before the command finished");
+  }
+  void ack() {
+    std::lock_guard lock(mu_);
+    ++acked_;
+    cv_.notify_all();
+  }
+  void rank_loop(comm::Communicator& world_ref, std::shared_ptr<comm::Communicator> world) {
+    const bool report = world_ref.rank() == 0;
+    try {
+      RankRun run(run_.o, run_.c, world_ref, std::move(world), std::cout);
+      if (report) outcome_ = run.outcome(), done_ = run.done();
+      ack();
+      for (int64_t seen = 0;;) {
+        Op op;
+        {
+          std::unique_lock lock(mu_);
+          cv_.wait(lock, [&] { return generation_ > seen || failing_; });
+          if (failing_) return;  // another rank failed: its error ends the run
+          seen = generation_;
+          op = op_;
+        }
+        perform(run, op, report);
+        if (report) outcome_ = run.outcome(), done_ = run.done();
+        ack();
+        if (op == Op::Finish) return;
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(mu_);
+        failing_ = true;
+      }
+      cv_.notify_all();
+      throw;
+    }
+  }
+  void perform(RankRun& run, Op op, bool report) {
+    switch (op) {
+      case Op::Step: {
+        const train::StepRecord r = run.step();
+        if (report) record_ = train::record_json(r).dump(), records_.push_back(record_);
+        break;
+      }
+      case Op::Evaluate: value_ = run.evaluate(); break;
+      case Op::Validate: value_ = run.validate(); break;
+      case Op::Save: {
+        const std::string dir = run.save();
+        if (report) saved_ = dir;
+        break;
+      }
+      case Op::Finish: run.finish(); break;
+      case Op::Setup: break;
+    }
+  }
+
+  cli::ParsedTrain parsed_;
+  cli::PreparedRun run_;
+  int ranks_ = 1;
+  std::thread runner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Op op_ = Op::Setup;
+  int64_t generation_ = 0;
+  int acked_ = 0;
+  bool ended_ = false, failing_ = false, closed_ = false;
+  std::exception_ptr error_;
+  // Rank 0's answers, read by the caller after every rank acknowledged the command.
+  std::string record_, saved_;
+  double value_ = 0;
+  bool done_ = false;
+  cli::TrainOutcome outcome_;
+  std::vector<std::string> records_;
+};
+
+// `shardwise plan --memory --json` of the run the words describe.
+std::string memory_plan(const std::vector<std::string>& args) {
+  cli::ParsedTrain parsed = cli::parse_train_args(args);
+  parsed.options.json = true;
+  std::ostringstream out;
+  nb::gil_scoped_release release;
+  raising(ErrorKind::Usage, [&] { cli::cmd_plan_memory(parsed.options, false, out); });
+  return out.str();
+}
+
+}  // namespace
+
+void bind_train(nb::module_& m) {
+  m.def(
+      "_train_options",
+      [](const std::vector<std::string>& args) {
+        const cli::ParsedTrain parsed = cli::parse_train_args(args);
+        return std::make_pair(parsed.options.options_line, parsed.resolved.dump());
+      },
+      nb::arg("args"), "`shardwise train ARGS`'s options line and every option's resolved value (JSON text).");
+  m.def("_train", &train_run, nb::arg("args"), nb::arg("on_step").none(),
+        "Runs `shardwise train ARGS`; on_step(metrics JSON line) on each step. The outcome as JSON text.");
+  m.def("_memory_plan", &memory_plan, nb::arg("args"), "`shardwise plan --memory --json ARGS`'s JSON text.");
+  nb::class_<StepwiseRun>(m, "_StepwiseRun")
+      .def(nb::init<const std::vector<std::string>&>(), nb::arg("args"))
+      .def("step", &StepwiseRun::step)
+      .def("evaluate", &StepwiseRun::evaluate)
+      .def("validate", &StepwiseRun::validate)
+      .def("save", &StepwiseRun::save)
+      .def("close", &StepwiseRun::close)
+      .def_prop_ro("done", &StepwiseRun::done)
+      .def_prop_ro("records", &StepwiseRun::records)
+      .def_prop_ro("ranks", &StepwiseRun::ranks)
+      .def_prop_ro("run_dir", [](const StepwiseRun& r) { return r.outcome().run_dir; })
+      .def_prop_ro("newest_checkpoint", [](const StepwiseRun& r) { return r.outcome().newest_checkpoint; })
+      .def_prop_ro("steps_done", [](const StepwiseRun& r) { return r.outcome().steps_done; });
+}
+
+}  // namespace shardwise::py
