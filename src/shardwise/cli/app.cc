@@ -10,6 +10,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/calibrate_cmd.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/help_format.h"
 #include "shardwise/cli/run_header.h"
@@ -334,6 +335,8 @@ int run(int argc, char** argv) {
   auto tokenize_cmd = add_tokenize_command(app);  // shardwise tokenize
   GemmCheckOptions gemm_opts;
   auto* gemm_cmd = add_gemm_check_command(app, gemm_opts);
+  CalibrateCliOptions calibrate_opts;
+  auto* calibrate_cmd = add_calibrate_command(app, calibrate_opts);
 
   refuse_out_of_range_integers(app);
   try {
@@ -353,6 +356,7 @@ int run(int argc, char** argv) {
     }
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);
     if (*gemm_cmd) return cmd_gemm_check(gemm_opts, std::cout);
+    if (*calibrate_cmd) return cmd_calibrate(calibrate_opts, std::cout);
     if (*train_cmd) {
       complete_train_options(*train_cmd, train_opts, std::vector<std::string>(argv, argv + argc));
       return cmd_train(train_opts, std::cout);

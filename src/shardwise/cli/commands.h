@@ -49,6 +49,8 @@ struct PlanOptions {
   bool summary = false;
   bool memory = false;  // the per-rank memory plan instead of the program
   bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
+  bool predict = false;  // the predicted step time (plan/program_time.h) instead of the program
+  std::string cluster;   // with predict: a cluster description (plan/cluster.h); "": this machine's calibration
 };
 
 // `shardwise pipeline`'s bounds: stages, micro-batches, and stages x virtual x micro-batches.
@@ -114,6 +116,9 @@ int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& o
 // table or JSON; over --memory-limit "does not fit" with its largest cause and the change that fixes
 // it (train/memory_advice.h), then an Error (exit 2) only with `check`.
 int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
+// `shardwise plan --predict` (cli/plan_predict.cc): the step time the model predicts for the run,
+// on `cluster` (a file) or this machine's calibration, with its shares, tokens/s and MFU.
+int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan
 // when `print`, and with `refuse` refuses (Error) a plan over --memory-limit.
 void check_run_memory(const train::TrainConfig& config, const TrainOptions& options, bool threads, bool print,

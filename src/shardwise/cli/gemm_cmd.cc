@@ -1,4 +1,5 @@
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/machine_cache.h"
 
 #include <dlfcn.h>
 #include <signal.h>
@@ -266,37 +267,8 @@ std::string describe_check(const json& c) {
 
 // ---- the cache: $XDG_CACHE_HOME/shardwise/gemm.json, keyed by CPU and library files ----
 
-std::filesystem::path cache_path() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  std::filesystem::path base = xdg && *xdg ? xdg : std::filesystem::path(home ? home : "/tmp") / ".cache";
-  return base / "shardwise" / "gemm.json";
-}
-
-// The CPU (model name, family, model, stepping, flags) and each candidate library file's size and
-// modification time: a new CPU or an upgraded library measures again.
-std::string cache_key() {
-  std::ifstream cpu("/proc/cpuinfo");
-  std::string line, key;
-  for (int seen = 0; seen < 5 && std::getline(cpu, line);) {
-    for (const char* f : {"model name", "cpu family", "model\t", "stepping", "flags"}) {
-      if (line.rfind(f, 0) != 0) continue;
-      auto v = line.substr(line.find(':') + 1);
-      key += f == std::string("flags") ? fmt::format("flags#{:x};", std::hash<std::string>{}(v)) : v + ";";
-      ++seen;
-    }
-  }
-  for (const char* lib : {"libopenblas.so.0", "libblis.so.4", "libdnnl.so.2"}) {
-    for (const char* dir : {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"}) {
-      struct stat st {};
-      if (stat(fmt::format("{}/{}", dir, lib).c_str(), &st) == 0) {
-        key += fmt::format("{}:{}:{};", lib, st.st_size, st.st_mtime);
-        break;
-      }
-    }
-  }
-  return key;
-}
+std::filesystem::path cache_path() { return machine_cache_path("gemm.json"); }
+std::string cache_key() { return machine_cache_key(); }
 
 json read_cache() {
   std::ifstream in(cache_path());
@@ -306,16 +278,7 @@ json read_cache() {
   return j;
 }
 
-void write_cache(const json& j) {
-  auto path = cache_path();
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
-  auto tmp = path;
-  tmp += fmt::format(".{}.tmp", getpid());
-  { std::ofstream(tmp) << j.dump(1) << "\n"; }
-  std::filesystem::rename(tmp, path, ec);  // atomic: a concurrent reader sees the old or the new file
-  if (ec) std::cerr << fmt::format("shardwise: warning: cannot write the GEMM cache {}: {}\n", path.string(), ec.message());
-}
+void write_cache(const json& j) { write_machine_cache(cache_path(), j.dump(1) + "\n", "GEMM cache"); }
 
 constexpr int kRounds = 3;  // measurement rounds, candidates interleaved in each (a shared machine's load evens out)
 

@@ -21,7 +21,10 @@
 namespace shardwise::cli {
 
 int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& out) {
+  SW_CHECK(o.cluster.empty() || o.predict, "--cluster goes with --predict");
+  SW_CHECK(!(o.predict && o.memory), "--predict and --memory: choose one");
   if (o.memory) return cmd_plan_memory(options, o.check, out);
+  if (o.predict) return cmd_plan_predict(options, o.cluster, out);
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.mesh).size(), false);  // train's checks and derived sizes
   const train::GptConfig c = train::kernel_model(tc);

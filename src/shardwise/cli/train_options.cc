@@ -102,6 +102,15 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
       ->delimiter(',')
       ->group(group);
   cmd.add_flag("--summary", plan.summary, "only the totals")->group(group);
+  cmd.add_flag("--predict", plan.predict,
+               "the predicted step time, tokens/s, MFU and the shares of compute, each collective kind and the "
+               "bubble (docs/planner.md; --json for JSON)")
+      ->group(group);
+  cmd.add_option("--cluster", plan.cluster,
+                 "with --predict: a cluster description (examples/clusters/*.json); default: this machine as "
+                 "`shardwise calibrate` cached it")
+      ->type_name("FILE")
+      ->group(group);
 }
 
 void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {

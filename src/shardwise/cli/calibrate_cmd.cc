@@ -1,0 +1,103 @@
+#include "shardwise/cli/calibrate_cmd.h"
+
+#include <ctime>
+#include <fstream>
+
+#include "shardwise/cli/machine_cache.h"
+#include "shardwise/core/error.h"
+#include "shardwise/core/table.h"
+#include "shardwise/plan/calibrate.h"
+
+namespace shardwise::cli {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kCacheFile = "calibration.json";
+
+std::string today() {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+void print_table(const json& j, std::ostream& out) {
+  const json& cal = j["calibration"];
+  using A = TextTable::Align;
+  TextTable gemm({A::Left, A::Right, A::Right, A::Right, A::Right});
+  gemm.row({"GEMM dtype", "m", "n", "k", "GFLOP/s"});
+  for (const auto& g : cal["gemm"])
+    gemm.row({g["dtype"].get<std::string>(), std::to_string(g["m"].get<int64_t>()), std::to_string(g["n"].get<int64_t>()),
+              std::to_string(g["k"].get<int64_t>()), fmt::format("{:.2f}", g["flops_per_s"].get<double>() / 1e9)});
+  out << gemm.str();
+  const json& m = cal["memory"];
+  out << fmt::format("memory-bound ({} over {} elements): {:.2f} GB/s\n", m["op"].get<std::string>(),
+                     m["elements"].get<int64_t>(), m["bytes_per_s"].get<double>() / 1e9);
+  TextTable coll({A::Left, A::Right, A::Right, A::Right, A::Left});
+  coll.row({"collective (threads)", "ranks", "latency us", "bandwidth GB/s", "note"});
+  for (auto it = cal["collectives"].begin(); it != cal["collectives"].end(); ++it)
+    coll.row({it.key(), std::to_string(it.value()["ranks"].get<int>()),
+              fmt::format("{:.2f}", it.value()["latency"].get<double>() * 1e6),
+              fmt::format("{:.2f}", it.value()["bandwidth"].get<double>() / 1e9), it.value()["note"].get<std::string>()});
+  out << coll.str();
+}
+
+}  // namespace
+
+CLI::App* add_calibrate_command(CLI::App& app, CalibrateCliOptions& o) {
+  auto* cmd = app.add_subcommand("calibrate", "Measure this machine (GEMM, memory, collectives) for plan --predict and cache it");
+  cmd->add_flag("--quick", o.quick, "small shapes and messages, one repetition (seconds; rough numbers, cached too)");
+  cmd->add_option("--ranks", o.ranks, "threads the collectives run on (2 to 64)")->capture_default_str();
+  cmd->add_flag("--show", o.show, "print the cached calibration of this machine, measure nothing");
+  cmd->add_flag("--json", o.json, "print the calibration as JSON (a cluster description, --cluster's format)");
+  return cmd;
+}
+
+json load_calibration_json() {
+  auto path = machine_cache_path(kCacheFile);
+  std::ifstream in(path);
+  SW_CHECK(in.good(), "no calibration cached for this machine ({}): run `shardwise calibrate`", path.string());
+  json j = json::parse(in, nullptr, false);
+  SW_CHECK(!j.is_discarded(), "the calibration cache {} is corrupt (not valid JSON): run `shardwise calibrate` again",
+           path.string());
+  try {
+    plan::parse_cluster(j, path.string());
+  } catch (const Error& e) {
+    fail("the calibration cache is corrupt ({}): run `shardwise calibrate` again", e.what());
+  }
+  SW_CHECK(j.contains("calibration") && j["calibration"].is_object() && j["calibration"].value("key", "") != "",
+           "the calibration cache {} is corrupt (no calibration.key): run `shardwise calibrate` again", path.string());
+  SW_CHECK(j["calibration"]["key"] == machine_cache_key(),
+           "the calibration cache {} was measured on another machine (or with other GEMM libraries): run `shardwise "
+           "calibrate` again",
+           path.string());
+  return j;
+}
+
+plan::ClusterSpec load_calibration() {
+  return plan::parse_cluster(load_calibration_json(), machine_cache_path(kCacheFile).string());
+}
+
+int cmd_calibrate(const CalibrateCliOptions& o, std::ostream& out) {
+  json j;
+  if (o.show) {
+    j = load_calibration_json();
+  } else {
+    j = plan::calibrate_machine({o.quick, o.ranks});
+    j["calibration"]["key"] = machine_cache_key();
+    j["calibration"]["measured"] = today();
+    write_machine_cache(machine_cache_path(kCacheFile), j.dump(1) + "\n", "calibration cache");
+  }
+  if (o.json) {
+    out << j.dump(1) << "\n";
+    return 0;
+  }
+  print_table(j, out);
+  out << fmt::format("cached in {} ({}{})\n", machine_cache_path(kCacheFile).string(),
+                     j["calibration"].value("measured", "?"), j["calibration"].value("quick", false) ? ", quick" : "");
+  return 0;
+}
+
+}  // namespace shardwise::cli

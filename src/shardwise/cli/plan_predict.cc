@@ -1,0 +1,148 @@
+// `shardwise plan --predict`: the step time the model predicts for the run `train` describes
+// (docs/planner.md): each pipeline rank's stages compiled once as the trainer cuts them (every rank
+// of a stage runs the same program on its own blocks), timed instruction by instruction
+// (plan/program_time.h) for one micro-batch's forward and backward, the schedule simulated over the
+// slowest rank's times (plan/cost.h), plus the gradient all-reduce over the data ranks the trainer
+// does itself and the AdamW update (memory-bound).
+#include <nlohmann/json.hpp>
+
+#include "shardwise/cli/calibrate_cmd.h"
+#include "shardwise/cli/commands.h"
+#include "shardwise/core/error.h"
+#include "shardwise/graph/program.h"
+#include "shardwise/mesh/shard_math.h"
+#include "shardwise/models/models.h"
+#include "shardwise/pipeline/stage.h"
+#include "shardwise/train/staged.h"
+#include "shardwise/plan/cost.h"
+#include "shardwise/plan/program_time.h"
+
+namespace shardwise::cli {
+
+namespace {
+
+struct Prediction {
+  double step = 0, compute = 0, grad_sync = 0, optimizer = 0, bubble = 0, flops = 0;
+  std::map<std::string, double> collectives;  // reshard step kinds inside the programs, a step's worth
+  double tokens_per_s = 0, mfu = 0;
+};
+
+// One pipeline rank's stages (the whole program without pp), each compiled once as the trainer
+// cuts it (train/staged.h) and timed on the stage mesh's first process: every other rank of the
+// stage runs the same instructions on its own blocks.
+struct RankWork {
+  double forward = 0, backward = 0, compute = 0, flops = 0;  // one micro-batch
+  std::map<std::string, double> collectives;                 // one micro-batch
+  int64_t grad_numel = 0;  // trained parameters' local elements whose data-rank sums the trainer reduces
+  int64_t numel = 0;       // trained parameters' local elements
+};
+
+int64_t local_numel(const graph::Graph& g, const graph::Program& p, int64_t process) {
+  const auto coords = p.mesh.coords(p.mesh.rank_index_of_process(process));
+  int64_t n = 0;
+  for (graph::ValueId v : g.params()) {
+    const graph::Slot& s = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])];
+    n += mesh::local_shape(s.meta.shape, s.dist, p.mesh, coords).numel();
+  }
+  return n;
+}
+
+RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, const train::PipelineConfig& pc,
+                   int64_t sequences, int pipeline_rank, const plan::ClusterSpec& cluster, const std::string& dtype) {
+  RankWork w;
+  for (pipeline::StageSpec& spec :
+       train::stage_specs(c, layout, pc, sequences, pipeline_rank, train::StageGraph::Training)) {
+    const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(spec.stage)];
+    pipeline::CompiledStage cs = pipeline::compile_stage(spec, mesh, layout.schedule.split_backward);
+    const int64_t process = mesh.process_ids().front();
+    const std::span<const int> order(cs.order);
+    for (bool forward : {true, false}) {
+      plan::ProgramTime t = plan::program_time(*spec.graph, cs.program, process, cluster, dtype,
+                                               forward ? order.first(cs.forward_end) : order.subspan(cs.forward_end));
+      (forward ? w.forward : w.backward) += t.total();
+      w.compute += t.compute_s;
+      w.flops += t.flops;
+      for (const auto& [kind, sec] : t.collective_s) w.collectives[kind] += sec;
+    }
+    const int64_t n = local_numel(*spec.graph, cs.program, process);
+    w.numel += n;
+    if (!spec.partial_grad_dims.empty()) w.grad_numel += n;
+  }
+  return w;
+}
+
+Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
+  const train::GptConfig c = train::kernel_model(tc);
+  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.mesh), tc.sequence_parallel);
+  SW_CHECK(s.mesh.size() <= cluster.devices(), "plan --predict: the mesh {} needs {} devices; cluster '{}' has {}",
+           s.mesh.to_string(), s.mesh.size(), cluster.name, cluster.devices());
+  const train::PipelineConfig pc = train::pipeline_config(tc);
+  const train::StageLayout layout = train::stage_layout(c, s, pc, static_cast<int>(tc.accumulation));
+  const std::string dtype = tc.bf16 ? "bf16" : "f32";
+  const int pp = layout.schedule.ranks;
+  // The slowest pipeline rank's micro-batch sets the pace: every stage is given its times.
+  RankWork slowest;
+  for (int r = 0; r < pp; ++r) {
+    RankWork w = rank_work(c, layout, pc, tc.micro_batch * s.data_size(), r, cluster, dtype);
+    if (r == 0 || w.forward + w.backward > slowest.forward + slowest.backward) slowest = w;
+  }
+  double send = 0;
+  if (pp > 1) {  // one micro-batch's residual stream from a stage's rank to the next stage's
+    const double bytes = static_cast<double>(tc.micro_batch * c.seq * c.hidden) * (tc.bf16 ? 2 : 4);
+    std::vector<int> pair = {static_cast<int>(layout.meshes[0].process_ids().front()),
+                             static_cast<int>(layout.meshes[1].process_ids().front())};
+    send = plan::collective_seconds(plan::CollectiveKind::SendRecv, bytes, 2, plan::group_link(cluster, pair));
+  }
+  const plan::PipelineTime pipe = plan::pipeline_time(layout.schedule.name, pp, layout.schedule.micro_batches,
+                                                      layout.schedule.virtual_stages, slowest.forward,
+                                                      slowest.backward, send);
+  Prediction r;
+  const double mbs = static_cast<double>(layout.schedule.micro_batches);
+  r.compute = mbs * slowest.compute;
+  r.flops = mbs * slowest.flops;
+  for (const auto& [kind, sec] : slowest.collectives) r.collectives[kind] = mbs * sec;
+  r.bubble = pipe.step - mbs * (slowest.forward + slowest.backward);
+  const std::vector<int> data_dims = layout.stage_strategy.data_dims();
+  if (!data_dims.empty() && slowest.grad_numel > 0) {
+    std::vector<int64_t> members = layout.meshes[0].processes_along(layout.meshes[0].process_ids().front(),
+                                                                    std::span<const int>(data_dims));
+    std::vector<int> group(members.begin(), members.end());
+    r.grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
+                                           static_cast<int>(group.size()), plan::group_link(cluster, group));
+  }
+  // AdamW: p, g, m, v read and p, m, v written, f32.
+  r.optimizer = plan::memory_seconds(cluster, 7 * 4.0 * static_cast<double>(slowest.numel));
+  r.step = pipe.step + r.grad_sync + r.optimizer;
+  r.tokens_per_s = static_cast<double>(tc.global_batch * c.seq) / r.step;
+  r.mfu = r.flops / r.step / cluster.peak(dtype);
+  return r;
+}
+
+}  // namespace
+
+int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, std::ostream& out) {
+  train::TrainConfig tc = options.config;
+  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.mesh).size(), false);
+  const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
+  const Prediction r = predict(tc, cluster);
+  std::vector<std::pair<std::string, double>> parts = {{"compute", r.compute}};
+  for (const auto& [kind, sec] : r.collectives) parts.push_back({kind, sec});
+  parts.push_back({"grad_sync", r.grad_sync});
+  parts.push_back({"optimizer", r.optimizer});
+  parts.push_back({"bubble", r.bubble});
+  if (options.json) {
+    nlohmann::json shares = nlohmann::json::object();
+    for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
+    out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
+                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}})
+               .dump(1)
+        << "\n";
+    return 0;
+  }
+  out << fmt::format("predicted on {}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (matmul FLOPs of a rank {:.4g})\n",
+                     cluster.name, r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
+  for (const auto& [name, sec] : parts) out << fmt::format("  {:<24} {:>10.4g} s  {:>5.1f}%\n", name, sec, 100 * sec / r.step);
+  return 0;
+}
+
+}  // namespace shardwise::cli

@@ -1,0 +1,139 @@
+#include "shardwise/plan/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <unistd.h>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/core/error.h"
+#include "shardwise/ops/op.h"
+#include "shardwise/plan/cluster.h"
+#include "shardwise/plan/cost.h"
+#include "shardwise/tensor/gemm.h"
+
+namespace shardwise::plan {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The fastest of `reps` runs of fn (after one warm-up run).
+template <class Fn>
+double best_of(int reps, Fn&& fn) {
+  fn();
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+// GEMMs of a training step's kind: tokens x hidden by hidden x 4 hidden (MLP up), its transpose
+// (MLP down) and an attention-score block, at GPT-2-small sizes (quick: a tiny model's).
+json measure_gemm(const CalibrateOptions& o, std::map<std::string, double>& peaks) {
+  struct S { int64_t m, n, k; };
+  std::vector<S> shapes = o.quick ? std::vector<S>{{64, 128, 32}, {64, 32, 128}}
+                                  : std::vector<S>{{512, 3072, 768}, {512, 768, 3072}, {512, 512, 64}};
+  json out = json::array();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (const S& s : shapes) {
+      Tensor a = Tensor::full(dtype, Shape{s.m, s.k}, 0.5), b = Tensor::full(dtype, Shape{s.k, s.n}, 0.25);
+      double t = best_of(o.quick ? 1 : 3, [&] { (void)gemm(a, b); });
+      double rate = 2.0 * s.m * s.n * s.k / t;
+      SW_CHECK(rate > 0 && std::isfinite(rate), "calibrate: the GEMM measurement gave {} FLOP/s", rate);
+      std::string name(dtype_name(dtype));
+      out.push_back({{"dtype", name}, {"m", s.m}, {"n", s.n}, {"k", s.k}, {"seconds", t}, {"flops_per_s", rate}});
+      peaks[name] = std::max(peaks[name], rate);
+    }
+  }
+  peaks["tf32"] = peaks["f32"];
+  return out;
+}
+
+json measure_memory(const CalibrateOptions& o) {
+  const int64_t n = o.quick ? (1 << 18) : (1 << 24);  // 64 MB a tensor: well beyond the caches
+  Tensor x = Tensor::full(DType::F32, Shape{n}, 1.0), y = Tensor::full(DType::F32, Shape{n}, 2.0);
+  const ops::OpDef& add = ops::op_registry().get("add");
+  std::vector<Tensor> in{x, y};
+  double t = best_of(o.quick ? 1 : 5, [&] { (void)ops::run_forward(add, in, {}); });
+  const double bytes = 3.0 * n * 4;
+  return {{"op", "add"}, {"elements", n}, {"bytes", bytes}, {"seconds", t}, {"bytes_per_s", bytes / t}};
+}
+
+// Seconds of one `kind` over `ranks` threads with a per-rank buffer of `bytes` (rank 0's fastest of
+// `reps`, each started after a barrier).
+double time_collective(CollectiveKind kind, int ranks, int64_t bytes, int reps) {
+  double best = 1e300;
+  const int64_t count = bytes / 4;
+  comm::LocalWorld::run(ranks, [&](comm::Communicator& c) {
+    std::vector<float> in(count, 1.0f), out(count, 0.0f);
+    for (int r = 0; r <= reps; ++r) {
+      c.barrier();
+      auto t0 = Clock::now();
+      switch (kind) {
+        case CollectiveKind::AllReduce: c.all_reduce(in.data(), out.data(), count, DType::F32, comm::Reduce::Sum); break;
+        case CollectiveKind::AllGather: c.all_gather(in.data(), out.data(), count / ranks, DType::F32); break;
+        case CollectiveKind::ReduceScatter:
+          c.reduce_scatter(in.data(), out.data(), count / ranks, DType::F32, comm::Reduce::Sum);
+          break;
+        case CollectiveKind::AllToAll: c.all_to_all(in.data(), out.data(), count / ranks, DType::F32); break;
+        case CollectiveKind::SendRecv: break;
+      }
+      if (c.rank() == 0 && r > 0) best = std::min(best, seconds_since(t0));  // r = 0: the warm-up
+    }
+  });
+  return best;
+}
+
+json measure_collectives(const CalibrateOptions& o, LinkSpec& all_reduce_link) {
+  const double n1 = 4096, n2 = o.quick ? (1 << 18) : (1 << 24);
+  const int reps = o.quick ? 2 : 5;
+  json out = json::object();
+  for (auto kind : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
+                    CollectiveKind::AllToAll}) {
+    const double t1 = time_collective(kind, o.ranks, static_cast<int64_t>(n1), reps);
+    const double t2 = time_collective(kind, o.ranks, static_cast<int64_t>(n2), reps);
+    AlphaBeta f = fit_alpha_beta(kind, o.ranks, n1, t1, n2, t2);
+    if (kind == CollectiveKind::AllReduce) all_reduce_link = f.link;
+    out[collective_name(kind)] = {{"ranks", o.ranks}, {"points", {{n1, t1}, {n2, t2}}}, {"a", f.a}, {"b", f.b},
+                                  {"latency", f.link.latency}, {"bandwidth", f.link.bandwidth}, {"note", f.note}};
+  }
+  return out;
+}
+
+}  // namespace
+
+json calibrate_machine(const CalibrateOptions& o) {
+  SW_CHECK(o.ranks >= 2 && o.ranks <= 64, "calibrate: --ranks {} (the collectives need 2 to 64 ranks)", o.ranks);
+  set_blas_threads(1);  // one device = one rank with one kernel thread, as train runs them
+  ClusterSpec c;
+  c.name = "this machine (shardwise calibrate)";
+  c.devices_per_node = o.ranks;
+  json cal = {{"quick", o.quick}};
+  cal["gemm"] = measure_gemm(o, c.peak_flops);
+  cal["memory"] = measure_memory(o);
+  c.memory_bandwidth = cal["memory"]["bytes_per_s"].get<double>();
+  LinkSpec link;
+  cal["collectives"] = measure_collectives(o, link);
+  if (!std::isfinite(link.bandwidth)) link.bandwidth = 1e15;  // unmeasurably fast: a finite stand-in
+  if (link.latency <= 0) link.latency = 0;
+  c.intra_node = c.inter_node = link;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  c.memory_bytes = static_cast<double>(pages) * static_cast<double>(page) / o.ranks;
+  c.sources = {{"device.peak_flops", "calibration.gemm: the best measured rate per dtype (tf32: the f32 rate)"},
+               {"device.memory_bandwidth", "calibration.memory: the add op over large tensors"},
+               {"device.memory_bytes", "the machine's physical memory shared by devices_per_node ranks"},
+               {"links.intra_node", "calibration.collectives.all_reduce: the alpha-beta fit"},
+               {"links.inter_node", "one node: the intra-node link (nothing else measured)"}};
+  json j = cluster_json(c);
+  j["calibration"] = cal;
+  return j;
+}
+
+}  // namespace shardwise::plan

@@ -1,0 +1,25 @@
+#pragma once
+// `shardwise calibrate`'s measurements (docs/planner.md): this machine as a cluster description
+// (plan/cluster.h), one device = one rank of the threads backend (one kernel thread), with what was
+// measured under "calibration":
+//   gemm:        [{dtype, m, n, k, seconds, flops_per_s}] a few training-step shapes, through the
+//                tensor layer's GEMM (the backend --gemm chose); peak_flops.<dtype> is the best rate
+//                (tf32 is f32 here: a CPU has no TF32)
+//   memory:      {op: "add", elements, bytes, seconds, bytes_per_s} the op registry's add over large
+//                tensors (2 read + 1 written): memory_bandwidth
+//   collectives: {kind: {ranks, points: [[bytes, seconds], [bytes, seconds]], a, b, latency, bandwidth,
+//                note}} each collective on `ranks` threads at two sizes, fitted t = a + b bytes and
+//                inverted through the ring formula (plan/cost.h); links.intra_node is all_reduce's
+//                fit, and links.inter_node the same (one node: there is no other link here).
+#include <nlohmann/json.hpp>
+
+namespace shardwise::plan {
+
+struct CalibrateOptions {
+  bool quick = false;  // small shapes and messages, one repetition (for tests; seconds, not minutes)
+  int ranks = 2;       // the threads the collectives run on (>= 2)
+};
+
+nlohmann::json calibrate_machine(const CalibrateOptions& options);
+
+}  // namespace shardwise::plan

@@ -1,0 +1,128 @@
+#include "shardwise/plan/cluster.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+
+#include "shardwise/core/error.h"
+
+namespace shardwise::plan {
+
+using nlohmann::json;
+
+namespace {
+
+struct Reader {
+  const std::string& where;
+
+  // The object at `key` of `parent` (named `path` in errors), with only the keys `allowed`.
+  const json& object(const json& parent, const std::string& key, const std::string& path,
+                     std::initializer_list<const char*> allowed) const {
+    SW_CHECK(parent.contains(key), "{}: key '{}' is missing", where, path);
+    const json& j = parent.at(key);
+    SW_CHECK(j.is_object(), "{}: key '{}' expects an object, got {}", where, path, j.dump());
+    only(j, path, allowed);
+    return j;
+  }
+
+  void only(const json& j, const std::string& path, std::initializer_list<const char*> allowed) const {
+    std::set<std::string> names(allowed.begin(), allowed.end());
+    for (auto it = j.begin(); it != j.end(); ++it)
+      SW_CHECK(names.count(it.key()), "{}: unknown key '{}{}' (allowed there: {})", where,
+               path.empty() ? "" : path + ".", it.key(), fmt::join(names, ", "));
+  }
+
+  // A positive finite number at `key` (named `path`).
+  double positive(const json& parent, const std::string& key, const std::string& path) const {
+    SW_CHECK(parent.contains(key), "{}: key '{}' is missing", where, path);
+    const json& v = parent.at(key);
+    SW_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
+             "{}: key '{}' expects a positive number, got {}", where, path, v.dump());
+    return v.get<double>();
+  }
+
+  int64_t count(const json& parent, const std::string& key) const {
+    double v = positive(parent, key, key);
+    SW_CHECK(v == std::floor(v) && v < 1e9, "{}: key '{}' expects a whole number of at least 1, got {}", where, key,
+             parent.at(key).dump());
+    return static_cast<int64_t>(v);
+  }
+
+  LinkSpec link(const json& links, const std::string& key) const {
+    const std::string path = "links." + key;
+    const json& j = object(links, key, path, {"bandwidth", "latency"});
+    LinkSpec l;
+    l.bandwidth = positive(j, "bandwidth", path + ".bandwidth");
+    SW_CHECK(j.contains("latency"), "{}: key '{}.latency' is missing", where, path);
+    const json& lat = j.at("latency");
+    SW_CHECK(lat.is_number() && lat.get<double>() >= 0 && std::isfinite(lat.get<double>()),
+             "{}: key '{}.latency' expects seconds (a number >= 0), got {}", where, path, lat.dump());
+    l.latency = lat.get<double>();
+    return l;
+  }
+};
+
+}  // namespace
+
+double ClusterSpec::factor(const std::string& name) const {
+  auto it = efficiency.find(name);
+  return it == efficiency.end() ? 1.0 : it->second;
+}
+
+double ClusterSpec::peak(const std::string& dtype) const {
+  auto it = peak_flops.find(dtype);
+  SW_CHECK(it != peak_flops.end(), "cluster '{}' gives no peak FLOP/s for dtype '{}'", name, dtype);
+  return it->second;
+}
+
+ClusterSpec parse_cluster(const json& j, const std::string& where) {
+  Reader r{where};
+  SW_CHECK(j.is_object(), "{}: a cluster description is a JSON object, got {}", where, j.type_name());
+  r.only(j, "", {"name", "nodes", "devices_per_node", "device", "links", "efficiency", "sources", "calibration"});
+  ClusterSpec c;
+  SW_CHECK(j.contains("name") && j["name"].is_string(), "{}: key 'name' expects a string", where);
+  c.name = j["name"].get<std::string>();
+  c.nodes = r.count(j, "nodes");
+  c.devices_per_node = r.count(j, "devices_per_node");
+  const json& dev = r.object(j, "device", "device", {"peak_flops", "memory_bytes", "memory_bandwidth"});
+  const json& peaks = r.object(dev, "peak_flops", "device.peak_flops", {"f32", "tf32", "bf16"});
+  for (const char* d : kPeakDtypes) c.peak_flops[d] = r.positive(peaks, d, std::string("device.peak_flops.") + d);
+  c.memory_bytes = r.positive(dev, "memory_bytes", "device.memory_bytes");
+  c.memory_bandwidth = r.positive(dev, "memory_bandwidth", "device.memory_bandwidth");
+  const json& links = r.object(j, "links", "links", {"intra_node", "inter_node"});
+  c.intra_node = r.link(links, "intra_node");
+  c.inter_node = r.link(links, "inter_node");
+  if (j.contains("efficiency")) {
+    const json& eff = r.object(j, "efficiency", "efficiency", {"compute", "memory", "network"});
+    for (auto it = eff.begin(); it != eff.end(); ++it) {
+      double v = r.positive(eff, it.key(), "efficiency." + it.key());
+      SW_CHECK(v <= 1, "{}: key 'efficiency.{}' expects a factor in (0, 1], got {}", where, it.key(), v);
+      c.efficiency[it.key()] = v;
+    }
+  }
+  if (j.contains("sources")) {
+    SW_CHECK(j["sources"].is_object(), "{}: key 'sources' expects an object of key -> source text", where);
+    c.sources = j["sources"];
+  }
+  return c;
+}
+
+ClusterSpec load_cluster(const std::string& path) {
+  std::ifstream in(path);
+  SW_CHECK(in.good(), "cannot read the cluster file {}", path);
+  json j = json::parse(in, nullptr, false, true);  // comments allowed
+  SW_CHECK(!j.is_discarded(), "{}: not valid JSON", path);
+  return parse_cluster(j, path);
+}
+
+json cluster_json(const ClusterSpec& c) {
+  json j = {{"name", c.name}, {"nodes", c.nodes}, {"devices_per_node", c.devices_per_node}};
+  j["device"] = {{"peak_flops", c.peak_flops}, {"memory_bytes", c.memory_bytes}, {"memory_bandwidth", c.memory_bandwidth}};
+  j["links"] = {{"intra_node", {{"bandwidth", c.intra_node.bandwidth}, {"latency", c.intra_node.latency}}},
+                {"inter_node", {{"bandwidth", c.inter_node.bandwidth}, {"latency", c.inter_node.latency}}}};
+  if (!c.efficiency.empty()) j["efficiency"] = c.efficiency;
+  j["sources"] = c.sources;
+  return j;
+}
+
+}  // namespace shardwise::plan

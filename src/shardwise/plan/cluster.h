@@ -1,0 +1,49 @@
+#pragma once
+// A cluster description: the machines a plan predicts for (docs/planner.md). A small JSON file:
+//
+//   {"name": "...", "nodes": N, "devices_per_node": D,
+//    "device": {"peak_flops": {"f32": F, "tf32": F, "bf16": F}, "memory_bytes": B, "memory_bandwidth": B/s},
+//    "links": {"intra_node": {"bandwidth": B/s, "latency": s}, "inter_node": {...}},
+//    "efficiency": {"compute": x, "memory": x, "network": x},   // optional, each in (0, 1], default 1
+//    "sources": {"<key>": "where the number comes from", ...}}
+//
+// Bandwidths are per device and direction (what one device can send while receiving as much).
+// `shardwise calibrate` writes this machine's description in the same format (plan/calibrate.h).
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace shardwise::plan {
+
+struct LinkSpec {
+  double bandwidth = 0;  // bytes/s per device and direction
+  double latency = 0;    // seconds per message
+};
+
+struct ClusterSpec {
+  std::string name;
+  int64_t nodes = 1, devices_per_node = 1;
+  std::map<std::string, double> peak_flops;  // "f32", "tf32", "bf16": FLOP/s per device
+  double memory_bytes = 0, memory_bandwidth = 0;  // per device: bytes, bytes/s
+  LinkSpec intra_node, inter_node;
+  // Named efficiency factors (at most three: compute, memory, network); absent ones are 1.
+  std::map<std::string, double> efficiency;
+  nlohmann::json sources = nlohmann::json::object();  // key -> where its number comes from
+
+  int64_t devices() const { return nodes * devices_per_node; }
+  double factor(const std::string& name) const;
+  // The peak of `dtype` ("f32", "tf32", "bf16"); an Error naming the dtypes there are.
+  double peak(const std::string& dtype) const;
+};
+
+inline constexpr const char* kPeakDtypes[] = {"f32", "tf32", "bf16"};
+inline constexpr const char* kEfficiencyNames[] = {"compute", "memory", "network"};
+
+// Parses a description; `where` (a file name) starts every error, which names the key at fault
+// ("links.inter_node.bandwidth") and what it expected. Unknown keys are errors too (a typo would
+// otherwise leave a default in place).
+ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where);
+ClusterSpec load_cluster(const std::string& path);
+nlohmann::json cluster_json(const ClusterSpec& c);
+
+}  // namespace shardwise::plan

@@ -1,0 +1,98 @@
+#include "shardwise/plan/cost.h"
+
+#include <limits>
+
+#include "shardwise/core/error.h"
+#include "shardwise/pipeline/simulate.h"
+
+namespace shardwise::plan {
+
+std::string collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllToAll: return "all_to_all";
+    case CollectiveKind::SendRecv: return "send_recv";
+  }
+  return "?";
+}
+
+double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype) {
+  return flops / (c.peak(dtype) * c.factor("compute"));
+}
+
+double memory_seconds(const ClusterSpec& c, double bytes) {
+  return bytes / (c.memory_bandwidth * c.factor("memory"));
+}
+
+LinkSpec group_link(const ClusterSpec& c, std::span<const int> ranks) {
+  SW_CHECK(!ranks.empty(), "group_link: an empty group");
+  const int64_t node = ranks[0] / c.devices_per_node;
+  bool one_node = true;
+  for (int r : ranks) {
+    SW_CHECK(r >= 0 && r < c.devices(), "group_link: rank {} is not among the {} devices of cluster '{}'", r,
+             c.devices(), c.name);
+    one_node = one_node && r / c.devices_per_node == node;
+  }
+  LinkSpec l = one_node ? c.intra_node : c.inter_node;
+  l.bandwidth *= c.factor("network");
+  return l;
+}
+
+namespace {
+// (latency steps, bandwidth share of `bytes`) of a ring collective over p ranks.
+std::pair<double, double> ring_terms(CollectiveKind kind, int p) {
+  const double q = p - 1;
+  switch (kind) {
+    case CollectiveKind::AllReduce: return {2 * q, 2 * q / p};
+    case CollectiveKind::SendRecv: return {1, 1};
+    default: return {q, q / p};
+  }
+}
+}  // namespace
+
+double collective_seconds(CollectiveKind kind, double bytes, int ranks, const LinkSpec& link) {
+  SW_CHECK(ranks >= 1, "collective_seconds: a group of {} ranks", ranks);
+  SW_CHECK(bytes >= 0, "collective_seconds: {} bytes", bytes);
+  if (ranks == 1 && kind != CollectiveKind::SendRecv) return 0;
+  auto [steps, share] = ring_terms(kind, ranks);
+  return steps * link.latency + share * bytes / link.bandwidth;
+}
+
+AlphaBeta fit_alpha_beta(CollectiveKind kind, int ranks, double n1, double t1, double n2, double t2) {
+  SW_CHECK(ranks >= 2 || kind == CollectiveKind::SendRecv, "fit_alpha_beta: {} over {} rank(s) moves nothing",
+           collective_name(kind), ranks);
+  SW_CHECK(n1 != n2, "fit_alpha_beta: the two message sizes must differ (both {} bytes)", n1);
+  AlphaBeta f;
+  f.b = (t2 - t1) / (n2 - n1);
+  f.a = t1 - f.b * n1;
+  auto [steps, share] = ring_terms(kind, ranks);
+  if (f.b <= 0) {
+    f.note = "the larger message was not slower: bandwidth taken as unbounded";
+    f.link.bandwidth = std::numeric_limits<double>::infinity();
+  } else {
+    f.link.bandwidth = share / f.b;
+  }
+  if (f.a < 0) {
+    f.note += std::string(f.note.empty() ? "" : "; ") + "negative intercept: latency taken as 0";
+    f.link.latency = 0;
+  } else {
+    f.link.latency = f.a / steps;
+  }
+  return f;
+}
+
+PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                           double forward, double backward, double send) {
+  using namespace pipeline;
+  Schedule s = make_schedule(parse_schedule_kind(schedule), stages, micro_batches, virtual_stages);
+  SimOptions sim;
+  const double scale = 1.0 / virtual_stages;
+  sim.stages = {StageCosts{forward * scale, backward * scale, backward * scale / 2, backward * scale / 2, 1, 0}};
+  sim.send_time = send;
+  SimResult r = simulate(s, sim);
+  return {r.step_time, r.max_bubble_fraction()};
+}
+
+}  // namespace shardwise::plan

@@ -1,0 +1,57 @@
+#pragma once
+// The step-time model's pieces (docs/planner.md): the time of a GEMM, of a memory-bound kernel and
+// of each collective on the links its group's ranks sit on, and the alpha-beta fit that calibrate
+// derives a link from.
+#include <span>
+#include <string>
+
+#include "shardwise/plan/cluster.h"
+
+namespace shardwise::plan {
+
+enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, AllToAll, SendRecv };
+std::string collective_name(CollectiveKind kind);  // "all_reduce", ...
+
+// Seconds of `flops` FLOPs in `dtype` at the device's peak times the compute efficiency.
+double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype);
+// Seconds to read and write `bytes` at the device's memory bandwidth times the memory efficiency.
+double memory_seconds(const ClusterSpec& c, double bytes);
+
+// The link a group's collective runs over: intra-node when all its ranks (global ranks, placed
+// devices_per_node to a node in rank order) share a node, else inter-node (the slower link
+// bounds a ring that crosses nodes); bandwidth times the network efficiency.
+LinkSpec group_link(const ClusterSpec& c, std::span<const int> ranks);
+
+// Ring algorithms over `ranks` members (Thakur et al. 2005; NCCL's ring): `bytes` is each rank's
+// whole buffer (the all-reduced buffer, the gathered output, the scattered input, the all-to-all
+// send buffer, or the message).
+//   all_reduce:                         2 (p-1) latency + 2 (p-1)/p bytes / bandwidth
+//   all_gather, reduce_scatter, all_to_all: (p-1) latency +   (p-1)/p bytes / bandwidth
+//   send_recv:                              latency + bytes / bandwidth
+// A group of one rank costs nothing.
+double collective_seconds(CollectiveKind kind, double bytes, int ranks, const LinkSpec& link);
+
+// t = a + b n through two measured points (n1, t1), (n2, t2) with n1 != n2, and the link of a
+// ring collective of `kind` over `ranks` that gives it (inverting collective_seconds): b <= 0
+// (the larger message was not slower) or a < 0 is clamped (bandwidth infinite / latency 0) and said
+// in `note`.
+struct AlphaBeta {
+  double a = 0, b = 0;  // seconds, seconds per byte
+  LinkSpec link;
+  std::string note;
+  double predict(double bytes) const { return a + b * bytes; }
+};
+AlphaBeta fit_alpha_beta(CollectiveKind kind, int ranks, double n1, double t1, double n2, double t2);
+
+// A pipeline step through the schedule simulator (pipeline/simulate.h): `schedule` (fthenb, 1f1b,
+// interleaved, zbh1) over `stages` ranks and `micro_batches`; forward / backward are one
+// micro-batch's seconds on one rank's share of the layers (a virtual stage takes 1/virtual of them;
+// a split backward half input, half weight gradient); `send` the seconds of one activation message.
+struct PipelineTime {
+  double step = 0;            // seconds
+  double bubble_fraction = 0;  // the worst rank's idle share of the step
+};
+PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                           double forward, double backward, double send);
+
+}  // namespace shardwise::plan

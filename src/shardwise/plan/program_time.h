@@ -1,0 +1,37 @@
+#pragma once
+// The step-time model over one rank's lowered program (graph/program.h; docs/planner.md):
+//   a kernel (forward or backward instruction) takes max(FLOPs / rate, bytes / memory bandwidth),
+//     its FLOPs: matmul 2 m n k per batch item (its backward twice that: both operand gradients),
+//     every other op none (memory-bound); its bytes: its operands' and results' local blocks;
+//   a fill writes its result;
+//   a reshard's steps run on the links their groups sit on (plan/cost.h), each step's bytes as the
+//     reshard planner counts them (the ring's share sent by the busiest rank) plus its latency steps.
+// Instructions run one after another (no overlap inside a program).
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "shardwise/graph/program.h"
+#include "shardwise/plan/cluster.h"
+
+namespace shardwise::plan {
+
+struct ProgramTime {
+  double compute_s = 0;  // kernels and fills
+  double flops = 0;      // of the kernels
+  std::map<std::string, double> collective_s;  // per reshard step kind: "all_reduce", ...
+  double collectives() const;
+  double total() const { return compute_s + collectives(); }
+};
+
+// The program's time on the rank of `mesh` that is process `process` (its global rank: the ranks a
+// group spans decide intra- or inter-node), kernels at the peak of `dtype`; `order`: the
+// instructions to count (indices into p.instrs; empty: all of them).
+ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t process, const ClusterSpec& c,
+                         const std::string& dtype, std::span<const int> order = {});
+
+// The FLOPs of one instruction on the rank at `coords` of p.mesh (0 for all but matmul).
+double instr_flops(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
+                   std::span<const int64_t> coords);
+
+}  // namespace shardwise::plan

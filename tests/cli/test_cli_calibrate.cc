@@ -1,0 +1,112 @@
+// `shardwise calibrate`: the measurement is cached per machine as a cluster description and read
+// back unchanged, a corrupt or foreign cache is refused naming the file, and the values are
+// positive and self-consistent (each collective's alpha-beta fit reproduces its two points).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using shardwise_cli_test::Result;
+
+// An empty cache directory of its own (XDG_CACHE_HOME) for each test.
+fs::path fresh_cache(const std::string& name) {
+  fs::path d = shardwise_cli_test::tmp("calibrate_cache_" + name);
+  fs::remove_all(d);
+  return d;
+}
+
+Result sw(const fs::path& cache, const std::string& args) {
+  return shardwise_cli_test::run_command("XDG_CACHE_HOME=" + cache.string() + " " +
+                                         (std::getenv("SHARDWISE_BIN") ? std::getenv("SHARDWISE_BIN") : "shardwise") +
+                                         " " + args);
+}
+
+json parse_json(const Result& r) {
+  json j = json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+}  // namespace
+
+TEST(CliCalibrate, QuickRunIsCachedAndReadBackUnchanged) {
+  fs::path cache = fresh_cache("roundtrip");
+  Result r = sw(cache, "calibrate --quick --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  json measured = parse_json(r);
+  ASSERT_TRUE(fs::exists(cache / "shardwise" / "calibration.json"));
+  r = sw(cache, "calibrate --show --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(parse_json(r), measured);
+  r = sw(cache, "calibrate --show");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("GEMM dtype"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cached in " + (cache / "shardwise" / "calibration.json").string()), std::string::npos) << r.out;
+}
+
+TEST(CliCalibrate, ValuesArePositiveAndTheFitsReproduceTheirPoints) {
+  fs::path cache = fresh_cache("values");
+  Result r = sw(cache, "calibrate --quick --json --ranks 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  json j = parse_json(r);
+  EXPECT_EQ(j["devices_per_node"], 3);
+  for (const char* d : {"f32", "tf32", "bf16"}) EXPECT_GT(j["device"]["peak_flops"][d].get<double>(), 0) << d;
+  EXPECT_GT(j["device"]["memory_bandwidth"].get<double>(), 0);
+  double best_f32 = 0;
+  for (const auto& g : j["calibration"]["gemm"]) {
+    const double flops = 2.0 * g["m"].get<double>() * g["n"].get<double>() * g["k"].get<double>();
+    EXPECT_NEAR(g["flops_per_s"].get<double>(), flops / g["seconds"].get<double>(), 1e-6 * flops / g["seconds"].get<double>());
+    if (g["dtype"] == "f32") best_f32 = std::max(best_f32, g["flops_per_s"].get<double>());
+  }
+  EXPECT_DOUBLE_EQ(j["device"]["peak_flops"]["f32"].get<double>(), best_f32);
+  const json& mem = j["calibration"]["memory"];
+  EXPECT_DOUBLE_EQ(mem["bytes"].get<double>(), 3.0 * mem["elements"].get<double>() * 4);
+  for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+    const json& c = j["calibration"]["collectives"][kind];
+    ASSERT_TRUE(c.is_object()) << kind;
+    EXPECT_EQ(c["ranks"], 3);
+    for (const auto& p : c["points"]) {
+      const double bytes = p[0].get<double>(), seconds = p[1].get<double>();
+      EXPECT_GT(seconds, 0) << kind;
+      EXPECT_NEAR(c["a"].get<double>() + c["b"].get<double>() * bytes, seconds, 1e-9 + 1e-9 * seconds) << kind;
+    }
+  }
+  // links.intra_node is all_reduce's fit (its latency clamped at 0 when the intercept was negative).
+  EXPECT_DOUBLE_EQ(j["links"]["intra_node"]["latency"].get<double>(),
+                   std::max(0.0, j["calibration"]["collectives"]["all_reduce"]["latency"].get<double>()));
+}
+
+TEST(CliCalibrate, CorruptOrForeignOrMissingCacheIsRefusedNamingTheFile) {
+  fs::path cache = fresh_cache("corrupt");
+  const std::string file = (cache / "shardwise" / "calibration.json").string();
+  Result r = sw(cache, "calibrate --show");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("no calibration cached for this machine (" + file + "): run `shardwise calibrate`"),
+            std::string::npos) << r.out;
+  ASSERT_EQ(sw(cache, "calibrate --quick").status, 0);
+  json good = json::parse(std::ifstream(file));
+  std::ofstream(file) << "{\"name\": ";  // truncated
+  r = sw(cache, "calibrate --show");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("the calibration cache " + file + " is corrupt (not valid JSON)"), std::string::npos) << r.out;
+  json bad = good;
+  bad["device"]["memory_bandwidth"] = -1;
+  std::ofstream(file) << bad.dump();
+  r = sw(cache, "calibrate --show");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("key 'device.memory_bandwidth' expects a positive number, got -1"), std::string::npos) << r.out;
+  bad = good;
+  bad["calibration"]["key"] = "another machine";
+  std::ofstream(file) << bad.dump();
+  r = sw(cache, "calibrate --show");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("was measured on another machine"), std::string::npos) << r.out;
+}

@@ -1,0 +1,82 @@
+// `shardwise plan --predict`: the prediction adds up (on a cluster where only compute costs time,
+// the step is the rank's matmul FLOPs over the peak, and MFU is 1), scales with the peak, a pipeline
+// adds the schedule's bubble, and a mesh larger than the cluster is refused.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "run_cli.h"
+
+namespace {
+
+using nlohmann::json;
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
+
+const std::string kModel = "--layers 2 --hidden 64 --heads 4 --seq 32 --global-batch 8";
+
+// A cluster of 4 devices where memory and links cost nothing measurable: only matmul FLOPs count.
+std::string compute_only_cluster(double peak) {
+  json c = {{"name", "compute-only"}, {"nodes", 1}, {"devices_per_node", 4},
+            {"device", {{"peak_flops", {{"f32", peak}, {"tf32", peak}, {"bf16", peak}}}, {"memory_bytes", 1e12},
+                        {"memory_bandwidth", 1e300}}},
+            {"links", {{"intra_node", {{"bandwidth", 1e300}, {"latency", 0}}},
+                       {"inter_node", {{"bandwidth", 1e300}, {"latency", 0}}}}}};
+  std::string path = shardwise_cli_test::tmp("compute_only_" + std::to_string(static_cast<int64_t>(peak)) + ".json");
+  std::ofstream(path) << c.dump();
+  return path;
+}
+
+json predict(const std::string& args) {
+  Result r = run("plan --predict --json " + kModel + " " + args);
+  EXPECT_EQ(r.status, 0) << r.out;
+  json j = json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+}  // namespace
+
+TEST(CliPredict, OnlyComputeCostsTimeOnAComputeOnlyCluster) {
+  for (const char* mesh : {"dp=1", "dp=2", "tp=2", "dp=2,tp=2"}) {
+    json j = predict(std::string("--mesh ") + mesh + " --cluster " + compute_only_cluster(1e9));
+    const double flops = j["flops_per_rank"].get<double>();
+    EXPECT_GT(flops, 0) << mesh;
+    EXPECT_NEAR(j["step_time_s"].get<double>(), flops / 1e9, 1e-9 * flops / 1e9) << mesh;
+    EXPECT_NEAR(j["mfu"].get<double>(), 1.0, 1e-9) << mesh;
+    EXPECT_NEAR(j["shares"]["compute"].get<double>(), 1.0, 1e-9) << mesh;
+    // tokens/s: the global batch's tokens over the step.
+    EXPECT_NEAR(j["tokens_per_s"].get<double>(), 8 * 32 / j["step_time_s"].get<double>(), 1e-6 * j["tokens_per_s"].get<double>());
+    json twice = predict(std::string("--mesh ") + mesh + " --cluster " + compute_only_cluster(2e9));
+    EXPECT_NEAR(twice["step_time_s"].get<double>(), j["step_time_s"].get<double>() / 2, 1e-12) << mesh;
+  }
+  // dp=2 splits the global batch: each rank multiplies half the rows dp=1's rank does.
+  const std::string cluster = " --cluster " + compute_only_cluster(1e9);
+  EXPECT_DOUBLE_EQ(predict("--mesh dp=1" + cluster)["flops_per_rank"].get<double>(),
+                   2 * predict("--mesh dp=2" + cluster)["flops_per_rank"].get<double>());
+}
+
+TEST(CliPredict, RefusesAMeshLargerThanTheClusterAndAClusterWithoutPredict) {
+  const std::string cluster = " --cluster " + compute_only_cluster(1e9);
+  Result r = run("plan --predict " + kModel + " --mesh dp=8" + cluster);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("the mesh [dp=8] needs 8 devices; cluster 'compute-only' has 4"), std::string::npos) << r.out;
+  r = run("plan " + kModel + cluster);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--cluster goes with --predict"), std::string::npos) << r.out;
+}
+
+TEST(CliPredict, APipelineAddsTheSchedulesBubble) {
+  // pp=2, GPipe over 4 micro-batches on a compute-only cluster: the bubble is the simulator's idle
+  // time of the slowest rank, and the shares add up to the step.
+  const std::string args = "--mesh pp=2 --accumulation 4 --schedule fthenb --cluster " + compute_only_cluster(1e9);
+  json j = predict(args);
+  double sum = 0;
+  for (auto it = j["shares"].begin(); it != j["shares"].end(); ++it) sum += it.value().get<double>();
+  EXPECT_NEAR(sum, 1.0, 1e-9) << j.dump();
+  // Every stage is given the slowest rank's times: GPipe's step is (m + p - 1) = 5 of its
+  // micro-batches, of which 4 compute: the bubble is 1/5 of the step.
+  EXPECT_NEAR(j["shares"]["bubble"].get<double>(), 0.2, 1e-9) << j.dump();
+}

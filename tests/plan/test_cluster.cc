@@ -1,0 +1,102 @@
+// The cluster description: the shipped presets load with their datasheet numbers, and each kind of
+// bad input is an Error naming the key at fault.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "shardwise/core/error.h"
+#include "shardwise/plan/cluster.h"
+
+using namespace shardwise;
+using namespace shardwise::plan;
+using nlohmann::json;
+
+namespace {
+
+std::string preset(const std::string& name) { return std::string(SHARDWISE_SOURCE_DIR) + "/examples/clusters/" + name; }
+
+json minimal() {
+  return json::parse(R"({"name": "toy", "nodes": 2, "devices_per_node": 4,
+    "device": {"peak_flops": {"f32": 1e12, "tf32": 2e12, "bf16": 4e12}, "memory_bytes": 1e9, "memory_bandwidth": 1e11},
+    "links": {"intra_node": {"bandwidth": 1e10, "latency": 1e-6}, "inter_node": {"bandwidth": 1e9, "latency": 1e-5}}})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    parse_cluster(j, "toy.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Cluster, A100PresetHasTheDatasheetNumbers) {
+  ClusterSpec c = load_cluster(preset("a100-80gb-dgx.json"));
+  EXPECT_EQ(c.devices(), 3072);
+  EXPECT_DOUBLE_EQ(c.peak("bf16"), 312e12);
+  EXPECT_DOUBLE_EQ(c.peak("tf32"), 156e12);
+  EXPECT_DOUBLE_EQ(c.memory_bandwidth, 2.039e12);
+  EXPECT_DOUBLE_EQ(c.intra_node.bandwidth, 300e9);
+  EXPECT_DOUBLE_EQ(c.inter_node.bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(c.factor("compute"), 1.0);  // no factor given: 1
+}
+
+TEST(Cluster, H100PresetHasTheDatasheetNumbers) {
+  ClusterSpec c = load_cluster(preset("h100-80gb.json"));
+  EXPECT_EQ(c.devices(), 16384);
+  EXPECT_DOUBLE_EQ(c.peak("bf16"), 989.4e12);
+  EXPECT_DOUBLE_EQ(c.memory_bandwidth, 3.35e12);
+}
+
+TEST(Cluster, EveryPresetNumberNamesItsSource) {
+  for (const char* name : {"a100-80gb-dgx.json", "h100-80gb.json"}) {
+    json j = cluster_json(load_cluster(preset(name)));
+    for (const char* key : {"nodes", "device.peak_flops", "device.memory_bytes", "device.memory_bandwidth",
+                            "links.intra_node.bandwidth", "links.inter_node.bandwidth", "links.intra_node.latency",
+                            "links.inter_node.latency"})
+      EXPECT_TRUE(j["sources"].contains(key)) << name << " lacks a source for " << key;
+  }
+}
+
+TEST(Cluster, RoundTripsThroughJson) {
+  ClusterSpec c = parse_cluster(minimal(), "toy.json");
+  c.efficiency["network"] = 0.5;
+  ClusterSpec d = parse_cluster(cluster_json(c), "again");
+  EXPECT_EQ(cluster_json(d), cluster_json(c));
+  EXPECT_DOUBLE_EQ(d.factor("network"), 0.5);
+}
+
+TEST(Cluster, ErrorsNameTheKey) {
+  json j = minimal();
+  j["links"]["inter_node"].erase("bandwidth");
+  EXPECT_EQ(error_of(j), "toy.json: key 'links.inter_node.bandwidth' is missing");
+  j = minimal();
+  j["device"]["peak_flops"]["bf16"] = -3;
+  EXPECT_EQ(error_of(j), "toy.json: key 'device.peak_flops.bf16' expects a positive number, got -3");
+  j = minimal();
+  j["device"]["memory_bandwith"] = 1;  // a typo
+  EXPECT_NE(error_of(j).find("unknown key 'device.memory_bandwith'"), std::string::npos) << error_of(j);
+  j = minimal();
+  j["nodes"] = 1.5;
+  EXPECT_NE(error_of(j).find("key 'nodes' expects a whole number"), std::string::npos) << error_of(j);
+  j = minimal();
+  j["efficiency"] = {{"compute", 1.2}};
+  EXPECT_EQ(error_of(j), "toy.json: key 'efficiency.compute' expects a factor in (0, 1], got 1.2");
+  j = minimal();
+  j["efficiency"] = {{"kernels", 0.5}};  // only three names
+  EXPECT_NE(error_of(j).find("unknown key 'efficiency.kernels'"), std::string::npos) << error_of(j);
+}
+
+TEST(Cluster, UnreadableOrInvalidFileSaysSo) {
+  EXPECT_THROW(load_cluster("/nonexistent/cluster.json"), Error);
+  std::string path = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/bad_cluster.json";
+  std::ofstream(path) << "{\"name\": ";
+  try {
+    load_cluster(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": not valid JSON");
+  }
+}

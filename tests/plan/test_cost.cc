@@ -1,0 +1,88 @@
+// The step-time model's pieces on toy cases whose time is known by hand.
+#include <gtest/gtest.h>
+
+#include "shardwise/core/error.h"
+#include "shardwise/plan/cost.h"
+
+using namespace shardwise;
+using namespace shardwise::plan;
+
+namespace {
+ClusterSpec toy() {  // 2 nodes of 4 devices
+  ClusterSpec c;
+  c.name = "toy";
+  c.nodes = 2, c.devices_per_node = 4;
+  c.peak_flops = {{"f32", 1e12}, {"tf32", 2e12}, {"bf16", 4e12}};
+  c.memory_bandwidth = 1e11;
+  c.intra_node = {1e10, 1e-6};
+  c.inter_node = {1e9, 1e-5};
+  return c;
+}
+}  // namespace
+
+TEST(Cost, OneGemmAtAKnownRate) {
+  ClusterSpec c = toy();
+  const double flops = 2.0 * 1024 * 1024 * 1024;  // 1024^3 GEMM
+  EXPECT_DOUBLE_EQ(compute_seconds(c, flops, "bf16"), flops / 4e12);
+  c.efficiency["compute"] = 0.5;
+  EXPECT_DOUBLE_EQ(compute_seconds(c, flops, "bf16"), flops / 2e12);
+  EXPECT_DOUBLE_EQ(memory_seconds(c, 1e9), 1e-2);
+}
+
+TEST(Cost, AllReduceOnARing) {
+  // 4 ranks, 1 MB: 2*3 latency steps + 2*3/4 of the bytes over the link.
+  LinkSpec link{1e10, 1e-6};
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::AllReduce, 1e6, 4, link), 6e-6 + 1.5e6 / 1e10);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::AllGather, 1e6, 4, link), 3e-6 + 0.75e6 / 1e10);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::ReduceScatter, 1e6, 4, link), 3e-6 + 0.75e6 / 1e10);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::SendRecv, 1e6, 2, link), 1e-6 + 1e6 / 1e10);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::AllReduce, 1e6, 1, link), 0);
+}
+
+TEST(Cost, GroupLinkByPlacement) {
+  ClusterSpec c = toy();
+  std::vector<int> same_node{4, 5, 6, 7}, across{2, 3, 4, 5};
+  EXPECT_DOUBLE_EQ(group_link(c, same_node).bandwidth, 1e10);
+  EXPECT_DOUBLE_EQ(group_link(c, across).bandwidth, 1e9);
+  EXPECT_DOUBLE_EQ(group_link(c, across).latency, 1e-5);
+  c.efficiency["network"] = 0.8;
+  EXPECT_DOUBLE_EQ(group_link(c, same_node).bandwidth, 0.8e10);
+  std::vector<int> outside{7, 8};
+  EXPECT_THROW(group_link(c, outside), Error);
+}
+
+TEST(Cost, AlphaBetaFitReproducesItsPointsAndInvertsTheRing) {
+  LinkSpec truth{2e9, 4e-6};
+  const double n1 = 1 << 12, n2 = 1 << 22;
+  for (auto kind : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::AllToAll}) {
+    const double t1 = collective_seconds(kind, n1, 4, truth), t2 = collective_seconds(kind, n2, 4, truth);
+    AlphaBeta f = fit_alpha_beta(kind, 4, n1, t1, n2, t2);
+    EXPECT_NEAR(f.predict(n1), t1, 1e-15);
+    EXPECT_NEAR(f.predict(n2), t2, 1e-15);
+    EXPECT_NEAR(f.link.bandwidth, truth.bandwidth, 1e-3 * truth.bandwidth) << collective_name(kind);
+    EXPECT_NEAR(f.link.latency, truth.latency, 1e-9) << collective_name(kind);
+    EXPECT_TRUE(f.note.empty());
+  }
+}
+
+TEST(Cost, AlphaBetaFitClampsAndSays) {
+  AlphaBeta f = fit_alpha_beta(CollectiveKind::AllReduce, 2, 100, 2e-6, 1e6, 1e-6);  // larger was faster
+  EXPECT_TRUE(std::isinf(f.link.bandwidth));
+  EXPECT_NE(f.note.find("not slower"), std::string::npos);
+  EXPECT_THROW(fit_alpha_beta(CollectiveKind::AllReduce, 2, 100, 1, 100, 2), Error);
+  EXPECT_THROW(fit_alpha_beta(CollectiveKind::AllReduce, 1, 100, 1, 200, 2), Error);
+}
+
+TEST(Cost, TwoStageGpipeHasTheKnownBubble) {
+  // GPipe over p = 2 stages and m = 4 micro-batches, forward 1 s, backward 2 s, free sends:
+  // (m + p - 1) (f + b) = 5 * 3 = 15 s, of which each rank computes m (f + b) = 12 s: bubble 3/15.
+  PipelineTime t = pipeline_time("fthenb", 2, 4, 1, 1.0, 2.0, 0.0);
+  EXPECT_DOUBLE_EQ(t.step, 15.0);
+  EXPECT_DOUBLE_EQ(t.bubble_fraction, 0.2);
+  // Sends of 0.5 s, on the sender's timeline: stage 0 runs F0 S F1 S F2 S F3 S (F3's message
+  // arrives at 6), stage 1 F0..F3 at 1.5, 3, 4.5, 6 (ends 7), then B0 S B1 S B2 S B3 S (B3's gradient
+  // arrives at 17); stage 0's B0..B3 start at 9.5, 12, 14.5, 17: the step ends at 19.
+  EXPECT_DOUBLE_EQ(pipeline_time("fthenb", 2, 4, 1, 1.0, 2.0, 0.5).step, 19.0);
+  // One stage: no bubble.
+  EXPECT_DOUBLE_EQ(pipeline_time("1f1b", 1, 4, 1, 1.0, 2.0, 0.0).step, 12.0);
+}

@@ -1,0 +1,56 @@
+// The step-time model over lowered programs, on toy programs whose time is known by hand.
+#include <gtest/gtest.h>
+
+#include "shardwise/graph/completion.h"
+#include "shardwise/graph/program.h"
+#include "shardwise/plan/program_time.h"
+
+using namespace shardwise;
+using namespace shardwise::plan;
+
+namespace {
+ClusterSpec toy(int64_t nodes, int64_t per_node) {
+  ClusterSpec c;
+  c.name = "toy";
+  c.nodes = nodes, c.devices_per_node = per_node;
+  c.peak_flops = {{"f32", 1e9}, {"tf32", 1e9}, {"bf16", 1e9}};
+  c.memory_bandwidth = 1e15;  // memory never binds here
+  c.intra_node = {1e9, 1e-6};
+  c.inter_node = {1e8, 1e-5};
+  return c;
+}
+}  // namespace
+
+TEST(ProgramTime, OneGemmOfKnownFlopsAtAKnownRate) {
+  graph::Graph g;
+  auto x = g.input("x", Shape{64, 32});
+  auto w = g.param("w", Shape{32, 16});
+  g.matmul(x, w, false, "y");
+  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{1})));
+  ProgramTime t = program_time(g, p, 0, toy(1, 1), "f32");
+  EXPECT_DOUBLE_EQ(t.flops, 2.0 * 64 * 32 * 16);
+  EXPECT_DOUBLE_EQ(t.compute_s, 2.0 * 64 * 32 * 16 / 1e9);
+  EXPECT_DOUBLE_EQ(t.collectives(), 0);
+}
+
+TEST(ProgramTime, ARowShardedGemmAllReducesItsPartialResultOnTheGroupsLink) {
+  // y = x w with x [8, 64] sharded on its columns and w [64, 4] on its rows over 4 ranks: each
+  // rank multiplies 8 x 16 by 16 x 4 and y (8 x 4 f32 = 128 bytes) comes out Partial; annotated R,
+  // one all-reduce over the 4 ranks: 2 (4-1) latencies + 2 (4-1)/4 x 128 bytes over the link.
+  graph::Graph g;
+  auto x = g.input("x", Shape{8, 64});
+  auto w = g.param("w", Shape{64, 4});
+  g.annotate(x, "S(1)");
+  g.annotate(w, "S(0)");
+  auto y = g.matmul(x, w, false, "y");
+  g.annotate(y, "R");
+  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{4})));
+  const double bytes = 2.0 * 3 / 4 * 128;
+  ProgramTime one_node = program_time(g, p, 0, toy(1, 4), "f32");
+  EXPECT_DOUBLE_EQ(one_node.flops, 2.0 * 8 * 16 * 4);
+  ASSERT_EQ(one_node.collective_s.count("all_reduce"), 1u) << p.to_string(g);
+  EXPECT_NEAR(one_node.collective_s["all_reduce"], 6 * 1e-6 + bytes / 1e9, 1e-15);
+  // The same 4 ranks on two nodes of two: the ring crosses nodes, the inter-node link bounds it.
+  ProgramTime two_nodes = program_time(g, p, 0, toy(2, 2), "f32");
+  EXPECT_NEAR(two_nodes.collective_s["all_reduce"], 6 * 1e-5 + bytes / 1e8, 1e-15);
+}
