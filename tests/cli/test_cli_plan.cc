@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "run_cli.h"
@@ -104,6 +105,38 @@ TEST(CliPlan, MemoryThatDoesNotFitNamesTheCauseAndTheFixAndExitsZeroUnlessChecke
   const nlohmann::json a = nlohmann::json::parse(json.out)["advice"];
   EXPECT_EQ(a["cause"], "activations and working buffers") << json.out;
   EXPECT_EQ(a["fix"].get<std::string>().rfind(change + " (accumulation ", 0), 0u) << json.out;
+}
+
+// Every change the advice lists (not only the fix) carries the estimate of that run: planned again
+// with the change's options, the plan gives the same bytes. The activation-bound run is offered a
+// micro-batch, recompute, the sharding stages and bf16; a state-bound one (dp=4, small batch) the
+// stages first.
+TEST(CliPlan, EveryChangeTheAdviceListsIsThePlanOfThatChange) {
+  const std::string state_bound = "plan --memory --model llama --layers 8 --hidden 512 --heads 8 --seq 32 --vocab 4096 "
+                                  "--mesh dp=4 --global-batch 4 ";
+  for (const auto& [base, limit] : {std::pair{kBig, std::string("2GiB")}, std::pair{state_bound, std::string("700MiB")}}) {
+    Result r = run(base + "--memory-limit " + limit + " --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    const nlohmann::json advice = nlohmann::json::parse(r.out)["advice"];
+    std::set<std::string> kinds;
+    for (const nlohmann::json& c : advice["changes"]) {
+      std::string change = c["change"].get<std::string>();
+      change = change.substr(0, change.find(" ("));  // "--micro-batch 4 (accumulation 8, ...)" -> the options
+      kinds.insert(change.substr(0, change.find(' ')));
+      Result again = run(base + "--memory-limit " + limit + " --json " + change);
+      ASSERT_EQ(again.status, 0) << change << "\n" << again.out;
+      const nlohmann::json j = nlohmann::json::parse(again.out);
+      EXPECT_EQ(j["per_process"].get<int64_t>(), c["bytes"].get<int64_t>()) << change;
+      EXPECT_EQ(j["fits"].get<bool>(), c["fits"].get<bool>()) << change;
+    }
+    for (const char* kind : {"--recompute", "--sharding-stage", "--bf16"})
+      EXPECT_TRUE(kinds.count(kind)) << kind << " not offered for: " << base << "\n" << r.out;
+    if (base == kBig) {
+      EXPECT_TRUE(kinds.count("--micro-batch")) << r.out;
+    } else {
+      EXPECT_EQ(advice["changes"][0]["change"].get<std::string>().rfind("--sharding-stage", 0), 0u) << r.out;
+    }
+  }
 }
 
 TEST(CliPlan, TheRunHeaderListsTheOptionsGivenAndCountsParameters) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <set>
 
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/ckpt/group_reader.h"
@@ -445,16 +446,18 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
     for (auto& [k, t] : load_model_weights(dir, saved, others, me, {"*"}))
       if (t.defined()) weights[k] = t;
   }
-  int64_t loaded = 0;
+  std::set<std::string> stored;  // the file keys read: a fused c_attn is one, stacked experts are many
   for (ParamState& p : params) {
     auto it = weights.find(p.name);
     if (it == weights.end()) continue;  // ignored: keeps its initialization
     take_weights(p, it->second, weight_range(sharded, params, &p).has_value());
-    ++loaded;
+    std::span<const ckpt::KeyPlacement> places = keys.placements(p.name);
+    if (places.empty()) stored.insert(p.name);
+    for (const ckpt::KeyPlacement& place : places) stored.insert(place.key);
   }
   if (sharded) sharded->gather_params(params);
   trainer.set_base_model({dir.string(), model_fingerprint(dir)});
-  return loaded;
+  return static_cast<int64_t>(stored.size());
 }
 
 int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {

@@ -35,7 +35,8 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
 // Parameters matching `ignore_keys` (globs of parameter names or file keys) keep their
 // initialization. With LoRA the weights go to the frozen base. Records the directory and its
 // fingerprint as the trainer's base model. Errors: a model configuration that differs (naming each
-// field), missing or unexpected tensors (by name); returns how many parameter tensors were loaded.
+// field), missing or unexpected tensors (by name); returns how many of the directory's stored tensors
+// this rank read (as the files name them: a fused c_attn counts once).
 int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
                         const std::vector<std::string>& ignore_keys = {});
 
