@@ -10,7 +10,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
-#include "shardwise/cli/calibrate_cmd.h"
+#include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/help_format.h"
 #include "shardwise/cli/run_header.h"

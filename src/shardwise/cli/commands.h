@@ -116,7 +116,7 @@ int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& o
 // table or JSON; over --memory-limit "does not fit" with its largest cause and the change that fixes
 // it (train/memory_advice.h), then an Error (exit 2) only with `check`.
 int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
-// `shardwise plan --predict` (cli/plan_predict.cc): the step time the model predicts for the run,
+// `shardwise plan --predict` (cli/plan/plan_predict.cc): the step time the model predicts for the run,
 // on `cluster` (a file) or this machine's calibration, with its shares, tokens/s and MFU.
 int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan

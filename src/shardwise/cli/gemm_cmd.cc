@@ -1,5 +1,5 @@
 #include "shardwise/cli/gemm_cmd.h"
-#include "shardwise/cli/machine_cache.h"
+#include "shardwise/cli/plan/machine_cache.h"
 
 #include <dlfcn.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "shardwise/cli/machine_cache.h"
+#include "shardwise/cli/plan/machine_cache.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>

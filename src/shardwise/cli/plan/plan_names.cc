@@ -1,4 +1,4 @@
-#include "shardwise/cli/plan_names.h"
+#include "shardwise/cli/plan/plan_names.h"
 
 #include <cctype>
 

@@ -6,7 +6,7 @@
 // does itself and the AdamW update (memory-bound).
 #include <nlohmann/json.hpp>
 
-#include "shardwise/cli/calibrate_cmd.h"
+#include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/core/error.h"
 #include "shardwise/graph/program.h"

@@ -1,9 +1,9 @@
-#include "shardwise/cli/calibrate_cmd.h"
+#include "shardwise/cli/plan/calibrate_cmd.h"
 
 #include <ctime>
 #include <fstream>
 
-#include "shardwise/cli/machine_cache.h"
+#include "shardwise/cli/plan/machine_cache.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/table.h"
 #include "shardwise/plan/calibrate.h"
