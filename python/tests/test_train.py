@@ -168,5 +168,5 @@ def test_a_trainer_left_open_is_closed_at_interpreter_exit(tmp_path):
               "t.step()\n")
     p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "done: 1 steps" in p.stdout, p.stdout  # the summary close() prints
+    assert "done: 1 step in" in p.stdout, p.stdout  # the summary close() prints
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1

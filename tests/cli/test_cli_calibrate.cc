@@ -52,6 +52,21 @@ TEST(CliCalibrate, QuickRunIsCachedAndReadBackUnchanged) {
   EXPECT_NE(r.out.find("cached in " + (cache / "shardwise" / "calibration.json").string()), std::string::npos) << r.out;
 }
 
+// A collective whose larger message was not slower (often so on a loaded machine) is cached with a
+// null bandwidth; --show prints it as unbounded instead of aborting on the null.
+TEST(CliCalibrate, AnUnboundedBandwidthIsShownAsSuch) {
+  fs::path cache = fresh_cache("unbounded");
+  Result r = sw(cache, "calibrate --quick --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  json j = parse_json(r);
+  j["calibration"]["collectives"]["all_reduce"]["bandwidth"] = nullptr;
+  j["calibration"]["collectives"]["all_reduce"]["note"] = "the larger message was not slower: bandwidth taken as unbounded";
+  std::ofstream(cache / "shardwise" / "calibration.json") << j.dump();
+  r = sw(cache, "calibrate --show");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("unbounded"), std::string::npos) << r.out;
+}
+
 TEST(CliCalibrate, ValuesArePositiveAndTheFitsReproduceTheirPoints) {
   fs::path cache = fresh_cache("values");
   Result r = sw(cache, "calibrate --quick --json --ranks 3");

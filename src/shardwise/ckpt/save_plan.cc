@@ -331,7 +331,8 @@ SavePlan plan_save(comm::Communicator& comm, const fs::path& root, const Checkpo
   std::vector<json> all = comm::all_gather_object(comm, mine);
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r]["problem"].get<std::string>().empty()) {
-      throw RankFailure(static_cast<int64_t>(r), "save checkpoint: " + all[r]["problem"].get<std::string>());
+      throw RankFailure(static_cast<int64_t>(r), "save checkpoint: " + all[r]["problem"].get<std::string>(),
+                        ErrorKind::Checkpoint);
     }
   }
   for (size_t r = 1; r < all.size(); ++r) {

@@ -490,7 +490,7 @@ void LocalWorld::run(int size, const std::function<void(Communicator&)>& fn, std
         auto comm = world->communicator(r);
         fn(*comm);
       } catch (const RankFailure& e) {  // the agreed error already names the rank where it arose
-        world->abort(e.what());
+        world->abort(e.what(), error_kind(e));
       } catch (const std::exception& e) {
         world->abort(fmt::format("rank {} failed: {}", r, e.what()), error_kind(e));
       }
@@ -498,6 +498,8 @@ void LocalWorld::run(int size, const std::function<void(Communicator&)>& fn, std
   }
   for (auto& t : threads) t.join();
   // Report the rank that failed first (the abort reason), not the ranks it released.
+  // A kind-less error stays a plain Error, so a caller's raising() can still give it the call's kind.
+  if (world->aborted() && world->kind_ == ErrorKind::General) throw Error(world->abort_reason());
   if (world->aborted()) throw KindedError(world->kind_, world->abort_reason());
 }
 

@@ -9,10 +9,12 @@
 
 namespace shardwise {
 
-class RankFailure : public Error {
+// `kind`: what the error is about (core/error.h), kept for callers that sort errors (the Python
+// package's DataError, CheckpointError).
+class RankFailure : public KindedError {
  public:
-  RankFailure(int64_t rank, const std::string& message)
-      : Error(fmt::format("rank {} failed: {}", rank, message)), rank_(rank) {}
+  RankFailure(int64_t rank, const std::string& message, ErrorKind kind = ErrorKind::General)
+      : KindedError(kind, fmt::format("rank {} failed: {}", rank, message)), rank_(rank) {}
   int64_t rank() const { return rank_; }
 
  private:

@@ -116,7 +116,7 @@ std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& wo
   // Every rank agrees: the first error (by rank) stops them all, naming that rank.
   const std::vector<nlohmann::json> all = comm::all_gather_object(world, error);
   for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].get<std::string>().empty()) throw RankFailure(static_cast<int64_t>(r), all[r].get<std::string>());
+    if (!all[r].get<std::string>().empty()) throw RankFailure(static_cast<int64_t>(r), all[r].get<std::string>(), ErrorKind::Checkpoint);
   }
   return warnings;
 }

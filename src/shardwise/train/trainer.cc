@@ -309,7 +309,8 @@ void Trainer::open_data() {
   size_t f = all.size();  // the first reader
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].is_null()) continue;
-    if (all[r].contains("error")) throw RankFailure(static_cast<int64_t>(r), all[r]["error"].get<std::string>());
+    if (all[r].contains("error"))
+      throw RankFailure(static_cast<int64_t>(r), all[r]["error"].get<std::string>(), ErrorKind::Data);
     if (f == all.size()) f = r;
   }
   SW_CHECK(f < all.size(), "no rank reads the data (mesh {})", strategy_.mesh.to_string());

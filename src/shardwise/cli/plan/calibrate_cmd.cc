@@ -40,7 +40,10 @@ void print_table(const json& j, std::ostream& out) {
   for (auto it = cal["collectives"].begin(); it != cal["collectives"].end(); ++it)
     coll.row({it.key(), std::to_string(it.value()["ranks"].get<int>()),
               fmt::format("{:.2f}", it.value()["latency"].get<double>() * 1e6),
-              fmt::format("{:.2f}", it.value()["bandwidth"].get<double>() / 1e9), it.value()["note"].get<std::string>()});
+              // null: the larger message was not slower, so no finite bandwidth was measured (the note says so)
+              it.value()["bandwidth"].is_number() ? fmt::format("{:.2f}", it.value()["bandwidth"].get<double>() / 1e9)
+                                                  : std::string("unbounded"),
+              it.value()["note"].get<std::string>()});
   out << coll.str();
 }
 
