@@ -188,5 +188,11 @@ TEST(GenerateLlama, MixtralTransformersLogitsAndGreedyTokens) {
   expect_transformers_logits_and_greedy("mixtral_tiny", {"dp=1", "tp=2", "dp=2,tp=2", "dp=2,ep=2"}, 127);
 }
 
+// A Qwen2 (tools/hf_qwen.py's Qwen2ForCausalLM: random q/k/v biases, rope_theta 1e6): the decode
+// graphs add the biases (sharded with the rows of q/k/v on tp) and give transformers' tokens.
+TEST(GenerateLlama, Qwen2TransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("qwen2_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+}
+
 }  // namespace
 }  // namespace shardwise::train

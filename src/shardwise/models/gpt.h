@@ -44,6 +44,10 @@ struct GptConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;  // false: a separate lm_head.weight
+  // Llama only: the Hugging Face family of the decoder ("llama"; "qwen2": biases on the q/k/v
+  // projections, Qwen2ForCausalLM), which the graph and the checkpoint's config.json follow.
+  std::string family = "llama";
+  bool qkv_bias() const { return family == "qwen2"; }
   // Llama only: a Mixtral MoE MLP (ops/moe: moe_mlp) in place of the dense one in `moe_layers`
   // (empty: every layer) when experts > 0; each expert a SwiGLU MLP of mlp_width(). The loss adds
   // aux_loss x the load-balancing loss and router_z_loss x the z-loss of every MoE layer.

@@ -19,6 +19,10 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
+  SW_CHECK(c.family == "llama" || c.family == "qwen2", "llama: the family '{}' is not one shardwise builds (llama, "
+           "qwen2)", c.family);
+  SW_CHECK(c.family == "llama" || c.experts == 0, "llama: --experts {} with the {} family: mixture-of-experts layers "
+           "are built for Llama (Mixtral) only", c.experts, c.family);
   SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
   SW_CHECK(c.shared_expert_width >= 0 && (c.shared_expert_width == 0 || c.experts > 0),
            "llama: --shared-expert-width {} needs --experts and must be >= 0", c.shared_expert_width);
@@ -81,6 +85,14 @@ class LlamaBuilder {
     return y;
   }
 
+  // A column-parallel q/k/v projection of the hidden states, plus its bias [out] (Qwen2), sharded
+  // with the weight's rows (or replicated with them).
+  graph::ValueId projection(graph::ValueId h, const std::string& name, int64_t out, bool replicated) {
+    auto y = linear(h, name, H_, out, true, replicated);
+    if (!c_.qkv_bias()) return y;
+    return g_.add(y, param(name + ".bias", Shape{out}, replicated ? "R" : "S(0)"), name + ".biased");
+  }
+
   graph::ValueId embeddings() {
     auto ids = g_.input("ids", Shape{B_, S_}, DType::I64);
     annotate(ids, placements("R", "S(0)"));
@@ -133,9 +145,9 @@ class LlamaBuilder {
 
   graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
-    auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
-    auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
-    auto v = heads(linear(h, p + ".v_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".v", false);
+    auto q = heads(projection(h, p + ".q_proj", H_, false), NH_, p + ".q", true);
+    auto k = heads(projection(h, p + ".k_proj", kv_width, !kv_sharded_), KV_, p + ".k", true);
+    auto v = heads(projection(h, p + ".v_proj", kv_width, !kv_sharded_), KV_, p + ".v", false);
     if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", H_, H_, false);
     k = repeat_kv(k, p + ".k");
     v = repeat_kv(v, p + ".v");

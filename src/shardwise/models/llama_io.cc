@@ -69,8 +69,22 @@ ckpt::KeyMap mixtral_key_map(const GptConfig& c) {
   return m;
 }
 
+// Qwen2's config.json: LlamaConfig's fields that Qwen2Config shares (its q/k/v biases are not a
+// field: Qwen2 always has them), and no sliding window.
+nlohmann::json qwen2_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  nlohmann::json j = llama_config_json(m, stored, t);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp", "head_dim"}) j.erase(k);
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["model_type"] = "qwen2";
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = m.layers;
+  return j;
+}
+
 nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
   if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
+  if (m.is_llama() && m.qkv_bias()) return qwen2_config_json(m, stored, t);
   return m.is_llama() ? llama_config_json(m, stored, t) : gpt2_config_json(m, stored, t);
 }
 
@@ -126,6 +140,13 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
     SW_CHECK(ok, "'{}': {} = {} is not supported (shardwise's Llama has {})", file, key,
              j.contains(key) ? j[key].dump() : "(missing)", want);
   };
+  if (j.value("model_type", "") == "qwen2") {  // Qwen2Config: biases on q/k/v, a sliding window if used
+    c.family = "qwen2";
+    const bool windowed = j.value("use_sliding_window", false) && j.contains("sliding_window") &&
+                          !j["sliding_window"].is_null() && j["sliding_window"].get<int64_t>() < c.seq;
+    refuse_unless(!windowed, "sliding_window", fmt::format("full causal attention (use_sliding_window false, or a "
+                  "window of at least max_position_embeddings = {})", c.seq));
+  }
   if (j.value("model_type", "") == "mixtral") {  // MixtralConfig: no biases, experts in every layer
     c.experts = field("num_local_experts");
     c.top_k = field("num_experts_per_tok");
@@ -136,7 +157,7 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
                   "sliding_window", "full causal attention (a window of at least max_position_embeddings)");
   }
   refuse_unless(j.value("hidden_act", "silu") == "silu", "hidden_act", "silu (SwiGLU)");
-  refuse_unless(!j.value("attention_bias", false), "attention_bias", "no biases");
+  if (c.family != "qwen2") refuse_unless(!j.value("attention_bias", false), "attention_bias", "no biases");
   refuse_unless(!j.value("mlp_bias", false), "mlp_bias", "no biases");
   SW_CHECK(c.heads >= 1, "'{}': num_attention_heads must be at least 1", file);
   SW_CHECK(c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
@@ -175,6 +196,8 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
   compare("vocab_size", saved.vocab, mine.vocab);
   compare("tie_word_embeddings", saved.tie_word_embeddings, mine.tie_word_embeddings);
   compare("num_local_experts (--experts)", saved.experts, mine.experts);
+  if (saved.family != mine.family)
+    differ.push_back(fmt::format("model_type '{}' (directory) vs '{}' (this run)", saved.family, mine.family));
   if (saved.experts > 0 && mine.experts > 0) compare("num_experts_per_tok (--top-k)", saved.top_k, mine.top_k);
   if (mine.seq > saved.seq)  // no parameter depends on it, but the positions were trained up to it
     differ.push_back(fmt::format("max_position_embeddings {} (directory) vs sequences of {} (this run)", saved.seq,
