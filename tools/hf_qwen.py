@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Parity of shardwise's Qwen2 (the Llama builder with q/k/v biases) with transformers' Qwen2ForCausalLM
-(not part of `make test`).
+"""Parity of shardwise's Qwen2 (the Llama builder with q/k/v biases) and Qwen3 (per-head q/k RMSNorm
+before rotary) with transformers' Qwen2ForCausalLM and Qwen3ForCausalLM (not part of `make test`).
 
-Checks, each against transformers' own results:
+Checks, for each model, against transformers' own results:
   init-from  a random-init Qwen2ForCausalLM (2 layers, hidden 24, 4 heads over 2 kv heads, random
-             q/k/v biases, untied head, rope_theta 1e6) -> `shardwise train --init-from` on 1 rank,
-             tp=2, dp=2 x tp=2, tp=2 x pp=2 -> the first-step loss equals transformers' within 1e-5.
+             q/k/v biases, untied head, rope_theta 1e6) and Qwen3ForCausalLM (hidden 32, 4 heads over
+             1 kv head, head_dim 8, random q/k norm weights, tied head, rope_theta 5e5) ->
+             `shardwise train --init-from` on 1 rank, tp=2, dp=2 x tp=2, tp=2 x pp=2 -> the
+             first-step loss equals transformers' within 1e-5.
   load       `--init-from` that model, 20 steps on dp=2 x tp=2, saved -> AutoModelForCausalLM loads a
-             Qwen2ForCausalLM with no missing, unexpected or mismatched keys and no warnings -> its
-             loss on a batch equals shardwise's; greedy `shardwise generate` gives transformers' tokens.
-With --golden DIR it also writes tests/golden/hf/qwen2_tiny, qwen2_tokens.bin and
-qwen2_tiny_expected.json, which `make test` replays without PyPI (tests/models/test_qwen2_hf.cc,
+             Qwen2ForCausalLM / Qwen3ForCausalLM with no missing, unexpected or mismatched keys and
+             no warnings -> its loss on a batch equals shardwise's; greedy `shardwise generate`
+             gives transformers' tokens and logits within 1e-5.
+With --golden DIR it also writes tests/golden/hf/<qwen2|qwen3>_tiny, <name>_tokens.bin and
+<name>_tiny_expected.json, which `make test` replays without PyPI (tests/models/test_qwen_hf.cc,
 tests/generate/test_generate_llama.cc).
-Usage: tools/hf_qwen.py build/bin/shardwise [--golden tests/golden/hf] (make hf-parity, make hf-golden)
+Usage: tools/hf_qwen.py build/bin/shardwise [--golden tests/golden/hf] [--only qwen2 qwen3]
 """
 import argparse
 import os
@@ -60,7 +63,7 @@ def tiny_qwen3(seed, vocab=128, seq=16):
     return model
 
 
-def check_init_from(shardwise, tmp, golden, name, model, seed):
+def check_init_from(shardwise, tmp, golden, name, model, seed, generator="tools/hf_qwen.py"):
     rng = np.random.default_rng(seed)
     tokens = [int(t) for t in rng.integers(0, 128, size=17)]
     data = os.path.join(tmp, f"{name}_tokens.bin")
@@ -68,7 +71,7 @@ def check_init_from(shardwise, tmp, golden, name, model, seed):
     want, logits = hf_loss(model, tokens)
     check_init_from_meshes(shardwise, tmp, name, model, data, want, ["dp=1", "tp=2", "dp=2,tp=2", "tp=2,pp=2"])
     if golden:
-        write_decoder_golden(golden, name, model, tokens, want, logits, "tools/hf_qwen.py")
+        write_decoder_golden(golden, name, model, tokens, want, logits, generator)
 
 
 def check_load(shardwise, tmp, name, model, architecture):

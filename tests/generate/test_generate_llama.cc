@@ -194,5 +194,11 @@ TEST(GenerateLlama, Qwen2TransformersLogitsAndGreedyTokens) {
   expect_transformers_logits_and_greedy("qwen2_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
 }
 
+// A Qwen3 (tools/hf_qwen.py's Qwen3ForCausalLM: random q/k norm weights, one kv head, a tied head):
+// the decode graphs normalise each q and k head before rotary, as transformers does.
+TEST(GenerateLlama, Qwen3TransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("qwen3_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+}
+
 }  // namespace
 }  // namespace shardwise::train

@@ -44,8 +44,8 @@ struct GptConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;  // false: a separate lm_head.weight
-  // Llama only: the Hugging Face family of the decoder ("llama"; "qwen2": biases on the q/k/v
-  // projections, Qwen2ForCausalLM), which the graph and the checkpoint's config.json follow.
+  // Llama only: the Hugging Face family ("llama"; "qwen2": q/k/v biases; "qwen3": per-head q/k
+  // RMSNorm before rotary, llama.h), which the graph and the checkpoint's config.json follow.
   std::string family = "llama";
   bool qkv_bias() const { return family == "qwen2"; }
   // Llama only: a Mixtral MoE MLP (ops/moe: moe_mlp) in place of the dense one in `moe_layers`

@@ -19,8 +19,8 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
-  SW_CHECK(c.family == "llama" || c.family == "qwen2", "llama: the family '{}' is not one shardwise builds (llama, "
-           "qwen2)", c.family);
+  SW_CHECK(c.family == "llama" || c.family == "qwen2" || c.family == "qwen3", "llama: the family '{}' is not one "
+           "shardwise builds (llama, qwen2, qwen3)", c.family);
   SW_CHECK(c.family == "llama" || c.experts == 0, "llama: --experts {} with the {} family: mixture-of-experts layers "
            "are built for Llama (Mixtral) only", c.experts, c.family);
   SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
@@ -128,10 +128,15 @@ class LlamaBuilder {
     annotate(positions_, placements("R"));
   }
 
-  // [B, S, n * HD] -> [B, n, S, HD], rotated by the positions when `rotate`.
+  // [B, S, n * HD] -> [B, n, S, HD], rotated by the positions when `rotate` (Qwen3: each head
+  // RMS-normalised first by "<attn>.q_norm" / ".k_norm", a weight [HD] replicated).
   graph::ValueId heads(graph::ValueId t, int64_t n, const std::string& name, bool rotate) {
     auto h = g_.transpose(g_.reshape(t, {B_, S_, n, HD_}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
     if (!rotate) return h;
+    if (qk_norm(c_)) {
+      auto w = param(name + "_norm.weight", Shape{HD_}, "R");
+      h = g_.op1("rms_norm", {h, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".norm");
+    }
     return g_.op1("rotary_embedding", {h, positions_}, {{"theta", c_.rope_theta}}, name + ".rotary");
   }
 

@@ -1,6 +1,7 @@
 // Llama's Hugging Face layout (model_io.h): config.json as transformers' LlamaConfig, read back
 // with what this Llama cannot build refused; and the model comparisons both architectures share.
 #include "shardwise/core/error.h"
+#include "shardwise/models/llama.h"
 #include "shardwise/models/model_io.h"
 
 namespace shardwise::train {
@@ -70,12 +71,15 @@ ckpt::KeyMap mixtral_key_map(const GptConfig& c) {
 }
 
 // Qwen2's config.json: LlamaConfig's fields that Qwen2Config shares (its q/k/v biases are not a
-// field: Qwen2 always has them), and no sliding window.
+// field: Qwen2 always has them), and no sliding window; Qwen3's: the same with head_dim and
+// attention_bias false (its q/k norms are not a field either).
 nlohmann::json qwen2_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
   nlohmann::json j = llama_config_json(m, stored, t);
   for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp", "head_dim"}) j.erase(k);
-  j["architectures"] = {"Qwen2ForCausalLM"};
-  j["model_type"] = "qwen2";
+  const bool qwen3 = qk_norm(m);
+  if (qwen3) j["attention_bias"] = false, j["head_dim"] = m.hidden / m.heads;
+  j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
+  j["model_type"] = m.family;
   j["use_sliding_window"] = false;
   j["sliding_window"] = nullptr;
   j["max_window_layers"] = m.layers;
@@ -84,7 +88,7 @@ nlohmann::json qwen2_config_json(const GptConfig& m, DType stored, const Special
 
 nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
   if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
-  if (m.is_llama() && m.qkv_bias()) return qwen2_config_json(m, stored, t);
+  if (m.is_llama() && m.family != "llama") return qwen2_config_json(m, stored, t);
   return m.is_llama() ? llama_config_json(m, stored, t) : gpt2_config_json(m, stored, t);
 }
 
@@ -140,8 +144,9 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
     SW_CHECK(ok, "'{}': {} = {} is not supported (shardwise's Llama has {})", file, key,
              j.contains(key) ? j[key].dump() : "(missing)", want);
   };
-  if (j.value("model_type", "") == "qwen2") {  // Qwen2Config: biases on q/k/v, a sliding window if used
-    c.family = "qwen2";
+  const std::string type = j.value("model_type", "");
+  if (type == "qwen2" || type == "qwen3") {  // q/k/v biases (Qwen2), q/k norms (Qwen3); a sliding window if used
+    c.family = type;
     const bool windowed = j.value("use_sliding_window", false) && j.contains("sliding_window") &&
                           !j["sliding_window"].is_null() && j["sliding_window"].get<int64_t>() < c.seq;
     refuse_unless(!windowed, "sliding_window", fmt::format("full causal attention (use_sliding_window false, or a "
