@@ -19,8 +19,8 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
-  SW_CHECK(c.family == "llama" || c.family == "qwen2" || c.family == "qwen3", "llama: the family '{}' is not one "
-           "shardwise builds (llama, qwen2, qwen3)", c.family);
+  SW_CHECK(c.family == "llama" || c.family == "qwen2" || c.family == "qwen3" || c.family == "mistral",
+           "llama: the family '{}' is not one shardwise builds (llama, qwen2, qwen3, mistral)", c.family);
   SW_CHECK(c.family == "llama" || c.experts == 0, "llama: --experts {} with the {} family: mixture-of-experts layers "
            "are built for Llama (Mixtral) only", c.experts, c.family);
   SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
@@ -289,6 +289,10 @@ class LlamaBuilder {
 GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
   c.validate();
   SW_CHECK(c.is_llama(), "build_llama: the configuration is a '{}' model", c.model_type);
+  SW_CHECK(c.sliding_window == 0 || c.sliding_window >= c.seq,
+           "mistral: sliding_window {} is shorter than the sequence length {}: shardwise's attention is full causal "
+           "attention over the sequence, not a sliding window; train on sequences of at most {} tokens (--seq {})",
+           c.sliding_window, c.seq, c.sliding_window, c.sliding_window);
   SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());

@@ -86,7 +86,19 @@ nlohmann::json qwen2_config_json(const GptConfig& m, DType stored, const Special
   return j;
 }
 
+// Mistral's config.json: LlamaConfig's fields that MistralConfig shares, and its sliding window
+// (null when the model has none).
+nlohmann::json mistral_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  nlohmann::json j = llama_config_json(m, stored, t);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  j["sliding_window"] = m.sliding_window > 0 ? nlohmann::json(m.sliding_window) : nlohmann::json();
+  return j;
+}
+
 nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  if (m.is_llama() && m.family == "mistral") return mistral_config_json(m, stored, t);
   if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
   if (m.is_llama() && m.family != "llama") return qwen2_config_json(m, stored, t);
   return m.is_llama() ? llama_config_json(m, stored, t) : gpt2_config_json(m, stored, t);
@@ -151,6 +163,11 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
                           !j["sliding_window"].is_null() && j["sliding_window"].get<int64_t>() < c.seq;
     refuse_unless(!windowed, "sliding_window", fmt::format("full causal attention (use_sliding_window false, or a "
                   "window of at least max_position_embeddings = {})", c.seq));
+  }
+  if (type == "mistral") {  // MistralConfig: Llama's graph; a sliding window shorter than the run's sequence is refused
+    c.family = type;
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null()) c.sliding_window = field("sliding_window");
+    if (c.sliding_window >= c.seq) c.sliding_window = 0;  // no sequence of the model reaches past it
   }
   if (j.value("model_type", "") == "mixtral") {  // MixtralConfig: no biases, experts in every layer
     c.experts = field("num_local_experts");

@@ -1,15 +1,17 @@
-// Qwen2 and Qwen3 without PyPI: tests/golden/hf/qwen2_tiny and qwen3_tiny were written by
-// tools/hf_qwen.py (`make hf-golden`): a random-init Qwen2ForCausalLM (hidden 24, 4 heads over 2 kv
-// heads, random q/k/v biases, an untied head, rope_theta 1e6) and Qwen3ForCausalLM (hidden 32, 4
-// heads over 1 kv head, head_dim 8, random q/k norm weights, a tied head, rope_theta 5e5) saved by
-// save_pretrained, a token file of 17 tokens each and transformers' loss on it. `--init-from` each
-// directory gives transformers' loss within 1e-5 on every mesh (tp shards the biases with their
-// weights' rows; Qwen3's single kv head and its k_norm are replicated over tp); shardwise's
-// checkpoints hold exactly transformers' keys and shapes and a Qwen2Config / Qwen3Config; what these
-// builders cannot build (a used sliding window, another head_dim, Qwen3's attention biases) is
-// refused by name.
+// The Llama builder's Hugging Face families without PyPI: tests/golden/hf/qwen2_tiny and qwen3_tiny
+// were written by tools/hf_families.py, mistral_tiny by tools/hf_families.py (`make hf-golden`): a
+// random-init Qwen2ForCausalLM (hidden 24, 4 heads over 2 kv heads, random q/k/v biases, an untied
+// head, rope_theta 1e6), Qwen3ForCausalLM (hidden 32, 4 heads over 1 kv head, head_dim 8, random q/k
+// norm weights, a tied head, rope_theta 5e5) and MistralForCausalLM (hidden 16, 2 heads over 1 kv
+// head, sliding_window null, rope_theta 2e4) saved by save_pretrained, a token file of 17 tokens each
+// and transformers' loss on it. `--init-from` each directory gives transformers' loss within 1e-5
+// on every mesh (tp shards the biases with their weights' rows; a single kv head and Qwen3's k_norm
+// are replicated over tp); shardwise's checkpoints hold exactly transformers' keys and shapes and
+// the family's config; what these builders cannot build (a used sliding window shorter than the
+// sequence, another head_dim, Qwen3's attention biases) is refused by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -80,7 +82,7 @@ nlohmann::json expect_checkpoint_is_transformers(const std::string& name, const 
   return config;
 }
 
-TEST(QwenHf, TheFixturesAreAQwen2WithBiasesAndAQwen3WithQkNorms) {
+TEST(HfFamilies, TheFixturesAreAQwen2WithBiasesAQwen3WithQkNormsAndAMistral) {
   const GptConfig q2 = read_model_config(model_dir("qwen2"));
   EXPECT_TRUE(q2.is_llama());
   EXPECT_EQ(q2.family, "qwen2");
@@ -94,12 +96,16 @@ TEST(QwenHf, TheFixturesAreAQwen2WithBiasesAndAQwen3WithQkNorms) {
   EXPECT_EQ(q3.key_value_heads(), 1);
   EXPECT_TRUE(q3.tie_word_embeddings);
   EXPECT_EQ(q3.rope_theta, 5e5);
+  const GptConfig mistral = read_model_config(model_dir("mistral"));
+  EXPECT_EQ(mistral.family, "mistral");
+  EXPECT_EQ(mistral.sliding_window, 0);
+  EXPECT_EQ(mistral.rope_theta, 2e4);
 }
 
-TEST(QwenHf, Qwen2InitFromTransformersGivesItsLossOnEveryMesh) { expect_transformers_loss_on_every_mesh("qwen2"); }
-TEST(QwenHf, Qwen3InitFromTransformersGivesItsLossOnEveryMesh) { expect_transformers_loss_on_every_mesh("qwen3"); }
+TEST(HfFamilies, Qwen2InitFromTransformersGivesItsLossOnEveryMesh) { expect_transformers_loss_on_every_mesh("qwen2"); }
+TEST(HfFamilies, Qwen3InitFromTransformersGivesItsLossOnEveryMesh) { expect_transformers_loss_on_every_mesh("qwen3"); }
 
-TEST(QwenHf, Qwen2CheckpointsHoldTransformersKeysAndAQwen2Config) {
+TEST(HfFamilies, Qwen2CheckpointsHoldTransformersKeysAndAQwen2Config) {
   const nlohmann::json config = expect_checkpoint_is_transformers("qwen2", "model.layers.1.self_attn.k_proj.bias");
   EXPECT_EQ(config["model_type"], "qwen2");
   EXPECT_EQ(config["architectures"][0], "Qwen2ForCausalLM");
@@ -107,7 +113,7 @@ TEST(QwenHf, Qwen2CheckpointsHoldTransformersKeysAndAQwen2Config) {
   EXPECT_EQ(config["use_sliding_window"], false);
 }
 
-TEST(QwenHf, Qwen3CheckpointsHoldTransformersKeysAndAQwen3Config) {
+TEST(HfFamilies, Qwen3CheckpointsHoldTransformersKeysAndAQwen3Config) {
   const nlohmann::json config = expect_checkpoint_is_transformers("qwen3", "model.layers.1.self_attn.k_norm.weight");
   EXPECT_EQ(config["model_type"], "qwen3");
   EXPECT_EQ(config["architectures"][0], "Qwen3ForCausalLM");
@@ -121,7 +127,7 @@ nlohmann::json fixture_config(const std::string& name) {
   return nlohmann::json::parse(f);
 }
 
-TEST(QwenHf, AUsedSlidingWindowIsRefusedByName) {
+TEST(HfFamilies, AUsedSlidingWindowIsRefusedByName) {
   const fs::path dir = fs::temp_directory_path() / "sw_qwen_configs";
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -144,7 +150,42 @@ TEST(QwenHf, AUsedSlidingWindowIsRefusedByName) {
 
 // Qwen3's head_dim is its own field (128 in Qwen3-0.6B's 1024 / 16 heads): shardwise's heads are
 // hidden / heads wide, so another head_dim is refused by name; so are Qwen3's optional attention biases.
-TEST(QwenHf, Qwen3ConfigsShardwiseCannotBuildAreRefusedByName) {
+TEST(HfFamilies, MistralInitFromTransformersGivesItsLossOnEveryMesh) {
+  expect_transformers_loss_on_every_mesh("mistral");
+}
+
+TEST(HfFamilies, MistralCheckpointsHoldTransformersKeysAndAMistralConfig) {
+  const nlohmann::json config = expect_checkpoint_is_transformers("mistral", "model.layers.1.self_attn.k_proj.weight");
+  EXPECT_EQ(config["model_type"], "mistral");
+  EXPECT_EQ(config["architectures"][0], "MistralForCausalLM");
+  EXPECT_TRUE(config["sliding_window"].is_null());
+  EXPECT_FALSE(config.contains("attention_bias"));
+}
+
+// Mistral-7B-v0.1's sliding_window is 4096: a run on sequences no longer than the window is exact
+// (full causal attention is the windowed one there); a longer sequence is refused naming both.
+TEST(HfFamilies, AMistralWindowShorterThanTheSequenceIsRefusedNamingBoth) {
+  const fs::path dir = fs::temp_directory_path() / "sw_mistral_window";
+  fs::remove_all(dir);
+  fs::copy(model_dir("mistral"), dir, fs::copy_options::recursive);
+  nlohmann::json config = fixture_config("mistral");
+  config["sliding_window"] = 8;
+  std::ofstream(dir / "config.json") << config.dump();
+  TrainConfig c = golden_fine_tune(dir.string(), kDir + "/mistral_tokens.bin", "dp=1");
+  EXPECT_EQ(c.model.sliding_window, 8);
+  try {
+    init_from_first_loss(c, dir);
+    ADD_FAILURE() << "a window of 8 over sequences of 16 trained";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding_window 8 is shorter than the sequence length 16"), std::string::npos)
+        << e.what();
+  }
+  c.model.seq = 8;
+  EXPECT_TRUE(std::isfinite(init_from_first_loss(c, dir)));
+  fs::remove_all(dir);
+}
+
+TEST(HfFamilies, Qwen3ConfigsShardwiseCannotBuildAreRefusedByName) {
   const fs::path dir = fs::temp_directory_path() / "sw_qwen3_configs";
   fs::remove_all(dir);
   fs::create_directories(dir);

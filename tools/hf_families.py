@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""Parity of shardwise's Qwen2 (the Llama builder with q/k/v biases) and Qwen3 (per-head q/k RMSNorm
-before rotary) with transformers' Qwen2ForCausalLM and Qwen3ForCausalLM (not part of `make test`).
+"""Parity of the Llama builder's families with transformers: Qwen2 (q/k/v biases), Qwen3 (per-head q/k
+RMSNorm before rotary) and Mistral (Llama's graph, sliding_window null) against Qwen2ForCausalLM,
+Qwen3ForCausalLM and MistralForCausalLM (not part of `make test`).
 
 Checks, for each model, against transformers' own results:
   init-from  a random-init Qwen2ForCausalLM (2 layers, hidden 24, 4 heads over 2 kv heads, random
              q/k/v biases, untied head, rope_theta 1e6) and Qwen3ForCausalLM (hidden 32, 4 heads over
-             1 kv head, head_dim 8, random q/k norm weights, tied head, rope_theta 5e5) ->
+             1 kv head, head_dim 8, random q/k norm weights, tied head, rope_theta 5e5) and
+             MistralForCausalLM (hidden 16, 2 heads over 1 kv head, untied head, rope_theta 2e4) ->
              `shardwise train --init-from` on 1 rank, tp=2, dp=2 x tp=2, tp=2 x pp=2 -> the
              first-step loss equals transformers' within 1e-5.
   load       `--init-from` that model, 20 steps on dp=2 x tp=2, saved -> AutoModelForCausalLM loads a
-             Qwen2ForCausalLM / Qwen3ForCausalLM with no missing, unexpected or mismatched keys and
+             Qwen2/Qwen3/MistralForCausalLM with no missing, unexpected or mismatched keys and
              no warnings -> its loss on a batch equals shardwise's; greedy `shardwise generate`
              gives transformers' tokens and logits within 1e-5.
-With --golden DIR it also writes tests/golden/hf/<qwen2|qwen3>_tiny, <name>_tokens.bin and
-<name>_tiny_expected.json, which `make test` replays without PyPI (tests/models/test_qwen_hf.cc,
+With --golden DIR it also writes tests/golden/hf/<qwen2|qwen3|mistral>_tiny, <name>_tokens.bin and
+<name>_tiny_expected.json, which `make test` replays without PyPI (tests/models/test_hf_families.cc,
 tests/generate/test_generate_llama.cc).
-Usage: tools/hf_qwen.py build/bin/shardwise [--golden tests/golden/hf] [--only qwen2 qwen3]
+Usage: tools/hf_families.py build/bin/shardwise [--golden tests/golden/hf] [--only qwen2 qwen3 mistral]
 """
 import argparse
 import os
@@ -25,7 +27,8 @@ import tempfile
 import numpy as np
 import torch
 import transformers
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_parity import (check_generate, check_init_from_meshes, check_loss_on_a_batch, hf_loss,  # noqa: E402
@@ -63,7 +66,16 @@ def tiny_qwen3(seed, vocab=128, seq=16):
     return model
 
 
-def check_init_from(shardwise, tmp, golden, name, model, seed, generator="tools/hf_qwen.py"):
+def tiny_mistral(seed, vocab=128, seq=16):
+    torch.manual_seed(seed)
+    cfg = MistralConfig(hidden_size=16, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=1, vocab_size=vocab, max_position_embeddings=seq, rms_norm_eps=1e-5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 20000.0}, tie_word_embeddings=False,
+                        sliding_window=None, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    return MistralForCausalLM(cfg).eval()
+
+
+def check_init_from(shardwise, tmp, golden, name, model, seed, generator="tools/hf_families.py"):
     rng = np.random.default_rng(seed)
     tokens = [int(t) for t in rng.integers(0, 128, size=17)]
     data = os.path.join(tmp, f"{name}_tokens.bin")
@@ -92,7 +104,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shardwise")
     ap.add_argument("--golden", help="write the golden files of tests/golden/hf into this directory")
-    ap.add_argument("--only", nargs="+", choices=["qwen2", "qwen3"], default=["qwen2", "qwen3"],
+    ap.add_argument("--only", nargs="+", choices=["qwen2", "qwen3", "mistral"],
+                    default=["qwen2", "qwen3", "mistral"],
                     help="run (and with --golden, write) these models' checks only")
     a = ap.parse_args()
     transformers.logging.set_verbosity_warning()
@@ -108,6 +121,10 @@ def main():
             model = tiny_qwen3(19)
             check_init_from(a.shardwise, tmp, a.golden, "qwen3", model, 3)
             check_load(a.shardwise, tmp, "qwen3", model, "Qwen3ForCausalLM")
+        if "mistral" in a.only:
+            model = tiny_mistral(23)
+            check_init_from(a.shardwise, tmp, a.golden, "mistral", model, 4)
+            check_load(a.shardwise, tmp, "mistral", model, "MistralForCausalLM")
     print(f"{' and '.join(a.only)} parity ok")
 
 
