@@ -188,5 +188,22 @@ TEST(GenerateLlama, MixtralTransformersLogitsAndGreedyTokens) {
   expect_transformers_logits_and_greedy("mixtral_tiny", {"dp=1", "tp=2", "dp=2,tp=2", "dp=2,ep=2"}, 127);
 }
 
+// A Qwen2 (tools/hf_families.py's Qwen2ForCausalLM: random q/k/v biases, rope_theta 1e6): the decode
+// graphs add the biases (sharded with the rows of q/k/v on tp) and give transformers' tokens.
+TEST(GenerateLlama, Qwen2TransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("qwen2_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+}
+
+// A Qwen3 (tools/hf_families.py's Qwen3ForCausalLM: random q/k norm weights, one kv head, a tied head):
+// the decode graphs normalise each q and k head before rotary, as transformers does.
+TEST(GenerateLlama, Qwen3TransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("qwen3_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+}
+
+// A Mistral (tools/hf_families.py's MistralForCausalLM, sliding_window null): Llama's decode graphs.
+TEST(GenerateLlama, MistralTransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("mistral_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+}
+
 }  // namespace
 }  // namespace shardwise::train

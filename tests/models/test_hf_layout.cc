@@ -143,7 +143,7 @@ TEST(HfLayout, ConfigsShardwiseCannotBuildExactlyAreRefused) {
   auto refused = [&](const char* key, nlohmann::json value) {
     return config_refused(dir, gpt2_config_json(m, DType::F32, default_special_tokens(m.vocab)), key, value);
   };
-  EXPECT_TRUE(refused("model_type", "mistral"));  // (llama is read as a LlamaConfig: test_llama_hf.cc)
+  EXPECT_TRUE(refused("model_type", "phi3"));  // (llama, mistral, qwen2/3 are read as LlamaConfigs: test_llama_hf.cc)
   EXPECT_TRUE(refused("n_inner", 100));
   EXPECT_TRUE(refused("tie_word_embeddings", false));
   EXPECT_TRUE(refused("activation_function", "relu"));

@@ -267,6 +267,8 @@ int run_generate(const GenerateOptions& options, std::ostream& out, train::Gener
                                                    "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
   refuse_adapter_directory(run.dir);
   run.model = train::read_model_config(run.dir);
+  // Mistral: prompt and generated tokens within its sliding window, where full causal attention is its attention.
+  if (run.model.sliding_window > 0) run.model.seq = run.model.sliding_window;
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
   SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
                                 "not supported)", o.mesh);

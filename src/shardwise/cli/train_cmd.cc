@@ -72,6 +72,8 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
     m.tie_word_embeddings = saved.tie_word_embeddings;
     m.rope_theta = saved.rope_theta;
     m.rms_norm_eps = saved.rms_norm_eps;
+    m.family = saved.family;  // Qwen2: q/k/v biases
+    m.sliding_window = saved.sliding_window;  // Mistral: refused when shorter than --seq
   }
   m.layer_norm_epsilon = saved.layer_norm_epsilon;
   m.init_std = saved.init_std;

@@ -44,6 +44,14 @@ struct GptConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;  // false: a separate lm_head.weight
+  // Llama only: the Hugging Face family ("llama"; "qwen2": q/k/v biases; "qwen3": per-head q/k
+  // RMSNorm before rotary, llama.h; "mistral": Llama's graph), which the graph and the checkpoint's
+  // config.json follow.
+  std::string family = "llama";
+  // Mistral's sliding_window (0: none): attention is full causal over the sequence here, so
+  // validate refuses a window shorter than `seq` (within the window the two are the same).
+  int64_t sliding_window = 0;
+  bool qkv_bias() const { return family == "qwen2"; }
   // Llama only: a Mixtral MoE MLP (ops/moe: moe_mlp) in place of the dense one in `moe_layers`
   // (empty: every layer) when experts > 0; each expert a SwiGLU MLP of mlp_width(). The loss adds
   // aux_loss x the load-balancing loss and router_z_loss x the z-loss of every MoE layer.

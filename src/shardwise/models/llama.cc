@@ -19,6 +19,10 @@ void validate_llama(const GptConfig& c) {
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
   SW_CHECK(c.rms_norm_eps > 0, "llama: the RMSNorm epsilon must be positive, got {}", c.rms_norm_eps);
+  SW_CHECK(c.family == "llama" || c.family == "qwen2" || c.family == "qwen3" || c.family == "mistral",
+           "llama: the family '{}' is not one shardwise builds (llama, qwen2, qwen3, mistral)", c.family);
+  SW_CHECK(c.family == "llama" || c.experts == 0, "llama: --experts {} with the {} family: mixture-of-experts layers "
+           "are built for Llama (Mixtral) only", c.experts, c.family);
   SW_CHECK(c.experts >= 0, "llama: --experts must be >= 0 (0: dense MLPs), got {}", c.experts);
   SW_CHECK(c.shared_expert_width >= 0 && (c.shared_expert_width == 0 || c.experts > 0),
            "llama: --shared-expert-width {} needs --experts and must be >= 0", c.shared_expert_width);
@@ -81,6 +85,14 @@ class LlamaBuilder {
     return y;
   }
 
+  // A column-parallel q/k/v projection of the hidden states, plus its bias [out] (Qwen2), sharded
+  // with the weight's rows (or replicated with them).
+  graph::ValueId projection(graph::ValueId h, const std::string& name, int64_t out, bool replicated) {
+    auto y = linear(h, name, H_, out, true, replicated);
+    if (!c_.qkv_bias()) return y;
+    return g_.add(y, param(name + ".bias", Shape{out}, replicated ? "R" : "S(0)"), name + ".biased");
+  }
+
   graph::ValueId embeddings() {
     auto ids = g_.input("ids", Shape{B_, S_}, DType::I64);
     annotate(ids, placements("R", "S(0)"));
@@ -116,10 +128,15 @@ class LlamaBuilder {
     annotate(positions_, placements("R"));
   }
 
-  // [B, S, n * HD] -> [B, n, S, HD], rotated by the positions when `rotate`.
+  // [B, S, n * HD] -> [B, n, S, HD], rotated by the positions when `rotate` (Qwen3: each head
+  // RMS-normalised first by "<attn>.q_norm" / ".k_norm", a weight [HD] replicated).
   graph::ValueId heads(graph::ValueId t, int64_t n, const std::string& name, bool rotate) {
     auto h = g_.transpose(g_.reshape(t, {B_, S_, n, HD_}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
     if (!rotate) return h;
+    if (qk_norm(c_)) {
+      auto w = param(name + "_norm.weight", Shape{HD_}, "R");
+      h = g_.op1("rms_norm", {h, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".norm");
+    }
     return g_.op1("rotary_embedding", {h, positions_}, {{"theta", c_.rope_theta}}, name + ".rotary");
   }
 
@@ -133,9 +150,9 @@ class LlamaBuilder {
 
   graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
-    auto q = heads(linear(h, p + ".q_proj", H_, H_, true), NH_, p + ".q", true);
-    auto k = heads(linear(h, p + ".k_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".k", true);
-    auto v = heads(linear(h, p + ".v_proj", H_, kv_width, true, !kv_sharded_), KV_, p + ".v", false);
+    auto q = heads(projection(h, p + ".q_proj", H_, false), NH_, p + ".q", true);
+    auto k = heads(projection(h, p + ".k_proj", kv_width, !kv_sharded_), KV_, p + ".k", true);
+    auto v = heads(projection(h, p + ".v_proj", kv_width, !kv_sharded_), KV_, p + ".v", false);
     if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", H_, H_, false);
     k = repeat_kv(k, p + ".k");
     v = repeat_kv(v, p + ".v");
@@ -272,6 +289,10 @@ class LlamaBuilder {
 GptGraph build_llama(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
   c.validate();
   SW_CHECK(c.is_llama(), "build_llama: the configuration is a '{}' model", c.model_type);
+  SW_CHECK(c.sliding_window == 0 || c.sliding_window >= c.seq,
+           "mistral: sliding_window {} is shorter than the sequence length {}: shardwise's attention is full causal "
+           "attention over the sequence, not a sliding window; train on sequences of at most {} tokens (--seq {})",
+           c.sliding_window, c.seq, c.sliding_window, c.sliding_window);
   SW_CHECK(sequences >= 1, "a micro-batch must hold at least 1 sequence, got {}", sequences);
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());

@@ -30,6 +30,9 @@
 
 namespace shardwise::train {
 
+// Qwen3's per-head RMSNorm of q and k (q_norm, k_norm: a weight [head dim] each) before rotary.
+inline bool qk_norm(const GptConfig& config) { return config.family == "qwen3"; }
+
 // Error naming the field unless the Llama fields fit: kv heads dividing heads, an even head dim
 // (rotary halves), a positive MLP width, rope theta and epsilon.
 void validate_llama(const GptConfig& config);

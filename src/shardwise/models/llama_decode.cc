@@ -36,9 +36,10 @@ class LlamaDecoder {
     for (int64_t l = 0; l < c_.layers; ++l) {
       const std::string p = fmt::format("model.layers.{}", l), a = p + ".self_attn";
       auto h = rms_norm(x, p + ".input_layernorm");
-      auto q = rotate(heads(linear(h, a + ".q_proj", H_, H_, true), NH_, a + ".q"), a + ".q");
-      auto k = rotate(heads(linear(h, a + ".k_proj", H_, KV_ * HD_, true, !kv_sharded_), KV_, a + ".k"), a + ".k");
-      auto v = heads(linear(h, a + ".v_proj", H_, KV_ * HD_, true, !kv_sharded_), KV_, a + ".v");
+      auto q = rotate(normed(heads(projection(h, a + ".q_proj", H_, false), NH_, a + ".q"), a + ".q"), a + ".q");
+      auto k = rotate(normed(heads(projection(h, a + ".k_proj", KV_ * HD_, !kv_sharded_), KV_, a + ".k"), a + ".k"),
+                      a + ".k");
+      auto v = heads(projection(h, a + ".v_proj", KV_ * HD_, !kv_sharded_), KV_, a + ".v");
       auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD_)), 0.0, a + ".q.scaled");
       auto ctx_heads = attend(q_scaled, k, v, l);
       auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, a + ".ctx.t"), {B_, T_, H_}, a + ".ctx");
@@ -100,6 +101,18 @@ class LlamaDecoder {
                         bool replicated = false) {
     auto w = param(name + ".weight", Shape{out, in}, replicated ? "R" : column ? "S(0)" : "S(1)");
     return g_.matmul(x, w, true, name + ".out");
+  }
+  // A column-parallel q/k/v projection plus its bias (Qwen2), sharded or replicated with the weight.
+  graph::ValueId projection(graph::ValueId x, const std::string& name, int64_t out, bool replicated) {
+    auto y = linear(x, name, H_, out, true, replicated);
+    if (!c_.qkv_bias()) return y;
+    return g_.add(y, param(name + ".bias", Shape{out}, replicated ? "R" : "S(0)"), name + ".biased");
+  }
+  // Qwen3: heads [B, n, T, HD] RMS-normalised by "<attn>.q_norm" / ".k_norm" (weight [HD]).
+  graph::ValueId normed(graph::ValueId h, const std::string& name) {
+    if (!qk_norm(c_)) return h;
+    auto w = param(name + "_norm.weight", Shape{HD_}, "R");
+    return g_.op1("rms_norm", {h, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".norm");
   }
   // [B, T, n * HD] -> [B, n, T, HD].
   graph::ValueId heads(graph::ValueId t, int64_t n, const std::string& name) {

@@ -1,6 +1,7 @@
 // Llama's Hugging Face layout (model_io.h): config.json as transformers' LlamaConfig, read back
 // with what this Llama cannot build refused; and the model comparisons both architectures share.
 #include "shardwise/core/error.h"
+#include "shardwise/models/llama.h"
 #include "shardwise/models/model_io.h"
 
 namespace shardwise::train {
@@ -69,8 +70,37 @@ ckpt::KeyMap mixtral_key_map(const GptConfig& c) {
   return m;
 }
 
+// Qwen2's config.json: LlamaConfig's fields that Qwen2Config shares (its q/k/v biases are not a
+// field: Qwen2 always has them), and no sliding window; Qwen3's: the same with head_dim and
+// attention_bias false (its q/k norms are not a field either).
+nlohmann::json qwen2_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  nlohmann::json j = llama_config_json(m, stored, t);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp", "head_dim"}) j.erase(k);
+  const bool qwen3 = qk_norm(m);
+  if (qwen3) j["attention_bias"] = false, j["head_dim"] = m.hidden / m.heads;
+  j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
+  j["model_type"] = m.family;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = m.layers;
+  return j;
+}
+
+// Mistral's config.json: LlamaConfig's fields that MistralConfig shares, and its sliding window
+// (null when the model has none).
+nlohmann::json mistral_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  nlohmann::json j = llama_config_json(m, stored, t);
+  for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  j["sliding_window"] = m.sliding_window > 0 ? nlohmann::json(m.sliding_window) : nlohmann::json();
+  return j;
+}
+
 nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  if (m.is_llama() && m.family == "mistral") return mistral_config_json(m, stored, t);
   if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
+  if (m.is_llama() && m.family != "llama") return qwen2_config_json(m, stored, t);
   return m.is_llama() ? llama_config_json(m, stored, t) : gpt2_config_json(m, stored, t);
 }
 
@@ -126,6 +156,19 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
     SW_CHECK(ok, "'{}': {} = {} is not supported (shardwise's Llama has {})", file, key,
              j.contains(key) ? j[key].dump() : "(missing)", want);
   };
+  const std::string type = j.value("model_type", "");
+  if (type == "qwen2" || type == "qwen3") {  // q/k/v biases (Qwen2), q/k norms (Qwen3); a sliding window if used
+    c.family = type;
+    const bool windowed = j.value("use_sliding_window", false) && j.contains("sliding_window") &&
+                          !j["sliding_window"].is_null() && j["sliding_window"].get<int64_t>() < c.seq;
+    refuse_unless(!windowed, "sliding_window", fmt::format("full causal attention (use_sliding_window false, or a "
+                  "window of at least max_position_embeddings = {})", c.seq));
+  }
+  if (type == "mistral") {  // MistralConfig: Llama's graph; a sliding window shorter than the run's sequence is refused
+    c.family = type;
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null()) c.sliding_window = field("sliding_window");
+    if (c.sliding_window >= c.seq) c.sliding_window = 0;  // no sequence of the model reaches past it
+  }
   if (j.value("model_type", "") == "mixtral") {  // MixtralConfig: no biases, experts in every layer
     c.experts = field("num_local_experts");
     c.top_k = field("num_experts_per_tok");
@@ -136,7 +179,7 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
                   "sliding_window", "full causal attention (a window of at least max_position_embeddings)");
   }
   refuse_unless(j.value("hidden_act", "silu") == "silu", "hidden_act", "silu (SwiGLU)");
-  refuse_unless(!j.value("attention_bias", false), "attention_bias", "no biases");
+  if (c.family != "qwen2") refuse_unless(!j.value("attention_bias", false), "attention_bias", "no biases");
   refuse_unless(!j.value("mlp_bias", false), "mlp_bias", "no biases");
   SW_CHECK(c.heads >= 1, "'{}': num_attention_heads must be at least 1", file);
   SW_CHECK(c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
@@ -175,6 +218,8 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
   compare("vocab_size", saved.vocab, mine.vocab);
   compare("tie_word_embeddings", saved.tie_word_embeddings, mine.tie_word_embeddings);
   compare("num_local_experts (--experts)", saved.experts, mine.experts);
+  if (saved.family != mine.family)
+    differ.push_back(fmt::format("model_type '{}' (directory) vs '{}' (this run)", saved.family, mine.family));
   if (saved.experts > 0 && mine.experts > 0) compare("num_experts_per_tok (--top-k)", saved.top_k, mine.top_k);
   if (mine.seq > saved.seq)  // no parameter depends on it, but the positions were trained up to it
     differ.push_back(fmt::format("max_position_embeddings {} (directory) vs sequences of {} (this run)", saved.seq,

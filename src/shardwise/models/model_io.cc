@@ -26,6 +26,9 @@ ckpt::KeyMap model_key_map(const GptConfig& c) {
   return gpt2_key_map(c);
 }
 
+bool is_llama_model_type(const std::string& t) { return t == "llama" || t == "mixtral" || t == "qwen2" || t == "qwen3" || t == "mistral";
+}
+
 SpecialTokens default_special_tokens(int64_t vocab) {
   const int64_t id = vocab <= 256 ? 10 : std::min<int64_t>(50256, vocab - 1);
   return {id, id, id};
@@ -98,9 +101,10 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
   nlohmann::json j = ckpt::load_json(dir, "config.json");
   const std::string file = (dir / "config.json").string();
   const std::string type = j.value("model_type", "");
-  if (type == "llama" || type == "mixtral") return read_llama_config(j, file);
+  if (is_llama_model_type(type)) return read_llama_config(j, file);
   SW_CHECK(type == "gpt2" || type == "shardwise_gpt",
-           "'{}': model_type '{}' is not a model shardwise builds (gpt2, llama, mixtral, or the earlier shardwise_gpt)", file,
+           "'{}': model_type '{}' is not a model shardwise builds (gpt2, llama, mistral, mixtral, qwen2, "
+           "qwen3, or the earlier shardwise_gpt)", file,
            type);
   auto field = [&](const char* key) {
     SW_CHECK(j.contains(key) && j[key].is_number_integer(), "'{}': config.json has no integer '{}'", file, key);
@@ -134,7 +138,7 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
 double stored_dropout(const ckpt::fs::path& dir) {
   const nlohmann::json j = ckpt::load_json(dir, "config.json");
   const std::string type = j.value("model_type", "");
-  if (type == "llama" || type == "mixtral") return j.value("attention_dropout", 0.0);
+  if (is_llama_model_type(type)) return j.value("attention_dropout", 0.0);
   const double absent = type == "gpt2" ? 0.1 : 0.0;
   const double resid = j.value("resid_pdrop", absent), embd = j.value("embd_pdrop", absent),
                attn = j.value("attn_pdrop", absent);
@@ -149,7 +153,7 @@ std::optional<bool> linear_weights_in_out(const ckpt::fs::path& dir) {
   if (!ckpt::fs::is_regular_file(dir / "config.json")) return std::nullopt;
   const std::string type = ckpt::load_json(dir, "config.json").value("model_type", "");
   if (type == "gpt2") return true;
-  if (type == "llama" || type == "mixtral") return false;
+  if (is_llama_model_type(type)) return false;
   return std::nullopt;
 }
 

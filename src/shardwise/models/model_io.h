@@ -32,6 +32,9 @@ ckpt::KeyMap mixtral_key_map(const GptConfig& config);
 // or empty for a dense Llama.
 ckpt::KeyMap model_key_map(const GptConfig& config);
 
+// True for the model_types the Llama builder reads (llama, mistral, mixtral, qwen2, qwen3).
+bool is_llama_model_type(const std::string& model_type);
+
 // Special token ids written to config.json and generation_config.json (all inside the vocabulary).
 struct SpecialTokens {
   int64_t bos = 0, eos = 0, pad = 0;
@@ -63,7 +66,10 @@ nlohmann::json with_tokens_and_dtype(const SpecialTokens& tokens, DType stored, 
 nlohmann::json gpt2_config_json(const GptConfig& config, DType stored, const SpecialTokens& tokens);
 // config.json as transformers' LlamaConfig (model_type llama, LlamaForCausalLM).
 nlohmann::json llama_config_json(const GptConfig& config, DType stored, const SpecialTokens& tokens);
-// gpt2_config_json or llama_config_json.
+// config.json as transformers' Qwen2Config (model_type qwen2, Qwen2ForCausalLM: q/k/v biases) or,
+// for the qwen3 family, Qwen3Config (Qwen3ForCausalLM: per-head q/k norms, attention_bias false).
+nlohmann::json qwen2_config_json(const GptConfig& config, DType stored, const SpecialTokens& tokens);
+// gpt2_config_json, llama_config_json, qwen2_config_json (Qwen2, Qwen3), mistral's or mixtral's.
 nlohmann::json model_config_json(const GptConfig& config, DType stored, const SpecialTokens& tokens);
 // The config.json fields that make a checkpoint the same model as `config` (resume compares them).
 std::vector<std::string> model_identity_keys(const GptConfig& config);

@@ -280,7 +280,7 @@ void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
     nlohmann::json saved = ckpt::load_json(dir, "config.json"), mine = model_config(c, special_tokens(c));
     std::vector<std::string> differ;
     const std::string saved_type = saved.value("model_type", "");
-    if ((saved_type == "llama" || saved_type == "mixtral") != c.model.is_llama())
+    if (is_llama_model_type(saved_type) != c.model.is_llama())
       differ.push_back(fmt::format("model_type '{}' (checkpoint) vs '{}' (this run, --model)", saved_type,
                                    c.model.model_type));
     for (const std::string& key : model_identity_keys(c.model)) {
