@@ -170,3 +170,20 @@ def test_a_trainer_left_open_is_closed_at_interpreter_exit(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "done: 1 step in" in p.stdout, p.stdout  # the summary close() prints
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_under_mpirun_each_process_is_one_rank_with_the_clis_losses(cli_run, tmp_path):
+    """`mpirun -np 4 python script.py` trains dp=2 x tp=2 with one rank a process, as the command
+    does under mpirun: the same losses as the threads' run of the command, bit for bit."""
+    import shutil
+    import sys
+    mpirun = shutil.which("mpirun")
+    assert mpirun, "mpirun (openmpi-bin) is installed by make deps"
+    script = ("import shardwise as sw, json, sys\n"
+              f"r = sw.train(run_dir='run', **{TINY!r})\n"
+              "print('STEPS', r.steps)\n")
+    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "4", sys.executable, "-c", script],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "(4 ranks, mpi)" in p.stdout, p.stdout
+    assert losses(tmp_path / "run") == losses(cli_run), p.stdout
