@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "shardwise/core/atomic_file.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::comm {
@@ -18,23 +19,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Written under a temporary name first, so that a reader sees the whole file or none. The reason
-// when it fails, "" when done.
-std::string try_write_atomic(const fs::path& path, std::string_view bytes) {
-  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.close();
-    if (!f) return fmt::format("cannot write '{}'", tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  return ec ? fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), path.string(), ec.message()) : "";
-}
-
 void write_atomic(const fs::path& path, std::string_view bytes) {
-  const std::string problem = try_write_atomic(path, bytes);
+  const std::string problem = write_file_atomically(path, bytes);
   SW_CHECK(problem.empty(), "file rendezvous: {}", problem);
 }
 
@@ -123,7 +109,7 @@ void FileRendezvous::join_session(const std::string& nonce) {
   std::string session;
   bool joined = poll_until([&] {
     // Again when rank 0's clean-up removed it (or its temporary file midway), or a stale one is there.
-    if (read_if_there(hello) != nonce) try_write_atomic(hello, nonce);
+    if (read_if_there(hello) != nonce) write_file_atomically(hello, nonce);
     std::istringstream in(read_if_there(dir_ / "rdv-session").value_or(""));
     std::string id, n;
     std::vector<std::string> nonces;

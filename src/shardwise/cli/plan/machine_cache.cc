@@ -8,6 +8,8 @@
 #include <fstream>
 #include <iostream>
 
+#include "shardwise/core/atomic_file.h"
+
 namespace shardwise::cli {
 
 std::filesystem::path machine_cache_path(const std::string& file) {
@@ -43,11 +45,8 @@ std::string machine_cache_key() {
 void write_machine_cache(const std::filesystem::path& path, const std::string& text, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  auto tmp = path;
-  tmp += fmt::format(".{}.tmp", getpid());
-  { std::ofstream(tmp) << text; }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) std::cerr << fmt::format("shardwise: warning: cannot write the {} {}: {}\n", what, path.string(), ec.message());
+  const std::string problem = write_file_atomically(path, text);
+  if (!problem.empty()) std::cerr << fmt::format("shardwise: warning: cannot write the {} {}: {}\n", what, path.string(), problem);
 }
 
 }  // namespace shardwise::cli
