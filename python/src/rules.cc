@@ -66,6 +66,15 @@ std::vector<ops::TensorMeta> metas_of(nb::handle shapes, nb::handle dtypes) {
   return metas;
 }
 
+// infer's question (and the bench's: the same conversions, so it times the same C++ question).
+ops::RuleQuestion question_of(const std::string& op, const std::string& part, nb::handle mesh_spec, nb::handle shapes,
+                              nb::handle placements, nb::handle attrs, nb::handle dtypes) {
+  ops::RuleQuestion q{op, part, mesh_of(mesh_spec), metas_of(shapes, dtypes), {}, attrs_of(attrs)};
+  size_t i = 0;
+  for (nb::handle p : placements) q.placements.push_back(dist_of(p, q.mesh.ndim(), fmt::format("placements[{}]", i++)));
+  return q;
+}
+
 void bind_answer(nb::module_& m) {
   nb::class_<ops::RuleAnswer>(m, "RuleAnswer", "What an op's rule answered (see infer).")
       .def_ro("op", &ops::RuleAnswer::op)
@@ -136,12 +145,8 @@ void bind_rules(nb::module_& m) {
   bind_answer(m);
   m.def("infer", [](const std::string& op, nb::handle mesh_spec, nb::handle shapes, nb::handle placements,
                     nb::handle attrs, const std::string& part, nb::handle dtypes) {
-    return raising(ErrorKind::Usage, [&] {
-      ops::RuleQuestion q{op, part, mesh_of(mesh_spec), metas_of(shapes, dtypes), {}, attrs_of(attrs)};
-      size_t i = 0;
-      for (nb::handle p : placements) q.placements.push_back(dist_of(p, q.mesh.ndim(), fmt::format("placements[{}]", i++)));
-      return ops::ask_rule(q);
-    });
+    return raising(ErrorKind::Usage,
+                   [&] { return ops::ask_rule(question_of(op, part, mesh_spec, shapes, placements, attrs, dtypes)); });
   }, nb::arg("op"), nb::arg("mesh"), nb::arg("shapes"), nb::arg("placements"), nb::arg("attrs") = nb::none(),
         nb::arg("part") = "forward", nb::arg("dtypes") = nb::none(),
         "Asks an op's SPMD rule: forward (placements: one per input), reverse (one per output) or grad (one per "
@@ -149,8 +154,7 @@ void bind_rules(nb::module_& m) {
         "`shardwise infer` does.");
   m.def("_seconds_per_ask_rule", [](const std::string& op, nb::handle mesh_spec, nb::handle shapes, nb::handle placements,
                                      int64_t repeat) {
-    ops::RuleQuestion q{op, "forward", mesh_of(mesh_spec), metas_of(shapes, nb::none()), {}, {}};
-    for (nb::handle p : placements) q.placements.push_back(dist_of(p, q.mesh.ndim(), "placements"));
+    const ops::RuleQuestion q = question_of(op, "forward", mesh_spec, shapes, placements, nb::none(), nb::none());
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < repeat; ++i) ops::ask_rule(q);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / static_cast<double>(repeat);
