@@ -102,3 +102,30 @@ TEST(CliHf, InspectShowsTheFusedBoxesAndMergeKeepsThem) {
 }
 
 }  // namespace
+
+// generate bounds a Mistral's positions by its sliding window only where the window is the shorter
+// (it took the window as the bound whatever its size: a window of 64 on a 16-position model let
+// generation run past position 16), and the stop notice names the key that bounded it.
+TEST(CliInitFrom, AMistralsPositionsAreBoundByTheShorterOfItsWindowAndMaxPositions) {
+  const fs::path root = fs::temp_directory_path() / "sw_cli_mistral_window";
+  fs::remove_all(root);
+  for (int window : {64, 8}) {
+    const fs::path dir = root / std::to_string(window);
+    fs::create_directories(dir);
+    for (const char* f : {"model.safetensors", "generation_config.json"})
+      fs::copy_file(kGolden + "/mistral_tiny/" + f, dir / f);
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(kGolden + "/mistral_tiny/config.json"));
+    ASSERT_EQ(config["max_position_embeddings"], 16);
+    config["sliding_window"] = window;
+    std::ofstream(dir / "config.json") << config.dump(2);
+    auto r = run("generate --checkpoint " + dir.string() + " --prompt-ids 1,2,3,4,5,6 --max-new-tokens 20 --eos-id -1 --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    const size_t bound = window == 64 ? 16 : 8;
+    const nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find('{'), r.out.rfind('}') - r.out.find('{') + 1));
+    // The prompt and the new tokens fill the bound's positions, and the last one predicts one more.
+    EXPECT_EQ(6 + j["sequences"][0]["new_ids"].size(), bound + 1) << r.out;
+    EXPECT_EQ(j["sequences"][0]["stop"], "max_positions") << r.out;
+    EXPECT_NE(r.out.find(window == 64 ? "(max_position_embeddings;" : "(sliding_window;"), std::string::npos) << r.out;
+  }
+  fs::remove_all(root);
+}

@@ -240,7 +240,7 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
     if (r.sequences[i].stop == train::StopReason::MaxPositions)
       std::cerr << fmt::format("shardwise generate: prompt {} stopped at the model's {} positions ({}; the last "
                                "token is predicted from the last position)\n",
-                               i, run.model.seq, run.model.is_llama() ? "max_position_embeddings" : "n_positions");
+                               i, run.model.seq, positions_key(run.model));
   }
   const auto& st = r.stats;
   std::cerr << fmt::format("shardwise generate: {} for {} in {:.3g} s ({:.1f} tokens/s; decode "
@@ -267,8 +267,9 @@ int run_generate(const GenerateOptions& options, std::ostream& out, train::Gener
                                                    "<save-dir>/checkpoint-<step>, or a model directory)", o.checkpoint);
   refuse_adapter_directory(run.dir);
   run.model = train::read_model_config(run.dir);
-  // Mistral: prompt and generated tokens within its sliding window, where full causal attention is its attention.
-  if (run.model.sliding_window > 0) run.model.seq = run.model.sliding_window;
+  // Mistral: prompt and generated tokens within its sliding window, where full causal attention is its attention
+  // (a window longer than max_position_embeddings bounds nothing: the positions stay the bound).
+  if (run.model.sliding_window > 0) run.model.seq = std::min(run.model.seq, run.model.sliding_window);
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
   SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
                                 "not supported)", o.mesh);

@@ -78,6 +78,11 @@ Tensor logits_tensor(const GeneratedSequence& s, int64_t vocab) {
   return t;
 }
 
+std::string_view positions_key(const GptConfig& model) {
+  if (model.sliding_window > 0 && model.sliding_window == model.seq) return "sliding_window";
+  return model.is_llama() ? "max_position_embeddings" : "n_positions";
+}
+
 void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptConfig& model) {
   SW_CHECK(!prompts.empty(), "no prompt to generate from");
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -85,7 +90,7 @@ void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptCo
     SW_CHECK(!p.empty(), "prompt {} is empty: give at least one token", i);
     SW_CHECK(static_cast<int64_t>(p.size()) <= model.seq,
              "prompt {} has {} tokens; the model holds at most {} positions ({})", i, p.size(), model.seq,
-             model.is_llama() ? "max_position_embeddings" : "n_positions");
+             positions_key(model));
     for (size_t t = 0; t < p.size(); ++t)
       SW_CHECK(p[t] >= 0 && p[t] < model.vocab, "prompt {}: token {} at position {} is outside the vocabulary [0, {})",
                i, p[t], t, model.vocab);

@@ -94,6 +94,9 @@ WeightSource whole_weights(std::map<std::string, Tensor> whole, int64_t process)
 // Error naming the prompt (by index) that is empty, holds a token outside [0, vocab) or is longer
 // than the model's positions.
 void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const GptConfig& model);
+// The config.json key that bounds the positions generation may use: "sliding_window" where a
+// Mistral's window set the bound (model.seq), else max_position_embeddings (Llama) or n_positions.
+std::string_view positions_key(const GptConfig& model);
 
 class Generator {
  public:
