@@ -7,6 +7,7 @@
 
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
+#include "shardwise/core/timing.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/plan/cluster.h"
 #include "shardwise/plan/cost.h"
@@ -21,19 +22,6 @@ namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The fastest of `reps` runs of fn (after one warm-up run).
-template <class Fn>
-double best_of(int reps, Fn&& fn) {
-  fn();
-  double best = 1e300;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    fn();
-    best = std::min(best, seconds_since(t0));
-  }
-  return best;
-}
-
 // GEMMs of a training step's kind: tokens x hidden by hidden x 4 hidden (MLP up), its transpose
 // (MLP down) and an attention-score block, at GPT-2-small sizes (quick: a tiny model's).
 json measure_gemm(const CalibrateOptions& o, std::map<std::string, double>& peaks) {
@@ -44,7 +32,7 @@ json measure_gemm(const CalibrateOptions& o, std::map<std::string, double>& peak
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (const S& s : shapes) {
       Tensor a = Tensor::full(dtype, Shape{s.m, s.k}, 0.5), b = Tensor::full(dtype, Shape{s.k, s.n}, 0.25);
-      double t = best_of(o.quick ? 1 : 3, [&] { (void)gemm(a, b); });
+      double t = fastest_seconds(o.quick ? 1 : 3, [&] { (void)gemm(a, b); });
       double rate = 2.0 * s.m * s.n * s.k / t;
       SW_CHECK(rate > 0 && std::isfinite(rate), "calibrate: the GEMM measurement gave {} FLOP/s", rate);
       std::string name(dtype_name(dtype));
@@ -61,7 +49,7 @@ json measure_memory(const CalibrateOptions& o) {
   Tensor x = Tensor::full(DType::F32, Shape{n}, 1.0), y = Tensor::full(DType::F32, Shape{n}, 2.0);
   const ops::OpDef& add = ops::op_registry().get("add");
   std::vector<Tensor> in{x, y};
-  double t = best_of(o.quick ? 1 : 5, [&] { (void)ops::run_forward(add, in, {}); });
+  double t = fastest_seconds(o.quick ? 1 : 5, [&] { (void)ops::run_forward(add, in, {}); });
   const double bytes = 3.0 * n * 4;
   return {{"op", "add"}, {"elements", n}, {"bytes", bytes}, {"seconds", t}, {"bytes_per_s", bytes / t}};
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "shardwise/core/error.h"
+#include "shardwise/core/timing.h"
 
 namespace shardwise {
 
@@ -167,14 +168,7 @@ double time_sgemm(const GemmCase& g, const SgemmFn& fn, int reps) {
   std::mt19937_64 rng(7);
   Operands o = make_operands(g, rng);
   std::vector<float> c = o.c;
-  run(g, o, c, fn);  // warm-up (and the library's first-call set-up)
-  double best = HUGE_VAL;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    run(g, o, c, fn);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
+  return fastest_seconds(reps, [&] { run(g, o, c, fn); });  // the warm-up takes the library's first-call set-up
 }
 
 }  // namespace shardwise
