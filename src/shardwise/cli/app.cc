@@ -1,6 +1,7 @@
 #include "shardwise/cli/app.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -369,7 +370,8 @@ int run(int argc, char** argv) {
     if (tokenize_cmd->chosen()) return tokenize_cmd->run(std::cout);
   } catch (const Error& e) {
     // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
-    if (reports_errors()) std::cerr << "shardwise: error: " << e.what() << "\n";
+    // One write, so that mpirun's own notice cannot land inside the line.
+    if (reports_errors()) std::cerr << fmt::format("shardwise: error: {}\n", e.what()) << std::flush;
     return 2;
   }
   return 0;

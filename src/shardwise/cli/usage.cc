@@ -311,7 +311,8 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char**
     line = e.what();
     std::replace(line.begin(), line.end(), '\n', ' ');
   }
-  err << "shardwise: error: " << line << " (see `" << name << " --help`)\n";
+  // One write: under mpirun a line written in pieces can come out with mpirun's own notice inside it.
+  err << fmt::format("shardwise: error: {} (see `{} --help`)\n", line, name) << std::flush;
   return 2;
 }
 
