@@ -31,10 +31,10 @@ struct Measured {
 };
 
 Measured run(const std::string& schedule, bool release, int steps, train::TrainConfig c) {
-  c.schedule = schedule;
-  c.virtual_stages = schedule == "interleaved" ? 2 : 1;
-  c.pipeline_release = release;
-  c.steps = steps + 1;
+  c.parallel.schedule = schedule;
+  c.parallel.virtual_stages = schedule == "interleaved" ? 2 : 1;
+  c.parallel.pipeline_release = release;
+  c.optimizer.steps = steps + 1;
   c.check(2);
   Measured m;
   std::mutex mu;
@@ -107,9 +107,9 @@ int main(int argc, char** argv) {
   c.model.hidden = argc > 3 ? std::atoi(argv[3]) : 128;
   c.model.seq = argc > 4 ? std::atoi(argv[4]) : 64;
   c.model.heads = 4, c.model.vocab = 128;
-  c.mesh = "pp=2";
-  c.global_batch = 32, c.accumulation = 8, c.micro_batch = 0;  // 8 micro-batches of 4 sequences
-  c.lr = 1e-3, c.warmup = 1;
+  c.parallel.mesh = "pp=2";
+  c.optimizer.global_batch = 32, c.optimizer.accumulation = 8, c.optimizer.micro_batch = 0;  // 8 micro-batches of 4 sequences
+  c.optimizer.lr = 1e-3, c.optimizer.warmup = 1;
   set_blas_threads(1);
   std::printf("GPT %lld layers, hidden %lld, seq %lld, vocab 128; pp=2 (threads), 8 micro-batches of 4 sequences; "
               "median of %d steps after one warm-up step\n\n",

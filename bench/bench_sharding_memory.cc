@@ -31,45 +31,45 @@ double ratio(int64_t plan, int64_t got) { return got ? static_cast<double>(plan)
 int main(int argc, char** argv) {
   train::TrainConfig c;
   c.model.layers = 14, c.model.hidden = 768, c.model.heads = 12, c.model.seq = 128, c.model.vocab = 8192;
-  c.micro_batch = 1, c.accumulation = 1, c.steps = 2, c.warmup = 1;
-  c.mesh = "dp=1";
+  c.optimizer.micro_batch = 1, c.optimizer.accumulation = 1, c.optimizer.steps = 2, c.optimizer.warmup = 1;
+  c.parallel.mesh = "dp=1";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--mesh") c.mesh = v;
-    else if (k == "--stage") c.sharding.stage = std::stoi(v);
-    else if (k == "--layout") c.sharding.layout = v;
+    if (k == "--mesh") c.parallel.mesh = v;
+    else if (k == "--stage") c.parallel.sharding.stage = std::stoi(v);
+    else if (k == "--layout") c.parallel.sharding.layout = v;
     else if (k == "--recompute") c.model.recompute = v;
     else if (k == "--layers") c.model.layers = std::stoi(v);
     else if (k == "--hidden") c.model.hidden = std::stoi(v);
     else if (k == "--heads") c.model.heads = std::stoi(v);
     else if (k == "--seq") c.model.seq = std::stoi(v);
     else if (k == "--vocab") c.model.vocab = std::stoi(v);
-    else if (k == "--micro-batch") c.micro_batch = std::stoll(v);
-    else if (k == "--steps") c.steps = std::stoll(v);
+    else if (k == "--micro-batch") c.optimizer.micro_batch = std::stoll(v);
+    else if (k == "--steps") c.optimizer.steps = std::stoll(v);
     else if (k == "--bf16") c.bf16 = v == "1";
     else {
       std::fprintf(stderr, "bench_sharding_memory: unknown option %s\n", k.c_str());
       return 2;
     }
   }
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
-  c.global_batch = 0;
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
+  c.optimizer.global_batch = 0;
   c.check(ranks, false);
   const train::MemoryPlan plan = train::plan_memory(c, true);
   std::vector<train::HeldBytes> got(static_cast<size_t>(ranks));
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
     train::Trainer t(c, world.group(world.members()));
-    for (int64_t s = 0; s < c.steps; ++s) t.step();
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) t.step();
     got[static_cast<size_t>(world.rank())] = t.held_bytes();
   });
   std::printf("%s\n", plan.description.c_str());
   std::printf("rank  piece        plan_MiB  measured_MiB  plan/measured\n");
   for (size_t r = 0; r < got.size(); ++r) {
     const train::RankMemory& p = plan.ranks[r];
-    const int64_t grads = c.sharding.stage == 2 ? p.grad_shards : p.grads;
+    const int64_t grads = c.parallel.sharding.stage == 2 ? p.grad_shards : p.grads;
     const std::pair<const char*, std::pair<int64_t, int64_t>> rows[] = {
         {"params", {p.params, got[r].params}},
-        {c.sharding.stage == 2 ? "grad_shards" : "grads", {grads, got[r].grads}},
+        {c.parallel.sharding.stage == 2 ? "grad_shards" : "grads", {grads, got[r].grads}},
         {"optimizer", {p.optimizer + p.masters, got[r].optimizer}},
         {"activations", {p.activations, got[r].activations}},
         {"gathered", {p.gathered, got[r].gathered}}};

@@ -22,17 +22,17 @@ using namespace shardwise;
 int main(int argc, char** argv) {
   train::TrainConfig c;
   c.model.layers = 14, c.model.hidden = 768, c.model.heads = 12, c.model.seq = 128, c.model.vocab = 8192;
-  c.micro_batch = 1, c.accumulation = 1, c.steps = 2, c.warmup = 1;
-  c.mesh = "dp=4";
-  c.sharding = {1, "v2"};
+  c.optimizer.micro_batch = 1, c.optimizer.accumulation = 1, c.optimizer.steps = 2, c.optimizer.warmup = 1;
+  c.parallel.mesh = "dp=4";
+  c.parallel.sharding = {1, "v2"};
   int64_t steps = 0;
   std::string dir;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--dir") dir = v;
-    else if (k == "--mesh") c.mesh = v;
-    else if (k == "--stage") c.sharding.stage = std::stoi(v);
-    else if (k == "--layout") c.sharding.layout = v;
+    else if (k == "--mesh") c.parallel.mesh = v;
+    else if (k == "--stage") c.parallel.sharding.stage = std::stoi(v);
+    else if (k == "--layout") c.parallel.sharding.layout = v;
     else if (k == "--steps") steps = std::stoll(v);
     else if (k == "--layers") c.model.layers = std::stoi(v);
     else if (k == "--hidden") c.model.hidden = std::stoi(v);
@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::filesystem::remove_all(dir);
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
-  c.global_batch = 0;
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
+  c.optimizer.global_batch = 0;
   c.check(ranks, false);
   int64_t before = 0, peak = 0, state = 0;
   double seconds = 0;
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   const double mib = 1024.0 * 1024.0;
   std::printf("%s stage %d %s: optimizer state %.1f MiB (all ranks); in use before the save %.1f MiB; "
               "save extra peak %.1f MiB; save %.2f s\n",
-              c.mesh.c_str(), c.sharding.stage, c.sharding.layout.c_str(), static_cast<double>(state) / mib,
+              c.parallel.mesh.c_str(), c.parallel.sharding.stage, c.parallel.sharding.layout.c_str(), static_cast<double>(state) / mib,
               static_cast<double>(before) / mib, static_cast<double>(peak - before) / mib, seconds);
   return 0;
 }

@@ -60,7 +60,7 @@ std::string train_run(const std::vector<std::string>& args, nb::object on_step) 
                       {"save_dir", outcome.save_dir},
                       {"newest_checkpoint", outcome.newest_checkpoint},
                       {"steps_done", outcome.steps_done},
-                      {"dry_run", parsed.options.dry_run}};
+                      {"dry_run", parsed.options.logging.dry_run}};
   return j.dump();
 }
 
@@ -83,7 +83,7 @@ class StepwiseRun {
 
   std::string step() {
     raising(ErrorKind::Usage, [&] {
-      SW_CHECK(!done_, "the run has no step left: {} of {} steps done", outcome_.steps_done, run_.c.steps);
+      SW_CHECK(!done_, "the run has no step left: {} of {} steps done", outcome_.steps_done, run_.c.optimizer.steps);
     });
     command(Op::Step);
     return record_;
@@ -121,7 +121,7 @@ class StepwiseRun {
   void start() {
     nb::gil_scoped_release release;
     run_ = cli::prepare_train_run(parsed_.options, std::cout);
-    SW_CHECK(!run_.o.dry_run, "--dry-run only prints the memory plan: Trainer.memory_plan() gives it");
+    SW_CHECK(!run_.o.logging.dry_run, "--dry-run only prints the memory plan: Trainer.memory_plan() gives it");
     ranks_ = run_.mpi ? 1 : static_cast<int>(run_.ranks);  // the ranks of this process
     runner_ = std::thread([this] {
       try {
@@ -240,7 +240,7 @@ class StepwiseRun {
 // `shardwise plan --memory --json` of the run the words describe.
 std::string memory_plan(const std::vector<std::string>& args) {
   cli::ParsedTrain parsed = cli::parse_train_args(args);
-  parsed.options.json = true;
+  parsed.options.logging.json = true;
   std::ostringstream out;
   nb::gil_scoped_release release;
   raising(ErrorKind::Usage, [&] { cli::cmd_plan_memory(parsed.options, false, out); });

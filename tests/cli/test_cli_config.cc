@@ -84,9 +84,9 @@ TEST(CliConfig, EveryOptionIsAConfigKeyInItsSection) {
   EXPECT_GT(sectioned, 80);
   const std::string path = write_config("every_key.toml", text);
   ASSERT_NO_THROW(shardwise::cli::apply_config_file(*cmd, path)) << text;
-  EXPECT_TRUE(o.config.loader_prefetch);
+  EXPECT_TRUE(o.config.data.loader_prefetch);
   EXPECT_TRUE(o.config.model.tie_word_embeddings);
-  EXPECT_EQ(o.config.steps, 4500);
+  EXPECT_EQ(o.config.optimizer.steps, 4500);
 }
 
 TEST(CliConfig, SectionedFilesRunAndAKeyInAnotherSectionNamesItsOwn) {

@@ -26,8 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<double> losses(TrainConfig c, bool synchronized, bool prefetch, int64_t steps = 3) {
-  c.loader_sync = synchronized;
-  c.loader_prefetch = prefetch;
+  c.data.loader_sync = synchronized;
+  c.data.loader_prefetch = prefetch;
   return train_losses(c, steps, {}, {});
 }
 
@@ -51,10 +51,10 @@ fs::path documents_file() {
 TrainConfig packed(const std::string& mesh) {
   TrainConfig c = pipeline_test_config(mesh);
   c.model.seq = 16, c.model.vocab = 64, c.model.layers = 2;
-  c.accumulation = 2;
-  c.data = documents_file().string();
-  c.eos_id = 1;
-  c.document_attention = true;
+  c.optimizer.accumulation = 2;
+  c.data.files = documents_file().string();
+  c.data.eos_id = 1;
+  c.data.document_attention = true;
   return c;
 }
 
@@ -64,7 +64,7 @@ std::vector<std::pair<std::string, TrainConfig>> meshes() {
   out.emplace_back("pp=2,tp=2", pipeline_test_config("pp=2,tp=2"));
   out.emplace_back("pp=2,tp=2 interleaved", pipeline_test_config("pp=2,tp=2", "interleaved"));
   TrainConfig sp = small_config("tp=2", 3);
-  sp.sequence_parallel = true;
+  sp.parallel.sequence_parallel = true;
   out.emplace_back("tp=2 + sp", sp);
   out.emplace_back("dp=2,tp=2 packed", packed("dp=2,tp=2"));
   out.emplace_back("pp=2,tp=2 packed", packed("pp=2,tp=2"));
@@ -91,7 +91,7 @@ TEST(Loader, RanksOtherThanTheReadersNeverRead) {
   for (const auto& [name, c] : meshes()) {
     if (name.find("tp=2") == std::string::npos) continue;
     const std::vector<double> every_rank = losses(c, false, false);
-    UnreadableFor hook(c.mesh == "tp=2" ? "1" : "1,3");
+    UnreadableFor hook(c.parallel.mesh == "tp=2" ? "1" : "1,3");
     EXPECT_EQ(losses(c, true, true), every_rank) << name;
   }
 }
@@ -115,7 +115,7 @@ TEST(Loader, TheHookBitesWhereARankReads) {
 // validation losses (a validation after every step).
 std::vector<double> file_losses(const TrainConfig& c, const fs::path& save_to) {
   std::vector<double> out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     for (int s = 0; s < 3; ++s) {
@@ -133,13 +133,13 @@ std::vector<double> file_losses(const TrainConfig& c, const fs::path& save_to) {
 TEST(Loader, NonReadersNeverOpenTheDataFile) {
   const fs::path save = fs::temp_directory_path() / ("shardwise_loader_ckpt_" + std::to_string(::getpid()));
   TrainConfig dp_tp = packed("dp=2,tp=2");
-  dp_tp.document_attention = false;
+  dp_tp.data.document_attention = false;
   TrainConfig pp4 = packed("pp=4");
-  pp4.document_attention = false, pp4.model.layers = 4;
+  pp4.data.document_attention = false, pp4.model.layers = 4;
   const std::vector<std::tuple<std::string, TrainConfig, const char*>> cases = {
       {"dp=2,tp=2", dp_tp, "1,3"}, {"pp=2,tp=2 packed", packed("pp=2,tp=2"), "1,3"}, {"pp=4", pp4, "1,2"}};
   for (auto [name, c, hook] : cases) {
-    c.val_fraction = 0.2, c.val_samples = 5;  // the last validation micro-batch padded
+    c.data.val_fraction = 0.2, c.data.val_samples = 5;  // the last validation micro-batch padded
     fs::remove_all(save);
     const std::vector<double> plain = file_losses(c, save);
     ASSERT_EQ(plain.size(), 6u) << name;
@@ -163,14 +163,14 @@ TEST(Loader, NonReadersNeverOpenTheDataFile) {
 // one (a resume) drops the prefetch and reads the samples asked for: the steps match those of
 // every rank reading without prefetch, jumping alike.
 std::vector<double> jumping(TrainConfig c, bool synchronized, bool prefetch) {
-  c.loader_sync = synchronized;
-  c.loader_prefetch = prefetch;
+  c.data.loader_sync = synchronized;
+  c.data.loader_prefetch = prefetch;
   std::vector<double> out;
   comm::LocalWorld::run(4, [&](comm::Communicator& w) {
     Trainer t(c, w.group(w.members()));
     for (int s = 0; s < 4; ++s) {
-      if (s == 1) t.restore_position(5, 5 * c.global_batch);  // not the prefetched samples
-      if (s == 3) t.restore_position(7, 7 * c.global_batch);  // the prefetched ones
+      if (s == 1) t.restore_position(5, 5 * c.optimizer.global_batch);  // not the prefetched samples
+      if (s == 3) t.restore_position(7, 7 * c.optimizer.global_batch);  // the prefetched ones
       StepResult r = t.step();
       EXPECT_GE(r.loader_wait_s, 0.0);
       if (w.rank() == 0) out.push_back(r.loss);

@@ -73,13 +73,13 @@ fs::path documents_corpus(const std::string& name) {
 TrainConfig packed_config(const std::string& mesh, const fs::path& data) {
   TrainConfig c;
   c.model.layers = 2, c.model.heads = 4, c.model.hidden = 32, c.model.seq = 16, c.model.vocab = 64;
-  c.mesh = mesh;
-  c.steps = 4;
-  c.global_batch = 4;
-  c.lr = 1e-2, c.min_lr = 1e-3, c.warmup = 1;
-  c.data = data.string();
-  c.eos_id = kEos;
-  c.document_attention = true;
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = 4;
+  c.optimizer.global_batch = 4;
+  c.optimizer.lr = 1e-2, c.optimizer.min_lr = 1e-3, c.optimizer.warmup = 1;
+  c.data.files = data.string();
+  c.data.eos_id = kEos;
+  c.data.document_attention = true;
   return c;
 }
 
@@ -114,7 +114,7 @@ struct StepLoss {
 // and the references of its samples with the weights it starts from.
 StepLoss fourth_step(const TrainConfig& c) {
   StepLoss out;
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
   comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
     Trainer t(c, w.group(w.members()));
     for (int s = 0; s < 3; ++s) t.step();
@@ -124,12 +124,12 @@ StepLoss fourth_step(const TrainConfig& c) {
     if (w.rank() != 0) return;
     out.loss = loss;
     std::vector<int64_t> window(static_cast<size_t>(c.model.seq + 1));
-    for (int64_t i = first; i < first + c.global_batch; ++i) {
+    for (int64_t i = first; i < first + c.optimizer.global_batch; ++i) {
       t.dataset().sample(i, window);
       out.alone += documents_alone(window, p, c.model);
       out.whole += sequence_loss(window, p, c.model);
     }
-    const auto tokens = static_cast<double>(c.global_batch * c.model.seq);
+    const auto tokens = static_cast<double>(c.optimizer.global_batch * c.model.seq);
     out.alone /= tokens, out.whole /= tokens;
   });
   return out;
@@ -151,7 +151,7 @@ void expect_documents_alone_on_every_mesh(const std::string& corpus, bool llama)
       c.model.tie_word_embeddings = false;
       c.model.init_std = 0.1;  // no scaled residual projections: larger weights make attention matter sooner
     }
-    c.sequence_parallel = k.sp, c.accumulation = k.accumulation;
+    c.parallel.sequence_parallel = k.sp, c.optimizer.accumulation = k.accumulation;
     const StepLoss r = fourth_step(c);
     const std::string what = k.mesh + (k.sp ? " + sp" : "");
     EXPECT_NEAR(r.loss, r.alone, 1e-5) << what;
@@ -172,7 +172,7 @@ TEST(Packing, LlamaWindowOfDocumentsLosesWhatEachDocumentLosesAlone) {
 // Without the flag the same windows train as before: the reference of whole windows.
 TEST(Packing, WithoutTheFlagWindowsAttendAcrossDocuments) {
   TrainConfig c = packed_config("dp=1", documents_corpus("across"));
-  c.document_attention = false;
+  c.data.document_attention = false;
   const StepLoss r = fourth_step(c);
   EXPECT_NEAR(r.loss, r.whole, 1e-5);
 }
@@ -191,9 +191,9 @@ TEST(Packing, WindowsWithoutAnEosTrainAsWithoutTheFlag) {
     return out;
   };
   TrainConfig c = packed_config("dp=2", documents_corpus("no-eos"));
-  c.eos_id = 0;  // no token of the corpus (its tokens are 1 and 2..63)
+  c.data.eos_id = 0;  // no token of the corpus (its tokens are 1 and 2..63)
   TrainConfig plain = c;
-  plain.document_attention = false;
+  plain.data.document_attention = false;
   const std::vector<double> packed = losses(c), causal = losses(plain);
   ASSERT_EQ(packed.size(), 3u);
   for (size_t i = 0; i < packed.size(); ++i) EXPECT_NEAR(packed[i], causal[i], 1e-6) << "step " << i + 1;
@@ -202,7 +202,7 @@ TEST(Packing, WindowsWithoutAnEosTrainAsWithoutTheFlag) {
 // Validation windows (the forward-only runner, a padded last micro-batch) are packed alike.
 TEST(Packing, ValidationLossIsTheDocumentsAloneToo) {
   TrainConfig c = packed_config("dp=2", documents_corpus("validation"));
-  c.val_fraction = 0.2, c.val_samples = 5;
+  c.data.val_fraction = 0.2, c.data.val_samples = 5;
   comm::LocalWorld::run(2, [&](comm::Communicator& w) {
     Trainer t(c, w.group(w.members()));
     const double got = t.validate().loss;
@@ -221,7 +221,7 @@ TEST(Packing, ValidationLossIsTheDocumentsAloneToo) {
 
 TEST(Packing, TheFlagNeedsAnEosIdAndData) {
   TrainConfig c = packed_config("dp=1", documents_corpus("errors"));
-  c.eos_id = -1;
+  c.data.eos_id = -1;
   try {
     c.check(1);
     ADD_FAILURE() << "no eos id accepted";
@@ -229,7 +229,7 @@ TEST(Packing, TheFlagNeedsAnEosIdAndData) {
     EXPECT_NE(std::string(e.what()).find("--no-cross-document-attention needs an end-of-text id"), std::string::npos)
         << e.what();
   }
-  c.data.clear(), c.eos_id = kEos;
+  c.data.files.clear(), c.data.eos_id = kEos;
   try {
     c.check(1);
     ADD_FAILURE() << "the addition task accepted";
@@ -237,7 +237,7 @@ TEST(Packing, TheFlagNeedsAnEosIdAndData) {
     EXPECT_NE(std::string(e.what()).find("the embedded addition task has no documents"), std::string::npos) << e.what();
   }
   c = packed_config("dp=1", documents_corpus("errors"));
-  c.eos_id = 64;
+  c.data.eos_id = 64;
   EXPECT_THROW(c.check(1), Error) << "an eos id outside the vocabulary";
 }
 

@@ -161,18 +161,18 @@ TEST(Tokenizer, TokenFilesReadBackToTheSameIds) {
 TrainConfig text_config(const std::string& mesh) {
   TrainConfig c;
   c.model.layers = 1, c.model.heads = 2, c.model.hidden = 32, c.model.seq = 32, c.model.vocab = 512;
-  c.mesh = mesh;
-  c.steps = 2;
-  c.global_batch = 4;
-  c.data = kFables;
-  c.tokenizer = fables_model();
-  c.documents = "paragraphs";
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = 2;
+  c.optimizer.global_batch = 4;
+  c.data.files = kFables;
+  c.data.tokenizer = fables_model();
+  c.data.documents = "paragraphs";
   return c;
 }
 
 TEST(Tokenizer, TrainingOnTextReadsTheTokenizersIds) {
   TrainConfig c = text_config("dp=2");
-  c.val_fraction = 0.1;
+  c.data.val_fraction = 0.1;
   const Tokenizer t(fables_model());
   const TokenizedText tt = tokenize_text(t, read_text_file(kFables), cut(DocumentSplit::Paragraphs));
   comm::LocalWorld::run(2, [&](comm::Communicator& w) {
@@ -180,7 +180,7 @@ TEST(Tokenizer, TrainingOnTextReadsTheTokenizersIds) {
     for (int s = 0; s < 2; ++s) EXPECT_TRUE(std::isfinite(trainer.step().loss));
     EXPECT_TRUE(std::isfinite(trainer.validate().loss));
     if (w.rank() != 0) return;
-    EXPECT_EQ(trainer.config().eos_id, 2) << "the tokenizer's eos";
+    EXPECT_EQ(trainer.config().data.eos_id, 2) << "the tokenizer's eos";
     const std::string d = trainer.dataset().describe();
     EXPECT_NE(d.find("text tokenized by " + fables_model() + ": 48 documents"), std::string::npos) << d;
     // Each training window is a run of the tokenized text.
@@ -197,19 +197,19 @@ TEST(Tokenizer, TrainingRefusesASmallVocabularyAndTokenFileOptions) {
   std::string e = error_of([&] { c.check(1); });
   EXPECT_NE(e.find("has a vocabulary of 512 ids; the model's --vocab 300 must hold it"), std::string::npos) << e;
   c = text_config("dp=1");
-  c.data_format = "u16";
+  c.data.format = "u16";
   e = error_of([&] { c.check(1); });
   EXPECT_NE(e.find("--data-format u16 names a token file format"), std::string::npos) << e;
   c = text_config("dp=1");
-  c.eos_id = 5;
+  c.data.eos_id = 5;
   e = error_of([&] { c.check(1); });
   EXPECT_NE(e.find("--eos-id 5 contradicts --tokenizer"), std::string::npos) << e;
   c = text_config("dp=1");
-  c.tokenizer.clear();
+  c.data.tokenizer.clear();
   e = error_of([&] { c.check(1); });
   EXPECT_NE(e.find("--documents and --document-separator cut raw text for --tokenizer"), std::string::npos) << e;
   c = text_config("dp=1");
-  c.tokenizer = "/nonexistent.model";
+  c.data.tokenizer = "/nonexistent.model";
   e = error_of([&] { c.check(1); });
   EXPECT_NE(e.find("--tokenizer '/nonexistent.model': no such file"), std::string::npos) << e;
 }

@@ -31,7 +31,7 @@ const Model& trained() {
     m.config = small_config("dp=1", 200);
     comm::LocalWorld::run(1, [&](comm::Communicator& w) {
       Trainer t(m.config, w.group(w.members()));
-      for (int64_t s = 0; s < m.config.steps; ++s) t.step();
+      for (int64_t s = 0; s < m.config.optimizer.steps; ++s) t.step();
       m.config = t.config();  // the derived sequence length
       for (const ParamState& p : t.params()) m.weights[p.name] = t.gather_param(p.name);
     });

@@ -41,7 +41,7 @@ Model train_llama(int64_t kv_heads, bool tied) {
   m.config.model.tie_word_embeddings = tied;
   comm::LocalWorld::run(1, [&](comm::Communicator& w) {
     Trainer t(m.config, w.group(w.members()));
-    for (int64_t s = 0; s < m.config.steps; ++s) t.step();
+    for (int64_t s = 0; s < m.config.optimizer.steps; ++s) t.step();
     m.config = t.config();
     for (const ParamState& p : t.params()) m.weights[p.name] = t.gather_param(p.name);
   });

@@ -30,11 +30,11 @@ nlohmann::json expected() {
 TrainConfig fine_tune(const std::string& mesh) {
   TrainConfig c;
   c.model = read_model_config(kDir + "/gpt2_tiny");
-  c.mesh = mesh;
-  c.steps = 1;
-  c.global_batch = 4;
-  c.data = kDir + "/tokens.bin";
-  c.data_format = "u16";
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = 1;
+  c.optimizer.global_batch = 4;
+  c.data.files = kDir + "/tokens.bin";
+  c.data.format = "u16";
   return c;
 }
 

@@ -23,15 +23,15 @@ int main(int argc, char** argv) {
                                            : golden::parity_config();
   c.check(1);
   train::GptGraph model =
-      train::build_model(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.mesh), false), c.global_batch);
+      train::build_model(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), false), c.optimizer.global_batch);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (graph::ValueId v : model.g.params()) {
     const auto& val = model.g.value(v);
-    tensors.emplace_back(val.name, train::init_model_param(c.model, val.name, val.meta.shape, c.seed));
+    tensors.emplace_back(val.name, train::init_model_param(c.model, val.name, val.meta.shape, c.optimizer.seed));
   }
-  auto data = train::open_dataset(c.data, c.digits, c.model.seq, c.seed);
-  for (int64_t s = 0; s < c.steps; ++s) {
-    train::Batch b = train::make_batch(*data, s * c.global_batch, c.global_batch, c.model.seq);
+  auto data = train::open_dataset(c.data.files, c.data.digits, c.model.seq, c.optimizer.seed);
+  for (int64_t s = 0; s < c.optimizer.steps; ++s) {
+    train::Batch b = train::make_batch(*data, s * c.optimizer.global_batch, c.optimizer.global_batch, c.model.seq);
     tensors.emplace_back(fmt::format("batch.{}.ids", s), b.ids);
     tensors.emplace_back(fmt::format("batch.{}.labels", s), b.labels);
   }

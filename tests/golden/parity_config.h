@@ -10,14 +10,14 @@ namespace shardwise::golden {
 inline train::TrainConfig parity_config() {
   train::TrainConfig c;
   c.model.layers = 2, c.model.heads = 4, c.model.hidden = 64, c.model.seq = 12, c.model.vocab = 128;
-  c.mesh = "dp=1";
-  c.digits = 3;
-  c.steps = 20;
-  c.global_batch = 8;
-  c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 5;
-  c.adamw = {0.9, 0.95, 1e-8, 0.1};
-  c.clip = 1.0;
-  c.seed = 20261122;
+  c.parallel.mesh = "dp=1";
+  c.data.digits = 3;
+  c.optimizer.steps = 20;
+  c.optimizer.global_batch = 8;
+  c.optimizer.lr = 3e-3, c.optimizer.min_lr = 3e-4, c.optimizer.warmup = 5;
+  c.optimizer.adamw = {0.9, 0.95, 1e-8, 0.1};
+  c.optimizer.clip = 1.0;
+  c.optimizer.seed = 20261122;
   return c;
 }
 
@@ -63,10 +63,10 @@ inline nlohmann::json parity_config_json(const train::TrainConfig& c) {
   }
   return {{"layers", c.model.layers},   {"heads", c.model.heads},       {"hidden", c.model.hidden},
           {"seq", c.model.seq},         {"vocab", c.model.vocab},       {"layer_norm_epsilon", c.model.layer_norm_epsilon},
-          {"steps", c.steps},           {"total_steps", c.steps},       {"lr", c.lr},
-          {"min_lr", c.min_lr},         {"warmup", c.warmup},           {"beta1", c.adamw.beta1},
-          {"beta2", c.adamw.beta2},     {"epsilon", c.adamw.epsilon},   {"weight_decay", c.adamw.weight_decay},
-          {"clip", c.clip},             {"global_batch", c.global_batch}, {"seed", c.seed}};
+          {"steps", c.optimizer.steps},           {"total_steps", c.optimizer.steps},       {"lr", c.optimizer.lr},
+          {"min_lr", c.optimizer.min_lr},         {"warmup", c.optimizer.warmup},           {"beta1", c.optimizer.adamw.beta1},
+          {"beta2", c.optimizer.adamw.beta2},     {"epsilon", c.optimizer.adamw.epsilon},   {"weight_decay", c.optimizer.adamw.weight_decay},
+          {"clip", c.optimizer.clip},             {"global_batch", c.optimizer.global_batch}, {"seed", c.optimizer.seed}};
 }
 
 }  // namespace shardwise::golden

@@ -31,9 +31,9 @@ struct Curve {
 
 Curve train(TrainConfig c) {
   Curve out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& world) {
     Trainer t(c, world.group(world.members()));
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       StepResult r = t.step();
       if (world.rank() == 0) out.losses.push_back(r.loss), out.norms.push_back(r.grad_norm);
     }
@@ -57,7 +57,7 @@ TEST(Llama, GqaUntiedCurvesOnEveryMeshFollowTheSingleRankCurve) {
     expect_same_curve(train(llama_test_config(mesh)), ref, mesh);
   }
   TrainConfig sp = llama_test_config("tp=2");
-  sp.sequence_parallel = true;
+  sp.parallel.sequence_parallel = true;
   expect_same_curve(train(sp), ref, "tp=2 + sp");
 }
 
@@ -68,17 +68,17 @@ TEST(Llama, ReplicatedKvHeadsAndATiedHeadFollowTheSingleRankCurve) {
   TrainConfig mqa = llama_test_config("dp=1", 6);
   mqa.model.kv_heads = 1;
   const Curve mqa_ref = train(mqa);
-  mqa.mesh = "tp=2";
+  mqa.parallel.mesh = "tp=2";
   expect_same_curve(train(mqa), mqa_ref, "1 kv head on tp=2");
   TrainConfig kv2 = llama_test_config("dp=1", 6);
   const Curve kv2_ref = train(kv2);
-  kv2.mesh = "tp=4";
+  kv2.parallel.mesh = "tp=4";
   expect_same_curve(train(kv2), kv2_ref, "2 kv heads on tp=4");
   TrainConfig tied = llama_test_config("dp=1", 6);
   tied.model.tie_word_embeddings = true;
   const Curve tied_ref = train(tied);
   for (const char* mesh : {"pp=2", "tp=2,pp=2"}) {
-    tied.mesh = mesh;
+    tied.parallel.mesh = mesh;
     expect_same_curve(train(tied), tied_ref, std::string("tied head on ") + mesh);
   }
 }
@@ -87,7 +87,7 @@ TEST(Llama, ReplicatedKvHeadsAndATiedHeadFollowTheSingleRankCurve) {
 TEST(Llama, ParametersAreTransformersNamesWithTheDocumentedTpLayouts) {
   auto layouts = [](TrainConfig c) {
     std::map<std::string, std::pair<Shape, std::string>> out;
-    comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+    comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& world) {
       Trainer t(c, world.group(world.members()));
       if (world.rank() != 0) return;
       for (const ParamState& p : t.params()) out[p.name] = {p.shape, p.dist.to_string()};
@@ -178,7 +178,7 @@ TEST(Llama, ValidationLossIsTheSameOnEveryMesh) {
   }
   auto losses = [&](const std::string& mesh) {
     TrainConfig c = llama_test_config(mesh, 2);
-    c.data = data.string(), c.val_fraction = 0.25, c.val_samples = 6;
+    c.data.files = data.string(), c.data.val_fraction = 0.25, c.data.val_samples = 6;
     std::vector<double> out;
     comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
       Trainer t(c, w.group(w.members()));
@@ -224,20 +224,20 @@ TEST(Llama, MoeCurvesOnEpMeshesFollowTheSingleRankCurve) {
   one_layer.model.moe_layers = {1};
   one_layer.model.capacity_factor = 0.75;
   const Curve one_ref = train(one_layer);
-  one_layer.mesh = "dp=2,ep=2";
+  one_layer.parallel.mesh = "dp=2,ep=2";
   expect_same_curve(train(one_layer), one_ref, "layer 1 only, capacity 0.75, dp=2,ep=2");
   TrainConfig sigmoid = moe_config("dp=1");  // --router sigmoid: its own curve, the same on ep meshes
   sigmoid.model.router = "sigmoid";
   const Curve sigmoid_ref = train(sigmoid);
   EXPECT_NE(sigmoid_ref.losses[0], ref.losses[0]) << "sigmoid gating must weigh the experts otherwise";
-  sigmoid.mesh = "dp=2,ep=2";
+  sigmoid.parallel.mesh = "dp=2,ep=2";
   expect_same_curve(train(sigmoid), sigmoid_ref, "sigmoid router, dp=2,ep=2");
   TrainConfig shared = moe_config("dp=1");  // a Qwen-MoE shared expert (width 32, gated) in every layer
   shared.model.shared_expert_width = 32;
   const Curve shared_ref = train(shared);
   EXPECT_NE(shared_ref.losses[0], ref.losses[0]) << "the shared expert must change the output";
   for (const char* mesh : {"dp=2,ep=2", "ep=2,tp=2"}) {
-    shared.mesh = mesh;
+    shared.parallel.mesh = mesh;
     expect_same_curve(train(shared), shared_ref, std::string("shared expert, ") + mesh);
   }
 }
@@ -251,14 +251,14 @@ TEST(Llama, MoeOnDpTimesEpWithShardingOrBucketsFollowsTheSingleRankCurve) {
   const Curve ref = train(moe_config("dp=1"));
   TrainConfig c = moe_config("dp=2,ep=2");
   c.check(4, false);
-  EXPECT_EQ(c.micro_batch, 1) << "8 sequences = micro-batch x 2 micro-batches x dp 2 x ep 2";
+  EXPECT_EQ(c.optimizer.micro_batch, 1) << "8 sequences = micro-batch x 2 micro-batches x dp 2 x ep 2";
   for (const auto& [stage, layout] : {std::pair{1, "v1"}, {1, "v2"}, {2, "v1"}, {2, "v2"}, {3, "v1"}}) {
     TrainConfig s = moe_config("dp=2,ep=2");
-    s.sharding.stage = stage, s.sharding.layout = layout;
+    s.parallel.sharding.stage = stage, s.parallel.sharding.layout = layout;
     expect_same_curve(train(s), ref, fmt::format("dp=2,ep=2 sharding stage {} {}", stage, layout));
   }
   TrainConfig buckets = moe_config("dp=2,ep=2");
-  buckets.overlap_grad_reduce = "on";
+  buckets.parallel.overlap_grad_reduce = "on";
   expect_same_curve(train(buckets), ref, "dp=2,ep=2 --overlap-grad-reduce on");
 }
 
@@ -268,8 +268,8 @@ TEST(Llama, MoeOnDpTimesEpWithShardingOrBucketsFollowsTheSingleRankCurve) {
 TEST(Llama, MoeOnDpTimesEpSplitsTheBatchFourWaysAndReshardsOnlyGradients) {
   TrainConfig c = moe_config("dp=2,ep=2");
   c.check(4, false);
-  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.mesh), false);
-  GptGraph gpt = build_model(kernel_model(c), s, c.micro_batch * s.data_size());
+  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), false);
+  GptGraph gpt = build_model(kernel_model(c), s, c.optimizer.micro_batch * s.data_size());
   graph::append_backward(gpt.g, gpt.loss);
   graph::Program p = graph::lower(gpt.g, graph::complete(gpt.g, s.mesh));
   const graph::Slot& ids = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(gpt.g.get("ids"))])];
@@ -281,7 +281,7 @@ TEST(Llama, MoeOnDpTimesEpSplitsTheBatchFourWaysAndReshardsOnlyGradients) {
   // two that are no parameter's gradient) only those two are left, and the gradients stay P(sum) on
   // their data dims.
   for (int stage : {0, 2}) {
-    c.sharding = {stage, "v2"};
+    c.parallel.sharding = {stage, "v2"};
     comm::LocalWorld::run(4, [&](comm::Communicator& w) {
       Trainer t(c, w.group(w.members()));
       const graph::Program& staged = t.stages().runner().compiled(0).program;
@@ -358,9 +358,9 @@ TEST(Llama, ParameterCountIsTheBuiltGraphsIncludingTheExperts) {
 // from their definitions. Tokens per expert and drops are the same on ep=2, dp=2 x ep=2 and ep=4.
 std::vector<StepResult> steps_of(const TrainConfig& c) {
   std::vector<StepResult> out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& world) {
     Trainer t(c, world.group(world.members()));
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       StepResult r = t.step();
       if (world.rank() == 0) out.push_back(r);
     }
@@ -378,7 +378,7 @@ struct RouterCount {
 RouterCount count_step_one(TrainConfig c, int64_t layer) {
   c.check(1);
   const GptConfig model = kernel_model(c);
-  const int64_t seqs = c.global_batch / c.accumulation, E = model.experts, K = model.top_k;
+  const int64_t seqs = c.optimizer.global_batch / c.optimizer.accumulation, E = model.experts, K = model.top_k;
   const std::string rows = fmt::format("model.layers.{}.block_sparse_moe.tokens", layer);
   const std::string gate = fmt::format("model.layers.{}.block_sparse_moe.gate.weight", layer);
   RouterCount out;
@@ -393,12 +393,12 @@ RouterCount count_step_one(TrainConfig c, int64_t layer) {
     Tensor w;
     for (graph::ValueId v : gpt.g.params()) {
       const auto& val = gpt.g.value(v);
-      Tensor init = init_model_param(model, val.name, val.meta.shape, c.seed);
+      Tensor init = init_model_param(model, val.name, val.meta.shape, c.optimizer.seed);
       if (val.name == gate) w = init;
       rt.set_global(val.name, init);
     }
     for (const auto& [name, t] : model_constants(model)) rt.set_global(name, t);
-    for (int64_t mb = 0; mb < c.accumulation; ++mb) {
+    for (int64_t mb = 0; mb < c.optimizer.accumulation; ++mb) {
       Batch b = make_batch(*data, mb * seqs, seqs, model.seq);
       rt.set_global("ids", b.ids);
       rt.set_global("labels", b.labels);
@@ -415,7 +415,7 @@ RouterCount count_step_one(TrainConfig c, int64_t layer) {
         double sum = 0;
         for (double l : logit) sum += std::exp(l - mx);
         for (int64_t e = 0; e < E; ++e) psum[static_cast<size_t>(e)] += std::exp(logit[static_cast<size_t>(e)] - mx) / sum;
-        out.z += std::pow(mx + std::log(sum), 2) / static_cast<double>(n * c.accumulation);
+        out.z += std::pow(mx + std::log(sum), 2) / static_cast<double>(n * c.optimizer.accumulation);
         std::vector<int64_t> idx(static_cast<size_t>(E));
         std::iota(idx.begin(), idx.end(), 0);
         std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return logit[a] > logit[b]; });
@@ -425,7 +425,7 @@ RouterCount count_step_one(TrainConfig c, int64_t layer) {
       for (int64_t e = 0; e < E; ++e) {
         const double ce = count[static_cast<size_t>(e)];
         out.tokens[static_cast<size_t>(e)] += ce;
-        out.aux += static_cast<double>(E) * (ce / n) * (psum[static_cast<size_t>(e)] / n) / static_cast<double>(c.accumulation);
+        out.aux += static_cast<double>(E) * (ce / n) * (psum[static_cast<size_t>(e)] / n) / static_cast<double>(c.optimizer.accumulation);
         if (model.capacity_factor > 0) out.dropped += std::max<int64_t>(0, static_cast<int64_t>(ce) - cap);
       }
     }
@@ -445,14 +445,14 @@ TEST(Llama, MoeMetricsCountTokensPerExpertOnEveryMesh) {
     EXPECT_EQ(got.layer, layer);
     EXPECT_EQ(got.tokens_min, *std::min_element(want.tokens.begin(), want.tokens.end())) << layer;
     EXPECT_EQ(got.tokens_max, *std::max_element(want.tokens.begin(), want.tokens.end())) << layer;
-    EXPECT_EQ(got.tokens_mean, static_cast<double>(c.global_batch * c.model.seq * c.model.top_k) / 4.0);
+    EXPECT_EQ(got.tokens_mean, static_cast<double>(c.optimizer.global_batch * c.model.seq * c.model.top_k) / 4.0);
     EXPECT_EQ(got.dropped, want.dropped) << layer;
     EXPECT_GT(got.dropped, 0) << layer;
     EXPECT_NEAR(got.aux_loss, want.aux, 1e-6) << layer;
     EXPECT_NEAR(got.z_loss, want.z, 1e-5 * want.z) << layer;
   }
   for (const char* mesh : {"ep=2", "dp=2,ep=2", "ep=4"}) {
-    c.mesh = mesh;
+    c.parallel.mesh = mesh;
     const std::vector<StepResult> got = steps_of(c);
     ASSERT_EQ(got.size(), ref.size()) << mesh;
     for (size_t s = 0; s < ref.size(); ++s) {

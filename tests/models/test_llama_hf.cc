@@ -93,10 +93,10 @@ TEST(LlamaHf, ResumeOnAnotherMeshContinuesTheCurve) {
   const fs::path root = fs::temp_directory_path() / "sw_llama_resume";
   fs::remove_all(root);
   TrainConfig c = fine_tune("tp=2");
-  c.steps = 4;
+  c.optimizer.steps = 4;
   const std::vector<double> whole = train_losses(c, 4, {}, {});
   train_losses(c, 2, {}, root);
-  c.mesh = "pp=2";
+  c.parallel.mesh = "pp=2";
   const std::vector<double> rest = train_losses(c, 2, root / "checkpoint-2", {});
   ASSERT_EQ(rest.size(), 2u);
   for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(rest[i], whole[i + 2], 1e-5 * whole[i + 2]) << "step " << i + 3;

@@ -21,7 +21,7 @@ TrainConfig lora(const std::string& mesh, int64_t steps) {
   c.model.lora.rank = kRank;
   c.model.lora.alpha = 8;
   c.model.lora.targets = {"c_attn", "c_proj", "c_fc"};  // c_proj: attn.c_proj and mlp.c_proj
-  c.lr = 1e-2;
+  c.optimizer.lr = 1e-2;
   return c;
 }
 
@@ -34,7 +34,7 @@ struct LoraRun {
 
 LoraRun train(const TrainConfig& c, bool grads = true, bool frozen = false) {
   LoraRun out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     t.keep_gradients(grads);
@@ -46,7 +46,7 @@ LoraRun train(const TrainConfig& c, bool grads = true, bool frozen = false) {
     };
     if (frozen) gather_frozen(out.frozen_before);
     const ParameterCounts counts = t.count_parameters();
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       const double loss = t.step().loss;
       std::map<std::string, Tensor> step_grads;
       for (ParamState& p : t.params()) {
@@ -98,10 +98,10 @@ TEST(Lora, AdapterGradientsAndLossesOnEveryMeshEqualTheSingleRankRun) {
   EXPECT_LT(ref.losses.back(), ref.losses.front());
   for (const std::string mesh : {"dp=2", "tp=2", "dp=2,tp=2"}) expect_same(train(lora(mesh, 3)), ref, mesh);
   TrainConfig sp = lora("tp=2", 3);
-  sp.sequence_parallel = true;
+  sp.parallel.sequence_parallel = true;
   expect_same(train(sp), ref, "tp=2 + sp");
   TrainConfig pipeline = lora("pp=2", 3);
-  pipeline.accumulation = 2;  // two micro-batches of 4 through two stages: the mean is the same
+  pipeline.optimizer.accumulation = 2;  // two micro-batches of 4 through two stages: the mean is the same
   LoraRun pp = train(pipeline, false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(pp.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << s;
 }
@@ -112,7 +112,7 @@ TEST(Lora, ShardedAdapterStateFollowsTheSingleRankRun) {
   const LoraRun ref = train(lora("dp=1", 3));
   for (auto [stage, layout] : {std::pair{2, "v2"}, std::pair{1, "v1"}}) {
     TrainConfig c = lora("dp=2,tp=2", 3);
-    c.sharding = {stage, layout};
+    c.parallel.sharding = {stage, layout};
     expect_same(train(c), ref, fmt::format("dp=2,tp=2 stage {} {}", stage, layout));
   }
 }
@@ -162,7 +162,7 @@ TEST(Lora, FrozenWeightsStayBitIdenticalAndTheOptimizerHoldsTheAdaptersOnly) {
 
 TEST(Lora, WithBZeroTheFirstLossIsTheBaseModelsLoss) {
   TrainConfig base = small_config("dp=1", 1);
-  base.lr = 1e-2;
+  base.optimizer.lr = 1e-2;
   const double want = train(base, false).losses[0];
   EXPECT_EQ(train(lora("dp=1", 1), false).losses[0], want);
   EXPECT_NEAR(train(lora("dp=2,tp=2", 1), false).losses[0], want, 1e-6 * want);
@@ -216,7 +216,7 @@ TEST(Lora, Bf16BaseStaysFrozenInBf16AndMeshesFollowOneRank) {
     for (const ParamState& p : t.frozen()) EXPECT_EQ(p.param.dtype(), DType::BF16) << p.name;
     for (const ParamState& p : t.params()) EXPECT_EQ(p.master.dtype(), DType::F32) << p.name;
   });
-  c.mesh = "dp=2,tp=2";
+  c.parallel.mesh = "dp=2,tp=2";
   const LoraRun mesh = train(c, false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(mesh.losses[s], ref.losses[s], 5e-4 * ref.losses[s]) << s;
 }
@@ -234,7 +234,7 @@ TEST(Lora, RsLoraAndLoraDropoutOnAMesh) {
   c.model.lora.rslora = true;
   const LoraRun ref = train(c, false), plain = train(lora("dp=1", 3), false);
   EXPECT_NE(ref.losses[2], plain.losses[2]);
-  c.mesh = "dp=2,tp=2";
+  c.parallel.mesh = "dp=2,tp=2";
   const LoraRun mesh = train(c, false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(mesh.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << s;
 }

@@ -34,12 +34,12 @@ TrainConfig peft_run(const std::string& mesh, int64_t steps) {
   TrainConfig c;
   c.model = read_model_config(kBase);
   c.model.lora = read_adapter_config(kAdapter);
-  c.mesh = mesh;
-  c.steps = steps;
-  c.global_batch = 4;
-  c.lr = 1e-2, c.warmup = 1;
-  c.data = kDir + "/tokens.bin";
-  c.data_format = "u16";
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = steps;
+  c.optimizer.global_batch = 4;
+  c.optimizer.lr = 1e-2, c.optimizer.warmup = 1;
+  c.data.files = kDir + "/tokens.bin";
+  c.data.format = "u16";
   return c;
 }
 
@@ -48,13 +48,13 @@ TrainConfig peft_run(const std::string& mesh, int64_t steps) {
 std::vector<double> losses(const TrainConfig& c, const std::string& adapter, const fs::path& resume = {},
                            const fs::path& save = {}) {
   std::vector<double> out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     init_from_model(t, *world, kBase);
     if (!adapter.empty()) load_adapter(t, *world, adapter);
     if (!resume.empty()) load_trainer(t, *world, resume);
-    while (t.steps_done() < c.steps) {
+    while (t.steps_done() < c.optimizer.steps) {
       const double l = t.step().loss;
       if (w.rank() == 0) out.push_back(l);
     }

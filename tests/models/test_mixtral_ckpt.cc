@@ -48,7 +48,7 @@ TrainConfig moe(const std::string& mesh, bool bf16 = false) {
 // parameters (the fp32 masters) by name.
 std::map<std::string, Tensor> run(const TrainConfig& c, int64_t steps, const fs::path& from, const fs::path& to) {
   std::map<std::string, Tensor> params;
-  comm::LocalWorld::run(ranks_of(c.mesh), [&](comm::Communicator& w) {
+  comm::LocalWorld::run(ranks_of(c.parallel.mesh), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     if (!from.empty()) load_trainer(t, *world, from);
@@ -131,14 +131,14 @@ TEST(MixtralCkpt, ShardedStateOnDpTimesEpSavesWhatOneRankLoadsAndBack) {
   const fs::path root = fs::temp_directory_path() / "sw_mixtral_sharded";
   fs::remove_all(root);
   TrainConfig sharded = moe("dp=2,ep=2", true);
-  sharded.sharding = {2, "v2"};
+  sharded.parallel.sharding = {2, "v2"};
   const std::map<std::string, Tensor> trained = run(sharded, 2, {}, root / "dpep");
   const std::map<std::string, Tensor> saved = stored(root / "dpep" / "checkpoint-2");
   EXPECT_EQ(saved.size(), 4u * (2 * 19 + 3));
   fs::path from = root / "dpep" / "checkpoint-2";
   for (const auto& [mesh, stage, layout] : {std::tuple{"dp=1", 0, "v1"}, {"dp=2,ep=2", 2, "v2"}, {"dp=2,ep=2", 2, "v1"}}) {
     TrainConfig c = moe(mesh, true);
-    c.sharding = {stage, layout};
+    c.parallel.sharding = {stage, layout};
     const fs::path to = root / fmt::format("{}-{}{}", mesh, stage, layout);
     const std::map<std::string, Tensor> loaded = run(c, 0, from, to);
     for (const auto& [name, t] : trained) EXPECT_TRUE(same_bits(loaded.at(name), t)) << mesh << " " << name;
@@ -156,12 +156,12 @@ TEST(MixtralCkpt, ResumeOnAnotherEpSizeOrFromPipelineStagesContinuesTheSingleRan
   const std::vector<double> whole = train_losses(moe("dp=1"), 6, {}, {});
   train_losses(moe("ep=2"), 3, {}, root);
   TrainConfig zero3 = moe("dp=2,ep=2");  // parameters, gradients and moments sharded over dp as well
-  zero3.sharding.stage = 3;
+  zero3.parallel.sharding.stage = 3;
   for (const TrainConfig& c : {moe("ep=4"), moe("dp=2,ep=2"), zero3}) {
     const std::vector<double> rest = train_losses(c, 3, root / "checkpoint-3", {});
     ASSERT_EQ(rest.size(), 3u);
     for (size_t i = 0; i < 3; ++i)
-      EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << c.mesh << " stage " << c.sharding.stage << " step " << i + 4;
+      EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << c.parallel.mesh << " stage " << c.parallel.sharding.stage << " step " << i + 4;
   }
   fs::remove_all(root);
   train_losses(zero3, 3, {}, root);  // saved from stage 3's shards
@@ -172,17 +172,17 @@ TEST(MixtralCkpt, ResumeOnAnotherEpSizeOrFromPipelineStagesContinuesTheSingleRan
   // and into stage 1 v2 on dp=2 x ep=2 (ranges read back out of the slices).
   fs::remove_all(root);
   TrainConfig v2 = moe("dp=2,ep=2");
-  v2.sharding.stage = 2;
-  v2.sharding.layout = "v2";
+  v2.parallel.sharding.stage = 2;
+  v2.parallel.sharding.layout = "v2";
   train_losses(v2, 3, {}, root);
   TrainConfig v2s1 = v2;
-  v2s1.sharding.stage = 1;
+  v2s1.parallel.sharding.stage = 1;
   for (const TrainConfig& c : {moe("ep=4"), v2s1}) {
     const std::vector<double> rest = train_losses(c, 3, root / "checkpoint-3", {});
     ASSERT_EQ(rest.size(), 3u);
     for (size_t i = 0; i < 3; ++i)
-      EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << "from stage 2 v2 into " << c.mesh << " stage "
-                                                               << c.sharding.stage << ", step " << i + 4;
+      EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << "from stage 2 v2 into " << c.parallel.mesh << " stage "
+                                                               << c.parallel.sharding.stage << ", step " << i + 4;
   }
   // Saved by pipeline stages (pp=2 x ep=2: each stage's experts by its ep ranks; the router losses
   // are off, pp does not carry them), resumed on one rank.
@@ -234,7 +234,7 @@ TEST(MixtralCkpt, AuxLossScopesGiveTransformersLoadBalancingLossesAndGradients) 
     for (const std::string scope : {"model", "layer"}) {
       TrainConfig c = fine_tune(mesh);
       // ep is a data dim: the 4 sequences (all the same one) split over dp x ep in one micro-batch
-      if (mesh != "dp=1") c.accumulation = 1;
+      if (mesh != "dp=1") c.optimizer.accumulation = 1;
       c.model.aux_loss = coef;
       c.model.aux_loss_scope = scope;
       StepResult first;

@@ -18,7 +18,7 @@ TrainConfig small(const std::string& mesh, const std::string& schedule, int laye
 std::vector<double> losses(const TrainConfig& c, std::shared_ptr<comm::Communicator> world) {
   Trainer t(c, world);
   std::vector<double> out;
-  for (int64_t s = 0; s < c.steps; ++s) out.push_back(t.step().loss);
+  for (int64_t s = 0; s < c.optimizer.steps; ++s) out.push_back(t.step().loss);
   return out;
 }
 

@@ -30,7 +30,7 @@ inline std::vector<double> run_losses(const TrainConfig& c, int ranks) {
   std::vector<double> losses;
   comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
     Trainer t(c, w.group(w.members()));
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       double l = t.step().loss;
       if (w.rank() == 0) losses.push_back(l);
     }
@@ -44,9 +44,9 @@ inline void expect_golden_losses(const nlohmann::json& g, TrainConfig c,
                                  const std::vector<std::pair<std::string, int>>& meshes, const std::string& reference) {
   ASSERT_EQ(g["config"], golden::parity_config_json(c)) << "the golden file was made for another configuration";
   std::vector<double> want = g["losses"].get<std::vector<double>>();
-  ASSERT_EQ(static_cast<int64_t>(want.size()), c.steps);
+  ASSERT_EQ(static_cast<int64_t>(want.size()), c.optimizer.steps);
   for (auto [mesh, ranks] : meshes) {
-    c.mesh = mesh;
+    c.parallel.mesh = mesh;
     std::vector<double> got = run_losses(c, ranks);
     double worst = 0;
     for (size_t i = 0; i < want.size(); ++i) {

@@ -13,13 +13,13 @@ inline TrainConfig llama_test_config(const std::string& mesh, int64_t steps = 20
   c.model.model_type = "llama";
   c.model.layers = 2, c.model.heads = 4, c.model.kv_heads = 2, c.model.hidden = 32, c.model.seq = 10;
   c.model.vocab = 128, c.model.intermediate_size = 64, c.model.tie_word_embeddings = false;
-  c.mesh = mesh;
-  c.steps = steps;
-  c.global_batch = 8;
-  c.accumulation = 2;  // two micro-batches: a pipeline has work for both stages
-  c.micro_batch = 0;
-  c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 3;
-  c.digits = 2;
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = steps;
+  c.optimizer.global_batch = 8;
+  c.optimizer.accumulation = 2;  // two micro-batches: a pipeline has work for both stages
+  c.optimizer.micro_batch = 0;
+  c.optimizer.lr = 3e-3, c.optimizer.min_lr = 3e-4, c.optimizer.warmup = 3;
+  c.data.digits = 2;
   return c;
 }
 
@@ -28,13 +28,13 @@ inline TrainConfig llama_test_config(const std::string& mesh, int64_t steps = 20
 inline TrainConfig golden_fine_tune(const std::string& model_dir, const std::string& tokens, const std::string& mesh) {
   TrainConfig c;
   c.model = read_model_config(model_dir);
-  c.mesh = mesh;
-  c.steps = 1;
-  c.global_batch = 4;
-  c.accumulation = 2;
-  c.micro_batch = 0;
-  c.data = tokens;
-  c.data_format = "u16";
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = 1;
+  c.optimizer.global_batch = 4;
+  c.optimizer.accumulation = 2;
+  c.optimizer.micro_batch = 0;
+  c.data.files = tokens;
+  c.data.format = "u16";
   return c;
 }
 

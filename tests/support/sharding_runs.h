@@ -20,7 +20,7 @@ namespace shardwise::train::sharding_test {
 namespace fs = std::filesystem;
 
 inline TrainConfig sharded(TrainConfig c, int stage, const std::string& layout, bool bf16 = false) {
-  c.sharding = {stage, layout};
+  c.parallel.sharding = {stage, layout};
   c.bf16 = bf16;
   return c;
 }
@@ -54,7 +54,7 @@ struct TrainRun {
 // `steps` steps of `c` on threads, after loading `from`, saving into `to` at the end.
 inline TrainRun train(const TrainConfig& c, int64_t steps, const fs::path& from = {}, const fs::path& to = {}, bool gather = false) {
   TrainRun r;
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
   r.optimizer_bytes.assign(static_cast<size_t>(ranks), 0);
   comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
     auto world = w.group(w.members());
@@ -120,7 +120,7 @@ inline void expect_checkpoint_moves(const LayoutMove& k) {
                                        k.to_mesh, k.to_stage, k.to_layout);
   TrainConfig from = sharded(small_config(k.from_mesh, 8), k.from_stage, k.from_layout);
   TrainConfig to = sharded(small_config(k.to_mesh, 8), k.to_stage, k.to_layout);
-  from.accumulation = to.accumulation = 2, from.micro_batch = to.micro_batch = 0;
+  from.optimizer.accumulation = to.optimizer.accumulation = 2, from.optimizer.micro_batch = to.optimizer.micro_batch = 0;
   const std::vector<double> whole = train(to, 8).losses;
   fs::path root = fresh_dir("layouts");
   TrainRun saved = train(from, 4, {}, root, true);

@@ -17,7 +17,7 @@ inline std::vector<double> train_losses(const TrainConfig& c, int64_t steps, con
                                         const std::filesystem::path& save_to,
                                         std::map<std::string, Tensor>* params = nullptr, bool moments = false) {
   std::vector<double> losses;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     if (!from.empty()) load_trainer(t, *world, from);
@@ -48,7 +48,7 @@ inline std::vector<double> train_losses(const TrainConfig& c, int64_t steps, con
 // Rank 0's loss of the first step of `c` (before any update) after init_from_model(`from`).
 inline double init_from_first_loss(const TrainConfig& c, const std::filesystem::path& from) {
   double loss = 0;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& w) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     init_from_model(t, *world, from);

@@ -134,7 +134,7 @@ struct Curve {
 
 Curve train(const TrainConfig& c, int64_t steps) {
   Curve out;
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
   comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
     Trainer t(c, w.group(w.members()));
     for (int64_t s = 0; s < steps; ++s) {
@@ -150,9 +150,9 @@ Curve train(const TrainConfig& c, int64_t steps) {
 }
 
 TrainConfig with(TrainConfig c, const std::string& overlap, int stage, const std::string& layout = "v2") {
-  c.overlap_grad_reduce = overlap;
-  c.grad_bucket_mb = 8.0 / 1024;  // 8 KiB: several buckets on the small model
-  c.sharding = {stage, layout};
+  c.parallel.overlap_grad_reduce = overlap;
+  c.parallel.grad_bucket_mb = 8.0 / 1024;  // 8 KiB: several buckets on the small model
+  c.parallel.sharding = {stage, layout};
   return c;
 }
 
@@ -164,7 +164,7 @@ TrainConfig with(TrainConfig c, const std::string& overlap, int stage, const std
 TEST(GradOverlap, OnEqualsAfterBitForBitAndFollowsTheGraphsReductionOnEveryMesh) {
   for (const std::string mesh : {"dp=2", "dp=4", "dp=2,tp=2", "pp=2,dp=2"}) {
     TrainConfig c = small_config(mesh, 6);
-    c.accumulation = 2, c.micro_batch = 0;
+    c.optimizer.accumulation = 2, c.optimizer.micro_batch = 0;
     for (auto [stage, layout] : {std::pair{0, "v2"}, std::pair{1, "v1"}, std::pair{2, "v2"}, std::pair{2, "v1"}}) {
       if (stage == 2 && std::string(layout) == "v1" && mesh != "dp=4") continue;
       const std::string what = fmt::format("{} stage {} {}", mesh, stage, layout);
@@ -191,10 +191,10 @@ TEST(GradOverlap, OnEqualsAfterBitForBitAndFollowsTheGraphsReductionOnEveryMesh)
 // gradients over from its split backward.
 TEST(GradOverlap, OneMicroBatchAndZeroBubbleKeepTheBits) {
   TrainConfig c = small_config("dp=2,tp=2", 6);
-  c.accumulation = 1, c.micro_batch = 0;
+  c.optimizer.accumulation = 1, c.optimizer.micro_batch = 0;
   EXPECT_EQ(train(with(c, "on", 0), 6).losses, train(with(c, "off", 0), 6).losses);
   TrainConfig z = small_config("pp=2,dp=2", 6);
-  z.accumulation = 4, z.micro_batch = 0, z.schedule = "zbh1";
+  z.optimizer.accumulation = 4, z.optimizer.micro_batch = 0, z.parallel.schedule = "zbh1";
   const Curve on = train(with(z, "on", 2), 6);
   EXPECT_EQ(on.losses, train(with(z, "off", 2), 6).losses);
   EXPECT_EQ(on.losses, train(with(z, "after", 2), 6).losses);
@@ -203,21 +203,21 @@ TEST(GradOverlap, OneMicroBatchAndZeroBubbleKeepTheBits) {
 
 TEST(GradOverlap, BadOptionsAreRefusedNamingThem) {
   TrainConfig c = small_config("dp=2", 1);
-  c.overlap_grad_reduce = "yes";
+  c.parallel.overlap_grad_reduce = "yes";
   try {
     c.check(2);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--overlap-grad-reduce must be on"), std::string::npos) << e.what();
   }
-  c.overlap_grad_reduce = "on", c.grad_bucket_mb = 0;
+  c.parallel.overlap_grad_reduce = "on", c.parallel.grad_bucket_mb = 0;
   try {
     c.check(2);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--grad-bucket-mb must be a positive"), std::string::npos) << e.what();
   }
-  c.grad_bucket_mb = 1, c.sharding = {3, "v1"};  // stage 3 reduce-scatters in the graph
+  c.parallel.grad_bucket_mb = 1, c.parallel.sharding = {3, "v1"};  // stage 3 reduce-scatters in the graph
   try {
     c.check(2);
     FAIL();
@@ -226,7 +226,7 @@ TEST(GradOverlap, BadOptionsAreRefusedNamingThem) {
               std::string::npos)
         << e.what();
   }
-  c.overlap_grad_reduce = "off";
+  c.parallel.overlap_grad_reduce = "off";
   EXPECT_NO_THROW(c.check(2));
 }
 

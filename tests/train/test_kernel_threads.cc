@@ -279,7 +279,7 @@ Outputs train_on_threads(const train::TrainConfig& c, int threads) {
   comm::LocalWorld::run(1, [&](comm::Communicator& w) {
     RankThreads rank_threads(threads, 1);
     train::Trainer t(c, w.group(w.members()));
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       train::StepResult step = t.step();
       r.push_back(Tensor::scalar(step.loss));
       r.push_back(Tensor::scalar(step.grad_norm));
@@ -309,7 +309,7 @@ TEST(KernelThreads, GptTrainingIsTheSameOnOneTwoAndThreeThreads) {
 // 640 tokens x hidden 256: every projection, the MLP, the head and their gradients).
 TEST(KernelThreads, GptTrainingWithSplitGemmsIsTheSameOnOneTwoAndThreeThreads) {
   train::TrainConfig c = train::small_config("dp=1", 2);
-  c.model.hidden = 256, c.global_batch = 64;
+  c.model.hidden = 256, c.optimizer.global_batch = 64;
   expect_same_training("gpt2 hidden 256", c);
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 // One step of `c` on threads; per world rank, what its Trainer holds.
 std::vector<HeldBytes> measure(TrainConfig c) {
-  const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
   std::vector<HeldBytes> out(static_cast<size_t>(ranks));
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
     Trainer t(c, world.group(world.members()));
@@ -26,13 +26,13 @@ std::vector<HeldBytes> measure(TrainConfig c) {
 }
 
 MemoryPlan plan_of(TrainConfig c) {
-  c.check(mesh::parse_mesh(c.mesh).size(), false);
+  c.check(mesh::parse_mesh(c.parallel.mesh).size(), false);
   return plan_memory(c, true);
 }
 
 TrainConfig config(const std::string& mesh, int stage = 0, const std::string& layout = "v1", bool bf16 = false) {
   TrainConfig c = small_config(mesh, 1);
-  c.sharding = {stage, layout};
+  c.parallel.sharding = {stage, layout};
   c.bf16 = bf16;
   return c;
 }
@@ -48,23 +48,23 @@ TEST(MemoryPlan, StateBytesEqualTheTrainersTensorsOnEveryMeshAndStage) {
   lora.model.lora.rank = 4;
   all.push_back(lora);
   for (TrainConfig c : all) {
-    if (c.mesh.find("pp") != std::string::npos) c.global_batch = 16, c.accumulation = 2;
-    if (c.mesh == "dp=3") c.global_batch = 6;
+    if (c.parallel.mesh.find("pp") != std::string::npos) c.optimizer.global_batch = 16, c.optimizer.accumulation = 2;
+    if (c.parallel.mesh == "dp=3") c.optimizer.global_batch = 6;
     const MemoryPlan plan = plan_of(c);
     const std::vector<HeldBytes> got = measure(c);
     ASSERT_EQ(plan.ranks.size(), got.size());
     for (size_t r = 0; r < got.size(); ++r) {
       const RankMemory& p = plan.ranks[r];
-      SCOPED_TRACE(fmt::format("{} stage {} {}{}{} rank {}", c.mesh, c.sharding.stage, c.sharding.layout,
+      SCOPED_TRACE(fmt::format("{} stage {} {}{}{} rank {}", c.parallel.mesh, c.parallel.sharding.stage, c.parallel.sharding.layout,
                                c.bf16 ? " bf16" : "", c.model.lora.enabled() ? " LoRA" : "", r));
       EXPECT_EQ(p.params, got[r].params);
       EXPECT_EQ(p.optimizer + p.masters, got[r].optimizer);
       EXPECT_EQ(p.masters > 0, c.bf16);
       // Stage 2 lets the full sums go after the reduce-scatter (the plan counts them to the peak).
       // Stage 3's sums are the shards themselves (reduce-scattered per micro-batch by the graph).
-      EXPECT_EQ(c.sharding.stage == 2 ? 0 : p.grads, got[r].grads);
-      if (c.sharding.stage == 2) { EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8); }
-      if (c.sharding.stage == 3) { EXPECT_EQ(p.grads, 4 * p.optimizer / 8); }
+      EXPECT_EQ(c.parallel.sharding.stage == 2 ? 0 : p.grads, got[r].grads);
+      if (c.parallel.sharding.stage == 2) { EXPECT_EQ(p.grad_shards, 4 * p.optimizer / 8); }
+      if (c.parallel.sharding.stage == 3) { EXPECT_EQ(p.grads, 4 * p.optimizer / 8); }
     }
   }
 }
@@ -101,9 +101,9 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
       TrainConfig c = config(run.mesh);
       c.model.layers = 4, c.model.seq = 16, c.dropout = 0.1;
       c.model.recompute = recompute;
-      c.schedule = run.schedule;
-      if (run.schedule == "interleaved") c.virtual_stages = 2;
-      if (run.mesh == "pp=2") c.global_batch = 8, c.accumulation = 4;
+      c.parallel.schedule = run.schedule;
+      if (run.schedule == "interleaved") c.parallel.virtual_stages = 2;
+      if (run.mesh == "pp=2") c.optimizer.global_batch = 8, c.optimizer.accumulation = 4;
       const MemoryPlan plan = plan_of(c);
       const std::vector<HeldBytes> got = measure(c);
       for (size_t r = 0; r < got.size(); ++r) {
@@ -132,7 +132,7 @@ TEST(MemoryPlan, WorkingBytesEqualTheRuntimesPeakOfBuffersInTheStep) {
       TrainConfig c = std::string(mesh).ends_with("stage 3") ? config("dp=2,tp=2", 3) : config(mesh);
       c.model.layers = 4, c.model.seq = 16, c.dropout = 0.1;
       c.model.recompute = recompute;
-      c.accumulation = 1;
+      c.optimizer.accumulation = 1;
       const MemoryPlan plan = plan_of(c);
       std::vector<int64_t> got(plan.ranks.size());
       comm::LocalWorld::run(static_cast<int>(got.size()), [&](comm::Communicator& world) {
@@ -159,8 +159,8 @@ TEST(MemoryPlan, StageThreesGatheredParameterBytesEqualTheRuntimesPeak) {
       for (int prefetch : {0, 1}) {  // --prefetch-params: the next layer's gathers held from their start
         TrainConfig c = config(mesh, 3);
         c.model.layers = 4, c.model.recompute = recompute;
-        c.sharding.prefetch_params = prefetch;
-        if (std::string(mesh).starts_with("pp")) c.global_batch = 16, c.accumulation = 2;
+        c.parallel.sharding.prefetch_params = prefetch;
+        if (std::string(mesh).starts_with("pp")) c.optimizer.global_batch = 16, c.optimizer.accumulation = 2;
         const MemoryPlan plan = plan_of(c);
         const std::vector<HeldBytes> got = measure(c);
         for (size_t r = 0; r < got.size(); ++r) {
@@ -186,10 +186,10 @@ TEST(MemoryPlan, StageTwoWithOverlappedBucketsFreesTheGradientsDuringTheBackward
     for (const char* layout : {"v1", "v2"}) {
       TrainConfig c = config(mesh, 2, layout);
       c.model.layers = 2, c.model.hidden = 128;
-      c.global_batch = 4, c.accumulation = 1;
-      c.overlap_grad_reduce = "on", c.grad_bucket_mb = 16.0 / 1024;  // 16 KiB: many buckets
+      c.optimizer.global_batch = 4, c.optimizer.accumulation = 1;
+      c.parallel.overlap_grad_reduce = "on", c.parallel.grad_bucket_mb = 16.0 / 1024;  // 16 KiB: many buckets
       TrainConfig off = c;
-      off.overlap_grad_reduce = "off";
+      off.parallel.overlap_grad_reduce = "off";
       const MemoryPlan plan = plan_of(c), before = plan_of(off);
       std::vector<int64_t> working(plan.ranks.size()), buckets(plan.ranks.size()), working_off(plan.ranks.size());
       for (bool overlap : {true, false}) {
@@ -241,7 +241,7 @@ TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
   ASSERT_EQ(dense % 4, 0);
   for (int stage : {0, 1, 2, 3}) {
     for (bool bf16 : {false, true}) {
-      c.sharding = {stage, "v2"}, c.bf16 = bf16;
+      c.parallel.sharding = {stage, "v2"}, c.bf16 = bf16;
       const MemoryPlan plan = plan_of(c);
       const std::vector<HeldBytes> got = measure(c);
       const int64_t per_element = bf16 ? 12 : 8;  // moments, and bf16's f32 master
@@ -255,9 +255,9 @@ TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
       }
     }
   }
-  c.sharding = {2, "v1"}, c.bf16 = false;
-  c.global_batch = 4, c.accumulation = 1;
-  c.overlap_grad_reduce = "on", c.grad_bucket_mb = 8.0 / 1024;
+  c.parallel.sharding = {2, "v1"}, c.bf16 = false;
+  c.optimizer.global_batch = 4, c.optimizer.accumulation = 1;
+  c.parallel.overlap_grad_reduce = "on", c.parallel.grad_bucket_mb = 8.0 / 1024;
   const MemoryPlan plan = plan_of(c);
   std::vector<int64_t> buckets(4);
   comm::LocalWorld::run(4, [&](comm::Communicator& world) {

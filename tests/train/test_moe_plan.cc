@@ -32,7 +32,7 @@ TEST(MoePlan, CountsTheAllToAllsAndTheirBytes) {
   c.model.moe_layers = {1};
   EXPECT_EQ(moe_traffic(c).all_to_alls, 8);
   // Without an ep dim nothing is exchanged; a dense model has no section.
-  c.mesh = "dp=2";
+  c.parallel.mesh = "dp=2";
   t = moe_traffic(c);
   EXPECT_EQ(t.all_to_alls, 0);
   EXPECT_EQ(t.sent_max, 0.0);

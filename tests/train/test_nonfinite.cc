@@ -17,7 +17,7 @@ namespace {
 // An absurd learning rate without clipping overflows within a few steps.
 TrainConfig diverging(int64_t steps) {
   TrainConfig c = small_config("dp=1", steps);
-  c.lr = 1e6, c.min_lr = 0, c.warmup = 0, c.clip = 0;
+  c.optimizer.lr = 1e6, c.optimizer.min_lr = 0, c.optimizer.warmup = 0, c.optimizer.clip = 0;
   return c;
 }
 
@@ -75,14 +75,14 @@ TEST(NonFinite, TheRunStopsAtTheFirstNonFiniteStepBeforeTheUpdate) {
 TEST(NonFinite, OptedInTheStepsAreSkippedAndCounted) {
   comm::LocalWorld::run(1, [](comm::Communicator& w) {
     TrainConfig c = diverging(30);
-    c.skip_nonfinite = true;
+    c.optimizer.skip_nonfinite = true;
     Trainer t(c, w.group(w.members()));
     int64_t skipped = 0;
     for (int s = 0; s < 30; ++s) skipped += t.step().skipped ? 1 : 0;
     EXPECT_GT(skipped, 0);
     EXPECT_EQ(t.skipped_steps(), skipped);
     EXPECT_EQ(t.steps_done(), 30);
-    EXPECT_EQ(t.consumed_samples(), 30 * c.global_batch);
+    EXPECT_EQ(t.consumed_samples(), 30 * c.optimizer.global_batch);
     EXPECT_TRUE(all_finite(t));
   });
 }

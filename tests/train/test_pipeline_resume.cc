@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 std::vector<double> train(const std::string& mesh, int64_t steps, const fs::path& from, const fs::path& save_to) {
   TrainConfig c = pipeline_test_config(mesh);
-  c.steps = 16;
+  c.optimizer.steps = 16;
   return train_losses(c, steps, from, save_to);
 }
 

@@ -21,11 +21,11 @@ struct Curve {
 };
 
 Curve train(TrainConfig c) {
-  c.check(mesh::parse_mesh(c.mesh).size());
+  c.check(mesh::parse_mesh(c.parallel.mesh).size());
   Curve out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.mesh).size()), [&](comm::Communicator& world) {
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& world) {
     Trainer t(c, world.group(world.members()));
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       StepResult r = t.step();
       if (world.rank() == 0) out.losses.push_back(r.loss), out.norms.push_back(r.grad_norm);
     }
@@ -78,7 +78,7 @@ TEST(PipelineTopology, EveryScheduleOnPp2xTp2) { every_schedule_on("pp=2,tp=2");
 
 TEST(PipelineTopology, SequenceParallelAndOneRankWithTwoStages) {
   TrainConfig sp = small("pp=2,tp=2");
-  sp.sequence_parallel = true;
+  sp.parallel.sequence_parallel = true;
   expect_same_curve(train(sp), reference(4), "1f1b on pp=2,tp=2 + sp");
   // Two virtual stages on one pipeline rank: the stages hand over locally, the tied embedding's
   // copies are summed on the rank.
@@ -102,14 +102,14 @@ TEST(PipelineTopology, DropoutOnEveryScheduleFollowsTheOneStageCurve) {
 TEST(PipelineTopology, ImpossibleConfigurationsAreRefusedBeforeTheStart) {
   auto message = [](TrainConfig c) {
     try {
-      c.check(mesh::parse_mesh(c.mesh).size());
+      c.check(mesh::parse_mesh(c.parallel.mesh).size());
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string("no error");
   };
   TrainConfig few = small("pp=4", "zbh1");
-  few.accumulation = 2, few.global_batch = 4;
+  few.optimizer.accumulation = 2, few.optimizer.global_batch = 4;
   EXPECT_NE(message(few).find("zbh1: 2 micro-batches for 4 pipeline ranks"), std::string::npos) << message(few);
   EXPECT_NE(message(small("pp=4", "interleaved")).find("4 layers cannot fill 8 pipeline stages"), std::string::npos);
   EXPECT_NE(message(small("pp=2", "interleaved", 6)).find("6 layers do not divide into 4 stages (2 ranks x 2 virtual"),

@@ -170,7 +170,7 @@ TEST(Resume, AnotherSeedIsRefusedAndTheGenerationConfigIsWritten) {
   // 10: '\n', the addition task's separator and padding.
   EXPECT_EQ(gen, (nlohmann::json{{"max_length", 10}, {"do_sample", false}, {"eos_token_id", 10}, {"bos_token_id", 10},
                                  {"pad_token_id", 10}}));
-  c.seed = 7;
+  c.optimizer.seed = 7;
   std::string message;
   try {
     train_losses(c, 0, dir, {});

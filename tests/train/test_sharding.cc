@@ -49,7 +49,7 @@ TEST(Sharding, EveryStageAndLayoutFollowsPlainDataParallelOnEveryMesh) {
   int exact = 0, runs = 0;
   for (const std::string mesh : {"dp=2", "dp=4", "dp=2,tp=2", "pp=2,dp=2"}) {
     TrainConfig c = small_config(mesh, 20);
-    c.accumulation = 2, c.micro_batch = 0;  // a pipeline needs micro-batches; stage 2 reduces their sum
+    c.optimizer.accumulation = 2, c.optimizer.micro_batch = 0;  // a pipeline needs micro-batches; stage 2 reduces their sum
     const std::vector<double> plain = train(c, 20).losses;
     for (auto [stage, layout] : {std::pair{1, "v1"}, std::pair{1, "v2"}, std::pair{2, "v1"}, std::pair{2, "v2"}}) {
       expect_same_curve(train(sharded(c, stage, layout), 20).losses, plain,
@@ -76,7 +76,7 @@ TEST(Sharding, WithRecomputeTheCurveIsPlainDataParallels) {
   int exact = 0;
   for (const std::string mesh : {"dp=2,tp=2", "pp=2,dp=2"}) {
     TrainConfig c = small_config(mesh, 10);
-    c.accumulation = 2, c.micro_batch = 0;
+    c.optimizer.accumulation = 2, c.optimizer.micro_batch = 0;
     const std::vector<double> plain = train(c, 10).losses;
     for (const std::string recompute : {"full", "selective"}) {
       TrainConfig r = c;
@@ -149,7 +149,7 @@ TEST(Sharding, Bf16MastersAndMomentsMoveBetweenV1AndStageTwoV2) {
   expect_same_states(train(to, 0, dir, {}, true).states, saved.states, "bf16 v1 -> stage 2 v2");
   // And into an unsharded run: the same bits as a checkpoint of an unsharded run would give.
   TrainConfig none = from;
-  none.sharding = {};
+  none.parallel.sharding = {};
   expect_same_states(train(none, 0, dir, {}, true).states, saved.states, "bf16 v1 -> none");
   fs::remove_all(root);
 }

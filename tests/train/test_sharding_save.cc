@@ -30,9 +30,9 @@ TEST(ShardingSave, RangesWriteTheFilesOfAnUnshardedRunInTheSameState) {
                                            std::tuple{"pp=2,dp=2", "v2", false}, std::tuple{"dp=4", "v1", true}}) {
     const std::string what = fmt::format("{} stage 1 {}{}", mesh, layout, bf16 ? " bf16" : "");
     TrainConfig plain = sharded(small_config(mesh, 3), 0, "v1", bf16);
-    plain.accumulation = 2, plain.micro_batch = 0;
+    plain.optimizer.accumulation = 2, plain.optimizer.micro_batch = 0;
     TrainConfig c = plain;
-    c.sharding = {1, layout};
+    c.parallel.sharding = {1, layout};
     fs::path a = fresh_dir("plain"), b = fresh_dir("ranges");
     TrainRun want = train(plain, 3, {}, a, true), got = train(c, 3, {}, b, true);
     expect_same_states(got.states, want.states, what);  // the premise: the same state

@@ -16,7 +16,7 @@ namespace {
 using namespace sharding_test;
 
 TrainConfig stage3(TrainConfig c, const std::string& recompute = "none") {
-  c.sharding = {3, "v1"};
+  c.parallel.sharding = {3, "v1"};
   c.model.recompute = recompute;
   return c;
 }
@@ -170,7 +170,7 @@ TEST(ShardingStage3, FollowsPlainDataParallelOnEveryMeshWithEveryRecompute) {
   int exact = 0, runs = 0;
   for (const std::string mesh : {"dp=2", "dp=4", "dp=2,tp=2", "pp=2,dp=2"}) {
     TrainConfig c = small_config(mesh, 20);
-    c.accumulation = 2, c.micro_batch = 0;
+    c.optimizer.accumulation = 2, c.optimizer.micro_batch = 0;
     const std::vector<double> plain = train(c, 20).losses;
     for (const std::string recompute : {"none", "full", "selective"}) {
       expect_same_curve(train(stage3(c, recompute), 20).losses, plain, mesh + " stage 3 recompute " + recompute, &exact);
@@ -188,7 +188,7 @@ TEST(ShardingStage3, PrefetchGivesTheBitsOfNoPrefetchOnEveryMesh) {
   auto run = [](const TrainConfig& c, int64_t steps) {
     std::vector<double> losses;
     std::vector<int64_t> prefetched;
-    const int ranks = static_cast<int>(mesh::parse_mesh(c.mesh).size());
+    const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
     comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
       Trainer t(c, w.group(w.members()));
       for (int64_t s = 0; s < steps; ++s) {
@@ -201,11 +201,11 @@ TEST(ShardingStage3, PrefetchGivesTheBitsOfNoPrefetchOnEveryMesh) {
   int exact = 0;
   for (const std::string mesh : {"dp=2", "dp=4", "dp=2,tp=2", "pp=2,dp=2"}) {
     TrainConfig c = small_config(mesh, 10);
-    c.accumulation = 2, c.micro_batch = 0;
+    c.optimizer.accumulation = 2, c.optimizer.micro_batch = 0;
     const std::vector<double> plain = train(c, 10).losses;
     for (const std::string recompute : {"none", "full"}) {
       TrainConfig off = stage3(c, recompute), on = off;
-      on.sharding.prefetch_params = 1;
+      on.parallel.sharding.prefetch_params = 1;
       const auto [want, none] = run(off, 10);
       const auto [got, started] = run(on, 10);
       const std::string what = mesh + " recompute " + recompute;
@@ -227,7 +227,7 @@ TEST(ShardingStage3, MoeOnDpTimesEpPrefetchGivesTheBitsOfNoPrefetch) {
   std::vector<double> losses[2];
   std::vector<int64_t> started[2];
   for (int prefetch : {0, 1}) {
-    c.sharding.prefetch_params = prefetch;
+    c.parallel.sharding.prefetch_params = prefetch;
     comm::LocalWorld::run(4, [&](comm::Communicator& w) {
       Trainer t(c, w.group(w.members()));
       for (int s = 0; s < 4; ++s) {
@@ -255,7 +255,7 @@ TEST(ShardingStage3, PrefetchHoldsAtMostTwoLayersGatheredParameters) {
     c.model.layers = 4;
     std::vector<std::vector<int64_t>> peak(3, std::vector<int64_t>(2)), largest(3, std::vector<int64_t>(2));
     for (int prefetch : {0, 1, 2}) {
-      c.sharding.prefetch_params = prefetch;
+      c.parallel.sharding.prefetch_params = prefetch;
       comm::LocalWorld::run(2, [&](comm::Communicator& w) {
         Trainer t(c, w.group(w.members()));
         t.step();
@@ -292,13 +292,13 @@ TEST(ShardingStage3, PrefetchOptionIsCheckedNamingIt) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   };
-  c.sharding = {3, "v1"};
-  c.sharding.prefetch_params = -1;
+  c.parallel.sharding = {3, "v1"};
+  c.parallel.sharding.prefetch_params = -1;
   refused("--prefetch-params must be 0 (off) or a number of layers, got -1");
-  c.sharding = {2, "v1"};
-  c.sharding.prefetch_params = 1;
+  c.parallel.sharding = {2, "v1"};
+  c.parallel.sharding.prefetch_params = 1;
   refused("--prefetch-params 1 prefetches stage 3's parameter all-gathers: it needs --sharding-stage 3 (got stage 2)");
-  c.sharding.stage = 3;
+  c.parallel.sharding.stage = 3;
   EXPECT_NO_THROW(c.check(2));
 }
 
@@ -338,7 +338,7 @@ TEST(ShardingStage3, Bf16MastersMoveBetweenStageThreeAndStageTwo) {
   EXPECT_TRUE(fs::exists(dir / "master_weights.safetensors.index.json"));
   expect_same_states(train(to, 0, dir, {}, true).states, saved.states, "bf16 stage 3 -> stage 2 v2");
   TrainConfig back = from;
-  back.mesh = "dp=4";
+  back.parallel.mesh = "dp=4";
   expect_same_states(train(back, 0, dir, {}, true).states, saved.states, "bf16 stage 3 -> stage 3 dp=4");
   fs::remove_all(root);
 }

@@ -15,7 +15,7 @@ std::vector<double> losses(TrainConfig c, int ranks) {
   std::vector<double> out;
   comm::LocalWorld::run(ranks, [&](comm::Communicator& world) {
     Trainer t(c, world.group(world.members()));
-    for (int64_t s = 0; s < c.steps; ++s) {
+    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
       StepResult r = t.step();
       if (world.rank() == 0) out.push_back(r.loss);
     }
@@ -37,15 +37,15 @@ void expect_every_mesh_follows(const TrainConfig& base, const std::vector<double
                                double rtol = 1e-5) {
   for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"dp=2", 2}, {"tp=2", 2}, {"dp=2,tp=2", 4}}) {
     TrainConfig m = base;
-    m.mesh = mesh;
+    m.parallel.mesh = mesh;
     expect_same_curve(losses(m, ranks), ref, what + mesh, rtol);
   }
   TrainConfig sp = base;
-  sp.mesh = "tp=2";
-  sp.sequence_parallel = true;
+  sp.parallel.mesh = "tp=2";
+  sp.parallel.sequence_parallel = true;
   expect_same_curve(losses(sp, 2), ref, what + "tp=2 + sp", rtol);
   TrainConfig accumulate = base;
-  accumulate.accumulation = 2;  // micro-batch 4 twice instead of 8 at once
+  accumulate.optimizer.accumulation = 2;  // micro-batch 4 twice instead of 8 at once
   expect_same_curve(losses(accumulate, 1), ref, what + "accumulation 2", rtol);
 }
 
@@ -71,22 +71,22 @@ TEST(Topology, FusedHeadFollowsTheUnfusedCurveOnEveryMesh) {
 
 TEST(Topology, BadBatchCombinationsAreRefusedWithTheNumbers) {
   TrainConfig c = small("dp=2");
-  c.global_batch = 10, c.micro_batch = 4;
+  c.optimizer.global_batch = 10, c.optimizer.micro_batch = 4;
   try {
-    c.resolve_batch(2);
+    c.optimizer.resolve_batch(2);
     FAIL() << "expected an Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("global batch 10 is not a multiple of micro-batch 4 x dp 2"), std::string::npos)
         << e.what();
   }
   TrainConfig d = small("dp=2");
-  d.global_batch = 0, d.micro_batch = 3, d.accumulation = 2;
-  d.resolve_batch(2);
-  EXPECT_EQ(d.global_batch, 12);
+  d.optimizer.global_batch = 0, d.optimizer.micro_batch = 3, d.optimizer.accumulation = 2;
+  d.optimizer.resolve_batch(2);
+  EXPECT_EQ(d.optimizer.global_batch, 12);
   TrainConfig e = small("dp=2");
-  e.global_batch = 16, e.micro_batch = 0, e.accumulation = 2;
-  e.resolve_batch(2);
-  EXPECT_EQ(e.micro_batch, 4);
+  e.optimizer.global_batch = 16, e.optimizer.micro_batch = 0, e.optimizer.accumulation = 2;
+  e.optimizer.resolve_batch(2);
+  EXPECT_EQ(e.optimizer.micro_batch, 4);
 }
 
 // bf16 parameters (fp32 masters): the curve stays close to the f32 one (the weights the kernels

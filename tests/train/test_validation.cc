@@ -35,17 +35,17 @@ fs::path corpus(const std::string& name, uint32_t n, uint32_t vocab) {
 TrainConfig val_config(const std::string& mesh, const fs::path& data) {
   TrainConfig c;
   c.model.layers = 2, c.model.heads = 4, c.model.hidden = 32, c.model.seq = 16, c.model.vocab = 64;
-  c.mesh = mesh;
-  c.steps = 20;
-  c.global_batch = 8;
-  c.lr = 1e-2, c.min_lr = 1e-3, c.warmup = 1;
-  c.data = data.string();
-  c.val_fraction = 0.25;
-  c.val_samples = 6;  // not a multiple of any micro-batch below: the last one is padded
+  c.parallel.mesh = mesh;
+  c.optimizer.steps = 20;
+  c.optimizer.global_batch = 8;
+  c.optimizer.lr = 1e-2, c.optimizer.min_lr = 1e-3, c.optimizer.warmup = 1;
+  c.data.files = data.string();
+  c.data.val_fraction = 0.25;
+  c.data.val_samples = 6;  // not a multiple of any micro-batch below: the last one is padded
   return c;
 }
 
-int ranks_of(const TrainConfig& c) { return static_cast<int>(mesh::parse_mesh(c.mesh).size()); }
+int ranks_of(const TrainConfig& c) { return static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()); }
 
 // The validation loss before training and after `steps` steps (rank 0's; every rank must agree).
 std::vector<double> validation_losses(const TrainConfig& c, int steps) {
@@ -73,8 +73,8 @@ TEST(Validation, TheLossIsTheSameOnEveryMesh) {
   for (const Case& k : {Case{"dp=2"}, Case{"tp=2"}, Case{"dp=2,tp=2"}, Case{"tp=2", true}, Case{"pp=2", false, 2},
                         Case{"pp=2,dp=2", false, 2}}) {
     TrainConfig c = val_config(k.mesh, data);
-    c.sequence_parallel = k.sp;
-    c.accumulation = k.accumulation;
+    c.parallel.sequence_parallel = k.sp;
+    c.optimizer.accumulation = k.accumulation;
     std::vector<double> got = validation_losses(c, 3);
     ASSERT_EQ(got.size(), 2u);
     const std::string what = k.mesh + (k.sp ? " + sp" : "");
@@ -142,9 +142,9 @@ TEST(Validation, TrainingLossesAreBitIdenticalWithAndWithoutIt) {
   for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i], without[i]) << "--val-fraction, step " << i + 1;
   // --val-data leaves the training data as it is: the same losses as a run without validation.
   TrainConfig plain = val_config("pp=2", data);
-  plain.accumulation = 2, plain.dropout = 0.1, plain.val_fraction = 0;
+  plain.optimizer.accumulation = 2, plain.dropout = 0.1, plain.data.val_fraction = 0;
   TrainConfig separate = plain;
-  separate.val_data = val.string();
+  separate.data.val_data = val.string();
   with = training_losses(separate, 4, true), without = training_losses(plain, 4, false);
   ASSERT_EQ(with.size(), 4u);
   for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i], without[i]) << "--val-data on pp=2, step " << i + 1;
@@ -159,7 +159,7 @@ TEST(Validation, TrainingNeverReadsTheHeldOutTokens) {
     for (uint32_t t = 0; t < 3000; ++t) out.put(static_cast<char>(t & 0xFF)).put(static_cast<char>(t >> 8));
   }
   TrainConfig c = val_config("dp=2", p);
-  c.model.layers = 1, c.model.vocab = 3000, c.val_fraction = 0.2;  // the cut: token 2400
+  c.model.layers = 1, c.model.vocab = 3000, c.data.val_fraction = 0.2;  // the cut: token 2400
   comm::LocalWorld::run(2, [&](comm::Communicator& w) {
     Trainer t(c, w.group(w.members()));
     for (int s = 0; s < 3; ++s) t.step();

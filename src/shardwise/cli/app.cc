@@ -33,30 +33,30 @@ constexpr const char* kGemmHelp =
 
 // Sharding and the dp reduction of the gradients, among `shardwise train`'s options.
 void add_sharding_options(CLI::App* t, train::TrainConfig& c) {
-  t->add_option("--sharding-stage", c.sharding.stage,
+  t->add_option("--sharding-stage", c.parallel.sharding.stage,
                  "state sharded over dp: 0 none, 1 optimizer state (moments, fp32 masters), 2 and gradients "
                  "(reduce-scattered), 3 and parameters (FSDP: all-gathered before each use, freed after it)");
-  t->add_option("--sharding-layout", c.sharding.layout,
+  t->add_option("--sharding-layout", c.parallel.sharding.layout,
                 "with --sharding-stage 1|2 (stage 3 cuts each parameter by rows): v1 (each parameter's state on one dp rank, balanced by size) or v2 "
                 "(split-param: the rank's parameters as one flat buffer cut into equal dp ranges)");
-  t->add_option("--prefetch-params", c.sharding.prefetch_params,
+  t->add_option("--prefetch-params", c.parallel.sharding.prefetch_params,
                 "with --sharding-stage 3: start the parameter all-gathers of this many layers ahead before a layer "
                 "computes, in forward and backward (0: off; each all-gather waits at its use)");
-  t->add_option("--overlap-grad-reduce", c.overlap_grad_reduce,
+  t->add_option("--overlap-grad-reduce", c.parallel.overlap_grad_reduce,
                 "the dp reduction of the gradients: on (in buckets, each started while the backward runs), after "
                 "(the same buckets after the backward) or off (one collective per gradient)")
       ->check(CLI::IsMember({"on", "after", "off"}));
-  t->add_option("--grad-bucket-mb", c.grad_bucket_mb,
+  t->add_option("--grad-bucket-mb", c.parallel.grad_bucket_mb,
                 "with --overlap-grad-reduce on|after: a gradient bucket's size in MiB (f32)");
 }
 
 // When and where `shardwise train` saves, and what a stopped run keeps.
 void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
-  t->add_option("--save-every", o.save_every, "checkpoint every N steps and at the end (0: never)");
-  t->add_option("--save-dir", o.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
-  t->add_option("--save-total-limit", o.save_total_limit, "keep the newest N checkpoints (0: all)");
-  t->add_flag("--async-save", o.async_save, "write checkpoints in the background");
-  t->add_flag("--save-on-interrupt,!--no-save-on-interrupt", o.save_on_interrupt,
+  t->add_option("--save-every", o.checkpoint.save_every, "checkpoint every N steps and at the end (0: never)");
+  t->add_option("--save-dir", o.checkpoint.save_dir, "where checkpoints go (empty: <run-dir>/checkpoints)");
+  t->add_option("--save-total-limit", o.checkpoint.save_total_limit, "keep the newest N checkpoints (0: all)");
+  t->add_flag("--async-save", o.checkpoint.async_save, "write checkpoints in the background");
+  t->add_flag("--save-on-interrupt,!--no-save-on-interrupt", o.checkpoint.save_on_interrupt,
               "Ctrl-C or SIGTERM stops the run after its step and saves that step (default: on with --save-every)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
@@ -71,25 +71,25 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                  "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections "
                  "below ([model], [parallel], ...) or in none; paths resolve from the file; the command line wins")
       ->type_name("PATH");
-  t->add_option("--mesh", c.mesh, "mesh with named dims dp, tp, pp");
+  t->add_option("--mesh", c.parallel.mesh, "mesh with named dims dp, tp, pp");
   t->add_option("--gemm", o.gemm, kGemmHelp);
-  t->add_option("--schedule", c.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
-  t->add_option("--virtual", c.virtual_stages, "interleaved schedule: stages per pipeline rank");
-  t->add_option("--micro-batches", c.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
-  t->add_flag("--sp", c.sequence_parallel, "sequence parallelism on the tp dim");
+  t->add_option("--schedule", c.parallel.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
+  t->add_option("--virtual", c.parallel.virtual_stages, "interleaved schedule: stages per pipeline rank");
+  t->add_option("--micro-batches", c.optimizer.accumulation, "pipeline micro-batches per step (the same as --accumulation)");
+  t->add_flag("--sp", c.parallel.sequence_parallel, "sequence parallelism on the tp dim");
   t->add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
-  t->add_option("--steps", c.steps, "optimizer steps (default with --data: one epoch of its training tokens)");
+  t->add_option("--steps", c.optimizer.steps, "optimizer steps (default with --data: one epoch of its training tokens)");
   t->add_option("--epochs", o.epochs, "with --data: steps for this many passes over its training tokens");
   t->add_option("--tokens", o.tokens, "with --data: steps for this many training tokens (global batch x seq a step)");
-  t->add_option("--micro-batch", c.micro_batch, "sequences per data rank (dp x ep) per micro-batch (0: derived)");
-  t->add_option("--accumulation", c.accumulation, "micro-batches per step (0: derived)");
-  t->add_option("--global-batch", c.global_batch, "sequences per step = micro-batch x accumulation x dp x ep (0: derived)");
-  t->add_option("--lr", c.lr, "peak learning rate");
-  t->add_option("--min-lr", c.min_lr, "learning rate at the end of the cosine decay");
-  t->add_option("--warmup", c.warmup, "linear warm-up steps");
-  t->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay on matrices");
-  t->add_option("--beta1", c.adamw.beta1, "AdamW beta1");
-  t->add_option("--beta2", c.adamw.beta2, "AdamW beta2");
+  t->add_option("--micro-batch", c.optimizer.micro_batch, "sequences per data rank (dp x ep) per micro-batch (0: derived)");
+  t->add_option("--accumulation", c.optimizer.accumulation, "micro-batches per step (0: derived)");
+  t->add_option("--global-batch", c.optimizer.global_batch, "sequences per step = micro-batch x accumulation x dp x ep (0: derived)");
+  t->add_option("--lr", c.optimizer.lr, "peak learning rate");
+  t->add_option("--min-lr", c.optimizer.min_lr, "learning rate at the end of the cosine decay");
+  t->add_option("--warmup", c.optimizer.warmup, "linear warm-up steps");
+  t->add_option("--weight-decay", c.optimizer.adamw.weight_decay, "AdamW weight decay on matrices");
+  t->add_option("--beta1", c.optimizer.adamw.beta1, "AdamW beta1");
+  t->add_option("--beta2", c.optimizer.adamw.beta2, "AdamW beta2");
   t->add_option("--dropout", c.dropout, "dropout probability on GPT-2's embeddings, attention and residuals, Llama's attention "
                 "(with --init-from: the directory's *_pdrop or attention_dropout unless given)");
   t->add_option("--recompute", c.model.recompute,
@@ -105,37 +105,37 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
   t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
   add_sharding_options(t, c);
-  t->add_flag("--skip-nonfinite-steps", c.skip_nonfinite,
+  t->add_flag("--skip-nonfinite-steps", c.optimizer.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
-  t->add_option("--clip", c.clip, "global gradient-norm clipping, <= 0: none");
-  t->add_option("--seed", c.seed, "seed of the initial weights and the data order");
-  t->add_option("--data", c.data,
+  t->add_option("--clip", c.optimizer.clip, "global gradient-norm clipping, <= 0: none");
+  t->add_option("--seed", c.optimizer.seed, "seed of the initial weights and the data order");
+  t->add_option("--data", c.data.files,
                 "token file(s): a path, a comma-separated list or a glob ('shards/*.bin'), concatenated in sorted "
                 "order; default: embedded addition");
-  t->add_option("--data-format", c.data_format,
+  t->add_option("--data-format", c.data.format,
                 "auto (llm.c magic -> llmc, other .bin -> u16, else bytes), bytes, u16, u32 or llmc")
       ->check(CLI::IsMember({"auto", "bytes", "u16", "u32", "llmc"}));
-  t->add_option("--tokenizer", c.tokenizer,
+  t->add_option("--tokenizer", c.data.tokenizer,
                 "a SentencePiece tokenizer.model: --data (and --val-data) are raw text, tokenized in memory at the "
                 "start (each document followed by the tokenizer's eos)");
-  t->add_option("--documents", c.documents,
+  t->add_option("--documents", c.data.documents,
                 "--tokenizer: documents are each file, each non-blank line, or paragraphs separated by blank lines")
       ->check(CLI::IsMember({"file", "lines", "paragraphs"}));
-  t->add_option("--document-separator", c.document_separator,
+  t->add_option("--document-separator", c.data.document_separator,
                 "--tokenizer: documents are the text between occurrences of this string (overrides --documents)");
-  t->add_option("--eos-id", c.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
-  t->add_flag("--no-cross-document-attention", c.document_attention,
+  t->add_option("--eos-id", c.data.eos_id, "the end-of-text id that ends a document (-1: the tokenizer's eos, or none)");
+  t->add_flag("--no-cross-document-attention", c.data.document_attention,
               "tokens attend only within their document and position ids restart at each document (needs an eos id)");
-  t->add_flag("!--no-prefetch", c.loader_prefetch,
+  t->add_flag("!--no-prefetch", c.data.loader_prefetch,
               "each tp group's data reader reads a step's batch when the step starts, not during the step before "
               "(loader_wait_s in metrics.jsonl shows the difference)");
-  t->add_option("--val-data", c.val_data,
+  t->add_option("--val-data", c.data.val_data,
                  "validation token file(s) of a --data run: a path, list or glob in --data's --data-format");
-  t->add_option("--val-fraction", c.val_fraction,
+  t->add_option("--val-fraction", c.data.val_fraction,
                 "hold out the last F (0 < F < 1) of --data's tokens for validation; training never reads them");
-  t->add_option("--val-samples", c.val_samples,
+  t->add_option("--val-samples", c.data.val_samples,
                 "validation sequences per evaluation (all, if the validation data holds fewer disjoint ones)");
-  t->add_option("--digits", c.digits, "digits of the embedded addition task");
+  t->add_option("--digits", c.data.digits, "digits of the embedded addition task");
   t->add_option("--model", c.model.model_type,
                 "the architecture: gpt2 (LayerNorm, learned positions, GELU MLP, tied head) or llama (RMSNorm, rotary "
                 "positions, SwiGLU MLP, grouped-query attention)")
@@ -174,33 +174,33 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_flag("--tied-head,!--untied-head", c.model.tie_word_embeddings,
               "llama: --untied-head: a separate LM head (lm_head.weight); tied (default; GPT-2: always): the embedding")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  t->add_option("--eval-every", o.eval_every,
+  t->add_option("--eval-every", o.logging.eval_every,
                 "evaluate every N steps (0: at the end): held-out accuracy (addition) or validation loss (--val-*)");
-  t->add_option("--eval-samples", c.eval_samples, "held-out problems per evaluation");
-  t->add_option("--run-dir", o.run_dir,
+  t->add_option("--eval-samples", c.data.eval_samples, "held-out problems per evaluation");
+  t->add_option("--run-dir", o.logging.run_dir,
                 "where metrics.jsonl, loss_curve.svg and checkpoints/ go (default: the run --resume continues, else "
                 "a new runs/<config file or model>-<YYYYmmdd-HHMMSS>, named by runs/latest)");
-  t->add_option("--loss-axis", o.loss_axis, "loss_curve.svg's loss axis: log (a falling loss stays readable after the first steps) or linear")
+  t->add_option("--loss-axis", o.logging.loss_axis, "loss_curve.svg's loss axis: log (a falling loss stays readable after the first steps) or linear")
       ->check(CLI::IsMember({"linear", "log"}));
-  t->add_option("--log-every", o.log_every, "progress line every N steps when not on a terminal");
-  t->add_option("--progress", o.progress,
+  t->add_option("--log-every", o.logging.log_every, "progress line every N steps when not on a terminal");
+  t->add_option("--progress", o.logging.progress,
                 "auto (a live bar on a terminal, plain lines otherwise and under mpirun), bar, lines or none");
   add_checkpoint_options(t, o);
-  t->add_flag("--profile", o.profile, "time every op, reshard, collective and optimizer step: a table at the end and "
+  t->add_flag("--profile", o.logging.profile, "time every op, reshard, collective and optimizer step: a table at the end and "
               "<run-dir>/trace.json (Chrome trace format: open it in Perfetto)");
-  t->add_option("--max-shard-size", o.max_shard_size, "largest safetensors file of a checkpoint");
-  t->add_option("--resume", o.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
-  t->add_option("--init-from", o.init_from,
+  t->add_option("--max-shard-size", o.checkpoint.max_shard_size, "largest safetensors file of a checkpoint");
+  t->add_option("--resume", o.checkpoint.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
+  t->add_option("--init-from", o.checkpoint.init_from,
                 "start from the weights of a model directory (transformers save_pretrained or a shardwise checkpoint): "
                 "fresh optimizer, step 0, the model configuration from its config.json");
-  t->add_option("--ignore-keys", o.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
+  t->add_option("--ignore-keys", o.checkpoint.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
       ->expected(1, -1);
-  t->add_flag("--no-verify-resume", o.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
+  t->add_flag("--no-verify-resume", o.checkpoint.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
   t->add_option("--memory-limit", o.memory_limit,
                 "refuse a run whose estimated peak memory per process exceeds this: auto (the machine's available "
                 "memory), none, or a size (24GiB, 1.5GB)");
-  t->add_flag("--dry-run", o.dry_run, "print the per-rank memory plan (plan --memory) and stop before training");
-  t->add_flag("--json", o.json, "with --dry-run / plan --memory: the plan as JSON");
+  t->add_flag("--dry-run", o.logging.dry_run, "print the per-rank memory plan (plan --memory) and stop before training");
+  t->add_flag("--json", o.logging.json, "with --dry-run / plan --memory: the plan as JSON");
   auto& lora = c.model.lora;
   t->add_option("--lora-rank", lora.rank,
                 "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
@@ -210,7 +210,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
       ->delimiter(',');
   t->add_option("--lora-dropout", lora.dropout, "dropout on the adapters' input while training");
   t->add_flag("--lora-rslora", lora.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r)");
-  t->add_option("--lora-from", o.lora_from,
+  t->add_option("--lora-from", o.checkpoint.lora_from,
                 "continue training the adapters of a PEFT adapter directory (its adapter_config.json sets the "
                 "--lora-* options; a LoRA checkpoint is one)");
 }

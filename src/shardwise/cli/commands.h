@@ -70,39 +70,56 @@ struct PipelineOptions {
 };
 int cmd_pipeline(const PipelineOptions& options, std::ostream& out);
 
-struct TrainOptions {
-  train::TrainConfig config;
-  std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
-  std::string gemm_line;      // the run header's line, set by cmd_train
-  int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
-  std::string options_line;   // the run header's options that differ from the defaults (run_header.h), set by app.cc
-  std::string config_file;  // --config: a TOML file of long option names (the command line wins)
-  int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
-  std::string run_dir;  // "": the run that --resume continues, else a new runs/<config or model>-<time>
-  std::vector<std::string> command_line;  // the program and its arguments, for the resume command
-  bool save_on_interrupt = false;  // SIGINT/SIGTERM save the step the run stops at (default: when saving)
-  std::string loss_axis = "log";  // loss_curve.svg: log (the usual choice for a loss) or linear
-  int64_t eval_every = 500;  // 0: at the end only (accuracy of the addition task, or the validation loss)
-  int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
-  std::string progress = "auto";  // auto: a live bar on a terminal (not under mpirun), else lines; bar, lines, none
+// [checkpoint]: where the run saves, and what it starts from.
+struct CheckpointOptions {
   int64_t save_every = 0;  // 0: no checkpoints
   std::string save_dir;    // "": <run_dir>/checkpoints
   int64_t save_total_limit = 0;
   bool async_save = false;
-  bool profile = false;    // --profile: per-type times, collectives, allocator and page faults; <run_dir>/trace.json
-  bool no_verify_resume = false;  // --resume DIR loads without checking its manifest
+  bool save_on_interrupt = false;  // SIGINT/SIGTERM save the step the run stops at (default: when saving)
   std::string max_shard_size = "5GB";
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
+  bool no_verify_resume = false;  // --resume DIR loads without checking its manifest
   std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
   std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
   std::string lora_from;   // a PEFT adapter directory whose adapters (and LoRA configuration) start the run
-  std::string memory_limit = "auto";  // auto (MemAvailable), none, or a size: refuse a plan over it
+  bool operator==(const CheckpointOptions&) const = default;
+};
+
+// [logging]: what the run writes and shows.
+struct LoggingOptions {
+  std::string run_dir;  // "": the run that --resume continues, else a new runs/<config or model>-<time>
+  int64_t eval_every = 500;  // 0: at the end only (accuracy of the addition task, or the validation loss)
+  int64_t log_every = 0;   // 0: every steps/20 (or every step on a terminal)
+  std::string progress = "auto";  // auto: a live bar on a terminal (not under mpirun), else lines; bar, lines, none
+  std::string loss_axis = "log";  // loss_curve.svg: log (the usual choice for a loss) or linear
+  bool profile = false;    // --profile: per-type times, collectives, allocator and page faults; <run_dir>/trace.json
   bool dry_run = false;    // print the memory plan and stop
   bool json = false;       // the plan as JSON
-  // --data runs (cli/data_defaults.h): the vocabulary and the steps come from the data unless given.
-  bool vocab_given = true, steps_given = true;  // set by the command line (the option, --config, a checkpoint)
+  bool operator==(const LoggingOptions&) const = default;
+};
+
+// `shardwise train`'s options in the sections of its --help and of a config file's tables: the
+// Trainer's (config: [model], [parallel], [optimizer], [data]), [checkpoint] and [logging], and
+// the few a section's options are turned into before the Trainer sees them: the ranks, the GEMM
+// backend and the memory limit ([parallel]), --epochs and --tokens ([optimizer]: the steps).
+struct TrainOptions {
+  train::TrainConfig config;
+  CheckpointOptions checkpoint;
+  LoggingOptions logging;
+  int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
+  std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
+  std::string memory_limit = "auto";  // auto (MemAvailable), none, or a size: refuse a plan over it
   double epochs = 0;       // --epochs E: steps for E passes over the training tokens
   int64_t tokens = 0;      // --tokens N: steps for N training tokens
+  std::string config_file;  // --config: a TOML file of long option names (the command line wins)
+  // Set by the command, not options:
+  std::string gemm_line;      // the run header's line, set by cmd_train
+  int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
+  std::string options_line;   // the run header's options that differ from the defaults (run_header.h), set by app.cc
+  std::vector<std::string> command_line;  // the program and its arguments, for the resume command
+  // --data runs (cli/data_defaults.h): the vocabulary and the steps come from the data unless given.
+  bool vocab_given = true, steps_given = true;  // set by the command line (the option, --config, a checkpoint)
   nlohmann::json given;    // the options given (cli/stored_options.h): the checkpoints' run_options.json
   std::vector<std::string> data_notes;    // what the run took from its data (cli/data_defaults.h)
   std::vector<std::string> resume_notes;  // options a --resume took from its checkpoint, and the overrides

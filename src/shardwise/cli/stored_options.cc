@@ -30,13 +30,13 @@ std::string shown(const std::vector<std::string>& values) {
 // The checkpoint whose options a --resume takes: the directory given, or for `auto` the newest
 // checkpoint of the save directory that has run_options.json (none: nothing to take).
 std::optional<ckpt::fs::path> resumed_dir(const TrainOptions& o) {
-  if (o.resume != "auto") {
-    if (ckpt::fs::is_directory(o.resume)) return ckpt::fs::path(o.resume);
+  if (o.checkpoint.resume != "auto") {
+    if (ckpt::fs::is_directory(o.checkpoint.resume)) return ckpt::fs::path(o.checkpoint.resume);
     return std::nullopt;  // the resume itself says what is wrong with it
   }
   // Where train_cmd's choose_run_dir looks: --save-dir, --run-dir, else the newest run of this name.
-  std::string save_dir = o.save_dir;
-  if (save_dir.empty() && !o.run_dir.empty()) save_dir = o.run_dir + "/checkpoints";
+  std::string save_dir = o.checkpoint.save_dir;
+  if (save_dir.empty() && !o.logging.run_dir.empty()) save_dir = o.logging.run_dir + "/checkpoints";
   if (save_dir.empty()) {
     const auto run =
         train::newest_run_with_checkpoint(train::kRunsRoot, train::run_name(o.config_file, o.config.model));
@@ -62,7 +62,7 @@ nlohmann::json stored_run_options(const CLI::App& cmd) {
 }
 
 std::vector<std::string> apply_stored_options(CLI::App& cmd, const TrainOptions& o) {
-  if (o.resume.empty()) return {};
+  if (o.checkpoint.resume.empty()) return {};
   const std::optional<ckpt::fs::path> dir = resumed_dir(o);
   if (!dir) return {};
   const std::optional<nlohmann::json> stored = train::read_run_options(*dir);

@@ -39,12 +39,12 @@
 namespace shardwise::cli {
 
 void apply_init_from(CLI::App& cmd, TrainOptions& o) {
-  SW_CHECK(ckpt::fs::is_directory(o.init_from), "--init-from '{}' is not a directory", o.init_from);
-  const train::GptConfig saved = train::read_model_config(o.init_from);
+  SW_CHECK(ckpt::fs::is_directory(o.checkpoint.init_from), "--init-from '{}' is not a directory", o.checkpoint.init_from);
+  const train::GptConfig saved = train::read_model_config(o.checkpoint.init_from);
   train::GptConfig& m = o.config.model;
   SW_CHECK(cmd.count("--model") == 0 || m.model_type == saved.model_type,
            "--model {} contradicts --init-from {}, whose config.json holds a {} model: leave the option out (the "
-           "model comes from the directory)", m.model_type, o.init_from, saved.model_type);
+           "model comes from the directory)", m.model_type, o.checkpoint.init_from, saved.model_type);
   m.model_type = saved.model_type;
   const bool llama = saved.is_llama();
   std::vector<std::tuple<const char*, int64_t*, int64_t>> fields = {
@@ -61,14 +61,14 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   for (auto [flag, value, from_dir] : fields) {
     SW_CHECK(cmd.count(flag) == 0 || *value == from_dir,
              "{} {} contradicts --init-from {}, whose config.json has {}{}: leave the option out (the model comes "
-             "from the directory)", flag, *value, o.init_from, from_dir,
+             "from the directory)", flag, *value, o.checkpoint.init_from, from_dir,
              llama && std::string(flag) == "--seq" ? " (max_position_embeddings; --seq may be shorter)" : "");
     *value = from_dir;
   }
   if (llama) {
     SW_CHECK(cmd.count("--tied-head") == 0 || m.tie_word_embeddings == saved.tie_word_embeddings,
              "--{} contradicts --init-from {}, whose config.json has tie_word_embeddings {}",
-             m.tie_word_embeddings ? "tied-head" : "untied-head", o.init_from, saved.tie_word_embeddings);
+             m.tie_word_embeddings ? "tied-head" : "untied-head", o.checkpoint.init_from, saved.tie_word_embeddings);
     m.tie_word_embeddings = saved.tie_word_embeddings;
     m.rope_theta = saved.rope_theta;
     m.rms_norm_eps = saved.rms_norm_eps;
@@ -77,9 +77,9 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   }
   m.layer_norm_epsilon = saved.layer_norm_epsilon;
   m.init_std = saved.init_std;
-  o.config.init_token_ids = train::read_stored_token_ids(o.init_from);  // its checkpoints keep them
+  o.config.init_token_ids = train::read_stored_token_ids(o.checkpoint.init_from);  // its checkpoints keep them
   // The directory's dropout (GPT-2's *_pdrop, Llama's attention_dropout) unless --dropout sets it.
-  if (cmd.count("--dropout") == 0) o.config.dropout = train::stored_dropout(o.init_from);
+  if (cmd.count("--dropout") == 0) o.config.dropout = train::stored_dropout(o.checkpoint.init_from);
 }
 
 void apply_lora(CLI::App& cmd, TrainOptions& o) {
@@ -88,11 +88,11 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
   std::vector<std::string> given;
   for (const char* f : flags)
     if (cmd.count(f) > 0) given.push_back(f);
-  if (!o.lora_from.empty()) {
-    const train::LoraConfig saved = train::read_adapter_config(o.lora_from);
+  if (!o.checkpoint.lora_from.empty()) {
+    const train::LoraConfig saved = train::read_adapter_config(o.checkpoint.lora_from);
     auto agree = [&](const char* flag, bool same, const std::string& mine, const std::string& theirs) {
       SW_CHECK(cmd.count(flag) == 0 || same, "{} {} contradicts --lora-from {}, whose adapter_config.json has {}: leave "
-               "the option out (the adapters' configuration comes from the directory)", flag, mine, o.lora_from, theirs);
+               "the option out (the adapters' configuration comes from the directory)", flag, mine, o.checkpoint.lora_from, theirs);
     };
     agree("--lora-rank", l.rank == saved.rank, std::to_string(l.rank), fmt::format("r {}", saved.rank));
     agree("--lora-alpha", l.alpha == saved.alpha, fmt::format("{}", l.alpha), fmt::format("lora_alpha {}", saved.alpha));
@@ -114,9 +114,9 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
     SW_CHECK(given.empty(), "{} needs --lora-rank R (or --lora-from an adapter directory)", fmt::join(given, ", "));
     return;
   }
-  SW_CHECK(!o.init_from.empty(), "{} trains adapters on a base model, whose weights stay frozen: pass --init-from DIR "
+  SW_CHECK(!o.checkpoint.init_from.empty(), "{} trains adapters on a base model, whose weights stay frozen: pass --init-from DIR "
            "(a transformers save_pretrained directory or a shardwise checkpoint)",
-           o.lora_from.empty() ? fmt::format("--lora-rank {}", l.rank) : "--lora-from " + o.lora_from);
+           o.checkpoint.lora_from.empty() ? fmt::format("--lora-rank {}", l.rank) : "--lora-from " + o.checkpoint.lora_from);
 }
 
 namespace {
@@ -135,8 +135,8 @@ void report_profile(const runtime::ProfileReport& r, const std::string& run_dir,
 // The run header's line on the gradient buckets ("" without them).
 std::string buckets_line(const train::Trainer& t) {
   if (!t.grad_buckets()) return "";
-  return fmt::format("  gradients: reduced over dp in buckets of {} MiB, {}\n", t.config().grad_bucket_mb,
-                     t.config().overlap_grad_reduce == "on" ? "each started during the backward" : "after the backward");
+  return fmt::format("  gradients: reduced over dp in buckets of {} MiB, {}\n", t.config().parallel.grad_bucket_mb,
+                     t.config().parallel.overlap_grad_reduce == "on" ? "each started during the backward" : "after the backward");
 }
 
 // The run header's sharding line.
@@ -190,15 +190,15 @@ std::string choose_run_dir(const TrainOptions& o, const train::TrainConfig& c, c
   nlohmann::json said;
   if (world.rank() == 0) {
     try {
-      std::string dir = o.run_dir;
+      std::string dir = o.logging.run_dir;
       const std::string name = train::run_name(o.config_file, c.model);
-      ckpt::fs::path from = ckpt::fs::path(o.resume).lexically_normal();
+      ckpt::fs::path from = ckpt::fs::path(o.checkpoint.resume).lexically_normal();
       if (from.filename().empty()) from = from.parent_path();
-      if (!dir.empty() || !o.save_dir.empty()) {
-      } else if (!o.resume.empty() && o.resume != "auto" && from.parent_path().filename() == "checkpoints") {
+      if (!dir.empty() || !o.checkpoint.save_dir.empty()) {
+      } else if (!o.checkpoint.resume.empty() && o.checkpoint.resume != "auto" && from.parent_path().filename() == "checkpoints") {
         dir = from.parent_path().parent_path().string();
-        said["notes"].push_back(fmt::format("run directory: {} (the run of {})", dir, o.resume));
-      } else if (auto newest = o.resume == "auto" ? train::newest_run_with_checkpoint(kRunsRoot, name) : std::nullopt) {
+        said["notes"].push_back(fmt::format("run directory: {} (the run of {})", dir, o.checkpoint.resume));
+      } else if (auto newest = o.checkpoint.resume == "auto" ? train::newest_run_with_checkpoint(kRunsRoot, name) : std::nullopt) {
         dir = *newest;
         said["notes"].push_back(fmt::format("run directory: {} (--resume auto: the newest run named {} with a "
                                             "checkpoint; --run-dir chooses another)", dir, name));
@@ -256,18 +256,18 @@ void print_header(const train::Trainer& trainer, const TrainOptions& o, const tr
   for (const std::string& line : o.data_notes) out << "  " << line << "\n";
   out << fmt::format("  batch: {} = micro-batch {} x accumulation {} x dp {}{}; {}, lr {} "
                      "(warm-up {}, cosine to {})\n",
-                     counted(c.global_batch, "sequence"), c.micro_batch, c.accumulation, s.dp_size(),
-                     s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), counted(c.steps, "step"), c.lr, c.warmup, c.min_lr);
+                     counted(c.optimizer.global_batch, "sequence"), c.optimizer.micro_batch, c.optimizer.accumulation, s.dp_size(),
+                     s.ep < 0 ? "" : fmt::format(" x ep {}", s.ep_size()), counted(c.optimizer.steps, "step"), c.optimizer.lr, c.optimizer.warmup, c.optimizer.min_lr);
   if (trainer.has_validation()) out << fmt::format("  validation: {}\n", trainer.validation_description());
-  if (c.document_attention)
+  if (c.data.document_attention)
     out << fmt::format("  packing: documents end at id {}; attention and position ids stay within each document\n",
-                       c.eos_id);
-  if (c.sharding.enabled()) out << sharding_line(c.sharding, trainer.optimizer_state_bytes());
+                       c.data.eos_id);
+  if (c.parallel.sharding.enabled()) out << sharding_line(c.parallel.sharding, trainer.optimizer_state_bytes());
   out << buckets_line(trainer);
   if (s.pp >= 0)
-    out << fmt::format("  pipeline: schedule {}, {} on pp={} ({} virtual per rank), {} per step\n", c.schedule,
-                       counted(s.mesh.dim_size(s.pp) * c.virtual_stages, "stage"), s.mesh.dim_size(s.pp),
-                       c.virtual_stages, counted(c.accumulation, "micro-batch"));
+    out << fmt::format("  pipeline: schedule {}, {} on pp={} ({} virtual per rank), {} per step\n", c.parallel.schedule,
+                       counted(s.mesh.dim_size(s.pp) * c.parallel.virtual_stages, "stage"), s.mesh.dim_size(s.pp),
+                       c.parallel.virtual_stages, counted(c.optimizer.accumulation, "micro-batch"));
   out.flush();
 }
 
@@ -279,12 +279,12 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   const auto& config = trainer.config();
   const double elapsed = p.elapsed();
   const std::string curve =
-      log.write_curve(train::loss_curve_title(config.model, trainer.strategy().to_string()), o.loss_axis == "log");
+      log.write_curve(train::loss_curve_title(config.model, trainer.strategy().to_string()), o.logging.loss_axis == "log");
   const auto& rec = log.records();
   const int64_t step = trainer.steps_done();
   out << (p.bar_open ? "\n" : "")
       << (agreed_stop() ? fmt::format("interrupted ({}): {} of {} in {}", signal_name(agreed_stop()), step,
-                                      counted(config.steps, "step"), duration_text(elapsed))
+                                      counted(config.optimizer.steps, "step"), duration_text(elapsed))
                         : fmt::format("done: {} in {}", counted(step, "step"), duration_text(elapsed)))
       << fmt::format(", loss {:.4f} -> {:.4f}, {:.0f} tokens/s", rec.front().step.loss, rec.back().step.loss,
                      static_cast<double>(p.tokens) / elapsed);
@@ -294,7 +294,7 @@ void print_summary(const Progress& p, const train::MetricsLog& log, const train:
   for (const train::StepRecord& r : rec) waited += r.step.loader_wait_s, read += r.step.loader_read_s;
   const double per_step = 1e3 / static_cast<double>(rec.size());
   out << fmt::format("\n  loader: {:.2f} ms blocked on data per step, the longest rank's ({:.2f} ms waiting for the read; {})",
-                     waited * per_step, read * per_step, config.loader_prefetch ? "prefetch" : "no prefetch");
+                     waited * per_step, read * per_step, config.data.loader_prefetch ? "prefetch" : "no prefetch");
   if (trainer.skipped_steps() > 0) {
     out << fmt::format("\n  skipped {} with a non-finite loss or gradient norm (--skip-nonfinite-steps)",
                        counted(trainer.skipped_steps(), "step"));
@@ -346,34 +346,34 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   std::ostream& out = s.out;
   // --profile: the Trainer's collectives go through a recording communicator; events are kept
   // only while a training step runs (runtime/profiler.h).
-  if (o.profile) s.profile = std::make_unique<runtime::RankProfile>(world_ref.rank());
+  if (o.logging.profile) s.profile = std::make_unique<runtime::RankProfile>(world_ref.rank());
   if (s.profile) s.world = std::make_shared<runtime::ProfiledCommunicator>(s.world);
   s.trainer = std::make_unique<train::Trainer>(config, s.world);
   train::Trainer& trainer = *s.trainer;
   comm::Communicator& world = *s.world;
   trainer.set_run_options(o.given);  // its checkpoints keep them (run_options.json)
   s.counts = trainer.count_parameters();  // collective
-  if (!o.init_from.empty()) {
+  if (!o.checkpoint.init_from.empty()) {
     const int64_t n = raising(ErrorKind::Checkpoint,
-                              [&] { return train::init_from_model(trainer, world, o.init_from, o.ignore_keys); });
-    if (s.report) out << fmt::format("  weights from {} ({} tensors{}); dropout {}\n", o.init_from, n,
-                                     o.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.ignore_keys, " ")),
+                              [&] { return train::init_from_model(trainer, world, o.checkpoint.init_from, o.checkpoint.ignore_keys); });
+    if (s.report) out << fmt::format("  weights from {} ({} tensors{}); dropout {}\n", o.checkpoint.init_from, n,
+                                     o.checkpoint.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.checkpoint.ignore_keys, " ")),
                                      config.dropout);
   }
-  if (!o.lora_from.empty()) {
-    const int64_t n = raising(ErrorKind::Checkpoint, [&] { return train::load_adapter(trainer, world, o.lora_from); });
-    if (s.report) out << fmt::format("  adapters from {} ({} tensors)\n", o.lora_from, n);
+  if (!o.checkpoint.lora_from.empty()) {
+    const int64_t n = raising(ErrorKind::Checkpoint, [&] { return train::load_adapter(trainer, world, o.checkpoint.lora_from); });
+    if (s.report) out << fmt::format("  adapters from {} ({} tensors)\n", o.checkpoint.lora_from, n);
   }
   if (config.model.lora.enabled() && s.report)
     out << lora_line(config.model.lora, s.counts, trainer.optimizer_state_bytes());
   std::vector<std::string> notes;
   s.run_dir = choose_run_dir(o, config, world_ref, notes);
-  s.save_dir = o.save_dir.empty() ? s.run_dir + "/checkpoints" : o.save_dir;
-  const bool saves = o.save_every > 0 || o.save_on_interrupt;
-  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.resume.empty()};
+  s.save_dir = o.checkpoint.save_dir.empty() ? s.run_dir + "/checkpoints" : o.checkpoint.save_dir;
+  const bool saves = o.checkpoint.save_every > 0 || o.checkpoint.save_on_interrupt;
+  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.checkpoint.resume.empty()};
   for (const auto& line : train::check_run_dirs(trainer, world, dirs)) notes.push_back(line);
   train::ResumeResult resumed = raising(ErrorKind::Checkpoint, [&] {
-    return train::resume_trainer(trainer, world, o.resume, s.save_dir, !o.no_verify_resume, saves);
+    return train::resume_trainer(trainer, world, o.checkpoint.resume, s.save_dir, !o.checkpoint.no_verify_resume, saves);
   });
   notes.insert(notes.end(), resumed.lines.begin(), resumed.lines.end());
   if (resumed.dir) notes.insert(notes.end(), o.resume_notes.begin(), o.resume_notes.end());
@@ -383,29 +383,29 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   s.nothing_to_do = resumed.nothing_to_do;
   if (s.nothing_to_do) return;
   ckpt::SaveOptions save_options;
-  save_options.save_total_limit = o.save_total_limit;
-  save_options.max_shard_bytes = parse_byte_size(o.max_shard_size);
-  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.save_every, o.async_save, save_options);
+  save_options.save_total_limit = o.checkpoint.save_total_limit;
+  save_options.max_shard_bytes = parse_byte_size(o.checkpoint.max_shard_size);
+  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.checkpoint.save_every, o.checkpoint.async_save, save_options);
   if (s.report) {
     s.log = std::make_unique<train::MetricsLog>(s.run_dir, resumed.dir ? trainer.steps_done() : -1);
     if (!s.log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", s.log->kept_aside());
     print_header(trainer, o, s.counts, world_ref, s.run_dir, out);
   }
-  const int64_t log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, config.steps / 20);
+  const int64_t log_every = o.logging.log_every > 0 ? o.logging.log_every : std::max<int64_t>(1, config.optimizer.steps / 20);
   s.first_step = trainer.steps_done();
-  s.printer = std::make_unique<ProgressPrinter>(out, progress_mode(o.progress, out), s.first_step, config.steps, log_every);
+  s.printer = std::make_unique<ProgressPrinter>(out, progress_mode(o.logging.progress, out), s.first_step, config.optimizer.steps, log_every);
   if (s.profile) s.profile->start(world_ref);
 }
 
 RankRun::~RankRun() = default;
 
 bool RankRun::done() const {
-  return s_->nothing_to_do || s_->stopped || s_->finished || s_->trainer->steps_done() >= s_->config.steps;
+  return s_->nothing_to_do || s_->stopped || s_->finished || s_->trainer->steps_done() >= s_->config.optimizer.steps;
 }
 
 train::StepRecord RankRun::step() {
   State& s = *s_;
-  SW_CHECK(!done(), "the run has no step left: {} of {} steps done{}", s.trainer->steps_done(), s.config.steps,
+  SW_CHECK(!done(), "the run has no step left: {} of {} steps done{}", s.trainer->steps_done(), s.config.optimizer.steps,
            s.stopped ? " (stopped by a signal)" : s.finished ? " (finished)" : "");
   const TrainOptions& o = s.o;
   const train::TrainConfig& config = s.config;
@@ -418,10 +418,10 @@ train::StepRecord RankRun::step() {
   }
   Progress& p = s.p;
   p.tokens += last.tokens;
-  const bool addition = config.data.empty();
+  const bool addition = config.data.files.empty();
   std::optional<double> acc, val;
-  bool eval_now = (addition || trainer.has_validation()) && o.eval_every > 0 &&
-                  (last.step % o.eval_every == 0 || last.step == config.steps);
+  bool eval_now = (addition || trainer.has_validation()) && o.logging.eval_every > 0 &&
+                  (last.step % o.logging.eval_every == 0 || last.step == config.optimizer.steps);
   if (eval_now) {
     // One event, nothing inside: the profile's types are what the training steps spend.
     runtime::ProfileScope profiled(s.profile.get(), runtime::EventKind::Eval, addition ? "evaluate" : "validate");
@@ -432,9 +432,9 @@ train::StepRecord RankRun::step() {
   const train::StepRecord record{last, elapsed, tps, acc, val};
   // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
   if (s.report) s.log->add(record);
-  const bool due = o.save_every > 0 && (last.step % o.save_every == 0 || last.step == config.steps);
+  const bool due = o.checkpoint.save_every > 0 && (last.step % o.checkpoint.save_every == 0 || last.step == config.optimizer.steps);
   raising(ErrorKind::Checkpoint, [&] {
-    s.checkpoints->after_step(trainer, *s.world, o.save_every > 0 && last.step == config.steps);
+    s.checkpoints->after_step(trainer, *s.world, o.checkpoint.save_every > 0 && last.step == config.optimizer.steps);
   });
   if (due) s.saved_step = last.step;
   if (s.report && acc) p.best = std::max(p.best, *acc), p.last_acc = *acc;
@@ -445,14 +445,14 @@ train::StepRecord RankRun::step() {
                                       p.last_acc >= 0 ? fmt::format("  acc {:.1f}%", 100 * p.last_acc) : "");
     metrics += (p.last_val >= 0 ? fmt::format("  val {:.4f} (ppl {:.2f})", p.last_val, std::exp(p.last_val)) : "") +
                moe_summary(last.moe);
-    s.printer->step(progress_text({last.step, s.first_step, config.steps, elapsed, metrics}, s.printer->bar()), last.step,
+    s.printer->step(progress_text({last.step, s.first_step, config.optimizer.steps, elapsed, metrics}, s.printer->bar()), last.step,
                     eval_now, elapsed);
     p.bar_open = s.printer->bar_open();
     if (s.on_step) s.on_step(record);
   }
   // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
-  if (last.step < config.steps && agree_to_stop(s.world_ref) != 0) {
-    if (o.save_on_interrupt && s.saved_step != last.step)
+  if (last.step < config.optimizer.steps && agree_to_stop(s.world_ref) != 0) {
+    if (o.checkpoint.save_on_interrupt && s.saved_step != last.step)
       raising(ErrorKind::Checkpoint, [&] { s.checkpoints->after_step(trainer, *s.world, true); });
     s.stopped = true;
   }
@@ -460,12 +460,12 @@ train::StepRecord RankRun::step() {
 }
 
 void check_evaluates(const train::TrainConfig& c) {
-  SW_CHECK(c.data.empty(), "evaluate() is the held-out accuracy of the embedded addition task; this run trains on "
-           "--data {} (validate() gives its validation loss with --val-data or --val-fraction)", c.data);
+  SW_CHECK(c.data.files.empty(), "evaluate() is the held-out accuracy of the embedded addition task; this run trains on "
+           "--data {} (validate() gives its validation loss with --val-data or --val-fraction)", c.data.files);
 }
 
 void check_validates(const train::TrainConfig& c) {
-  SW_CHECK(c.has_validation(), "validate() needs a validation set: --val-data or --val-fraction (with --data)");
+  SW_CHECK(c.data.has_validation(), "validate() needs a validation set: --val-data or --val-fraction (with --data)");
 }
 
 double RankRun::evaluate() {
@@ -522,7 +522,7 @@ const std::vector<train::StepRecord>& RankRun::records() const {
 int run_train(const TrainOptions& options, std::ostream& out, const RankRun::StepHook& on_step,
               TrainOutcome* outcome) {
   const PreparedRun run = prepare_train_run(options, out);
-  if (run.o.dry_run) return 0;
+  if (run.o.logging.dry_run) return 0;
   // Ctrl-C / SIGTERM from here on: the run stops after the step, saves, summarizes, exits 130.
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   StopSignals signals(!mpi_rank || std::atoi(mpi_rank) == 0);

@@ -116,10 +116,10 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
 void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {
   if (!o.config_file.empty()) apply_config_file(cmd, o.config_file);
   o.resume_notes = apply_stored_options(cmd, o);  // --resume: the checkpoint's options are the defaults
-  o.vocab_given = cmd.count("--vocab") > 0 || !o.init_from.empty();
+  o.vocab_given = cmd.count("--vocab") > 0 || !o.checkpoint.init_from.empty();
   o.steps_given = cmd.count("--steps") > 0;
-  if (!o.init_from.empty()) apply_init_from(cmd, o);
-  if (lora_needs_base || !o.init_from.empty() || !o.lora_from.empty()) apply_lora(cmd, o);
+  if (!o.checkpoint.init_from.empty()) apply_init_from(cmd, o);
+  if (lora_needs_base || !o.checkpoint.init_from.empty() || !o.checkpoint.lora_from.empty()) apply_lora(cmd, o);
 }
 
 }  // namespace shardwise::cli

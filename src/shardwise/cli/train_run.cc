@@ -30,7 +30,7 @@ void complete_train_options(CLI::App& cmd, TrainOptions& o, std::vector<std::str
   apply_run_sources(cmd, o);
   o.options_line = given_options(cmd);
   o.given = stored_run_options(cmd);  // the checkpoints' run_options.json
-  if (cmd.get_option("--save-on-interrupt")->count() == 0) o.save_on_interrupt = o.save_every > 0;
+  if (cmd.get_option("--save-on-interrupt")->count() == 0) o.checkpoint.save_on_interrupt = o.checkpoint.save_every > 0;
   o.command_line = std::move(command_line);
 }
 
@@ -96,8 +96,8 @@ ParsedTrain parse_train_args(const std::vector<std::string>& args) {
   parsed.resolved = resolved_options(*cmd);
   // The flags whose value is not their option's text: --no-prefetch holds the prefetch it turns off,
   // and --save-on-interrupt's default follows --save-every.
-  parsed.resolved["no-prefetch"] = parsed.options.config.loader_prefetch ? "false" : "true";
-  parsed.resolved["save-on-interrupt"] = parsed.options.save_on_interrupt ? "true" : "false";
+  parsed.resolved["no-prefetch"] = parsed.options.config.data.loader_prefetch ? "false" : "true";
+  parsed.resolved["save-on-interrupt"] = parsed.options.checkpoint.save_on_interrupt ? "true" : "false";
   return parsed;
 }
 
@@ -106,31 +106,31 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
     TrainOptions o = options;
     train::TrainConfig c = o.config;
     const bool mpi = comm::launched_by_mpirun();
-    int64_t ranks = count_ranks(o.ranks, [&] { return mesh::parse_mesh(c.mesh).size(); });
+    int64_t ranks = count_ranks(o.ranks, [&] { return mesh::parse_mesh(c.parallel.mesh).size(); });
     SW_CHECK(ranks >= 1, "--ranks must be at least 1, got {}", ranks);
-    for (auto [name, value] : {std::pair{"--eval-every", o.eval_every}, {"--log-every", o.log_every},
-                               {"--save-every", o.save_every}, {"--save-total-limit", o.save_total_limit}})
+    for (auto [name, value] : {std::pair{"--eval-every", o.logging.eval_every}, {"--log-every", o.logging.log_every},
+                               {"--save-every", o.checkpoint.save_every}, {"--save-total-limit", o.checkpoint.save_total_limit}})
       SW_CHECK(value >= 0, "{} must be 0 or a positive number, got {}", name, value);
     // --data: the vocabulary and the steps from the data
     o.data_notes = raising(ErrorKind::Data, [&] { return apply_data_defaults(o, c, ranks); });
-    if (o.eval_every == 0) o.eval_every = c.steps;  // once, at the end
-    SW_CHECK(!o.json || o.dry_run, "--json prints the memory plan of --dry-run (or `shardwise plan --memory --json`): "
+    if (o.logging.eval_every == 0) o.logging.eval_every = c.optimizer.steps;  // once, at the end
+    SW_CHECK(!o.logging.json || o.logging.dry_run, "--json prints the memory plan of --dry-run (or `shardwise plan --memory --json`): "
              "add --dry-run");
-    SW_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
-             "--progress '{}': use auto, bar, lines or none", o.progress);
+    SW_CHECK(o.logging.progress == "auto" || o.logging.progress == "bar" || o.logging.progress == "lines" || o.logging.progress == "none",
+             "--progress '{}': use auto, bar, lines or none", o.logging.progress);
     // An MoE model's checkpoints are Mixtral's (config.json and per-expert keys), which has experts in
     // every layer: dense layers among MoE ones have no such layout.
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < c.model.layers; ++l) moe_layers += c.model.is_moe_layer(l) ? 1 : 0;
     SW_CHECK(c.model.experts == 0 || moe_layers == c.model.layers ||
-                 (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
+                 (o.checkpoint.save_every == 0 && o.checkpoint.resume.empty() && o.checkpoint.init_from.empty()),
              "--moe-layers {}: checkpoints of MoE models are Mixtral's layout, which has experts in every layer, and "
              "this model has them in {} of its {} layers: run without --save-every, --resume and --init-from, or "
              "without --moe-layers", fmt::join(c.model.moe_layers, ","), moe_layers, c.model.layers);
     // Mixtral's router is a softmax over the experts and it has no shared expert: a sigmoid router or a
     // shared expert has no place in its config.json or keys.
     SW_CHECK(c.model.experts == 0 || (c.model.router == "softmax" && c.model.shared_expert_width == 0) ||
-                 (o.save_every == 0 && o.resume.empty() && o.init_from.empty()),
+                 (o.checkpoint.save_every == 0 && o.checkpoint.resume.empty() && o.checkpoint.init_from.empty()),
              "--router {} --shared-expert-width {}: checkpoints of MoE models are Mixtral's layout, which has a softmax "
              "router and no shared expert: run without --save-every, --resume and --init-from, or with --router softmax "
              "and no --shared-expert-width", c.model.router, c.model.shared_expert_width);
@@ -140,8 +140,8 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
     // The memory plan against --memory-limit before anything is allocated; --dry-run prints it and stops
     // (under mpirun the first process prints).
     const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    check_run_memory(c, o, !mpi, o.dry_run && (!mpi_rank || std::atoi(mpi_rank) == 0), out);
-    if (o.dry_run) return {o, c, ranks, mpi};
+    check_run_memory(c, o, !mpi, o.logging.dry_run && (!mpi_rank || std::atoi(mpi_rank) == 0), out);
+    if (o.logging.dry_run) return {o, c, ranks, mpi};
     o.gemm_line = choose_gemm(o.gemm);  // before any GEMM: fixes the library's core type
     set_blas_threads(mpi || ranks > 1 ? 1 : 0);
     // Each rank's kernels split their loops over as many threads as its GEMMs use (one per rank when

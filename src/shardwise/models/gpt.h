@@ -111,6 +111,7 @@ struct GptConfig {
   }
   bool recomputes(int64_t index) const { return recompute != "none" && (recompute_layers < 0 || index < recompute_layers); }
   void validate() const;  // Error naming the bad field (LoRA's too: lora_modules)
+  bool operator==(const GptConfig&) const = default;
 };
 
 using mesh::Strategy;

@@ -40,6 +40,7 @@ struct LoraConfig {
   bool enabled() const { return rank > 0; }
   double scale() const;
   bool targets_module(const std::string& path) const;  // PEFT's matching rule
+  bool operator==(const LoraConfig&) const = default;
 };
 
 // One adapted module of the model.

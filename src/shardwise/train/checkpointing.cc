@@ -21,12 +21,12 @@ namespace {
 // The ids config.json and generation_config.json name: a --tokenizer run's (its bos, eos and pad;
 // eos for a missing bos or pad), else the run's --eos-id for all three, else the vocabulary's default.
 SpecialTokens special_tokens(const TrainConfig& c) {
-  if (!c.tokenizer.empty()) {
-    const Tokenizer t(c.tokenizer);
-    const int64_t eos = c.eos_id >= 0 ? c.eos_id : t.eos_id() >= 0 ? t.eos_id() : default_special_tokens(c.model.vocab).eos;
+  if (!c.data.tokenizer.empty()) {
+    const Tokenizer t(c.data.tokenizer);
+    const int64_t eos = c.data.eos_id >= 0 ? c.data.eos_id : t.eos_id() >= 0 ? t.eos_id() : default_special_tokens(c.model.vocab).eos;
     return {t.bos_id() >= 0 ? t.bos_id() : eos, eos, t.pad_id() >= 0 ? t.pad_id() : eos};
   }
-  if (c.eos_id >= 0) return {c.eos_id, c.eos_id, c.eos_id};
+  if (c.data.eos_id >= 0) return {c.data.eos_id, c.data.eos_id, c.data.eos_id};
   return default_special_tokens(c.model.vocab);
 }
 
@@ -34,12 +34,12 @@ SpecialTokens special_tokens(const TrainConfig& c) {
 // model directory's): a --tokenizer's bos, eos and pad (those it defines), --eos-id's eos.
 std::vector<std::string> tokens_the_run_sets(const TrainConfig& c) {
   std::vector<std::string> out;
-  if (!c.tokenizer.empty()) {
-    const Tokenizer t(c.tokenizer);
+  if (!c.data.tokenizer.empty()) {
+    const Tokenizer t(c.data.tokenizer);
     if (t.bos_id() >= 0) out.push_back("bos_token_id");
     if (t.pad_id() >= 0) out.push_back("pad_token_id");
   }
-  if (c.eos_id >= 0) out.push_back("eos_token_id");  // --eos-id, or the tokenizer's (TrainConfig::check)
+  if (c.data.eos_id >= 0) out.push_back("eos_token_id");  // --eos-id, or the tokenizer's (TrainConfig::check)
   return out;
 }
 
@@ -144,10 +144,10 @@ std::string describe_fingerprint(const nlohmann::json& f) {
 // generators are counter-based, so seed and step are each rank's whole state).
 void check_same_run(const nlohmann::json& state, const Trainer& trainer, const ckpt::fs::path& dir) {
   const TrainConfig& c = trainer.config();
-  SW_CHECK(state.value("global_batch", int64_t{0}) == c.global_batch,
+  SW_CHECK(state.value("global_batch", int64_t{0}) == c.optimizer.global_batch,
            "checkpoint {} was trained with a global batch of {} sequences, this run uses {}: the data position "
            "and the schedule would not continue the same run",
-           dir.string(), state.value("global_batch", int64_t{0}), c.global_batch);
+           dir.string(), state.value("global_batch", int64_t{0}), c.optimizer.global_batch);
   // Checkpoints from before the fingerprint have none: nothing to compare.
   if (state.contains("data") && state["data"].contains("fingerprint")) {
     nlohmann::json saved_data = state["data"]["fingerprint"], my_data = trainer.data_fingerprint();
@@ -158,11 +158,11 @@ void check_same_run(const nlohmann::json& state, const Trainer& trainer, const c
   }
   const int64_t step = state.at("step").get<int64_t>();
   for (const nlohmann::json& rank : state.value("rng", nlohmann::json::array())) {
-    const auto seed = rank.value("seed", c.seed);
-    SW_CHECK(seed == c.seed && rank.value("step", step) == step,
+    const auto seed = rank.value("seed", c.optimizer.seed);
+    SW_CHECK(seed == c.optimizer.seed && rank.value("step", step) == step,
              "checkpoint {} holds generator state seed {} at step {}, this run uses --seed {} at step {}: dropout "
              "masks and the data order would not continue the same run; resume with --seed {}", dir.string(), seed,
-             rank.value("step", step), c.seed, step, seed);
+             rank.value("step", step), c.optimizer.seed, step, seed);
   }
 }
 
@@ -210,25 +210,25 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
   // The generators are counter-based and keyed by (seed, name, element index): a rank's state is
   // its seed and the step, the same on every rank; gathered anyway so a reader sees every rank.
   nlohmann::json rng = {{"kind", "philox4x32-10, keyed by (seed, tensor name, global element index)"},
-                        {"seed", c.seed},
+                        {"seed", c.optimizer.seed},
                         {"step", trainer.steps_done()}};
   std::vector<nlohmann::json> ranks = comm::all_gather_object(world, rng);
   LrSchedule s = trainer.schedule();
   nlohmann::json state = {
       {"step", trainer.steps_done()},
       {"consumed_samples", trainer.consumed_samples()},
-      {"global_batch", c.global_batch},
+      {"global_batch", c.optimizer.global_batch},
       {"lr_schedule", {{"peak", s.peak}, {"floor", s.floor}, {"warmup", s.warmup}, {"total", s.total},
                        {"next_lr", s.at(trainer.steps_done())}}},
-      {"optimizer", {{"name", "adamw"}, {"beta1", c.adamw.beta1}, {"beta2", c.adamw.beta2},
-                     {"epsilon", c.adamw.epsilon}, {"weight_decay", c.adamw.weight_decay}, {"clip", c.clip}}},
-      {"data", {{"dataset", trainer.data_description()}, {"path", c.data}, {"digits", c.digits},
-                {"seed", c.seed}, {"next_sample", trainer.consumed_samples()},
+      {"optimizer", {{"name", "adamw"}, {"beta1", c.optimizer.adamw.beta1}, {"beta2", c.optimizer.adamw.beta2},
+                     {"epsilon", c.optimizer.adamw.epsilon}, {"weight_decay", c.optimizer.adamw.weight_decay}, {"clip", c.optimizer.clip}}},
+      {"data", {{"dataset", trainer.data_description()}, {"path", c.data.files}, {"digits", c.data.digits},
+                {"seed", c.optimizer.seed}, {"next_sample", trainer.consumed_samples()},
                 {"fingerprint", trainer.data_fingerprint()}}},
       {"rng", ranks},
       {"mesh", trainer.strategy().mesh.to_string()},
-      {"sequence_parallel", c.sequence_parallel},
-      {"sharding", {{"stage", c.sharding.stage}, {"layout", c.sharding.layout}}},
+      {"sequence_parallel", c.parallel.sequence_parallel},
+      {"sharding", {{"stage", c.parallel.sharding.stage}, {"layout", c.parallel.sharding.layout}}},
       {"ranks", world.size()}};
   if (lora) {
     // The adapters mean nothing without their base: a resume checks it is the same.

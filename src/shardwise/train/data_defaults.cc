@@ -14,8 +14,8 @@ int64_t rounded_vocab(int64_t needed) {
 }
 
 int64_t data_vocab(const TrainConfig& c) {
-  SW_CHECK(!c.data.empty(), "the embedded addition task has no data files to take a vocabulary from");
-  if (!c.tokenizer.empty()) return Tokenizer(c.tokenizer).vocab_size();
+  SW_CHECK(!c.data.files.empty(), "the embedded addition task has no data files to take a vocabulary from");
+  if (!c.data.tokenizer.empty()) return Tokenizer(c.data.tokenizer).vocab_size();
   TrainConfig probe = c;
   if (probe.model.seq == 0) probe.model.seq = kDefaultFileSeq;
   int64_t needed = open_training_data(probe)->vocab_needed();

@@ -37,11 +37,11 @@ bool try_change(const std::string& what, TrainConfig alt, const MemoryPlan& plan
 // The smallest micro-batch that fits (halving, the global batch kept), else the smallest there is.
 void try_micro_batch(const TrainConfig& c, const MemoryPlan& plan, int64_t limit, std::vector<MemoryChange>& out) {
   std::vector<MemoryChange> tried;
-  for (int64_t m = c.micro_batch / 2; m >= 1; m /= 2) {
+  for (int64_t m = c.optimizer.micro_batch / 2; m >= 1; m /= 2) {
     TrainConfig alt = c;
-    alt.micro_batch = m, alt.accumulation = 0;
-    if (c.global_batch % m != 0) continue;
-    const int64_t acc = c.accumulation * c.micro_batch / m;
+    alt.optimizer.micro_batch = m, alt.optimizer.accumulation = 0;
+    if (c.optimizer.global_batch % m != 0) continue;
+    const int64_t acc = c.optimizer.accumulation * c.optimizer.micro_batch / m;
     if (!try_change(fmt::format("--micro-batch {} (accumulation {}, the same global batch)", m, acc), alt, plan, limit,
                     tried))
       continue;
@@ -80,8 +80,8 @@ MemoryAdvice advise_memory(const TrainConfig& c, const MemoryPlan& plan, int64_t
   const auto parts = parts_of(plan.largest());
   a.cause = parts[0].second, a.cause_bytes = parts[0].first;
   const bool activations = a.cause == "activations and working buffers";
-  if (activations) a.cause_detail = fmt::format("micro-batch {} x {} tokens", c.micro_batch, c.model.seq);
-  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.mesh), c.sequence_parallel);
+  if (activations) a.cause_detail = fmt::format("micro-batch {} x {} tokens", c.optimizer.micro_batch, c.model.seq);
+  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel);
   auto with = [&](const std::function<void(TrainConfig&)>& change) {
     TrainConfig alt = c;
     change(alt);
@@ -90,15 +90,15 @@ MemoryAdvice advise_memory(const TrainConfig& c, const MemoryPlan& plan, int64_t
   auto full_recompute = [](TrainConfig& t) { t.model.recompute = "full", t.model.recompute_layers = -1; };
   // The likeliest fix first: the batch's activations, or the state the sharding stages split.
   std::vector<std::function<void()>> order;
-  auto micro = [&] { if (c.micro_batch > 1) try_micro_batch(c, plan, limit, a.changes); };
+  auto micro = [&] { if (c.optimizer.micro_batch > 1) try_micro_batch(c, plan, limit, a.changes); };
   auto recompute = [&] { if (!recomputes_all(c)) try_change("--recompute full", with(full_recompute), plan, limit, a.changes); };
   auto state = [&] {
-    if (s.dp_size() > 1 && c.sharding.stage < 2)
-      try_change("--sharding-stage 2", with([](TrainConfig& t) { t.sharding.stage = 2; }), plan, limit, a.changes);
-    if (s.dp_size() > 1 && c.sharding.stage < 3) {
-      try_change("--sharding-stage 3", with([](TrainConfig& t) { t.sharding.stage = 3; }), plan, limit, a.changes);
+    if (s.dp_size() > 1 && c.parallel.sharding.stage < 2)
+      try_change("--sharding-stage 2", with([](TrainConfig& t) { t.parallel.sharding.stage = 2; }), plan, limit, a.changes);
+    if (s.dp_size() > 1 && c.parallel.sharding.stage < 3) {
+      try_change("--sharding-stage 3", with([](TrainConfig& t) { t.parallel.sharding.stage = 3; }), plan, limit, a.changes);
       if (!recomputes_all(c))
-        try_change("--sharding-stage 3 --recompute full", with([&](TrainConfig& t) { t.sharding.stage = 3, full_recompute(t); }),
+        try_change("--sharding-stage 3 --recompute full", with([&](TrainConfig& t) { t.parallel.sharding.stage = 3, full_recompute(t); }),
                    plan, limit, a.changes);
     }
   };
@@ -109,9 +109,9 @@ MemoryAdvice advise_memory(const TrainConfig& c, const MemoryPlan& plan, int64_t
   if (!a.fix()) {  // every change together
     TrainConfig all = with(full_recompute);
     std::string what = "--recompute full";
-    if (c.micro_batch > 1 && c.global_batch % c.micro_batch == 0)
-      all.micro_batch = 1, all.accumulation = 0, what = "--micro-batch 1 " + what;
-    if (s.dp_size() > 1) all.sharding.stage = 3, what += " --sharding-stage 3";
+    if (c.optimizer.micro_batch > 1 && c.optimizer.global_batch % c.optimizer.micro_batch == 0)
+      all.optimizer.micro_batch = 1, all.optimizer.accumulation = 0, what = "--micro-batch 1 " + what;
+    if (s.dp_size() > 1) all.parallel.sharding.stage = 3, what += " --sharding-stage 3";
     all.bf16 = true;
     if (!try_change(what + " --bf16", all, plan, limit, a.changes)) {
       all.bf16 = c.bf16;

@@ -331,10 +331,10 @@ nlohmann::json MemoryPlan::to_json() const {
 }
 
 MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
-  const Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(c.mesh), c.sequence_parallel);
+  const Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel);
   const GptConfig model = kernel_model(c);
   const PipelineConfig pc = pipeline_config(c);
-  const StageLayout layout = stage_layout(model, strategy, pc, static_cast<int>(c.accumulation));
+  const StageLayout layout = stage_layout(model, strategy, pc, static_cast<int>(c.optimizer.accumulation));
   const pipeline::Schedule& schedule = layout.schedule;
   MemoryPlan plan;
   plan.threads = threads;
@@ -342,13 +342,13 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
       "{} {}, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {}; sharding stage {}{}; "
       "recompute {}{}{}",
       describe_architecture(c.model), counted(c.model.layers, "layer"), c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
-      c.micro_batch, counted(c.accumulation, "micro-batch"), c.sharding.stage, c.sharding.shards_optimizer() ? " " + c.sharding.layout : "",
+      c.optimizer.micro_batch, counted(c.optimizer.accumulation, "micro-batch"), c.parallel.sharding.stage, c.parallel.sharding.shards_optimizer() ? " " + c.parallel.sharding.layout : "",
       c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {})", counted(c.model.recompute_layers, "layer")) : "",
       strategy.pp >= 0 ? fmt::format("; schedule {}", schedule.name) : "");
   std::map<int, std::vector<StageModel>> compiled;  // per pipeline rank: its stages
   const int64_t pp = strategy.pp < 0 ? 1 : strategy.mesh.dim_size(strategy.pp);
   for (int r = 0; r < pp; ++r) {
-    for (pipeline::StageSpec& spec : stage_specs(model, layout, pc, c.micro_batch * strategy.data_size(), r,
+    for (pipeline::StageSpec& spec : stage_specs(model, layout, pc, c.optimizer.micro_batch * strategy.data_size(), r,
                                                  StageGraph::Training)) {
       const mesh::ProcessMesh& mesh = layout.meshes[static_cast<size_t>(spec.stage)];
       compiled[r].push_back(model_stage(std::move(spec), mesh, schedule.split_backward, pc.release, pc.prefetch_params));
@@ -357,7 +357,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   // Stage 2 with the buckets started during the backward, one micro-batch, no pp: each gradient is
   // handed to the buckets once computed and its buffer freed (PipelineRunner::hand_over), so the
   // runtime's working bytes lose the gradients and `grads` is what the buckets hold at most.
-  const bool early_free = c.sharding.stage == 2 && c.overlap_grad_reduce == "on" && schedule.micro_batches == 1 &&
+  const bool early_free = c.parallel.sharding.stage == 2 && c.parallel.overlap_grad_reduce == "on" && schedule.micro_batches == 1 &&
                           strategy.pp < 0 && layout.stage_strategy.data_size() > 1;
   for (int64_t process = 0; process < strategy.mesh.size(); ++process) {
     RankMemory rm;
@@ -406,16 +406,16 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
     for (const auto& [dims, size_rank] : groups) group_sizes.push_back(size_rank.first), group_ranks.push_back(size_rank.second);
     for (const std::vector<int>& dims : data_dims)
       group_of.push_back(static_cast<int>(std::distance(groups.begin(), groups.find(dims))));
-    const ShardPlan shards = plan_shards(c.sharding.layout, numels, group_of, group_sizes, group_ranks);
+    const ShardPlan shards = plan_shards(c.parallel.sharding.layout, numels, group_of, group_sizes, group_ranks);
     int64_t state_elements = 0;
     for (int64_t n : numels) state_elements += n;
-    if (c.sharding.shards_optimizer()) state_elements = shards.owned_elements();  // stage 3: the blocks are the shards
+    if (c.parallel.sharding.shards_optimizer()) state_elements = shards.owned_elements();  // stage 3: the blocks are the shards
     rm.optimizer = 8 * state_elements;
     rm.grads_in_working = schedule.micro_batches == 1 && !c.bf16;
     rm.masters = c.bf16 ? 4 * state_elements : 0;
-    if (c.sharding.stage == 2) rm.grad_shards = 4 * state_elements;
+    if (c.parallel.sharding.stage == 2) rm.grad_shards = 4 * state_elements;
     int64_t finish_peak = 0;
-    if (c.sharding.stage == 1 || c.sharding.stage == 2) {
+    if (c.parallel.sharding.stage == 1 || c.parallel.sharding.stage == 2) {
       // ShardedOptimizer::reduce after the backward: every gradient sum is still held while the
       // rank's range of each is copied out (stage 1) or reduce-scattered into a fresh range (stage 2,
       // the sums freed one by one), so the sums and the ranges are alive together.
@@ -427,7 +427,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
         sums.push_back(4 * numels[i]);
         ranges.push_back(4 * shards.count(i));
       }
-      BucketSim buckets(static_cast<int64_t>(c.grad_bucket_mb * (1 << 20)), BucketOptions{}.max_in_flight, sums, ranges,
+      BucketSim buckets(static_cast<int64_t>(c.parallel.grad_bucket_mb * (1 << 20)), BucketOptions{}.max_in_flight, sums, ranges,
                         group_of);
       stages.at(only->spec.stage).backward_peak = stage_bytes(*only, only_bytes, pc.release, &buckets).backward_peak;
       finish_peak = buckets.finish();  // Trainer::reduce_grads, after the runtime let the frame go

@@ -13,11 +13,11 @@ MoeTraffic moe_traffic(const TrainConfig& c) {
   const GptConfig& m = c.model;
   if (!m.is_llama() || m.experts == 0) return t;
   for (int64_t l = 0; l < m.layers; ++l) t.moe_layers += m.is_moe_layer(l) ? 1 : 0;
-  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.mesh), c.sequence_parallel);
-  t.micro_batches = c.accumulation;
+  const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel);
+  t.micro_batches = c.optimizer.accumulation;
   t.ep = s.ep_size();
   t.top_k = m.top_k, t.experts = m.experts, t.hidden = m.hidden;
-  t.tokens_per_micro_batch = c.micro_batch * s.data_size() * m.seq;
+  t.tokens_per_micro_batch = c.optimizer.micro_batch * s.data_size() * m.seq;
   const int64_t token_ranks = s.data_size();  // dp x ep: each rank routes its own sequences' tokens
   t.rank_tokens = (t.tokens_per_micro_batch + token_ranks - 1) / token_ranks;
   if (m.capacity_factor > 0) {

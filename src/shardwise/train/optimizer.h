@@ -15,6 +15,7 @@ namespace shardwise::train {
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8;
   double weight_decay = 0.1;  // applied to matrices (rank >= 2) only
+  bool operator==(const AdamWConfig&) const = default;
 };
 
 // Linear warm-up from 0 to `peak` over `warmup` steps, then cosine decay to `floor` at `total`.

@@ -145,7 +145,7 @@ ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const s
   load_trainer(trainer, world, *r.dir);
   r.lines.push_back(fmt::format("resumed from {} at step {} ({} samples consumed)", r.dir->string(),
                                 trainer.steps_done(), trainer.consumed_samples()));
-  const int64_t steps = trainer.config().steps, at = trainer.steps_done();
+  const int64_t steps = trainer.config().optimizer.steps, at = trainer.steps_done();
   SW_CHECK(steps >= at, "--steps {} is below step {} of the resumed checkpoint {}: pass --steps above {} to train "
            "further, or resume an earlier checkpoint", steps, at, r.dir->string(), at);
   for (const auto& c : saves && steps > at ? ckpt::list_checkpoints(save_dir) : std::vector<ckpt::CheckpointEntry>{}) {

@@ -28,7 +28,7 @@ nlohmann::json tokenizer_config(const Tokenizer& t, int64_t seq) {
 void add_run_files(const TrainConfig& c, const nlohmann::json& options, const std::string& model_dir,
                    ckpt::CheckpointContent& content) {
   if (options.is_object()) content.json_files.emplace_back(kRunOptionsFile, nlohmann::json{{"options", options}});
-  if (c.tokenizer.empty()) {
+  if (c.data.tokenizer.empty()) {
     for (const char* name : ckpt::kTokenizerFiles) {
       const ckpt::fs::path file = ckpt::fs::path(model_dir) / name;
       if (!model_dir.empty() && ckpt::fs::is_regular_file(file))
@@ -36,8 +36,8 @@ void add_run_files(const TrainConfig& c, const nlohmann::json& options, const st
     }
     return;
   }
-  const Tokenizer t(c.tokenizer);
-  content.raw_files.emplace_back(kTokenizerFile, ckpt::read_text_file(c.tokenizer));
+  const Tokenizer t(c.data.tokenizer);
+  content.raw_files.emplace_back(kTokenizerFile, ckpt::read_text_file(c.data.tokenizer));
   content.json_files.emplace_back("tokenizer_config.json", tokenizer_config(t, c.model.seq));
 }
 

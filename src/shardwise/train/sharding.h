@@ -50,6 +50,7 @@ struct ShardingConfig {
   // Stage 3: the all-gathers of this many layers ahead are started before the current layer
   // computes, in forward and backward (runtime::RuntimeOptions::prefetch_params; 0: off).
   int prefetch_params = 0;
+  bool operator==(const ShardingConfig&) const = default;
 };
 
 // A parameter's data group: of `data_dims` (the mesh's dp and ep dims, those it has), the ones on

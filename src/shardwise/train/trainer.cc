@@ -38,31 +38,31 @@ void check_largest_parameter(const GptConfig& m) {
 // --tokenizer, --documents, --eos-id and --no-cross-document-attention against each other and the
 // model; fills the eos id from the tokenizer.
 void check_text_options(TrainConfig& c) {
-  if (!c.tokenizer.empty()) {
-    SW_CHECK(!c.data.empty(), "--tokenizer {} reads --data as raw text: give --data text.txt (the embedded addition "
-             "task has its own byte tokens)", c.tokenizer);
-    SW_CHECK(c.data_format == "auto", "--tokenizer reads --data as raw text; --data-format {} names a token file "
-             "format: leave it out, or drop --tokenizer to read token files", c.data_format);
-    const Tokenizer t(c.tokenizer);
+  if (!c.data.tokenizer.empty()) {
+    SW_CHECK(!c.data.files.empty(), "--tokenizer {} reads --data as raw text: give --data text.txt (the embedded addition "
+             "task has its own byte tokens)", c.data.tokenizer);
+    SW_CHECK(c.data.format == "auto", "--tokenizer reads --data as raw text; --data-format {} names a token file "
+             "format: leave it out, or drop --tokenizer to read token files", c.data.format);
+    const Tokenizer t(c.data.tokenizer);
     SW_CHECK(t.vocab_size() <= c.model.vocab,
              "--tokenizer {} has a vocabulary of {} ids; the model's --vocab {} must hold it (use --vocab {} or more)",
-             c.tokenizer, t.vocab_size(), c.model.vocab, t.vocab_size());
-    SW_CHECK(c.eos_id < 0 || c.eos_id == t.eos_id(),
+             c.data.tokenizer, t.vocab_size(), c.model.vocab, t.vocab_size());
+    SW_CHECK(c.data.eos_id < 0 || c.data.eos_id == t.eos_id(),
              "--eos-id {} contradicts --tokenizer {}, which ends documents with its eos id {}: leave --eos-id out",
-             c.eos_id, c.tokenizer, t.eos_id());
-    c.eos_id = t.eos_id();
-    parse_document_split(c.documents);
+             c.data.eos_id, c.data.tokenizer, t.eos_id());
+    c.data.eos_id = t.eos_id();
+    parse_document_split(c.data.documents);
   } else {
-    SW_CHECK(c.documents == "file" && c.document_separator.empty(),
+    SW_CHECK(c.data.documents == "file" && c.data.document_separator.empty(),
              "--documents and --document-separator cut raw text for --tokenizer; without one --data holds tokens "
              "(their end-of-text ids mark documents: --eos-id)");
   }
-  SW_CHECK(c.eos_id >= -1 && c.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
-           c.eos_id, c.model.vocab);
-  if (c.document_attention) {
-    SW_CHECK(!c.data.empty(),
+  SW_CHECK(c.data.eos_id >= -1 && c.data.eos_id < c.model.vocab, "--eos-id {} is outside the vocabulary of {} ids (--vocab)",
+           c.data.eos_id, c.model.vocab);
+  if (c.data.document_attention) {
+    SW_CHECK(!c.data.files.empty(),
              "--no-cross-document-attention needs --data: the embedded addition task has no documents");
-    SW_CHECK(c.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "
+    SW_CHECK(c.data.eos_id >= 0, "--no-cross-document-attention needs an end-of-text id to find documents: --eos-id N, "
              "or a --tokenizer whose model defines eos");
   }
 }
@@ -70,10 +70,10 @@ void check_text_options(TrainConfig& c) {
 // The tokens each reader tokenized --tokenizer's text into (null without a tokenizer): every reader
 // must hold the same (compared by Trainer::open_data).
 nlohmann::json tokenized_files(const TrainConfig& c) {
-  const std::optional<TextTokens> text = c.text_tokens();
+  const std::optional<TextTokens> text = c.data.text_tokens();
   if (!text) return nullptr;
   nlohmann::json mine = nlohmann::json::array();
-  for (const std::string& spec : {c.data, c.val_data}) {
+  for (const std::string& spec : {c.data.files, c.data.val_data}) {
     if (spec.empty()) continue;
     for (const std::string& path : data_files(spec)) {
       auto t = tokenize_file_cached(text->tokenizer, path, text->documents);
@@ -87,9 +87,9 @@ nlohmann::json tokenized_files(const TrainConfig& c) {
 // and last MiB (its path only for the message), or the embedded task's digits and sequence length.
 // Several files (a list or a glob): the sorted file names (without their folder) and sizes.
 nlohmann::json file_fingerprint(const TrainConfig& c) {
-  if (c.data.empty()) return {{"kind", "addition"}, {"digits", c.digits}, {"seq", c.model.seq}};
-  check_data_readable(c.data);
-  if (const std::vector<std::string> files = data_files(c.data); files.size() > 1) {
+  if (c.data.files.empty()) return {{"kind", "addition"}, {"digits", c.data.digits}, {"seq", c.model.seq}};
+  check_data_readable(c.data.files);
+  if (const std::vector<std::string> files = data_files(c.data.files); files.size() > 1) {
     nlohmann::json list = nlohmann::json::array();
     for (const std::string& file : files) {
       std::error_code ec;
@@ -97,10 +97,10 @@ nlohmann::json file_fingerprint(const TrainConfig& c) {
       SW_CHECK(!ec, "cannot read the data file '{}'", file);
       list.push_back({{"name", std::filesystem::path(file).filename().string()}, {"size", size}});
     }
-    return {{"kind", "files"}, {"path", c.data}, {"files", list}};
+    return {{"kind", "files"}, {"path", c.data.files}, {"files", list}};
   }
-  const ckpt::FileSample f = ckpt::sample_file(data_files(c.data).front());
-  return {{"kind", "file"}, {"path", c.data}, {"size", f.size}, {"head_xxh64", f.head_xxh64},
+  const ckpt::FileSample f = ckpt::sample_file(data_files(c.data.files).front());
+  return {{"kind", "file"}, {"path", c.data.files}, {"size", f.size}, {"head_xxh64", f.head_xxh64},
           {"tail_xxh64", f.tail_xxh64}};
 }
 
@@ -110,20 +110,20 @@ nlohmann::json data_fingerprint(const TrainConfig& c) {
   nlohmann::json f = file_fingerprint(c);
   // --val-fraction holds out the corpus' tail: another fraction trains on other windows. (Absent
   // without one, so checkpoints from before it still match.)
-  if (c.val_fraction != 0) f["val_fraction"] = c.val_fraction;
+  if (c.data.val_fraction != 0) f["val_fraction"] = c.data.val_fraction;
   // Text read through a tokenizer is other tokens than its bytes (absent without --tokenizer).
-  if (const auto text = c.text_tokens()) f["tokenizer"] = tokenizer_fingerprint(text->tokenizer, text->documents);
+  if (const auto text = c.data.text_tokens()) f["tokenizer"] = tokenizer_fingerprint(text->tokenizer, text->documents);
   return f;
 }
 
-std::optional<TextTokens> TrainConfig::text_tokens() const {
+std::optional<TextTokens> DataConfig::text_tokens() const {
   if (tokenizer.empty()) return std::nullopt;
   // check() has set eos_id to the tokenizer's (-1 when its model defines none: no eos between documents).
   TextTokens t{tokenizer, {parse_document_split(documents), document_separator, eos_id >= 0}};
   return t;
 }
 
-void TrainConfig::resolve_batch(int64_t ranks, const std::string& ways) {
+void OptimizerConfig::resolve_batch(int64_t ranks, const std::string& ways) {
   int unknown = (micro_batch == 0) + (accumulation == 0) + (global_batch == 0);
   SW_CHECK(micro_batch >= 0 && accumulation >= 0 && global_batch >= 0,
            "batch sizes must not be negative (micro-batch {}, accumulation {}, global batch {})", micro_batch,
@@ -154,43 +154,43 @@ void TrainConfig::resolve_batch(int64_t ranks, const std::string& ways) {
 }
 
 void TrainConfig::check(int64_t ranks, bool open_data) {
-  Strategy s = Strategy::from_mesh(mesh::parse_mesh(mesh), sequence_parallel);
+  Strategy s = Strategy::from_mesh(mesh::parse_mesh(parallel.mesh), parallel.sequence_parallel);
   SW_CHECK(s.mesh.size() == ranks, "mesh {} has {} but {} run (use --ranks {} or mpirun -np {})",
            s.mesh.to_string(), counted(s.mesh.size(), "rank"), counted(ranks, "rank"), s.mesh.size(), s.mesh.size());
-  if (model.seq == 0) model.seq = data.empty() ? AdditionTask::max_length(digits) - 1 : kDefaultFileSeq;
+  if (model.seq == 0) model.seq = data.files.empty() ? AdditionTask::max_length(data.digits) - 1 : kDefaultFileSeq;
   model.validate();
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
   SW_CHECK(model.heads % s.tp_size() == 0, "{} cannot be split over tp={} (each tp rank needs whole heads)",
            counted(model.heads, "head"), s.tp_size());
-  SW_CHECK(steps >= 1, "steps must be at least 1, got {}", steps);
-  SW_CHECK(lr > 0 && min_lr >= 0 && min_lr <= lr, "learning rates must satisfy 0 <= min_lr <= lr and lr > 0 (lr {}, min_lr {})",
-           lr, min_lr);
-  SW_CHECK(warmup >= 0, "warm-up steps must not be negative, got {}", warmup);
+  SW_CHECK(optimizer.steps >= 1, "steps must be at least 1, got {}", optimizer.steps);
+  SW_CHECK(optimizer.lr > 0 && optimizer.min_lr >= 0 && optimizer.min_lr <= optimizer.lr, "learning rates must satisfy 0 <= min_lr <= lr and lr > 0 (lr {}, min_lr {})",
+           optimizer.lr, optimizer.min_lr);
+  SW_CHECK(optimizer.warmup >= 0, "warm-up steps must not be negative, got {}", optimizer.warmup);
   check_text_options(*this);
-  sharding.check();
-  check_bucket_options(overlap_grad_reduce, grad_bucket_mb);
-  SW_CHECK(overlap_grad_reduce == "off" || !sharding.shards_params(),
+  parallel.sharding.check();
+  check_bucket_options(parallel.overlap_grad_reduce, parallel.grad_bucket_mb);
+  SW_CHECK(parallel.overlap_grad_reduce == "off" || !parallel.sharding.shards_params(),
            "--overlap-grad-reduce {} does not combine with --sharding-stage 3: stage 3 reduce-scatters each gradient "
            "in the graph as soon as its backward made it (the buckets serve stages 0-2); use --overlap-grad-reduce off",
-           overlap_grad_reduce);
+           parallel.overlap_grad_reduce);
   // A pipeline's micro-batches, when no batch split is given: as many as pipeline ranks (torchtitan's
   // default), the fewest every schedule accepts (zbh1 needs at least pp, interleaved a multiple of pp)
   // and what keeps every rank busy in the steady phase; when the global batch divides into them.
-  if (s.pp >= 0 && accumulation == 0 && micro_batch == 0 &&
-      global_batch % (s.mesh.dim_size(s.pp) * s.data_size()) == 0)
-    accumulation = s.mesh.dim_size(s.pp);
-  resolve_batch(s.data_size(), s.ep < 0 ? "dp" : "dp x ep");
+  if (s.pp >= 0 && optimizer.accumulation == 0 && optimizer.micro_batch == 0 &&
+      optimizer.global_batch % (s.mesh.dim_size(s.pp) * s.data_size()) == 0)
+    optimizer.accumulation = s.mesh.dim_size(s.pp);
+  optimizer.resolve_batch(s.data_size(), s.ep < 0 ? "dp" : "dp x ep");
   check_largest_parameter(model);
-  pipeline::parse_schedule_kind(schedule);  // an unknown name is refused on any mesh
-  SW_CHECK(s.pp >= 0 || (schedule == "1f1b" && virtual_stages == 1),
+  pipeline::parse_schedule_kind(parallel.schedule);  // an unknown name is refused on any mesh
+  SW_CHECK(s.pp >= 0 || (parallel.schedule == "1f1b" && parallel.virtual_stages == 1),
            "--schedule {} --virtual {} need a pipeline: mesh {} has no pp dim (add pp=N to --mesh, or leave "
            "--schedule and --virtual out)",
-           schedule, virtual_stages, s.mesh.to_string());
+           parallel.schedule, parallel.virtual_stages, s.mesh.to_string());
   if (s.pp >= 0) {  // the schedule's and the stages' constraints, with their numbers
     SW_CHECK(!bf16, "--bf16 with a pipeline (pp) is not supported yet: use f32 parameters on pp meshes");
     const int pp = static_cast<int>(s.mesh.dim_size(s.pp));
-    pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), pp, static_cast<int>(accumulation), virtual_stages);
-    pipeline::split_layers(static_cast<int>(model.layers), pp * virtual_stages, virtual_stages);
+    pipeline::make_schedule(pipeline::parse_schedule_kind(parallel.schedule), pp, static_cast<int>(optimizer.accumulation), parallel.virtual_stages);
+    pipeline::split_layers(static_cast<int>(model.layers), pp * parallel.virtual_stages, parallel.virtual_stages);
   }
   if (open_data) check_vocabulary(*this, *open_training_data(*this), open_validation_data(*this).get());
 }
@@ -208,37 +208,37 @@ void check_vocabulary(const TrainConfig& c, const Dataset& data, const EvenWindo
 
 std::unique_ptr<Dataset> open_training_data(const TrainConfig& c) {
   CorpusPart part;
-  if (c.val_fraction != 0) part = {CorpusPart::Side::Training, c.val_fraction};
+  if (c.data.val_fraction != 0) part = {CorpusPart::Side::Training, c.data.val_fraction};
   return raising(ErrorKind::Data, [&] {  // a file that cannot be read or tokenized: a data error
-    const std::optional<TextTokens> text = c.text_tokens();
-    return open_dataset(c.data, c.digits, c.model.seq, c.seed, parse_token_format(c.data_format), part,
+    const std::optional<TextTokens> text = c.data.text_tokens();
+    return open_dataset(c.data.files, c.data.digits, c.model.seq, c.optimizer.seed, parse_token_format(c.data.format), part,
                         text ? &*text : nullptr);
   });
 }
 
 std::unique_ptr<EvenWindows> open_validation_data(const TrainConfig& c) {
-  if (!c.has_validation()) return nullptr;
-  SW_CHECK(c.val_data.empty() || c.val_fraction == 0,
-           "--val-data '{}' and --val-fraction {} both name a validation set: give one of them", c.val_data,
-           c.val_fraction);
-  SW_CHECK(!c.data.empty(),
+  if (!c.data.has_validation()) return nullptr;
+  SW_CHECK(c.data.val_data.empty() || c.data.val_fraction == 0,
+           "--val-data '{}' and --val-fraction {} both name a validation set: give one of them", c.data.val_data,
+           c.data.val_fraction);
+  SW_CHECK(!c.data.files.empty(),
            "{} needs --data: the embedded addition task has its own held-out problems (--eval-every, --eval-samples)",
-           c.val_data.empty() ? "--val-fraction" : "--val-data");
-  SW_CHECK(c.val_fraction == 0 || (c.val_fraction > 0 && c.val_fraction < 1),
-           "--val-fraction must be in (0, 1) (the share of --data's tokens held out), got {}", c.val_fraction);
-  SW_CHECK(c.val_samples >= 1, "--val-samples must be at least 1, got {}", c.val_samples);
+           c.data.val_data.empty() ? "--val-fraction" : "--val-data");
+  SW_CHECK(c.data.val_fraction == 0 || (c.data.val_fraction > 0 && c.data.val_fraction < 1),
+           "--val-fraction must be in (0, 1) (the share of --data's tokens held out), got {}", c.data.val_fraction);
+  SW_CHECK(c.data.val_samples >= 1, "--val-samples must be at least 1, got {}", c.data.val_samples);
   return raising(ErrorKind::Data, [&]() -> std::unique_ptr<EvenWindows> {
-    const TokenFormat format = parse_token_format(c.data_format);
-    const std::optional<TextTokens> text_tokens = c.text_tokens();
+    const TokenFormat format = parse_token_format(c.data.format);
+    const std::optional<TextTokens> text_tokens = c.data.text_tokens();
     const TextTokens* text = text_tokens ? &*text_tokens : nullptr;
-    if (c.val_data.empty()) {
-      auto held_out = std::make_unique<TokenFile>(c.data, c.model.seq, c.seed, format,
-                                                  CorpusPart{CorpusPart::Side::HeldOut, c.val_fraction}, text);
-      return std::make_unique<EvenWindows>(std::move(held_out), c.val_samples);
+    if (c.data.val_data.empty()) {
+      auto held_out = std::make_unique<TokenFile>(c.data.files, c.model.seq, c.optimizer.seed, format,
+                                                  CorpusPart{CorpusPart::Side::HeldOut, c.data.val_fraction}, text);
+      return std::make_unique<EvenWindows>(std::move(held_out), c.data.val_samples);
     }
     try {  // the file errors say --data: say which option named the file
       return std::make_unique<EvenWindows>(
-          std::make_unique<TokenFile>(c.val_data, c.model.seq, c.seed, format, CorpusPart{}, text), c.val_samples);
+          std::make_unique<TokenFile>(c.data.val_data, c.model.seq, c.optimizer.seed, format, CorpusPart{}, text), c.data.val_samples);
     } catch (const Error& e) {
       fail("--val-data: {}", e.what());
     }
@@ -249,37 +249,37 @@ GptConfig kernel_model(const TrainConfig& c) {
   GptConfig model = c.model;
   model.param_dtype = c.bf16 ? DType::BF16 : DType::F32;
   model.dropout = c.dropout;
-  model.dropout_seed = c.seed;
-  model.document_mask = c.document_attention;
-  model.eos_id = c.eos_id;
+  model.dropout_seed = c.optimizer.seed;
+  model.document_mask = c.data.document_attention;
+  model.eos_id = c.data.eos_id;
   return model;
 }
 
 PipelineConfig pipeline_config(const TrainConfig& c) {
-  return PipelineConfig{c.schedule, c.virtual_stages, c.pipeline_release, false,
-                        LoaderOptions{c.loader_sync, c.loader_prefetch},
-                        c.sharding.stage == 2 || (c.overlap_grad_reduce != "off" && !c.sharding.shards_params()),
-                        c.sharding.shards_optimizer(), c.sharding.shards_params(), c.sharding.prefetch_params};
+  return PipelineConfig{c.parallel.schedule, c.parallel.virtual_stages, c.parallel.pipeline_release, false,
+                        LoaderOptions{c.data.loader_sync, c.data.loader_prefetch},
+                        c.parallel.sharding.stage == 2 || (c.parallel.overlap_grad_reduce != "off" && !c.parallel.sharding.shards_params()),
+                        c.parallel.sharding.shards_optimizer(), c.parallel.sharding.shards_params(), c.parallel.sharding.prefetch_params};
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
-    : c_(std::move(config)), world_(std::move(world)), data_rank_(world_->rank()), adamw_(c_.adamw) {
+    : c_(std::move(config)), world_(std::move(world)), data_rank_(world_->rank()), adamw_(c_.optimizer.adamw) {
   c_.check(world_->size(), false);  // the data: open_data(), where it is read
-  strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.mesh), c_.sequence_parallel);
-  schedule_ = {c_.lr, c_.min_lr, c_.warmup, c_.steps};
+  strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.parallel.mesh), c_.parallel.sequence_parallel);
+  schedule_ = {c_.optimizer.lr, c_.optimizer.min_lr, c_.optimizer.warmup, c_.optimizer.steps};
   model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
-                                       c_.micro_batch * strategy_.data_size(), static_cast<int>(c_.accumulation), c_.seed,
+                                       c_.optimizer.micro_batch * strategy_.data_size(), static_cast<int>(c_.optimizer.accumulation), c_.optimizer.seed,
                                        causal_mask(c_.model.seq), world_);
-  if (c_.sharding.shards_optimizer()) {  // each parameter's state over its data group (dense dp x ep, experts dp)
-    sharded_ = std::make_unique<ShardedOptimizer>(c_.sharding, model_->params(), model_->data_groups());
+  if (c_.parallel.sharding.shards_optimizer()) {  // each parameter's state over its data group (dense dp x ep, experts dp)
+    sharded_ = std::make_unique<ShardedOptimizer>(c_.parallel.sharding, model_->params(), model_->data_groups());
     partial_grads_ = model_->grads_partial();
   }
-  if (c_.overlap_grad_reduce != "off" && model_->data_groups().any_shared()) {
+  if (c_.parallel.overlap_grad_reduce != "off" && model_->data_groups().any_shared()) {
     partial_grads_ = model_->grads_partial();
     BucketOptions o;
-    o.bucket_bytes = static_cast<int64_t>(c_.grad_bucket_mb * (1 << 20));
-    o.overlap = c_.overlap_grad_reduce == "on";
-    const ShardPlan* plan = sharded_ && c_.sharding.stage >= 2 ? &sharded_->plan() : nullptr;
+    o.bucket_bytes = static_cast<int64_t>(c_.parallel.grad_bucket_mb * (1 << 20));
+    o.overlap = c_.parallel.overlap_grad_reduce == "on";
+    const ShardPlan* plan = sharded_ && c_.parallel.sharding.stage >= 2 ? &sharded_->plan() : nullptr;
     buckets_ = std::make_unique<GradBuckets>(model_->data_groups(), plan, o);
     model_->set_grad_ready(partial_grads_, [this](size_t p, Tensor& sum) { buckets_->ready(p, sum); });
   }
@@ -288,7 +288,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
 
 void Trainer::open_data() {
   // The embedded addition task is no file: every rank holds it (evaluation reads its problems).
-  const bool reads = c_.data.empty() || model_->reads_data();
+  const bool reads = c_.data.files.empty() || model_->reads_data();
   nlohmann::json mine = nullptr;
   if (reads) {
     try {
@@ -320,7 +320,7 @@ void Trainer::open_data() {
     SW_CHECK(all[r].is_null() || all[r]["tokens"] == (*first)["tokens"],
              "--tokenizer {}: rank {} tokenized --data into {}, rank {} into {}: every process must read the same "
              "text files and tokenizer model",
-             c_.tokenizer, r, all[r]["tokens"].dump(), f, (*first)["tokens"].dump());
+             c_.data.tokenizer, r, all[r]["tokens"].dump(), f, (*first)["tokens"].dump());
   }
   data_description_ = (*first)["data"].get<std::string>();
   validation_description_ = (*first)["validation"].get<std::string>();
@@ -351,22 +351,22 @@ void scale_grads(std::vector<Tensor>& grads, int64_t accumulation) {
 std::vector<Tensor> Trainer::reduce_grads(std::vector<Tensor>& grads) {
   if (buckets_) {  // the sums over the micro-batches reduced (stage 2 into the ranges), then the mean
     std::vector<Tensor> owned = buckets_->finish(grads, partial_grads_);
-    if (c_.sharding.stage >= 2) {
+    if (c_.parallel.sharding.stage >= 2) {
       model_->release_grads();
-      scale_grads(owned, c_.accumulation);
+      scale_grads(owned, c_.optimizer.accumulation);
       return owned;
     }
-    scale_grads(grads, c_.accumulation);
+    scale_grads(grads, c_.optimizer.accumulation);
     if (!sharded_) return std::move(grads);
     return sharded_->reduce(grads, std::vector<bool>(grads.size(), false));  // stage 1: its ranges
   }
   // Stage 2 reduces the sums first (the mean of the reduced sum, as the all-reduced path computes it).
-  if (!sharded_ || c_.sharding.stage < 2) scale_grads(grads, c_.accumulation);
+  if (!sharded_ || c_.parallel.sharding.stage < 2) scale_grads(grads, c_.optimizer.accumulation);
   if (!sharded_) return std::move(grads);
   std::vector<Tensor> owned = sharded_->reduce(grads, partial_grads_);
-  if (c_.sharding.stage >= 2) {
+  if (c_.parallel.sharding.stage >= 2) {
     model_->release_grads();
-    scale_grads(owned, c_.accumulation);
+    scale_grads(owned, c_.optimizer.accumulation);
   }
   return owned;
 }
@@ -379,7 +379,7 @@ StepResult Trainer::step() {
   for (int s : model_->runner().local_stages())
     for (const Tensor& g : model_->runner().grads(s)) last_grad_bytes_ += g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
   StepResult r;
-  r.loss = fb.loss / static_cast<double>(c_.accumulation);
+  r.loss = fb.loss / static_cast<double>(c_.optimizer.accumulation);
   r.grad_norm = model_->grad_norm(grads, sharded_ != nullptr);
   double waits[2] = {fb.loader_wait_s, fb.loader_read_s};
   world_->all_reduce(waits, waits, 2, DType::F64, comm::Reduce::Max);
@@ -392,23 +392,23 @@ StepResult Trainer::step() {
     s.tokens_max = *std::max_element(m.expert_tokens.begin(), m.expert_tokens.end());
     for (double t : m.expert_tokens) s.tokens_mean += t / static_cast<double>(m.expert_tokens.size());
     s.dropped = static_cast<int64_t>(m.dropped);
-    s.aux_loss = m.aux_loss / static_cast<double>(c_.accumulation);
-    s.z_loss = m.z_loss / static_cast<double>(c_.accumulation);
+    s.aux_loss = m.aux_loss / static_cast<double>(c_.optimizer.accumulation);
+    s.z_loss = m.z_loss / static_cast<double>(c_.optimizer.accumulation);
     r.moe.push_back(s);
   }
   // Every rank holds the same loss and global norm, so every rank takes the same branch.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
-    SW_CHECK(c_.skip_nonfinite,
+    SW_CHECK(c_.optimizer.skip_nonfinite,
              "step {}: the {} is not finite ({}; gradient norm {}) at learning rate {:.3g}{}; the parameters were "
              "not updated: resume from the last checkpoint with a lower --lr{}, or pass --skip-nonfinite-steps to "
              "skip such steps",
              step_ + 1, std::isfinite(r.loss) ? "gradient norm" : "loss", r.loss, r.grad_norm, r.lr,
-             c_.clip > 0 ? "" : " and no gradient clipping (--clip 0)", c_.clip > 0 ? "" : " or --clip 1");
+             c_.optimizer.clip > 0 ? "" : " and no gradient clipping (--clip 0)", c_.optimizer.clip > 0 ? "" : " or --clip 1");
     r.skipped = true;
     ++skipped_;
   } else {
     runtime::ProfileScope profiled(runtime::EventKind::Optimizer, "adamw");  // --profile; else nothing
-    clip_grad_norm(grads, r.grad_norm, c_.clip);
+    clip_grad_norm(grads, r.grad_norm, c_.optimizer.clip);
     if (sharded_) sharded_->step(adamw_, model_->params(), grads, r.lr, step_ + 1);
     else adamw_.step(model_->params(), grads, r.lr, step_ + 1);
   }
@@ -418,9 +418,9 @@ StepResult Trainer::step() {
   else last_grads_.clear();
   model_->release_grads();
   ++step_;
-  consumed_ += c_.global_batch;
+  consumed_ += c_.optimizer.global_batch;
   r.step = step_;
-  r.tokens = c_.global_batch * c_.model.seq;
+  r.tokens = c_.optimizer.global_batch * c_.model.seq;
   return r;
 }
 
@@ -428,7 +428,7 @@ EvalResult Trainer::evaluate() {
   const auto* task = dynamic_cast<const AdditionTask*>(data_.get());
   SW_CHECK(task != nullptr, "evaluation needs the embedded addition task; {} has no held-out answers",
            data_->describe());
-  return model_->evaluate(*task, c_.eval_samples);
+  return model_->evaluate(*task, c_.data.eval_samples);
 }
 
 ValidationResult Trainer::validate() {

@@ -26,14 +26,14 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& ou
   if (o.memory) return cmd_plan_memory(options, o.check, out);
   if (o.predict) return cmd_plan_predict(options, o.cluster, out);
   train::TrainConfig tc = options.config;
-  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.mesh).size(), false);  // train's checks and derived sizes
+  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);  // train's checks and derived sizes
   const train::GptConfig c = train::kernel_model(tc);
-  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.mesh), tc.sequence_parallel);
+  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.parallel.mesh), tc.parallel.sequence_parallel);
   SW_CHECK(s.pp < 0, "plan shows one program on a mesh without pp ({} has a pp dim): see a pipeline's stages with "
            "`shardwise plan --memory` and its schedule with `shardwise pipeline`", s.mesh.to_string());
   const CheckpointNames names(c);
   auto start = std::chrono::steady_clock::now();
-  train::GptGraph m = train::build_model(c, s, tc.micro_batch * s.data_size());
+  train::GptGraph m = train::build_model(c, s, tc.optimizer.micro_batch * s.data_size());
   graph::append_backward(m.g, m.loss);
   graph::Completion done = graph::complete(m.g, s.mesh);
   graph::Program p = graph::lower(m.g, done);
@@ -56,7 +56,7 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& ou
   out << fmt::format("{} {}, hidden {}, {}, seq {}, vocab {}: {} parameters; micro-batch {} per data rank{} on "
                      "{}: {} nodes, {} instructions; built, differentiated, completed and lowered in {:.1f} ms\n",
                      train::describe_architecture(c), counted(c.layers, "layer"), c.hidden, counted(c.heads, "head"), c.seq, c.vocab,
-                     count_text(parameters), tc.micro_batch,
+                     count_text(parameters), tc.optimizer.micro_batch,
                      c.lora.enabled() ? fmt::format(", LoRA r {} on {} (base frozen)", c.lora.rank,
                                                     fmt::join(c.lora.targets, ","))
                                       : "",
@@ -86,7 +86,7 @@ void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool t
   const train::MemoryPlan plan = train::plan_memory(c, threads);
   const train::MoeTraffic moe = train::moe_traffic(c);  // an MoE model's all-to-alls
   const bool fits = limit == 0 || plan.per_process() <= limit;
-  if (print && o.json) {
+  if (print && o.logging.json) {
     nlohmann::json j = plan.to_json();
     if (moe.moe_layers > 0) j["moe_traffic"] = moe.to_json();
     j["memory_limit"] = limit;
@@ -104,7 +104,7 @@ void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool t
 
 int cmd_plan_memory(const TrainOptions& o, bool check, std::ostream& out) {
   train::TrainConfig c = o.config;
-  const int64_t ranks = o.ranks > 0 ? o.ranks : mesh::parse_mesh(c.mesh).size();
+  const int64_t ranks = o.ranks > 0 ? o.ranks : mesh::parse_mesh(c.parallel.mesh).size();
   c.check(ranks, false);
   check_run_memory(c, o, !comm::launched_by_mpirun(), true, out, check);
   return 0;

@@ -73,22 +73,22 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
 
 Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
   const train::GptConfig c = train::kernel_model(tc);
-  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.mesh), tc.sequence_parallel);
+  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.parallel.mesh), tc.parallel.sequence_parallel);
   SW_CHECK(s.mesh.size() <= cluster.devices(), "plan --predict: the mesh {} needs {} devices; cluster '{}' has {}",
            s.mesh.to_string(), s.mesh.size(), cluster.name, cluster.devices());
   const train::PipelineConfig pc = train::pipeline_config(tc);
-  const train::StageLayout layout = train::stage_layout(c, s, pc, static_cast<int>(tc.accumulation));
+  const train::StageLayout layout = train::stage_layout(c, s, pc, static_cast<int>(tc.optimizer.accumulation));
   const std::string dtype = tc.bf16 ? "bf16" : "f32";
   const int pp = layout.schedule.ranks;
   // The slowest pipeline rank's micro-batch sets the pace: every stage is given its times.
   RankWork slowest;
   for (int r = 0; r < pp; ++r) {
-    RankWork w = rank_work(c, layout, pc, tc.micro_batch * s.data_size(), r, cluster, dtype);
+    RankWork w = rank_work(c, layout, pc, tc.optimizer.micro_batch * s.data_size(), r, cluster, dtype);
     if (r == 0 || w.forward + w.backward > slowest.forward + slowest.backward) slowest = w;
   }
   double send = 0;
   if (pp > 1) {  // one micro-batch's residual stream from a stage's rank to the next stage's
-    const double bytes = static_cast<double>(tc.micro_batch * c.seq * c.hidden) * (tc.bf16 ? 2 : 4);
+    const double bytes = static_cast<double>(tc.optimizer.micro_batch * c.seq * c.hidden) * (tc.bf16 ? 2 : 4);
     std::vector<int> pair = {static_cast<int>(layout.meshes[0].process_ids().front()),
                              static_cast<int>(layout.meshes[1].process_ids().front())};
     send = plan::collective_seconds(plan::CollectiveKind::SendRecv, bytes, 2, plan::group_link(cluster, pair));
@@ -113,7 +113,7 @@ Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluste
   // AdamW: p, g, m, v read and p, m, v written, f32.
   r.optimizer = plan::memory_seconds(cluster, 7 * 4.0 * static_cast<double>(slowest.numel));
   r.step = pipe.step + r.grad_sync + r.optimizer;
-  r.tokens_per_s = static_cast<double>(tc.global_batch * c.seq) / r.step;
+  r.tokens_per_s = static_cast<double>(tc.optimizer.global_batch * c.seq) / r.step;
   r.mfu = r.flops / r.step / cluster.peak(dtype);
   return r;
 }
@@ -122,7 +122,7 @@ Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluste
 
 int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, std::ostream& out) {
   train::TrainConfig tc = options.config;
-  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.mesh).size(), false);
+  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);
   const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
   const Prediction r = predict(tc, cluster);
   std::vector<std::pair<std::string, double>> parts = {{"compute", r.compute}};
@@ -130,7 +130,7 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
   parts.push_back({"grad_sync", r.grad_sync});
   parts.push_back({"optimizer", r.optimizer});
   parts.push_back({"bubble", r.bubble});
-  if (options.json) {
+  if (options.logging.json) {
     nlohmann::json shares = nlohmann::json::object();
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
     out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
