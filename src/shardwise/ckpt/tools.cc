@@ -13,6 +13,7 @@
 
 #include "shardwise/ckpt/checkpoint.h"
 #include "shardwise/ckpt/file_io.h"
+#include "shardwise/ckpt/fp8.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/key_map.h"
 #include "shardwise/ckpt/manifest.h"
@@ -177,6 +178,7 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
     if (name == "config.json" && options.dtype) {  // the file says what the tensors now hold
       nlohmann::json config = nlohmann::json::parse(text);
       config["torch_dtype"] = torch_dtype_name(*options.dtype);
+      config.erase("quantization_config");  // FP8 weights were dequantised
       text = config.dump(2) + "\n";
     }
     write_file_atomic(tmp / name, text);
@@ -253,13 +255,41 @@ void inspect(const fs::path& path, std::ostream& out) {
   }
 }
 
+namespace {
+
+OutTensor owned_tensor(const std::string& name, StDType dtype, const Shape& shape, const std::byte* data, size_t n) {
+  OutTensor t{{name, dtype, shape}, {}, std::make_shared<std::vector<std::byte>>(data, data + n)};
+  t.data = *t.owned;
+  return t;
+}
+
+// The tensors `name` becomes: converted to options.dtype (an FP8 weight dequantised first; its scale
+// then goes).
+void rewrite_tensor(const GroupReader& reader, const std::string& name, const RewriteOptions& options, Fp8Block from,
+                    std::vector<OutTensor>& out) {
+  const SafetensorsFile& f = reader.file_of(name);
+  const StTensorInfo& info = f.info(name);
+  if (options.dtype && fp8_weight_of_scale(reader, name)) return;
+  if (options.dtype && info.dtype == StDType::F8_E4M3) {
+    const Tensor w = read_key_box(reader, name, reshard::Box{{}, info.shape}, from).to(*options.dtype);
+    out.push_back(owned_tensor(name, to_st_dtype(w.dtype()), w.shape(), w.raw(), w.nbytes()));
+    return;
+  }
+  out.push_back(converted(info, f.data(info), options.dtype));
+}
+
+}  // namespace
+
 size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options) {
   GroupReader reader(dir, "model");
+  const bool fp8_source = std::any_of(reader.names().begin(), reader.names().end(), [&](const std::string& n) {
+    return reader.info(n).dtype == StDType::F8_E4M3;
+  });
+  const Fp8Block from = fp8_source ? fp8_block_of(dir) : Fp8Block{};
   std::vector<OutTensor> tensors;
   for (const std::string& name : reader.names()) {
     if (matches_any(name, options.remove_keys)) continue;
-    const SafetensorsFile& f = reader.file_of(name);
-    tensors.push_back(converted(f.info(name), f.data(f.info(name)), options.dtype));
+    rewrite_tensor(reader, name, options, from, tensors);
   }
   write_hf_checkpoint(out, tensors, dir, options);
   return tensors.size();

@@ -23,7 +23,8 @@ struct RewriteOptions {
   std::optional<DType> dtype;               // convert floating tensors (F64/F32/F16/BF16) to this
   std::vector<std::string> remove_keys;     // glob patterns of keys left out
 };
-// Returns the number of tensors written.
+// Returns the number of tensors written. An FP8 source (F8_E4M3 weights with their scales, fp8.h)
+// converted to a `dtype` is dequantised, the scales and config.json's quantization_config left out.
 size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options = {});
 
 struct LoraOptions {
