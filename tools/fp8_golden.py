@@ -2,7 +2,7 @@
 """FP8 (F8_E4M3 with per-block weight_scale_inv) golden files, made by torch and transformers.
 
 Not part of `make test` (it needs torch); run it with the peers' venv:
-    /work/hfvenv/bin/python tools/fp8_golden.py tests/golden/fp8
+    /work/hfvenv/bin/python tools/fp8_golden.py tests/golden/fp8 [--shardwise build/bin/shardwise]
 and commit what it writes; tests/ckpt/test_fp8.cc and tests/models/test_fp8_init_from.cc replay it.
 
 Writes into OUT:
@@ -19,15 +19,23 @@ Writes into OUT:
                           every tensor of the model as f32: the quantised ones dequantised by transformers'
                           own _dequantize_fp8_weight (an independent implementation of
                           w = q * scale_inv[i / b0, j / b1]), the others as stored.
+With --shardwise BIN it also converts tests/golden/hf/llama_tiny with `ckpt convert --dtype f8-e4m3` and
+checks that torch reads the file as FP8 with scales, holding torch's quantisation byte for byte, that
+transformers' dequantisation of it is within the E4M3 bound (2^-4 of each block's amax) of the
+original weights, and that AutoModelForCausalLM loads it (FineGrainedFP8Config(dequantize=True), on a
+CPU) to those values.
 """
 import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -95,13 +103,54 @@ def write_model(out):
     shutil.copy(os.path.join(SOURCE, "generation_config.json"), model_dir)
 
 
+def check_shardwise(shardwise):
+    src = load_file(os.path.join(SOURCE, "model.safetensors"))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fp8")
+        subprocess.run([shardwise, "ckpt", "convert", SOURCE, out, "--dtype", "f8-e4m3"], check=True)
+        with open(os.path.join(out, "config.json")) as f:
+            qc = json.load(f)["quantization_config"]
+        block = qc["weight_block_size"]
+        assert qc["quant_method"] == "fp8" and qc["fmt"] == "e4m3", qc
+        ours = {}
+        for name in os.listdir(out):
+            if name.endswith(".safetensors"):
+                ours.update(load_file(os.path.join(out, name)))
+        checked = 0
+        for key, w in src.items():
+            if not is_linear(key):
+                assert torch.equal(ours[key], w), key
+                continue
+            q, inv = ours[key], ours[key + "_scale_inv"]
+            assert q.dtype == F8 and inv.dtype == torch.float32, (key, q.dtype, inv.dtype)
+            mine_q, mine_inv = quantize(w, block)
+            assert torch.equal(q.view(torch.uint8), mine_q.view(torch.uint8)), key
+            assert torch.equal(inv, mine_inv), key
+            back = _dequantize_fp8_weight(q.clone(), inv, block, torch.float32)
+            amax = w.abs().max()
+            assert (back - w).abs().max() <= amax * 2.0 ** -4, key
+            checked += 1
+        # transformers itself loads the file (dequantised on a CPU) to the same values.
+        model = AutoModelForCausalLM.from_pretrained(out, quantization_config=FineGrainedFP8Config(dequantize=True))
+        state = model.state_dict()
+        for key, w in src.items():
+            if is_linear(key):
+                want = _dequantize_fp8_weight(ours[key].clone(), ours[key + "_scale_inv"], block, torch.float32)
+                assert torch.equal(state[key].float(), want), key
+        print(f"shardwise's f8-e4m3 file: {checked} FP8 weights, torch's quantisation byte for byte; "
+              "transformers loads it to those values")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
+    ap.add_argument("--shardwise")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     write_codes(a.out)
     write_model(a.out)
+    if a.shardwise:
+        check_shardwise(a.shardwise)
     print(f"wrote {a.out} (torch {torch.__version__})")
 
 

@@ -178,6 +178,8 @@ TEST(Fp8, AMissingOrMisshapenScaleNamesTheWeight) {
 namespace shardwise::ckpt {
 namespace {
 
+const fs::path kLlama = fs::path(SHARDWISE_CKPT_FIXTURES) / "../../golden/hf/llama_tiny";
+
 TEST(Fp8Convert, ToF32DequantisesAsTransformersDoesAndDropsTheScales) {
   ScratchDir d("fp8tof32");
   RewriteOptions o;
@@ -192,6 +194,75 @@ TEST(Fp8Convert, ToF32DequantisesAsTransformersDoesAndDropsTheScales) {
   const nlohmann::json config = load_json(d.path / "out", "config.json");
   EXPECT_FALSE(config.contains("quantization_config"));
   EXPECT_EQ(config["torch_dtype"], "float32");
+}
+
+// llama_tiny quantised by shardwise equals the fixture torch quantised from it by transformers'
+// formula (tools/fp8_golden.py), byte for byte: the codes, the scales, the kept tensors.
+TEST(Fp8Convert, ToFp8WritesTorchsCodesAndScales) {
+  ScratchDir d("fp8write");
+  RewriteOptions o;
+  o.fp8_e4m3 = true;
+  o.fp8_block = {8, 12};
+  merge_checkpoint(kLlama, d.path / "out", o);
+  GroupReader got(d.path / "out", "model"), want(kModel, "model");
+  ASSERT_EQ(got.names(), want.names());
+  for (const std::string& n : want.names()) {
+    const StTensorInfo &g = got.info(n), &w = want.info(n);
+    EXPECT_EQ(st_dtype_name(g.dtype), st_dtype_name(w.dtype)) << n;
+    EXPECT_EQ(g.shape, w.shape) << n;
+    const auto a = got.file_of(n).data(g), b = want.file_of(n).data(w);
+    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0) << n;
+  }
+  const nlohmann::json config = load_json(d.path / "out", "config.json");
+  EXPECT_EQ(config["quantization_config"], load_json(kModel, "config.json")["quantization_config"]);
+}
+
+// The default [128, 128] blocks, read back (load_group): every element within E4M3's rounding of the
+// original, |w' - w| <= 2^-4 |w| (3 mantissa bits, round to nearest), plus half the subnormal step
+// 2^-10 in the block's units (amax / 448) and the f32 rounding of the scale: at most 2^-4 of the
+// block's amax.
+TEST(Fp8Convert, RoundTripIsWithinTheE4m3Bound) {
+  ScratchDir d("fp8trip");
+  RewriteOptions o;
+  o.fp8_e4m3 = true;
+  merge_checkpoint(kLlama, d.path / "out", o);
+  EXPECT_EQ(fp8_block_of(d.path / "out").rows, 128);
+  GroupReader src(kLlama, "model"), out(d.path / "out", "model");
+  std::vector<LoadSpec> specs;
+  for (const std::string& n : src.names()) specs.push_back({n, src.info(n).shape, DType::F32, {mesh::parse_mesh("1"), mesh::parse_dist("R", 1)}});
+  auto back = load_group(d.path / "out", "model", specs, 0);
+  int quantised = 0;
+  for (const std::string& n : src.names()) {
+    const Tensor w = src.file_of(n).read(n).to(DType::F32), r = back.at(n);
+    if (out.info(n).dtype != StDType::F8_E4M3) {
+      EXPECT_TRUE(testing::bit_equal(w, r)) << n;  // embeddings, head and norms kept
+      continue;
+    }
+    ++quantised;
+    float amax = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) amax = std::max(amax, std::fabs(w.data<float>()[i]));
+    bool changed = false;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      const float a = w.data<float>()[i], b = r.data<float>()[i];
+      EXPECT_LE(std::fabs(a - b), 0x1p-4f * std::fabs(a) * (1 + 1e-6f) + amax * 0x1p-18f) << n << "[" << i << "]";
+      changed |= a != b;
+    }
+    EXPECT_TRUE(changed) << n;
+  }
+  EXPECT_EQ(quantised, 14);
+}
+
+TEST(Fp8Convert, AGpt2HasNoLinearWeightsToQuantise) {
+  ScratchDir d("fp8gpt");
+  RewriteOptions o;
+  o.fp8_e4m3 = true;
+  try {
+    merge_checkpoint(fs::path(SHARDWISE_CKPT_FIXTURES) / "../../golden/hf/gpt2_tiny", d.path / "out", o);
+    FAIL() << "GPT-2 was quantised";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no linear weights to quantise"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d.path / "out"));
 }
 
 }  // namespace

@@ -54,6 +54,13 @@ Fp8Block fp8_block_of(const fs::path& dir) {
   return {b[0].get<int64_t>(), b[1].get<int64_t>()};
 }
 
+nlohmann::json fp8_quantization_config(Fp8Block block) {
+  return {{"activation_scheme", "dynamic"},
+          {"fmt", "e4m3"},
+          {"quant_method", "fp8"},
+          {"weight_block_size", {block.rows, block.cols}}};
+}
+
 std::string fp8_scale_key(std::string_view weight_key) { return std::string(weight_key) + "_scale_inv"; }
 
 std::optional<std::string> fp8_weight_of_scale(const GroupReader& reader, const std::string& name) {
@@ -109,6 +116,30 @@ Tensor read_key_box(const GroupReader& reader, const std::string& key, const res
     const float* srow = s + r / block.rows * scale_cols;
     const uint8_t* qrow = q + r * stride + box.offset[1];
     for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = e4m3_to_f32(qrow[j]) * srow[(box.offset[1] + j) / block.cols];
+  }
+  return out;
+}
+
+Fp8Weight fp8_quantize(const Tensor& weight, Fp8Block block) {
+  SW_CHECK(weight.ndim() == 2 && weight.dtype() == DType::F32, "fp8_quantize: a 2-D f32 weight, got {} {}",
+           dtype_name(weight.dtype()), weight.shape().to_string());
+  const int64_t rows = weight.shape()[0], cols = weight.shape()[1];
+  Fp8Weight out{std::vector<uint8_t>(static_cast<size_t>(rows * cols)),
+                Tensor(DType::F32, Shape{blocks(rows, block.rows), blocks(cols, block.cols)})};
+  const float* w = weight.data<float>();
+  float* inv = out.scale_inv.data<float>();
+  for (int64_t bi = 0; bi < blocks(rows, block.rows); ++bi) {
+    for (int64_t bj = 0; bj < blocks(cols, block.cols); ++bj) {
+      const int64_t r0 = bi * block.rows, r1 = std::min(rows, r0 + block.rows);
+      const int64_t c0 = bj * block.cols, c1 = std::min(cols, c0 + block.cols);
+      float amax = 0;
+      for (int64_t i = r0; i < r1; ++i)
+        for (int64_t j = c0; j < c1; ++j) amax = std::max(amax, std::fabs(w[i * cols + j]));
+      const float scale = amax > 0 ? 448.0f / amax : 1.0f;
+      inv[bi * blocks(cols, block.cols) + bj] = 1.0f / scale;
+      for (int64_t i = r0; i < r1; ++i)
+        for (int64_t j = c0; j < c1; ++j) out.codes[static_cast<size_t>(i * cols + j)] = f32_to_e4m3(w[i * cols + j] * scale);
+    }
   }
   return out;
 }

@@ -37,6 +37,9 @@ struct Fp8Block {
 // is not "fp8" (another scheme's scales mean something else) or the block size is not two positive
 // integers.
 Fp8Block fp8_block_of(const fs::path& dir);
+// The quantization_config that `ckpt convert --dtype f8-e4m3` writes, as the Qwen FP8 and
+// DeepSeek-V3 releases write it.
+nlohmann::json fp8_quantization_config(Fp8Block block);
 
 std::string fp8_scale_key(std::string_view weight_key);  // "<key>_scale_inv"
 // "<key>" for "<key>_scale_inv" when the reader holds "<key>" as F8_E4M3 (the scale is a part of
@@ -47,5 +50,14 @@ std::optional<std::string> fp8_weight_of_scale(const GroupReader& reader, const 
 // dequantised to f32 by its scale. Error naming the weight when it is not 2-D, its scale is missing,
 // not floating, or not of shape [ceil(rows / b0), ceil(cols / b1)].
 Tensor read_key_box(const GroupReader& reader, const std::string& key, const reshard::Box& box, Fp8Block block);
+
+// The codes and scales of a 2-D f32 weight, per block of `block` (blocks at the right and bottom
+// edges may be smaller): amax of the block, scale = 448 / amax (1 for an all-zero block),
+// q = f32_to_e4m3(w * scale), scale_inv = 1 / scale, as transformers' Fp8Quantize computes them.
+struct Fp8Weight {
+  std::vector<uint8_t> codes;  // row-major, one byte per element
+  Tensor scale_inv;            // F32 [ceil(rows / b0), ceil(cols / b1)]
+};
+Fp8Weight fp8_quantize(const Tensor& weight, Fp8Block block);
 
 }  // namespace shardwise::ckpt
