@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "shardwise/ckpt/checkpoint.h"
@@ -115,10 +116,9 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     }
     fail("{} (LoadOptions::ignore_keys takes glob patterns of keys to skip)", msg);
   }
-  // FP8 weights are read dequantised by their scales, whose block size config.json names (fp8.h).
-  const bool has_fp8 = std::any_of(reader.names().begin(), reader.names().end(),
-                                   [&](const std::string& n) { return reader.info(n).dtype == StDType::F8_E4M3; });
-  const Fp8Block fp8 = has_fp8 ? fp8_block_of(dir) : Fp8Block{};
+  // FP8 weights are read dequantised by their scales, whose block size config.json names (fp8.h):
+  // read when the first one is met.
+  std::optional<Fp8Block> fp8_block;
   std::map<std::string, Tensor> out;
   for (const LoadSpec& s : specs) {
     const std::vector<std::string> keys = keys_of(s.name);
@@ -156,6 +156,8 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
       out[s.name] = Tensor();
       continue;
     }
+    if (info.dtype == StDType::F8_E4M3 && !fp8_block) fp8_block = fp8_block_of(dir);
+    const Fp8Block fp8 = fp8_block.value_or(Fp8Block{});
     auto coords = s.layout.mesh.coords(s.layout.mesh.rank_index_of_process(process));
     reshard::Box box = reshard::block_at(s.global_shape, s.layout, coords);
     if (s.range) {
