@@ -149,6 +149,20 @@ std::pair<int, std::string> shardwise_cli(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// `ckpt convert --dtype` takes the floating dtypes and f8-e4m3; anything else is refused naming them.
+TEST(CkptTools, ConvertTakesFloatingDtypesAndFp8) {
+  ScratchDir scratch("convert_dtypes");
+  const std::string llama = (fs::path(SHARDWISE_CKPT_FIXTURES) / "../../golden/hf/llama_tiny").string();
+  for (const char* bad : {"f8-e5m2", "i32"}) {
+    auto [rc, out] = shardwise_cli("ckpt convert " + llama + " " + (scratch.path / bad).string() + " --dtype " + bad);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("expected f32, f16, bf16, f64 or f8-e4m3"), std::string::npos) << out;
+  }
+  auto [rc, out] = shardwise_cli("ckpt convert " + llama + " " + (scratch.path / "fp8").string() + " --dtype f8-e4m3");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(GroupReader(scratch.path / "fp8", "model").info("model.layers.0.mlp.up_proj.weight").dtype, StDType::F8_E4M3);
+}
+
 TEST(CkptTools, CommandLine) {
   ScratchDir scratch("cli");
   fs::path dir = saved_dp2tp2(scratch.path);

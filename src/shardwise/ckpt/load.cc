@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/ckpt/fp8.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/span_cache.h"
 #include "shardwise/core/error.h"
@@ -31,15 +33,14 @@ std::string listing(const std::vector<std::string>& names) {
 // The block `box` of a tensor stored under the placements `placed` (key_map.h): read straight from
 // the stored tensor when one fused placement holds it, else assembled from the parts it meets (a
 // stacked tensor's slices: an ep rank reads only the slices of its experts).
-Tensor read_placed(const GroupReader& reader, std::span<const KeyPlacement> placed, const reshard::Box& box) {
-  if (placed.size() == 1 && !placed[0].is_slice()) {
-    return reader.file_of(placed[0].key).read_box(placed[0].key, placed[0].to_key(box));
-  }
+Tensor read_placed(const GroupReader& reader, std::span<const KeyPlacement> placed, const reshard::Box& box,
+                   Fp8Block fp8) {
+  if (placed.size() == 1 && !placed[0].is_slice()) return read_key_box(reader, placed[0].key, placed[0].to_key(box), fp8);
   Tensor out;
   for (const KeyPlacement& p : placed) {
     const reshard::Box part = reshard::intersect(box, p.part());
     if (part.numel() == 0) continue;
-    Tensor piece = reader.file_of(p.key).read_box(p.key, p.to_key(part));
+    Tensor piece = read_key_box(reader, p.key, p.to_key(part), fp8);
     if (!out.defined()) out = Tensor::uninitialized(piece.dtype(), box.shape);
     const size_t es = dtype_size(piece.dtype());
     const std::byte* src = piece.raw();
@@ -53,14 +54,17 @@ Tensor read_placed(const GroupReader& reader, std::span<const KeyPlacement> plac
 
 // Elements [range.begin, range.begin + range.count) of the block `box`, flat: read straight from
 // the stored tensor when the name is stored whole or fused into one key; a name stored as slices
-// (MoE experts under a sharded optimizer) reads its block from the slices and keeps the range.
+// (MoE experts under a sharded optimizer) or in FP8 (dequantised by blocks) reads its block and
+// keeps the range.
 Tensor read_range_placed(const GroupReader& reader, const SafetensorsFile& file, const std::string& key,
-                         std::span<const KeyPlacement> placed, const reshard::Box& box, const FlatRange& range) {
-  if (placed.empty()) return file.read_range(key, box, range.begin, range.count);
-  if (placed.size() == 1 && !placed[0].is_slice()) {
+                         std::span<const KeyPlacement> placed, const reshard::Box& box, const FlatRange& range,
+                         Fp8Block fp8) {
+  const bool codes = file.info(key).dtype == StDType::F8_E4M3;
+  if (placed.empty() && !codes) return file.read_range(key, box, range.begin, range.count);
+  if (placed.size() == 1 && !placed[0].is_slice() && !codes) {
     return reader.file_of(placed[0].key).read_range(placed[0].key, placed[0].to_key(box), range.begin, range.count);
   }
-  Tensor whole = read_placed(reader, placed, box);
+  Tensor whole = placed.empty() ? read_key_box(reader, key, box, fp8) : read_placed(reader, placed, box, fp8);
   if (!whole.defined()) return whole;  // an empty block meets no slice
   Tensor out = Tensor::uninitialized(whole.dtype(), Shape{range.count});
   const size_t es = dtype_size(whole.dtype());
@@ -100,7 +104,9 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     }
   }
   for (const std::string& name : reader.names()) {
-    if (!covered.count(name) && !ignored(name, options.ignore_keys)) unexpected.push_back(name);
+    if (covered.count(name) || ignored(name, options.ignore_keys)) continue;
+    const std::optional<std::string> weight = fp8_weight_of_scale(reader, name);  // a scale is a part of its weight
+    if (!weight || (!covered.count(*weight) && !ignored(*weight, options.ignore_keys))) unexpected.push_back(name);
   }
   if (!missing.empty() || !unexpected.empty()) {
     std::string msg = fmt::format("load group '{}' of '{}': keys do not match", group, dir.string());
@@ -110,6 +116,9 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     }
     fail("{} (LoadOptions::ignore_keys takes glob patterns of keys to skip)", msg);
   }
+  // FP8 weights are read dequantised by their scales, whose block size config.json names (fp8.h):
+  // read when the first one is met.
+  std::optional<Fp8Block> fp8_block;
   std::map<std::string, Tensor> out;
   for (const LoadSpec& s : specs) {
     const std::vector<std::string> keys = keys_of(s.name);
@@ -131,7 +140,8 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
       SW_CHECK(info.shape == s.global_shape, "load '{}': tensor '{}' has shape {} in the checkpoint ({}), asked for {}",
                group, s.name, info.shape.to_string(), file.path().filename().string(), s.global_shape.to_string());
     }
-    auto stored = to_tensor_dtype(info.dtype);
+    // An FP8 weight is read dequantised, as f32.
+    auto stored = info.dtype == StDType::F8_E4M3 ? std::optional<DType>(DType::F32) : to_tensor_dtype(info.dtype);
     SW_CHECK(stored, "load '{}': tensor '{}' is {} in the checkpoint, which shardwise tensors cannot hold", group,
              key, st_dtype_name(info.dtype));
     SW_CHECK(*stored == s.dtype || options.convert_dtype,
@@ -146,6 +156,8 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
       out[s.name] = Tensor();
       continue;
     }
+    if (info.dtype == StDType::F8_E4M3 && !fp8_block) fp8_block = fp8_block_of(dir);
+    const Fp8Block fp8 = fp8_block.value_or(Fp8Block{});
     auto coords = s.layout.mesh.coords(s.layout.mesh.rank_index_of_process(process));
     reshard::Box box = reshard::block_at(s.global_shape, s.layout, coords);
     if (s.range) {
@@ -154,9 +166,9 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
                group, s.name, process, s.range->begin, s.range->begin + s.range->count, box.shape.to_string(),
                box.numel());
     }
-    Tensor block = s.range ? read_range_placed(reader, file, key, placed, box, *s.range)
-                   : placed.empty() ? file.read_box(key, box)
-                                    : read_placed(reader, placed, box);
+    Tensor block = s.range ? read_range_placed(reader, file, key, placed, box, *s.range, fp8)
+                   : placed.empty() ? read_key_box(reader, key, box, fp8)
+                                    : read_placed(reader, placed, box, fp8);
     if (!block.defined()) {  // an empty block meets no part
       block = Tensor::uninitialized(*stored, s.range ? Shape{s.range->count} : box.shape);
     }

@@ -13,6 +13,7 @@
 
 #include "shardwise/ckpt/checkpoint.h"
 #include "shardwise/ckpt/file_io.h"
+#include "shardwise/ckpt/fp8.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/key_map.h"
 #include "shardwise/ckpt/manifest.h"
@@ -174,9 +175,14 @@ void write_hf_checkpoint(const fs::path& out, std::vector<OutTensor>& tensors, c
   for (const std::string& name : names) {
     if (!fs::exists(json_from / name)) continue;
     std::string text = read_text_file(json_from / name);
-    if (name == "config.json" && options.dtype) {  // the file says what the tensors now hold
+    if (name == "config.json" && (options.dtype || options.fp8_e4m3)) {  // the file says what the tensors now hold
       nlohmann::json config = nlohmann::json::parse(text);
-      config["torch_dtype"] = torch_dtype_name(*options.dtype);
+      if (options.dtype) {
+        config["torch_dtype"] = torch_dtype_name(*options.dtype);
+        config.erase("quantization_config");  // FP8 weights were dequantised
+      } else {
+        config["quantization_config"] = fp8_quantization_config(options.fp8_block);
+      }
       text = config.dump(2) + "\n";
     }
     write_file_atomic(tmp / name, text);
@@ -253,15 +259,68 @@ void inspect(const fs::path& path, std::ostream& out) {
   }
 }
 
+namespace {
+
+OutTensor owned_tensor(const std::string& name, StDType dtype, const Shape& shape, const std::byte* data, size_t n) {
+  OutTensor t{{name, dtype, shape}, {}, std::make_shared<std::vector<std::byte>>(data, data + n)};
+  t.data = *t.owned;
+  return t;
+}
+
+// A weight --dtype f8-e4m3 quantises: a 2-D floating nn.Linear weight of a Llama-family layer, as
+// the published FP8 checkpoints quantise them (their embeddings, head, norms and routers stay).
+bool quantisable(const StTensorInfo& info) {
+  static const std::regex linear(R"(.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$)");
+  auto dtype = to_tensor_dtype(info.dtype);
+  return info.shape.ndim() == 2 && dtype && is_floating(*dtype) && std::regex_match(info.name, linear);
+}
+
+// The tensors `name` becomes: converted to options.dtype (an FP8 weight dequantised first; its scale
+// then goes), or with options.fp8_e4m3 a linear weight quantised with its scale beside it.
+void rewrite_tensor(const GroupReader& reader, const std::string& name, const RewriteOptions& options, Fp8Block from,
+                    std::vector<OutTensor>& out) {
+  const SafetensorsFile& f = reader.file_of(name);
+  const StTensorInfo& info = f.info(name);
+  if (options.dtype && fp8_weight_of_scale(reader, name)) return;
+  if (options.dtype && info.dtype == StDType::F8_E4M3) {
+    const Tensor w = read_key_box(reader, name, reshard::Box{{}, info.shape}, from).to(*options.dtype);
+    out.push_back(owned_tensor(name, to_st_dtype(w.dtype()), w.shape(), w.raw(), w.nbytes()));
+    return;
+  }
+  if (!options.fp8_e4m3 || !quantisable(info)) {
+    out.push_back(converted(info, f.data(info), options.fp8_e4m3 ? std::nullopt : options.dtype));
+    return;
+  }
+  const Fp8Weight q = fp8_quantize(f.read(name).to(DType::F32), options.fp8_block);
+  out.push_back(owned_tensor(name, StDType::F8_E4M3, info.shape, reinterpret_cast<const std::byte*>(q.codes.data()),
+                             q.codes.size()));
+  out.push_back(owned_tensor(fp8_scale_key(name), StDType::F32, q.scale_inv.shape(), q.scale_inv.raw(),
+                             q.scale_inv.nbytes()));
+}
+
+}  // namespace
+
 size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options) {
   GroupReader reader(dir, "model");
+  const bool fp8_source = std::any_of(reader.names().begin(), reader.names().end(), [&](const std::string& n) {
+    return reader.info(n).dtype == StDType::F8_E4M3;
+  });
+  const Fp8Block from = fp8_source ? fp8_block_of(dir) : Fp8Block{};
+  RewriteOptions o = options;
+  if (fp8_source && o.fp8_e4m3) o.fp8_block = from;  // its weights stay as they are: one block size
   std::vector<OutTensor> tensors;
+  size_t quantised = 0;
   for (const std::string& name : reader.names()) {
-    if (matches_any(name, options.remove_keys)) continue;
-    const SafetensorsFile& f = reader.file_of(name);
-    tensors.push_back(converted(f.info(name), f.data(f.info(name)), options.dtype));
+    if (matches_any(name, o.remove_keys)) continue;
+    const size_t before = tensors.size();
+    rewrite_tensor(reader, name, o, from, tensors);
+    quantised += tensors.size() > before && tensors[before].spec.dtype == StDType::F8_E4M3;
   }
-  write_hf_checkpoint(out, tensors, dir, options);
+  SW_CHECK(!o.fp8_e4m3 || quantised > 0,
+           "ckpt convert --dtype f8-e4m3: '{}' has no linear weights to quantise (2-D *.q_proj, k_proj, v_proj, "
+           "o_proj, gate_proj, up_proj or down_proj weights of a Llama-family model; GPT-2's Conv1D weights are not "
+           "read as FP8 by transformers)", dir.string());
+  write_hf_checkpoint(out, tensors, dir, o);
   return tensors.size();
 }
 

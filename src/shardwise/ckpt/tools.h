@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardwise/ckpt/file_io.h"
+#include "shardwise/ckpt/fp8.h"
 #include "shardwise/core/dtype.h"
 
 namespace shardwise::ckpt {
@@ -22,8 +23,15 @@ struct RewriteOptions {
   uint64_t max_shard_bytes = 5'000'000'000;
   std::optional<DType> dtype;               // convert floating tensors (F64/F32/F16/BF16) to this
   std::vector<std::string> remove_keys;     // glob patterns of keys left out
+  // --dtype f8-e4m3 (fp8.h): the linear weights (2-D q/k/v/o_proj, gate/up/down_proj) written as
+  // F8_E4M3 with a "<key>_scale_inv" per block, and config.json's quantization_config; every other
+  // tensor (embeddings, head, norms, a router) kept as it is. A source in FP8 already keeps its
+  // weights and its block size.
+  bool fp8_e4m3 = false;
+  Fp8Block fp8_block;
 };
-// Returns the number of tensors written.
+// Returns the number of tensors written. An FP8 source (F8_E4M3 weights with their scales, fp8.h)
+// converted to a `dtype` is dequantised, the scales and config.json's quantization_config left out.
 size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options = {});
 
 struct LoraOptions {

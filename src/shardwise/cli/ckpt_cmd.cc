@@ -65,7 +65,9 @@ std::unique_ptr<CkptCommands> add_ckpt_commands(CLI::App& app) {
   c->convert = c->ckpt->add_subcommand("convert", "Like merge, converting floating tensors to --dtype");
   c->convert->add_option("dir", c->path, "checkpoint directory")->required();
   c->convert->add_option("out", c->out, "new output directory")->required();
-  c->convert->add_option("--dtype", c->dtype, "f32, f16, bf16, f64")->required();
+  c->convert->add_option("--dtype", c->dtype,
+                          "f32, f16, bf16, f64 (FP8 weights dequantised), or f8-e4m3: linear weights in FP8 with "
+                          "a scale per 128x128 block, the rest as they are")->required();
   c->lora = c->ckpt->add_subcommand("lora-merge", "W + (alpha/rank) B A for every adapted weight, adapter keys removed");
   c->lora->add_option("base", c->path, "base checkpoint directory or .safetensors file")->required();
   c->lora->add_option("adapter", c->adapter, "adapter directory (adapter_model.safetensors) or file")->required();
@@ -104,7 +106,18 @@ int CkptCommands::run(std::ostream& os) const {
   ckpt::RewriteOptions rw;
   rw.max_shard_bytes = parse_byte_size(max_shard);
   rw.remove_keys = remove_keys;
-  if (*convert) rw.dtype = parse_dtype(dtype);
+  if (*convert && dtype == "f8-e4m3") {
+    rw.fp8_e4m3 = true;
+  } else if (*convert) {
+    DType d = DType::Bool;
+    try {
+      d = parse_dtype(dtype);
+    } catch (const Error&) {  // named below
+    }
+    SW_CHECK(is_floating(d), "ckpt convert --dtype '{}': expected f32, f16, bf16, f64 or f8-e4m3 (FP8 weights with "
+             "block scales)", dtype);
+    rw.dtype = d;
+  }
   if (*merge || *convert) {
     size_t n = ckpt::merge_checkpoint(path, out, rw);
     os << fmt::format("wrote {} to {}\n", counted(static_cast<int64_t>(n), "tensor"), out);
