@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "shardwise/core/error.h"
 #include "shardwise/models/lora.h"
@@ -133,6 +135,19 @@ TEST(LoraLlama, PeftsDefaultTargetsQAndVAndTheFirstLossIsTheBases) {
   // all-linear is saved as PEFT saves it: every adapted module's path.
   EXPECT_EQ(lora_target_modules(llama_lora("dp=1").model).size(), 14u);
   EXPECT_EQ(adapter_config_json(c.model, "")["fan_in_fan_out"], false);
+  // PEFT's string form: "all-linear" (any case) is the shorthand, any other string a regex.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "sw_lora_llama_config";
+  std::filesystem::create_directories(dir);
+  for (const char* targets : {"All-Linear", R"(.*\.(q|v)_proj)"}) {
+    nlohmann::json config = adapter_config_json(c.model, "");
+    config["target_modules"] = targets;
+    std::ofstream(dir / "adapter_config.json") << config.dump();
+    TrainConfig read = c;
+    read.model.lora = read_adapter_config(dir);
+    EXPECT_EQ(read.model.lora.all_linear(), targets[0] == 'A') << targets;
+    EXPECT_EQ(lora_modules(read.model).size(), targets[0] == 'A' ? 14u : 4u) << targets;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LoraLlama, Qwen2BiasesAndQwen3NormsFollowTheSingleRankRun) {
