@@ -305,8 +305,24 @@ def write_lora_golden(golden, adapter, merged, loss):
               open(os.path.join(golden, "lora_gpt2_expected.json"), "w"), indent=1)
 
 
+def peft_model_cleanly(architecture, base_dir, adapter):
+    """PeftModel.from_pretrained(architecture.from_pretrained(base_dir), adapter) in eval mode. PEFT
+    itself calls a deprecated transformers property; any other warning or log record (missing or
+    unexpected adapter keys, a config field it does not know) is a failure."""
+    from peft import PeftModel
+    handler = Collect()
+    logging.getLogger("peft").addHandler(handler)
+    logging.getLogger("transformers").addHandler(handler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(architecture.from_pretrained(base_dir), adapter).eval()
+    caught = [str(w.message) for w in caught if "is_gradient_checkpointing" not in str(w.message)]
+    assert not caught and not handler.records, (caught, handler.records)
+    return model
+
+
 def check_lora_train(shardwise, tmp):
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model
     base_dir = os.path.join(tmp, "lora-base")  # written by check_lora_merge
     data = os.path.join(tmp, "lora-tokens.bin")
     root = os.path.join(tmp, "sw-lora")
@@ -315,16 +331,7 @@ def check_lora_train(shardwise, tmp):
          "--lora-targets", ",".join(LORA_TARGETS), "--save-every", "6", "--run-dir", root, "--progress", "none",
          "--eval-every", "0"])
     ckpt = os.path.join(root, "checkpoints", "checkpoint-6")
-    handler = Collect()
-    logging.getLogger("peft").addHandler(handler)
-    logging.getLogger("transformers").addHandler(handler)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base_dir), ckpt).eval()
-    # PEFT itself calls a deprecated transformers property; any other warning (missing or unexpected
-    # adapter keys, a config field it does not know) is a failure.
-    caught = [str(w.message) for w in caught if "is_gradient_checkpointing" not in str(w.message)]
-    assert not caught and not handler.records, (caught, handler.records)
+    model = peft_model_cleanly(GPT2LMHeadModel, base_dir, ckpt)
     b = model.base_model.model.transformer.h[0].attn.c_attn.lora_B["default"].weight
     assert b.abs().max().item() > 0, "the trained adapter's B is still zero"
     print("  lora-train PeftModel.from_pretrained(base, shardwise checkpoint): no warnings, B trained")

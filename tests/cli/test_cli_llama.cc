@@ -208,12 +208,11 @@ std::vector<int64_t> generated_ids(const std::string& out) {
   return j.contains("sequences") ? j["sequences"][0]["new_ids"].get<std::vector<int64_t>>() : std::vector<int64_t>{};
 }
 
-// LoRA is GPT-2's: with a Llama model it is one line naming the combination, before anything
-// runs. Packed documents are accepted (their losses: Packing.LlamaWindowOfDocumentsLoses*), and
+// Packed documents are accepted (their losses: Packing.LlamaWindowOfDocumentsLoses*), and
 // `generate` decodes the checkpoint as any other (its config has no packing: prompts are one
 // document), the KV cache giving the recomputing path's tokens.
-TEST(CliLlama, LoraIsRefusedPackedDocumentsTrain) {
-  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_refused";
+TEST(CliLlama, PackedDocumentsTrainAndGenerate) {
+  const fs::path dir = fs::temp_directory_path() / "sw_cli_llama_packed";
   fs::remove_all(dir);
   auto r = run(args(dir, "--mesh dp=2 --eos-id 0 --no-cross-document-attention --save-every 1"));
   ASSERT_EQ(r.status, 0) << r.out;
@@ -227,12 +226,6 @@ TEST(CliLlama, LoraIsRefusedPackedDocumentsTrain) {
   r = run(gen + " --no-kv-cache");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(generated_ids(r.out), cached);
-  fs::remove_all(dir);
-  r = run(args(dir, "--mesh dp=1 --lora-rank 4"));
-  EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos)
-      << r.out;
-  EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
   fs::remove_all(dir);
 }
 

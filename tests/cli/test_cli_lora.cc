@@ -160,6 +160,49 @@ TEST(CliLora, PeftsAdapterTrainsOnMpiProcessesFromPeftsLoss) {
   EXPECT_TRUE(fs::exists(d.path / "checkpoints" / "checkpoint-2" / "adapter_model.safetensors"));
 }
 
+// LoRA on a transformers Llama (tests/golden/hf/llama_tiny: H 16, 2 kv heads of 4, MLP 32):
+// all-linear adapters train on dp=2 x tp=2 and save PEFT's files for nn.Linear (fan_in_fan_out
+// false, all-linear saved as the 14 module paths); merged by `ckpt lora-merge` they give the
+// adapted model's loss. A Mixtral (mixtral_tiny) trains PEFT's default q_proj/v_proj adapters and
+// refuses a target inside its MoE blocks, naming it.
+TEST(CliLora, LlamaAdaptersTrainSavePeftFilesAndMerge) {
+  TempDir d("llama");
+  const std::string base = kGolden + "/llama_tiny";
+  auto llama = [&](const fs::path& dir, const std::string& mesh, const std::string& args) {
+    return "train --mesh " + mesh + " --steps 2 --global-batch 4 --eval-every 0 --progress none --run-dir " +
+           dir.string() + " --data " + kGolden + "/llama_tokens.bin --lr 1e-2" + args;
+  };
+  auto r = run(llama(d.path / "lora", "dp=2,tp=2",
+                     " --init-from " + base + " --lora-rank 4 --lora-targets all-linear --save-every 2"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Per layer, r 4: q, o 4x16 + 16x4; k, v 4x16 + 8x4; gate, up 4x16 + 32x4; down 4x32 + 16x4.
+  EXPECT_NE(r.out.find("LoRA: r 4, alpha 8 (scale 2) on all-linear; base frozen: 2048 trainable parameters"),
+            std::string::npos) << r.out;
+  const fs::path ckpt = d.path / "lora" / "checkpoints" / "checkpoint-2";
+  std::ifstream in(ckpt / "adapter_config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_EQ(config["fan_in_fan_out"], false);
+  EXPECT_EQ(config["target_modules"].size(), 14u) << config.dump();
+  EXPECT_EQ(config["base_model_name_or_path"], base);
+  r = run(llama(d.path / "adapted", "dp=1", " --init-from " + base + " --lora-from " + ckpt.string()));
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("ckpt lora-merge " + base + " " + ckpt.string() + " " + (d.path / "merged").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(llama(d.path / "merged-run", "tp=2", " --init-from " + (d.path / "merged").string()));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const double adapted = first_loss(d.path / "adapted");
+  EXPECT_NEAR(first_loss(d.path / "merged-run"), adapted, 1e-5 * adapted);
+  EXPECT_NE(adapted, first_loss(d.path / "lora"));  // the adapters changed the model
+  const std::string mixtral = " --init-from " + kGolden + "/mixtral_tiny --lora-rank 2";
+  r = run(llama(d.path / "moe", "dp=1", mixtral));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("LoRA: r 2, alpha 8 (scale 4) on q_proj, v_proj"), std::string::npos) << r.out;
+  r = run(llama(d.path / "experts", "dp=1", mixtral + " --lora-targets q_proj,experts"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--lora-targets 'experts' names 'model.layers.0.mlp.experts', which LoRA does not adapt here: "
+                       "a mixture-of-experts block"), std::string::npos) << r.out;
+}
+
 TEST(CliLora, BadLoraOptionsAreOneLineNamingTheProblem) {
   TempDir d("bad");
   const std::string golden = " --init-from " + kGolden + "/gpt2_tiny --data " + kGolden + "/tokens.bin";

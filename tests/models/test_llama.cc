@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <numeric>
 
 #include "tests/support/llama_config.h"
@@ -147,23 +146,6 @@ TEST(Llama, ConfigurationsItCannotBuildAreRefusedNamingTheField) {
 
 // GPT-2's LoRA is not built for Llama: refused naming the combination (and the same GPT-2
 // configuration passes).
-TEST(Llama, LoraIsRefusedNamingTheCombination) {
-  auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  TrainConfig c = llama_test_config("dp=1");
-  c.model.lora.rank = 4;
-  std::string m = message([&] { c.check(1); });
-  EXPECT_NE(m.find("LoRA (--lora-rank / --lora-from) with --model llama is not supported"), std::string::npos) << m;
-  c.model.model_type = "gpt2", c.model.kv_heads = 0, c.model.intermediate_size = 0, c.model.tie_word_embeddings = true;
-  EXPECT_EQ(message([&] { c.check(1); }), "no error");
-}
-
 // Validation runs forward-only stages that bind Llama's constants (the causal mask and the
 // rotary positions) beside the per-micro-batch feeds: the same loss on every mesh.
 TEST(Llama, ValidationLossIsTheSameOnEveryMesh) {

@@ -8,6 +8,7 @@
 
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
+#include "tests/support/lora_run.h"
 #include "tests/support/small_config.h"
 #include "shardwise/train/trainer.h"
 
@@ -25,64 +26,8 @@ TrainConfig lora(const std::string& mesh, int64_t steps) {
   return c;
 }
 
-struct LoraRun {
-  std::vector<double> losses;
-  std::vector<std::map<std::string, Tensor>> grads;  // per step: every adapter's whole gradient
-  std::map<std::string, Tensor> frozen_before, frozen_after;
-  ParameterCounts counts;
-};
-
-LoraRun train(const TrainConfig& c, bool grads = true, bool frozen = false) {
-  LoraRun out;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
-    auto world = w.group(w.members());
-    Trainer t(c, world);
-    t.keep_gradients(grads);
-    auto gather_frozen = [&](std::map<std::string, Tensor>& into) {
-      for (ParamState& p : t.frozen()) {
-        Tensor whole = t.gather_param(p.name);
-        if (w.rank() == 0) into[p.name] = whole;
-      }
-    };
-    if (frozen) gather_frozen(out.frozen_before);
-    const ParameterCounts counts = t.count_parameters();
-    for (int64_t s = 0; s < c.optimizer.steps; ++s) {
-      const double loss = t.step().loss;
-      std::map<std::string, Tensor> step_grads;
-      for (ParamState& p : t.params()) {
-        if (!grads) break;
-        Tensor g = t.gather_grad(p.name);
-        if (w.rank() == 0) step_grads[p.name] = g;
-      }
-      if (w.rank() == 0) out.losses.push_back(loss), out.grads.push_back(std::move(step_grads));
-    }
-    if (frozen) gather_frozen(out.frozen_after);
-    if (w.rank() == 0) out.counts = counts;
-  });
-  return out;
-}
-
-void expect_same(const LoraRun& got, const LoraRun& ref, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << what << ": step " << s + 1;
-    if (ref.grads[s].empty() || got.grads[s].empty()) continue;
-    ASSERT_EQ(got.grads[s].size(), ref.grads[s].size()) << what;
-    for (const auto& [name, want] : ref.grads[s]) {
-      const Tensor& g = got.grads[s].at(name);
-      ASSERT_EQ(g.shape(), want.shape()) << what << " " << name;
-      double scale = 0;
-      for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(want.at(i)));
-      for (int64_t i = 0; i < want.numel(); ++i) {
-        ASSERT_NEAR(g.at(i), want.at(i), 1e-5 * std::max(scale, 1e-6)) << what << ": step " << s + 1 << " " << name
-                                                                        << " element " << i;
-      }
-    }
-  }
-}
-
 TEST(Lora, AdapterGradientsAndLossesOnEveryMeshEqualTheSingleRankRun) {
-  const LoraRun ref = train(lora("dp=1", 3));
+  const LoraRun ref = run_lora(lora("dp=1", 3));
   ASSERT_EQ(ref.grads.size(), 3u);
   ASSERT_EQ(ref.grads[0].size(), 20u);  // per layer: A and B_q, B_k, B_v of c_attn, A and B of three more
   // Step 1: B = 0, so A takes no gradient yet and B does; step 2 on, both train.
@@ -96,29 +41,29 @@ TEST(Lora, AdapterGradientsAndLossesOnEveryMeshEqualTheSingleRankRun) {
   EXPECT_GT(a2, 0.0);
   EXPECT_GT(b1, 0.0);
   EXPECT_LT(ref.losses.back(), ref.losses.front());
-  for (const std::string mesh : {"dp=2", "tp=2", "dp=2,tp=2"}) expect_same(train(lora(mesh, 3)), ref, mesh);
+  for (const std::string mesh : {"dp=2", "tp=2", "dp=2,tp=2"}) expect_same(run_lora(lora(mesh, 3)), ref, mesh);
   TrainConfig sp = lora("tp=2", 3);
   sp.parallel.sequence_parallel = true;
-  expect_same(train(sp), ref, "tp=2 + sp");
+  expect_same(run_lora(sp), ref, "tp=2 + sp");
   TrainConfig pipeline = lora("pp=2", 3);
   pipeline.optimizer.accumulation = 2;  // two micro-batches of 4 through two stages: the mean is the same
-  LoraRun pp = train(pipeline, false);
+  LoraRun pp = run_lora(pipeline, false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(pp.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << s;
 }
 
 // The adapters' optimizer state sharded over dp (stage 2 v2, stage 1 v1): the single-rank losses and
 // whole gradients (Trainer::gather_grad gathers the shards), the frozen base untouched.
 TEST(Lora, ShardedAdapterStateFollowsTheSingleRankRun) {
-  const LoraRun ref = train(lora("dp=1", 3));
+  const LoraRun ref = run_lora(lora("dp=1", 3));
   for (auto [stage, layout] : {std::pair{2, "v2"}, std::pair{1, "v1"}}) {
     TrainConfig c = lora("dp=2,tp=2", 3);
     c.parallel.sharding = {stage, layout};
-    expect_same(train(c), ref, fmt::format("dp=2,tp=2 stage {} {}", stage, layout));
+    expect_same(run_lora(c), ref, fmt::format("dp=2,tp=2 stage {} {}", stage, layout));
   }
 }
 
 TEST(Lora, FrozenWeightsStayBitIdenticalAndTheOptimizerHoldsTheAdaptersOnly) {
-  const LoraRun r = train(lora("dp=2,tp=2", 4), false, true);
+  const LoraRun r = run_lora(lora("dp=2,tp=2", 4), false, true);
   ASSERT_EQ(r.frozen_before.size(), 36u);  // every base parameter of 2 layers
   for (const auto& [name, before] : r.frozen_before) {
     const Tensor& after = r.frozen_after.at(name);
@@ -163,9 +108,9 @@ TEST(Lora, FrozenWeightsStayBitIdenticalAndTheOptimizerHoldsTheAdaptersOnly) {
 TEST(Lora, WithBZeroTheFirstLossIsTheBaseModelsLoss) {
   TrainConfig base = small_config("dp=1", 1);
   base.optimizer.lr = 1e-2;
-  const double want = train(base, false).losses[0];
-  EXPECT_EQ(train(lora("dp=1", 1), false).losses[0], want);
-  EXPECT_NEAR(train(lora("dp=2,tp=2", 1), false).losses[0], want, 1e-6 * want);
+  const double want = run_lora(base, false).losses[0];
+  EXPECT_EQ(run_lora(lora("dp=1", 1), false).losses[0], want);
+  EXPECT_NEAR(run_lora(lora("dp=2,tp=2", 1), false).losses[0], want, 1e-6 * want);
 }
 
 TEST(Lora, TargetsFollowPeftAndBadConfigurationsAreNamed) {
@@ -206,7 +151,7 @@ TEST(Lora, TargetsFollowPeftAndBadConfigurationsAreNamed) {
 TEST(Lora, Bf16BaseStaysFrozenInBf16AndMeshesFollowOneRank) {
   TrainConfig c = lora("dp=1", 3);
   c.bf16 = true;
-  const LoraRun ref = train(c, false, true);
+  const LoraRun ref = run_lora(c, false, true);
   for (const auto& [name, before] : ref.frozen_before) {
     const Tensor& after = ref.frozen_after.at(name);
     EXPECT_EQ(std::memcmp(before.raw(), after.raw(), before.nbytes()), 0) << name << " changed";
@@ -217,7 +162,7 @@ TEST(Lora, Bf16BaseStaysFrozenInBf16AndMeshesFollowOneRank) {
     for (const ParamState& p : t.params()) EXPECT_EQ(p.master.dtype(), DType::F32) << p.name;
   });
   c.parallel.mesh = "dp=2,tp=2";
-  const LoraRun mesh = train(c, false);
+  const LoraRun mesh = run_lora(c, false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(mesh.losses[s], ref.losses[s], 5e-4 * ref.losses[s]) << s;
 }
 
@@ -232,10 +177,10 @@ TEST(Lora, RsLoraAndLoraDropoutOnAMesh) {
   TrainConfig c = lora("dp=1", 3);
   c.model.lora.dropout = 0.2;
   c.model.lora.rslora = true;
-  const LoraRun ref = train(c, false), plain = train(lora("dp=1", 3), false);
+  const LoraRun ref = run_lora(c, false), plain = run_lora(lora("dp=1", 3), false);
   EXPECT_NE(ref.losses[2], plain.losses[2]);
   c.parallel.mesh = "dp=2,tp=2";
-  const LoraRun mesh = train(c, false);
+  const LoraRun mesh = run_lora(c, false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(mesh.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << s;
 }
 

@@ -19,21 +19,20 @@ namespace shardwise::train {
 
 inline const std::string kHfGoldenDir = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
 
-// On every mesh of `meshes`: the token after the first tokens gives transformers' logits within 1e-5
-// and its argmax, and greedy decoding (stopping at transformers' `eos_id`) gives its tokens, with
+// On every mesh of `meshes`, the model of directory `dir`: the token after the first tokens gives
+// the logits of `want` ("tokens", "last_logits", "argmax") within 1e-5 and its argmax, and greedy
+// decoding (stopping at transformers' `eos_id`) gives its tokens ("greedy_prompt", "greedy"), with
 // and without the kv cache.
-inline void expect_transformers_logits_and_greedy(const std::string& golden, const std::vector<std::string>& meshes,
-                                                  int64_t eos_id) {
-  std::ifstream f(kHfGoldenDir + "/" + golden + "_expected.json");
-  const nlohmann::json want = nlohmann::json::parse(f);
-  const GptConfig model = read_model_config(kHfGoldenDir + "/" + golden);
+inline void expect_logits_and_greedy(const std::string& dir, const nlohmann::json& want,
+                                     const std::vector<std::string>& meshes, int64_t eos_id) {
+  const GptConfig model = read_model_config(dir);
   const auto tokens = want["tokens"].get<std::vector<int64_t>>();
   for (const std::string& mesh : meshes) {
     comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
       auto world = w.group(w.members());
       const int64_t process = world->members()[static_cast<size_t>(world->rank())];
       Generator gen(model, Strategy::from_mesh(mesh::parse_mesh(mesh), false), world,
-                    checkpoint_weights(kHfGoldenDir + "/" + golden, model, process));
+                    checkpoint_weights(dir, model, process));
       GenerateConfig one;
       one.max_new_tokens = 1;
       one.keep_logits = true;
@@ -56,6 +55,13 @@ inline void expect_transformers_logits_and_greedy(const std::string& golden, con
       EXPECT_EQ(gen.generate({prompt}, greedy).sequences[0].tokens, expected) << mesh << " without the cache";
     });
   }
+}
+
+// The same for tests/golden/hf/<golden> and <golden>_expected.json (transformers' numbers).
+inline void expect_transformers_logits_and_greedy(const std::string& golden, const std::vector<std::string>& meshes,
+                                                  int64_t eos_id) {
+  std::ifstream f(kHfGoldenDir + "/" + golden + "_expected.json");
+  expect_logits_and_greedy(kHfGoldenDir + "/" + golden, nlohmann::json::parse(f), meshes, eos_id);
 }
 
 }  // namespace shardwise::train

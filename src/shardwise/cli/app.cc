@@ -63,6 +63,11 @@ void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
 
 }  // namespace
 
+constexpr const char* kLoraTargetsHelp =
+    "modules that get adapters (PEFT's target_modules): GPT-2's c_attn, c_proj, c_fc (attn.c_proj, mlp.c_proj); "
+    "Llama's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; or all-linear. Default: PEFT's for the "
+    "model (c_attn; q_proj,v_proj)";
+
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
@@ -205,8 +210,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--lora-rank", lora.rank,
                 "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
   t->add_option("--lora-alpha", lora.alpha, "LoRA's alpha: the update is scaled by alpha / r");
-  t->add_option("--lora-targets", lora.targets,
-                "modules that get adapters (PEFT's target_modules): c_attn, c_proj, c_fc, attn.c_proj, mlp.c_proj")
+  t->add_option("--lora-targets", lora.targets, kLoraTargetsHelp)
       ->delimiter(',');
   t->add_option("--lora-dropout", lora.dropout, "dropout on the adapters' input while training");
   t->add_flag("--lora-rslora", lora.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r)");

@@ -171,12 +171,13 @@ std::string checkpoint_summary(const train::CheckpointSchedule& checkpoints, con
 }
 
 // The run header's LoRA line: the adapters, and the parameters they train of the model's.
-std::string lora_line(const train::LoraConfig& l, const train::ParameterCounts& n, int64_t rank0_optimizer_bytes) {
+std::string lora_line(const train::GptConfig& model, const train::ParameterCounts& n, int64_t rank0_optimizer_bytes) {
+  const train::LoraConfig& l = model.lora;
   const auto all = static_cast<double>(n.trained + n.frozen);
   return fmt::format("  LoRA: r {}, alpha {} (scale {:.4g}{}) on {}; base frozen: {} trainable parameters of {} "
                      "({:.2f}%); optimizer state {} bytes (adapters only; rank 0: {})\n",
                      l.rank, l.alpha, l.scale(), l.rslora ? ", rsLoRA" : "",
-                     l.target_regex.empty() ? fmt::format("{}", fmt::join(l.targets, ", ")) : l.target_regex,
+                     train::lora_targets_text(model),
                      n.trained, n.trained + n.frozen, 100.0 * static_cast<double>(n.trained) / all, n.optimizer_bytes,
                      rank0_optimizer_bytes);
 }
@@ -365,7 +366,7 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
     if (s.report) out << fmt::format("  adapters from {} ({} tensors)\n", o.checkpoint.lora_from, n);
   }
   if (config.model.lora.enabled() && s.report)
-    out << lora_line(config.model.lora, s.counts, trainer.optimizer_state_bytes());
+    out << lora_line(config.model, s.counts, trainer.optimizer_state_bytes());
   std::vector<std::string> notes;
   s.run_dir = choose_run_dir(o, config, world_ref, notes);
   s.save_dir = o.checkpoint.save_dir.empty() ? s.run_dir + "/checkpoints" : o.checkpoint.save_dir;

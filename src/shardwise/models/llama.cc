@@ -1,6 +1,7 @@
 #include "shardwise/models/llama.h"
 
 #include <cmath>
+#include <map>
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
@@ -51,6 +52,9 @@ class LlamaBuilder {
       : c_(c), s_(s), g_(out.g), training_(training), B_(sequences), S_(c.seq), H_(c.hidden), NH_(c.heads),
         KV_(c.key_value_heads()), HD_(c.hidden / c.heads) {
     kv_sharded_ = KV_ % s.tp_size() == 0;
+    if (c.lora.enabled()) {
+      for (LoraModule& m : lora_modules(c)) lora_[m.path] = std::move(m);
+    }
   }
 
   std::string placements(const char* on_tp, const char* on_dp = "R") const { return s_.placements(on_tp, on_dp); }
@@ -60,9 +64,14 @@ class LlamaBuilder {
   // Between pipeline stages: batch on dp; sequence on tp with sp, else replicated on tp.
   std::string boundary() const { return placements(s_.sequence_parallel ? "S(1)" : "R", "S(0)"); }
 
-  // A parameter as stored (f32, or bf16 cast to f32 for the kernels, as GPT-2's).
-  graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp) {
-    auto v = g_.param(name, shape, c_.param_dtype);
+  // A parameter as stored (f32, or bf16 cast to f32 for the kernels, as GPT-2's). With LoRA every
+  // base parameter is a frozen leaf and the adapters (`adapter`) are the graph's parameters.
+  graph::ValueId leaf(const std::string& name, const Shape& shape, bool adapter = false) {
+    if (c_.lora.enabled() && !adapter) return g_.frozen(name, shape, c_.param_dtype);
+    return g_.param(name, shape, c_.param_dtype);
+  }
+  graph::ValueId param(const std::string& name, const Shape& shape, const char* on_tp, bool adapter = false) {
+    auto v = leaf(name, shape, adapter);
     if (s_.tp >= 0) annotate(v, placements(on_tp));
     if (c_.param_dtype == DType::F32) return v;
     return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
@@ -75,14 +84,32 @@ class LlamaBuilder {
     return y;
   }
 
-  // x [.., in] times weight [out, in] transposed (nn.Linear, no bias). Column-parallel: the weight
-  // S(0) on tp (or `replicated`); row-parallel: S(1), the output reduce-scattered onto the sequence with sp.
+  // x [.., in] times weight [out, in] transposed (nn.Linear, no bias), plus the LoRA adapter's
+  // product when the module is adapted. Column-parallel: the weight S(0) on tp (or `replicated`);
+  // row-parallel: S(1), the output reduce-scattered onto the sequence with sp.
   graph::ValueId linear(graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool column,
                         bool replicated = false) {
     auto w = param(name + ".weight", Shape{out, in}, replicated ? "R" : column ? "S(0)" : "S(1)");
     auto y = g_.matmul(x, w, true, name + ".out");
     if (!column && s_.sequence_parallel) annotate(y, placements("S(1)", "S(0)"));
-    return y;
+    if (!lora_.contains(name)) return y;
+    return g_.add(y, adapter(x, name, in, out, column, replicated), name + ".out+lora");
+  }
+
+  // LoRA's s · dropout(x) A^T B^T, A [r, in] and B [out, r] placed as the base weight: for a
+  // column-parallel base A replicated and B S(0) on its output dim (B replicated with a replicated
+  // base); for a row-parallel one A S(1) on its input dim (x A^T is Partial(sum) over tp, reduced
+  // here at r / in of the base product's size) and B replicated, so the sum with x W^T needs no
+  // further collective.
+  graph::ValueId adapter(graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool column,
+                         bool replicated) {
+    const int64_t r = c_.lora.rank;
+    auto a = param(lora_a_name(name), Shape{r, in}, column ? "R" : "S(1)", true);
+    auto dropped = dropout_at(g_, c_, training_, x, name + ".lora_dropout", c_.lora.dropout);
+    auto u = g_.scale(g_.matmul(dropped, a, true, name + ".lora_A.out"), c_.lora.scale(), 0.0, name + ".lora.scaled");
+    if (!column) annotate(u, placements("R", "S(0)"));
+    auto b = param(lora_b_name(name), Shape{out, r}, column && !replicated ? "S(0)" : "R", true);
+    return g_.matmul(u, b, true, name + ".lora_B.out");
   }
 
   // A column-parallel q/k/v projection of the hidden states, plus its bias [out] (Qwen2), sharded
@@ -168,7 +195,7 @@ class LlamaBuilder {
     std::vector<std::string> on_ep(static_cast<size_t>(s_.mesh.ndim()), "R");
     if (s_.ep >= 0) on_ep[static_cast<size_t>(s_.ep)] = "S(0)";
     auto expert = [&](const std::string& name, const Shape& shape) {
-      auto v = g_.param(name, shape, c_.param_dtype);
+      auto v = leaf(name, shape);
       annotate(v, fmt::format("{}", fmt::join(on_ep, ",")));
       if (c_.param_dtype == DType::F32) return v;
       return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
@@ -282,6 +309,7 @@ class LlamaBuilder {
   graph::ValueId router_loss_ = -1;  // the weighted aux and z losses of the MoE layers so far
   graph::ValueId pooled_counts_ = -1, pooled_probs_ = -1;  // --aux-loss-scope model: [E] sums so far
   int64_t pooled_layers_ = 0;
+  std::map<std::string, LoraModule> lora_;  // the adapted modules, by path
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "shardwise/models/lora.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <regex>
@@ -13,28 +15,98 @@ namespace {
 
 const char* kPrefix = "base_model.model.";
 
-// The adaptable modules of layer l: path suffix, [in, out], column-parallel, the parts it covers.
-struct ModuleKind {
-  const char* suffix;
-  int64_t in_mult, out_mult;  // x hidden
-  bool column;
-};
-constexpr ModuleKind kKinds[] = {
-    {"attn.c_attn", 1, 3, true}, {"attn.c_proj", 1, 1, false}, {"mlp.c_fc", 1, 4, true}, {"mlp.c_proj", 4, 1, false}};
-
-// What GPT-2 holds besides: modules PEFT could name but shardwise does not adapt.
-constexpr const char* kOthers[] = {"transformer.wte", "transformer.wpe", "lm_head", "transformer.ln_f",
-                                   "transformer.h.0.ln_1", "transformer.h.0.ln_2"};
-
 bool matches(const std::string& path, const std::string& target) {
   return path == target || (path.size() > target.size() && path.ends_with(target) &&
                             path[path.size() - target.size() - 1] == '.');
+}
+
+// The model's linear modules LoRA adapts, the modules a target may name that it does not (with
+// the reason), and how the former read in an error.
+struct ModelModules {
+  std::vector<LoraModule> linear;
+  std::vector<std::pair<std::string, std::string>> others;  // path, why it is not adapted
+  std::string listing;
+};
+
+ModelModules gpt_modules(const GptConfig& c) {
+  struct Kind {
+    const char* suffix;
+    int64_t in_mult, out_mult;  // x hidden
+    bool column;
+  };
+  constexpr Kind kKinds[] = {{"attn.c_attn", 1, 3, true}, {"attn.c_proj", 1, 1, false}, {"mlp.c_fc", 1, 4, true},
+                             {"mlp.c_proj", 4, 1, false}};
+  ModelModules out;
+  for (int64_t layer = 0; layer < c.layers; ++layer) {
+    for (const Kind& k : kKinds) {
+      LoraModule m{fmt::format("transformer.h.{}.{}", layer, k.suffix), k.in_mult * c.hidden, k.out_mult * c.hidden,
+                   k.column, {}};
+      const std::string attn = fmt::format("transformer.h.{}.attn.", layer);
+      if (std::string(k.suffix) == "attn.c_attn") m.parts = {attn + "q_proj", attn + "k_proj", attn + "v_proj"};
+      else m.parts = {m.path};
+      out.linear.push_back(std::move(m));
+    }
+  }
+  for (const char* other : {"transformer.wte", "transformer.wpe", "lm_head", "transformer.ln_f", "transformer.h.0.ln_1",
+                            "transformer.h.0.ln_2"}) {
+    out.others.emplace_back(other, "the targets are GPT-2's linear layers c_attn, c_proj (attn and mlp) and c_fc");
+  }
+  out.listing = "c_attn, c_proj (attn.c_proj, mlp.c_proj) and c_fc in every layer (transformer.h.<i>.attn.c_attn, ...)";
+  return out;
+}
+
+ModelModules llama_modules(const GptConfig& c) {
+  const int64_t H = c.hidden, KV = c.key_value_heads() * (c.hidden / c.heads), I = c.mlp_width();
+  const std::string why = "the targets are the linear layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and "
+                          "down_proj (or all-linear)";
+  const std::string moe = "a mixture-of-experts block, whose router and experts LoRA does not adapt (transformers' "
+                          "Mixtral holds its experts as fused parameters, not linear layers); adapt the attention: "
+                          "q_proj, k_proj, v_proj, o_proj";
+  ModelModules out;
+  for (const char* other : {"model.embed_tokens", "lm_head", "model.norm"}) out.others.emplace_back(other, why);
+  for (int64_t layer = 0; layer < c.layers; ++layer) {
+    const std::string p = fmt::format("model.layers.{}.", layer);
+    auto add = [&](const std::string& name, int64_t in, int64_t n_out, bool column) {
+      out.linear.push_back(LoraModule{p + name, in, n_out, column, {p + name}});
+    };
+    add("self_attn.q_proj", H, H, true), add("self_attn.k_proj", H, KV, true), add("self_attn.v_proj", H, KV, true);
+    add("self_attn.o_proj", H, H, false);
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"})
+      out.others.emplace_back(p + norm, why);
+    if (!c.is_moe_layer(layer)) {
+      add("mlp.gate_proj", H, I, true), add("mlp.up_proj", H, I, true), add("mlp.down_proj", I, H, false);
+      continue;
+    }
+    // transformers' names (mlp.*) and shardwise's (block_sparse_moe.*, its experts' w1, w2, w3).
+    for (const char* block : {"mlp", "block_sparse_moe"}) {
+      for (const char* part : {"gate", "experts", "experts.gate_up_proj", "experts.down_proj", "experts.w1",
+                               "experts.w2", "experts.w3", "shared_expert.gate_proj", "shared_expert.up_proj",
+                               "shared_expert.down_proj", "shared_expert_gate"})
+        out.others.emplace_back(fmt::format("{}{}.{}", p, block, part), moe);
+    }
+  }
+  out.listing = "self_attn.q_proj, k_proj, v_proj, o_proj and (dense layers) mlp.gate_proj, up_proj, down_proj in every "
+                "layer (model.layers.<i>.self_attn.q_proj, ...)";
+  return out;
+}
+
+void check_settings(const LoraConfig& l) {
+  SW_CHECK(l.rank >= 1, "--lora-rank must be at least 1, got {}", l.rank);
+  SW_CHECK(l.alpha != 0 && std::isfinite(l.alpha), "--lora-alpha must be a non-zero number, got {}", l.alpha);
+  SW_CHECK(l.dropout >= 0 && l.dropout < 1, "--lora-dropout must be in [0, 1), got {}", l.dropout);
 }
 
 }  // namespace
 
 double LoraConfig::scale() const {
   return alpha / (rslora ? std::sqrt(static_cast<double>(rank)) : static_cast<double>(rank));
+}
+
+bool LoraConfig::all_linear() const {
+  if (targets.size() != 1 || !target_regex.empty()) return false;
+  std::string t = targets[0];
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return t == "all-linear";
 }
 
 bool LoraConfig::targets_module(const std::string& path) const {
@@ -44,44 +116,56 @@ bool LoraConfig::targets_module(const std::string& path) const {
   return false;
 }
 
+std::vector<std::string> lora_default_targets(const GptConfig& c) {
+  if (c.is_llama()) return {"q_proj", "v_proj"};
+  return {"c_attn"};
+}
+
 std::vector<LoraModule> lora_modules(const GptConfig& c) {
-  const LoraConfig& l = c.lora;
-  SW_CHECK(!c.is_llama(), "LoRA (--lora-rank / --lora-from) with --model llama is not supported: shardwise's adapters "
-           "are GPT-2's modules (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); train every parameter of the Llama "
-           "model (leave the --lora-* options out), or adapt a GPT-2 base");
-  SW_CHECK(l.rank >= 1, "--lora-rank must be at least 1, got {}", l.rank);
-  SW_CHECK(l.alpha != 0 && std::isfinite(l.alpha), "--lora-alpha must be a non-zero number, got {}", l.alpha);
-  SW_CHECK(l.dropout >= 0 && l.dropout < 1, "--lora-dropout must be in [0, 1), got {}", l.dropout);
-  SW_CHECK(!l.targets.empty() || !l.target_regex.empty(), "--lora-targets names no module: give c_attn, c_proj, c_fc, "
-           "attn.c_proj or mlp.c_proj (comma-separated)");
+  LoraConfig l = c.lora;
+  check_settings(l);
+  if (l.targets.empty() && l.target_regex.empty()) l.targets = lora_default_targets(c);
+  const ModelModules model = c.is_llama() ? llama_modules(c) : gpt_modules(c);
+  if (l.all_linear()) {
+    SW_CHECK(c.shared_expert_width == 0, "--lora-targets all-linear on a model with a shared expert: PEFT would adapt "
+             "the shared expert's linear layers, which LoRA does not adapt here; name the targets (q_proj, k_proj, "
+             "v_proj, o_proj)");
+    return model.linear;
+  }
   std::vector<LoraModule> out;
-  std::vector<std::string> all;
-  for (int64_t layer = 0; layer < c.layers; ++layer) {
-    for (const ModuleKind& k : kKinds) {
-      LoraModule m{fmt::format("transformer.h.{}.{}", layer, k.suffix), k.in_mult * c.hidden, k.out_mult * c.hidden,
-                   k.column, {}};
-      all.push_back(m.path);
-      if (!l.targets_module(m.path)) continue;
-      const std::string attn = fmt::format("transformer.h.{}.attn.", layer);
-      if (std::string(k.suffix) == "attn.c_attn") m.parts = {attn + "q_proj", attn + "k_proj", attn + "v_proj"};
-      else m.parts = {m.path};
-      out.push_back(std::move(m));
-    }
+  for (const LoraModule& m : model.linear)
+    if (l.targets_module(m.path)) out.push_back(m);
+  for (const auto& [path, why] : model.others) {
+    SW_CHECK(l.target_regex.empty() || !std::regex_match(path, std::regex(l.target_regex)),
+             "target_modules '{}' matches '{}', which LoRA does not adapt here: {}", l.target_regex, path, why);
   }
   for (const std::string& t : l.targets) {
     bool any = false;
-    for (const std::string& path : all) any = any || matches(path, t);
+    for (const LoraModule& m : model.linear) any = any || matches(m.path, t);
     if (any) continue;
-    for (const char* other : kOthers) {
-      SW_CHECK(!matches(other, t), "--lora-targets '{}' names '{}', which LoRA does not adapt here: the targets are "
-               "GPT-2's linear layers c_attn, c_proj (attn and mlp) and c_fc", t, other);
-    }
-    fail("--lora-targets '{}' names no module of the model: its linear layers are c_attn, c_proj (attn.c_proj, "
-         "mlp.c_proj) and c_fc in every layer (transformer.h.<i>.attn.c_attn, ...)", t);
+    for (const auto& [path, why] : model.others)
+      SW_CHECK(!matches(path, t), "--lora-targets '{}' names '{}', which LoRA does not adapt here: {}", t, path, why);
+    fail("--lora-targets '{}' names no module of the model: its linear layers are {}", t, model.listing);
   }
-  SW_CHECK(!out.empty(), "target_modules '{}' matches no module of the model (transformer.h.<i>.attn.c_attn, "
-           "attn.c_proj, mlp.c_fc, mlp.c_proj)", l.target_regex);
+  SW_CHECK(!out.empty(), "target_modules '{}' matches no module of the model: its linear layers are {}", l.target_regex,
+           model.listing);
   return out;
+}
+
+nlohmann::json lora_target_modules(const GptConfig& c) {
+  const LoraConfig& l = c.lora;
+  if (!l.target_regex.empty()) return l.target_regex;
+  if (l.targets.empty()) return lora_default_targets(c);
+  if (!l.all_linear()) return l.targets;
+  std::vector<std::string> paths;
+  for (const LoraModule& m : lora_modules(c)) paths.push_back(m.path);
+  return paths;
+}
+
+std::string lora_targets_text(const GptConfig& c) {
+  const LoraConfig& l = c.lora;
+  if (!l.target_regex.empty()) return l.target_regex;
+  return fmt::format("{}", fmt::join(l.targets.empty() ? lora_default_targets(c) : l.targets, ", "));
 }
 
 std::string lora_a_name(const std::string& module_path) { return module_path + ".lora_A.weight"; }
@@ -123,16 +207,17 @@ ckpt::KeyMap lora_key_map(const GptConfig& c) {
   return keys;
 }
 
-nlohmann::json adapter_config_json(const LoraConfig& l, const std::string& base) {
+nlohmann::json adapter_config_json(const GptConfig& c, const std::string& base) {
+  const LoraConfig& l = c.lora;
   nlohmann::json alpha = l.alpha;
   if (l.alpha == std::floor(l.alpha) && std::abs(l.alpha) < 1e15) alpha = static_cast<int64_t>(l.alpha);
-  nlohmann::json targets = l.target_regex.empty() ? nlohmann::json(l.targets) : nlohmann::json(l.target_regex);
+  const nlohmann::json targets = lora_target_modules(c);
   // Every field PEFT 0.21's LoraConfig writes, in its order (json sorts the keys, as PEFT does).
   return {{"alora_invocation_tokens", nullptr}, {"alpha_pattern", nlohmann::json::object()},
           {"arrow_config", nullptr}, {"auto_mapping", nullptr},
           {"base_model_name_or_path", base.empty() ? nlohmann::json() : nlohmann::json(base)},
           {"bias", "none"}, {"corda_config", nullptr}, {"ensure_weight_tying", false}, {"eva_config", nullptr},
-          {"exclude_modules", nullptr}, {"fan_in_fan_out", true}, {"inference_mode", true},
+          {"exclude_modules", nullptr}, {"fan_in_fan_out", !c.is_llama()}, {"inference_mode", true},
           {"init_lora_weights", true}, {"kasa_config", nullptr}, {"layer_replication", nullptr},
           {"layers_pattern", nullptr}, {"layers_to_transform", nullptr}, {"loftq_config", nlohmann::json::object()},
           {"lora_alpha", alpha}, {"lora_bias", false}, {"lora_dropout", l.dropout}, {"lora_ga_config", nullptr},
@@ -175,8 +260,12 @@ LoraConfig read_adapter_config(const std::filesystem::path& dir) {
   const nlohmann::json& t = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
   SW_CHECK(t.is_array() || t.is_string(), "'{}': target_modules must be a list of module names or a regex",
            file.string());
-  if (t.is_string()) l.targets.clear(), l.target_regex = t.get<std::string>();
-  else l.targets = t.get<std::vector<std::string>>();
+  if (t.is_array()) {
+    l.targets = t.get<std::vector<std::string>>();
+  } else {  // PEFT's string form: the "all-linear" shorthand, else a regex
+    l.targets = {t.get<std::string>()};
+    if (!l.all_linear()) l.targets.clear(), l.target_regex = t.get<std::string>();
+  }
   return l;
 }
 

@@ -235,7 +235,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
     state["lora"] = {{"base", trainer.base_model().dir}, {"base_fingerprint", trainer.base_model().fingerprint},
                      {"model", {{"n_layer", c.model.layers}, {"n_embd", c.model.hidden}, {"n_head", c.model.heads},
                                 {"n_positions", c.model.seq}, {"vocab_size", c.model.vocab}}}};
-    content.json_files = {{"adapter_config.json", adapter_config_json(c.model.lora, trainer.base_model().dir)}};
+    content.json_files = {{"adapter_config.json", adapter_config_json(c.model, trainer.base_model().dir)}};
   } else {
     const SpecialTokens tokens = special_tokens(c);  // reads the tokenizer's model once per save
     nlohmann::json config = model_config(c, tokens), generation = generation_config_json(c.model, tokens);
@@ -265,8 +265,9 @@ std::vector<std::string> adapted(GptConfig model, const LoraConfig& lora) {
   for (const LoraModule& m : lora_modules(model)) out.push_back(m.path);
   return out;
 }
-std::string targets_text(const LoraConfig& l) {
-  return l.target_regex.empty() ? fmt::format("[{}]", fmt::join(l.targets, ", ")) : "'" + l.target_regex + "'";
+std::string targets_text(GptConfig model, const LoraConfig& l) {
+  model.lora = l;
+  return l.target_regex.empty() ? "[" + lora_targets_text(model) + "]" : "'" + l.target_regex + "'";
 }
 
 // The model of checkpoint `dir` against the run's: config.json's model_type and fields, or a LoRA
@@ -304,8 +305,8 @@ void check_same_model(Trainer& trainer, const ckpt::fs::path& dir) {
   if (saved.dropout != mine.dropout)
     differ.push_back(fmt::format("lora_dropout {} (checkpoint) vs {} (this run)", saved.dropout, mine.dropout));
   if (adapted(c.model, saved) != adapted(c.model, mine))
-    differ.push_back(fmt::format("target_modules {} (checkpoint) vs {} (this run)", targets_text(saved),
-                                 targets_text(mine)));
+    differ.push_back(fmt::format("target_modules {} (checkpoint) vs {} (this run)", targets_text(c.model, saved),
+                                 targets_text(c.model, mine)));
   SW_CHECK(differ.empty(), "checkpoint {} holds other adapters: {}", dir.string(), fmt::join(differ, ", "));
   const nlohmann::json lora = ckpt::load_json(dir, "trainer_state.json").value("lora", nlohmann::json::object());
   const std::string fingerprint = lora.value("base_fingerprint", "");

@@ -58,7 +58,7 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& ou
                      train::describe_architecture(c), counted(c.layers, "layer"), c.hidden, counted(c.heads, "head"), c.seq, c.vocab,
                      count_text(parameters), tc.optimizer.micro_batch,
                      c.lora.enabled() ? fmt::format(", LoRA r {} on {} (base frozen)", c.lora.rank,
-                                                    fmt::join(c.lora.targets, ","))
+                                                    train::lora_targets_text(c))
                                       : "",
                      s.to_string(), m.g.nodes().size(), p.instrs.size(), ms);
   return 0;
