@@ -29,6 +29,9 @@ nb::dlpack::dtype dl_dtype(DType dtype) {
     case DType::I8: return {static_cast<uint8_t>(dtype_code::Int), 8, 1};
     case DType::U8: return {static_cast<uint8_t>(dtype_code::UInt), 8, 1};
     case DType::Bool: return {static_cast<uint8_t>(dtype_code::Bool), 8, 1};
+    case DType::U16: return {static_cast<uint8_t>(dtype_code::UInt), 16, 1};
+    case DType::U32: return {static_cast<uint8_t>(dtype_code::UInt), 32, 1};
+    case DType::U64: return {static_cast<uint8_t>(dtype_code::UInt), 64, 1};
   }
   fail("dtype {} has no DLPack code", dtype_name(dtype));
 }
@@ -46,7 +49,11 @@ DType dtype_of(const AnyArray& array, std::string_view what) {
   for (DType t : kAllDTypes) {
     if (dl_dtype(t) == d) return t;
   }
-  fail("{}: dtype {} is not one shardwise holds (f32, f64, f16, bf16, i64, i32, i8, u8, bool)", what, dl_name(d));
+  for (DType t : kStorageOnlyDTypes) {
+    if (dl_dtype(t) == d) return t;
+  }
+  fail("{}: dtype {} is not one shardwise holds (f32, f64, f16, bf16, i64, i32, i8, u8, bool, u16, u32, u64)", what,
+       dl_name(d));
 }
 
 Tensor tensor_from(const AnyArray& array, std::string_view what) {

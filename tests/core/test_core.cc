@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "shardwise/core/attrs.h"
 #include "shardwise/core/dtype.h"
@@ -20,6 +21,25 @@ TEST(DType, NamesSizesAndParsing) {
   EXPECT_THROW(parse_dtype("f128"), Error);
   EXPECT_TRUE(is_floating(DType::BF16));
   EXPECT_FALSE(is_integral(DType::Bool));
+}
+
+TEST(DType, StorageOnlyUnsignedTypesHaveNamesAndSizesButNoArithmetic) {
+  EXPECT_EQ(dtype_size(DType::U16), 2u);
+  EXPECT_EQ(dtype_size(DType::U32), 4u);
+  EXPECT_EQ(dtype_size(DType::U64), 8u);
+  for (DType d : kStorageOnlyDTypes) {
+    EXPECT_EQ(parse_dtype(dtype_name(d)), d);
+    EXPECT_TRUE(is_storage_only(d));
+    EXPECT_FALSE(is_floating(d) || is_integral(d) || is_signed(d));
+  }
+  for (DType d : kAllDTypes) EXPECT_FALSE(is_storage_only(d));
+  EXPECT_EQ(parse_dtype("uint32"), DType::U32);
+  try {
+    SW_DISPATCH(DType::U32, [&] { return sizeof(T); });
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype u32 is storage-only"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Half, F16RoundTripsAndRoundsToNearestEven) {

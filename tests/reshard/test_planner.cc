@@ -177,5 +177,32 @@ TEST(Resharder, CountsTheBytesItSends) {
   EXPECT_EQ(sent, (std::vector<int64_t>{32, 32}));  // a 4x2 f32 block to the other rank
 }
 
+TEST(Resharder, MovesAStorageOnlyTensorsBytesAndRefusesToReduceIt) {
+  // A u64 3x4 tensor of values above 2^53 (a double would round them), S(0) -> S(1) on 2 ranks
+  // (uneven rows: 2 and 1); each rank's block equals the global tensor's columns.
+  auto value = [](int64_t r, int64_t c) { return ~uint64_t{0} - static_cast<uint64_t>(r * 4 + c); };
+  const Layout from = parse_layout("mesh=2 S(0)"), to = parse_layout("mesh=2 S(1)");
+  Plan p = plan_reshard(Shape{3, 4}, DType::U64, from, to);
+  comm::LocalWorld::run(2, [&](comm::Communicator& c) {
+    const int64_t r0 = c.rank() == 0 ? 0 : 2, rows = c.rank() == 0 ? 2 : 1;
+    Tensor mine = Tensor::uninitialized(DType::U64, Shape{rows, 4});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < 4; ++k) mine.data<uint64_t>()[r * 4 + k] = value(r0 + r, k);
+    Resharder rs(c.group(c.members()));
+    Tensor out = rs.run(p, mine);
+    ASSERT_EQ(out.shape(), (Shape{3, 2}));
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t k = 0; k < 2; ++k) EXPECT_EQ(out.data<uint64_t>()[r * 2 + k], value(r, c.rank() * 2 + k));
+  });
+  std::string msg;
+  try {
+    plan_reshard(Shape{2}, DType::U32, parse_layout("mesh=2 P(sum)"), parse_layout("mesh=2 R"));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("reduces a Partial: dtype u32 is storage-only"), std::string::npos) << msg;
+  EXPECT_NO_THROW(plan_reshard(Shape{2}, DType::U32, parse_layout("mesh=2 P(sum)"), parse_layout("mesh=2 P(sum)")));
+}
+
 }  // namespace
 }  // namespace shardwise::reshard

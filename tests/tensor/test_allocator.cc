@@ -4,7 +4,14 @@
 // aligned; rank threads share the cache.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,6 +104,28 @@ TEST(Allocator, SmallBlocksStayOnTheHeapAndHugeOnesAreAligned) {
   EXPECT_EQ(allocator_stats().requests, before.requests);
   Tensor huge = Tensor::uninitialized(DType::F32, Shape{3, 1024, 1024}, /*huge_pages=*/true);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(huge.raw()) % (size_t{2} << 20), 0u);
+}
+
+// Pages of [p, p + n) resident now (mincore).
+size_t resident_pages(const std::byte* p, size_t n) {
+  std::vector<unsigned char> in(n / 4096);
+  if (::mincore(const_cast<std::byte*>(p), n, in.data()) != 0) return SIZE_MAX;
+  size_t count = 0;
+  for (unsigned char c : in) count += c & 1;
+  return count;
+}
+
+TEST(Allocator, AHugeBlocksTailPastItsLastWhole2MiBHoldsOnlyTheTouchedPages) {
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes((std::istreambuf_iterator<char>(thp)), std::istreambuf_iterator<char>());
+  if (modes.empty() || modes.find("[never]") != std::string::npos) GTEST_SKIP() << "no transparent huge pages here";
+  // 14 MiB + 3 pages, rounded to a 16 MiB huge block (a size no other test asks for: a fresh
+  // mapping). Every used byte written: the 3 pages past 14 MiB are resident, not the 2 MiB page
+  // that would hold them.
+  const size_t bytes = 14 * kMiB + 3 * 4096;
+  std::shared_ptr<std::byte[]> block = allocate_storage(bytes, /*zero=*/false, /*huge=*/true);
+  std::memset(block.get(), 1, bytes);
+  EXPECT_EQ(resident_pages(block.get() + 14 * kMiB, 2 * kMiB), 3u);
 }
 
 TEST(Allocator, RankThreadsShareTheCacheSafely) {

@@ -24,6 +24,20 @@ struct ReadRange {
 // rethrown on the caller after all threads finished.
 void pread_ranges(const FileHandle& file, std::span<const ReadRange> ranges, int threads, size_t piece = size_t{8} << 20);
 
+// Reads every range of `file` (sorted by offset, as a box's runs are) by reading the whole span
+// they cover through the page cache, in pieces of at most `piece` bytes taken in file order by up
+// to `threads` threads, each piece one scatter read (preadv): the ranges' parts straight into
+// place, the gaps between them into one scratch buffer. For many short runs spread over a span (a
+// column block of a row-major tensor): a pread per run reads a few pages at a time (its
+// neighbours' gaps defeat the kernel's read-ahead, so each waits for a small read of its own),
+// where reads of megabytes keep the disk streaming; nothing is copied twice; the pages stay in the
+// page cache, which other processes loading other columns of the same rows read from; and no
+// buffer larger than the longest gap is held, whatever the span.
+void pread_span_pieces(const FileHandle& file, std::span<const ReadRange> ranges, int threads, size_t piece);
+// Bytes read by pread_span_pieces in this process so far, gaps included (tests check the path was
+// taken).
+uint64_t span_piece_read_bytes();
+
 // The alignment of O_DIRECT reads (file offsets, lengths and addresses): a page, a multiple of
 // every disk's logical block size up to 4 KiB.
 inline constexpr size_t kDirectAlign = 4096;
@@ -62,6 +76,9 @@ struct LoadTuning {
   size_t span_cache_bytes = size_t{64} << 20;
   size_t span_chunk = size_t{8} << 20;
   bool span_read_ahead = true;  // a rank reading a span's last chunks also reads the next window's
+  // A column block's span read through the page cache in pieces of piece_bytes (pread_span_pieces)
+  // by reader_threads threads, where the span cache is not used; off: a pread per run.
+  bool span_pieces = true;
 };
 LoadTuning& load_tuning();
 

@@ -342,14 +342,16 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
   // threads are chosen by measurement (LoadTuning, BENCHMARKS.md).
   // Short runs spread over a span (a column block: every rank of the process needs bytes of every
   // row) go through the process's span cache when a load holds one: the span read once with
-  // O_DIRECT, each rank copying its runs out.
+  // O_DIRECT, each rank copying its runs out. A process loading alone reads such a span through the
+  // page cache in pieces of megabytes (pread_span_pieces), which the other processes of the node
+  // loading other columns of the same rows then read from memory.
   const uint64_t span = runs.empty() ? 0 : static_cast<uint64_t>(runs.back().s + runs.back().n - runs.front().s) * es;
   const bool long_runs = static_cast<size_t>(needed) * es >= tuning.direct_min_run * runs.size();
-  const bool spread = runs.size() > 1 && !long_runs && tuning.span_cache_bytes > 0 &&
-                      16 * static_cast<uint64_t>(needed) * es >= span && span_cache_shared();
-  const bool uncached = tuning.direct && (long_runs || spread) && !runs.empty() &&
+  const bool column_block = runs.size() > 1 && !long_runs && 16 * static_cast<uint64_t>(needed) * es >= span;
+  const bool spread = column_block && tuning.span_cache_bytes > 0 && span_cache_shared();
+  const bool uncached = (long_runs || column_block) && !runs.empty() &&
                         !map_.mostly_cached(base + static_cast<uint64_t>(runs.front().s) * es, span);
-  const bool direct = uncached && long_runs;
+  const bool direct = tuning.direct && uncached && long_runs;
   size_t lead = 0;
   if (direct) {
     lead = static_cast<size_t>((base + static_cast<uint64_t>(runs.front().s - runs.front().d) * es) % kDirectAlign);
@@ -370,9 +372,12 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
   };
   if (direct) {
     pread_ranges_direct(FileHandle(path(), O_RDONLY), ranges_of_runs(), tuning.direct_requests, tuning.direct_piece);
-  } else if (uncached && spread &&
+  } else if (tuning.direct && uncached && spread &&
              read_through_span_cache(path(), map_.size(), ranges_of_runs(), tuning.direct_requests, tuning.direct_piece)) {
     // read (false: no O_DIRECT on this file system, the page-cache paths below)
+  } else if (column_block && tuning.span_pieces && (uncached || static_cast<size_t>(needed) * es < 4096 * runs.size())) {
+    // From the disk, or runs under a page each (a pread apiece would cost more than the copy).
+    pread_span_pieces(FileHandle(path(), O_RDONLY), ranges_of_runs(), tuning.reader_threads, tuning.piece_bytes);
   } else if (runs.size() == 1 || static_cast<size_t>(needed) * es >= 4096 * runs.size()) {
     // A box's runs are all alike; a range's head and tail runs may be shorter: the mean decides.
     const std::vector<ReadRange> ranges = ranges_of_runs();
@@ -382,13 +387,6 @@ Tensor SafetensorsFile::read_runs(const StTensorInfo& t, const std::vector<Run>&
                       POSIX_FADV_WILLNEED);
     }
     pread_ranges(file, ranges, tuning.reader_threads, tuning.piece_bytes);
-  } else if (2 * needed >= last - first) {
-    std::vector<std::byte> span(static_cast<size_t>(last - first) * es);
-    FileHandle(path(), O_RDONLY).pread_all(span, file_offset);
-    for (const Run& r : runs) {
-      std::memcpy(dst + static_cast<size_t>(r.d) * es, span.data() + static_cast<size_t>(r.s - first) * es,
-                  static_cast<size_t>(r.n) * es);
-    }
   } else {
     for (const Run& r : runs) {
       std::memcpy(dst + static_cast<size_t>(r.d) * es, src + static_cast<size_t>(r.s) * es, static_cast<size_t>(r.n) * es);

@@ -19,10 +19,10 @@ constexpr std::array<Row, 15> kRows = {{
     {StDType::BOOL, "BOOL", 1, DType::Bool},  {StDType::U8, "U8", 1, DType::U8},
     {StDType::I8, "I8", 1, DType::I8},        {StDType::F8_E5M2, "F8_E5M2", 1, std::nullopt},
     {StDType::F8_E4M3, "F8_E4M3", 1, std::nullopt}, {StDType::I16, "I16", 2, std::nullopt},
-    {StDType::U16, "U16", 2, std::nullopt},
+    {StDType::U16, "U16", 2, DType::U16},
     {StDType::F16, "F16", 2, DType::F16},     {StDType::BF16, "BF16", 2, DType::BF16},
-    {StDType::I32, "I32", 4, DType::I32},     {StDType::U32, "U32", 4, std::nullopt},     {StDType::F32, "F32", 4, DType::F32},
-    {StDType::F64, "F64", 8, DType::F64},     {StDType::I64, "I64", 8, DType::I64},     {StDType::U64, "U64", 8, std::nullopt},
+    {StDType::I32, "I32", 4, DType::I32},     {StDType::U32, "U32", 4, DType::U32},     {StDType::F32, "F32", 4, DType::F32},
+    {StDType::F64, "F64", 8, DType::F64},     {StDType::I64, "I64", 8, DType::I64},     {StDType::U64, "U64", 8, DType::U64},
 }};
 
 const Row& row(StDType d) {

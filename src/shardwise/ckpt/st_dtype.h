@@ -1,8 +1,8 @@
 #pragma once
 // The element types of the safetensors format. The enum is in the reference library's alignment
 // order (its writer sorts tensors by this order, descending, then by name); shardwise's Tensor
-// lacks some of them (F8_E5M2, F8_E4M3, I16, U16, U32, U64): such tensors are read and written as raw
-// bytes.
+// lacks some of them (F8_E5M2, F8_E4M3, I16): such tensors are read and written as raw bytes. U16,
+// U32 and U64 are the storage-only DTypes of the same names.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -25,7 +25,7 @@ size_t st_dtype_size(StDType dtype);
 std::string_view st_dtype_names();
 
 StDType to_st_dtype(DType dtype);
-// The Tensor dtype of a safetensors dtype; nullopt for F8_E5M2, F8_E4M3, I16, U16, U32, U64.
+// The Tensor dtype of a safetensors dtype; nullopt for F8_E5M2, F8_E4M3, I16.
 std::optional<DType> to_tensor_dtype(StDType dtype);
 
 }  // namespace shardwise::ckpt

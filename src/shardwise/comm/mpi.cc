@@ -37,6 +37,9 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::I8: return MPI_INT8_T;
     case DType::U8: return MPI_UINT8_T;
     case DType::Bool: return MPI_C_BOOL;
+    case DType::U16: return MPI_UINT16_T;  // storage-only: moved, never reduced (SW_DISPATCH refuses)
+    case DType::U32: return MPI_UINT32_T;
+    case DType::U64: return MPI_UINT64_T;
   }
   fail("mpi: unknown dtype code {}", static_cast<int>(dtype));
 }

@@ -33,11 +33,15 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::I8: return ncclInt8;
     case DType::U8:
     case DType::Bool: return ncclUint8;
+    case DType::U16: return ncclFloat16;  // storage-only: moved as 2-byte words, never reduced
+    case DType::U32: return ncclUint32;
+    case DType::U64: return ncclUint64;
   }
   fail("nccl: unknown dtype code {}", static_cast<int>(dtype));
 }
 
 ncclRedOp_t nccl_op(DType dtype, Reduce op) {
+  check_computable(dtype, "nccl: a reduction");
   if (dtype == DType::Bool) return op == Reduce::Prod || op == Reduce::Min ? ncclMin : ncclMax;  // and / or
   switch (op) {
     case Reduce::Sum: return ncclSum;

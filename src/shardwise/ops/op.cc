@@ -80,8 +80,29 @@ comm::Communicator* KernelContext::group_sharding(size_t index, uint32_t tensor_
   return &mesh_comm->along(mesh_dims);
 }
 
+namespace {
+
+// A storage-only input (u16, u32, u64) is an Error naming the op and the dtype (the message is
+// formatted only then: kernels run this on every call).
+void check_input_computable(const OpDef& op, size_t i, DType dtype) {
+  if (is_storage_only(dtype)) check_computable(dtype, fmt::format("op '{}', input {}", op.name, i));
+}
+
+void check_inputs_computable(const OpDef& op, std::span<const Tensor> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined()) check_input_computable(op, i, inputs[i].dtype());
+  }
+}
+
+void check_inputs_computable(const OpDef& op, std::span<const TensorMeta> inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) check_input_computable(op, i, inputs[i].dtype);
+}
+
+}  // namespace
+
 std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
                                 const KernelContext* context) {
+  check_inputs_computable(op, inputs);
   if (op.forward_in_context) {
     if (context) return op.forward_in_context(inputs, attrs, *context);
     return op.forward_in_context(inputs, attrs, KernelContext::single_device(inputs));
@@ -101,6 +122,7 @@ std::vector<Tensor> run_backward(const OpDef& op, std::span<const Tensor> inputs
                                  std::span<const Tensor> out_grads, const Attrs& attrs, const KernelContext* context,
                                  std::span<const bool> wanted) {
   SW_CHECK(op.has_backward(), "op '{}' has no gradient", op.name);
+  check_inputs_computable(op, inputs);
   SW_CHECK(wanted.empty() || wanted.size() == inputs.size(), "op '{}': {} gradient flags for {} inputs", op.name,
            wanted.size(), inputs.size());
   if (!wanted.empty() && op.backward_partial) return op.backward_partial(inputs, outputs, out_grads, attrs, wanted);
@@ -121,6 +143,7 @@ std::vector<TensorMeta> infer_checked(const OpDef& op, std::span<const TensorMet
     SW_CHECK(static_cast<int>(inputs.size()) == op.num_inputs, "op '{}' takes {} inputs, got {}", op.name,
              op.num_inputs, inputs.size());
   }
+  check_inputs_computable(op, inputs);
   std::vector<TensorMeta> outputs = op.infer(inputs, attrs);
   SW_CHECK(op.num_outputs < 0 || static_cast<int>(outputs.size()) == op.num_outputs,
            "op '{}' inferred {} outputs, but it declares {}", op.name, outputs.size(), op.num_outputs);

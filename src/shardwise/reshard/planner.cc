@@ -359,6 +359,12 @@ Plan plan_reshard(const Shape& shape, DType dtype, const Layout& from, const Lay
   from.dist.validate(shape.ndim(), from.mesh.ndim(), "the source layout");
   to.dist.validate(shape.ndim(), to.mesh.ndim(), "the target layout");
   SW_CHECK(from.mesh.size() >= 1 && to.mesh.size() >= 1, "reshard: a mesh needs at least one rank");
+  for (int d = 0; d < from.mesh.ndim(); ++d) {  // a Partial left behind is reduced: arithmetic
+    const bool kept = from.mesh == to.mesh && from.dist[d] == to.dist[d];
+    if (from.dist[d].is_partial() && !kept && is_storage_only(dtype)) {
+      check_computable(dtype, fmt::format("reshard {} -> {} reduces a Partial", from.to_string(), to.to_string()));
+    }
+  }
   Plan base;
   base.shape = shape;
   base.dtype = dtype;

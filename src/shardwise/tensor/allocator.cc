@@ -79,7 +79,10 @@ Cache& cache() {
   return *c;
 }
 
-void* map_block(size_t size, bool huge) {
+// A huge block's pages are offered to huge pages up to the last whole 2 MiB of the `used` bytes:
+// the tail, in 4 KiB pages, holds only what is touched (a huge page there would make up to 2 MiB
+// of a checkpoint's tensor resident for nothing).
+void* map_block(size_t size, bool huge, size_t used) {
   const size_t align = huge ? kHuge : kPage;
   // Over-map by the alignment and trim, so a huge block starts on a 2 MiB boundary.
   void* p = ::mmap(nullptr, size + (huge ? align : 0), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -89,7 +92,8 @@ void* map_block(size_t size, bool huge) {
   if (start > base) ::munmap(p, start - base);
   if (const uintptr_t tail = base + size + align - (start + size); tail > 0)
     ::munmap(reinterpret_cast<void*>(start + size), tail);
-  ::madvise(reinterpret_cast<void*>(start), size, MADV_HUGEPAGE);  // a hint: ignored where huge pages are off
+  if (const size_t whole = std::min(size, used / align * align); whole > 0)
+    ::madvise(reinterpret_cast<void*>(start), whole, MADV_HUGEPAGE);  // a hint: ignored where huge pages are off
   return reinterpret_cast<void*>(start);
 }
 
@@ -122,7 +126,7 @@ void* reuse_locked(Cache& c, size_t& size, bool huge) {
   return reinterpret_cast<void*>(start);
 }
 
-std::byte* take(size_t& size, bool huge, bool& fresh) {
+std::byte* take(size_t& size, bool huge, size_t used, bool& fresh) {
   Cache& c = cache();
   std::lock_guard lock(c.mu);
   ++c.stats.requests;
@@ -132,10 +136,10 @@ std::byte* take(size_t& size, bool huge, bool& fresh) {
     ++c.stats.reused;
     c.stats.cached_bytes -= static_cast<int64_t>(size);
   } else {
-    p = map_block(size, huge);
+    p = map_block(size, huge, used);
     if (!p) {  // the system refuses: give the cache back and try once more
       release_locked(c);
-      p = map_block(size, huge);
+      p = map_block(size, huge, used);
       if (!p) throw std::bad_alloc();
     }
     c.stats.reserved_bytes += static_cast<int64_t>(size);
@@ -171,7 +175,7 @@ std::shared_ptr<std::byte[]> allocate_storage(size_t bytes, bool zero, bool huge
   huge = huge && bytes >= 2 * kHuge;
   size_t size = huge ? (bytes + kHuge - 1) / kHuge * kHuge : storage_request_size(bytes);
   bool fresh = false;
-  std::byte* p = take(size, huge, fresh);
+  std::byte* p = take(size, huge, bytes, fresh);
   if (zero && !fresh) std::memset(p, 0, bytes);  // fresh mappings are zero already
   return std::shared_ptr<std::byte[]>(p, [size, huge](std::byte* q) { give_back(q, size, huge); });
 }

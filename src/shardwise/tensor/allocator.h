@@ -24,7 +24,9 @@ namespace shardwise {
 inline constexpr size_t kCachedFrom = size_t{1} << 20;
 
 // `bytes` of storage (at least one byte); zeroed when `zero`. `huge`: a large block is aligned to
-// 2 MiB and offered to transparent huge pages (a buffer filled once, as a checkpoint read is).
+// 2 MiB and offered to transparent huge pages up to its last whole 2 MiB of `bytes` (a buffer
+// filled once, as a checkpoint read is; the tail in 4 KiB pages, so no huge page is resident for
+// the rounding).
 std::shared_ptr<std::byte[]> allocate_storage(size_t bytes, bool zero, bool huge = false);
 
 struct AllocatorStats {

@@ -83,6 +83,11 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
+  if (is_storage_only(dtype_) || is_storage_only(dtype)) {
+    const std::string what = fmt::format("converting {} to {}", dtype_name(dtype_), dtype_name(dtype));
+    check_computable(dtype_, what);
+    check_computable(dtype, what);
+  }
   Tensor out = uninitialized(dtype, shape_);
   SW_DISPATCH(dtype_, [&] {
     using Src = T;
