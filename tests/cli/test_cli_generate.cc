@@ -144,7 +144,7 @@ TEST(CliGenerate, BadInputIsOneLineAndExitStatusTwo) {
   expect_usage_error(generate("--prompt-ids 1,x"), "'x' in prompt 0 is not a token id");
   expect_usage_error(generate("--prompt 1+1= --top-p 0"), "--top-p must be in (0, 1], got 0");
   expect_usage_error(generate("--prompt 1+1= --top-p 1.5"), "--top-p must be in (0, 1], got 1.5");
-  expect_usage_error(generate("--prompt 1+1= --mesh pp=2"), "pp dim");
+  expect_usage_error(generate("--prompt 1+1= --mesh pp=2"), "layers cannot fill 2 pipeline stages");  // a 1-layer model
   expect_usage_error(generate("--prompt 1+1= --mesh tp=3"), "4 heads do not divide over tp=3");
   expect_usage_error(generate("--prompt 1+1= --max-new-tokens 0"), "--max-new-tokens must be at least 1");
   expect_usage_error(generate("--prompt 1+1= --temprature 1"), "did you mean '--temperature'");

@@ -11,11 +11,13 @@
 
 #include <fstream>
 
+#include "tests/support/generate_on.h"
 #include "tests/support/hf_generation.h"
 #include "tests/support/llama_config.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/graph/program.h"
+#include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/runtime.h"
 #include "shardwise/generate/generate.h"
 #include "shardwise/models/llama_decode.h"
@@ -60,19 +62,7 @@ const Model& one_kv_head() {  // 1 kv head (replicated over tp=2), tied head
 
 GenerateResult generate_on(const Model& m, const std::string& mesh, const std::vector<std::vector<int64_t>>& prompts,
                            const GenerateConfig& config) {
-  const int ranks = static_cast<int>(mesh::parse_mesh(mesh).size());
-  std::vector<GenerateResult> results(static_cast<size_t>(ranks));
-  comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
-    auto world = w.group(w.members());
-    Generator gen(m.config.model, Strategy::from_mesh(mesh::parse_mesh(mesh), false), world,
-                  whole_weights(m.weights, world->members()[static_cast<size_t>(world->rank())]));
-    results[static_cast<size_t>(w.rank())] = gen.generate(prompts, config);
-  });
-  for (int r = 1; r < ranks; ++r)
-    for (size_t i = 0; i < prompts.size(); ++i)
-      EXPECT_EQ(results[static_cast<size_t>(r)].sequences[i].tokens, results[0].sequences[i].tokens)
-          << mesh << ": rank " << r << ", prompt " << i;
-  return results[0];
+  return generate_with_weights(m.config.model, m.weights, mesh, prompts, config);
 }
 
 // build_llama's greedy predictions [1, seq] over `tokens` (padded with 0), on one rank.
@@ -177,15 +167,45 @@ TEST(GenerateLlama, TheCacheHoldsKvHeadsShardedOrReplicatedOverTp) {
 }
 
 TEST(GenerateLlama, TransformersLogitsAndGreedyTokens) {
-  // transformers' greedy generate stops at its config's eos, 127.
-  expect_transformers_logits_and_greedy("llama_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+  // transformers' greedy generate stops at its config's eos, 127. On pp=2 each stage reads its own
+  // layers from the checkpoint.
+  expect_transformers_logits_and_greedy("llama_tiny", {"dp=1", "tp=2", "dp=2,tp=2", "pp=2", "pp=2,tp=2"}, 127);
 }
 
 // A Mixtral (tools/hf_mixtral.py's MixtralForCausalLM: 4 experts, top-2, in both layers): the
-// decode graphs' MoE MLPs give transformers' logits and greedy tokens; on dp=2 x ep=2 the prompts
-// are split over both data dims (one prompt padded to 4 rows).
+// decode graphs' MoE MLPs give transformers' logits and greedy tokens (so each mesh gives one
+// rank's); on ep=2, dp=2 x ep=2, ep=2 x tp=2 and pp=2 x ep=2 the prompts are split over the data
+// dims (one prompt padded) and the experts over ep.
 TEST(GenerateLlama, MixtralTransformersLogitsAndGreedyTokens) {
-  expect_transformers_logits_and_greedy("mixtral_tiny", {"dp=1", "tp=2", "dp=2,tp=2", "dp=2,ep=2"}, 127);
+  expect_transformers_logits_and_greedy("mixtral_tiny",
+                                        {"dp=1", "tp=2", "dp=2,tp=2", "ep=2", "dp=2,ep=2", "ep=2,tp=2", "pp=2,ep=2"}, 127);
+}
+
+// On an ep mesh the prefill and decode graphs hold each MoE layer's experts split over ep (E / ep per
+// rank, as training), not replicated; the router's gate stays whole.
+TEST(GenerateLlama, MixtralExpertsAreShardedOverEp) {
+  const GptConfig c = read_model_config(kHfGoldenDir + "/mixtral_tiny");
+  ASSERT_GT(c.experts, 0);
+  for (const std::string mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2"}) {
+    Strategy s = Strategy::from_mesh(mesh::parse_mesh(mesh), false);
+    for (bool decode : {false, true}) {
+      DecoderGraph d = decode ? build_model_decode_step(c, s, 4, 6) : build_model_prefill(c, s, 4, 6);
+      graph::Program p = graph::lower(d.g, graph::complete(d.g, s.mesh));
+      auto dist = [&](const std::string& name) {
+        const graph::ValueId v = d.g.get(name);
+        return p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(v)])].dist;
+      };
+      for (const char* part : {"w1", "w2", "w3"}) {
+        const std::string name = fmt::format("model.layers.1.block_sparse_moe.experts.{}", part);
+        EXPECT_EQ(dist(name).to_string(), expert_placements(s)) << mesh << " " << name;
+        EXPECT_EQ(mesh::local_block(d.g.value(d.g.get(name)).meta.shape, dist(name), s.mesh, s.mesh.coords(0)).shape[0],
+                  c.experts / 2)
+            << mesh << " " << name;
+      }
+      EXPECT_EQ(dist("model.layers.0.block_sparse_moe.gate.weight").to_string().find("S"), std::string::npos) << mesh;
+    }
+  }
+  EXPECT_EQ(expert_placements(Strategy::from_mesh(mesh::parse_mesh("dp=2,ep=2,tp=2"), false)), "R,S(0),R");
 }
 
 // A Qwen2 (tools/hf_families.py's Qwen2ForCausalLM: random q/k/v biases, rope_theta 1e6): the decode

@@ -31,8 +31,8 @@ inline void expect_logits_and_greedy(const std::string& dir, const nlohmann::jso
     comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(mesh).size()), [&](comm::Communicator& w) {
       auto world = w.group(w.members());
       const int64_t process = world->members()[static_cast<size_t>(world->rank())];
-      Generator gen(model, Strategy::from_mesh(mesh::parse_mesh(mesh), false), world,
-                    checkpoint_weights(dir, model, process));
+      const Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(mesh), false);
+      Generator gen(model, strategy, world, checkpoint_weights(dir, model, process, strategy.pp >= 0));
       GenerateConfig one;
       one.max_new_tokens = 1;
       one.keep_logits = true;

@@ -242,7 +242,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--seed", o.seed, "sampling seed (draws keyed by seed, prompt index and position)");
   cmd.add_option("--eos-id", o.eos_id,
                  "stop a sequence at this token (default: generation_config.json's eos_token_id; -1: never)");
-  cmd.add_option("--mesh", o.mesh, "mesh with named dims dp and ep (split the prompts) and tp (shards heads and cache)");
+  cmd.add_option("--mesh", o.mesh, "mesh with named dims dp and ep (split the prompts; ep the experts too), tp (shards heads and cache) and pp (stages by layer)");
   cmd.add_option("--ranks", o.ranks, "ranks as threads (0: the mesh's size)");
   cmd.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole prefix for every token (for comparison)");
   cmd.add_flag("--json", o.json, "print one JSON object: the tokens, texts, stop reasons and timings");
@@ -333,7 +333,7 @@ int run(int argc, char** argv) {
   add_train_options(*train_cmd, train_opts);
   group_train_options(*train_cmd);
   GenerateOptions gen_opts;
-  auto* gen_cmd = app.add_subcommand("generate", "Continue prompts with a saved model on a dp x tp mesh (KV cache)");
+  auto* gen_cmd = app.add_subcommand("generate", "Continue prompts with a saved model on a dp x tp x ep x pp mesh (KV cache)");
   gen_cmd->option_defaults()->always_capture_default();
   add_generate_options(*gen_cmd, gen_opts);
   auto ckpt_cmds = add_ckpt_commands(app);  // shardwise ckpt inspect|verify|merge|lora-merge|convert

@@ -221,7 +221,8 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
                    std::shared_ptr<comm::Communicator> world, std::ostream& out, train::GenerateResult* result) {
   RankThreads threads(o.kernel_threads);  // this rank's kernel threads (tensor/parallel.h)
   const int64_t process = world->members()[static_cast<size_t>(world->rank())];
-  train::Generator gen(run.model, run.strategy, world, train::checkpoint_weights(run.dir, run.model, process));
+  train::Generator gen(run.model, run.strategy, world,
+                       train::checkpoint_weights(run.dir, run.model, process, run.strategy.pp >= 0));
   train::GenerateResult r = gen.generate(run.prompts, run.config);
   if (world_ref.rank() != 0) return;
   if (result) {  // the caller's, not printed
@@ -271,8 +272,6 @@ int run_generate(const GenerateOptions& options, std::ostream& out, train::Gener
   // (a window longer than max_position_embeddings bounds nothing: the positions stay the bound).
   if (run.model.sliding_window > 0) run.model.seq = std::min(run.model.seq, run.model.sliding_window);
   run.strategy = train::Strategy::from_mesh(mesh::parse_mesh(o.mesh), false);
-  SW_CHECK(run.strategy.pp < 0, "generation runs on dp and tp meshes; --mesh {} has a pp dim (pipelined decoding is "
-                                "not supported)", o.mesh);
   SW_CHECK(run.model.heads % run.strategy.tp_size() == 0,
            "the model's {} heads do not divide over tp={} (each tp rank needs whole heads)", run.model.heads,
            run.strategy.tp_size());

@@ -6,6 +6,8 @@
 #include "shardwise/graph/completion.h"
 #include "shardwise/graph/program.h"
 #include "shardwise/mesh/shard_math.h"
+#include "shardwise/pipeline/schedule.h"
+#include "shardwise/pipeline/stage.h"
 #include "shardwise/runtime/runtime.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/models/models.h"
@@ -51,9 +53,10 @@ double GenerateStats::decode_tokens_per_second() const {
   return decode_seconds > 0 ? static_cast<double>(decode_tokens) / decode_seconds : 0;
 }
 
-WeightSource checkpoint_weights(const ckpt::fs::path& dir, const GptConfig& model, int64_t process) {
-  return [dir, model, process](std::span<const ckpt::LoadSpec> specs) {
-    return load_model_weights(dir, model, specs, process);
+WeightSource checkpoint_weights(const ckpt::fs::path& dir, const GptConfig& model, int64_t process, bool one_stage) {
+  return [dir, model, process, one_stage](std::span<const ckpt::LoadSpec> specs) {
+    return load_model_weights(dir, model, specs, process, one_stage ? std::vector<std::string>{"*"}
+                                                                    : std::vector<std::string>{});
   };
 }
 
@@ -127,8 +130,29 @@ Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shar
   model_.param_dtype = DType::F32;
   model_.dropout = 0;
   process_ = world_->members()[static_cast<size_t>(world_->rank())];
-  SW_CHECK(strategy_.pp < 0, "generation runs on dp and tp meshes; the mesh {} has a pp dim (pipelined decoding is "
-                             "not supported: use dp and tp)", strategy_.mesh.to_string());
+  if (strategy.pp >= 0) cut_stages(strategy);
+}
+
+// A pp mesh: this process's stage (its layers, embeddings on the first, the head on the last, as
+// training cuts them), the stage's mesh (the other dims), and the world ranks of the processes at
+// the same place in the neighbouring stages and of the last stage's first process.
+void Generator::cut_stages(const Strategy& whole) {
+  const mesh::ProcessMesh& m = whole.mesh;
+  pp_ = m.dim_size(whole.pp);
+  stage_ = coords_of(m, process_)[static_cast<size_t>(whole.pp)];
+  const pipeline::LayerRange r = pipeline::split_layers(static_cast<int>(model_.layers), static_cast<int>(pp_))
+                                     [static_cast<size_t>(stage_)];
+  part_ = {r.begin, r.end, stage_ == 0, stage_ == pp_ - 1};
+  auto stage = [&](int64_t s) { return pipeline::stage_mesh(m, whole.pp, s, "dp"); };
+  strategy_ = Strategy::from_mesh(stage(stage_), false);
+  const int64_t index = strategy_.mesh.rank_index_of_process(process_);
+  auto rank_of = [&](int64_t process) {
+    const std::vector<int>& members = world_->members();
+    return static_cast<int>(std::find(members.begin(), members.end(), process) - members.begin());
+  };
+  if (stage_ > 0) prev_ = rank_of(stage(stage_ - 1).process_ids()[static_cast<size_t>(index)]);
+  if (stage_ < pp_ - 1) next_ = rank_of(stage(stage_ + 1).process_ids()[static_cast<size_t>(index)]);
+  last_root_ = rank_of(stage(pp_ - 1).process_ids()[0]);
 }
 
 Generator::~Generator() = default;
@@ -139,12 +163,13 @@ Generator::Compiled& Generator::compile(std::map<std::pair<int64_t, int64_t>, st
   if (it != cache.end()) return *it->second;
   auto start = Clock::now();
   auto c = std::make_unique<Compiled>();
-  c->graph = decode ? build_model_decode_step(model_, strategy_, key.first, key.second)
-                    : build_model_prefill(model_, strategy_, key.first, key.second);
+  c->graph = decode ? build_model_decode_step(model_, strategy_, key.first, key.second, part_)
+                    : build_model_prefill(model_, strategy_, key.first, key.second, part_);
   c->program = graph::lower(c->graph.g, graph::complete(c->graph.g, strategy_.mesh));
   c->runtime = std::make_unique<runtime::Runtime>(c->graph.g, c->program, world_);
   for (const auto* names : {&c->graph.present_k, &c->graph.present_v})
     for (const std::string& n : *names) c->runtime->keep(n);
+  if (!c->graph.hidden.empty()) c->runtime->keep(c->graph.hidden);
   for (const auto& [name, value] : c->graph.constants) c->runtime->set_global(name, value);
   bind_weights(*c);
   plan_seconds_ += since(start);
@@ -195,10 +220,27 @@ void Generator::run_prefill(Compiled& c, Batch& b) {
     last.data<float>()[i * T + len - 1] = 1.0f;
   }
   runtime::Runtime& rt = *c.runtime;
-  rt.set_global("ids", ids);
-  if (!c.graph.constants.count("positions")) rt.set_global("positions", positions);  // GPT-2's [B, T]
-  rt.set_global("last", last);
+  if (part_.embeddings) rt.set_global("ids", ids);
+  if (c.graph.g.find("positions") && !c.graph.constants.count("positions")) rt.set_global("positions", positions);  // GPT-2's [B, T]
+  if (part_.head) rt.set_global("last", last);
+  run_stage(c);
+}
+
+// This stage's turn: the stream from the previous stage, the graph, the stream to the next.
+void Generator::run_stage(Compiled& c) {
+  runtime::Runtime& rt = *c.runtime;
+  if (prev_ >= 0) {
+    const graph::Program& p = c.program;
+    const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(c.graph.g.get("hidden"))])];
+    Tensor in(DType::F32, mesh::local_block(slot.meta.shape, slot.dist, p.mesh, coords_of(p.mesh, process_)).shape);
+    world_->recv(in.raw(), in.numel(), DType::F32, prev_);
+    rt.set_local("hidden", in);
+  }
   rt.run();
+  if (next_ >= 0) {
+    const Tensor out = rt.local(c.graph.hidden);
+    world_->send(out.raw(), out.numel(), DType::F32, next_);
+  }
 }
 
 // Feeds each active sequence's last token at its position (done ones: token 0 at 0, unread).
@@ -216,10 +258,10 @@ void Generator::run_decode(Compiled& c, Batch& b) {
     row[C] = 0.0f;                  // itself
   }
   runtime::Runtime& rt = *c.runtime;
-  rt.set_global("ids", ids);
-  rt.set_global("positions", positions);
+  if (part_.embeddings) rt.set_global("ids", ids);
+  if (c.graph.g.find("positions")) rt.set_global("positions", positions);
   rt.set_global("cache_mask", mask);
-  rt.run();
+  run_stage(c);
 }
 
 // The prefill's keys and values fill slots [0, T) of every row; a decode step's go to the fed
@@ -244,11 +286,13 @@ void Generator::write_cache(Compiled& c, Batch& b, bool prefill, const std::vect
   }
 }
 
-// Every rank gathers the logits [B, 1, V] (the same bits everywhere), so every rank chooses the
-// same tokens and stops at the same step without a broadcast.
+// Every rank gathers the logits [B, 1, V] (the same bits everywhere; on a pp mesh the last stage's
+// ranks gather them and its first process broadcasts them), so every rank chooses the same tokens
+// and stops at the same step.
 void Generator::next_tokens(Compiled& c, Batch& b) {
-  Tensor logits = c.runtime->gather(c.graph.logits);
   const int64_t V = model_.vocab;
+  Tensor logits = part_.head ? c.runtime->gather(c.graph.logits) : Tensor(DType::F32, Shape{b.size(), 1, V});
+  if (pp_ > 1) world_->broadcast(logits.raw(), logits.numel(), DType::F32, last_root_);
   const GenerateConfig& config = *b.config;
   for (size_t i = 0; i < b.tokens.size(); ++i) {
     if (b.done[i]) continue;

@@ -1,5 +1,5 @@
 #pragma once
-// Text generation with the GPT-2 of gpt.h or the Llama of llama.h on a dp x tp mesh: every rank
+// Text generation with the GPT-2 of gpt.h or the Llama of llama.h on a dp x tp (x ep x pp) mesh: every rank
 // of the mesh constructs a Generator with the same arguments and calls generate() together
 // (threads of one process or MPI processes); every rank returns the same tokens.
 //
@@ -7,7 +7,12 @@
 // completion and lowering as training and run
 // by runtime::Runtime, so dp and tp are annotations: dp splits the prompts (the batch is padded to
 // a multiple of dp with copies of the first prompt, dropped from the result), tp shards the heads
-// (and so the KV cache) and the vocabulary. Each graph is planned once per shape and kept.
+// (and so the KV cache) and the vocabulary, ep the MoE experts (and the batch, with dp). pp cuts
+// the model into stages by layer as training does (embeddings on the first, the head on the last):
+// each process plans its stage's graphs on its stage's mesh (the other dims) and holds its layers'
+// cache; for each token the stages run in turn, each handing the residual stream [B, T, H] to the
+// process at its place in the next stage, and the last stage's logits are broadcast to every rank.
+// Each graph is planned once per shape and kept.
 //
 // With the KV cache (the default): one prefill over the prompts, then one decode step per new
 // token, which reads the cached keys and values instead of recomputing the prefix. Each rank holds
@@ -35,7 +40,7 @@
 
 #include "shardwise/ckpt/checkpoint.h"
 #include "shardwise/comm/communicator.h"
-#include "shardwise/models/gpt.h"
+#include "shardwise/models/gpt_decode.h"
 #include "shardwise/generate/sampling.h"
 
 namespace shardwise::train {
@@ -86,8 +91,11 @@ struct GenerateResult {
 
 // This process's block of each parameter `specs` names (its global shape and layout), f32.
 using WeightSource = std::function<std::map<std::string, Tensor>(std::span<const ckpt::LoadSpec> specs)>;
-// From a model directory (train::load_model_weights).
-WeightSource checkpoint_weights(const ckpt::fs::path& dir, const GptConfig& model, int64_t process);
+// From a model directory (train::load_model_weights): every key of the checkpoint must be asked
+// for, unless `one_stage` (a pp mesh: a process asks for its stage's parameters only; an asked key
+// the checkpoint lacks is still an error, Generator's "the weights hold no ...").
+WeightSource checkpoint_weights(const ckpt::fs::path& dir, const GptConfig& model, int64_t process,
+                                bool one_stage = false);
 // Blocks cut from whole tensors (tests; a model trained in-process).
 WeightSource whole_weights(std::map<std::string, Tensor> whole, int64_t process);
 
@@ -100,8 +108,8 @@ std::string_view positions_key(const GptConfig& model);
 
 class Generator {
  public:
-  // `strategy`: dims dp and tp only (Error for pp); `model` a GPT-2 or a Llama. Weights are read
-  // from `weights` as the graphs need them, once per layout.
+  // `strategy`: dims dp, tp, ep and pp; `model` a GPT-2 or a Llama. Weights are read from `weights`
+  // as the graphs need them, once per layout (on a pp mesh each process reads its stage's only).
   Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
             WeightSource weights);
   ~Generator();
@@ -122,15 +130,22 @@ class Generator {
   // Appends each active sequence's next token, chosen from the logits `c` computed.
   void next_tokens(Compiled& c, Batch& b);
   void write_cache(Compiled& c, Batch& b, bool prefill, const std::vector<int64_t>& fed_position);
+  void cut_stages(const Strategy& whole);
+  void run_stage(Compiled& c);
 
   GptConfig model_;
-  Strategy strategy_;
+  Strategy strategy_;  // this process's stage's mesh (the whole mesh without pp)
   std::shared_ptr<comm::Communicator> world_;
   WeightSource weights_;
   int64_t process_ = 0;
   std::map<std::string, Tensor> loaded_;  // "<name>|<placements>" -> this process's block
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Compiled>> prefill_, decode_;
   double plan_seconds_ = 0;
+  // On a pp mesh: pp ranks, this stage, its part of the model, the world ranks that hand it the
+  // residual stream and take it (-1: none), and the last stage's first process (the logits' root).
+  int64_t pp_ = 1, stage_ = 0;
+  DecodePart part_;
+  int prev_ = -1, next_ = -1, last_root_ = 0;
 };
 
 }  // namespace shardwise::train

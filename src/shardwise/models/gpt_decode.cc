@@ -16,8 +16,8 @@ using Attend = std::function<graph::ValueId(graph::ValueId, graph::ValueId, grap
 // and the tied head, with build_gpt's parameter names, annotations and arithmetic (f32, no dropout).
 class Decoder {
  public:
-  Decoder(const GptConfig& c, const Strategy& s, graph::Graph& g, int64_t batch, int64_t tokens)
-      : c_(c), s_(s), g_(g), B_(batch), T_(tokens) {}
+  Decoder(const GptConfig& c, const Strategy& s, graph::Graph& g, int64_t batch, int64_t tokens, const DecodePart& part)
+      : c_(c), s_(s), g_(g), B_(batch), T_(tokens), part_(part) {}
 
   void annotate(graph::ValueId v, const std::string& p) {
     if (s_.mesh.ndim() > 0) g_.annotate(v, p);
@@ -30,10 +30,18 @@ class Decoder {
     return g_.add(g_.embedding(ids, wte_, "tok_emb"), g_.embedding(positions, wpe, "pos_emb"), "emb");
   }
 
+  // The first stage's entry: "ids" and "positions" [B, T] (the batch on the data dims), embedded.
+  graph::ValueId embed_inputs(const std::string& batch) {
+    auto ids = g_.input("ids", Shape{B_, T_}, DType::I64);
+    auto positions = g_.input("positions", Shape{B_, T_}, DType::I64);
+    annotate(ids, batch), annotate(positions, batch);
+    return embed(ids, positions);
+  }
+
   // Every block; `attend` gives each layer's context from its heads.
   graph::ValueId blocks(graph::ValueId x, const Attend& attend) {
     const int64_t H = c_.hidden, NH = c_.heads, HD = H / NH;
-    for (int64_t l = 0; l < c_.layers; ++l) {
+    for (int64_t l = part_.first_layer; l < part_.end(c_); ++l) {
       std::string p = fmt::format("transformer.h.{}", l);
       auto h = ln(x, p + ".ln_1");
       auto heads = [&](graph::ValueId t, const std::string& name) {
@@ -56,6 +64,7 @@ class Decoder {
 
   // logits [B, T', V] of hidden states [B, T', H] (the head tied to the token embedding).
   graph::ValueId head(graph::ValueId x, const std::string& name) {
+    if (wte_ < 0) wte_ = param("transformer.wte.weight", Shape{c_.vocab, c_.hidden}, "S(0)");  // a last stage's copy
     return g_.matmul(ln(x, "transformer.ln_f"), wte_, true, name);
   }
 
@@ -81,6 +90,7 @@ class Decoder {
   const Strategy& s_;
   graph::Graph& g_;
   int64_t B_, T_;
+  DecodePart part_;
   graph::ValueId wte_ = -1;
 };
 
@@ -88,8 +98,8 @@ class Decoder {
 
 void check_decoder_shape(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length, const char* what) {
   c.validate();
-  SW_CHECK(s.pp < 0, "generation runs on dp and tp meshes; the mesh {} has a pp dim (pipelined decoding is not "
-                     "supported: use dp and tp)", s.mesh.to_string());
+  SW_CHECK(s.pp < 0, "a decoder graph runs on one pipeline stage's mesh; the mesh {} has a pp dim (the Generator "
+                     "cuts a pp mesh into its stages' meshes)", s.mesh.to_string());
   SW_CHECK(c.heads % s.tp_size() == 0, "{} heads do not divide over tp={} (each tp rank needs whole heads)", c.heads,
            s.tp_size());
   SW_CHECK(sequences >= 1 && sequences % s.dp_size() == 0, "a batch of {} sequences does not divide over dp={}",
@@ -100,20 +110,35 @@ void check_decoder_shape(const GptConfig& c, const Strategy& s, int64_t sequence
 
 std::string kv_placements(const Strategy& s) { return s.placements("S(1)", "S(0)"); }
 
-DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
+std::string stage_stream_placements(const Strategy& s) { return s.placements("R", "S(0)"); }
+
+graph::ValueId stage_entry(graph::Graph& g, const Strategy& s, const DecodePart& part, Shape stream,
+                           const std::function<graph::ValueId()>& embed) {
+  if (part.embeddings) return embed();
+  auto x = g.input("hidden", std::move(stream));
+  if (s.mesh.ndim() > 0) g.annotate(x, stage_stream_placements(s));
+  return x;
+}
+
+bool stage_exit(DecoderGraph& out, const Strategy& s, const DecodePart& part, graph::ValueId x) {
+  if (part.head) return false;
+  if (s.mesh.ndim() > 0) out.g.annotate(x, stage_stream_placements(s));
+  out.hidden = out.g.value(x).name;
+  out.logits.clear();
+  return true;
+}
+
+DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length,
+                               const DecodePart& part) {
   check_decoder_shape(c, s, sequences, length, "a prefill");
   const int64_t B = sequences, T = length;
   DecoderGraph out;
   out.sequences = B, out.length = T;
   graph::Graph& g = out.g;
-  Decoder d(c, s, g, B, T);
+  Decoder d(c, s, g, B, T, part);
   const std::string batch = s.placements("R", "S(0)");
-  auto ids = g.input("ids", Shape{B, T}, DType::I64);
-  auto positions = g.input("positions", Shape{B, T}, DType::I64);
   auto mask = g.input("causal_mask", Shape{T, T});
   out.constants["causal_mask"] = causal_mask(T);
-  auto last = g.input("last", Shape{B, 1, T});
-  d.annotate(ids, batch), d.annotate(positions, batch), d.annotate(last, batch);
   d.annotate(mask, s.placements("R"));
   auto attend = [&](graph::ValueId q, graph::ValueId k, graph::ValueId v, int64_t l) {
     std::string p = fmt::format("transformer.h.{}.attn", l);
@@ -125,23 +150,25 @@ DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t se
     auto probs = g.softmax(g.add(scores, mask, p + ".masked"), -1, p + ".probs");
     return g.matmul(probs, value, false, p + ".ctx.heads");
   };
-  auto x = d.blocks(d.embed(ids, positions), attend);
+  auto x = d.blocks(stage_entry(g, s, part, Shape{B, T, c.hidden}, [&] { return d.embed_inputs(batch); }), attend);
+  if (stage_exit(out, s, part, x)) return out;
+  auto last = g.input("last", Shape{B, 1, T});
+  d.annotate(last, batch);
   d.head(g.matmul(last, x, false, "last_hidden"), out.logits);
   return out;
 }
 
-DecoderGraph build_gpt_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length) {
+DecoderGraph build_gpt_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length,
+                                   const DecodePart& part) {
   check_decoder_shape(c, s, sequences, cache_length, "a KV cache");
   const int64_t B = sequences, C = cache_length, HD = c.hidden / c.heads;
   DecoderGraph out;
   out.sequences = B, out.length = C;
   graph::Graph& g = out.g;
-  Decoder d(c, s, g, B, 1);
+  Decoder d(c, s, g, B, 1, part);
   const std::string batch = s.placements("R", "S(0)");
-  auto ids = g.input("ids", Shape{B, 1}, DType::I64);
-  auto positions = g.input("positions", Shape{B, 1}, DType::I64);
   auto mask = g.input("cache_mask", Shape{B, 1, 1, C + 1});
-  d.annotate(ids, batch), d.annotate(positions, batch), d.annotate(mask, batch);
+  d.annotate(mask, batch);
   auto attend = [&](graph::ValueId q, graph::ValueId k, graph::ValueId v, int64_t l) {
     std::string p = fmt::format("transformer.h.{}.attn", l);
     out.past_k.push_back(fmt::format("past.{}.k", l));
@@ -158,7 +185,8 @@ DecoderGraph build_gpt_decode_step(const GptConfig& c, const Strategy& s, int64_
     auto probs = g.softmax(g.add(scores, mask, p + ".masked"), -1, p + ".probs");
     return g.matmul(probs, values, false, p + ".ctx.heads");
   };
-  auto x = d.blocks(d.embed(ids, positions), attend);
+  auto x = d.blocks(stage_entry(g, s, part, Shape{B, 1, c.hidden}, [&] { return d.embed_inputs(batch); }), attend);
+  if (stage_exit(out, s, part, x)) return out;
   d.head(x, out.logits);
   return out;
 }

@@ -19,12 +19,20 @@ using Attend = std::function<graph::ValueId(graph::ValueId, graph::ValueId, grap
 // new tokens; the attention itself is the graph's (`Attend`).
 class LlamaDecoder {
  public:
-  LlamaDecoder(const GptConfig& c, const Strategy& s, graph::Graph& g, int64_t batch, int64_t tokens)
+  LlamaDecoder(const GptConfig& c, const Strategy& s, graph::Graph& g, int64_t batch, int64_t tokens,
+               const DecodePart& part)
       : c_(c), s_(s), g_(g), B_(batch), T_(tokens), H_(c.hidden), NH_(c.heads), KV_(c.key_value_heads()),
-        HD_(c.hidden / c.heads), kv_sharded_(c.key_value_heads() % s.tp_size() == 0) {}
+        HD_(c.hidden / c.heads), kv_sharded_(c.key_value_heads() % s.tp_size() == 0), part_(part) {}
 
   void annotate(graph::ValueId v, const std::string& p) {
     if (s_.mesh.ndim() > 0) g_.annotate(v, p);
+  }
+
+  // The first stage's entry: "ids" [B, T] (the batch on the data dims), embedded.
+  graph::ValueId embed_inputs(const std::string& batch) {
+    auto ids = g_.input("ids", Shape{B_, T_}, DType::I64);
+    annotate(ids, batch);
+    return embed(ids);
   }
 
   graph::ValueId embed(graph::ValueId ids) {
@@ -33,7 +41,7 @@ class LlamaDecoder {
   }
 
   graph::ValueId blocks(graph::ValueId x, const Rotate& rotate, const Attend& attend) {
-    for (int64_t l = 0; l < c_.layers; ++l) {
+    for (int64_t l = part_.first_layer; l < part_.end(c_); ++l) {
       const std::string p = fmt::format("model.layers.{}", l), a = p + ".self_attn";
       auto h = rms_norm(x, p + ".input_layernorm");
       auto q = rotate(normed(heads(projection(h, a + ".q_proj", H_, false), NH_, a + ".q"), a + ".q"), a + ".q");
@@ -58,13 +66,19 @@ class LlamaDecoder {
   }
 
   // build_llama's Mixtral MoE MLP (the moe_mlp op) on the [B * T, H] tokens, dropless (each token's
-  // output depends on that token only, as generation needs), the experts replicated.
+  // output depends on that token only, as generation needs); the experts split over ep on E as in
+  // training (each ep rank holds E / ep of them, tokens exchanged all-to-all), replicated elsewhere.
   graph::ValueId moe(graph::ValueId m, const std::string& p) {
     const int64_t E = c_.experts, I = c_.mlp_width();
+    auto expert = [&](const std::string& name, const Shape& shape) {
+      auto v = g_.param(name, shape, DType::F32);
+      annotate(v, expert_placements(s_));
+      return v;
+    };
     auto gate = param(p + ".gate.weight", Shape{E, H_}, "R");
-    auto w1 = param(p + ".experts.w1", Shape{E, I, H_}, "R");
-    auto w3 = param(p + ".experts.w3", Shape{E, I, H_}, "R");
-    auto w2 = param(p + ".experts.w2", Shape{E, H_, I}, "R");
+    auto w1 = expert(p + ".experts.w1", Shape{E, I, H_});
+    auto w3 = expert(p + ".experts.w3", Shape{E, I, H_});
+    auto w2 = expert(p + ".experts.w2", Shape{E, H_, I});
     auto tokens = g_.reshape(m, {B_ * T_, H_}, p + ".tokens");
     std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, Attrs{{"top_k", c_.top_k}}, p + ".moe");
     return g_.reshape(o[0], {B_, T_, H_}, p + ".out");
@@ -81,6 +95,7 @@ class LlamaDecoder {
 
   // logits [B, T', V] of hidden states [B, T', H]: the final norm and the head (tied: the embedding).
   graph::ValueId head(graph::ValueId x, const std::string& name) {
+    if (c_.tie_word_embeddings && embed_ < 0) embed_ = param("model.embed_tokens.weight", Shape{c_.vocab, H_}, "S(0)");
     auto w = c_.tie_word_embeddings ? embed_ : param("lm_head.weight", Shape{c_.vocab, H_}, "S(0)");
     return g_.matmul(rms_norm(x, "model.norm"), w, true, name);
   }
@@ -124,12 +139,16 @@ class LlamaDecoder {
   graph::Graph& g_;
   int64_t B_, T_, H_, NH_, KV_, HD_;
   bool kv_sharded_;
+  DecodePart part_;
   graph::ValueId embed_ = -1;
 };
 
 void check_llama_decoder(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length, const char* what) {
   SW_CHECK(c.is_llama(), "the Llama decoder was given a '{}' model", c.model_type);
   check_decoder_shape(c, s, sequences, length, what);
+  SW_CHECK(c.experts % s.ep_size() == 0, "{} experts do not divide over ep={} (each ep rank holds whole experts)",
+           c.experts, s.ep_size());
+  SW_CHECK(s.ep < 0 || c.experts > 0, "the mesh {} has an ep dim but the model has no experts", s.mesh.to_string());
 }
 
 // The k / v of the new tokens in the cache's layout; the prefill's are the cache's first T slots.
@@ -139,25 +158,29 @@ void annotate_kv(LlamaDecoder& d, const GptConfig& c, const Strategy& s, std::in
 
 }  // namespace
 
+std::string expert_placements(const Strategy& s) {
+  std::vector<std::string> on(static_cast<size_t>(s.mesh.ndim()), "R");
+  if (s.ep >= 0) on[static_cast<size_t>(s.ep)] = "S(0)";
+  return fmt::format("{}", fmt::join(on, ","));
+}
+
 std::string llama_kv_placements(const GptConfig& c, const Strategy& s) {
   return s.placements(c.key_value_heads() % s.tp_size() == 0 ? "S(1)" : "R", "S(0)");
 }
 
-DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
+DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length,
+                                 const DecodePart& part) {
   check_llama_decoder(c, s, sequences, length, "a prefill");
   const int64_t B = sequences, T = length;
   DecoderGraph out;
   out.sequences = B, out.length = T;
   graph::Graph& g = out.g;
-  LlamaDecoder d(c, s, g, B, T);
+  LlamaDecoder d(c, s, g, B, T, part);
   const std::string batch = s.placements("R", "S(0)");
-  auto ids = g.input("ids", Shape{B, T}, DType::I64);
   auto positions = g.input("positions", Shape{T}, DType::I64);  // every sequence starts at 0
   auto mask = g.input("causal_mask", Shape{T, T});
-  auto last = g.input("last", Shape{B, 1, T});
   out.constants["causal_mask"] = causal_mask(T);
   out.constants["positions"] = position_ids(T);
-  d.annotate(ids, batch), d.annotate(last, batch);
   d.annotate(mask, s.placements("R")), d.annotate(positions, s.placements("R"));
   auto rotate = [&](graph::ValueId h, const std::string& name) {
     return g.op1("rotary_embedding", {h, positions}, {{"theta", c.rope_theta}}, name + ".rotary");
@@ -171,23 +194,27 @@ DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t 
     auto probs = g.softmax(g.add(scores, mask, p + ".masked"), -1, p + ".probs");
     return g.matmul(probs, d.repeat_kv(v, T, p + ".v"), false, p + ".ctx.heads");
   };
-  auto x = d.blocks(d.embed(ids), rotate, attend);
+  auto x = d.blocks(stage_entry(g, s, part, Shape{B, T, c.hidden}, [&] { return d.embed_inputs(batch); }), rotate,
+                    attend);
+  if (stage_exit(out, s, part, x)) return out;
+  auto last = g.input("last", Shape{B, 1, T});
+  d.annotate(last, batch);
   d.head(g.matmul(last, x, false, "last_hidden"), out.logits);
   return out;
 }
 
-DecoderGraph build_llama_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length) {
+DecoderGraph build_llama_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length,
+                                     const DecodePart& part) {
   check_llama_decoder(c, s, sequences, cache_length, "a KV cache");
   const int64_t B = sequences, C = cache_length, KV = c.key_value_heads(), HD = c.hidden / c.heads;
   DecoderGraph out;
   out.sequences = B, out.length = C;
   graph::Graph& g = out.g;
-  LlamaDecoder d(c, s, g, B, 1);
+  LlamaDecoder d(c, s, g, B, 1, part);
   const std::string batch = s.placements("R", "S(0)");
-  auto ids = g.input("ids", Shape{B, 1}, DType::I64);
   auto positions = g.input("positions", Shape{B, 1}, DType::I64);
   auto mask = g.input("cache_mask", Shape{B, 1, 1, C + 1});
-  d.annotate(ids, batch), d.annotate(positions, batch), d.annotate(mask, batch);
+  d.annotate(positions, batch), d.annotate(mask, batch);
   auto per_sequence = g.reshape(positions, {B}, "positions.rows");
   // [B, n, 1, HD] -> [n, 1, B, HD]: one row per sequence, rotated by its own position.
   auto rotate = [&](graph::ValueId h, const std::string& name) {
@@ -210,7 +237,9 @@ DecoderGraph build_llama_decode_step(const GptConfig& c, const Strategy& s, int6
     auto probs = g.softmax(g.add(scores, mask, p + ".masked"), -1, p + ".probs");
     return g.matmul(probs, d.repeat_kv(values, C + 1, p + ".v"), false, p + ".ctx.heads");
   };
-  auto x = d.blocks(d.embed(ids), rotate, attend);
+  auto x = d.blocks(stage_entry(g, s, part, Shape{B, 1, c.hidden}, [&] { return d.embed_inputs(batch); }), rotate,
+                    attend);
+  if (stage_exit(out, s, part, x)) return out;
   d.head(x, out.logits);
   return out;
 }

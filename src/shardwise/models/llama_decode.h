@@ -9,6 +9,8 @@
 //       [B, kv_heads, T, head_dim], sharded on dim 1 over tp when tp divides kv_heads, else
 //       replicated over tp (every tp rank computes and caches all kv heads, as training computes
 //       them), so a GQA cache holds kv_heads / tp (or kv_heads) heads per rank, not heads / tp.
+//   ep  the batch split over dp x ep (a data dim); a MoE layer's experts w1, w3, w2 [E, ..] split on
+//       E (each ep rank holds E / ep experts; moe_mlp exchanges the tokens all-to-all), as training.
 //
 // Positions. Prefill: every sequence starts at 0 (prompts right-padded), so the rotary op reads
 // one row "positions" [T] (0 .. T-1) for the batch, as in training; the graph lists it in
@@ -22,12 +24,15 @@
 namespace shardwise::train {
 
 // Errors as build_gpt_prefill's, and build_llama's for the Llama fields.
-DecoderGraph build_llama_prefill(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length);
+DecoderGraph build_llama_prefill(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length,
+                                 const DecodePart& part = {});
 DecoderGraph build_llama_decode_step(const GptConfig& config, const Strategy& strategy, int64_t sequences,
-                                     int64_t cache_length);
+                                     int64_t cache_length, const DecodePart& part = {});
 
 // The placements of a Llama key or value [B, kv_heads, T, head_dim]: "S(0)" on dp, "S(1)" on tp
 // when tp divides kv_heads (else R).
 std::string llama_kv_placements(const GptConfig& config, const Strategy& strategy);
+// The placements of a MoE layer's stacked experts [E, ..]: "S(0)" on ep, R elsewhere.
+std::string expert_placements(const Strategy& strategy);
 
 }  // namespace shardwise::train

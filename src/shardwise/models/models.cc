@@ -11,13 +11,16 @@ GptGraph build_model(const GptConfig& c, const Strategy& s, int64_t sequences, b
   return c.is_llama() ? build_llama(c, s, sequences, training, part) : build_gpt(c, s, sequences, training, part);
 }
 
-DecoderGraph build_model_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length) {
-  return c.is_llama() ? build_llama_prefill(c, s, sequences, length) : build_gpt_prefill(c, s, sequences, length);
+DecoderGraph build_model_prefill(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t length,
+                                 const DecodePart& part) {
+  return c.is_llama() ? build_llama_prefill(c, s, sequences, length, part)
+                      : build_gpt_prefill(c, s, sequences, length, part);
 }
 
-DecoderGraph build_model_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length) {
-  return c.is_llama() ? build_llama_decode_step(c, s, sequences, cache_length)
-                      : build_gpt_decode_step(c, s, sequences, cache_length);
+DecoderGraph build_model_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length,
+                                     const DecodePart& part) {
+  return c.is_llama() ? build_llama_decode_step(c, s, sequences, cache_length, part)
+                      : build_gpt_decode_step(c, s, sequences, cache_length, part);
 }
 
 Tensor init_model_param_block(const GptConfig& c, const std::string& name, const Shape& shape,

@@ -15,9 +15,10 @@ GptGraph build_model(const GptConfig& config, const Strategy& strategy, int64_t 
                      const GptPart& part = {});
 
 // Generation's graphs: build_gpt_prefill / build_gpt_decode_step or the Llama ones (llama_decode.h).
-DecoderGraph build_model_prefill(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length);
+DecoderGraph build_model_prefill(const GptConfig& config, const Strategy& strategy, int64_t sequences, int64_t length,
+                                 const DecodePart& part = {});
 DecoderGraph build_model_decode_step(const GptConfig& config, const Strategy& strategy, int64_t sequences,
-                                     int64_t cache_length);
+                                     int64_t cache_length, const DecodePart& part = {});
 
 // The initial value of one block of a parameter (init_param_block or init_llama_param_block), and
 // of a whole parameter.

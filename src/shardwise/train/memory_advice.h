@@ -4,7 +4,7 @@
 // one change at a time planned again by plan_memory (memory_plan.h), each with its estimate — a
 // smaller micro-batch (the global batch kept: more accumulation), activation recompute, bf16
 // parameters, a sharding stage — and, when no single change fits, them together. A change the run's
-// checks refuse (bf16 on a pp mesh, a micro-batch that does not divide the batch) is not offered.
+// checks refuse (a micro-batch that does not divide the batch) is not offered.
 #include <cstdint>
 #include <string>
 #include <vector>

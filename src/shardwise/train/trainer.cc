@@ -187,7 +187,6 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
            "--schedule and --virtual out)",
            parallel.schedule, parallel.virtual_stages, s.mesh.to_string());
   if (s.pp >= 0) {  // the schedule's and the stages' constraints, with their numbers
-    SW_CHECK(!bf16, "--bf16 with a pipeline (pp) is not supported yet: use f32 parameters on pp meshes");
     const int pp = static_cast<int>(s.mesh.dim_size(s.pp));
     pipeline::make_schedule(pipeline::parse_schedule_kind(parallel.schedule), pp, static_cast<int>(optimizer.accumulation), parallel.virtual_stages);
     pipeline::split_layers(static_cast<int>(model.layers), pp * parallel.virtual_stages, parallel.virtual_stages);
