@@ -370,10 +370,11 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   s.run_dir = choose_run_dir(o, config, world_ref, notes);
   s.save_dir = o.checkpoint.save_dir.empty() ? s.run_dir + "/checkpoints" : o.checkpoint.save_dir;
   const bool saves = o.checkpoint.save_every > 0 || o.checkpoint.save_on_interrupt;
-  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.checkpoint.resume.empty()};
+  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.checkpoint.resume.empty(), o.checkpoint.save_model_only};
   for (const auto& line : train::check_run_dirs(trainer, world, dirs)) notes.push_back(line);
   train::ResumeResult resumed = raising(ErrorKind::Checkpoint, [&] {
-    return train::resume_trainer(trainer, world, o.checkpoint.resume, s.save_dir, !o.checkpoint.no_verify_resume, saves);
+    return train::resume_trainer(trainer, world, o.checkpoint.resume, s.save_dir, !o.checkpoint.no_verify_resume, saves,
+                                 o.checkpoint.skip_optimizer);
   });
   notes.insert(notes.end(), resumed.lines.begin(), resumed.lines.end());
   if (resumed.dir) notes.insert(notes.end(), o.resume_notes.begin(), o.resume_notes.end());
@@ -385,7 +386,8 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.checkpoint.save_total_limit;
   save_options.max_shard_bytes = parse_byte_size(o.checkpoint.max_shard_size);
-  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.checkpoint.save_every, o.checkpoint.async_save, save_options);
+  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.checkpoint.save_every, o.checkpoint.async_save,
+                                                              save_options, o.checkpoint.save_model_only);
   if (s.report) {
     s.log = std::make_unique<train::MetricsLog>(s.run_dir, resumed.dir ? trainer.steps_done() : -1);
     if (!s.log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", s.log->kept_aside());

@@ -118,6 +118,11 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
              "add --dry-run");
     SW_CHECK(o.logging.progress == "auto" || o.logging.progress == "bar" || o.logging.progress == "lines" || o.logging.progress == "none",
              "--progress '{}': use auto, bar, lines or none", o.logging.progress);
+    SW_CHECK(!o.checkpoint.skip_optimizer || !o.checkpoint.resume.empty(),
+             "--skip-optimizer applies to --resume (fresh moments at the checkpoint's step); a run without --resume "
+             "starts with fresh moments anyway");
+    SW_CHECK(!o.checkpoint.save_model_only || o.checkpoint.save_every > 0 || o.checkpoint.save_on_interrupt,
+             "--save-model-only: this run saves no checkpoints; add --save-every N (or --save-on-interrupt)");
     // An MoE model's checkpoints are Mixtral's (config.json and per-expert keys), which has experts in
     // every layer: dense layers among MoE ones have no such layout.
     int64_t moe_layers = 0;
