@@ -70,6 +70,18 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
              "--{} contradicts --init-from {}, whose config.json has tie_word_embeddings {}",
              m.tie_word_embeddings ? "tied-head" : "untied-head", o.checkpoint.init_from, saved.tie_word_embeddings);
     m.tie_word_embeddings = saved.tie_word_embeddings;
+    if (saved.experts > 0) {  // the MoE layers (shardwise_mixtral's mlp_only_layers name the dense ones)
+      auto moe_layers = [&](const train::GptConfig& g) {
+        std::vector<int64_t> out;
+        for (int64_t l = 0; l < g.layers; ++l)
+          if (g.is_moe_layer(l)) out.push_back(l);
+        return out;
+      };
+      SW_CHECK(cmd.count("--moe-layers") == 0 || moe_layers(m) == moe_layers(saved),
+               "--moe-layers {} contradicts --init-from {}, whose config.json has MoE layers {}: leave the option out",
+               fmt::join(moe_layers(m), ","), o.checkpoint.init_from, fmt::join(moe_layers(saved), ","));
+      m.moe_layers = saved.moe_layers;
+    }
     m.rope_theta = saved.rope_theta;
     m.rms_norm_eps = saved.rms_norm_eps;
     m.family = saved.family;  // Qwen2: q/k/v biases
