@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include <array>
+#include <set>
 #include <cstdio>
 #include <sstream>
 
@@ -189,6 +190,37 @@ TEST(CkptTools, CommandLine) {
   std::tie(rc, out) = shardwise_cli("ckpt verify " + dir.string());
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("bad: model-00001-of-00005.safetensors"), std::string::npos) << out;
+}
+
+// --remove-keys prints each key left out and their bytes (the source's own sizes), names a pattern
+// that matches nothing, and the output index's total_size is the sum of the remaining tensors' bytes
+// as the shards' headers give them.
+TEST(CkptTools, RemoveKeysReportsTheBytesRemovedAndKeepsTotalSize) {
+  ScratchDir scratch("remove_keys");
+  fs::path dir = saved_dp2tp2(scratch.path);
+  GroupReader source(dir, "model");
+  uint64_t removed = 0;
+  for (const std::string& n : {std::string("mask"), std::string("fc2.weight")}) removed += source.info(n).nbytes();
+  const fs::path out = scratch.path / "m";
+  auto [rc, text] = shardwise_cli("ckpt merge " + dir.string() + " " + out.string() +
+                                  " --remove-keys mask,fc2.weight,nothing.* --max-shard-size 200B");
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("removed mask\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("removed fc2.weight\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(fmt::format("removed 2 tensors ({} bytes)", removed)), std::string::npos) << text;
+  EXPECT_NE(text.find("note: --remove-keys 'nothing.*' matches no tensor"), std::string::npos) << text;
+  const nlohmann::json index = nlohmann::json::parse(read_text_file(out / "model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [key, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  uint64_t remaining = 0, kept = 0;
+  for (const std::string& f : files) {
+    SafetensorsFile file(out / f);
+    for (const StTensorInfo& t : file.tensors()) remaining += t.nbytes(), ++kept;
+  }
+  EXPECT_GT(files.size(), 1u);
+  EXPECT_EQ(kept, source.names().size() - 2);
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), remaining);
+  EXPECT_EQ(remaining + removed, source.total_size());
 }
 
 // A file in the safetensors layout: 8-byte little-endian header length, the header, `data` bytes.

@@ -112,8 +112,8 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
 }
 
 // MoE options: bad ones exit 2 naming the value; an ep mesh without experts, experts ep does not
-// divide, and checkpoints of a model with dense layers among MoE ones (Mixtral's layout has experts
-// in every layer) are refused before training.
+// divide, and checkpoints of a sigmoid router or a shared expert (Mixtral's layout has neither) are
+// refused before training.
 TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
   const std::string base = "train --model llama --layers 2 --hidden 32 --heads 4 --vocab 128 --seq 10 --digits 2 --steps 1 "
                            "--progress none ";
@@ -122,7 +122,6 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
       {"--mesh ep=2", "has an ep dim but the model has no experts"},
       {"--experts 4 --top-k 5", "--top-k 5 must be in [1, --experts 4]"},
       {"--experts 4 --moe-layers 0,2", "--moe-layers names layer 2"},
-      {"--experts 4 --moe-layers 1 --save-every 1", "experts in every layer, and this model has them in 1 of its 2"},
       {"--experts 4 --router relu", "relu not in {softmax,sigmoid}"},
       {"--shared-expert-width 8", "--shared-expert-width 8 needs --experts"},
       {"--experts 4 --aux-loss-scope all", "all not in {layer,model}"},
@@ -146,6 +145,31 @@ TEST(CliLlama, BadMoeOptionsAreRefusedBeforeTraining) {
   r = run("train --model gpt2 --experts 2 --steps 1 --progress none");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("built for --model llama only"), std::string::npos) << r.out;
+}
+
+// A model with a dense layer among MoE ones (--moe-layers 1 of 2) saves as model_type
+// shardwise_mixtral with mlp_only_layers [0], resumes on ep=2, and --init-from takes its MoE layers
+// (a --moe-layers that contradicts them is refused naming both).
+TEST(CliLlama, DenseLayersAmongMoeOnesSaveResumeOnAnotherMeshAndInitFrom) {
+  shardwise_cli_test::TempDir d("sw_cli_llama_partial_moe");
+  const std::string base = "train --model llama --layers 2 --hidden 32 --heads 4 --vocab 128 --seq 10 --digits 2 "
+                           "--experts 4 --progress none --eval-every 0 ";
+  const std::filesystem::path ckpt = d.path / "a" / "checkpoints" / "checkpoint-2";
+  auto r = run(base + "--moe-layers 1 --steps 2 --save-every 2 --run-dir " + (d.path / "a").string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream f(ckpt / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(f);
+  EXPECT_EQ(config["model_type"], "shardwise_mixtral");
+  EXPECT_EQ(config["mlp_only_layers"], nlohmann::json::array({0}));
+  r = run(base + "--moe-layers 1 --steps 3 --mesh ep=2 --resume " + ckpt.string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + ckpt.string() + " at step 2"), std::string::npos) << r.out;
+  const std::string init = "train --init-from " + ckpt.string() + " --digits 2 --steps 1 --progress none --eval-every 0 ";
+  r = run(init + "--mesh dp=2 --run-dir " + (d.path / "b").string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run(init + "--moe-layers 0,1 --run-dir " + (d.path / "c").string());
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--moe-layers 0,1 contradicts --init-from"), std::string::npos) << r.out;
 }
 
 // An MoE run's metrics.jsonl carries each MoE layer's router figures per step and its lines the

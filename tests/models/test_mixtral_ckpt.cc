@@ -292,15 +292,61 @@ TEST(MixtralCkpt, MixtralConfigsShardwiseCannotBuildExactlyAreRefused) {
   fs::remove_all(dir);
 }
 
-TEST(MixtralCkpt, DenseLayersAmongMoeOnesHaveNoMixtralConfig) {
-  GptConfig m = moe("dp=1").model;
-  m.moe_layers = {1};
-  try {
-    model_config_json(m, DType::F32, default_special_tokens(m.vocab));
-    ADD_FAILURE() << "a Mixtral config for a model with a dense layer";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("experts in every layer"), std::string::npos) << e.what();
+// A model with dense layers among the MoE ones (--moe-layers) has no Mixtral config.json: it is
+// written as model_type shardwise_mixtral with Qwen2-MoE's mlp_only_layers (the dense layers), read
+// back as the same MoE layers; its checkpoint resumed on other ep sizes continues the single-rank
+// curve, and --init-from it loads the saved parameters bit for bit on another mesh (and refuses a
+// run with other MoE layers, naming both lists).
+TEST(MixtralCkpt, DenseLayersAmongMoeOnesSaveResumeAndInitFromAsShardwiseMixtral) {
+  auto partial = [](const std::string& mesh) {
+    TrainConfig c = moe(mesh);
+    c.model.moe_layers = {1};
+    return c;
+  };
+  const nlohmann::json config = model_config_json(partial("dp=1").model, DType::F32, default_special_tokens(64));
+  EXPECT_EQ(config["model_type"], "shardwise_mixtral");
+  EXPECT_EQ(config["mlp_only_layers"], nlohmann::json::array({0}));
+  EXPECT_EQ(read_llama_config(config, "config.json").moe_layers, std::vector<int64_t>{1});
+  const fs::path root = fs::temp_directory_path() / "sw_mixtral_partial";
+  fs::remove_all(root);
+  fs::create_directories(root / "refused");
+  EXPECT_TRUE(config_refused(root / "refused", config, "mlp_only_layers", nlohmann::json::array({0, 1})));
+  EXPECT_TRUE(config_refused(root / "refused", config, "mlp_only_layers", nlohmann::json::array({2})));
+  const std::vector<double> whole = train_losses(partial("dp=1"), 6, {}, {});
+  std::map<std::string, Tensor> saved;
+  train_losses(partial("ep=2"), 3, {}, root, &saved);
+  const fs::path dir = root / "checkpoint-3";
+  ckpt::GroupReader model(dir, "model");
+  EXPECT_TRUE(model.contains("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_TRUE(model.contains("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+  EXPECT_FALSE(model.contains("model.layers.0.block_sparse_moe.gate.weight"));
+  for (const std::string mesh : {"ep=4", "dp=2,ep=2"}) {
+    const std::vector<double> rest = train_losses(partial(mesh), 3, dir, {});
+    ASSERT_EQ(rest.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(rest[i], whole[i + 3], 1e-5 * whole[i + 3]) << mesh << " step " << i + 4;
   }
+  comm::LocalWorld::run(4, [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(partial("dp=2,ep=2"), world);
+    init_from_model(t, *world, dir);
+    for (ParamState& p : t.params()) {
+      Tensor g = t.gather_param(p.name);
+      if (w.rank() == 0) EXPECT_TRUE(same_bits(g, saved.at(p.name))) << p.name;
+    }
+  });
+  TrainConfig every = moe("dp=1");
+  comm::LocalWorld::run(1, [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(every, world);
+    try {
+      init_from_model(t, *world, dir);
+      ADD_FAILURE() << "--init-from a model with other MoE layers";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MoE layers [1] (directory) vs [0,1] (this run, --moe-layers)"),
+                std::string::npos) << e.what();
+    }
+  });
+  fs::remove_all(root);
 }
 
 }  // namespace

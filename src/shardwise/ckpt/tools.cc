@@ -339,6 +339,25 @@ std::unique_ptr<GroupReader> open_model(const fs::path& path, std::string_view w
 
 }  // namespace
 
+RemovedKeys removed_keys(const fs::path& path, const std::vector<std::string>& patterns) {
+  RemovedKeys r;
+  if (patterns.empty()) return r;
+  auto reader = open_model(path, "checkpoint");
+  std::set<std::string> used;
+  for (const std::string& name : reader->names()) {
+    for (const std::string& p : patterns) {
+      if (::fnmatch(p.c_str(), name.c_str(), 0) == 0) used.insert(p);
+    }
+    if (!matches_any(name, patterns)) continue;
+    r.names.push_back(name);
+    r.bytes += reader->info(name).nbytes();
+  }
+  for (const std::string& p : patterns) {
+    if (!used.count(p)) r.unmatched.push_back(p);
+  }
+  return r;
+}
+
 namespace {
 
 // The merge settings: adapter_config.json (when the adapter is a directory holding one) and the

@@ -34,6 +34,16 @@ struct RewriteOptions {
 // converted to a `dtype` is dequantised, the scales and config.json's quantization_config left out.
 size_t merge_checkpoint(const fs::path& dir, const fs::path& out, const RewriteOptions& options = {});
 
+// What --remove-keys leaves out of `path`'s model (the group merge, convert and lora-merge read: a
+// directory's "model" or "adapter_model", or one .safetensors file): the keys, their bytes as stored,
+// and the patterns that match no key.
+struct RemovedKeys {
+  std::vector<std::string> names;
+  uint64_t bytes = 0;
+  std::vector<std::string> unmatched;
+};
+RemovedKeys removed_keys(const fs::path& path, const std::vector<std::string>& patterns);
+
 struct LoraOptions {
   double alpha = 0;   // 0: lora_alpha from the adapter's adapter_config.json
   int64_t rank = 0;   // 0: r from adapter_config.json

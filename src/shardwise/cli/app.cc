@@ -59,6 +59,11 @@ void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
   t->add_flag("--save-on-interrupt,!--no-save-on-interrupt", o.checkpoint.save_on_interrupt,
               "Ctrl-C or SIGTERM stops the run after its step and saves that step (default: on with --save-every)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  t->add_flag("--save-model-only,--no-optimizer-state", o.checkpoint.save_model_only,
+              "checkpoints hold the model (or adapters), its config and tokenizer only: no AdamW moments, fp32 masters "
+              "or generator state (a --resume of one needs --skip-optimizer)");
+  t->add_flag("--skip-optimizer", o.checkpoint.skip_optimizer,
+              "--resume: fresh AdamW moments at the checkpoint's step (its moments, if any, are not read)");
 }
 
 }  // namespace

@@ -83,6 +83,18 @@ std::unique_ptr<CkptCommands> add_ckpt_commands(CLI::App& app) {
   return c;
 }
 
+namespace {
+
+// --remove-keys: each key left out with its bytes, the total, and the patterns that matched nothing.
+void report_removed(const ckpt::RemovedKeys& r, std::ostream& os) {
+  for (const std::string& p : r.unmatched) os << fmt::format("note: --remove-keys '{}' matches no tensor\n", p);
+  if (r.names.empty()) return;
+  for (const std::string& n : r.names) os << fmt::format("removed {}\n", n);
+  os << fmt::format("removed {} ({} bytes)\n", counted(static_cast<int64_t>(r.names.size()), "tensor"), r.bytes);
+}
+
+}  // namespace
+
 int CkptCommands::run(std::ostream& os) const {
   if (*inspect) {
     ckpt::inspect(path, os);
@@ -118,6 +130,7 @@ int CkptCommands::run(std::ostream& os) const {
              "block scales)", dtype);
     rw.dtype = d;
   }
+  report_removed(ckpt::removed_keys(path, remove_keys), os);
   if (*merge || *convert) {
     size_t n = ckpt::merge_checkpoint(path, out, rw);
     os << fmt::format("wrote {} to {}\n", counted(static_cast<int64_t>(n), "tensor"), out);

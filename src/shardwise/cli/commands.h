@@ -80,6 +80,8 @@ struct CheckpointOptions {
   std::string max_shard_size = "5GB";
   std::string resume;      // "": start fresh; "auto": the newest verified checkpoint of save_dir; or a directory
   bool no_verify_resume = false;  // --resume DIR loads without checking its manifest
+  bool save_model_only = false;   // checkpoints without optimizer state (moments, fp32 masters, generators)
+  bool skip_optimizer = false;    // --resume: fresh AdamW moments at the saved step
   std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
   std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
   std::string lora_from;   // a PEFT adapter directory whose adapters (and LoRA configuration) start the run

@@ -70,6 +70,18 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
              "--{} contradicts --init-from {}, whose config.json has tie_word_embeddings {}",
              m.tie_word_embeddings ? "tied-head" : "untied-head", o.checkpoint.init_from, saved.tie_word_embeddings);
     m.tie_word_embeddings = saved.tie_word_embeddings;
+    if (saved.experts > 0) {  // the MoE layers (shardwise_mixtral's mlp_only_layers name the dense ones)
+      auto moe_layers = [&](const train::GptConfig& g) {
+        std::vector<int64_t> out;
+        for (int64_t l = 0; l < g.layers; ++l)
+          if (g.is_moe_layer(l)) out.push_back(l);
+        return out;
+      };
+      SW_CHECK(cmd.count("--moe-layers") == 0 || moe_layers(m) == moe_layers(saved),
+               "--moe-layers {} contradicts --init-from {}, whose config.json has MoE layers {}: leave the option out",
+               fmt::join(moe_layers(m), ","), o.checkpoint.init_from, fmt::join(moe_layers(saved), ","));
+      m.moe_layers = saved.moe_layers;
+    }
     m.rope_theta = saved.rope_theta;
     m.rms_norm_eps = saved.rms_norm_eps;
     m.family = saved.family;  // Qwen2: q/k/v biases
@@ -371,10 +383,11 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   s.run_dir = choose_run_dir(o, config, world_ref, notes);
   s.save_dir = o.checkpoint.save_dir.empty() ? s.run_dir + "/checkpoints" : o.checkpoint.save_dir;
   const bool saves = o.checkpoint.save_every > 0 || o.checkpoint.save_on_interrupt;
-  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.checkpoint.resume.empty()};
+  train::RunDirs dirs{s.run_dir, s.save_dir, saves, !o.checkpoint.resume.empty(), o.checkpoint.save_model_only};
   for (const auto& line : train::check_run_dirs(trainer, world, dirs)) notes.push_back(line);
   train::ResumeResult resumed = raising(ErrorKind::Checkpoint, [&] {
-    return train::resume_trainer(trainer, world, o.checkpoint.resume, s.save_dir, !o.checkpoint.no_verify_resume, saves);
+    return train::resume_trainer(trainer, world, o.checkpoint.resume, s.save_dir, !o.checkpoint.no_verify_resume, saves,
+                                 o.checkpoint.skip_optimizer);
   });
   notes.insert(notes.end(), resumed.lines.begin(), resumed.lines.end());
   if (resumed.dir) notes.insert(notes.end(), o.resume_notes.begin(), o.resume_notes.end());
@@ -386,7 +399,8 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   ckpt::SaveOptions save_options;
   save_options.save_total_limit = o.checkpoint.save_total_limit;
   save_options.max_shard_bytes = parse_byte_size(o.checkpoint.max_shard_size);
-  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.checkpoint.save_every, o.checkpoint.async_save, save_options);
+  s.checkpoints = std::make_unique<train::CheckpointSchedule>(s.save_dir, o.checkpoint.save_every, o.checkpoint.async_save,
+                                                              save_options, o.checkpoint.save_model_only);
   if (s.report) {
     s.log = std::make_unique<train::MetricsLog>(s.run_dir, resumed.dir ? trainer.steps_done() : -1);
     if (!s.log->kept_aside().empty()) out << fmt::format("  an earlier run's metrics were moved to {}\n", s.log->kept_aside());

@@ -26,7 +26,7 @@ const std::vector<OptionSection>& train_option_sections() {
         "no-prefetch", "val-data", "val-fraction", "val-samples", "digits", "eval-samples"}},
       {"checkpoint", "Checkpoints",
        {"save-every", "save-dir", "save-total-limit", "async-save", "save-on-interrupt", "max-shard-size", "resume",
-        "no-verify-resume", "init-from", "ignore-keys", "lora-from"}},
+        "no-verify-resume", "save-model-only", "skip-optimizer", "init-from", "ignore-keys", "lora-from"}},
       {"logging", "Logging",
        {"run-dir", "eval-every", "log-every", "progress", "loss-axis", "profile", "dry-run", "json"}},
   };

@@ -118,15 +118,11 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
              "add --dry-run");
     SW_CHECK(o.logging.progress == "auto" || o.logging.progress == "bar" || o.logging.progress == "lines" || o.logging.progress == "none",
              "--progress '{}': use auto, bar, lines or none", o.logging.progress);
-    // An MoE model's checkpoints are Mixtral's (config.json and per-expert keys), which has experts in
-    // every layer: dense layers among MoE ones have no such layout.
-    int64_t moe_layers = 0;
-    for (int64_t l = 0; l < c.model.layers; ++l) moe_layers += c.model.is_moe_layer(l) ? 1 : 0;
-    SW_CHECK(c.model.experts == 0 || moe_layers == c.model.layers ||
-                 (o.checkpoint.save_every == 0 && o.checkpoint.resume.empty() && o.checkpoint.init_from.empty()),
-             "--moe-layers {}: checkpoints of MoE models are Mixtral's layout, which has experts in every layer, and "
-             "this model has them in {} of its {} layers: run without --save-every, --resume and --init-from, or "
-             "without --moe-layers", fmt::join(c.model.moe_layers, ","), moe_layers, c.model.layers);
+    SW_CHECK(!o.checkpoint.skip_optimizer || !o.checkpoint.resume.empty(),
+             "--skip-optimizer applies to --resume (fresh moments at the checkpoint's step); a run without --resume "
+             "starts with fresh moments anyway");
+    SW_CHECK(!o.checkpoint.save_model_only || o.checkpoint.save_every > 0 || o.checkpoint.save_on_interrupt,
+             "--save-model-only: this run saves no checkpoints; add --save-every N (or --save-on-interrupt)");
     // Mixtral's router is a softmax over the experts and it has no shared expert: a sigmoid router or a
     // shared expert has no place in its config.json or keys.
     SW_CHECK(c.model.experts == 0 || (c.model.router == "softmax" && c.model.shared_expert_width == 0) ||

@@ -33,12 +33,11 @@ nlohmann::json llama_config_json(const GptConfig& m, DType stored, const Special
 }
 
 // Mixtral's config.json: LlamaConfig's fields that MixtralConfig shares, and its experts. Mixtral
-// has an MoE MLP in every layer: a model with dense layers (--moe-layers) has no such config.
+// has an MoE MLP in every layer: a model with dense layers among them (--moe-layers) is written as
+// model_type "shardwise_mixtral" with Qwen2-MoE's "mlp_only_layers" (the dense layers), which
+// shardwise reads back and transformers refuses by that model_type (no transformers class has
+// Mixtral's keys with dense layers and no q/k/v biases).
 nlohmann::json mixtral_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
-  SW_CHECK(m.moe_layers.empty() || static_cast<int64_t>(m.moe_layers.size()) == m.layers,
-           "--moe-layers {}: Mixtral's config.json (the checkpoint layout) has experts in every layer, this model "
-           "only in {} of its {} layers: it cannot be saved in Hugging Face's layout (train it without --save-every, "
-           "or with experts in every layer)", fmt::join(m.moe_layers, ","), m.moe_layers.size(), m.layers);
   SW_CHECK(m.router == "softmax" && m.shared_expert_width == 0,
            "--router {} --shared-expert-width {}: Mixtral's config.json (the checkpoint layout) has a softmax router "
            "and no shared expert: this model cannot be saved in Hugging Face's layout", m.router, m.shared_expert_width);
@@ -52,6 +51,14 @@ nlohmann::json mixtral_config_json(const GptConfig& m, DType stored, const Speci
   j["output_router_logits"] = false;
   j["router_jitter_noise"] = 0.0;
   j["sliding_window"] = nullptr;
+  std::vector<int64_t> dense;
+  for (int64_t l = 0; l < m.layers; ++l)
+    if (!m.is_moe_layer(l)) dense.push_back(l);
+  if (!dense.empty()) {
+    j["architectures"] = {"ShardwiseMixtralForCausalLM"};
+    j["model_type"] = "shardwise_mixtral";
+    j["mlp_only_layers"] = dense;
+  }
   return j;
 }
 
@@ -109,11 +116,28 @@ std::vector<std::string> model_identity_keys(const GptConfig& m) {
   std::vector<std::string> keys = {"model_type",        "num_hidden_layers",       "num_attention_heads",
                                    "num_key_value_heads", "hidden_size",            "intermediate_size",
                                    "max_position_embeddings", "vocab_size",         "tie_word_embeddings"};
-  if (m.experts > 0) keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok"});
+  if (m.experts > 0) keys.insert(keys.end(), {"num_local_experts", "num_experts_per_tok", "mlp_only_layers"});
   return keys;
 }
 
 namespace {
+
+// The MoE layers of a "shardwise_mixtral" config.json: those its mlp_only_layers does not name.
+std::vector<int64_t> moe_layers_of(const nlohmann::json& j, int64_t layers, const std::string& file) {
+  SW_CHECK(j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array(),
+           "'{}': model_type shardwise_mixtral needs mlp_only_layers (its dense layers)", file);
+  std::vector<bool> dense(static_cast<size_t>(layers), false);
+  for (const nlohmann::json& l : j["mlp_only_layers"]) {
+    SW_CHECK(l.is_number_integer() && l.get<int64_t>() >= 0 && l.get<int64_t>() < layers,
+             "'{}': mlp_only_layers names {}; the model has layers 0 .. {}", file, l.dump(), layers - 1);
+    dense[static_cast<size_t>(l.get<int64_t>())] = true;
+  }
+  std::vector<int64_t> moe;
+  for (int64_t l = 0; l < layers; ++l)
+    if (!dense[static_cast<size_t>(l)]) moe.push_back(l);
+  SW_CHECK(!moe.empty(), "'{}': mlp_only_layers names every layer: no layer has experts (drop num_local_experts)", file);
+  return moe;
+}
 
 double rope_theta_of(const nlohmann::json& j, const std::string& file) {
   // transformers 5: rope_parameters {rope_type, rope_theta}; earlier: rope_theta and rope_scaling.
@@ -169,8 +193,9 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
     if (j.contains("sliding_window") && !j["sliding_window"].is_null()) c.sliding_window = field("sliding_window");
     if (c.sliding_window >= c.seq) c.sliding_window = 0;  // no sequence of the model reaches past it
   }
-  if (j.value("model_type", "") == "mixtral") {  // MixtralConfig: no biases, experts in every layer
+  if (type == "mixtral" || type == "shardwise_mixtral") {  // MixtralConfig: no biases, experts in every layer
     c.experts = field("num_local_experts");
+    if (type == "shardwise_mixtral") c.moe_layers = moe_layers_of(j, c.layers, file);
     c.top_k = field("num_experts_per_tok");
     c.aux_loss = j.value("router_aux_loss_coef", 0.0);
     refuse_unless(j.value("router_jitter_noise", 0.0) == 0.0, "router_jitter_noise", "no router noise");
@@ -191,6 +216,17 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
   c.validate();
   return c;
 }
+
+namespace {
+
+std::vector<int64_t> moe_layer_list(const GptConfig& c) {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe_layer(l)) out.push_back(l);
+  return out;
+}
+
+}  // namespace
 
 std::vector<std::string> model_differences(const GptConfig& saved, const GptConfig& mine) {
   std::vector<std::string> differ;
@@ -221,6 +257,9 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
   if (saved.family != mine.family)
     differ.push_back(fmt::format("model_type '{}' (directory) vs '{}' (this run)", saved.family, mine.family));
   if (saved.experts > 0 && mine.experts > 0) compare("num_experts_per_tok (--top-k)", saved.top_k, mine.top_k);
+  if (saved.experts > 0 && mine.experts > 0 && moe_layer_list(saved) != moe_layer_list(mine))
+    differ.push_back(fmt::format("MoE layers [{}] (directory) vs [{}] (this run, --moe-layers)",
+                                 fmt::join(moe_layer_list(saved), ","), fmt::join(moe_layer_list(mine), ",")));
   if (mine.seq > saved.seq)  // no parameter depends on it, but the positions were trained up to it
     differ.push_back(fmt::format("max_position_embeddings {} (directory) vs sequences of {} (this run)", saved.seq,
                                  mine.seq));

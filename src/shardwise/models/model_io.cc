@@ -26,7 +26,8 @@ ckpt::KeyMap model_key_map(const GptConfig& c) {
   return gpt2_key_map(c);
 }
 
-bool is_llama_model_type(const std::string& t) { return t == "llama" || t == "mixtral" || t == "qwen2" || t == "qwen3" || t == "mistral";
+bool is_llama_model_type(const std::string& t) {
+  return t == "llama" || t == "mixtral" || t == "shardwise_mixtral" || t == "qwen2" || t == "qwen3" || t == "mistral";
 }
 
 SpecialTokens default_special_tokens(int64_t vocab) {
@@ -104,7 +105,7 @@ GptConfig read_model_config(const ckpt::fs::path& dir) {
   if (is_llama_model_type(type)) return read_llama_config(j, file);
   SW_CHECK(type == "gpt2" || type == "shardwise_gpt",
            "'{}': model_type '{}' is not a model shardwise builds (gpt2, llama, mistral, mixtral, qwen2, "
-           "qwen3, or the earlier shardwise_gpt)", file,
+           "qwen3, shardwise_mixtral, or the earlier shardwise_gpt)", file,
            type);
   auto field = [&](const char* key) {
     SW_CHECK(j.contains(key) && j[key].is_number_integer(), "'{}': config.json has no integer '{}'", file, key);

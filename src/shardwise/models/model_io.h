@@ -32,7 +32,8 @@ ckpt::KeyMap mixtral_key_map(const GptConfig& config);
 // or empty for a dense Llama.
 ckpt::KeyMap model_key_map(const GptConfig& config);
 
-// True for the model_types the Llama builder reads (llama, mistral, mixtral, qwen2, qwen3).
+// True for the model_types the Llama builder reads (llama, mistral, mixtral, qwen2, qwen3, and
+// shardwise_mixtral: Mixtral with dense layers among the MoE ones, its mlp_only_layers).
 bool is_llama_model_type(const std::string& model_type);
 
 // Special token ids written to config.json and generation_config.json (all inside the vocabulary).

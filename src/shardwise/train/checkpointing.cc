@@ -168,7 +168,7 @@ void check_same_run(const nlohmann::json& state, const Trainer& trainer, const c
 
 }  // namespace
 
-ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world) {
+ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world, bool model_only) {
   const TrainConfig& c = trainer.config();
   const bool lora = c.model.lora.enabled();
   ckpt::CheckpointContent content;
@@ -205,8 +205,8 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
       masters.tensors.push_back({e.name, e.shape, DType::F32, e.layout, p ? fp32_weights(*p) : Tensor(), weights});
   }
   content.groups.push_back(std::move(model));
-  content.groups.push_back(std::move(optimizer));
-  if (!masters.tensors.empty()) content.groups.push_back(std::move(masters));
+  if (!model_only) content.groups.push_back(std::move(optimizer));
+  if (!model_only && !masters.tensors.empty()) content.groups.push_back(std::move(masters));
   // The generators are counter-based and keyed by (seed, name, element index): a rank's state is
   // its seed and the step, the same on every rank; gathered anyway so a reader sees every rank.
   nlohmann::json rng = {{"kind", "philox4x32-10, keyed by (seed, tensor name, global element index)"},
@@ -221,11 +221,11 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
       {"lr_schedule", {{"peak", s.peak}, {"floor", s.floor}, {"warmup", s.warmup}, {"total", s.total},
                        {"next_lr", s.at(trainer.steps_done())}}},
       {"optimizer", {{"name", "adamw"}, {"beta1", c.optimizer.adamw.beta1}, {"beta2", c.optimizer.adamw.beta2},
-                     {"epsilon", c.optimizer.adamw.epsilon}, {"weight_decay", c.optimizer.adamw.weight_decay}, {"clip", c.optimizer.clip}}},
+                     {"epsilon", c.optimizer.adamw.epsilon}, {"weight_decay", c.optimizer.adamw.weight_decay}, {"clip", c.optimizer.clip},
+                     {"steps", trainer.optimizer_steps()}, {"state_saved", !model_only}}},
       {"data", {{"dataset", trainer.data_description()}, {"path", c.data.files}, {"digits", c.data.digits},
                 {"seed", c.optimizer.seed}, {"next_sample", trainer.consumed_samples()},
                 {"fingerprint", trainer.data_fingerprint()}}},
-      {"rng", ranks},
       {"mesh", trainer.strategy().mesh.to_string()},
       {"sequence_parallel", c.parallel.sequence_parallel},
       {"sharding", {{"stage", c.parallel.sharding.stage}, {"layout", c.parallel.sharding.layout}}},
@@ -246,14 +246,15 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
     }
     content.json_files = {{"config.json", std::move(config)}, {"generation_config.json", std::move(generation)}};
   }
+  if (!model_only) state["rng"] = std::move(ranks);  // a model-only checkpoint resumes with fresh state only
   content.json_files.emplace_back("trainer_state.json", std::move(state));
   add_run_files(c, trainer.run_options(), trainer.base_model().dir, content);  // run_options.json, the tokenizer
   return content;
 }
 
 ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& root,
-                            const ckpt::SaveOptions& options) {
-  return ckpt::save_checkpoint(world, root, checkpoint_content(trainer, world), options);
+                            const ckpt::SaveOptions& options, bool model_only) {
+  return ckpt::save_checkpoint(world, root, checkpoint_content(trainer, world, model_only), options);
 }
 
 namespace {
@@ -349,8 +350,13 @@ void take_moments(ParamState& p, const Tensor& m, const Tensor& v, bool ranged) 
 
 }  // namespace
 
-void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {
+void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir, bool skip_optimizer) {
   check_same_model(trainer, dir);
+  const bool has_moments = ckpt::GroupReader::exists(dir, "optimizer");
+  SW_CHECK(has_moments || skip_optimizer, "checkpoint {} holds no optimizer state (saved with --save-model-only): "
+           "--resume it with --skip-optimizer (fresh AdamW moments at its step), or start a new run with --init-from "
+           "it", dir.string());
+  const bool moments_too = !skip_optimizer;
   const bool lora = trainer.config().model.lora.enabled();
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
   // Strict on the whole catalog (every key named when missing or unexpected); then, with pp, a
@@ -381,10 +387,13 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
     ckpt::LoadOptions o;
     if (!strict) o.ignore_keys = {"*"};
     o.keys = weight_keys;
+    o.convert_dtype = !has_masters;  // a --save-model-only checkpoint of a --bf16 run: its bf16 weights
     // Masters when the checkpoint has them (lower-precision weights), else the weights themselves.
     for (auto& [k, t] : ckpt::load_group(dir, weight_group, model, me, o))
       if (t.defined()) weights[k] = t;
     o.keys = moment_keys;
+    o.convert_dtype = false;
+    if (!moments_too) return;
     for (auto& [k, t] : ckpt::load_group(dir, "optimizer", optimizer, me, o))
       if (t.defined()) moments[k] = t;
   };
@@ -403,12 +412,16 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   if (!others.empty()) read(others, weights, moments, false);
   for (ParamState& p : params) {
     take_weights(p, weights.at(p.name), weight_range(sharded, params, &p).has_value());
-    take_moments(p, moments.at(p.name + "/exp_avg"), moments.at(p.name + "/exp_avg_sq"), sharded != nullptr);
+    if (moments_too)
+      take_moments(p, moments.at(p.name + "/exp_avg"), moments.at(p.name + "/exp_avg_sq"), sharded != nullptr);
   }
   if (sharded) sharded->gather_params(params);
   nlohmann::json state = ckpt::load_json(dir, "trainer_state.json");
   check_same_run(state, trainer, dir);
-  trainer.restore_position(state.at("step").get<int64_t>(), state.at("consumed_samples").get<int64_t>());
+  const int64_t step = state.at("step").get<int64_t>();
+  const int64_t optimizer_steps =
+      !moments_too ? 0 : state.value("optimizer", nlohmann::json::object()).value("steps", step);
+  trainer.restore_position(step, state.at("consumed_samples").get<int64_t>(), optimizer_steps);
 }
 
 int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
@@ -500,8 +513,9 @@ int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs
   return static_cast<int64_t>(all.size());
 }
 
-CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options)
-    : root_(std::move(root)), every_(every), options_(options) {
+CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options,
+                                       bool model_only)
+    : root_(std::move(root)), every_(every), options_(options), model_only_(model_only) {
   if (async) async_ = std::make_unique<ckpt::AsyncSaver>(options_);
 }
 
@@ -510,9 +524,9 @@ std::optional<ckpt::fs::path> CheckpointSchedule::after_step(Trainer& trainer, c
   std::optional<ckpt::fs::path> dir;
   const auto start = std::chrono::steady_clock::now();
   if (async_) {
-    async_->save(world, root_, checkpoint_content(trainer, world));
+    async_->save(world, root_, checkpoint_content(trainer, world, model_only_));
   } else {
-    dir = save_trainer(trainer, world, root_, options_);
+    dir = save_trainer(trainer, world, root_, options_, model_only_);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++stalls_.saves;

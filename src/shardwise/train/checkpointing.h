@@ -17,17 +17,23 @@
 namespace shardwise::train {
 
 // What one checkpoint of `trainer` holds, with this rank's blocks (shared, not copied).
-ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world);
+// `model_only` (--save-model-only): the model (or adapters), its json files, the tokenizer and
+// trainer_state.json's position, without the "optimizer" and "master_weights" groups and the
+// generators' state; trainer_state.json's optimizer.state_saved says which.
+ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator& world, bool model_only = false);
 
 // Collective. Saves checkpoint-<step> under `root` now.
 ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& root,
-                            const ckpt::SaveOptions& options = {});
+                            const ckpt::SaveOptions& options = {}, bool model_only = false);
 
 // Collective. Loads `dir` into `trainer` (any saving mesh): parameters, moments, step and data
 // position. Errors: a model configuration that differs (naming each field), missing or
 // unexpected tensors (by name); for a LoRA run, other adapters (r, lora_alpha, targets ...) or
-// another base model than the checkpoint's, and a whole-model checkpoint (or vice versa).
-void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir);
+// another base model than the checkpoint's, and a whole-model checkpoint (or vice versa); a
+// checkpoint without optimizer state (--save-model-only) unless `skip_optimizer`. With
+// `skip_optimizer` (--skip-optimizer) the moments are not read: they start at zero at the saved step,
+// AdamW's bias correction from t = 1 (Trainer::optimizer_steps), as a new optimizer's would.
+void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir, bool skip_optimizer = false);
 
 // Collective. Fine-tuning's start: the model weights of `dir` (a shardwise checkpoint, either
 // layout, or a transformers `save_pretrained` directory: one model.safetensors or shards with an
@@ -49,7 +55,8 @@ int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs
 // Saves on a schedule during training, synchronously or in the background.
 class CheckpointSchedule {
  public:
-  CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options);
+  CheckpointSchedule(ckpt::fs::path root, int64_t every, bool async, ckpt::SaveOptions options,
+                     bool model_only = false);
   // Saves when the trainer's step is a multiple of `every` (or `force`); returns the directory
   // of a synchronous save.
   std::optional<ckpt::fs::path> after_step(Trainer& trainer, comm::Communicator& world, bool force = false);
@@ -69,6 +76,7 @@ class CheckpointSchedule {
   ckpt::fs::path root_;
   int64_t every_;
   ckpt::SaveOptions options_;
+  bool model_only_ = false;
   std::unique_ptr<ckpt::AsyncSaver> async_;
   Stalls stalls_;
 };

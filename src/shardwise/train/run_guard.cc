@@ -10,6 +10,7 @@
 #include "shardwise/comm/objects.h"
 
 #include "shardwise/ckpt/commit.h"
+#include "shardwise/ckpt/group_reader.h"
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/core/plural.h"
@@ -82,7 +83,7 @@ void check_exists(comm::Communicator& world, const ckpt::fs::path& dir) {
 
 }  // namespace
 
-uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world) {
+uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world, bool model_only) {
   nlohmann::json mine = nlohmann::json::object();
   for (const ParamState& p : trainer.params()) mine[p.name] = p.shape.numel();
   std::map<std::string, int64_t> all;  // with pp a rank holds only its stages' parameters
@@ -92,12 +93,12 @@ uint64_t estimated_checkpoint_bytes(Trainer& trainer, comm::Communicator& world)
   uint64_t params = 0;
   for (const auto& [name, n] : all) params += static_cast<uint64_t>(n);
   // weights, exp_avg, exp_avg_sq [, masters]; a LoRA run saves its adapters only, in fp32.
-  const uint64_t copies = trainer.config().bf16 && !trainer.config().model.lora.enabled() ? 4 : 3;
+  const uint64_t copies = model_only ? 1 : trainer.config().bf16 && !trainer.config().model.lora.enabled() ? 4 : 3;
   return params * copies * 4;
 }
 
 std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& world, const RunDirs& dirs) {
-  const uint64_t need = dirs.saves ? estimated_checkpoint_bytes(trainer, world) : 0;
+  const uint64_t need = dirs.saves ? estimated_checkpoint_bytes(trainer, world, dirs.model_only) : 0;
   std::vector<std::string> warnings;
   std::string error;
   if (world.rank() == 0) {
@@ -123,7 +124,7 @@ std::vector<std::string> check_run_dirs(Trainer& trainer, comm::Communicator& wo
 
 
 ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const std::string& resume,
-                            const ckpt::fs::path& save_dir, bool verify, bool saves) {
+                            const ckpt::fs::path& save_dir, bool verify, bool saves, bool skip_optimizer) {
   ResumeResult r;
   if (resume.empty()) return r;
   if (resume == "auto") {
@@ -142,9 +143,15 @@ ResumeResult resume_trainer(Trainer& trainer, comm::Communicator& world, const s
       r.lines.push_back(fmt::format("resume: {} loaded without verification (--no-verify-resume)", resume));
     }
   }
-  load_trainer(trainer, world, *r.dir);
+  load_trainer(trainer, world, *r.dir, skip_optimizer);
   r.lines.push_back(fmt::format("resumed from {} at step {} ({} samples consumed)", r.dir->string(),
                                 trainer.steps_done(), trainer.consumed_samples()));
+  if (skip_optimizer) {
+    r.lines.push_back(fmt::format("--skip-optimizer: AdamW starts fresh at step {} (zero moments, bias correction "
+                                  "from its first step){}", trainer.steps_done(),
+                                  ckpt::GroupReader::exists(*r.dir, "optimizer") ? "; the checkpoint's moments are not read"
+                                                                                 : ""));
+  }
   const int64_t steps = trainer.config().optimizer.steps, at = trainer.steps_done();
   SW_CHECK(steps >= at, "--steps {} is below step {} of the resumed checkpoint {}: pass --steps above {} to train "
            "further, or resume an earlier checkpoint", steps, at, r.dir->string(), at);

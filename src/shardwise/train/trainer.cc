@@ -408,8 +408,9 @@ StepResult Trainer::step() {
   } else {
     runtime::ProfileScope profiled(runtime::EventKind::Optimizer, "adamw");  // --profile; else nothing
     clip_grad_norm(grads, r.grad_norm, c_.optimizer.clip);
-    if (sharded_) sharded_->step(adamw_, model_->params(), grads, r.lr, step_ + 1);
-    else adamw_.step(model_->params(), grads, r.lr, step_ + 1);
+    const int64_t t = step_ - optimizer_from_ + 1;  // AdamW's step (bias correction)
+    if (sharded_) sharded_->step(adamw_, model_->params(), grads, r.lr, t);
+    else adamw_.step(model_->params(), grads, r.lr, t);
   }
   // The gradients go now unless a test asked for them: kept, the next step's forward would hold
   // them beside its activations (473 MiB of 124 M parameters).
@@ -500,11 +501,15 @@ ParameterCounts Trainer::count_parameters() {
   return out;
 }
 
-void Trainer::restore_position(int64_t step, int64_t consumed) {
+void Trainer::restore_position(int64_t step, int64_t consumed, int64_t optimizer_steps) {
   SW_CHECK(step >= 0 && consumed >= 0, "a checkpoint's step {} and consumed samples {} must not be negative", step,
            consumed);
+  if (optimizer_steps < 0) optimizer_steps = step;
+  SW_CHECK(optimizer_steps <= step, "a checkpoint's optimizer steps {} must not exceed its step {}", optimizer_steps,
+           step);
   step_ = step;
   consumed_ = consumed;
+  optimizer_from_ = step - optimizer_steps;
 }
 
 }  // namespace shardwise::train

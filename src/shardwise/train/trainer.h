@@ -118,6 +118,9 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   int64_t consumed_samples() const { return consumed_; }
   int64_t skipped_steps() const { return skipped_; }
+  // AdamW's own step count (its bias correction's t after the next step is this + 1): steps_done(),
+  // less the steps before its moments last started fresh (a --skip-optimizer resume).
+  int64_t optimizer_steps() const { return step_ - optimizer_from_; }
   // The trained parameters (with LoRA: the adapters only) and the frozen ones (LoRA's base).
   std::vector<ParamState>& params() { return model_->params(); }
   std::vector<ParamState>& frozen() { return model_->frozen(); }
@@ -158,8 +161,10 @@ class Trainer {
   const nlohmann::json& run_options() const { return run_options_; }
   void set_run_options(nlohmann::json options) { run_options_ = std::move(options); }
   const LrSchedule& schedule() const { return schedule_; }
-  // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used.
-  void restore_position(int64_t step, int64_t consumed);
+  // Continues from a checkpoint: `step` optimizer steps done, `consumed` samples used, and
+  // `optimizer_steps` of them taken by the moments the trainer now holds (-1: all `step`; 0: fresh
+  // moments, whose bias correction starts again at t = 1 as a new torch optimizer's does).
+  void restore_position(int64_t step, int64_t consumed, int64_t optimizer_steps = -1);
   // The stages this rank runs (one without pp): schedule, last step's timeline and activations.
   const StagedGpt& stages() const { return *model_; }
 
@@ -178,7 +183,7 @@ class Trainer {
   std::unique_ptr<StagedGpt> model_;
   AdamW adamw_;
   LrSchedule schedule_;
-  int64_t step_ = 0, consumed_ = 0, skipped_ = 0;
+  int64_t step_ = 0, consumed_ = 0, skipped_ = 0, optimizer_from_ = 0;
   bool keep_grads_ = false;
   std::vector<Tensor> last_grads_;  // with keep_grads_: the last step's gradients (the runner's sums, not copies; shards when sharded)
   int64_t last_grad_bytes_ = 0;     // the runner's gradient sums at the last step's update (HeldBytes::grads)
