@@ -186,6 +186,14 @@ TEST(CliLora, LlamaAdaptersTrainSavePeftFilesAndMerge) {
   EXPECT_EQ(config["base_model_name_or_path"], base);
   r = run(llama(d.path / "adapted", "dp=1", " --init-from " + base + " --lora-from " + ckpt.string()));
   ASSERT_EQ(r.status, 0) << r.out;
+  // The saved list is the modules all-linear resolved to: --lora-targets all-linear agrees with it,
+  // and a list of other modules does not.
+  const std::string from = " --init-from " + base + " --lora-from " + ckpt.string() + " --dry-run --lora-targets ";
+  r = run(llama(d.path / "same", "dp=1", from + "all-linear"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run(llama(d.path / "other", "dp=1", from + "q_proj,v_proj"));
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--lora-targets q_proj,v_proj contradicts --lora-from"), std::string::npos) << r.out;
   r = run("ckpt lora-merge " + base + " " + ckpt.string() + " " + (d.path / "merged").string());
   ASSERT_EQ(r.status, 0) << r.out;
   r = run(llama(d.path / "merged-run", "tp=2", " --init-from " + (d.path / "merged").string()));

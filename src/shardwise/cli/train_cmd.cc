@@ -94,6 +94,23 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   if (cmd.count("--dropout") == 0) o.config.dropout = train::stored_dropout(o.checkpoint.init_from);
 }
 
+// Whether `targets` (and a regex) adapt the same modules of `model` as `saved` does: PEFT saves
+// all-linear as the module names it resolved to, so the lists alone can differ for the same modules.
+bool same_lora_modules(train::GptConfig model, const train::LoraConfig& mine, const train::LoraConfig& saved) {
+  auto paths = [&](const std::vector<std::string>& targets, const std::string& regex) {
+    model.lora = saved;
+    model.lora.targets = targets, model.lora.target_regex = regex;
+    std::vector<std::string> out;
+    for (const train::LoraModule& m : train::lora_modules(model)) out.push_back(m.path);
+    return out;
+  };
+  try {
+    return paths(mine.targets, mine.target_regex) == paths(saved.targets, saved.target_regex);
+  } catch (const Error&) {  // a list that matches nothing here: not the saved adapters' modules
+    return false;
+  }
+}
+
 void apply_lora(CLI::App& cmd, TrainOptions& o) {
   train::LoraConfig& l = o.config.model.lora;
   const char* flags[] = {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-rslora"};
@@ -115,7 +132,9 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
       std::sort(v.begin(), v.end());
       return v;
     };
-    agree("--lora-targets", saved.target_regex.empty() && sorted(l.targets) == sorted(saved.targets),
+    agree("--lora-targets",
+          (saved.target_regex.empty() && sorted(l.targets) == sorted(saved.targets)) ||
+              same_lora_modules(o.config.model, l, saved),
           fmt::format("{}", fmt::join(l.targets, ",")),
           saved.target_regex.empty() ? fmt::format("target_modules [{}]", fmt::join(saved.targets, ", "))
                                      : "target_modules '" + saved.target_regex + "'");
