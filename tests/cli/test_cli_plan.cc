@@ -166,3 +166,20 @@ TEST(CliPlan, TheRunHeaderListsTheOptionsGivenAndCountsParameters) {
 }
 
 }  // namespace
+
+// A plan loads no weights: --lora-rank without --init-from plans adapters on a fresh base, both
+// the program and its memory, and the other --lora-* options are still checked.
+TEST(CliPlan, LoraIsPlannedOnAFreshBaseWithoutInitFrom) {
+  Result r = run("plan --mesh dp=2,tp=2 --lora-rank 4 --summary");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("LoRA r 4 on c_attn (base frozen)"), std::string::npos) << r.out;
+  r = run("plan --mesh dp=2,tp=2 --lora-rank 4 --memory --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Only the adapters have AdamW moments (2 x f32): per layer A [4, 128] whole and B [384, 4] cut
+  // in two over tp (c_attn is column-parallel), in each of the 2 layers.
+  const nlohmann::json plan = nlohmann::json::parse(r.out);
+  EXPECT_EQ(plan["ranks"][0]["optimizer"].get<int64_t>(), 8 * 2 * (4 * 128 + 384 * 4 / 2)) << r.out;
+  r = run("plan --lora-alpha 16");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--lora-alpha needs --lora-rank R"), std::string::npos) << r.out;
+}

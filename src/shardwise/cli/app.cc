@@ -361,7 +361,7 @@ int run(int argc, char** argv) {
     if (*verify_cmd) return cmd_verify(verify_opts, std::cout);
     if (*reshard_cmd) return cmd_plan_reshard(reshard_opts, std::cout);
     if (*plan_cmd) {
-      apply_run_sources(*plan_cmd, plan_run, !plan_opts.memory);
+      apply_run_sources(*plan_cmd, plan_run, false);  // a plan loads no weights: LoRA needs no base
       return cmd_plan(plan_run, plan_opts, std::cout);
     }
     if (*pipe_cmd) return cmd_pipeline(pipe_opts, std::cout);

@@ -148,7 +148,8 @@ void apply_init_from(CLI::App& cmd, TrainOptions& options);
 // --lora-*: --lora-from takes the LoRA configuration from the adapter's adapter_config.json (an
 // option that contradicts it is an Error naming both values); --lora-rank starts fresh adapters.
 // Either needs --init-from (the base model); the other --lora-* options need one of them.
-void apply_lora(CLI::App& cmd, TrainOptions& options);
+// `needs_base` false (`plan`): --lora-rank without --init-from plans adapters on a fresh base.
+void apply_lora(CLI::App& cmd, TrainOptions& options, bool needs_base = true);
 int cmd_train(const TrainOptions& options, std::ostream& out);
 
 inline constexpr int64_t kEosFromModel = -2;      // --eos-id's default: generation_config.json's eos_token_id

@@ -111,7 +111,7 @@ bool same_lora_modules(train::GptConfig model, const train::LoraConfig& mine, co
   }
 }
 
-void apply_lora(CLI::App& cmd, TrainOptions& o) {
+void apply_lora(CLI::App& cmd, TrainOptions& o, bool needs_base) {
   train::LoraConfig& l = o.config.model.lora;
   const char* flags[] = {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--lora-rslora"};
   std::vector<std::string> given;
@@ -145,7 +145,7 @@ void apply_lora(CLI::App& cmd, TrainOptions& o) {
     SW_CHECK(given.empty(), "{} needs --lora-rank R (or --lora-from an adapter directory)", fmt::join(given, ", "));
     return;
   }
-  SW_CHECK(!o.checkpoint.init_from.empty(), "{} trains adapters on a base model, whose weights stay frozen: pass --init-from DIR "
+  SW_CHECK(!needs_base || !o.checkpoint.init_from.empty(), "{} trains adapters on a base model, whose weights stay frozen: pass --init-from DIR "
            "(a transformers save_pretrained directory or a shardwise checkpoint)",
            o.checkpoint.lora_from.empty() ? fmt::format("--lora-rank {}", l.rank) : "--lora-from " + o.checkpoint.lora_from);
 }

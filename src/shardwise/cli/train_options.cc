@@ -119,7 +119,7 @@ void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {
   o.vocab_given = cmd.count("--vocab") > 0 || !o.checkpoint.init_from.empty();
   o.steps_given = cmd.count("--steps") > 0;
   if (!o.checkpoint.init_from.empty()) apply_init_from(cmd, o);
-  if (lora_needs_base || !o.checkpoint.init_from.empty() || !o.checkpoint.lora_from.empty()) apply_lora(cmd, o);
+  apply_lora(cmd, o, lora_needs_base);
 }
 
 }  // namespace shardwise::cli
