@@ -22,6 +22,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/models/model_io.h"
+#include "shardwise/models/models.h"
 #include "tests/support/config_checks.h"
 #include "tests/support/llama_config.h"
 #include "tests/support/train_losses.h"
@@ -103,6 +104,11 @@ TEST(HfFamilies, TheFixturesAreAQwen2WithBiasesAQwen3WithQkNormsAndAMistral) {
   EXPECT_EQ(q3hd.head_size(), 16);
   EXPECT_NE(q3hd.head_size(), q3hd.hidden / q3hd.heads);
   EXPECT_EQ(q3hd.key_value_heads(), 2);
+  for (const std::string name : {"qwen2", "qwen3", "qwen3_hd", "mistral"}) {  // the run header's count
+    double stored = 0;
+    for (const auto& [key, shape] : stored_shapes(model_dir(name))) stored += static_cast<double>(shape.numel());
+    EXPECT_EQ(parameter_count(read_model_config(model_dir(name))), stored) << name;
+  }
   const GptConfig mistral = read_model_config(model_dir("mistral"));
   EXPECT_EQ(mistral.family, "mistral");
   EXPECT_EQ(mistral.sliding_window, 0);

@@ -211,7 +211,8 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
   SW_CHECK(c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
            "'{}': num_key_value_heads = {} must divide num_attention_heads = {} (grouped-query attention)", file,
            c.kv_heads, c.heads);
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) {  // LlamaConfig's, Qwen3Config's: q_proj [heads x head_dim, H]
+  // LlamaConfig's and Qwen3Config's head_dim: q_proj [heads x head_dim, H], o_proj [H, heads x head_dim].
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     SW_CHECK(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
              "'{}': head_dim = {} must be a positive integer", file, j["head_dim"].dump());
     if (j["head_dim"].get<int64_t>() != c.hidden / c.heads) c.head_dim = j["head_dim"].get<int64_t>();

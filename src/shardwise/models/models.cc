@@ -74,7 +74,11 @@ double parameter_count(const GptConfig& m) {
   const double E = static_cast<double>(m.experts), W = static_cast<double>(m.shared_expert_width);
   const double moe_mlp = E * h + 3 * E * I * h + (W > 0 ? 3 * h * W + h : 0);
   double total = V * h * (m.tie_word_embeddings ? 1 : 2) + h;
-  for (int64_t l = 0; l < m.layers; ++l) total += 2 * h * q + 2 * h * kv + 2 * h + (m.is_moe_layer(l) ? moe_mlp : 3 * h * I);
+  // Besides the two RMSNorms, Qwen3's q/k norms [head_dim] and Qwen2's q/k/v biases.
+  const double norms = 2 * h + (qk_norm(m) ? 2 * static_cast<double>(m.head_size()) : 0) +
+                       (m.qkv_bias() ? q + 2 * kv : 0);
+  for (int64_t l = 0; l < m.layers; ++l)
+    total += 2 * h * q + 2 * h * kv + norms + (m.is_moe_layer(l) ? moe_mlp : 3 * h * I);
   return total;
 }
 
