@@ -17,7 +17,9 @@ Checks, for each model, against transformers' own results:
 With --golden DIR it also writes tests/golden/hf/<qwen2|qwen3|mistral>_tiny, <name>_tokens.bin and
 <name>_tiny_expected.json, which `make test` replays without PyPI (tests/models/test_hf_families.cc,
 tests/generate/test_generate_llama.cc).
-Usage: tools/hf_families.py build/bin/shardwise [--golden tests/golden/hf] [--only qwen2 qwen3 mistral]
+A fourth model, qwen3_hd, is a Qwen3ForCausalLM whose head_dim (16) is not hidden / heads (48 / 4), 4 heads
+over 2 kv heads, untied head: the q/k/v/o projections are heads x head_dim wide, as real Qwen3 checkpoints.
+Usage: tools/hf_families.py build/bin/shardwise [--golden tests/golden/hf] [--only qwen2 qwen3 qwen3_hd mistral]
 """
 import argparse
 import os
@@ -50,12 +52,13 @@ def tiny_qwen2(seed, vocab=128, seq=16):
     return model
 
 
-def tiny_qwen3(seed, vocab=128, seq=16):
+def tiny_qwen3(seed, vocab=128, seq=16, hidden=32, kv_heads=1, head_dim=8, tied=True):
     torch.manual_seed(seed)
-    cfg = Qwen3Config(hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=1, head_dim=8, vocab_size=vocab, max_position_embeddings=seq,
-                      rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-                      tie_word_embeddings=True, use_sliding_window=False, bos_token_id=vocab - 1,
+    cfg = Qwen3Config(hidden_size=hidden, intermediate_size=24 if tied else 40, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
+                      max_position_embeddings=seq, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                      tie_word_embeddings=tied, use_sliding_window=False, bos_token_id=vocab - 1,
                       eos_token_id=vocab - 1)
     model = Qwen3ForCausalLM(cfg).eval()
     # transformers initialises the q/k norms to one, where a missing norm weight would go unnoticed.
@@ -64,6 +67,12 @@ def tiny_qwen3(seed, vocab=128, seq=16):
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 norm.weight.uniform_(0.5, 1.5)
     return model
+
+
+def tiny_qwen3_hd(seed):
+    """A Qwen3 whose head_dim (16) is not hidden / heads (48 / 4 = 12), as Qwen3-0.6B's 128 vs 1024 / 16:
+    q_proj [64, 48], k/v_proj [32, 48], o_proj [48, 64], q/k norms [16], an untied head."""
+    return tiny_qwen3(seed, hidden=48, kv_heads=2, head_dim=16, tied=False)
 
 
 def tiny_mistral(seed, vocab=128, seq=16):
@@ -104,8 +113,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shardwise")
     ap.add_argument("--golden", help="write the golden files of tests/golden/hf into this directory")
-    ap.add_argument("--only", nargs="+", choices=["qwen2", "qwen3", "mistral"],
-                    default=["qwen2", "qwen3", "mistral"],
+    ap.add_argument("--only", nargs="+", choices=["qwen2", "qwen3", "qwen3_hd", "mistral"],
+                    default=["qwen2", "qwen3", "qwen3_hd", "mistral"],
                     help="run (and with --golden, write) these models' checks only")
     a = ap.parse_args()
     transformers.logging.set_verbosity_warning()
@@ -121,6 +130,10 @@ def main():
             model = tiny_qwen3(19)
             check_init_from(a.shardwise, tmp, a.golden, "qwen3", model, 3)
             check_load(a.shardwise, tmp, "qwen3", model, "Qwen3ForCausalLM")
+        if "qwen3_hd" in a.only:
+            model = tiny_qwen3_hd(29)
+            check_init_from(a.shardwise, tmp, a.golden, "qwen3_hd", model, 5)
+            check_load(a.shardwise, tmp, "qwen3_hd", model, "Qwen3ForCausalLM")
         if "mistral" in a.only:
             model = tiny_mistral(23)
             check_init_from(a.shardwise, tmp, a.golden, "mistral", model, 4)

@@ -220,6 +220,12 @@ TEST(GenerateLlama, Qwen3TransformersLogitsAndGreedyTokens) {
   expect_transformers_logits_and_greedy("qwen3_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
 }
 
+// A Qwen3 whose head_dim 16 is not hidden / heads (48 / 4; tools/hf_families.py's qwen3_hd): the
+// prefill and decode graphs project to heads x head_dim and back, the cache [B, kv, C, 16].
+TEST(GenerateLlama, Qwen3WithHeadDimTransformersLogitsAndGreedyTokens) {
+  expect_transformers_logits_and_greedy("qwen3_hd_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);
+}
+
 // A Mistral (tools/hf_families.py's MistralForCausalLM, sliding_window null): Llama's decode graphs.
 TEST(GenerateLlama, MistralTransformersLogitsAndGreedyTokens) {
   expect_transformers_logits_and_greedy("mistral_tiny", {"dp=1", "tp=2", "dp=2,tp=2"}, 127);

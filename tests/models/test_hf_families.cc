@@ -8,7 +8,9 @@
 // on every mesh (tp shards the biases with their weights' rows; a single kv head and Qwen3's k_norm
 // are replicated over tp); shardwise's checkpoints hold exactly transformers' keys and shapes and
 // the family's config; what these builders cannot build (a used sliding window shorter than the
-// sequence, another head_dim, Qwen3's attention biases) is refused by name.
+// sequence, Qwen3's attention biases) is refused by name. qwen3_hd_tiny is a Qwen3ForCausalLM whose
+// head_dim 16 is not hidden / heads (48 / 4), as Qwen3-0.6B's 128 vs 1024 / 16: 4 heads over 2 kv
+// heads, q_proj [64, 48], o_proj [48, 64], q/k norms [16], an untied head.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/models/model_io.h"
+#include "shardwise/models/models.h"
 #include "tests/support/config_checks.h"
 #include "tests/support/llama_config.h"
 #include "tests/support/train_losses.h"
@@ -96,6 +99,16 @@ TEST(HfFamilies, TheFixturesAreAQwen2WithBiasesAQwen3WithQkNormsAndAMistral) {
   EXPECT_EQ(q3.key_value_heads(), 1);
   EXPECT_TRUE(q3.tie_word_embeddings);
   EXPECT_EQ(q3.rope_theta, 5e5);
+  const GptConfig q3hd = read_model_config(model_dir("qwen3_hd"));
+  EXPECT_EQ(q3hd.family, "qwen3");
+  EXPECT_EQ(q3hd.head_size(), 16);
+  EXPECT_NE(q3hd.head_size(), q3hd.hidden / q3hd.heads);
+  EXPECT_EQ(q3hd.key_value_heads(), 2);
+  for (const std::string name : {"qwen2", "qwen3", "qwen3_hd", "mistral"}) {  // the run header's count
+    double stored = 0;
+    for (const auto& [key, shape] : stored_shapes(model_dir(name))) stored += static_cast<double>(shape.numel());
+    EXPECT_EQ(parameter_count(read_model_config(model_dir(name))), stored) << name;
+  }
   const GptConfig mistral = read_model_config(model_dir("mistral"));
   EXPECT_EQ(mistral.family, "mistral");
   EXPECT_EQ(mistral.sliding_window, 0);
@@ -104,6 +117,9 @@ TEST(HfFamilies, TheFixturesAreAQwen2WithBiasesAQwen3WithQkNormsAndAMistral) {
 
 TEST(HfFamilies, Qwen2InitFromTransformersGivesItsLossOnEveryMesh) { expect_transformers_loss_on_every_mesh("qwen2"); }
 TEST(HfFamilies, Qwen3InitFromTransformersGivesItsLossOnEveryMesh) { expect_transformers_loss_on_every_mesh("qwen3"); }
+TEST(HfFamilies, Qwen3WithHeadDimNotHiddenOverHeadsGivesTransformersLossOnEveryMesh) {
+  expect_transformers_loss_on_every_mesh("qwen3_hd");
+}
 
 TEST(HfFamilies, Qwen2CheckpointsHoldTransformersKeysAndAQwen2Config) {
   const nlohmann::json config = expect_checkpoint_is_transformers("qwen2", "model.layers.1.self_attn.k_proj.bias");
@@ -120,6 +136,18 @@ TEST(HfFamilies, Qwen3CheckpointsHoldTransformersKeysAndAQwen3Config) {
   EXPECT_EQ(config["head_dim"], 8);
   EXPECT_EQ(config["attention_bias"], false);
   EXPECT_EQ(config["tie_word_embeddings"], true);
+}
+
+// Saved from the head_dim 16 fixture: transformers' shapes (q_proj [64, 48], o_proj [48, 64], q/k
+// norms [16]) and config.json's head_dim 16, read back as the same model.
+TEST(HfFamilies, Qwen3WithHeadDimSavesItsShapesAndHeadDim) {
+  const nlohmann::json config = expect_checkpoint_is_transformers("qwen3_hd", "model.layers.1.self_attn.q_norm.weight");
+  EXPECT_EQ(config["model_type"], "qwen3");
+  EXPECT_EQ(config["head_dim"], 16);
+  EXPECT_EQ(config["hidden_size"], 48);
+  const std::map<std::string, Shape> shapes = stored_shapes(model_dir("qwen3_hd"));
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.q_proj.weight"), (Shape{64, 48}));
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.o_proj.weight"), (Shape{48, 64}));
 }
 
 nlohmann::json fixture_config(const std::string& name) {
@@ -148,8 +176,6 @@ TEST(HfFamilies, AUsedSlidingWindowIsRefusedByName) {
   fs::remove_all(dir);
 }
 
-// Qwen3's head_dim is its own field (128 in Qwen3-0.6B's 1024 / 16 heads): shardwise's heads are
-// hidden / heads wide, so another head_dim is refused by name; so are Qwen3's optional attention biases.
 TEST(HfFamilies, MistralInitFromTransformersGivesItsLossOnEveryMesh) {
   expect_transformers_loss_on_every_mesh("mistral");
 }
@@ -185,14 +211,20 @@ TEST(HfFamilies, AMistralWindowShorterThanTheSequenceIsRefusedNamingBoth) {
   fs::remove_all(dir);
 }
 
+// Qwen3's head_dim is its own field (128 in Qwen3-0.6B's 1024 / 16 heads) and is built as given;
+// one rotary cannot halve, or not a positive integer, is refused by name; so are Qwen3's optional
+// attention biases.
 TEST(HfFamilies, Qwen3ConfigsShardwiseCannotBuildAreRefusedByName) {
   const fs::path dir = fs::temp_directory_path() / "sw_qwen3_configs";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const nlohmann::json base = fixture_config("qwen3");
-  EXPECT_TRUE(config_refused(dir, base, "head_dim", 16));
-  EXPECT_TRUE(config_refused(dir, base, "attention_bias", true));
+  EXPECT_FALSE(config_refused(dir, base, "head_dim", 16));
   EXPECT_FALSE(config_refused(dir, base, "head_dim", 8));
+  EXPECT_EQ(read_model_config(dir).head_size(), 8);
+  EXPECT_TRUE(config_refused(dir, base, "head_dim", 0));
+  EXPECT_TRUE(config_refused(dir, base, "head_dim", 15));
+  EXPECT_TRUE(config_refused(dir, base, "attention_bias", true));
   fs::remove_all(dir);
 }
 

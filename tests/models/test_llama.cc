@@ -138,7 +138,7 @@ TEST(Llama, ConfigurationsItCannotBuildAreRefusedNamingTheField) {
   EXPECT_NE(message(c).find("3 key/value heads must divide the 4 attention heads"), std::string::npos) << message(c);
   c = llama_test_config("dp=1");
   c.model.hidden = 12;  // head dim 3
-  EXPECT_NE(message(c).find("head dim 3 (hidden 12 / 4 heads) must be even"), std::string::npos) << message(c);
+  EXPECT_NE(message(c).find("head dim 3 (head_dim, or hidden 12 / 4 heads) must be even"), std::string::npos) << message(c);
   c = llama_test_config("dp=1");
   c.model.model_type = "mistral";
   EXPECT_NE(message(c).find("model 'mistral' is not one shardwise builds (gpt2, llama)"), std::string::npos);

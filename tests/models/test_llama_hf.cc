@@ -113,7 +113,8 @@ TEST(LlamaHf, LlamaConfigsShardwiseCannotBuildExactlyAreRefused) {
   EXPECT_TRUE(refused("attention_bias", true));
   EXPECT_TRUE(refused("mlp_bias", true));
   EXPECT_TRUE(refused("hidden_act", "gelu"));
-  EXPECT_TRUE(refused("head_dim", 8));
+  EXPECT_TRUE(refused("head_dim", 3));  // odd: rotary halves the head (8, not hidden / heads, is built)
+  EXPECT_FALSE(refused("head_dim", 8));
   EXPECT_TRUE(refused("rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}}));
   EXPECT_TRUE(refused("num_key_value_heads", 3));  // does not divide 4 heads
   EXPECT_FALSE(refused("head_dim", 4));

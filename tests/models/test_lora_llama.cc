@@ -3,7 +3,8 @@
 // adapters' gradients and losses on dp=2 x tp=2, tp=4 (k/v replicated over tp), tp=2 + sp and
 // pp=2 equal the single-rank run's; the base stays bit-identical and holds no optimizer state; the
 // adapters shard like their base weights; recompute keeps the frozen weights frozen; PEFT's
-// default targets and all-linear; a Qwen2 (q/k/v biases) and a Qwen3 (q/k norms); a MoE model
+// default targets and all-linear; a Qwen2 (q/k/v biases) and a Qwen3 (q/k norms, and one whose
+// head_dim is not hidden / heads); a MoE model
 // adapts its attention and refuses targets inside its MoE blocks.
 #include <gtest/gtest.h>
 
@@ -162,6 +163,26 @@ TEST(LoraLlama, Qwen2BiasesAndQwen3NormsFollowTheSingleRankRun) {
   c.model.family = "qwen3";
   EXPECT_NE(error_of(c).find("--lora-targets 'q_norm' names 'model.layers.0.self_attn.q_norm', which LoRA does not "
                              "adapt here"), std::string::npos) << error_of(c);
+}
+
+// A Qwen3 whose head_dim 16 is not hidden / heads (32 / 4): the q_proj adapter's B is [heads x
+// head_dim, r] and o_proj's A [r, heads x head_dim], and dp=2 x tp=2 follows the single-rank run.
+TEST(LoraLlama, Qwen3WithHeadDimAdaptsItsWiderProjections) {
+  TrainConfig c = llama_lora("dp=1");
+  c.model.family = "qwen3";
+  c.model.head_dim = 16;
+  const LoraRun ref = run_lora(c);
+  EXPECT_EQ(ref.grads[0].at("model.layers.0.self_attn.q_proj.lora_B.weight").shape(), (Shape{64, kRank}));
+  EXPECT_EQ(ref.grads[0].at("model.layers.0.self_attn.o_proj.lora_A.weight").shape(), (Shape{kRank, 64}));
+  EXPECT_EQ(ref.grads[0].at("model.layers.0.self_attn.k_proj.lora_B.weight").shape(), (Shape{32, kRank}));
+  // The adapter files (PEFT's keys, lora_key_map) store every adapter as the graph holds it.
+  const ckpt::KeyMap keys = lora_key_map(c.model);
+  for (const auto& [name, grad] : ref.grads[0]) {
+    ASSERT_EQ(keys.placements(name).size(), 1u) << name;
+    EXPECT_EQ(keys.placements(name)[0].key_shape, grad.shape()) << name;
+  }
+  c.parallel.mesh = "dp=2,tp=2";
+  expect_same(run_lora(c), ref, "qwen3 head_dim 16");
 }
 
 TrainConfig moe_lora(const std::string& mesh, std::vector<std::string> targets = {"all-linear"}) {

@@ -70,6 +70,7 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
              "--{} contradicts --init-from {}, whose config.json has tie_word_embeddings {}",
              m.tie_word_embeddings ? "tied-head" : "untied-head", o.checkpoint.init_from, saved.tie_word_embeddings);
     m.tie_word_embeddings = saved.tie_word_embeddings;
+    m.head_dim = saved.head_dim;  // no option: a head_dim other than hidden / heads comes from config.json only
     if (saved.experts > 0) {  // the MoE layers (shardwise_mixtral's mlp_only_layers name the dense ones)
       auto moe_layers = [&](const train::GptConfig& g) {
         std::vector<int64_t> out;

@@ -48,7 +48,7 @@ graph::ValueId dropout_at(graph::Graph& g, const GptConfig& c, bool training, gr
 
 graph::ValueId unfused_attention(graph::Graph& g, const GptConfig& c, bool training, graph::ValueId q, graph::ValueId k,
                                  graph::ValueId v, graph::ValueId mask, const std::string& prefix, bool selective) {
-  auto q_scaled = g.scale(q, 1.0 / std::sqrt(static_cast<double>(c.hidden / c.heads)), 0.0, prefix + ".q.scaled");
+  auto q_scaled = g.scale(q, 1.0 / std::sqrt(static_cast<double>(c.head_size())), 0.0, prefix + ".q.scaled");
   if (selective) g.begin_segment();
   auto scores = g.matmul(q_scaled, k, true, prefix + ".scores");
   auto masked = g.add(scores, mask, prefix + ".masked");
@@ -61,7 +61,7 @@ graph::ValueId unfused_attention(graph::Graph& g, const GptConfig& c, bool train
 graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool training, graph::ValueId q, graph::ValueId k,
                                graph::ValueId v, graph::ValueId doc, const std::string& name,
                                const std::string& dropout_site) {
-  Attrs a{{"scale", 1.0 / std::sqrt(static_cast<double>(c.hidden / c.heads))}};
+  Attrs a{{"scale", 1.0 / std::sqrt(static_cast<double>(c.head_size()))}};
   if (training && c.dropout > 0) {
     a.set("p", c.dropout);
     a.set("seed", static_cast<int64_t>(c.dropout_seed));

@@ -40,6 +40,7 @@ struct GptConfig {
   // Llama's; GPT-2 ignores them (its MLP is 4 x hidden) but refuses an untied head (validate).
   std::string model_type = "gpt2";
   int64_t kv_heads = 0;           // key/value heads, dividing heads (0: as many as heads)
+  int64_t head_dim = 0;           // each attention head's width (0: hidden / heads; Qwen3 checkpoints set it)
   int64_t intermediate_size = 0;  // the SwiGLU MLP's width (0: 4 x hidden)
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
@@ -82,6 +83,7 @@ struct GptConfig {
   bool head_grads_in_forward = true;
   bool is_llama() const { return model_type == "llama"; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : hidden / heads; }
   int64_t mlp_width() const { return intermediate_size > 0 ? intermediate_size : 4 * hidden; }
   // Packed documents (--no-cross-document-attention, packing.h): the graph takes "position_ids"
   // [B, S] (first stage) and "attention_mask" [B, 1, S, S] (every stage) per micro-batch instead of

@@ -161,7 +161,7 @@ DecoderGraph build_gpt_prefill(const GptConfig& c, const Strategy& s, int64_t se
 DecoderGraph build_gpt_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length,
                                    const DecodePart& part) {
   check_decoder_shape(c, s, sequences, cache_length, "a KV cache");
-  const int64_t B = sequences, C = cache_length, HD = c.hidden / c.heads;
+  const int64_t B = sequences, C = cache_length, HD = c.head_size();
   DecoderGraph out;
   out.sequences = B, out.length = C;
   graph::Graph& g = out.g;

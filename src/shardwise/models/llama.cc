@@ -13,9 +13,10 @@ void validate_llama(const GptConfig& c) {
   const int64_t kv = c.key_value_heads();
   SW_CHECK(kv >= 1 && kv <= c.heads && c.heads % kv == 0,
            "llama: {} key/value heads must divide the {} attention heads (grouped-query attention)", kv, c.heads);
-  SW_CHECK((c.hidden / c.heads) % 2 == 0,
-           "llama: the head dim {} (hidden {} / {} heads) must be even: rotary embeddings rotate its two halves",
-           c.hidden / c.heads, c.hidden, c.heads);
+  SW_CHECK(c.head_dim >= 0, "llama: head_dim must be positive (0: hidden / heads), got {}", c.head_dim);
+  SW_CHECK(c.head_size() % 2 == 0,
+           "llama: the head dim {} (head_dim, or hidden {} / {} heads) must be even: rotary embeddings rotate its two "
+           "halves", c.head_size(), c.hidden, c.heads);
   SW_CHECK(c.intermediate_size >= 0, "llama: intermediate size must be positive (0: 4 x hidden), got {}",
            c.intermediate_size);
   SW_CHECK(c.rope_theta > 0 && std::isfinite(c.rope_theta), "llama: rope theta must be positive, got {}", c.rope_theta);
@@ -50,7 +51,7 @@ class LlamaBuilder {
  public:
   LlamaBuilder(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, GptGraph& out)
       : c_(c), s_(s), g_(out.g), training_(training), B_(sequences), S_(c.seq), H_(c.hidden), NH_(c.heads),
-        KV_(c.key_value_heads()), HD_(c.hidden / c.heads) {
+        KV_(c.key_value_heads()), HD_(c.head_size()) {
     kv_sharded_ = KV_ % s.tp_size() == 0;
     if (c.lora.enabled()) {
       for (LoraModule& m : lora_modules(c)) lora_[m.path] = std::move(m);
@@ -177,15 +178,15 @@ class LlamaBuilder {
 
   graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
-    auto q = heads(projection(h, p + ".q_proj", H_, false), NH_, p + ".q", true);
+    auto q = heads(projection(h, p + ".q_proj", NH_ * HD_, false), NH_, p + ".q", true);
     auto k = heads(projection(h, p + ".k_proj", kv_width, !kv_sharded_), KV_, p + ".k", true);
     auto v = heads(projection(h, p + ".v_proj", kv_width, !kv_sharded_), KV_, p + ".v", false);
-    if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", H_, H_, false);
+    if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", NH_ * HD_, H_, false);
     k = repeat_kv(k, p + ".k");
     v = repeat_kv(v, p + ".v");
     auto ctx_heads = unfused_attention(g_, c_, training_, q, k, v, mask_, p, selective);
-    auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
-    return linear(ctx, p + ".o_proj", H_, H_, false);
+    auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, NH_ * HD_}, p + ".ctx");
+    return linear(ctx, p + ".o_proj", NH_ * HD_, H_, false);
   }
 
   // Mixtral's block_sparse_moe on the tokens [B * S, H]: the router gate.weight [E, H] replicated,
@@ -263,7 +264,7 @@ class LlamaBuilder {
     auto o = fused_attention(g_, c_, training_, q, k, v, c_.document_mask ? mask_ : -1, p + ".ctx.heads",
                              p + ".dropout");
     if (grouped) o = g_.reshape(o, {B_, NH_, S_, HD_}, p + ".ctx.heads.merged");
-    return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, H_}, p + ".ctx");
+    return g_.reshape(g_.transpose(o, {0, 2, 1, 3}, p + ".ctx.t"), {B_, S_, NH_ * HD_}, p + ".ctx");
   }
 
   graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {

@@ -22,7 +22,7 @@ class LlamaDecoder {
   LlamaDecoder(const GptConfig& c, const Strategy& s, graph::Graph& g, int64_t batch, int64_t tokens,
                const DecodePart& part)
       : c_(c), s_(s), g_(g), B_(batch), T_(tokens), H_(c.hidden), NH_(c.heads), KV_(c.key_value_heads()),
-        HD_(c.hidden / c.heads), kv_sharded_(c.key_value_heads() % s.tp_size() == 0), part_(part) {}
+        HD_(c.head_size()), kv_sharded_(c.key_value_heads() % s.tp_size() == 0), part_(part) {}
 
   void annotate(graph::ValueId v, const std::string& p) {
     if (s_.mesh.ndim() > 0) g_.annotate(v, p);
@@ -44,14 +44,14 @@ class LlamaDecoder {
     for (int64_t l = part_.first_layer; l < part_.end(c_); ++l) {
       const std::string p = fmt::format("model.layers.{}", l), a = p + ".self_attn";
       auto h = rms_norm(x, p + ".input_layernorm");
-      auto q = rotate(normed(heads(projection(h, a + ".q_proj", H_, false), NH_, a + ".q"), a + ".q"), a + ".q");
+      auto q = rotate(normed(heads(projection(h, a + ".q_proj", NH_ * HD_, false), NH_, a + ".q"), a + ".q"), a + ".q");
       auto k = rotate(normed(heads(projection(h, a + ".k_proj", KV_ * HD_, !kv_sharded_), KV_, a + ".k"), a + ".k"),
                       a + ".k");
       auto v = heads(projection(h, a + ".v_proj", KV_ * HD_, !kv_sharded_), KV_, a + ".v");
       auto q_scaled = g_.scale(q, 1.0 / std::sqrt(static_cast<double>(HD_)), 0.0, a + ".q.scaled");
       auto ctx_heads = attend(q_scaled, k, v, l);
-      auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, a + ".ctx.t"), {B_, T_, H_}, a + ".ctx");
-      x = g_.add(x, linear(ctx, a + ".o_proj", H_, H_, false), p + ".attn.residual");
+      auto ctx = g_.reshape(g_.transpose(ctx_heads, {0, 2, 1, 3}, a + ".ctx.t"), {B_, T_, NH_ * HD_}, a + ".ctx");
+      x = g_.add(x, linear(ctx, a + ".o_proj", NH_ * HD_, H_, false), p + ".attn.residual");
       auto m = rms_norm(x, p + ".post_attention_layernorm");
       x = g_.add(x, c_.is_moe_layer(l) ? moe(m, p + ".block_sparse_moe") : mlp(m, p + ".mlp"), p + ".mlp.residual");
     }
@@ -206,7 +206,7 @@ DecoderGraph build_llama_prefill(const GptConfig& c, const Strategy& s, int64_t 
 DecoderGraph build_llama_decode_step(const GptConfig& c, const Strategy& s, int64_t sequences, int64_t cache_length,
                                      const DecodePart& part) {
   check_llama_decoder(c, s, sequences, cache_length, "a KV cache");
-  const int64_t B = sequences, C = cache_length, KV = c.key_value_heads(), HD = c.hidden / c.heads;
+  const int64_t B = sequences, C = cache_length, KV = c.key_value_heads(), HD = c.head_size();
   DecoderGraph out;
   out.sequences = B, out.length = C;
   graph::Graph& g = out.g;

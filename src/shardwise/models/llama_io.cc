@@ -13,7 +13,7 @@ nlohmann::json llama_config_json(const GptConfig& m, DType stored, const Special
                                           {"num_attention_heads", m.heads},
                                           {"num_key_value_heads", m.key_value_heads()},
                                           {"hidden_size", m.hidden},
-                                          {"head_dim", m.hidden / m.heads},
+                                          {"head_dim", m.head_size()},
                                           {"intermediate_size", m.mlp_width()},
                                           {"max_position_embeddings", m.seq},
                                           {"vocab_size", m.vocab},
@@ -84,7 +84,8 @@ nlohmann::json qwen2_config_json(const GptConfig& m, DType stored, const Special
   nlohmann::json j = llama_config_json(m, stored, t);
   for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp", "head_dim"}) j.erase(k);
   const bool qwen3 = qk_norm(m);
-  if (qwen3) j["attention_bias"] = false, j["head_dim"] = m.hidden / m.heads;
+  if (qwen3) j["attention_bias"] = false;
+  if (qwen3 || m.head_dim > 0) j["head_dim"] = m.head_size();  // Qwen2 reads it too when present
   j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
   j["model_type"] = m.family;
   j["use_sliding_window"] = false;
@@ -210,9 +211,12 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
   SW_CHECK(c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
            "'{}': num_key_value_heads = {} must divide num_attention_heads = {} (grouped-query attention)", file,
            c.kv_heads, c.heads);
-  if (j.contains("head_dim") && !j["head_dim"].is_null())
-    refuse_unless(j["head_dim"] == c.hidden / c.heads, "head_dim",
-                  fmt::format("hidden_size / num_attention_heads = {}", c.hidden / c.heads));
+  // LlamaConfig's and Qwen3Config's head_dim: q_proj [heads x head_dim, H], o_proj [H, heads x head_dim].
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    SW_CHECK(j["head_dim"].is_number_integer() && j["head_dim"].get<int64_t>() >= 1,
+             "'{}': head_dim = {} must be a positive integer", file, j["head_dim"].dump());
+    if (j["head_dim"].get<int64_t>() != c.hidden / c.heads) c.head_dim = j["head_dim"].get<int64_t>();
+  }
   c.validate();
   return c;
 }
@@ -250,6 +254,7 @@ std::vector<std::string> model_differences(const GptConfig& saved, const GptConf
   compare("num_attention_heads", saved.heads, mine.heads);
   compare("num_key_value_heads", saved.key_value_heads(), mine.key_value_heads());
   compare("hidden_size", saved.hidden, mine.hidden);
+  compare("head_dim", saved.head_size(), mine.head_size());
   compare("intermediate_size", saved.mlp_width(), mine.mlp_width());
   compare("vocab_size", saved.vocab, mine.vocab);
   compare("tie_word_embeddings", saved.tie_word_embeddings, mine.tie_word_embeddings);

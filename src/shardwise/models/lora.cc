@@ -56,7 +56,7 @@ ModelModules gpt_modules(const GptConfig& c) {
 }
 
 ModelModules llama_modules(const GptConfig& c) {
-  const int64_t H = c.hidden, KV = c.key_value_heads() * (c.hidden / c.heads), I = c.mlp_width();
+  const int64_t H = c.hidden, Q = c.heads * c.head_size(), KV = c.key_value_heads() * c.head_size(), I = c.mlp_width();
   const std::string why = "the targets are the linear layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and "
                           "down_proj (or all-linear)";
   const std::string moe = "a mixture-of-experts block, whose router and experts LoRA does not adapt (transformers' "
@@ -69,8 +69,8 @@ ModelModules llama_modules(const GptConfig& c) {
     auto add = [&](const std::string& name, int64_t in, int64_t n_out, bool column) {
       out.linear.push_back(LoraModule{p + name, in, n_out, column, {p + name}});
     };
-    add("self_attn.q_proj", H, H, true), add("self_attn.k_proj", H, KV, true), add("self_attn.v_proj", H, KV, true);
-    add("self_attn.o_proj", H, H, false);
+    add("self_attn.q_proj", H, Q, true), add("self_attn.k_proj", H, KV, true), add("self_attn.v_proj", H, KV, true);
+    add("self_attn.o_proj", Q, H, false);
     for (const char* norm : {"input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"})
       out.others.emplace_back(p + norm, why);
     if (!c.is_moe_layer(layer)) {

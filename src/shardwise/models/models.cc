@@ -67,13 +67,18 @@ std::map<std::string, Tensor> model_constants(const GptConfig& c) {
 double parameter_count(const GptConfig& m) {
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab), L = static_cast<double>(m.layers);
   if (!m.is_llama()) return L * (12 * h * h + 13 * h) + V * h + static_cast<double>(m.seq) * h + 2 * h;
-  const double kv = static_cast<double>(m.key_value_heads() * (m.hidden / m.heads)), I = static_cast<double>(m.mlp_width());
+  const double q = static_cast<double>(m.heads * m.head_size()), kv = static_cast<double>(m.key_value_heads() * m.head_size());
+  const double I = static_cast<double>(m.mlp_width());
   // An MoE layer's MLP: the router [E, H], the stacked experts' w1, w3 [E, I, H] and w2 [E, H, I],
   // and a shared expert of width W (gate, up, down) with its gate [1, H]; a dense layer's: 3 H I.
   const double E = static_cast<double>(m.experts), W = static_cast<double>(m.shared_expert_width);
   const double moe_mlp = E * h + 3 * E * I * h + (W > 0 ? 3 * h * W + h : 0);
   double total = V * h * (m.tie_word_embeddings ? 1 : 2) + h;
-  for (int64_t l = 0; l < m.layers; ++l) total += 2 * h * h + 2 * h * kv + 2 * h + (m.is_moe_layer(l) ? moe_mlp : 3 * h * I);
+  // Besides the two RMSNorms, Qwen3's q/k norms [head_dim] and Qwen2's q/k/v biases.
+  const double norms = 2 * h + (qk_norm(m) ? 2 * static_cast<double>(m.head_size()) : 0) +
+                       (m.qkv_bias() ? q + 2 * kv : 0);
+  for (int64_t l = 0; l < m.layers; ++l)
+    total += 2 * h * q + 2 * h * kv + norms + (m.is_moe_layer(l) ? moe_mlp : 3 * h * I);
   return total;
 }
 
