@@ -18,6 +18,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using shardwise_cli_test::run;
+using shardwise_cli_test::TempDir;
+using shardwise_cli_test::metrics_losses;
 
 const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf";
 
@@ -308,3 +310,52 @@ TEST(CliLlama, TheLlamaTinyExampleTokenizesTrainsAndGeneratesText) {
 }
 
 }  // namespace
+
+namespace {
+
+// The shape of `key` in a safetensors file's header.
+std::vector<int64_t> stored_shape(const fs::path& file, const std::string& key) {
+  std::ifstream in(file, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(n));
+  return nlohmann::json::parse(header).at(key).at("shape").get<std::vector<int64_t>>();
+}
+
+}  // namespace
+
+// --head-dim: a Llama whose heads are not hidden / heads wide (as Qwen3's are) trains from scratch,
+// saves q_proj [heads x head-dim, hidden] and head_dim in config.json, and --init-from takes it
+// from there. An explicit head-dim equal to hidden / heads is the same model bit for bit.
+TEST(CliLlama, AHeadDimOfItsOwnTrainsSavesAndInitsFrom) {
+  TempDir d("head-dim");
+  const std::string base = "train --model llama --layers 1 --heads 4 --kv-heads 2 --vocab 128 --seq 10 --digits 2 "
+                           "--steps 2 --global-batch 4 --mesh dp=2 --eval-every 0 --progress none --run-dir ";
+  auto r = run(base + (d.path / "wide").string() + " --hidden 48 --head-dim 16 --save-every 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path ckpt = d.path / "wide" / "checkpoints" / "checkpoint-2";
+  std::ifstream config(ckpt / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(config)["head_dim"], 16);
+  EXPECT_EQ(stored_shape(ckpt / "model-00001-of-00001.safetensors", "model.layers.0.self_attn.q_proj.weight"),
+            (std::vector<int64_t>{64, 48}));
+  EXPECT_EQ(stored_shape(ckpt / "model-00001-of-00001.safetensors", "model.layers.0.self_attn.k_proj.weight"),
+            (std::vector<int64_t>{32, 48}));
+  EXPECT_EQ(stored_shape(ckpt / "model-00001-of-00001.safetensors", "model.layers.0.self_attn.o_proj.weight"),
+            (std::vector<int64_t>{48, 64}));
+  const std::string from = "train --init-from " + ckpt.string() + " --steps 1 --global-batch 4 --seq 10 --digits 2 "
+                           "--mesh tp=2 --eval-every 0 --progress none --run-dir ";
+  r = run(from + (d.path / "again").string());
+  EXPECT_EQ(r.status, 0) << r.out;
+  r = run(from + (d.path / "other").string() + " --head-dim 8");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--head-dim 8 contradicts --init-from"), std::string::npos) << r.out;
+  r = run(base + (d.path / "plain").string() + " --hidden 64");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(base + (d.path / "explicit").string() + " --hidden 64 --head-dim 16");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(metrics_losses(d.path / "explicit" / "metrics.jsonl"), metrics_losses(d.path / "plain" / "metrics.jsonl"));
+  r = run("train --head-dim 16 --steps 1 --mesh dp=1 --progress none");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--head-dim 16: GPT-2's heads are hidden / heads wide"), std::string::npos) << r.out;
+}

@@ -36,7 +36,7 @@ const std::map<std::string, std::string>& values() {
   static const std::string fables = std::string(SHARDWISE_SOURCE_DIR) + "/tests/data/fables.txt";
   static const std::map<std::string, std::string> v = {
       {"model", "llama"}, {"layers", "3"}, {"heads", "2"}, {"hidden", "64"}, {"seq", "32"}, {"vocab", "256"},
-      {"kv-heads", "2"}, {"intermediate-size", "96"}, {"tied-head", "--untied-head"}, {"rope-theta", "500000"},
+      {"kv-heads", "2"}, {"head-dim", "16"}, {"intermediate-size", "96"}, {"tied-head", "--untied-head"}, {"rope-theta", "500000"},
       {"rms-norm-eps", "1e-5"}, {"experts", "4"}, {"top-k", "1"}, {"moe-layers", "1"}, {"aux-loss", "0.01"},
       {"aux-loss-scope", "model"}, {"router-z-loss", "0.001"}, {"capacity-factor", "1.5"}, {"router", "sigmoid"},
       {"shared-expert-width", "32"}, {"dropout", "0.1"}, {"bf16", ""}, {"recompute", "full"},

@@ -70,7 +70,10 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
              "--{} contradicts --init-from {}, whose config.json has tie_word_embeddings {}",
              m.tie_word_embeddings ? "tied-head" : "untied-head", o.checkpoint.init_from, saved.tie_word_embeddings);
     m.tie_word_embeddings = saved.tie_word_embeddings;
-    m.head_dim = saved.head_dim;  // no option: a head_dim other than hidden / heads comes from config.json only
+    SW_CHECK(cmd.count("--head-dim") == 0 || m.head_dim == saved.head_size() || m.head_dim == saved.head_dim,
+             "--head-dim {} contradicts --init-from {}, whose config.json has head_dim {}: leave the option out (the "
+             "model comes from the directory)", m.head_dim, o.checkpoint.init_from, saved.head_size());
+    m.head_dim = saved.head_dim;
     if (saved.experts > 0) {  // the MoE layers (shardwise_mixtral's mlp_only_layers name the dense ones)
       auto moe_layers = [&](const train::GptConfig& g) {
         std::vector<int64_t> out;

@@ -11,7 +11,7 @@ namespace shardwise::cli {
 const std::vector<OptionSection>& train_option_sections() {
   static const std::vector<OptionSection> sections = {
       {"model", "Model",
-       {"model", "layers", "heads", "hidden", "seq", "vocab", "kv-heads", "intermediate-size", "tied-head", "rope-theta",
+       {"model", "layers", "heads", "hidden", "seq", "vocab", "kv-heads", "head-dim", "intermediate-size", "tied-head", "rope-theta",
         "rms-norm-eps", "experts", "top-k", "moe-layers", "aux-loss", "aux-loss-scope", "router-z-loss",
         "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "recompute", "recompute-layers",
         "attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},

@@ -21,6 +21,8 @@ void GptConfig::validate() const {
   if (is_llama()) validate_llama(*this);
   SW_CHECK(tie_word_embeddings || is_llama(), "--untied-head: GPT-2's LM head is the token embedding (wte), as in "
            "transformers' GPT2LMHeadModel; a separate lm_head.weight is built for --model llama only");
+  SW_CHECK(head_dim == 0 || is_llama(), "--head-dim {}: GPT-2's heads are hidden / heads wide (transformers' GPT2 "
+           "has no head_dim); a head width of its own is built for --model llama only", head_dim);
   SW_CHECK(experts == 0 || is_llama(), "--experts {}: mixture-of-experts layers are built for --model llama only",
            experts);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
