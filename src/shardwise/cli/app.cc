@@ -157,9 +157,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--vocab", c.model.vocab,
                 "vocabulary size (default with --data: the tokenizer's or the data's, rounded up to a multiple of 64)");
   t->add_option("--kv-heads", c.model.kv_heads, "llama: key/value heads, dividing --heads (0: as many as --heads)");
-  t->add_option("--head-dim", c.model.head_dim,
-                "llama: the width of each attention head, q_proj [heads x head-dim, hidden] (0: hidden / heads; Qwen3 "
-                "sets its own)");
+  t->add_option("--head-dim", c.model.head_dim, "llama: each attention head's width (0: hidden / heads; Qwen3 sets its own)");
   t->add_option("--intermediate-size", c.model.intermediate_size, "llama: the SwiGLU MLP's width (0: 4 x hidden)");
   t->add_option("--experts", c.model.experts,
                 "llama: experts per MoE MLP (Mixtral's block_sparse_moe; 0: dense MLPs); split over an ep mesh dim");
