@@ -75,15 +75,10 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
              "model comes from the directory)", m.head_dim, o.checkpoint.init_from, saved.head_size());
     m.head_dim = saved.head_dim;
     if (saved.experts > 0) {  // the MoE layers (shardwise_mixtral's mlp_only_layers name the dense ones)
-      auto moe_layers = [&](const train::GptConfig& g) {
-        std::vector<int64_t> out;
-        for (int64_t l = 0; l < g.layers; ++l)
-          if (g.is_moe_layer(l)) out.push_back(l);
-        return out;
-      };
-      SW_CHECK(cmd.count("--moe-layers") == 0 || moe_layers(m) == moe_layers(saved),
+      SW_CHECK(cmd.count("--moe-layers") == 0 || train::moe_layer_list(m) == train::moe_layer_list(saved),
                "--moe-layers {} contradicts --init-from {}, whose config.json has MoE layers {}: leave the option out",
-               fmt::join(moe_layers(m), ","), o.checkpoint.init_from, fmt::join(moe_layers(saved), ","));
+               fmt::join(train::moe_layer_list(m), ","), o.checkpoint.init_from,
+               fmt::join(train::moe_layer_list(saved), ","));
       m.moe_layers = saved.moe_layers;
     }
     m.rope_theta = saved.rope_theta;

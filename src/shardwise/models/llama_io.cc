@@ -221,14 +221,14 @@ GptConfig read_llama_config(const nlohmann::json& j, const std::string& file) {
   return c;
 }
 
-namespace {
-
 std::vector<int64_t> moe_layer_list(const GptConfig& c) {
   std::vector<int64_t> out;
   for (int64_t l = 0; l < c.layers; ++l)
     if (c.is_moe_layer(l)) out.push_back(l);
   return out;
 }
+
+namespace {
 
 }  // namespace
 

@@ -84,6 +84,8 @@ nlohmann::json generation_config_json(const GptConfig& config, const SpecialToke
 GptConfig read_model_config(const ckpt::fs::path& dir);
 // A LlamaConfig's fields (`file` names it in errors); max_position_embeddings gives `seq`.
 GptConfig read_llama_config(const nlohmann::json& config, const std::string& file);
+// The indices of `config`'s MoE layers, in order (none without experts).
+std::vector<int64_t> moe_layer_list(const GptConfig& config);
 // What makes a model directory (`saved`) another model than the run's, each as "<config.json
 // field> <directory's> (directory) vs <run's> (this run)"; empty when the weights fit. A Llama run
 // may train on sequences shorter than the directory's max_position_embeddings.

@@ -12,7 +12,7 @@ MoeTraffic moe_traffic(const TrainConfig& c) {
   MoeTraffic t;
   const GptConfig& m = c.model;
   if (!m.is_llama() || m.experts == 0) return t;
-  for (int64_t l = 0; l < m.layers; ++l) t.moe_layers += m.is_moe_layer(l) ? 1 : 0;
+  t.moe_layers = static_cast<int64_t>(moe_layer_list(m).size());
   const Strategy s = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel);
   t.micro_batches = c.optimizer.accumulation;
   t.ep = s.ep_size();
