@@ -109,12 +109,20 @@ def check_load(shardwise, tmp, name, model, architecture):
     check_generate(shardwise, tmp, loaded, ckpt, f"{name} generate")
 
 
+# Each family's fixture: its constructor and seed, the seed of its token file, transformers' class.
+FAMILIES = {
+    "qwen2": (tiny_qwen2, 17, 9, "Qwen2ForCausalLM"),
+    "qwen3": (tiny_qwen3, 19, 3, "Qwen3ForCausalLM"),
+    "qwen3_hd": (tiny_qwen3_hd, 29, 5, "Qwen3ForCausalLM"),
+    "mistral": (tiny_mistral, 23, 4, "MistralForCausalLM"),
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shardwise")
     ap.add_argument("--golden", help="write the golden files of tests/golden/hf into this directory")
-    ap.add_argument("--only", nargs="+", choices=["qwen2", "qwen3", "qwen3_hd", "mistral"],
-                    default=["qwen2", "qwen3", "qwen3_hd", "mistral"],
+    ap.add_argument("--only", nargs="+", choices=list(FAMILIES), default=list(FAMILIES),
                     help="run (and with --golden, write) these models' checks only")
     a = ap.parse_args()
     transformers.logging.set_verbosity_warning()
@@ -122,22 +130,11 @@ def main():
         os.makedirs(a.golden, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-        if "qwen2" in a.only:
-            model = tiny_qwen2(17)
-            check_init_from(a.shardwise, tmp, a.golden, "qwen2", model, 9)
-            check_load(a.shardwise, tmp, "qwen2", model, "Qwen2ForCausalLM")
-        if "qwen3" in a.only:
-            model = tiny_qwen3(19)
-            check_init_from(a.shardwise, tmp, a.golden, "qwen3", model, 3)
-            check_load(a.shardwise, tmp, "qwen3", model, "Qwen3ForCausalLM")
-        if "qwen3_hd" in a.only:
-            model = tiny_qwen3_hd(29)
-            check_init_from(a.shardwise, tmp, a.golden, "qwen3_hd", model, 5)
-            check_load(a.shardwise, tmp, "qwen3_hd", model, "Qwen3ForCausalLM")
-        if "mistral" in a.only:
-            model = tiny_mistral(23)
-            check_init_from(a.shardwise, tmp, a.golden, "mistral", model, 4)
-            check_load(a.shardwise, tmp, "mistral", model, "MistralForCausalLM")
+        for name, (make, seed, token_seed, cls) in FAMILIES.items():
+            if name in a.only:
+                model = make(seed)
+                check_init_from(a.shardwise, tmp, a.golden, name, model, token_seed)
+                check_load(a.shardwise, tmp, name, model, cls)
     print(f"{' and '.join(a.only)} parity ok")
 
 
