@@ -111,6 +111,22 @@ TEST(CliLlama, BadLlamaOptionsAreRefusedBeforeTraining) {
     EXPECT_NE(r.out.find("--untied-head: GPT-2's LM head is the token embedding (wte)"), std::string::npos)
         << cmd << "\n" << r.out;
   }
+  // Llama's other fields were silently ignored on GPT-2 (the run trained another model than it asked
+  // for): each is refused by name, in train, in plan and with --init-from a GPT-2 directory. A value
+  // GPT-2 has anyway (as many kv heads as heads, n_inner 4 x hidden) is accepted.
+  const std::pair<std::string, std::string> llama_only[] = {
+      {" --kv-heads 1", "--kv-heads 1: GPT-2's attention has as many key/value heads as heads"},
+      {" --intermediate-size 100", "--intermediate-size 100: GPT-2's MLP is 4 x hidden"},
+      {" --rope-theta 500000", "--rope-theta 500000: GPT-2 has learned positions (wpe)"},
+      {" --rms-norm-eps 1e-5", "--rms-norm-eps 1e-05: GPT-2 normalises with LayerNorm"}};
+  for (const std::string& cmd : gpt2)
+    for (const auto& [flag, message] : llama_only) {
+      r = run(cmd + flag);
+      EXPECT_EQ(r.status, 2) << cmd << flag << "\n" << r.out;
+      EXPECT_NE(r.out.find(message), std::string::npos) << cmd << flag << "\n" << r.out;
+    }
+  r = run("plan --mesh dp=1 --heads 4 --kv-heads 4 --hidden 64 --intermediate-size 256");
+  EXPECT_EQ(r.status, 0) << r.out;
 }
 
 // MoE options: bad ones exit 2 naming the value; an ep mesh without experts, experts ep does not

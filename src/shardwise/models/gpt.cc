@@ -9,6 +9,25 @@
 
 namespace shardwise::train {
 
+namespace {
+
+// GPT-2 has no grouped-query attention, SwiGLU width, rotary base or RMSNorm: a run that sets one of
+// Llama's fields on GPT-2 would train another model than it asked for, so it is refused by name.
+void refuse_llama_only_fields(const GptConfig& c) {
+  SW_CHECK(c.kv_heads == 0 || c.kv_heads == c.heads, "--kv-heads {}: GPT-2's attention has as many key/value heads "
+           "as heads ({}); grouped-query attention is built for --model llama only", c.kv_heads, c.heads);
+  SW_CHECK(c.intermediate_size == 0 || c.intermediate_size == 4 * c.hidden, "--intermediate-size {}: GPT-2's MLP is "
+           "4 x hidden = {} wide (transformers' n_inner); an MLP width of its own is built for --model llama only",
+           c.intermediate_size, 4 * c.hidden);
+  const GptConfig defaults;
+  SW_CHECK(c.rope_theta == defaults.rope_theta, "--rope-theta {}: GPT-2 has learned positions (wpe), no rotary "
+           "embedding; rotary positions are built for --model llama only", c.rope_theta);
+  SW_CHECK(c.rms_norm_eps == defaults.rms_norm_eps, "--rms-norm-eps {}: GPT-2 normalises with LayerNorm "
+           "(layer_norm_epsilon {}); RMSNorm is built for --model llama only", c.rms_norm_eps, c.layer_norm_epsilon);
+}
+
+}  // namespace
+
 void GptConfig::validate() const {
   SW_CHECK(layers >= 1, "layers must be at least 1, got {}", layers);
   SW_CHECK(heads >= 1 && hidden >= 1 && hidden % heads == 0,
@@ -25,6 +44,7 @@ void GptConfig::validate() const {
            "has no head_dim); a head width of its own is built for --model llama only", head_dim);
   SW_CHECK(experts == 0 || is_llama(), "--experts {}: mixture-of-experts layers are built for --model llama only",
            experts);
+  if (!is_llama()) refuse_llama_only_fields(*this);
   if (lora.rank != 0) lora_modules(*this);  // LoRA's checks (rank < 0 included)
   SW_CHECK(lm_head == "fused" || lm_head == "unfused", "--lm-head '{}' is not a head (fused, unfused)", lm_head);
   SW_CHECK(recompute == "none" || recompute == "full" || recompute == "selective",

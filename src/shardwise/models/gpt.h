@@ -37,7 +37,7 @@ struct GptConfig {
   uint64_t dropout_seed = 0;
   // The architecture, as Hugging Face's model_type: "gpt2" (this file) or "llama" (llama.h: RMSNorm,
   // rotary positions, a SwiGLU MLP, grouped-query attention, no biases). The fields below are
-  // Llama's; GPT-2 ignores them (its MLP is 4 x hidden) but refuses an untied head (validate).
+  // Llama's; GPT-2 refuses them when set to anything it does not have (validate).
   std::string model_type = "gpt2";
   int64_t kv_heads = 0;           // key/value heads, dividing heads (0: as many as heads)
   int64_t head_dim = 0;           // each attention head's width (0: hidden / heads; Qwen3 checkpoints set it)
