@@ -27,7 +27,8 @@ class FileGroup:
     """A group of ``size`` ranks meeting in a directory every rank sees (comm/file_rendezvous.h):
     for jobs with no MPI and no group object. Every rank constructs one with the same ``dir`` and
     ``size``; one group per directory at a time. A rank that waits longer than ``timeout`` seconds
-    for the others raises CheckpointError naming them."""
+    for the others raises CheckpointError naming them; one waiting for a rank whose process has
+    exited on the same machine raises it within a second."""
 
     def __init__(self, dir, rank, size, timeout=300.0):
         self.dir, self.rank, self.size = str(dir), int(rank), int(size)

@@ -1,7 +1,9 @@
 // The file rendezvous (comm/file_rendezvous.h), ranks as threads: a rank that never arrives is an
 // Error naming it and the directory; files of a crashed earlier run in the same directory are
-// never read; each rank's old files are removed as the calls go on.
+// never read; each rank's old files are removed as the calls go on; a rank whose process exited is
+// an error at once.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,6 +130,65 @@ TEST(FileRendezvous, OldCallsAndReadMessagesAreRemoved) {
   ASSERT_EQ(errors, std::vector<std::string>(3));
   EXPECT_EQ(entries(session), 3u);  // c4-r0, c4-r1, c4-r2
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(fs::exists(session / fmt::format("c4-r{}", r)));
+}
+
+// A rank runs in a child process that joins the group, makes `calls` calls and exits: the parent,
+// waiting with a 60 s timeout, learns of the exit within a second or two, not at the timeout.
+pid_t rank_process(const fs::path& dir, int rank, int size, int calls) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      FileRendezvous f(dir, rank, size, 60s);
+      for (int c = 0; c < calls; ++c) f.all_gather_bytes("x");
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  return pid;
+}
+
+TEST(FileRendezvous, ARankWhoseProcessExitedIsAnErrorAtOnceNamingIt) {
+  Dir dir("exited");
+  const pid_t child = rank_process(dir.path, 1, 2, 0);  // joins, then exits before the first call
+  ASSERT_GT(child, 0);
+  FileRendezvous f(dir.path, 0, 2, 60s);
+  try {  // the child is not reaped yet: it exits, and stays a zombie until the waitpid below
+    f.all_gather_bytes("a");
+    FAIL() << "the call returned without rank 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("call 0: rank 1 (process {} on this machine", child)),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has exited; it will never arrive"), std::string::npos) << e.what();
+  }
+  // The same for a message: a receiver learns that its sender has exited.
+  try {
+    f.recv_bytes(1, 7);
+    FAIL() << "a message came from an exited rank";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has exited before sending message 0 (tag 7"), std::string::npos) << e.what();
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  try {  // and once reaped, the process is gone
+    f.all_gather_bytes("b");
+    FAIL() << "the call returned without rank 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("call 1: rank 1 (process"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FileRendezvous, ARankThatExitsAfterItsCallsLeavesTheOthersTheirResults) {
+  Dir dir("finished");
+  const pid_t child = rank_process(dir.path, 1, 2, 2);
+  ASSERT_GT(child, 0);
+  FileRendezvous f(dir.path, 0, 2, 60s);
+  EXPECT_EQ(f.all_gather_bytes("a"), (std::vector<std::string>{"a", "x"}));
+  EXPECT_EQ(f.all_gather_bytes("b"), (std::vector<std::string>{"b", "x"}));  // written before it exited
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 TEST(FileRendezvous, BadArgumentsAreErrors) {

@@ -1,6 +1,10 @@
 #include "shardwise/comm/file_rendezvous.h"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <climits>
 
 #include <fstream>
 #include <optional>
@@ -54,6 +58,64 @@ std::string random_nonce() {
 
 bool is_rendezvous_file(const std::string& name) { return name.starts_with("rdv-") || name.starts_with(".rdv-"); }
 
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+// What a rank's hello file holds: its nonce, then where it runs ("<nonce> <host> <pid>").
+std::string hello_text(const std::string& nonce) { return fmt::format("{} {} {}", nonce, host_name(), ::getpid()); }
+
+// A rank's process as its hello file told it (an empty host: not known).
+FileRendezvous::Process parse_process(std::istringstream& in) {
+  FileRendezvous::Process p;
+  if (!(in >> p.host >> p.pid)) p = {};
+  return p;
+}
+
+// An exited process its parent has not reaped yet (state Z in /proc/<pid>/stat) still answers kill().
+bool is_zombie(int64_t pid) {
+  std::istringstream stat(read_if_there(fmt::format("/proc/{}/stat", pid)).value_or(""));
+  std::string rest;
+  std::getline(stat, rest);
+  const size_t name_end = rest.rfind(')');  // "<pid> (<command>) <state> ..."; the command may hold spaces
+  return name_end != std::string::npos && name_end + 2 < rest.size() && rest[name_end + 2] == 'Z';
+}
+
+}  // namespace
+
+std::string FileRendezvous::exited_rank(const std::vector<int>& missing) const {
+  static const std::string here = host_name();
+  for (int r : missing) {
+    const Process& p = processes_[static_cast<size_t>(r)];
+    if (p.host != here || p.pid <= 0) continue;  // another machine's process cannot be asked
+    if ((::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH) || is_zombie(p.pid))
+      return fmt::format("rank {} (process {} on this machine, {}) has exited", r, p.pid, here);
+  }
+  return "";
+}
+
+namespace {
+
+// Polls as poll_until does, and once a second asks whether a missing rank's process has exited: a
+// rank that died never arrives, so waiting out the timeout would only delay the error. `missing`
+// is what `ready` left there; returns the exited rank's description, or "" (arrived or timed out).
+template <class Ready>
+std::string poll_while_alive(const FileRendezvous& rdv, Ready&& ready, const std::vector<int>& missing,
+                             Clock::time_point deadline, bool& arrived) {
+  auto next_check = Clock::now() + std::chrono::seconds(1);
+  std::string exited;
+  arrived = poll_until([&] {
+    if (ready()) return true;
+    if (Clock::now() < next_check) return false;
+    next_check = Clock::now() + std::chrono::seconds(1);
+    exited = rdv.exited_rank(missing);
+    return !exited.empty();
+  }, deadline) && exited.empty();
+  return exited;
+}
+
 }  // namespace
 
 FileRendezvous::FileRendezvous(fs::path dir, int rank, int size, std::chrono::milliseconds timeout)
@@ -66,6 +128,7 @@ FileRendezvous::FileRendezvous(fs::path dir, int rank, int size, std::chrono::mi
   fs::create_directories(dir_, ec);
   SW_CHECK(fs::is_directory(dir_), "file rendezvous: cannot create the directory '{}'{}", dir_.string(),
            ec ? ": " + ec.message() : "");
+  processes_.resize(static_cast<size_t>(size_));
   const std::string nonce = random_nonce();
   if (rank_ == 0) open_session(nonce);
   else join_session(nonce);
@@ -86,12 +149,17 @@ void FileRendezvous::open_session(const std::string& nonce) {
   }
   std::vector<std::string> nonces(static_cast<size_t>(size_));
   nonces[0] = nonce;
+  processes_[0] = {host_name(), ::getpid()};
   std::vector<int> missing;
   bool all = poll_until([&] {
     missing.clear();
     for (int r = 1; r < size_; ++r) {
       auto& n = nonces[static_cast<size_t>(r)];
-      if (n.empty()) n = read_if_there(dir_ / fmt::format("rdv-hello-{}", r)).value_or("");
+      if (n.empty()) {
+        std::istringstream hello(read_if_there(dir_ / fmt::format("rdv-hello-{}", r)).value_or(""));
+        hello >> n;
+        processes_[static_cast<size_t>(r)] = parse_process(hello);
+      }
       if (n.empty()) missing.push_back(r);
     }
     return missing.empty();
@@ -101,21 +169,31 @@ void FileRendezvous::open_session(const std::string& nonce) {
            fmt::join(missing, ", "), size_, timeout_.count());
   session_dir_ = dir_ / ("rdv-" + nonce);
   fs::create_directory(session_dir_);
-  write_atomic(dir_ / "rdv-session", fmt::format("{}\n{}\n", nonce, fmt::join(nonces, " ")));
+  std::string where;
+  for (const Process& p : processes_) where += fmt::format("{} {}\n", p.host.empty() ? "?" : p.host, p.pid);
+  write_atomic(dir_ / "rdv-session", fmt::format("{}\n{}\n{}", nonce, fmt::join(nonces, " "), where));
 }
 
 void FileRendezvous::join_session(const std::string& nonce) {
   const fs::path hello = dir_ / fmt::format("rdv-hello-{}", rank_);
+  const std::string mine = hello_text(nonce);
   std::string session;
   bool joined = poll_until([&] {
     // Again when rank 0's clean-up removed it (or its temporary file midway), or a stale one is there.
-    if (read_if_there(hello) != nonce) write_file_atomically(hello, nonce);
+    if (read_if_there(hello) != mine) write_file_atomically(hello, mine);
     std::istringstream in(read_if_there(dir_ / "rdv-session").value_or(""));
-    std::string id, n;
+    std::string id, line, n;
     std::vector<std::string> nonces;
-    in >> id;
-    while (in >> n) nonces.push_back(n);
+    std::getline(in, id);
+    std::getline(in, line);
+    std::istringstream nonce_line(line);
+    while (nonce_line >> n) nonces.push_back(n);
     if (static_cast<int>(nonces.size()) != size_ || nonces[static_cast<size_t>(rank_)] != nonce) return false;
+    for (Process& p : processes_) {  // where each rank runs (a line each)
+      std::getline(in, line);
+      std::istringstream where(line);
+      p = parse_process(where);
+    }
     session = id;
     return true;
   }, Clock::now() + timeout_);
@@ -134,7 +212,8 @@ std::vector<std::string> FileRendezvous::all_gather_bytes(std::string_view mine)
   std::vector<std::optional<std::string>> got(static_cast<size_t>(size_));
   got[static_cast<size_t>(rank_)] = std::string(mine);
   std::vector<int> missing;
-  bool all = poll_until([&] {
+  bool all = false;
+  const std::string exited = poll_while_alive(*this, [&] {
     missing.clear();
     for (int r = 0; r < size_; ++r) {
       auto& g = got[static_cast<size_t>(r)];
@@ -142,7 +221,9 @@ std::vector<std::string> FileRendezvous::all_gather_bytes(std::string_view mine)
       if (!g) missing.push_back(r);
     }
     return missing.empty();
-  }, Clock::now() + timeout_);
+  }, missing, Clock::now() + timeout_, all);
+  SW_CHECK(exited.empty(), "{}: call {}: {}; it will never arrive (no c{}-r<rank> file from it in '{}')", describe(),
+           call, exited, call, session_dir_.string());
   SW_CHECK(all, "{}: call {}: rank(s) {} did not arrive within {} ms (no c{}-r<rank> file from them in '{}')",
            describe(), call, fmt::join(missing, ", "), timeout_.count(), call, session_dir_.string());
   if (call > 0) {  // every rank has read it: each wrote this call's file after reading the last call's
@@ -175,7 +256,12 @@ std::string FileRendezvous::recv_bytes(int peer, int tag) {
   }
   const fs::path path = session_dir_ / fmt::format("m{}-{}-t{}-{}", peer, rank_, tag, n);
   std::optional<std::string> got;
-  bool arrived = poll_until([&] { return (got = read_if_there(path)).has_value(); }, Clock::now() + timeout_);
+  bool arrived = false;
+  const std::vector<int> sender = {peer};
+  const std::string exited = poll_while_alive(*this, [&] { return (got = read_if_there(path)).has_value(); }, sender,
+                                              Clock::now() + timeout_, arrived);
+  SW_CHECK(exited.empty(), "{}: {} before sending message {} (tag {}; '{}' is missing)", describe(), exited, n, tag,
+           path.string());
   SW_CHECK(arrived, "{}: rank {} sent no message {} (tag {}) within {} ms ('{}' is missing)", describe(), peer, n, tag,
            timeout_.count(), path.string());
   std::error_code ec;

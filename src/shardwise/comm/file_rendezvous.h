@@ -19,12 +19,19 @@
 // One rendezvous at a time per directory (two would remove each other's files): give each group
 // (or an AsyncSaver's own rendezvous) a directory of its own.
 // Timeouts: a call that waits longer than `timeout` for a rank is an Error naming the ranks that
-// did not arrive and the directory; every rank that waits raises one.
+// did not arrive and the directory; every rank that waits raises one. A rank whose process has
+// exited is an Error at once (within a second), not at the timeout: each hello file and the
+// session file say where every rank runs (host name and process id), and a waiting rank asks
+// the system (kill(pid, 0)) about each missing rank on its own machine; a rank on another machine
+// is waited for until the timeout.
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "shardwise/comm/byte_exchange.h"
 
@@ -46,12 +53,21 @@ class FileRendezvous final : public ByteExchange {
   std::string describe() const override;
   // The session's directory (tests).
   const std::filesystem::path& session_dir() const { return session_dir_; }
+  // Where a rank runs, as its hello file said (an empty host: not known).
+  struct Process {
+    std::string host;
+    int64_t pid = 0;
+  };
+  // "rank R (process P on this machine, HOST) has exited" for the first of `ranks` whose process
+  // runs on this machine and is gone; "" when none is known to be gone.
+  std::string exited_rank(const std::vector<int>& ranks) const;
 
  private:
   std::filesystem::path dir_, session_dir_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   uint64_t calls_ = 0;
+  std::vector<Process> processes_;  // where each rank runs
   std::mutex messages_mu_;  // the message counters (another thread may send or receive)
   std::map<std::pair<int, int>, uint64_t> sent_, received_;  // (peer, tag) -> messages so far
 
