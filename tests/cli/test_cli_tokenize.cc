@@ -131,6 +131,23 @@ TEST(CliTokenize, GenerateEncodesTextPromptsAndDecodesTheOutput) {
   Result kept = run("generate --checkpoint " + ckpt + " --prompt 'The fox and the crow' --max-new-tokens 5 --json");
   ASSERT_EQ(kept.status, 0) << kept.out;
   EXPECT_EQ(nlohmann::json::parse(kept.out.substr(0, kept.out.find('\n')))["sequences"][0]["prompt_ids"], want);
+  // generation_config.json's eos list ends a sequence even where the tokenizer's eos (2) is another
+  // id, as in transformers' generate (the tokenizer's eos used to win and the list was not read).
+  const std::string again = "generate --checkpoint " + ckpt + " --prompt 'The fox and the crow' --max-new-tokens 8 --json";
+  Result free_run = run(again + " --eos-id -1");
+  ASSERT_EQ(free_run.status, 0) << free_run.out;
+  const std::vector<int64_t> all =
+      nlohmann::json::parse(free_run.out.substr(0, free_run.out.find('\n')))["sequences"][0]["new_ids"];
+  ASSERT_EQ(all.size(), 8u);
+  ASSERT_NE(all[0], 2);  // the list names the first new token and an id that is not the tokenizer's eos
+  const int64_t other = all[0] == 3 ? 4 : 3;
+  nlohmann::json gen = nlohmann::json::parse(slurp(fs::path(ckpt) / "generation_config.json"));
+  gen["eos_token_id"] = {other, all[0]};
+  std::ofstream(fs::path(ckpt) / "generation_config.json") << gen.dump();
+  Result listed = run(again);
+  ASSERT_EQ(listed.status, 0) << listed.out;
+  EXPECT_EQ(nlohmann::json::parse(listed.out.substr(0, listed.out.find('\n')))["sequences"][0]["new_ids"],
+            std::vector<int64_t>{all[0]});
   // Without any tokenizer a 512-token model takes ids only; a tokenizer larger than the model is refused.
   fs::copy(ckpt, d / "bare", fs::copy_options::recursive);
   fs::remove(d / "bare" / "tokenizer.model");

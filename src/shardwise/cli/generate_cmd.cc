@@ -117,20 +117,24 @@ std::vector<std::vector<int64_t>> collect_prompts(const GenerateOptions& o, cons
   return prompts;
 }
 
-// --eos-id, else the tokenizer's eos, else generation_config.json's eos_token_id (an id, or a list
-// of ids: each ends a sequence), else none (-1). The first id, then the others.
+// --eos-id, else generation_config.json's eos_token_id (an id, or a list of ids: each ends a
+// sequence; config.json's when there is no generation_config.json), else the tokenizer's eos, else
+// none (-1): the order of transformers' generate, which reads the generation config and never the
+// tokenizer. The first id, then the others.
 std::vector<int64_t> resolve_eos(const GenerateOptions& o, const std::filesystem::path& dir, const TextCodec& codec) {
   if (o.eos_id != kEosFromModel) return {o.eos_id};
-  if (codec.tokenizer && codec.tokenizer->eos_id() >= 0) return {codec.tokenizer->eos_id()};
-  if (!std::filesystem::exists(dir / "generation_config.json")) return {-1};
-  const nlohmann::json j = ckpt::load_json(dir, "generation_config.json").value("eos_token_id", nlohmann::json());
-  if (j.is_number_integer()) return {j.get<int64_t>()};
+  const std::filesystem::path file = dir / (std::filesystem::exists(dir / "generation_config.json")
+                                                ? "generation_config.json" : "config.json");
+  const nlohmann::json j = std::filesystem::exists(file)
+                               ? ckpt::load_json(dir, file.filename().string()).value("eos_token_id", nlohmann::json())
+                               : nlohmann::json();
   std::vector<int64_t> ids;
+  if (j.is_number_integer()) ids.push_back(j.get<int64_t>());
   for (const nlohmann::json& id : j.is_array() ? j : nlohmann::json::array()) {
-    SW_CHECK(id.is_number_integer(), "{}: eos_token_id {} is not a token id or a list of ids",
-             (dir / "generation_config.json").string(), j.dump());
+    SW_CHECK(id.is_number_integer(), "{}: eos_token_id {} is not a token id or a list of ids", file.string(), j.dump());
     ids.push_back(id.get<int64_t>());
   }
+  if (ids.empty() && codec.tokenizer && codec.tokenizer->eos_id() >= 0) ids.push_back(codec.tokenizer->eos_id());
   return ids.empty() ? std::vector<int64_t>{-1} : ids;
 }
 
