@@ -101,11 +101,13 @@ hf-parity: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise
 	$(HF_VENV)/bin/python tools/hf_families.py $(BUILD)/bin/shardwise
 	$(HF_VENV)/bin/python tools/hf_lora_llama.py $(BUILD)/bin/shardwise
+	$(HF_VENV)/bin/python tools/hf_resize_vocab.py $(BUILD)/bin/shardwise
 hf-golden: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python tools/hf_parity.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 	$(HF_VENV)/bin/python tools/hf_mixtral.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 	$(HF_VENV)/bin/python tools/hf_families.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 	$(HF_VENV)/bin/python tools/hf_lora_llama.py $(BUILD)/bin/shardwise --golden tests/golden/hf
+	$(HF_VENV)/bin/python tools/hf_resize_vocab.py $(BUILD)/bin/shardwise --golden tests/golden/hf
 
 # The collectives of the GPT on dp=2 x tp=2, then 1.5-6 minutes of training (examples/demo.toml; README: measured)
 # into runs/demo-<time>, which keeps its last checkpoint, then a few sums answered from it.

@@ -53,7 +53,7 @@ const std::map<std::string, std::string>& values() {
       {"no-prefetch", ""}, {"val-data", fables}, {"val-fraction", "0.1"}, {"val-samples", "8"}, {"digits", "2"},
       {"eval-samples", "16"}, {"save-every", "5"}, {"save-dir", "ckpts"}, {"save-total-limit", "2"},
       {"async-save", ""}, {"save-on-interrupt", ""}, {"max-shard-size", "1GB"}, {"resume", "auto"},
-      {"no-verify-resume", ""}, {"save-model-only", ""}, {"skip-optimizer", ""}, {"init-from", std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/gpt2_tiny"}, {"ignore-keys", "lm_head.*"}, {"lora-from", "adapter-dir"},
+      {"no-verify-resume", ""}, {"save-model-only", ""}, {"skip-optimizer", ""}, {"init-from", std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/gpt2_tiny"}, {"ignore-keys", "lm_head.*"}, {"resize-vocab", "320"}, {"lora-from", "adapter-dir"},
       {"run-dir", "runs/x"}, {"eval-every", "10"}, {"log-every", "2"}, {"progress", "lines"},
       {"loss-axis", "linear"}, {"profile", ""}, {"dry-run", ""}, {"json", ""},
   };
@@ -84,6 +84,8 @@ const std::map<std::string, Context>& contexts() {
       // --init-from takes the model's configuration from the directory's config.json.
       {"init-from", {{}, {"model"}}},
       {"ignore-keys", {{"--init-from", gpt2}, {}}},
+      // --resize-vocab grows the --init-from model's vocabulary (the model's --vocab).
+      {"resize-vocab", {{"--init-from", gpt2}, {"model"}}},
       {"lora-rank", {{"--init-from", gpt2}, {}}},
       {"lora-alpha", {lora, {}}},
       {"lora-targets", {lora, {}}},

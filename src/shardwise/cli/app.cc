@@ -64,6 +64,12 @@ void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
               "or generator state (a --resume of one needs --skip-optimizer)");
   t->add_flag("--skip-optimizer", o.checkpoint.skip_optimizer,
               "--resume: fresh AdamW moments at the checkpoint's step (its moments, if any, are not read)");
+  t->add_option("--init-from", o.checkpoint.init_from,
+                "start from the weights of a model directory (transformers save_pretrained or a shardwise checkpoint): "
+                "fresh optimizer, step 0, the model configuration from its config.json");
+  t->add_option("--ignore-keys", o.checkpoint.ignore_keys, "with --init-from: globs of parameters or file keys not to load")->expected(1, -1);
+  t->add_option("--resize-vocab", o.checkpoint.resize_vocab, "with --init-from: grow the embedding and head to N tokens "
+                "(resize_token_embeddings(N)); default: the ids of the directory's tokenizer, when more")->type_name("N");
 }
 
 }  // namespace
@@ -201,11 +207,6 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
               "<run-dir>/trace.json (Chrome trace format: open it in Perfetto)");
   t->add_option("--max-shard-size", o.checkpoint.max_shard_size, "largest safetensors file of a checkpoint");
   t->add_option("--resume", o.checkpoint.resume, "auto (the newest verified checkpoint of --save-dir) or a checkpoint directory");
-  t->add_option("--init-from", o.checkpoint.init_from,
-                "start from the weights of a model directory (transformers save_pretrained or a shardwise checkpoint): "
-                "fresh optimizer, step 0, the model configuration from its config.json");
-  t->add_option("--ignore-keys", o.checkpoint.ignore_keys, "with --init-from: globs of parameters or file keys not to load")
-      ->expected(1, -1);
   t->add_flag("--no-verify-resume", o.checkpoint.no_verify_resume, "--resume DIR: load without checking sizes and checksums");
   t->add_option("--memory-limit", o.memory_limit,
                 "refuse a run whose estimated peak memory per process exceeds this: auto (the machine's available "

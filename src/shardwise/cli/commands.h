@@ -84,6 +84,7 @@ struct CheckpointOptions {
   bool skip_optimizer = false;    // --resume: fresh AdamW moments at the saved step
   std::string init_from;   // a model directory (shardwise or transformers) whose weights start the run
   std::vector<std::string> ignore_keys;  // --init-from: globs of parameters or file keys not to load
+  int64_t resize_vocab = 0;  // --init-from: grow the vocabulary to this many tokens (0: the tokenizer's, at least)
   std::string lora_from;   // a PEFT adapter directory whose adapters (and LoRA configuration) start the run
   bool operator==(const CheckpointOptions&) const = default;
 };

@@ -34,13 +34,32 @@
 #include "shardwise/models/models.h"
 #include "shardwise/train/run_dir.h"
 #include "shardwise/train/run_guard.h"
+#include "shardwise/train/vocab_resize.h"
 #include "shardwise/core/plural.h"
 
 namespace shardwise::cli {
 
+namespace {
+
+// The vocabulary an --init-from run trains: the directory's vocab_size, grown to the ids of its
+// tokenizer (tokens added to it) or to --resize-vocab N (train/vocab_resize.h); never shrunk.
+int64_t init_from_vocab(const TrainOptions& o, int64_t saved) {
+  const std::string& dir = o.checkpoint.init_from;
+  const int64_t ids = train::tokenizer_ids(dir), asked = o.checkpoint.resize_vocab;
+  if (asked == 0) return std::max(saved, ids);
+  SW_CHECK(asked >= saved, "--resize-vocab {} is below the vocab_size {} of --init-from {}: shrinking the vocabulary is "
+           "refused (it would drop the rows of ids {} to {}); give {} or more", asked, saved, dir, asked, saved - 1, saved);
+  SW_CHECK(asked >= ids, "--resize-vocab {} is below the {} ids of the tokenizer in --init-from {} (its added tokens "
+           "need rows): give {} or more", asked, ids, dir, ids);
+  return asked;
+}
+
+}  // namespace
+
 void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   SW_CHECK(ckpt::fs::is_directory(o.checkpoint.init_from), "--init-from '{}' is not a directory", o.checkpoint.init_from);
   const train::GptConfig saved = train::read_model_config(o.checkpoint.init_from);
+  const int64_t vocab = init_from_vocab(o, saved.vocab);
   train::GptConfig& m = o.config.model;
   SW_CHECK(cmd.count("--model") == 0 || m.model_type == saved.model_type,
            "--model {} contradicts --init-from {}, whose config.json holds a {} model: leave the option out (the "
@@ -49,7 +68,7 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   const bool llama = saved.is_llama();
   std::vector<std::tuple<const char*, int64_t*, int64_t>> fields = {
       {"--layers", &m.layers, saved.layers}, {"--heads", &m.heads, saved.heads}, {"--hidden", &m.hidden, saved.hidden},
-      {"--vocab", &m.vocab, saved.vocab}};
+      {"--vocab", &m.vocab, vocab}};
   if (llama) {
     fields.push_back({"--kv-heads", &m.kv_heads, saved.key_value_heads()});
     fields.push_back({"--intermediate-size", &m.intermediate_size, saved.mlp_width()});
@@ -89,6 +108,7 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   m.layer_norm_epsilon = saved.layer_norm_epsilon;
   m.init_std = saved.init_std;
   o.config.init_token_ids = train::read_stored_token_ids(o.checkpoint.init_from);  // its checkpoints keep them
+  o.config.init_vocab = saved.vocab;
   // The directory's dropout (GPT-2's *_pdrop, Llama's attention_dropout) unless --dropout sets it.
   if (cmd.count("--dropout") == 0) o.config.dropout = train::stored_dropout(o.checkpoint.init_from);
 }
@@ -390,6 +410,10 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
     if (s.report) out << fmt::format("  weights from {} ({} tensors{}); dropout {}\n", o.checkpoint.init_from, n,
                                      o.checkpoint.ignore_keys.empty() ? "" : fmt::format(", skipping {}", fmt::join(o.checkpoint.ignore_keys, " ")),
                                      config.dropout);
+    if (s.report && config.init_vocab > 0 && config.init_vocab < config.model.vocab)
+      out << fmt::format("  vocabulary grown from {} to {} tokens ({}): the added rows drawn around the old rows' "
+                         "mean, as transformers' resize_token_embeddings\n", config.init_vocab, config.model.vocab,
+                         o.checkpoint.resize_vocab > 0 ? "--resize-vocab" : "the tokenizer's added tokens");
   }
   if (!o.checkpoint.lora_from.empty()) {
     const int64_t n = raising(ErrorKind::Checkpoint, [&] { return train::load_adapter(trainer, world, o.checkpoint.lora_from); });

@@ -26,7 +26,7 @@ const std::vector<OptionSection>& train_option_sections() {
         "no-prefetch", "val-data", "val-fraction", "val-samples", "digits", "eval-samples"}},
       {"checkpoint", "Checkpoints",
        {"save-every", "save-dir", "save-total-limit", "async-save", "save-on-interrupt", "max-shard-size", "resume",
-        "no-verify-resume", "save-model-only", "skip-optimizer", "init-from", "ignore-keys", "lora-from"}},
+        "no-verify-resume", "save-model-only", "skip-optimizer", "init-from", "ignore-keys", "resize-vocab", "lora-from"}},
       {"logging", "Logging",
        {"run-dir", "eval-every", "log-every", "progress", "loss-axis", "profile", "dry-run", "json"}},
   };
@@ -118,6 +118,9 @@ void apply_run_sources(CLI::App& cmd, TrainOptions& o, bool lora_needs_base) {
   o.resume_notes = apply_stored_options(cmd, o);  // --resume: the checkpoint's options are the defaults
   o.vocab_given = cmd.count("--vocab") > 0 || !o.checkpoint.init_from.empty();
   o.steps_given = cmd.count("--steps") > 0;
+  SW_CHECK(o.checkpoint.resize_vocab >= 0, "--resize-vocab must be a number of tokens, got {}", o.checkpoint.resize_vocab);
+  SW_CHECK(o.checkpoint.resize_vocab == 0 || !o.checkpoint.init_from.empty(), "--resize-vocab {} grows the vocabulary "
+           "of an --init-from model: a fresh model's is --vocab", o.checkpoint.resize_vocab);
   if (!o.checkpoint.init_from.empty()) apply_init_from(cmd, o);
   apply_lora(cmd, o, lora_needs_base);
 }

@@ -14,6 +14,7 @@
 #include "shardwise/models/model_io.h"
 #include "shardwise/data/tokenizer.h"
 #include "shardwise/train/run_options.h"
+#include "shardwise/train/vocab_resize.h"
 
 namespace shardwise::train {
 namespace {
@@ -348,6 +349,20 @@ void take_moments(ParamState& p, const Tensor& m, const Tensor& v, bool ranged) 
   std::copy(v.data<float>(), v.data<float>() + v.numel(), p.exp_avg_sq.data<float>());
 }
 
+// A grown parameter's (vocab_resize.h) weights as this rank holds them: its block, or under
+// sharding stages 1-2 a bf16 parameter's range of the master.
+Tensor grown_weights(const ckpt::fs::path& dir, const ParamState& p, int64_t old_vocab, const Tensor& added,
+                     int64_t me, ShardedOptimizer* sharded, const std::vector<ParamState>& params) {
+  const mesh::LocalBlock block =
+      mesh::local_block(p.shape, p.dist, p.mesh, p.mesh.coords(p.mesh.rank_index_of_process(me)));
+  Tensor w = grown_block(dir, p.name, old_vocab, added, block.offsets(), block.shape);
+  const std::optional<ckpt::FlatRange> range = weight_range(sharded, params, &p);
+  if (!range) return w;
+  Tensor part(DType::F32, Shape{range->count});
+  std::copy_n(w.data<float>() + range->begin, range->count, part.data<float>());
+  return part;
+}
+
 }  // namespace
 
 void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir, bool skip_optimizer) {
@@ -427,8 +442,16 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
 int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
                         const std::vector<std::string>& ignore_keys) {
   const GptConfig saved = read_model_config(dir), &mine = trainer.config().model;
-  const std::vector<std::string> differ = model_differences(saved, mine);
+  // A vocabulary the run grows (TrainConfig::init_vocab) is the directory's model with more rows.
+  GptConfig grown = saved;
+  if (trainer.config().init_vocab == saved.vocab && mine.vocab > saved.vocab) grown.vocab = mine.vocab;
+  const std::vector<std::string> differ = model_differences(grown, mine);
   SW_CHECK(differ.empty(), "--init-from {} holds another model: {}", dir.string(), fmt::join(differ, ", "));
+  SW_CHECK(grown.vocab == saved.vocab || !mine.lora.enabled(), "--init-from {}: its vocabulary grows from {} to {} "
+           "tokens, and LoRA keeps the embedding frozen, so the added tokens' rows would never train (PEFT trains them "
+           "through modules_to_save, which shardwise's LoRA does not support): fine-tune the whole model", dir.string(),
+           saved.vocab, mine.vocab);
+  const std::map<std::string, Tensor> added = added_vocab_rows(world, dir, saved, grown, trainer.config().optimizer.seed);
   const int64_t me = world.members()[static_cast<size_t>(world.rank())];
   // The model's weights: its parameters (under sharding stages 1-2 a bf16 parameter's range of the
   // master), or with LoRA the frozen base.
@@ -439,6 +462,7 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   // A skipped parameter is not read even when the directory has it.
   const ckpt::KeyMap keys = key_map_for(dir, saved);
   auto skipped = [&](const std::string& name) {
+    if (added.count(name)) return true;  // grown: read below
     for (const std::string& g : ignore_keys) {
       if (::fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
       for (const ckpt::KeyPlacement& p : keys.placements(name))
@@ -450,7 +474,9 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
     if (!skipped(e.name)) all.push_back({e.name, e.shape, DType::F32, e.layout, weight_range(sharded, params, e.mine)});
   }
   std::map<std::string, Tensor> weights;
-  for (auto& [k, t] : load_model_weights(dir, saved, all, me, ignore_keys))
+  std::vector<std::string> unread = ignore_keys;  // and the grown parameters, read by grown_weights
+  for (const auto& [name, rows] : added) unread.push_back(name);
+  for (auto& [k, t] : load_model_weights(dir, saved, all, me, unread))
     if (t.defined()) weights[k] = t;
   for (ParamState& p : params) {
     if (!weights.count(p.name) && !skipped(p.name))
@@ -462,6 +488,7 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   }
   std::set<std::string> stored;  // the file keys read: a fused c_attn is one, stacked experts are many
   for (ParamState& p : params) {
+    if (added.count(p.name)) weights[p.name] = grown_weights(dir, p, saved.vocab, added.at(p.name), me, sharded, params);
     auto it = weights.find(p.name);
     if (it == weights.end()) continue;  // ignored: keeps its initialization
     take_weights(p, it->second, weight_range(sharded, params, &p).has_value());

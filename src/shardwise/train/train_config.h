@@ -114,6 +114,10 @@ struct TrainConfig {
   // and generation_config.json each their own) except those the run sets: a --tokenizer's
   // bos/eos/pad, --eos-id's eos. nullopt: a fresh model (the ids come from the run alone).
   std::optional<StoredTokenIds> init_token_ids;
+  // --init-from: the directory's vocab_size (0: a fresh model). A larger model.vocab grows it for
+  // tokens added to its tokenizer or --resize-vocab (train/vocab_resize.h): init_from_model keeps
+  // the old rows and draws the added ones as transformers' resize_token_embeddings does.
+  int64_t init_vocab = 0;
   ParallelConfig parallel;
   OptimizerConfig optimizer;
   DataConfig data;

@@ -35,6 +35,9 @@ void check_largest_parameter(const GptConfig& m) {
            largest, gib(largest_bytes), gib(physical), m.hidden, m.vocab);
 }
 
+// The option that sets the model's vocabulary: --vocab, or for an --init-from model --resize-vocab.
+const char* vocab_option(const TrainConfig& c) { return c.init_vocab > 0 ? "--resize-vocab" : "--vocab"; }
+
 // --tokenizer, --documents, --eos-id and --no-cross-document-attention against each other and the
 // model; fills the eos id from the tokenizer.
 void check_text_options(TrainConfig& c) {
@@ -44,9 +47,9 @@ void check_text_options(TrainConfig& c) {
     SW_CHECK(c.data.format == "auto", "--tokenizer reads --data as raw text; --data-format {} names a token file "
              "format: leave it out, or drop --tokenizer to read token files", c.data.format);
     const Tokenizer t(c.data.tokenizer);
-    SW_CHECK(t.vocab_size() <= c.model.vocab,
-             "--tokenizer {} has a vocabulary of {} ids; the model's --vocab {} must hold it (use --vocab {} or more)",
-             c.data.tokenizer, t.vocab_size(), c.model.vocab, t.vocab_size());
+    SW_CHECK(t.vocab_size() <= c.model.vocab, "--tokenizer {} has a vocabulary of {} ids; the model's {} {} must hold "
+             "it (use {} {} or more)", c.data.tokenizer, t.vocab_size(), vocab_option(c), c.model.vocab, vocab_option(c),
+             t.vocab_size());
     SW_CHECK(c.data.eos_id < 0 || c.data.eos_id == t.eos_id(),
              "--eos-id {} contradicts --tokenizer {}, which ends documents with its eos id {}: leave --eos-id out",
              c.data.eos_id, c.data.tokenizer, t.eos_id());
@@ -195,8 +198,9 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
 }
 
 void check_vocabulary(const TrainConfig& c, const Dataset& data, const EvenWindows* val) {
-  SW_CHECK(data.vocab_needed() <= c.model.vocab, "{} needs a vocabulary of {} tokens, the model has {} (--vocab)",
-           data.describe(), data.vocab_needed(), c.model.vocab);
+  SW_CHECK(data.vocab_needed() <= c.model.vocab, "{} needs a vocabulary of {} tokens, the model has {} ({}{})",
+           data.describe(), data.vocab_needed(), c.model.vocab, vocab_option(c),
+           c.init_vocab > 0 ? fmt::format(" {} grows an --init-from model's", data.vocab_needed()) : "");
   if (val) {
     SW_CHECK(val->vocab_needed() <= c.model.vocab,
              "--val-data {} needs a vocabulary of {} tokens, the model has {} (--vocab): validation text must use the "
