@@ -4,7 +4,8 @@
 // tools/hf_lora_llama.py loaded each into transformers with PeftModel.from_pretrained (no warning:
 // PEFT's keys and config) and recorded PEFT's loss on the base's token file, and the last logits
 // and greedy tokens of PEFT's merge_and_unload. Here: the adapter gives PEFT's loss on every mesh,
-// and `ckpt lora-merge` gives a model with merge_and_unload's logits and greedy tokens.
+// and `ckpt lora-merge` gives a model with merge_and_unload's logits and greedy tokens. lora_mixtral
+// adapts the experts as PEFT's target_parameters: PEFT's loss on every mesh; lora-merge refuses it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "shardwise/ckpt/safetensors_reader.h"
 #include "shardwise/ckpt/tools.h"
+#include "shardwise/core/error.h"
 #include "shardwise/train/checkpointing.h"
 #include "tests/support/hf_generation.h"
 #include "tests/support/llama_config.h"
@@ -49,6 +51,28 @@ TEST(LoraHfGolden, ShardwisesLlamaAndQwen2AdaptersGivePeftsLossOnEveryMesh) {
     for (const std::string mesh : {"dp=1", "tp=2", "dp=2,tp=2"})
       EXPECT_NEAR(adapted_loss(name, mesh), want, 1e-5 * want) << name << " on " << mesh;
   }
+}
+
+// tests/golden/hf/lora_mixtral: q_proj, v_proj and the experts' fused parameters (PEFT's
+// target_parameters experts.gate_up_proj, experts.down_proj), trained on dp=2 x ep=2.
+TEST(LoraHfGolden, ShardwisesMixtralExpertAdaptersGivePeftsLossOnEveryMeshAndLoraMergeRefusesThem) {
+  const double want = expected("mixtral")["loss"].get<double>();
+  for (const std::string mesh : {"dp=1", "ep=2", "ep=2,tp=2", "dp=2,tp=2", "pp=2"})
+    EXPECT_NEAR(adapted_loss("mixtral", mesh), want, 1e-5 * want) << "mixtral on " << mesh;
+  std::ifstream f(kHfGoldenDir + "/lora_mixtral/adapter_config.json");
+  const nlohmann::json config = nlohmann::json::parse(f);
+  EXPECT_EQ(config["target_parameters"], nlohmann::json({"experts.gate_up_proj", "experts.down_proj"}));
+  EXPECT_EQ(config["target_modules"], nlohmann::json({"q_proj", "v_proj"}));
+  EXPECT_EQ(config["lora_dropout"], 0.0);
+  const fs::path out = fs::temp_directory_path() / "sw_lora_hf_merged_mixtral";
+  try {
+    ckpt::lora_merge(kHfGoldenDir + "/mixtral_tiny", kHfGoldenDir + "/lora_mixtral", out, {});
+    ADD_FAILURE() << "lora-merge merged an expert adapter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("adapts the experts' fused parameters (target_parameters"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out));
 }
 
 TEST(LoraHfGolden, LoraMergeGivesMergeAndUnloadsLogitsAndGreedyTokens) {

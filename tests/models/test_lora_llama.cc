@@ -5,7 +5,8 @@
 // adapters shard like their base weights; recompute keeps the frozen weights frozen; PEFT's
 // default targets and all-linear; a Qwen2 (q/k/v biases) and a Qwen3 (q/k norms, and one whose
 // head_dim is not hidden / heads); a MoE model
-// adapts its attention and refuses targets inside its MoE blocks.
+// adapts its attention and its experts' fused parameters (PEFT's target_parameters) and refuses
+// its router and shared expert.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -193,7 +194,8 @@ TrainConfig moe_lora(const std::string& mesh, std::vector<std::string> targets =
 }
 
 // Layer 1 is a MoE layer: all-linear adapts the attention of both layers and layer 0's dense MLP
-// (transformers' Mixtral experts are fused parameters, not linear layers); ep=2 x tp=2 follows one rank.
+// (transformers' Mixtral experts are fused parameters, not linear layers: PEFT's target_parameters
+// name them, below); ep=2 x tp=2 follows one rank.
 TEST(LoraLlama, AMoeModelAdaptsItsAttentionAndRefusesExpertTargets) {
   const LoraRun ref = run_lora(moe_lora("dp=1"));
   ASSERT_EQ(ref.grads[0].size(), 2u * (4 + 4 + 3));
@@ -201,18 +203,62 @@ TEST(LoraLlama, AMoeModelAdaptsItsAttentionAndRefusesExpertTargets) {
   // The losses (the experts' sums over ep come in another order: gradients differ by ~1e-7).
   const LoraRun ep = run_lora(moe_lora("ep=2,tp=2"), false);
   for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_NEAR(ep.losses[s], ref.losses[s], 1e-5 * ref.losses[s]) << s;
-  for (const char* target : {"experts", "w1", "gate", "gate_up_proj"}) {
+  for (const char* target : {"experts", "w1", "gate", "block_sparse_moe.experts.w2"}) {
     const std::string m = error_of(moe_lora("dp=1", {"q_proj", target}));
     EXPECT_NE(m.find(fmt::format("--lora-targets '{}' names 'model.layers.1.", target)), std::string::npos) << m;
-    EXPECT_NE(m.find("a mixture-of-experts block, whose router and experts LoRA does not adapt"), std::string::npos) << m;
+    EXPECT_NE(m.find("whose router and shared expert LoRA does not adapt"), std::string::npos) << m;
+    EXPECT_NE(m.find("name experts.gate_up_proj and experts.down_proj"), std::string::npos) << m;
   }
-  TrainConfig every = moe_lora("dp=1", {"down_proj"});
-  every.model.moe_layers.clear();  // no dense MLP left: down_proj names the experts' only
-  EXPECT_NE(error_of(every).find("names 'model.layers.0.mlp.experts.down_proj'"), std::string::npos) << error_of(every);
   TrainConfig shared = moe_lora("dp=1");
   shared.model.shared_expert_width = 16;
   EXPECT_NE(error_of(shared).find("--lora-targets all-linear on a model with a shared expert"), std::string::npos)
       << error_of(shared);
+}
+
+// The experts' fused parameters as PEFT's target_parameters (lora.h): A [E r, in] split over ep with
+// the experts, B [out, E r] replicated. The adapters' gradients and losses on ep=2, dp=2 x ep=2 and
+// ep=2 x tp=2 equal the single-rank run's, the experts stay bit-identical, and the adapters have
+// PEFT's keys (gate_up_proj's wrapper nested as base_layer when down_proj is adapted too).
+TEST(LoraLlama, ExpertParametersAsPeftsTargetParametersTrainOnEveryMeshAsOnOneRank) {
+  const std::vector<std::string> targets = {"q_proj", "experts.gate_up_proj", "down_proj"};
+  const LoraRun ref = run_lora(moe_lora("dp=1", targets), true, true);
+  const std::string m = "model.layers.1.mlp.experts";
+  // q_proj's A, B in 2 layers; layer 0's dense down_proj; gate_up's A, B_gate, B_up; the experts' down_proj A, B
+  ASSERT_EQ(ref.grads[0].size(), 2u * 2 + 2 + 3 + 2);
+  EXPECT_EQ(ref.grads[0].count("model.layers.0.mlp.down_proj.lora_A.weight"), 1u);
+  EXPECT_EQ(ref.grads[0].at(m + ".base_layer.lora_A.weight").shape(), (Shape{4 * kRank, 32}));
+  EXPECT_EQ(ref.grads[0].at(m + ".gate_up_proj.up.lora_B.weight").shape(), (Shape{64, 4 * kRank}));
+  EXPECT_EQ(ref.grads[0].at(m + ".lora_A.weight").shape(), (Shape{4 * kRank, 64}));
+  double b_up = 0, a_down = 0;
+  for (int64_t i = 0; i < 64 * 4 * kRank; ++i) {
+    b_up = std::max(b_up, std::abs(ref.grads[0].at(m + ".gate_up_proj.up.lora_B.weight").at(i)));
+    a_down = std::max(a_down, std::abs(ref.grads[1].at(m + ".lora_A.weight").at(i)));
+  }
+  EXPECT_GT(b_up, 0.0);
+  EXPECT_GT(a_down, 0.0);  // B moved at step 1, so A's gradient is not zero at step 2
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (const char* w : {"w1", "w2", "w3"}) {
+    const std::string name = std::string("model.layers.1.block_sparse_moe.experts.") + w;
+    const Tensor &before = ref.frozen_before.at(name), &after = ref.frozen_after.at(name);
+    EXPECT_EQ(std::memcmp(before.raw(), after.raw(), before.nbytes()), 0) << name;
+  }
+  for (const std::string mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2"})
+    expect_same(run_lora(moe_lora(mesh, targets)), ref, mesh);
+  const GptConfig model = moe_lora("dp=1", targets).model;  // down_proj names a module and the experts' parameter
+  EXPECT_EQ(lora_target_modules(model), nlohmann::json({"q_proj", "down_proj"}));
+  EXPECT_EQ(lora_target_parameters(model), nlohmann::json({"experts.gate_up_proj", "down_proj"}));
+  const ckpt::KeyMap keys = lora_key_map(model);
+  const ckpt::KeyPlacement& up = keys.placements(m + ".gate_up_proj.up.lora_B.weight")[0];
+  EXPECT_EQ(up.key, "base_model.model." + m + ".base_layer.lora_B.weight");
+  EXPECT_EQ(up.key_shape, (Shape{128, 4 * kRank}));
+  EXPECT_EQ(up.offset, (std::vector<int64_t>{64, 0}));
+  TrainConfig alone = moe_lora("dp=1", {"experts.down_proj"});
+  EXPECT_EQ(lora_key_map(alone.model).placements(m + ".lora_A.weight")[0].key, "base_model.model." + m + ".lora_A.weight");
+  EXPECT_EQ(lora_target_parameters(alone.model), nlohmann::json({"experts.down_proj"}));
+  EXPECT_EQ(lora_target_modules(alone.model), nlohmann::json::array());
+  alone.model.lora.dropout = 0.1;
+  EXPECT_NE(error_of(alone).find("PEFT's lora.ParamWrapper (target_parameters) refuses lora_dropout"), std::string::npos)
+      << error_of(alone);
 }
 
 }  // namespace

@@ -391,6 +391,10 @@ LoraSettings lora_settings(const fs::path& adapter, const LoraOptions& options) 
              config.string(), r);
     SW_CHECK(options.alpha == 0 || options.alpha == a, "lora-merge: --alpha {} but '{}' says lora_alpha = {}",
              options.alpha, config.string(), a);
+    SW_CHECK(!j.contains("target_parameters") || j["target_parameters"].is_null() || j["target_parameters"].empty(),
+             "lora-merge: '{}' adapts the experts' fused parameters (target_parameters {}), which lora-merge does not "
+             "merge (their B interleaves the experts: PEFT's lora.ParamWrapper); merge them with PEFT's "
+             "merge_and_unload, or train --lora-from the adapter", config.string(), j["target_parameters"].dump());
     for (const char* key : {"rank_pattern", "alpha_pattern"}) {
       SW_CHECK(!j.contains(key) || j[key].is_null() || j[key].empty(),
                "lora-merge: '{}' sets {} (per-module ranks or alphas), which lora-merge does not support",

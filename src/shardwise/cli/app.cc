@@ -76,8 +76,8 @@ void add_checkpoint_options(CLI::App* t, TrainOptions& o) {
 
 constexpr const char* kLoraTargetsHelp =
     "modules that get adapters (PEFT's target_modules): GPT-2's c_attn, c_proj, c_fc (attn.c_proj, mlp.c_proj); "
-    "Llama's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; or all-linear. Default: PEFT's for the "
-    "model (c_attn; q_proj,v_proj)";
+    "Llama's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Mixtral's experts.gate_up_proj, "
+    "experts.down_proj (PEFT's target_parameters); or all-linear. Default: PEFT's for the model (c_attn; q_proj,v_proj)";
 
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {

@@ -1,5 +1,7 @@
 #include "shardwise/models/llama.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 
@@ -189,6 +191,37 @@ class LlamaBuilder {
     return linear(ctx, p + ".o_proj", NH_ * HD_, H_, false);
   }
 
+  // LoRA on stacked expert weights w [E, out, in] as PEFT's lora.ParamWrapper adapts transformers'
+  // fused parameter `fused` (lora.h): w + s B_e A_e for each expert e, with A [E r, in] split over ep
+  // as the experts (its rows are expert-major) and B [out, E r] replicated (its columns are rank-major,
+  // expert-minor); `ws` are the parts of the fused parameter (w1 and w3: gate_up_proj's rows), which
+  // share A and each have their rows of B. The MoE op reads the sums, whose gradient reaches A and B
+  // through the batched products; the w's stay frozen.
+  std::vector<graph::ValueId> expert_adapted(std::vector<graph::ValueId> ws, const std::string& fused,
+                                             const std::vector<std::string>& on_ep) {
+    auto it = std::find_if(lora_.begin(), lora_.end(), [&](const auto& kv) { return kv.second.parameter == fused; });
+    if (it == lora_.end()) return ws;
+    const LoraModule& m = it->second;
+    const int64_t E = c_.experts, r = c_.lora.rank, out = m.out / static_cast<int64_t>(m.parts.size());
+    auto leaf_on = [&](const std::string& name, const Shape& shape, const std::string& placement) {
+      auto v = leaf(name, shape, true);
+      annotate(v, placement);
+      if (c_.param_dtype == DType::F32) return v;
+      return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
+    };
+    auto a = leaf_on(lora_a_name(m.path), Shape{E * r, m.in}, fmt::format("{}", fmt::join(on_ep, ",")));
+    auto a3 = g_.reshape(a, {E, r, m.in}, m.path + ".lora_A.experts");
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const std::string& name = m.parts[i];
+      auto b = leaf_on(lora_b_name(name), Shape{out, E * r},
+                       fmt::format("{}", fmt::join(std::vector<std::string>(on_ep.size(), "R"), ",")));
+      auto b3 = g_.transpose(g_.reshape(b, {out, r, E}, name + ".lora_B.split"), {2, 0, 1}, name + ".lora_B.experts");
+      auto delta = g_.scale(g_.matmul(b3, a3, false, name + ".lora.delta"), c_.lora.scale(), 0.0, name + ".lora.scaled");
+      ws[i] = g_.add(ws[i], delta, name + ".with_lora");
+    }
+    return ws;
+  }
+
   // Mixtral's block_sparse_moe on the tokens [B * S, H]: the router gate.weight [E, H] replicated,
   // the experts' w1, w3 [E, I, H] and w2 [E, H, I] stacked and split over ep on E.
   graph::ValueId moe(graph::ValueId h, const std::string& p) {
@@ -202,9 +235,12 @@ class LlamaBuilder {
       return g_.op1("cast", {v}, {{"dtype", std::string("f32")}}, name + ".f32");
     };
     auto gate = param(p + ".gate.weight", Shape{E, H_}, "R");
-    auto w1 = expert(p + ".experts.w1", Shape{E, I, H_});
-    auto w3 = expert(p + ".experts.w3", Shape{E, I, H_});
-    auto w2 = expert(p + ".experts.w2", Shape{E, H_, I});
+    // LoRA: transformers' experts.gate_up_proj is w1 | w3, its down_proj w2 (lora.h).
+    const std::string fused = p.substr(0, p.rfind('.')) + ".mlp.experts";
+    const std::vector<graph::ValueId> w13 = expert_adapted(
+        {expert(p + ".experts.w1", Shape{E, I, H_}), expert(p + ".experts.w3", Shape{E, I, H_})}, fused + ".gate_up_proj", on_ep);
+    auto w1 = w13[0], w3 = w13[1];
+    auto w2 = expert_adapted({expert(p + ".experts.w2", Shape{E, H_, I})}, fused + ".down_proj", on_ep)[0];
     auto tokens = g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
     Attrs a{{"top_k", c_.top_k}};
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);

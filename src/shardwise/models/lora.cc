@@ -24,6 +24,7 @@ bool matches(const std::string& path, const std::string& target) {
 // the reason), and how the former read in an error.
 struct ModelModules {
   std::vector<LoraModule> linear;
+  std::vector<LoraModule> expert_params;  // a MoE layer's fused expert parameters (PEFT's target_parameters)
   std::vector<std::pair<std::string, std::string>> others;  // path, why it is not adapted
   std::string listing;
 };
@@ -59,9 +60,9 @@ ModelModules llama_modules(const GptConfig& c) {
   const int64_t H = c.hidden, Q = c.heads * c.head_size(), KV = c.key_value_heads() * c.head_size(), I = c.mlp_width();
   const std::string why = "the targets are the linear layers q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and "
                           "down_proj (or all-linear)";
-  const std::string moe = "a mixture-of-experts block, whose router and experts LoRA does not adapt (transformers' "
-                          "Mixtral holds its experts as fused parameters, not linear layers); adapt the attention: "
-                          "q_proj, k_proj, v_proj, o_proj";
+  const std::string moe = "a mixture-of-experts block, whose router and shared expert LoRA does not adapt, and whose "
+                          "experts it adapts as PEFT does, through transformers' fused parameters: name "
+                          "experts.gate_up_proj and experts.down_proj (PEFT's target_parameters)";
   ModelModules out;
   for (const char* other : {"model.embed_tokens", "lm_head", "model.norm"}) out.others.emplace_back(other, why);
   for (int64_t layer = 0; layer < c.layers; ++layer) {
@@ -77,11 +78,15 @@ ModelModules llama_modules(const GptConfig& c) {
       add("mlp.gate_proj", H, I, true), add("mlp.up_proj", H, I, true), add("mlp.down_proj", I, H, false);
       continue;
     }
+    const std::string experts = p + "mlp.experts";  // PEFT's ParamWrapper: B's parts are w1 | w3 and w2
+    out.expert_params.push_back(LoraModule{experts, H, 2 * I, true, {experts + ".gate_up_proj.gate",
+                                           experts + ".gate_up_proj.up"}, c.experts, experts + ".gate_up_proj"});
+    out.expert_params.push_back(
+        LoraModule{experts, I, H, false, {experts + ".down_proj"}, c.experts, experts + ".down_proj"});
     // transformers' names (mlp.*) and shardwise's (block_sparse_moe.*, its experts' w1, w2, w3).
     for (const char* block : {"mlp", "block_sparse_moe"}) {
-      for (const char* part : {"gate", "experts", "experts.gate_up_proj", "experts.down_proj", "experts.w1",
-                               "experts.w2", "experts.w3", "shared_expert.gate_proj", "shared_expert.up_proj",
-                               "shared_expert.down_proj", "shared_expert_gate"})
+      for (const char* part : {"gate", "experts", "experts.w1", "experts.w2", "experts.w3", "shared_expert.gate_proj",
+                               "shared_expert.up_proj", "shared_expert.down_proj", "shared_expert_gate"})
         out.others.emplace_back(fmt::format("{}{}.{}", p, block, part), moe);
     }
   }
@@ -135,6 +140,12 @@ std::vector<LoraModule> lora_modules(const GptConfig& c) {
   std::vector<LoraModule> out;
   for (const LoraModule& m : model.linear)
     if (l.targets_module(m.path)) out.push_back(m);
+  std::vector<LoraModule> experts;
+  for (const LoraModule& m : model.expert_params) {
+    bool named = false;
+    for (const std::string& t : l.targets) named = named || matches(m.parameter, t);
+    if (named) experts.push_back(m);
+  }
   for (const auto& [path, why] : model.others) {
     SW_CHECK(l.target_regex.empty() || !std::regex_match(path, std::regex(l.target_regex)),
              "target_modules '{}' matches '{}', which LoRA does not adapt here: {}", l.target_regex, path, why);
@@ -142,21 +153,59 @@ std::vector<LoraModule> lora_modules(const GptConfig& c) {
   for (const std::string& t : l.targets) {
     bool any = false;
     for (const LoraModule& m : model.linear) any = any || matches(m.path, t);
+    for (const LoraModule& m : experts) any = any || matches(m.parameter, t);
     if (any) continue;
     for (const auto& [path, why] : model.others)
       SW_CHECK(!matches(path, t), "--lora-targets '{}' names '{}', which LoRA does not adapt here: {}", t, path, why);
     fail("--lora-targets '{}' names no module of the model: its linear layers are {}", t, model.listing);
   }
-  SW_CHECK(!out.empty(), "target_modules '{}' matches no module of the model: its linear layers are {}", l.target_regex,
-           model.listing);
+  SW_CHECK(!out.empty() || !experts.empty(), "target_modules '{}' matches no module of the model: its linear layers "
+           "are {}", l.target_regex, model.listing);
+  SW_CHECK(experts.empty() || l.dropout == 0, "--lora-dropout {} with the experts' parameters as targets: PEFT's "
+           "lora.ParamWrapper (target_parameters) refuses lora_dropout, which cannot be applied to a weight", l.dropout);
+  for (LoraModule& m : experts) {  // PEFT wraps gate_up_proj first; down_proj's wrapper holds it as base_layer
+    const bool both = std::count_if(experts.begin(), experts.end(), [&](const LoraModule& o) { return o.path == m.path; }) == 2;
+    if (both && m.parameter.ends_with(".gate_up_proj")) m.path += ".base_layer";
+  }
+  out.insert(out.end(), experts.begin(), experts.end());
   return out;
+}
+
+namespace {
+
+// The target entries that name expert parameters (lora_modules' target_parameters).
+std::vector<std::string> expert_targets(const GptConfig& c) {
+  std::vector<std::string> out;
+  if (!c.lora.target_regex.empty() || c.lora.all_linear() || c.experts == 0) return out;
+  const std::vector<LoraModule> experts = llama_modules(c).expert_params;
+  for (const std::string& t : c.lora.targets) {
+    if (std::any_of(experts.begin(), experts.end(), [&](const LoraModule& m) { return matches(m.parameter, t); }))
+      out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json lora_target_parameters(const GptConfig& c) {
+  const std::vector<std::string> targets = expert_targets(c);
+  return targets.empty() ? nlohmann::json() : nlohmann::json(targets);
 }
 
 nlohmann::json lora_target_modules(const GptConfig& c) {
   const LoraConfig& l = c.lora;
   if (!l.target_regex.empty()) return l.target_regex;
   if (l.targets.empty()) return lora_default_targets(c);
-  if (!l.all_linear()) return l.targets;
+  if (!l.all_linear()) {  // less the entries that name expert parameters only (down_proj may name both)
+    const std::vector<std::string> experts = expert_targets(c);
+    const std::vector<LoraModule> linear = c.is_llama() ? llama_modules(c).linear : std::vector<LoraModule>{};
+    std::vector<std::string> modules;
+    for (const std::string& t : l.targets) {
+      const bool module = std::any_of(linear.begin(), linear.end(), [&](const LoraModule& m) { return matches(m.path, t); });
+      if (module || std::find(experts.begin(), experts.end(), t) == experts.end()) modules.push_back(t);
+    }
+    return modules;
+  }
   std::vector<std::string> paths;
   for (const LoraModule& m : lora_modules(c)) paths.push_back(m.path);
   return paths;
@@ -197,10 +246,11 @@ ckpt::KeyMap lora_key_map(const GptConfig& c) {
   ckpt::KeyMap keys;
   const int64_t r = c.lora.rank;
   for (const LoraModule& m : lora_modules(c)) {
-    keys.place(lora_a_name(m.path), Shape{r, m.in}, kPrefix + lora_a_name(m.path), Shape{r, m.in}, {0, 0});
+    const int64_t rows_a = r * std::max<int64_t>(1, m.experts);  // experts: every expert's r rows of A, columns of B
+    keys.place(lora_a_name(m.path), Shape{rows_a, m.in}, kPrefix + lora_a_name(m.path), Shape{rows_a, m.in}, {0, 0});
     const int64_t rows = m.out / static_cast<int64_t>(m.parts.size());
     for (size_t i = 0; i < m.parts.size(); ++i) {
-      keys.place(lora_b_name(m.parts[i]), Shape{rows, r}, kPrefix + lora_b_name(m.path), Shape{m.out, r},
+      keys.place(lora_b_name(m.parts[i]), Shape{rows, rows_a}, kPrefix + lora_b_name(m.path), Shape{m.out, rows_a},
                  {static_cast<int64_t>(i) * rows, 0});
     }
   }
@@ -224,7 +274,7 @@ nlohmann::json adapter_config_json(const GptConfig& c, const std::string& base) 
           {"megatron_config", nullptr}, {"megatron_core", "megatron.core"}, {"modules_to_save", nullptr},
           {"monteclora_config", nullptr}, {"peft_type", "LORA"}, {"qalora_group_size", 16}, {"r", l.rank},
           {"rank_pattern", nlohmann::json::object()}, {"revision", nullptr}, {"target_modules", targets},
-          {"target_parameters", nullptr}, {"task_type", "CAUSAL_LM"}, {"trainable_token_indices", nullptr},
+          {"target_parameters", lora_target_parameters(c)}, {"task_type", "CAUSAL_LM"}, {"trainable_token_indices", nullptr},
           {"use_bdlora", nullptr}, {"use_dora", false}, {"use_qalora", false}, {"use_rslora", l.rslora},
           {"velora_config", nullptr}};
 }
@@ -245,7 +295,7 @@ LoraConfig read_adapter_config(const std::filesystem::path& dir) {
   SW_CHECK(j.value("peft_type", "LORA") == "LORA", "'{}': peft_type '{}' is not LORA", file.string(),
            j.value("peft_type", ""));
   for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform", "layers_pattern",
-                          "exclude_modules", "target_parameters", "trainable_token_indices", "layer_replication"})
+                          "exclude_modules", "trainable_token_indices", "layer_replication"})
     SW_CHECK(unset(key), "'{}' sets {} = {}, which shardwise's LoRA does not support", file.string(), key, j[key].dump());
   for (const char* key : {"use_dora", "lora_bias", "use_qalora"})
     SW_CHECK(!j.value(key, false), "'{}' sets {} = true, which shardwise's LoRA does not support", file.string(), key);
@@ -265,6 +315,13 @@ LoraConfig read_adapter_config(const std::filesystem::path& dir) {
   } else {  // PEFT's string form: the "all-linear" shorthand, else a regex
     l.targets = {t.get<std::string>()};
     if (!l.all_linear()) l.targets.clear(), l.target_regex = t.get<std::string>();
+  }
+  if (!unset("target_parameters") && !(j["target_parameters"].is_array() && j["target_parameters"].empty())) {
+    // the experts' fused parameters: one target list here
+    SW_CHECK(j["target_parameters"].is_array() && l.target_regex.empty() && !l.all_linear(), "'{}': target_parameters "
+             "{} with target_modules {}: shardwise reads a list of parameters beside a list of modules",
+             file.string(), j["target_parameters"].dump(), t.dump());
+    for (const std::string& p : j["target_parameters"].get<std::vector<std::string>>()) l.targets.push_back(p);
   }
   return l;
 }

@@ -1,6 +1,6 @@
 #pragma once
 // LoRA adapters on the linear layers of GPT-2 and of the Llama builder (Llama, Qwen2, Qwen3,
-// Mistral, and the attention of Mixtral-style MoE models), with PEFT's semantics and files. A
+// Mistral, and the attention and experts of Mixtral-style MoE models), with PEFT's semantics and files. A
 // target module with base weight W (GPT-2's Conv1D [in, out]; Llama's nn.Linear [out, in], read
 // transposed) and bias b computes
 //     y = x W + b + s (x A^T) B^T,   A [r, in], B [out, r],   s = alpha / r (rsLoRA: alpha / sqrt(r))
@@ -11,9 +11,8 @@
 //
 // Modules have transformers' names. GPT-2, per layer: attn.c_attn (q|k|v fused), attn.c_proj,
 // mlp.c_fc, mlp.c_proj. The Llama builder, per layer "model.layers.L.": self_attn.{q,k,v,o}_proj
-// and, in a dense layer, mlp.{gate,up,down}_proj; a MoE block (router, experts, shared expert)
-// gets no adapter (transformers' Mixtral holds its experts as fused parameters, not nn.Linear
-// modules), and a target naming one is refused. Targets match as PEFT's target_modules do: a list
+// and, in a dense layer, mlp.{gate,up,down}_proj; in a MoE block the experts' fused parameters
+// (below); its router and shared expert get no adapter, and a target naming one is refused. Targets match as PEFT's target_modules do: a list
 // entry matches a module whose path equals it or ends with "." + it ("c_proj" matches both
 // projections, "attn.c_proj" one); a regex (PEFT's string form) must match the whole path;
 // "all-linear" (PEFT's shorthand) is every linear layer but the output head. No targets: PEFT's
@@ -62,8 +61,19 @@ struct LoraModule {
   int64_t in = 0, out = 0;  // its weight W [in, out]
   bool column = false;      // column-parallel base (B sharded over tp) or row-parallel (A sharded)
   std::vector<std::string> parts;  // the model's projections it covers: q_proj, k_proj, v_proj, or itself
+  // Stacked experts (PEFT's target_parameters, lora.ParamWrapper): E, and the fused parameter of
+  // transformers' Mixtral the adapter adapts ("model.layers.L.mlp.experts.gate_up_proj" or
+  // ".down_proj"); 0 and "" for a linear module. A is [E r, in] (expert e's A in rows [e r, e r + r)),
+  // B [out, E r] (expert e's B in columns k E + e, k < r): W_e + s B_e A_e is the expert's weight.
+  int64_t experts = 0;
+  std::string parameter;
 };
 
+// A MoE layer's experts are adapted as PEFT adapts transformers 5's fused expert parameters: a
+// target naming experts.gate_up_proj (w1 | w3 of the stacked experts) or experts.down_proj (w2) is
+// one of PEFT's target_parameters (matched as PEFT matches them: the parameter path equals it or
+// ends with "." + it), and its module is "model.layers.L.mlp.experts", or ".experts.base_layer" for
+// gate_up_proj when both are adapted (PEFT nests the second wrapper around the first).
 // The adaptable modules of every layer that `config.lora` targets, in layer order. Error naming
 // the target when an entry of the target list matches no module (listing the modules), when a
 // target names a module LoRA cannot adapt here (embeddings, norms, the head, a MoE block's router
@@ -74,6 +84,8 @@ std::vector<std::string> lora_default_targets(const GptConfig& config);
 // target_modules as PEFT saves it: the list given, the model's default, every adapted module path
 // for all-linear (PEFT resolves the shorthand so), or the regex.
 nlohmann::json lora_target_modules(const GptConfig& config);
+// target_parameters as PEFT saves it: the entries that name expert parameters (null when none).
+nlohmann::json lora_target_parameters(const GptConfig& config);
 // The targets as a run's header prints them: "q_proj, v_proj", "all-linear", or the regex.
 std::string lora_targets_text(const GptConfig& config);
 
