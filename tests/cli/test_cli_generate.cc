@@ -115,6 +115,37 @@ TEST(CliGenerate, EveryMeshAndTheRecomputingPathGiveTheSameTokens) {
   EXPECT_NE(mpi.out.find("(4 ranks, mpi)"), std::string::npos) << mpi.out;
 }
 
+// Two MPI processes as the stages of pp=2 (each loads its stage's layers and passes the hidden
+// states on) give the one-rank tokens, which are transformers' greedy tokens (the goldens'
+// greedy, tools/hf_parity.py and tools/hf_mixtral.py): a Llama, and a Mixtral whose experts each
+// stage holds whole.
+TEST(CliGenerate, APipelineMeshOfTwoMpiProcessesGivesTheOneRankTokens) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string golden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/";
+  for (const std::string name : {"llama_tiny", "mixtral_tiny"}) {
+    std::ifstream f(golden + name + "_expected.json");
+    const nlohmann::json want = nlohmann::json::parse(f);
+    std::string prompt;
+    for (const auto& id : want["greedy_prompt"]) prompt += (prompt.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
+    const std::string args = "generate --checkpoint " + golden + name + " --prompt-ids " + prompt +
+                             " --max-new-tokens 8 --json ";
+    Result one = run(args);
+    ASSERT_EQ(one.status, 0) << one.out;
+    Result mpi = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin + " " + args +
+                                                 "--mesh pp=2");
+    ASSERT_EQ(mpi.status, 0) << mpi.out;
+    EXPECT_NE(mpi.out.find("\"mesh\":\"[pp=2]\""), std::string::npos) << mpi.out;
+    EXPECT_NE(mpi.out.find("2 ranks, mpi"), std::string::npos) << mpi.out;
+    EXPECT_EQ(new_ids(json_of(mpi)), new_ids(json_of(one))) << name;
+    std::vector<int64_t> greedy = want["greedy_prompt"].get<std::vector<int64_t>>();
+    const std::vector<std::vector<int64_t>> got = new_ids(json_of(mpi));
+    ASSERT_EQ(got.size(), 1u) << mpi.out;
+    greedy.insert(greedy.end(), got[0].begin(), got[0].end());
+    EXPECT_EQ(greedy, want["greedy"].get<std::vector<int64_t>>()) << name;
+  }
+}
+
 TEST(CliGenerate, ReadsPromptFilesAndConfigFiles) {
   ScratchDir scratch("sw_cli_generate_files");
   const fs::path& dir = scratch.path;
