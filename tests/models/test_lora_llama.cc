@@ -244,6 +244,12 @@ TEST(LoraLlama, ExpertParametersAsPeftsTargetParametersTrainOnEveryMeshAsOnOneRa
   }
   for (const std::string mesh : {"ep=2", "dp=2,ep=2", "ep=2,tp=2"})
     expect_same(run_lora(moe_lora(mesh, targets)), ref, mesh);
+  TrainConfig recompute = moe_lora("ep=2", targets);  // the recomputed layer reads the same frozen experts
+  recompute.model.recompute = "full";
+  const LoraRun again = run_lora(recompute, true, true);
+  expect_same(again, ref, "ep=2 + recompute full");
+  for (const auto& [name, before] : again.frozen_before)
+    EXPECT_EQ(std::memcmp(before.raw(), again.frozen_after.at(name).raw(), before.nbytes()), 0) << name << " changed";
   const GptConfig model = moe_lora("dp=1", targets).model;  // down_proj names a module and the experts' parameter
   EXPECT_EQ(lora_target_modules(model), nlohmann::json({"q_proj", "down_proj"}));
   EXPECT_EQ(lora_target_parameters(model), nlohmann::json({"experts.gate_up_proj", "down_proj"}));

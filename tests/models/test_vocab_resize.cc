@@ -10,6 +10,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
 
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/safetensors_reader.h"
@@ -163,6 +165,52 @@ TEST(VocabResize, TheCheckpointKeepsTheOldRowsHoldsTheAddedOnesAndResumesOnAnoth
   resumed.init_vocab = 0;  // a checkpoint of the grown model: nothing grows any more
   EXPECT_NEAR(train_losses(resumed, 1, dir, "")[0], want["loss"].get<double>(), 1e-5 * want["loss"].get<double>());
   fs::remove_all(root);
+}
+
+// The whole (fp32) parameters `names` after init_from_model(`dir`) under `c`.
+std::map<std::string, Tensor> grown_params(const TrainConfig& c, const std::string& dir,
+                                           const std::vector<std::string>& names) {
+  std::map<std::string, Tensor> out;
+  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    Trainer t(c, world);
+    init_from_model(t, *world, dir);
+    for (const std::string& name : names) {
+      Tensor whole = t.gather_param(name);
+      if (w.rank() == 0) out[name] = whole;
+    }
+  });
+  return out;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>());
+}
+
+// Each rank builds its block (or, under sharding stages 1-2, its range of a bf16 parameter's
+// master) of the same grown tensors; GPT-2's tied embedding grows once, around its rows' mean.
+TEST(VocabResize, EveryLayoutHoldsTheSameGrownRowsAndGpt2sTiedEmbeddingGrowsToo) {
+  const std::vector<std::string> names = {"model.embed_tokens.weight", "lm_head.weight"};
+  const std::map<std::string, Tensor> ref = grown_params(grown("dp=1"), kModel, names);
+  for (auto [mesh, stage, bf16] : {std::tuple{"dp=2", 1, true}, std::tuple{"dp=2,tp=2", 2, true},
+                                   std::tuple{"dp=2", 3, false}, std::tuple{"tp=2,pp=2", 0, false}}) {
+    TrainConfig c = grown(mesh);
+    c.parallel.sharding.stage = stage, c.bf16 = bf16;
+    const std::map<std::string, Tensor> got = grown_params(c, kModel, names);
+    for (const std::string& name : names) EXPECT_TRUE(same_bits(got.at(name), ref.at(name))) << mesh << " " << name;
+  }
+  TrainConfig gpt2 = golden_fine_tune(kDir + "/gpt2_tiny", kDir + "/tokens.bin", "tp=2");
+  const int64_t V = gpt2.model.vocab, H = gpt2.model.hidden;
+  gpt2.init_vocab = V, gpt2.model.vocab = V + 1;  // odd over tp=2
+  const Tensor wte = grown_params(gpt2, kDir + "/gpt2_tiny", {"transformer.wte.weight"}).at("transformer.wte.weight");
+  const Tensor base = ckpt::GroupReader(kDir + "/gpt2_tiny", "model").file_of("transformer.wte.weight").read("transformer.wte.weight");
+  ASSERT_EQ(wte.shape(), (Shape{V + 1, H}));
+  EXPECT_TRUE(std::equal(base.data<float>(), base.data<float>() + base.numel(), wte.data<float>()));
+  const auto [mu, sigma] = moments(base);
+  for (int64_t j = 0; j < H; ++j) {
+    const double sd = std::sqrt(1e-9 * sigma[static_cast<size_t>(j * H + j)]);
+    EXPECT_NEAR(wte.data<float>()[V * H + j], mu[static_cast<size_t>(j)], 6 * sd + 1e-7) << j;
+  }
 }
 
 TEST(VocabResize, AVocabularyTheRunDidNotAskToGrowOrGrownUnderLoraIsRefusedByName) {
