@@ -154,7 +154,14 @@ class Trainer:
     """A run driven one step at a time: the same run as train() (run directory, metrics.jsonl,
     checkpoints when due, the progress lines), each step when step() asks for it. Close it (or use
     it as a context manager) to print the summary and end its ranks; the interpreter's exit closes
-    one left open."""
+    one left open.
+
+    Ctrl-C during step() (or evaluate, validate, save) stops the run as it stops `shardwise train`:
+    the ranks finish the step, save it when the run saves on interrupt (save_on_interrupt, on by
+    default with save_every), and then step() raises KeyboardInterrupt; the run is done. A second
+    Ctrl-C raises at once while the ranks finish the step (and its save) on their own; close() waits
+    for them. A KeyboardInterrupt raised between steps inside ``with Trainer(...)`` saves the same
+    way on its way out."""
 
     def __init__(self, config=None, **kwargs):
         self.config = _config(config, kwargs)
@@ -214,8 +221,12 @@ class Trainer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self._run.interrupt()  # as a Ctrl-C during a step: saves it with save_on_interrupt
+        finally:
+            self.close()
         return False
 
 
