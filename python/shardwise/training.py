@@ -169,21 +169,30 @@ class Trainer:
         self._closed = False
         _open_trainers.add(self)
 
+    def _stopping(self, command):
+        # A KeyboardInterrupt raised here (also just before or after the native call, outside its
+        # wait) stops the run as one during the call does; nothing when the call already stopped it.
+        try:
+            return command()
+        except KeyboardInterrupt:
+            self._run.interrupt()
+            raise
+
     def step(self):
         """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics."""
-        return Metrics(json.loads(self._run.step()))
+        return self._stopping(lambda: Metrics(json.loads(self._run.step())))
 
     def evaluate(self):
         """The held-out exact-match accuracy (the embedded addition task)."""
-        return self._run.evaluate()
+        return self._stopping(self._run.evaluate)
 
     def validate(self):
         """The validation loss (--val-data or --val-fraction)."""
-        return self._run.validate()
+        return self._stopping(self._run.validate)
 
     def save(self):
         """A checkpoint of this step in the run's save directory; its path."""
-        return self._run.save() or self._run.newest_checkpoint
+        return self._stopping(lambda: self._run.save() or self._run.newest_checkpoint)
 
     def memory_plan(self):
         """The per-rank memory plan (`shardwise plan --memory --json`) as a dict."""
