@@ -14,6 +14,8 @@ Shard(1), once per rank for whole tensors) over the same kind of wall time; befo
 page cache holds none of either checkpoint's files (evict() below). Peak RSS is the
 largest VmHWM over the ranks, reset with /proc/self/clear_refs just before the load: the process's
 baseline (Python, torch, shardwise) plus what the load held at its peak, the loaded tensors included.
+CPU s is the load's CPU time (user + system) summed over its ranks: what it costs where the cores
+are shared, whatever share of them the run got.
 
     python bench/ckpt_dcp.py --dir /tmp/ckpt_dcp [--rounds 1]    (CKPT_DCP_SMALL=1: a tiny GPT-2)    (python: a venv with torch,
     transformers, safetensors, numpy and shardwise installed; `make bench-ckpt-dcp` makes one)
@@ -22,6 +24,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -74,10 +77,21 @@ def peak_mib():
     return float("nan")
 
 
-def timed(dist, fn):
+def cpu_s():
+    """This process's CPU time so far (user + system, every thread), in seconds."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(dist, fn, cpu=None):
+    """fn()'s result and wall seconds between barriers; with a dict `cpu`, cpu["s"] gets this
+    process's CPU seconds in fn() (on a machine whose cores are all busy, the wall time is mostly
+    the share of them the processes got; the CPU time is what the work costs)."""
     dist.barrier()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_s()
     out = fn()
+    if cpu is not None:
+        cpu["s"] = cpu_s() - c
     dist.barrier()
     return out, time.perf_counter() - t
 
@@ -169,17 +183,19 @@ def phase_load(args):
 
     gc.collect()
     reset_peak()
-    got, seconds = timed(dist, sw_load if who == "sw" else dcp_load)
+    cpu = {}
+    got, seconds = timed(dist, sw_load if who == "sw" else dcp_load, cpu)
     peak = peak_mib()
     got_bytes = sum(v.nbytes for v in got.values())
     for k, v in got.items():
         check(torch, k, v, rank, n, sharded)
     del got
     gathered = [None] * n
-    dist.all_gather_object(gathered, (got_bytes, peak))
+    dist.all_gather_object(gathered, (got_bytes, peak, cpu["s"]))
     results[f"{who}_load_{tag}_s"] = seconds
-    results[f"{who}_load_{tag}_bytes"] = sum(b for b, _ in gathered)
-    results[f"{who}_load_{tag}_peak_mib"] = max(p for _, p in gathered)
+    results[f"{who}_load_{tag}_bytes"] = sum(b for b, _, _ in gathered)
+    results[f"{who}_load_{tag}_peak_mib"] = max(p for _, p, _ in gathered)
+    results[f"{who}_load_{tag}_cpu_s"] = sum(c for _, _, c in gathered)
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     dist.destroy_process_group()
@@ -230,16 +246,17 @@ def gbps(nbytes, seconds):
 
 def report(r):
     total = r["total_bytes"]
-    rows = [("save, 4 ranks Shard(0)", gbps(total, r["sw_save_s"]), gbps(total, r["dcp_save_s"]), "", "")]
+    rows = [("save, 4 ranks Shard(0)", gbps(total, r["sw_save_s"]), gbps(total, r["dcp_save_s"]), "", "", "", "")]
     for tag, what in (("shard1", "load on 2 ranks, Shard(1)"), ("whole", "load on 2 ranks, whole tensors")):
         rows.append((what, gbps(r[f"sw_load_{tag}_bytes"], r[f"sw_load_{tag}_s"]),
                      gbps(r[f"dcp_load_{tag}_bytes"], r[f"dcp_load_{tag}_s"]),
-                     f"{r[f'sw_load_{tag}_peak_mib']:.0f}", f"{r[f'dcp_load_{tag}_peak_mib']:.0f}"))
+                     f"{r[f'sw_load_{tag}_peak_mib']:.0f}", f"{r[f'dcp_load_{tag}_peak_mib']:.0f}",
+                     f"{r[f'sw_load_{tag}_cpu_s']:.2f}", f"{r[f'dcp_load_{tag}_cpu_s']:.2f}"))
     print(f"checkpoint: {total / 1e9:.3f} GB of tensors (GPT-2, {GPT2['n_layer']} layers x {GPT2['n_embd']}, + AdamW moments, f32)")
-    print("| what | shardwise GB/s | DCP GB/s | shardwise / DCP | peak RSS MiB shardwise | DCP |")
-    print("|---|---|---|---|---|---|")
-    for what, a, b, pa, pb in rows:
-        print(f"| {what} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {pa} | {pb} |")
+    print("| what | shardwise GB/s | DCP GB/s | shardwise / DCP | peak RSS MiB shardwise | DCP | CPU s shardwise | DCP |")
+    print("|---|---|---|---|---|---|---|---|")
+    for what, a, b, pa, pb, ca, cb in rows:
+        print(f"| {what} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {pa} | {pb} | {ca} | {cb} |")
     print(f"transformers from_pretrained: missing keys {r['hf_missing_keys']}, wte equal: {r['hf_wte_equal']}")
 
 

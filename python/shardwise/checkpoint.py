@@ -40,13 +40,16 @@ class FileGroup:
 
 class TorchGroup:
     """A torch.distributed process group (the default one when ``pg`` is None) as a checkpoint
-    group: rank(), size() and all_gather_bytes over ``all_gather_object``. It offers no
-    point-to-point messages, so a save sends its reports by all-gathers; an async save makes them
-    from its worker thread, so make no torch.distributed call on ``pg`` until ``handle.wait()``."""
+    group: rank(), size() and all_gather_bytes over ``all_gather_object``, and point-to-point
+    messages (send_bytes / recv_bytes over ``dist.send`` / ``dist.recv`` of uint8 tensors, with the
+    save's tags), which carry the ranks' reports to rank 0 and its answers. An async save's worker
+    thread makes only those point-to-point calls, no collective, so the caller's collectives on
+    ``pg`` keep their order while it runs. Peers are ranks of ``pg``."""
 
     def __init__(self, pg=None):
-        import torch.distributed as dist  # lazily: torch is not a dependency of shardwise
-        self._dist, self._pg = dist, pg
+        import torch  # lazily: torch is not a dependency of shardwise
+        import torch.distributed as dist
+        self._torch, self._dist, self._pg = torch, dist, pg
 
     def rank(self):
         return self._dist.get_rank(self._pg)
@@ -58,6 +61,26 @@ class TorchGroup:
         out = [None] * self.size()
         self._dist.all_gather_object(out, bytes(mine), group=self._pg)
         return out
+
+    def _global(self, peer):
+        return peer if self._pg is None else self._dist.get_global_rank(self._pg, peer)
+
+    def send_bytes(self, data, peer, tag):
+        """Sends ``data`` to rank ``peer`` of the group: its length (one int64), then its bytes."""
+        torch, dst = self._torch, self._global(peer)
+        self._dist.send(torch.tensor([len(data)], dtype=torch.int64), dst, group=self._pg, tag=tag)
+        if len(data):
+            self._dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst, group=self._pg, tag=tag)
+
+    def recv_bytes(self, peer, tag):
+        """The next bytes rank ``peer`` of the group sent with ``tag``."""
+        torch, src = self._torch, self._global(peer)
+        n = torch.empty(1, dtype=torch.int64)
+        self._dist.recv(n, src, group=self._pg, tag=tag)
+        data = torch.empty(int(n.item()), dtype=torch.uint8)
+        if data.numel():
+            self._dist.recv(data, src, group=self._pg, tag=tag)
+        return data.numpy().tobytes()
 
     def __repr__(self):
         return f"TorchGroup({self._pg!r})"

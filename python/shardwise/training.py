@@ -154,7 +154,14 @@ class Trainer:
     """A run driven one step at a time: the same run as train() (run directory, metrics.jsonl,
     checkpoints when due, the progress lines), each step when step() asks for it. Close it (or use
     it as a context manager) to print the summary and end its ranks; the interpreter's exit closes
-    one left open."""
+    one left open.
+
+    Ctrl-C during step() (or evaluate, validate, save) stops the run as it stops `shardwise train`:
+    the ranks finish the step, save it when the run saves on interrupt (save_on_interrupt, on by
+    default with save_every), and then step() raises KeyboardInterrupt; the run is done. A second
+    Ctrl-C raises at once while the ranks finish the step (and its save) on their own; close() waits
+    for them. A KeyboardInterrupt raised between steps inside ``with Trainer(...)`` saves the same
+    way on its way out."""
 
     def __init__(self, config=None, **kwargs):
         self.config = _config(config, kwargs)
@@ -162,21 +169,30 @@ class Trainer:
         self._closed = False
         _open_trainers.add(self)
 
+    def _stopping(self, command):
+        # A KeyboardInterrupt raised here (also just before or after the native call, outside its
+        # wait) stops the run as one during the call does; nothing when the call already stopped it.
+        try:
+            return command()
+        except KeyboardInterrupt:
+            self._run.interrupt()
+            raise
+
     def step(self):
         """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics."""
-        return Metrics(json.loads(self._run.step()))
+        return self._stopping(lambda: Metrics(json.loads(self._run.step())))
 
     def evaluate(self):
         """The held-out exact-match accuracy (the embedded addition task)."""
-        return self._run.evaluate()
+        return self._stopping(self._run.evaluate)
 
     def validate(self):
         """The validation loss (--val-data or --val-fraction)."""
-        return self._run.validate()
+        return self._stopping(self._run.validate)
 
     def save(self):
         """A checkpoint of this step in the run's save directory; its path."""
-        return self._run.save() or self._run.newest_checkpoint
+        return self._stopping(lambda: self._run.save() or self._run.newest_checkpoint)
 
     def memory_plan(self):
         """The per-rank memory plan (`shardwise plan --memory --json`) as a dict."""
@@ -214,8 +230,12 @@ class Trainer:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self._run.interrupt()  # as a Ctrl-C during a step: saves it with save_on_interrupt
+        finally:
+            self.close()
         return False
 
 

@@ -59,7 +59,10 @@ class PyExchange final : public comm::ByteExchange {
     });
   }
   void send_bytes(std::string_view bytes, int peer, int tag) override {
-    calling("send_bytes", [&] { return group_.attr("send_bytes")(nb::bytes(bytes.data(), bytes.size()), peer, tag); });
+    calling("send_bytes", [&] {  // its result dropped here, with the GIL held
+      group_.attr("send_bytes")(nb::bytes(bytes.data(), bytes.size()), peer, tag);
+      return 0;
+    });
   }
   std::string recv_bytes(int peer, int tag) override {
     return calling("recv_bytes", [&] { return bytes_of(group_.attr("recv_bytes")(peer, tag), describe_ + ".recv_bytes"); });

@@ -1,12 +1,14 @@
 // Training from Python (python/shardwise/training.py wraps these): `shardwise train`'s options parsed
 // by the command's own parser (cli/train_run.h), a whole run as the command runs it, and a run driven
 // step by step. Ranks are threads of this process (or this process's rank under mpirun); the GIL is
-// released while they run.
+// released while they run, and the interpreter's signal handlers run meanwhile (Ctrl-C).
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <exception>
 #include <iostream>
 #include <mutex>
@@ -15,6 +17,7 @@
 #include <thread>
 
 #include "errors.h"
+#include "shardwise/cli/interrupt.h"
 #include "shardwise/cli/train_run.h"
 
 namespace shardwise::py {
@@ -66,13 +69,19 @@ std::string train_run(const std::vector<std::string>& args, nb::object on_step) 
 
 // shardwise.Trainer: the ranks run on a thread of their own, each waiting for the caller's next
 // command (a step, an evaluation, a save, the end); the caller waits for every rank to finish it.
+// Ctrl-C while they run: the interpreter's handler raises KeyboardInterrupt (polled every
+// kSignalPoll), which asks the ranks to stop after the command (cli::request_stop); they stop as
+// `shardwise train` does, saving the step with --save-on-interrupt, and then the command raises it. A
+// second one is raised at once: the ranks finish the command (and that save) on their own, and
+// close() waits for them.
 class StepwiseRun {
  public:
-  enum class Op { Setup, Step, Evaluate, Validate, Save, Finish };
+  enum class Op { Setup, Step, Evaluate, Validate, Save, Interrupt, Finish };
+  static constexpr std::chrono::milliseconds kSignalPoll{20};
 
   explicit StepwiseRun(const std::vector<std::string>& args) : parsed_(cli::parse_train_args(args)) {
     start();
-    wait(Op::Setup);
+    wait(Op::Setup, false);
   }
   ~StepwiseRun() {
     try {
@@ -85,28 +94,38 @@ class StepwiseRun {
     raising(ErrorKind::Usage, [&] {
       SW_CHECK(!done_, "the run has no step left: {} of {} steps done", outcome_.steps_done, run_.c.optimizer.steps);
     });
-    command(Op::Step);
+    stopping(Op::Step);
     return record_;
   }
   double evaluate() {
     raising(ErrorKind::Usage, [&] { cli::check_evaluates(run_.c); });
-    command(Op::Evaluate);
+    stopping(Op::Evaluate);
     return value_;
   }
   double validate() {
     raising(ErrorKind::Usage, [&] { cli::check_validates(run_.c); });
-    command(Op::Validate);
+    stopping(Op::Validate);
     return value_;
   }
   std::string save() {
-    command(Op::Save);
+    stopping(Op::Save);
     return saved_;
+  }
+  // What Ctrl-C during a command does, now (the Trainer's `with` calls it on a KeyboardInterrupt
+  // raised between steps): the ranks stop, saving this step with --save-on-interrupt; the summary
+  // says interrupted. Nothing when the run is done, closed or abandoned to a second Ctrl-C.
+  void interrupt() {
+    if (done_ || closed_ || abandoned_ || failed()) return;
+    cli::request_stop(SIGINT);
+    stopping(Op::Interrupt);
   }
   // The summary (as `shardwise train` prints it at the end); the ranks end. Again: nothing.
   void close() {
     if (closed_) return;
     closed_ = true;
+    if (abandoned_) wait(Op::Setup, false), abandoned_ = false;  // the command a second Ctrl-C left running
     if (!failed()) command(Op::Finish);
+    cli::clear_stop();
     nb::gil_scoped_release release;
     if (runner_.joinable()) runner_.join();
   }
@@ -119,6 +138,7 @@ class StepwiseRun {
  private:
   // The checks before a run (the GIL released), then the ranks on a thread of their own.
   void start() {
+    cli::clear_stop();
     nb::gil_scoped_release release;
     run_ = cli::prepare_train_run(parsed_.options, std::cout);
     SW_CHECK(!run_.o.logging.dry_run, "--dry-run only prints the memory plan: Trainer.memory_plan() gives it");
@@ -142,9 +162,20 @@ class StepwiseRun {
     std::lock_guard lock(mu_);
     return ended_;
   }
+  // command(op); when a signal's exception came meanwhile, the ranks stop (they may have already,
+  // after the step), then it is raised.
+  void stopping(Op op) {
+    command(op);
+    if (!signalled_) return;
+    if (!done_) command(Op::Interrupt);
+    nb::python_error e = std::move(*signalled_);
+    signalled_.reset();
+    throw e;
+  }
   // Runs `op` on every rank (the GIL released) and waits; the run's error when a rank failed.
   void command(Op op) {
     SW_CHECK(!closed_ || op == Op::Finish, "the Trainer is closed");
+    SW_CHECK(!abandoned_, "the Trainer was stopped by a second Ctrl-C while its ranks ran: close() it");
     {
       std::lock_guard lock(mu_);
       SW_CHECK(!ended_, "the Trainer's ranks have stopped after an error");
@@ -153,17 +184,38 @@ class StepwiseRun {
       ++generation_;
     }
     cv_.notify_all();
-    wait(op);
+    wait(op, op != Op::Finish);
   }
-  void wait(Op op) {
+  // Waits for every rank to finish `op`; with `signals`, runs the interpreter's signal handlers
+  // every kSignalPoll meanwhile (see the class comment).
+  void wait(Op op, bool signals) {
     nb::gil_scoped_release release;
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return acked_ == ranks_ || ended_; });
+    for (bool finished = false; !finished;) {
+      finished = cv_.wait_for(lock, kSignalPoll, [&] { return acked_ == ranks_ || ended_; });
+      if (!signals) continue;  // else once more when finished: a signal in a command shorter than the poll
+      lock.unlock();
+      std::optional<nb::python_error> raised = handler_raised();
+      lock.lock();
+      if (!raised) continue;
+      if (signalled_ && !finished) {  // the second: at once
+        abandoned_ = true;
+        throw std::move(*raised);
+      }
+      if (!signalled_) signalled_.emplace(std::move(*raised));
+      cli::request_stop(SIGINT);
+    }
     if (acked_ == ranks_ && (op != Op::Finish || !error_)) return;
     lock.unlock();
     if (runner_.joinable()) runner_.join();
     if (error_) std::rethrow_exception(error_);
     if (op != Op::Finish) fail("the Trainer's ranks ended before the command finished");
+  }
+  // The exception a signal handler of the interpreter raised (KeyboardInterrupt), if any.
+  static std::optional<nb::python_error> handler_raised() {
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return std::nullopt;
+    return nb::python_error();
   }
   void ack() {
     std::lock_guard lock(mu_);
@@ -213,6 +265,7 @@ class StepwiseRun {
         if (report) saved_ = dir;
         break;
       }
+      case Op::Interrupt: run.stop_if_asked(); break;
       case Op::Finish: run.finish(); break;
       case Op::Setup: break;
     }
@@ -228,6 +281,8 @@ class StepwiseRun {
   int64_t generation_ = 0;
   int acked_ = 0;
   bool ended_ = false, failing_ = false, closed_ = false;
+  bool abandoned_ = false;                          // a second Ctrl-C: the caller stopped waiting
+  std::optional<nb::python_error> signalled_;       // the first Ctrl-C's KeyboardInterrupt, raised after the stop
   std::exception_ptr error_;
   // Rank 0's answers, read by the caller after every rank acknowledged the command.
   std::string record_, saved_;
@@ -266,6 +321,7 @@ void bind_train(nb::module_& m) {
       .def("evaluate", &StepwiseRun::evaluate)
       .def("validate", &StepwiseRun::validate)
       .def("save", &StepwiseRun::save)
+      .def("interrupt", &StepwiseRun::interrupt)
       .def("close", &StepwiseRun::close)
       .def_prop_ro("done", &StepwiseRun::done)
       .def_prop_ro("records", &StepwiseRun::records)

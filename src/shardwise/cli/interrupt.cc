@@ -38,8 +38,7 @@ void on_signal(int sig) {
 }  // namespace
 
 StopSignals::StopSignals(bool say) {
-  g_signal = 0;
-  g_agreed = 0;
+  clear_stop();
   g_say = say;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -52,11 +51,20 @@ StopSignals::StopSignals(bool say) {
 StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
-  g_signal = 0;  // a later run in this process (the Python package's) starts without a stop request
-  g_agreed = 0;
+  clear_stop();  // a later run in this process (the Python package's) starts without a stop request
 }
 
 int stop_signal() { return g_signal.load(); }
+
+void request_stop(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+}
+
+void clear_stop() {
+  g_signal = 0;
+  g_agreed = 0;
+}
 
 int agree_to_stop(comm::Communicator& world) {
   constexpr int32_t kNone = std::numeric_limits<int32_t>::max();

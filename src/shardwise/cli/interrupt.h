@@ -26,6 +26,15 @@ class StopSignals {
 // The signal that asked this process to stop (SIGINT or SIGTERM), 0 when none has.
 int stop_signal();
 
+// Asks this process's run to stop after its step, as a first `sig` caught by StopSignals does (no
+// message, no handler): the Python package's Trainer, whose interpreter caught the signal, asks so.
+// A stop already asked for stays.
+void request_stop(int sig);
+
+// Forgets the stop request and the agreed stop: a later run in this process starts without them
+// (StopSignals does the same when it begins and ends).
+void clear_stop();
+
 // Collective: whether any rank's process was asked to stop: the signal (SIGINT when any process got
 // it: the user's Ctrl-C rather than mpirun's SIGTERM) or 0, the same on every rank, so they all stop
 // after the same step.

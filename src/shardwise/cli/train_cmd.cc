@@ -507,13 +507,20 @@ train::StepRecord RankRun::step() {
     p.bar_open = s.printer->bar_open();
     if (s.on_step) s.on_step(record);
   }
-  // SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
-  if (last.step < config.optimizer.steps && agree_to_stop(s.world_ref) != 0) {
-    if (o.checkpoint.save_on_interrupt && s.saved_step != last.step)
-      raising(ErrorKind::Checkpoint, [&] { s.checkpoints->after_step(trainer, *s.world, true); });
-    s.stopped = true;
-  }
+  stop_if_asked();  // nothing after the last step: done() then
   return record;
+}
+
+// SIGINT / SIGTERM: every rank stops after this step; --save-on-interrupt keeps it.
+bool RankRun::stop_if_asked() {
+  State& s = *s_;
+  if (done() || agree_to_stop(s.world_ref) == 0) return false;
+  if (s.o.checkpoint.save_on_interrupt && s.saved_step != s.trainer->steps_done()) {
+    raising(ErrorKind::Checkpoint, [&] { s.checkpoints->after_step(*s.trainer, *s.world, true); });
+    s.saved_step = s.trainer->steps_done();
+  }
+  s.stopped = true;
+  return true;
 }
 
 void check_evaluates(const train::TrainConfig& c) {

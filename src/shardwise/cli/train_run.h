@@ -84,6 +84,10 @@ class RankRun {
   // when due, the progress line; then whether a signal stops the run (saving the step with
   // --save-on-interrupt). Error when done().
   train::StepRecord step();
+  // Whether any rank's process was asked to stop (a signal, or request_stop: cli/interrupt.h); if
+  // so, saves this step with --save-on-interrupt (unless saved already) and the run is done. Nothing
+  // when done(). step() calls it after every step but the last.
+  bool stop_if_asked();
   double evaluate();  // the held-out exact-match accuracy (the addition task)
   double validate();  // the validation loss (--val-data, --val-fraction)
   // A checkpoint of this step now, in the run's save directory; its directory ("" for an async save
