@@ -14,6 +14,7 @@ import weakref
 import numpy as np
 
 from . import _core
+from .tracing import describe, model_builder
 
 
 def _word(value):
@@ -156,9 +157,12 @@ class Trainer:
     it as a context manager) to print the summary and end its ranks; the interpreter's exit closes
     one left open."""
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config=None, model=None, **kwargs):
+        """`model`: a shardwise.nn Module whose forward(ids, labels) gives the mean loss (trained in
+        place of the built-in model, on [B, seq] batches of the run's data), or None."""
         self.config = _config(config, kwargs)
-        self._run = _core._StepwiseRun(self.config.args)
+        self._builder = None if model is None else model_builder(model)
+        self._run = _core._StepwiseRun(self.config.args, self._builder, "" if model is None else describe(model))
         self._closed = False
         _open_trainers.add(self)
 

@@ -9,6 +9,7 @@ namespace shardwise::py {
 void bind_rules(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_generate(nb::module_& m);
+void bind_graph(nb::module_& m);
 }  // namespace shardwise::py
 
 NB_MODULE(_core, m) {
@@ -21,4 +22,5 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_checkpoint_load(m);
   shardwise::py::bind_train(m);
   shardwise::py::bind_generate(m);
+  shardwise::py::bind_graph(m);
 }

@@ -1,0 +1,225 @@
+"""Modules for models written in Python with single-device semantics (shardwise.graph builds their
+graph): parameters named by their attribute paths (the checkpoint keys), and the layers the built-in
+C++ models are made of, composed as those builders compose them (src/shardwise/models/gpt.cc), so a
+model written with them computes the built-in model's numbers.
+
+Parameters are stored as the C++ builders store them: a Linear's weight is [in, out]. Tensor
+parallelism is a placement by mesh dim name on the parameters (``parallel="column"``: the weight
+``Shard(1)`` on tp, its bias ``Shard(0)``; ``"row"``: the weight ``Shard(0)``); dims the mesh lacks are
+ignored, so one model runs on any mesh.
+"""
+import math
+
+from . import _core
+from .graph import apply, current_graph, ops, placements_for, shard, user_site
+
+__all__ = ["Parameter", "Module", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops"]
+
+
+class Parameter:
+    """A trained parameter of `shape`: initialised to normal(0, std) keyed by its name (std > 0, the
+    built-in models' draw: any mesh holds the single-device numbers) or to the constant `value`."""
+
+    def __init__(self, shape, std=0.0, value=0.0, dtype="f32", placements=None):
+        self.shape, self.std, self.value, self.dtype = tuple(shape), float(std), float(value), dtype
+        self.name = None  # set from the module tree when a trace starts
+        self.placements, self.placement_site = dict(placements or {}), user_site()
+
+    def __call__(self):
+        """The parameter's value in the graph being traced (created at its first use)."""
+        graph = current_graph()
+        made = graph.params.get(id(self))
+        if made is not None:
+            return made
+        if self.name is None:
+            raise _core.UsageError(f"{self.placement_site}: a parameter of shape {self.shape} belongs to no module "
+                                   "of the model (assign it to a Module attribute)")
+        t = graph.param(self.name, self.shape, self.dtype, self.std, self.value)
+        graph.sites[self.name] = self.placement_site
+        text = placements_for(graph, self.placements, self.placement_site)
+        if text is not None:
+            try:
+                t.graph.annotate(t.id, text)
+            except _core.Error as e:
+                raise type(e)(f"{self.placement_site}: {e}") from None
+        graph.params[id(self)] = t
+        return t
+
+
+class Module:
+    """A model or a part of one: Parameters and Modules assigned as attributes (or in a ModuleList)
+    are its own, named by their attribute paths ("transformer.h.0.ln_1.weight")."""
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    def named_parameters(self, prefix=""):
+        """(name, Parameter) pairs, in attribute order."""
+        for attr, value in vars(self).items():
+            path = f"{prefix}{attr}"
+            if isinstance(value, Parameter):
+                yield path, value
+            elif isinstance(value, Module):
+                yield from value.named_parameters(path + ".")
+
+    def name_parameters(self):
+        """Gives every parameter its name (done by the trace); Error if one is reachable twice."""
+        seen = {}
+        for name, p in self.named_parameters():
+            if id(p) in seen and seen[id(p)] != name:
+                raise _core.UsageError(f"{p.placement_site}: the parameter '{seen[id(p)]}' is also '{name}': share "
+                                       "a module's parameter by using the module, not by assigning it twice")
+            seen[id(p)] = name
+            p.name = name
+
+
+class ModuleList(Module):
+    """Modules named by their index ("h.0", "h.1", ...)."""
+
+    def __init__(self, modules):
+        for i, m in enumerate(modules):
+            setattr(self, str(i), m)
+
+    def __iter__(self):
+        return iter(vars(self).values())
+
+    def __len__(self):
+        return len(vars(self))
+
+    def __getitem__(self, i):
+        return vars(self)[str(i)]
+
+
+class Linear(Module):
+    """y = x W + b with W [n_in, n_out]; parallel "column" (W Shard(1) and b Shard(0) on tp) or "row"
+    (W Shard(0) on tp: the product is Partial over tp and b is added after its reduction)."""
+
+    def __init__(self, n_in, n_out, bias=True, std=0.02, parallel=None):
+        if parallel not in (None, "column", "row"):
+            raise _core.UsageError(f"{user_site()}: Linear parallel='{parallel}' is not None, 'column' or 'row'")
+        self.weight = Parameter((n_in, n_out), std=std)
+        if parallel:
+            shard(self.weight, tp=_core.Shard(1 if parallel == "column" else 0))
+        if bias:
+            self.bias = Parameter((n_out,))
+            if parallel == "column":
+                shard(self.bias, tp=_core.Shard(0))
+
+    def forward(self, x):
+        w = self.weight()
+        b = self.bias() if hasattr(self, "bias") else None
+        y = apply("matmul", [x, w])
+        return y if b is None else y + b
+
+
+class Embedding(Module):
+    """weight [num, dim] looked up by ids; ``vocab_parallel`` shards the rows over tp."""
+
+    def __init__(self, num, dim, std=0.02, vocab_parallel=False):
+        self.weight = Parameter((num, dim), std=std)
+        if vocab_parallel:
+            shard(self.weight, tp=_core.Shard(0))
+
+    def forward(self, ids):
+        return apply("embedding", [ids, self.weight()])
+
+
+class LayerNorm(Module):
+    """LayerNorm over the last dim: weight ones, bias zeros."""
+
+    def __init__(self, dim, eps=1e-5):
+        self.weight = Parameter((dim,), value=1.0)
+        self.bias = Parameter((dim,))
+        self.eps = eps
+
+    def forward(self, x):
+        attrs = {"begin_norm_axis": -1, "epsilon": float(self.eps)}
+        return apply("layer_norm", [x, self.weight(), self.bias()], attrs)[0]
+
+
+class RMSNorm(Module):
+    """RMSNorm over the last dim: weight ones."""
+
+    def __init__(self, dim, eps=1e-6):
+        self.weight = Parameter((dim,), value=1.0)
+        self.eps = eps
+
+    def forward(self, x):
+        return apply("rms_norm", [x, self.weight()], {"begin_norm_axis": -1, "epsilon": float(self.eps)})[0]
+
+
+class MLP(Module):
+    """Linear (column) -> GELU -> Linear (row), named c_fc and c_proj as GPT-2's."""
+
+    def __init__(self, dim, width=None, std=0.02, proj_std=None):
+        width = width or 4 * dim
+        self.c_fc = Linear(dim, width, std=std, parallel="column")
+        self.c_proj = Linear(width, dim, std=std if proj_std is None else proj_std, parallel="row")
+
+    def forward(self, x):
+        return self.c_proj(apply("gelu", [self.c_fc(x)]))
+
+
+class SwiGLU(Module):
+    """down(silu(gate x) * up x) (the fused swiglu op), named as Llama's gate_proj, up_proj, down_proj."""
+
+    def __init__(self, dim, width, std=0.02, bias=False):
+        self.gate_proj = Linear(dim, width, bias=bias, std=std, parallel="column")
+        self.up_proj = Linear(dim, width, bias=bias, std=std, parallel="column")
+        self.down_proj = Linear(width, dim, bias=bias, std=std, parallel="row")
+
+    def forward(self, x):
+        return self.down_proj(apply("swiglu", [self.gate_proj(x), self.up_proj(x)]))
+
+
+def split_heads(x, heads):
+    """[B, S, heads * D] -> [B, heads, S, D]."""
+    b, s, h = x.shape
+    return x.reshape(b, s, heads, h // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """[B, heads, S, D] -> [B, S, heads * D]."""
+    b, n, s, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, s, n * d)
+
+
+def attention(q, k, v, scale=None):
+    """Causal attention on [B, heads, S, D] with the fused kernel (flash_attention): softmax(q k^T *
+    scale) v, scale 1/sqrt(D) by default."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return apply("flash_attention", [q, k, v], {"scale": float(scale)})[0]
+
+
+def _sum_scale(x):
+    count = 1
+    for d in x.shape[:-1]:
+        count *= d
+    return 1.0 / count
+
+
+def lm_head_loss(x, weight, labels):
+    """The mean next-token cross-entropy of the logits x weight^T (x [B, S, H], weight [V, H]) with
+    the fused head (the logits made and dropped in row chunks; vocab-parallel on a mesh with tp), as
+    the built-in models' training loss: the summed loss over B x S tokens, scaled."""
+    graph = current_graph()
+    op = "vocab_parallel_lm_head_cross_entropy" if graph.has_dim("tp") else "lm_head_cross_entropy"
+    scale = _sum_scale(x)
+    attrs = {"reduction": "sum"}
+    grads = (1 if x.requires_grad else 0) | (2 if weight.requires_grad else 0)
+    if grads:  # the head's gradients come out of its forward
+        attrs.update(forward_grads=grads, grad_scale=scale)
+    total = apply(op, [x, weight, labels], attrs)
+    total = total[0] if isinstance(total, tuple) else total
+    return apply("scale", [total], {"scale": scale, "bias": 0.0})
+
+
+def cross_entropy(logits, labels):
+    """The mean cross-entropy of logits [..., V] against labels [...] (vocab-parallel with tp)."""
+    op = "vocab_parallel_cross_entropy" if current_graph().has_dim("tp") else "cross_entropy"
+    total = apply(op, [logits, labels], {"reduction": "sum"})
+    return apply("scale", [total], {"scale": _sum_scale(logits), "bias": 0.0})

@@ -1,0 +1,123 @@
+// The graph builder from Python: shardwise._Graph (parameters, inputs, any registered op by name,
+// annotations), and python_model, the traced model the Trainer runs (models/custom.h).
+#include "graph.h"
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <mutex>
+#include <tuple>
+
+#include "errors.h"
+#include "layouts.h"
+#include "shardwise/mesh/dist_attr.h"
+
+namespace shardwise::py {
+namespace {
+
+DType dtype_of(const std::string& name) { return parse_dtype(name); }
+
+nb::tuple meta_tuple(const graph::Graph& g, graph::ValueId v) {
+  const graph::Value& val = g.value(v);
+  return nb::make_tuple(val.name, shape_tuple(val.meta.shape), std::string(dtype_name(val.meta.dtype)),
+                        val.requires_grad);
+}
+
+PyGraph graph_on(nb::handle mesh_spec, bool sequence_parallel) {
+  PyGraph pg;
+  if (!mesh_spec.is_none()) pg.strategy = mesh::Strategy::from_mesh(mesh_of(mesh_spec), sequence_parallel);
+  return pg;
+}
+
+struct PyModel {
+  nb::handle build;  // borrowed: the Python Trainer keeps it alive
+  std::string description;
+  std::mutex mu;
+  std::map<std::tuple<std::string, int64_t, int64_t, bool>, train::GptGraph> traced;
+  std::map<std::string, train::ParamInit> inits;
+
+  train::GptGraph trace(const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training) {
+    std::lock_guard lock(mu);
+    auto key = std::make_tuple(s.to_string(), sequences, seq, training);
+    if (auto it = traced.find(key); it != traced.end()) return it->second;
+    train::GptGraph out;
+    {
+      nb::gil_scoped_acquire gil;
+      try {
+        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, {}});
+        int loss = nb::cast<int>(build(py, sequences, seq, training));
+        PyGraph& pg = nb::cast<PyGraph&>(py);
+        out.g = *pg.g;
+        out.loss = loss;
+        for (auto& [name, init] : pg.inits) inits[name] = init;
+      } catch (nb::python_error& e) {
+        // The Python error's message (a shardwise.Error names the user's file and line; another
+        // error gets its type and innermost line) as a usage error of the run.
+        std::string message = nb::cast<std::string>(nb::module_::import_("shardwise.tracing").attr("error_text")(e.value()));
+        throw KindedError(ErrorKind::Usage, message);
+      }
+    }
+    return traced.emplace(key, std::move(out)).first->second;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description) {
+  auto model = std::make_shared<PyModel>();
+  model->build = build;
+  model->description = description;
+  auto custom = std::make_shared<train::CustomModel>();
+  custom->description = std::move(description);
+  custom->build = [model](const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training) {
+    return model->trace(s, sequences, seq, training);
+  };
+  custom->init = [model](const std::string& name) {
+    std::lock_guard lock(model->mu);
+    auto it = model->inits.find(name);
+    SW_CHECK(it != model->inits.end(), "{}: no initial value for the parameter '{}'", model->description, name);
+    return it->second;
+  };
+  return custom;
+}
+
+void bind_graph(nb::module_& m) {
+  nb::class_<PyGraph>(m, "_Graph", "A graph being built (shardwise.graph wraps it).")
+      .def("__init__", [](PyGraph* self, nb::handle mesh, bool sp) {
+        new (self) PyGraph(raising(ErrorKind::Usage, [&] { return graph_on(mesh, sp); }));
+      }, nb::arg("mesh").none() = nb::none(), nb::arg("sequence_parallel") = false)
+      .def("input", [](PyGraph& pg, const std::string& name, nb::handle shape, const std::string& dtype) {
+        return raising(ErrorKind::Usage, [&] { return pg.g->input(name, shape_of(shape, name), dtype_of(dtype)); });
+      }, nb::arg("name"), nb::arg("shape"), nb::arg("dtype") = "f32")
+      .def("param", [](PyGraph& pg, const std::string& name, nb::handle shape, const std::string& dtype, double std,
+                       double value) {
+        return raising(ErrorKind::Usage, [&] {
+          graph::ValueId v = pg.g->param(name, shape_of(shape, name), dtype_of(dtype));
+          pg.inits[name] = train::ParamInit{std, value};
+          return v;
+        });
+      }, nb::arg("name"), nb::arg("shape"), nb::arg("dtype") = "f32", nb::arg("std") = 0.0, nb::arg("value") = 0.0,
+           "A trained parameter, initialised to normal(0, std) by name (std > 0) or to `value`.")
+      .def("op", [](PyGraph& pg, const std::string& op, const std::vector<int>& inputs, nb::handle attrs,
+                    const std::string& name) {
+        return raising(ErrorKind::Usage, [&] { return pg.g->op(op, inputs, attrs_of(attrs), name); });
+      }, nb::arg("op"), nb::arg("inputs"), nb::arg("attrs").none() = nb::none(), nb::arg("name") = "")
+      .def("meta", [](const PyGraph& pg, int v) {
+        return raising(ErrorKind::Usage, [&] { return meta_tuple(*pg.g, v); });
+      }, nb::arg("value"), "(name, shape, dtype, requires_grad) of a value.")
+      .def("annotate", [](PyGraph& pg, int v, const std::string& placements) {
+        raising(ErrorKind::Usage, [&] { pg.g->annotate(v, placements); });
+      }, nb::arg("value"), nb::arg("placements"))
+      .def("begin_segment", [](PyGraph& pg) { return pg.g->begin_segment(); })
+      .def("end_segment", [](PyGraph& pg) { pg.g->end_segment(); })
+      .def_prop_ro("mesh_dims", [](const PyGraph& pg) { return pg.strategy.mesh.dim_names(); })
+      .def_prop_ro("mesh_shape", [](const PyGraph& pg) { return shape_tuple(pg.strategy.mesh.shape()); })
+      .def_prop_ro("sequence_parallel", [](const PyGraph& pg) { return pg.strategy.sequence_parallel; })
+      .def_prop_ro("nodes", [](const PyGraph& pg) {
+        std::vector<std::string> out;
+        for (const graph::Node& n : pg.g->nodes()) out.push_back(n.to_string(*pg.g));
+        return out;
+      }, "Each node as text: 'h = matmul(x, w)'.");
+}
+
+}  // namespace shardwise::py

@@ -1,0 +1,33 @@
+#pragma once
+// Graphs built from Python (python/shardwise/graph.py, nn.py): a graph builder on a mesh whose
+// parameters carry their initial values, and the custom model that hands a traced Python model to
+// the Trainer (models/custom.h).
+#include <nanobind/nanobind.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "shardwise/graph/graph.h"
+#include "shardwise/mesh/strategy.h"
+#include "shardwise/models/custom.h"
+
+namespace shardwise::py {
+
+namespace nb = nanobind;
+
+// One graph being traced: the builder, the strategy it is built for, the parameters' initial values.
+struct PyGraph {
+  std::shared_ptr<graph::Graph> g = std::make_shared<graph::Graph>();
+  mesh::Strategy strategy;
+  std::map<std::string, train::ParamInit> inits;
+};
+
+// A CustomModel whose graphs come from `build(graph: _Graph, sequences: int, seq: int, training:
+// bool) -> loss value id`, a Python callable the caller keeps alive while the model is in use; each
+// (mesh, sequences, seq, training) is traced once (under the GIL) and copied for every rank after.
+std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description);
+
+void bind_graph(nb::module_& m);
+
+}  // namespace shardwise::py

@@ -1,0 +1,83 @@
+"""Models written in Python (shardwise.nn, shardwise.ops) trained by the Trainer: the Python GPT-2
+gives the built-in model's losses bit for bit on every mesh; a model the project does not have
+(examples/gptj.py) gives its single-rank curve on every mesh; ops come from the C++ registry."""
+import importlib.util
+import pathlib
+
+import pytest
+
+import shardwise as sw
+from shardwise.models import GPT2
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# The embedded addition task (2 digits), a tiny GPT-2.
+SIZE = {"layers": 2, "hidden": 32, "heads": 2}
+RUN = {"global_batch": 8, "digits": 2, "seq": 12, "vocab": 128, "eval_every": 0, "progress": "none"}
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def curve(tmp_path, tag, model=None, steps=4, **options):
+    with sw.Trainer(model=model, steps=steps, run_dir=tmp_path / tag, **RUN, **options) as trainer:
+        return [(m.loss, m.grad_norm) for m in (trainer.step() for _ in range(steps))]
+
+
+
+
+@pytest.mark.parametrize("mesh", ["dp=1", "dp=2", "tp=2", "dp=2,tp=2"])
+def test_python_gpt2_equals_the_builtin_bit_for_bit(tmp_path, mesh):
+    seq, vocab = RUN["seq"], RUN["vocab"]
+    builtin = curve(tmp_path, "builtin", mesh=mesh, **SIZE)
+    python = curve(tmp_path, "python", model=GPT2(seq=seq, vocab=vocab, **SIZE), mesh=mesh)
+    assert python == builtin  # losses and gradient norms, exactly
+
+
+def test_python_gpt2_differs_when_its_graph_differs(tmp_path):
+    # The comparison above can fail: one LayerNorm epsilon changed changes the losses.
+    seq, vocab = RUN["seq"], RUN["vocab"]
+    model = GPT2(seq=seq, vocab=vocab, **SIZE)
+    model.transformer.ln_f.eps = 1e-3
+    assert curve(tmp_path, "other", model=model, steps=2) != curve(tmp_path, "b", **SIZE, steps=2)
+
+
+@pytest.fixture(scope="module")
+def gptj_single(tmp_path_factory):
+    gptj = load_example("gptj")
+    seq, vocab = RUN["seq"], RUN["vocab"]
+    model = gptj.GPTJ(layers=2, hidden=32, heads=2, seq=seq, vocab=vocab)
+    return curve(tmp_path_factory.mktemp("gptj"), "single", model=model, steps=20, mesh="dp=1")
+
+
+@pytest.mark.parametrize("mesh", ["dp=2", "tp=2", "dp=2,tp=2"])
+def test_gptj_curve_is_the_single_rank_curve_on_every_mesh(tmp_path, gptj_single, mesh):
+    gptj = load_example("gptj")
+    seq, vocab = RUN["seq"], RUN["vocab"]
+    model = gptj.GPTJ(layers=2, hidden=32, heads=2, seq=seq, vocab=vocab)
+    sharded = curve(tmp_path, "mesh", model=model, steps=20, mesh=mesh)
+    assert len(sharded) == 20
+    for (loss, _), (single, _) in zip(sharded, gptj_single):
+        assert loss == pytest.approx(single, abs=1e-5)
+    assert gptj_single[-1][0] < gptj_single[0][0] - 0.3  # it learns
+
+
+def test_every_registered_op_is_reachable_by_name():
+    names = [op.name for op in sw.ops()]
+    assert "matmul" in names and "flash_attention" in names
+    for name in names:
+        assert callable(getattr(sw.ops, name)) and getattr(sw.ops, name).__name__ == name
+    assert set(names) <= set(dir(sw.ops))
+    with pytest.raises(AttributeError, match="no op named 'matmull'; did you mean 'matmul'"):
+        sw.ops.matmull
+
+
+def test_trace_gives_symbolic_tensors_and_the_users_names():
+    seq, vocab = 8, 16
+    graph = sw.trace(GPT2(layers=1, hidden=16, heads=2, seq=seq, vocab=vocab), mesh="dp=2,tp=2", batch=4, seq=seq)
+    assert graph.loss.shape == () and graph.loss.dtype == "f32"
+    assert "transformer.h.0.attn.q_proj.weight" in graph.sites
+    assert any("flash_attention" in node for node in graph.nodes)

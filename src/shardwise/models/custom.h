@@ -1,0 +1,42 @@
+#pragma once
+// A model built outside the built-in builders: the Python package's modules (python/src/graph.cc)
+// trace their graph through the graph builder and hand the Trainer a CustomModel in
+// GptConfig::custom. The stages, the runner, autodiff, completion, lowering, the optimizer and the
+// loader are the built-in models' (build_model, init_model_param_block dispatch here); only the
+// graph and the parameters' initial values come from the model.
+//
+// The graph of one micro-batch takes the inputs "ids" and "labels" [B, S] i64 (B the micro-batch's
+// sequences over the whole dp dim), annotated by the builder, and gives a scalar loss: the mean
+// over the micro-batch's tokens, as the built-in models' "loss".
+#include <functional>
+#include <map>
+#include <string>
+
+#include "shardwise/models/gpt.h"
+
+namespace shardwise::train {
+
+// A parameter's initial value: normal(0, std) keyed by (seed, name) at the global element index
+// (normal_param_block: the built-in models' draw) when std > 0, else the constant `value`.
+struct ParamInit {
+  double std = 0, value = 0;
+};
+
+struct CustomModel {
+  std::string description;  // for the run header ("python: GPT2 (examples/gpt2.py)")
+  // The graph of one micro-batch of `sequences` sequences of `seq` tokens (the run's sequence
+  // length) on `strategy`'s mesh: `training` false for the loss-only graph (no dropout). Called by
+  // every rank (possibly at once), once per graph.
+  std::function<GptGraph(const Strategy& strategy, int64_t sequences, int64_t seq, bool training)> build;
+  // The initial value of the parameter `name` (known once a graph holding it was built).
+  std::function<ParamInit(const std::string& name)> init;
+};
+
+// build_model for a custom model: refuses what it does not build yet (pipeline stages, the
+// predictions graph) with an error naming it.
+GptGraph build_custom(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
+                      const GptPart& part);
+Tensor init_custom_block(const GptConfig& config, const std::string& name, const Shape& shape,
+                         std::span<const int64_t> offset, const Shape& block, uint64_t seed);
+
+}  // namespace shardwise::train
