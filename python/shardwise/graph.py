@@ -8,6 +8,7 @@ this package.
 """
 import difflib
 import os
+import re
 import sys
 
 from . import _core
@@ -87,6 +88,7 @@ class Graph:
         self.native = native if native is not None else _core._Graph(mesh, sequence_parallel)
         self.sites = {}  # value name -> 'file:line' where the user made it
         self.params = {}  # id(nn.Parameter) -> its Tensor in this graph
+        self.annotated = {}  # value name -> 'file:line' of the user's shard() of it
 
     @property
     def mesh_dims(self):
@@ -235,4 +237,18 @@ def shard(value, placements=None, **by_dim):
             value.graph.annotate(value.id, text)
         except _core.Error as e:
             raise _at_site(e, site) from None
+        graph.annotated[value.name] = site
     return value
+
+
+def with_user_site(error, graphs):
+    """`error` (a shardwise.Error from compiling or running traced graphs) with the user's file and
+    line of the first value it names in quotes: where the user annotated it, else where it was made.
+    The same error when it names none (or already starts with a site)."""
+    message = str(error)
+    for name in re.findall(r"'([^']+)'", message):
+        for graph in graphs:
+            site = graph.annotated.get(name) or graph.sites.get(name)
+            if site and not message.startswith(site):
+                return _at_site(error, site)
+    return error

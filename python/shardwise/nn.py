@@ -37,6 +37,9 @@ class Parameter:
                                    "of the model (assign it to a Module attribute)")
         t = graph.param(self.name, self.shape, self.dtype, self.std, self.value)
         graph.sites[self.name] = self.placement_site
+        if any(_is_partial(p) for p in self.placements.values()):
+            raise _core.UsageError(f"{self.placement_site}: the parameter '{self.name}' is placed Partial: a "
+                                   "parameter is stored whole or sharded (Replicate or Shard), never as a sum of parts")
         text = placements_for(graph, self.placements, self.placement_site)
         if text is not None:
             try:
@@ -45,6 +48,10 @@ class Parameter:
                 raise type(e)(f"{self.placement_site}: {e}") from None
         graph.params[id(self)] = t
         return t
+
+
+def _is_partial(placement):
+    return str(placement).startswith("P")
 
 
 class Module:

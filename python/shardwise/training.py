@@ -14,6 +14,7 @@ import weakref
 import numpy as np
 
 from . import _core
+from .graph import with_user_site
 from .tracing import describe, model_builder
 
 
@@ -162,13 +163,26 @@ class Trainer:
         place of the built-in model, on [B, seq] batches of the run's data), or None."""
         self.config = _config(config, kwargs)
         self._builder = None if model is None else model_builder(model)
-        self._run = _core._StepwiseRun(self.config.args, self._builder, "" if model is None else describe(model))
+        self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder,
+                                "" if model is None else describe(model))
         self._closed = False
         _open_trainers.add(self)
 
     def step(self):
         """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics."""
-        return Metrics(json.loads(self._run.step()))
+        return Metrics(json.loads(self._sited(self._run.step)))
+
+    def _sited(self, call, *args):
+        """call(*args); a shardwise.Error naming a value of a Python model's graph gets the user's line."""
+        try:
+            return call(*args)
+        except _core.Error as e:
+            if self._builder is None:
+                raise
+            sited = with_user_site(e, self._builder.graphs)
+            if sited is e:
+                raise
+            raise sited from None
 
     def evaluate(self):
         """The held-out exact-match accuracy (the embedded addition task)."""

@@ -24,13 +24,17 @@ class Tiny(nn.Module):
         self.fc = nn.Linear(hidden + (mistake == "shape"), hidden, parallel="column")
         if mistake == "dim":
             sw.shard(self.fc.weight, tq=sw.Shard(0))  # unknown dim
+        if mistake == "partial":
+            sw.shard(self.fc.weight, tp=sw.Partial())  # partial parameter
 
     def forward(self, ids, labels):
         x = self.wte(ids)
         if self.mistake == "dtype":
             x = nn.ops.embedding(x, self.wte.weight())  # wrong dtype
         if self.mistake == "rule":
-            sw.shard(x, tp=sw.Partial())  # no rule
+            sw.shard(x, tp=sw.Shard(3))  # no rule
+        if self.mistake == "ids":
+            sw.shard(ids, tp=sw.Partial())  # ids not split over dp
         h = self.fc(x)  # shape
         return nn.lm_head_loss(h, self.wte.weight(), labels)
 
@@ -39,6 +43,8 @@ class Tiny(nn.Module):
     ("shape", "shape", "matmul"),
     ("dtype", "wrong dtype", "embedding"),
     ("dim", "unknown dim", "unknown mesh dim 'tq'"),
+    ("rule", "no rule", "placement S(3) on mesh dim 1 names tensor dim 3, but the tensor has rank 3"),
+    ("partial", "partial parameter", "a parameter is stored whole or sharded"),
 ])
 def test_a_mistake_names_the_users_line(mistake, marker, words):
     with pytest.raises(sw.Error) as e:
@@ -49,11 +55,21 @@ def test_a_mistake_names_the_users_line(mistake, marker, words):
 
 
 def test_the_trainer_reports_the_users_line(tmp_path):
-    vocab = sw.TrainConfig(digits=2)["vocab"]
     with pytest.raises(sw.Error) as e:
-        sw.Trainer(model=Tiny("shape", vocab=vocab), mesh="dp=2", digits=2, steps=1, global_batch=4, progress="none",
-                   run_dir=tmp_path / "run")
+        sw.Trainer(model=Tiny("shape", vocab=128), mesh="dp=2", digits=2, seq=12, vocab=128, steps=1,
+                   global_batch=4, progress="none", run_dir=tmp_path / "run")
     assert f"{__file__}:{line_of('shape')}: " in str(e.value)
+
+
+def test_an_error_of_the_run_names_the_line_that_placed_the_value(tmp_path):
+    # Tracing accepts ids placed Partial over tp (and so whole over dp); the loader, which splits
+    # the batch over dp, refuses it: the error names the user's shard() line.
+    with pytest.raises(sw.Error) as e:
+        trainer = sw.Trainer(model=Tiny("ids", vocab=128), mesh="dp=2,tp=2", digits=2, seq=12, vocab=128,
+                             steps=1, global_batch=8, progress="none", run_dir=tmp_path / "run")
+        trainer.step()
+    assert str(e.value).startswith(f"{__file__}:{line_of('ids not split over dp')}: "), str(e.value)
+    assert "'ids'" in str(e.value)
 
 
 def test_a_correct_model_traces():
