@@ -10,6 +10,7 @@ void bind_rules(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_generate(nb::module_& m);
 void bind_graph(nb::module_& m);
+void bind_reference(nb::module_& m);
 }  // namespace shardwise::py
 
 NB_MODULE(_core, m) {
@@ -23,4 +24,5 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_train(m);
   shardwise::py::bind_generate(m);
   shardwise::py::bind_graph(m);
+  shardwise::py::bind_reference(m);
 }

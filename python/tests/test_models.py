@@ -81,3 +81,19 @@ def test_trace_gives_symbolic_tensors_and_the_users_names():
     assert graph.loss.shape == () and graph.loss.dtype == "f32"
     assert "transformer.h.0.attn.q_proj.weight" in graph.sites
     assert any("flash_attention" in node for node in graph.nodes)
+
+
+def test_gptj_equals_its_pytorch_reference(tmp_path):
+    # tests/golden/gptj_losses.json: the same model in eager float32 PyTorch from the same initial
+    # weights and batches (tools/pymodel_golden.py, run outside make test).
+    import json
+
+    golden = json.loads((REPO / "tests" / "golden" / "gptj_losses.json").read_text())
+    cfg = golden["config"]
+    model = load_example("gptj").GPTJ(layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"], seq=cfg["seq"],
+                                      vocab=cfg["vocab"])
+    options = {k: cfg[k] for k in ("mesh", "digits", "seq", "vocab", "global_batch", "lr", "min_lr", "warmup",
+                                   "weight_decay", "clip", "seed", "beta1", "beta2")}
+    with sw.Trainer(model=model, steps=cfg["steps"], progress="none", run_dir=tmp_path / "run", **options) as trainer:
+        losses = [trainer.step().loss for _ in range(cfg["steps"])]
+    assert losses == pytest.approx(golden["losses"], rel=1e-4)
