@@ -158,13 +158,15 @@ class Trainer:
     it as a context manager) to print the summary and end its ranks; the interpreter's exit closes
     one left open."""
 
-    def __init__(self, config=None, model=None, **kwargs):
+    def __init__(self, config=None, model=None, model_config=None, **kwargs):
         """`model`: a shardwise.nn Module whose forward(ids, labels) gives the mean loss (trained in
-        place of the built-in model, on [B, seq] batches of the run's data), or None."""
+        place of the built-in model, on [B, seq] batches of the run's data), or None. Its
+        checkpoints hold its parameters under their names, and `model_config` (a dict) as config.json."""
         self.config = _config(config, kwargs)
         self._builder = None if model is None else model_builder(model)
         self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder,
-                                "" if model is None else describe(model))
+                                "" if model is None else describe(model),
+                                "" if model_config is None else json.dumps(model_config))
         self._closed = False
         _open_trainers.add(self)
 

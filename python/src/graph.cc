@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "errors.h"
@@ -63,12 +64,14 @@ struct PyModel {
 
 }  // namespace
 
-std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description) {
+std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description,
+                                                       const std::string& config_json) {
   auto model = std::make_shared<PyModel>();
   model->build = build;
   model->description = description;
   auto custom = std::make_shared<train::CustomModel>();
   custom->description = std::move(description);
+  if (!config_json.empty()) custom->config = nlohmann::json::parse(config_json);
   custom->build = [model](const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training) {
     return model->trace(s, sequences, seq, training);
   };

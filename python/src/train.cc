@@ -72,9 +72,10 @@ class StepwiseRun {
   enum class Op { Setup, Step, Evaluate, Validate, Save, Finish };
 
   // `model`: a Python model's builder (python_model), or None for the built-in model the options name.
-  StepwiseRun(const std::vector<std::string>& args, nb::handle model, const std::string& description)
+  StepwiseRun(const std::vector<std::string>& args, nb::handle model, const std::string& description,
+              const std::string& model_config)
       : parsed_(cli::parse_train_args(args)) {
-    if (!model.is_none()) parsed_.options.config.model.custom = python_model(model, description);
+    if (!model.is_none()) parsed_.options.config.model.custom = python_model(model, description, model_config);
     start();
     wait(Op::Setup);
   }
@@ -265,8 +266,9 @@ void bind_train(nb::module_& m) {
         "Runs `shardwise train ARGS`; on_step(metrics JSON line) on each step. The outcome as JSON text.");
   m.def("_memory_plan", &memory_plan, nb::arg("args"), "`shardwise plan --memory --json ARGS`'s JSON text.");
   nb::class_<StepwiseRun>(m, "_StepwiseRun")
-      .def(nb::init<const std::vector<std::string>&, nb::handle, const std::string&>(), nb::arg("args"),
-           nb::arg("model").none() = nb::none(), nb::arg("description") = "")
+      .def(nb::init<const std::vector<std::string>&, nb::handle, const std::string&, const std::string&>(),
+           nb::arg("args"), nb::arg("model").none() = nb::none(), nb::arg("description") = "",
+           nb::arg("model_config") = "")
       .def("step", &StepwiseRun::step)
       .def("evaluate", &StepwiseRun::evaluate)
       .def("validate", &StepwiseRun::validate)

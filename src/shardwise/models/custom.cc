@@ -18,6 +18,14 @@ GptGraph build_custom(const GptConfig& c, const Strategy& s, int64_t sequences, 
   return out;
 }
 
+nlohmann::json custom_config_json(const GptConfig& c) {
+  nlohmann::json out = c.custom->config.is_object() ? c.custom->config : nlohmann::json::object();
+  out.emplace("shardwise_model", c.custom->description);
+  out.emplace("max_position_embeddings", c.seq);
+  out.emplace("vocab_size", c.vocab);
+  return out;
+}
+
 Tensor init_custom_block(const GptConfig& c, const std::string& name, const Shape& shape,
                          std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
   const ParamInit init = c.custom->init(name);

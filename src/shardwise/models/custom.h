@@ -12,6 +12,8 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "shardwise/models/gpt.h"
 
 namespace shardwise::train {
@@ -30,12 +32,18 @@ struct CustomModel {
   std::function<GptGraph(const Strategy& strategy, int64_t sequences, int64_t seq, bool training)> build;
   // The initial value of the parameter `name` (known once a graph holding it was built).
   std::function<ParamInit(const std::string& name)> init;
+  // The config.json of its checkpoints (the user's, e.g. a Hugging Face config); null: none given.
+  // Its parameters are saved under their own names (no key map).
+  nlohmann::json config;
 };
 
 // build_model for a custom model: refuses what it does not build yet (pipeline stages, the
 // predictions graph) with an error naming it.
 GptGraph build_custom(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                       const GptPart& part);
+// The config.json a custom model's checkpoints carry: the model's own, with "shardwise_model" (its
+// description), the sequence length and the vocabulary added when absent.
+nlohmann::json custom_config_json(const GptConfig& config);
 Tensor init_custom_block(const GptConfig& config, const std::string& name, const Shape& shape,
                          std::span<const int64_t> offset, const Shape& block, uint64_t seed);
 
