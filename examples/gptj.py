@@ -1,12 +1,14 @@
 """A GPT-J-style decoder written only in Python with shardwise.nn: each block computes attention and
 the MLP in parallel from one LayerNorm (x + attn(ln(x)) + mlp(ln(x))), q/k/v and the attention's
-output projection without biases, and an LM head of its own (not tied to the embedding). Learned
-positions stand in for GPT-J's rotary ones. Trained on any mesh:
+output projection without biases, rotary positions on q and k (over the whole head, in
+transformers' rotate-half form), and an LM head of its own (not tied to the embedding). Trained on
+any mesh:
 
     import shardwise as sw, gptj
-    model = gptj.GPTJ(layers=2, hidden=32, heads=2, seq=8, vocab=16)
+    model = gptj.GPTJ(layers=2, hidden=32, heads=2, vocab=16)
     with sw.Trainer(model=model, mesh="dp=2,tp=2", seq=8, vocab=16, steps=20) as t: ...
 """
+import contextlib
 import math
 
 from shardwise import nn
@@ -29,24 +31,26 @@ class ParallelBlock(nn.Module):
         h = self.ln_1(x)
         a = self.attn
         q, k, v = (nn.split_heads(p(h), self.heads) for p in (a.q_proj, a.k_proj, a.v_proj))
+        q, k = nn.rotary(q), nn.rotary(k)
         attn = a.out_proj(nn.merge_heads(nn.attention(q, k, v)))
         mlp = self.mlp.fc_out(nn.ops.gelu(self.mlp.fc_in(h)))
         return x + attn + mlp
 
 
 class GPTJ(nn.Module):
-    def __init__(self, layers, hidden, heads, seq, vocab, std=0.02):
+    def __init__(self, layers, hidden, heads, vocab, std=0.02, recompute=False):
+        self.recompute = recompute  # each block recomputed for the backward instead of kept
         proj_std = std / math.sqrt(2.0 * layers)
         self.transformer = nn.Module()
         self.transformer.wte = nn.Embedding(vocab, hidden, std=std, vocab_parallel=True)
-        self.transformer.wpe = nn.Embedding(seq, hidden, std=std)
         self.transformer.h = nn.ModuleList([ParallelBlock(hidden, heads, proj_std) for _ in range(layers)])
         self.transformer.ln_f = nn.LayerNorm(hidden)
         self.lm_head = nn.Embedding(vocab, hidden, std=std, vocab_parallel=True)  # [V, H], rows over tp
 
     def forward(self, ids, labels):
         t = self.transformer
-        x = t.wte(ids) + t.wpe.weight()
+        x = t.wte(ids)
         for block in t.h:
-            x = block(x)
+            with nn.recompute() if self.recompute else contextlib.nullcontext():
+                x = block(x)
         return nn.lm_head_loss(t.ln_f(x), self.lm_head.weight(), labels)

@@ -38,7 +38,7 @@ def export(out_path):
     import shardwise as sw
     from shardwise import _core
 
-    model = load_gptj().GPTJ(seq=OPTIONS["seq"], vocab=OPTIONS["vocab"], **MODEL)
+    model = load_gptj().GPTJ(vocab=OPTIONS["vocab"], **MODEL)
     model.name_parameters()
     config = sw.TrainConfig(**OPTIONS)
     arrays = {}
@@ -70,19 +70,28 @@ def train_torch(in_path, out_path):
     def ln(x, name):
         return F.layer_norm(x, (H,), p[name + ".weight"], p[name + ".bias"], 1e-5)
 
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HD, 2, dtype=torch.float32) / HD))
+    angles = torch.arange(S, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def rotary(x):  # transformers' rotate_half form
+        x1, x2 = x[..., : HD // 2], x[..., HD // 2 :]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
     def parallel_block(x, pre):
         """x + attn(ln_1(x)) + mlp(ln_1(x)): GPT-J's block, q/k/v and out_proj without biases."""
         B = x.shape[0]
         h = ln(x, pre + ".ln_1")
         q, k, v = ((h @ p[f"{pre}.attn.{n}.weight"]).reshape(B, S, NH, HD).transpose(1, 2)
                    for n in ("q_proj", "k_proj", "v_proj"))
+        q, k = rotary(q), rotary(k)
         ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(HD))
         attn = ctx.transpose(1, 2).reshape(B, S, H) @ p[pre + ".attn.out_proj.weight"]
         fc = h @ p[pre + ".mlp.fc_in.weight"] + p[pre + ".mlp.fc_in.bias"]
         return x + attn + F.gelu(fc, approximate="tanh") @ p[pre + ".mlp.fc_out.weight"] + p[pre + ".mlp.fc_out.bias"]
 
     def forward(ids, labels):
-        x = p["transformer.wte.weight"][ids] + p["transformer.wpe.weight"]
+        x = p["transformer.wte.weight"][ids]
         for layer in range(L):
             x = parallel_block(x, f"transformer.h.{layer}")
         logits = ln(x, "transformer.ln_f") @ p["lm_head.weight"].T

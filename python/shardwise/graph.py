@@ -89,6 +89,7 @@ class Graph:
         self.sites = {}  # value name -> 'file:line' where the user made it
         self.params = {}  # id(nn.Parameter) -> its Tensor in this graph
         self.annotated = {}  # value name -> 'file:line' of the user's shard() of it
+        self.constants = {}  # name -> Tensor: inputs bound once (constant())
 
     @property
     def mesh_dims(self):
@@ -112,6 +113,21 @@ class Graph:
             return self._made(self.native.input(name, list(shape), dtype), site)
         except _core.Error as e:
             raise _at_site(e, site) from None
+
+    def constant(self, name, value):
+        """An input bound once, on every rank, to a copy of `value` (an array), replicated; the
+        same Tensor again for a name already declared."""
+        if name in self.constants:
+            return self.constants[name]
+        site = user_site()
+        try:
+            t = self._made(self.native.constant(name, value), site)
+            if self.mesh_dims:
+                self.native.annotate(t.id, ",".join("R" for _ in self.mesh_dims))
+        except _core.Error as e:
+            raise _at_site(e, site) from None
+        self.constants[name] = t
+        return t
 
     def param(self, name, shape, dtype="f32", std=0.0, value=0.0):
         site = user_site()

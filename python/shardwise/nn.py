@@ -8,13 +8,16 @@ parallelism is a placement by mesh dim name on the parameters (``parallel="colum
 ``Shard(1)`` on tp, its bias ``Shard(0)``; ``"row"``: the weight ``Shard(0)``); dims the mesh lacks are
 ignored, so one model runs on any mesh.
 """
+import contextlib
 import math
+
+import numpy as np
 
 from . import _core
 from .graph import apply, current_graph, ops, placements_for, shard, user_site
 
 __all__ = ["Parameter", "Module", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
-           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops"]
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute"]
 
 
 class Parameter:
@@ -200,6 +203,31 @@ def attention(q, k, v, scale=None):
     scale) v, scale 1/sqrt(D) by default."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return apply("flash_attention", [q, k, v], {"scale": float(scale)})[0]
+
+
+def constant(name, value):
+    """An input of the graph bound once to `value` (an array; replicated on every rank), e.g. a
+    table of positions; the same Tensor for a name already declared."""
+    return current_graph().constant(name, np.ascontiguousarray(value))
+
+
+def rotary(x, theta=10000.0):
+    """x [B, heads, S, D] rotated by its positions 0..S-1 (rotary_embedding: Llama's rotate-half
+    form, frequencies theta^(-2i/D))."""
+    positions = constant("positions", np.arange(x.shape[2], dtype=np.int64))
+    return apply("rotary_embedding", [x, positions], {"theta": float(theta)})
+
+
+@contextlib.contextmanager
+def recompute():
+    """The ops applied inside are recomputed for the backward instead of kept (activation
+    recompute, one segment; segments do not nest): ``with nn.recompute(): x = block(x)``."""
+    graph = current_graph()
+    graph.native.begin_segment()
+    try:
+        yield
+    finally:
+        graph.native.end_segment()
 
 
 def _sum_scale(x):

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "arrays.h"
 #include "errors.h"
 #include "layouts.h"
 #include "shardwise/mesh/dist_attr.h"
@@ -36,6 +37,7 @@ struct PyModel {
   std::mutex mu;
   std::map<std::tuple<std::string, int64_t, int64_t, bool>, train::GptGraph> traced;
   std::map<std::string, train::ParamInit> inits;
+  std::map<std::string, Tensor> constants;
 
   train::GptGraph trace(const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training) {
     std::lock_guard lock(mu);
@@ -51,6 +53,7 @@ struct PyModel {
         out.g = *pg.g;
         out.loss = loss;
         for (auto& [name, init] : pg.inits) inits[name] = init;
+        for (auto& [name, value] : pg.constants) constants[name] = value;
       } catch (nb::python_error& e) {
         // The Python error's message (a shardwise.Error names the user's file and line; another
         // error gets its type and innermost line) as a usage error of the run.
@@ -81,6 +84,10 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
     SW_CHECK(it != model->inits.end(), "{}: no initial value for the parameter '{}'", model->description, name);
     return it->second;
   };
+  custom->constants = [model] {
+    std::lock_guard lock(model->mu);
+    return model->constants;
+  };
   return custom;
 }
 
@@ -101,6 +108,14 @@ void bind_graph(nb::module_& m) {
         });
       }, nb::arg("name"), nb::arg("shape"), nb::arg("dtype") = "f32", nb::arg("std") = 0.0, nb::arg("value") = 0.0,
            "A trained parameter, initialised to normal(0, std) by name (std > 0) or to `value`.")
+      .def("constant", [](PyGraph& pg, const std::string& name, const AnyArray& value) {
+        return raising(ErrorKind::Usage, [&] {
+          Tensor t = tensor_from(value, name).clone();
+          graph::ValueId v = pg.g->input(name, t.shape(), t.dtype());
+          pg.constants[name] = std::move(t);
+          return v;
+        });
+      }, nb::arg("name"), nb::arg("value"), "An input bound once to a copy of `value` (an array) on every rank.")
       .def("op", [](PyGraph& pg, const std::string& op, const std::vector<int>& inputs, nb::handle attrs,
                     const std::string& name) {
         return raising(ErrorKind::Usage, [&] { return pg.g->op(op, inputs, attrs_of(attrs), name); });

@@ -21,6 +21,7 @@ struct PyGraph {
   std::shared_ptr<graph::Graph> g = std::make_shared<graph::Graph>();
   mesh::Strategy strategy;
   std::map<std::string, train::ParamInit> inits;
+  std::map<std::string, Tensor> constants;  // inputs bound once (copies of the caller's arrays)
 };
 
 // A CustomModel whose graphs come from `build(graph: _Graph, sequences: int, seq: int, training:

@@ -47,18 +47,19 @@ def test_python_gpt2_differs_when_its_graph_differs(tmp_path):
 
 @pytest.fixture(scope="module")
 def gptj_single(tmp_path_factory):
-    gptj = load_example("gptj")
-    seq, vocab = RUN["seq"], RUN["vocab"]
-    model = gptj.GPTJ(layers=2, hidden=32, heads=2, seq=seq, vocab=vocab)
+    model = load_example("gptj").GPTJ(layers=2, hidden=32, heads=2, vocab=RUN["vocab"])
     return curve(tmp_path_factory.mktemp("gptj"), "single", model=model, steps=20, mesh="dp=1")
 
 
-@pytest.mark.parametrize("mesh", ["dp=2", "tp=2", "dp=2,tp=2"])
-def test_gptj_curve_is_the_single_rank_curve_on_every_mesh(tmp_path, gptj_single, mesh):
+@pytest.mark.parametrize("mesh, options, recompute", [
+    ("dp=2", {}, False), ("tp=2", {}, False), ("dp=2,tp=2", {}, False),
+    ("dp=2,tp=2", {"sharding_stage": 3}, False), ("dp=2", {"sharding_stage": 2, "micro_batch": 2}, False),
+    ("dp=2", {"sharding_stage": 1}, True),
+])
+def test_gptj_curve_is_the_single_rank_curve_on_every_mesh(tmp_path, gptj_single, mesh, options, recompute):
     gptj = load_example("gptj")
-    seq, vocab = RUN["seq"], RUN["vocab"]
-    model = gptj.GPTJ(layers=2, hidden=32, heads=2, seq=seq, vocab=vocab)
-    sharded = curve(tmp_path, "mesh", model=model, steps=20, mesh=mesh)
+    model = gptj.GPTJ(layers=2, hidden=32, heads=2, vocab=RUN["vocab"], recompute=recompute)
+    sharded = curve(tmp_path, "mesh", model=model, steps=20, mesh=mesh, **options)
     assert len(sharded) == 20
     for (loss, _), (single, _) in zip(sharded, gptj_single):
         assert loss == pytest.approx(single, abs=1e-5)
@@ -90,7 +91,7 @@ def test_gptj_equals_its_pytorch_reference(tmp_path):
 
     golden = json.loads((REPO / "tests" / "golden" / "gptj_losses.json").read_text())
     cfg = golden["config"]
-    model = load_example("gptj").GPTJ(layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"], seq=cfg["seq"],
+    model = load_example("gptj").GPTJ(layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"],
                                       vocab=cfg["vocab"])
     options = {k: cfg[k] for k in ("mesh", "digits", "seq", "vocab", "global_batch", "lr", "min_lr", "warmup",
                                    "weight_decay", "clip", "seed", "beta1", "beta2")}
@@ -109,7 +110,7 @@ def test_a_python_models_checkpoint_holds_its_names_on_any_mesh(tmp_path):
     gptj = load_example("gptj")
     saved = {}
     for mesh in ("dp=1", "dp=2,tp=2"):
-        model = gptj.GPTJ(layers=2, hidden=32, heads=2, seq=RUN["seq"], vocab=RUN["vocab"])
+        model = gptj.GPTJ(layers=2, hidden=32, heads=2, vocab=RUN["vocab"])
         with sw.Trainer(model=model, model_config={"model_type": "gptj_example", "n_layer": 2}, mesh=mesh, steps=2,
                         run_dir=tmp_path / mesh, **RUN) as trainer:
             trainer.step(), trainer.step()

@@ -32,6 +32,9 @@ struct CustomModel {
   std::function<GptGraph(const Strategy& strategy, int64_t sequences, int64_t seq, bool training)> build;
   // The initial value of the parameter `name` (known once a graph holding it was built).
   std::function<ParamInit(const std::string& name)> init;
+  // Its constant inputs by name (bound once on every rank, as the built-in models' causal mask and
+  // rotary positions): known once a graph was built.
+  std::function<std::map<std::string, Tensor>()> constants;
   // The config.json of its checkpoints (the user's, e.g. a Hugging Face config); null: none given.
   // Its parameters are saved under their own names (no key map).
   nlohmann::json config;

@@ -55,7 +55,11 @@ bool is_last_stage_param(const GptConfig& c, const std::string& name) {
 }
 
 std::vector<std::string> model_constant_names(const GptConfig& c) {
-  if (c.custom) return {};  // a custom model's inputs are "ids" and "labels"
+  if (c.custom) {  // those its graph declared
+    std::vector<std::string> names;
+    for (const auto& [name, value] : c.custom->constants()) names.push_back(name);
+    return names;
+  }
   if (c.document_mask) return {};  // one mask and position ids per micro-batch (packing.h)
   if (c.fused_attention()) return c.is_llama() ? std::vector<std::string>{"positions"} : std::vector<std::string>{};
   if (c.is_llama()) return {"causal_mask", "positions"};
@@ -63,6 +67,7 @@ std::vector<std::string> model_constant_names(const GptConfig& c) {
 }
 
 std::map<std::string, Tensor> model_constants(const GptConfig& c) {
+  if (c.custom) return c.custom->constants();
   std::map<std::string, Tensor> out;
   for (const std::string& name : model_constant_names(c))
     out[name] = name == "causal_mask" ? causal_mask(c.seq) : position_ids(c.seq);
