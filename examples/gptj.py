@@ -37,7 +37,7 @@ class ParallelBlock(nn.Module):
         return x + attn + mlp
 
 
-class GPTJ(nn.Module):
+class GPTJ(nn.Decoder):
     def __init__(self, layers, hidden, heads, vocab, std=0.02, recompute=False):
         self.recompute = recompute  # each block recomputed for the backward instead of kept
         proj_std = std / math.sqrt(2.0 * layers)
@@ -47,10 +47,15 @@ class GPTJ(nn.Module):
         self.transformer.ln_f = nn.LayerNorm(hidden)
         self.lm_head = nn.Embedding(vocab, hidden, std=std, vocab_parallel=True)  # [V, H], rows over tp
 
-    def forward(self, ids, labels):
-        t = self.transformer
-        x = t.wte(ids)
-        for block in t.h:
-            with nn.recompute() if self.recompute else contextlib.nullcontext():
-                x = block(x)
-        return nn.lm_head_loss(t.ln_f(x), self.lm_head.weight(), labels)
+    def embed(self, ids):
+        return self.transformer.wte(ids)
+
+    def blocks(self):
+        return self.transformer.h
+
+    def run_block(self, index, block, x):
+        with nn.recompute() if self.recompute else contextlib.nullcontext():
+            return block(x)
+
+    def head(self, x, labels):
+        return nn.lm_head_loss(self.transformer.ln_f(x), self.lm_head.weight(), labels)

@@ -16,7 +16,7 @@ import numpy as np
 from . import _core
 from .graph import apply, current_graph, ops, placements_for, shard, user_site
 
-__all__ = ["Parameter", "Module", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
+__all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
            "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute"]
 
 
@@ -85,6 +85,30 @@ class Module:
                                        "a module's parameter by using the module, not by assigning it twice")
             seen[id(p)] = name
             p.name = name
+
+
+class Decoder(Module):
+    """A model the pipeline can cut into stages: embed(ids) -> x, blocks() (a ModuleList, split
+    evenly over the stages of a pp mesh), head(x, labels) -> the mean loss; forward runs them in
+    turn. run_block(index, block, x) runs one block (override it to wrap blocks, e.g. in recompute())."""
+
+    def embed(self, ids):
+        raise NotImplementedError(f"{type(self).__name__} has no embed()")
+
+    def blocks(self):
+        raise NotImplementedError(f"{type(self).__name__} has no blocks()")
+
+    def head(self, x, labels):
+        raise NotImplementedError(f"{type(self).__name__} has no head()")
+
+    def run_block(self, index, block, x):
+        return block(x)
+
+    def forward(self, ids, labels):
+        x = self.embed(ids)
+        for index, block in enumerate(self.blocks()):
+            x = self.run_block(index, block, x)
+        return self.head(x, labels)
 
 
 class ModuleList(Module):

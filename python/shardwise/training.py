@@ -162,6 +162,8 @@ class Trainer:
         """`model`: a shardwise.nn Module whose forward(ids, labels) gives the mean loss (trained in
         place of the built-in model, on [B, seq] batches of the run's data), or None. Its
         checkpoints hold its parameters under their names, and `model_config` (a dict) as config.json."""
+        if model is not None and config is None and hasattr(model, "blocks"):
+            kwargs.setdefault("layers", len(model.blocks()))  # a pp mesh splits the blocks evenly
         self.config = _config(config, kwargs)
         self._builder = None if model is None else model_builder(model)
         self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder,

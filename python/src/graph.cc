@@ -3,6 +3,7 @@
 #include "graph.h"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <mutex>
@@ -35,25 +36,31 @@ struct PyModel {
   nb::handle build;  // borrowed: the Python Trainer keeps it alive
   std::string description;
   std::mutex mu;
-  std::map<std::tuple<std::string, int64_t, int64_t, bool>, train::GptGraph> traced;
+  std::map<std::tuple<std::string, int64_t, int64_t, bool, int64_t, int64_t, bool, bool>, train::GptGraph> traced;
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;
+  std::string tied;
 
-  train::GptGraph trace(const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training) {
+  train::GptGraph trace(const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training,
+                        const train::GptPart& part) {
     std::lock_guard lock(mu);
-    auto key = std::make_tuple(s.to_string(), sequences, seq, training);
+    auto key = std::make_tuple(s.to_string(), sequences, seq, training, part.first_layer, part.end_layer,
+                               part.embeddings, part.head);
     if (auto it = traced.find(key); it != traced.end()) return it->second;
     train::GptGraph out;
     {
       nb::gil_scoped_acquire gil;
       try {
-        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, {}});
-        int loss = nb::cast<int>(build(py, sequences, seq, training));
+        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, {}, {}});
+        nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
+        auto [loss, input, output, output_grad, tied_name] =
+            nb::cast<std::tuple<int, int, int, int, std::string>>(build(py, sequences, seq, training, part_tuple));
         PyGraph& pg = nb::cast<PyGraph&>(py);
         out.g = *pg.g;
-        out.loss = loss;
+        out.loss = loss, out.input = input, out.output = output, out.output_grad = output_grad;
         for (auto& [name, init] : pg.inits) inits[name] = init;
         for (auto& [name, value] : pg.constants) constants[name] = value;
+        tied = tied_name;
       } catch (nb::python_error& e) {
         // The Python error's message (a shardwise.Error names the user's file and line; another
         // error gets its type and innermost line) as a usage error of the run.
@@ -75,8 +82,11 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
   auto custom = std::make_shared<train::CustomModel>();
   custom->description = std::move(description);
   if (!config_json.empty()) custom->config = nlohmann::json::parse(config_json);
-  custom->build = [model](const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training) {
-    return model->trace(s, sequences, seq, training);
+  custom->build = [model](const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training,
+                          const train::GptPart& part) { return model->trace(s, sequences, seq, training, part); };
+  custom->tied = [model] {
+    std::lock_guard lock(model->mu);
+    return model->tied;
   };
   custom->init = [model](const std::string& name) {
     std::lock_guard lock(model->mu);
@@ -123,6 +133,9 @@ void bind_graph(nb::module_& m) {
       .def("meta", [](const PyGraph& pg, int v) {
         return raising(ErrorKind::Usage, [&] { return meta_tuple(*pg.g, v); });
       }, nb::arg("value"), "(name, shape, dtype, requires_grad) of a value.")
+      .def("set_requires_grad", [](PyGraph& pg, int v, bool on) {
+        raising(ErrorKind::Usage, [&] { pg.g->value(v).requires_grad = on; });
+      }, nb::arg("value"), nb::arg("requires_grad"), "A pipeline stage's input takes a gradient (training).")
       .def("annotate", [](PyGraph& pg, int v, const std::string& placements) {
         raising(ErrorKind::Usage, [&] { pg.g->annotate(v, placements); });
       }, nb::arg("value"), nb::arg("placements"))

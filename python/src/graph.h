@@ -25,8 +25,10 @@ struct PyGraph {
 };
 
 // A CustomModel whose graphs come from `build(graph: _Graph, sequences: int, seq: int, training:
-// bool) -> loss value id`, a Python callable the caller keeps alive while the model is in use; each
-// (mesh, sequences, seq, training) is traced once (under the GIL) and copied for every rank after.
+// bool, part: (first_layer, end_layer, embeddings, head)) -> (loss, input, output, output_grad,
+// tied)` (value ids, -1 where absent; the tied parameter's name or ""), a Python callable the caller
+// keeps alive while the model is in use; each graph is traced once (under the GIL) and copied for
+// every rank after.
 // `config_json`: its checkpoints' config.json (JSON text; "" for none).
 std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description,
                                                        const std::string& config_json);

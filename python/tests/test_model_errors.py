@@ -75,3 +75,10 @@ def test_an_error_of_the_run_names_the_line_that_placed_the_value(tmp_path):
 def test_a_correct_model_traces():
     graph = sw.trace(Tiny(), mesh="dp=2,tp=2", batch=4, seq=4)
     assert graph.loss.shape == ()
+
+
+def test_a_pipeline_needs_a_decoder(tmp_path):
+    # A pp mesh cuts the model by its blocks: a plain Module (one forward) is refused by name.
+    with pytest.raises(sw.Error, match="write Tiny as a shardwise.nn.Decoder"):
+        sw.Trainer(model=Tiny(vocab=128), mesh="pp=2", digits=2, seq=12, vocab=128, steps=1, global_batch=8,
+                   progress="none", run_dir=tmp_path / "run")

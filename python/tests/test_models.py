@@ -29,7 +29,7 @@ def curve(tmp_path, tag, model=None, steps=4, **options):
 
 
 
-@pytest.mark.parametrize("mesh", ["dp=1", "dp=2", "tp=2", "dp=2,tp=2"])
+@pytest.mark.parametrize("mesh", ["dp=1", "dp=2", "tp=2", "dp=2,tp=2", "pp=2", "dp=2,pp=2"])
 def test_python_gpt2_equals_the_builtin_bit_for_bit(tmp_path, mesh):
     seq, vocab = RUN["seq"], RUN["vocab"]
     builtin = curve(tmp_path, "builtin", mesh=mesh, **SIZE)
@@ -54,7 +54,7 @@ def gptj_single(tmp_path_factory):
 @pytest.mark.parametrize("mesh, options, recompute", [
     ("dp=2", {}, False), ("tp=2", {}, False), ("dp=2,tp=2", {}, False),
     ("dp=2,tp=2", {"sharding_stage": 3}, False), ("dp=2", {"sharding_stage": 2, "micro_batch": 2}, False),
-    ("dp=2", {"sharding_stage": 1}, True),
+    ("dp=2", {"sharding_stage": 1}, True), ("pp=2", {}, False), ("tp=2,pp=2", {"schedule": "fthenb"}, False),
 ])
 def test_gptj_curve_is_the_single_rank_curve_on_every_mesh(tmp_path, gptj_single, mesh, options, recompute):
     gptj = load_example("gptj")

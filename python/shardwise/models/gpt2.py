@@ -43,16 +43,19 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(hidden)
 
 
-class GPT2(nn.Module):
+class GPT2(nn.Decoder):
     """forward(ids, labels): the mean next-token cross-entropy (labels are the next tokens)."""
 
     def __init__(self, layers, hidden, heads, seq, vocab, std=0.02):
         self.transformer = Transformer(layers, hidden, heads, seq, vocab, std)
 
-    def forward(self, ids, labels):
+    def embed(self, ids):
         t = self.transformer
-        wte = t.wte.weight()
-        x = nn.ops.embedding(ids, wte) + t.wpe.weight()
-        for block in t.h:
-            x = block(x)
-        return nn.lm_head_loss(t.ln_f(x), wte, labels)
+        return nn.ops.embedding(ids, t.wte.weight()) + t.wpe.weight()
+
+    def blocks(self):
+        return self.transformer.h
+
+    def head(self, x, labels):  # tied to the token embedding
+        t = self.transformer
+        return nn.lm_head_loss(t.ln_f(x), t.wte.weight(), labels)

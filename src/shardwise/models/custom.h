@@ -27,9 +27,16 @@ struct ParamInit {
 struct CustomModel {
   std::string description;  // for the run header ("python: GPT2 (examples/gpt2.py)")
   // The graph of one micro-batch of `sequences` sequences of `seq` tokens (the run's sequence
-  // length) on `strategy`'s mesh: `training` false for the loss-only graph (no dropout). Called by
-  // every rank (possibly at once), once per graph.
-  std::function<GptGraph(const Strategy& strategy, int64_t sequences, int64_t seq, bool training)> build;
+  // length) on `strategy`'s mesh: `training` false for the loss-only graph (no dropout); `part` a
+  // pipeline stage's layers (as build_gpt's: "stage_input" in, the output and its "@grad_in" out
+  // where the part lacks the embeddings or the head). Called by every rank (possibly at once), once
+  // per graph.
+  std::function<GptGraph(const Strategy& strategy, int64_t sequences, int64_t seq, bool training,
+                         const GptPart& part)>
+      build;
+  // The parameter both the first and the last stage hold (a head tied to the embedding), whose
+  // gradients the pipeline sums; "" for none. Known once a graph was built.
+  std::function<std::string()> tied;
   // The initial value of the parameter `name` (known once a graph holding it was built).
   std::function<ParamInit(const std::string& name)> init;
   // Its constant inputs by name (bound once on every rank, as the built-in models' causal mask and
@@ -40,8 +47,8 @@ struct CustomModel {
   nlohmann::json config;
 };
 
-// build_model for a custom model: refuses what it does not build yet (pipeline stages, the
-// predictions graph) with an error naming it.
+// build_model for a custom model: refuses what it does not build (the predictions graph) with an
+// error naming it.
 GptGraph build_custom(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                       const GptPart& part);
 // The config.json a custom model's checkpoints carry: the model's own, with "shardwise_model" (its

@@ -38,7 +38,7 @@ Tensor init_model_param(const GptConfig& c, const std::string& name, const Shape
 }
 
 std::string tied_embedding(const GptConfig& c) {
-  if (c.custom) return "";
+  if (c.custom) return c.custom->tied ? c.custom->tied() : "";
   if (!c.is_llama()) return "transformer.wte.weight";
   return c.tie_word_embeddings ? "model.embed_tokens.weight" : "";
 }
