@@ -90,6 +90,7 @@ class Graph:
         self.params = {}  # id(nn.Parameter) -> its Tensor in this graph
         self.annotated = {}  # value name -> 'file:line' of the user's shard() of it
         self.constants = {}  # name -> Tensor: inputs bound once (constant())
+        self.training = True  # False: the loss-only graph (no dropout)
 
     @property
     def mesh_dims(self):

@@ -17,7 +17,7 @@ from . import _core
 from .graph import apply, current_graph, ops, placements_for, shard, user_site
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
-           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute"]
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout"]
 
 
 class Parameter:
@@ -38,7 +38,10 @@ class Parameter:
         if self.name is None:
             raise _core.UsageError(f"{self.placement_site}: a parameter of shape {self.shape} belongs to no module "
                                    "of the model (assign it to a Module attribute)")
-        t = graph.param(self.name, self.shape, self.dtype, self.std, self.value)
+        # bf16 runs store f32 parameters in bf16 (f32 masters in the optimizer) and cast them to f32
+        # for the kernels, as the built-in models do.
+        stored = "bf16" if self.dtype == "f32" and graph.native.param_dtype == "bf16" else self.dtype
+        t = graph.param(self.name, self.shape, stored, self.std, self.value)
         graph.sites[self.name] = self.placement_site
         if any(_is_partial(p) for p in self.placements.values()):
             raise _core.UsageError(f"{self.placement_site}: the parameter '{self.name}' is placed Partial: a "
@@ -49,6 +52,8 @@ class Parameter:
                 t.graph.annotate(t.id, text)
             except _core.Error as e:
                 raise type(e)(f"{self.placement_site}: {e}") from None
+        if stored != self.dtype:
+            t = apply("cast", [t], {"dtype": self.dtype}, self.name + "." + self.dtype)
         graph.params[id(self)] = t
         return t
 
@@ -222,11 +227,30 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, s, n * d)
 
 
-def attention(q, k, v, scale=None):
+def _dropout_attrs(p, site):
+    graph = current_graph()
+    if p <= 0 or not graph.training:
+        return None
+    return {"p": float(p), "seed": int(graph.native.seed), "stream": _core._stream_id(site) >> 1}
+
+
+def dropout(x, p, site):
+    """Dropout with probability p while training (the identity in the loss-only graph): its masks are
+    keyed by the run's seed, the site's name, the sample and the position, as the built-in models'
+    (so any mesh drops the same elements)."""
+    attrs = _dropout_attrs(p, site)
+    if attrs is None:
+        return x
+    return apply("dropout", [x], dict(attrs, training=True), site)[0]
+
+
+def attention(q, k, v, scale=None, dropout=0.0, site="attn.dropout"):
     """Causal attention on [B, heads, S, D] with the fused kernel (flash_attention): softmax(q k^T *
-    scale) v, scale 1/sqrt(D) by default."""
+    scale) v, scale 1/sqrt(D) by default; attention dropout p keyed by `site` while training."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return apply("flash_attention", [q, k, v], {"scale": float(scale)})[0]
+    attrs = {"scale": float(scale)}
+    attrs.update(_dropout_attrs(dropout, site) or {})
+    return apply("flash_attention", [q, k, v], attrs)[0]
 
 
 def constant(name, value):

@@ -107,6 +107,7 @@ def model_builder(model):
 
     def build(native, sequences, seq, training, part):
         graph = Graph(native=native)
+        graph.training = training
         graphs.append(graph)
         model.training = training
         if part[2] and part[3]:  # the whole model: one stage

@@ -36,22 +36,25 @@ struct PyModel {
   nb::handle build;  // borrowed: the Python Trainer keeps it alive
   std::string description;
   std::mutex mu;
-  std::map<std::tuple<std::string, int64_t, int64_t, bool, int64_t, int64_t, bool, bool>, train::GptGraph> traced;
+  std::map<std::tuple<std::string, int64_t, int64_t, bool, int64_t, int64_t, bool, bool, DType, uint64_t>,
+           train::GptGraph>
+      traced;
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;
   std::string tied;
 
-  train::GptGraph trace(const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training,
+  train::GptGraph trace(const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, bool training,
                         const train::GptPart& part) {
     std::lock_guard lock(mu);
+    const int64_t seq = c.seq;
     auto key = std::make_tuple(s.to_string(), sequences, seq, training, part.first_layer, part.end_layer,
-                               part.embeddings, part.head);
+                               part.embeddings, part.head, c.param_dtype, c.dropout_seed);
     if (auto it = traced.find(key); it != traced.end()) return it->second;
     train::GptGraph out;
     {
       nb::gil_scoped_acquire gil;
       try {
-        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, {}, {}});
+        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}});
         nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
         auto [loss, input, output, output_grad, tied_name] =
             nb::cast<std::tuple<int, int, int, int, std::string>>(build(py, sequences, seq, training, part_tuple));
@@ -82,8 +85,8 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
   auto custom = std::make_shared<train::CustomModel>();
   custom->description = std::move(description);
   if (!config_json.empty()) custom->config = nlohmann::json::parse(config_json);
-  custom->build = [model](const mesh::Strategy& s, int64_t sequences, int64_t seq, bool training,
-                          const train::GptPart& part) { return model->trace(s, sequences, seq, training, part); };
+  custom->build = [model](const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, bool training,
+                          const train::GptPart& part) { return model->trace(c, s, sequences, training, part); };
   custom->tied = [model] {
     std::lock_guard lock(model->mu);
     return model->tied;
@@ -143,6 +146,8 @@ void bind_graph(nb::module_& m) {
       .def("end_segment", [](PyGraph& pg) { pg.g->end_segment(); })
       .def_prop_ro("mesh_dims", [](const PyGraph& pg) { return pg.strategy.mesh.dim_names(); })
       .def_prop_ro("mesh_shape", [](const PyGraph& pg) { return shape_tuple(pg.strategy.mesh.shape()); })
+      .def_prop_ro("param_dtype", [](const PyGraph& pg) { return std::string(dtype_name(pg.param_dtype)); })
+      .def_prop_ro("seed", [](const PyGraph& pg) { return pg.seed; })
       .def_prop_ro("sequence_parallel", [](const PyGraph& pg) { return pg.strategy.sequence_parallel; })
       .def_prop_ro("nodes", [](const PyGraph& pg) {
         std::vector<std::string> out;

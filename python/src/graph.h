@@ -20,12 +20,14 @@ namespace nb = nanobind;
 struct PyGraph {
   std::shared_ptr<graph::Graph> g = std::make_shared<graph::Graph>();
   mesh::Strategy strategy;
+  DType param_dtype = DType::F32;  // how the run stores parameters (bf16: cast to f32 for the kernels)
+  uint64_t seed = 0;               // the run's dropout seed
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;  // inputs bound once (copies of the caller's arrays)
 };
 
-// A CustomModel whose graphs come from `build(graph: _Graph, sequences: int, seq: int, training:
-// bool, part: (first_layer, end_layer, embeddings, head)) -> (loss, input, output, output_grad,
+// A CustomModel whose graphs come from `build(graph: _Graph (with the run's parameter dtype and
+// dropout seed), sequences: int, seq: int, training: bool, part: (first_layer, end_layer, embeddings, head)) -> (loss, input, output, output_grad,
 // tied)` (value ids, -1 where absent; the tied parameter's name or ""), a Python callable the caller
 // keeps alive while the model is in use; each graph is traced once (under the GIL) and copied for
 // every rank after.

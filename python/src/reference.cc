@@ -1,6 +1,7 @@
 // What a reference implementation outside shardwise (tools/pymodel_golden.py: the same model in
 // PyTorch) needs to train exactly what a run trains: a parameter's initial value as the run draws
-// it, and the batches of the run's first steps as its loader reads them.
+// it, and the batches of the run's first steps as its loader reads them; and the random stream of a
+// dropout site, as the built-in models key theirs.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -8,6 +9,7 @@
 #include "errors.h"
 #include "layouts.h"
 #include "shardwise/cli/train_run.h"
+#include "shardwise/core/philox.h"
 #include "shardwise/models/custom.h"
 #include "shardwise/train/trainer.h"
 
@@ -23,6 +25,8 @@ void bind_reference(nb::module_& m) {
     });
   }, nb::arg("name"), nb::arg("shape"), nb::arg("std"), nb::arg("value"), nb::arg("seed"),
      "A parameter's initial value as a run with `seed` draws it (nn.Parameter's std or value).");
+  m.def("_stream_id", [](const std::string& site) { return stream_id(site); }, nb::arg("site"),
+        "The random stream of a named site (dropout's masks are keyed by (seed, stream, sample, position)).");
   m.def("_batches", [](const std::vector<std::string>& args, int64_t steps) {
     nb::list out;
     const cli::ParsedTrain parsed = raising(ErrorKind::Usage, [&] { return cli::parse_train_args(args); });

@@ -37,6 +37,17 @@ def test_python_gpt2_equals_the_builtin_bit_for_bit(tmp_path, mesh):
     assert python == builtin  # losses and gradient norms, exactly
 
 
+@pytest.mark.parametrize("mesh", ["dp=1", "dp=2,tp=2"])
+def test_python_gpt2_with_dropout_and_bf16_equals_the_builtin(tmp_path, mesh):
+    # Dropout at every site of the built-in model (masks keyed by the seed, the site, the sample and
+    # the position) and bf16 parameters with f32 masters: still bit for bit.
+    for options in ({"dropout": 0.1}, {"bf16": True}):
+        builtin = curve(tmp_path, "builtin", mesh=mesh, **SIZE, **options)
+        model = GPT2(seq=RUN["seq"], vocab=RUN["vocab"], dropout=options.get("dropout", 0.0), **SIZE)
+        python = curve(tmp_path, "python", model=model, mesh=mesh, bf16=options.get("bf16", False))
+        assert python == builtin, options
+
+
 def test_python_gpt2_differs_when_its_graph_differs(tmp_path):
     # The comparison above can fail: one LayerNorm epsilon changed changes the losses.
     seq, vocab = RUN["seq"], RUN["vocab"]

@@ -13,16 +13,16 @@
 namespace shardwise::train {
 namespace {
 
-// GPT-2 of `gpt`'s size through the custom path: its graph by build_gpt (on a config without the
-// custom model), its initial values by name as init_param_block draws them.
-std::shared_ptr<const CustomModel> gpt_as_custom(GptConfig gpt, int* builds) {
+// GPT-2 through the custom path: its graph by build_gpt (on the run's config without the custom
+// model), its initial values by name as init_param_block draws them for `gpt`'s layers and std.
+std::shared_ptr<const CustomModel> gpt_as_custom(const GptConfig& gpt, int* builds) {
   auto custom = std::make_shared<CustomModel>();
   custom->description = "GPT-2 through CustomModel";
-  custom->build = [gpt, builds](const Strategy& s, int64_t sequences, int64_t seq, bool training,
-                                 const GptPart& part) {
+  custom->build = [builds](const GptConfig& config, const Strategy& s, int64_t sequences, bool training,
+                           const GptPart& part) {
     ++*builds;
-    GptConfig c = gpt;
-    c.seq = seq;
+    GptConfig c = config;
+    c.custom = nullptr;
     c.head_grads_in_forward = training;
     return build_gpt(c, s, sequences, true, part);
   };

@@ -8,7 +8,7 @@ GptGraph build_custom(const GptConfig& c, const Strategy& s, int64_t sequences, 
   SW_CHECK(training, "a model written in Python ({}) has a loss graph only: predictions (the addition task's "
            "evaluation) are not built for it", c.custom->description);
   // The loss-only graph (validation) is built with head_grads_in_forward off (train/staged.cc).
-  GptGraph out = c.custom->build(s, sequences, c.seq, c.head_grads_in_forward, part);
+  GptGraph out = c.custom->build(c, s, sequences, c.head_grads_in_forward, part);
   SW_CHECK(out.loss >= 0 || !part.head, "{}: the model gave no loss", c.custom->description);
   SW_CHECK(out.output >= 0 || part.head, "{}: a pipeline stage before the last gave no output", c.custom->description);
   out.sequences = sequences;

@@ -26,12 +26,12 @@ struct ParamInit {
 
 struct CustomModel {
   std::string description;  // for the run header ("python: GPT2 (examples/gpt2.py)")
-  // The graph of one micro-batch of `sequences` sequences of `seq` tokens (the run's sequence
-  // length) on `strategy`'s mesh: `training` false for the loss-only graph (no dropout); `part` a
-  // pipeline stage's layers (as build_gpt's: "stage_input" in, the output and its "@grad_in" out
-  // where the part lacks the embeddings or the head). Called by every rank (possibly at once), once
-  // per graph.
-  std::function<GptGraph(const Strategy& strategy, int64_t sequences, int64_t seq, bool training,
+  // The graph of one micro-batch of `sequences` sequences of config.seq tokens on `strategy`'s mesh,
+  // its parameters stored as config.param_dtype and its dropout keyed by config.dropout_seed:
+  // `training` false for the loss-only graph (no dropout); `part` a pipeline stage's layers (as
+  // build_gpt's: "stage_input" in, the output and its "@grad_in" out where the part lacks the
+  // embeddings or the head). Called by every rank (possibly at once), once per graph.
+  std::function<GptGraph(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                          const GptPart& part)>
       build;
   // The parameter both the first and the last stage hold (a head tied to the embedding), whose
