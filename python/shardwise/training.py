@@ -166,8 +166,8 @@ class Trainer:
             kwargs.setdefault("layers", len(model.blocks()))  # a pp mesh splits the blocks evenly
         self.config = _config(config, kwargs)
         self._builder = None if model is None else model_builder(model)
-        self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder,
-                                "" if model is None else describe(model),
+        self._description = "" if model is None else describe(model)
+        self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder, self._description,
                                 "" if model_config is None else json.dumps(model_config))
         self._closed = False
         _open_trainers.add(self)
@@ -202,7 +202,7 @@ class Trainer:
 
     def memory_plan(self):
         """The per-rank memory plan (`shardwise plan --memory --json`) as a dict."""
-        return json.loads(_core._memory_plan(self.config.args))
+        return json.loads(_core._memory_plan(self.config.args, self._builder, self._description))
 
     @property
     def metrics(self):

@@ -4,6 +4,7 @@ gives the built-in model's losses bit for bit on every mesh; a model the project
 import importlib.util
 import pathlib
 
+import numpy as np
 import pytest
 
 import shardwise as sw
@@ -134,3 +135,34 @@ def test_a_python_models_checkpoint_holds_its_names_on_any_mesh(tmp_path):
     for name in names:
         assert saved["dp=2,tp=2"][name].shape == saved["dp=1"][name].shape
         assert abs(saved["dp=2,tp=2"][name] - saved["dp=1"][name]).max() < 1e-5, name
+
+
+def test_the_memory_plan_is_the_python_models(tmp_path):
+    # One rank holds every parameter: 4 bytes an element of the model's own parameters (GPT-J's,
+    # not the built-in GPT-2's the options would describe), and the Python GPT-2's plan is the
+    # built-in's on dp=2 x tp=2.
+    gptj = load_example("gptj").GPTJ(layers=2, hidden=32, heads=2, vocab=RUN["vocab"])
+    with sw.Trainer(model=gptj, mesh="dp=1", steps=1, run_dir=tmp_path / "j", **RUN) as trainer:
+        plan = trainer.memory_plan()
+    elements = sum(int(np.prod(p.shape)) for _, p in gptj.named_parameters())
+    assert plan["ranks"][0]["params"] == 4 * elements
+    plans = []
+    for model in (GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), None):
+        options = {} if model else SIZE
+        with sw.Trainer(model=model, mesh="dp=2,tp=2", steps=1, run_dir=tmp_path / str(len(plans)), **RUN,
+                        **options) as trainer:
+            plans.append(trainer.memory_plan()["ranks"])
+    assert plans[0] == plans[1]
+
+
+def test_a_python_model_resumes_from_its_checkpoint(tmp_path):
+    # Resumed from the checkpoint of step 2, step 3 is the uninterrupted run's step 3.
+    gptj = load_example("gptj")
+    options = dict(RUN, mesh="dp=2,tp=2", steps=3)
+    with sw.Trainer(model=gptj.GPTJ(layers=2, hidden=32, heads=2, vocab=RUN["vocab"]), save_every=1,
+                    run_dir=tmp_path / "a", **options) as trainer:
+        losses = [trainer.step().loss for _ in range(3)]
+    with sw.Trainer(model=gptj.GPTJ(layers=2, hidden=32, heads=2, vocab=RUN["vocab"]), run_dir=tmp_path / "b",
+                    resume=tmp_path / "a" / "checkpoints" / "checkpoint-2", **options) as trainer:
+        assert trainer.steps == 2
+        assert trainer.step().loss == losses[2]
