@@ -108,6 +108,22 @@ class Graph:
         self.sites[t.name] = site
         return t
 
+    def _loss_id(self):
+        loss = getattr(self, "loss", None)
+        if loss is None:
+            raise _core.UsageError(f"{user_site()}: the graph has no loss yet (shardwise.trace sets it)")
+        return loss.id
+
+    def explain(self, *names):
+        """Why each named value (a parameter's name, or a Tensor's .name) got its placement, the
+        backward included: `shardwise plan --explain`'s lines."""
+        return "\n".join(_core._explain(self.native, self._loss_id(), list(names)))
+
+    def plan(self, summary=False):
+        """The program each rank runs (`shardwise plan`), or with `summary` its reshard cost and
+        collectives (`plan --summary`'s first line)."""
+        return _core._plan(self.native, self._loss_id(), summary)
+
     def input(self, name, shape, dtype="f32"):
         site = user_site()
         try:

@@ -166,3 +166,16 @@ def test_a_python_model_resumes_from_its_checkpoint(tmp_path):
                     resume=tmp_path / "a" / "checkpoints" / "checkpoint-2", **options) as trainer:
         assert trainer.steps == 2
         assert trainer.step().loss == losses[2]
+
+
+def test_plan_and_explain_of_a_traced_model(cli):
+    # The Python GPT-2's program has the built-in one's reshards and collectives (`shardwise plan
+    # --summary` of the same run), and explain() says why a value got its placement.
+    size = {"layers": 2, "hidden": 32, "heads": 2}
+    graph = sw.trace(GPT2(seq=12, vocab=128, **size), mesh="dp=2,tp=2", batch=8, seq=12)
+    words = ["plan", "--mesh", "dp=2,tp=2", "--seq", "12", "--vocab", "128", "--global-batch", "8", "--digits", "2",
+             "--summary"] + [w for k, v in size.items() for w in (f"--{k}", str(v))]
+    assert graph.plan(summary=True) == cli(*words).splitlines()[0]
+    assert "all_reduce" in graph.plan()
+    why = graph.explain("transformer.h.0.mlp.c_fc.weight", graph.loss.name)
+    assert "transformer.h.0.mlp.c_fc.weight (param f32 32x128): [R,S(1)]" in why and graph.loss.name in why
