@@ -13,15 +13,19 @@ def _batch_placements(graph):
     return ",".join("S(0)" if d in ("dp", "ep") else "R" for d in graph.mesh_dims)
 
 
+def _boundary(graph, t):
+    """A pipeline stage boundary's layout: the batch over the data dims, whole elsewhere."""
+    if graph.mesh_dims:
+        graph.native.annotate(t.id, _batch_placements(graph))
+    return t
+
+
 def trace_into(graph, model, sequences, seq):
     """Builds `model`'s graph for a micro-batch of `sequences` x `seq` tokens into `graph`; the loss Tensor."""
     model.name_parameters()
     with tracing(graph):
-        ids = graph.input("ids", (sequences, seq), "i64")
-        labels = graph.input("labels", (sequences, seq), "i64")
-        if graph.mesh_dims:
-            for t in (ids, labels):
-                graph.native.annotate(t.id, _batch_placements(graph))
+        ids = _boundary(graph, graph.input("ids", (sequences, seq), "i64"))
+        labels = _boundary(graph, graph.input("labels", (sequences, seq), "i64"))
         loss = model(ids, labels)
     if getattr(loss, "shape", None) != ():
         where = _source_of(model) or type(model).__name__
@@ -37,13 +41,6 @@ def trace(model, mesh=None, batch=2, seq=8, sequence_parallel=False):
     graph = Graph(mesh, sequence_parallel)
     graph.loss = trace_into(graph, model, batch, seq)
     return graph
-
-
-def _boundary(graph, t):
-    """A pipeline stage boundary's layout: the batch over the data dims, whole elsewhere."""
-    if graph.mesh_dims:
-        graph.native.annotate(t.id, _batch_placements(graph))
-    return t
 
 
 def _decoder(model):
