@@ -134,15 +134,18 @@ class ModuleList(Module):
 
 
 class Linear(Module):
-    """y = x W + b with W [n_in, n_out]; parallel "column" (W Shard(1) and b Shard(0) on tp) or "row"
-    (W Shard(0) on tp: the product is Partial over tp and b is added after its reduction)."""
+    """y = x W + b with W [n_in, n_out] (``out_in=True``: W [n_out, n_in], PyTorch's and Hugging
+    Face's layout, y = x W^T); parallel "column" (W split on its output dim over tp, b Shard(0)) or
+    "row" (W split on its input dim: the product is Partial over tp, b added after its reduction)."""
 
-    def __init__(self, n_in, n_out, bias=True, std=0.02, parallel=None):
+    def __init__(self, n_in, n_out, bias=True, std=0.02, parallel=None, out_in=False):
         if parallel not in (None, "column", "row"):
             raise _core.UsageError(f"{user_site()}: Linear parallel='{parallel}' is not None, 'column' or 'row'")
-        self.weight = Parameter((n_in, n_out), std=std)
+        self.out_in = out_in
+        self.weight = Parameter((n_out, n_in) if out_in else (n_in, n_out), std=std)
         if parallel:
-            shard(self.weight, tp=_core.Shard(1 if parallel == "column" else 0))
+            output_dim = 0 if out_in else 1
+            shard(self.weight, tp=_core.Shard(output_dim if parallel == "column" else 1 - output_dim))
         if bias:
             self.bias = Parameter((n_out,))
             if parallel == "column":
@@ -151,7 +154,7 @@ class Linear(Module):
     def forward(self, x):
         w = self.weight()
         b = self.bias() if hasattr(self, "bias") else None
-        y = apply("matmul", [x, w])
+        y = apply("matmul", [x, w], {"trans_y": True} if self.out_in else None)
         return y if b is None else y + b
 
 

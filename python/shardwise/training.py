@@ -160,8 +160,11 @@ class Trainer:
 
     def __init__(self, config=None, model=None, model_config=None, **kwargs):
         """`model`: a shardwise.nn Module whose forward(ids, labels) gives the mean loss (trained in
-        place of the built-in model, on [B, seq] batches of the run's data), or None. Its
+        place of the built-in model, on [B, seq] batches of the run's data), or None (a string is
+        the --model option: the built-in architecture). Its
         checkpoints hold its parameters under their names, and `model_config` (a dict) as config.json."""
+        if isinstance(model, str):  # `--model gpt2|llama`: the built-in architecture by name
+            kwargs["model"], model = model, None
         if model is not None and config is None and hasattr(model, "blocks"):
             kwargs.setdefault("layers", len(model.blocks()))  # a pp mesh splits the blocks evenly
         self.config = _config(config, kwargs)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shardwise as sw
-from shardwise.models import GPT2
+from shardwise.models import GPT2, Llama
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # The embedded addition task (2 digits), a tiny GPT-2.
@@ -47,6 +47,16 @@ def test_python_gpt2_with_dropout_and_bf16_equals_the_builtin(tmp_path, mesh):
         model = GPT2(seq=RUN["seq"], vocab=RUN["vocab"], dropout=options.get("dropout", 0.0), **SIZE)
         python = curve(tmp_path, "python", model=model, mesh=mesh, bf16=options.get("bf16", False))
         assert python == builtin, options
+
+
+@pytest.mark.parametrize("mesh", ["dp=1", "dp=2,tp=2", "pp=2"])
+def test_python_llama_equals_the_builtin_bit_for_bit(tmp_path, mesh):
+    # Grouped-query attention (4 heads, 2 kv heads), rotary positions, RMSNorm, SwiGLU, weights
+    # [out, in]; the built-in run is Trainer(model="llama"): a string is still the --model option.
+    size = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2}
+    builtin = curve(tmp_path, "builtin", model="llama", mesh=mesh, **size)
+    python = curve(tmp_path, "python", model=Llama(vocab=RUN["vocab"], **size), mesh=mesh)
+    assert python == builtin
 
 
 def test_python_gpt2_differs_when_its_graph_differs(tmp_path):
