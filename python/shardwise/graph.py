@@ -91,6 +91,7 @@ class Graph:
         self.annotated = {}  # value name -> 'file:line' of the user's shard() of it
         self.constants = {}  # name -> Tensor: inputs bound once (constant())
         self.training = True  # False: the loss-only graph (no dropout)
+        self.extra_loss = None  # the terms nn.add_loss() collected (router losses)
 
     @property
     def mesh_dims(self):

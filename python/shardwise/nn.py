@@ -17,7 +17,7 @@ from . import _core
 from .graph import apply, current_graph, ops, placements_for, shard, user_site
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
-           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout"]
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss"]
 
 
 class Parameter:
@@ -216,6 +216,47 @@ class SwiGLU(Module):
 
     def forward(self, x):
         return self.down_proj(apply("swiglu", [self.gate_proj(x), self.up_proj(x)]))
+
+
+class MoE(Module):
+    """Mixtral's sparse MLP on x [B, S, H] (the moe_mlp op: each token to its top_k experts, each a
+    SwiGLU MLP of `width`): the router gate [E, H] whole, the experts' stacked w1, w3 [E, width, H]
+    and w2 [E, H, width] split over ep on E. Its weighted load-balancing (aux_loss) and z (z_loss)
+    losses join the model's loss through add_loss()."""
+
+    def __init__(self, hidden, width, experts, top_k=2, aux_loss=0.0, z_loss=0.0, std=0.02):
+        self.top_k, self.aux_loss, self.z_loss = top_k, aux_loss, z_loss
+        self.gate = Module()
+        self.gate.weight = shard(Parameter((experts, hidden), std=std), tp=_core.Replicate())
+        self.experts = Module()
+        whole_but_ep = {"ep": _core.Shard(0), "dp": _core.Replicate(), "tp": _core.Replicate()}
+        self.experts.w1 = shard(Parameter((experts, width, hidden), std=std), whole_but_ep)
+        self.experts.w3 = shard(Parameter((experts, width, hidden), std=std), whole_but_ep)
+        self.experts.w2 = shard(Parameter((experts, hidden, width), std=std), whole_but_ep)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        tokens = x.reshape(b * s, h)
+        e = self.experts
+        out = apply("moe_mlp", [tokens, self.gate.weight(), e.w1(), e.w3(), e.w2()], {"top_k": self.top_k})
+        if self.aux_loss > 0:
+            add_loss(apply("scale", [out[1]], {"scale": float(self.aux_loss), "bias": 0.0}))
+        if self.z_loss > 0:
+            add_loss(apply("scale", [out[2]], {"scale": float(self.z_loss), "bias": 0.0}))
+        return out[0].reshape(b, s, h)
+
+
+def add_loss(term):
+    """Adds a scalar term (a router loss) to the graph's extra loss, which the model's head adds to
+    its loss (with_extra_loss)."""
+    graph = current_graph()
+    graph.extra_loss = term if graph.extra_loss is None else graph.extra_loss + term
+
+
+def with_extra_loss(loss):
+    """`loss` plus the terms add_loss() collected in this graph (none: `loss` itself)."""
+    extra = current_graph().extra_loss
+    return loss if extra is None else loss + extra
 
 
 def split_heads(x, heads):

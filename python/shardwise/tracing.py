@@ -92,6 +92,9 @@ def trace_stage(graph, model, sequences, seq, training, part):
             x = model.run_block(index, blocks[index], x)
         if head:
             loss = model.head(x, _boundary(graph, graph.input("labels", (sequences, seq), "i64")))
+        elif graph.extra_loss is not None:
+            raise _core.UsageError(f"{describe(model)}: a pipeline stage before the last adds a loss term "
+                                   "(nn.add_loss, e.g. MoE router losses): not built for pp yet")
         else:
             x_out = _boundary(graph, x)
             x_grad = _boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))

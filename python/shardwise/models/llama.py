@@ -1,7 +1,7 @@
-"""Llama with shardwise.nn: the graph src/shardwise/models/llama.cc builds for a dense Llama (RMSNorm,
+"""Llama with shardwise.nn: the graph src/shardwise/models/llama.cc builds for a Llama (RMSNorm,
 rotary positions on q and k, grouped-query attention with the fused kernel, a SwiGLU MLP, no biases,
-weights in Hugging Face's [out, in] layout, the head tied to the embedding), under transformers'
-parameter names, so ``shardwise train --model llama ...`` and ``Trainer(model=Llama(...))`` give
+weights in Hugging Face's [out, in] layout, the head tied to the embedding; Mixtral's MoE MLPs with
+`moe`), under transformers' parameter names, so ``shardwise train --model llama ...`` and ``Trainer(model=Llama(...))`` give
 the same losses bit for bit."""
 import math
 
@@ -49,24 +49,29 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, width, eps, theta):
+    def __init__(self, hidden, heads, kv_heads, width, eps, theta, moe):
         self.input_layernorm = _norm(hidden, eps)
         self.self_attn = SelfAttention(hidden, heads, kv_heads, hidden // heads, theta)
         self.post_attention_layernorm = _norm(hidden, eps)
-        self.mlp = MLP(hidden, width)
+        if moe:  # Mixtral's name for the sparse MLP
+            self.block_sparse_moe = nn.MoE(hidden, width, **moe)
+        else:
+            self.mlp = MLP(hidden, width)
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mlp = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return x + mlp(self.post_attention_layernorm(x))
 
 
 class Llama(nn.Decoder):
-    """A dense Llama: kv_heads (0: heads) must divide over tp; width 0 is 4 x hidden."""
+    """A Llama: kv_heads (0: heads) must divide over tp; width 0 is 4 x hidden. `moe` (a dict of
+    nn.MoE's experts, top_k, aux_loss, z_loss) makes every layer's MLP a Mixtral MoE."""
 
-    def __init__(self, layers, hidden, heads, vocab, kv_heads=0, width=0, eps=1e-6, theta=10000.0):
+    def __init__(self, layers, hidden, heads, vocab, kv_heads=0, width=0, eps=1e-6, theta=10000.0, moe=None):
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab, hidden, vocab_parallel=True)
-        self.model.layers = nn.ModuleList([Layer(hidden, heads, kv_heads or heads, width or 4 * hidden, eps, theta)
+        self.model.layers = nn.ModuleList([Layer(hidden, heads, kv_heads or heads, width or 4 * hidden, eps, theta, moe)
                                            for _ in range(layers)])
         self.model.norm = _norm(hidden, eps)
 
@@ -78,4 +83,4 @@ class Llama(nn.Decoder):
 
     def head(self, x, labels):  # tied to the embedding
         w = self.model.embed_tokens.weight()
-        return nn.lm_head_loss(self.model.norm(x), w, labels)
+        return nn.with_extra_loss(nn.lm_head_loss(self.model.norm(x), w, labels))
