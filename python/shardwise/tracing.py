@@ -75,7 +75,8 @@ def _stage_shape_and_tie(graph, model, sequences, seq):
 
 def trace_stage(graph, model, sequences, seq, training, part):
     """Blocks [first, end) of a Decoder as a pipeline stage's graph (with the embedding on the first,
-    the head on the last): (loss, input, output, output_grad, tied) as the native Trainer takes them."""
+    the head on the last): (loss, input, output, output_grad, extra_loss, tied) as the native Trainer
+    takes them."""
     first, end, embeddings, head = part
     model = _decoder(model)
     model.name_parameters()
@@ -90,15 +91,14 @@ def trace_stage(graph, model, sequences, seq, training, part):
         blocks = list(model.blocks())
         for index in range(first, end):
             x = model.run_block(index, blocks[index], x)
+        extra = None
         if head:
             loss = model.head(x, _boundary(graph, graph.input("labels", (sequences, seq), "i64")))
-        elif graph.extra_loss is not None:
-            raise _core.UsageError(f"{describe(model)}: a pipeline stage before the last adds a loss term "
-                                   "(nn.add_loss, e.g. MoE router losses): not built for pp yet")
-        else:
+        else:  # the stage's own loss terms (nn.add_loss: MoE router losses) go in its extra loss
             x_out = _boundary(graph, x)
             x_grad = _boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
-    return tuple(-1 if t is None else t.id for t in (loss, x_in, x_out, x_grad)) + (tied,)
+            extra = graph.extra_loss if training else None
+    return tuple(-1 if t is None else t.id for t in (loss, x_in, x_out, x_grad, extra)) + (tied,)
 
 
 def model_builder(model):
@@ -111,7 +111,7 @@ def model_builder(model):
         graphs.append(graph)
         model.training = training
         if part[2] and part[3]:  # the whole model: one stage
-            return (trace_into(graph, model, sequences, seq).id, -1, -1, -1, "")
+            return (trace_into(graph, model, sequences, seq).id, -1, -1, -1, -1, "")
         return trace_stage(graph, model, sequences, seq, training, part)
 
     build.graphs = graphs

@@ -56,11 +56,12 @@ struct PyModel {
       try {
         nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}});
         nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
-        auto [loss, input, output, output_grad, tied_name] =
-            nb::cast<std::tuple<int, int, int, int, std::string>>(build(py, sequences, seq, training, part_tuple));
+        auto [loss, input, output, output_grad, extra_loss, tied_name] =
+            nb::cast<std::tuple<int, int, int, int, int, std::string>>(build(py, sequences, seq, training, part_tuple));
         PyGraph& pg = nb::cast<PyGraph&>(py);
         out.g = *pg.g;
         out.loss = loss, out.input = input, out.output = output, out.output_grad = output_grad;
+        out.extra_loss = extra_loss;
         for (auto& [name, init] : pg.inits) inits[name] = init;
         for (auto& [name, value] : pg.constants) constants[name] = value;
         tied = tied_name;

@@ -27,10 +27,11 @@ struct PyGraph {
 };
 
 // A CustomModel whose graphs come from `build(graph: _Graph (with the run's parameter dtype and
-// dropout seed), sequences: int, seq: int, training: bool, part: (first_layer, end_layer, embeddings, head)) -> (loss, input, output, output_grad,
-// tied)` (value ids, -1 where absent; the tied parameter's name or ""), a Python callable the caller
-// keeps alive while the model is in use; each graph is traced once (under the GIL) and copied for
-// every rank after.
+// dropout seed), sequences: int, seq: int, training: bool, part: (first_layer, end_layer,
+// embeddings, head)) -> (loss, input, output, output_grad, extra_loss, tied)` (value ids, -1 where
+// absent; extra_loss: a stage's own loss terms before the last; the tied parameter's name or ""),
+// a Python callable the caller keeps alive while the model is in use; each graph is traced once
+// (under the GIL) and copied for every rank after.
 // `config_json`: its checkpoints' config.json (JSON text; "" for none).
 std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description,
                                                        const std::string& config_json);
