@@ -12,6 +12,10 @@ Training and generation, as `shardwise train` and `shardwise generate` run them:
     result = sw.train(mesh="dp=2,tp=2", steps=20, on_step=print)   # or sw.Trainer(...).step()
     sw.generate(result.checkpoint, "123+456=", max_new_tokens=4)
 
+Models written in Python with single-device semantics (shardwise.nn), trained on any mesh::
+
+    trainer = sw.Trainer(model=MyModel(...), mesh="dp=2,tp=2", seq=64, vocab=256, steps=20)
+
 Errors are shardwise.Error (UsageError, CheckpointError, DataError) with the C++ message.
 """
 from ._core import (  # noqa: F401
@@ -32,12 +36,14 @@ from ._core import (  # noqa: F401
     infer,
     local_block,
     local_shape,
-    ops,
     plan_reshard,
     run_op,
 )
+from .graph import Tensor, ops, shard  # noqa: F401  (ops: every registered op, ops() lists them)
+from .tracing import trace  # noqa: F401
 from .training import Metrics, TrainConfig, Trainer, TrainResult, generate, train  # noqa: F401
 
 from . import checkpoint  # noqa: E402,F401  (shardwise.checkpoint: save / load / info)
+from . import nn  # noqa: E402,F401  (shardwise.nn: modules for models written in Python)
 
 __version__ = "0.1.0"

@@ -14,6 +14,8 @@ import weakref
 import numpy as np
 
 from . import _core
+from .graph import with_user_site
+from .tracing import describe, model_builder
 
 
 def _word(value):
@@ -163,9 +165,20 @@ class Trainer:
     for them. A KeyboardInterrupt raised between steps inside ``with Trainer(...)`` saves the same
     way on its way out."""
 
-    def __init__(self, config=None, **kwargs):
+    def __init__(self, config=None, model=None, model_config=None, **kwargs):
+        """`model`: a shardwise.nn Module whose forward(ids, labels) gives the mean loss (trained in
+        place of the built-in model, on [B, seq] batches of the run's data), or None (a string is
+        the --model option: the built-in architecture). Its
+        checkpoints hold its parameters under their names, and `model_config` (a dict) as config.json."""
+        if isinstance(model, str):  # `--model gpt2|llama`: the built-in architecture by name
+            kwargs["model"], model = model, None
+        if model is not None and config is None and hasattr(model, "blocks"):
+            kwargs.setdefault("layers", len(model.blocks()))  # a pp mesh splits the blocks evenly
         self.config = _config(config, kwargs)
-        self._run = _core._StepwiseRun(self.config.args)
+        self._builder = None if model is None else model_builder(model)
+        self._description = "" if model is None else describe(model)
+        self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder, self._description,
+                                "" if model_config is None else json.dumps(model_config))
         self._closed = False
         _open_trainers.add(self)
 
@@ -180,7 +193,19 @@ class Trainer:
 
     def step(self):
         """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics."""
-        return self._stopping(lambda: Metrics(json.loads(self._run.step())))
+        return self._stopping(lambda: Metrics(json.loads(self._sited(self._run.step))))
+
+    def _sited(self, call, *args):
+        """call(*args); a shardwise.Error naming a value of a Python model's graph gets the user's line."""
+        try:
+            return call(*args)
+        except _core.Error as e:
+            if self._builder is None:
+                raise
+            sited = with_user_site(e, self._builder.graphs)
+            if sited is e:
+                raise
+            raise sited from None
 
     def evaluate(self):
         """The held-out exact-match accuracy (the embedded addition task)."""
@@ -196,7 +221,7 @@ class Trainer:
 
     def memory_plan(self):
         """The per-rank memory plan (`shardwise plan --memory --json`) as a dict."""
-        return json.loads(_core._memory_plan(self.config.args))
+        return json.loads(_core._memory_plan(self.config.args, self._builder, self._description))
 
     @property
     def metrics(self):

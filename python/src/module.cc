@@ -9,6 +9,9 @@ namespace shardwise::py {
 void bind_rules(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_generate(nb::module_& m);
+void bind_graph(nb::module_& m);
+void bind_reference(nb::module_& m);
+void bind_explain(nb::module_& m);
 }  // namespace shardwise::py
 
 NB_MODULE(_core, m) {
@@ -21,4 +24,7 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_checkpoint_load(m);
   shardwise::py::bind_train(m);
   shardwise::py::bind_generate(m);
+  shardwise::py::bind_graph(m);
+  shardwise::py::bind_reference(m);
+  shardwise::py::bind_explain(m);
 }

@@ -18,6 +18,7 @@
 
 #include "errors.h"
 #include "shardwise/cli/interrupt.h"
+#include "graph.h"
 #include "shardwise/cli/train_run.h"
 
 namespace shardwise::py {
@@ -79,7 +80,11 @@ class StepwiseRun {
   enum class Op { Setup, Step, Evaluate, Validate, Save, Interrupt, Finish };
   static constexpr std::chrono::milliseconds kSignalPoll{20};
 
-  explicit StepwiseRun(const std::vector<std::string>& args) : parsed_(cli::parse_train_args(args)) {
+  // `model`: a Python model's builder (python_model), or None for the built-in model the options name.
+  StepwiseRun(const std::vector<std::string>& args, nb::handle model, const std::string& description,
+              const std::string& model_config)
+      : parsed_(cli::parse_train_args(args)) {
+    if (!model.is_none()) parsed_.options.config.model.custom = python_model(model, description, model_config);
     start();
     wait(Op::Setup, false);
   }
@@ -292,9 +297,10 @@ class StepwiseRun {
   std::vector<std::string> records_;
 };
 
-// `shardwise plan --memory --json` of the run the words describe.
-std::string memory_plan(const std::vector<std::string>& args) {
+// `shardwise plan --memory --json` of the run the words describe (of a Python model's, with `model`).
+std::string memory_plan(const std::vector<std::string>& args, nb::handle model, const std::string& description) {
   cli::ParsedTrain parsed = cli::parse_train_args(args);
+  if (!model.is_none()) parsed.options.config.model.custom = python_model(model, description, "");
   parsed.options.logging.json = true;
   std::ostringstream out;
   nb::gil_scoped_release release;
@@ -314,9 +320,12 @@ void bind_train(nb::module_& m) {
       nb::arg("args"), "`shardwise train ARGS`'s options line and every option's resolved value (JSON text).");
   m.def("_train", &train_run, nb::arg("args"), nb::arg("on_step").none(),
         "Runs `shardwise train ARGS`; on_step(metrics JSON line) on each step. The outcome as JSON text.");
-  m.def("_memory_plan", &memory_plan, nb::arg("args"), "`shardwise plan --memory --json ARGS`'s JSON text.");
+  m.def("_memory_plan", &memory_plan, nb::arg("args"), nb::arg("model").none() = nb::none(),
+        nb::arg("description") = "", "`shardwise plan --memory --json ARGS`'s JSON text (of a Python model's run).");
   nb::class_<StepwiseRun>(m, "_StepwiseRun")
-      .def(nb::init<const std::vector<std::string>&>(), nb::arg("args"))
+      .def(nb::init<const std::vector<std::string>&, nb::handle, const std::string&, const std::string&>(),
+           nb::arg("args"), nb::arg("model").none() = nb::none(), nb::arg("description") = "",
+           nb::arg("model_config") = "")
       .def("step", &StepwiseRun::step)
       .def("evaluate", &StepwiseRun::evaluate)
       .def("validate", &StepwiseRun::validate)

@@ -34,6 +34,48 @@ def read_safetensors(path):
     return tensors, meta
 
 
+def adamw(cfg, params):
+    """shardwise's AdamW: weight decay on matrices (rank >= 2) only."""
+    params = list(params)
+    decay = [v for v in params if v.ndim >= 2]
+    no_decay = [v for v in params if v.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["epsilon"])
+
+
+def lr_at(cfg, step):
+    """shardwise's schedule (train/optimizer.cc LrSchedule::at): linear warm-up, cosine to min_lr."""
+    peak, floor, warmup, total = cfg["lr"], cfg["min_lr"], cfg["warmup"], cfg["total_steps"]
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    if step >= total:
+        return floor
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
+
+
+def train_steps(cfg, params, batches, forward):
+    """cfg["steps"] steps of forward(ids, labels) on batches["batch.<k>.ids" / ".labels"] with adamw,
+    clipping and lr_at, as shardwise's trainer takes them; the losses."""
+    opt = adamw(cfg, params.values())
+    losses = []
+    for step in range(cfg["steps"]):
+        ids = torch.tensor(batches[f"batch.{step}.ids"])
+        labels = torch.tensor(batches[f"batch.{step}.labels"])
+        opt.zero_grad()
+        loss = forward(ids, labels)
+        loss.backward()
+        if cfg["clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), cfg["clip"])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        opt.step()
+        losses.append(loss.item())
+        print(f"step {step + 1}: loss {loss.item():.6f}")
+    return losses
+
+
 def main():
     inputs, out_path = sys.argv[1], sys.argv[2]
     t, meta = read_safetensors(inputs)
@@ -74,35 +116,7 @@ def main():
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="sum")
         return loss / (B * S)
 
-    decay = [v for k, v in p.items() if v.ndim >= 2]
-    no_decay = [v for k, v in p.items() if v.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["epsilon"])
-
-    def lr_at(step):
-        peak, floor, warmup, total = cfg["lr"], cfg["min_lr"], cfg["warmup"], cfg["total_steps"]
-        if warmup > 0 and step < warmup:
-            return peak * (step + 1) / warmup
-        if step >= total:
-            return floor
-        progress = (step - warmup) / max(1, total - warmup)
-        return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
-
-    losses = []
-    for step in range(cfg["steps"]):
-        ids = torch.tensor(t[f"batch.{step}.ids"])
-        labels = torch.tensor(t[f"batch.{step}.labels"])
-        opt.zero_grad()
-        loss = forward(ids, labels)
-        loss.backward()
-        if cfg["clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(list(p.values()), cfg["clip"])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        opt.step()
-        losses.append(loss.item())
-        print(f"step {step + 1}: loss {loss.item():.6f}")
+    losses = train_steps(cfg, p, t, forward)
     with open(out_path, "w") as f:
         json.dump({"generator": "tests/golden/gpt_parity.py with torch " + torch.__version__,
                    "config": cfg, "losses": losses}, f, indent=1)

@@ -21,7 +21,6 @@ batch.<k>.labels (int64) for every step, and the configuration in the __metadata
 torch and transformers (the venv of `make hf-parity`); not part of `make test`.
 """
 import json
-import math
 import struct
 import sys
 
@@ -31,6 +30,8 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
+
+from gpt_parity import train_steps  # the GPT golden's optimizer, schedule and clipping
 
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
@@ -116,40 +117,17 @@ def main():
     p = dict(model.named_parameters())
     assert set(p) == set(state), sorted(set(p) ^ set(state))
 
-    decay = [v for k, v in p.items() if v.ndim >= 2]
-    no_decay = [v for k, v in p.items() if v.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["epsilon"])
-
-    def lr_at(step):
-        peak, floor, warmup, total = cfg["lr"], cfg["min_lr"], cfg["warmup"], cfg["total_steps"]
-        if warmup > 0 and step < warmup:
-            return peak * (step + 1) / warmup
-        if step >= total:
-            return floor
-        progress = (step - warmup) / max(1, total - warmup)
-        return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
-
     V = cfg["vocab"]
-    losses = []
-    for step in range(cfg["steps"]):
-        ids = torch.tensor(t[f"batch.{step}.ids"])
-        labels = torch.tensor(t[f"batch.{step}.labels"])
+
+    def forward(ids, labels):
         B, S = ids.shape
-        opt.zero_grad()
         out = model(input_ids=ids, output_router_logits=True) if moe else model(input_ids=ids)
         loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, V), labels.reshape(-1), reduction="sum") / (B * S)
         if moe:
             loss = loss + router_losses(cfg, out, B, S)
-        loss.backward()
-        if cfg["clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(list(p.values()), cfg["clip"])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        opt.step()
-        losses.append(loss.item())
-        print(f"step {step + 1}: loss {loss.item():.6f}")
+        return loss
+
+    losses = train_steps(cfg, p, t, forward)
     with open(out_path, "w") as f:
         json.dump({"generator": f"tests/golden/llama_parity.py with torch {torch.__version__}, transformers "
                                 f"{transformers.__version__} ({type(model).__name__})",

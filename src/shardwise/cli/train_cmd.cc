@@ -475,7 +475,9 @@ train::StepRecord RankRun::step() {
   }
   Progress& p = s.p;
   p.tokens += last.tokens;
-  const bool addition = config.data.files.empty();
+  // The addition task's held-out accuracy needs the predictions graph, which a model written in
+  // Python does not build (models/custom.h).
+  const bool addition = config.data.files.empty() && !config.model.custom;
   std::optional<double> acc, val;
   bool eval_now = (addition || trainer.has_validation()) && o.logging.eval_every > 0 &&
                   (last.step % o.logging.eval_every == 0 || last.step == config.optimizer.steps);

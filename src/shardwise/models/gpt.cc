@@ -316,6 +316,12 @@ Tensor init_param_block(const GptConfig& c, const std::string& name, const Shape
   if (is_ln) return Tensor::full(DType::F32, block, 1.0);
   double std = c.init_std;
   if (name.ends_with("c_proj.weight")) std /= std::sqrt(2.0 * static_cast<double>(c.layers));
+  return normal_param_block(name, shape, offset, block, seed, std);
+}
+
+Tensor normal_param_block(const std::string& name, const Shape& shape, std::span<const int64_t> offset,
+                          const Shape& block, uint64_t seed, double std) {
+  Tensor t(DType::F32, block);
   Philox rng(seed, stream_id(name));
   float* p = t.data<float>();
   // Element j of the block is the global element at offset + its coordinates (row-major index).

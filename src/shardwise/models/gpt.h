@@ -10,6 +10,7 @@
 // q/k/v projections; they are the checkpoint keys. With LoRA (config.lora, models/lora.h) every base
 // parameter is frozen and the adapters ("<module>.lora_A.weight", ...) are the graph's parameters.
 #include <algorithm>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 #include "shardwise/models/lora.h"
 
 namespace shardwise::train {
+
+struct CustomModel;  // models/custom.h
 
 struct GptConfig {
   int64_t layers = 4;
@@ -98,6 +101,9 @@ struct GptConfig {
   std::string attention = "fused";
   bool fused_attention() const { return attention == "fused"; }
   LoraConfig lora;  // rank 0: no adapters
+  // A model built elsewhere (the Python package's modules, models/custom.h): its builder and
+  // initial values replace GPT-2's; null for the built-in models.
+  std::shared_ptr<const CustomModel> custom;
   // Activation recompute while training (graph/recompute.h): "none"; "full" keeps each layer's
   // input only and recomputes the layer before its backward; "selective" recomputes the attention
   // core only (scores, mask, softmax, attention dropout, probs x V), as Megatron-LM's selective
@@ -184,6 +190,11 @@ Tensor init_param(const GptConfig& config, const std::string& name, const Shape&
 // The same numbers for one block [offset, offset + block) of the parameter only.
 Tensor init_param_block(const GptConfig& config, const std::string& name, const Shape& shape,
                         std::span<const int64_t> offset, const Shape& block, uint64_t seed);
+
+// normal(0, std) from Philox keyed by (seed, name) at each global element index, for the block
+// [offset, offset + block) of a parameter of `shape` (init_param_block's draw, and a Python model's).
+Tensor normal_param_block(const std::string& name, const Shape& shape, std::span<const int64_t> offset,
+                          const Shape& block, uint64_t seed, double std);
 
 // The [S, S] additive causal mask: 0 on and below the diagonal, -1e9 above.
 Tensor causal_mask(int64_t seq);

@@ -1,6 +1,7 @@
 // Llama's Hugging Face layout (model_io.h): config.json as transformers' LlamaConfig, read back
 // with what this Llama cannot build refused; and the model comparisons both architectures share.
 #include "shardwise/core/error.h"
+#include "shardwise/models/custom.h"
 #include "shardwise/models/llama.h"
 #include "shardwise/models/model_io.h"
 
@@ -106,6 +107,7 @@ nlohmann::json mistral_config_json(const GptConfig& m, DType stored, const Speci
 }
 
 nlohmann::json model_config_json(const GptConfig& m, DType stored, const SpecialTokens& t) {
+  if (m.custom) return custom_config_json(m);
   if (m.is_llama() && m.family == "mistral") return mistral_config_json(m, stored, t);
   if (m.is_llama() && m.experts > 0) return mixtral_config_json(m, stored, t);
   if (m.is_llama() && m.family != "llama") return qwen2_config_json(m, stored, t);

@@ -3,6 +3,7 @@
 #include "shardwise/ckpt/checksum.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/core/error.h"
+#include "shardwise/models/custom.h"
 
 namespace shardwise::train {
 
@@ -22,6 +23,7 @@ ckpt::KeyMap gpt2_key_map(const GptConfig& c) {
 }
 
 ckpt::KeyMap model_key_map(const GptConfig& c) {
+  if (c.custom) return {};  // a model written in Python: its parameters' own names
   if (c.is_llama()) return c.experts > 0 ? mixtral_key_map(c) : ckpt::KeyMap();
   return gpt2_key_map(c);
 }

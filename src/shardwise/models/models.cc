@@ -2,12 +2,14 @@
 
 #include <cstring>
 
+#include "shardwise/models/custom.h"
 #include "shardwise/models/llama.h"
 #include "shardwise/models/llama_decode.h"
 
 namespace shardwise::train {
 
 GptGraph build_model(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
+  if (c.custom) return build_custom(c, s, sequences, training, part);
   return c.is_llama() ? build_llama(c, s, sequences, training, part) : build_gpt(c, s, sequences, training, part);
 }
 
@@ -25,6 +27,7 @@ DecoderGraph build_model_decode_step(const GptConfig& c, const Strategy& s, int6
 
 Tensor init_model_param_block(const GptConfig& c, const std::string& name, const Shape& shape,
                               std::span<const int64_t> offset, const Shape& block, uint64_t seed) {
+  if (c.custom) return init_custom_block(c, name, shape, offset, block, seed);
   return c.is_llama() ? init_llama_param_block(c, name, shape, offset, block, seed)
                       : init_param_block(c, name, shape, offset, block, seed);
 }
@@ -35,6 +38,7 @@ Tensor init_model_param(const GptConfig& c, const std::string& name, const Shape
 }
 
 std::string tied_embedding(const GptConfig& c) {
+  if (c.custom) return c.custom->tied ? c.custom->tied() : "";
   if (!c.is_llama()) return "transformer.wte.weight";
   return c.tie_word_embeddings ? "model.embed_tokens.weight" : "";
 }
@@ -51,6 +55,11 @@ bool is_last_stage_param(const GptConfig& c, const std::string& name) {
 }
 
 std::vector<std::string> model_constant_names(const GptConfig& c) {
+  if (c.custom) {  // those its graph declared
+    std::vector<std::string> names;
+    for (const auto& [name, value] : c.custom->constants()) names.push_back(name);
+    return names;
+  }
   if (c.document_mask) return {};  // one mask and position ids per micro-batch (packing.h)
   if (c.fused_attention()) return c.is_llama() ? std::vector<std::string>{"positions"} : std::vector<std::string>{};
   if (c.is_llama()) return {"causal_mask", "positions"};
@@ -58,6 +67,7 @@ std::vector<std::string> model_constant_names(const GptConfig& c) {
 }
 
 std::map<std::string, Tensor> model_constants(const GptConfig& c) {
+  if (c.custom) return c.custom->constants();
   std::map<std::string, Tensor> out;
   for (const std::string& name : model_constant_names(c))
     out[name] = name == "causal_mask" ? causal_mask(c.seq) : position_ids(c.seq);
@@ -102,6 +112,7 @@ std::pair<std::string, double> largest_parameter(const GptConfig& m) {
 }
 
 std::string describe_architecture(const GptConfig& m) {
+  if (m.custom) return m.custom->description;
   if (!m.is_llama()) return "GPT";
   return fmt::format("Llama ({} kv heads, intermediate {}, rope theta {}, {} head)", m.key_value_heads(), m.mlp_width(),
                      m.rope_theta, m.tie_word_embeddings ? "tied" : "untied");

@@ -253,8 +253,9 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
   r.loader_wait_s = loader_->last_wait_s();
   r.loader_read_s = loader_->last_read_wait_s();
   world_->broadcast(&r.loss, 1, DType::F64, root_of_stage(S - 1));
-  if (strategy_.pp >= 0 && model_.is_llama() && model_.experts > 0) {
-    // The earlier stages' router losses: each counted once, by its stage's first process.
+  if (strategy_.pp >= 0 && ((model_.is_llama() && model_.experts > 0) || model_.custom)) {
+    // The earlier stages' router losses (a custom model's extra loss terms): each counted once, by
+    // its stage's first process.
     double extra = 0;
     for (const auto& [s, sum] : last_stats_.extra_loss_sums) extra += root_of_stage(s) == world_->rank() ? sum : 0.0;
     world_->all_reduce(&extra, &extra, 1, DType::F64, comm::Reduce::Sum);

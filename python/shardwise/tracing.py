@@ -1,0 +1,140 @@
+"""A model written with shardwise.nn traced into the graph the Trainer runs: the inputs "ids" and
+"labels" [B, S] i64 (the batch split over the data dims dp and ep, as the built-in models' are),
+``model(ids, labels)`` giving the scalar mean loss. The Trainer calls the builder once per mesh and
+micro-batch size, on its ranks' behalf (Trainer(model=...)); ``trace`` does the same by hand."""
+import inspect
+import traceback
+
+from . import _core
+from .graph import Graph, tracing
+
+
+def _batch_placements(graph):
+    return ",".join("S(0)" if d in ("dp", "ep") else "R" for d in graph.mesh_dims)
+
+
+def _boundary(graph, t):
+    """A pipeline stage boundary's layout: the batch over the data dims, whole elsewhere."""
+    if graph.mesh_dims:
+        graph.native.annotate(t.id, _batch_placements(graph))
+    return t
+
+
+def trace_into(graph, model, sequences, seq):
+    """Builds `model`'s graph for a micro-batch of `sequences` x `seq` tokens into `graph`; the loss Tensor."""
+    model.name_parameters()
+    with tracing(graph):
+        ids = _boundary(graph, graph.input("ids", (sequences, seq), "i64"))
+        labels = _boundary(graph, graph.input("labels", (sequences, seq), "i64"))
+        loss = model(ids, labels)
+    if getattr(loss, "shape", None) != ():
+        where = _source_of(model) or type(model).__name__
+        got = f"shape {loss.shape}" if hasattr(loss, "shape") else type(loss).__name__
+        raise _core.UsageError(f"{where}: {type(model).__name__}.forward(ids, labels) must return the scalar mean "
+                               f"loss, got {got}")
+    return loss
+
+
+def trace(model, mesh=None, batch=2, seq=8, sequence_parallel=False):
+    """The graph of `model` for one micro-batch of `batch` sequences of `seq` tokens on `mesh` (a
+    shardwise.graph.Graph: its nodes, values' sites); errors name the user's file and line."""
+    graph = Graph(mesh, sequence_parallel)
+    graph.loss = trace_into(graph, model, batch, seq)
+    return graph
+
+
+def _decoder(model):
+    from .nn import Decoder
+
+    if not isinstance(model, Decoder):
+        where = _source_of(model) or type(model).__name__
+        raise _core.UsageError(f"{where}: a pp mesh cuts the model into stages by its blocks: write "
+                               f"{type(model).__name__} as a shardwise.nn.Decoder (embed, blocks, head)")
+    return model
+
+
+def _param_names(graph):
+    return {t.name for t in graph.params.values()}
+
+
+def _stage_shape_and_tie(graph, model, sequences, seq):
+    """The activation's shape between the stages, and the parameter the embedding and the head both
+    use ("" for none), from the embedding and the head traced apart."""
+    embed = Graph()
+    with tracing(embed):
+        x = model.embed(embed.input("ids", (sequences, seq), "i64"))
+    head = Graph()
+    with tracing(head):
+        model.head(head.input("x", x.shape, x.dtype), head.input("labels", (sequences, seq), "i64"))
+    tied = sorted(_param_names(embed) & _param_names(head))
+    if len(tied) > 1:
+        raise _core.UsageError(f"{describe(model)}: the embedding and the head share {len(tied)} parameters "
+                               f"({', '.join(tied)}); a pipeline sums the gradients of one")
+    return x.shape, x.dtype, tied[0] if tied else ""
+
+
+def trace_stage(graph, model, sequences, seq, training, part):
+    """Blocks [first, end) of a Decoder as a pipeline stage's graph (with the embedding on the first,
+    the head on the last): (loss, input, output, output_grad, extra_loss, tied) as the native Trainer
+    takes them."""
+    first, end, embeddings, head = part
+    model = _decoder(model)
+    model.name_parameters()
+    shape, dtype, tied = _stage_shape_and_tie(graph, model, sequences, seq)
+    loss = x_in = x_out = x_grad = None
+    with tracing(graph):
+        if embeddings:
+            x = model.embed(_boundary(graph, graph.input("ids", (sequences, seq), "i64")))
+        else:
+            x = x_in = _boundary(graph, graph.input("stage_input", shape, dtype))
+            graph.native.set_requires_grad(x.id, training)
+        blocks = list(model.blocks())
+        for index in range(first, end):
+            x = model.run_block(index, blocks[index], x)
+        extra = None
+        if head:
+            loss = model.head(x, _boundary(graph, graph.input("labels", (sequences, seq), "i64")))
+        else:  # the stage's own loss terms (nn.add_loss: MoE router losses) go in its extra loss
+            x_out = _boundary(graph, x)
+            x_grad = _boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
+            extra = graph.extra_loss if training else None
+    return tuple(-1 if t is None else t.id for t in (loss, x_in, x_out, x_grad, extra)) + (tied,)
+
+
+def model_builder(model):
+    """The callable the native Trainer calls to trace `model` (python/src/graph.h python_model)."""
+    graphs = []  # kept for error sites: value name -> user's line
+
+    def build(native, sequences, seq, training, part):
+        graph = Graph(native=native)
+        graph.training = training
+        graphs.append(graph)
+        model.training = training
+        if part[2] and part[3]:  # the whole model: one stage
+            return (trace_into(graph, model, sequences, seq).id, -1, -1, -1, -1, "")
+        return trace_stage(graph, model, sequences, seq, training, part)
+
+    build.graphs = graphs
+    return build
+
+
+def _source_of(model):
+    try:
+        return inspect.getsourcefile(type(model))
+    except TypeError:  # defined in exec'd code or the interpreter
+        return None
+
+
+def describe(model):
+    where = _source_of(model)
+    return f"python: {type(model).__name__}" + (f" ({where})" if where else "")
+
+
+def error_text(error):
+    """The message of an error raised while tracing: a shardwise.Error's own (it names the user's
+    line), another's with its type and the innermost line that raised it."""
+    if isinstance(error, _core.Error):
+        return str(error)
+    frames = traceback.extract_tb(error.__traceback__)
+    site = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return f"{site}{type(error).__name__}: {error}"

@@ -1,0 +1,92 @@
+// GptConfig::custom (models/custom.h): a model whose graph and initial values come from outside the
+// built-in builders is trained by the same Trainer. The reference is the built-in GPT-2 itself:
+// a CustomModel that builds build_gpt's graph and draws init_param's values must give the built-in
+// run's losses bit for bit on every mesh; what it does not build (pipeline stages) is refused.
+#include <gtest/gtest.h>
+
+#include "shardwise/models/custom.h"
+#include "shardwise/models/models.h"
+#include "tests/support/error_of.h"
+#include "tests/support/golden_losses.h"
+#include "tests/support/small_config.h"
+
+namespace shardwise::train {
+namespace {
+
+// GPT-2 through the custom path: its graph by build_gpt (on the run's config without the custom
+// model), its initial values by name as init_param_block draws them for `gpt`'s layers and std.
+std::shared_ptr<const CustomModel> gpt_as_custom(const GptConfig& gpt, int* builds) {
+  auto custom = std::make_shared<CustomModel>();
+  custom->description = "GPT-2 through CustomModel";
+  custom->build = [builds](const GptConfig& config, const Strategy& s, int64_t sequences, bool training,
+                           const GptPart& part) {
+    ++*builds;
+    GptConfig c = config;
+    c.custom = nullptr;
+    c.head_grads_in_forward = training;
+    return build_gpt(c, s, sequences, true, part);
+  };
+  custom->tied = [] { return std::string("transformer.wte.weight"); };
+  custom->init = [gpt](const std::string& name) {
+    if (name.ends_with(".bias")) return ParamInit{0, 0};
+    if (name.find(".ln_") != std::string::npos) return ParamInit{0, 1};
+    const double proj = name.ends_with("c_proj.weight") ? std::sqrt(2.0 * static_cast<double>(gpt.layers)) : 1.0;
+    return ParamInit{gpt.init_std / proj, 0};
+  };
+  custom->constants = [] { return std::map<std::string, Tensor>{}; };
+  return custom;
+}
+
+TEST(CustomModel, TrainsAsTheBuiltInModelBitForBitOnEveryMesh) {
+  for (const std::string mesh : {"dp=1", "dp=2", "tp=2", "dp=2,tp=2"}) {
+    const TrainConfig builtin = small_config(mesh, 4);
+    TrainConfig custom = builtin;
+    int builds = 0;
+    custom.model.custom = gpt_as_custom(builtin.model, &builds);
+    const int ranks = mesh == "dp=1" ? 1 : mesh == "dp=2,tp=2" ? 4 : 2;
+    EXPECT_EQ(run_losses(custom, ranks), run_losses(builtin, ranks)) << mesh;
+    EXPECT_GE(builds, ranks) << mesh;  // every rank built its graph through the custom model
+  }
+}
+
+TEST(CustomModel, AWrongInitialValueChangesTheLosses) {
+  // The comparison above can fail: one parameter drawn with another std changes the losses.
+  const TrainConfig builtin = small_config("dp=1", 2);
+  TrainConfig custom = builtin;
+  int builds = 0;
+  auto model = std::const_pointer_cast<CustomModel>(gpt_as_custom(builtin.model, &builds));
+  auto init = model->init;
+  model->init = [init](const std::string& name) {
+    ParamInit i = init(name);
+    if (name == "transformer.wpe.weight") i.std *= 2;
+    return i;
+  };
+  custom.model.custom = model;
+  EXPECT_NE(run_losses(custom, 1), run_losses(builtin, 1));
+}
+
+TEST(CustomModel, PipelineStagesTrainAsTheBuiltInModels) {
+  // pp=2 (its stages on two ranks, the tied embedding's gradients summed across them) and
+  // dp=2 x pp=2: the built-in run's losses bit for bit.
+  for (const auto& [mesh, ranks] : {std::pair{"pp=2", 2}, std::pair{"dp=2,pp=2", 4}}) {
+    const TrainConfig builtin = small_config(mesh, 3);
+    TrainConfig custom = builtin;
+    int builds = 0;
+    custom.model.custom = gpt_as_custom(builtin.model, &builds);
+    EXPECT_EQ(run_losses(custom, ranks), run_losses(builtin, ranks)) << mesh;
+  }
+}
+
+TEST(CustomModel, ThePredictionsGraphIsRefusedWithTheModelsName) {
+  TrainConfig c = small_config("dp=1", 1);
+  int builds = 0;
+  c.model.custom = gpt_as_custom(c.model, &builds);
+  const std::string error = error_of([&] {
+    comm::LocalWorld::run(1, [&](comm::Communicator& w) { Trainer(c, w.group(w.members())).evaluate(); });
+  });
+  EXPECT_NE(error.find("GPT-2 through CustomModel"), std::string::npos) << error;
+  EXPECT_NE(error.find("predictions"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace shardwise::train
