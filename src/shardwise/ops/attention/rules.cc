@@ -6,8 +6,12 @@
 //    shard q; a sharded kv group g shards q's g and k, v's together (each rank holds whole groups:
 //    the query heads of a group read its kv head), and a sharded r leaves k, v whole there (GQA with
 //    kv replicated over tp when tp does not divide the kv heads);
-//  - the query sequence s, the key sequence t and the head dim d are replicated factors (causal
-//    masking and the softmax need whole rows of keys; a context-parallel s is future work).
+//  - the query sequence s is kept (context parallelism: each rank attends its block of queries,
+//    the kernel reading the block's offset from q's shard); the key sequence t and the head dim d
+//    are replicated factors (every query needs the whole sequence of keys, so a sequence-sharded
+//    k, v are all-gathered: the all-gather variant of context parallelism). t is on no output, so
+//    the grad gives dk, dv Partial(sum) over a mesh dim sharding s (each block's queries' share),
+//    which a sequence-sharded k, v reduce-scatter back.
 // Partials: softmax is not linear in q, k or v, so every Partial input is resharded to R (forward,
 // reverse); the grad part lets none through either (dout's Partial would pass linearly, but
 // delta = rowsum(dout * out) is computed from the whole dout).
@@ -43,7 +47,7 @@ Factors describe(std::span<const TensorSpec> in, const Attrs&) {
   if (in.size() == 4) f.add_input(labels("bt"));
   f.add_output(ql, q);
   f.add_output(labels(grouped ? "bgrs" : "bhs"), lse);
-  f.replicated = labels("std");
+  f.replicated = labels("td");
   return f;
 }
 
@@ -69,8 +73,9 @@ Rule make(const char* name, int inputs, const char* summary) {
 AttentionRules attention_rules() {
   AttentionRules r;
   r.flash_attention = make("flash_attention", 3,
-                           "q [b,h,s,d] or [b,g,r,s,d], k/v [b,h|g,t,d]: batch and heads kept (kv groups shard with "
-                           "q's), s/t/d replicated; every Partial -> R. Grad reads everything, no Partial passes");
+                           "q [b,h,s,d] or [b,g,r,s,d], k/v [b,h|g,t,d]: batch, heads and the query sequence kept (kv "
+                           "groups shard with q's; cp: s sharded, k/v gathered), t/d replicated; every Partial -> R. "
+                           "Grad reads everything, dk/dv P(sum) over s's shards");
   r.flash_attention_docs = make("flash_attention_docs", 4,
                                 "flash_attention's labels plus document ids [b,t] (batch kept with q's, t "
                                 "replicated); ids and lse take no gradient; every Partial -> R");
