@@ -81,7 +81,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                  "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections "
                  "below ([model], [parallel], ...) or in none; paths resolve from the file; the command line wins")
       ->type_name("PATH");
-  t->add_option("--mesh", c.parallel.mesh, "mesh with named dims dp, tp, pp");
+  t->add_option("--mesh", c.parallel.mesh, "mesh with named dims dp, tp, pp, ep, cp");
   t->add_option("--gemm", o.gemm, kGemmHelp);
   t->add_option("--schedule", c.parallel.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
   t->add_option("--virtual", c.parallel.virtual_stages, "interleaved schedule: stages per pipeline rank");

@@ -5,6 +5,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
+#include "shardwise/mesh/cp_order.h"
 #include "shardwise/models/llama.h"
 
 namespace shardwise::train {
@@ -64,6 +65,7 @@ graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool trainin
                                graph::ValueId v, graph::ValueId doc, const std::string& name,
                                const std::string& dropout_site) {
   Attrs a{{"scale", 1.0 / std::sqrt(static_cast<double>(c.head_size()))}};
+  if (c.cp_order > 1) a.set("balanced_ranks", c.cp_order);  // the sequence in cp's order
   if (training && c.dropout > 0) {
     a.set("p", c.dropout);
     a.set("seed", static_cast<int64_t>(c.dropout_seed));
@@ -213,10 +215,14 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     auto ids = g.input("ids", Shape{B, S}, DType::I64);
     b.annotate(ids, s.placements("R", "S(0)"));
     wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");
-    auto wpe = b.base_param("transformer.wpe.weight", Shape{S, H}, c.document_mask ? "R" : nullptr);
+    auto wpe = b.base_param("transformer.wpe.weight", Shape{S, H}, c.document_mask || c.cp_order > 1 ? "R" : nullptr);
     if (c.document_mask) {  // positions restart in every document: looked up per token
       auto positions = g.input("position_ids", Shape{B, S}, DType::I64);
       b.annotate(positions, s.placements("R", "S(0)"));
+      wpe = g.embedding(positions, wpe, "pos_emb");
+    } else if (c.cp_order > 1) {  // cp's order: each stored token's original position
+      auto positions = g.input("positions", Shape{S}, DType::I64);
+      b.annotate(positions, s.placements("R"));
       wpe = g.embedding(positions, wpe, "pos_emb");
     }
     auto emb = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
@@ -235,7 +241,8 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   } else {
     mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
   }
-  if (mask >= 0) b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
+  // (the unfused [B, 1, S, S] mask stays whole on cp: its dim 1 is the heads' broadcast)
+  if (mask >= 0) b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R", c.fused_attention() ? nullptr : "R"));
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
@@ -312,11 +319,12 @@ Tensor init_param_block(const GptConfig& c, const std::string& name, const Shape
   return t;
 }
 
-Tensor causal_mask(int64_t seq) {
+Tensor causal_mask(int64_t seq, int64_t cp_order) {
   Tensor t(DType::F32, Shape{seq, seq});
   float* p = t.data<float>();
+  const std::vector<int64_t> pos = mesh::cp_balanced_order(seq, cp_order);
   for (int64_t i = 0; i < seq; ++i)
-    for (int64_t j = 0; j < seq; ++j) p[i * seq + j] = j <= i ? 0.0f : -1e9f;
+    for (int64_t j = 0; j < seq; ++j) p[i * seq + j] = pos[static_cast<size_t>(j)] <= pos[static_cast<size_t>(i)] ? 0.0f : -1e9f;
   return t;
 }
 
