@@ -1,5 +1,6 @@
 // Context parallelism (a cp mesh dim): the same 20 training steps with every activation's sequence
-// split over cp (in cp's balanced order, attention's k, v gathered) follow the single-rank loss
+// split over cp (in cp's balanced order; attention by ring_attention, or with --cp-attention gather
+// flash_attention on gathered k, v) follow the single-rank loss
 // curve, GPT-2 and Llama, alone and with tp, sp, dp, pp and sharding stage 2; held-out predictions
 // come back in the natural order; what cp does not compose with yet is refused by name. (Packed
 // documents on cp: tests/data/test_packing.cc, against each document alone.)
@@ -66,6 +67,12 @@ void expect_cp_meshes_follow(TrainConfig (*config)(const std::string&), const st
   TrainConfig stage2 = config("dp=2,cp=2");  // gradients reduce-scattered over dp x cp
   stage2.parallel.sharding.stage = 2;
   expect_same_run(run(stage2, 4), ref, what + " dp=2,cp=2 --sharding-stage 2");
+  // The all-gather variant: k, v gathered over cp instead of passed around the ring.
+  for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"cp=2", 2}, {"cp=4", 4}, {"cp=2,tp=2", 4}}) {
+    TrainConfig gather = config(mesh);
+    gather.model.cp_attention = "gather";
+    expect_same_run(run(gather, ranks), ref, what + " " + mesh + " --cp-attention gather");
+  }
 }
 
 // The unfused attention core: the [S, S] causal mask constant in cp's order, the scores' query
@@ -114,6 +121,10 @@ TEST(ContextParallel, WhatDoesNotComposeYetIsRefusedByName) {
   TrainConfig moe = llama("cp=2");
   moe.model.experts = 4, moe.model.top_k = 2;
   EXPECT_NE(refusal(moe, 2).find("does not compose with mixture-of-experts"), std::string::npos) << refusal(moe, 2);
+  TrainConfig ring = gpt("cp=2");
+  ring.model.cp_attention = "rings";
+  EXPECT_NE(refusal(ring, 2).find("--cp-attention 'rings' is not a context-parallel attention (ring, gather)"),
+            std::string::npos);
   TrainConfig packed = gpt("cp=2");
   packed.model.attention = "unfused", packed.data.document_attention = true;
   EXPECT_NE(refusal(packed, 2).find("with packed documents (--no-cross-document-attention) needs --attention fused"),

@@ -37,6 +37,8 @@ void GptConfig::validate() const {
            "--recompute-layers {} needs --recompute full or selective (it is none)", recompute_layers);
   SW_CHECK(attention == "fused" || attention == "unfused", "--attention '{}' is not an attention mode (fused, unfused)",
            attention);
+  SW_CHECK(cp_attention == "ring" || cp_attention == "gather",
+           "--cp-attention '{}' is not a context-parallel attention (ring, gather)", cp_attention);
 }
 
 graph::ValueId dropout_at(graph::Graph& g, const GptConfig& c, bool training, graph::ValueId v, const std::string& site,
@@ -73,6 +75,8 @@ graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool trainin
   }
   std::vector<graph::ValueId> in{q, k, v};
   if (doc >= 0) in.push_back(doc);
+  if (c.cp_order > 1 && c.cp_attention == "ring")  // q, k, v stay sequence-sharded: k, v blocks travel the ring
+    return g.op(doc >= 0 ? "ring_attention_docs" : "ring_attention", std::move(in), std::move(a), name)[0];
   return g.op(doc >= 0 ? "flash_attention_docs" : "flash_attention", std::move(in), std::move(a), name)[0];
 }
 

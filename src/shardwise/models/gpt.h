@@ -97,6 +97,10 @@ struct GptConfig {
   // embedding looked up by the "positions" constant, Llama's rotary), the causal mask and the fused
   // attention's mask follow each token's original position.
   int64_t cp_order = 1;
+  // With cp, the fused attention's exchange (--cp-attention): "ring" (ring_attention: k, v blocks
+  // passed around the cp ring, dk, dv sent back around; activations 1/cp) or "gather" (k, v
+  // all-gathered over cp, flash_attention on the whole sequence of keys). The unfused core gathers.
+  std::string cp_attention = "ring";
   // The attention core (--attention): "fused" (ops/attention's flash_attention: tiled with an online
   // softmax, nothing [S, S] kept for the backward; packed documents take "document_ids" [B, S]
   // instead of "attention_mask", and no "causal_mask" is needed) or "unfused" (scores, mask add,

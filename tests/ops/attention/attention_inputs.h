@@ -1,6 +1,11 @@
 #pragma once
-// Inputs the attention tests share: seeded uniform values and packed-document ids.
+// Inputs and comparisons the attention tests share: seeded uniform values, packed-document ids,
+// a block of rows, elementwise closeness.
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "shardwise/tensor/tensor.h"
 
@@ -30,6 +35,21 @@ inline Tensor documents(int64_t B, int64_t S) {
     }
   }
   return d;
+}
+
+// Elements [x0, x0 + n) of dim `dim` of t.
+inline Tensor rows(const Tensor& t, int dim, int64_t x0, int64_t n) {
+  std::vector<int64_t> off(static_cast<size_t>(t.shape().ndim()), 0);
+  off[static_cast<size_t>(dim)] = x0;
+  Shape s = t.shape();
+  s[dim] = n;
+  return t.slice(off, s);
+}
+
+// Every element of got within tol of want's (a gtest failure naming `what` and the element).
+inline void expect_near(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  for (int64_t i = 0; i < want.numel(); ++i) ASSERT_NEAR(got.at(i), want.at(i), tol) << what << " element " << i;
 }
 
 }  // namespace shardwise::ops::testing_attention

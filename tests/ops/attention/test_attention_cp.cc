@@ -18,8 +18,7 @@
 namespace shardwise::ops {
 namespace {
 
-using testing_attention::documents;
-using testing_attention::random_f64;
+using namespace testing_attention;  // NOLINT: the shared inputs and comparisons
 
 AttentionArgs args(double p = 0.0, int64_t balanced = 1) {
   AttentionArgs a;
@@ -29,15 +28,6 @@ AttentionArgs args(double p = 0.0, int64_t balanced = 1) {
   a.stream = 5;
   a.balanced_ranks = balanced;
   return a;
-}
-
-// Elements [x0, x0 + n) of dim `dim` of t.
-Tensor rows(const Tensor& t, int dim, int64_t x0, int64_t n) {
-  std::vector<int64_t> off(static_cast<size_t>(t.shape().ndim()), 0);
-  off[static_cast<size_t>(dim)] = x0;
-  Shape s = t.shape();
-  s[dim] = n;
-  return t.slice(off, s);
 }
 
 // t reordered along dim `dim`: out[.., x, ..] = t[.., order[x], ..].
@@ -52,11 +42,6 @@ Tensor reorder(const Tensor& t, int dim, const std::vector<int64_t>& order) {
       for (int64_t i = 0; i < inner; ++i)
         out.set_at((o * n + x) * inner + i, t.at((o * n + order[static_cast<size_t>(x)]) * inner + i));
   return out;
-}
-
-void expect_near(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  for (int64_t i = 0; i < want.numel(); ++i) ASSERT_NEAR(got.at(i), want.at(i), tol) << what << " element " << i;
 }
 
 // q [B, G, R, T, D] (grouped) or [B, G, T, D]; k, v [B, G, T, D]; blocks of `n` query rows.
@@ -161,7 +146,7 @@ TEST(FlashAttentionCp, BadOrdersAndBlocksAreErrorsNamingTheProblem) {
   Tensor q = random_f64({1, 1, 4, 2}, 1), kv = random_f64({1, 1, 6, 2}, 2);
   AttentionCoords at;
   at.query0 = 3;
-  EXPECT_NE(message([&] { flash_attention(q, kv, kv, Tensor(), args(), at); }).find("the local queries [3, 7) do not lie in the 6 keys"),
+  EXPECT_NE(message([&] { flash_attention(q, kv, kv, Tensor(), args(), at); }).find("the local queries [3, 7) and keys [0, 6) do not lie in the sequence of 6"),
             std::string::npos);
 }
 

@@ -55,39 +55,39 @@ void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, in
   gemm<C>(g, a, b, c);
 }
 
-// Visibility and dropout of local query row i and key j of one query head: query row i is the
-// sequence's token query0 + i; token x sits at position pos[x] of the original sequence (the
-// identity, or the load-balanced order), which the causal mask and the dropout key use.
+// Visibility and dropout of local query row i and local key j of one query head: query row i is
+// the sequence's token query0 + i, key j its token key0 + j; each token's position in the original
+// sequence (the identity, or cp's balanced order) is qpos[i] / kpos[j], which the causal mask and
+// the dropout key compare; the document ids qdoc / kdoc are the rows' and keys' own.
 struct TileKeys {
-  const int64_t* doc = nullptr;  // this sequence's document ids [T], or null
-  const Philox* rng = nullptr;   // null: no dropout
-  const int64_t* pos = nullptr;  // [T]
+  const int64_t *qdoc = nullptr, *kdoc = nullptr;  // document ids, or null
+  const Philox* rng = nullptr;                     // null: no dropout
+  const int64_t *qpos = nullptr, *kpos = nullptr;
   double p = 0.0;
-  uint64_t head_base = 0;  // (b NH + h) T: the global row index of position 0
-  int64_t T = 0, query0 = 0;
+  uint64_t head_base = 0;  // (b NH + h) seq: the global row index of position 0
+  int64_t seq = 0;         // the whole sequence's length
   bool visible(int64_t i, int64_t j) const {
-    const int64_t x = query0 + i;
-    return pos[j] <= pos[x] && (doc == nullptr || doc[j] == doc[x]);
+    return kpos[j] <= qpos[i] && (qdoc == nullptr || kdoc[j] == qdoc[i]);
   }
   bool keep(int64_t i, int64_t j) const {
-    const auto row = head_base + static_cast<uint64_t>(pos[query0 + i]);
-    return static_cast<double>(rng->uniform(row * static_cast<uint64_t>(T) + static_cast<uint64_t>(pos[j]))) >= p;
+    const auto row = head_base + static_cast<uint64_t>(qpos[i]);
+    return static_cast<double>(rng->uniform(row * static_cast<uint64_t>(seq) + static_cast<uint64_t>(kpos[j]))) >= p;
   }
   // Whether any key of [j0, j0 + nj) may be visible to a row of [i0, i0 + ni), and whether some
   // key there may be masked for one of them (so the tile needs the per-element mask).
   struct Span {
     int64_t lo, hi;
   };
-  Span range(int64_t x0, int64_t n) const {
+  static Span range(const int64_t* pos, int64_t x0, int64_t n) {
     Span s{pos[x0], pos[x0]};
     for (int64_t x = x0; x < x0 + n; ++x) s.lo = std::min(s.lo, pos[x]), s.hi = std::max(s.hi, pos[x]);
     return s;
   }
   bool any_visible(int64_t i0, int64_t ni, int64_t j0, int64_t nj) const {
-    return range(j0, nj).lo <= range(query0 + i0, ni).hi;
+    return range(kpos, j0, nj).lo <= range(qpos, i0, ni).hi;
   }
   bool edge(int64_t i0, int64_t ni, int64_t j0, int64_t nj) const {
-    return doc != nullptr || range(j0, nj).hi > range(query0 + i0, ni).lo;
+    return qdoc != nullptr || range(kpos, j0, nj).hi > range(qpos, i0, ni).lo;
   }
 };
 
@@ -97,30 +97,32 @@ struct Plan {
   AttentionCoords at;
   int64_t heads_global = 0;  // NH
   int64_t R_global = 0;
-  std::vector<int64_t> pos;  // [T]: each token's position in the original sequence
+  int64_t seq = 0;                  // the whole sequence's length
+  std::vector<int64_t> qpos, kpos;  // [S], [T]: the local rows' and keys' original positions
 };
 Plan plan_of(const Shape& q, const Shape& k, const AttentionArgs& args, const AttentionCoords& coords) {
-  Plan p{dims_of(q, k), args, coords, 0, 0, {}};
+  Plan p{dims_of(q, k), args, coords, 0, 0, 0, {}, {}};
   const int64_t G = coords.groups < 0 ? p.d.G : coords.groups;
   p.R_global = coords.reps < 0 ? p.d.R : coords.reps;
   p.heads_global = G * p.R_global;
-  SW_CHECK(coords.query0 >= 0 && coords.query0 + p.d.S <= p.d.T,
-           "flash_attention: the local queries [{}, {}) do not lie in the {} keys (k must hold the whole sequence)",
-           coords.query0, coords.query0 + p.d.S, p.d.T);
-  p.pos.resize(static_cast<size_t>(p.d.T));
-  for (int64_t x = 0; x < p.d.T; ++x) p.pos[static_cast<size_t>(x)] = mesh::cp_balanced_position(x, p.d.T, args.balanced_ranks);
+  p.seq = coords.seq < 0 ? p.d.T : coords.seq;
+  SW_CHECK(coords.query0 >= 0 && coords.query0 + p.d.S <= p.seq && coords.key0 >= 0 && coords.key0 + p.d.T <= p.seq,
+           "flash_attention: the local queries [{}, {}) and keys [{}, {}) do not lie in the sequence of {}",
+           coords.query0, coords.query0 + p.d.S, coords.key0, coords.key0 + p.d.T, p.seq);
+  for (int64_t i = 0; i < p.d.S; ++i) p.qpos.push_back(mesh::cp_balanced_position(coords.query0 + i, p.seq, args.balanced_ranks));
+  for (int64_t j = 0; j < p.d.T; ++j) p.kpos.push_back(mesh::cp_balanced_position(coords.key0 + j, p.seq, args.balanced_ranks));
   return p;
 }
 TileKeys tile_keys(const Plan& pl, const Philox& rng, const int64_t* doc, int64_t b, int64_t g, int64_t r) {
   TileKeys t;
-  t.doc = doc == nullptr ? nullptr : doc + b * pl.d.T;
+  if (doc != nullptr) t.qdoc = doc + b * pl.seq + pl.at.query0, t.kdoc = doc + b * pl.seq + pl.at.key0;
   t.rng = pl.args.dropout() ? &rng : nullptr;
-  t.pos = pl.pos.data();
+  t.qpos = pl.qpos.data();
+  t.kpos = pl.kpos.data();
   t.p = pl.args.p;
-  t.T = pl.d.T;
-  t.query0 = pl.at.query0;
+  t.seq = pl.seq;
   const int64_t h = (pl.at.group0 + g) * pl.R_global + pl.at.rep0 + r;
-  t.head_base = static_cast<uint64_t>((pl.at.batch0 + b) * pl.heads_global + h) * static_cast<uint64_t>(pl.d.T);
+  t.head_base = static_cast<uint64_t>((pl.at.batch0 + b) * pl.heads_global + h) * static_cast<uint64_t>(pl.seq);
   return t;
 }
 
@@ -169,9 +171,9 @@ void forward_head(const C* Qs, const C* K, const C* V, const TileKeys& keys, int
     }
     for (int64_t a = 0; a < ni; ++a) {
       const double la = l[static_cast<size_t>(a)];
-      const C inv = static_cast<C>(1.0 / la);
+      const C inv = static_cast<C>(la > 0 ? 1.0 / la : 0.0);  // no visible key (a ring's block): out 0
       for (int64_t d = 0; d < D; ++d) out[(i0 + a) * D + d] = acc[static_cast<size_t>(a * D + d)] * inv;
-      lse[i0 + a] = static_cast<C>(m[static_cast<size_t>(a)] + std::log(la));
+      lse[i0 + a] = la > 0 ? static_cast<C>(m[static_cast<size_t>(a)] + std::log(la)) : neg_inf;
     }
   }
 }
@@ -330,21 +332,22 @@ AttentionArgs attention_args(const Attrs& attrs) {
 }
 
 void check_attention_inputs(const Shape& q, DType q_dtype, const Shape& k, DType k_dtype, const Shape& v,
-                            DType v_dtype, const Shape* doc, DType doc_dtype) {
+                            DType v_dtype, const Shape* doc, DType doc_dtype, const AttentionCoords* local) {
   SW_CHECK(q.ndim() == 4 || q.ndim() == 5,
            "flash_attention: q must be [B, H, S, D] or grouped [B, G, R, S, D], got {}", q.to_string());
   SW_CHECK(is_floating(q_dtype), "flash_attention: q holds {} (allowed: f32, f64, f16, bf16)", dtype_name(q_dtype));
   SW_CHECK(k_dtype == q_dtype && v_dtype == q_dtype, "flash_attention: q, k, v must share a dtype, got {}, {}, {}",
            dtype_name(q_dtype), dtype_name(k_dtype), dtype_name(v_dtype));
-  // The keys: the whole sequence (T >= q's S rows: a sequence-sharded q holds a block of it).
-  const int64_t T = k.ndim() == 4 && k[2] >= q[q.ndim() - 2] ? k[2] : q[q.ndim() - 2];
+  // Global shapes: the keys are q's sequence. Local blocks: any block of keys.
+  const int64_t T = local != nullptr && k.ndim() == 4 ? k[2] : q[q.ndim() - 2];
   const Dims d = dims_of(q, Shape{0, 0, T, 0});
   const Shape kv{d.B, d.G, d.T, d.D};
   SW_CHECK(k == kv && v == kv, "flash_attention: q {} needs k and v {} (one kv head per {}), got k {} and v {}",
            q.to_string(), kv.to_string(), q.ndim() == 4 ? "query head" : "group", k.to_string(), v.to_string());
   if (doc == nullptr) return;
-  SW_CHECK(*doc == Shape({d.B, d.T}), "flash_attention: document ids must be [{}, {}] (batch, key sequence), got {}",
-           d.B, d.T, doc->to_string());
+  const int64_t seq = local != nullptr && local->seq >= 0 ? local->seq : d.T;
+  SW_CHECK(*doc == Shape({d.B, seq}), "flash_attention: document ids must be [{}, {}] (batch, sequence), got {}", d.B,
+           seq, doc->to_string());
   SW_CHECK(doc_dtype == DType::I64, "flash_attention: document ids hold {} (allowed: i64)", dtype_name(doc_dtype));
 }
 
@@ -360,7 +363,7 @@ AttentionOutputs flash_attention(const Tensor& q, const Tensor& k, const Tensor&
                                  const AttentionArgs& args, const AttentionCoords& coords) {
   const Shape* ds = doc.defined() ? &doc.shape() : nullptr;
   check_attention_inputs(q.shape(), q.dtype(), k.shape(), k.dtype(), v.shape(), v.dtype(), ds,
-                         doc.defined() ? doc.dtype() : DType::I64);
+                         doc.defined() ? doc.dtype() : DType::I64, &coords);
   const Plan pl = plan_of(q.shape(), k.shape(), args, coords);
   if (is_compute_double(q.dtype())) return forward_typed<double>(q, k, v, doc, pl);
   return forward_typed<float>(q, k, v, doc, pl);
@@ -371,7 +374,7 @@ AttentionGrads flash_attention_backward(const Tensor& q, const Tensor& k, const 
                                         const AttentionArgs& args, const AttentionCoords& coords) {
   const Shape* ds = doc.defined() ? &doc.shape() : nullptr;
   check_attention_inputs(q.shape(), q.dtype(), k.shape(), k.dtype(), v.shape(), v.dtype(), ds,
-                         doc.defined() ? doc.dtype() : DType::I64);
+                         doc.defined() ? doc.dtype() : DType::I64, &coords);
   SW_CHECK(out.shape() == q.shape() && dout.shape() == q.shape() && out.dtype() == q.dtype() &&
                dout.dtype() == q.dtype(),
            "flash_attention backward: out {} and dout {} must be q's shape {} and dtype", out.shape().to_string(),

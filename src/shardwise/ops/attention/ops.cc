@@ -5,6 +5,7 @@
 // balanced_ranks (int, default 1: the sequence in cp's load-balanced order over that many ranks).
 #include "shardwise/core/error.h"
 #include "shardwise/ops/attention/kernels.h"
+#include "shardwise/ops/attention/ring.h"
 #include "shardwise/ops/attention/rules.h"
 #include "shardwise/ops/families.h"
 
@@ -108,11 +109,61 @@ OpDef make_attention(bool docs) {
   return op;
 }
 
+// ring_attention(_docs): flash_attention's entry with the ring's kernels (ring.h) on the group
+// sharding q's sequence (collective), the whole sequence's length from q's global shape.
+OpDef make_ring(bool docs) {
+  OpDef op = make_attention(docs);
+  op.name = docs ? "ring_attention_docs" : "ring_attention";
+  op.rule = docs ? rules_of<attention_rules>().ring_attention_docs : rules_of<attention_rules>().ring_attention;
+  op.summary = docs ? "(out, lse) = ring_attention_docs(q, k, v, doc [B, S] i64 whole): ring_attention with packed "
+                      "documents' mask"
+                    : "(out, lse) = ring_attention(q, k, v; flash_attention's attributes): flash_attention with q, k, v "
+                      "sharded alike on the sequence; k/v blocks pass around the ring of ranks sharding it "
+                      "(send/recv), the blocks' outputs merged by their lse; the backward sends dk/dv around";
+  op.collective = true;
+  auto ring_of = [](const KernelContext& ctx) {
+    const int dim = ctx.tensors[0].global_shape.ndim() - 2;  // q's sequence
+    return ctx.group_sharding(0, 1u << dim, "ring_attention");
+  };
+  auto coords = [](const KernelContext& ctx) {
+    AttentionCoords c = coords_of(ctx);
+    c.seq = ctx.tensors[0].global_shape[ctx.tensors[0].global_shape.ndim() - 2];
+    return c;
+  };
+  op.forward_in_context = [docs, ring_of, coords](std::span<const Tensor> in, const Attrs& attrs,
+                                                  const KernelContext& ctx) {
+    AttentionOutputs r = ring_attention(in[0], in[1], in[2], docs ? in[3] : Tensor(), attention_args(attrs),
+                                        coords(ctx), ring_of(ctx));
+    return std::vector<Tensor>{r.out, r.lse};
+  };
+  op.backward_in_context = [docs, ring_of, coords](std::span<const Tensor> in, std::span<const Tensor> out,
+                                                   std::span<const Tensor> dout, const Attrs& attrs,
+                                                   const KernelContext& ctx) {
+    AttentionGrads g = ring_attention_backward(in[0], in[1], in[2], docs ? in[3] : Tensor(), out[0], out[1], dout[0],
+                                               attention_args(attrs), coords(ctx), ring_of(ctx));
+    std::vector<Tensor> r{g.dq, g.dk, g.dv};
+    if (docs) r.emplace_back();
+    return r;
+  };
+  // Fewer and smaller cases than flash_attention's (each layout runs the ring on threads): even,
+  // uneven and empty shards, grouped heads, dropout, the balanced order, f32.
+  op.cases = {attention_case(12, 12, 12, 12, 0, docs),
+              attention_case(5, 7, 5, 3, 0, docs),
+              attention_case(1, 2, 3, 2, 0, docs),
+              attention_case(6, 12, 4, 2, 6, docs),
+              attention_case(6, 6, 7, 2, 0, docs, DType::F64, 0.3),
+              attention_case(2, 4, 12, 2, 2, docs, DType::F64, 0.2, 3),
+              attention_case(3, 4, 5, 2, 0, docs, DType::F32)};
+  return op;
+}
+
 }  // namespace
 
 void register_attention_ops(OpRegistry& registry) {
   registry.add(make_attention(false));
   registry.add(make_attention(true));
+  registry.add(make_ring(false));
+  registry.add(make_ring(true));
 }
 
 }  // namespace shardwise::ops
