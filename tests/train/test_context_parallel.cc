@@ -2,14 +2,19 @@
 // split over cp (in cp's balanced order; attention by ring_attention, or with --cp-attention gather
 // flash_attention on gathered k, v) follow the single-rank loss
 // curve, GPT-2 and Llama, alone and with tp, sp, dp, pp and sharding stage 2; held-out predictions
-// come back in the natural order; what cp does not compose with yet is refused by name. (Packed
+// come back in the natural order; checkpoints of cp runs resume on any mesh; what cp does not
+// compose with yet is refused by name. (Packed
 // documents on cp: tests/data/test_packing.cc, against each document alone.)
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "shardwise/ckpt/commit.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
 #include "tests/support/llama_config.h"
 #include "tests/support/small_config.h"
+#include "tests/support/train_losses.h"
 #include "shardwise/train/context_parallel.h"
 #include "shardwise/train/trainer.h"
 
@@ -100,6 +105,32 @@ TEST(ContextParallel, RowsGoIntoCpsOrderAndBack) {
   const Tensor back = from_cp_order(z, 2);
   for (int64_t i = 0; i < 16; ++i) EXPECT_EQ(back.data<int64_t>()[i], rows.data<int64_t>()[i]) << i;
   EXPECT_EQ(to_cp_order(rows, 1).data<int64_t>()[3], 3);  // one rank: the natural order
+}
+
+// A checkpoint saved on cp=2 holds whole-tensor files like any other mesh's: resumed on one rank,
+// tp=2 or dp=2 x cp=2 the curve continues; one saved on one rank resumes on cp=4.
+TEST(ContextParallel, CheckpointsOfCpRunsResumeOnAnyMesh) {
+  const std::vector<double> whole = train_losses(llama("dp=1"), 12, {}, {});
+  const auto dir = [](const std::string& name) {
+    const std::filesystem::path d = std::filesystem::temp_directory_path() / ("shardwise-cp-resume-" + name);
+    std::filesystem::remove_all(d);
+    return d;
+  };
+  for (const auto& [saved_on, resumed_on] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"cp=2", {"dp=1", "tp=2", "dp=2,cp=2"}}, {"dp=1", {"cp=4"}}}) {
+    const std::filesystem::path root = dir(saved_on);
+    const std::vector<double> first = train_losses(llama(saved_on), 6, {}, root);
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_NEAR(first[i], whole[i], 1e-5 * whole[i]) << saved_on;
+    const auto found = ckpt::find_resume(root);
+    ASSERT_TRUE(found.has_value()) << saved_on;
+    for (const std::string& mesh : resumed_on) {
+      const std::vector<double> rest = train_losses(llama(mesh), 6, found->dir, {});
+      ASSERT_EQ(rest.size(), 6u);
+      for (size_t i = 0; i < rest.size(); ++i)
+        EXPECT_NEAR(rest[i], whole[6 + i], 1e-5 * whole[6 + i]) << "saved on " << saved_on << ", resumed on " << mesh
+                                                                  << ", step " << 7 + i;
+    }
+  }
 }
 
 std::string refusal(TrainConfig c, int ranks) {
