@@ -117,7 +117,7 @@ TEST(Cli, PlanShowsTheProgramAndExplainsAPlacement) {
   EXPECT_NE(r.out.find("4 heads cannot be split over tp=3"), std::string::npos) << r.out;
   r = run("plan --mesh dp=2,xp=2");
   EXPECT_EQ(r.status, 2) << r.out;
-  EXPECT_NE(r.out.find("name every dim dp, tp, pp or ep"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("name every dim dp, tp, pp, ep or cp"), std::string::npos) << r.out;
 }
 
 TEST(Cli, TrainRefusesBadConfigurationsBeforeItStarts) {
@@ -130,7 +130,7 @@ TEST(Cli, TrainRefusesBadConfigurationsBeforeItStarts) {
            {"train --data /nonexistent/file.txt", "cannot read the data file '/nonexistent/file.txt'"},
            {"train --mesh dp=2 --global-batch 10 --micro-batch 4", "global batch 10 is not a multiple of micro-batch 4 x dp 2"},
            {"train --digits 3 --seq 8", "sequence length 8 is too short for 3-digit addition"},
-           {"train --mesh dp=2,zp=2", "mesh [dp=2,zp=2]: dim 1 is named 'zp'; name every dim dp, tp, pp or ep"},
+           {"train --mesh dp=2,zp=2", "mesh [dp=2,zp=2]: dim 1 is named 'zp'; name every dim dp, tp, pp, ep or cp"},
        }) {
     Result r = run(b.args + " --run-dir " + tmp("shardwise-cli-bad-run"));
     EXPECT_EQ(r.status, 2) << b.args << "\n" << r.out;

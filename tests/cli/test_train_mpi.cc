@@ -1,4 +1,4 @@
-// `shardwise train` under mpirun with 4 processes (dp=2 x tp=2; Llama on tp=2 x pp=2) follows the
+// `shardwise train` under mpirun with 4 processes (dp=2 x tp=2; Llama on tp=2 x pp=2; cp meshes) follows the
 // single-rank loss curve; on a token file unreadable for the processes that are not their tp group's
 // reader (the test hook SHARDWISE_TEST_UNREADABLE_FOR_RANKS: opening or reading the data there is an
 // error) it still trains the same curve, validates and saves checkpoints; with --recompute full it
@@ -85,6 +85,18 @@ TEST(TrainMpi, FourProcessesTrainLlamaOnTheSingleRankCurve) {
       " --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0 --digits 2 ";
   const std::string text = expect_four_processes_follow_one_rank(args, "tp=2,pp=2", "llama");
   EXPECT_NE(text.find("Llama (2 kv heads"), std::string::npos) << text;
+}
+
+// Context parallelism under MPI: Llama on dp=2 x cp=2 (ring attention: k, v blocks sent between
+// processes by MPI point-to-point), and GPT-2 on tp=2 x cp=2 with the all-gather variant.
+TEST(TrainMpi, FourProcessesTrainOnCpMeshesOnTheSingleRankCurve) {
+  const std::string llama = " --model llama --kv-heads 2 --untied-head --intermediate-size 64 --layers 2 --hidden 32 "
+                            "--seq 16 --steps 20 --global-batch 8 --accumulation 2 --lr 0.003 --warmup 3 --eval-every 0 "
+                            "--digits 2 ";
+  expect_four_processes_follow_one_rank(llama, "dp=2,cp=2", "cp-llama");
+  const std::string gpt = " --layers 2 --hidden 32 --seq 16 --steps 20 --global-batch 8 --lr 0.003 --warmup 3 "
+                          "--eval-every 0 --cp-attention gather ";
+  expect_four_processes_follow_one_rank(gpt, "tp=2,cp=2", "cp-gpt");
 }
 
 // The MoE Llama (4 experts, top-2, aux and z losses) of the 20-step curves below.

@@ -68,6 +68,12 @@ std::vector<std::pair<std::string, TrainConfig>> meshes() {
   out.emplace_back("tp=2 + sp", sp);
   out.emplace_back("dp=2,tp=2 packed", packed("dp=2,tp=2"));
   out.emplace_back("pp=2,tp=2 packed", packed("pp=2,tp=2"));
+  for (const char* m : {"cp=2", "dp=2,cp=2", "tp=2,cp=2"}) {  // context parallelism: tp x cp groups
+    TrainConfig cp = small_config(m, 3);
+    cp.model.seq = 16;
+    out.emplace_back(m, cp);
+  }
+  out.emplace_back("cp=2 packed", packed("cp=2"));
   return out;
 }
 
@@ -91,7 +97,14 @@ TEST(Loader, RanksOtherThanTheReadersNeverRead) {
   for (const auto& [name, c] : meshes()) {
     if (name.find("tp=2") == std::string::npos) continue;
     const std::vector<double> every_rank = losses(c, false, false);
-    UnreadableFor hook(c.parallel.mesh == "tp=2" ? "1" : "1,3");
+    UnreadableFor hook(c.parallel.mesh == "tp=2" ? "1" : c.parallel.mesh == "tp=2,cp=2" ? "1,2,3" : "1,3");
+    EXPECT_EQ(losses(c, true, true), every_rank) << name;
+  }
+  // cp: the ranks with cp coordinate 1 (cp=2: rank 1; dp=2 x cp=2: ranks 1 and 3) read nothing.
+  for (const auto& [name, c] : meshes()) {
+    if (name.find("cp=2") == std::string::npos || name.find("tp=2") != std::string::npos) continue;
+    const std::vector<double> every_rank = losses(c, false, false);
+    UnreadableFor hook(c.parallel.mesh == "cp=2" ? "1" : "1,3");
     EXPECT_EQ(losses(c, true, true), every_rank) << name;
   }
 }

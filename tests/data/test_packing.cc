@@ -135,8 +135,8 @@ StepLoss fourth_step(const TrainConfig& c) {
   return out;
 }
 
-// The fourth step's loss equals the documents-alone reference on one rank, dp=2 x tp=2, pp=2 and
-// tp=2 + sp (`llama`: a small Llama, else GPT-2).
+// The fourth step's loss equals the documents-alone reference on one rank, dp=2 x tp=2, pp=2,
+// tp=2 + sp, cp=4 and tp=2 x cp=2 + sp (`llama`: a small Llama, else GPT-2).
 void expect_documents_alone_on_every_mesh(const std::string& corpus, bool llama) {
   const fs::path data = documents_corpus(corpus);
   struct Case {
@@ -144,7 +144,9 @@ void expect_documents_alone_on_every_mesh(const std::string& corpus, bool llama)
     bool sp = false;
     int64_t accumulation = 0;
   };
-  for (const Case& k : {Case{"dp=1"}, Case{"dp=2,tp=2"}, Case{"pp=2", false, 2}, Case{"tp=2", true}}) {
+  // cp: the window's columns in cp's balanced order, document ids and positions reordered with them.
+  for (const Case& k : {Case{"dp=1"}, Case{"dp=2,tp=2"}, Case{"pp=2", false, 2}, Case{"tp=2", true}, Case{"cp=4"},
+                        Case{"tp=2,cp=2", true}}) {
     TrainConfig c = packed_config(k.mesh, data);
     if (llama) {  // grouped-query attention (kv heads sharded over tp), an untied head
       c.model.model_type = "llama", c.model.kv_heads = 2, c.model.intermediate_size = 48;

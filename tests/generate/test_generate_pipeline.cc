@@ -87,5 +87,21 @@ TEST(GeneratePipeline, FewerLayersThanStagesAreRefused) {
   });
 }
 
+// Context parallelism does not compose with generation yet: a cp mesh is refused by name.
+TEST(GeneratePipeline, ACpMeshIsRefusedByName) {
+  Model m = gpt();
+  comm::LocalWorld::run(2, [&](comm::Communicator& w) {
+    try {
+      Generator(m.config, Strategy::from_mesh(mesh::parse_mesh("cp=2"), false), w.group(w.members()),
+                whole_weights(m.weights, w.members()[static_cast<size_t>(w.rank())]));
+      ADD_FAILURE() << "expected an Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("context parallelism (a cp mesh dim, [cp=2]) does not compose with generation"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace shardwise::train

@@ -26,6 +26,12 @@ namespace shardwise::cli {
 
 namespace {
 
+constexpr const char* kConfigHelp =
+    "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections below "
+    "([model], [parallel], ...) or in none; paths resolve from the file; the command line wins";
+constexpr const char* kCpAttentionHelp =
+    "with a cp mesh dim, the fused attention's exchange: ring (default; k/v blocks passed around the cp ring) or "
+    "gather (k/v all-gathered over cp)";
 constexpr const char* kGemmHelp =
     "the f32 GEMM library: auto (the user's OPENBLAS_CORETYPE if set, else SHARDWISE_GEMM, else the choice "
     "`shardwise gemm-check` cached for this machine), openblas, openblas-haswell, openblas-zen, "
@@ -83,11 +89,8 @@ constexpr const char* kLoraTargetsHelp =
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
   auto* t = &cmd;
-  t->add_option("--config", o.config_file,
-                 "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections "
-                 "below ([model], [parallel], ...) or in none; paths resolve from the file; the command line wins")
-      ->type_name("PATH");
-  t->add_option("--mesh", c.parallel.mesh, "mesh with named dims dp, tp, pp");
+  t->add_option("--config", o.config_file, kConfigHelp)->type_name("PATH");
+  t->add_option("--mesh", c.parallel.mesh, "mesh with named dims dp, tp, pp, ep, cp");
   t->add_option("--gemm", o.gemm, kGemmHelp);
   t->add_option("--schedule", c.parallel.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
   t->add_option("--virtual", c.parallel.virtual_stages, "interleaved schedule: stages per pipeline rank");
@@ -116,6 +119,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--attention", c.model.attention,
                 "attention core: fused (default; tiled causal attention, nothing [S, S] kept for the backward) or "
                 "unfused (scores, mask, softmax, dropout and probs x V as separate ops)");
+  t->add_option("--cp-attention", c.model.cp_attention, kCpAttentionHelp);
   t->add_option("--lm-head", c.model.lm_head,
                 "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~64 MiB "
                 "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");

@@ -14,7 +14,7 @@ const std::vector<OptionSection>& train_option_sections() {
        {"model", "layers", "heads", "hidden", "seq", "vocab", "kv-heads", "head-dim", "intermediate-size", "tied-head", "rope-theta",
         "rms-norm-eps", "experts", "top-k", "moe-layers", "aux-loss", "aux-loss-scope", "router-z-loss",
         "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "recompute", "recompute-layers",
-        "attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},
+        "attention", "cp-attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},
       {"parallel", "Parallelism",
        {"mesh", "ranks", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
         "prefetch-params", "overlap-grad-reduce", "grad-bucket-mb", "gemm", "memory-limit"}},

@@ -49,10 +49,16 @@ BatchLoader::BatchLoader(const Strategy& strategy, int64_t process, std::shared_
            sequences_, ways);
   rows_ = sequences_ / ways;
   row0_ = strategy.data_index(coords) * rows_;
-  reader_ = strategy.tp < 0 || coords[static_cast<size_t>(strategy.tp)] == 0;
-  if (strategy.tp_size() <= 1) return;
-  std::vector<int> members;  // the tp group, by tp coordinate: the reader is group rank 0
-  for (int64_t p : m.processes_along(process, strategy.tp)) members.push_back(world_index(*world, p));
+  // The ranks that bind the same rows: the tp x cp group (cp ranks cut their own blocks of the
+  // same sequences); its rank with tp and cp coordinates 0 reads.
+  std::vector<int> dims;
+  for (int d : {strategy.tp, strategy.cp})
+    if (d >= 0 && m.dim_size(d) > 1) dims.push_back(d);
+  reader_ = true;
+  for (int d : dims) reader_ = reader_ && coords[static_cast<size_t>(d)] == 0;
+  if (dims.empty()) return;
+  std::vector<int> members;  // row-major over (tp, cp) coordinates: the reader is group rank 0
+  for (int64_t p : m.processes_along(process, dims)) members.push_back(world_index(*world, p));
   group_ = world->group(members);
 }
 

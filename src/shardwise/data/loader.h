@@ -7,8 +7,9 @@
 // (labels); with packed documents (GptConfig::document_mask) every stage (its attention mask comes
 // from the ids). The rows a rank binds lie in its data-parallel block of the micro-batch (ids and
 // labels are S(0) on dp), sequences [d x rows, (d + 1) x rows) with rows = sequences / dp. The ranks
-// that differ only in their tp coordinate bind the same rows: in each such tp group the rank with
-// tp coordinate 0 is the reader. It alone calls Dataset::sample, for its block's rows only, and
+// that differ only in their tp and cp coordinates bind the same rows (cp ranks then cut their own
+// blocks of the sequences): in each such tp x cp group the rank with tp and cp coordinates 0 is the
+// reader. It alone calls Dataset::sample, for its block's rows only, and
 // broadcasts what the group needs (ids and/or labels) over the group's communicator; the others
 // never touch the dataset (the Trainer opens the data files on the readers only: reader() &&
 // needs_data()). Ranks that need nothing (middle pipeline stages without packing) do nothing.
@@ -84,7 +85,7 @@ class BatchLoader {
   bool needs_ids_, needs_labels_, reader_ = false, unreadable_ = false;
   LoaderOptions options_;
   int world_rank_ = 0;
-  std::shared_ptr<comm::Communicator> group_;  // the tp group (null when alone in it)
+  std::shared_ptr<comm::Communicator> group_;  // the tp x cp group (null when alone in it)
   // The prefetched step: its first sample, its dataset, its rows.
   int64_t pending_first_ = -1;
   const Dataset* pending_data_ = nullptr;

@@ -18,8 +18,9 @@ Strategy Strategy::from_mesh(const ProcessMesh& mesh, bool sequence_parallel) {
     else if (n == "tp") s.tp = m;
     else if (n == "pp") s.pp = m;
     else if (n == "ep") s.ep = m;
+    else if (n == "cp") s.cp = m;
     else
-      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp, pp or ep (e.g. dp=2,tp=2)", mesh.to_string(), m,
+      fail("mesh {}: dim {} is named '{}'; name every dim dp, tp, pp, ep or cp (e.g. dp=2,tp=2)", mesh.to_string(), m,
            n.empty() ? "(unnamed)" : n);
   }
   SW_CHECK(!sequence_parallel || s.tp >= 0, "sequence parallelism (--sp) runs on the tp dim: the mesh {} has none",
@@ -27,11 +28,12 @@ Strategy Strategy::from_mesh(const ProcessMesh& mesh, bool sequence_parallel) {
   return s;
 }
 
-std::string Strategy::placements(const char* on_tp, const char* on_data) const {
+std::string Strategy::placements(const char* on_tp, const char* on_data, const char* on_cp) const {
   std::vector<std::string> parts(static_cast<size_t>(mesh.ndim()), "R");
   if (tp >= 0) parts[static_cast<size_t>(tp)] = on_tp;
   if (dp >= 0) parts[static_cast<size_t>(dp)] = on_data;
   if (ep >= 0) parts[static_cast<size_t>(ep)] = on_data;
+  if (cp >= 0) parts[static_cast<size_t>(cp)] = on_cp != nullptr ? on_cp : std::string(on_data) == "S(0)" ? "S(1)" : "R";
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
@@ -46,7 +48,7 @@ int64_t Strategy::data_index(std::span<const int64_t> coords) const {
 std::vector<int> Strategy::data_dims() const {
   std::vector<int> out;
   for (int d = 0; d < mesh.ndim(); ++d)
-    if (d == dp || d == ep) out.push_back(d);
+    if (d == dp || d == ep || d == cp) out.push_back(d);
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
+#include "shardwise/mesh/cp_order.h"
 #include "shardwise/models/llama.h"
 
 namespace shardwise::train {
@@ -56,6 +57,8 @@ void GptConfig::validate() const {
            "--recompute-layers {} needs --recompute full or selective (it is none)", recompute_layers);
   SW_CHECK(attention == "fused" || attention == "unfused", "--attention '{}' is not an attention mode (fused, unfused)",
            attention);
+  SW_CHECK(cp_attention == "ring" || cp_attention == "gather",
+           "--cp-attention '{}' is not a context-parallel attention (ring, gather)", cp_attention);
 }
 
 graph::ValueId dropout_at(graph::Graph& g, const GptConfig& c, bool training, graph::ValueId v, const std::string& site,
@@ -84,6 +87,7 @@ graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool trainin
                                graph::ValueId v, graph::ValueId doc, const std::string& name,
                                const std::string& dropout_site) {
   Attrs a{{"scale", 1.0 / std::sqrt(static_cast<double>(c.head_size()))}};
+  if (c.cp_order > 1) a.set("balanced_ranks", c.cp_order);  // the sequence in cp's order
   if (training && c.dropout > 0) {
     a.set("p", c.dropout);
     a.set("seed", static_cast<int64_t>(c.dropout_seed));
@@ -91,6 +95,8 @@ graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool trainin
   }
   std::vector<graph::ValueId> in{q, k, v};
   if (doc >= 0) in.push_back(doc);
+  if (c.cp_order > 1 && c.cp_attention == "ring")  // q, k, v stay sequence-sharded: k, v blocks travel the ring
+    return g.op(doc >= 0 ? "ring_attention_docs" : "ring_attention", std::move(in), std::move(a), name)[0];
   return g.op(doc >= 0 ? "flash_attention_docs" : "flash_attention", std::move(in), std::move(a), name)[0];
 }
 
@@ -233,10 +239,14 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
     auto ids = g.input("ids", Shape{B, S}, DType::I64);
     b.annotate(ids, s.placements("R", "S(0)"));
     wte = b.base_param("transformer.wte.weight", Shape{V, H}, "S(0)");
-    auto wpe = b.base_param("transformer.wpe.weight", Shape{S, H}, c.document_mask ? "R" : nullptr);
+    auto wpe = b.base_param("transformer.wpe.weight", Shape{S, H}, c.document_mask || c.cp_order > 1 ? "R" : nullptr);
     if (c.document_mask) {  // positions restart in every document: looked up per token
       auto positions = g.input("position_ids", Shape{B, S}, DType::I64);
       b.annotate(positions, s.placements("R", "S(0)"));
+      wpe = g.embedding(positions, wpe, "pos_emb");
+    } else if (c.cp_order > 1) {  // cp's order: each stored token's original position
+      auto positions = g.input("positions", Shape{S}, DType::I64);
+      b.annotate(positions, s.placements("R"));
       wpe = g.embedding(positions, wpe, "pos_emb");
     }
     auto emb = g.add(g.embedding(ids, wte, "tok_emb"), wpe, "emb");
@@ -255,7 +265,8 @@ GptGraph build_gpt(const GptConfig& c, const Strategy& s, int64_t sequences, boo
   } else {
     mask = c.document_mask ? g.input("attention_mask", Shape{B, 1, S, S}) : g.input("causal_mask", Shape{S, S});
   }
-  if (mask >= 0) b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R"));
+  // (the unfused [B, 1, S, S] mask stays whole on cp: its dim 1 is the heads' broadcast)
+  if (mask >= 0) b.annotate(mask, s.placements("R", c.document_mask ? "S(0)" : "R", c.fused_attention() ? nullptr : "R"));
   const int64_t end_layer = part.end_layer < 0 ? c.layers : part.end_layer;
   SW_CHECK(0 <= part.first_layer && part.first_layer <= end_layer && end_layer <= c.layers,
            "layers [{}, {}) are not a range of the model's {} layers", part.first_layer, end_layer, c.layers);
@@ -338,11 +349,12 @@ Tensor normal_param_block(const std::string& name, const Shape& shape, std::span
   return t;
 }
 
-Tensor causal_mask(int64_t seq) {
+Tensor causal_mask(int64_t seq, int64_t cp_order) {
   Tensor t(DType::F32, Shape{seq, seq});
   float* p = t.data<float>();
+  const std::vector<int64_t> pos = mesh::cp_balanced_order(seq, cp_order);
   for (int64_t i = 0; i < seq; ++i)
-    for (int64_t j = 0; j < seq; ++j) p[i * seq + j] = j <= i ? 0.0f : -1e9f;
+    for (int64_t j = 0; j < seq; ++j) p[i * seq + j] = pos[static_cast<size_t>(j)] <= pos[static_cast<size_t>(i)] ? 0.0f : -1e9f;
   return t;
 }
 

@@ -94,6 +94,16 @@ struct GptConfig {
   // documents ending at token `eos_id`.
   bool document_mask = false;
   int64_t eos_id = -1;
+  // Context parallelism (a cp mesh dim): every sequence is stored in cp's load-balanced order over
+  // this many ranks (mesh/cp_order.h; 1: the natural order). The trainer sets it from the mesh and
+  // binds ids, labels and packed documents' inputs reordered; the positions (GPT-2's position
+  // embedding looked up by the "positions" constant, Llama's rotary), the causal mask and the fused
+  // attention's mask follow each token's original position.
+  int64_t cp_order = 1;
+  // With cp, the fused attention's exchange (--cp-attention): "ring" (ring_attention: k, v blocks
+  // passed around the cp ring, dk, dv sent back around; activations 1/cp) or "gather" (k, v
+  // all-gathered over cp, flash_attention on the whole sequence of keys). The unfused core gathers.
+  std::string cp_attention = "ring";
   // The attention core (--attention): "fused" (ops/attention's flash_attention: tiled with an online
   // softmax, nothing [S, S] kept for the backward; packed documents take "document_ids" [B, S]
   // instead of "attention_mask", and no "causal_mask" is needed) or "unfused" (scores, mask add,
@@ -196,7 +206,9 @@ Tensor init_param_block(const GptConfig& config, const std::string& name, const 
 Tensor normal_param_block(const std::string& name, const Shape& shape, std::span<const int64_t> offset,
                           const Shape& block, uint64_t seed, double std);
 
-// The [S, S] additive causal mask: 0 on and below the diagonal, -1e9 above.
-Tensor causal_mask(int64_t seq);
+// The [S, S] additive causal mask: 0 on and below the diagonal, -1e9 above; with cp_order c > 1
+// of the sequence stored in cp's balanced order over c ranks (0 where key j's original position is
+// at most query i's).
+Tensor causal_mask(int64_t seq, int64_t cp_order = 1);
 
 }  // namespace shardwise::train

@@ -7,6 +7,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
+#include "shardwise/mesh/cp_order.h"
 #include "shardwise/ops/moe/kernels.h"
 
 namespace shardwise::train {
@@ -146,7 +147,7 @@ class LlamaBuilder {
     if (c_.document_mask) {
       mask_ = g_.input("attention_mask", Shape{B_, 1, S_, S_});
       positions_ = g_.input("position_ids", Shape{B_, S_}, DType::I64);
-      annotate(mask_, placements("R", "S(0)"));
+      annotate(mask_, s_.placements("R", "S(0)", "R"));  // dim 1 is the heads' broadcast: whole on cp
       annotate(positions_, placements("R", "S(0)"));
       return;
     }
@@ -413,9 +414,9 @@ std::array<std::string, 4> moe_stat_names(int64_t layer) {
   return out;
 }
 
-Tensor position_ids(int64_t seq) {
+Tensor position_ids(int64_t seq, int64_t cp_order) {
   Tensor t(DType::I64, Shape{seq});
-  for (int64_t i = 0; i < seq; ++i) t.data<int64_t>()[i] = i;
+  for (int64_t i = 0; i < seq; ++i) t.data<int64_t>()[i] = mesh::cp_balanced_position(i, seq, cp_order);
   return t;
 }
 

@@ -52,7 +52,8 @@ Tensor init_llama_param_block(const GptConfig& config, const std::string& name, 
 // z_loss, dropped and expert_tokens (the training metrics read them).
 std::array<std::string, 4> moe_stat_names(int64_t layer);
 
-// The [S] i64 positions 0 .. S-1 (the graph input "positions").
-Tensor position_ids(int64_t seq);
+// The [S] i64 positions 0 .. S-1 (the graph input "positions"); with cp_order c > 1 each stored
+// token's original position in cp's balanced order over c ranks (mesh/cp_order.h).
+Tensor position_ids(int64_t seq, int64_t cp_order = 1);
 
 }  // namespace shardwise::train

@@ -61,16 +61,18 @@ std::vector<std::string> model_constant_names(const GptConfig& c) {
     return names;
   }
   if (c.document_mask) return {};  // one mask and position ids per micro-batch (packing.h)
-  if (c.fused_attention()) return c.is_llama() ? std::vector<std::string>{"positions"} : std::vector<std::string>{};
-  if (c.is_llama()) return {"causal_mask", "positions"};
-  return {"causal_mask"};
+  // Positions: Llama's rotary; GPT-2's position embedding only in cp's order (a lookup).
+  std::vector<std::string> out;
+  if (!c.fused_attention()) out.push_back("causal_mask");
+  if (c.is_llama() || c.cp_order > 1) out.push_back("positions");
+  return out;
 }
 
 std::map<std::string, Tensor> model_constants(const GptConfig& c) {
   if (c.custom) return c.custom->constants();
   std::map<std::string, Tensor> out;
   for (const std::string& name : model_constant_names(c))
-    out[name] = name == "causal_mask" ? causal_mask(c.seq) : position_ids(c.seq);
+    out[name] = name == "causal_mask" ? causal_mask(c.seq, c.cp_order) : position_ids(c.seq, c.cp_order);
   return out;
 }
 

@@ -37,7 +37,7 @@ bool is_last_stage_param(const GptConfig& config, const std::string& name);
 
 // The graph's constant inputs by name: "causal_mask" [S, S] (none with GptConfig::document_mask:
 // "attention_mask" and "position_ids" come with each micro-batch), and Llama's "positions" [S]
-// (none with document_mask either).
+// (GPT-2's too in cp's order, GptConfig::cp_order; none with document_mask either).
 std::map<std::string, Tensor> model_constants(const GptConfig& config);
 std::vector<std::string> model_constant_names(const GptConfig& config);  // their names, nothing allocated
 

@@ -9,6 +9,7 @@
 #include "shardwise/models/llama.h"
 #include "shardwise/models/models.h"
 #include "shardwise/data/packing.h"
+#include "shardwise/train/context_parallel.h"
 
 namespace shardwise::train {
 namespace {
@@ -35,7 +36,9 @@ void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, co
   std::map<std::string, Tensor> constants = model_constants(model);
   if (constants.contains("causal_mask")) constants["causal_mask"] = mask;
   for (int s : runner.local_stages()) {
-    for (const auto& [name, value] : constants) runner.runtime(s).set_global(name, value);
+    const std::vector<std::string>& here = runner.spec(s).constants;
+    for (const auto& [name, value] : constants)
+      if (std::find(here.begin(), here.end(), name) != here.end()) runner.runtime(s).set_global(name, value);
   }
 }
 
@@ -54,18 +57,20 @@ void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows,
 
 // Binds this rank's rows of a micro-batch: ids on the first stage, labels on the last, and with
 // packed documents the attention mask on every stage and the position ids on the first (GPT-2's
-// position embedding) or on every stage (Llama's rotary embedding in every layer).
+// position embedding) or on every stage (Llama's rotary embedding in every layer). With cp, each
+// [rows, S] input in cp's order (context_parallel.h), whose S(1) block over cp bind_block cuts.
 void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const RowBatch& b) {
-  if (first) bind_block(rt, "ids", b.ids, b.row0);
-  if (last) bind_block(rt, "labels", b.labels, b.row0);
+  const int64_t cp = model.cp_order;
+  if (first) bind_block(rt, "ids", to_cp_order(b.ids, cp), b.row0);
+  if (last) bind_block(rt, "labels", to_cp_order(b.labels, cp), b.row0);
   if (!model.document_mask) return;
   DocumentInputs d = document_inputs(b.ids, model.eos_id, !model.fused_attention());  // row by row: the rows' own
   if (model.fused_attention()) {
-    bind_block(rt, "document_ids", d.document_ids, b.row0);
+    bind_block(rt, "document_ids", to_cp_order(d.document_ids, cp), b.row0);
   } else {
     bind_block(rt, "attention_mask", d.attention_mask, b.row0);
   }
-  if (first || model.is_llama()) bind_block(rt, "position_ids", d.position_ids, b.row0);
+  if (first || model.is_llama()) bind_block(rt, "position_ids", to_cp_order(d.position_ids, cp), b.row0);
 }
 
 }  // namespace
@@ -157,7 +162,8 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     }
     if (s == 0) spec.feeds.push_back("ids");
     if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
-    spec.constants = model_constant_names(model_in);
+    for (const std::string& name : model_constant_names(model_in))  // GPT-2's cp positions: the first stage's only
+      if (g.find(name)) spec.constants.push_back(name);
     if (model_in.document_mask) {  // per micro-batch (bind_rows)
       spec.feeds.push_back(model_in.fused_attention() ? "document_ids" : "attention_mask");
       if (s == 0 || model_in.is_llama()) spec.feeds.push_back("position_ids");
@@ -438,10 +444,10 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
       const auto& t = problems[static_cast<size_t>(mb * batch + i)].tokens;
       std::copy(t.begin(), t.end() - 1, ids.data<int64_t>() + i * S_len);
     }
-    rt.set_global("ids", ids);
+    rt.set_global("ids", to_cp_order(ids, model_.cp_order));
   };
   auto read = [&](int, int mb, runtime::Runtime& rt) {
-    Tensor pred = rt.gather(eval_->spec(eval_->schedule().stages() - 1).result);
+    Tensor pred = from_cp_order(rt.gather(eval_->spec(eval_->schedule().stages() - 1).result), model_.cp_order);
     for (int64_t i = 0; i < batch && mb * batch + i < samples; ++i) {
       const auto& p = problems[static_cast<size_t>(mb * batch + i)];
       bool exact = true;

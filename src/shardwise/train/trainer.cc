@@ -12,6 +12,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/pipeline/schedule.h"
 #include "shardwise/runtime/profiler.h"
+#include "shardwise/train/context_parallel.h"
 #include "shardwise/train/data_defaults.h"
 #include "shardwise/models/models.h"
 #include "shardwise/core/plural.h"
@@ -162,6 +163,7 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
            s.mesh.to_string(), counted(s.mesh.size(), "rank"), counted(ranks, "rank"), s.mesh.size(), s.mesh.size());
   if (model.seq == 0) model.seq = data.files.empty() ? AdditionTask::max_length(data.digits) - 1 : kDefaultFileSeq;
   model.validate();
+  check_context_parallel(s, model, parallel.sharding.stage, data.document_attention);
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
   SW_CHECK(model.heads % s.tp_size() == 0, "{} cannot be split over tp={} (each tp rank needs whole heads)",
            counted(model.heads, "head"), s.tp_size());
@@ -255,6 +257,7 @@ GptConfig kernel_model(const TrainConfig& c) {
   model.dropout_seed = c.optimizer.seed;
   model.document_mask = c.data.document_attention;
   model.eos_id = c.data.eos_id;
+  model.cp_order = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel).cp_size();
   return model;
 }
 
@@ -272,7 +275,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   schedule_ = {c_.optimizer.lr, c_.optimizer.min_lr, c_.optimizer.warmup, c_.optimizer.steps};
   model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
                                        c_.optimizer.micro_batch * strategy_.data_size(), static_cast<int>(c_.optimizer.accumulation), c_.optimizer.seed,
-                                       causal_mask(c_.model.seq), world_);
+                                       causal_mask(c_.model.seq, strategy_.cp_size()), world_);
   if (c_.parallel.sharding.shards_optimizer()) {  // each parameter's state over its data group (dense dp x ep, experts dp)
     sharded_ = std::make_unique<ShardedOptimizer>(c_.parallel.sharding, model_->params(), model_->data_groups());
     partial_grads_ = model_->grads_partial();

@@ -12,6 +12,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/ops/attention/kernels.h"
 #include "shardwise/ops/op.h"
+#include "tests/ops/attention/attention_inputs.h"
 #include "tests/ops/numeric_grad.h"
 
 namespace shardwise::ops {
@@ -20,31 +21,8 @@ namespace {
 using mesh::parse_dist;
 using spmd::SpmdResult;
 using spmd::TensorSpec;
-
-Tensor random_f64(const Shape& shape, uint64_t seed, double range = 2.0) {
-  Tensor t(DType::F64, shape);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t.set_at(i, (static_cast<double>(s >> 11) / 9007199254740992.0 * 2.0 - 1.0) * range);
-  }
-  return t;
-}
-
-// Per-token document ids [B, S]: documents of lengths cycling through 1, 5, 2, 9, ... per row.
-Tensor documents(int64_t B, int64_t S) {
-  Tensor d(DType::I64, Shape{B, S});
-  const int64_t lengths[] = {1, 5, 2, 9, 3, 17};
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t doc = 0, left = lengths[b % 6];
-    for (int64_t i = 0; i < S; ++i) {
-      if (left == 0) left = lengths[(++doc + b) % 6];
-      d.set_at(b * S + i, static_cast<double>(doc));
-      --left;
-    }
-  }
-  return d;
-}
+using testing_attention::documents;
+using testing_attention::random_f64;
 
 struct Problem {
   int64_t B, G, R, S, D;
@@ -253,9 +231,19 @@ TEST(FlashAttentionRule, BatchAndHeadsPassSequencesAndHeadDimAreReplicated) {
   // dp on the batch, tp on the heads: k and v follow q.
   EXPECT_EQ(show(rule.forward(k22, std::vector<TensorSpec>{spec(q, "S(0),S(1)"), spec(q, "R,R"), spec(q, "R,R")}, {})),
             "S(0),S(1) | S(0),S(1) | S(0),S(1) | -> S(0),S(1) S(0),S(1)");
-  // A sequence or head-dim shard is gathered; a Partial is resharded.
-  EXPECT_EQ(show(rule.forward(k22, std::vector<TensorSpec>{spec(q, "S(2),P(sum)"), spec(q, "S(3),R"), spec(q, "R,R")}, {})),
+  // Context parallelism: q's sequence shard stays (out and lse follow it), k and v are gathered
+  // whole (a key-sequence or head-dim shard too); a Partial is resharded.
+  EXPECT_EQ(show(rule.forward(k22, std::vector<TensorSpec>{spec(q, "S(2),P(sum)"), spec(q, "S(3),R"), spec(q, "R,S(2)")}, {})),
+            "S(2),R | R,R | R,R | -> S(2),R S(2),R");
+  EXPECT_EQ(show(rule.forward(k22, std::vector<TensorSpec>{spec(q, "S(3),R"), spec(q, "R,R"), spec(q, "R,R")}, {})),
             "R,R | R,R | R,R | -> R,R R,R");
+  // The grad (q, k, v, out, lse, dout, dlse): dq on q's sequence shard, dk and dv Partial(sum)
+  // over it (each rank's queries' share of every key's gradient).
+  const Shape l3{4, 6, 8};
+  std::vector<TensorSpec> gs = {spec(q, "S(2),S(0)"), spec(q, "R,S(0)"), spec(q, "R,S(0)"), spec(q, "S(2),S(0)"),
+                                spec(l3, "S(2),S(0)"), spec(q, "S(2),S(0)"), spec(l3, "R,R")};
+  const std::string gr = show(rule.grad(k22, gs, {}));
+  EXPECT_EQ(gr.substr(gr.find("->")), "-> S(2),S(0) P(sum),S(0) P(sum),S(0)");
   // Grouped q [B, G, R, S, D] (placements per mesh dim: mesh dim 0 on the repeats or the groups,
   // mesh dim 1 on the batch): the repeats leave k and v whole there; the groups shard them.
   const Shape g5{4, 2, 3, 8, 4}, kv{4, 2, 8, 4};

@@ -17,12 +17,13 @@ namespace {
 
 constexpr int64_t kTile = 64;  // query rows and keys per tile: a [64, 64] score tile at a time
 
+// S: the local query rows; T: the keys (the whole sequence, or S on one device).
 struct Dims {
-  int64_t B = 0, G = 0, R = 1, S = 0, D = 0;
+  int64_t B = 0, G = 0, R = 1, S = 0, D = 0, T = 0;
 };
-Dims dims_of(const Shape& q) {
-  if (q.ndim() == 4) return Dims{q[0], q[1], 1, q[2], q[3]};
-  return Dims{q[0], q[1], q[2], q[3], q[4]};
+Dims dims_of(const Shape& q, const Shape& k) {
+  if (q.ndim() == 4) return Dims{q[0], q[1], 1, q[2], q[3], k[2]};
+  return Dims{q[0], q[1], q[2], q[3], q[4], k[2]};
 }
 
 // exp(d) for d = x - max <= 0: fast_expf with 0 below e^-80 in float, as the softmax kernel does
@@ -54,17 +55,39 @@ void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, in
   gemm<C>(g, a, b, c);
 }
 
-// Visibility and dropout of the tile rows [i0, i0 + ni) x keys [j0, j0 + nj) of one query head.
+// Visibility and dropout of local query row i and local key j of one query head: query row i is
+// the sequence's token query0 + i, key j its token key0 + j; each token's position in the original
+// sequence (the identity, or cp's balanced order) is qpos[i] / kpos[j], which the causal mask and
+// the dropout key compare; the document ids qdoc / kdoc are the rows' and keys' own.
 struct TileKeys {
-  const int64_t* doc = nullptr;  // this sequence's document ids, or null
-  const Philox* rng = nullptr;   // null: no dropout
+  const int64_t *qdoc = nullptr, *kdoc = nullptr;  // document ids, or null
+  const Philox* rng = nullptr;                     // null: no dropout
+  const int64_t *qpos = nullptr, *kpos = nullptr;
   double p = 0.0;
-  uint64_t head_base = 0;  // (b NH + h) S: the global row index of query 0
-  int64_t S = 0;
-  bool visible(int64_t i, int64_t j) const { return j <= i && (doc == nullptr || doc[j] == doc[i]); }
+  uint64_t head_base = 0;  // (b NH + h) seq: the global row index of position 0
+  int64_t seq = 0;         // the whole sequence's length
+  bool visible(int64_t i, int64_t j) const {
+    return kpos[j] <= qpos[i] && (qdoc == nullptr || kdoc[j] == qdoc[i]);
+  }
   bool keep(int64_t i, int64_t j) const {
-    return static_cast<double>(rng->uniform((head_base + static_cast<uint64_t>(i)) * static_cast<uint64_t>(S) +
-                                            static_cast<uint64_t>(j))) >= p;
+    const auto row = head_base + static_cast<uint64_t>(qpos[i]);
+    return static_cast<double>(rng->uniform(row * static_cast<uint64_t>(seq) + static_cast<uint64_t>(kpos[j]))) >= p;
+  }
+  // Whether any key of [j0, j0 + nj) may be visible to a row of [i0, i0 + ni), and whether some
+  // key there may be masked for one of them (so the tile needs the per-element mask).
+  struct Span {
+    int64_t lo, hi;
+  };
+  static Span range(const int64_t* pos, int64_t x0, int64_t n) {
+    Span s{pos[x0], pos[x0]};
+    for (int64_t x = x0; x < x0 + n; ++x) s.lo = std::min(s.lo, pos[x]), s.hi = std::max(s.hi, pos[x]);
+    return s;
+  }
+  bool any_visible(int64_t i0, int64_t ni, int64_t j0, int64_t nj) const {
+    return range(kpos, j0, nj).lo <= range(qpos, i0, ni).hi;
+  }
+  bool edge(int64_t i0, int64_t ni, int64_t j0, int64_t nj) const {
+    return qdoc != nullptr || range(kpos, j0, nj).hi > range(qpos, i0, ni).lo;
   }
 };
 
@@ -74,41 +97,52 @@ struct Plan {
   AttentionCoords at;
   int64_t heads_global = 0;  // NH
   int64_t R_global = 0;
+  int64_t seq = 0;                  // the whole sequence's length
+  std::vector<int64_t> qpos, kpos;  // [S], [T]: the local rows' and keys' original positions
 };
-Plan plan_of(const Shape& q, const AttentionArgs& args, const AttentionCoords& coords) {
-  Plan p{dims_of(q), args, coords, 0, 0};
+Plan plan_of(const Shape& q, const Shape& k, const AttentionArgs& args, const AttentionCoords& coords) {
+  Plan p{dims_of(q, k), args, coords, 0, 0, 0, {}, {}};
   const int64_t G = coords.groups < 0 ? p.d.G : coords.groups;
   p.R_global = coords.reps < 0 ? p.d.R : coords.reps;
   p.heads_global = G * p.R_global;
+  p.seq = coords.seq < 0 ? p.d.T : coords.seq;
+  SW_CHECK(coords.query0 >= 0 && coords.query0 + p.d.S <= p.seq && coords.key0 >= 0 && coords.key0 + p.d.T <= p.seq,
+           "flash_attention: the local queries [{}, {}) and keys [{}, {}) do not lie in the sequence of {}",
+           coords.query0, coords.query0 + p.d.S, coords.key0, coords.key0 + p.d.T, p.seq);
+  for (int64_t i = 0; i < p.d.S; ++i) p.qpos.push_back(mesh::cp_balanced_position(coords.query0 + i, p.seq, args.balanced_ranks));
+  for (int64_t j = 0; j < p.d.T; ++j) p.kpos.push_back(mesh::cp_balanced_position(coords.key0 + j, p.seq, args.balanced_ranks));
   return p;
 }
 TileKeys tile_keys(const Plan& pl, const Philox& rng, const int64_t* doc, int64_t b, int64_t g, int64_t r) {
   TileKeys t;
-  t.doc = doc == nullptr ? nullptr : doc + b * pl.d.S;
+  if (doc != nullptr) t.qdoc = doc + b * pl.seq + pl.at.query0, t.kdoc = doc + b * pl.seq + pl.at.key0;
   t.rng = pl.args.dropout() ? &rng : nullptr;
+  t.qpos = pl.qpos.data();
+  t.kpos = pl.kpos.data();
   t.p = pl.args.p;
-  t.S = pl.d.S;
+  t.seq = pl.seq;
   const int64_t h = (pl.at.group0 + g) * pl.R_global + pl.at.rep0 + r;
-  t.head_base = static_cast<uint64_t>((pl.at.batch0 + b) * pl.heads_global + h) * static_cast<uint64_t>(pl.d.S);
+  t.head_base = static_cast<uint64_t>((pl.at.batch0 + b) * pl.heads_global + h) * static_cast<uint64_t>(pl.seq);
   return t;
 }
 
-// One query head's forward: out rows [S, D] (C), lse [S] from Qs (q scaled), K, V [S, D].
+// One query head's forward: out rows [S, D] (C), lse [S] from Qs [S, D] (q scaled), K, V [T, D].
 template <class C>
-void forward_head(const C* Qs, const C* K, const C* V, const TileKeys& keys, int64_t S, int64_t D, C keep_scale,
-                  C* out, C* lse) {
+void forward_head(const C* Qs, const C* K, const C* V, const TileKeys& keys, int64_t S, int64_t T, int64_t D,
+                  C keep_scale, C* out, C* lse) {
   std::vector<C> s(static_cast<size_t>(kTile * kTile)), acc(static_cast<size_t>(kTile * D));
   std::vector<double> m(kTile), l(kTile);
   const C neg_inf = -std::numeric_limits<C>::infinity();
   for (int64_t i0 = 0; i0 < S; i0 += kTile) {
-    const int64_t ni = std::min(kTile, S - i0), jend = i0 + ni;
+    const int64_t ni = std::min(kTile, S - i0);
     std::fill(acc.begin(), acc.end(), C(0));
     std::fill(m.begin(), m.end(), -std::numeric_limits<double>::infinity());
     std::fill(l.begin(), l.end(), 0.0);
-    for (int64_t j0 = 0; j0 < jend; j0 += kTile) {
-      const int64_t nj = std::min(kTile, jend - j0);
+    for (int64_t j0 = 0; j0 < T; j0 += kTile) {
+      const int64_t nj = std::min(kTile, T - j0);
+      if (!keys.any_visible(i0, ni, j0, nj)) continue;
       gemm_rows<C>(false, true, ni, nj, D, Qs + i0 * D, D, K + j0 * D, D, s.data(), nj, 0.0);
-      const bool edge = keys.doc != nullptr || j0 + nj - 1 > i0;  // some key of the tile may be invisible
+      const bool edge = keys.edge(i0, ni, j0, nj);  // some key of the tile may be invisible
       for (int64_t a = 0; a < ni; ++a) {
         const int64_t i = i0 + a;
         C* row = s.data() + a * nj;
@@ -137,27 +171,28 @@ void forward_head(const C* Qs, const C* K, const C* V, const TileKeys& keys, int
     }
     for (int64_t a = 0; a < ni; ++a) {
       const double la = l[static_cast<size_t>(a)];
-      const C inv = static_cast<C>(1.0 / la);
+      const C inv = static_cast<C>(la > 0 ? 1.0 / la : 0.0);  // no visible key (a ring's block): out 0
       for (int64_t d = 0; d < D; ++d) out[(i0 + a) * D + d] = acc[static_cast<size_t>(a * D + d)] * inv;
-      lse[i0 + a] = static_cast<C>(m[static_cast<size_t>(a)] + std::log(la));
+      lse[i0 + a] = la > 0 ? static_cast<C>(m[static_cast<size_t>(a)] + std::log(la)) : neg_inf;
     }
   }
 }
 
-// One query head's backward: adds dK, dV [S, D] and writes dQs [S, D] (the gradient of q scaled).
+// One query head's backward: adds dK, dV [T, D] and writes dQs [S, D] (the gradient of q scaled).
 template <class C>
 void backward_head(const C* Qs, const C* K, const C* V, const C* dO, const C* lse, const C* delta,
-                   const TileKeys& keys, int64_t S, int64_t D, C keep_scale, C* dQs, C* dK, C* dV) {
+                   const TileKeys& keys, int64_t S, int64_t T, int64_t D, C keep_scale, C* dQs, C* dK, C* dV) {
   const size_t tile = static_cast<size_t>(kTile * kTile);
   std::vector<C> P(tile), Pd(tile), dP(tile);
   std::fill(dQs, dQs + S * D, C(0));
   for (int64_t i0 = 0; i0 < S; i0 += kTile) {
-    const int64_t ni = std::min(kTile, S - i0), jend = i0 + ni;
-    for (int64_t j0 = 0; j0 < jend; j0 += kTile) {
-      const int64_t nj = std::min(kTile, jend - j0);
+    const int64_t ni = std::min(kTile, S - i0);
+    for (int64_t j0 = 0; j0 < T; j0 += kTile) {
+      const int64_t nj = std::min(kTile, T - j0);
+      if (!keys.any_visible(i0, ni, j0, nj)) continue;
       gemm_rows<C>(false, true, ni, nj, D, Qs + i0 * D, D, K + j0 * D, D, P.data(), nj, 0.0);
       gemm_rows<C>(false, true, ni, nj, D, dO + i0 * D, D, V + j0 * D, D, dP.data(), nj, 0.0);
-      const bool edge = keys.doc != nullptr || j0 + nj - 1 > i0;  // some key of the tile may be invisible
+      const bool edge = keys.edge(i0, ni, j0, nj);  // some key of the tile may be invisible
       for (int64_t a = 0; a < ni; ++a) {
         const int64_t i = i0 + a;
         C *p = P.data() + a * nj, *pd = Pd.data() + a * nj, *ds = dP.data() + a * nj;
@@ -203,7 +238,7 @@ AttentionOutputs forward_typed(const Tensor& q, const Tensor& k, const Tensor& v
   const DType dt = q.dtype();
   AttentionOutputs r{Tensor::uninitialized(dt, q.shape()), Tensor::uninitialized(dtype_v<C>, attention_lse_shape(q.shape()))};
   const Philox rng(pl.args.seed, pl.args.stream);
-  const int64_t SD = d.S * d.D, es = static_cast<int64_t>(dtype_size(dt));
+  const int64_t SD = d.S * d.D, TD = d.T * d.D, es = static_cast<int64_t>(dtype_size(dt));
   const C scale = static_cast<C>(pl.args.scale);
   const C keep_scale = static_cast<C>(pl.args.dropout() ? 1.0 / (1.0 - pl.args.p) : 1.0);
   // The outer loop over (batch, kv head) blocks, spread over the rank's threads: each block writes
@@ -212,13 +247,13 @@ AttentionOutputs forward_typed(const Tensor& q, const Tensor& k, const Tensor& v
     std::vector<C> kb, vb, qb, qs(static_cast<size_t>(SD)), ob(static_cast<size_t>(SD));
     for (int64_t bg = bg0; bg < bg1; ++bg) {
       const int64_t b = bg / d.G, g = bg % d.G;
-      const C* K = compute_copy<C>(k.raw() + bg * SD * es, dt, SD, kb);
-      const C* V = compute_copy<C>(v.raw() + bg * SD * es, dt, SD, vb);
+      const C* K = compute_copy<C>(k.raw() + bg * TD * es, dt, TD, kb);
+      const C* V = compute_copy<C>(v.raw() + bg * TD * es, dt, TD, vb);
       for (int64_t r0 = 0; r0 < d.R; ++r0) {
         const int64_t head = bg * d.R + r0;
         const C* Q = compute_copy<C>(q.raw() + head * SD * es, dt, SD, qb);
         for (int64_t e = 0; e < SD; ++e) qs[static_cast<size_t>(e)] = Q[e] * scale;
-        forward_head<C>(qs.data(), K, V, tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.D, keep_scale,
+        forward_head<C>(qs.data(), K, V, tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.T, d.D, keep_scale,
                         ob.data(), r.lse.data<C>() + head * d.S);
         store<C>(ob.data(), r.out.raw(), dt, SD, head * SD);
       }
@@ -235,17 +270,17 @@ AttentionGrads backward_typed(const Tensor& q, const Tensor& k, const Tensor& v,
   AttentionGrads r{Tensor::uninitialized(dt, q.shape()), Tensor::uninitialized(dt, k.shape()),
                    Tensor::uninitialized(dt, v.shape())};
   const Philox rng(pl.args.seed, pl.args.stream);
-  const int64_t SD = d.S * d.D, es = static_cast<int64_t>(dtype_size(dt));
+  const int64_t SD = d.S * d.D, TD = d.T * d.D, es = static_cast<int64_t>(dtype_size(dt));
   const C scale = static_cast<C>(pl.args.scale);
   const C keep_scale = static_cast<C>(pl.args.dropout() ? 1.0 / (1.0 - pl.args.p) : 1.0);
-  const size_t n = static_cast<size_t>(SD);
+  const size_t n = static_cast<size_t>(SD), nk = static_cast<size_t>(TD);
   // (batch, kv head) blocks over the rank's threads: each writes its own dq heads, dk and dv.
   parallel_for(d.B * d.G, 1, [&](int64_t bg0, int64_t bg1) {
-    std::vector<C> kb, vb, qb, ob, gb, qs(n), dqs(n), dk(n), dv(n), delta(static_cast<size_t>(d.S));
+    std::vector<C> kb, vb, qb, ob, gb, qs(n), dqs(n), dk(nk), dv(nk), delta(static_cast<size_t>(d.S));
     for (int64_t bg = bg0; bg < bg1; ++bg) {
       const int64_t b = bg / d.G, g = bg % d.G;
-      const C* K = compute_copy<C>(k.raw() + bg * SD * es, dt, SD, kb);
-      const C* V = compute_copy<C>(v.raw() + bg * SD * es, dt, SD, vb);
+      const C* K = compute_copy<C>(k.raw() + bg * TD * es, dt, TD, kb);
+      const C* V = compute_copy<C>(v.raw() + bg * TD * es, dt, TD, vb);
       std::fill(dk.begin(), dk.end(), C(0));
       std::fill(dv.begin(), dv.end(), C(0));
       for (int64_t r0 = 0; r0 < d.R; ++r0) {
@@ -260,12 +295,12 @@ AttentionGrads backward_typed(const Tensor& q, const Tensor& k, const Tensor& v,
           delta[static_cast<size_t>(i)] = static_cast<C>(acc);
         }
         backward_head<C>(qs.data(), K, V, dO, lse.data<C>() + head * d.S, delta.data(),
-                         tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.D, keep_scale, dqs.data(), dk.data(),
-                         dv.data());
+                         tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.T, d.D, keep_scale, dqs.data(),
+                         dk.data(), dv.data());
         store<C>(dqs.data(), r.dq.raw(), dt, SD, head * SD, scale);
       }
-      store<C>(dk.data(), r.dk.raw(), dt, SD, bg * SD);
-      store<C>(dv.data(), r.dv.raw(), dt, SD, bg * SD);
+      store<C>(dk.data(), r.dk.raw(), dt, TD, bg * TD);
+      store<C>(dv.data(), r.dv.raw(), dt, TD, bg * TD);
     }
   });
   return r;
@@ -290,23 +325,29 @@ AttentionArgs attention_args(const Attrs& attrs) {
     a.seed = static_cast<uint64_t>(attrs.get_int("seed"));
   }
   a.stream = static_cast<uint64_t>(attrs.get_int("stream", 0));
+  a.balanced_ranks = attrs.get_int("balanced_ranks", 1);
+  SW_CHECK(a.balanced_ranks >= 1, "flash_attention: balanced_ranks (cp's load-balanced order) must be >= 1, got {}",
+           a.balanced_ranks);
   return a;
 }
 
 void check_attention_inputs(const Shape& q, DType q_dtype, const Shape& k, DType k_dtype, const Shape& v,
-                            DType v_dtype, const Shape* doc, DType doc_dtype) {
+                            DType v_dtype, const Shape* doc, DType doc_dtype, const AttentionCoords* local) {
   SW_CHECK(q.ndim() == 4 || q.ndim() == 5,
            "flash_attention: q must be [B, H, S, D] or grouped [B, G, R, S, D], got {}", q.to_string());
   SW_CHECK(is_floating(q_dtype), "flash_attention: q holds {} (allowed: f32, f64, f16, bf16)", dtype_name(q_dtype));
   SW_CHECK(k_dtype == q_dtype && v_dtype == q_dtype, "flash_attention: q, k, v must share a dtype, got {}, {}, {}",
            dtype_name(q_dtype), dtype_name(k_dtype), dtype_name(v_dtype));
-  const Dims d = dims_of(q);
-  const Shape kv{d.B, d.G, d.S, d.D};
+  // Global shapes: the keys are q's sequence. Local blocks: any block of keys.
+  const int64_t T = local != nullptr && k.ndim() == 4 ? k[2] : q[q.ndim() - 2];
+  const Dims d = dims_of(q, Shape{0, 0, T, 0});
+  const Shape kv{d.B, d.G, d.T, d.D};
   SW_CHECK(k == kv && v == kv, "flash_attention: q {} needs k and v {} (one kv head per {}), got k {} and v {}",
            q.to_string(), kv.to_string(), q.ndim() == 4 ? "query head" : "group", k.to_string(), v.to_string());
   if (doc == nullptr) return;
-  SW_CHECK(*doc == Shape({d.B, d.S}), "flash_attention: document ids must be [{}, {}] (batch, sequence), got {}", d.B,
-           d.S, doc->to_string());
+  const int64_t seq = local != nullptr && local->seq >= 0 ? local->seq : d.T;
+  SW_CHECK(*doc == Shape({d.B, seq}), "flash_attention: document ids must be [{}, {}] (batch, sequence), got {}", d.B,
+           seq, doc->to_string());
   SW_CHECK(doc_dtype == DType::I64, "flash_attention: document ids hold {} (allowed: i64)", dtype_name(doc_dtype));
 }
 
@@ -322,8 +363,8 @@ AttentionOutputs flash_attention(const Tensor& q, const Tensor& k, const Tensor&
                                  const AttentionArgs& args, const AttentionCoords& coords) {
   const Shape* ds = doc.defined() ? &doc.shape() : nullptr;
   check_attention_inputs(q.shape(), q.dtype(), k.shape(), k.dtype(), v.shape(), v.dtype(), ds,
-                         doc.defined() ? doc.dtype() : DType::I64);
-  const Plan pl = plan_of(q.shape(), args, coords);
+                         doc.defined() ? doc.dtype() : DType::I64, &coords);
+  const Plan pl = plan_of(q.shape(), k.shape(), args, coords);
   if (is_compute_double(q.dtype())) return forward_typed<double>(q, k, v, doc, pl);
   return forward_typed<float>(q, k, v, doc, pl);
 }
@@ -333,7 +374,7 @@ AttentionGrads flash_attention_backward(const Tensor& q, const Tensor& k, const 
                                         const AttentionArgs& args, const AttentionCoords& coords) {
   const Shape* ds = doc.defined() ? &doc.shape() : nullptr;
   check_attention_inputs(q.shape(), q.dtype(), k.shape(), k.dtype(), v.shape(), v.dtype(), ds,
-                         doc.defined() ? doc.dtype() : DType::I64);
+                         doc.defined() ? doc.dtype() : DType::I64, &coords);
   SW_CHECK(out.shape() == q.shape() && dout.shape() == q.shape() && out.dtype() == q.dtype() &&
                dout.dtype() == q.dtype(),
            "flash_attention backward: out {} and dout {} must be q's shape {} and dtype", out.shape().to_string(),
@@ -341,7 +382,7 @@ AttentionGrads flash_attention_backward(const Tensor& q, const Tensor& k, const 
   SW_CHECK(lse.shape() == attention_lse_shape(q.shape()) && lse.dtype() == attention_lse_dtype(q.dtype()),
            "flash_attention backward: lse {} must be {} {}", lse.shape().to_string(),
            attention_lse_shape(q.shape()).to_string(), dtype_name(attention_lse_dtype(q.dtype())));
-  const Plan pl = plan_of(q.shape(), args, coords);
+  const Plan pl = plan_of(q.shape(), k.shape(), args, coords);
   if (is_compute_double(q.dtype())) return backward_typed<double>(q, k, v, doc, out, lse, dout, pl);
   return backward_typed<float>(q, k, v, doc, out, lse, dout, pl);
 }

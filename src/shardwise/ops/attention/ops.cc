@@ -1,9 +1,11 @@
 // The attention family's registry entries: flash_attention(q, k, v) and flash_attention_docs(q, k,
 // v, document ids) (kernels.h; rules in rules.cc) and their verification cases. Outputs (out, lse).
 // Attributes: scale (float, required: 1/sqrt(head dim)), p (attention dropout, default 0), seed
-// (int, required with p > 0), stream (int, default 0), training (bool, default true).
+// (int, required with p > 0), stream (int, default 0), training (bool, default true),
+// balanced_ranks (int, default 1: the sequence in cp's load-balanced order over that many ranks).
 #include "shardwise/core/error.h"
 #include "shardwise/ops/attention/kernels.h"
+#include "shardwise/ops/attention/ring.h"
 #include "shardwise/ops/attention/rules.h"
 #include "shardwise/ops/families.h"
 
@@ -25,14 +27,16 @@ AttentionCoords coords_of(const KernelContext& ctx) {
     c.reps = q.global_shape[2];
     c.rep0 = q.offset[2];
   }
+  c.query0 = q.offset[static_cast<size_t>(q.global_shape.ndim() - 2)];  // a sequence-sharded q's first row
   return c;
 }
 
 // q [B, H, S, D] (k, v alike) or, with `groups` > 0, q [B, groups, H / groups, S, D] and k, v
 // [B, groups, S, D]; f64 values; `docs`: ids [B, S] in [0, 2] (several documents per row).
 VerifyCase attention_case(int64_t B, int64_t H, int64_t S, int64_t D, int64_t groups, bool docs, DType dtype = DType::F64,
-                          double p = 0.0) {
+                          double p = 0.0, int64_t balanced_ranks = 1) {
   Attrs a{{"scale", 0.5}};
+  if (balanced_ranks > 1) a.set("balanced_ranks", balanced_ranks);
   if (p > 0) {
     a.set("p", p);
     a.set("seed", int64_t{7});
@@ -82,13 +86,14 @@ OpDef make_attention(bool docs) {
     return r;
   };
   // Every dim dividing every test mesh size (12), dims dividing its dims (12, 6), uneven ones (5, 7), dims smaller than the mesh (1, 2:
-  // empty shards); grouped-query layouts; dropout; one f32 case. S and D stay small: the verifier
+  // empty shards); grouped-query layouts; dropout; one f32 case; the balanced order. S and D stay small: the verifier
   // runs the kernels once per distinct layout.
   if (docs) {
     op.cases = {attention_case(12, 12, 12, 12, 0, true), attention_case(12, 6, 5, 2, 0, true),
                 attention_case(5, 7, 4, 3, 0, true),
                 attention_case(1, 2, 6, 2, 0, true), attention_case(6, 6, 5, 2, 3, true),
-                attention_case(4, 6, 7, 2, 6, true, DType::F64, 0.3), attention_case(2, 4, 3, 2, 2, true, DType::F32)};
+                attention_case(4, 6, 7, 2, 6, true, DType::F64, 0.3), attention_case(2, 4, 3, 2, 2, true, DType::F32),
+                attention_case(2, 2, 6, 2, 0, true, DType::F64, 0.0, 3)};
   } else {
     op.cases = {attention_case(12, 12, 12, 12, 0, false),
                 attention_case(12, 6, 5, 2, 0, false),
@@ -98,8 +103,57 @@ OpDef make_attention(bool docs) {
                 attention_case(2, 6, 5, 2, 2, false),
                 attention_case(6, 6, 7, 2, 0, false, DType::F64, 0.3),
                 attention_case(2, 6, 4, 2, 3, false, DType::F64, 0.25),
-                attention_case(3, 4, 5, 2, 0, false, DType::F32)};
+                attention_case(3, 4, 5, 2, 0, false, DType::F32),
+                attention_case(2, 4, 8, 2, 2, false, DType::F64, 0.2, 2)};
   }
+  return op;
+}
+
+// ring_attention(_docs): flash_attention's entry with the ring's kernels (ring.h) on the group
+// sharding q's sequence (collective), the whole sequence's length from q's global shape.
+OpDef make_ring(bool docs) {
+  OpDef op = make_attention(docs);
+  op.name = docs ? "ring_attention_docs" : "ring_attention";
+  op.rule = docs ? rules_of<attention_rules>().ring_attention_docs : rules_of<attention_rules>().ring_attention;
+  op.summary = docs ? "(out, lse) = ring_attention_docs(q, k, v, doc [B, S] i64 whole): ring_attention with packed "
+                      "documents' mask"
+                    : "(out, lse) = ring_attention(q, k, v; flash_attention's attributes): flash_attention with q, k, v "
+                      "sharded alike on the sequence; k/v blocks pass around the ring of ranks sharding it "
+                      "(send/recv), the blocks' outputs merged by their lse; the backward sends dk/dv around";
+  op.collective = true;
+  auto ring_of = [](const KernelContext& ctx) {
+    const int dim = ctx.tensors[0].global_shape.ndim() - 2;  // q's sequence
+    return ctx.group_sharding(0, 1u << dim, "ring_attention");
+  };
+  auto coords = [](const KernelContext& ctx) {
+    AttentionCoords c = coords_of(ctx);
+    c.seq = ctx.tensors[0].global_shape[ctx.tensors[0].global_shape.ndim() - 2];
+    return c;
+  };
+  op.forward_in_context = [docs, ring_of, coords](std::span<const Tensor> in, const Attrs& attrs,
+                                                  const KernelContext& ctx) {
+    AttentionOutputs r = ring_attention(in[0], in[1], in[2], docs ? in[3] : Tensor(), attention_args(attrs),
+                                        coords(ctx), ring_of(ctx));
+    return std::vector<Tensor>{r.out, r.lse};
+  };
+  op.backward_in_context = [docs, ring_of, coords](std::span<const Tensor> in, std::span<const Tensor> out,
+                                                   std::span<const Tensor> dout, const Attrs& attrs,
+                                                   const KernelContext& ctx) {
+    AttentionGrads g = ring_attention_backward(in[0], in[1], in[2], docs ? in[3] : Tensor(), out[0], out[1], dout[0],
+                                               attention_args(attrs), coords(ctx), ring_of(ctx));
+    std::vector<Tensor> r{g.dq, g.dk, g.dv};
+    if (docs) r.emplace_back();
+    return r;
+  };
+  // Fewer and smaller cases than flash_attention's (each layout runs the ring on threads): even,
+  // uneven and empty shards, grouped heads, dropout, the balanced order, f32.
+  op.cases = {attention_case(12, 12, 12, 12, 0, docs),
+              attention_case(5, 7, 5, 3, 0, docs),
+              attention_case(1, 2, 3, 2, 0, docs),
+              attention_case(6, 12, 4, 2, 6, docs),
+              attention_case(6, 6, 7, 2, 0, docs, DType::F64, 0.3),
+              attention_case(2, 4, 12, 2, 2, docs, DType::F64, 0.2, 3),
+              attention_case(3, 4, 5, 2, 0, docs, DType::F32)};
   return op;
 }
 
@@ -108,6 +162,8 @@ OpDef make_attention(bool docs) {
 void register_attention_ops(OpRegistry& registry) {
   registry.add(make_attention(false));
   registry.add(make_attention(true));
+  registry.add(make_ring(false));
+  registry.add(make_ring(true));
 }
 
 }  // namespace shardwise::ops

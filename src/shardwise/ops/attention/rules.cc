@@ -6,8 +6,16 @@
 //    shard q; a sharded kv group g shards q's g and k, v's together (each rank holds whole groups:
 //    the query heads of a group read its kv head), and a sharded r leaves k, v whole there (GQA with
 //    kv replicated over tp when tp does not divide the kv heads);
-//  - the query sequence s, the key sequence t and the head dim d are replicated factors (causal
-//    masking and the softmax need whole rows of keys; a context-parallel s is future work).
+//  - the query sequence s is kept (context parallelism: each rank attends its block of queries,
+//    the kernel reading the block's offset from q's shard); the key sequence t and the head dim d
+//    are replicated factors (every query needs the whole sequence of keys, so a sequence-sharded
+//    k, v are all-gathered: the all-gather variant of context parallelism). t is on no output, so
+//    the grad gives dk, dv Partial(sum) over a mesh dim sharding s (each block's queries' share),
+//    which a sequence-sharded k, v reduce-scatter back.
+// ring_attention(q, k, v[, doc]) labels k, v's sequence with q's letter s: a mesh dim sharding it
+// shards all three alike (each rank holds a block of queries and the same block of keys, which
+// travels the ring), so dk, dv follow k, v (no Partial); the document ids [b, u] stay whole (u
+// replicated: every rank masks any block against its rows).
 // Partials: softmax is not linear in q, k or v, so every Partial input is resharded to R (forward,
 // reverse); the grad part lets none through either (dout's Partial would pass linearly, but
 // delta = rowsum(dout * out) is computed from the whole dout).
@@ -28,34 +36,39 @@ Labels labels(std::string_view s) {
   return l;
 }
 
-Factors describe(std::span<const TensorSpec> in, const Attrs&) {
+// flash_attention's labels (k, v's sequence t, ids [b, t]) or, `ring`, ring_attention's (k, v's
+// sequence q's s, ids [b, u] whole).
+Factors describe_labels(std::span<const TensorSpec> in, bool ring) {
   const Shape& q = in[0].shape;
-  SW_CHECK(q.ndim() == 4 || q.ndim() == 5,
-           "rule 'flash_attention': q must be [B, H, S, D] or [B, G, R, S, D], got {}", q.to_string());
+  SW_CHECK(q.ndim() == 4 || q.ndim() == 5, "rule '{}': q must be [B, H, S, D] or [B, G, R, S, D], got {}",
+           ring ? "ring_attention" : "flash_attention", q.to_string());
   const bool grouped = q.ndim() == 5;
-  const Labels ql = labels(grouped ? "bgrsd" : "bhsd"), kl = labels(grouped ? "bgtd" : "bhtd");
+  const char* k = ring ? (grouped ? "bgsd" : "bhsd") : (grouped ? "bgtd" : "bhtd");
+  const Labels ql = labels(grouped ? "bgrsd" : "bhsd"), kl = labels(k);
   Shape lse;
   for (int i = 0; i + 1 < q.ndim(); ++i) lse.push_back(q[i]);
   Factors f;
   f.add_input(ql);
   f.add_input(kl);
   f.add_input(kl);
-  if (in.size() == 4) f.add_input(labels("bt"));
+  if (in.size() == 4) f.add_input(labels(ring ? "bu" : "bt"));
   f.add_output(ql, q);
   f.add_output(labels(grouped ? "bgrs" : "bhs"), lse);
-  f.replicated = labels("std");
+  f.replicated = labels(ring ? "du" : "td");
   return f;
 }
+Factors describe(std::span<const TensorSpec> in, const Attrs&) { return describe_labels(in, false); }
+Factors describe_ring(std::span<const TensorSpec> in, const Attrs&) { return describe_labels(in, true); }
 
 // No Partial passes anywhere (the default choice: operands resharded to R, results R).
 void no_partials(std::span<const Placement>, std::span<const TensorSpec>, const Attrs&, PartialChoice&) {}
 
-Rule make(const char* name, int inputs, const char* summary) {
+Rule make(const char* name, int inputs, const char* summary, bool ring = false) {
   FactorRule r;
   r.name = name;
   r.summary = summary;
   r.num_inputs = inputs;
-  r.describe = describe;
+  r.describe = ring ? describe_ring : describe;
   r.forward_partials = no_partials;
   r.reverse_partials = no_partials;
   r.grad_partials = no_partials;
@@ -69,11 +82,20 @@ Rule make(const char* name, int inputs, const char* summary) {
 AttentionRules attention_rules() {
   AttentionRules r;
   r.flash_attention = make("flash_attention", 3,
-                           "q [b,h,s,d] or [b,g,r,s,d], k/v [b,h|g,t,d]: batch and heads kept (kv groups shard with "
-                           "q's), s/t/d replicated; every Partial -> R. Grad reads everything, no Partial passes");
+                           "q [b,h,s,d] or [b,g,r,s,d], k/v [b,h|g,t,d]: batch, heads and the query sequence kept (kv "
+                           "groups shard with q's; cp: s sharded, k/v gathered), t/d replicated; every Partial -> R. "
+                           "Grad reads everything, dk/dv P(sum) over s's shards");
   r.flash_attention_docs = make("flash_attention_docs", 4,
                                 "flash_attention's labels plus document ids [b,t] (batch kept with q's, t "
                                 "replicated); ids and lse take no gradient; every Partial -> R");
+  r.ring_attention = make("ring_attention", 3,
+                          "q [b,h,s,d] or [b,g,r,s,d], k/v [b,h|g,s,d]: batch, heads and the sequence kept, q's and "
+                          "k/v's sequence sharded alike (the kernel passes k/v around the ring), d replicated; every "
+                          "Partial -> R; dk/dv follow k/v",
+                          true);
+  r.ring_attention_docs = make("ring_attention_docs", 4,
+                               "ring_attention's labels plus document ids [b,u] (u replicated: whole on every rank)",
+                               true);
   return r;
 }
 

@@ -8,6 +8,8 @@ namespace shardwise::ops {
 struct AttentionRules {
   spmd::Rule flash_attention;       // q, k, v
   spmd::Rule flash_attention_docs;  // q, k, v, document ids
+  spmd::Rule ring_attention;        // q, k, v (the sequence sharded alike)
+  spmd::Rule ring_attention_docs;   // q, k, v, document ids (whole)
 };
 AttentionRules attention_rules();
 
