@@ -82,3 +82,13 @@ def test_a_pipeline_needs_a_decoder(tmp_path):
     with pytest.raises(sw.Error, match="write Tiny as a shardwise.nn.Decoder"):
         sw.Trainer(model=Tiny(vocab=128), mesh="pp=2", digits=2, seq=12, vocab=128, steps=1, global_batch=8,
                    progress="none", run_dir=tmp_path / "run")
+
+
+def test_a_cp_mesh_is_refused_by_name(tmp_path):
+    # The trainer stores each sequence in cp's balanced order, which a Python model's attention and
+    # positions do not follow: a cp mesh is refused rather than trained wrong.
+    with pytest.raises(sw.Error) as e:
+        trainer = sw.Trainer(model=Tiny(vocab=128), mesh="cp=2", digits=2, seq=12, vocab=128, steps=1,
+                             global_batch=4, progress="none", run_dir=tmp_path / "run")
+        trainer.step()
+    assert "context parallelism (cp) does not compose with a model built outside the builders" in str(e.value)
