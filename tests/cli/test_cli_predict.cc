@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cluster_file.h"
 #include "run_cli.h"
 
 namespace {
@@ -15,27 +16,15 @@ using nlohmann::json;
 using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
 
-const std::string kModel = "--layers 2 --hidden 64 --heads 4 --seq 32 --global-batch 8";
+const std::string kModel = shardwise_cli_test::kPlanModel;
 
 // A cluster of 4 devices where memory and links cost nothing measurable: only matmul FLOPs count.
 std::string compute_only_cluster(double peak) {
-  json c = {{"name", "compute-only"}, {"nodes", 1}, {"devices_per_node", 4},
-            {"device", {{"peak_flops", {{"f32", peak}, {"tf32", peak}, {"bf16", peak}}}, {"memory_bytes", 1e12},
-                        {"memory_bandwidth", 1e300}}},
-            {"links", {{"intra_node", {{"bandwidth", 1e300}, {"latency", 0}}},
-                       {"inter_node", {{"bandwidth", 1e300}, {"latency", 0}}}}}};
-  std::string path = shardwise_cli_test::tmp("compute_only_" + std::to_string(static_cast<int64_t>(peak)) + ".json");
-  std::ofstream(path) << c.dump();
-  return path;
+  shardwise_cli_test::ToyCluster t{"compute-only", 4, peak, 1e12, 1e300, 1e300, 1e300, 0};
+  return shardwise_cli_test::write_cluster(t, std::to_string(static_cast<int64_t>(peak)));
 }
 
-json predict(const std::string& args) {
-  Result r = run("plan --predict --json " + kModel + " " + args);
-  EXPECT_EQ(r.status, 0) << r.out;
-  json j = json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out;
-  return j;
-}
+json predict(const std::string& args) { return shardwise_cli_test::run_json("plan --predict --json " + kModel + " " + args); }
 
 }  // namespace
 

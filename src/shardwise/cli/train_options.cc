@@ -106,8 +106,18 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                "the predicted step time, tokens/s, MFU and the shares of compute, each collective kind and the "
                "bubble (docs/planner.md; --json for JSON)")
       ->group(group);
+  cmd.add_flag("--auto", plan.auto_search,
+               "search every mesh and option combination (docs/planner.md) and show the fastest predicted; the "
+               "model options, --seq and --global-batch are the job's")
+      ->group(group);
+  cmd.add_option("--devices", plan.devices, "with --auto: the devices to spread the job over (0: the cluster's)")->group(group);
+  cmd.add_option("--top", plan.top, "with --auto: how many candidates to show")->group(group);
+  cmd.add_option("--memory-margin", plan.memory_margin,
+                 "with --auto: the share of each device's memory kept free (the memory rule)")
+      ->group(group);
+  cmd.add_option("--max-micro-batch", plan.max_micro_batch, "with --auto: the largest micro-batch tried (0: any)")->group(group);
   cmd.add_option("--cluster", plan.cluster,
-                 "with --predict: a cluster description (examples/clusters/*.json); default: this machine as "
+                 "with --predict or --auto: a cluster description (examples/clusters/*.json); default: this machine as "
                  "`shardwise calibrate` cached it")
       ->type_name("FILE")
       ->group(group);

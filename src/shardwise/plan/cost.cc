@@ -83,16 +83,33 @@ AlphaBeta fit_alpha_beta(CollectiveKind kind, int ranks, double n1, double t1, d
   return f;
 }
 
-PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
-                           double forward, double backward, double send) {
+namespace {
+PipelineTime simulated(const pipeline::Schedule& s, int virtual_stages, double forward, double backward, double send) {
   using namespace pipeline;
-  Schedule s = make_schedule(parse_schedule_kind(schedule), stages, micro_batches, virtual_stages);
   SimOptions sim;
   const double scale = 1.0 / virtual_stages;
   sim.stages = {StageCosts{forward * scale, backward * scale, backward * scale / 2, backward * scale / 2, 1, 0}};
   sim.send_time = send;
   SimResult r = simulate(s, sim);
   return {r.step_time, r.max_bubble_fraction()};
+}
+}  // namespace
+
+PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                           double forward, double backward, double send) {
+  PipelineTimer timer;
+  return timer(schedule, stages, micro_batches, virtual_stages, forward, backward, send);
+}
+
+PipelineTime PipelineTimer::operator()(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                                       double forward, double backward, double send) {
+  const auto key = std::make_tuple(schedule, stages, micro_batches, virtual_stages);
+  auto it = schedules_.find(key);
+  if (it == schedules_.end()) {
+    it = schedules_.emplace(key, pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), stages, micro_batches,
+                                                          virtual_stages)).first;
+  }
+  return simulated(it->second, virtual_stages, forward, backward, send);
 }
 
 }  // namespace shardwise::plan

@@ -2,9 +2,12 @@
 // The step-time model's pieces (docs/planner.md): the time of a GEMM, of a memory-bound kernel and
 // of each collective on the links its group's ranks sit on, and the alpha-beta fit that calibrate
 // derives a link from.
+#include <map>
 #include <span>
+#include <tuple>
 #include <string>
 
+#include "shardwise/pipeline/schedule.h"
 #include "shardwise/plan/cluster.h"
 
 namespace shardwise::plan {
@@ -53,5 +56,16 @@ struct PipelineTime {
 };
 PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
                            double forward, double backward, double send);
+
+// The same, each schedule generated once (the search simulates many candidates of one schedule):
+// make_schedule's work is kept by (schedule, stages, micro-batches, virtual stages).
+class PipelineTimer {
+ public:
+  PipelineTime operator()(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                          double forward, double backward, double send);
+
+ private:
+  std::map<std::tuple<std::string, int, int, int>, pipeline::Schedule> schedules_;
+};
 
 }  // namespace shardwise::plan

@@ -21,8 +21,10 @@
 namespace shardwise::cli {
 
 int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& out) {
-  SW_CHECK(o.cluster.empty() || o.predict, "--cluster goes with --predict");
-  SW_CHECK(!(o.predict && o.memory), "--predict and --memory: choose one");
+  SW_CHECK(o.cluster.empty() || o.predict || o.auto_search, "--cluster goes with --predict or --auto");
+  SW_CHECK(o.predict + o.memory + o.auto_search <= 1, "--predict, --memory and --auto: choose one");
+  SW_CHECK(o.auto_search || (o.devices == 0 && o.max_micro_batch == 0), "--devices and --max-micro-batch go with --auto");
+  if (o.auto_search) return cmd_plan_auto(options, o, out);
   if (o.memory) return cmd_plan_memory(options, o.check, out);
   if (o.predict) return cmd_plan_predict(options, o.cluster, out);
   train::TrainConfig tc = options.config;

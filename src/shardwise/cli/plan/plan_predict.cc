@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardwise/cli/plan/calibrate_cmd.h"
+#include "shardwise/cli/plan/predict.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/core/error.h"
 #include "shardwise/graph/program.h"
@@ -20,12 +21,6 @@
 namespace shardwise::cli {
 
 namespace {
-
-struct Prediction {
-  double step = 0, compute = 0, grad_sync = 0, optimizer = 0, bubble = 0, flops = 0;
-  std::map<std::string, double> collectives;  // reshard step kinds inside the programs, a step's worth
-  double tokens_per_s = 0, mfu = 0;
-};
 
 // One pipeline rank's stages (the whole program without pp), each compiled once as the trainer
 // cuts it (train/staged.h) and timed on the stage mesh's first process: every other rank of the
@@ -71,7 +66,9 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
   return w;
 }
 
-Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
+}  // namespace
+
+plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
   const train::GptConfig c = train::kernel_model(tc);
   const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.parallel.mesh), tc.parallel.sequence_parallel);
   SW_CHECK(s.mesh.size() <= cluster.devices(), "plan --predict: the mesh {} needs {} devices; cluster '{}' has {}",
@@ -96,40 +93,48 @@ Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluste
   const plan::PipelineTime pipe = plan::pipeline_time(layout.schedule.name, pp, layout.schedule.micro_batches,
                                                       layout.schedule.virtual_stages, slowest.forward,
                                                       slowest.backward, send);
-  Prediction r;
+  plan::StepEstimate r;
   const double mbs = static_cast<double>(layout.schedule.micro_batches);
-  r.compute = mbs * slowest.compute;
+  r.parts["compute"] = mbs * slowest.compute;
   r.flops = mbs * slowest.flops;
-  for (const auto& [kind, sec] : slowest.collectives) r.collectives[kind] = mbs * sec;
-  r.bubble = pipe.step - mbs * (slowest.forward + slowest.backward);
+  for (const auto& [kind, sec] : slowest.collectives) r.parts[kind] = mbs * sec;
+  r.parts["bubble"] = pipe.step - mbs * (slowest.forward + slowest.backward);
+  double grad_sync = 0;
   const std::vector<int> data_dims = layout.stage_strategy.data_dims();
   if (!data_dims.empty() && slowest.grad_numel > 0) {
     std::vector<int64_t> members = layout.meshes[0].processes_along(layout.meshes[0].process_ids().front(),
                                                                     std::span<const int>(data_dims));
     std::vector<int> group(members.begin(), members.end());
-    r.grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
+    grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
                                            static_cast<int>(group.size()), plan::group_link(cluster, group));
   }
   // AdamW: p, g, m, v read and p, m, v written, f32.
-  r.optimizer = plan::memory_seconds(cluster, 7 * 4.0 * static_cast<double>(slowest.numel));
-  r.step = pipe.step + r.grad_sync + r.optimizer;
+  r.parts["grad_sync"] = grad_sync;
+  r.parts["optimizer"] = plan::memory_seconds(cluster, 7 * 4.0 * static_cast<double>(slowest.numel));
+  r.step = pipe.step + grad_sync + r.parts["optimizer"];
   r.tokens_per_s = static_cast<double>(tc.optimizer.global_batch * c.seq) / r.step;
   r.mfu = r.flops / r.step / cluster.peak(dtype);
   return r;
 }
 
-}  // namespace
+std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstimate& e) {
+  std::vector<std::pair<std::string, double>> out;
+  const char* last[] = {"grad_sync", "optimizer", "bubble"};
+  if (e.parts.contains("compute")) out.push_back({"compute", e.parts.at("compute")});
+  for (const auto& [name, sec] : e.parts) {
+    if (name != "compute" && std::find(std::begin(last), std::end(last), name) == std::end(last)) out.push_back({name, sec});
+  }
+  for (const char* name : last)
+    if (e.parts.contains(name)) out.push_back({name, e.parts.at(name)});
+  return out;
+}
 
 int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, std::ostream& out) {
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);
   const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
-  const Prediction r = predict(tc, cluster);
-  std::vector<std::pair<std::string, double>> parts = {{"compute", r.compute}};
-  for (const auto& [kind, sec] : r.collectives) parts.push_back({kind, sec});
-  parts.push_back({"grad_sync", r.grad_sync});
-  parts.push_back({"optimizer", r.optimizer});
-  parts.push_back({"bubble", r.bubble});
+  const plan::StepEstimate r = predict_program(tc, cluster);
+  const std::vector<std::pair<std::string, double>> parts = ordered_parts(r);
   if (options.logging.json) {
     nlohmann::json shares = nlohmann::json::object();
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;

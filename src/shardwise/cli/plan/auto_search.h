@@ -1,0 +1,53 @@
+#pragma once
+// The search behind `shardwise plan --auto` and `train --auto` (docs/planner.md): every candidate
+// plan/search.h enumerates and its rules keep, refused again by train's own checks where they
+// disagree, dropped when its peak memory per device is over the device's memory less the margin,
+// the rest predicted and ranked by step time. Up to plan::kExactSearchDevices devices each
+// candidate's stages are compiled (the memory plan and the program model); above, the analytic
+// per-layer model (plan/analytic.h) stands in for both.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardwise/plan/cluster.h"
+#include "shardwise/plan/estimate.h"
+#include "shardwise/plan/search.h"
+#include "shardwise/train/train_config.h"
+
+namespace shardwise::cli {
+
+struct AutoOptions {
+  int64_t devices = 0;         // 0: the cluster's (a calibration: its ranks)
+  std::string cluster;         // a cluster description; "": this machine's calibration
+  double memory_margin = 0.1;  // the share of a device's memory kept free
+  int64_t max_micro_batch = 0;  // 0: every divisor of a data rank's share
+};
+
+struct RankedCandidate {
+  plan::Candidate candidate;
+  plan::StepEstimate estimate;
+};
+
+struct AutoSearch {
+  plan::ClusterSpec cluster;  // as searched (a calibration spread over `devices` ranks of one node)
+  plan::SearchSpace space;
+  plan::Enumeration enumeration;
+  bool analytic = false;
+  int64_t over_memory = 0, refused = 0;  // removed by the memory rule, by train's checks
+  std::string first_refusal;             // train's message for the first candidate it refused
+  std::vector<RankedCandidate> ranked;   // fastest first
+  double seconds = 0;                    // the whole search
+};
+
+// `base`: the run's options (its model, --seq, --global-batch, --bf16; the mesh and batch split are
+// the search's). Error naming the problem when nothing fits.
+AutoSearch auto_search(const train::TrainConfig& base, const AutoOptions& o);
+
+// `base` with the candidate's mesh, sequence parallelism, sharding stage, recompute, batch split and
+// schedule (the gradient buckets reduced once a step, `on`, at stages 0-2), checked for `devices` ranks.
+train::TrainConfig candidate_config(const train::TrainConfig& base, const plan::Candidate& c);
+
+// The `train` options that select the candidate: "--mesh dp=2,tp=2 --sharding-stage 1 ...".
+std::string candidate_options(const plan::Candidate& c);
+
+}  // namespace shardwise::cli
