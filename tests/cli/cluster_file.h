@@ -19,16 +19,18 @@ struct ToyCluster {
   int devices_per_node = 4;
   double peak = 1e10, memory_bytes = 1e12, memory_bandwidth = 1e10;
   double intra_bandwidth = 1e9, inter_bandwidth = 1e8, latency = 1e-5;
+  double optimizer_elements_per_s = 0;  // > 0: a calibration's measured AdamW update
 };
 
 // One node; the file is named after the cluster and `tag`.
 inline std::string write_cluster(const ToyCluster& t, const std::string& tag) {
-  const nlohmann::json c = {
+  nlohmann::json c = {
       {"name", t.name}, {"nodes", 1}, {"devices_per_node", t.devices_per_node},
       {"device", {{"peak_flops", {{"f32", t.peak}, {"tf32", t.peak}, {"bf16", t.peak}}}, {"memory_bytes", t.memory_bytes},
                   {"memory_bandwidth", t.memory_bandwidth}}},
       {"links", {{"intra_node", {{"bandwidth", t.intra_bandwidth}, {"latency", t.latency}}},
                  {"inter_node", {{"bandwidth", t.inter_bandwidth}, {"latency", t.latency}}}}}};
+  if (t.optimizer_elements_per_s > 0) c["calibration"] = {{"optimizer", {{"elements_per_s", t.optimizer_elements_per_s}}}};
   const std::string path = tmp(t.name + "_" + tag + ".json");
   std::ofstream(path) << c.dump();
   return path;

@@ -69,3 +69,16 @@ TEST(CliPredict, APipelineAddsTheSchedulesBubble) {
   // micro-batches, of which 4 compute: the bubble is 1/5 of the step.
   EXPECT_NEAR(j["shares"]["bubble"].get<double>(), 0.2, 1e-9) << j.dump();
 }
+
+TEST(CliPredict, AMeasuredOptimizerRateTimesTheUpdate) {
+  // On the compute-only cluster with a calibrated AdamW rate of 1e6 elements/s, the optimizer's part
+  // is the rank's parameters over it (without one: 7 f32 streams at an unbounded bandwidth, 0).
+  shardwise_cli_test::ToyCluster t{"compute-only", 4, 1e9, 1e12, 1e300, 1e300, 1e300, 0};
+  t.optimizer_elements_per_s = 1e6;
+  const std::string cluster = " --cluster " + shardwise_cli_test::write_cluster(t, "adamw");
+  json j = predict("--mesh dp=1 --vocab 128" + cluster);
+  const double parameters = static_cast<double>(shardwise_cli_test::gpt2_parameters(2, 64, 32, 128));
+  EXPECT_NEAR(j["shares"]["optimizer"].get<double>() * j["step_time_s"].get<double>(), parameters / 1e6, 1e-9);
+  EXPECT_NEAR(j["by_op"]["optimizer adamw"].get<double>(), parameters / 1e6, 1e-9);
+  EXPECT_LT(predict("--mesh dp=1 --vocab 128 --cluster " + compute_only_cluster(1e9))["shares"]["optimizer"].get<double>(), 1e-200);
+}

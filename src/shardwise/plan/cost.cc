@@ -1,5 +1,6 @@
 #include "shardwise/plan/cost.h"
 
+#include <cmath>
 #include <limits>
 
 #include "shardwise/core/error.h"
@@ -20,6 +21,20 @@ std::string collective_name(CollectiveKind kind) {
 
 double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype) {
   return flops / (c.peak(dtype) * c.factor("compute"));
+}
+
+double gemm_seconds(const ClusterSpec& c, double flops, const std::string& dtype, int64_t m, int64_t n, int64_t k) {
+  const std::string measured = dtype == "tf32" ? "f32" : dtype;
+  const GemmRate* nearest = nullptr;
+  double best = 0;
+  auto gap = [](int64_t a, int64_t b) { return std::abs(std::log(static_cast<double>(std::max<int64_t>(a, 1)) / static_cast<double>(b))); };
+  for (const GemmRate& r : c.gemm_rates) {
+    if (r.dtype != measured) continue;
+    const double d = gap(m, r.m) + gap(n, r.n) + gap(k, r.k);
+    if (nearest == nullptr || d < best) nearest = &r, best = d;
+  }
+  if (nearest == nullptr) return compute_seconds(c, flops, dtype);
+  return flops / (nearest->flops_per_s * c.factor("compute"));
 }
 
 double memory_seconds(const ClusterSpec& c, double bytes) {

@@ -17,6 +17,10 @@ std::string collective_name(CollectiveKind kind);  // "all_reduce", ...
 
 // Seconds of `flops` FLOPs in `dtype` at the device's peak times the compute efficiency.
 double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype);
+// Seconds of a GEMM-like kernel of `flops` whose product is m x k by k x n: at the rate of the
+// measured shape of its dtype (tf32: f32's) nearest in log m, log n and log k when the cluster has
+// measured ones (a calibration), else at the peak; times the compute efficiency.
+double gemm_seconds(const ClusterSpec& c, double flops, const std::string& dtype, int64_t m, int64_t n, int64_t k);
 // Seconds to read and write `bytes` at the device's memory bandwidth times the memory efficiency.
 double memory_seconds(const ClusterSpec& c, double bytes);
 

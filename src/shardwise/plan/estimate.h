@@ -16,6 +16,9 @@ struct StepEstimate {
   // (their sum is the step)
   std::map<std::string, double> parts;
   int64_t memory = 0;  // peak bytes per device
+  // The program model only: seconds a step per instruction type of the slowest pipeline rank, as
+  // `train --profile` names them ("matmul", "matmul_grad", "reshard", ...; "optimizer adamw").
+  std::map<std::string, double> by_op;
 };
 
 }  // namespace shardwise::plan

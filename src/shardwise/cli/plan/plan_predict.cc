@@ -28,6 +28,7 @@ namespace {
 struct RankWork {
   double forward = 0, backward = 0, compute = 0, flops = 0;  // one micro-batch
   std::map<std::string, double> collectives;                 // one micro-batch
+  std::map<std::string, double> by_op;                       // one micro-batch
   int64_t grad_numel = 0;  // trained parameters' local elements whose data-rank sums the trainer reduces
   int64_t numel = 0;       // trained parameters' local elements
 };
@@ -58,6 +59,7 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
       w.compute += t.compute_s;
       w.flops += t.flops;
       for (const auto& [kind, sec] : t.collective_s) w.collectives[kind] += sec;
+      for (const auto& [op, sec] : t.by_op) w.by_op[op] += sec;
     }
     const int64_t n = local_numel(*spec.graph, cs.program, process);
     w.numel += n;
@@ -98,6 +100,7 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
   r.parts["compute"] = mbs * slowest.compute;
   r.flops = mbs * slowest.flops;
   for (const auto& [kind, sec] : slowest.collectives) r.parts[kind] = mbs * sec;
+  for (const auto& [op, sec] : slowest.by_op) r.by_op[op] = mbs * sec;
   r.parts["bubble"] = pipe.step - mbs * (slowest.forward + slowest.backward);
   double grad_sync = 0;
   const std::vector<int> data_dims = layout.stage_strategy.data_dims();
@@ -108,10 +111,13 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
     grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
                                            static_cast<int>(group.size()), plan::group_link(cluster, group));
   }
-  // AdamW: p, g, m, v read and p, m, v written, f32.
+  // AdamW: the calibrated update rate, or p, g, m, v read and p, m, v written, f32.
   r.parts["grad_sync"] = grad_sync;
-  r.parts["optimizer"] = plan::memory_seconds(cluster, 7 * 4.0 * static_cast<double>(slowest.numel));
+  const double numel = static_cast<double>(slowest.numel);
+  r.parts["optimizer"] = cluster.optimizer_elements_per_s > 0 ? numel / cluster.optimizer_elements_per_s
+                                                               : plan::memory_seconds(cluster, 7 * 4.0 * numel);
   r.step = pipe.step + grad_sync + r.parts["optimizer"];
+  r.by_op["optimizer adamw"] = r.parts["optimizer"];
   r.tokens_per_s = static_cast<double>(tc.optimizer.global_batch * c.seq) / r.step;
   r.mfu = r.flops / r.step / cluster.peak(dtype);
   return r;
@@ -139,12 +145,12 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
     nlohmann::json shares = nlohmann::json::object();
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
     out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
-                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}})
+                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op}})
                .dump(1)
         << "\n";
     return 0;
   }
-  out << fmt::format("predicted on {}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (matmul FLOPs of a rank {:.4g})\n",
+  out << fmt::format("predicted on {}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (counted FLOPs of a rank {:.4g})\n",
                      cluster.name, r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
   for (const auto& [name, sec] : parts) out << fmt::format("  {:<24} {:>10.4g} s  {:>5.1f}%\n", name, sec, 100 * sec / r.step);
   return 0;
