@@ -1,6 +1,6 @@
 #pragma once
 // The plan tests' cluster descriptions (docs/planner.md), written to the tests' temporary
-// directory, and their JSON runs.
+// directory, their JSON runs, and runs with a calibration cache of their own.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -34,6 +34,19 @@ inline std::string write_cluster(const ToyCluster& t, const std::string& tag) {
   const std::string path = tmp(t.name + "_" + tag + ".json");
   std::ofstream(path) << c.dump();
   return path;
+}
+
+// An empty cache directory (XDG_CACHE_HOME) named for a test, and a command run with it: its
+// calibration and gemm-check caches.
+inline std::filesystem::path fresh_cache(const std::string& name) {
+  std::filesystem::path d = tmp("calibrate_cache_" + name);
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+inline Result run_cached(const std::filesystem::path& cache, const std::string& args) {
+  return run_command("XDG_CACHE_HOME=" + cache.string() + " " +
+                     (std::getenv("SHARDWISE_BIN") ? std::getenv("SHARDWISE_BIN") : "shardwise") + " " + args);
 }
 
 // The command's stdout as JSON; a failure (naming the output) when it fails or is not JSON.

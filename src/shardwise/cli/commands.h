@@ -51,7 +51,7 @@ struct PlanOptions {
   bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
   bool predict = false;  // the predicted step time (plan/program_time.h) instead of the program
   std::string cluster;   // with predict or auto: a cluster description (plan/cluster.h); "": this machine's calibration
-  bool auto_search = false;  // search the candidates (cli/plan/auto_search.h) instead
+  bool auto_search = false;  // search the candidates (cli/plan/auto_search.h) instead: train's --auto
   int64_t devices = 0;       // with auto: the devices to use (0: the cluster's)
   int64_t top = 5;           // with auto: candidates shown
   double memory_margin = 0.1;
@@ -120,6 +120,7 @@ struct TrainOptions {
   double epochs = 0;       // --epochs E: steps for E passes over the training tokens
   int64_t tokens = 0;      // --tokens N: steps for N training tokens
   std::string config_file;  // --config: a TOML file of long option names (the command line wins)
+  bool auto_plan = false;   // --auto: the mesh and options plan --auto finds fastest here (cli/plan/auto_search.h)
   // Set by the command, not options:
   std::string gemm_line;      // the run header's line, set by cmd_train
   int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
@@ -129,6 +130,7 @@ struct TrainOptions {
   bool vocab_given = true, steps_given = true;  // set by the command line (the option, --config, a checkpoint)
   nlohmann::json given;    // the options given (cli/stored_options.h): the checkpoints' run_options.json
   std::vector<std::string> data_notes;    // what the run took from its data (cli/data_defaults.h)
+  std::string auto_line;  // --auto: the run header's line naming the chosen candidate
   std::vector<std::string> resume_notes;  // options a --resume took from its checkpoint, and the overrides
 };
 // --memory-limit's bytes: auto (the machine's available memory), none (0) or a size.

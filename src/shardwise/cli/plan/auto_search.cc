@@ -74,7 +74,7 @@ train::TrainConfig candidate_config(const train::TrainConfig& base, const plan::
 
 std::string candidate_options(const plan::Candidate& c) {
   std::string out = fmt::format("--mesh {}", c.mesh());
-  if (c.sequence_parallel) out += " --sequence-parallel";
+  if (c.sequence_parallel) out += " --sp";
   if (c.sharding_stage > 0) out += fmt::format(" --sharding-stage {}", c.sharding_stage);
   if (c.sharding_stage < 3 && c.dp * c.ep > 1) out += " --overlap-grad-reduce on";
   if (c.recompute != "none") out += " --recompute " + c.recompute;
@@ -82,6 +82,28 @@ std::string candidate_options(const plan::Candidate& c) {
   if (c.pp > 1) out += " --schedule " + c.schedule;
   if (c.virtual_stages > 1) out += fmt::format(" --virtual {}", c.virtual_stages);
   return out;
+}
+
+std::string choose_for_train(const nlohmann::json& given, train::TrainConfig& c, int64_t ranks) {
+  std::vector<std::string> chosen_given;
+  for (const char* name : {"mesh", "sp", "sharding-stage", "recompute", "micro-batch", "accumulation", "micro-batches",
+                           "schedule", "virtual", "overlap-grad-reduce"})
+    if (given.contains(name)) chosen_given.push_back(std::string("--") + name);
+  SW_CHECK(chosen_given.empty(),
+           "--auto chooses the mesh, --sp, --sharding-stage, --recompute, the batch split, the schedule and "
+           "--overlap-grad-reduce: leave out {} (or leave out --auto)",
+           fmt::join(chosen_given, ", "));
+  const AutoSearch s = auto_search(c, AutoOptions{ranks, "", 0.1, 0});
+  const RankedCandidate& best = s.ranked.front();
+  const train::TrainConfig tc = candidate_config(c, best.candidate);
+  c.parallel = tc.parallel;
+  c.model.recompute = tc.model.recompute;
+  c.optimizer.micro_batch = tc.optimizer.micro_batch;
+  c.optimizer.accumulation = tc.optimizer.accumulation;
+  return fmt::format("auto: {} ({}), the fastest of {} candidates plan --auto predicts on {} ({} combinations "
+                     "searched in {:.2f} s): {:.4g} s a step, {:.4g} tokens/s",
+                     best.candidate.describe(), candidate_options(best.candidate), s.ranked.size(), s.cluster.name,
+                     s.enumeration.considered, s.seconds, best.estimate.step, best.estimate.tokens_per_s);
 }
 
 AutoSearch auto_search(const train::TrainConfig& original, const AutoOptions& o) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "shardwise/plan/cluster.h"
 #include "shardwise/plan/estimate.h"
 #include "shardwise/plan/search.h"
@@ -46,6 +48,11 @@ AutoSearch auto_search(const train::TrainConfig& base, const AutoOptions& o);
 // `base` with the candidate's mesh, sequence parallelism, sharding stage, recompute, batch split and
 // schedule (the gradient buckets reduced once a step, `on`, at stages 0-2), checked for `devices` ranks.
 train::TrainConfig candidate_config(const train::TrainConfig& base, const plan::Candidate& c);
+
+// `train --auto`: the fastest candidate for `ranks` devices of this machine's calibration, applied
+// to `c` (the run's options, data defaults applied); the run header's line that names it. Error when
+// `given` (the options given, by long name) holds an option the search chooses.
+std::string choose_for_train(const nlohmann::json& given, train::TrainConfig& c, int64_t ranks);
 
 // The `train` options that select the candidate: "--mesh dp=2,tp=2 --sharding-stage 1 ...".
 std::string candidate_options(const plan::Candidate& c);

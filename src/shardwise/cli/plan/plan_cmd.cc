@@ -20,7 +20,9 @@
 
 namespace shardwise::cli {
 
-int cmd_plan(const TrainOptions& options, const PlanOptions& o, std::ostream& out) {
+int cmd_plan(const TrainOptions& options, const PlanOptions& plan_options, std::ostream& out) {
+  PlanOptions o = plan_options;
+  o.auto_search = options.auto_plan;  // --auto is train's flag, which plan shows as the search
   SW_CHECK(o.cluster.empty() || o.predict || o.auto_search, "--cluster goes with --predict or --auto");
   SW_CHECK(o.predict + o.memory + o.auto_search <= 1, "--predict, --memory and --auto: choose one");
   SW_CHECK(o.auto_search || (o.devices == 0 && o.max_micro_batch == 0), "--devices and --max-micro-batch go with --auto");
