@@ -41,11 +41,14 @@ TEST(CliAuto, CandidatesAreRunsTrainAcceptsPredictedAsPlanPredictDoes) {
     EXPECT_GE(c["step_time_s"].get<double>(), previous) << c.dump();
     previous = c["step_time_s"].get<double>();
   }
-  // The best and a pipeline candidate, as `plan --predict` of their train options predicts them.
+  // The best, a pipeline and a sequence-parallel candidate, as `plan --predict` of their train
+  // options predicts them.
   std::vector<json> checked = {j["candidates"][0]};
   for (const json& c : j["candidates"])
     if (c["mesh"].get<std::string>().starts_with("pp=2") && checked.size() < 2) checked.push_back(c);
-  ASSERT_EQ(checked.size(), 2u);
+  for (const json& c : j["candidates"])
+    if (c["sequence_parallel"].get<bool>() && checked.size() < 3) checked.push_back(c);
+  ASSERT_EQ(checked.size(), 3u);
   for (const json& c : checked) {
     Result r = run("plan --predict --json " + kPlanModel + " --cluster " + cluster + " " + c["train_options"].get<std::string>());
     ASSERT_EQ(r.status, 0) << r.out;
