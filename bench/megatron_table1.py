@@ -10,11 +10,15 @@ assumes it), bf16, the 1F1B schedule, the gradient buckets reducing once a step,
 vocabulary 51,200. TFLOP/s per GPU is the paper's formula (its eq. 3): 96 B s l h^2 (1 + s / 6h +
 V / 16 l h) over the predicted step and the GPUs.
 
-One efficiency factor, `compute`, is fitted on one named row (FIT_ROW, the 1.7 B row: data
-parallelism only, the least communication) by bisection and kept for the other nine; the others
-stay 1. A row "within 15%" predicts TFLOP/s per GPU within 15% of the paper's.
+Each row is predicted twice: by the compiled programs and by the analytic per-layer model
+(`plan --predict --analytic`, what `plan --auto` uses at this scale). For each model one efficiency
+factor, `compute`, is fitted on one named row (FIT_ROW, the 1.7 B row: data parallelism only, the
+least communication) by bisection and kept for the other nine; the others stay 1. A row "within 15%"
+predicts TFLOP/s per GPU within 15% of the paper's. Then `plan --auto` searches each row's job on its
+GPUs of the analytic model's fitted cluster: its best candidate (memory within 90% of 80 GB), its
+TFLOP/s by the same formula, and whether it predicts at least the paper's configuration.
 
-    python3 bench/megatron_table1.py [BUILD_DIR=build]
+    python3 bench/megatron_table1.py [BUILD_DIR=build]   (about a minute: plan --auto over each row)
 """
 import json
 import os
@@ -51,43 +55,75 @@ def cluster_file(compute, directory):
     return path
 
 
-def tflops_per_gpu(row, cluster):
+def model_args(row):
     name, heads, hidden, layers, tp, pp, gpus, batch, _ = row
-    dp = gpus // (tp * pp)
-    mesh = ",".join(f"{k}={v}" for k, v in (("pp", pp), ("dp", dp), ("tp", tp)) if v > 1) or "dp=1"
-    args = [SW, "plan", "--predict", "--json", "--cluster", cluster, "--layers", str(layers), "--hidden", str(hidden),
-            "--heads", str(heads), "--seq", str(SEQ), "--vocab", str(VOCAB), "--mesh", mesh, "--ranks", str(gpus),
-            "--global-batch", str(batch), "--micro-batch", "1", "--bf16", "--recompute", "full"]
-    if dp > 1:
-        args += ["--overlap-grad-reduce", "on"]
-    step = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["step_time_s"]
+    return ["--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads), "--seq", str(SEQ), "--vocab",
+            str(VOCAB), "--global-batch", str(batch), "--bf16"]
+
+
+def paper_tflops(row, step):
+    name, heads, hidden, layers, tp, pp, gpus, batch, _ = row
     flops = 96 * batch * SEQ * layers * hidden ** 2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
     return flops / step / gpus / 1e12
 
 
+def tflops_per_gpu(row, cluster, analytic=False):
+    name, heads, hidden, layers, tp, pp, gpus, batch, _ = row
+    dp = gpus // (tp * pp)
+    mesh = ",".join(f"{k}={v}" for k, v in (("pp", pp), ("dp", dp), ("tp", tp)) if v > 1) or "dp=1"
+    args = [SW, "plan", "--predict", "--json", "--cluster", cluster, "--mesh", mesh, "--ranks", str(gpus),
+            "--micro-batch", "1", "--recompute", "full"] + model_args(row)
+    if dp > 1:
+        args += ["--overlap-grad-reduce", "on"]
+    if analytic:
+        args += ["--analytic"]
+    step = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["step_time_s"]
+    return paper_tflops(row, step)
+
+
+def fit(d, analytic):
+    row = next(r for r in ROWS if r[0] == FIT_ROW)
+    lo, hi = 0.05, 1.0
+    for _ in range(30):  # TFLOP/s grows with the factor
+        mid = (lo + hi) / 2
+        if tflops_per_gpu(row, cluster_file(mid, d), analytic) < row[8]:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def auto_best(row, cluster):
+    args = [SW, "plan", "--auto", "--analytic", "--json", "--top", "1", "--cluster", cluster, "--devices",
+            str(row[6])] + model_args(row)
+    j = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+    best = j["candidates"][0]
+    return paper_tflops(row, best["step_time_s"]), best, j["predicted"]
+
+
 def main():
     with tempfile.TemporaryDirectory() as d:
-        fit = next(r for r in ROWS if r[0] == FIT_ROW)
-        lo, hi = 0.05, 1.0
-        for _ in range(30):  # TFLOP/s grows with the factor
-            mid = (lo + hi) / 2
-            if tflops_per_gpu(fit, cluster_file(mid, d)) < fit[8]:
-                lo = mid
-            else:
-                hi = mid
-        compute = (lo + hi) / 2
-        fitted = cluster_file(compute, d)
-        print(f"compute efficiency fitted on the {FIT_ROW} row: {compute:.4f}")
-        print(f"{'row':>7} {'tp':>3} {'pp':>3} {'GPUs':>5} {'batch':>5} {'paper':>6} {'predicted':>9} {'error':>7}")
-        within = 0
+        programs, analytic = fit(d, False), fit(d, True)
+        fitted_p, fitted_a = cluster_file(programs, d), cluster_file(analytic, d)
+        print(f"compute efficiency fitted on the {FIT_ROW} row: {programs:.4f} (programs), {analytic:.4f} (analytic)")
+        print(f"{'row':>7} {'tp':>3} {'pp':>3} {'GPUs':>5} {'batch':>5} {'paper':>6} {'programs':>9} {'error':>7} "
+              f"{'analytic':>9} {'error':>7} {'auto':>7}  auto's choice")
+        within = {"programs": 0, "analytic": 0}
+        at_least = 0
         for row in ROWS:
-            pred = tflops_per_gpu(row, fitted)
-            err = pred / row[8] - 1
-            if row[0] != FIT_ROW and abs(err) <= 0.15:
-                within += 1
-            print(f"{row[0]:>7} {row[4]:>3} {row[5]:>3} {row[6]:>5} {row[7]:>5} {row[8]:>6} {pred:>9.1f} {err:>+7.1%}"
-                  + ("  (fitted)" if row[0] == FIT_ROW else ""))
-        print(f"within 15% of the paper: {within} of the {len(ROWS) - 1} rows not fitted")
+            p, a = tflops_per_gpu(row, fitted_p), tflops_per_gpu(row, fitted_a, True)
+            ep, ea = p / row[8] - 1, a / row[8] - 1
+            if row[0] != FIT_ROW:
+                within["programs"] += abs(ep) <= 0.15
+                within["analytic"] += abs(ea) <= 0.15
+            auto, best, _ = auto_best(row, fitted_a)
+            at_least += auto >= a * (1 - 1e-9)
+            print(f"{row[0]:>7} {row[4]:>3} {row[5]:>3} {row[6]:>5} {row[7]:>5} {row[8]:>6} {p:>9.1f} {ep:>+7.1%} "
+                  f"{a:>9.1f} {ea:>+7.1%} {auto:>7.1f}  {best['train_options']} "
+                  f"({best['memory_bytes'] / 2**30:.1f} GiB)" + ("  (fitted)" if row[0] == FIT_ROW else ""))
+        print(f"within 15% of the paper, of the {len(ROWS) - 1} rows not fitted: {within['programs']} (programs), "
+              f"{within['analytic']} (analytic); plan --auto at least the paper's configuration (analytic): "
+              f"{at_least} of {len(ROWS)}")
 
 
 if __name__ == "__main__":

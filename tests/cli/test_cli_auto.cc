@@ -85,6 +85,16 @@ TEST(CliAuto, SearchesTheA100PresetsThreeThousandDevicesAnalytically) {
   for (const json& c : j["candidates"]) EXPECT_LE(c["memory_bytes"].get<double>(), 0.9 * 80 * 1024.0 * 1024 * 1024);
 }
 
+TEST(CliAuto, AnalyticSearchesWithTheAnalyticModelAndPredictsAsPredictAnalyticDoes) {
+  const std::string cluster = four_devices(1e12);
+  json j = search("--cluster " + cluster + " --analytic --top 1");
+  EXPECT_EQ(j["model"], "analytic");
+  const json best = j["candidates"][0];
+  json p = run_json("plan --predict --analytic --json " + kPlanModel + " --cluster " + cluster + " " +
+                    best["train_options"].get<std::string>());
+  EXPECT_DOUBLE_EQ(p["step_time_s"].get<double>(), best["step_time_s"].get<double>()) << best.dump();
+}
+
 TEST(CliAuto, TextNamesTheCountsAndTheBestsTrainOptions) {
   Result r = run("plan --auto " + kPlanModel + " --cluster " + four_devices(1e12) + " --top 2");
   ASSERT_EQ(r.status, 0) << r.out;

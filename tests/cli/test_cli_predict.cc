@@ -82,3 +82,21 @@ TEST(CliPredict, AMeasuredOptimizerRateTimesTheUpdate) {
   EXPECT_NEAR(j["by_op"]["optimizer adamw"].get<double>(), parameters / 1e6, 1e-9);
   EXPECT_LT(predict("--mesh dp=1 --vocab 128 --cluster " + compute_only_cluster(1e9))["shares"]["optimizer"].get<double>(), 1e-200);
 }
+
+TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {
+  // kPlanModel on one rank, micro-batch 8 of seq 32, hidden 64 (4 heads of 16), MLP 256, vocab 128:
+  // a layer 2 b s (64 x 16 x 12 + 4 x 16 x 64 + 2 x 64 x 256) + 4 b s^2 64, two of them and the head
+  // 2 b s 64 x 128; the backward twice the forward.
+  const double b = 8, s = 32;
+  const double layer = 2 * b * s * (64 * 16 * 12 + 4 * 16 * 64 + 2 * 64 * 256) + 4 * b * s * s * 64;
+  const double flops = 3 * (2 * layer + 2 * b * s * 64 * 128);
+  json j = predict("--mesh dp=1 --vocab 128 --analytic --cluster " + compute_only_cluster(1e9));
+  EXPECT_EQ(j["model"], "analytic");
+  EXPECT_DOUBLE_EQ(j["flops_per_rank"].get<double>(), flops);
+  EXPECT_NEAR(j["step_time_s"].get<double>(), flops / 1e9, 1e-9);
+  Result r = run("plan --analytic " + kModel);
+  EXPECT_NE(r.out.find("--analytic goes with --predict or --auto"), std::string::npos) << r.out;
+  r = run("plan --predict --analytic --layers 3 --hidden 64 --heads 4 --seq 32 --global-batch 8 --mesh pp=2 --cluster " +
+          compute_only_cluster(1e9));
+  EXPECT_NE(r.out.find("3 layers do not cut into 2 equal stages"), std::string::npos) << r.out;
+}

@@ -51,6 +51,7 @@ struct PlanOptions {
   bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
   bool predict = false;  // the predicted step time (plan/program_time.h) instead of the program
   std::string cluster;   // with predict or auto: a cluster description (plan/cluster.h); "": this machine's calibration
+  bool analytic = false;     // with predict: the analytic per-layer model (plan/analytic.h) instead of the programs
   bool auto_search = false;  // search the candidates (cli/plan/auto_search.h) instead: train's --auto
   int64_t devices = 0;       // with auto: the devices to use (0: the cluster's)
   int64_t top = 5;           // with auto: candidates shown
@@ -144,7 +145,7 @@ int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& o
 int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
 // `shardwise plan --predict` (cli/plan/plan_predict.cc): the step time the model predicts for the run,
 // on `cluster` (a file) or this machine's calibration, with its shares, tokens/s and MFU.
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, std::ostream& out);
+int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, bool analytic, std::ostream& out);
 // `plan --auto`: the search's top candidates (cli/plan/plan_auto.cc).
 int cmd_plan_auto(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan

@@ -110,6 +110,10 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
       "search every mesh and option combination (docs/planner.md) and show the fastest predicted (the plan options "
       "--devices, --top, --memory-margin, --max-micro-batch, --cluster); the model options, --seq and "
       "--global-batch are the job's");
+  cmd.add_flag("--analytic", plan.analytic,
+               "with --predict or --auto: the analytic per-layer model (plan --auto's above 64 devices) instead of the "
+               "compiled programs")
+      ->group(group);
   cmd.add_option("--devices", plan.devices, "with --auto: the devices to spread the job over (0: the cluster's)")->group(group);
   cmd.add_option("--top", plan.top, "with --auto: how many candidates to show")->group(group);
   cmd.add_option("--memory-margin", plan.memory_margin,

@@ -6,6 +6,7 @@
 #include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/plan/predict.h"
 #include "shardwise/core/error.h"
+#include "shardwise/mesh/strategy.h"
 #include "shardwise/plan/analytic.h"
 #include "shardwise/train/memory_plan.h"
 
@@ -84,6 +85,25 @@ std::string candidate_options(const plan::Candidate& c) {
   return out;
 }
 
+plan::StepEstimate predict_analytic(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
+  const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.parallel.mesh), tc.parallel.sequence_parallel);
+  plan::Candidate c;
+  c.dp = s.dp_size(), c.tp = s.tp_size(), c.ep = s.ep_size(), c.pp = s.pp < 0 ? 1 : s.mesh.dim_size(s.pp);
+  SW_CHECK(c.dp * c.tp * c.pp * c.ep == s.mesh.size(), "--analytic: the mesh {} has a dim other than dp, tp, pp, ep",
+           s.mesh.to_string());
+  c.sequence_parallel = tc.parallel.sequence_parallel;
+  c.sharding_stage = tc.parallel.sharding.stage;
+  c.recompute = tc.model.recompute;
+  SW_CHECK(c.recompute == "none" || c.recompute == "full", "--analytic: --recompute {} (the analytic model knows none "
+           "and full)", c.recompute);
+  c.micro_batch = tc.optimizer.micro_batch, c.accumulation = tc.optimizer.accumulation;
+  c.schedule = tc.parallel.schedule, c.virtual_stages = tc.parallel.virtual_stages;
+  SW_CHECK(tc.model.layers % (c.pp * c.virtual_stages) == 0,
+           "--analytic: {} layers do not cut into {} equal stages (the analytic model's stages are equal)",
+           tc.model.layers, c.pp * c.virtual_stages);
+  return plan::analytic_estimate(cluster, model_size(tc.model), c, tc.optimizer.global_batch, tc.bf16 ? "bf16" : "f32");
+}
+
 std::string choose_for_train(const nlohmann::json& given, train::TrainConfig& c, int64_t ranks) {
   std::vector<std::string> chosen_given;
   for (const char* name : {"mesh", "sp", "sharding-stage", "recompute", "micro-batch", "accumulation", "micro-batches",
@@ -93,7 +113,7 @@ std::string choose_for_train(const nlohmann::json& given, train::TrainConfig& c,
            "--auto chooses the mesh, --sp, --sharding-stage, --recompute, the batch split, the schedule and "
            "--overlap-grad-reduce: leave out {} (or leave out --auto)",
            fmt::join(chosen_given, ", "));
-  const AutoSearch s = auto_search(c, AutoOptions{ranks, "", 0.1, 0});
+  const AutoSearch s = auto_search(c, AutoOptions{ranks, "", 0.1, 0, false});
   const RankedCandidate& best = s.ranked.front();
   const train::TrainConfig tc = candidate_config(c, best.candidate);
   c.parallel = tc.parallel;
@@ -115,7 +135,7 @@ AutoSearch auto_search(const train::TrainConfig& original, const AutoOptions& o)
   const train::TrainConfig base = resolved_base(original);
   r.space = search_space(base, devices, r.cluster, o.max_micro_batch);
   r.enumeration = plan::enumerate_candidates(r.space);
-  r.analytic = devices > plan::kExactSearchDevices;
+  r.analytic = o.analytic || devices > plan::kExactSearchDevices;
   const std::string dtype = base.bf16 ? "bf16" : "f32";
   const double limit = r.cluster.memory_bytes * (1 - o.memory_margin);
   const plan::ModelSize size = model_size(base.model);

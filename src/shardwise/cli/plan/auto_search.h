@@ -23,6 +23,7 @@ struct AutoOptions {
   std::string cluster;         // a cluster description; "": this machine's calibration
   double memory_margin = 0.1;  // the share of a device's memory kept free
   int64_t max_micro_batch = 0;  // 0: every divisor of a data rank's share
+  bool analytic = false;        // the analytic model whatever the devices
 };
 
 struct RankedCandidate {
@@ -53,6 +54,11 @@ train::TrainConfig candidate_config(const train::TrainConfig& base, const plan::
 // to `c` (the run's options, data defaults applied); the run header's line that names it. Error when
 // `given` (the options given, by long name) holds an option the search chooses.
 std::string choose_for_train(const nlohmann::json& given, train::TrainConfig& c, int64_t ranks);
+
+// The analytic per-layer model's step and memory for a checked run (`plan --predict --analytic`):
+// the candidate its mesh and options are. Error for what the analytic model cannot express (unequal
+// stages, selective recompute, a mesh dim other than dp, tp, pp, ep).
+plan::StepEstimate predict_analytic(const train::TrainConfig& tc, const plan::ClusterSpec& cluster);
 
 // The `train` options that select the candidate: "--mesh dp=2,tp=2 --sharding-stage 1 ...".
 std::string candidate_options(const plan::Candidate& c);

@@ -28,7 +28,8 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& plan_options, std::
   SW_CHECK(o.auto_search || (o.devices == 0 && o.max_micro_batch == 0), "--devices and --max-micro-batch go with --auto");
   if (o.auto_search) return cmd_plan_auto(options, o, out);
   if (o.memory) return cmd_plan_memory(options, o.check, out);
-  if (o.predict) return cmd_plan_predict(options, o.cluster, out);
+  SW_CHECK(!o.analytic || o.predict || o.auto_search, "--analytic goes with --predict or --auto");
+  if (o.predict) return cmd_plan_predict(options, o.cluster, o.analytic, out);
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);  // train's checks and derived sizes
   const train::GptConfig c = train::kernel_model(tc);

@@ -6,6 +6,7 @@
 // does itself and the AdamW update (memory-bound).
 #include <nlohmann/json.hpp>
 
+#include "shardwise/cli/plan/auto_search.h"
 #include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/plan/predict.h"
 #include "shardwise/cli/commands.h"
@@ -135,23 +136,24 @@ std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstima
   return out;
 }
 
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, std::ostream& out) {
+int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, bool analytic, std::ostream& out) {
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);
   const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
-  const plan::StepEstimate r = predict_program(tc, cluster);
+  const plan::StepEstimate r = analytic ? predict_analytic(tc, cluster) : predict_program(tc, cluster);
   const std::vector<std::pair<std::string, double>> parts = ordered_parts(r);
   if (options.logging.json) {
     nlohmann::json shares = nlohmann::json::object();
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
     out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
-                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op}})
+                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op},
+                           {"model", analytic ? "analytic" : "programs"}})
                .dump(1)
         << "\n";
     return 0;
   }
-  out << fmt::format("predicted on {}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (counted FLOPs of a rank {:.4g})\n",
-                     cluster.name, r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
+  out << fmt::format("predicted on {}{}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (counted FLOPs of a rank {:.4g})\n",
+                     cluster.name, analytic ? " by the analytic model" : "", r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
   for (const auto& [name, sec] : parts) out << fmt::format("  {:<24} {:>10.4g} s  {:>5.1f}%\n", name, sec, 100 * sec / r.step);
   return 0;
 }
