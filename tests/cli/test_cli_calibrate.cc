@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cluster_file.h"
 #include "run_cli.h"
 
 namespace {
@@ -16,18 +17,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using shardwise_cli_test::Result;
 
-// An empty cache directory of its own (XDG_CACHE_HOME) for each test.
-fs::path fresh_cache(const std::string& name) {
-  fs::path d = shardwise_cli_test::tmp("calibrate_cache_" + name);
-  fs::remove_all(d);
-  return d;
-}
+using shardwise_cli_test::fresh_cache;
 
-Result sw(const fs::path& cache, const std::string& args) {
-  return shardwise_cli_test::run_command("XDG_CACHE_HOME=" + cache.string() + " " +
-                                         (std::getenv("SHARDWISE_BIN") ? std::getenv("SHARDWISE_BIN") : "shardwise") +
-                                         " " + args);
-}
+Result sw(const fs::path& cache, const std::string& args) { return shardwise_cli_test::run_cached(cache, args); }
 
 json parse_json(const Result& r) {
   json j = json::parse(r.out, nullptr, false);

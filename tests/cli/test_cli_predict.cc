@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cluster_file.h"
 #include "run_cli.h"
 
 namespace {
@@ -15,27 +16,15 @@ using nlohmann::json;
 using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
 
-const std::string kModel = "--layers 2 --hidden 64 --heads 4 --seq 32 --global-batch 8";
+const std::string kModel = shardwise_cli_test::kPlanModel;
 
 // A cluster of 4 devices where memory and links cost nothing measurable: only matmul FLOPs count.
 std::string compute_only_cluster(double peak) {
-  json c = {{"name", "compute-only"}, {"nodes", 1}, {"devices_per_node", 4},
-            {"device", {{"peak_flops", {{"f32", peak}, {"tf32", peak}, {"bf16", peak}}}, {"memory_bytes", 1e12},
-                        {"memory_bandwidth", 1e300}}},
-            {"links", {{"intra_node", {{"bandwidth", 1e300}, {"latency", 0}}},
-                       {"inter_node", {{"bandwidth", 1e300}, {"latency", 0}}}}}};
-  std::string path = shardwise_cli_test::tmp("compute_only_" + std::to_string(static_cast<int64_t>(peak)) + ".json");
-  std::ofstream(path) << c.dump();
-  return path;
+  shardwise_cli_test::ToyCluster t{"compute-only", 4, peak, 1e12, 1e300, 1e300, 1e300, 0};
+  return shardwise_cli_test::write_cluster(t, std::to_string(static_cast<int64_t>(peak)));
 }
 
-json predict(const std::string& args) {
-  Result r = run("plan --predict --json " + kModel + " " + args);
-  EXPECT_EQ(r.status, 0) << r.out;
-  json j = json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out;
-  return j;
-}
+json predict(const std::string& args) { return shardwise_cli_test::run_json("plan --predict --json " + kModel + " " + args); }
 
 }  // namespace
 
@@ -79,4 +68,35 @@ TEST(CliPredict, APipelineAddsTheSchedulesBubble) {
   // Every stage is given the slowest rank's times: GPipe's step is (m + p - 1) = 5 of its
   // micro-batches, of which 4 compute: the bubble is 1/5 of the step.
   EXPECT_NEAR(j["shares"]["bubble"].get<double>(), 0.2, 1e-9) << j.dump();
+}
+
+TEST(CliPredict, AMeasuredOptimizerRateTimesTheUpdate) {
+  // On the compute-only cluster with a calibrated AdamW rate of 1e6 elements/s, the optimizer's part
+  // is the rank's parameters over it (without one: 7 f32 streams at an unbounded bandwidth, 0).
+  shardwise_cli_test::ToyCluster t{"compute-only", 4, 1e9, 1e12, 1e300, 1e300, 1e300, 0};
+  t.optimizer_elements_per_s = 1e6;
+  const std::string cluster = " --cluster " + shardwise_cli_test::write_cluster(t, "adamw");
+  json j = predict("--mesh dp=1 --vocab 128" + cluster);
+  const double parameters = static_cast<double>(shardwise_cli_test::gpt2_parameters(2, 64, 32, 128));
+  EXPECT_NEAR(j["shares"]["optimizer"].get<double>() * j["step_time_s"].get<double>(), parameters / 1e6, 1e-9);
+  EXPECT_NEAR(j["by_op"]["optimizer adamw"].get<double>(), parameters / 1e6, 1e-9);
+  EXPECT_LT(predict("--mesh dp=1 --vocab 128 --cluster " + compute_only_cluster(1e9))["shares"]["optimizer"].get<double>(), 1e-200);
+}
+
+TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {
+  // kPlanModel on one rank, micro-batch 8 of seq 32, hidden 64 (4 heads of 16), MLP 256, vocab 128:
+  // a layer 2 b s (64 x 16 x 12 + 4 x 16 x 64 + 2 x 64 x 256) + 4 b s^2 64, two of them and the head
+  // 2 b s 64 x 128; the backward twice the forward.
+  const double b = 8, s = 32;
+  const double layer = 2 * b * s * (64 * 16 * 12 + 4 * 16 * 64 + 2 * 64 * 256) + 4 * b * s * s * 64;
+  const double flops = 3 * (2 * layer + 2 * b * s * 64 * 128);
+  json j = predict("--mesh dp=1 --vocab 128 --analytic --cluster " + compute_only_cluster(1e9));
+  EXPECT_EQ(j["model"], "analytic");
+  EXPECT_DOUBLE_EQ(j["flops_per_rank"].get<double>(), flops);
+  EXPECT_NEAR(j["step_time_s"].get<double>(), flops / 1e9, 1e-9);
+  Result r = run("plan --analytic " + kModel);
+  EXPECT_NE(r.out.find("--analytic goes with --predict or --auto"), std::string::npos) << r.out;
+  r = run("plan --predict --analytic --layers 3 --hidden 64 --heads 4 --seq 32 --global-batch 8 --mesh pp=2 --cluster " +
+          compute_only_cluster(1e9));
+  EXPECT_NE(r.out.find("3 layers do not cut into 2 equal stages"), std::string::npos) << r.out;
 }

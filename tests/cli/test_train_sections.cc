@@ -22,7 +22,8 @@ std::set<std::string> changed_sections(const TrainOptions& a, const TrainOptions
   const auto& x = a.config;
   const auto& y = b.config;
   if (!(x.model == y.model) || x.dropout != y.dropout || x.bf16 != y.bf16) out.insert("model");
-  if (!(x.parallel == y.parallel) || a.ranks != b.ranks || a.gemm != b.gemm || a.memory_limit != b.memory_limit)
+  if (!(x.parallel == y.parallel) || a.ranks != b.ranks || a.gemm != b.gemm || a.memory_limit != b.memory_limit ||
+      a.auto_plan != b.auto_plan)
     out.insert("parallel");
   if (!(x.optimizer == y.optimizer) || a.epochs != b.epochs || a.tokens != b.tokens) out.insert("optimizer");
   if (!(x.data == y.data)) out.insert("data");
@@ -42,7 +43,7 @@ const std::map<std::string, std::string>& values() {
       {"shared-expert-width", "32"}, {"dropout", "0.1"}, {"bf16", ""}, {"recompute", "full"},
       {"recompute-layers", "1"}, {"attention", "unfused"}, {"cp-attention", "gather"}, {"lm-head", "unfused"}, {"lora-rank", "4"},
       {"lora-alpha", "16"}, {"lora-targets", "c_proj"}, {"lora-dropout", "0.1"}, {"lora-rslora", ""},
-      {"mesh", "dp=4"}, {"ranks", "4"}, {"sp", ""}, {"schedule", "fthenb"}, {"virtual", "2"},
+      {"auto", ""}, {"mesh", "dp=4"}, {"ranks", "4"}, {"sp", ""}, {"schedule", "fthenb"}, {"virtual", "2"},
       {"micro-batches", "4"}, {"sharding-stage", "1"}, {"sharding-layout", "v2"}, {"prefetch-params", "1"},
       {"overlap-grad-reduce", "on"}, {"grad-bucket-mb", "8"}, {"gemm", "openblas"}, {"memory-limit", "none"},
       {"steps", "9"}, {"epochs", "2"}, {"tokens", "4096"}, {"global-batch", "32"}, {"micro-batch", "4"},

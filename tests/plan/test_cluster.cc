@@ -100,3 +100,18 @@ TEST(Cluster, UnreadableOrInvalidFileSaysSo) {
     EXPECT_EQ(std::string(e.what()), path + ": not valid JSON");
   }
 }
+
+TEST(Cluster, ACalibrationsGemmShapesAreRead) {
+  json j = minimal();
+  j["calibration"] = {{"quick", false},
+                      {"gemm", {{{"dtype", "f32"}, {"m", 512}, {"n", 768}, {"k", 3072}, {"seconds", 0.1}, {"flops_per_s", 4.8e10}},
+                                {{"dtype", "bf16"}, {"m", 128}, {"n", 128}, {"k", 32}, {"seconds", 0.1}, {"flops_per_s", 5e9}}}}};
+  ClusterSpec c = parse_cluster(j, "toy.json");
+  ASSERT_EQ(c.gemm_rates.size(), 2u);
+  EXPECT_EQ(c.gemm_rates[0].dtype, "f32");
+  EXPECT_EQ(c.gemm_rates[0].n, 768);
+  EXPECT_DOUBLE_EQ(c.gemm_rates[1].flops_per_s, 5e9);
+  EXPECT_TRUE(parse_cluster(minimal(), "toy.json").gemm_rates.empty());
+  j["calibration"]["gemm"][1]["flops_per_s"] = 0;
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.gemm.flops_per_s' expects a positive number, got 0");
+}

@@ -86,3 +86,16 @@ TEST(Cost, TwoStageGpipeHasTheKnownBubble) {
   // One stage: no bubble.
   EXPECT_DOUBLE_EQ(pipeline_time("1f1b", 1, 4, 1, 1.0, 2.0, 0.0).step, 12.0);
 }
+
+TEST(Cost, AGemmRunsAtTheNearestMeasuredShapesRate) {
+  ClusterSpec c = toy();
+  EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "f32", 512, 512, 512), 1e9 / 1e12);  // nothing measured: the peak
+  c.gemm_rates = {{"f32", 512, 3072, 768, 4e10}, {"f32", 512, 512, 64, 1e11}, {"bf16", 512, 3072, 768, 5e9}};
+  // 512 x 2048 x 1024 is nearest the first shape (log gaps 0.41 + 0.29), 256 x 512 x 32 the second (0.69 + 0.69).
+  EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "f32", 512, 2048, 1024), 1e9 / 4e10);
+  EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "f32", 256, 512, 32), 1e9 / 1e11);
+  EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "tf32", 256, 512, 32), 1e9 / 1e11);  // tf32: f32's measurements
+  EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "bf16", 64, 64, 64), 1e9 / 5e9);     // the only bf16 shape
+  c.efficiency["compute"] = 0.5;
+  EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "bf16", 64, 64, 64), 1e9 / 2.5e9);
+}

@@ -1,6 +1,7 @@
 // The step-time model over lowered programs, on toy programs whose time is known by hand.
 #include <gtest/gtest.h>
 
+#include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/graph/program.h"
 #include "shardwise/plan/program_time.h"
@@ -53,4 +54,52 @@ TEST(ProgramTime, ARowShardedGemmAllReducesItsPartialResultOnTheGroupsLink) {
   // The same 4 ranks on two nodes of two: the ring crosses nodes, the inter-node link bounds it.
   ProgramTime two_nodes = program_time(g, p, 0, toy(2, 2), "f32");
   EXPECT_NEAR(two_nodes.collective_s["all_reduce"], 6 * 1e-5 + bytes / 1e8, 1e-15);
+}
+
+TEST(ProgramTime, FlashAttentionAndTheFusedHeadCountTheirGemmFlops) {
+  // Causal attention over q, k, v [2, 4, 16, 8]: the forward 2 S^2 D a head (the tiles on and below
+  // the diagonal of q k^T and p v), the backward 2.5 times that.
+  graph::Graph g;
+  auto q = g.param("q", Shape{2, 4, 16, 8});
+  auto k = g.param("k", Shape{2, 4, 16, 8});
+  auto v = g.param("v", Shape{2, 4, 16, 8});
+  auto out = g.op("flash_attention", {q, k, v}, Attrs{{"scale", 0.25}}, "attn")[0];
+  // The fused head over x [32, 8] and w [64, 8]: logits 2 N h V; with both gradients in the forward
+  // (forward_grads 3) three GEMMs there and none in the backward.
+  auto x = g.reshape(g.transpose(out, {0, 2, 1, 3}), {32, 32}, "x");
+  auto w = g.param("w", Shape{64, 32});
+  auto labels = g.input("labels", Shape{32}, DType::I64);
+  Attrs head{{"reduction", std::string("sum")}};
+  head.set("forward_grads", int64_t{3}), head.set("grad_scale", 1.0);
+  auto loss = g.op1("lm_head_cross_entropy", {x, w, labels}, std::move(head), "loss");
+  graph::append_backward(g, loss);
+  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{1})));
+  const double attention = 2.0 * (2 * 4) * 16 * 16 * 8, gemm = 2.0 * 32 * 32 * 64;
+  std::map<std::string, double> flops;
+  const std::vector<int64_t> coords = {0};
+  for (const graph::Instr& ins : p.instrs) {
+    if (ins.kind != graph::InstrKind::Kernel && ins.kind != graph::InstrKind::Backward) continue;
+    flops[g.node(ins.node).op + (ins.kind == graph::InstrKind::Backward ? "_grad" : "")] += instr_flops(g, p, ins, coords);
+  }
+  EXPECT_DOUBLE_EQ(flops["flash_attention"], attention);
+  EXPECT_DOUBLE_EQ(flops["flash_attention_grad"], 2.5 * attention);
+  EXPECT_DOUBLE_EQ(flops["lm_head_cross_entropy"], 3 * gemm);
+  EXPECT_DOUBLE_EQ(flops["lm_head_cross_entropy_grad"], 0);
+  EXPECT_DOUBLE_EQ(program_time(g, p, 0, toy(1, 1), "f32").flops, 3.5 * attention + 3 * gemm);
+}
+
+TEST(ProgramTime, ReshapesAreViewsAndCostNothing) {
+  // y = reshape(x w): the GEMM's time alone (memory never binds here; a reshape would be charged its
+  // bytes at the memory bandwidth of 1e6 B/s below if it were counted).
+  graph::Graph g;
+  auto x = g.input("x", Shape{64, 32});
+  auto w = g.param("w", Shape{32, 16});
+  g.reshape(g.matmul(x, w, false, "y"), {16, 64}, "z");
+  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{1})));
+  ClusterSpec slow_memory = toy(1, 1);
+  slow_memory.memory_bandwidth = 1e6;
+  ProgramTime t = program_time(g, p, 0, slow_memory, "f32");
+  const double gemm_bytes = 4.0 * (64 * 32 + 32 * 16 + 64 * 16);
+  EXPECT_DOUBLE_EQ(t.compute_s, std::max(2.0 * 64 * 32 * 16 / 1e9, gemm_bytes / 1e6));
+  EXPECT_EQ(t.by_op.count("reshape"), 0u);
 }

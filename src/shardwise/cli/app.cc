@@ -85,11 +85,20 @@ constexpr const char* kLoraTargetsHelp =
     "Llama's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Mixtral's experts.gate_up_proj, "
     "experts.down_proj (PEFT's target_parameters); or all-linear. Default: PEFT's for the model (c_attn; q_proj,v_proj)";
 
+constexpr const char* kConfigHelp =
+    "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections below "
+    "([model], [parallel], ...) or in none; paths resolve from the file; the command line wins";
+constexpr const char* kAutoHelp =
+    "choose the mesh, --sp, --sharding-stage, --recompute, the batch split, the schedule and --overlap-grad-reduce "
+    "as `plan --auto` finds fastest on --ranks devices of this machine's calibration (docs/planner.md); the run "
+    "header names the choice";
+
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
   auto* t = &cmd;
   t->add_option("--config", o.config_file, kConfigHelp)->type_name("PATH");
+  t->add_flag("--auto", o.auto_plan, kAutoHelp);
   t->add_option("--mesh", c.parallel.mesh, "mesh with named dims dp, tp, pp, ep, cp");
   t->add_option("--gemm", o.gemm, kGemmHelp);
   t->add_option("--schedule", c.parallel.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");

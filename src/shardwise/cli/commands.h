@@ -50,7 +50,13 @@ struct PlanOptions {
   bool memory = false;  // the per-rank memory plan instead of the program
   bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
   bool predict = false;  // the predicted step time (plan/program_time.h) instead of the program
-  std::string cluster;   // with predict: a cluster description (plan/cluster.h); "": this machine's calibration
+  std::string cluster;   // with predict or auto: a cluster description (plan/cluster.h); "": this machine's calibration
+  bool analytic = false;     // with predict: the analytic per-layer model (plan/analytic.h) instead of the programs
+  bool auto_search = false;  // search the candidates (cli/plan/auto_search.h) instead: train's --auto
+  int64_t devices = 0;       // with auto: the devices to use (0: the cluster's)
+  int64_t top = 5;           // with auto: candidates shown
+  double memory_margin = 0.1;
+  int64_t max_micro_batch = 0;
 };
 
 // `shardwise pipeline`'s bounds: stages, micro-batches, and stages x virtual x micro-batches.
@@ -116,6 +122,7 @@ struct TrainOptions {
   double epochs = 0;       // --epochs E: steps for E passes over the training tokens
   int64_t tokens = 0;      // --tokens N: steps for N training tokens
   std::string config_file;  // --config: a TOML file of long option names (the command line wins)
+  bool auto_plan = false;   // --auto: the mesh and options plan --auto finds fastest here (cli/plan/auto_search.h)
   // Set by the command, not options:
   std::string gemm_line;      // the run header's line, set by cmd_train
   int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
@@ -125,6 +132,7 @@ struct TrainOptions {
   bool vocab_given = true, steps_given = true;  // set by the command line (the option, --config, a checkpoint)
   nlohmann::json given;    // the options given (cli/stored_options.h): the checkpoints' run_options.json
   std::vector<std::string> data_notes;    // what the run took from its data (cli/data_defaults.h)
+  std::string auto_line;  // --auto: the run header's line naming the chosen candidate
   std::vector<std::string> resume_notes;  // options a --resume took from its checkpoint, and the overrides
 };
 // --memory-limit's bytes: auto (the machine's available memory), none (0) or a size.
@@ -138,7 +146,9 @@ int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& o
 int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
 // `shardwise plan --predict` (cli/plan/plan_predict.cc): the step time the model predicts for the run,
 // on `cluster` (a file) or this machine's calibration, with its shares, tokens/s and MFU.
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, std::ostream& out);
+int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, bool analytic, std::ostream& out);
+// `plan --auto`: the search's top candidates (cli/plan/plan_auto.cc).
+int cmd_plan_auto(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan
 // when `print`, and with `refuse` refuses (Error) a plan over --memory-limit.
 void check_run_memory(const train::TrainConfig& config, const TrainOptions& options, bool threads, bool print,

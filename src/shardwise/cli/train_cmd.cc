@@ -300,6 +300,7 @@ void print_header(const train::Trainer& trainer, const TrainOptions& o, const tr
                      c.model.seq, c.model.vocab, count_text(counts.trained + counts.frozen),
                      trainer.strategy().to_string(), counted(world_ref.size(), "rank"), world_ref.backend());
   if (!o.options_line.empty()) out << "  options: " << o.options_line << "\n";
+  if (!o.auto_line.empty()) out << "  " << o.auto_line << "\n";
   out << fmt::format("  run directory: {}\n", run_dir);
   if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
   const train::Strategy& s = trainer.strategy();

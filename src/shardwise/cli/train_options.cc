@@ -16,7 +16,7 @@ const std::vector<OptionSection>& train_option_sections() {
         "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "recompute", "recompute-layers",
         "attention", "cp-attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},
       {"parallel", "Parallelism",
-       {"mesh", "ranks", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
+       {"auto", "mesh", "ranks", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
         "prefetch-params", "overlap-grad-reduce", "grad-bucket-mb", "gemm", "memory-limit"}},
       {"optimizer", "Optimizer",
        {"steps", "epochs", "tokens", "global-batch", "micro-batch", "accumulation", "lr", "min-lr", "warmup", "weight-decay", "beta1",
@@ -106,8 +106,22 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                "the predicted step time, tokens/s, MFU and the shares of compute, each collective kind and the "
                "bubble (docs/planner.md; --json for JSON)")
       ->group(group);
+  cmd.get_option("--auto")->description(  // train's flag (its Parallelism section): here the search itself
+      "search every mesh and option combination (docs/planner.md) and show the fastest predicted (the plan options "
+      "--devices, --top, --memory-margin, --max-micro-batch, --cluster); the model options, --seq and "
+      "--global-batch are the job's");
+  cmd.add_flag("--analytic", plan.analytic,
+               "with --predict or --auto: the analytic per-layer model (plan --auto's above 64 devices) instead of the "
+               "compiled programs")
+      ->group(group);
+  cmd.add_option("--devices", plan.devices, "with --auto: the devices to spread the job over (0: the cluster's)")->group(group);
+  cmd.add_option("--top", plan.top, "with --auto: how many candidates to show")->group(group);
+  cmd.add_option("--memory-margin", plan.memory_margin,
+                 "with --auto: the share of each device's memory kept free (the memory rule)")
+      ->group(group);
+  cmd.add_option("--max-micro-batch", plan.max_micro_batch, "with --auto: the largest micro-batch tried (0: any)")->group(group);
   cmd.add_option("--cluster", plan.cluster,
-                 "with --predict: a cluster description (examples/clusters/*.json); default: this machine as "
+                 "with --predict or --auto: a cluster description (examples/clusters/*.json); default: this machine as "
                  "`shardwise calibrate` cached it")
       ->type_name("FILE")
       ->group(group);

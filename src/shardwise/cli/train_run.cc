@@ -5,6 +5,7 @@
 
 #include "shardwise/cli/data_defaults.h"
 #include "shardwise/cli/gemm_cmd.h"
+#include "shardwise/cli/plan/auto_search.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/cli/stored_options.h"
 #include "shardwise/cli/train_options.h"
@@ -130,6 +131,7 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
              "--router {} --shared-expert-width {}: checkpoints of MoE models are Mixtral's layout, which has a softmax "
              "router and no shared expert: run without --save-every, --resume and --init-from, or with --router softmax "
              "and no --shared-expert-width", c.model.router, c.model.shared_expert_width);
+    if (o.auto_plan) o.auto_line = choose_for_train(o.given, c, ranks);
     // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
     // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
     c.check(ranks, !mpi);

@@ -23,11 +23,15 @@ namespace {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // GEMMs of a training step's kind: tokens x hidden by hidden x 4 hidden (MLP up), its transpose
-// (MLP down) and an attention-score block, at GPT-2-small sizes (quick: a tiny model's).
+// (MLP down) and an attention-score block, at GPT-2-small sizes and at a small model's (hidden 256
+// and 128, a head of 32); quick: a tiny model's. The prediction times each GEMM at the nearest
+// shape's rate (plan/cost.h gemm_seconds).
 json measure_gemm(const CalibrateOptions& o, std::map<std::string, double>& peaks) {
   struct S { int64_t m, n, k; };
   std::vector<S> shapes = o.quick ? std::vector<S>{{64, 128, 32}, {64, 32, 128}}
-                                  : std::vector<S>{{512, 3072, 768}, {512, 768, 3072}, {512, 512, 64}};
+                                  : std::vector<S>{{512, 3072, 768}, {512, 768, 3072}, {512, 512, 64},
+                                                   {512, 256, 256}, {512, 1024, 256}, {512, 256, 1024},
+                                                   {512, 128, 128}, {128, 128, 32}};
   json out = json::array();
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (const S& s : shapes) {

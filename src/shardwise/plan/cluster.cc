@@ -100,6 +100,21 @@ ClusterSpec parse_cluster(const json& j, const std::string& where) {
       c.efficiency[it.key()] = v;
     }
   }
+  if (j.contains("calibration") && j["calibration"].is_object() && j["calibration"].contains("gemm")) {
+    for (const json& g : j["calibration"]["gemm"]) {
+      GemmRate rate;
+      SW_CHECK(g.is_object() && g.contains("dtype") && g["dtype"].is_string(),
+               "{}: key 'calibration.gemm' expects objects with dtype, m, n, k and flops_per_s", where);
+      rate.dtype = g["dtype"].get<std::string>();
+      rate.m = r.count(g, "m"), rate.n = r.count(g, "n"), rate.k = r.count(g, "k");
+      rate.flops_per_s = r.positive(g, "flops_per_s", "calibration.gemm.flops_per_s");
+      c.gemm_rates.push_back(rate);
+    }
+  }
+  if (j.contains("calibration") && j["calibration"].is_object() && j["calibration"].contains("optimizer")) {
+    c.optimizer_elements_per_s =
+        r.positive(j["calibration"]["optimizer"], "elements_per_s", "calibration.optimizer.elements_per_s");
+  }
   if (j.contains("sources")) {
     SW_CHECK(j["sources"].is_object(), "{}: key 'sources' expects an object of key -> source text", where);
     c.sources = j["sources"];

@@ -12,12 +12,20 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace shardwise::plan {
 
 struct LinkSpec {
   double bandwidth = 0;  // bytes/s per device and direction
   double latency = 0;    // seconds per message
+};
+
+// A measured GEMM rate (`shardwise calibrate`'s calibration.gemm): m x k by k x n in `dtype`.
+struct GemmRate {
+  std::string dtype;
+  int64_t m = 0, n = 0, k = 0;
+  double flops_per_s = 0;
 };
 
 struct ClusterSpec {
@@ -29,6 +37,12 @@ struct ClusterSpec {
   // Named efficiency factors (at most three: compute, memory, network); absent ones are 1.
   std::map<std::string, double> efficiency;
   nlohmann::json sources = nlohmann::json::object();  // key -> where its number comes from
+  // A calibration's measured GEMM shapes (empty for a datasheet cluster): a GEMM is timed at the
+  // rate of the nearest of its dtype (plan/cost.h gemm_seconds) instead of the peak.
+  std::vector<GemmRate> gemm_rates;
+  // A calibration's measured AdamW update (calibration.optimizer.elements_per_s; 0: none, the update
+  // is then 7 f32 streams at the memory bandwidth).
+  double optimizer_elements_per_s = 0;
 
   int64_t devices() const { return nodes * devices_per_node; }
   double factor(const std::string& name) const;

@@ -1,5 +1,6 @@
 #include "shardwise/plan/cost.h"
 
+#include <cmath>
 #include <limits>
 
 #include "shardwise/core/error.h"
@@ -20,6 +21,20 @@ std::string collective_name(CollectiveKind kind) {
 
 double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype) {
   return flops / (c.peak(dtype) * c.factor("compute"));
+}
+
+double gemm_seconds(const ClusterSpec& c, double flops, const std::string& dtype, int64_t m, int64_t n, int64_t k) {
+  const std::string measured = dtype == "tf32" ? "f32" : dtype;
+  const GemmRate* nearest = nullptr;
+  double best = 0;
+  auto gap = [](int64_t a, int64_t b) { return std::abs(std::log(static_cast<double>(std::max<int64_t>(a, 1)) / static_cast<double>(b))); };
+  for (const GemmRate& r : c.gemm_rates) {
+    if (r.dtype != measured) continue;
+    const double d = gap(m, r.m) + gap(n, r.n) + gap(k, r.k);
+    if (nearest == nullptr || d < best) nearest = &r, best = d;
+  }
+  if (nearest == nullptr) return compute_seconds(c, flops, dtype);
+  return flops / (nearest->flops_per_s * c.factor("compute"));
 }
 
 double memory_seconds(const ClusterSpec& c, double bytes) {
@@ -83,16 +98,33 @@ AlphaBeta fit_alpha_beta(CollectiveKind kind, int ranks, double n1, double t1, d
   return f;
 }
 
-PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
-                           double forward, double backward, double send) {
+namespace {
+PipelineTime simulated(const pipeline::Schedule& s, int virtual_stages, double forward, double backward, double send) {
   using namespace pipeline;
-  Schedule s = make_schedule(parse_schedule_kind(schedule), stages, micro_batches, virtual_stages);
   SimOptions sim;
   const double scale = 1.0 / virtual_stages;
   sim.stages = {StageCosts{forward * scale, backward * scale, backward * scale / 2, backward * scale / 2, 1, 0}};
   sim.send_time = send;
   SimResult r = simulate(s, sim);
   return {r.step_time, r.max_bubble_fraction()};
+}
+}  // namespace
+
+PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                           double forward, double backward, double send) {
+  PipelineTimer timer;
+  return timer(schedule, stages, micro_batches, virtual_stages, forward, backward, send);
+}
+
+PipelineTime PipelineTimer::operator()(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                                       double forward, double backward, double send) {
+  const auto key = std::make_tuple(schedule, stages, micro_batches, virtual_stages);
+  auto it = schedules_.find(key);
+  if (it == schedules_.end()) {
+    it = schedules_.emplace(key, pipeline::make_schedule(pipeline::parse_schedule_kind(schedule), stages, micro_batches,
+                                                          virtual_stages)).first;
+  }
+  return simulated(it->second, virtual_stages, forward, backward, send);
 }
 
 }  // namespace shardwise::plan

@@ -2,9 +2,12 @@
 // The step-time model's pieces (docs/planner.md): the time of a GEMM, of a memory-bound kernel and
 // of each collective on the links its group's ranks sit on, and the alpha-beta fit that calibrate
 // derives a link from.
+#include <map>
 #include <span>
+#include <tuple>
 #include <string>
 
+#include "shardwise/pipeline/schedule.h"
 #include "shardwise/plan/cluster.h"
 
 namespace shardwise::plan {
@@ -14,6 +17,10 @@ std::string collective_name(CollectiveKind kind);  // "all_reduce", ...
 
 // Seconds of `flops` FLOPs in `dtype` at the device's peak times the compute efficiency.
 double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype);
+// Seconds of a GEMM-like kernel of `flops` whose product is m x k by k x n: at the rate of the
+// measured shape of its dtype (tf32: f32's) nearest in log m, log n and log k when the cluster has
+// measured ones (a calibration), else at the peak; times the compute efficiency.
+double gemm_seconds(const ClusterSpec& c, double flops, const std::string& dtype, int64_t m, int64_t n, int64_t k);
 // Seconds to read and write `bytes` at the device's memory bandwidth times the memory efficiency.
 double memory_seconds(const ClusterSpec& c, double bytes);
 
@@ -53,5 +60,16 @@ struct PipelineTime {
 };
 PipelineTime pipeline_time(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
                            double forward, double backward, double send);
+
+// The same, each schedule generated once (the search simulates many candidates of one schedule):
+// make_schedule's work is kept by (schedule, stages, micro-batches, virtual stages).
+class PipelineTimer {
+ public:
+  PipelineTime operator()(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                          double forward, double backward, double send);
+
+ private:
+  std::map<std::tuple<std::string, int, int, int>, pipeline::Schedule> schedules_;
+};
 
 }  // namespace shardwise::plan

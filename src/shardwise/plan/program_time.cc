@@ -46,17 +46,53 @@ double ProgramTime::collectives() const {
   return s;
 }
 
-double instr_flops(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
-                   std::span<const int64_t> coords) {
-  if (ins.kind != graph::InstrKind::Kernel && ins.kind != graph::InstrKind::Backward) return 0;
+namespace {
+
+// Causal flash attention over q [.., S, D] (every query head's rows): the tiles on and below the
+// diagonal, half of q k^T and p v's 4 S^2 D a head: 2 S^2 D; the backward recomputes the scores and
+// forms dv, dp, dq and dk: 5 of the forward's 2 products, 2.5 times the forward.
+InstrWork attention_work(const graph::Program& p, const graph::Instr& ins, std::span<const int64_t> coords) {
+  const Shape q = local(p, ins.in[0], coords);
+  const int64_t S = q[q.ndim() - 2], D = q[q.ndim() - 1];
+  const double forward = 2.0 * static_cast<double>(q.numel()) * static_cast<double>(S);
+  return {ins.kind == graph::InstrKind::Backward ? 2.5 * forward : forward, S, S, D};  // q k^T: S x D by D x S
+}
+
+// The fused head over x [.., h] and the (local) weight [V, h]: one GEMM of 2 N h V for the logits and
+// one for each gradient; those `forward_grads` names come out of the forward, the backward computes
+// the logits again and the others.
+InstrWork lm_head_work(const graph::Node& n, const graph::Program& p, const graph::Instr& ins,
+                       std::span<const int64_t> coords) {
+  const Shape x = local(p, ins.in[0], coords), w = local(p, ins.in[1], coords);
+  const int64_t h = w[w.ndim() - 1], V = w.numel() / h, N = x.numel() / h;
+  const double gemm = 2.0 * static_cast<double>(N) * static_cast<double>(h) * static_cast<double>(V);
+  const int64_t bits = n.attrs.get_int("forward_grads", 0);
+  const int in_forward = static_cast<int>((bits & 1) + ((bits >> 1) & 1));
+  const int gemms = ins.kind != graph::InstrKind::Backward ? 1 + in_forward : in_forward == 2 ? 0 : 3 - in_forward;
+  return {gemm * gemms, N, V, h};
+}
+
+}  // namespace
+
+InstrWork instr_work(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
+                     std::span<const int64_t> coords) {
+  if (ins.kind != graph::InstrKind::Kernel && ins.kind != graph::InstrKind::Backward) return {};
   const graph::Node& n = g.node(ins.node);
-  if (n.op != "matmul" || ins.in.size() < 2 || ins.in[0] < 0 || ins.in[1] < 0) return 0;
+  if (ins.in.size() < 2 || ins.in[0] < 0 || ins.in[1] < 0) return {};
+  if (n.op == "flash_attention" || n.op == "flash_attention_docs") return attention_work(p, ins, coords);
+  if (n.op == "lm_head_cross_entropy" || n.op == "vocab_parallel_lm_head_cross_entropy") return lm_head_work(n, p, ins, coords);
+  if (n.op != "matmul") return {};
   const graph::Node& fwd = ins.kind == graph::InstrKind::Backward ? g.node(n.forward) : n;
   ops::MatmulDims d = ops::matmul_dims(local(p, ins.in[0], coords), local(p, ins.in[1], coords),
                                        fwd.attrs.get_bool("trans_x", false), fwd.attrs.get_bool("trans_y", false));
   const double flops = 2.0 * static_cast<double>(d.m) * static_cast<double>(d.n) * static_cast<double>(d.k) *
                        static_cast<double>(d.batch.numel());
-  return ins.kind == graph::InstrKind::Backward ? 2 * flops : flops;
+  return {ins.kind == graph::InstrKind::Backward ? 2 * flops : flops, d.m, d.n, d.k};
+}
+
+double instr_flops(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
+                   std::span<const int64_t> coords) {
+  return instr_work(g, p, ins, coords).flops;
 }
 
 ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t process, const ClusterSpec& c,
@@ -77,19 +113,26 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
         std::vector<int> group = step_group(p, st, process);
         if (group.size() < 2) continue;
         LinkSpec link = group_link(c, group);
-        t.collective_s[std::string(reshard::step_kind_name(st.kind))] +=
-            latency_steps(st.kind, static_cast<double>(group.size())) * link.latency +
-            static_cast<double>(st.bytes) / link.bandwidth;
+        const double sec = latency_steps(st.kind, static_cast<double>(group.size())) * link.latency +
+                           static_cast<double>(st.bytes) / link.bandwidth;
+        t.collective_s[std::string(reshard::step_kind_name(st.kind))] += sec;
+        t.by_op["reshard"] += sec;
       }
       continue;
     }
+    const std::string& op = g.node(ins.node).op;
+    // The reshape family's kernels are views of their operand's storage (their gradients of the
+    // incoming gradient's, ops/shape): no bytes move.
+    if (op == "reshape" || op == "squeeze" || op == "unsqueeze" || op == "flatten") continue;
     double bytes = 0;
     if (ins.kind != graph::InstrKind::Fill)
       for (int s : ins.in) bytes += slot_bytes(p, s, coords);
     for (int s : ins.out) bytes += slot_bytes(p, s, coords);
-    const double flops = instr_flops(g, p, ins, coords);
-    t.flops += flops;
-    t.compute_s += std::max(flops > 0 ? compute_seconds(c, flops, dtype) : 0.0, memory_seconds(c, bytes));
+    const InstrWork w = instr_work(g, p, ins, coords);
+    t.flops += w.flops;
+    const double sec = std::max(w.flops > 0 ? gemm_seconds(c, w.flops, dtype, w.m, w.n, w.k) : 0.0, memory_seconds(c, bytes));
+    t.compute_s += sec;
+    t.by_op[ins.kind == graph::InstrKind::Fill ? "fill" : ins.kind == graph::InstrKind::Backward ? op + "_grad" : op] += sec;
   }
   return t;
 }

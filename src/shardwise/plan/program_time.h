@@ -2,7 +2,9 @@
 // The step-time model over one rank's lowered program (graph/program.h; docs/planner.md):
 //   a kernel (forward or backward instruction) takes max(FLOPs / rate, bytes / memory bandwidth),
 //     its FLOPs: matmul 2 m n k per batch item (its backward twice that: both operand gradients),
-//     every other op none (memory-bound); its bytes: its operands' and results' local blocks;
+//     causal flash attention and the fused LM head their GEMMs' (instr_work), every other op none
+//     (memory-bound); the rate: the measured GEMM shape nearest to its own (a calibration) or the
+//     peak (plan/cost.h gemm_seconds); its bytes: its operands' and results' local blocks;
 //   a fill writes its result;
 //   a reshard's steps run on the links their groups sit on (plan/cost.h), each step's bytes as the
 //     reshard planner counts them (the ring's share sent by the busiest rank) plus its latency steps.
@@ -20,6 +22,9 @@ struct ProgramTime {
   double compute_s = 0;  // kernels and fills
   double flops = 0;      // of the kernels
   std::map<std::string, double> collective_s;  // per reshard step kind: "all_reduce", ...
+  // per instruction type as `train --profile` names them: the op ("matmul"), its backward
+  // ("matmul_grad"), "reshard"
+  std::map<std::string, double> by_op;
   double collectives() const;
   double total() const { return compute_s + collectives(); }
 };
@@ -30,7 +35,16 @@ struct ProgramTime {
 ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t process, const ClusterSpec& c,
                          const std::string& dtype, std::span<const int> order = {});
 
-// The FLOPs of one instruction on the rank at `coords` of p.mesh (0 for all but matmul).
+// The FLOPs of one instruction on the rank at `coords` of p.mesh and the GEMM shape they are timed
+// at (m x k by k x n): matmul's own, q k^T's for flash attention (S x D by D x S), the head's logits
+// (N x h by h x V); no FLOPs for the other ops.
+struct InstrWork {
+  double flops = 0;
+  int64_t m = 1, n = 1, k = 1;
+};
+InstrWork instr_work(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
+                     std::span<const int64_t> coords);
+// instr_work's FLOPs.
 double instr_flops(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
                    std::span<const int64_t> coords);
 

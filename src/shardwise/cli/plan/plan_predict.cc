@@ -6,7 +6,9 @@
 // does itself and the AdamW update (memory-bound).
 #include <nlohmann/json.hpp>
 
+#include "shardwise/cli/plan/auto_search.h"
 #include "shardwise/cli/plan/calibrate_cmd.h"
+#include "shardwise/cli/plan/predict.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/core/error.h"
 #include "shardwise/graph/program.h"
@@ -21,18 +23,13 @@ namespace shardwise::cli {
 
 namespace {
 
-struct Prediction {
-  double step = 0, compute = 0, grad_sync = 0, optimizer = 0, bubble = 0, flops = 0;
-  std::map<std::string, double> collectives;  // reshard step kinds inside the programs, a step's worth
-  double tokens_per_s = 0, mfu = 0;
-};
-
 // One pipeline rank's stages (the whole program without pp), each compiled once as the trainer
 // cuts it (train/staged.h) and timed on the stage mesh's first process: every other rank of the
 // stage runs the same instructions on its own blocks.
 struct RankWork {
   double forward = 0, backward = 0, compute = 0, flops = 0;  // one micro-batch
   std::map<std::string, double> collectives;                 // one micro-batch
+  std::map<std::string, double> by_op;                       // one micro-batch
   int64_t grad_numel = 0;  // trained parameters' local elements whose data-rank sums the trainer reduces
   int64_t numel = 0;       // trained parameters' local elements
 };
@@ -63,6 +60,7 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
       w.compute += t.compute_s;
       w.flops += t.flops;
       for (const auto& [kind, sec] : t.collective_s) w.collectives[kind] += sec;
+      for (const auto& [op, sec] : t.by_op) w.by_op[op] += sec;
     }
     const int64_t n = local_numel(*spec.graph, cs.program, process);
     w.numel += n;
@@ -71,7 +69,9 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
   return w;
 }
 
-Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
+}  // namespace
+
+plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
   const train::GptConfig c = train::kernel_model(tc);
   const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.parallel.mesh), tc.parallel.sequence_parallel);
   SW_CHECK(s.mesh.size() <= cluster.devices(), "plan --predict: the mesh {} needs {} devices; cluster '{}' has {}",
@@ -96,51 +96,64 @@ Prediction predict(const train::TrainConfig& tc, const plan::ClusterSpec& cluste
   const plan::PipelineTime pipe = plan::pipeline_time(layout.schedule.name, pp, layout.schedule.micro_batches,
                                                       layout.schedule.virtual_stages, slowest.forward,
                                                       slowest.backward, send);
-  Prediction r;
+  plan::StepEstimate r;
   const double mbs = static_cast<double>(layout.schedule.micro_batches);
-  r.compute = mbs * slowest.compute;
+  r.parts["compute"] = mbs * slowest.compute;
   r.flops = mbs * slowest.flops;
-  for (const auto& [kind, sec] : slowest.collectives) r.collectives[kind] = mbs * sec;
-  r.bubble = pipe.step - mbs * (slowest.forward + slowest.backward);
+  for (const auto& [kind, sec] : slowest.collectives) r.parts[kind] = mbs * sec;
+  for (const auto& [op, sec] : slowest.by_op) r.by_op[op] = mbs * sec;
+  r.parts["bubble"] = pipe.step - mbs * (slowest.forward + slowest.backward);
+  double grad_sync = 0;
   const std::vector<int> data_dims = layout.stage_strategy.data_dims();
   if (!data_dims.empty() && slowest.grad_numel > 0) {
     std::vector<int64_t> members = layout.meshes[0].processes_along(layout.meshes[0].process_ids().front(),
                                                                     std::span<const int>(data_dims));
     std::vector<int> group(members.begin(), members.end());
-    r.grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
+    grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
                                            static_cast<int>(group.size()), plan::group_link(cluster, group));
   }
-  // AdamW: p, g, m, v read and p, m, v written, f32.
-  r.optimizer = plan::memory_seconds(cluster, 7 * 4.0 * static_cast<double>(slowest.numel));
-  r.step = pipe.step + r.grad_sync + r.optimizer;
+  // AdamW: the calibrated update rate, or p, g, m, v read and p, m, v written, f32.
+  r.parts["grad_sync"] = grad_sync;
+  const double numel = static_cast<double>(slowest.numel);
+  r.parts["optimizer"] = cluster.optimizer_elements_per_s > 0 ? numel / cluster.optimizer_elements_per_s
+                                                               : plan::memory_seconds(cluster, 7 * 4.0 * numel);
+  r.step = pipe.step + grad_sync + r.parts["optimizer"];
+  r.by_op["optimizer adamw"] = r.parts["optimizer"];
   r.tokens_per_s = static_cast<double>(tc.optimizer.global_batch * c.seq) / r.step;
   r.mfu = r.flops / r.step / cluster.peak(dtype);
   return r;
 }
 
-}  // namespace
+std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstimate& e) {
+  std::vector<std::pair<std::string, double>> out;
+  const char* last[] = {"grad_sync", "optimizer", "bubble"};
+  if (e.parts.contains("compute")) out.push_back({"compute", e.parts.at("compute")});
+  for (const auto& [name, sec] : e.parts) {
+    if (name != "compute" && std::find(std::begin(last), std::end(last), name) == std::end(last)) out.push_back({name, sec});
+  }
+  for (const char* name : last)
+    if (e.parts.contains(name)) out.push_back({name, e.parts.at(name)});
+  return out;
+}
 
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, std::ostream& out) {
+int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, bool analytic, std::ostream& out) {
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);
   const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
-  const Prediction r = predict(tc, cluster);
-  std::vector<std::pair<std::string, double>> parts = {{"compute", r.compute}};
-  for (const auto& [kind, sec] : r.collectives) parts.push_back({kind, sec});
-  parts.push_back({"grad_sync", r.grad_sync});
-  parts.push_back({"optimizer", r.optimizer});
-  parts.push_back({"bubble", r.bubble});
+  const plan::StepEstimate r = analytic ? predict_analytic(tc, cluster) : predict_program(tc, cluster);
+  const std::vector<std::pair<std::string, double>> parts = ordered_parts(r);
   if (options.logging.json) {
     nlohmann::json shares = nlohmann::json::object();
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
     out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
-                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}})
+                           {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op},
+                           {"model", analytic ? "analytic" : "programs"}})
                .dump(1)
         << "\n";
     return 0;
   }
-  out << fmt::format("predicted on {}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (matmul FLOPs of a rank {:.4g})\n",
-                     cluster.name, r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
+  out << fmt::format("predicted on {}{}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (counted FLOPs of a rank {:.4g})\n",
+                     cluster.name, analytic ? " by the analytic model" : "", r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
   for (const auto& [name, sec] : parts) out << fmt::format("  {:<24} {:>10.4g} s  {:>5.1f}%\n", name, sec, 100 * sec / r.step);
   return 0;
 }
