@@ -85,9 +85,6 @@ constexpr const char* kLoraTargetsHelp =
     "Llama's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; Mixtral's experts.gate_up_proj, "
     "experts.down_proj (PEFT's target_parameters); or all-linear. Default: PEFT's for the model (c_attn; q_proj,v_proj)";
 
-constexpr const char* kConfigHelp =
-    "read options from a TOML file: `key = value` lines, keys are the long option names, in the sections below "
-    "([model], [parallel], ...) or in none; paths resolve from the file; the command line wins";
 constexpr const char* kAutoHelp =
     "choose the mesh, --sp, --sharding-stage, --recompute, the batch split, the schedule and --overlap-grad-reduce "
     "as `plan --auto` finds fastest on --ranks devices of this machine's calibration (docs/planner.md); the run "
