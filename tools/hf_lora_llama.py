@@ -35,6 +35,8 @@ GOLDEN = os.path.join(ROOT, "tests", "golden", "hf")
 # name, options, mesh of the training run, whether `ckpt lora-merge` merges it (not an expert adapter)
 CASES = [("llama", ["--lora-targets", "all-linear", "--lora-rslora"], "dp=2,tp=2", True),
          ("qwen2", [], "dp=2,tp=2", True),
+         ("qwen3", ["--lora-targets", "all-linear"], "dp=2,tp=2", True),
+         ("mistral", [], "dp=2,tp=2", True),
          ("mixtral", ["--lora-targets", "q_proj,v_proj,experts.gate_up_proj,experts.down_proj"], "dp=2,ep=2", False)]
 
 

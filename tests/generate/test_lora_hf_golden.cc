@@ -1,6 +1,8 @@
 // PEFT on shardwise's Llama-builder adapters, replayed without PyPI. tests/golden/hf/lora_llama
-// (all-linear, rsLoRA, on llama_tiny) and lora_qwen2 (PEFT's default targets q_proj and v_proj, on
-// qwen2_tiny: its q/k/v biases frozen) are adapters shardwise trained on dp=2 x tp=2 and saved;
+// (all-linear, rsLoRA, on llama_tiny), lora_qwen2 (PEFT's default targets q_proj and v_proj, on
+// qwen2_tiny: its q/k/v biases frozen), lora_qwen3 (all-linear on qwen3_tiny: the k_proj adapter
+// before the per-head k norm) and lora_mistral (the default targets on mistral_tiny) are adapters
+// shardwise trained on dp=2 x tp=2 and saved;
 // tools/hf_lora_llama.py loaded each into transformers with PeftModel.from_pretrained (no warning:
 // PEFT's keys and config) and recorded PEFT's loss on the base's token file, and the last logits
 // and greedy tokens of PEFT's merge_and_unload. Here: the adapter gives PEFT's loss on every mesh,
@@ -45,8 +47,8 @@ double adapted_loss(const std::string& name, const std::string& mesh) {
   return loss;
 }
 
-TEST(LoraHfGolden, ShardwisesLlamaAndQwen2AdaptersGivePeftsLossOnEveryMesh) {
-  for (const std::string name : {"llama", "qwen2"}) {
+TEST(LoraHfGolden, ShardwisesLlamaQwenAndMistralAdaptersGivePeftsLossOnEveryMesh) {
+  for (const std::string name : {"llama", "qwen2", "qwen3", "mistral"}) {
     const double want = expected(name)["loss"].get<double>();
     for (const std::string mesh : {"dp=1", "tp=2", "dp=2,tp=2"})
       EXPECT_NEAR(adapted_loss(name, mesh), want, 1e-5 * want) << name << " on " << mesh;
@@ -76,7 +78,8 @@ TEST(LoraHfGolden, ShardwisesMixtralExpertAdaptersGivePeftsLossOnEveryMeshAndLor
 }
 
 TEST(LoraHfGolden, LoraMergeGivesMergeAndUnloadsLogitsAndGreedyTokens) {
-  for (auto [name, modules] : {std::pair{"llama", 14u}, std::pair{"qwen2", 4u}}) {
+  for (auto [name, modules] :
+       {std::pair{"llama", 14u}, std::pair{"qwen2", 4u}, std::pair{"qwen3", 14u}, std::pair{"mistral", 4u}}) {
     const fs::path out = fs::temp_directory_path() / (std::string("sw_lora_hf_merged_") + name);
     fs::remove_all(out);
     EXPECT_EQ(ckpt::lora_merge(kHfGoldenDir + "/" + name + "_tiny", kHfGoldenDir + "/lora_" + name, out, {}), modules)
