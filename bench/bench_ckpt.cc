@@ -32,7 +32,7 @@ constexpr int64_t kRows = 4096, kCols = 4096;  // 64 MiB of F32
 ckpt::CheckpointContent content(int rank, int ranks, int tensors, int64_t step, bool dp_tp) {
   ckpt::CheckpointContent c;
   c.step = step;
-  c.groups.push_back({"model", {}});
+  c.groups.push_back({"model", {}, {}});
   mesh::ProcessMesh m = dp_tp ? mesh::ProcessMesh(Shape{2, 2}) : mesh::ProcessMesh(Shape{ranks});
   mesh::DistAttr d = mesh::parse_dist(dp_tp ? "R,S(0)" : "S(0)", m.ndim());
   auto coords = m.coords(m.rank_index_of_process(rank));

@@ -111,7 +111,7 @@ inline CheckpointContent content_for(const std::vector<GlobalTensor>& model, con
   for (const auto& t : model) {
     auto it = std::find_if(c.groups.begin(), c.groups.end(), [&](const TensorGroup& g) { return g.name == t.group; });
     if (it == c.groups.end()) {
-      c.groups.push_back({t.group, {}});
+      c.groups.push_back({t.group, {}, {}});
       it = c.groups.end() - 1;
     }
     reshard::Layout l = layout_of(topo, t.name);

@@ -217,7 +217,7 @@ TEST(AsyncSaver, SavesWhatTheCallerHadAndRaisesWriterErrorsAtTheNextSave) {
   for (const auto& t : model) {
     auto loaded = load_group(scratch.path / "checkpoint-1", t.group,
                              std::vector<LoadSpec>{{t.name, t.value.shape(), t.value.dtype(), layout_of(topologies()[0], t.name)}},
-                             0, LoadOptions{{"*"}, false});
+                             0, LoadOptions{{"*"}, false, {}});
     EXPECT_TRUE(bit_equal(loaded.at(t.name), t.value)) << t.name;
   }
   // A failure in the background writer (injected at its 3rd durable step) surfaces at the next save.

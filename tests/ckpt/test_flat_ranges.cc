@@ -206,7 +206,7 @@ TEST(FlatRanges, RangesThatLeaveAHoleAreRefusedOnEveryRankNamingTheElements) {
     std::memcpy(part.raw(), global.raw() + r.begin * 4, static_cast<size_t>(r.count) * 4);
     CheckpointContent content;
     content.step = 1;
-    content.groups.push_back({"optimizer", {{"w/exp_avg", global.shape(), DType::F32, l, part, r}}});
+    content.groups.push_back({"optimizer", {{"w/exp_avg", global.shape(), DType::F32, l, part, r}}, {}});
     try {
       save_checkpoint(c, scratch.path, content);
     } catch (const Error& e) {
@@ -225,7 +225,7 @@ TEST(FlatRanges, RangesThatLeaveAHoleAreRefusedOnEveryRankNamingTheElements) {
     const reshard::Layout one{mesh::parse_mesh("1"), mesh::parse_dist("R", 1)};
     CheckpointContent content;
     content.step = 2;
-    content.groups.push_back({"optimizer", {{"w", global.shape(), DType::F32, one, Tensor(DType::F32, Shape{6}), FlatRange{16, 6}}}});
+    content.groups.push_back({"optimizer", {{"w", global.shape(), DType::F32, one, Tensor(DType::F32, Shape{6}), FlatRange{16, 6}}}, {}});
     try {
       save_checkpoint(c, scratch.path, content);
       ADD_FAILURE() << "saved";

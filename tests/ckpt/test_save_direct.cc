@@ -119,7 +119,9 @@ TEST(StreamedWrite, SameBytesAndDigestsAsTheConcatenationOnBothPaths) {
       }
     }
     std::cout << dir << ": O_DIRECT " << (direct_ok ? "taken" : "refused") << "\n";
-    if (dir == two.ramfs) EXPECT_FALSE(direct_ok);
+    if (dir == two.ramfs) {
+      EXPECT_FALSE(direct_ok);
+    }
     // An empty file, and one under a block (all of it the padded last block).
     for (size_t n : {size_t{0}, size_t{100}}) {
       std::vector<WriteSegment> small = {{0, source.data() + 3, n}};

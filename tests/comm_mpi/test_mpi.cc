@@ -150,7 +150,9 @@ TEST(MpiComm, EveryRankGetsTheSameBits) {
         if (op == Reduce::Max || op == Reduce::Min) {
           // As in the local backend: NaN wins; max(-0, +0) = +0 and min(-0, +0) = -0.
           for (int64_t i = 5; i < count; i += 211) {
-            if (i % 101 != 7) EXPECT_TRUE(std::isnan(got_at(i))) << "element " << i;
+            if (i % 101 != 7) {
+              EXPECT_TRUE(std::isnan(got_at(i))) << "element " << i;
+            }
           }
           for (int64_t i = 7; i < count; i += 101) {
             if (i % 211 == 5) continue;

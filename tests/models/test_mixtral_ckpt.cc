@@ -331,7 +331,9 @@ TEST(MixtralCkpt, DenseLayersAmongMoeOnesSaveResumeAndInitFromAsShardwiseMixtral
     init_from_model(t, *world, dir);
     for (ParamState& p : t.params()) {
       Tensor g = t.gather_param(p.name);
-      if (w.rank() == 0) EXPECT_TRUE(same_bits(g, saved.at(p.name))) << p.name;
+      if (w.rank() == 0) {
+        EXPECT_TRUE(same_bits(g, saved.at(p.name))) << p.name;
+      }
     }
   });
   TrainConfig every = moe("dp=1");

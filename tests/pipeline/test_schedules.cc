@@ -95,7 +95,7 @@ TEST(Schedules, PeakActivationsFThenBHoldsEveryMicroBatch1F1BAtMostTheStages) {
   // Bytes per stage: a rank holding two stages adds both.
   SimOptions o;
   o.stages = {StageCosts{1, 2, 1, 1, 100, 0}, StageCosts{1, 2, 1, 1, 10, 0}};
-  SimResult one = simulate(fthenb(1, 3), SimOptions{{StageCosts{1, 2, 1, 1, 7, 0}}});
+  SimResult one = simulate(fthenb(1, 3), SimOptions{{StageCosts{1, 2, 1, 1, 7, 0}}, 0, {}});
   EXPECT_EQ(one.ranks[0].peak_bytes, 21);
   SimResult two = simulate(fthenb(2, 3), o);
   EXPECT_EQ(two.ranks[0].peak_bytes, 300);

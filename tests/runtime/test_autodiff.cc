@@ -161,7 +161,9 @@ TEST(Autodiff, OutputsWithoutAGradientStandInForTheirOwnAndAddNoFill) {
   graph::append_backward(g, g.get("loss"));
   int backward_nodes = 0;
   for (const graph::Node& n : g.nodes()) {
-    if (n.kind == graph::NodeKind::Fill) EXPECT_NE(g.value(n.outputs[0]).meta.shape, (Shape{9, 4})) << "a fill of dW's size";
+    if (n.kind == graph::NodeKind::Fill) {
+      EXPECT_NE(g.value(n.outputs[0]).meta.shape, (Shape{9, 4})) << "a fill of dW's size";
+    }
     if (n.kind != graph::NodeKind::Backward || n.op != "lm_head_cross_entropy") continue;
     ++backward_nodes;
     ASSERT_EQ(n.inputs.size(), 9u);  // h, W, labels, 3 outputs, 3 output grads

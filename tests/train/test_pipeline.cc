@@ -121,7 +121,7 @@ TEST(Pipeline, GradientsOfEveryScheduleEqualTheSingleRankRun) {
   for (const char* mesh : {"pp=2", "pp=4"}) {
     for (const char* schedule : {"fthenb", "1f1b", "interleaved", "zbh1"}) {
       if (std::string(schedule) == "interleaved" && std::string(mesh) == "pp=4") continue;  // 4 layers < 8 stages
-      PipelineConfig pc{schedule, std::string(schedule) == "interleaved" ? 2 : 1, true, true};
+      PipelineConfig pc{schedule, std::string(schedule) == "interleaved" ? 2 : 1, true, true, {}};
       PipelineStep r = run_pipeline(model, mesh, pc, data);
       expect_same_grads(r.grads, ref, fmt::format("{} on {}", schedule, mesh));
       EXPECT_TRUE(r.problems.empty()) << fmt::format("{}", fmt::join(r.problems, "\n"));
@@ -129,7 +129,7 @@ TEST(Pipeline, GradientsOfEveryScheduleEqualTheSingleRankRun) {
   }
   // Interleaved on pp=4 with 2 virtual stages per rank: 8 layers, one per stage.
   GptConfig eight = small_model(8);
-  PipelineStep r = run_pipeline(eight, "pp=4", PipelineConfig{"interleaved", 2, true, true}, data);
+  PipelineStep r = run_pipeline(eight, "pp=4", PipelineConfig{"interleaved", 2, true, true, {}}, data);
   expect_same_grads(r.grads, single_rank_grads(eight, data), "interleaved v=2 on pp=4");
   EXPECT_TRUE(r.problems.empty()) << fmt::format("{}", fmt::join(r.problems, "\n"));
 }
@@ -142,7 +142,7 @@ TEST(Pipeline, OneMicroBatchGivesTheSingleRankGradientsBitForBit) {
   AdditionTask data(2, model.seq, kSeed);
   auto ref = single_rank_grads(model, data, 1);
   for (const char* mesh : {"dp=1", "pp=2"}) {
-    PipelineStep r = run_pipeline(model, mesh, PipelineConfig{"1f1b", 1, true, true}, data, 1);
+    PipelineStep r = run_pipeline(model, mesh, PipelineConfig{"1f1b", 1, true, true, {}}, data, 1);
     ASSERT_EQ(r.grads.size(), ref.size()) << mesh;
     for (const auto& [name, g] : ref) {
       CompareResult c = compare(r.grads.at(name), g, 0, 0);
@@ -158,7 +158,7 @@ TEST(Pipeline, MeasuredPeakActivationsEqualTheSimulatorWithAndWithoutRelease) {
   std::map<std::string, int64_t> first_rank_peak;
   for (bool release : {true, false}) {
     for (const char* schedule : {"fthenb", "1f1b", "zbh1"}) {
-      PipelineStep r = run_pipeline(model, "pp=2", PipelineConfig{schedule, 1, release, false}, data);
+      PipelineStep r = run_pipeline(model, "pp=2", PipelineConfig{schedule, 1, release, false, {}}, data);
       EXPECT_TRUE(r.problems.empty()) << fmt::format("{}", fmt::join(r.problems, "\n"));
       first_rank_peak[fmt::format("{}/{}", schedule, release)] = r.peaks[0];
     }

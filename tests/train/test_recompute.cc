@@ -48,7 +48,7 @@ Step run(const GptConfig& model, const std::string& mesh, bool sp, const std::st
   Step out;
   Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(mesh), sp);
   AdditionTask data(2, model.seq, kSeed);
-  PipelineConfig pc{schedule, schedule == "interleaved" ? 2 : 1, true, true};  // released tensors poisoned
+  PipelineConfig pc{schedule, schedule == "interleaved" ? 2 : 1, true, true, {}};  // released tensors poisoned
   std::mutex mu;
   comm::LocalWorld::run(static_cast<int>(strategy.mesh.size()), [&](comm::Communicator& world) {
     StagedGpt m(model, strategy, pc, kMicroBatch * strategy.dp_size(), kMicroBatches, kSeed, causal_mask(model.seq),

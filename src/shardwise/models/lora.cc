@@ -41,7 +41,7 @@ ModelModules gpt_modules(const GptConfig& c) {
   for (int64_t layer = 0; layer < c.layers; ++layer) {
     for (const Kind& k : kKinds) {
       LoraModule m{fmt::format("transformer.h.{}.{}", layer, k.suffix), k.in_mult * c.hidden, k.out_mult * c.hidden,
-                   k.column, {}};
+                   k.column, {}, 0, {}};
       const std::string attn = fmt::format("transformer.h.{}.attn.", layer);
       if (std::string(k.suffix) == "attn.c_attn") m.parts = {attn + "q_proj", attn + "k_proj", attn + "v_proj"};
       else m.parts = {m.path};
@@ -68,7 +68,7 @@ ModelModules llama_modules(const GptConfig& c) {
   for (int64_t layer = 0; layer < c.layers; ++layer) {
     const std::string p = fmt::format("model.layers.{}.", layer);
     auto add = [&](const std::string& name, int64_t in, int64_t n_out, bool column) {
-      out.linear.push_back(LoraModule{p + name, in, n_out, column, {p + name}});
+      out.linear.push_back(LoraModule{p + name, in, n_out, column, {p + name}, 0, {}});
     };
     add("self_attn.q_proj", H, Q, true), add("self_attn.k_proj", H, KV, true), add("self_attn.v_proj", H, KV, true);
     add("self_attn.o_proj", Q, H, false);
