@@ -260,7 +260,8 @@ class Trainer:
 
     def memory_plan(self):
         """The per-rank memory plan (`shardwise plan --memory --json`) as a dict."""
-        return json.loads(_core._memory_plan(self.config.args, self._builder, self._description))
+        return json.loads(_core._memory_plan(self.config.args, self._builder, self._description,
+                                             list(self._specs or ())))
 
     @property
     def metrics(self):

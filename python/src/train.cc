@@ -307,9 +307,10 @@ class StepwiseRun {
 };
 
 // `shardwise plan --memory --json` of the run the words describe (of a Python model's, with `model`).
-std::string memory_plan(const std::vector<std::string>& args, nb::handle model, const std::string& description) {
+std::string memory_plan(const std::vector<std::string>& args, nb::handle model, const std::string& description,
+                        const std::vector<std::string>& feeds) {
   cli::ParsedTrain parsed = cli::parse_train_args(args);
-  if (!model.is_none()) parsed.options.config.model.custom = python_model(model, description, "");
+  if (!model.is_none()) parsed.options.config.model.custom = python_model(model, description, "", feeds);
   parsed.options.logging.json = true;
   std::ostringstream out;
   nb::gil_scoped_release release;
@@ -330,7 +331,8 @@ void bind_train(nb::module_& m) {
   m.def("_train", &train_run, nb::arg("args"), nb::arg("on_step").none(),
         "Runs `shardwise train ARGS`; on_step(metrics JSON line) on each step. The outcome as JSON text.");
   m.def("_memory_plan", &memory_plan, nb::arg("args"), nb::arg("model").none() = nb::none(),
-        nb::arg("description") = "", "`shardwise plan --memory --json ARGS`'s JSON text (of a Python model's run).");
+        nb::arg("description") = "", nb::arg("feeds") = std::vector<std::string>{},
+        "`shardwise plan --memory --json ARGS`'s JSON text (of a Python model's run; `feeds`: its fed inputs).");
   nb::class_<StepwiseRun>(m, "_StepwiseRun")
       .def(nb::init<const std::vector<std::string>&, nb::handle, const std::string&, const std::string&,
                     const std::vector<std::string>&>(),

@@ -91,6 +91,7 @@ def test_a_wrong_batch_is_an_error_naming_the_input(tmp_path):
         with pytest.raises(sw.UsageError, match="no batch for this step"):
             trainer.step()
         assert trainer.step(batch=good).step == 1  # the run goes on after the refused batches
+        assert trainer.memory_plan()  # planned with the fed inputs, not the loader's ids
     with pytest.raises(sw.UsageError, match=r"ViT.forward cannot take the batch's inputs \['image', 'labels'\]"):
         sw.Trainer(model=model, inputs={"image": good["patches"], "labels": good["labels"]}, steps=1,
                    run_dir=tmp_path / "s", **RUN)
@@ -100,3 +101,14 @@ def test_data_naming_files_is_still_the_data_option(tmp_path):
     # A path (or a list of them) is `--data`: token files for the loader, not batches.
     with pytest.raises(sw.Error, match="missing.bin"):
         sw.Trainer(data=str(tmp_path / "missing.bin"), steps=1, run_dir=tmp_path / "r", progress="none")
+
+
+def test_trace_takes_an_example_batch_and_a_pp_mesh_is_refused(tmp_path):
+    vit = vit_tiny()
+    model = vit.ViT(**SIZE)
+    batch = vit.synthetic_batches(model, RUN["global_batch"], 1)[0]
+    graph = sw.trace(model, mesh="dp=2,tp=2", batch=8, inputs=batch)
+    assert graph.loss.shape == ()
+    assert "patches (input f32 8x4x12): [S(0),R]" in graph.explain("patches")  # rows over dp
+    with pytest.raises(sw.Error, match="not cut into pipeline stages yet"):
+        sw.Trainer(model=model, inputs=batch, mesh="pp=2", steps=1, run_dir=tmp_path / "pp", **RUN)
