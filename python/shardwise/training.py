@@ -214,15 +214,13 @@ class Trainer:
     def step(self, batch=None):
         """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics.
         `batch`: this step's batch for a model fed batches of its own (default: the next of `data`)."""
-        arrays = self._batch(batch)
-        return self._stopping(lambda: Metrics(json.loads(self._sited(self._run.step, arrays))))
+        if self._specs is None and batch is not None:
+            raise _core.UsageError("step(batch=...) is for a model fed batches of its own: give the Trainer "
+                                   "data= or inputs= (an example batch)")
+        fed = () if self._specs is None else (self._batch(batch),)  # none: the loader's batches
+        return self._stopping(lambda: Metrics(json.loads(self._sited(self._run.step, *fed))))
 
     def _batch(self, batch):
-        if self._specs is None:
-            if batch is not None:
-                raise _core.UsageError("step(batch=...) is for a model fed batches of its own: give the Trainer "
-                                       "data= or inputs= (an example batch)")
-            return {}
         if batch is None:
             if self._next is not None:
                 batch, self._next = self._next, None

@@ -112,3 +112,11 @@ def test_trace_takes_an_example_batch_and_a_pp_mesh_is_refused(tmp_path):
     assert "patches (input f32 8x4x12): [S(0),R]" in graph.explain("patches")  # rows over dp
     with pytest.raises(sw.Error, match="not cut into pipeline stages yet"):
         sw.Trainer(model=model, inputs=batch, mesh="pp=2", steps=1, run_dir=tmp_path / "pp", **RUN)
+
+
+def test_a_batch_for_a_model_on_token_ids_is_refused(tmp_path):
+    with sw.Trainer(steps=1, global_batch=8, digits=2, layers=1, hidden=32, heads=2, progress="none",
+                    run_dir=tmp_path / "r") as trainer:
+        with pytest.raises(sw.UsageError, match="for a model fed batches of its own"):
+            trainer.step(batch={"x": np.zeros((8, 2), np.float32)})
+        assert trainer.step().step == 1
