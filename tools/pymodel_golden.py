@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""The PyTorch reference of examples/gptj.py (a model written only in Python with shardwise.nn): the
-same GPT-J-style model in eager float32 PyTorch, from the same initial weights and batches, trained
-20 steps with the same AdamW, clipping and learning-rate schedule; the losses go to a small golden
-file that python/tests/test_models.py replays (within 1e-4 relative). Not part of `make test`.
+"""The PyTorch references of examples/gptj.py and examples/vit_tiny.py (models written only in Python
+with shardwise.nn): the same model in eager float32 PyTorch, from the same initial weights and
+batches, trained 20 steps with the same AdamW, clipping and learning-rate schedule; the losses go to
+a small golden file that python/tests/test_models.py and test_fed_batches.py replay (within 1e-4
+relative). Not part of `make test`.
 
 Two steps, two interpreters (shardwise's package has no PyTorch; PyTorch's venv has no shardwise):
 
     PYTHONPATH=<shardwise package> python3 tools/pymodel_golden.py export /tmp/gptj_inputs.npz
     /work/hfvenv/bin/python tools/pymodel_golden.py torch /tmp/gptj_inputs.npz tests/golden/gptj_losses.json
 
+and for the ViT (classification head; `reward`: the mean-squared-error head) `export-vit HEAD NPZ`
+and `torch-vit NPZ tests/golden/vit_<HEAD>_losses.json`.
+
 `export` writes the initial parameters by name (as the run draws them), the batches of every step
-(as its loader reads them) and the configuration; `torch` trains on them.
+(as its loader reads them, or the example's synthetic batches) and the configuration; `torch`
+trains on them.
 """
 import importlib.util
 import json
@@ -25,13 +30,30 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 OPTIONS = {"mesh": "dp=1", "digits": 2, "seq": 12, "vocab": 128, "steps": 20, "global_batch": 8, "lr": 3e-3,
            "min_lr": 3e-4, "warmup": 5, "weight_decay": 0.1, "clip": 1.0, "seed": 20261122}
 MODEL = {"layers": 2, "hidden": 32, "heads": 2}
+# The ViT's run: batches of its own (no loader), and its size.
+VIT_OPTIONS = {"mesh": "dp=1", "steps": 20, "global_batch": 8, "lr": 3e-3, "min_lr": 3e-4, "warmup": 5,
+               "weight_decay": 0.1, "clip": 1.0, "seed": 20261122}
+VIT_MODEL = {"patches": 4, "patch_dim": 12, "hidden": 16, "heads": 2, "layers": 2, "classes": 4}
 
 
-def load_gptj():
-    spec = importlib.util.spec_from_file_location("gptj", REPO / "examples" / "gptj.py")
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_gptj():
+    return load_example("gptj")
+
+
+def initial_values(model, seed):
+    """The model's initial parameters by name ("param.<name>"), as the run draws them."""
+    from shardwise import _core
+
+    model.name_parameters()
+    return {f"param.{name}": _core._initial_value(name, p.shape, p.std, p.value, seed)
+            for name, p in model.named_parameters()}
 
 
 def export(out_path):
@@ -39,11 +61,8 @@ def export(out_path):
     from shardwise import _core
 
     model = load_gptj().GPTJ(vocab=OPTIONS["vocab"], **MODEL)
-    model.name_parameters()
     config = sw.TrainConfig(**OPTIONS)
-    arrays = {}
-    for name, p in model.named_parameters():
-        arrays[f"param.{name}"] = _core._initial_value(name, p.shape, p.std, p.value, OPTIONS["seed"])
+    arrays = initial_values(model, OPTIONS["seed"])
     for step, (ids, labels) in enumerate(_core._batches(config.args, OPTIONS["steps"])):
         arrays[f"batch.{step}.ids"], arrays[f"batch.{step}.labels"] = ids, labels
     resolved = config.to_dict()
@@ -53,17 +72,35 @@ def export(out_path):
     print(f"wrote {len(arrays)} arrays to {out_path}")
 
 
+def torch_inputs(in_path):
+    """The exported configuration, batches and parameters (torch tensors by name) of `export`."""
+    import torch
+
+    data = np.load(in_path)
+    torch.set_num_threads(1)
+    p = {k[len("param."):]: torch.tensor(data[k], requires_grad=True) for k in data.files if k.startswith("param.")}
+    return json.loads(str(data["config"])), data, p
+
+
+def train_and_write(cfg, p, data, forward, model, out_path):
+    """Trains with the GPT golden's optimizer, schedule and clipping; writes the losses."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests" / "golden"))
+    from gpt_parity import train_steps
+
+    losses = train_steps(cfg, p, data, forward)
+    with open(out_path, "w") as f:
+        json.dump({"generator": "tools/pymodel_golden.py with torch " + torch.__version__, "model": model,
+                   "config": cfg, "losses": losses}, f, indent=1)
+        f.write("\n")
+
+
 def train_torch(in_path, out_path):
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, str(REPO / "tests" / "golden"))
-    from gpt_parity import train_steps  # the GPT golden's optimizer, schedule and clipping
-
-    data = np.load(in_path)
-    cfg = json.loads(str(data["config"]))
-    torch.set_num_threads(1)
-    p = {k[len("param."):]: torch.tensor(data[k], requires_grad=True) for k in data.files if k.startswith("param.")}
+    cfg, data, p = torch_inputs(in_path)
     L, H, NH, S, V = cfg["layers"], cfg["hidden"], cfg["heads"], cfg["seq"], cfg["vocab"]
     HD = H // NH
 
@@ -97,11 +134,60 @@ def train_torch(in_path, out_path):
         logits = ln(x, "transformer.ln_f") @ p["lm_head.weight"].T
         return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="sum") / labels.numel()
 
-    losses = train_steps(cfg, p, data, forward)
-    with open(out_path, "w") as f:
-        json.dump({"generator": "tools/pymodel_golden.py with torch " + torch.__version__, "model": "examples/gptj.py",
-                   "config": cfg, "losses": losses}, f, indent=1)
-        f.write("\n")
+    train_and_write(cfg, p, data, forward, "examples/gptj.py", out_path)
+
+
+def export_vit(head, out_path):
+    """The ViT's initial parameters, its synthetic batches ("batch.<k>.ids" the patches, ".labels"
+    the labels) and configuration."""
+    import shardwise as sw
+
+    vit = load_example("vit_tiny")
+    model = vit.ViT(**VIT_MODEL, head_loss=head)
+    arrays = initial_values(model, VIT_OPTIONS["seed"])
+    for step, batch in enumerate(vit.synthetic_batches(model, VIT_OPTIONS["global_batch"], VIT_OPTIONS["steps"])):
+        arrays[f"batch.{step}.ids"], arrays[f"batch.{step}.labels"] = batch["patches"], batch["labels"]
+    resolved = sw.TrainConfig(**VIT_OPTIONS).to_dict()
+    cfg = dict(VIT_MODEL, **VIT_OPTIONS, head_loss=head, beta1=resolved["beta1"], beta2=resolved["beta2"],
+               epsilon=1e-8, total_steps=VIT_OPTIONS["steps"])
+    np.savez(out_path, config=np.array(json.dumps(cfg)), **arrays)
+    print(f"wrote {len(arrays)} arrays to {out_path}")
+
+
+def train_torch_vit(in_path, out_path):
+    import torch
+    import torch.nn.functional as F
+
+    cfg, data, p = torch_inputs(in_path)
+    H, NH, P = cfg["hidden"], cfg["heads"], cfg["patches"]
+    HD = H // NH
+
+    def ln(x, name):
+        return F.layer_norm(x, (H,), p[name + ".weight"], p[name + ".bias"], 1e-5)
+
+    def linear(x, name):
+        return x @ p[name + ".weight"] + p[name + ".bias"]
+
+    def block(x, pre):
+        """Pre-LayerNorm encoder block: bidirectional attention (no mask), then the GELU MLP."""
+        B = x.shape[0]
+        h = ln(x, pre + ".ln_1")
+        q, k, v = (linear(h, f"{pre}.attn.{n}").reshape(B, P, NH, HD).transpose(1, 2) for n in "qkv")
+        ctx = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD), dim=-1) @ v
+        x = x + linear(ctx.transpose(1, 2).reshape(B, P, H), pre + ".attn.proj")
+        fc = F.gelu(linear(ln(x, pre + ".ln_2"), pre + ".mlp.c_fc"), approximate="tanh")
+        return x + linear(fc, pre + ".mlp.c_proj")
+
+    def forward(patches, labels):
+        x = linear(patches, "patch_embed") + p["pos_embed"]
+        for layer in range(cfg["layers"]):
+            x = block(x, f"encoder.{layer}")
+        out = linear(ln(x, "ln_f").mean(dim=1), "head")
+        if cfg["head_loss"] == "classes":
+            return F.cross_entropy(out, labels)
+        return ((out.reshape(-1) - labels) ** 2).mean()
+
+    train_and_write(cfg, p, data, forward, "examples/vit_tiny.py", out_path)
 
 
 def main():
@@ -109,6 +195,10 @@ def main():
         export(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "torch":
         train_torch(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "export-vit" and sys.argv[2] in ("classes", "reward"):
+        export_vit(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "torch-vit":
+        train_torch_vit(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)
 

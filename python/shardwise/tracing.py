@@ -1,9 +1,15 @@
 """A model written with shardwise.nn traced into the graph the Trainer runs: the inputs "ids" and
 "labels" [B, S] i64 (the batch split over the data dims dp and ep, as the built-in models' are),
 ``model(ids, labels)`` giving the scalar mean loss. The Trainer calls the builder once per mesh and
-micro-batch size, on its ranks' behalf (Trainer(model=...)); ``trace`` does the same by hand."""
+micro-batch size, on its ranks' behalf (Trainer(model=...)); ``trace`` does the same by hand.
+
+A model fed batches of its own (Trainer(model=..., data=...)) takes instead the inputs its batches
+name, by name (``model(patches=..., labels=...)``), each [B, ...] with the batch's per-sample shape
+and dtype, split over the data dims as ids are."""
 import inspect
 import traceback
+
+import numpy as np
 
 from . import _core
 from .graph import Graph, tracing
@@ -20,26 +26,74 @@ def _boundary(graph, t):
     return t
 
 
-def trace_into(graph, model, sequences, seq):
-    """Builds `model`'s graph for a micro-batch of `sequences` x `seq` tokens into `graph`; the loss Tensor."""
+_DTYPES = {np.dtype(n): s for n, s in (("float32", "f32"), ("float64", "f64"), ("float16", "f16"), ("int64", "i64"),
+                                        ("int32", "i32"), ("int8", "i8"), ("uint8", "u8"), ("bool", "bool"))}
+
+
+def input_specs(batch):
+    """{name: (per-sample shape, dtype)} of a batch (a dict of arrays [B, ...])."""
+    if not isinstance(batch, dict) or not batch:
+        raise _core.UsageError(f"a batch is a dict of arrays by input name, got {type(batch).__name__}")
+    specs = {}
+    for name, value in batch.items():
+        array = np.asarray(value)
+        if array.ndim < 1 or array.dtype not in _DTYPES:
+            raise _core.UsageError(f"the batch's '{name}' must be an array [batch, ...] of a dtype shardwise computes "
+                                   f"on, got shape {array.shape} dtype {array.dtype}")
+        specs[name] = (tuple(array.shape[1:]), _DTYPES[array.dtype])
+    return specs
+
+
+def check_batch(batch, specs, rows):
+    """The batch's arrays by name (read in place), each checked against its spec: [rows, *shape] of the dtype."""
+    if not isinstance(batch, dict) or set(batch) != set(specs):
+        got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise _core.UsageError(f"the batch must have the inputs {sorted(specs)}, got {got}")
+    out = {}
+    for name, (shape, dtype) in specs.items():
+        array = np.asarray(batch[name])
+        if array.shape != (rows,) + shape or _DTYPES.get(array.dtype) != dtype:
+            raise _core.UsageError(f"the batch's '{name}' must be {dtype} of shape {(rows,) + shape} (the global "
+                                   f"batch's rows), got {array.dtype} of shape {array.shape}")
+        out[name] = array
+    return out
+
+
+def _model_inputs(model, seq, inputs):
+    if inputs is None:
+        return {"ids": ("ids", (seq,), "i64"), "labels": ("labels", (seq,), "i64")}, "ids, labels"
+    try:
+        inspect.signature(model.forward).bind(**inputs)
+    except TypeError as e:
+        where = _source_of(model) or type(model).__name__
+        raise _core.UsageError(f"{where}: {type(model).__name__}.forward cannot take the batch's inputs "
+                               f"{sorted(inputs)}: {e}") from None
+    return {name: (name, shape, dtype) for name, (shape, dtype) in inputs.items()}, ", ".join(inputs)
+
+
+def trace_into(graph, model, sequences, seq, inputs=None):
+    """Builds `model`'s graph for a micro-batch of `sequences` x `seq` tokens (or of `sequences` rows
+    of the batch's `inputs`, {name: (per-sample shape, dtype)}) into `graph`; the loss Tensor."""
     model.name_parameters()
+    feeds, names = _model_inputs(model, seq, inputs)
     with tracing(graph):
-        ids = _boundary(graph, graph.input("ids", (sequences, seq), "i64"))
-        labels = _boundary(graph, graph.input("labels", (sequences, seq), "i64"))
-        loss = model(ids, labels)
+        args = {key: _boundary(graph, graph.input(name, (sequences,) + tuple(shape), dtype))
+                for key, (name, shape, dtype) in feeds.items()}
+        loss = model(**args)
     if getattr(loss, "shape", None) != ():
         where = _source_of(model) or type(model).__name__
         got = f"shape {loss.shape}" if hasattr(loss, "shape") else type(loss).__name__
-        raise _core.UsageError(f"{where}: {type(model).__name__}.forward(ids, labels) must return the scalar mean "
+        raise _core.UsageError(f"{where}: {type(model).__name__}.forward({names}) must return the scalar mean "
                                f"loss, got {got}")
     return loss
 
 
-def trace(model, mesh=None, batch=2, seq=8, sequence_parallel=False):
+def trace(model, mesh=None, batch=2, seq=8, sequence_parallel=False, inputs=None):
     """The graph of `model` for one micro-batch of `batch` sequences of `seq` tokens on `mesh` (a
-    shardwise.graph.Graph: its nodes, values' sites); errors name the user's file and line."""
+    shardwise.graph.Graph: its nodes, values' sites); errors name the user's file and line.
+    `inputs`: an example batch (a dict of arrays) for a model fed batches of its own."""
     graph = Graph(mesh, sequence_parallel)
-    graph.loss = trace_into(graph, model, batch, seq)
+    graph.loss = trace_into(graph, model, batch, seq, None if inputs is None else input_specs(inputs))
     return graph
 
 
@@ -101,8 +155,9 @@ def trace_stage(graph, model, sequences, seq, training, part):
     return tuple(-1 if t is None else t.id for t in (loss, x_in, x_out, x_grad, extra)) + (tied,)
 
 
-def model_builder(model):
-    """The callable the native Trainer calls to trace `model` (python/src/graph.h python_model)."""
+def model_builder(model, inputs=None):
+    """The callable the native Trainer calls to trace `model` (python/src/graph.h python_model);
+    `inputs` ({name: (per-sample shape, dtype)}) for a model fed batches of its own."""
     graphs = []  # kept for error sites: value name -> user's line
 
     def build(native, sequences, seq, training, part):
@@ -111,7 +166,10 @@ def model_builder(model):
         graphs.append(graph)
         model.training = training
         if part[2] and part[3]:  # the whole model: one stage
-            return (trace_into(graph, model, sequences, seq).id, -1, -1, -1, -1, "")
+            return (trace_into(graph, model, sequences, seq, inputs).id, -1, -1, -1, -1, "")
+        if inputs is not None:
+            raise _core.UsageError(f"{describe(model)}: a model fed batches of its own is not cut into pipeline "
+                                   "stages yet: train it on a mesh without pp")
         return trace_stage(graph, model, sequences, seq, training, part)
 
     build.graphs = graphs

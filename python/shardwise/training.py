@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core
 from .graph import with_user_site
-from .tracing import describe, model_builder
+from .tracing import check_batch, describe, input_specs, model_builder
 
 
 def _word(value):
@@ -152,6 +152,11 @@ def _close_open_trainers():
         t.close()
 
 
+def _data_files(data):
+    paths = data if isinstance(data, (list, tuple)) and data else [data]
+    return all(isinstance(p, (str, os.PathLike)) for p in paths)
+
+
 class Trainer:
     """A run driven one step at a time: the same run as train() (run directory, metrics.jsonl,
     checkpoints when due, the progress lines), each step when step() asks for it. Close it (or use
@@ -165,20 +170,35 @@ class Trainer:
     for them. A KeyboardInterrupt raised between steps inside ``with Trainer(...)`` saves the same
     way on its way out."""
 
-    def __init__(self, config=None, model=None, model_config=None, **kwargs):
+    def __init__(self, config=None, model=None, model_config=None, data=None, inputs=None, **kwargs):
         """`model`: a shardwise.nn Module whose forward(ids, labels) gives the mean loss (trained in
         place of the built-in model, on [B, seq] batches of the run's data), or None (a string is
         the --model option: the built-in architecture). Its
-        checkpoints hold its parameters under their names, and `model_config` (a dict) as config.json."""
+        checkpoints hold its parameters under their names, and `model_config` (a dict) as config.json.
+
+        Batches of your own: `data` an iterable of batches or a callable (step index -> batch), a
+        batch a dict of arrays [global_batch, ...] by input name (NumPy, or anything np.asarray reads
+        in place: CPU torch tensors), each step taking the next; or `inputs` one example batch and
+        step(batch=...) each step. forward then takes the inputs by name and each rank gets its rows.
+        (`data` a path or a list of paths is the --data option: token files for the loader.)"""
+        if _data_files(data):
+            kwargs["data"], data = data, None
         if isinstance(model, str):  # `--model gpt2|llama`: the built-in architecture by name
             kwargs["model"], model = model, None
         if model is not None and config is None and hasattr(model, "blocks"):
             kwargs.setdefault("layers", len(model.blocks()))  # a pp mesh splits the blocks evenly
         self.config = _config(config, kwargs)
-        self._builder = None if model is None else model_builder(model)
+        self._data, self._next = data, None
+        if data is not None and not callable(data):
+            self._data = iter(data)
+            self._next = inputs = next(self._data)  # its shapes and dtypes: the model's inputs
+        elif callable(data) and inputs is None:
+            inputs = data(0)
+        self._specs = None if inputs is None or model is None else input_specs(inputs)
+        self._builder = None if model is None else model_builder(model, self._specs)
         self._description = "" if model is None else describe(model)
         self._run = self._sited(_core._StepwiseRun, self.config.args, self._builder, self._description,
-                                "" if model_config is None else json.dumps(model_config))
+                                "" if model_config is None else json.dumps(model_config), list(self._specs or ()))
         self._closed = False
         _open_trainers.add(self)
 
@@ -191,9 +211,26 @@ class Trainer:
             self._run.interrupt()
             raise
 
-    def step(self):
-        """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics."""
-        return self._stopping(lambda: Metrics(json.loads(self._sited(self._run.step))))
+    def step(self, batch=None):
+        """One optimizer step (with the evaluation and checkpoint the options make due): its Metrics.
+        `batch`: this step's batch for a model fed batches of its own (default: the next of `data`)."""
+        if self._specs is None and batch is not None:
+            raise _core.UsageError("step(batch=...) is for a model fed batches of its own: give the Trainer "
+                                   "data= or inputs= (an example batch)")
+        fed = () if self._specs is None else (self._batch(batch),)  # none: the loader's batches
+        return self._stopping(lambda: Metrics(json.loads(self._sited(self._run.step, *fed))))
+
+    def _batch(self, batch):
+        if batch is None:
+            if self._next is not None:
+                batch, self._next = self._next, None
+            elif callable(self._data):
+                batch = self._data(self.steps)
+            elif self._data is not None:
+                batch = next(self._data, None)
+            if batch is None:
+                raise _core.UsageError("no batch for this step: pass step(batch=...), or data= with a batch per step")
+        return check_batch(batch, self._specs, self.config["global_batch"])
 
     def _sited(self, call, *args):
         """call(*args); a shardwise.Error naming a value of a Python model's graph gets the user's line."""
@@ -221,7 +258,8 @@ class Trainer:
 
     def memory_plan(self):
         """The per-rank memory plan (`shardwise plan --memory --json`) as a dict."""
-        return json.loads(_core._memory_plan(self.config.args, self._builder, self._description))
+        return json.loads(_core._memory_plan(self.config.args, self._builder, self._description,
+                                             list(self._specs or ())))
 
     @property
     def metrics(self):

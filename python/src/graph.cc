@@ -79,7 +79,8 @@ struct PyModel {
 }  // namespace
 
 std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description,
-                                                       const std::string& config_json) {
+                                                       const std::string& config_json, std::vector<std::string> feeds,
+                                                       std::shared_ptr<FedBatch> fed) {
   auto model = std::make_shared<PyModel>();
   model->build = build;
   model->description = description;
@@ -101,6 +102,15 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
   custom->constants = [model] {
     std::lock_guard lock(model->mu);
     return model->constants;
+  };
+  custom->feeds = std::move(feeds);
+  if (!fed) fed = std::make_shared<FedBatch>();
+  custom->batch = [fed, model](const std::string& name) {
+    std::lock_guard lock(fed->mu);
+    auto it = fed->tensors.find(name);
+    SW_CHECK(it != fed->tensors.end(), "{}: no batch for the input '{}': pass it to Trainer.step(batch={{...}})",
+             model->description, name);
+    return it->second;
   };
   return custom;
 }

@@ -6,7 +6,9 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "shardwise/graph/graph.h"
 #include "shardwise/mesh/strategy.h"
@@ -26,15 +28,25 @@ struct PyGraph {
   std::map<std::string, Tensor> constants;  // inputs bound once (copies of the caller's arrays)
 };
 
+// The batch a Python model's inputs are fed from (CustomModel::feeds): set by Trainer.step between
+// steps, read by every rank during one.
+struct FedBatch {
+  std::mutex mu;
+  std::map<std::string, Tensor> tensors;
+};
+
 // A CustomModel whose graphs come from `build(graph: _Graph (with the run's parameter dtype and
 // dropout seed), sequences: int, seq: int, training: bool, part: (first_layer, end_layer,
 // embeddings, head)) -> (loss, input, output, output_grad, extra_loss, tied)` (value ids, -1 where
 // absent; extra_loss: a stage's own loss terms before the last; the tied parameter's name or ""),
 // a Python callable the caller keeps alive while the model is in use; each graph is traced once
 // (under the GIL) and copied for every rank after.
-// `config_json`: its checkpoints' config.json (JSON text; "" for none).
+// `config_json`: its checkpoints' config.json (JSON text; "" for none). `feeds`: the inputs fed
+// from `fed` each step in place of the loader's ids and labels (none: the loader's).
 std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::string description,
-                                                       const std::string& config_json);
+                                                       const std::string& config_json,
+                                                       std::vector<std::string> feeds = {},
+                                                       std::shared_ptr<FedBatch> fed = nullptr);
 
 void bind_graph(nb::module_& m);
 

@@ -2,6 +2,7 @@
 // by the command's own parser (cli/train_run.h), a whole run as the command runs it, and a run driven
 // step by step. Ranks are threads of this process (or this process's rank under mpirun); the GIL is
 // released while they run, and the interpreter's signal handlers run meanwhile (Ctrl-C).
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "arrays.h"
 #include "errors.h"
 #include "shardwise/cli/interrupt.h"
 #include "graph.h"
@@ -81,10 +83,12 @@ class StepwiseRun {
   static constexpr std::chrono::milliseconds kSignalPoll{20};
 
   // `model`: a Python model's builder (python_model), or None for the built-in model the options name.
+  // `feeds`: the model's inputs step() is given batches of (none: the loader's token ids).
   StepwiseRun(const std::vector<std::string>& args, nb::handle model, const std::string& description,
-              const std::string& model_config)
+              const std::string& model_config, const std::vector<std::string>& feeds)
       : parsed_(cli::parse_train_args(args)) {
-    if (!model.is_none()) parsed_.options.config.model.custom = python_model(model, description, model_config);
+    if (!model.is_none())
+      parsed_.options.config.model.custom = python_model(model, description, model_config, feeds, fed_);
     start();
     wait(Op::Setup, false);
   }
@@ -95,9 +99,13 @@ class StepwiseRun {
     }
   }
 
-  std::string step() {
+  // `batch`: the step's whole batch of each fed input (arrays read in place, alive during the step).
+  std::string step(const std::map<std::string, AnyArray>& batch) {
     raising(ErrorKind::Usage, [&] {
       SW_CHECK(!done_, "the run has no step left: {} of {} steps done", outcome_.steps_done, run_.c.optimizer.steps);
+      std::lock_guard lock(fed_->mu);
+      fed_->tensors.clear();
+      for (const auto& [name, array] : batch) fed_->tensors[name] = tensor_from(array, name);
     });
     stopping(Op::Step);
     return record_;
@@ -278,6 +286,7 @@ class StepwiseRun {
 
   cli::ParsedTrain parsed_;
   cli::PreparedRun run_;
+  std::shared_ptr<FedBatch> fed_ = std::make_shared<FedBatch>();
   int ranks_ = 1;
   std::thread runner_;
   std::mutex mu_;
@@ -298,9 +307,10 @@ class StepwiseRun {
 };
 
 // `shardwise plan --memory --json` of the run the words describe (of a Python model's, with `model`).
-std::string memory_plan(const std::vector<std::string>& args, nb::handle model, const std::string& description) {
+std::string memory_plan(const std::vector<std::string>& args, nb::handle model, const std::string& description,
+                        const std::vector<std::string>& feeds) {
   cli::ParsedTrain parsed = cli::parse_train_args(args);
-  if (!model.is_none()) parsed.options.config.model.custom = python_model(model, description, "");
+  if (!model.is_none()) parsed.options.config.model.custom = python_model(model, description, "", feeds);
   parsed.options.logging.json = true;
   std::ostringstream out;
   nb::gil_scoped_release release;
@@ -321,12 +331,14 @@ void bind_train(nb::module_& m) {
   m.def("_train", &train_run, nb::arg("args"), nb::arg("on_step").none(),
         "Runs `shardwise train ARGS`; on_step(metrics JSON line) on each step. The outcome as JSON text.");
   m.def("_memory_plan", &memory_plan, nb::arg("args"), nb::arg("model").none() = nb::none(),
-        nb::arg("description") = "", "`shardwise plan --memory --json ARGS`'s JSON text (of a Python model's run).");
+        nb::arg("description") = "", nb::arg("feeds") = std::vector<std::string>{},
+        "`shardwise plan --memory --json ARGS`'s JSON text (of a Python model's run; `feeds`: its fed inputs).");
   nb::class_<StepwiseRun>(m, "_StepwiseRun")
-      .def(nb::init<const std::vector<std::string>&, nb::handle, const std::string&, const std::string&>(),
+      .def(nb::init<const std::vector<std::string>&, nb::handle, const std::string&, const std::string&,
+                    const std::vector<std::string>&>(),
            nb::arg("args"), nb::arg("model").none() = nb::none(), nb::arg("description") = "",
-           nb::arg("model_config") = "")
-      .def("step", &StepwiseRun::step)
+           nb::arg("model_config") = "", nb::arg("feeds") = std::vector<std::string>{})
+      .def("step", &StepwiseRun::step, nb::arg("batch") = std::map<std::string, AnyArray>{})
       .def("evaluate", &StepwiseRun::evaluate)
       .def("validate", &StepwiseRun::validate)
       .def("save", &StepwiseRun::save)

@@ -7,10 +7,13 @@
 //
 // The graph of one micro-batch takes the inputs "ids" and "labels" [B, S] i64 (B the micro-batch's
 // sequences over the whole dp dim), annotated by the builder, and gives a scalar loss: the mean
-// over the micro-batch's tokens, as the built-in models' "loss".
+// over the micro-batch's tokens, as the built-in models' "loss". A model with `feeds` takes those
+// inputs instead (any shape [B, ...] and dtype, annotated S(0) over the data dims as ids are), bound
+// each step from the batch the caller hands it (Trainer.step(batch=...)); the loader reads nothing.
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +45,11 @@ struct CustomModel {
   // Its constant inputs by name (bound once on every rank, as the built-in models' causal mask and
   // rotary positions): known once a graph was built.
   std::function<std::map<std::string, Tensor>()> constants;
+  // The inputs the caller feeds each step in place of the loader's "ids" and "labels" (empty: the
+  // loader's token ids), and this step's whole batch of one of them: [global batch, ...], its rows
+  // in sample order (micro-batch m's are rows [m x B, (m + 1) x B)). Read by every rank during a step.
+  std::vector<std::string> feeds;
+  std::function<Tensor(const std::string& name)> batch;
   // The config.json of its checkpoints (the user's, e.g. a Hugging Face config); null: none given.
   // Its parameters are saved under their own names (no key map).
   nlohmann::json config;

@@ -6,6 +6,7 @@
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/pipeline/validate.h"
 #include "shardwise/reshard/executor.h"
+#include "shardwise/models/custom.h"
 #include "shardwise/models/llama.h"
 #include "shardwise/models/models.h"
 #include "shardwise/data/packing.h"
@@ -73,6 +74,22 @@ void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool la
   if (first || model.is_llama()) bind_block(rt, "position_ids", to_cp_order(d.position_ids, cp), b.row0);
 }
 
+// A model fed from the caller (CustomModel::feeds): this rank's rows of micro-batch `mb` of each
+// feed the stage's graph takes, cut from the step's whole batch.
+void bind_fed(runtime::Runtime& rt, const CustomModel& custom, const pipeline::StageSpec& spec, int64_t row0,
+              int64_t rows) {
+  for (const std::string& name : custom.feeds) {
+    if (std::find(spec.feeds.begin(), spec.feeds.end(), name) == spec.feeds.end()) continue;
+    const Tensor whole = custom.batch(name);
+    SW_CHECK(whole.shape().ndim() >= 1 && whole.shape()[0] >= row0 + rows,
+             "the batch's '{}' has shape [{}]; micro-batch rows [{}, {}) are missing", name, whole.shape().to_string(),
+             row0, row0 + rows);
+    bind_block(rt, name, whole, -row0);  // the whole batch's rows: micro-batch row r is row row0 + r
+  }
+}
+
+bool fed(const GptConfig& model) { return model.custom && !model.custom->feeds.empty(); }
+
 }  // namespace
 
 StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
@@ -106,7 +123,8 @@ std::unique_ptr<BatchLoader> StagedGpt::make_loader(int micro_batches, LoaderOpt
   const int S = sch.stages();
   const bool first_here = sch.rank_of(0) == my_pipeline_rank(), last_here = sch.rank_of(S - 1) == my_pipeline_rank();
   return std::make_unique<BatchLoader>(strategy_, my_process(*world_), world_, sequences_, micro_batches, model_.seq,
-                                       first_here || model_.document_mask, last_here, options);
+                                       (first_here || model_.document_mask) && !fed(model_), last_here && !fed(model_),
+                                       options);
 }
 
 StagedGpt::~StagedGpt() = default;
@@ -160,8 +178,13 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
       if (!model.is_moe_layer(l)) continue;
       for (const std::string& name : moe_stat_names(l)) spec.stats.push_back(name);
     }
-    if (s == 0) spec.feeds.push_back("ids");
-    if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
+    if (fed(model_in)) {
+      for (const std::string& name : model_in.custom->feeds)
+        if (g.find(name)) spec.feeds.push_back(name);
+    } else {
+      if (s == 0) spec.feeds.push_back("ids");
+      if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
+    }
     for (const std::string& name : model_constant_names(model_in))  // GPT-2's cp positions: the first stage's only
       if (g.find(name)) spec.constants.push_back(name);
     if (model_in.document_mask) {  // per micro-batch (bind_rows)
@@ -247,6 +270,7 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
   std::vector<RowBatch> batches = loader_->take(data, first);  // before the step's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     rt.set_sample_offset(first + mb * sequences_);  // dropout masks follow the samples, not the mesh
+    if (fed(model_)) return bind_fed(rt, *model_.custom, runner_->spec(stage), mb * sequences_, sequences_);
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
   };
@@ -464,6 +488,8 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
 
 double StagedGpt::validation_loss(const Dataset* data, int64_t count) {
   SW_CHECK(count >= 1, "validation needs at least 1 sequence, got {}", count);
+  SW_CHECK(!fed(model_), "{}: validation reads the loader's token ids, and this model takes the batches given to "
+           "Trainer.step: evaluate it on your own batches", model_.custom->description);
   const int64_t batch = sequences_, S_len = model_.seq;
   const int m = static_cast<int>((count + batch - 1) / batch);
   if (!val_ || val_->schedule().micro_batches != m) {
