@@ -142,6 +142,8 @@ class StagedGpt {
 
   const pipeline::Schedule& schedule() const { return runner_->schedule(); }
   const pipeline::PipelineRunner& runner() const { return *runner_; }
+  // The [S, S] causal mask its graphs read (undefined when none does: fused attention).
+  const Tensor& causal_mask() const { return mask_; }
   // This rank's last step: timeline, peak activation bytes, per-stage frame bytes.
   const pipeline::StepStats& last_stats() const { return last_stats_; }
 

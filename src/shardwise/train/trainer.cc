@@ -273,9 +273,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
   c_.check(world_->size(), false);  // the data: open_data(), where it is read
   strategy_ = Strategy::from_mesh(mesh::parse_mesh(c_.parallel.mesh), c_.parallel.sequence_parallel);
   schedule_ = {c_.optimizer.lr, c_.optimizer.min_lr, c_.optimizer.warmup, c_.optimizer.steps};
-  model_ = std::make_unique<StagedGpt>(kernel_model(c_), strategy_, pipeline_config(c_),
+  // The [S, S] causal mask only for a graph that reads it (unfused attention): the fused attention
+  // masks by index, and at 8 K tokens the mask alone is 256 MiB.
+  const GptConfig kernels = kernel_model(c_);
+  const std::vector<std::string> constants = model_constant_names(kernels);
+  const bool reads_mask = std::find(constants.begin(), constants.end(), "causal_mask") != constants.end();
+  model_ = std::make_unique<StagedGpt>(kernels, strategy_, pipeline_config(c_),
                                        c_.optimizer.micro_batch * strategy_.data_size(), static_cast<int>(c_.optimizer.accumulation), c_.optimizer.seed,
-                                       causal_mask(c_.model.seq, strategy_.cp_size()), world_);
+                                       reads_mask ? causal_mask(c_.model.seq, strategy_.cp_size()) : Tensor(), world_);
   if (c_.parallel.sharding.shards_optimizer()) {  // each parameter's state over its data group (dense dp x ep, experts dp)
     sharded_ = std::make_unique<ShardedOptimizer>(c_.parallel.sharding, model_->params(), model_->data_groups());
     partial_grads_ = model_->grads_partial();
