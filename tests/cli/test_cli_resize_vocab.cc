@@ -68,6 +68,13 @@ TEST(CliResizeVocab, ResizeVocabSetsTheSizeAndShrinkingOrFewerThanTheTokenizersI
   r = run(kTrain + "--steps 1 --resize-vocab 100");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("--resize-vocab 100 is below the 101 ids of the tokenizer"), std::string::npos) << r.out;
+  // --vocab against a grown vocabulary names both sizes (it used to say "config.json has 101", which
+  // holds 99).
+  r = run(kTrain + "--steps 1 --vocab 99");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--vocab 99 contradicts --init-from " + kGolden + "/resize_llama_tiny, whose model trains 101 "
+                       "tokens (its config.json's vocab_size 99 grown for its tokenizer's added tokens)"),
+            std::string::npos) << r.out;
   r = run("train --steps 1 --resize-vocab 300");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("--resize-vocab 300 grows the vocabulary of an --init-from model: a fresh model's is --vocab"),

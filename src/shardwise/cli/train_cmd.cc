@@ -78,10 +78,14 @@ void apply_init_from(CLI::App& cmd, TrainOptions& o) {
   // Llama has no position parameter: a run may train on sequences up to max_position_embeddings.
   if (!llama || cmd.count("--seq") == 0 || m.seq > saved.seq) fields.push_back({"--seq", &m.seq, saved.seq});
   for (auto [flag, value, from_dir] : fields) {
+    std::string has = fmt::format("config.json has {}", from_dir);
+    if (llama && std::string(flag) == "--seq") has += " (max_position_embeddings; --seq may be shorter)";
+    if (std::string(flag) == "--vocab" && vocab != saved.vocab)  // grown: config.json says the old size
+      has = fmt::format("model trains {} tokens (its config.json's vocab_size {} grown for {})", vocab, saved.vocab,
+                        o.checkpoint.resize_vocab > 0 ? "--resize-vocab" : "its tokenizer's added tokens");
     SW_CHECK(cmd.count(flag) == 0 || *value == from_dir,
-             "{} {} contradicts --init-from {}, whose config.json has {}{}: leave the option out (the model comes "
-             "from the directory)", flag, *value, o.checkpoint.init_from, from_dir,
-             llama && std::string(flag) == "--seq" ? " (max_position_embeddings; --seq may be shorter)" : "");
+             "{} {} contradicts --init-from {}, whose {}: leave the option out (the model comes from the directory)",
+             flag, *value, o.checkpoint.init_from, has);
     *value = from_dir;
   }
   if (llama) {
