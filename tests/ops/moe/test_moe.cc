@@ -20,6 +20,7 @@
 #include "shardwise/ops/op.h"
 #include "tests/comm/forwarder.h"
 #include "tests/ops/numeric_grad.h"
+#include "tests/ops/random_inputs.h"
 
 namespace shardwise::ops {
 namespace {
@@ -27,15 +28,7 @@ namespace {
 using mesh::parse_dist;
 using spmd::TensorSpec;
 
-Tensor random_f64(const Shape& shape, uint64_t seed, double scale = 1.0) {
-  Tensor t(DType::F64, shape);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t.set_at(i, (static_cast<double>(s >> 11) / 9007199254740992.0 * 2.0 - 1.0) * scale);
-  }
-  return t;
-}
+using testing::random_f64;  // uniform in [-1, 1)
 
 struct Inputs {
   std::vector<Tensor> t;  // x, gate, w1, w3, w2
