@@ -31,10 +31,6 @@ Tensor move_columns(const Tensor& rows, int64_t ranks, bool forward) {
 void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, int sharding_stage, bool packed) {
   if (s.cp < 0) return;
   const int64_t cp = s.cp_size();
-  SW_CHECK(model.experts == 0 && s.ep < 0,
-           "context parallelism (cp) does not compose with mixture-of-experts layers yet (--experts {}{}): train MoE "
-           "models without a cp dim",
-           model.experts, s.ep < 0 ? "" : ", an ep dim");
   SW_CHECK(model.custom == nullptr,
            "context parallelism (cp) does not compose with a model built outside the builders (a Python model) yet: "
            "its attention and positions do not follow cp's balanced order; train it without a cp dim");

@@ -15,8 +15,8 @@
 
 namespace shardwise::train {
 
-// Error naming the first thing a cp mesh does not compose with yet (MoE / ep, sharding stage 3, a
-// sequence that does not cut into 2 cp chunks, packed documents with the unfused attention's
+// Error naming the first thing a cp mesh does not compose with yet (sharding stage 3, a Python
+// model, a sequence that does not cut into 2 cp chunks, packed documents with the unfused attention's
 // [B, 1, S, S] mask); nothing without cp. `sharding_stage`: --sharding-stage; `packed`: packed documents.
 void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, int sharding_stage, bool packed);
 
