@@ -87,6 +87,11 @@ void expect_cp_meshes_follow(TrainConfig (*config)(const std::string&), const st
   TrainConfig stage2 = config("dp=2,cp=2");  // gradients reduce-scattered over dp x cp
   stage2.parallel.sharding.stage = 2;
   expect_same_run(run(stage2, 4), ref, what + " dp=2,cp=2 --sharding-stage 2");
+  for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"cp=2", 2}, {"dp=2,cp=2", 4}}) {
+    TrainConfig stage3 = config(mesh);  // parameters stored sharded over dp x cp, gathered per layer
+    stage3.parallel.sharding.stage = 3;
+    expect_same_run(run(stage3, ranks), ref, what + " " + mesh + " --sharding-stage 3");
+  }
   // The all-gather variant: k, v gathered over cp instead of passed around the ring.
   for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{{"cp=2", 2}, {"cp=4", 4}, {"cp=2,tp=2", 4}}) {
     TrainConfig gather = config(mesh);
@@ -114,7 +119,8 @@ TEST(ContextParallel, LlamaLossCurvesOnCpMeshesFollowTheSingleRankCurve) { expec
 // sharding them), and the experts' gradients are summed over cp like every parameter's. cp alone
 // (experts replicated), with ep (tokens over cp x ep, the all-to-alls over ep, in either mesh
 // order), with dp, and dp x cp x ep on 8 ranks follow the single-rank curve, router losses too; so
-// do the pooled (model-scope) aux loss on dp x cp and a shared expert on cp x ep.
+// do the pooled (model-scope) aux loss on dp x cp, a shared expert on cp x ep, and cp x ep at
+// sharding stage 3.
 TrainConfig moe(const std::string& mesh) {
   TrainConfig c = llama(mesh);
   c.model.experts = 4, c.model.top_k = 2, c.model.aux_loss = 0.01, c.model.router_z_loss = 0.001;
@@ -129,6 +135,9 @@ TEST(ContextParallel, MoeCurvesOnCpMeshesFollowTheSingleRankCurve) {
            {"cp=2", 2}, {"cp=2,ep=2", 4}, {"ep=2,cp=2", 4}, {"dp=2,cp=2", 4}, {"dp=2,cp=2,ep=2", 8}}) {
     expect_same_run(run(moe(mesh), ranks), ref, "moe " + mesh);
   }
+  TrainConfig stage3 = moe("cp=2,ep=2");  // dense parameters stored over cp x ep, the experts' over cp
+  stage3.parallel.sharding.stage = 3;
+  expect_same_run(run(stage3, 4), ref, "moe cp=2,ep=2 --sharding-stage 3");
   TrainConfig pooled = moe("dp=1");  // transformers' load-balancing loss of the pooled layers
   pooled.model.aux_loss_scope = "model";
   const Curve pooled_ref = run(pooled, 1);
@@ -200,7 +209,8 @@ TEST(ContextParallel, RowsGoIntoCpsOrderAndBack) {
 }
 
 // A checkpoint saved on cp=2 holds whole-tensor files like any other mesh's: resumed on one rank,
-// tp=2 or dp=2 x cp=2 the curve continues; one saved on one rank resumes on cp=4.
+// tp=2 or dp=2 x cp=2 the curve continues; one saved on one rank resumes on cp=4, and one saved on
+// dp=2 x cp=2 at stage 3 on one rank.
 TEST(ContextParallel, CheckpointsOfCpRunsResumeOnAnyMesh) {
   const std::vector<double> whole = train_losses(llama("dp=1"), 12, {}, {});
   const auto dir = [](const std::string& name) {
@@ -223,6 +233,18 @@ TEST(ContextParallel, CheckpointsOfCpRunsResumeOnAnyMesh) {
                                                                   << ", step " << 7 + i;
     }
   }
+  // Parameters stored sharded over dp x cp (stage 3) save whole tensors too: resumed on one rank.
+  TrainConfig stage3 = llama("dp=2,cp=2");
+  stage3.parallel.sharding.stage = 3;
+  const std::filesystem::path root = dir("stage3");
+  const std::vector<double> first = train_losses(stage3, 6, {}, root);
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_NEAR(first[i], whole[i], 1e-5 * whole[i]) << "stage 3";
+  const auto found = ckpt::find_resume(root);
+  ASSERT_TRUE(found.has_value());
+  const std::vector<double> rest = train_losses(llama("dp=1"), 6, found->dir, {});
+  ASSERT_EQ(rest.size(), 6u);
+  for (size_t i = 0; i < rest.size(); ++i)
+    EXPECT_NEAR(rest[i], whole[6 + i], 1e-5 * whole[6 + i]) << "saved on dp=2,cp=2 stage 3, step " << 7 + i;
 }
 
 std::string refusal(TrainConfig c, int ranks) {
@@ -238,9 +260,6 @@ TEST(ContextParallel, WhatDoesNotComposeYetIsRefusedByName) {
   TrainConfig odd = gpt("cp=4");
   odd.model.seq = 12;
   EXPECT_NE(refusal(odd, 4).find("--seq 12 does not split over cp=4"), std::string::npos) << refusal(odd, 4);
-  TrainConfig stage3 = gpt("dp=2,cp=2");
-  stage3.parallel.sharding.stage = 3;
-  EXPECT_NE(refusal(stage3, 4).find("does not compose with --sharding-stage 3"), std::string::npos);
   TrainConfig ring = gpt("cp=2");
   ring.model.cp_attention = "rings";
   EXPECT_NE(refusal(ring, 2).find("--cp-attention 'rings' is not a context-parallel attention (ring, gather)"),
