@@ -118,7 +118,8 @@ TEST(ContextParallel, LlamaLossCurvesOnCpMeshesFollowTheSingleRankCurve) { expec
 // data dims), the router's means over tokens are global (the kernel's all-gather over every dim
 // sharding them), and the experts' gradients are summed over cp like every parameter's. cp alone
 // (experts replicated), with ep (tokens over cp x ep, the all-to-alls over ep, in either mesh
-// order), with dp, and dp x cp x ep on 8 ranks follow the single-rank curve, router losses too; so
+// order), with dp, dp x cp x ep on 8 ranks, with pp (the first stage's router losses as its extra
+// loss) and with tp follow the single-rank curve, router losses too; so
 // do the pooled (model-scope) aux loss on dp x cp, a shared expert on cp x ep, and cp x ep at
 // sharding stage 3.
 TrainConfig moe(const std::string& mesh) {
@@ -132,7 +133,8 @@ TEST(ContextParallel, MoeCurvesOnCpMeshesFollowTheSingleRankCurve) {
   ASSERT_EQ(ref.moe.size(), 40u) << "2 MoE layers x 20 steps";
   ASSERT_LT(ref.losses.back(), ref.losses.front() * 0.8) << "the loss should fall";
   for (const auto& [mesh, ranks] : std::vector<std::pair<std::string, int>>{
-           {"cp=2", 2}, {"cp=2,ep=2", 4}, {"ep=2,cp=2", 4}, {"dp=2,cp=2", 4}, {"dp=2,cp=2,ep=2", 8}}) {
+           {"cp=2", 2}, {"cp=2,ep=2", 4}, {"ep=2,cp=2", 4}, {"dp=2,cp=2", 4}, {"dp=2,cp=2,ep=2", 8}, {"cp=2,pp=2", 4},
+           {"tp=2,cp=2", 4}}) {
     expect_same_run(run(moe(mesh), ranks), ref, "moe " + mesh);
   }
   TrainConfig stage3 = moe("cp=2,ep=2");  // dense parameters stored over cp x ep, the experts' over cp
