@@ -119,6 +119,14 @@ TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnTheSingleRankCurve) {
   EXPECT_EQ(shared.size(), 20u);
 }
 
+// The MoE Llama on cp=2 x ep=2 (--seq 16 for cp's 2 x 2 chunks): each process routes its own
+// tokens of its sequences' blocks, the all-to-alls over ep, the router's means over all four.
+TEST(TrainMpi, FourProcessesTrainAnMoeLlamaOnCpTimesEp) {
+  std::string args = kMoeLlama20;
+  args.replace(args.find("--seq 10"), 8, "--seq 16");
+  expect_four_processes_follow_one_rank(args, "cp=2,ep=2", "moe-cp");
+}
+
 // The same with each parameter's state sharded over its data group under MPI (dense ones over
 // dp x ep, the experts' over dp): stage 2 with overlapped buckets (an open bucket per group, the
 // reduce-scatters on two communicators) and stage 3 (dense parameters stored in quarters).

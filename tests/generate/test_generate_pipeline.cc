@@ -2,7 +2,8 @@
 // its stage's mesh with its layers' cache, and the greedy tokens equal one rank's, the kept logits
 // within 1e-5 (tp sums its row-parallel products in another order). GPT-2 (4 layers, the tied
 // head's copy on the last stage) and Llama (4 layers, a tied head), with and without the KV cache,
-// on pp=2, pp=4, pp=2 x dp=2 (prompts split over dp inside each stage) and pp=2 x tp=2.
+// on pp=2, pp=4, pp=2 x dp=2 (prompts split over dp inside each stage) and pp=2 x tp=2; a cp dim
+// replicates (cp=2, dp=2 x cp=2, cp=2 x tp=2, pp=2 x cp=2 give one rank's tokens too).
 #include <gtest/gtest.h>
 
 #include "shardwise/comm/local.h"
@@ -50,14 +51,15 @@ GenerateResult generate_on(const Model& m, const std::string& mesh, const Genera
   return generate_with_weights(m.config, m.weights, mesh, prompts, config);
 }
 
-void expect_same_as_one_rank(const Model& m, const std::string& what) {
+void expect_same_as_one_rank(const Model& m, const std::string& what,
+                             const std::vector<std::string>& meshes = {"pp=2", "pp=4", "pp=2,dp=2", "pp=2,tp=2"}) {
   for (bool cache : {true, false}) {
     GenerateConfig config;
     config.max_new_tokens = 5;
     config.keep_logits = true;
     config.kv_cache = cache;
     const GenerateResult one = generate_on(m, "dp=1", config);
-    for (const std::string mesh : {"pp=2", "pp=4", "pp=2,dp=2", "pp=2,tp=2"}) {
+    for (const std::string& mesh : meshes) {
       const std::string where = what + " on " + mesh + (cache ? "" : " without the cache");
       const GenerateResult got = generate_on(m, mesh, config);
       ASSERT_EQ(got.sequences.size(), one.sequences.size()) << where;
@@ -87,20 +89,12 @@ TEST(GeneratePipeline, FewerLayersThanStagesAreRefused) {
   });
 }
 
-// Context parallelism does not compose with generation yet: a cp mesh is refused by name.
-TEST(GeneratePipeline, ACpMeshIsRefusedByName) {
-  Model m = gpt();
-  comm::LocalWorld::run(2, [&](comm::Communicator& w) {
-    try {
-      Generator(m.config, Strategy::from_mesh(mesh::parse_mesh("cp=2"), false), w.group(w.members()),
-                whole_weights(m.weights, w.members()[static_cast<size_t>(w.rank())]));
-      ADD_FAILURE() << "expected an Error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("context parallelism (a cp mesh dim, [cp=2]) does not compose with generation"),
-                std::string::npos)
-          << e.what();
-    }
-  });
+// A cp dim replicates in generation (every cp rank runs the whole sequences): on cp=2, dp=2 x cp=2,
+// cp=2 x tp=2 and pp=2 x cp=2 the tokens and kept logits are one rank's.
+TEST(GeneratePipeline, CpMeshesGiveOneRanksTokens) {
+  const std::vector<std::string> meshes = {"cp=2", "dp=2,cp=2", "cp=2,tp=2", "pp=2,cp=2"};
+  expect_same_as_one_rank(gpt(), "GPT-2", meshes);
+  expect_same_as_one_rank(llama(), "Llama", meshes);
 }
 
 }  // namespace

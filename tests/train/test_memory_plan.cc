@@ -271,5 +271,29 @@ TEST(MemoryPlan, MoeOnDpTimesEpShardsDenseStateOverFourRanksAndExpertsOverTwo) {
   }
 }
 
+// Sharding stage 3 on cp: the ranks of a cp group hold the same parameters, so stage 3 stores each
+// parameter cut over dp x cp (as the gradients are reduce-scattered; Megatron's and torchtitan's
+// FSDP over dp x cp): a quarter of the Llama on dp=2 x cp=2, half on cp=2, in the plan and in
+// what the trainer holds (every dim 0 of this model divides 4).
+TEST(MemoryPlan, StageThreeOnCpShardsParametersOverDpTimesCp) {
+  TrainConfig c = llama_test_config("dp=1", 1);
+  c.model.seq = 16;  // 2 x cp chunks
+  const GptConfig& m = c.model;
+  const int64_t H = m.hidden, kv = m.kv_heads * (H / m.heads);
+  const int64_t whole = m.layers * (2 * H * H + 2 * kv * H + 2 * H + 3 * m.intermediate_size * H) + 2 * m.vocab * H + H;
+  for (const auto& [mesh, ways] : std::vector<std::pair<std::string, int64_t>>{{"cp=2", 2}, {"dp=2,cp=2", 4}}) {
+    c.parallel.mesh = mesh, c.parallel.sharding = {3, "v1"};
+    const MemoryPlan plan = plan_of(c);
+    const std::vector<HeldBytes> got = measure(c);
+    ASSERT_EQ(plan.ranks.size(), got.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      SCOPED_TRACE(fmt::format("{} rank {}", mesh, r));
+      EXPECT_EQ(got[r].params, 4 * whole / ways);
+      EXPECT_EQ(plan.ranks[r].params, got[r].params);
+      EXPECT_EQ(got[r].optimizer, 8 * whole / ways);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::train

@@ -41,5 +41,18 @@ TEST(MoePlan, CountsTheAllToAllsAndTheirBytes) {
   EXPECT_EQ(moe_traffic(c).table(), "");
 }
 
+// On cp=2 x ep=2 each rank routes the tokens of its sequence blocks: 4 sequences of 16 tokens per
+// micro-batch over 2 ep ranks (2 sequences each), half of each sequence a cp rank: 16 tokens.
+TEST(MoePlan, OnCpEachRankRoutesItsBlocksTokens) {
+  TrainConfig c = llama_test_config("cp=2,ep=2");
+  c.model.experts = 4, c.model.top_k = 2, c.model.seq = 16;
+  c.check(4, false);
+  const MoeTraffic t = moe_traffic(c);
+  EXPECT_EQ(t.tokens_per_micro_batch, 64);
+  EXPECT_EQ(t.rank_tokens, 16);
+  EXPECT_DOUBLE_EQ(t.sent_max, 4.0 * 32 * 648);  // 16 tokens x top-2 rows, each exchange
+  EXPECT_EQ(t.received_rows_max, 64);            // the ep pair's 32 tokens, top-2 of 2 local experts
+}
+
 }  // namespace
 }  // namespace shardwise::train

@@ -129,12 +129,9 @@ Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shar
     : model_(model), strategy_(strategy), world_(std::move(world)), weights_(std::move(weights)) {
   model_.param_dtype = DType::F32;
   model_.dropout = 0;
-  SW_CHECK(strategy.cp < 0,
-           "generate: context parallelism (a cp mesh dim, {}) does not compose with generation yet: the decode graphs "
-           "attend one new token at a time; generate on a mesh without cp (any checkpoint loads on any mesh)",
-           strategy.mesh.to_string());
   process_ = world_->members()[static_cast<size_t>(world_->rank())];
   if (strategy.pp >= 0) cut_stages(strategy);
+  strategy_.cp = -1;  // a cp dim replicates: see generate.h
 }
 
 // A pp mesh: this process's stage (its layers, embeddings on the first, the head on the last, as

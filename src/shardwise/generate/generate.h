@@ -110,6 +110,9 @@ class Generator {
  public:
   // `strategy`: dims dp, tp, ep and pp; `model` a GPT-2 or a Llama. Weights are read from `weights`
   // as the graphs need them, once per layout (on a pp mesh each process reads its stage's only).
+  // A cp dim replicates: the ranks of a cp group each run the whole prompts and cache (the graphs
+  // are built with no cp, so nothing is sharded on it), so a model trained on a cp mesh generates
+  // on that mesh; the sequence is not split (prefill by the ring is not built).
   Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
             WeightSource weights);
   ~Generator();

@@ -242,7 +242,7 @@ class LlamaBuilder {
         {expert(p + ".experts.w1", Shape{E, I, H_}), expert(p + ".experts.w3", Shape{E, I, H_})}, fused + ".gate_up_proj", on_ep);
     auto w1 = w13[0], w3 = w13[1];
     auto w2 = expert_adapted({expert(p + ".experts.w2", Shape{E, H_, I})}, fused + ".down_proj", on_ep)[0];
-    auto tokens = g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
+    auto tokens = moe_tokens(h, p);
     Attrs a{{"top_k", c_.top_k}};
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
     if (c_.router != "softmax") a.set("router", c_.router);
@@ -255,11 +255,30 @@ class LlamaBuilder {
     if (c_.router_z_loss > 0) {
       router_loss_ = add_loss(router_loss_, g_.scale(o[2], c_.router_z_loss, 0.0, p + ".z_loss"));
     }
-    auto out = g_.reshape(o[0], {B_, S_, H_}, p + ".out");
+    auto out = moe_sequences(o[0], p);
     if (c_.shared_expert_width == 0) return out;
     auto gate_of = g_.op1("sigmoid", {linear(h, p + ".shared_expert_gate", H_, 1, true, true)}, {}, p + ".shared_gate");
     auto shared = g_.multiply(gate_of, mlp(h, p + ".shared_expert", c_.shared_expert_width), p + ".shared_out");
     return g_.add(out, shared, p + ".with_shared");
+  }
+  // The MoE layer's tokens [B * S, H] from the residual [B, S, H]. On a cp mesh they go chunk-major
+  // ([B, C, S/C, H] -> [C, B, S/C, H] -> [C * B * S/C, H], C = cp): the flatten then keeps both the
+  // batch's data sharding and cp's (co-shard order cp, data dims), so every rank routes just the
+  // tokens it holds; batch-major, cp would be gathered and every cp rank would route the whole
+  // sequence. `moe_sequences` undoes it.
+  graph::ValueId moe_tokens(graph::ValueId h, const std::string& p) {
+    const int64_t C = s_.cp_size();
+    if (C == 1) return g_.reshape(h, {B_ * S_, H_}, p + ".tokens");
+    auto chunks = g_.reshape(h, {B_, C, S_ / C, H_}, p + ".tokens.chunks");
+    auto major = g_.transpose(chunks, {1, 0, 2, 3}, p + ".tokens.chunk_major");
+    return g_.reshape(major, {B_ * S_, H_}, p + ".tokens");
+  }
+  graph::ValueId moe_sequences(graph::ValueId out, const std::string& p) {
+    const int64_t C = s_.cp_size();
+    if (C == 1) return g_.reshape(out, {B_, S_, H_}, p + ".out");
+    auto major = g_.reshape(out, {C, B_, S_ / C, H_}, p + ".out.chunk_major");
+    auto chunks = g_.transpose(major, {1, 0, 2, 3}, p + ".out.chunks");
+    return g_.reshape(chunks, {B_, S_, H_}, p + ".out");
   }
   // --aux-loss-scope model: sums over this layer's tokens of each expert's assignments (moe_mlp's
   // expert_tokens, no gradient) and router probabilities (the router's softmax again: [N, E], a

@@ -28,18 +28,12 @@ Tensor move_columns(const Tensor& rows, int64_t ranks, bool forward) {
 
 }  // namespace
 
-void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, int sharding_stage, bool packed) {
+void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, bool packed) {
   if (s.cp < 0) return;
   const int64_t cp = s.cp_size();
-  SW_CHECK(model.experts == 0 && s.ep < 0,
-           "context parallelism (cp) does not compose with mixture-of-experts layers yet (--experts {}{}): train MoE "
-           "models without a cp dim",
-           model.experts, s.ep < 0 ? "" : ", an ep dim");
   SW_CHECK(model.custom == nullptr,
            "context parallelism (cp) does not compose with a model built outside the builders (a Python model) yet: "
            "its attention and positions do not follow cp's balanced order; train it without a cp dim");
-  SW_CHECK(sharding_stage != 3,
-           "context parallelism (cp) does not compose with --sharding-stage 3 yet: use stage 0, 1 or 2 with a cp dim");
   SW_CHECK(cp == 1 || model.seq % (2 * cp) == 0,
            "--seq {} does not split over cp={}: context parallelism's balanced order cuts each sequence into 2 x cp = "
            "{} equal chunks (make --seq a multiple of {})",

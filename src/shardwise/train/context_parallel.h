@@ -15,10 +15,10 @@
 
 namespace shardwise::train {
 
-// Error naming the first thing a cp mesh does not compose with yet (MoE / ep, sharding stage 3, a
-// sequence that does not cut into 2 cp chunks, packed documents with the unfused attention's
-// [B, 1, S, S] mask); nothing without cp. `sharding_stage`: --sharding-stage; `packed`: packed documents.
-void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, int sharding_stage, bool packed);
+// Error naming the first thing a cp mesh does not compose with yet (a Python model, a sequence
+// that does not cut into 2 cp chunks, packed documents with the unfused attention's
+// [B, 1, S, S] mask); nothing without cp. `packed`: packed documents.
+void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, bool packed);
 
 // rows [R, S] with its columns in cp's order: out[:, x] = rows[:, order[x]] (order:
 // mesh::cp_balanced_order(S, ranks)); `from_cp_order` undoes it. ranks 1: the tensor itself.

@@ -18,7 +18,8 @@ MoeTraffic moe_traffic(const TrainConfig& c) {
   t.ep = s.ep_size();
   t.top_k = m.top_k, t.experts = m.experts, t.hidden = m.hidden;
   t.tokens_per_micro_batch = c.optimizer.micro_batch * s.data_size() * m.seq;
-  const int64_t token_ranks = s.data_size();  // dp x ep: each rank routes its own sequences' tokens
+  // dp x ep x cp: each rank routes its own sequences' tokens, on cp its blocks of them.
+  const int64_t token_ranks = s.data_size() * s.cp_size();
   t.rank_tokens = (t.tokens_per_micro_batch + token_ranks - 1) / token_ranks;
   if (m.capacity_factor > 0) {
     t.capacity = static_cast<int64_t>(

@@ -163,7 +163,7 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
            s.mesh.to_string(), counted(s.mesh.size(), "rank"), counted(ranks, "rank"), s.mesh.size(), s.mesh.size());
   if (model.seq == 0) model.seq = data.files.empty() ? AdditionTask::max_length(data.digits) - 1 : kDefaultFileSeq;
   model.validate();
-  check_context_parallel(s, model, parallel.sharding.stage, data.document_attention);
+  check_context_parallel(s, model, data.document_attention);
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
   SW_CHECK(model.heads % s.tp_size() == 0, "{} cannot be split over tp={} (each tp rank needs whole heads)",
            counted(model.heads, "head"), s.tp_size());

@@ -75,6 +75,12 @@ TEST(ShapeOps, LocalReshapeShapes) {
   EXPECT_THROW(local_reshape_shape({12, 6}, {72}, {12, 3}, "reshape"), Error);
   EXPECT_THROW(local_reshape_shape({1, 6}, {6}, {0, 6}, "squeeze"), Error);
   EXPECT_THROW(local_reshape_shape({12, 6}, {3, 4, 6}, {6, 6}, "reshape"), Error);
+  // Single entries, then a chunk, then whole dims: one contiguous range of the group.
+  EXPECT_EQ(local_reshape_shape({2, 4, 3}, {24}, {1, 2, 3}, "reshape"), (Shape{6}));
+  EXPECT_EQ(local_reshape_shape({24}, {2, 12}, {6}, "reshape"), (Shape{1, 6}));
+  EXPECT_EQ(local_reshape_shape({24, 5}, {2, 3, 4, 5}, {2, 5}, "reshape"), (Shape{1, 1, 2, 5}));
+  EXPECT_THROW(local_reshape_shape({2, 4, 3}, {24}, {2, 2, 3}, "reshape"), Error);
+  EXPECT_THROW(local_reshape_shape({2, 4, 3}, {24}, {1, 2, 2}, "reshape"), Error);
 }
 
 TEST(ShapeOps, ReshapeShapeAndValues) {
@@ -338,8 +344,15 @@ TEST(ShapeRules, ReshapeSplitMovesShardingToTheFirstPieceWhenItDivides) {
   EXPECT_EQ(fwd("reshape", {3}, {{{1, 512, 4096}, "S(1)"}}, split), "R | R");
   // 4096 maps 1:1 (to dim 3); the size-1 dim pairs 1:1 too.
   EXPECT_EQ(fwd("reshape", {2, 2}, {{{1, 512, 4096}, "S(2),S(1)"}}, split), "S(2),S(1) | S(3),S(1)");
-  // Co-sharded 24 -> (2, 12): mesh dim 0 (2) is kept, mesh dim 1 would need 2 % 4.
-  EXPECT_EQ(fwd("reshape", {2, 2}, {{{24}, "S(0),S(0)"}}, shape_attr({2, 12})), "S(0),R | S(0),R");
+  // Co-sharded 24 -> (2, 12): mesh dim 0 cuts the 2 into single entries, so mesh dim 1 goes on to
+  // the 12 (a rank's 6 entries are one row's half: a contiguous range).
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{24}, "S(0),S(0)"}}, shape_attr({2, 12})), "S(0),S(0) | S(0),S(1)");
+  // ... in the co-shard order given: mesh dim 1 first.
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{24}, "S(0)@1,S(0)@0"}}, shape_attr({2, 12})), "S(0)@1,S(0)@0 | S(1),S(0)");
+  // 24 -> (4, 6) on [2, 2]: the 4 is cut in 2s, not single entries: mesh dim 1 cannot go on.
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{24}, "S(0),S(0)"}}, shape_attr({4, 6})), "S(0),S(0) | S(0),S(0)");
+  EXPECT_EQ(fwd("reshape", {2, 3}, {{{24}, "S(0),S(0)"}}, shape_attr({2, 12})), "S(0),S(0) | S(0),S(1)");
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{24}, "S(0),S(0)"}}, shape_attr({2, 3, 4})), "S(0),R | S(0),R");
   // 12 -> (3, 4) keeps on mesh 3, not on mesh 2.
   EXPECT_EQ(fwd("reshape", {3}, {{{12, 6}, "S(0)"}}, shape_attr({3, 4, 6})), "S(0) | S(0)");
   EXPECT_EQ(fwd("reshape", {2}, {{{12, 6}, "S(0)"}}, shape_attr({3, 4, 6})), "R | R");
@@ -353,6 +366,14 @@ TEST(ShapeRules, ReshapeFlattenKeepsLeftmostEvenSharding) {
   EXPECT_EQ(fwd("reshape", {2}, {{{5, 7}, "S(0)"}}, shape_attr({35})), "R | R");
   // Non-leftmost flattened dim: Replicate.
   EXPECT_EQ(fwd("reshape", {2}, {{{12, 6}, "S(1)"}}, shape_attr({72})), "R | R");
+  // ... unless every dim left of it is cut into single entries ([C, B, S'] with C on cp, B on dp:
+  // a rank holds one c and a chunk of B, one contiguous range): co-sharded in that order.
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{2, 4, 3}, "S(1),S(0)"}}, shape_attr({24})), "S(1),S(0) | S(0)@1,S(0)@0");
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{2, 4, 3}, "S(0),S(1)"}}, shape_attr({24})), "S(0),S(1) | S(0),S(0)");
+  // The leftmost dim cut in chunks of 2, not single entries: the next dim's sharding is dropped.
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{4, 6}, "S(0),S(1)"}}, shape_attr({24})), "S(0),R | S(0),R");
+  // A middle dim whole: the dim after it cannot stay sharded.
+  EXPECT_EQ(fwd("reshape", {2, 2}, {{{2, 3, 4}, "S(0),S(2)"}}, shape_attr({24})), "S(0),R | S(0),R");
   // A regroup 6x4 -> 4x6: both leftmost extents divide 2, not 3 (4 % 3).
   EXPECT_EQ(fwd("reshape", {2}, {{{6, 4}, "S(0)"}}, shape_attr({4, 6})), "S(0) | S(0)");
   EXPECT_EQ(fwd("reshape", {3}, {{{6, 4}, "S(0)"}}, shape_attr({4, 6})), "R | R");

@@ -117,9 +117,13 @@ Shape local_reshape_shape(const Shape& global_in, const Shape& global_out, const
   };
   for (const DimGroup& g : t.view()) {
     if (g.in_count() == 0) continue;  // a new extent-1 dim
+    // The shard must be one contiguous range of the group: single entries, then any extent, then
+    // whole dims ([1, .., 1, k, n, .., n]).
     int64_t count = 1, rest = 1;
+    bool whole_from_here = false;
     for (int d = g.in_begin; d < g.in_end; ++d) {
-      if (d > g.in_begin && local_in[d] != global_in[d]) bad(d);
+      if (whole_from_here && local_in[d] != global_in[d]) bad(d);
+      if (local_in[d] != 1) whole_from_here = true;
       count *= local_in[d];
     }
     if (g.out_count() == 0) {
@@ -133,8 +137,21 @@ Shape local_reshape_shape(const Shape& global_in, const Shape& global_out, const
       continue;  // keeps the global extents
     }
     for (int d = g.out_begin + 1; d < g.out_end; ++d) rest *= global_out[d];
-    if (count % rest != 0) bad(g.in_begin);
-    local[g.out_begin] = count / rest;
+    if (count % rest == 0) {
+      local[g.out_begin] = count / rest;
+      continue;
+    }
+    // Less than the whole trailing dims: the same range as [1, .., 1, k, n, .., n] of the output.
+    for (int d = g.out_end - 1; d >= g.out_begin; --d) {
+      if (count % global_out[d] == 0) {
+        count /= global_out[d];
+        continue;
+      }
+      if (count > global_out[d]) bad(g.in_begin);
+      local[d] = count;
+      for (int e = g.out_begin; e < d; ++e) local[e] = 1;
+      break;
+    }
   }
   return local;
 }

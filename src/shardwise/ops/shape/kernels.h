@@ -57,9 +57,10 @@ DimTransform reshape_transform(const Shape& in, const Shape& out);
 
 // The local output shape when a shard of global shape `global_in` (local shape `local_in`) is
 // reshaped to `global_out`: per group, the leftmost output dim takes the local element count
-// divided by the other output extents. Error when the shard is not a block that reshapes to a block
-// (a non-leading dim of a group sharded, a removed extent-1 dim sharded, a count that does not
-// divide): the SPMD rule must have required Replicate there.
+// divided by the other output extents, or, for less than one of them, the contiguous range
+// [1, .., 1, k, n, .., n]. Error when the shard is not a block that reshapes to a block (a dim of
+// a group sharded after one that is neither single entries nor whole, a removed extent-1 dim
+// sharded, a count that does not divide): the SPMD rule must have required Replicate there.
 Shape local_reshape_shape(const Shape& global_in, const Shape& global_out, const Shape& local_in, std::string_view op);
 // `x` (a shard of `global_in`) reshaped to its part of `global_out`: a view sharing x's storage.
 Tensor reshape_local(const Tensor& x, const Shape& global_in, const Shape& global_out, std::string_view op);

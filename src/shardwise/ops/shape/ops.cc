@@ -75,7 +75,9 @@ void add_reshape_family(OpRegistry& registry) {
   // Reshape cases: even flatten and split (12x12 -> 144, 24 -> 2x12: the '2' piece keeps a mesh-2
   // sharding, not a mesh-3 one), a split whose first piece divides mesh 3 only (12x6 -> 3x4x6),
   // an uneven flatten (5x7), the hard case in small ([1,512,4096] -> [1,2,256,4096] as
-  // 1x12x2 -> 1x2x6x2), a regroup (6x4 -> 4x6), extent-1 dims inside and around groups.
+  // 1x12x2 -> 1x2x6x2), a regroup (6x4 -> 4x6), extent-1 dims inside and around groups; flattens
+  // and splits whose leading dims are cut into single entries, so a later dim keeps its sharding
+  // too (2x4x3 -> 24, 3x2x2 -> 12, 24 -> 2x3x4, 6x2 -> 2x3x2).
   registry.add(reshape_like("reshape", &ShapeRules::reshape, reshape_shape,
                             "view with a new shape (shape=[...], one -1 inferred, 0 is a plain extent); row-major "
                             "order kept; grad: dout reshaped back",
@@ -83,7 +85,9 @@ void add_reshape_family(OpRegistry& registry) {
                              one({12, 6}, f64, shape_attr({3, 4, 6})), one({5, 7}, f64, shape_attr({35})),
                              one({1, 12, 2}, f64, shape_attr({1, 2, 6, 2})), one({6, 4}, f32, shape_attr({4, 6})),
                              one({2, 5}, i64, shape_attr({5, 2})), one({12}, f64, shape_attr({-1, 3})),
-                             one({2, 1, 3}, f64, shape_attr({6})), one({5, 1}, f64, shape_attr({1, 5}))}));
+                             one({2, 1, 3}, f64, shape_attr({6})), one({5, 1}, f64, shape_attr({1, 5})),
+                             one({2, 4, 3}, f64, shape_attr({24})), one({3, 2, 2}, f64, shape_attr({12})),
+                             one({24}, f64, shape_attr({2, 3, 4})), one({6, 2}, f64, shape_attr({2, 3, 2}))}));
   registry.add(reshape_like(
       "squeeze", &ShapeRules::squeeze, squeeze_shape,
       "drops extent-1 dims (axis=[...]; absent/empty: all of them); a listed dim of extent != 1 "

@@ -19,6 +19,10 @@
 //    other mesh dims, are resharded to Replicate. (Uneven chunk boundaries of a flattened dim do
 //    not line up with chunks of the result.) Example: [1,512,4096] -> [1,2,256,4096] with 512 on
 //    mesh [2] keeps S on the '2' dim; on mesh [3] (2 % 3 != 0) it is Replicate.
+//    Except: a flatten (k -> 1) or split (1 -> k) whose leftmost dim is cut into single entries
+//    (as many parts as entries) goes on to the next dim, and so on: a block [1, .., 1, k, n, .., n]
+//    is still one contiguous range. A flatten [C, B, S'] with C on cp and B on dp is [C*B*S']
+//    co-sharded (cp, dp); the split back gives C cp and B dp.
 //  - Partial: every Partial passes unchanged (a reshape is elementwise-preserving).
 // Reverse: the wanted output sharding is mapped back through the same groups (1:1 dims and the
 // leftmost dims of groups), Partials copied, and the forward rule gives the consistent pair.
@@ -44,6 +48,56 @@ namespace {
 
 using OutShapeFn = Shape (*)(const Shape&, const Attrs&);
 
+int64_t parts_of(const MeshDimList& dims, const ProcessMesh& mesh) {
+  int64_t parts = 1;
+  for (int8_t m : dims) parts *= mesh.dim_size(m);
+  return parts;
+}
+
+// A flatten (k input dims -> 1): the leftmost input dim keeps the mesh dims under which it and the
+// output split into equal chunks; while a dim's chunks are single entries (it is cut into as many
+// parts as it has entries), the next dim's mesh dims are kept after them, as a rank's block is
+// then still one contiguous range of the output ([C, B] with C on cp, B on dp: a rank holds one
+// c and a chunk of B, the range c*B + chunk; co-shard order cp, dp). Everything else R.
+void flatten_kept(const ProcessMesh& mesh, const TensorSpec& x, const DimGroup& g, int64_t out_extent, DistAttr& req,
+                  DistAttr& out) {
+  MeshDimList all;
+  int64_t left = out_extent;
+  for (int d = g.in_begin; d < g.in_end; ++d) {
+    const MeshDimList kept = keep_even(x.dist.mesh_dims_of(d), x.shape[d], left, mesh);
+    if (!kept.empty()) req.set_shard_order(d, kept);
+    for (int8_t m : kept) all.push_back(m);
+    const int64_t parts = parts_of(kept, mesh);
+    if (parts != x.shape[d]) break;
+    left /= parts;
+  }
+  if (!all.empty()) out.set_shard_order(g.out_begin, all);
+}
+
+// A split (1 input dim -> k): the leftmost output dim takes the input's mesh dims under which both
+// split into equal chunks; while it is cut into single entries, the next output dim takes the
+// remaining mesh dims that split it evenly, and so on (the inverse of flatten_kept). Input
+// resharded to the kept mesh dims in that order.
+void split_kept(const ProcessMesh& mesh, const TensorSpec& x, const DimGroup& g, const Shape& out_shape,
+                DistAttr& req, DistAttr& out) {
+  MeshDimList remaining = x.dist.mesh_dims_of(g.in_begin), all;
+  int64_t left = x.shape[g.in_begin];
+  for (int o = g.out_begin; o < g.out_end && !remaining.empty(); ++o) {
+    const MeshDimList kept = keep_even(remaining, left, out_shape[o], mesh);
+    if (!kept.empty()) out.set_shard_order(o, kept);
+    MeshDimList rest;
+    for (int8_t m : remaining) {
+      if (!kept.contains(m)) rest.push_back(m);
+    }
+    remaining = rest;
+    for (int8_t m : kept) all.push_back(m);
+    const int64_t parts = parts_of(kept, mesh);
+    if (parts != out_shape[o]) break;
+    left /= parts;
+  }
+  if (!all.empty()) req.set_shard_order(g.in_begin, all);
+}
+
 // Forward of the reshape family for x (global `x.shape`) reshaped to `out_shape`.
 SpmdResult reshape_forward(const ProcessMesh& mesh, const TensorSpec& x, const Shape& out_shape) {
   const DimTransform t = reshape_transform(x.shape, out_shape);
@@ -51,6 +105,14 @@ SpmdResult reshape_forward(const ProcessMesh& mesh, const TensorSpec& x, const S
   DistAttr req(md), out(md);
   for (const DimGroup& g : t.view()) {
     if (g.in_count() == 0 || g.out_count() == 0) continue;
+    if (g.in_count() > 1 && g.out_count() == 1) {
+      flatten_kept(mesh, x, g, out_shape[g.out_begin], req, out);
+      continue;
+    }
+    if (g.in_count() == 1 && g.out_count() > 1) {
+      split_kept(mesh, x, g, out_shape, req, out);
+      continue;
+    }
     MeshDimList dims = x.dist.mesh_dims_of(g.in_begin);
     if (dims.empty()) continue;
     if (!g.one_to_one()) dims = keep_even(dims, x.shape[g.in_begin], out_shape[g.out_begin], mesh);
@@ -163,7 +225,8 @@ Rule transpose_rule(std::string summary) {
 constexpr std::string_view kReshapeText =
     "dims grouped by equal element count: 1:1 dims keep their sharding (uneven too); a flatten/split/regroup keeps "
     "only its leftmost input dim's sharding, moved to its leftmost output dim, for the mesh dims under which both "
-    "split into equal chunks, else R; removed/added extent-1 dims R; every Partial passes. Grad: the same on dout "
+    "split into equal chunks, else R (a flatten/split goes on to the next dim while the dims before it are cut into "
+    "single entries); removed/added extent-1 dims R; every Partial passes. Grad: the same on dout "
     "reshaped back; x, out untouched";
 
 }  // namespace
