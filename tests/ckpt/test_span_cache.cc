@@ -175,8 +175,15 @@ TEST(SpanCache, AFastRankWaitsForASlowOneSoEachChunkIsReadOnce) {
   TuningGuard guard;
   load_tuning().span_chunk = kChunk;
   load_tuning().span_cache_bytes = 4 * kChunk;  // room for 4 chunks
+  // The slow rank sleeps 5 ms away from the cache between its calls: on a loaded machine that sleep
+  // can last past the 20 ms after which an away reader is not waited for, and the fast ranks would
+  // rightly go on and read chunks twice. The test is about the waiting, not the scheduler: bounds
+  // no load reaches.
+  load_tuning().span_away_wait_ms = 60'000;
+  load_tuning().span_lead_wait_ms = 120'000;
   evict(file);
   const uint64_t before = span_cache_read_bytes();
+  const uint64_t timeouts_before = span_cache_lead_timeouts();
 
   std::vector<std::vector<std::byte>> dst(kRanks, std::vector<std::byte>(kFile / kRanks));
   auto runs_of = [&](size_t p, size_t from, size_t to) {  // rank p's 4 KiB of every 16 KiB in [from, to)
@@ -201,6 +208,7 @@ TEST(SpanCache, AFastRankWaitsForASlowOneSoEachChunkIsReadOnce) {
   for (auto& t : ranks) t.join();
 
   EXPECT_EQ(span_cache_read_bytes() - before, kFile);  // each chunk once
+  EXPECT_EQ(span_cache_lead_timeouts() - timeouts_before, 0u);
   for (size_t p = 0; p < static_cast<size_t>(kRanks); ++p) {
     for (size_t at = 0; at < kFile; at += kStride) {
       ASSERT_EQ(std::memcmp(dst[p].data() + at / kRanks, data.data() + at + p * kRun, kRun), 0) << "rank " << p << " at " << at;
@@ -211,7 +219,7 @@ TEST(SpanCache, AFastRankWaitsForASlowOneSoEachChunkIsReadOnce) {
 
 // A rank that stays out of the cache (here: between two of its reads until the other rank is done,
 // as a rank reading a large tensor another way would) is not waited for: the other rank reads the
-// whole file without once waiting out the bound for it (it would wait kLeadWait, 2 s, per window
+// whole file without once waiting out the bound for it (it would wait the lead bound, 2 s, per window
 // otherwise, each counted by span_cache_lead_timeouts).
 TEST(SpanCache, ARankAwayFromTheCacheIsNotWaitedFor) {
   testing::ScratchDir dir("span_cache_away");

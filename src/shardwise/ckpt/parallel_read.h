@@ -75,7 +75,11 @@ struct LoadTuning {
   // span_cache_bytes of them held (0: no cache, the page cache instead).
   size_t span_cache_bytes = size_t{64} << 20;
   size_t span_chunk = size_t{8} << 20;
-  bool span_read_ahead = true;  // a rank reading a span's last chunks also reads the next window's
+  bool span_read_ahead = true;
+  // A reader ahead of the slowest by more than its lead waits at most span_lead_wait_ms for it; a
+  // reader out of the cache for span_away_wait_ms (between two spans) is not waited for.
+  int span_lead_wait_ms = 2000;
+  int span_away_wait_ms = 20;  // a rank reading a span's last chunks also reads the next window's
   // A column block's span read through the page cache in pieces of piece_bytes (pread_span_pieces)
   // by reader_threads threads, where the span cache is not used; off: a pread per run.
   bool span_pieces = true;

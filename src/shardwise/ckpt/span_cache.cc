@@ -27,7 +27,7 @@ namespace {
 
 std::atomic<uint64_t> g_read{0};    // bytes read into chunks
 std::atomic<uint64_t> g_mapped{0};  // bytes of chunk buffers mapped now (in entries or free)
-std::atomic<uint64_t> g_lead_timeouts{0};  // waits for a slower reader that ran out (kLeadWait)
+std::atomic<uint64_t> g_lead_timeouts{0};  // waits for a slower reader that ran out (lead_wait())
 
 // An anonymous mapping (page-aligned, as O_DIRECT wants; unmapped, not kept by malloc, at the end).
 struct Buffer {
@@ -192,30 +192,33 @@ uint64_t span_cache_lead_timeouts() { return g_lead_timeouts.load(); }
 
 namespace {
 
-// A guard only: the slowest reader inside the cache always progresses (it never waits itself).
-constexpr auto kLeadWait = std::chrono::seconds(2);
-// A reader out of the cache this long (loading a tensor another way, or done with spans) is not
-// waited for: only a rank between two spans (seconds of other reads would hold the others back).
-constexpr auto kAwayWait = std::chrono::milliseconds(20);
+// The bounds are LoadTuning's span_lead_wait_ms (default 2 s; a guard only: the slowest reader
+// inside the cache always progresses, it never waits itself) and span_away_wait_ms (default 20 ms:
+// a reader out of the cache this long, loading a tensor another way or done with spans, is not
+// waited for; only a rank between two spans is).
+std::chrono::milliseconds lead_wait() { return std::chrono::milliseconds(load_tuning().span_lead_wait_ms); }
+std::chrono::milliseconds away_wait() { return std::chrono::milliseconds(load_tuning().span_away_wait_ms); }
+// How often a waiting reader re-checks (a reader staying away wakes nobody).
+constexpr auto kRecheck = std::chrono::milliseconds(20);
 
 // The fewest bytes passed by a joined reader to be waited for: inside the cache now, or out of it
-// for less than kAwayWait. Lock held.
+// for less than away_wait(). Lock held.
 uint64_t slowest_passed(const Cache& c, Clock::time_point now) {
   uint64_t least = UINT64_MAX;
   for (const auto& [id, r] : c.readers) {
-    if (r.slot >= 0 && (r.inside || now - r.left < kAwayWait)) least = std::min(least, r.passed);
+    if (r.slot >= 0 && (r.inside || now - r.left < away_wait())) least = std::min(least, r.passed);
   }
   return least;
 }
 
 // Waits while `me` is more than `lead` bytes ahead of the slowest reader to be waited for (re-checked
-// every kAwayWait, since a reader staying away wakes nobody), at most kLeadWait. Lock held.
+// every kRecheck, since a reader staying away wakes nobody), at most lead_wait(). Lock held.
 void wait_for_slowest(Cache& c, std::unique_lock<std::mutex>& lock, const Reader& me, uint64_t lead) {
-  const Clock::time_point deadline = Clock::now() + kLeadWait;
+  const Clock::time_point deadline = Clock::now() + lead_wait();
   for (Clock::time_point now = Clock::now(); now < deadline; now = Clock::now()) {
     const uint64_t least = slowest_passed(c, now);
     if (least == UINT64_MAX || me.passed <= least + lead) return;
-    c.cv.wait_for(lock, kAwayWait);
+    c.cv.wait_for(lock, kRecheck);
   }
   g_lead_timeouts.fetch_add(1);
 }
@@ -284,7 +287,7 @@ std::exception_ptr read_claimed(const fs::path& path, Key key, const Claimed& mi
 // earlier spans. Before claiming, a reader more than the cache can hold ahead of the slowest joined
 // reader waits for it (holding no claim, so nobody waits for this one): on 4 rank threads sharing 2
 // cores one rank can fall behind by more than the cache, and would find the chunks it still needs
-// evicted and read them again. The wait is bounded (kLeadWait): it only shapes the order, the bytes
+// evicted and read them again. The wait is bounded (span_lead_wait_ms): it only shapes the order, the bytes
 // do not depend on it.
 void fill_from_chunks(const fs::path& path, Key key, uint64_t file_size, uint64_t chunk, uint64_t first, uint64_t last,
                       uint64_t ahead, std::span<const ReadRange> ranges, int requests, size_t piece, Reader& me,

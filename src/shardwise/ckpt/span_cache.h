@@ -48,7 +48,7 @@ bool read_through_span_cache(const fs::path& path, uint64_t file_size, std::span
 // (tests and the bench check the path was taken and each chunk read once).
 uint64_t span_cache_held_bytes();
 uint64_t span_cache_read_bytes();
-// Times a reader waited the whole bound (kLeadWait, 2 s) for a slower one and went on without it:
+// Times a reader waited the whole bound (LoadTuning::span_lead_wait_ms, 2 s) for a slower one and went on without it:
 // a reader that never comes (tests check one away from the cache is not waited for at all).
 uint64_t span_cache_lead_timeouts();
 
