@@ -54,6 +54,13 @@ TEST(Search, EachRuleRemovesWhatItNamesAndKeepsTheFixedCandidate) {
   interleaved = candidate(4, 1, 2);
   interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
   EXPECT_EQ(rejecting_rule(s, interleaved), "");
+  // Uneven stages (3 layers on pp=2) are kept for 1F1B, as train cuts them, but not interleaved.
+  SearchSpace three = s;
+  three.layers = 3;
+  EXPECT_EQ(rejecting_rule(three, candidate(4, 1, 2)), "");
+  interleaved = candidate(4, 1, 2);
+  interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
+  EXPECT_EQ(rejecting_rule(three, interleaved), "pp-layers");
   // ep-experts: ep on a dense model; on 4 experts ep=2 is kept, on 3 refused
   EXPECT_EQ(rejecting_rule(s, candidate(2, 2, 1, 2)), "ep-experts");
   SearchSpace moe = s;
