@@ -98,6 +98,33 @@ TEST(Analytic, CpSplitsTheTokensAndPassesKeysAndValuesAroundItsRing) {
   EXPECT_EQ(analytic_memory(toy(), c, 2, "f32"), static_cast<int64_t>(16 * params + sbh * 34 * 2 + head));
 }
 
+TEST(Analytic, SwiGluAndGroupedQueryAttentionCountTheirOwnSizes) {
+  // Llama-like: 2 heads of 4 sharing 1 key/value head, a SwiGLU MLP of 24. Attention parameters
+  // 8 x 4 x (2 + 2) + 2 x 4 x 8 = 192, the MLP 3 x 8 x 24 = 576; a layer's activations
+  // sbh (10 + 8 + 8 x 24 / 8) (SwiGLU's gate, up, activation and product); cp=2 passes the one
+  // key/value head's b s 2 x 4 f32 bytes.
+  ModelSize m = toy();
+  m.kv_heads = 1, m.mlp_width = 24, m.swiglu = true, m.tied = false;
+  EXPECT_EQ(m.params(), 192 + 576 + 2 * 8 + 2 * 16 * 8);
+  Candidate c = one(1, 1, 1, 1);
+  c.cp = 2;
+  const ClusterSpec cl = cluster(1e300, 1e9, 1e9);
+  const StepEstimate e = analytic_estimate(cl, m, c, 1, "f32");
+  const double sbh = 2 * 8, act = sbh * 42 * 2;
+  EXPECT_NEAR(e.parts.at("memory_bound"), 6 * act / 1e9, 1e-15);
+  EXPECT_NEAR(e.parts.at("cp_exchange"), 3 * collective_seconds(CollectiveKind::AllGather, 4 * 2 * 4 * 4.0, 2, cl.intra_node),
+              1e-15);
+  // The search's timer keeps a simulated step by its inputs and gives the same step again.
+  AnalyticTimer timer;
+  Candidate pp = one(1, 1, 1, 4);
+  pp.pp = 2;
+  const double first = analytic_estimate(cl, m, pp, 4, "f32", &timer).step;
+  EXPECT_EQ(timer.steps.size(), 2u);  // with and without the pipeline's messages
+  EXPECT_DOUBLE_EQ(analytic_estimate(cl, m, pp, 4, "f32", &timer).step, first);
+  EXPECT_EQ(timer.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(analytic_estimate(cl, m, pp, 4, "f32").step, first);
+}
+
 // 2 devices a node; pp=2 x tp=2: the tp pair (0, 1) inside a node, the pp pair (0, 2) across nodes.
 ClusterSpec two_a_node(double peak, double intra, double inter) {
   ClusterSpec c = cluster(peak, intra);
