@@ -85,10 +85,10 @@ TEST(CliPredict, AMeasuredOptimizerRateTimesTheUpdate) {
 
 TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {
   // kPlanModel on one rank, micro-batch 8 of seq 32, hidden 64 (4 heads of 16), MLP 256, vocab 128:
-  // a layer 2 b s (64 x 16 x 12 + 4 x 16 x 64 + 2 x 64 x 256) + 4 b s^2 64, two of them and the head
-  // 2 b s 64 x 128; the backward twice the forward.
+  // a layer 2 b s (64 x 16 x 12 + 4 x 16 x 64 + 2 x 64 x 256) + 4 b s^2 64 / 2 (the fused core's causal
+  // half), two of them and the head 2 b s 64 x 128; the backward twice the forward.
   const double b = 8, s = 32;
-  const double layer = 2 * b * s * (64 * 16 * 12 + 4 * 16 * 64 + 2 * 64 * 256) + 4 * b * s * s * 64;
+  const double layer = 2 * b * s * (64 * 16 * 12 + 4 * 16 * 64 + 2 * 64 * 256) + 4 * b * s * s * 64 / 2;
   const double flops = 3 * (2 * layer + 2 * b * s * 64 * 128);
   json j = predict("--mesh dp=1 --vocab 128 --analytic --cluster " + compute_only_cluster(1e9));
   EXPECT_EQ(j["model"], "analytic");
@@ -96,7 +96,13 @@ TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {
   EXPECT_NEAR(j["step_time_s"].get<double>(), flops / 1e9, 1e-9);
   Result r = run("plan --analytic " + kModel);
   EXPECT_NE(r.out.find("--analytic goes with --predict or --auto"), std::string::npos) << r.out;
-  r = run("plan --predict --analytic --layers 3 --hidden 64 --heads 4 --seq 32 --global-batch 8 --mesh pp=2 --cluster " +
-          compute_only_cluster(1e9));
-  EXPECT_NE(r.out.find("3 layers do not cut into 2 equal stages"), std::string::npos) << r.out;
+  // Uneven stages, interleaved too (train interleaves equal chunks only): the slowest rank's layers,
+  // 3 layers on pp=2 as 4 on pp=2; 5 on pp=2 x 2 virtual as 8.
+  const std::string uneven = "plan --predict --analytic --json --hidden 64 --heads 4 --seq 32 --global-batch 8 --cluster " +
+                             compute_only_cluster(1e9);
+  EXPECT_DOUBLE_EQ(shardwise_cli_test::run_json(uneven + " --layers 3 --mesh pp=2")["step_time_s"].get<double>(),
+                   shardwise_cli_test::run_json(uneven + " --layers 4 --mesh pp=2")["step_time_s"].get<double>());
+  const std::string interleaved = " --mesh pp=2 --schedule interleaved --virtual 2 --micro-batch 1";
+  EXPECT_DOUBLE_EQ(shardwise_cli_test::run_json(uneven + " --layers 5" + interleaved)["step_time_s"].get<double>(),
+                   shardwise_cli_test::run_json(uneven + " --layers 8" + interleaved)["step_time_s"].get<double>());
 }

@@ -54,6 +54,13 @@ TEST(Search, EachRuleRemovesWhatItNamesAndKeepsTheFixedCandidate) {
   interleaved = candidate(4, 1, 2);
   interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
   EXPECT_EQ(rejecting_rule(s, interleaved), "");
+  // Uneven stages (3 layers on pp=2) are kept for 1F1B, as train cuts them, but not interleaved.
+  SearchSpace three = s;
+  three.layers = 3;
+  EXPECT_EQ(rejecting_rule(three, candidate(4, 1, 2)), "");
+  interleaved = candidate(4, 1, 2);
+  interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
+  EXPECT_EQ(rejecting_rule(three, interleaved), "pp-layers");
   // ep-experts: ep on a dense model; on 4 experts ep=2 is kept, on 3 refused
   EXPECT_EQ(rejecting_rule(s, candidate(2, 2, 1, 2)), "ep-experts");
   SearchSpace moe = s;
@@ -112,7 +119,7 @@ TEST(Search, EnumerationCountsASmallSpaceAsWorkedByHand) {
   s.sharding_stages = {0, 1};
   s.recompute = {"none"};
   s.schedules = {"1f1b", "zbh1"};
-  s.sequence_parallel = false;
+  s.sequence_parallel = false, s.context_parallel = false;
   const Enumeration e = enumerate_candidates(s);
   EXPECT_EQ(e.considered, 120);
   EXPECT_EQ(e.kept.size(), 17u);
@@ -123,6 +130,61 @@ TEST(Search, EnumerationCountsASmallSpaceAsWorkedByHand) {
     EXPECT_EQ(c.dp * c.tp * c.pp * c.ep, 4) << c.describe();
     EXPECT_EQ(c.micro_batch * c.accumulation * c.dp * c.ep, 4) << c.describe();
   }
+}
+
+// Worked by hand with cp: 4 devices on one node, 2 layers, seq 2048, global batch 4, 1f1b, stage 0,
+// no recompute, no sp. (dp, tp, pp, ep, cp) with product 4: 15 meshes; micro-batches 1, 2, 4: 45.
+// pp=4 is pp-layers (3); ep > 1 (5 meshes) ep-experts (15); cp=4 leaves 512 tokens a rank, cp (3).
+// Of the other 8 meshes:
+//   dp=4: micro-batch 2, 4 batch (2), kept 1; tp=4: kept 3; dp=2,tp=2 and dp=2,cp=2: micro-batch 4
+//   batch (1 each), kept 2 each; pp=2,dp=2: micro-batch 4 batch (1), 2 pp-schedule (1), kept 1;
+//   pp=2,tp=2 and pp=2,cp=2: micro-batch 4 pp-schedule (1 each), kept 2 each; cp=2,tp=2: kept 3.
+TEST(Search, EnumerationWithCpCountsAsWorkedByHand) {
+  SearchSpace s;
+  s.devices = 4, s.devices_per_node = 4;
+  s.layers = 2, s.heads = 4, s.kv_heads = 4, s.hidden = 8, s.mlp_width = 32, s.vocab = 16, s.seq = 2048;
+  s.global_batch = 4;
+  s.sharding_stages = {0};
+  s.recompute = {"none"};
+  s.schedules = {"1f1b"};
+  s.sequence_parallel = false;
+  const Enumeration e = enumerate_candidates(s);
+  EXPECT_EQ(e.considered, 45);
+  EXPECT_EQ(e.kept.size(), 16u);
+  const std::map<std::string, int64_t> removed = {{"pp-layers", 3}, {"ep-experts", 15}, {"cp", 3},
+                                                  {"batch", 5}, {"pp-schedule", 3}};
+  EXPECT_EQ(e.removed, removed);
+  int with_cp = 0;
+  for (const Candidate& c : e.kept) {
+    EXPECT_EQ(c.dp * c.tp * c.pp * c.ep * c.cp, 4) << c.describe();
+    with_cp += c.cp == 2;
+  }
+  EXPECT_EQ(with_cp, 2 + 2 + 3);
+}
+
+TEST(Search, TheCpRuleNamesWhatTrainCannotRun) {
+  SearchSpace s = space();
+  s.seq = 4096;
+  Candidate c = candidate(2, 2, 1);
+  c.cp = 2;
+  EXPECT_EQ(rejecting_rule(s, c), "");
+  s.seq = 2050;  // not 2 x cp equal chunks
+  EXPECT_EQ(rejecting_rule(s, c), "cp");
+  s.seq = 3072;  // 768 tokens a rank on cp=4, under kMinCpTokens
+  c = candidate(2, 1, 1), c.cp = 4;
+  EXPECT_EQ(rejecting_rule(s, c), "cp");
+  s.seq = 4096;
+  EXPECT_EQ(rejecting_rule(s, c), "");
+  c.sharding_stage = 3;  // train refuses cp with stage 3
+  EXPECT_EQ(rejecting_rule(s, c), "cp");
+  c.sharding_stage = 0;
+  s.experts = 4;  // nor MoE layers
+  EXPECT_EQ(rejecting_rule(s, c), "cp");
+  // A sharding stage needs two data ranks; cp's count (its ranks sum the gradients).
+  s.experts = 0;
+  c = candidate(1, 2, 1), c.cp = 4, c.sharding_stage = 1;
+  EXPECT_EQ(rejecting_rule(s, c), "");
+  EXPECT_EQ(c.mesh(), "cp=4,tp=2");
 }
 
 TEST(Search, MeshTextPutsTpInnermostAndRefusesAnEmptySpace) {

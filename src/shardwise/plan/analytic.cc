@@ -16,7 +16,7 @@ int64_t attention_params(const ModelSize& m) {
 int64_t mlp_params(const ModelSize& m) { return (m.swiglu ? 3 : 2) * m.hidden * m.mlp_width; }
 
 // The global ranks of a group: `size` members `stride` apart from rank 0 (the mesh's order: pp
-// outermost, then dp, ep, tp innermost).
+// outermost, then dp, ep, cp, tp innermost).
 std::vector<int> strided(int64_t size, int64_t stride) {
   std::vector<int> r;
   for (int64_t i = 0; i < size; ++i) r.push_back(static_cast<int>(i * stride));
@@ -40,6 +40,15 @@ double in_flight(const Candidate& c, int64_t micro_batches) {
 
 }  // namespace
 
+double AnalyticTimer::step(const std::string& schedule, int stages, int micro_batches, int virtual_stages,
+                           double forward, double backward, double send) {
+  const auto key = std::make_tuple(schedule, stages, micro_batches, virtual_stages, forward, backward, send);
+  auto it = steps.find(key);
+  if (it == steps.end())
+    it = steps.emplace(key, schedules(schedule, stages, micro_batches, virtual_stages, forward, backward, send).step).first;
+  return it->second;
+}
+
 int64_t ModelSize::params() const {
   const int64_t mlp = experts > 0 ? experts * mlp_params(*this) + hidden * experts : mlp_params(*this);
   return layers * (attention_params(*this) + mlp + 2 * hidden) + vocab * hidden * (tied ? 1 : 2);
@@ -49,18 +58,20 @@ namespace {
 
 // A candidate's per-device sizes both halves of the model use.
 struct Sizes {
-  double e, t, b, s, h, layers, d;
-  int64_t data, micro_batches;
+  double e, t, b, s, h, layers, cp;  // s: the tokens of a sequence on a device (seq / cp); layers: a rank's
+  int64_t data, grads, micro_batches;  // data: ranks splitting the batch (dp x ep); grads: dp x ep x cp
   bool recompute;
   double layer_params, params;  // a layer's on a device; the last stage's (its layers and the head)
 };
 
 Sizes sizes(const ModelSize& m, const Candidate& c, int64_t global_batch, const std::string& dtype) {
   Sizes z;
-  z.e = dtype == "bf16" ? 2 : 4, z.t = static_cast<double>(c.tp);
-  z.b = static_cast<double>(c.micro_batch), z.s = static_cast<double>(m.seq), z.h = static_cast<double>(m.hidden);
-  z.layers = static_cast<double>(m.layers / c.pp);
-  z.data = c.dp * c.ep, z.d = static_cast<double>(z.data);
+  z.e = dtype == "bf16" ? 2 : 4, z.t = static_cast<double>(c.tp), z.cp = static_cast<double>(c.cp);
+  z.b = static_cast<double>(c.micro_batch), z.h = static_cast<double>(m.hidden);
+  z.s = static_cast<double>(m.seq) / z.cp;
+  const int64_t chunks = c.pp * c.virtual_stages;
+  z.layers = static_cast<double>((m.layers + chunks - 1) / chunks * c.virtual_stages);
+  z.data = c.dp * c.ep, z.grads = z.data * c.cp;
   z.micro_batches = global_batch / (z.data * c.micro_batch);
   z.recompute = c.recompute == "full";
   const double expert_share = m.experts > 0 ? static_cast<double>(m.experts) / static_cast<double>(c.ep) : 1;
@@ -69,17 +80,25 @@ Sizes sizes(const ModelSize& m, const Candidate& c, int64_t global_batch, const 
   return z;
 }
 
+// A layer's activation bytes on a device (K eq. 2 / 5 at 2 bytes, scaled to the dtype; analytic.h).
+double layer_activations(const ModelSize& m, const Candidate& c, const Sizes& z) {
+  const double sbh = z.s * z.b * z.h, split = 8 + (m.swiglu ? 8 : 4) * static_cast<double>(m.mlp_width) / z.h;
+  const double per_sbh = c.sequence_parallel ? (10 + split) / z.t : 10 + split / z.t;
+  const double scores = m.fused_attention ? 0 : 5 * static_cast<double>(m.heads) * z.s * static_cast<double>(m.seq) * z.b / z.t;
+  return (sbh * per_sbh + scores) * z.e / 2;
+}
+
 }  // namespace
 
 int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_batch, const std::string& dtype) {
   const Sizes z = sizes(m, c, global_batch, dtype);
-  const double state_share = c.sharding_stage >= 1 ? z.d : 1;
+  const double state_share = c.sharding_stage >= 1 ? static_cast<double>(z.grads) : 1;
   // State, then the activations in flight (first stage) or the head's (last).
-  const double state = z.e * z.params / (c.sharding_stage == 3 ? z.d : 1) +
-                       4 * z.params / (c.sharding_stage >= 2 ? z.d : 1) +
+  const double state = z.e * z.params / (c.sharding_stage == 3 ? static_cast<double>(z.grads) : 1) +
+                       4 * z.params / (c.sharding_stage >= 2 ? static_cast<double>(z.grads) : 1) +
                        (8 + (dtype == "bf16" ? 4 : 0)) * z.params / state_share;
   const double sbh = z.s * z.b * z.h;
-  const double full_layer = sbh * (c.sequence_parallel ? 34 / z.t : 10 + 24 / z.t) * z.e / 2;
+  const double full_layer = layer_activations(m, c, z);
   const double kept_layer = z.recompute ? sbh * z.e / (c.sequence_parallel ? z.t : 1) : full_layer;
   const double first = in_flight(c, z.micro_batches) * z.layers * kept_layer + (z.recompute ? full_layer : 0);
   const double last = z.layers * kept_layer + (z.recompute ? full_layer : 0) + 4 * z.b * z.s * static_cast<double>(m.vocab) / z.t;
@@ -87,54 +106,99 @@ int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_b
   return static_cast<int64_t>(state + std::max(first, last) + gathered);
 }
 
-StepEstimate analytic_estimate(const ClusterSpec& cl, const ModelSize& m, const Candidate& c, int64_t global_batch,
-                               const std::string& dtype, PipelineTimer* timer) {
-  SW_CHECK(c.dp * c.tp * c.pp * c.ep <= cl.devices(), "plan --auto: the mesh {} needs {} devices; cluster '{}' has {}",
-           c.mesh(), c.dp * c.tp * c.pp * c.ep, cl.name, cl.devices());
-  const Sizes z = sizes(m, c, global_batch, dtype);
-  const double b = z.b, s = z.s, h = z.h, t = z.t, e = z.e, layers = z.layers, params = z.params;
-  const bool recompute = z.recompute;
-  const int64_t data = z.data;
-  // FLOPs of one micro-batch's forward on a device.
+namespace {
+
+// One micro-batch's seconds on a device, by part: a rank's layers (`layers`), and the last stage's head.
+struct MicroBatch {
+  double flops_fwd = 0, flops_bwd = 0;  // the layers'
+  double compute_fwd = 0, compute_bwd = 0, memory_fwd = 0, memory_bwd = 0;
+  double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0, ep_fwd = 0, ep_bwd = 0, stage3 = 0, send = 0;
+  double head_flops = 0, head = 0;  // forward and backward of the head
+  double forward() const { return compute_fwd + memory_fwd + tp_fwd + cp_fwd + ep_fwd + stage3 / 3; }
+  double backward() const { return compute_bwd + memory_bwd + tp_bwd + cp_bwd + ep_bwd + 2 * stage3 / 3; }
+};
+
+// The pipeline message of one micro-batch (N section 4.1's scatter/gather with tp; analytic.h).
+double pipeline_send(const ClusterSpec& cl, const Candidate& c, const Sizes& z, double act) {
+  if (c.pp == 1) return 0;
+  const int64_t stride = z.grads * c.tp;  // pp outermost
+  if (c.tp == 1 || c.sequence_parallel) return ring(cl, CollectiveKind::SendRecv, act / z.t, 2, stride);
+  return ring(cl, CollectiveKind::SendRecv, act / z.t, 2, stride) + ring(cl, CollectiveKind::AllGather, act, c.tp, 1);
+}
+
+MicroBatch micro_batch(const ClusterSpec& cl, const ModelSize& m, const Candidate& c, const Sizes& z,
+                       const std::string& dtype) {
+  MicroBatch r;
+  const double b = z.b, s = z.s, h = z.h, t = z.t, layers = z.layers, e = z.e;
   const double active_mlp = static_cast<double>(mlp_params(m)) * (m.experts > 0 ? static_cast<double>(m.top_k) : 1);
-  const double layer_flops = (2 * b * s * (static_cast<double>(attention_params(m)) + active_mlp) +
-                              4 * b * s * s * static_cast<double>(m.heads * m.head_dim)) / t;
-  const double fwd_flops = layers * layer_flops + 2 * b * s * h * static_cast<double>(m.vocab) / t;
-  const double bwd_flops = 2 * fwd_flops + (recompute ? layers * layer_flops : 0);
-  // Collectives of one micro-batch.
+  const double core = 4 * b * s * static_cast<double>(m.seq * m.heads * m.head_dim) * (m.fused_attention ? 0.5 : 1);
+  const double layer_flops = (2 * b * s * (static_cast<double>(attention_params(m)) + active_mlp) + core) / t;
+  const double rc = z.recompute ? 1 : 0;
+  r.flops_fwd = layers * layer_flops, r.flops_bwd = (2 + rc) * layers * layer_flops;
+  r.compute_fwd = compute_seconds(cl, r.flops_fwd, dtype), r.compute_bwd = compute_seconds(cl, r.flops_bwd, dtype);
+  const double traffic = 2 * layers * layer_activations(m, c, z);  // written once, read once
+  r.memory_fwd = memory_seconds(cl, traffic), r.memory_bwd = (2 + rc) * r.memory_fwd;
   const double act = b * s * h * e;
   const double tp_one = ring(cl, CollectiveKind::AllReduce, act, c.tp, 1);
-  const double tp_fwd = 2 * layers * tp_one, tp_bwd = (recompute ? 4 : 2) * layers * tp_one;
-  const double ep_one = m.experts > 0 ? ring(cl, CollectiveKind::AllToAll, act * static_cast<double>(m.top_k), c.ep, c.tp) : 0;
-  const double ep_fwd = 2 * layers * ep_one, ep_bwd = (recompute ? 4 : 2) * layers * ep_one;
-  double stage3 = 0;  // per micro-batch
+  r.tp_fwd = 2 * layers * tp_one, r.tp_bwd = (2 + 2 * rc) * layers * tp_one;
+  const double kv = b * static_cast<double>(m.seq * 2 * m.kv_heads * m.head_dim) / t * e;
+  const double cp_one = ring(cl, CollectiveKind::AllGather, kv, c.cp, c.tp);
+  r.cp_fwd = layers * cp_one, r.cp_bwd = (2 + rc) * layers * cp_one;
+  const double ep_one = m.experts > 0 ? ring(cl, CollectiveKind::AllToAll, act * static_cast<double>(m.top_k), c.ep, c.cp * c.tp) : 0;
+  r.ep_fwd = 2 * layers * ep_one, r.ep_bwd = (2 + 2 * rc) * layers * ep_one;
   if (c.sharding_stage == 3) {
-    stage3 = 2 * ring(cl, CollectiveKind::AllGather, e * params, data, c.tp) +
-             ring(cl, CollectiveKind::ReduceScatter, 4 * params, data, c.tp);
+    r.stage3 = 2 * ring(cl, CollectiveKind::AllGather, e * z.params, z.grads, c.tp) +
+               ring(cl, CollectiveKind::ReduceScatter, 4 * z.params, z.grads, c.tp);
   }
-  const double fwd = compute_seconds(cl, fwd_flops, dtype) + tp_fwd + ep_fwd + stage3 / 3;
-  const double bwd = compute_seconds(cl, bwd_flops, dtype) + tp_bwd + ep_bwd + 2 * stage3 / 3;
-  double send = 0;
-  if (c.pp > 1) send = ring(cl, CollectiveKind::SendRecv, act / (c.sequence_parallel ? t : 1), 2, c.dp * c.ep * c.tp);
-  PipelineTimer own;
-  const PipelineTime pipe = (timer ? *timer : own)(c.schedule, static_cast<int>(c.pp), static_cast<int>(z.micro_batches),
-                                                  c.virtual_stages, fwd, bwd, send);
+  r.send = pipeline_send(cl, c, z, act);
+  r.head_flops = 3 * 2 * b * s * h * static_cast<double>(m.vocab) / t;
+  r.head = compute_seconds(cl, r.head_flops, dtype);
+  return r;
+}
+
+// The data ranks' gradient sync and the embedding's, once a step.
+double grad_sync(const ClusterSpec& cl, const ModelSize& m, const Candidate& c, const Sizes& z) {
+  double r = 0;
+  if (c.sharding_stage <= 1) r = ring(cl, CollectiveKind::AllReduce, 4 * z.params, z.grads, c.tp);
+  else if (c.sharding_stage == 2) r = ring(cl, CollectiveKind::ReduceScatter, 4 * z.params, z.grads, c.tp);
+  if (c.sharding_stage == 1 || c.sharding_stage == 2) r += ring(cl, CollectiveKind::AllGather, z.e * z.params, z.grads, c.tp);
+  if (c.pp > 1 && m.tied)  // the first and the last stage (pp - 1 strides apart) sum the embedding's gradient
+    r += ring(cl, CollectiveKind::AllReduce, 4 * static_cast<double>(m.vocab) * z.h / z.t, 2,
+              (c.pp - 1) * z.grads * c.tp);
+  return r;
+}
+
+}  // namespace
+
+StepEstimate analytic_estimate(const ClusterSpec& cl, const ModelSize& m, const Candidate& c, int64_t global_batch,
+                               const std::string& dtype, AnalyticTimer* timer, bool split_sends) {
+  const int64_t devices = c.dp * c.tp * c.pp * c.ep * c.cp;
+  SW_CHECK(devices <= cl.devices(), "plan --auto: the mesh {} needs {} devices; cluster '{}' has {}", c.mesh(), devices,
+           cl.name, cl.devices());
+  const Sizes z = sizes(m, c, global_batch, dtype);
+  const MicroBatch u = micro_batch(cl, m, c, z, dtype);
   const double mbs = static_cast<double>(z.micro_batches);
-  double grad_sync = 0;
-  if (c.sharding_stage <= 1) grad_sync = ring(cl, CollectiveKind::AllReduce, 4 * params, data, c.tp);
-  else if (c.sharding_stage == 2) grad_sync = ring(cl, CollectiveKind::ReduceScatter, 4 * params, data, c.tp);
-  if (c.sharding_stage == 1 || c.sharding_stage == 2) grad_sync += ring(cl, CollectiveKind::AllGather, e * params, data, c.tp);
+  AnalyticTimer own;
+  AnalyticTimer& sim = timer ? *timer : own;
+  const auto pipe = [&](double send) {
+    return sim.step(c.schedule, static_cast<int>(c.pp), static_cast<int>(z.micro_batches), c.virtual_stages, u.forward(),
+                    u.backward(), send);
+  };
+  const double with_send = pipe(u.send), without = split_sends && u.send > 0 ? pipe(0) : with_send;
   StepEstimate r;
-  r.parts["compute"] = mbs * compute_seconds(cl, fwd_flops + bwd_flops, dtype);
-  r.parts["tp_all_reduce"] = mbs * (tp_fwd + tp_bwd);
-  r.parts["ep_all_to_all"] = mbs * (ep_fwd + ep_bwd);
-  r.parts["stage3_gather_scatter"] = mbs * stage3;
-  r.parts["bubble"] = pipe.step - mbs * (fwd + bwd);
-  r.parts["grad_sync"] = grad_sync;
-  r.parts["optimizer"] = memory_seconds(cl, 7 * 4 * params / (c.sharding_stage >= 1 ? z.d : 1));
-  r.step = pipe.step + grad_sync + r.parts["optimizer"];
-  r.flops = mbs * (fwd_flops + bwd_flops);
-  r.tokens_per_s = static_cast<double>(global_batch) * s / r.step;
+  r.parts["compute"] = mbs * (u.compute_fwd + u.compute_bwd + u.head);
+  r.parts["memory_bound"] = mbs * (u.memory_fwd + u.memory_bwd);
+  r.parts["tp_all_reduce"] = mbs * (u.tp_fwd + u.tp_bwd);
+  r.parts["cp_exchange"] = mbs * (u.cp_fwd + u.cp_bwd);
+  r.parts["ep_all_to_all"] = mbs * (u.ep_fwd + u.ep_bwd);
+  r.parts["stage3_gather_scatter"] = mbs * u.stage3;
+  r.parts["pp_send"] = with_send - without;
+  r.parts["bubble"] = without - mbs * (u.forward() + u.backward());
+  r.parts["grad_sync"] = grad_sync(cl, m, c, z);
+  r.parts["optimizer"] = memory_seconds(cl, 7 * 4 * z.params / (c.sharding_stage >= 1 ? static_cast<double>(z.grads) : 1));
+  r.step = with_send + mbs * u.head + r.parts["grad_sync"] + r.parts["optimizer"];
+  r.flops = mbs * (u.flops_fwd + u.flops_bwd + u.head_flops);
+  r.tokens_per_s = static_cast<double>(global_batch) * static_cast<double>(m.seq) / r.step;
   r.mfu = r.flops / r.step / cl.peak(dtype);
   r.memory = analytic_memory(m, c, global_batch, dtype);
   return r;

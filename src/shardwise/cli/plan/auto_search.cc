@@ -44,6 +44,7 @@ plan::ModelSize model_size(const train::GptConfig& m) {
   z.layers = m.layers, z.heads = m.heads, z.kv_heads = m.key_value_heads(), z.head_dim = m.head_size();
   z.hidden = m.hidden, z.mlp_width = m.mlp_width(), z.vocab = m.vocab, z.seq = m.seq;
   z.experts = m.experts, z.top_k = m.top_k, z.swiglu = m.is_llama(), z.tied = !m.is_llama() || m.tie_word_embeddings;
+  z.fused_attention = m.fused_attention();
   return z;
 }
 
@@ -88,9 +89,10 @@ std::string candidate_options(const plan::Candidate& c) {
 plan::StepEstimate predict_analytic(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
   const train::Strategy s = train::Strategy::from_mesh(mesh::parse_mesh(tc.parallel.mesh), tc.parallel.sequence_parallel);
   plan::Candidate c;
-  c.dp = s.dp_size(), c.tp = s.tp_size(), c.ep = s.ep_size(), c.pp = s.pp < 0 ? 1 : s.mesh.dim_size(s.pp);
-  SW_CHECK(c.dp * c.tp * c.pp * c.ep == s.mesh.size(), "--analytic: the mesh {} has a dim other than dp, tp, pp, ep",
-           s.mesh.to_string());
+  c.dp = s.dp_size(), c.tp = s.tp_size(), c.ep = s.ep_size(), c.cp = s.cp_size();
+  c.pp = s.pp < 0 ? 1 : s.mesh.dim_size(s.pp);
+  SW_CHECK(c.dp * c.tp * c.pp * c.ep * c.cp == s.mesh.size(),
+           "--analytic: the mesh {} has a dim other than dp, tp, pp, ep, cp", s.mesh.to_string());
   c.sequence_parallel = tc.parallel.sequence_parallel;
   c.sharding_stage = tc.parallel.sharding.stage;
   c.recompute = tc.model.recompute;
@@ -98,9 +100,8 @@ plan::StepEstimate predict_analytic(const train::TrainConfig& tc, const plan::Cl
            "and full)", c.recompute);
   c.micro_batch = tc.optimizer.micro_batch, c.accumulation = tc.optimizer.accumulation;
   c.schedule = tc.parallel.schedule, c.virtual_stages = tc.parallel.virtual_stages;
-  SW_CHECK(tc.model.layers % (c.pp * c.virtual_stages) == 0,
-           "--analytic: {} layers do not cut into {} equal stages (the analytic model's stages are equal)",
-           tc.model.layers, c.pp * c.virtual_stages);
+  SW_CHECK(tc.model.layers >= c.pp * c.virtual_stages, "--analytic: {} layers do not fill {} stages ({} x {} virtual)",
+           tc.model.layers, c.pp * c.virtual_stages, c.pp, c.virtual_stages);
   return plan::analytic_estimate(cluster, model_size(tc.model), c, tc.optimizer.global_batch, tc.bf16 ? "bf16" : "f32");
 }
 
@@ -139,7 +140,7 @@ AutoSearch auto_search(const train::TrainConfig& original, const AutoOptions& o)
   const std::string dtype = base.bf16 ? "bf16" : "f32";
   const double limit = r.cluster.memory_bytes * (1 - o.memory_margin);
   const plan::ModelSize size = model_size(base.model);
-  plan::PipelineTimer timer;
+  plan::AnalyticTimer timer;
   for (const plan::Candidate& c : r.enumeration.kept) {
     plan::StepEstimate e;
     if (r.analytic) {
@@ -147,7 +148,7 @@ AutoSearch auto_search(const train::TrainConfig& original, const AutoOptions& o)
         ++r.over_memory;
         continue;
       }
-      e = plan::analytic_estimate(r.cluster, size, c, base.optimizer.global_batch, dtype, &timer);
+      e = plan::analytic_estimate(r.cluster, size, c, base.optimizer.global_batch, dtype, &timer, false);
     } else {
       try {
         const train::TrainConfig tc = candidate_config(base, c);

@@ -138,7 +138,19 @@ std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstima
 
 int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, bool analytic, std::ostream& out) {
   train::TrainConfig tc = options.config;
-  tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);
+  const int64_t ranks = options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size();
+  if (analytic && tc.parallel.virtual_stages > 1) {
+    // The analytic model takes uneven interleaved stages (the slowest rank's ceil(layers / (pp x
+    // virtual)) a chunk, as Llama 3's 126 layers on 16 ranks); train's runtime interleaves equal
+    // chunks only, so the run is checked as 1F1B and predicted interleaved.
+    train::TrainConfig one = tc;
+    one.parallel.schedule = "1f1b", one.parallel.virtual_stages = 1;
+    one.check(ranks, false);
+    one.parallel.schedule = tc.parallel.schedule, one.parallel.virtual_stages = tc.parallel.virtual_stages;
+    tc = one;
+  } else {
+    tc.check(ranks, false);
+  }
   const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
   const plan::StepEstimate r = analytic ? predict_analytic(tc, cluster) : predict_program(tc, cluster);
   const std::vector<std::pair<std::string, double>> parts = ordered_parts(r);
@@ -147,6 +159,7 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
     out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
                            {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op},
+                           {"memory_bytes", r.memory},
                            {"model", analytic ? "analytic" : "programs"}})
                .dump(1)
         << "\n";
