@@ -7,6 +7,7 @@ import importlib.util
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 import shardwise as sw
@@ -50,10 +51,13 @@ def single(request, tmp_path_factory):
     return request.param, curve(tmp_path_factory.mktemp("single"), "dp=1", head_loss=request.param)
 
 
-@pytest.mark.parametrize("mesh", ["dp=2", "tp=2", "dp=2,tp=2"])
+@pytest.mark.parametrize("mesh", ["dp=2", "tp=2", "dp=2,tp=2", "pp=2"])
 def test_embedder_curve_is_the_single_rank_curve_on_every_mesh(tmp_path, single, mesh):
+    # pp=2: the batches reach the first stage's embed(query, passage) and the last stage's
+    # head(x, labels); one micro-batch of all 8 rows, so the negatives are the single-rank run's.
     head, expected = single
-    assert curve(tmp_path, mesh, head_loss=head) == pytest.approx(expected, abs=1e-5)
+    micro = RUN["global_batch"] if "pp" in mesh else None
+    assert curve(tmp_path, mesh, micro, head_loss=head) == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.parametrize("head", ["contrastive", "reward"])
@@ -89,9 +93,18 @@ def test_passage_embeddings_are_all_gathered_and_their_gradient_reduce_scattered
                                         inputs=batch).plan(summary=True)
 
 
-@pytest.mark.parametrize("mesh", ["dp=2", "dp=2,tp=2"])
+@pytest.mark.parametrize("mesh", ["dp=2", "dp=2,tp=2", "pp=2", "dp=2,pp=2"])
 def test_mean_pooling_and_accumulation_keep_the_single_rank_curve(tmp_path, mesh):
-    # Two micro-batches of 4 rows: each its own negatives (labels index the micro-batch's rows).
+    # Two micro-batches of 4 rows (accumulated, or the pipeline's): each its own negatives (labels
+    # index the micro-batch's rows).
     expected = curve(tmp_path / "one", "dp=1", micro=4, pooling="mean")
     assert curve(tmp_path, mesh, micro=4, pooling="mean") == pytest.approx(expected, abs=1e-5)
     assert expected != pytest.approx(curve(tmp_path / "whole", "dp=1", pooling="mean"), abs=1e-3)
+
+
+def test_a_fed_input_no_stage_takes_is_an_error_on_pp(tmp_path):
+    se = example()
+    model = se.SentenceEmbedder(**SIZE)
+    batch = dict(se.synthetic_batches(model, RUN["global_batch"], SEQ, 1)[0], weights=np.ones(8, np.float32))
+    with pytest.raises(sw.UsageError, match=r"embed\(\) \(the first stage\) or head\(\) \(the last\).*\['weights'\]"):
+        sw.Trainer(model=model, inputs=batch, mesh="pp=2", steps=1, run_dir=tmp_path / "r", **RUN)
