@@ -108,3 +108,41 @@ def test_a_fed_input_no_stage_takes_is_an_error_on_pp(tmp_path):
     batch = dict(se.synthetic_batches(model, RUN["global_batch"], SEQ, 1)[0], weights=np.ones(8, np.float32))
     with pytest.raises(sw.UsageError, match=r"embed\(\) \(the first stage\) or head\(\) \(the last\).*\['weights'\]"):
         sw.Trainer(model=model, inputs=batch, mesh="pp=2", steps=1, run_dir=tmp_path / "r", **RUN)
+
+
+@pytest.mark.parametrize("mesh", ["dp=1", "dp=2,tp=2", "pp=2"])
+def test_validate_gives_held_out_batches_mean_loss_as_one_rank(tmp_path, mesh):
+    se = example()
+    model = se.SentenceEmbedder(**SIZE)
+    batches = se.synthetic_batches(model, RUN["global_batch"], SEQ, STEPS)  # the PyTorch reference's
+    held = se.synthetic_batches(model, RUN["global_batch"], SEQ, 2, seed=1)
+    micro = {"micro_batch": RUN["global_batch"]} if "pp" in mesh else {}
+    with sw.Trainer(model=model, inputs=batches[0], mesh=mesh, steps=3, run_dir=tmp_path / "v", **RUN, **micro) as t:
+        first = t.validate([batches[0]])
+        each = [t.validate(b) for b in held]
+        before = t.validate(held)
+        losses = [t.step(batch=b).loss for b in batches[:2]]
+        after = t.validate(held)
+        assert t.step(batch=batches[2]).step == 3
+    # The initial parameters' loss on the first batch: eager PyTorch's first loss, and the first step's.
+    assert first == pytest.approx(golden("contrastive")["losses"][0], rel=1e-4)
+    assert first == pytest.approx(losses[0], abs=1e-6)
+    assert before == pytest.approx(sum(each) / 2, abs=1e-6) and after != pytest.approx(before, abs=1e-4)
+    # Validating changes nothing: the run's curve is the one without it.
+    with sw.Trainer(model=model, inputs=batches[0], mesh=mesh, steps=3, run_dir=tmp_path / "t", **RUN, **micro) as t:
+        assert [t.step(batch=b).loss for b in batches[:2]] == losses
+
+
+def test_validate_of_a_fed_model_needs_batches_of_its_inputs(tmp_path):
+    se = example()
+    model = se.SentenceEmbedder(**SIZE)
+    batch = se.synthetic_batches(model, RUN["global_batch"], SEQ, 1)[0]
+    with sw.Trainer(model=model, inputs=batch, mesh="dp=2", steps=1, run_dir=tmp_path / "r", **RUN) as t:
+        with pytest.raises(sw.UsageError, match="needs held-out batches"):
+            t.validate()
+        with pytest.raises(sw.UsageError, match=r"the batch's 'query' must be i64 of shape \(8, 8\)"):
+            t.validate([dict(batch, query=batch["query"][:4])])
+    with sw.Trainer(steps=1, global_batch=8, digits=2, layers=1, hidden=32, heads=2, progress="none",
+                    run_dir=tmp_path / "builtin") as t:
+        with pytest.raises(sw.UsageError, match=r"validate\(data\) is for a model fed batches of its own"):
+            t.validate([batch])
