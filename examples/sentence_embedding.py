@@ -9,8 +9,13 @@ index, fed with the batch as "labels").
 The negatives are every passage of the micro-batch, on every mesh: the passage embeddings, split
 over dp as the batch is, are annotated Replicate on dp (an all-gather; its gradient a
 reduce-scatter), so each rank's queries [B / dp, H] meet all B passages and the loss is the
-single-device loss. ``negatives="local"`` instead scores each dp rank's queries against its own
-passages only (what an all-gather left out would give): a different loss whenever dp > 1.
+single-device loss. ``negatives="local", dp=N`` instead scores each of N groups of rows (each dp
+rank's, on a mesh of dp=N) against its own passages only (what an all-gather left out would give):
+a different loss whenever N > 1. The micro-batch is what the negatives span: with accumulation or a
+pipeline's micro-batches, each its own (the labels index its rows: synthetic_batches(micro_batch=)).
+
+It is an nn.Decoder (embed(query, passage), blocks, head(x, labels)), so a pp mesh cuts it into
+stages, the batch's query and passage bound on the first and its labels on the last.
 
     import shardwise as sw, sentence_embedding as se
     model = se.SentenceEmbedder(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64)
