@@ -146,3 +146,16 @@ def test_validate_of_a_fed_model_needs_batches_of_its_inputs(tmp_path):
                     run_dir=tmp_path / "builtin") as t:
         with pytest.raises(sw.UsageError, match=r"validate\(data\) is for a model fed batches of its own"):
             t.validate([batch])
+
+
+def test_contrastive_training_lowers_the_held_out_loss(tmp_path):
+    # The in-batch losses jump with each batch's hardness; 8 held-out batches show it learns.
+    se = example()
+    model = se.SentenceEmbedder(**SIZE)
+    held = se.synthetic_batches(model, RUN["global_batch"], SEQ, 8, seed=1)
+    data = se.synthetic_batches(model, RUN["global_batch"], SEQ, STEPS)
+    with sw.Trainer(model=model, data=data, mesh="dp=2", steps=STEPS, run_dir=tmp_path / "r", **RUN) as t:
+        before = t.validate(held)
+        for _ in range(STEPS):
+            t.step()
+        assert t.validate(held) < 0.8 * before
