@@ -91,8 +91,9 @@ parity: build
 
 # transformers and PEFT against shardwise (tools/hf_parity.py), in a venv of PyPI's torch, transformers,
 # peft and safetensors ($(HF_VENV), made once). `make hf-golden` also rewrites tests/golden/hf, the
-# small files `make test` replays, and tests/golden/gptj_losses.json and vit_{classes,reward}_losses.json
-# (tools/pymodel_golden.py: the Python-written examples/gptj.py and vit_tiny.py in PyTorch). Neither is part of `make test`.
+# small files `make test` replays, and tests/golden/gptj_losses.json, vit_{classes,reward}_losses.json and
+# embed_{contrastive,reward}_losses.json (tools/pymodel_golden.py: the Python-written examples/gptj.py,
+# vit_tiny.py and sentence_embedding.py in PyTorch). Neither is part of `make test`.
 HF_VENV ?= $(BUILD)/hf-venv
 $(HF_VENV)/bin/python:
 	python3 -m venv $(HF_VENV)
@@ -116,6 +117,11 @@ hf-golden: build $(HF_VENV)/bin/python
 	  $(PY_VENV)/bin/python tools/pymodel_golden.py export-vit $$head $(BUILD)/vit_$${head}_inputs.npz && \
 	  $(HF_VENV)/bin/python tools/pymodel_golden.py torch-vit $(BUILD)/vit_$${head}_inputs.npz \
 	    tests/golden/vit_$${head}_losses.json || exit 1; \
+	done
+	for head in contrastive reward; do \
+	  $(PY_VENV)/bin/python tools/pymodel_golden.py export-embed $$head $(BUILD)/embed_$${head}_inputs.npz && \
+	  $(HF_VENV)/bin/python tools/pymodel_golden.py torch-embed $(BUILD)/embed_$${head}_inputs.npz \
+	    tests/golden/embed_$${head}_losses.json || exit 1; \
 	done
 
 # The collectives of the GPT on dp=2 x tp=2, then 1.5-6 minutes of training (examples/demo.toml; README: measured)

@@ -11,7 +11,9 @@ Two steps, two interpreters (shardwise's package has no PyTorch; PyTorch's venv 
     /work/hfvenv/bin/python tools/pymodel_golden.py torch /tmp/gptj_inputs.npz tests/golden/gptj_losses.json
 
 and for the ViT (classification head; `reward`: the mean-squared-error head) `export-vit HEAD NPZ`
-and `torch-vit NPZ tests/golden/vit_<HEAD>_losses.json`.
+and `torch-vit NPZ tests/golden/vit_<HEAD>_losses.json`; for examples/sentence_embedding.py
+(`contrastive`: InfoNCE over in-batch negatives; `reward`: its pooled MSE head) `export-embed HEAD
+NPZ` and `torch-embed NPZ tests/golden/embed_<HEAD>_losses.json`.
 
 `export` writes the initial parameters by name (as the run draws them), the batches of every step
 (as its loader reads them, or the example's synthetic batches) and the configuration; `torch`
@@ -34,6 +36,10 @@ MODEL = {"layers": 2, "hidden": 32, "heads": 2}
 VIT_OPTIONS = {"mesh": "dp=1", "steps": 20, "global_batch": 8, "lr": 3e-3, "min_lr": 3e-4, "warmup": 5,
                "weight_decay": 0.1, "clip": 1.0, "seed": 20261122}
 VIT_MODEL = {"patches": 4, "patch_dim": 12, "hidden": 16, "heads": 2, "layers": 2, "classes": 4}
+# The sentence embedder's run (batches of its own) and size: a Qwen2-style decoder with GQA.
+EMBED_OPTIONS = dict(VIT_OPTIONS, lr=1e-3, min_lr=1e-4)
+EMBED_MODEL = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "vocab": 64}
+EMBED_SEQ = 8
 
 
 def load_example(name):
@@ -190,6 +196,76 @@ def train_torch_vit(in_path, out_path):
     train_and_write(cfg, p, data, forward, "examples/vit_tiny.py", out_path)
 
 
+def export_embed(head, out_path):
+    """The sentence embedder's initial parameters, its synthetic batches ("batch.<k>.ids" the query
+    and passage stacked [B, 2, S], or the query alone for the reward head; ".labels") and configuration."""
+    import shardwise as sw
+
+    se = load_example("sentence_embedding")
+    model = se.SentenceEmbedder(**EMBED_MODEL, head_loss=head)
+    arrays = initial_values(model, EMBED_OPTIONS["seed"])
+    batches = se.synthetic_batches(model, EMBED_OPTIONS["global_batch"], EMBED_SEQ, EMBED_OPTIONS["steps"])
+    for step, batch in enumerate(batches):
+        ids = batch["query"] if head == "reward" else np.stack([batch["query"], batch["passage"]], axis=1)
+        arrays[f"batch.{step}.ids"], arrays[f"batch.{step}.labels"] = ids, batch["labels"]
+    resolved = sw.TrainConfig(**EMBED_OPTIONS).to_dict()
+    cfg = dict(EMBED_MODEL, **EMBED_OPTIONS, seq=EMBED_SEQ, head_loss=head, temperature=model.temperature,
+               beta1=resolved["beta1"], beta2=resolved["beta2"], epsilon=1e-8, total_steps=EMBED_OPTIONS["steps"])
+    np.savez(out_path, config=np.array(json.dumps(cfg)), **arrays)
+    print(f"wrote {len(arrays)} arrays to {out_path}")
+
+
+def train_torch_embed(in_path, out_path):
+    import torch
+    import torch.nn.functional as F
+
+    cfg, data, p = torch_inputs(in_path)
+    H, NH, KV, S = cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["seq"]
+    HD = H // NH
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HD, 2, dtype=torch.float32) / HD))
+    angles = torch.arange(S, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def rms(x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * p[name + ".weight"]
+
+    def linear(x, name):
+        y = x @ p[name + ".weight"].T  # Hugging Face's [out, in]
+        return y + p[name + ".bias"] if name + ".bias" in p else y
+
+    def heads(x, n):
+        return x.reshape(x.shape[0], S, n, HD).transpose(1, 2)
+
+    def rotary(x):
+        x1, x2 = x[..., : HD // 2], x[..., HD // 2 :]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def layer(x, pre):
+        """Qwen2's decoder layer: GQA with q/k/v biases and rotary positions (causal), SwiGLU MLP."""
+        h = rms(x, pre + ".input_layernorm")
+        a = pre + ".self_attn."
+        q, k, v = heads(linear(h, a + "q_proj"), NH), heads(linear(h, a + "k_proj"), KV), heads(linear(h, a + "v_proj"), KV)
+        k, v = k.repeat_interleave(NH // KV, dim=1), v.repeat_interleave(NH // KV, dim=1)
+        ctx = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True, scale=1.0 / math.sqrt(HD))
+        x = x + linear(ctx.transpose(1, 2).reshape(x.shape[0], S, H), a + "o_proj")
+        h = rms(x, pre + ".post_attention_layernorm")
+        m = pre + ".mlp."
+        return x + linear(F.silu(linear(h, m + "gate_proj")) * linear(h, m + "up_proj"), m + "down_proj")
+
+    def forward(ids, labels):
+        x = p["model.embed_tokens.weight"][ids.reshape(-1, S)]
+        for i in range(cfg["layers"]):
+            x = layer(x, f"model.layers.{i}")
+        pooled = rms(x, "model.norm")[:, -1]  # the last token's final state
+        if cfg["head_loss"] == "reward":
+            return ((linear(pooled, "score").reshape(-1) - labels) ** 2).mean()
+        e = pooled * torch.rsqrt(pooled.pow(2).sum(-1, keepdim=True) + 1e-12)
+        q, passages = e.reshape(-1, 2, H).unbind(1)
+        return F.cross_entropy(q @ passages.T / cfg["temperature"], labels)
+
+    train_and_write(cfg, p, data, forward, "examples/sentence_embedding.py", out_path)
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "export":
         export(sys.argv[2])
@@ -199,6 +275,10 @@ def main():
         export_vit(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 4 and sys.argv[1] == "torch-vit":
         train_torch_vit(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "export-embed" and sys.argv[2] in ("contrastive", "reward"):
+        export_embed(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "torch-embed":
+        train_torch_embed(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)
 

@@ -111,15 +111,39 @@ def _param_names(graph):
     return {t.name for t in graph.params.values()}
 
 
-def _stage_shape_and_tie(graph, model, sequences, seq):
+def _stage_feeds(model, sequences, seq, inputs):
+    """The inputs of the first stage (the embedding's) and of the last (the head's besides x), each
+    [(name, shape, dtype)]: "ids" and "labels" [B, S], or a fed model's inputs by the names embed()
+    and head() take (every input one of them)."""
+    if inputs is None:
+        return [("ids", (sequences, seq), "i64")], [("labels", (sequences, seq), "i64")]
+    first = [n for n in inspect.signature(model.embed).parameters if n in inputs]
+    last = [n for n in list(inspect.signature(model.head).parameters)[1:] if n in inputs]
+    unused = sorted(set(inputs) - set(first) - set(last))
+    if unused:
+        raise _core.UsageError(f"{describe(model)}: on a pp mesh the batch's inputs go to embed() (the first "
+                               f"stage) or head() (the last) by name, and neither takes {unused}")
+    feeds = {n: (n, (sequences,) + tuple(shape), dtype) for n, (shape, dtype) in inputs.items()}
+    return [feeds[n] for n in first], [feeds[n] for n in last]
+
+
+def _call_with(fn, graph, feeds, fed, *leading):
+    """fn(*leading, the feeds as inputs of `graph`): by name for a fed model, else in order."""
+    values = [_boundary(graph, graph.input(name, shape, dtype)) for name, shape, dtype in feeds]
+    if fed:
+        return fn(*leading, **{name: v for (name, _, _), v in zip(feeds, values)})
+    return fn(*leading, *values)
+
+
+def _stage_shape_and_tie(model, feeds, fed):
     """The activation's shape between the stages, and the parameter the embedding and the head both
     use ("" for none), from the embedding and the head traced apart."""
     embed = Graph()
     with tracing(embed):
-        x = model.embed(embed.input("ids", (sequences, seq), "i64"))
+        x = _call_with(model.embed, embed, feeds[0], fed)
     head = Graph()
     with tracing(head):
-        model.head(head.input("x", x.shape, x.dtype), head.input("labels", (sequences, seq), "i64"))
+        _call_with(model.head, head, feeds[1], fed, head.input("x", x.shape, x.dtype))
     tied = sorted(_param_names(embed) & _param_names(head))
     if len(tied) > 1:
         raise _core.UsageError(f"{describe(model)}: the embedding and the head share {len(tied)} parameters "
@@ -127,18 +151,19 @@ def _stage_shape_and_tie(graph, model, sequences, seq):
     return x.shape, x.dtype, tied[0] if tied else ""
 
 
-def trace_stage(graph, model, sequences, seq, training, part):
+def trace_stage(graph, model, sequences, seq, training, part, inputs=None):
     """Blocks [first, end) of a Decoder as a pipeline stage's graph (with the embedding on the first,
-    the head on the last): (loss, input, output, output_grad, extra_loss, tied) as the native Trainer
-    takes them."""
+    the head on the last; a fed model's inputs on the stage whose embed() or head() takes them):
+    (loss, input, output, output_grad, extra_loss, tied) as the native Trainer takes them."""
     first, end, embeddings, head = part
     model = _decoder(model)
     model.name_parameters()
-    shape, dtype, tied = _stage_shape_and_tie(graph, model, sequences, seq)
+    feeds, fed = _stage_feeds(model, sequences, seq, inputs), inputs is not None
+    shape, dtype, tied = _stage_shape_and_tie(model, feeds, fed)
     loss = x_in = x_out = x_grad = None
     with tracing(graph):
         if embeddings:
-            x = model.embed(_boundary(graph, graph.input("ids", (sequences, seq), "i64")))
+            x = _call_with(model.embed, graph, feeds[0], fed)
         else:
             x = x_in = _boundary(graph, graph.input("stage_input", shape, dtype))
             graph.native.set_requires_grad(x.id, training)
@@ -147,7 +172,7 @@ def trace_stage(graph, model, sequences, seq, training, part):
             x = model.run_block(index, blocks[index], x)
         extra = None
         if head:
-            loss = model.head(x, _boundary(graph, graph.input("labels", (sequences, seq), "i64")))
+            loss = _call_with(model.head, graph, feeds[1], fed, x)
         else:  # the stage's own loss terms (nn.add_loss: MoE router losses) go in its extra loss
             x_out = _boundary(graph, x)
             x_grad = _boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
@@ -167,10 +192,7 @@ def model_builder(model, inputs=None):
         model.training = training
         if part[2] and part[3]:  # the whole model: one stage
             return (trace_into(graph, model, sequences, seq, inputs).id, -1, -1, -1, -1, "")
-        if inputs is not None:
-            raise _core.UsageError(f"{describe(model)}: a model fed batches of its own is not cut into pipeline "
-                                   "stages yet: train it on a mesh without pp")
-        return trace_stage(graph, model, sequences, seq, training, part)
+        return trace_stage(graph, model, sequences, seq, training, part, inputs)
 
     build.graphs = graphs
     return build

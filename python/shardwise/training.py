@@ -248,9 +248,25 @@ class Trainer:
         """The held-out exact-match accuracy (the embedded addition task)."""
         return self._stopping(self._run.evaluate)
 
-    def validate(self):
-        """The validation loss (--val-data or --val-fraction)."""
-        return self._stopping(self._run.validate)
+    def validate(self, data=None):
+        """The validation loss (--val-data or --val-fraction). A model fed batches of its own is
+        validated on `data`, held-out batches (an iterable of them, or one batch) of the training
+        batches' inputs and rows: the mean of their losses, each as a step would report it (its
+        micro-batches' mean, forward only, no dropout); the parameters and the run are untouched."""
+        if self._specs is None:
+            if data is not None:
+                raise _core.UsageError("validate(data) is for a model fed batches of its own: this run validates "
+                                       "on --val-data or --val-fraction")
+            return self._stopping(self._run.validate)
+        batches = [data] if isinstance(data, dict) else list(data or ())
+        if not batches:
+            raise _core.UsageError("validate() of a model fed batches of its own needs held-out batches: "
+                                   "validate(data=[batch, ...])")
+        losses = []
+        for batch in batches:
+            checked = check_batch(batch, self._specs, self.config["global_batch"])
+            losses.append(self._stopping(lambda: self._sited(self._run.validate, checked)))
+        return sum(losses) / len(losses)
 
     def save(self):
         """A checkpoint of this step in the run's save directory; its path."""

@@ -103,9 +103,7 @@ class StepwiseRun {
   std::string step(const std::map<std::string, AnyArray>& batch) {
     raising(ErrorKind::Usage, [&] {
       SW_CHECK(!done_, "the run has no step left: {} of {} steps done", outcome_.steps_done, run_.c.optimizer.steps);
-      std::lock_guard lock(fed_->mu);
-      fed_->tensors.clear();
-      for (const auto& [name, array] : batch) fed_->tensors[name] = tensor_from(array, name);
+      hand(batch);
     });
     stopping(Op::Step);
     return record_;
@@ -115,8 +113,12 @@ class StepwiseRun {
     stopping(Op::Evaluate);
     return value_;
   }
-  double validate() {
-    raising(ErrorKind::Usage, [&] { cli::check_validates(run_.c); });
+  // `batch`: for a fed model, the whole batch whose loss to give (as step's); else empty.
+  double validate(const std::map<std::string, AnyArray>& batch) {
+    raising(ErrorKind::Usage, [&] {
+      cli::check_validates(run_.c);
+      hand(batch);
+    });
     stopping(Op::Validate);
     return value_;
   }
@@ -149,6 +151,12 @@ class StepwiseRun {
   int ranks() const { return ranks_; }
 
  private:
+  // The arrays the ranks bind for the next command (a fed model's batch), read in place.
+  void hand(const std::map<std::string, AnyArray>& batch) {
+    std::lock_guard lock(fed_->mu);
+    fed_->tensors.clear();
+    for (const auto& [name, array] : batch) fed_->tensors[name] = tensor_from(array, name);
+  }
   // The checks before a run (the GIL released), then the ranks on a thread of their own.
   void start() {
     cli::clear_stop();
@@ -340,7 +348,7 @@ void bind_train(nb::module_& m) {
            nb::arg("model_config") = "", nb::arg("feeds") = std::vector<std::string>{})
       .def("step", &StepwiseRun::step, nb::arg("batch") = std::map<std::string, AnyArray>{})
       .def("evaluate", &StepwiseRun::evaluate)
-      .def("validate", &StepwiseRun::validate)
+      .def("validate", &StepwiseRun::validate, nb::arg("batch") = std::map<std::string, AnyArray>{})
       .def("save", &StepwiseRun::save)
       .def("interrupt", &StepwiseRun::interrupt)
       .def("close", &StepwiseRun::close)

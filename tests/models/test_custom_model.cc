@@ -109,24 +109,55 @@ std::shared_ptr<const CustomModel> fed_least_squares(int64_t rows) {
   return custom;
 }
 
-TEST(CustomModel, FedBatchesGiveEachRankItsRows) {
-  // The first step's loss (before any update) is the formula's over all 8 rows, on one rank, on
-  // dp=2 (each rank 4 rows) and with two micro-batches of 4 accumulated on dp=2.
+// The least-squares loss of fed_least_squares(8)'s batch at w = 0.5.
+double least_squares_initial_loss() {
   double expected = 0;
   for (int i = 0; i < 8; ++i) {
     const double e = 0.5 * (3.0 * i + 0.75) - (i / 2.0 - 1);
     expected += e * e / 8;
   }
+  return expected;
+}
+
+// fed_least_squares(8) trained 2 steps on one rank, on dp=2 (each rank 4 rows) and with two
+// micro-batches of 4 accumulated on dp=2: check(config, ranks, what) for each.
+template <class Check>
+void for_each_fed_mesh(Check check) {
   for (const auto& [mesh, ranks, micro_batch] : {std::tuple{"dp=1", 1, 0}, std::tuple{"dp=2", 2, 0},
                                                   std::tuple{"dp=2", 2, 2}}) {
     TrainConfig c = small_config(mesh, 2);
     c.optimizer.micro_batch = micro_batch;
     c.model.custom = fed_least_squares(8);
-    const std::vector<double> losses = run_losses(c, ranks);
-    ASSERT_EQ(losses.size(), 2u) << mesh;
-    EXPECT_NEAR(losses[0], expected, 1e-5 * expected) << mesh << " micro-batch " << micro_batch;
-    EXPECT_LT(losses[1], losses[0]) << mesh;  // and it trains
+    check(c, ranks, std::string(mesh) + " micro-batch " + std::to_string(micro_batch));
   }
+}
+
+TEST(CustomModel, FedBatchesGiveEachRankItsRows) {
+  // The first step's loss (before any update) is the formula's over all 8 rows.
+  const double expected = least_squares_initial_loss();
+  for_each_fed_mesh([&](const TrainConfig& c, int ranks, const std::string& what) {
+    const std::vector<double> losses = run_losses(c, ranks);
+    ASSERT_EQ(losses.size(), 2u) << what;
+    EXPECT_NEAR(losses[0], expected, 1e-5 * expected) << what;
+    EXPECT_LT(losses[1], losses[0]) << what;  // and it trains
+  });
+}
+
+TEST(CustomModel, ValidatingAFedBatchGivesItsLossWithoutTraining) {
+  // validate() of a fed model: the formula's loss of the batch it holds, on every rank; twice the
+  // same (it updates nothing), the next step's loss, and after that step the updated w's lower loss.
+  const double expected = least_squares_initial_loss();
+  for_each_fed_mesh([&](const TrainConfig& c, int ranks, const std::string& what) {
+    comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      const ValidationResult first = t.validate();
+      EXPECT_NEAR(first.loss, expected, 1e-5 * expected) << what;
+      EXPECT_EQ(first.sequences, 8) << what;
+      EXPECT_EQ(t.validate().loss, first.loss) << what;
+      EXPECT_NEAR(t.step().loss, first.loss, 1e-6 * expected) << what;
+      EXPECT_LT(t.validate().loss, first.loss) << what;
+    });
+  });
 }
 
 TEST(CustomModel, ThePredictionsGraphIsRefusedWithTheModelsName) {

@@ -31,6 +31,7 @@
 #include "shardwise/train/checkpointing.h"
 #include "shardwise/train/metrics.h"
 #include "shardwise/models/model_io.h"
+#include "shardwise/models/custom.h"
 #include "shardwise/models/models.h"
 #include "shardwise/train/run_dir.h"
 #include "shardwise/train/run_guard.h"
@@ -536,7 +537,8 @@ void check_evaluates(const train::TrainConfig& c) {
 }
 
 void check_validates(const train::TrainConfig& c) {
-  SW_CHECK(c.data.has_validation(), "validate() needs a validation set: --val-data or --val-fraction (with --data)");
+  // A model fed batches validates the batches it is handed.
+  SW_CHECK(train::fed_batches(c.model) || c.data.has_validation(), "validate() needs a validation set: --val-data or --val-fraction (with --data)");
 }
 
 double RankRun::evaluate() {

@@ -55,6 +55,9 @@ struct CustomModel {
   nlohmann::json config;
 };
 
+// A custom model whose inputs the caller feeds (CustomModel::feeds): no loader reads for it.
+inline bool fed_batches(const GptConfig& config) { return config.custom && !config.custom->feeds.empty(); }
+
 // build_model for a custom model: refuses what it does not build (the predictions graph) with an
 // error naming it.
 GptGraph build_custom(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,

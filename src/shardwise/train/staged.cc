@@ -88,8 +88,6 @@ void bind_fed(runtime::Runtime& rt, const CustomModel& custom, const pipeline::S
   }
 }
 
-bool fed(const GptConfig& model) { return model.custom && !model.custom->feeds.empty(); }
-
 }  // namespace
 
 StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
@@ -122,9 +120,9 @@ std::unique_ptr<BatchLoader> StagedGpt::make_loader(int micro_batches, LoaderOpt
   const pipeline::Schedule& sch = runner_->schedule();
   const int S = sch.stages();
   const bool first_here = sch.rank_of(0) == my_pipeline_rank(), last_here = sch.rank_of(S - 1) == my_pipeline_rank();
+  const bool reads = !fed_batches(model_);
   return std::make_unique<BatchLoader>(strategy_, my_process(*world_), world_, sequences_, micro_batches, model_.seq,
-                                       (first_here || model_.document_mask) && !fed(model_), last_here && !fed(model_),
-                                       options);
+                                       (first_here || model_.document_mask) && reads, last_here && reads, options);
 }
 
 StagedGpt::~StagedGpt() = default;
@@ -178,7 +176,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
       if (!model.is_moe_layer(l)) continue;
       for (const std::string& name : moe_stat_names(l)) spec.stats.push_back(name);
     }
-    if (fed(model_in)) {
+    if (fed_batches(model_in)) {
       for (const std::string& name : model_in.custom->feeds)
         if (g.find(name)) spec.feeds.push_back(name);
     } else {
@@ -270,7 +268,7 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
   std::vector<RowBatch> batches = loader_->take(data, first);  // before the step's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     rt.set_sample_offset(first + mb * sequences_);  // dropout masks follow the samples, not the mesh
-    if (fed(model_)) return bind_fed(rt, *model_.custom, runner_->spec(stage), mb * sequences_, sequences_);
+    if (fed_batches(model_)) return bind_fed(rt, *model_.custom, runner_->spec(stage), mb * sequences_, sequences_);
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
   };
@@ -488,7 +486,7 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
 
 double StagedGpt::validation_loss(const Dataset* data, int64_t count) {
   SW_CHECK(count >= 1, "validation needs at least 1 sequence, got {}", count);
-  SW_CHECK(!fed(model_), "{}: validation reads the loader's token ids, and this model takes the batches given to "
+  SW_CHECK(!fed_batches(model_), "{}: validation reads the loader's token ids, and this model takes the batches given to "
            "Trainer.step: evaluate it on your own batches", model_.custom->description);
   const int64_t batch = sequences_, S_len = model_.seq;
   const int m = static_cast<int>((count + batch - 1) / batch);
@@ -508,6 +506,20 @@ double StagedGpt::validation_loss(const Dataset* data, int64_t count) {
   double sum = val_->run(feed).loss_sum;  // the micro-batches' summed cross-entropies, in order
   world_->broadcast(&sum, 1, DType::F64, root_of_stage(S - 1));
   return sum / static_cast<double>(count * S_len);
+}
+
+double StagedGpt::fed_loss() {
+  SW_CHECK(fed_batches(model_), "fed_loss: the model reads the loader's token ids, not batches given by the caller");
+  const int m = runner_->schedule().micro_batches;
+  if (!val_ || val_->schedule().micro_batches != m) val_ = forward_runner(m, StageGraph::Loss);
+  auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
+    rt.set_sample_offset(mb * sequences_);
+    bind_fed(rt, *model_.custom, val_->spec(stage), mb * sequences_, sequences_);
+  };
+  bind(*val_);
+  double sum = val_->run(feed).loss_sum;  // the micro-batches' mean losses, summed
+  world_->broadcast(&sum, 1, DType::F64, root_of_stage(val_->schedule().stages() - 1));
+  return sum / m;
 }
 
 Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor>* blocks) {

@@ -136,6 +136,10 @@ class StagedGpt {
   // are (each tp group's reader reads, no prefetch; `data` null where reads_data() is false). Reads
   // the parameters only; the training runner, its buffers and the data position are untouched.
   double validation_loss(const Dataset* data, int64_t count);
+  // A model fed from the caller (CustomModel::feeds): the loss of the batch it holds now, as a
+  // training step would report it (the mean of its micro-batches' losses, the training micro-batches),
+  // forward only and without dropout, on every rank; the parameters and the training runner untouched.
+  double fed_loss();
   // The whole parameter (its fp32 master; a frozen one in f32) on every rank (collective); with
   // `blocks` (per params(), e.g. the gradients of a step) the whole of the parameter's block there.
   Tensor gather_param(const std::string& name, const std::vector<Tensor>* blocks = nullptr);

@@ -14,6 +14,7 @@
 #include "shardwise/runtime/profiler.h"
 #include "shardwise/train/context_parallel.h"
 #include "shardwise/train/data_defaults.h"
+#include "shardwise/models/custom.h"
 #include "shardwise/models/models.h"
 #include "shardwise/core/plural.h"
 #include "shardwise/core/rank_failure.h"
@@ -444,6 +445,7 @@ EvalResult Trainer::evaluate() {
 }
 
 ValidationResult Trainer::validate() {
+  if (fed_batches(c_.model)) return ValidationResult{model_->fed_loss(), c_.optimizer.global_batch};
   SW_CHECK(has_validation(), "validation needs --val-data or --val-fraction (with --data)");
   return ValidationResult{model_->validation_loss(val_.get(), val_size_), val_size_};
 }

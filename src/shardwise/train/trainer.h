@@ -97,7 +97,9 @@ class Trainer {
   EvalResult evaluate();
   // The mean next-token cross-entropy over the validation set (TrainConfig::val_*), forward only:
   // no dropout, no gradient, no change to the parameters, the data position or any generator, so
-  // the training losses are the same with or without it. Error without a validation set.
+  // the training losses are the same with or without it. Error without a validation set. A model
+  // fed from the caller (CustomModel::feeds) instead gives the loss of the batch it was handed, as
+  // a step would report it (StagedGpt::fed_loss), its count the global batch's rows.
   ValidationResult validate();
   bool has_validation() const { return c_.data.has_validation(); }
 
