@@ -5,7 +5,7 @@
 #   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log, and
 #   summary.txt (each step's status and time, the tests passed / failed / skipped, which skipped),
 # printing the summary last. Sized for 8 minutes on 16 cores: the build stops at 5, the tests at 2.
-#   tools/gpu_check.sh OUTDIR      (env: GPU_DEBS=.gpu_debs  GPU_BUILD=/tmp/shardwise-gpu  JOBS=nproc)
+#   tools/gpu_check.sh OUTDIR   (env: GPU_DEBS=.gpu_debs GPU_BUILD=/tmp/shardwise-gpu JOBS=nproc GPU_BUILD_TIMEOUT=300)
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUTDIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +34,11 @@ finish() {
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  if command -v nvidia-smi > /dev/null; then
+    echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  else
+    echo "gpu: none (no nvidia-smi)"
+  fi
   echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
   echo "g++: $(g++ --version 2>&1 | head -1)"
   echo "cmake: $(cmake --version 2>&1 | head -1); ninja $(ninja --version 2>&1)"
@@ -47,7 +51,7 @@ step configure "$root/tools/gpu_deps.sh" configure "$root" "$build/cmake" || fin
 grep -E 'shardwise: (cuda layer|nccl backend)' "$out/configure.log" | sed 's/^-- //' >> "$summary"
 targets=(test_cuda)
 grep -q '^build tests/test_comm_nccl:' "$build/cmake/build.ninja" && targets+=(test_comm_nccl)
-step build timeout 300 cmake --build "$build/cmake" -j "$jobs" --target "${targets[@]}" || finish 1
+step build timeout "${GPU_BUILD_TIMEOUT:-300}" cmake --build "$build/cmake" -j "$jobs" --target "${targets[@]}" || finish 1
 step tests timeout 120 ctest --test-dir "$build/cmake" -L gpu --output-on-failure --timeout 60 -j 4
 tests_rc=$?
 {
