@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm bench-ckpt-dcp clean
+.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm bench-ckpt-dcp gpu-debs gpu-deps-check gpu-check clean
 
 all: build
 
@@ -177,6 +177,21 @@ bench-ckpt-dcp: build $(HF_VENV)/bin/python
 	  -Ccmake.define.SHARDWISE_BUILD_TESTS=ON -Ccmake.define.SHARDWISE_BUILD_BENCH=ON -w $(BUILD)/wheel .
 	$(HF_VENV)/bin/pip install -q --no-deps --force-reinstall $(BUILD)/wheel/shardwise-*.whl
 	$(HF_VENV)/bin/python bench/ckpt_dcp.py --dir $(BUILD)/ckpt_dcp
+
+# The GPU machine (docs/gpu.md) fetches nothing: `gpu-debs` downloads the Debian packages its build
+# needs (tools/gpu_debs.txt) into .gpu_debs, the folder a device run carries; `gpu-deps-check`
+# proves here that they suffice (unpacked into a prefix, the project configured with this machine's
+# copies hidden, a few targets built); `gpu-check` is what the GPU machine runs (logs in GPU_OUT).
+GPU_DEBS ?= .gpu_debs
+GPU_OUT  ?= gpu-check-out
+gpu-debs:
+	@[ -n "$$(ls $(GPU_DEBS)/*.deb 2>/dev/null)" ] || tools/gpu_deps.sh download $(GPU_DEBS)
+
+gpu-deps-check: gpu-debs
+	tools/gpu_deps.sh selftest $(GPU_DEBS) build-gpudeps
+
+gpu-check:
+	tools/gpu_check.sh $(GPU_OUT)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -56,8 +56,28 @@ Tensor Tensor::full(DType dtype, const Shape& shape, double value) {
   return t;
 }
 
+Tensor Tensor::adopt_device(DType dtype, const Shape& shape, Device device, std::shared_ptr<std::byte[]> storage) {
+  SW_CHECK(!device.is_host(), "Tensor::adopt_device: {} is not a device", device.to_string());
+  Tensor t = adopt(dtype, shape, std::move(storage));
+  t.device_ = device;
+  return t;
+}
+
+void Tensor::fail_host_access(const char* what) const {
+  fail("host code asked for the data of a device tensor ({} {} on {}) through {}: copy it with to_host() "
+       "(tensor/device_copy.h) first", dtype_name(dtype_), shape_.to_string(), device_.to_string(), what);
+}
+
+void* Tensor::device_ptr() {
+  SW_CHECK(on_device(), "device_ptr() of a host tensor ({} {})", dtype_name(dtype_), shape_.to_string());
+  return storage_.get();
+}
+
+const void* Tensor::device_ptr() const { return const_cast<Tensor*>(this)->device_ptr(); }
+
 void Tensor::check_type(DType requested) const {
   SW_CHECK(defined(), "tensor is undefined");
+  check_host("data()");
   SW_CHECK(requested == dtype_, "tensor holds {} but was read as {}", dtype_name(dtype_),
            dtype_name(requested));
 }
@@ -177,6 +197,7 @@ void Tensor::paste(const Tensor& block, std::span<const int64_t> offsets) {
 
 std::string Tensor::to_string(int max_elements) const {
   if (!defined()) return "Tensor(undefined)";
+  if (on_device()) return fmt::format("Tensor({}, {}, on {})", dtype_name(dtype_), shape_.to_string(), device_.to_string());
   std::string out = fmt::format("Tensor({}, {}, [", dtype_name(dtype_), shape_.to_string());
   for (int64_t i = 0; i < numel_ && i < max_elements; ++i) {
     out += fmt::format("{}{}", i ? ", " : "", at(i));

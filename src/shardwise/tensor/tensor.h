@@ -1,5 +1,8 @@
 #pragma once
-// A contiguous, row-major CPU tensor. Copies share storage (like a handle); clone() copies data.
+// A contiguous, row-major tensor. Copies share storage (like a handle); clone() copies data.
+// Its storage lives on the host (the default) or on a device (device.h): a device tensor is made by
+// device_copy.h's explicit copies, and host code that asks it for its data (data, raw, storage, and
+// everything built on them) gets an error naming the tensor; device kernels take device_ptr().
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -9,6 +12,7 @@
 #include "shardwise/core/dtype.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/shape.h"
+#include "shardwise/tensor/device.h"
 
 namespace shardwise {
 
@@ -29,7 +33,19 @@ class Tensor {
   static Tensor adopt(DType dtype, const Shape& shape, std::shared_ptr<std::byte[]> storage);
   // The storage block, shared: whoever holds it keeps the data alive (a NumPy array returned
   // without a copy holds it).
-  const std::shared_ptr<std::byte[]>& storage() const { return storage_; }
+  const std::shared_ptr<std::byte[]>& storage() const {
+    check_host("storage()");
+    return storage_;
+  }
+  // A tensor over device memory (device_copy.h makes them): `storage` is a device pointer whose
+  // deleter gives it back to its allocator.
+  static Tensor adopt_device(DType dtype, const Shape& shape, Device device, std::shared_ptr<std::byte[]> storage);
+  Device device() const { return device_; }
+  bool on_device() const { return !device_.is_host(); }
+  // The device address of a device tensor's data, for copies and device kernels only (an error on
+  // a host tensor). Host code never dereferences it.
+  void* device_ptr();
+  const void* device_ptr() const;
   template <class T>
   static Tensor from(const Shape& shape, std::span<const T> values) {
     Tensor t(dtype_v<T>, shape);
@@ -65,8 +81,14 @@ class Tensor {
     check_type(dtype_v<T>);
     return reinterpret_cast<const T*>(storage_.get());
   }
-  std::byte* raw() { return storage_.get(); }
-  const std::byte* raw() const { return storage_.get(); }
+  std::byte* raw() {
+    check_host("raw()");
+    return storage_.get();
+  }
+  const std::byte* raw() const {
+    check_host("raw()");
+    return storage_.get();
+  }
 
   // Slow element access through double, for tests and the verifier.
   double at(int64_t flat_index) const;
@@ -86,11 +108,16 @@ class Tensor {
 
  private:
   void check_type(DType requested) const;
+  void check_host(const char* what) const {
+    if (!device_.is_host()) [[unlikely]] fail_host_access(what);
+  }
+  [[noreturn]] void fail_host_access(const char* what) const;
 
   DType dtype_ = DType::F32;
   Shape shape_;
   int64_t numel_ = 0;
   std::shared_ptr<std::byte[]> storage_;
+  Device device_;
 };
 
 // True when both have the same shape and dtype and every element is equal (NaN == NaN), bit for

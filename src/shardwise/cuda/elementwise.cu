@@ -1,0 +1,86 @@
+// GELU (tanh approximation, GPT-2), SiLU and the AdamW update: elementwise, a grid-stride loop,
+// in float like the CPU kernels (ops/unary, train/optimizer.cc).
+#include <cuda_runtime.h>
+
+#include "shardwise/cuda/block_reduce.cuh"
+#include "shardwise/cuda/launchers.h"
+
+namespace shardwise::cuda::launch {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+
+__device__ float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluC * x * x * x))); }
+__device__ float gelu_grad(float x) {
+  const float t = tanhf(kSqrt2OverPi * (x + kGeluC * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
+}
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ float silu(float x) { return x * sigmoid(x); }
+__device__ float silu_grad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+template <Activation kOp>
+__global__ void forward_kernel(const float* x, float* y, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    y[i] = kOp == Activation::Gelu ? gelu(x[i]) : silu(x[i]);
+  }
+}
+
+template <Activation kOp>
+__global__ void backward_kernel(const float* x, const float* dy, float* dx, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    dx[i] = dy[i] * (kOp == Activation::Gelu ? gelu_grad(x[i]) : silu_grad(x[i]));
+  }
+}
+
+__global__ void adamw_kernel(float* w, float* m, float* v, const float* g, long long n, AdamWScalars c) {
+  for (long long j = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const float mj = c.beta1 * m[j] + (1.0f - c.beta1) * g[j];
+    const float vj = c.beta2 * v[j] + (1.0f - c.beta2) * g[j] * g[j];
+    m[j] = mj;
+    v[j] = vj;
+    w[j] = w[j] * c.decay - c.step_size * mj / (sqrtf(vj) * c.inv_bc2_sqrt + c.eps);
+  }
+}
+
+}  // namespace
+
+int activation_forward(Activation op, const float* x, float* y, int64_t n, void* s) {
+  if (n == 0) return cudaSuccess;
+  auto stream = static_cast<cudaStream_t>(s);
+  const unsigned grid = detail::grid_for(n);
+  if (op == Activation::Gelu) {
+    forward_kernel<Activation::Gelu><<<grid, detail::kBlock, 0, stream>>>(x, y, n);
+  } else {
+    forward_kernel<Activation::Silu><<<grid, detail::kBlock, 0, stream>>>(x, y, n);
+  }
+  return cudaGetLastError();
+}
+
+int activation_backward(Activation op, const float* x, const float* dy, float* dx, int64_t n, void* s) {
+  if (n == 0) return cudaSuccess;
+  auto stream = static_cast<cudaStream_t>(s);
+  const unsigned grid = detail::grid_for(n);
+  if (op == Activation::Gelu) {
+    backward_kernel<Activation::Gelu><<<grid, detail::kBlock, 0, stream>>>(x, dy, dx, n);
+  } else {
+    backward_kernel<Activation::Silu><<<grid, detail::kBlock, 0, stream>>>(x, dy, dx, n);
+  }
+  return cudaGetLastError();
+}
+
+int adamw(float* w, float* m, float* v, const float* g, int64_t n, AdamWScalars c, void* s) {
+  if (n == 0) return cudaSuccess;
+  adamw_kernel<<<detail::grid_for(n), detail::kBlock, 0, static_cast<cudaStream_t>(s)>>>(w, m, v, g, n, c);
+  return cudaGetLastError();
+}
+
+}  // namespace shardwise::cuda::launch

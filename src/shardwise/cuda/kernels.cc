@@ -1,0 +1,93 @@
+#include "shardwise/cuda/kernels.h"
+
+#include <cmath>
+#include <initializer_list>
+#include <string_view>
+
+#include "shardwise/cuda/cuda_memory.h"
+#include "shardwise/cuda/kernel_args.h"
+#include "shardwise/tensor/device_copy.h"
+
+namespace shardwise::cuda {
+
+using namespace detail;  // kernel_args.h
+
+
+Tensor activation(Activation op, const Tensor& x, Stream stream) {
+  need("activation", "x", x, DType::F32, x.device());
+  Tensor y = empty_on(DType::F32, x.shape(), x.device(), stream);
+  check(launch::activation_forward(op, f(x), f(y), x.numel(), stream.handle), "activation kernel");
+  return y;
+}
+
+Tensor activation_backward(Activation op, const Tensor& x, const Tensor& dy, Stream stream) {
+  need("activation_backward", "x", x, DType::F32, x.device());
+  need_f32("activation_backward", "dy", dy, x.device(), x.shape());
+  Tensor dx = empty_on(DType::F32, x.shape(), x.device(), stream);
+  check(launch::activation_backward(op, f(x), f(dy), f(dx), x.numel(), stream.handle), "activation_backward kernel");
+  return dx;
+}
+
+void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWArgs& a, Stream stream) {
+  SW_CHECK(a.step >= 1, "cuda adamw: steps count from 1, got {}", a.step);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&w, &m, &v, &g}) {
+    need_f32("adamw", "every argument", *t, w.device(), w.shape());
+  }
+  const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+  const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+  const launch::AdamWScalars c{static_cast<float>(a.beta1), static_cast<float>(a.beta2),
+                               static_cast<float>(a.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
+                               static_cast<float>(a.epsilon),
+                               a.decay ? static_cast<float>(1.0 - a.lr * a.weight_decay) : 1.0f};
+  check(launch::adamw(f(w), f(m), f(v), f(g), w.numel(), c, stream.handle), "adamw kernel");
+}
+
+LayerNormResult layer_norm(const Tensor& x, const Tensor& scale, const Tensor& bias, double epsilon, Stream stream) {
+  const Device d = x.device();
+  const Rows r = rows_of("layer_norm", x);
+  need_f32("layer_norm", "scale", scale, d, Shape{r.cols});
+  need_f32("layer_norm", "bias", bias, d, Shape{r.cols});
+  LayerNormResult out{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, r.leading, d, stream),
+                      empty_on(DType::F32, r.leading, d, stream)};
+  check(launch::layer_norm_forward(f(x), f(scale), f(bias), f(out.out), f(out.mean), f(out.rstd), r.rows, r.cols,
+                                   epsilon, stream.handle),
+        "layer_norm kernel");
+  return out;
+}
+
+LayerNormGradResult layer_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dout, Stream stream) {
+  const Device d = x.device();
+  const Rows r = norm_grad_rows("layer_norm_backward", x, scale, dout);
+  need_f32("layer_norm_backward", "mean", mean, d, r.leading);
+  need_f32("layer_norm_backward", "rstd", rstd, d, r.leading);
+  LayerNormGradResult g{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, Shape{r.cols}, d, stream),
+                        empty_on(DType::F32, Shape{r.cols}, d, stream)};
+  check(launch::layer_norm_backward(f(x), f(scale), f(mean), f(rstd), f(dout), f(g.dx), f(g.dscale), f(g.dbias),
+                                    r.rows, r.cols, stream.handle),
+        "layer_norm_backward kernel");
+  return g;
+}
+
+RmsNormResult rms_norm(const Tensor& x, const Tensor& scale, double epsilon, Stream stream) {
+  const Device d = x.device();
+  const Rows r = rows_of("rms_norm", x);
+  need_f32("rms_norm", "scale", scale, d, Shape{r.cols});
+  RmsNormResult out{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, r.leading, d, stream)};
+  check(launch::rms_norm_forward(f(x), f(scale), f(out.out), f(out.inv_rms), r.rows, r.cols, epsilon, stream.handle),
+        "rms_norm kernel");
+  return out;
+}
+
+RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
+                                    Stream stream) {
+  const Device d = x.device();
+  const Rows r = norm_grad_rows("rms_norm_backward", x, scale, dout);
+  need_f32("rms_norm_backward", "inv_rms", inv_rms, d, r.leading);
+  RmsNormGradResult g{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, Shape{r.cols}, d, stream)};
+  check(launch::rms_norm_backward(f(x), f(scale), f(inv_rms), f(dout), f(g.dx), f(g.dscale), r.rows, r.cols, stream.handle),
+        "rms_norm_backward kernel");
+  return g;
+}
+
+}  // namespace shardwise::cuda

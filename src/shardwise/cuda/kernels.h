@@ -1,0 +1,59 @@
+#pragma once
+// CUDA kernels on device tensors (tensor/device_copy.h), f32 only for now, each the CUDA twin of a
+// CPU kernel: the same function, compared against it on random inputs by tests/cuda (run only on a
+// GPU machine: docs/gpu.md says which have run). Outputs come from the device allocator on
+// `stream`; the launches are asynchronous on it. Every input must be an f32 tensor on one device
+// (i64 labels), else an Error naming the kernel and the argument.
+#include <cstdint>
+
+#include "shardwise/cuda/launchers.h"
+#include "shardwise/tensor/tensor.h"
+
+namespace shardwise::cuda {
+
+using launch::Activation;
+using launch::Reduction;
+
+// ops::unary(Gelu / Silu, x) and ops::unary_backward's dx = dy * f'(x).
+Tensor activation(Activation op, const Tensor& x, Stream stream = {});
+Tensor activation_backward(Activation op, const Tensor& x, const Tensor& dy, Stream stream = {});
+
+// train::AdamW::update on device tensors, in place (w: master weights, m, v: moments, g: gradient).
+struct AdamWArgs {
+  double beta1 = 0.9, beta2 = 0.95, epsilon = 1e-8, weight_decay = 0.1, lr = 1e-3;
+  int64_t step = 1;
+  bool decay = true;
+};
+void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWArgs& args, Stream stream = {});
+
+// ops::layer_norm / rms_norm over the last dim (begin_norm_axis -1) and their backward; the
+// statistics have x's leading shape.
+struct LayerNormResult {
+  Tensor out, mean, rstd;
+};
+LayerNormResult layer_norm(const Tensor& x, const Tensor& scale, const Tensor& bias, double epsilon,
+                           Stream stream = {});
+struct LayerNormGradResult {
+  Tensor dx, dscale, dbias;
+};
+LayerNormGradResult layer_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dout, Stream stream = {});
+struct RmsNormResult {
+  Tensor out, inv_rms;
+};
+RmsNormResult rms_norm(const Tensor& x, const Tensor& scale, double epsilon, Stream stream = {});
+struct RmsNormGradResult {
+  Tensor dx, dscale;
+};
+RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
+                                    Stream stream = {});
+
+// ops::cross_entropy / cross_entropy_backward over the last dim, i64 labels. A label outside
+// [0, C) that is not ignore_index is an Error naming its row: the forward reads one flag back to
+// the host for that (a synchronisation of `stream`).
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index, Reduction reduction,
+                     Stream stream = {});
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
+                              Reduction reduction, Stream stream = {});
+
+}  // namespace shardwise::cuda

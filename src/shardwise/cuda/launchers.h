@@ -1,0 +1,44 @@
+#pragma once
+// The raw launchers of the CUDA kernels (*.cu): device pointers, sizes and a stream (a
+// cudaStream_t, as Stream::handle holds it), no tensors, so the .cu files need nothing but the CUDA
+// runtime and C++17 (CMake 3.25 gives nvcc no C++20). Each returns the launch's cudaError_t (as int).
+// kernels.h wraps them for device tensors; its comments say what each computes.
+#include <cstdint>
+
+namespace shardwise::cuda::launch {
+
+enum class Activation : uint8_t { Gelu, Silu };
+int activation_forward(Activation op, const float* x, float* y, int64_t n, void* s);
+int activation_backward(Activation op, const float* x, const float* dy, float* dx, int64_t n, void* s);
+
+struct AdamWScalars {
+  float beta1, beta2, step_size, inv_bc2_sqrt, eps, decay;
+};
+int adamw(float* w, float* m, float* v, const float* g, int64_t n, AdamWScalars c, void* s);
+
+// Rows of `cols` values; statistics are one per row, parameters one per column.
+int layer_norm_forward(const float* x, const float* scale, const float* bias, float* out, float* mean, float* rstd,
+                       int64_t rows, int64_t cols, double eps, void* s);
+int layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dout,
+                        float* dx, float* dscale, float* dbias, int64_t rows, int64_t cols, void* s);
+int rms_norm_forward(const float* x, const float* scale, float* out, float* inv_rms, int64_t rows, int64_t cols,
+                     double eps, void* s);
+int rms_norm_backward(const float* x, const float* scale, const float* inv_rms, const float* dout, float* dx,
+                      float* dscale, int64_t rows, int64_t cols, void* s);
+
+// Cross-entropy per row (loss 0 on ignored rows); `bad` (one int64, zero on entry) gets 1 + the
+// first row whose label is neither ignore_index nor in [0, classes).
+enum class Reduction : uint8_t { None, Sum, Mean };
+int cross_entropy_rows(const float* logits, const int64_t* labels, float* loss, int64_t rows, int64_t classes,
+                       int64_t ignore_index, int64_t* bad, void* s);
+// out[0] = sum of loss over rows (Sum) or that over the non-ignored rows' count (Mean); count[0]
+// = that count (as double).
+int cross_entropy_reduce(const float* loss, const int64_t* labels, float* out, double* count, int64_t rows,
+                         int64_t ignore_index, Reduction reduction, void* s);
+// dlogits = (softmax(row) - onehot(label)) * w, w = dloss[row] (None), dloss[0] (Sum),
+// dloss[0] / count[0] (Mean); 0 on ignored rows.
+int cross_entropy_backward(const float* logits, const int64_t* labels, const float* dloss, const double* count,
+                           float* dlogits, int64_t rows, int64_t classes, int64_t ignore_index, Reduction reduction,
+                           void* s);
+
+}  // namespace shardwise::cuda::launch

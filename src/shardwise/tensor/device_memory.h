@@ -1,0 +1,42 @@
+#pragma once
+// The few calls the device allocator and the copies need from a device, so their logic runs on a
+// fake device (fake_device.h: host memory pretending to be device memory) in `make test`, and on
+// CUDA (src/shardwise/cuda/cuda_memory.cc) where the toolkit is found. One backend per device,
+// registered once per process (register_device_memory); nothing is registered by default.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "shardwise/tensor/device.h"
+
+namespace shardwise {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual Device device() const = 0;
+  // `bytes` of device memory, or nullptr when the device has none left (the allocator then
+  // empties its cache and asks once more). free() takes only what allocate() gave.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  // Copies queued on `stream`; they have finished once synchronize(stream) returns.
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) = 0;
+  virtual void fill_zero(void* dst, size_t bytes, Stream stream) = 0;
+  virtual void synchronize(Stream stream) = 0;
+  // Events mark a point in a stream: done() is true once the work queued before it has run.
+  // An event is released with release_event once nobody waits on it.
+  virtual uint64_t record_event(Stream stream) = 0;
+  virtual bool event_done(uint64_t event) = 0;
+  virtual void release_event(uint64_t event) = 0;
+};
+
+// Installs the backend of its device (replacing any earlier one; the device's allocator is
+// rebuilt, so no tensor of the old backend may still be alive).
+void register_device_memory(std::unique_ptr<DeviceMemory> memory);
+// The backend of `device`; a clear error when none is registered (a build without CUDA, or no GPU).
+DeviceMemory& device_memory(Device device);
+bool has_device_memory(Device device);
+
+}  // namespace shardwise

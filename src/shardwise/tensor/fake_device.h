@@ -1,0 +1,65 @@
+#pragma once
+// A fake device for tests without a GPU: host memory pretending to be device memory. With `guard`
+// (the default) every block it hands out is mapped PROT_NONE and opened only inside its own copy
+// calls, so host code that dereferences device memory dies with SIGSEGV on the CPU: `make test`
+// guards the host/device boundary without a GPU. Copies run at once, whatever the stream; events
+// pass at once unless hold_events(true), then when complete_events() or synchronize() of their
+// stream says so (how the allocator's stream ordering is tested).
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "shardwise/tensor/device_memory.h"
+
+namespace shardwise {
+
+class FakeDeviceMemory : public DeviceMemory {
+ public:
+  struct Options {
+    int index = 0;
+    size_t capacity = size_t{1} << 30;  // allocate() answers nullptr beyond this many bytes
+    bool guard = true;                  // blocks PROT_NONE outside the copy calls
+  };
+  explicit FakeDeviceMemory(Options options);
+  ~FakeDeviceMemory() override;
+
+  Device device() const override { return Device::cuda(options_.index); }
+  void* allocate(size_t bytes) override;
+  void free(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) override;
+  void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) override;
+  void fill_zero(void* dst, size_t bytes, Stream stream) override;
+  void synchronize(Stream stream) override;
+  uint64_t record_event(Stream stream) override;
+  bool event_done(uint64_t event) override;
+  void release_event(uint64_t event) override;
+
+  void hold_events(bool hold);
+  void complete_events();
+  size_t bytes_mapped() const;
+  size_t live_events() const;
+
+ private:
+  struct Mapping {
+    size_t length = 0;
+  };
+  // The block holding [ptr, ptr + bytes) (a clear error when none does), opened for the call.
+  void open(const void* ptr, size_t bytes);
+  void close(const void* ptr);
+
+  Options options_;
+  mutable std::mutex mutex_;
+  std::map<std::byte*, Mapping> blocks_;
+  size_t mapped_ = 0;
+  bool hold_ = false;
+  uint64_t next_event_ = 1;
+  std::map<uint64_t, std::pair<void*, bool>> events_;  // id -> (stream handle, done)
+};
+
+// Registers a fake device as cuda:`index` (device_memory.h) and returns it (owned by the registry).
+FakeDeviceMemory& register_fake_device(FakeDeviceMemory::Options options);
+
+}  // namespace shardwise
