@@ -84,25 +84,28 @@ TEST(CliPredict, AMeasuredOptimizerRateTimesTheUpdate) {
 }
 
 TEST(CliPredict, TheShardingStagesCostTheirCollectivesAndShareTheUpdate) {
-  // dp=2 on one node (intra-node 1e9 B/s, latency 1e-5 s), AdamW at 1e6 elements/s, P parameters.
-  // Stage 0 (the gradients all-reduced in the graph): the whole update, no sync of its own. Stage 1:
-  // half the update and the parameters all-gathered, (2-1) latency + 1/2 x 4P bytes. Stage 2: and
-  // the gradients reduce-scattered instead (the same ring terms).
+  // dp=2 on one node (intra-node 1e9 B/s, latency 1e-5 s), AdamW at 1e6 elements/s, P parameters in
+  // T = 36 tensors (GPT-2 of 2 layers: wte, wpe, 16 a layer: q, k, v, the attention output, the MLP's
+  // two and two norms, weights and biases; the final norm's 2). Stage 0 (the
+  // gradients all-reduced in the graph): the whole update, no sync of its own. Stage 1: half the
+  // update and the parameters all-gathered, one call a tensor (layout v1): T latencies + 1/2 x 4P
+  // bytes. Stage 2 with layout v2 and the buckets (one): the gradients reduce-scattered and the
+  // parameters all-gathered in one call each, 2 x (1 latency + 1/2 x 4P bytes).
   shardwise_cli_test::ToyCluster t{"stages", 4, 1e9, 1e12, 1e300, 1e9, 1e9, 1e-5};
   t.optimizer_elements_per_s = 1e6;
   const std::string args = "--mesh dp=2 --vocab 128 --cluster " + shardwise_cli_test::write_cluster(t, "stages");
-  const double P = static_cast<double>(shardwise_cli_test::gpt2_parameters(2, 64, 32, 128));
+  const double P = static_cast<double>(shardwise_cli_test::gpt2_parameters(2, 64, 32, 128)), T = 36;
   auto part = [](const json& j, const char* name) {
     return j["shares"].value(name, 0.0) * j["step_time_s"].get<double>();
   };
-  const json s0 = predict(args), s1 = predict(args + " --sharding-stage 1"), s2 = predict(args + " --sharding-stage 2");
-  const double ring = 1e-5 + 0.5 * 4 * P / 1e9;
+  const json s0 = predict(args), s1 = predict(args + " --sharding-stage 1");
+  const json s2 = predict(args + " --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on");
   EXPECT_NEAR(part(s0, "optimizer"), P / 1e6, 1e-9);
   EXPECT_NEAR(part(s0, "grad_sync"), 0, 1e-12);
   EXPECT_NEAR(part(s1, "optimizer"), P / 2 / 1e6, 1e-9);
-  EXPECT_NEAR(part(s1, "grad_sync"), ring, 1e-9);
+  EXPECT_NEAR(part(s1, "grad_sync"), T * 1e-5 + 0.5 * 4 * P / 1e9, 1e-9);
   EXPECT_NEAR(part(s2, "optimizer"), P / 2 / 1e6, 1e-9);
-  EXPECT_NEAR(part(s2, "grad_sync"), 2 * ring, 1e-9);
+  EXPECT_NEAR(part(s2, "grad_sync"), 2 * (1e-5 + 0.5 * 4 * P / 1e9), 1e-9);
   EXPECT_NE(s0["step_time_s"], s1["step_time_s"]);
 }
 

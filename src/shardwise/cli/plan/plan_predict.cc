@@ -4,6 +4,7 @@
 // (plan/program_time.h) for one micro-batch's forward and backward, the schedule simulated over the
 // slowest rank's times (plan/cost.h), plus the gradient all-reduce over the data ranks the trainer
 // does itself and the AdamW update (memory-bound).
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "shardwise/cli/plan/auto_search.h"
@@ -33,6 +34,7 @@ struct RankWork {
   std::map<std::string, double> count_by_op;                 // one micro-batch
   int64_t grad_numel = 0;  // trained parameters' local elements whose data-rank sums the trainer reduces
   int64_t numel = 0;       // trained parameters' local elements
+  int64_t tensors = 0, grad_tensors = 0;  // trained parameters, and those of grad_numel
 };
 
 int64_t local_numel(const graph::Graph& g, const graph::Program& p, int64_t process) {
@@ -66,7 +68,9 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
     }
     const int64_t n = local_numel(*spec.graph, cs.program, process);
     w.numel += n;
-    if (!spec.partial_grad_dims.empty()) w.grad_numel += n;
+    const auto tensors = static_cast<int64_t>(spec.graph->params().size());
+    w.tensors += tensors;
+    if (!spec.partial_grad_dims.empty()) w.grad_numel += n, w.grad_tensors += tensors;
   }
   return w;
 }
@@ -75,7 +79,9 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
 // (train/sharding.h): stage 0 all-reduces the gradients the stage leaves Partial and updates every
 // parameter; stages 1 and 2 update the rank's 1/d share of them (d: the data group) and all-gather
 // the updated parameters, stage 2 reduce-scattering the Partial gradients instead of all-reducing
-// them; stage 3's parameters are shards already and its program holds the collectives.
+// them; stage 3's parameters are shards already and its program holds the collectives. Each call
+// is timed as a reshard: one a bucket with --overlap-grad-reduce, else one a gradient; the
+// all-gather one a parameter (layout v1) or one (v2).
 void add_data_sync(const train::TrainConfig& tc, const train::StageLayout& layout, const RankWork& w,
                    const plan::ClusterSpec& cluster, plan::StepEstimate& r) {
   std::vector<int> group;
@@ -88,15 +94,24 @@ void add_data_sync(const train::TrainConfig& tc, const train::StageLayout& layou
   const int d = std::max<int>(1, static_cast<int>(group.size()));
   const int stage = tc.parallel.sharding.stage;
   const bool sharded = (stage == 1 || stage == 2) && d > 1;
+  // `calls` collectives of `kind` moving `bytes` in all over the data group, each timed as a reshard
+  // (a calibration's "reshard" fit: the threads' collectives inside a step).
+  auto synced = [&](plan::CollectiveKind kind, double bytes, double calls) {
+    calls = std::max(1.0, calls);
+    return calls * plan::fitted_seconds(cluster, "reshard",
+                                        plan::collective_seconds(kind, bytes / calls, d, plan::group_link(cluster, group)));
+  };
   double grad_sync = 0;
-  if (d > 1 && w.grad_numel > 0) {
-    grad_sync = plan::collective_seconds(stage == 2 ? plan::CollectiveKind::ReduceScatter : plan::CollectiveKind::AllReduce,
-                                         4.0 * static_cast<double>(w.grad_numel), d, plan::group_link(cluster, group));
+  if (d > 1 && w.grad_numel > 0) {  // the buckets (--overlap-grad-reduce), else one call a gradient
+    const double bytes = 4.0 * static_cast<double>(w.grad_numel);
+    const double calls = tc.parallel.overlap_grad_reduce != "off"
+                             ? std::ceil(bytes / (tc.parallel.grad_bucket_mb * 1024 * 1024))
+                             : static_cast<double>(w.grad_tensors);
+    grad_sync = synced(stage == 2 ? plan::CollectiveKind::ReduceScatter : plan::CollectiveKind::AllReduce, bytes, calls);
   }
-  if (sharded) {  // the updated parameters gathered back (the whole block: the all-gather's output)
-    grad_sync += plan::collective_seconds(plan::CollectiveKind::AllGather,
-                                          static_cast<double>(w.numel) * (tc.bf16 ? 2.0 : 4.0), d,
-                                          plan::group_link(cluster, group));
+  if (sharded) {  // the updated parameters gathered back (v1: each parameter from its owner)
+    grad_sync += synced(plan::CollectiveKind::AllGather, static_cast<double>(w.numel) * (tc.bf16 ? 2.0 : 4.0),
+                        tc.parallel.sharding.layout == "v1" ? static_cast<double>(w.tensors) : 1.0);
   }
   r.parts["grad_sync"] = grad_sync;
   // AdamW: the calibrated update rate, or p, g, m, v read and p, m, v written, f32.
@@ -177,7 +192,11 @@ std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstima
 int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, bool analytic, std::ostream& out) {
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);
-  const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
+  plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
+  if (cluster_file.empty()) {  // this machine: every rank of the mesh runs on it
+    cluster.nodes = 1;
+    cluster.devices_per_node = std::max(cluster.devices_per_node, mesh::parse_mesh(tc.parallel.mesh).size());
+  }
   const plan::StepEstimate r = analytic ? predict_analytic(tc, cluster) : predict_program(tc, cluster);
   const std::vector<std::pair<std::string, double>> parts = ordered_parts(r);
   if (options.logging.json) {
