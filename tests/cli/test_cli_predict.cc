@@ -126,6 +126,12 @@ TEST(CliPredict, RanksBeyondTheCalibratedCoresShareThemAndAStepHasItsOverhead) {
     EXPECT_NEAR(j["step_time_s"].get<double>(), ranks * (plain["step_time_s"].get<double>() + 1e-3 + 1e-6 * instructions),
                 1e-9) << mesh;
   }
+  // A measured factor for 2 ranks replaces ranks / cores.
+  t.name = "measured-factor";
+  t.calibration["rank_factors"] = {{"2", 3.0}};
+  const std::string measured = " --cluster " + shardwise_cli_test::write_cluster(t, "factor");
+  const json j = predict("--mesh dp=2" + measured), two_cores = predict("--mesh dp=2" + cluster);
+  EXPECT_NEAR(j["step_time_s"].get<double>(), 1.5 * two_cores["step_time_s"].get<double>(), 1e-9);
 }
 
 TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {

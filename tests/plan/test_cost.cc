@@ -144,3 +144,12 @@ TEST(Cost, RanksBeyondTheCoresShareThem) {
   EXPECT_EQ(core_contention(c, 4), 2);
   EXPECT_EQ(core_contention(c, 3), 1.5);
 }
+
+TEST(Cost, AMeasuredRankFactorReplacesTheCoreFormula) {
+  ClusterSpec c = toy();
+  c.cores = 2;
+  c.rank_factors = {{2, 1.7}};
+  EXPECT_EQ(rank_factor(c, 2), 1.7);  // measured
+  EXPECT_EQ(rank_factor(c, 4), 2);    // not measured: ranks / cores
+  EXPECT_EQ(rank_factor(c, 1), 1);
+}

@@ -62,7 +62,8 @@ struct Reader {
   }
 };
 
-// calibration.kernels ({type: {overhead_s, scale}}), calibration.step_overhead_s, instruction_gap_s and cores.
+// calibration.kernels ({type: {overhead_s, scale}}), calibration.step_overhead_s, instruction_gap_s,
+// cores and rank_factors.
 void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
   if (cal.contains("kernels")) {
     SW_CHECK(cal["kernels"].is_object(), "{}: key 'calibration.kernels' expects an object of type -> fit", r.where);
@@ -81,6 +82,13 @@ void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
     *field = cal[key].get<double>();
   }
   if (cal.contains("cores")) c.cores = r.count(cal, "cores");
+  if (cal.contains("rank_factors")) {
+    SW_CHECK(cal["rank_factors"].is_object(), "{}: key 'calibration.rank_factors' expects an object of ranks -> factor", r.where);
+    for (auto it = cal["rank_factors"].begin(); it != cal["rank_factors"].end(); ++it) {
+      const double v = r.positive(cal["rank_factors"], it.key(), "calibration.rank_factors." + it.key());
+      c.rank_factors[std::stoll(it.key())] = v;
+    }
+  }
 }
 
 }  // namespace

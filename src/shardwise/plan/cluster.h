@@ -61,6 +61,10 @@ struct ClusterSpec {
   double step_overhead_s = 0;
   double instruction_gap_s = 0;  // seconds a step between instructions, per instruction
   int64_t cores = 0;
+  // A calibration's measured step of a mesh of n ranks on this machine over the model's (the fits
+  // applied), by n (calibration.rank_factors; 2 and 4): what ranks sharing the cores, and waiting for
+  // each other at every collective when the machine is busy, cost beyond the model's parts.
+  std::map<int64_t, double> rank_factors;
 
   int64_t devices() const { return nodes * devices_per_node; }
   double factor(const std::string& name) const;

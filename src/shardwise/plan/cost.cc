@@ -81,6 +81,11 @@ double core_contention(const ClusterSpec& c, int64_t threads) {
   return c.cores > 0 && threads > c.cores ? static_cast<double>(threads) / static_cast<double>(c.cores) : 1.0;
 }
 
+double rank_factor(const ClusterSpec& c, int64_t ranks) {
+  auto it = c.rank_factors.find(ranks);
+  return it != c.rank_factors.end() ? it->second : core_contention(c, ranks);
+}
+
 LinkSpec group_link(const ClusterSpec& c, std::span<const int> ranks) {
   SW_CHECK(!ranks.empty(), "group_link: an empty group");
   const int64_t node = ranks[0] / c.devices_per_node;

@@ -40,6 +40,9 @@ KernelFit fit_kernel(std::span<const KernelSample> samples);
 // How much slower a kernel runs when `threads` kernel threads (ranks x threads a rank) share the
 // machine's cores: threads / cores when they exceed them, else 1 (a datasheet cluster, cores 0: 1).
 double core_contention(const ClusterSpec& c, int64_t threads);
+// How much slower than the model's parts a step of `ranks` ranks (one kernel thread each) runs: the
+// calibration's measured factor for that many ranks where it has one, else core_contention.
+double rank_factor(const ClusterSpec& c, int64_t ranks);
 
 // The link a group's collective runs over: intra-node when all its ranks (global ranks, placed
 // devices_per_node to a node in rank order) share a node, else inter-node (the slower link

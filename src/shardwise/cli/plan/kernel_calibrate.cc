@@ -34,15 +34,18 @@ std::vector<std::string> references(bool quick) {
           "--model llama --layers 1 --hidden 192 --heads 3 --experts 4 --seq 160 --global-batch 4"};
 }
 
-// Two-rank references for the reshards' fit: the threads' collectives inside a step, where a rank
-// waits for its peer to reach the same collective (on a shared machine, for it to be scheduled).
+// Multi-rank references (2 and 4 ranks) for the reshards' fit and the rank factors: the threads'
+// collectives inside a step, where a rank waits for its peer to reach the same collective (on a
+// shared machine, for it to be scheduled).
 std::vector<std::string> two_rank_references(bool quick) {
   if (quick) return {"--mesh dp=2 --layers 1 --hidden 32 --heads 2 --seq 16 --global-batch 4",
                      "--mesh tp=2 --layers 1 --hidden 64 --heads 2 --seq 32 --global-batch 2"};
   return {"--mesh dp=2 --layers 1 --hidden 96 --heads 2 --seq 96 --global-batch 4",
           "--mesh tp=2 --layers 1 --hidden 96 --heads 2 --seq 96 --global-batch 2",
           "--mesh dp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 8",
-          "--mesh tp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 4"};
+          "--mesh tp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 4",
+          "--mesh dp=2,tp=2 --layers 1 --hidden 96 --heads 2 --seq 96 --global-batch 4",
+          "--mesh dp=2,tp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 8"};
 }
 
 std::vector<std::string> words(const std::string& text) {
@@ -101,6 +104,8 @@ std::map<std::string, double> measure_run(const PreparedRun& run, int warm, int 
 }
 
 struct Reference {
+  train::TrainConfig config;
+  int64_t ranks = 1;
   std::map<std::string, double> per_step;  // measured, rank 0
   plan::StepEstimate modelled;             // the model's, unfitted
   double measured(const std::string& key) const {
@@ -118,8 +123,12 @@ Reference run_reference(const std::string& options, const std::filesystem::path&
   std::ostringstream quiet;
   const PreparedRun run = prepare_train_run(parse_train_args(args).options, quiet);
   Reference r;
+  r.config = run.c;
+  r.ranks = run.ranks;
   r.per_step = measure_run(run, warm, steps);
-  r.modelled = predict_program(run.c, machine);
+  plan::ClusterSpec spanned = machine;  // every rank on this machine
+  spanned.devices_per_node = std::max<int64_t>(spanned.devices_per_node, run.ranks);
+  r.modelled = predict_program(run.c, spanned);
   return r;
 }
 
@@ -153,11 +162,13 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
     refs.push_back({{"options", ref}, {"measured_step_s", r.measured("step")}, {"instructions", instructions},
                     {"outside_instructions_s", r.measured("outside")}});
   }
+  std::vector<Reference> multi;
   for (const std::string& ref : two_rank_references(quick)) {
-    const Reference r = run_reference(ref + " --ranks 2", data, warm, steps, machine);
+    multi.push_back(run_reference(ref, data, warm, steps, machine));
+    const Reference& r = multi.back();
     auto n = r.modelled.count_by_op.find("reshard");
     if (n != r.modelled.count_by_op.end()) samples["reshard"].push_back({n->second, r.modelled.by_op.at("reshard"), r.measured("type reshard")});
-    refs.push_back({{"options", ref}, {"measured_step_s", r.measured("step")}});
+    refs.push_back({{"options", ref}, {"ranks", r.ranks}, {"measured_step_s", r.measured("step")}});
   }
   json kernels = json::object();
   for (const auto& [type, s] : samples) {
@@ -167,8 +178,22 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
     kernels[type] = {{"overhead_s", f.overhead_s}, {"scale", f.scale}, {"samples", pts}};
   }
   const plan::KernelFit step = plan::fit_kernel(step_samples);
+  // The rank factors: each multi-rank reference's measured step over the model's with the fits,
+  // the median by ranks.
+  plan::ClusterSpec fitted = machine;
+  for (auto it = kernels.begin(); it != kernels.end(); ++it)
+    fitted.kernel_fits[it.key()] = {it.value()["overhead_s"].get<double>(), it.value()["scale"].get<double>()};
+  fitted.step_overhead_s = step.overhead_s, fitted.instruction_gap_s = step.scale;
+  fitted.cores = 0;
+  std::map<int64_t, std::vector<double>> ratios;
+  for (const Reference& r : multi) {
+    fitted.devices_per_node = std::max<int64_t>(fitted.devices_per_node, r.ranks);
+    ratios[r.ranks].push_back(r.measured("step") / predict_program(r.config, fitted).step);
+  }
+  json factors = json::object();
+  for (const auto& [ranks, v] : ratios) factors[std::to_string(ranks)] = median_of(v);
   return {{"references", refs}, {"kernels", kernels}, {"step_overhead_s", step.overhead_s},
-          {"instruction_gap_s", step.scale}};
+          {"instruction_gap_s", step.scale}, {"rank_factors", factors}};
 }
 
 }  // namespace shardwise::cli

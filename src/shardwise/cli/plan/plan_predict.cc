@@ -161,8 +161,9 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
   if (outside > 0) r.parts["step_overhead"] = outside;
   r.step = pipe.step + r.parts["grad_sync"] + r.parts["optimizer"] + outside;
   r.by_op["optimizer adamw"] = r.parts["optimizer"];
-  // Every part is work of the ranks' threads on this machine's cores: slower by their contention.
-  const double contention = plan::core_contention(cluster, s.mesh.size());
+  // Every part is work of the ranks' threads on this machine's cores: slower by their contention
+  // (a calibration's measured factor for this many ranks, else ranks / cores beyond the cores).
+  const double contention = plan::rank_factor(cluster, s.mesh.size());
   r.step *= contention;
   for (auto& [name, sec] : r.parts) sec *= contention;
   for (auto& [op, sec] : r.by_op) sec *= contention;
