@@ -132,6 +132,13 @@ TEST(CliPredict, RanksBeyondTheCalibratedCoresShareThemAndAStepHasItsOverhead) {
   const std::string measured = " --cluster " + shardwise_cli_test::write_cluster(t, "factor");
   const json j = predict("--mesh dp=2" + measured), two_cores = predict("--mesh dp=2" + cluster);
   EXPECT_NEAR(j["step_time_s"].get<double>(), 1.5 * two_cores["step_time_s"].get<double>(), 1e-9);
+  // And one measured on the mesh itself replaces that for that mesh only.
+  t.name = "mesh-factor";
+  t.calibration["mesh_factors"] = {{"[dp=2]", 5.0}};
+  const std::string on_mesh = " --cluster " + shardwise_cli_test::write_cluster(t, "mesh");
+  EXPECT_NEAR(predict("--mesh dp=2" + on_mesh)["step_time_s"].get<double>(), 2.5 * two_cores["step_time_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(predict("--mesh tp=2" + on_mesh)["step_time_s"].get<double>(),
+              1.5 * predict("--mesh tp=2" + cluster)["step_time_s"].get<double>(), 1e-9);
 }
 
 TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {

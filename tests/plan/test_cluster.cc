@@ -120,7 +120,7 @@ TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
   json j = minimal();
   j["calibration"] = {{"kernels", {{"layer_norm", {{"overhead_s", 2e-6}, {"scale", 3.5}, {"samples", json::array()}}}}},
                       {"step_overhead_s", 1e-3}, {"instruction_gap_s", 4e-6}, {"cores", 2},
-                      {"rank_factors", {{"2", 1.5}, {"4", 2.5}}}};
+                      {"rank_factors", {{"2", 1.5}, {"4", 2.5}}}, {"mesh_factors", {{"[pp=2]", 3.0}}}};
   ClusterSpec c = parse_cluster(j, "toy.json");
   ASSERT_EQ(c.kernel_fits.count("layer_norm"), 1u);
   EXPECT_DOUBLE_EQ(c.kernel_fits["layer_norm"].overhead_s, 2e-6);
@@ -129,6 +129,7 @@ TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
   EXPECT_DOUBLE_EQ(c.instruction_gap_s, 4e-6);
   EXPECT_EQ(c.cores, 2);
   EXPECT_EQ(c.rank_factors, (std::map<int64_t, double>{{2, 1.5}, {4, 2.5}}));
+  EXPECT_EQ(c.mesh_factors, (std::map<std::string, double>{{"[pp=2]", 3.0}}));
   j["calibration"]["kernels"]["layer_norm"]["scale"] = -1;
   EXPECT_EQ(error_of(j), "toy.json: key 'calibration.kernels.layer_norm' expects {overhead_s, scale}, two numbers >= 0");
   j["calibration"]["kernels"]["layer_norm"]["scale"] = 1;

@@ -152,4 +152,7 @@ TEST(Cost, AMeasuredRankFactorReplacesTheCoreFormula) {
   EXPECT_EQ(rank_factor(c, 2), 1.7);  // measured
   EXPECT_EQ(rank_factor(c, 4), 2);    // not measured: ranks / cores
   EXPECT_EQ(rank_factor(c, 1), 1);
+  c.mesh_factors = {{"[pp=2]", 2.5}};
+  EXPECT_EQ(mesh_factor(c, "[pp=2]", 2), 2.5);  // measured on that mesh
+  EXPECT_EQ(mesh_factor(c, "[dp=2]", 2), 1.7);  // not: the factor of its size
 }

@@ -63,7 +63,7 @@ struct Reader {
 };
 
 // calibration.kernels ({type: {overhead_s, scale}}), calibration.step_overhead_s, instruction_gap_s,
-// cores and rank_factors.
+// cores, rank_factors and mesh_factors.
 void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
   if (cal.contains("kernels")) {
     SW_CHECK(cal["kernels"].is_object(), "{}: key 'calibration.kernels' expects an object of type -> fit", r.where);
@@ -88,6 +88,11 @@ void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
       const double v = r.positive(cal["rank_factors"], it.key(), "calibration.rank_factors." + it.key());
       c.rank_factors[std::stoll(it.key())] = v;
     }
+  }
+  if (cal.contains("mesh_factors")) {
+    SW_CHECK(cal["mesh_factors"].is_object(), "{}: key 'calibration.mesh_factors' expects an object of mesh -> factor", r.where);
+    for (auto it = cal["mesh_factors"].begin(); it != cal["mesh_factors"].end(); ++it)
+      c.mesh_factors[it.key()] = r.positive(cal["mesh_factors"], it.key(), "calibration.mesh_factors." + it.key());
   }
 }
 

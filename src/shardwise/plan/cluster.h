@@ -65,6 +65,10 @@ struct ClusterSpec {
   // applied), by n (calibration.rank_factors; 2 and 4): what ranks sharing the cores, and waiting for
   // each other at every collective when the machine is busy, cost beyond the model's parts.
   std::map<int64_t, double> rank_factors;
+  // The same by the reference's mesh ("[dp=2]", "[pp=2]", "[dp=2,tp=2]": ProcessMesh::to_string;
+  // calibration.mesh_factors): a pipeline's or an expert mesh's ranks wait for each other otherwise
+  // than a data-parallel pair.
+  std::map<std::string, double> mesh_factors;
 
   int64_t devices() const { return nodes * devices_per_node; }
   double factor(const std::string& name) const;

@@ -86,6 +86,11 @@ double rank_factor(const ClusterSpec& c, int64_t ranks) {
   return it != c.rank_factors.end() ? it->second : core_contention(c, ranks);
 }
 
+double mesh_factor(const ClusterSpec& c, const std::string& mesh, int64_t ranks) {
+  auto it = c.mesh_factors.find(mesh);
+  return it != c.mesh_factors.end() ? it->second : rank_factor(c, ranks);
+}
+
 LinkSpec group_link(const ClusterSpec& c, std::span<const int> ranks) {
   SW_CHECK(!ranks.empty(), "group_link: an empty group");
   const int64_t node = ranks[0] / c.devices_per_node;

@@ -43,6 +43,9 @@ double core_contention(const ClusterSpec& c, int64_t threads);
 // How much slower than the model's parts a step of `ranks` ranks (one kernel thread each) runs: the
 // calibration's measured factor for that many ranks where it has one, else core_contention.
 double rank_factor(const ClusterSpec& c, int64_t ranks);
+// The same for a mesh (`mesh`: ProcessMesh::to_string, "[pp=2]"): the calibration's factor measured
+// on that mesh where it has one, else rank_factor of its size.
+double mesh_factor(const ClusterSpec& c, const std::string& mesh, int64_t ranks);
 
 // The link a group's collective runs over: intra-node when all its ranks (global ranks, placed
 // devices_per_node to a node in rank order) share a node, else inter-node (the slower link

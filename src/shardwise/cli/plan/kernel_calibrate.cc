@@ -11,6 +11,7 @@
 #include "shardwise/cli/train_run.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/timing.h"
+#include "shardwise/mesh/process_mesh.h"
 #include "shardwise/plan/cost.h"
 #include "shardwise/runtime/profiler.h"
 #include "shardwise/train/trainer.h"
@@ -34,16 +35,20 @@ std::vector<std::string> references(bool quick) {
           "--model llama --layers 1 --hidden 192 --heads 3 --experts 4 --seq 160 --global-batch 4"};
 }
 
-// Multi-rank references (2 and 4 ranks) for the reshards' fit and the rank factors: the threads'
-// collectives inside a step, where a rank waits for its peer to reach the same collective (on a
-// shared machine, for it to be scheduled).
-std::vector<std::string> two_rank_references(bool quick) {
+// Multi-rank references (2 and 4 ranks: dp, tp, pp, ep, dp x tp) for the reshards' fit and the
+// rank and mesh factors: the threads' collectives inside a step, where a rank waits for its peer
+// to reach the same collective (on a shared machine, for it to be scheduled).
+std::vector<std::string> multi_rank_references(bool quick) {
   if (quick) return {"--mesh dp=2 --layers 1 --hidden 32 --heads 2 --seq 16 --global-batch 4",
                      "--mesh tp=2 --layers 1 --hidden 64 --heads 2 --seq 32 --global-batch 2"};
   return {"--mesh dp=2 --layers 1 --hidden 96 --heads 2 --seq 96 --global-batch 4",
           "--mesh tp=2 --layers 1 --hidden 96 --heads 2 --seq 96 --global-batch 2",
           "--mesh dp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 8",
           "--mesh tp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 4",
+          "--mesh pp=2 --layers 2 --hidden 96 --heads 2 --seq 96 --global-batch 8 --accumulation 4",
+          "--mesh pp=2 --layers 2 --hidden 192 --heads 4 --seq 192 --global-batch 8 --accumulation 4",
+          "--mesh ep=2 --model llama --layers 1 --hidden 96 --heads 2 --experts 4 --seq 96 --global-batch 4",
+          "--mesh ep=2 --model llama --layers 1 --hidden 192 --heads 4 --experts 4 --seq 160 --global-batch 8",
           "--mesh dp=2,tp=2 --layers 1 --hidden 96 --heads 2 --seq 96 --global-batch 4",
           "--mesh dp=2,tp=2 --layers 1 --hidden 192 --heads 4 --seq 192 --global-batch 8"};
 }
@@ -163,7 +168,7 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
                     {"outside_instructions_s", r.measured("outside")}});
   }
   std::vector<Reference> multi;
-  for (const std::string& ref : two_rank_references(quick)) {
+  for (const std::string& ref : multi_rank_references(quick)) {
     multi.push_back(run_reference(ref, data, warm, steps, machine));
     const Reference& r = multi.back();
     auto n = r.modelled.count_by_op.find("reshard");
@@ -185,15 +190,22 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
     fitted.kernel_fits[it.key()] = {it.value()["overhead_s"].get<double>(), it.value()["scale"].get<double>()};
   fitted.step_overhead_s = step.overhead_s, fitted.instruction_gap_s = step.scale;
   fitted.cores = 0;
-  std::map<int64_t, std::vector<double>> ratios;
+  std::map<std::string, std::vector<double>> by_ranks, by_mesh;
   for (const Reference& r : multi) {
     fitted.devices_per_node = std::max<int64_t>(fitted.devices_per_node, r.ranks);
-    ratios[r.ranks].push_back(r.measured("step") / predict_program(r.config, fitted).step);
+    const double ratio = r.measured("step") / predict_program(r.config, fitted).step;
+    by_ranks[std::to_string(r.ranks)].push_back(ratio);
+    by_mesh[mesh::parse_mesh(r.config.parallel.mesh).to_string()].push_back(ratio);
   }
-  json factors = json::object();
-  for (const auto& [ranks, v] : ratios) factors[std::to_string(ranks)] = median_of(v);
-  return {{"references", refs}, {"kernels", kernels}, {"step_overhead_s", step.overhead_s},
-          {"instruction_gap_s", step.scale}, {"rank_factors", factors}};
+  json factors = json::object(), mesh_factors = json::object();
+  for (const auto& [ranks, v] : by_ranks) factors[ranks] = median_of(v);
+  for (const auto& [m, v] : by_mesh) mesh_factors[m] = median_of(v);
+  return {{"references", refs},
+          {"kernels", kernels},
+          {"step_overhead_s", step.overhead_s},
+          {"instruction_gap_s", step.scale},
+          {"rank_factors", factors},
+          {"mesh_factors", mesh_factors}};
 }
 
 }  // namespace shardwise::cli

@@ -162,8 +162,9 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
   r.step = pipe.step + r.parts["grad_sync"] + r.parts["optimizer"] + outside;
   r.by_op["optimizer adamw"] = r.parts["optimizer"];
   // Every part is work of the ranks' threads on this machine's cores: slower by their contention
-  // (a calibration's measured factor for this many ranks, else ranks / cores beyond the cores).
-  const double contention = plan::rank_factor(cluster, s.mesh.size());
+  // (a calibration's factor measured on this mesh or for this many ranks, else ranks / cores beyond
+  // the cores).
+  const double contention = plan::mesh_factor(cluster, s.mesh.to_string(), s.mesh.size());
   r.step *= contention;
   for (auto& [name, sec] : r.parts) sec *= contention;
   for (auto& [op, sec] : r.by_op) sec *= contention;
