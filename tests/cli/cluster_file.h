@@ -20,6 +20,7 @@ struct ToyCluster {
   double peak = 1e10, memory_bytes = 1e12, memory_bandwidth = 1e10;
   double intra_bandwidth = 1e9, inter_bandwidth = 1e8, latency = 1e-5;
   double optimizer_elements_per_s = 0;  // > 0: a calibration's measured AdamW update
+  nlohmann::json calibration = nlohmann::json::object();  // more of a calibration's keys (cores, ...)
 };
 
 // One node; the file is named after the cluster and `tag`.
@@ -31,6 +32,7 @@ inline std::string write_cluster(const ToyCluster& t, const std::string& tag) {
       {"links", {{"intra_node", {{"bandwidth", t.intra_bandwidth}, {"latency", t.latency}}},
                  {"inter_node", {{"bandwidth", t.inter_bandwidth}, {"latency", t.latency}}}}}};
   if (t.optimizer_elements_per_s > 0) c["calibration"] = {{"optimizer", {{"elements_per_s", t.optimizer_elements_per_s}}}};
+  for (auto it = t.calibration.begin(); it != t.calibration.end(); ++it) c["calibration"][it.key()] = it.value();
   const std::string path = tmp(t.name + "_" + tag + ".json");
   std::ofstream(path) << c.dump();
   return path;

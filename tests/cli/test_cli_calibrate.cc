@@ -86,6 +86,16 @@ TEST(CliCalibrate, ValuesArePositiveAndTheFitsReproduceTheirPoints) {
       EXPECT_NEAR(c["a"].get<double>() + c["b"].get<double>() * bytes, seconds, 1e-9 + 1e-9 * seconds) << kind;
     }
   }
+  // The kernel fits: every reference's instruction types fitted (each >= 0), the reshards from the
+  // two-rank references, and the cores the ranks share.
+  const json& kernels = j["calibration"]["kernels"];
+  for (const char* type : {"matmul", "matmul_grad", "flash_attention", "layer_norm", "reshard"}) {
+    ASSERT_TRUE(kernels.contains(type)) << type << " " << kernels.dump();
+    EXPECT_GE(kernels[type]["overhead_s"].get<double>(), 0) << type;
+    EXPECT_GE(kernels[type]["scale"].get<double>(), 0) << type;
+  }
+  EXPECT_GE(j["calibration"]["cores"].get<int64_t>(), 1);
+  EXPECT_GE(j["calibration"]["step_overhead_s"].get<double>(), 0);
   // links.intra_node is all_reduce's fit (its latency clamped at 0 when the intercept was negative).
   EXPECT_DOUBLE_EQ(j["links"]["intra_node"]["latency"].get<double>(),
                    std::max(0.0, j["calibration"]["collectives"]["all_reduce"]["latency"].get<double>()));

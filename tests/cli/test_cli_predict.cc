@@ -83,6 +83,64 @@ TEST(CliPredict, AMeasuredOptimizerRateTimesTheUpdate) {
   EXPECT_LT(predict("--mesh dp=1 --vocab 128 --cluster " + compute_only_cluster(1e9))["shares"]["optimizer"].get<double>(), 1e-200);
 }
 
+TEST(CliPredict, TheShardingStagesCostTheirCollectivesAndShareTheUpdate) {
+  // dp=2 on one node (intra-node 1e9 B/s, latency 1e-5 s), AdamW at 1e6 elements/s, P parameters in
+  // T = 36 tensors (GPT-2 of 2 layers: wte, wpe, 16 a layer: q, k, v, the attention output, the MLP's
+  // two and two norms, weights and biases; the final norm's 2). Stage 0 (the
+  // gradients all-reduced in the graph): the whole update, no sync of its own. Stage 1: half the
+  // update and the parameters all-gathered, one call a tensor (layout v1): T latencies + 1/2 x 4P
+  // bytes. Stage 2 with layout v2 and the buckets (one): the gradients reduce-scattered and the
+  // parameters all-gathered in one call each, 2 x (1 latency + 1/2 x 4P bytes).
+  shardwise_cli_test::ToyCluster t{"stages", 4, 1e9, 1e12, 1e300, 1e9, 1e9, 1e-5};
+  t.optimizer_elements_per_s = 1e6;
+  const std::string args = "--mesh dp=2 --vocab 128 --cluster " + shardwise_cli_test::write_cluster(t, "stages");
+  const double P = static_cast<double>(shardwise_cli_test::gpt2_parameters(2, 64, 32, 128)), T = 36;
+  auto part = [](const json& j, const char* name) {
+    return j["shares"].value(name, 0.0) * j["step_time_s"].get<double>();
+  };
+  const json s0 = predict(args), s1 = predict(args + " --sharding-stage 1");
+  const json s2 = predict(args + " --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on");
+  EXPECT_NEAR(part(s0, "optimizer"), P / 1e6, 1e-9);
+  EXPECT_NEAR(part(s0, "grad_sync"), 0, 1e-12);
+  EXPECT_NEAR(part(s1, "optimizer"), P / 2 / 1e6, 1e-9);
+  EXPECT_NEAR(part(s1, "grad_sync"), T * 1e-5 + 0.5 * 4 * P / 1e9, 1e-9);
+  EXPECT_NEAR(part(s2, "optimizer"), P / 2 / 1e6, 1e-9);
+  EXPECT_NEAR(part(s2, "grad_sync"), 2 * (1e-5 + 0.5 * 4 * P / 1e9), 1e-9);
+  EXPECT_NE(s0["step_time_s"], s1["step_time_s"]);
+}
+
+TEST(CliPredict, RanksBeyondTheCalibratedCoresShareThemAndAStepHasItsOverhead) {
+  // A calibration of one core with 1 ms a step outside the instructions and 1 us between two: on
+  // the compute-only cluster a step is (the FLOPs' time + 1 ms + 1 us an instruction) x the ranks
+  // per core.
+  shardwise_cli_test::ToyCluster t{"one-core", 4, 1e9, 1e12, 1e300, 1e300, 1e300, 0};
+  t.calibration = {{"cores", 1}, {"step_overhead_s", 1e-3}, {"instruction_gap_s", 1e-6}};
+  const std::string cluster = " --cluster " + shardwise_cli_test::write_cluster(t, "overhead");
+  for (const char* mesh : {"dp=1", "dp=2"}) {
+    const json j = predict(std::string("--mesh ") + mesh + cluster);
+    const json plain = predict(std::string("--mesh ") + mesh + " --cluster " + compute_only_cluster(1e9));
+    ASSERT_TRUE(j.contains("instructions")) << j.dump();
+    const double instructions = j["instructions"].get<double>();
+    EXPECT_GT(instructions, 10) << mesh;
+    const double ranks = std::string(mesh) == "dp=2" ? 2 : 1;
+    EXPECT_NEAR(j["step_time_s"].get<double>(), ranks * (plain["step_time_s"].get<double>() + 1e-3 + 1e-6 * instructions),
+                1e-9) << mesh;
+  }
+  // A measured factor for 2 ranks replaces ranks / cores.
+  t.name = "measured-factor";
+  t.calibration["rank_factors"] = {{"2", 3.0}};
+  const std::string measured = " --cluster " + shardwise_cli_test::write_cluster(t, "factor");
+  const json j = predict("--mesh dp=2" + measured), two_cores = predict("--mesh dp=2" + cluster);
+  EXPECT_NEAR(j["step_time_s"].get<double>(), 1.5 * two_cores["step_time_s"].get<double>(), 1e-9);
+  // And one measured on the mesh itself replaces that for that mesh only.
+  t.name = "mesh-factor";
+  t.calibration["mesh_factors"] = {{"[dp=2]", 5.0}};
+  const std::string on_mesh = " --cluster " + shardwise_cli_test::write_cluster(t, "mesh");
+  EXPECT_NEAR(predict("--mesh dp=2" + on_mesh)["step_time_s"].get<double>(), 2.5 * two_cores["step_time_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(predict("--mesh tp=2" + on_mesh)["step_time_s"].get<double>(),
+              1.5 * predict("--mesh tp=2" + cluster)["step_time_s"].get<double>(), 1e-9);
+}
+
 TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {
   // kPlanModel on one rank, micro-batch 8 of seq 32, hidden 64 (4 heads of 16), MLP 256, vocab 128:
   // a layer 2 b s (64 x 16 x 12 + 4 x 16 x 64 + 2 x 64 x 256) + 4 b s^2 64 / 2 (the fused core's causal

@@ -115,3 +115,27 @@ TEST(Cluster, ACalibrationsGemmShapesAreRead) {
   j["calibration"]["gemm"][1]["flops_per_s"] = 0;
   EXPECT_EQ(error_of(j), "toy.json: key 'calibration.gemm.flops_per_s' expects a positive number, got 0");
 }
+
+TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
+  json j = minimal();
+  j["calibration"] = {{"kernels", {{"layer_norm", {{"overhead_s", 2e-6}, {"scale", 3.5}, {"samples", json::array()}}}}},
+                      {"step_overhead_s", 1e-3}, {"instruction_gap_s", 4e-6}, {"cores", 2},
+                      {"rank_factors", {{"2", 1.5}, {"4", 2.5}}}, {"mesh_factors", {{"[pp=2]", 3.0}}}};
+  ClusterSpec c = parse_cluster(j, "toy.json");
+  ASSERT_EQ(c.kernel_fits.count("layer_norm"), 1u);
+  EXPECT_DOUBLE_EQ(c.kernel_fits["layer_norm"].overhead_s, 2e-6);
+  EXPECT_DOUBLE_EQ(c.kernel_fits["layer_norm"].scale, 3.5);
+  EXPECT_DOUBLE_EQ(c.step_overhead_s, 1e-3);
+  EXPECT_DOUBLE_EQ(c.instruction_gap_s, 4e-6);
+  EXPECT_EQ(c.cores, 2);
+  EXPECT_EQ(c.rank_factors, (std::map<int64_t, double>{{2, 1.5}, {4, 2.5}}));
+  EXPECT_EQ(c.mesh_factors, (std::map<std::string, double>{{"[pp=2]", 3.0}}));
+  j["calibration"]["kernels"]["layer_norm"]["scale"] = -1;
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.kernels.layer_norm' expects {overhead_s, scale}, two numbers >= 0");
+  j["calibration"]["kernels"]["layer_norm"]["scale"] = 1;
+  j["calibration"]["step_overhead_s"] = "soon";
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.step_overhead_s' expects a number >= 0");
+  j["calibration"]["step_overhead_s"] = 0;
+  j["calibration"]["rank_factors"]["2"] = 0;
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.rank_factors.2' expects a positive number, got 0");
+}

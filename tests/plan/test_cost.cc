@@ -99,3 +99,60 @@ TEST(Cost, AGemmRunsAtTheNearestMeasuredShapesRate) {
   c.efficiency["compute"] = 0.5;
   EXPECT_DOUBLE_EQ(gemm_seconds(c, 1e9, "bf16", 64, 64, 64), 1e9 / 2.5e9);
 }
+
+TEST(Cost, AKernelFitRecoversTheLineItsSamplesLieOn) {
+  // Three reference runs of a type timed by measured = count x 2 us + 3 x modelled.
+  auto sample = [](double n, double m) { return KernelSample{n, m, n * 2e-6 + 3 * m}; };
+  const std::vector<KernelSample> s = {sample(10, 1e-3), sample(4, 5e-3), sample(7, 2e-4)};
+  const KernelFit f = fit_kernel(s);
+  EXPECT_NEAR(f.overhead_s, 2e-6, 1e-12);
+  EXPECT_NEAR(f.scale, 3, 1e-9);
+}
+
+TEST(Cost, AKernelFitClampsANegativeTermAndRefitsTheOther) {
+  // measured = 2 x modelled - 1 us an instruction: the free fit's overhead is negative, so the
+  // overhead is 0 and the scale the least-squares one alone, sum(m t) / sum(m m).
+  const std::vector<KernelSample> s = {{1, 1e-3, 2e-3 - 1e-6}, {1, 4e-3, 8e-3 - 1e-6}};
+  const KernelFit f = fit_kernel(s);
+  EXPECT_EQ(f.overhead_s, 0);
+  EXPECT_NEAR(f.scale, (1e-3 * (2e-3 - 1e-6) + 4e-3 * (8e-3 - 1e-6)) / (1e-6 + 16e-6), 1e-12);
+  // A type the model gives no time (a view): the overhead alone, the mean a count.
+  const std::vector<KernelSample> views = {{2, 0, 4e-6}, {4, 0, 8e-6}};
+  EXPECT_NEAR(fit_kernel(views).overhead_s, 2e-6, 1e-15);
+  EXPECT_EQ(fit_kernel(views).scale, 0);
+  try {
+    fit_kernel(std::vector<KernelSample>{{0, 0, 1e-3}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fit_kernel: no sample with an instruction that ran"), std::string::npos);
+  }
+}
+
+TEST(Cost, AFittedTypeTakesItsOverheadAndScaleOthersTheirModelledTime) {
+  ClusterSpec c = toy();
+  c.kernel_fits["layer_norm"] = {5e-6, 4};
+  EXPECT_DOUBLE_EQ(fitted_seconds(c, "layer_norm", 1e-3), 5e-6 + 4e-3);
+  EXPECT_DOUBLE_EQ(fitted_seconds(c, "gelu", 1e-3), 1e-3);
+}
+
+TEST(Cost, RanksBeyondTheCoresShareThem) {
+  ClusterSpec c = toy();
+  EXPECT_EQ(core_contention(c, 8), 1);  // a datasheet cluster: each device its own
+  c.cores = 2;
+  EXPECT_EQ(core_contention(c, 1), 1);
+  EXPECT_EQ(core_contention(c, 2), 1);
+  EXPECT_EQ(core_contention(c, 4), 2);
+  EXPECT_EQ(core_contention(c, 3), 1.5);
+}
+
+TEST(Cost, AMeasuredRankFactorReplacesTheCoreFormula) {
+  ClusterSpec c = toy();
+  c.cores = 2;
+  c.rank_factors = {{2, 1.7}};
+  EXPECT_EQ(rank_factor(c, 2), 1.7);  // measured
+  EXPECT_EQ(rank_factor(c, 4), 2);    // not measured: ranks / cores
+  EXPECT_EQ(rank_factor(c, 1), 1);
+  c.mesh_factors = {{"[pp=2]", 2.5}};
+  EXPECT_EQ(mesh_factor(c, "[pp=2]", 2), 2.5);  // measured on that mesh
+  EXPECT_EQ(mesh_factor(c, "[dp=2]", 2), 1.7);  // not: the factor of its size
+}

@@ -20,14 +20,28 @@ ClusterSpec toy(int64_t nodes, int64_t per_node) {
   c.inter_node = {1e8, 1e-5};
   return c;
 }
+// y = x w, x [64, 32] by w [32, 16], built into `g` and lowered on one rank.
+graph::Program one_gemm(graph::Graph& g) {
+  auto x = g.input("x", Shape{64, 32});
+  auto w = g.param("w", Shape{32, 16});
+  g.matmul(x, w, false, "y");
+  return graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{1})));
+}
+
+// y = x w with x [8, 64] S(1) and w [64, 4] S(0) over 4 ranks, y annotated R: one all-reduce.
+graph::Program row_sharded_gemm(graph::Graph& g) {
+  auto x = g.input("x", Shape{8, 64});
+  auto w = g.param("w", Shape{64, 4});
+  g.annotate(x, "S(1)");
+  g.annotate(w, "S(0)");
+  g.annotate(g.matmul(x, w, false, "y"), "R");
+  return graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{4})));
+}
 }  // namespace
 
 TEST(ProgramTime, OneGemmOfKnownFlopsAtAKnownRate) {
   graph::Graph g;
-  auto x = g.input("x", Shape{64, 32});
-  auto w = g.param("w", Shape{32, 16});
-  g.matmul(x, w, false, "y");
-  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{1})));
+  graph::Program p = one_gemm(g);
   ProgramTime t = program_time(g, p, 0, toy(1, 1), "f32");
   EXPECT_DOUBLE_EQ(t.flops, 2.0 * 64 * 32 * 16);
   EXPECT_DOUBLE_EQ(t.compute_s, 2.0 * 64 * 32 * 16 / 1e9);
@@ -39,13 +53,7 @@ TEST(ProgramTime, ARowShardedGemmAllReducesItsPartialResultOnTheGroupsLink) {
   // rank multiplies 8 x 16 by 16 x 4 and y (8 x 4 f32 = 128 bytes) comes out Partial; annotated R,
   // one all-reduce over the 4 ranks: 2 (4-1) latencies + 2 (4-1)/4 x 128 bytes over the link.
   graph::Graph g;
-  auto x = g.input("x", Shape{8, 64});
-  auto w = g.param("w", Shape{64, 4});
-  g.annotate(x, "S(1)");
-  g.annotate(w, "S(0)");
-  auto y = g.matmul(x, w, false, "y");
-  g.annotate(y, "R");
-  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{4})));
+  graph::Program p = row_sharded_gemm(g);
   const double bytes = 2.0 * 3 / 4 * 128;
   ProgramTime one_node = program_time(g, p, 0, toy(1, 4), "f32");
   EXPECT_DOUBLE_EQ(one_node.flops, 2.0 * 8 * 16 * 4);
@@ -102,4 +110,46 @@ TEST(ProgramTime, ReshapesAreViewsAndCostNothing) {
   const double gemm_bytes = 4.0 * (64 * 32 + 32 * 16 + 64 * 16);
   EXPECT_DOUBLE_EQ(t.compute_s, std::max(2.0 * 64 * 32 * 16 / 1e9, gemm_bytes / 1e6));
   EXPECT_EQ(t.by_op.count("reshape"), 0u);
+}
+
+TEST(ProgramTime, ACalibrationsKernelFitTimesItsTypeAndCountsIt) {
+  // One GEMM of 2 x 64 x 32 x 16 FLOPs at 1e9 FLOP/s, fitted as 1 ms + 2 x that.
+  graph::Graph g;
+  graph::Program p = one_gemm(g);
+  ClusterSpec c = toy(1, 1);
+  c.kernel_fits["matmul"] = {1e-3, 2};
+  ProgramTime t = program_time(g, p, 0, c, "f32");
+  EXPECT_DOUBLE_EQ(t.compute_s, 1e-3 + 2 * 2.0 * 64 * 32 * 16 / 1e9);
+  EXPECT_EQ(t.count_by_op["matmul"], 1);
+  EXPECT_DOUBLE_EQ(t.flops, 2.0 * 64 * 32 * 16);  // the FLOPs are the op's, whatever the fit
+}
+
+TEST(ProgramTime, AReshardFitTimesTheCollectiveInstruction) {
+  // The all-reduce of the row-sharded GEMM above (128 bytes over 4 ranks of one node) fitted as 0.1 ms + 3 x it.
+  graph::Graph g;
+  graph::Program p = row_sharded_gemm(g);
+  ClusterSpec c = toy(1, 4);
+  c.kernel_fits["reshard"] = {1e-4, 3};
+  ProgramTime t = program_time(g, p, 0, c, "f32");
+  EXPECT_NEAR(t.collective_s["all_reduce"], 1e-4 + 3 * (6 * 1e-6 + 2.0 * 3 / 4 * 128 / 1e9), 1e-15);
+  EXPECT_EQ(t.count_by_op["reshard"], 1);
+}
+
+TEST(ProgramTime, TheMoeMlpCountsItsExpertsGemmFlops) {
+  // 24 tokens of hidden 8, 4 experts of width 16, top 2: each token through 2 experts' three GEMMs
+  // (2 x 8 x 16 each), plus the router's 2 x 24 x 4 x 8; the backward twice that.
+  graph::Graph g;
+  auto x = g.param("x", Shape{24, 8});
+  auto gate = g.param("gate", Shape{4, 8});
+  auto w1 = g.param("w1", Shape{4, 16, 8});
+  auto w3 = g.param("w3", Shape{4, 16, 8});
+  auto w2 = g.param("w2", Shape{4, 8, 16});
+  g.op("moe_mlp", {x, gate, w1, w3, w2}, Attrs{{"top_k", int64_t{2}}}, "moe");
+  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{1})));
+  const double forward = 24 * 2 * 3 * 2.0 * 8 * 16 + 2.0 * 24 * 4 * 8;
+  const std::vector<int64_t> coords = {0};
+  double flops = 0;
+  for (const graph::Instr& ins : p.instrs)
+    if (ins.kind == graph::InstrKind::Kernel && g.node(ins.node).op == "moe_mlp") flops += instr_flops(g, p, ins, coords);
+  EXPECT_DOUBLE_EQ(flops, forward);
 }

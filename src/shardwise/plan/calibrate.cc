@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <sched.h>
 #include <unistd.h>
 
 #include "shardwise/comm/local.h"
@@ -36,7 +37,7 @@ json measure_gemm(const CalibrateOptions& o, std::map<std::string, double>& peak
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (const S& s : shapes) {
       Tensor a = Tensor::full(dtype, Shape{s.m, s.k}, 0.5), b = Tensor::full(dtype, Shape{s.k, s.n}, 0.25);
-      double t = fastest_seconds(o.quick ? 1 : 3, [&] { (void)gemm(a, b); });
+      double t = median_seconds(o.quick ? 1 : 5, [&] { (void)gemm(a, b); });
       double rate = 2.0 * s.m * s.n * s.k / t;
       SW_CHECK(rate > 0 && std::isfinite(rate), "calibrate: the GEMM measurement gave {} FLOP/s", rate);
       std::string name(dtype_name(dtype));
@@ -53,15 +54,16 @@ json measure_memory(const CalibrateOptions& o) {
   Tensor x = Tensor::full(DType::F32, Shape{n}, 1.0), y = Tensor::full(DType::F32, Shape{n}, 2.0);
   const ops::OpDef& add = ops::op_registry().get("add");
   std::vector<Tensor> in{x, y};
-  double t = fastest_seconds(o.quick ? 1 : 5, [&] { (void)ops::run_forward(add, in, {}); });
+  double t = median_seconds(o.quick ? 1 : 5, [&] { (void)ops::run_forward(add, in, {}); });
   const double bytes = 3.0 * n * 4;
   return {{"op", "add"}, {"elements", n}, {"bytes", bytes}, {"seconds", t}, {"bytes_per_s", bytes / t}};
 }
 
-// Seconds of one `kind` over `ranks` threads with a per-rank buffer of `bytes` (rank 0's fastest of
-// `reps`, each started after a barrier).
+// Seconds of one `kind` over `ranks` threads with a per-rank buffer of `bytes`: rank 0's median of
+// `reps`, each started after a barrier (the median: a collective waits for every rank to be
+// scheduled, which on a shared machine is part of what it costs).
 double time_collective(CollectiveKind kind, int ranks, int64_t bytes, int reps) {
-  double best = 1e300;
+  std::vector<double> times;
   const int64_t count = bytes / 4;
   comm::LocalWorld::run(ranks, [&](comm::Communicator& c) {
     std::vector<float> in(count, 1.0f), out(count, 0.0f);
@@ -77,15 +79,15 @@ double time_collective(CollectiveKind kind, int ranks, int64_t bytes, int reps) 
         case CollectiveKind::AllToAll: c.all_to_all(in.data(), out.data(), count / ranks, DType::F32); break;
         case CollectiveKind::SendRecv: break;
       }
-      if (c.rank() == 0 && r > 0) best = std::min(best, seconds_since(t0));  // r = 0: the warm-up
+      if (c.rank() == 0 && r > 0) times.push_back(seconds_since(t0));  // r = 0: the warm-up
     }
   });
-  return best;
+  return median_of(std::move(times));
 }
 
 json measure_collectives(const CalibrateOptions& o, LinkSpec& all_reduce_link) {
   const double n1 = 4096, n2 = o.quick ? (1 << 18) : (1 << 24);
-  const int reps = o.quick ? 2 : 5;
+  const int reps = o.quick ? 2 : 9;
   json out = json::object();
   for (auto kind : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
                     CollectiveKind::AllToAll}) {
@@ -99,6 +101,13 @@ json measure_collectives(const CalibrateOptions& o, LinkSpec& all_reduce_link) {
   return out;
 }
 
+// The cores this process may run on (its affinity mask; the ranks' threads share them).
+int64_t available_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 json calibrate_machine(const CalibrateOptions& o) {
@@ -107,7 +116,7 @@ json calibrate_machine(const CalibrateOptions& o) {
   ClusterSpec c;
   c.name = "this machine (shardwise calibrate)";
   c.devices_per_node = o.ranks;
-  json cal = {{"quick", o.quick}};
+  json cal = {{"quick", o.quick}, {"cores", available_cores()}};
   cal["gemm"] = measure_gemm(o, c.peak_flops);
   cal["memory"] = measure_memory(o);
   c.memory_bandwidth = cal["memory"]["bytes_per_s"].get<double>();

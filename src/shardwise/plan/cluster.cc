@@ -62,6 +62,40 @@ struct Reader {
   }
 };
 
+// calibration.kernels ({type: {overhead_s, scale}}), calibration.step_overhead_s, instruction_gap_s,
+// cores, rank_factors and mesh_factors.
+void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
+  if (cal.contains("kernels")) {
+    SW_CHECK(cal["kernels"].is_object(), "{}: key 'calibration.kernels' expects an object of type -> fit", r.where);
+    for (auto it = cal["kernels"].begin(); it != cal["kernels"].end(); ++it) {
+      const std::string key = "calibration.kernels." + it.key();
+      SW_CHECK(it.value().is_object() && it.value().contains("overhead_s") && it.value().contains("scale") &&
+                   it.value()["overhead_s"].is_number() && it.value()["scale"].is_number() &&
+                   it.value()["overhead_s"].get<double>() >= 0 && it.value()["scale"].get<double>() >= 0,
+               "{}: key '{}' expects {{overhead_s, scale}}, two numbers >= 0", r.where, key);
+      c.kernel_fits[it.key()] = {it.value()["overhead_s"].get<double>(), it.value()["scale"].get<double>()};
+    }
+  }
+  for (auto [key, field] : {std::pair{"step_overhead_s", &c.step_overhead_s}, std::pair{"instruction_gap_s", &c.instruction_gap_s}}) {
+    if (!cal.contains(key)) continue;
+    SW_CHECK(cal[key].is_number() && cal[key].get<double>() >= 0, "{}: key 'calibration.{}' expects a number >= 0", r.where, key);
+    *field = cal[key].get<double>();
+  }
+  if (cal.contains("cores")) c.cores = r.count(cal, "cores");
+  if (cal.contains("rank_factors")) {
+    SW_CHECK(cal["rank_factors"].is_object(), "{}: key 'calibration.rank_factors' expects an object of ranks -> factor", r.where);
+    for (auto it = cal["rank_factors"].begin(); it != cal["rank_factors"].end(); ++it) {
+      const double v = r.positive(cal["rank_factors"], it.key(), "calibration.rank_factors." + it.key());
+      c.rank_factors[std::stoll(it.key())] = v;
+    }
+  }
+  if (cal.contains("mesh_factors")) {
+    SW_CHECK(cal["mesh_factors"].is_object(), "{}: key 'calibration.mesh_factors' expects an object of mesh -> factor", r.where);
+    for (auto it = cal["mesh_factors"].begin(); it != cal["mesh_factors"].end(); ++it)
+      c.mesh_factors[it.key()] = r.positive(cal["mesh_factors"], it.key(), "calibration.mesh_factors." + it.key());
+  }
+}
+
 }  // namespace
 
 double ClusterSpec::factor(const std::string& name) const {
@@ -115,6 +149,7 @@ ClusterSpec parse_cluster(const json& j, const std::string& where) {
     c.optimizer_elements_per_s =
         r.positive(j["calibration"]["optimizer"], "elements_per_s", "calibration.optimizer.elements_per_s");
   }
+  if (j.contains("calibration") && j["calibration"].is_object()) parse_calibration_fits(j["calibration"], r, c);
   if (j.contains("sources")) {
     SW_CHECK(j["sources"].is_object(), "{}: key 'sources' expects an object of key -> source text", where);
     c.sources = j["sources"];

@@ -28,6 +28,15 @@ struct GemmRate {
   double flops_per_s = 0;
 };
 
+// A calibration's fit of one instruction type ("layer_norm", "matmul_grad"; calibration.kernels):
+// measured seconds of an instruction = overhead_s + scale x the model's own seconds of it (its GEMM
+// FLOPs at the nearest shape's rate, or its bytes at the memory bandwidth), fitted over reference
+// training runs (`shardwise calibrate`, cli/plan/kernel_calibrate.h).
+struct KernelFit {
+  double overhead_s = 0;  // fixed seconds an instruction (dispatch, allocation, thread wake-ups)
+  double scale = 1;       // measured / modelled seconds of its work
+};
+
 struct ClusterSpec {
   std::string name;
   int64_t nodes = 1, devices_per_node = 1;
@@ -43,6 +52,23 @@ struct ClusterSpec {
   // A calibration's measured AdamW update (calibration.optimizer.elements_per_s; 0: none, the update
   // is then 7 f32 streams at the memory bandwidth).
   double optimizer_elements_per_s = 0;
+  // A calibration's kernel fits by instruction type (empty: the model's seconds as they are).
+  std::map<std::string, KernelFit> kernel_fits;
+  // A calibration's seconds a step outside the instructions and the optimizer (the trainer's own
+  // work: the loader, the loss, zeroing gradients), the runtime's time between two instructions
+  // (calibration.instruction_gap_s), and the cores the machine gives its ranks
+  // (0: a datasheet cluster, each device its own; calibration.step_overhead_s, calibration.cores).
+  double step_overhead_s = 0;
+  double instruction_gap_s = 0;  // seconds a step between instructions, per instruction
+  int64_t cores = 0;
+  // A calibration's measured step of a mesh of n ranks on this machine over the model's (the fits
+  // applied), by n (calibration.rank_factors; 2 and 4): what ranks sharing the cores, and waiting for
+  // each other at every collective when the machine is busy, cost beyond the model's parts.
+  std::map<int64_t, double> rank_factors;
+  // The same by the reference's mesh ("[dp=2]", "[pp=2]", "[dp=2,tp=2]": ProcessMesh::to_string;
+  // calibration.mesh_factors): a pipeline's or an expert mesh's ranks wait for each other otherwise
+  // than a data-parallel pair.
+  std::map<std::string, double> mesh_factors;
 
   int64_t devices() const { return nodes * devices_per_node; }
   double factor(const std::string& name) const;

@@ -1,5 +1,6 @@
 #include "shardwise/plan/cost.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -39,6 +40,55 @@ double gemm_seconds(const ClusterSpec& c, double flops, const std::string& dtype
 
 double memory_seconds(const ClusterSpec& c, double bytes) {
   return bytes / (c.memory_bandwidth * c.factor("memory"));
+}
+
+double fitted_seconds(const ClusterSpec& c, const std::string& type, double modelled) {
+  auto it = c.kernel_fits.find(type);
+  return it == c.kernel_fits.end() ? modelled : it->second.overhead_s + it->second.scale * modelled;
+}
+
+KernelFit fit_kernel(std::span<const KernelSample> samples) {
+  double nn = 0, nm = 0, mm = 0, nt = 0, mt = 0;
+  for (const KernelSample& s : samples) {
+    SW_CHECK(s.count >= 0 && s.modelled >= 0 && s.measured >= 0, "fit_kernel: a sample with a negative part ({}, {}, {})",
+             s.count, s.modelled, s.measured);
+    nn += s.count * s.count, nm += s.count * s.modelled, mm += s.modelled * s.modelled;
+    nt += s.count * s.measured, mt += s.modelled * s.measured;
+  }
+  SW_CHECK(nn > 0, "fit_kernel: no sample with an instruction that ran");
+  const double det = nn * mm - nm * nm;
+  KernelFit f{0, 0};
+  if (det > 1e-12 * nn * mm) {  // both terms: the normal equations
+    f.overhead_s = (nt * mm - mt * nm) / det;
+    f.scale = (mt * nn - nt * nm) / det;
+    if (f.overhead_s >= 0 && f.scale >= 0) return f;
+  }
+  // One term: the one that fits better alone (the other 0).
+  const KernelFit only_overhead{std::max(0.0, nt / nn), 0};
+  const KernelFit only_scale{0, mm > 0 ? std::max(0.0, mt / mm) : 0};
+  auto residual = [&](const KernelFit& g) {
+    double r = 0;
+    for (const KernelSample& s : samples) {
+      const double e = s.measured - s.count * g.overhead_s - s.modelled * g.scale;
+      r += e * e;
+    }
+    return r;
+  };
+  return mm > 0 && residual(only_scale) < residual(only_overhead) ? only_scale : only_overhead;
+}
+
+double core_contention(const ClusterSpec& c, int64_t threads) {
+  return c.cores > 0 && threads > c.cores ? static_cast<double>(threads) / static_cast<double>(c.cores) : 1.0;
+}
+
+double rank_factor(const ClusterSpec& c, int64_t ranks) {
+  auto it = c.rank_factors.find(ranks);
+  return it != c.rank_factors.end() ? it->second : core_contention(c, ranks);
+}
+
+double mesh_factor(const ClusterSpec& c, const std::string& mesh, int64_t ranks) {
+  auto it = c.mesh_factors.find(mesh);
+  return it != c.mesh_factors.end() ? it->second : rank_factor(c, ranks);
 }
 
 LinkSpec group_link(const ClusterSpec& c, std::span<const int> ranks) {

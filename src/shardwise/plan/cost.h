@@ -24,6 +24,29 @@ double gemm_seconds(const ClusterSpec& c, double flops, const std::string& dtype
 // Seconds to read and write `bytes` at the device's memory bandwidth times the memory efficiency.
 double memory_seconds(const ClusterSpec& c, double bytes);
 
+// A kernel of `type` ("layer_norm_grad") the model times at `modelled` seconds: overhead_s + scale x
+// modelled by the cluster's fit of that type (a calibration's), else `modelled`.
+double fitted_seconds(const ClusterSpec& c, const std::string& type, double modelled);
+
+// One reference run's instructions of a type: how many ran a step, the model's seconds of them
+// (unfitted) and the measured seconds.
+struct KernelSample {
+  double count = 0, modelled = 0, measured = 0;
+};
+// The least-squares fit of measured = count x overhead_s + scale x modelled over the samples, both
+// terms >= 0 (one clamped to 0, the other refitted alone); Error without a sample that ran.
+KernelFit fit_kernel(std::span<const KernelSample> samples);
+
+// How much slower a kernel runs when `threads` kernel threads (ranks x threads a rank) share the
+// machine's cores: threads / cores when they exceed them, else 1 (a datasheet cluster, cores 0: 1).
+double core_contention(const ClusterSpec& c, int64_t threads);
+// How much slower than the model's parts a step of `ranks` ranks (one kernel thread each) runs: the
+// calibration's measured factor for that many ranks where it has one, else core_contention.
+double rank_factor(const ClusterSpec& c, int64_t ranks);
+// The same for a mesh (`mesh`: ProcessMesh::to_string, "[pp=2]"): the calibration's factor measured
+// on that mesh where it has one, else rank_factor of its size.
+double mesh_factor(const ClusterSpec& c, const std::string& mesh, int64_t ranks);
+
 // The link a group's collective runs over: intra-node when all its ranks (global ranks, placed
 // devices_per_node to a node in rank order) share a node, else inter-node (the slower link
 // bounds a ring that crosses nodes); bandwidth times the network efficiency.

@@ -19,6 +19,7 @@ struct StepEstimate {
   // The program model only: seconds a step per instruction type of the slowest pipeline rank, as
   // `train --profile` names them ("matmul", "matmul_grad", "reshard", ...; "optimizer adamw").
   std::map<std::string, double> by_op;
+  std::map<std::string, double> count_by_op;  // instructions of each type a step on that rank
 };
 
 }  // namespace shardwise::plan

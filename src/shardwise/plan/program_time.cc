@@ -38,6 +38,30 @@ double latency_steps(reshard::StepKind kind, double k) {
   }
 }
 
+// A reshard's collective steps on their groups' links; with a calibration's "reshard" fit, the
+// instruction's seconds fitted (plan/cost.h fitted_seconds) and shared among its steps' kinds.
+void add_reshard(const graph::Program& p, const graph::Instr& ins, int64_t process, const ClusterSpec& c, ProgramTime& t) {
+  std::map<std::string, double> kinds;
+  double total = 0;
+  for (const reshard::Step& st : ins.plan.steps) {
+    if (st.mesh_dim < 0 && st.kind != reshard::StepKind::Redistribute) continue;  // local slices
+    if (st.kind == reshard::StepKind::Partialize) continue;
+    std::vector<int> group = step_group(p, st, process);
+    if (group.size() < 2) continue;
+    LinkSpec link = group_link(c, group);
+    const double sec = latency_steps(st.kind, static_cast<double>(group.size())) * link.latency +
+                       static_cast<double>(st.bytes) / link.bandwidth;
+    kinds[std::string(reshard::step_kind_name(st.kind))] += sec;
+    total += sec;
+  }
+  if (kinds.empty()) return;  // local only: no collective
+  const double fitted = fitted_seconds(c, "reshard", total);
+  for (const auto& [kind, sec] : kinds)
+    t.collective_s[kind] += total > 0 ? sec * fitted / total : fitted / static_cast<double>(kinds.size());
+  t.by_op["reshard"] += fitted;
+  t.count_by_op["reshard"] += 1;
+}
+
 }  // namespace
 
 double ProgramTime::collectives() const {
@@ -72,6 +96,20 @@ InstrWork lm_head_work(const graph::Node& n, const graph::Program& p, const grap
   return {gemm * gemms, N, V, h};
 }
 
+// The MoE MLP over tokens x [N, H] and this rank's experts w1, w3 [E, I, H], w2 [E, H, I], top_k
+// experts a token: with balanced routing a rank's experts take as many rows as its tokens send
+// (N top_k), each through three GEMMs of 2 H I (w1 and w3 up, w2 down), plus the router's 2 N E_all H
+// (counted with the local experts' E: a lower bound under ep); the backward twice that (both operand
+// gradients). Timed at the GEMM shape of one expert's rows: N top_k / E x H by H x I.
+InstrWork moe_work(const graph::Node& n, const graph::Program& p, const graph::Instr& ins, std::span<const int64_t> coords) {
+  const Shape x = local(p, ins.in[0], coords), w1 = local(p, ins.in[2], coords);
+  if (x.ndim() != 2 || w1.ndim() != 3) return {};
+  const int64_t N = x[0], H = x[1], E = w1[0], I = w1[1], k = n.attrs.get_int("top_k", 1);
+  const double rows = static_cast<double>(N * k);
+  const double forward = rows * 3 * 2.0 * static_cast<double>(H * I) + 2.0 * static_cast<double>(N * E * H);
+  return {ins.kind == graph::InstrKind::Backward ? 2 * forward : forward, std::max<int64_t>(1, N * k / std::max<int64_t>(E, 1)), I, H};
+}
+
 }  // namespace
 
 InstrWork instr_work(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
@@ -81,6 +119,7 @@ InstrWork instr_work(const graph::Graph& g, const graph::Program& p, const graph
   if (ins.in.size() < 2 || ins.in[0] < 0 || ins.in[1] < 0) return {};
   if (n.op == "flash_attention" || n.op == "flash_attention_docs") return attention_work(p, ins, coords);
   if (n.op == "lm_head_cross_entropy" || n.op == "vocab_parallel_lm_head_cross_entropy") return lm_head_work(n, p, ins, coords);
+  if (n.op == "moe_mlp") return moe_work(n, p, ins, coords);
   if (n.op != "matmul") return {};
   const graph::Node& fwd = ins.kind == graph::InstrKind::Backward ? g.node(n.forward) : n;
   ops::MatmulDims d = ops::matmul_dims(local(p, ins.in[0], coords), local(p, ins.in[1], coords),
@@ -107,17 +146,7 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
   for (int i : order) {
     const graph::Instr& ins = p.instrs[static_cast<size_t>(i)];
     if (ins.kind == graph::InstrKind::Reshard) {
-      for (const reshard::Step& st : ins.plan.steps) {
-        if (st.mesh_dim < 0 && st.kind != reshard::StepKind::Redistribute) continue;  // local slices
-        if (st.kind == reshard::StepKind::Partialize) continue;
-        std::vector<int> group = step_group(p, st, process);
-        if (group.size() < 2) continue;
-        LinkSpec link = group_link(c, group);
-        const double sec = latency_steps(st.kind, static_cast<double>(group.size())) * link.latency +
-                           static_cast<double>(st.bytes) / link.bandwidth;
-        t.collective_s[std::string(reshard::step_kind_name(st.kind))] += sec;
-        t.by_op["reshard"] += sec;
-      }
+      add_reshard(p, ins, process, c, t);
       continue;
     }
     const std::string& op = g.node(ins.node).op;
@@ -130,9 +159,12 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
     for (int s : ins.out) bytes += slot_bytes(p, s, coords);
     const InstrWork w = instr_work(g, p, ins, coords);
     t.flops += w.flops;
-    const double sec = std::max(w.flops > 0 ? gemm_seconds(c, w.flops, dtype, w.m, w.n, w.k) : 0.0, memory_seconds(c, bytes));
+    const std::string type = ins.kind == graph::InstrKind::Fill ? "fill" : ins.kind == graph::InstrKind::Backward ? op + "_grad" : op;
+    const double sec = fitted_seconds(
+        c, type, std::max(w.flops > 0 ? gemm_seconds(c, w.flops, dtype, w.m, w.n, w.k) : 0.0, memory_seconds(c, bytes)));
     t.compute_s += sec;
-    t.by_op[ins.kind == graph::InstrKind::Fill ? "fill" : ins.kind == graph::InstrKind::Backward ? op + "_grad" : op] += sec;
+    t.by_op[type] += sec;
+    t.count_by_op[type] += 1;
   }
   return t;
 }

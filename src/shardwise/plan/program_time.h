@@ -8,6 +8,8 @@
 //   a fill writes its result;
 //   a reshard's steps run on the links their groups sit on (plan/cost.h), each step's bytes as the
 //     reshard planner counts them (the ring's share sent by the busiest rank) plus its latency steps.
+// A calibration's kernel fit of the instruction's type (ClusterSpec::kernel_fits) turns a kernel's or
+// fill's seconds into overhead_s + scale x them (plan/cost.h fitted_seconds).
 // Instructions run one after another (no overlap inside a program).
 #include <cstdint>
 #include <map>
@@ -25,6 +27,7 @@ struct ProgramTime {
   // per instruction type as `train --profile` names them: the op ("matmul"), its backward
   // ("matmul_grad"), "reshard"
   std::map<std::string, double> by_op;
+  std::map<std::string, int64_t> count_by_op;  // instructions of each type
   double collectives() const;
   double total() const { return compute_s + collectives(); }
 };

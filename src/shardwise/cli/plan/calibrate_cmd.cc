@@ -3,6 +3,7 @@
 #include <ctime>
 #include <fstream>
 
+#include "shardwise/cli/plan/kernel_calibrate.h"
 #include "shardwise/cli/plan/machine_cache.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/table.h"
@@ -47,12 +48,16 @@ void print_table(const json& j, std::ostream& out) {
                                                   : std::string("unbounded"),
               it.value()["note"].get<std::string>()});
   out << coll.str();
+  if (cal.contains("kernels"))
+    out << fmt::format("kernel fits: {} instruction types over {} reference runs; {:.3g} ms a step outside them, {} cores\n",
+                       cal["kernels"].size(), cal["references"].size(), cal.value("step_overhead_s", 0.0) * 1e3,
+                       cal.value("cores", 0));
   if (cal.contains("optimizer"))
     out << fmt::format("optimizer (AdamW update): {:.1f} M elements/s\n", cal["optimizer"]["elements_per_s"].get<double>() / 1e6);
 }
 
 // The optimizer's update as a training step runs it (train/optimizer.h AdamW::update over one f32
-// block, weight decay on): elements a second, the fastest of 3 after a warm-up. On a CPU the update
+// block, weight decay on): elements a second, the median of 5 after a warm-up. On a CPU the update
 // is compute-bound (a square root and a division an element), far slower than its 7 streams of
 // memory traffic at the `add` bandwidth would say.
 json measure_optimizer(bool quick) {
@@ -61,7 +66,7 @@ json measure_optimizer(bool quick) {
       g(static_cast<size_t>(n), 0.01f);
   const train::AdamW adamw(train::AdamWConfig{0.9, 0.95, 1e-8, 0.01});
   int64_t step = 0;
-  const double t = fastest_seconds(3, [&] { adamw.update(w.data(), m.data(), v.data(), g.data(), n, true, 1e-3, ++step); });
+  const double t = median_seconds(quick ? 1 : 5, [&] { adamw.update(w.data(), m.data(), v.data(), g.data(), n, true, 1e-3, ++step); });
   return {{"op", "AdamW::update"}, {"elements", n}, {"seconds", t}, {"elements_per_s", static_cast<double>(n) / t}};
 }
 
@@ -109,6 +114,9 @@ int cmd_calibrate(const CalibrateCliOptions& o, std::ostream& out) {
     j = plan::calibrate_machine({o.quick, o.ranks});
     j["calibration"]["optimizer"] = measure_optimizer(o.quick);
     j["sources"]["calibration.optimizer"] = "AdamW::update over one f32 block: the optimizer's time a step (plan --predict)";
+    json k = measure_kernels(plan::parse_cluster(j, "calibrate"), o.quick);
+    for (const char* key : {"kernels", "references", "step_overhead_s", "instruction_gap_s", "rank_factors", "mesh_factors"}) j["calibration"][key] = k[key];
+    j["sources"]["calibration.kernels"] = "reference training runs on one rank, profiled: each instruction type's fit";
     j["calibration"]["key"] = machine_cache_key();
     j["calibration"]["measured"] = today();
     write_machine_cache(machine_cache_path(kCacheFile), j.dump(1) + "\n", "calibration cache");

@@ -4,6 +4,7 @@
 // (plan/program_time.h) for one micro-batch's forward and backward, the schedule simulated over the
 // slowest rank's times (plan/cost.h), plus the gradient all-reduce over the data ranks the trainer
 // does itself and the AdamW update (memory-bound).
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "shardwise/cli/plan/auto_search.h"
@@ -30,8 +31,10 @@ struct RankWork {
   double forward = 0, backward = 0, compute = 0, flops = 0;  // one micro-batch
   std::map<std::string, double> collectives;                 // one micro-batch
   std::map<std::string, double> by_op;                       // one micro-batch
+  std::map<std::string, double> count_by_op;                 // one micro-batch
   int64_t grad_numel = 0;  // trained parameters' local elements whose data-rank sums the trainer reduces
   int64_t numel = 0;       // trained parameters' local elements
+  int64_t tensors = 0, grad_tensors = 0;  // trained parameters, and those of grad_numel
 };
 
 int64_t local_numel(const graph::Graph& g, const graph::Program& p, int64_t process) {
@@ -61,12 +64,60 @@ RankWork rank_work(const train::GptConfig& c, const train::StageLayout& layout, 
       w.flops += t.flops;
       for (const auto& [kind, sec] : t.collective_s) w.collectives[kind] += sec;
       for (const auto& [op, sec] : t.by_op) w.by_op[op] += sec;
+      for (const auto& [op, n] : t.count_by_op) w.count_by_op[op] += static_cast<double>(n);
     }
     const int64_t n = local_numel(*spec.graph, cs.program, process);
     w.numel += n;
-    if (!spec.partial_grad_dims.empty()) w.grad_numel += n;
+    const auto tensors = static_cast<int64_t>(spec.graph->params().size());
+    w.tensors += tensors;
+    if (!spec.partial_grad_dims.empty()) w.grad_numel += n, w.grad_tensors += tensors;
   }
   return w;
+}
+
+// The data ranks' gradient sync the trainer does itself and the AdamW update, by sharding stage
+// (train/sharding.h): stage 0 all-reduces the gradients the stage leaves Partial and updates every
+// parameter; stages 1 and 2 update the rank's 1/d share of them (d: the data group) and all-gather
+// the updated parameters, stage 2 reduce-scattering the Partial gradients instead of all-reducing
+// them; stage 3's parameters are shards already and its program holds the collectives. Each call
+// is timed as a reshard: one a bucket with --overlap-grad-reduce, else one a gradient; the
+// all-gather one a parameter (layout v1) or one (v2).
+void add_data_sync(const train::TrainConfig& tc, const train::StageLayout& layout, const RankWork& w,
+                   const plan::ClusterSpec& cluster, plan::StepEstimate& r) {
+  std::vector<int> group;
+  const std::vector<int> data_dims = layout.stage_strategy.data_dims();
+  if (!data_dims.empty()) {
+    std::vector<int64_t> members = layout.meshes[0].processes_along(layout.meshes[0].process_ids().front(),
+                                                                    std::span<const int>(data_dims));
+    group.assign(members.begin(), members.end());
+  }
+  const int d = std::max<int>(1, static_cast<int>(group.size()));
+  const int stage = tc.parallel.sharding.stage;
+  const bool sharded = (stage == 1 || stage == 2) && d > 1;
+  // `calls` collectives of `kind` moving `bytes` in all over the data group, each timed as a reshard
+  // (a calibration's "reshard" fit: the threads' collectives inside a step).
+  auto synced = [&](plan::CollectiveKind kind, double bytes, double calls) {
+    calls = std::max(1.0, calls);
+    return calls * plan::fitted_seconds(cluster, "reshard",
+                                        plan::collective_seconds(kind, bytes / calls, d, plan::group_link(cluster, group)));
+  };
+  double grad_sync = 0;
+  if (d > 1 && w.grad_numel > 0) {  // the buckets (--overlap-grad-reduce), else one call a gradient
+    const double bytes = 4.0 * static_cast<double>(w.grad_numel);
+    const double calls = tc.parallel.overlap_grad_reduce != "off"
+                             ? std::ceil(bytes / (tc.parallel.grad_bucket_mb * 1024 * 1024))
+                             : static_cast<double>(w.grad_tensors);
+    grad_sync = synced(stage == 2 ? plan::CollectiveKind::ReduceScatter : plan::CollectiveKind::AllReduce, bytes, calls);
+  }
+  if (sharded) {  // the updated parameters gathered back (v1: each parameter from its owner)
+    grad_sync += synced(plan::CollectiveKind::AllGather, static_cast<double>(w.numel) * (tc.bf16 ? 2.0 : 4.0),
+                        tc.parallel.sharding.layout == "v1" ? static_cast<double>(w.tensors) : 1.0);
+  }
+  r.parts["grad_sync"] = grad_sync;
+  // AdamW: the calibrated update rate, or p, g, m, v read and p, m, v written, f32.
+  const double numel = static_cast<double>(w.numel) / (sharded ? d : 1);
+  r.parts["optimizer"] = cluster.optimizer_elements_per_s > 0 ? numel / cluster.optimizer_elements_per_s
+                                                               : plan::memory_seconds(cluster, 7 * 4.0 * numel);
 }
 
 }  // namespace
@@ -103,30 +154,34 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
   for (const auto& [kind, sec] : slowest.collectives) r.parts[kind] = mbs * sec;
   for (const auto& [op, sec] : slowest.by_op) r.by_op[op] = mbs * sec;
   r.parts["bubble"] = pipe.step - mbs * (slowest.forward + slowest.backward);
-  double grad_sync = 0;
-  const std::vector<int> data_dims = layout.stage_strategy.data_dims();
-  if (!data_dims.empty() && slowest.grad_numel > 0) {
-    std::vector<int64_t> members = layout.meshes[0].processes_along(layout.meshes[0].process_ids().front(),
-                                                                    std::span<const int>(data_dims));
-    std::vector<int> group(members.begin(), members.end());
-    grad_sync = plan::collective_seconds(plan::CollectiveKind::AllReduce, 4.0 * static_cast<double>(slowest.grad_numel),
-                                           static_cast<int>(group.size()), plan::group_link(cluster, group));
-  }
-  // AdamW: the calibrated update rate, or p, g, m, v read and p, m, v written, f32.
-  r.parts["grad_sync"] = grad_sync;
-  const double numel = static_cast<double>(slowest.numel);
-  r.parts["optimizer"] = cluster.optimizer_elements_per_s > 0 ? numel / cluster.optimizer_elements_per_s
-                                                               : plan::memory_seconds(cluster, 7 * 4.0 * numel);
-  r.step = pipe.step + grad_sync + r.parts["optimizer"];
+  for (const auto& [op, n] : slowest.count_by_op) r.count_by_op[op] = mbs * n;
+  add_data_sync(tc, layout, slowest, cluster, r);
+  // The trainer's own work a step and the runtime's between the slowest rank's instructions.
+  const double outside = cluster.step_overhead_s + cluster.instruction_gap_s * instruction_count(r);
+  if (outside > 0) r.parts["step_overhead"] = outside;
+  r.step = pipe.step + r.parts["grad_sync"] + r.parts["optimizer"] + outside;
   r.by_op["optimizer adamw"] = r.parts["optimizer"];
+  // Every part is work of the ranks' threads on this machine's cores: slower by their contention
+  // (a calibration's factor measured on this mesh or for this many ranks, else ranks / cores beyond
+  // the cores).
+  const double contention = plan::mesh_factor(cluster, s.mesh.to_string(), s.mesh.size());
+  r.step *= contention;
+  for (auto& [name, sec] : r.parts) sec *= contention;
+  for (auto& [op, sec] : r.by_op) sec *= contention;
   r.tokens_per_s = static_cast<double>(tc.optimizer.global_batch * c.seq) / r.step;
   r.mfu = r.flops / r.step / cluster.peak(dtype);
   return r;
 }
 
+double instruction_count(const plan::StepEstimate& e) {
+  double n = 0;
+  for (const auto& [op, count] : e.count_by_op) n += count;
+  return n;
+}
+
 std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstimate& e) {
   std::vector<std::pair<std::string, double>> out;
-  const char* last[] = {"grad_sync", "optimizer", "bubble"};
+  const char* last[] = {"grad_sync", "optimizer", "step_overhead", "bubble"};
   if (e.parts.contains("compute")) out.push_back({"compute", e.parts.at("compute")});
   for (const auto& [name, sec] : e.parts) {
     if (name != "compute" && std::find(std::begin(last), std::end(last), name) == std::end(last)) out.push_back({name, sec});
@@ -151,7 +206,11 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
   } else {
     tc.check(ranks, false);
   }
-  const plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
+  plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
+  if (cluster_file.empty()) {  // this machine: every rank of the mesh runs on it
+    cluster.nodes = 1;
+    cluster.devices_per_node = std::max(cluster.devices_per_node, mesh::parse_mesh(tc.parallel.mesh).size());
+  }
   const plan::StepEstimate r = analytic ? predict_analytic(tc, cluster) : predict_program(tc, cluster);
   const std::vector<std::pair<std::string, double>> parts = ordered_parts(r);
   if (options.logging.json) {
@@ -160,6 +219,7 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
     out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
                            {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op},
                            {"memory_bytes", r.memory},
+                           {"instructions", instruction_count(r)},
                            {"model", analytic ? "analytic" : "programs"}})
                .dump(1)
         << "\n";

@@ -15,6 +15,9 @@ namespace shardwise::cli {
 // `tc` must have passed TrainConfig::check. `memory` is left 0 (the memory plan's to fill).
 plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::ClusterSpec& cluster);
 
+// The instructions a step of the slowest pipeline rank runs (its count_by_op's sum).
+double instruction_count(const plan::StepEstimate& e);
+
 // The parts in the order they are shown: compute, the collectives, grad_sync, optimizer, bubble.
 std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstimate& e);
 
