@@ -280,6 +280,75 @@ void send_recv_ring_and_tags(Communicator& c) {
   c.barrier();
 }
 
+void started_send_recv(Communicator& c, bool waits_in_any_order) {
+  const int n = c.size(), me = c.rank();
+  if (n == 1) return;
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  // Messages to the next rank: two on tag 3 (5 and 1000 elements), one on tag 4 (3 integers),
+  // one beyond an eager size on tag 6, an empty one on tag 8. The receives are posted tag 4 first,
+  // then tag 3's in order (they meet the messages in order), the large one and the empty one.
+  const int64_t big = 300 * 1000;
+  std::vector<float> a = values<float>(me, 5), b = values<float>(me, 1000, 7), large = values<float>(me, big, 11);
+  std::vector<int64_t> ints = {me * 7, me * 7 + 1, me * 7 + 2};
+  std::vector<float> got_a(5, -1), got_b(1000, -1), got_large(static_cast<size_t>(big), -1);
+  std::vector<int64_t> got_ints(3, -1);
+  std::vector<std::unique_ptr<Request>> receives, sends;
+  auto post = [&] {
+    receives.push_back(c.start_recv(got_ints.data(), 3, DType::I64, prev, 4));
+    receives.push_back(c.start_recv(got_a.data(), 5, DType::F32, prev, 3));
+    receives.push_back(c.start_recv(got_b.data(), 1000, DType::F32, prev, 3));
+    receives.push_back(c.start_recv(got_large.data(), big, DType::F32, prev, 6));
+    receives.push_back(c.start_recv(nullptr, 0, DType::F32, prev, 8));
+  };
+  auto start = [&] {
+    sends.push_back(c.start_send(a.data(), 5, DType::F32, next, 3));
+    sends.push_back(c.start_send(b.data(), 1000, DType::F32, next, 3));
+    sends.push_back(c.start_send(large.data(), big, DType::F32, next, 6));
+    sends.push_back(c.start_send(ints.data(), 3, DType::I64, next, 4));
+    sends.push_back(c.start_send(nullptr, 0, DType::F32, next, 8));
+  };
+  auto wait_all = [](std::vector<std::unique_ptr<Request>>& requests, bool reversed) {
+    if (reversed) std::reverse(requests.begin(), requests.end());
+    for (auto& r : requests) r->wait();
+    for (auto& r : requests) {
+      if (!r->test()) fail("a request waited for is not done");
+    }
+  };
+  if (waits_in_any_order) {
+    // Every rank posts and starts everything, then waits for its receives (last first), then its sends.
+    post(), start();
+    // A blocking recv on a tag whose started receive is still pending meets the message after it.
+    std::vector<double> first(2, -1), second(2, -1), mine = {me + 0.5, me + 0.25};
+    auto pending = c.start_recv(first.data(), 2, DType::F64, prev, 9);
+    auto s1 = c.start_send(mine.data(), 1, DType::F64, next, 9), s2 = c.start_send(mine.data() + 1, 1, DType::F64, next, 9);
+    c.recv(second.data(), 1, DType::F64, prev, 9);
+    expect(second[0] == prev + 0.25, "recv after a started recv", c, 0, second[0], prev + 0.25);
+    // (the pending receive expects 2 elements; its message has 1: an Error at its wait)
+    bool refused = false;
+    try {
+      pending->wait();
+    } catch (const Error&) {
+      refused = true;
+    }
+    if (!refused) fail("start_recv on rank {} ({}): a message of another size was not an Error", me, c.backend());
+    s1->wait(), s2->wait();
+    wait_all(receives, true);
+    wait_all(sends, false);
+  } else {
+    // The default makes each call at its wait: waits in an order safe for blocking calls, each
+    // channel's receives in the order they were posted.
+    post(), start();
+    if (me % 2 == 0) wait_all(sends, false), wait_all(receives, false);
+    else wait_all(receives, false), wait_all(sends, false);
+  }
+  for (int64_t i = 0; i < 5; ++i) expect(got_a[static_cast<size_t>(i)] == value(prev, i), "start_recv (tag 3, first)", c, i, got_a[static_cast<size_t>(i)], value(prev, i));
+  for (int64_t i = 0; i < 1000; ++i) expect(got_b[static_cast<size_t>(i)] == value(prev, 7 + i), "start_recv (tag 3, second)", c, i, got_b[static_cast<size_t>(i)], value(prev, 7 + i));
+  for (int64_t i = 0; i < big; i += 997) expect(got_large[static_cast<size_t>(i)] == value(prev, 11 + i), "start_recv (large)", c, i, got_large[static_cast<size_t>(i)], value(prev, 11 + i));
+  expect(got_large.back() == value(prev, 11 + big - 1), "start_recv (large)", c, big - 1, got_large.back(), value(prev, 11 + big - 1));
+  for (int64_t i = 0; i < 3; ++i) expect(got_ints[static_cast<size_t>(i)] == prev * 7 + i, "start_recv (tag 4)", c, i, static_cast<double>(got_ints[static_cast<size_t>(i)]), static_cast<double>(prev * 7 + i));
+  c.barrier();
+}
+
 void objects_and_bytes(Communicator& c) {
   nlohmann::json mine = {{"rank", c.rank()},
                          {"name", fmt::format("r{}", c.rank())},
@@ -436,6 +505,7 @@ void all(Communicator& c) {
   all_to_all_pieces_scattered(c);
   all_to_all_pieces_filled(c);
   send_recv_ring_and_tags(c);
+  started_send_recv(c);
   objects_and_bytes(c);
   sub_groups(c);
   started_collectives(c);

@@ -20,6 +20,14 @@ void all_to_all_pieces_scattered(Communicator& comm);
 // (once per rank, this rank's last, writing its own piece straight into the receive buffer).
 void all_to_all_pieces_filled(Communicator& comm);
 void send_recv_ring_and_tags(Communicator& comm);
+// start_send / start_recv around a ring: messages of several sizes (empty, one beyond an eager
+// limit) on several tags, receives posted in another order of tags than the sends, two on one tag
+// meeting their messages in order. `waits_in_any_order` (a backend that really starts them): every
+// rank posts and starts everything before it waits for any, then waits for its receives last
+// first; a blocking recv behind a pending started one on its tag gets the next message; a
+// message of another size is an Error at the wait. Otherwise (the default that makes each call at
+// its wait) the waits go in an order safe for blocking calls.
+void started_send_recv(Communicator& comm, bool waits_in_any_order = true);
 void objects_and_bytes(Communicator& comm);
 void sub_groups(Communicator& comm);
 // start_all_reduce (every op, f32 and f64, in place or not), start_reduce_scatter_v and

@@ -333,5 +333,82 @@ TEST(LocalComm, AMissingRankTimesOut) {
   }
 }
 
+// The base class's start_send / start_recv make the blocking call at the wait (NCCL, exchange).
+TEST(LocalComm, TheDefaultStartedSendAndRecvMakeTheirCallsAtTheWait) {
+  for (int n = 2; n <= 4; ++n) {
+    SCOPED_TRACE(n);
+    LocalWorld::run(n, [](Communicator& c) {
+      Forwarder d(c);
+      checks::started_send_recv(d, false);
+    });
+  }
+}
+
+TEST(LocalComm, AStartedRecvOfAnotherSizeIsAnErrorAtItsWaitNamingBothSizes) {
+  for (bool posted_first : {true, false}) {
+    SCOPED_TRACE(posted_first);
+    LocalWorld::run(2, [posted_first](Communicator& c) {
+      std::vector<float> buf(4, 1.5f);
+      if (c.rank() == 0) {
+        if (!posted_first) c.send(buf.data(), 4, DType::F32, 1, 7);
+        c.barrier();
+        if (posted_first) c.send(buf.data(), 4, DType::F32, 1, 7);
+        c.send(buf.data(), 2, DType::F32, 1, 7);
+        return;
+      }
+      std::unique_ptr<Request> request;
+      if (posted_first) request = c.start_recv(buf.data(), 3, DType::F32, 0, 7);
+      c.barrier();
+      if (!posted_first) request = c.start_recv(buf.data(), 3, DType::F32, 0, 7);  // the message is queued
+      try {
+        request->wait();
+        ADD_FAILURE() << "expected an Error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("recv: rank 1 expects 3 elements of f32 (12 bytes) from rank 0 (tag 7), but "
+                                             "the message has 16 bytes"),
+                  std::string::npos)
+            << e.what();
+      }
+      // The wrong message is off the channel: the next one arrives.
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      c.recv(buf.data(), 2, DType::F32, 0, 7);
+      EXPECT_EQ(buf[1], 1.5f);
+      EXPECT_EQ(buf[2], 0.0f);
+    });
+  }
+}
+
+// A started receive dropped without a wait (a step unwinding from an error) leaves its channel:
+// the message goes to the next receive, and nothing writes into the dropped one's buffer.
+TEST(LocalComm, AStartedRecvDroppedUnwaitedLeavesItsChannel) {
+  LocalWorld::run(2, [](Communicator& c) {
+    float x = 2.5f, dropped = -1, kept = -1;
+    if (c.rank() == 0) {
+      c.barrier();
+      c.send(&x, 1, DType::F32, 1, 2);
+      return;
+    }
+    c.start_recv(&dropped, 1, DType::F32, 0, 2).reset();
+    auto request = c.start_recv(&kept, 1, DType::F32, 0, 2);
+    c.barrier();
+    request->wait();
+    EXPECT_EQ(kept, 2.5f);
+    EXPECT_EQ(dropped, -1.0f);
+  });
+}
+
+TEST(LocalComm, ARankFailingReleasesTheOthersWaitingForAStartedRecv) {
+  try {
+    LocalWorld::run(3, [](Communicator& c) {
+      float x = 0;
+      if (c.rank() == 1) throw Error("rank one broke");
+      c.start_recv(&x, 1, DType::F32, c.rank() == 0 ? 1 : 0, 4)->wait();  // nobody ever sends
+    });
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 failed: rank one broke"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::comm

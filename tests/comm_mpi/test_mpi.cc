@@ -295,6 +295,42 @@ TEST(MpiComm, RecvOfAnotherSizeIsAnErrorNamingBothSizes) {
   world().barrier();
 }
 
+TEST(MpiComm, AStartedRecvOfAnotherSizeIsAnErrorAtItsWait) {
+  const int me = world().rank();
+  std::vector<float> buf(4, 1.5f);
+  if (me == 0) {
+    world().send(buf.data(), 2, DType::F32, 1, 7);
+    world().send(buf.data(), 4, DType::F32, 1, 7);
+    world().send(buf.data(), 1, DType::F32, 1, 7);
+  } else if (me == 1) {
+    std::string smaller = "no error", larger = "no error";
+    auto first = world().start_recv(buf.data(), 3, DType::F32, 0, 7);
+    auto second = world().start_recv(buf.data(), 3, DType::F32, 0, 7);
+    try {
+      first->wait();
+    } catch (const Error& e) {
+      smaller = e.what();
+    }
+    try {
+      second->wait();
+    } catch (const Error& e) {
+      larger = e.what();
+    }
+    EXPECT_NE(smaller.find("recv: rank 1 expects 3 elements of f32 (12 bytes) from rank 0 (tag 7), but the message "
+                           "has 8 bytes"),
+              std::string::npos)
+        << smaller;
+    EXPECT_NE(larger.find("recv: rank 1 expects 3 elements of f32 (12 bytes) from rank 0 (tag 7), but the message "
+                          "is larger"),
+              std::string::npos)
+        << larger;
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    world().recv(buf.data(), 1, DType::F32, 0, 7);
+    EXPECT_EQ(buf[0], 1.5f);
+  }
+  world().barrier();
+}
+
 TEST(MpiComm, BadArgumentsAreErrors) {
   float x = 0;
   auto message = error_of([&](MpiComm& c) { c.send(&x, 1, DType::F32, (c.rank() + 1) % c.size(), -3); });

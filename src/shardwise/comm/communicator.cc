@@ -78,6 +78,18 @@ std::unique_ptr<Request> Communicator::start_all_gather_v(const void* in, void* 
   return std::make_unique<DeferredRequest>([=, this, copy = std::move(copy)] { all_gather_v(in, out, copy, dtype); });
 }
 
+std::unique_ptr<Request> Communicator::start_send(const void* in, int64_t count, DType dtype, int peer, int tag) {
+  check_peer("send", peer);
+  SW_CHECK(count >= 0, "send: negative count {}", count);
+  return std::make_unique<DeferredRequest>([=, this] { send(in, count, dtype, peer, tag); });
+}
+
+std::unique_ptr<Request> Communicator::start_recv(void* out, int64_t count, DType dtype, int peer, int tag) {
+  check_peer("recv", peer);
+  SW_CHECK(count >= 0, "recv: negative count {}", count);
+  return std::make_unique<DeferredRequest>([=, this] { recv(out, count, dtype, peer, tag); });
+}
+
 namespace {
 // This thread's CheckedByCaller scopes, innermost last.
 thread_local std::vector<const Communicator*> checked_by_caller;

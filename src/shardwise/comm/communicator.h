@@ -44,6 +44,13 @@ class Request {
   virtual bool test() { return false; }
 };
 
+// A request done at its start (a call that completed at once).
+class DoneRequest final : public Request {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
 // Reduction of a collective: the placements' four plus prod.
 enum class Reduce : uint8_t { Sum, Avg, Max, Min, Prod };
 
@@ -140,6 +147,17 @@ class Communicator {
   // a message of another size is an Error on the receiver naming both sizes.
   virtual void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) = 0;
+  // Non-blocking send / recv (the same arguments, checks and size Error, raised by the receive's
+  // wait()); the buffer must stay alive and untouched until wait() returns. Between two ranks on
+  // one tag, messages meet receives in the order they were started, blocking calls included (as
+  // in MPI); tags do not order each other. local: a send copies straight into the receive posted
+  // for it (or, none posted yet, into the channel's queue) and is done at its start; a receive is
+  // done when its message arrives. MPI: MPI_Isend / MPI_Irecv. The default (NCCL, exchange, a
+  // forwarding wrapper of tests) makes the blocking call at wait(), in the order of the waits: a
+  // caller that waits in an order safe for blocking calls (on a ring: even ranks send first, odd
+  // ones receive first) is right on every backend, and overlaps where the backend can.
+  virtual std::unique_ptr<Request> start_send(const void* in, int64_t count, DType dtype, int peer, int tag = 0);
+  virtual std::unique_ptr<Request> start_recv(void* out, int64_t count, DType dtype, int peer, int tag = 0);
   virtual void barrier() = 0;
 
   // Node-shared memory: the exchange that needs no messages when every member of the group is on

@@ -43,8 +43,23 @@ struct LocalWorld::Group {
     return s;
   }
   std::vector<Slot> slots;
-  // Point-to-point messages in flight: (source group rank, destination group rank, tag) -> queue.
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mailbox;
+  // A receive posted before its message came (start_recv): the sender copies into `out` (outside
+  // the lock: Claimed while it does) and marks it Done; `got` is the message's size when it is not
+  // the `bytes` expected (nothing copied then).
+  struct Posted {
+    enum class State { Waiting, Claimed, Done };
+    void* out = nullptr;
+    size_t bytes = 0;
+    State state = State::Waiting;
+    int64_t got = -1;
+  };
+  // Point to point, per (source group rank, destination group rank, tag): the messages that came
+  // before their receive, or the receives posted before their message (never both), in order.
+  struct Channel {
+    std::deque<std::vector<std::byte>> messages;
+    std::deque<std::shared_ptr<Posted>> posted;
+  };
+  std::map<std::tuple<int, int, int>, Channel> channels;
   // shared_regions: every member's region (made and grown by member 0 while the others wait),
   // their size, and each member's count of its calls.
   std::vector<std::unique_ptr<std::byte[]>> region_memory;
@@ -203,34 +218,42 @@ class LocalComm final : public Communicator {
   void send(const void* in, int64_t count, DType dtype, int peer, int tag) override {
     check_peer("send", peer);
     SW_CHECK(count >= 0, "send: negative count {}", count);
-    std::vector<std::byte> message(bytes(count, dtype));
-    if (!message.empty()) std::memcpy(message.data(), in, message.size());
-    std::lock_guard lock(group_->mu);
-    group_->mailbox[{rank_, peer, tag}].push_back(std::move(message));
-    group_->cv.notify_all();
+    Group& g = *group_;
+    const size_t n = bytes(count, dtype);
+    std::unique_lock lock(g.mu);
+    Group::Channel& ch = g.channels[{rank_, peer, tag}];
+    if (ch.posted.empty()) {
+      lock.unlock();
+      std::vector<std::byte> message(n);
+      if (n) std::memcpy(message.data(), in, n);
+      lock.lock();
+      if (ch.posted.empty()) {  // (a receive posted meanwhile takes the copy below)
+        ch.messages.push_back(std::move(message));
+        g.cv.notify_all();
+        return;
+      }
+    }
+    std::shared_ptr<Group::Posted> to = ch.posted.front();
+    ch.posted.pop_front();
+    to->state = Group::Posted::State::Claimed;
+    lock.unlock();
+    if (to->bytes != n) to->got = static_cast<int64_t>(n);
+    else if (n) std::memcpy(to->out, in, n);
+    lock.lock();
+    to->state = Group::Posted::State::Done;
+    g.cv.notify_all();
   }
 
   void recv(void* out, int64_t count, DType dtype, int peer, int tag) override {
-    check_peer("recv", peer);
-    SW_CHECK(count >= 0, "recv: negative count {}", count);
-    Group& g = *group_;
-    std::unique_lock lock(g.mu);
-    auto key = std::make_tuple(peer, rank_, tag);
-    wait(lock, [&] {
-      auto it = g.mailbox.find(key);
-      return it != g.mailbox.end() && !it->second.empty();
-    }, "recv");
-    auto it = g.mailbox.find(key);
-    std::vector<std::byte> message = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) g.mailbox.erase(it);
-    size_t want = bytes(count, dtype);
-    if (message.size() != want) {
-      fail_recv_size(g.members[static_cast<size_t>(rank_)], count, dtype, static_cast<int64_t>(want),
-                     g.members[static_cast<size_t>(peer)], tag, static_cast<int64_t>(message.size()));
-    }
-    if (want) std::memcpy(out, message.data(), want);
+    start_recv(out, count, dtype, peer, tag)->wait();
   }
+
+  std::unique_ptr<Request> start_send(const void* in, int64_t count, DType dtype, int peer, int tag) override {
+    send(in, count, dtype, peer, tag);
+    return std::make_unique<DoneRequest>();
+  }
+
+  std::unique_ptr<Request> start_recv(void* out, int64_t count, DType dtype, int peer, int tag) override;
 
   void barrier() override { collective(Group::slot(Collective::Barrier, nullptr, nullptr, 0, DType::U8, -1), [] {}); }
 
@@ -432,7 +455,85 @@ class LocalComm final : public Communicator {
   std::shared_ptr<LocalWorld> world_;
   std::shared_ptr<Group> group_;
   int rank_;
+
+  friend class RecvRequest;
 };
+
+// A receive posted in its channel (LocalComm::start_recv); the communicator outlives it.
+class RecvRequest final : public Request {
+ public:
+  RecvRequest(LocalComm& comm, std::shared_ptr<Group::Posted> posted, Group::Channel& channel, int64_t count,
+              DType dtype, int peer, int tag)
+      : comm_(comm), posted_(std::move(posted)), channel_(channel), count_(count), dtype_(dtype), peer_(peer), tag_(tag) {}
+  // Unwinding without a wait: the receive leaves its channel, or (a sender copying into it) is
+  // waited for, so no sender writes into a freed buffer.
+  ~RecvRequest() override {
+    if (!posted_) return;
+    std::unique_lock lock(comm_.group_->mu);
+    withdraw(lock);
+  }
+  void wait() override {
+    if (!posted_) return;
+    Group& g = *comm_.group_;
+    std::unique_lock lock(g.mu);
+    try {
+      comm_.wait(lock, [&] { return posted_->state != Group::Posted::State::Waiting; }, "recv");
+    } catch (...) {
+      withdraw(lock);
+      throw;
+    }
+    g.cv.wait(lock, [&] { return posted_->state == Group::Posted::State::Done; });  // a copy under way ends
+    const int64_t got = posted_->got;
+    const size_t want = posted_->bytes;
+    posted_.reset();
+    if (got >= 0) {
+      fail_recv_size(g.members[static_cast<size_t>(comm_.rank_)], count_, dtype_, static_cast<int64_t>(want),
+                     g.members[static_cast<size_t>(peer_)], tag_, got);
+    }
+  }
+  bool test() override {
+    if (!posted_) return true;
+    std::lock_guard lock(comm_.group_->mu);
+    return posted_->state == Group::Posted::State::Done;
+  }
+
+ private:
+  void withdraw(std::unique_lock<std::mutex>& lock) {
+    auto& q = channel_.posted;
+    if (auto it = std::find(q.begin(), q.end(), posted_); it != q.end()) q.erase(it);
+    comm_.group_->cv.wait(lock, [&] { return posted_->state != Group::Posted::State::Claimed; });
+    posted_.reset();
+  }
+  LocalComm& comm_;
+  std::shared_ptr<Group::Posted> posted_;  // null once waited for
+  Group::Channel& channel_;                // (a std::map node: stays put)
+  int64_t count_;
+  DType dtype_;
+  int peer_, tag_;
+};
+
+// A message already queued is taken at once (its size Error left to the wait); otherwise the
+// receive waits in its channel.
+std::unique_ptr<Request> LocalComm::start_recv(void* out, int64_t count, DType dtype, int peer, int tag) {
+  check_peer("recv", peer);
+  SW_CHECK(count >= 0, "recv: negative count {}", count);
+  Group& g = *group_;
+  auto posted = std::make_shared<Group::Posted>();
+  posted->out = out, posted->bytes = bytes(count, dtype);
+  std::unique_lock lock(g.mu);
+  Group::Channel& ch = g.channels[{peer, rank_, tag}];
+  if (ch.messages.empty()) {
+    ch.posted.push_back(posted);
+  } else {
+    std::vector<std::byte> message = std::move(ch.messages.front());
+    ch.messages.pop_front();
+    lock.unlock();
+    if (message.size() != posted->bytes) posted->got = static_cast<int64_t>(message.size());
+    else if (!message.empty()) std::memcpy(out, message.data(), message.size());
+    posted->state = Group::Posted::State::Done;
+  }
+  return std::make_unique<RecvRequest>(*this, std::move(posted), ch, count, dtype, peer, tag);
+}
 
 }  // namespace
 

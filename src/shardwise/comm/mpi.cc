@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <mutex>
 
 #include "shardwise/comm/call_check.h"
@@ -361,10 +362,51 @@ class MpiRequest final : public Request {
   int divide_;
 };
 
-class DoneRequest final : public Request {
+// A started send or receive (MPI_Isend / MPI_Irecv). A receive checks the message's size when done
+// (an Error naming both sizes; a larger one is MPI's truncation); one never waited for (a step
+// unwinding from an error) is cancelled, a send waited for.
+class PointRequest final : public Request {
  public:
-  void wait() override {}
-  bool test() override { return true; }
+  struct Receive { int receiver, sender, tag; int64_t count; DType dtype; };  // NOLINT: plain record
+  explicit PointRequest(std::optional<Receive> receive) : receive_(receive) {}
+  MPI_Request* handle() { return &request_; }
+  ~PointRequest() override {
+    if (done_ || request_ == MPI_REQUEST_NULL) return;
+    if (receive_) MPI_Cancel(&request_);
+    MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
+  void wait() override {
+    if (!done_) finish(request_ == MPI_REQUEST_NULL ? MPI_SUCCESS : MPI_Wait(&request_, &status_));
+  }
+  bool test() override {
+    int flag = 0;
+    if (done_) return true;
+    const int code = MPI_Test(&request_, &flag, &status_);
+    if (flag || code != MPI_SUCCESS) finish(code);
+    return done_;
+  }
+
+ private:
+  void finish(int code) {
+    done_ = true;
+    request_ = MPI_REQUEST_NULL;
+    if (receive_) {
+      const Receive& r = *receive_;
+      const int64_t want = r.count * static_cast<int64_t>(dtype_size(r.dtype));
+      int error_class = code;
+      if (code != MPI_SUCCESS) MPI_Error_class(code, &error_class);
+      SW_CHECK(error_class != MPI_ERR_TRUNCATE, "recv: rank {} expects {} elements of {} ({} bytes) from rank {} (tag {}), "
+               "but the message is larger", r.receiver, r.count, dtype_name(r.dtype), want, r.sender, r.tag);
+      MPI_Count got = want;
+      if (code == MPI_SUCCESS) check_mpi(MPI_Get_elements_x(&status_, MPI_BYTE, &got), "MPI_Get_elements_x");
+      if (got != want) fail_recv_size(r.receiver, r.count, r.dtype, want, r.sender, r.tag, static_cast<int64_t>(got));
+    }
+    check_mpi(code, "MPI_Wait");
+  }
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  MPI_Status status_{};
+  bool done_ = false;
+  std::optional<Receive> receive_;
 };
 
 }  // namespace
@@ -619,18 +661,20 @@ void MpiComm::all_to_all_pieces(const void* in, const Pieces& send, void* out, c
   }
 }
 
+void MpiComm::check_point(const char* op, int64_t count, int peer, int tag) const {
+  check_peer(op, peer);
+  SW_CHECK(count >= 0, "{}: negative count {}", op, count);
+  SW_CHECK(tag >= 0 && tag < internal_tag_, "{}: tag {} is outside 0 .. {}", op, tag, internal_tag_ - 1);
+}
+
 void MpiComm::send(const void* in, int64_t count, DType dtype, int peer, int tag) {
-  check_peer("send", peer);
-  SW_CHECK(count >= 0, "send: negative count {}", count);
-  SW_CHECK(tag >= 0 && tag < internal_tag_, "send: tag {} is outside 0 .. {}", tag, internal_tag_ - 1);
+  check_point("send", count, peer, tag);
   Block block(count, dtype, max_count_);
   check_mpi(MPI_Send(in, block.count(), block.type(), peer, tag, comm_), "MPI_Send");
 }
 
 void MpiComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
-  check_peer("recv", peer);
-  SW_CHECK(count >= 0, "recv: negative count {}", count);
-  SW_CHECK(tag >= 0 && tag < internal_tag_, "recv: tag {} is outside 0 .. {}", tag, internal_tag_ - 1);
+  check_point("recv", count, peer, tag);
   MPI_Status status;
   check_mpi(MPI_Probe(peer, tag, comm_, &status), "MPI_Probe");
   MPI_Count got = 0;
@@ -645,6 +689,23 @@ void MpiComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
   }
   Block block(count, dtype, max_count_);
   check_mpi(MPI_Recv(out, block.count(), block.type(), peer, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+}
+
+std::unique_ptr<Request> MpiComm::start_send(const void* in, int64_t count, DType dtype, int peer, int tag) {
+  check_point("send", count, peer, tag);
+  auto request = std::make_unique<PointRequest>(std::nullopt);
+  Block block(count, dtype, max_count_);  // (a derived type may be freed once the send has started)
+  check_mpi(MPI_Isend(in, block.count(), block.type(), peer, tag, comm_, request->handle()), "MPI_Isend");
+  return request;
+}
+
+std::unique_ptr<Request> MpiComm::start_recv(void* out, int64_t count, DType dtype, int peer, int tag) {
+  check_point("recv", count, peer, tag);
+  auto request = std::make_unique<PointRequest>(PointRequest::Receive{
+      members_[static_cast<size_t>(rank_)], members_[static_cast<size_t>(peer)], tag, count, dtype});
+  Block block(count, dtype, max_count_);
+  check_mpi(MPI_Irecv(out, block.count(), block.type(), peer, tag, comm_, request->handle()), "MPI_Irecv");
+  return request;
 }
 
 void MpiComm::barrier() {

@@ -68,6 +68,10 @@ class MpiComm final : public Communicator {
                          const FillPieces& fill = {}) override;
   void send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
   void recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
+  // MPI_Isend / MPI_Irecv (a receive's size checked at its wait: one of another size is an Error
+  // naming both, a larger one MPI's truncation).
+  std::unique_ptr<Request> start_send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
+  std::unique_ptr<Request> start_recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
   void barrier() override;
   // MPI_Iallreduce / MPI_Ireduce_scatter with the blocking calls' types and ops (so every rank gets
   // the same bits, as above); beyond max_count elements, the blocking fallback at start.
@@ -103,6 +107,7 @@ class MpiComm final : public Communicator {
   void check_call(const CallSignature& call, std::span<const int64_t> counts = {},
                   std::span<const int64_t> a2a_send = {}, std::span<const int64_t> a2a_recv = {});
   void reduce_chunks(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root);
+  void check_point(const char* op, int64_t count, int peer, int tag) const;  // send / recv's arguments
   MPI_Comm comm_;
   std::vector<int> members_;
   int rank_ = 0;

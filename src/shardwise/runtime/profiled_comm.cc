@@ -133,4 +133,18 @@ std::unique_ptr<comm::Request> ProfiledCommunicator::start_all_gather_v(const vo
   return std::make_unique<ProfiledRequest>(inner_->start_all_gather_v(in, out, counts, dtype), "wait_all_gather_v", mine);
 }
 
+std::unique_ptr<comm::Request> ProfiledCommunicator::start_send(const void* in, int64_t count, DType dtype, int peer,
+                                                                int tag) {
+  ProfileScope s(EventKind::Collective, "start_send", nbytes(count, dtype));
+  return std::make_unique<ProfiledRequest>(inner_->start_send(in, count, dtype, peer, tag), "wait_send",
+                                           nbytes(count, dtype));
+}
+
+std::unique_ptr<comm::Request> ProfiledCommunicator::start_recv(void* out, int64_t count, DType dtype, int peer,
+                                                                int tag) {
+  ProfileScope s(EventKind::Collective, "start_recv", nbytes(count, dtype));
+  return std::make_unique<ProfiledRequest>(inner_->start_recv(out, count, dtype, peer, tag), "wait_recv",
+                                           nbytes(count, dtype));
+}
+
 }  // namespace shardwise::runtime

@@ -48,6 +48,8 @@ class ProfiledCommunicator : public comm::Communicator {
                                                         DType dtype, comm::Reduce op) override;
   std::unique_ptr<comm::Request> start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
                                                     DType dtype) override;
+  std::unique_ptr<comm::Request> start_send(const void* in, int64_t count, DType dtype, int peer, int tag = 0) override;
+  std::unique_ptr<comm::Request> start_recv(void* out, int64_t count, DType dtype, int peer, int tag = 0) override;
 
   using Communicator::all_reduce;
   using Communicator::broadcast;

@@ -1,5 +1,6 @@
 #include "shardwise/runtime/runtime.h"
 #include <malloc.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,8 @@
 #include "shardwise/graph/prefetch.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/profiler.h"
+#include "shardwise/runtime/stand_in.h"
+#include "shardwise/tensor/allocator.h"
 
 namespace shardwise::runtime {
 
@@ -98,11 +101,21 @@ bool Runtime::reads_value(const graph::Instr& ins, size_t k) const {
   return k >= forward_tensors || ops::op_registry().get(n.op).backward_reads_value(static_cast<int>(k), n.attrs);
 }
 
+Tensor shape_only_tensor(DType dtype, const Shape& shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  if (bytes < kCachedFrom) return Tensor::uninitialized(dtype, shape);
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  SW_CHECK(p != MAP_FAILED, "runtime: no address space for a stand-in of {} bytes ({} {})", bytes, dtype_name(dtype),
+           shape.to_string());
+  std::shared_ptr<std::byte[]> storage(static_cast<std::byte*>(p), [bytes](std::byte* q) { ::munmap(q, bytes); });
+  return Tensor::adopt(dtype, shape, std::move(storage));
+}
+
 Tensor Runtime::stand_in(int slot) const {
   const graph::Slot& s = p_.slots[static_cast<size_t>(slot)];
   Shape local = mesh::local_shape(s.meta.shape, s.dist, p_.mesh, coords_);
   if (options_.poison_stand_ins && is_floating(s.meta.dtype)) return Tensor::full(s.meta.dtype, local, std::nan(""));
-  return Tensor::uninitialized(s.meta.dtype, local);
+  return shape_only_tensor(s.meta.dtype, local);
 }
 
 void Runtime::free_after_use(std::string_view name) { kept_[static_cast<size_t>(value_slot(name))] = false; }

@@ -37,7 +37,7 @@ struct RuntimeOptions {
   // backward does not need between a micro-batch's forward and its backward.
   bool release_shape_only_reads = false;
   // Stand-ins are filled with NaN (tests: a kernel that wrongly reads one produces NaN); else
-  // their storage is left uninitialized (and, never touched, costs no memory pages).
+  // they hold no memory (stand_in.h: shape_only_tensor).
   bool poison_stand_ins = false;
   // Sharding stage 3: the parameters' all-gathers of this many layers ahead are started (non-
   // blocking) at the first gather of a layer (graph/prefetch.h); 0: each gather blocks at its

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "shardwise/core/error.h"
@@ -30,27 +32,37 @@ Shape with_rows(const Shape& s, int64_t rows) {
   return out;
 }
 
-// Passes `send` to the next ring rank and returns what the previous one passed (`rows` rows).
-// Even ranks send first, odd ones receive first.
-Tensor pass(comm::Communicator& ring, const Tensor& send, int64_t rows) {
-  const int n = ring.size(), r = ring.rank();
-  Tensor got = Tensor::uninitialized(send.dtype(), with_rows(send.shape(), rows));
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  auto do_send = [&] {
-    if (send.numel() > 0) ring.send(send.raw(), send.numel(), send.dtype(), next);
-  };
-  auto do_recv = [&] {
-    if (got.numel() > 0) ring.recv(got.raw(), got.numel(), got.dtype(), prev);
-  };
-  if (r % 2 == 0) {
-    do_send();
-    do_recv();
-  } else {
-    do_recv();
-    do_send();
+// A block passed to the next ring rank while the previous one's block comes in: both started,
+// the caller computes meanwhile, finish() waits. Even ranks wait for their send first, odd ones
+// for their receive, so that a backend whose started calls are made at the wait (the base class's
+// default) makes them in an order without a deadlock. One tag per kind of block (k, v, dk, dv).
+class Transfer {
+ public:
+  Transfer(comm::Communicator& ring, const Tensor& send, int64_t rows, int tag)
+      : sent_(send), got_(Tensor::uninitialized(send.dtype(), with_rows(send.shape(), rows))) {
+    const int n = ring.size(), r = ring.rank();
+    auto start_send = [&] {
+      if (sent_.numel() > 0) requests_.push_back(ring.start_send(sent_.raw(), sent_.numel(), sent_.dtype(), (r + 1) % n, tag));
+    };
+    auto start_recv = [&] {
+      if (got_.numel() > 0) requests_.push_back(ring.start_recv(got_.raw(), got_.numel(), got_.dtype(), (r + n - 1) % n, tag));
+    };
+    if (r % 2 == 0) start_send(), start_recv();
+    else start_recv(), start_send();
   }
-  return got;
-}
+  // The previous rank's block (`rows` rows).
+  Tensor finish() {
+    for (auto& request : requests_) request->wait();
+    requests_.clear();
+    sent_ = Tensor();
+    return got_;
+  }
+
+ private:
+  Tensor sent_, got_;  // alive until the transfer is done
+  std::vector<std::unique_ptr<comm::Request>> requests_;
+};
+enum Tag : int { kKeys = 1, kValues = 2, kKeyGrads = 3, kValueGrads = 4 };
 
 // The compute type's copy of t (f64 for f64, else f32).
 Tensor compute(const Tensor& t) {
@@ -102,6 +114,13 @@ AttentionOutputs ring_attention(const Tensor& q, const Tensor& k, const Tensor& 
   Tensor kb = k, vb = v;
   for (int t = 0; t < n; ++t) {
     const int owner = (r + n - t) % n;
+    // The next step's block travels while this one is computed.
+    std::optional<Transfer> next_k, next_v;
+    if (t + 1 < n) {
+      const int64_t next_rows = blocks.size[static_cast<size_t>((owner + n - 1) % n)];
+      next_k.emplace(*ring, kb, next_rows, kKeys);
+      next_v.emplace(*ring, vb, next_rows, kValues);
+    }
     if (rows > 0 && blocks.size[static_cast<size_t>(owner)] > 0) {
       AttentionCoords at = coords;
       at.key0 = blocks.offset[static_cast<size_t>(owner)];
@@ -114,9 +133,8 @@ AttentionOutputs ring_attention(const Tensor& q, const Tensor& k, const Tensor& 
       }
     }
     if (t + 1 == n) break;
-    const int64_t next_rows = blocks.size[static_cast<size_t>((owner + n - 1) % n)];
-    kb = pass(*ring, kb, next_rows);
-    vb = pass(*ring, vb, next_rows);
+    kb = next_k->finish();
+    vb = next_v->finish();
   }
   return AttentionOutputs{out.to(q.dtype()), lse};
 }
@@ -132,26 +150,37 @@ AttentionGrads ring_attention_backward(const Tensor& q, const Tensor& k, const T
   const DType c = attention_lse_dtype(q.dtype());
   Tensor dq = Tensor::full(c, q.shape(), 0.0);
   Tensor kb = k, vb = v, dkb = Tensor::full(c, k.shape(), 0.0), dvb = Tensor::full(c, v.shape(), 0.0);
+  std::optional<Transfer> grad_k, grad_v;  // the travelling block's gradient, passed at the step before
   for (int t = 0; t < n; ++t) {
     const int owner = (r + n - t) % n;
+    const int64_t next_rows = blocks.size[static_cast<size_t>((owner + n - 1) % n)];
+    // The next step's k and v travel while this step computes; the previous step's gradients
+    // arrive meanwhile too and are added to once this step's share is computed.
+    std::optional<Transfer> next_k, next_v;
+    if (t + 1 < n) {
+      next_k.emplace(*ring, kb, next_rows, kKeys);
+      next_v.emplace(*ring, vb, next_rows, kValues);
+    }
+    std::optional<AttentionGrads> g;
     if (rows > 0 && blocks.size[static_cast<size_t>(owner)] > 0) {
       AttentionCoords at = coords;
       at.key0 = blocks.offset[static_cast<size_t>(owner)];
-      const AttentionGrads g = flash_attention_backward(q, kb, vb, doc, out, lse, dout, args, at);
-      add_into(dq, compute(g.dq));
-      add_into(dkb, compute(g.dk));
-      add_into(dvb, compute(g.dv));
+      g = flash_attention_backward(q, kb, vb, doc, out, lse, dout, args, at);
     }
-    // The block goes on to the next rank with its gradient so far; after the last step only the
+    if (grad_k) dkb = grad_k->finish(), dvb = grad_v->finish();
+    if (g) {
+      add_into(dq, compute(g->dq));
+      add_into(dkb, compute(g->dk));
+      add_into(dvb, compute(g->dv));
+    }
+    // The block's gradient so far goes on with it to the next rank; after the last step only the
     // gradient travels, home to its owner.
-    const int64_t next_rows = blocks.size[static_cast<size_t>((owner + n - 1) % n)];
-    if (t + 1 < n) {
-      kb = pass(*ring, kb, next_rows);
-      vb = pass(*ring, vb, next_rows);
-    }
-    dkb = pass(*ring, dkb, next_rows);
-    dvb = pass(*ring, dvb, next_rows);
+    grad_k.emplace(*ring, dkb, next_rows, kKeyGrads);
+    grad_v.emplace(*ring, dvb, next_rows, kValueGrads);
+    if (t + 1 < n) kb = next_k->finish(), vb = next_v->finish();
   }
+  dkb = grad_k->finish();
+  dvb = grad_v->finish();
   return AttentionGrads{dq.to(q.dtype()), dkb.to(k.dtype()), dvb.to(v.dtype())};
 }
 

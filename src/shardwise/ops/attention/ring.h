@@ -10,9 +10,14 @@
 // ([B, T]). Blocks may differ in length (uneven or empty shards): their offsets and lengths are
 // gathered over the ring once per call.
 //
-// Transfers: point-to-point send / recv on the ring's communicator (even ranks send first, odd
-// ones receive first, so no two ranks wait on each other); a step's transfer follows its tile
-// computation (no overlap yet).
+// Transfers: started point-to-point sends and receives on the ring's communicator
+// (Communicator::start_send / start_recv), one tag per kind of block. The forward starts step
+// t + 1's k and v before it computes step t's tile and waits for them after; the backward also
+// starts the next k and v first, and passes each step's dk, dv on as soon as they are added to,
+// waiting for them at the next step after its tile. The merge order, and so every bit of the
+// result, is that of computing the steps one after another. Where the backend makes started calls
+// at their wait (the default), even ranks wait for their send first and odd ones for their receive,
+// so no two ranks wait on each other.
 #include "shardwise/comm/communicator.h"
 #include "shardwise/ops/attention/kernels.h"
 
