@@ -45,7 +45,11 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class ViT(nn.Module):
+class ViT(nn.Decoder):
+    """embed (the patches' Linear and the position embedding), blocks (the encoder) and head (the
+    final LayerNorm, the pooling, the head and its loss): an nn.Decoder, so a pp mesh cuts the
+    encoder into stages, the patches bound on the first stage and the labels on the last."""
+
     def __init__(self, patches, patch_dim, hidden, heads, layers, classes, head_loss="classes", std=0.02):
         if head_loss not in ("classes", "reward"):
             raise ValueError(f"head_loss '{head_loss}' is not 'classes' or 'reward'")
@@ -55,14 +59,23 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter((patches, hidden), std=std)
         self.encoder = nn.ModuleList([Block(hidden, heads, proj_std) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(hidden)
-        self.head = nn.Linear(hidden, classes if head_loss == "classes" else 1, std=std)
+        self.classifier = nn.Linear(hidden, classes if head_loss == "classes" else 1, std=std)
 
     def forward(self, patches, labels):
-        x = self.patch_embed(patches) + self.pos_embed()
-        for block in self.encoder:
-            x = block(x)
+        x = self.embed(patches)
+        for index, block in enumerate(self.blocks()):
+            x = self.run_block(index, block, x)
+        return self.head(x, labels)
+
+    def embed(self, patches):
+        return self.patch_embed(patches) + self.pos_embed()
+
+    def blocks(self):
+        return self.encoder
+
+    def head(self, x, labels):
         pooled = nn.ops.mean(self.ln_f(x), axis=[1])          # [B, hidden]: the tokens mean-pooled
-        out = self.head(pooled)                                # [B, classes] or [B, 1]
+        out = self.classifier(pooled)                          # [B, classes] or [B, 1]
         if self.head_loss == "classes":
             return nn.cross_entropy(out, labels)
         error = out.reshape(labels.shape[0]) - labels

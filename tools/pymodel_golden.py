@@ -188,7 +188,7 @@ def train_torch_vit(in_path, out_path):
         x = linear(patches, "patch_embed") + p["pos_embed"]
         for layer in range(cfg["layers"]):
             x = block(x, f"encoder.{layer}")
-        out = linear(ln(x, "ln_f").mean(dim=1), "head")
+        out = linear(ln(x, "ln_f").mean(dim=1), "classifier")
         if cfg["head_loss"] == "classes":
             return F.cross_entropy(out, labels)
         return ((out.reshape(-1) - labels) ** 2).mean()

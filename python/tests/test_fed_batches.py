@@ -1,7 +1,8 @@
 """A model fed batches of its own from NumPy (Trainer(data=...), Trainer.step(batch=...)):
 examples/vit_tiny.py, a ViT on float patches [B, P, D] with integer class labels [B] (and its
 mean-squared-error reward head on float targets [B]), gives its single-rank curve on every mesh
-(each rank binding its rows of the batch) and its PyTorch reference's (tests/golden/vit_*_losses.json,
+(each rank binding its rows of the batch; on pp meshes the patches on the first stage, the labels
+on the last) and its PyTorch reference's (tests/golden/vit_*_losses.json,
 tools/pymodel_golden.py); a batch of the wrong shape or dtype is an error naming the input."""
 import importlib.util
 import json
@@ -40,7 +41,7 @@ def single(request, tmp_path_factory):
     return request.param, vit_curve(tmp_path_factory.mktemp("single"), "dp=1", request.param)
 
 
-@pytest.mark.parametrize("mesh", ["dp=2", "tp=2", "dp=2,tp=2"])
+@pytest.mark.parametrize("mesh", ["dp=2", "tp=2", "dp=2,tp=2", "pp=2", "dp=2,pp=2"])
 def test_vit_curve_is_the_single_rank_curve_on_every_mesh(tmp_path, single, mesh):
     head, expected = single
     assert vit_curve(tmp_path, mesh, head) == pytest.approx(expected, abs=1e-5)
@@ -110,9 +111,16 @@ def test_trace_takes_an_example_batch_and_a_plain_module_is_refused_on_pp(tmp_pa
     graph = sw.trace(model, mesh="dp=2,tp=2", batch=8, inputs=batch)
     assert graph.loss.shape == ()
     assert "patches (input f32 8x4x12): [S(0),R]" in graph.explain("patches")  # rows over dp
-    # Fed batches reach pipeline stages (test_sentence_embedding.py), but the ViT is no nn.Decoder.
-    with pytest.raises(sw.UsageError, match="write ViT as a shardwise.nn.Decoder"):
-        sw.Trainer(model=model, inputs=batch, mesh="pp=2", steps=1, run_dir=tmp_path / "pp", **RUN)
+    # Fed batches reach pipeline stages (the ViT is an nn.Decoder), but a plain Module has no stages.
+    class Plain(sw.nn.Module):
+        def __init__(self):
+            self.vit = vit.ViT(**SIZE)
+
+        def forward(self, patches, labels):
+            return self.vit(patches, labels)
+
+    with pytest.raises(sw.UsageError, match="write Plain as a shardwise.nn.Decoder"):
+        sw.Trainer(model=Plain(), inputs=batch, mesh="pp=2", steps=1, run_dir=tmp_path / "pp", **RUN)
 
 
 def test_a_batch_for_a_model_on_token_ids_is_refused(tmp_path):
