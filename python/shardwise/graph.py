@@ -251,6 +251,25 @@ def placements_for(graph, placements, site):
     return ",".join(_placement_text(placements.get(d, "R")) for d in dims)
 
 
+def activation_placements(graph, on_tp):
+    """An activation's placements over `graph`'s mesh, as the built-in models annotate them
+    (Strategy::placements): `on_tp` on tp, the batch Shard(0) over the data dims dp and ep."""
+    return ",".join(on_tp if d == "tp" else "S(0)" if d in ("dp", "ep") else "R" for d in graph.mesh_dims)
+
+
+def sequence_parallel():
+    """Whether the graph being traced runs sequence-parallel (``Trainer(sp=True)``, ``--sp``)."""
+    return bool(current_graph().native.sequence_parallel)
+
+
+def place_activation(x, on_tp):
+    """Annotates the activation x [B, S, ...]: `on_tp` on tp, the batch over the data dims; x."""
+    graph = current_graph()
+    if graph.mesh_dims:
+        graph.native.annotate(x.id, activation_placements(graph, on_tp))
+    return x
+
+
 def shard(value, placements=None, **by_dim):
     """Annotates `value` (a Tensor, or a Parameter: at each creation) with placements by mesh dim
     name: ``shard(w, tp=sw.Shard(1))`` or ``shard(w, {"tp": "S(1)", "dp": "R"})``; dims the mesh lacks

@@ -7,6 +7,13 @@ Parameters are stored as the C++ builders store them: a Linear's weight is [in, 
 parallelism is a placement by mesh dim name on the parameters (``parallel="column"``: the weight
 ``Shard(1)`` on tp, its bias ``Shard(0)``; ``"row"``: the weight ``Shard(0)``); dims the mesh lacks are
 ignored, so one model runs on any mesh.
+
+Sequence parallelism (``Trainer(sp=True)``, the built-in models' ``--sp``) is Megatron's: between
+the tensor-parallel regions the residual stream [B, S, H] is split over tp on its sequence. The
+layers mark the regions' edges as Megatron's layers do: a norm's output is gathered whole (the tp
+region starts: "g"), a row-parallel Linear's product is reduce-scattered onto the sequence (it ends:
+"g-bar"), and a Decoder's embedding output starts the split stream. A model of other layers marks its
+residual stream itself: ``shard(x, tp=Shard(1))``.
 """
 import contextlib
 import math
@@ -14,10 +21,11 @@ import math
 import numpy as np
 
 from . import _core
-from .graph import apply, current_graph, ops, placements_for, shard, user_site
+from .graph import apply, current_graph, ops, place_activation, placements_for, sequence_parallel, shard, user_site
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
-           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss"]
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss", "split_sequence",
+           "sequence_parallel"]
 
 
 class Parameter:
@@ -110,7 +118,7 @@ class Decoder(Module):
         return block(x)
 
     def forward(self, ids, labels):
-        x = self.embed(ids)
+        x = split_sequence(self.embed(ids))
         for index, block in enumerate(self.blocks()):
             x = self.run_block(index, block, x)
         return self.head(x, labels)
@@ -141,7 +149,7 @@ class Linear(Module):
     def __init__(self, n_in, n_out, bias=True, std=0.02, parallel=None, out_in=False):
         if parallel not in (None, "column", "row"):
             raise _core.UsageError(f"{user_site()}: Linear parallel='{parallel}' is not None, 'column' or 'row'")
-        self.out_in = out_in
+        self.out_in, self.parallel = out_in, parallel
         self.weight = Parameter((n_out, n_in) if out_in else (n_in, n_out), std=std)
         if parallel:
             output_dim = 0 if out_in else 1
@@ -155,6 +163,8 @@ class Linear(Module):
         w = self.weight()
         b = self.bias() if hasattr(self, "bias") else None
         y = apply("matmul", [x, w], {"trans_y": True} if self.out_in else None)
+        if self.parallel == "row" and y.ndim >= 3:
+            y = split_sequence(y)  # reduce-scattered onto the sequence under sp (else all-reduced)
         return y if b is None else y + b
 
 
@@ -180,7 +190,7 @@ class LayerNorm(Module):
 
     def forward(self, x):
         attrs = {"begin_norm_axis": -1, "epsilon": float(self.eps)}
-        return apply("layer_norm", [x, self.weight(), self.bias()], attrs)[0]
+        return _gathered(apply("layer_norm", [x, self.weight(), self.bias()], attrs)[0])
 
 
 class RMSNorm(Module):
@@ -191,7 +201,7 @@ class RMSNorm(Module):
         self.eps = eps
 
     def forward(self, x):
-        return apply("rms_norm", [x, self.weight()], {"begin_norm_axis": -1, "epsilon": float(self.eps)})[0]
+        return _gathered(apply("rms_norm", [x, self.weight()], {"begin_norm_axis": -1, "epsilon": float(self.eps)})[0])
 
 
 class MLP(Module):
@@ -244,6 +254,17 @@ class MoE(Module):
         if self.z_loss > 0:
             add_loss(apply("scale", [out[2]], {"scale": float(self.z_loss), "bias": 0.0}))
         return out[0].reshape(b, s, h)
+
+
+def split_sequence(x):
+    """Under sequence parallelism (``Trainer(sp=True)``) the activation x [B, S, ...] split over tp
+    on its sequence (Shard(1)), the batch over the data dims; x as it is otherwise."""
+    return place_activation(x, "S(1)") if sequence_parallel() else x
+
+
+def _gathered(x):
+    # A norm's output under sp: whole on tp, for the column-parallel layers that read it.
+    return place_activation(x, "R") if sequence_parallel() else x
 
 
 def add_loss(term):

@@ -12,17 +12,20 @@ import traceback
 import numpy as np
 
 from . import _core
-from .graph import Graph, tracing
-
-
-def _batch_placements(graph):
-    return ",".join("S(0)" if d in ("dp", "ep") else "R" for d in graph.mesh_dims)
+from .graph import Graph, activation_placements, tracing
 
 
 def _boundary(graph, t):
-    """A pipeline stage boundary's layout: the batch over the data dims, whole elsewhere."""
+    """An input's layout: the batch over the data dims, whole elsewhere."""
     if graph.mesh_dims:
-        graph.native.annotate(t.id, _batch_placements(graph))
+        graph.native.annotate(t.id, activation_placements(graph, "R"))
+    return t
+
+
+def _stage_boundary(graph, t):
+    """The activation between pipeline stages: as an input's, split on the sequence over tp under sp."""
+    if graph.mesh_dims:
+        graph.native.annotate(t.id, activation_placements(graph, "S(1)" if graph.native.sequence_parallel else "R"))
     return t
 
 
@@ -131,6 +134,8 @@ def trace_stage(graph, model, sequences, seq, training, part):
     """Blocks [first, end) of a Decoder as a pipeline stage's graph (with the embedding on the first,
     the head on the last): (loss, input, output, output_grad, extra_loss, tied) as the native Trainer
     takes them."""
+    from .nn import split_sequence
+
     first, end, embeddings, head = part
     model = _decoder(model)
     model.name_parameters()
@@ -138,9 +143,9 @@ def trace_stage(graph, model, sequences, seq, training, part):
     loss = x_in = x_out = x_grad = None
     with tracing(graph):
         if embeddings:
-            x = model.embed(_boundary(graph, graph.input("ids", (sequences, seq), "i64")))
+            x = split_sequence(model.embed(_boundary(graph, graph.input("ids", (sequences, seq), "i64"))))
         else:
-            x = x_in = _boundary(graph, graph.input("stage_input", shape, dtype))
+            x = x_in = _stage_boundary(graph, graph.input("stage_input", shape, dtype))
             graph.native.set_requires_grad(x.id, training)
         blocks = list(model.blocks())
         for index in range(first, end):
@@ -149,8 +154,8 @@ def trace_stage(graph, model, sequences, seq, training, part):
         if head:
             loss = model.head(x, _boundary(graph, graph.input("labels", (sequences, seq), "i64")))
         else:  # the stage's own loss terms (nn.add_loss: MoE router losses) go in its extra loss
-            x_out = _boundary(graph, x)
-            x_grad = _boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
+            x_out = _stage_boundary(graph, x)
+            x_grad = _stage_boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
             extra = graph.extra_loss if training else None
     return tuple(-1 if t is None else t.id for t in (loss, x_in, x_out, x_grad, extra)) + (tied,)
 
