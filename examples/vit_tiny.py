@@ -61,8 +61,8 @@ class ViT(nn.Module):
         x = self.patch_embed(patches) + self.pos_embed()
         for block in self.encoder:
             x = block(x)
-        pooled = nn.ops.mean(self.ln_f(x), axis=[1])          # [B, hidden]: the tokens mean-pooled
-        out = self.head(pooled)                                # [B, classes] or [B, 1]
+        pooled = nn.output("pooled", nn.ops.mean(self.ln_f(x), axis=[1]))  # [B, hidden]: the tokens mean-pooled
+        out = nn.output(self.head_loss, self.head(pooled))    # [B, classes] or [B, 1]: Trainer.evaluate(batch)'s
         if self.head_loss == "classes":
             return nn.cross_entropy(out, labels)
         error = out.reshape(labels.shape[0]) - labels

@@ -91,6 +91,9 @@ class Graph:
         self.annotated = {}  # value name -> 'file:line' of the user's shard() of it
         self.constants = {}  # name -> Tensor: inputs bound once (constant())
         self.training = True  # False: the loss-only graph (no dropout)
+        self.predicting = False  # the predictions graph (Trainer.evaluate(batch)): nn.output marks its outputs
+        self.rows = None  # the micro-batch's rows (an output's dim 0)
+        self.outputs = {}  # name -> Tensor: the outputs nn.output marked
         self.extra_loss = None  # the terms nn.add_loss() collected (router losses)
 
     @property

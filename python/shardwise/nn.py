@@ -25,7 +25,7 @@ from .graph import apply, current_graph, ops, place_activation, placements_for, 
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
            "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss", "split_sequence",
-           "sequence_parallel"]
+           "sequence_parallel", "output"]
 
 
 class Parameter:
@@ -267,6 +267,26 @@ def _gathered(x):
     return place_activation(x, "R") if sequence_parallel() else x
 
 
+def output(name, x):
+    """Marks x [batch, ...] as the model's output `name`: Trainer.evaluate(batch) returns it whole, a
+    NumPy array of its global shape, from the forward without dropout on any mesh. The loss and
+    training graphs are unchanged (x itself). Returns x."""
+    graph = current_graph()
+    if not graph.predicting:
+        return x
+    site = user_site()
+    if name in graph.outputs:
+        raise _core.UsageError(f"{site}: the output '{name}' is marked twice")
+    if graph.rows is not None and (not x.shape or x.shape[0] != graph.rows):
+        raise _core.UsageError(f"{site}: the output '{name}' has shape {x.shape}: an output's dim 0 is the batch "
+                               f"(its {graph.rows} rows)")
+    marked = apply("reshape", [x], {"shape": list(x.shape)}, name)  # the value named as the output
+    if marked.name != name:
+        raise _core.UsageError(f"{site}: the output '{name}' is named as another value of the model: choose another name")
+    graph.outputs[name] = marked
+    return x
+
+
 def add_loss(term):
     """Adds a scalar term (a router loss) to the graph's extra loss, which the model's head adds to
     its loss (with_extra_loss)."""
@@ -353,8 +373,11 @@ def _sum_scale(x):
 def lm_head_loss(x, weight, labels):
     """The mean next-token cross-entropy of the logits x weight^T (x [B, S, H], weight [V, H]) with
     the fused head (the logits made and dropped in row chunks; vocab-parallel on a mesh with tp), as
-    the built-in models' training loss: the summed loss over B x S tokens, scaled."""
+    the built-in models' training loss: the summed loss over B x S tokens, scaled. In the predictions
+    graph the logits [B, S, V] are made and marked as the output "logits"."""
     graph = current_graph()
+    if graph.predicting:  # the logits made whole, an output ("logits")
+        return cross_entropy(output("logits", apply("matmul", [x, weight], {"trans_y": True})), labels)
     op = "vocab_parallel_lm_head_cross_entropy" if graph.has_dim("tp") else "lm_head_cross_entropy"
     scale = _sum_scale(x)
     attrs = {"reduction": "sum"}

@@ -165,20 +165,46 @@ def model_builder(model, inputs=None):
     `inputs` ({name: (per-sample shape, dtype)}) for a model fed batches of its own."""
     graphs = []  # kept for error sites: value name -> user's line
 
-    def build(native, sequences, seq, training, part):
+    def build(native, sequences, seq, training, part, predicting=False):
         graph = Graph(native=native)
-        graph.training = training
+        graph.training, graph.predicting, graph.rows = training and not predicting, predicting, sequences
         graphs.append(graph)
-        model.training = training
+        model.training = graph.training
         if part[2] and part[3]:  # the whole model: one stage
-            return (trace_into(graph, model, sequences, seq, inputs).id, -1, -1, -1, -1, "")
-        if inputs is not None:
+            ids = (trace_into(graph, model, sequences, seq, inputs).id, -1, -1, -1, -1, "")
+        elif inputs is not None:
             raise _core.UsageError(f"{describe(model)}: a model fed batches of its own is not cut into pipeline "
                                    "stages yet: train it on a mesh without pp")
-        return trace_stage(graph, model, sequences, seq, training, part)
+        else:
+            ids = trace_stage(graph, model, sequences, seq, graph.training, part)
+        if predicting:  # no loss read: the outputs
+            ids = (-1,) + ids[1:4] + (-1,) + ids[5:]
+        return ids + (list(graph.outputs),)
 
     build.graphs = graphs
     return build
+
+
+def eval_batch(batch, specs, seq):
+    """Trainer.evaluate's batch checked: the model's inputs by name (a token model's "ids" and
+    "labels" [rows, seq] i64), any number of rows (the same for each), as contiguous arrays; an input
+    the batch lacks (labels) is zeros."""
+    if specs is None:
+        specs = {"ids": ((seq,), "i64"), "labels": ((seq,), "i64")}
+    if not isinstance(batch, dict) or not batch or not set(batch) <= set(specs):
+        got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise _core.UsageError(f"evaluate(batch): a batch is a dict of arrays by input name, of the inputs "
+                               f"{sorted(specs)}; got {got}")
+    rows = len(np.asarray(next(iter(batch.values()))))
+    out = {}
+    for name, (shape, dtype) in specs.items():
+        zeros = np.zeros((rows,) + shape, dtype=next(k for k, v in _DTYPES.items() if v == dtype))
+        array = np.ascontiguousarray(batch[name]) if name in batch else zeros
+        if array.ndim < 1 or array.shape != (rows,) + shape or _DTYPES.get(array.dtype) != dtype or rows < 1:
+            raise _core.UsageError(f"evaluate(batch): the batch's '{name}' must be {dtype} of shape ({rows}, "
+                                   f"{', '.join(map(str, shape))}) (rows, ...), got {array.dtype} of shape {array.shape}")
+        out[name] = array
+    return out
 
 
 def _source_of(model):

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core
 from .graph import with_user_site
-from .tracing import check_batch, describe, input_specs, model_builder
+from .tracing import check_batch, describe, eval_batch, input_specs, model_builder
 
 
 def _word(value):
@@ -244,9 +244,23 @@ class Trainer:
                 raise
             raise sited from None
 
-    def evaluate(self):
-        """The held-out exact-match accuracy (the embedded addition task)."""
-        return self._stopping(self._run.evaluate)
+    def evaluate(self, batch=None):
+        """The held-out exact-match accuracy (the embedded addition task); with `batch`, the outputs a
+        model written in Python marks (nn.output; nn.lm_head_loss marks "logits") by name, NumPy
+        arrays of their global shape [rows, ...], from its forward without dropout on the run's mesh:
+        no gradient, no step. `batch`: its inputs by name, any number of rows (a token model's "ids"
+        [rows, seq] int64, "labels" optional)."""
+        if batch is None:
+            return self._stopping(self._run.evaluate)
+        if self._builder is None:
+            raise _core.UsageError("evaluate(batch) gives the outputs of a model written in Python (nn.output); the "
+                                   "built-in model's logits: shardwise.generate(..., return_logits=True)")
+        arrays = eval_batch(batch, self._specs, self.config["seq"])
+        outputs = self._stopping(lambda: self._sited(self._run.predict, arrays))
+        if not outputs:
+            raise _core.UsageError(f"{self._description}: the model marks no output: mark one in forward with "
+                                   "nn.output(name, x)")
+        return outputs
 
     def validate(self):
         """The validation loss (--val-data or --val-fraction)."""

@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -36,18 +37,20 @@ struct PyModel {
   nb::handle build;  // borrowed: the Python Trainer keeps it alive
   std::string description;
   std::mutex mu;
-  std::map<std::tuple<std::string, int64_t, int64_t, bool, int64_t, int64_t, bool, bool, DType, uint64_t>,
+  std::map<std::tuple<std::string, int64_t, int64_t, int, int64_t, int64_t, bool, bool, DType, uint64_t>,
            train::GptGraph>
       traced;
+  std::vector<std::string> outputs;  // the names nn.output gave, in every predictions graph traced
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;
   std::string tied;
 
-  train::GptGraph trace(const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, bool training,
+  // `mode`: 0 the loss graph, 1 the training graph, 2 the predictions graph.
+  train::GptGraph trace(const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, int mode,
                         const train::GptPart& part) {
     std::lock_guard lock(mu);
     const int64_t seq = c.seq;
-    auto key = std::make_tuple(s.to_string(), sequences, seq, training, part.first_layer, part.end_layer,
+    auto key = std::make_tuple(s.to_string(), sequences, seq, mode, part.first_layer, part.end_layer,
                                part.embeddings, part.head, c.param_dtype, c.dropout_seed);
     if (auto it = traced.find(key); it != traced.end()) return it->second;
     train::GptGraph out;
@@ -56,8 +59,11 @@ struct PyModel {
       try {
         nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}});
         nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
-        auto [loss, input, output, output_grad, extra_loss, tied_name] =
-            nb::cast<std::tuple<int, int, int, int, int, std::string>>(build(py, sequences, seq, training, part_tuple));
+        auto [loss, input, output, output_grad, extra_loss, tied_name, named] =
+            nb::cast<std::tuple<int, int, int, int, int, std::string, std::vector<std::string>>>(
+                build(py, sequences, seq, mode == 1, part_tuple, mode == 2));
+        for (const std::string& name : named)
+          if (std::find(outputs.begin(), outputs.end(), name) == outputs.end()) outputs.push_back(name);
         PyGraph& pg = nb::cast<PyGraph&>(py);
         out.g = *pg.g;
         out.loss = loss, out.input = input, out.output = output, out.output_grad = output_grad;
@@ -88,7 +94,13 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
   custom->description = std::move(description);
   if (!config_json.empty()) custom->config = nlohmann::json::parse(config_json);
   custom->build = [model](const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, bool training,
-                          const train::GptPart& part) { return model->trace(c, s, sequences, training, part); };
+                          const train::GptPart& part) { return model->trace(c, s, sequences, training ? 1 : 0, part); };
+  custom->predictions = [model](const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences,
+                                const train::GptPart& part) { return model->trace(c, s, sequences, 2, part); };
+  custom->outputs = [model] {
+    std::lock_guard lock(model->mu);
+    return model->outputs;
+  };
   custom->tied = [model] {
     std::lock_guard lock(model->mu);
     return model->tied;

@@ -21,6 +21,7 @@
 #include "shardwise/cli/train_run.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
+#include "shardwise/models/custom.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
@@ -531,6 +532,9 @@ bool RankRun::stop_if_asked() {
 }
 
 void check_evaluates(const train::TrainConfig& c) {
+  SW_CHECK(!c.model.custom, "evaluate() without a batch is the held-out accuracy of the embedded addition task, "
+           "which {} does not answer: evaluate(batch) gives the outputs it marks (nn.output)",
+           c.model.custom ? c.model.custom->description : "");
   SW_CHECK(c.data.files.empty(), "evaluate() is the held-out accuracy of the embedded addition task; this run trains on "
            "--data {} (validate() gives its validation loss with --val-data or --val-fraction)", c.data.files);
 }
@@ -547,6 +551,10 @@ double RankRun::evaluate() {
 double RankRun::validate() {
   check_validates(s_->config);
   return s_->trainer->validate().loss;
+}
+
+std::map<std::string, Tensor> RankRun::predict(const std::map<std::string, Tensor>& batch) {
+  return s_->trainer->predict(batch);
 }
 
 std::string RankRun::save() {

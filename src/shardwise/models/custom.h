@@ -37,6 +37,13 @@ struct CustomModel {
   std::function<GptGraph(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                          const GptPart& part)>
       build;
+  // The predictions graph (Trainer.evaluate(batch)): the forward without dropout, no loss read and no
+  // backward, its outputs the values named by outputs(); null: the model builds none.
+  std::function<GptGraph(const GptConfig& config, const Strategy& strategy, int64_t sequences, const GptPart& part)>
+      predictions;
+  // The outputs the model marks (nn.output), by name: values of the predictions graph of the stage
+  // that makes them (known once that graph was built).
+  std::function<std::vector<std::string>()> outputs;
   // The parameter both the first and the last stage hold (a head tied to the embedding), whose
   // gradients the pipeline sums; "" for none. Known once a graph was built.
   std::function<std::string()> tied;
@@ -55,8 +62,8 @@ struct CustomModel {
   nlohmann::json config;
 };
 
-// build_model for a custom model: refuses what it does not build (the predictions graph) with an
-// error naming it.
+// build_model for a custom model: the loss graph (`training`), or the predictions graph when the
+// model builds one (else an error naming the model).
 GptGraph build_custom(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                       const GptPart& part);
 // The config.json a custom model's checkpoints carry: the model's own, with "shardwise_model" (its

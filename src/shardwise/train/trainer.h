@@ -4,6 +4,7 @@
 // every mesh: the model runs as pipeline stages (StagedGpt: one stage without pp).
 // Its configuration, TrainConfig, is in train_config.h.
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,6 +100,8 @@ class Trainer {
   // no dropout, no gradient, no change to the parameters, the data position or any generator, so
   // the training losses are the same with or without it. Error without a validation set.
   ValidationResult validate();
+  // A Python model's outputs on `batch` (StagedGpt::predict): forward only, as validate().
+  std::map<std::string, Tensor> predict(const std::map<std::string, Tensor>& batch) { return model_->predict(batch); }
   bool has_validation() const { return c_.data.has_validation(); }
 
   // The data files are opened only on the ranks that read batches (StagedGpt::reads_data; every
