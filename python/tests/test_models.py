@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import shardwise as sw
+from shardwise import nn
 from shardwise.models import GPT2, Llama
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -203,3 +204,34 @@ def test_plan_and_explain_of_a_traced_model(cli):
     assert "all_reduce" in graph.plan()
     why = graph.explain("transformer.h.0.mlp.c_fc.weight", graph.loss.name)
     assert "transformer.h.0.mlp.c_fc.weight (param f32 32x128): [R,S(1)]" in why and graph.loss.name in why
+
+
+def test_train_takes_a_python_model(tmp_path):
+    # shardwise.train(config, model=...) is Trainer(model=...) stepped to the end: the same losses,
+    # every step's metrics (on_step in order), and the built-in model's losses for the Python GPT-2.
+    seen = []
+    config = sw.TrainConfig(mesh="dp=2", steps=3, save_every=3, run_dir=tmp_path / "call", **RUN)
+    result = sw.train(config, model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), on_step=seen.append)
+    assert result.steps == 3 and [m.step for m in result.metrics] == [1, 2, 3] and seen == result.metrics
+    assert result.run_dir == str(tmp_path / "call") and result.checkpoint.endswith("checkpoint-3")
+    stepped = curve(tmp_path, "stepped", model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), steps=3, mesh="dp=2")
+    builtin = sw.train(mesh="dp=2", steps=3, run_dir=tmp_path / "builtin", **RUN, **SIZE)
+    assert [(m.loss, m.grad_norm) for m in result.metrics] == stepped
+    assert [m.loss for m in builtin.metrics] == [m.loss for m in result.metrics]
+
+
+def test_only_a_decoder_is_cut_into_pipeline_stages(tmp_path):
+    # A Module that merely has a `blocks` attribute is no Decoder: the Trainer leaves --layers alone
+    # (it used to take len(model.blocks()), failing for a non-callable attribute).
+    class NotADecoder(nn.Module):
+        def __init__(self):
+            self.blocks = nn.ModuleList([nn.Linear(4, 4)])
+            self.emb = nn.Embedding(RUN["vocab"], RUN["vocab"])
+
+        def forward(self, ids, labels):
+            return nn.cross_entropy(self.emb(ids), labels)
+
+    with sw.Trainer(model=NotADecoder(), steps=1, run_dir=tmp_path / "x", **RUN) as trainer:
+        assert trainer.config["layers"] == sw.TrainConfig()["layers"]
+        assert np.isfinite(trainer.step().loss)
+
