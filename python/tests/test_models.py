@@ -235,3 +235,21 @@ def test_only_a_decoder_is_cut_into_pipeline_stages(tmp_path):
         assert trainer.config["layers"] == sw.TrainConfig()["layers"]
         assert np.isfinite(trainer.step().loss)
 
+
+def test_the_run_header_describes_the_python_model_and_its_data(tmp_path, capfd):
+    # The options' layers, hidden and heads are not a Python model's (the defaults, 128 and 4, were
+    # printed); a model fed batches of its own reads no tokens (the header named the addition task).
+    with sw.Trainer(model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), steps=1, run_dir=tmp_path / "g", **RUN):
+        pass
+    header = capfd.readouterr().out.splitlines()
+    assert header[0].startswith("shardwise train: python: GPT2 (") and "gpt2.py), seq 12, vocab 128: " in header[0]
+    assert "hidden" not in header[0] and "head" not in header[0]
+    vit_tiny = load_example("vit_tiny")
+    model = vit_tiny.ViT(patches=4, patch_dim=12, hidden=16, heads=2, layers=1, classes=4)
+    with sw.Trainer(model=model, data=vit_tiny.synthetic_batches(model, 8, 1), global_batch=8, steps=1,
+                    progress="none", run_dir=tmp_path / "v"):
+        pass
+    header = capfd.readouterr().out.splitlines()
+    assert header[0].startswith("shardwise train: python: ViT") and "seq" not in header[0] and "hidden" not in header[0]
+    assert "  data: the batches given from Python (inputs patches, labels)" in header
+    assert not any("addition" in line for line in header)

@@ -11,6 +11,8 @@
 #include <iostream>
 #include <tuple>
 
+#include <fmt/ranges.h>
+
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/data_defaults.h"
@@ -299,17 +301,20 @@ struct Progress {
 void print_header(const train::Trainer& trainer, const TrainOptions& o, const train::ParameterCounts& counts,
                   comm::Communicator& world_ref, const std::string& run_dir, std::ostream& out) {
   const auto& c = trainer.config();
-  out << fmt::format("shardwise train: {} {}, hidden {}, {}, seq {}, vocab {}: {} parameters on {} ({}, {})\n",
-                     train::describe_architecture(c.model), counted(c.model.layers, "layer"), c.model.hidden,
-                     counted(c.model.heads, "head"),
-                     c.model.seq, c.model.vocab, count_text(counts.trained + counts.frozen),
-                     trainer.strategy().to_string(), counted(world_ref.size(), "rank"), world_ref.backend());
+  const bool fed = c.model.custom && !c.model.custom->feeds.empty();  // a Python model's own batches: no tokens read
+  out << fmt::format("shardwise train: {}: {} parameters on {} ({}, {})\n", train::describe_model(c.model, true),
+                     count_text(counts.trained + counts.frozen), trainer.strategy().to_string(),
+                     counted(world_ref.size(), "rank"), world_ref.backend());
   if (!o.options_line.empty()) out << "  options: " << o.options_line << "\n";
   if (!o.auto_line.empty()) out << "  " << o.auto_line << "\n";
   out << fmt::format("  run directory: {}\n", run_dir);
   if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
   const train::Strategy& s = trainer.strategy();
-  out << fmt::format("  data: {}\n", trainer.data_description());
+  if (fed) {
+    out << fmt::format("  data: the batches given from Python (inputs {})\n", fmt::join(c.model.custom->feeds, ", "));
+  } else {
+    out << fmt::format("  data: {}\n", trainer.data_description());
+  }
   for (const std::string& line : o.data_notes) out << "  " << line << "\n";
   out << fmt::format("  batch: {} = micro-batch {} x accumulation {} x dp {}{}; {}, lr {} "
                      "(warm-up {}, cosine to {})\n",
