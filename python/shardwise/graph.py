@@ -94,6 +94,7 @@ class Graph:
         self.predicting = False  # the predictions graph (Trainer.evaluate(batch)): nn.output marks its outputs
         self.rows = None  # the micro-batch's rows (an output's dim 0)
         self.outputs = {}  # name -> Tensor: the outputs nn.output marked
+        self.moe = []  # (layer, moe_mlp's first output's name, experts) of each nn.MoE applied
         self.extra_loss = None  # the terms nn.add_loss() collected (router losses)
 
     @property

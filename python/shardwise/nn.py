@@ -232,7 +232,9 @@ class MoE(Module):
     """Mixtral's sparse MLP on x [B, S, H] (the moe_mlp op: each token to its top_k experts, each a
     SwiGLU MLP of `width`): the router gate [E, H] whole, the experts' stacked w1, w3 [E, width, H]
     and w2 [E, H, width] split over ep on E. Its weighted load-balancing (aux_loss) and z (z_loss)
-    losses join the model's loss through add_loss()."""
+    losses join the model's loss through add_loss(). Its router statistics (each expert's tokens,
+    the aux and z losses) go into the run's metrics ("moe") as the built-in MoE's, under the layer
+    its name holds ("model.layers.3.block_sparse_moe": 3; else its order in the traced graph)."""
 
     def __init__(self, hidden, width, experts, top_k=2, aux_loss=0.0, z_loss=0.0, std=0.02):
         self.top_k, self.aux_loss, self.z_loss = top_k, aux_loss, z_loss
@@ -248,7 +250,11 @@ class MoE(Module):
         b, s, h = x.shape
         tokens = x.reshape(b * s, h)
         e = self.experts
-        out = apply("moe_mlp", [tokens, self.gate.weight(), e.w1(), e.w3(), e.w2()], {"top_k": self.top_k})
+        path = self.gate.weight.name[: -len(".gate.weight")]
+        out = apply("moe_mlp", [tokens, self.gate.weight(), e.w1(), e.w3(), e.w2()], {"top_k": self.top_k}, path + ".moe")
+        graph = current_graph()
+        digits = [int(part) for part in path.split(".") if part.isdigit()]
+        graph.moe.append((digits[0] if digits else len(graph.moe), out[0].name, e.w1.shape[0]))
         if self.aux_loss > 0:
             add_loss(apply("scale", [out[1]], {"scale": float(self.aux_loss), "bias": 0.0}))
         if self.z_loss > 0:

@@ -179,7 +179,7 @@ def model_builder(model, inputs=None):
             ids = trace_stage(graph, model, sequences, seq, graph.training, part)
         if predicting:  # no loss read: the outputs
             ids = (-1,) + ids[1:4] + (-1,) + ids[5:]
-        return ids + (list(graph.outputs),)
+        return ids + (list(graph.outputs), graph.moe)
 
     build.graphs = graphs
     return build

@@ -41,6 +41,7 @@ struct PyModel {
            train::GptGraph>
       traced;
   std::vector<std::string> outputs;  // the names nn.output gave, in every predictions graph traced
+  std::vector<train::CustomMoe> moe;  // the nn.MoE layers of every graph traced, in layer order
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;
   std::string tied;
@@ -59,11 +60,17 @@ struct PyModel {
       try {
         nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}});
         nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
-        auto [loss, input, output, output_grad, extra_loss, tied_name, named] =
-            nb::cast<std::tuple<int, int, int, int, int, std::string, std::vector<std::string>>>(
+        using Moe = std::tuple<int64_t, std::string, int64_t>;
+        auto [loss, input, output, output_grad, extra_loss, tied_name, named, moe_layers] =
+            nb::cast<std::tuple<int, int, int, int, int, std::string, std::vector<std::string>, std::vector<Moe>>>(
                 build(py, sequences, seq, mode == 1, part_tuple, mode == 2));
         for (const std::string& name : named)
           if (std::find(outputs.begin(), outputs.end(), name) == outputs.end()) outputs.push_back(name);
+        for (const auto& [layer, op, experts] : moe_layers) {
+          auto known = [&](const train::CustomMoe& m) { return m.op == op; };
+          if (std::find_if(moe.begin(), moe.end(), known) == moe.end()) moe.push_back({layer, op, experts});
+        }
+        std::sort(moe.begin(), moe.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
         PyGraph& pg = nb::cast<PyGraph&>(py);
         out.g = *pg.g;
         out.loss = loss, out.input = input, out.output = output, out.output_grad = output_grad;
@@ -100,6 +107,10 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
   custom->outputs = [model] {
     std::lock_guard lock(model->mu);
     return model->outputs;
+  };
+  custom->moe_layers = [model] {
+    std::lock_guard lock(model->mu);
+    return model->moe;
   };
   custom->tied = [model] {
     std::lock_guard lock(model->mu);

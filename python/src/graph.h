@@ -38,8 +38,9 @@ struct FedBatch {
 // A CustomModel whose graphs come from `build(graph: _Graph (with the run's parameter dtype and
 // dropout seed), sequences: int, seq: int, training: bool, part: (first_layer, end_layer,
 // embeddings, head), predicting: bool) -> (loss, input, output, output_grad, extra_loss, tied,
-// outputs)` (value ids, -1 where absent; extra_loss: a stage's own loss terms before the last; the
-// tied parameter's name or ""; the names of the values nn.output marked, in a predictions graph),
+// outputs, moe)` (value ids, -1 where absent; extra_loss: a stage's own loss terms before the last; the
+// tied parameter's name or ""; the names of the values nn.output marked, in a predictions graph;
+// the graph's nn.MoE layers as (layer, moe_mlp's first output, experts)),
 // a Python callable the caller keeps alive while the model is in use; each graph is traced once
 // (under the GIL) and copied for every rank after.
 // `config_json`: its checkpoints' config.json (JSON text; "" for none). `feeds`: the inputs fed

@@ -74,6 +74,24 @@ def test_python_mixtral_equals_the_builtin_bit_for_bit(tmp_path, mesh):
     assert python == builtin
 
 
+@pytest.mark.parametrize("mesh", ["dp=1", "ep=2", "pp=2"])
+def test_python_mixtral_metrics_carry_the_builtin_router_statistics(tmp_path, mesh):
+    # Each MoE layer's expert loads (min, mean, max tokens), dropped tokens, aux and z losses in the
+    # metrics equal --experts 4's; the old code logged none for the Python model.
+    size = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2}
+    options = dict(RUN, mesh=mesh, steps=2)
+
+    def moe(tag, model, **more):
+        with sw.Trainer(model=model, run_dir=tmp_path / tag, **options, **more) as trainer:
+            return [trainer.step().to_dict().get("moe") for _ in range(2)]
+
+    builtin = moe("builtin", "llama", intermediate_size=48, experts=4, top_k=2, aux_loss=0.02, router_z_loss=0.001,
+                  **size)
+    python = moe("python", Llama(vocab=RUN["vocab"], width=48, moe=MOE, **size))
+    assert [len(step) for step in builtin] == [2, 2] and builtin[0][1]["layer"] == 1
+    assert python == builtin
+
+
 def test_python_gpt2_differs_when_its_graph_differs(tmp_path):
     # The comparison above can fail: one LayerNorm epsilon changed changes the losses.
     seq, vocab = RUN["seq"], RUN["vocab"]

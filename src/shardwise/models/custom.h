@@ -27,6 +27,15 @@ struct ParamInit {
   double std = 0, value = 0;
 };
 
+// An MoE layer of a custom model (nn.MoE): its moe_mlp node's first output `op` (its statistics are
+// the outputs op:1 .. op:4, as the built-in model's moe_stat_names), the layer the metrics name
+// and its experts.
+struct CustomMoe {
+  int64_t layer = 0;
+  std::string op;
+  int64_t experts = 0;
+};
+
 struct CustomModel {
   std::string description;  // for the run header ("python: GPT2 (examples/gpt2.py)")
   // The graph of one micro-batch of `sequences` sequences of config.seq tokens on `strategy`'s mesh,
@@ -44,6 +53,9 @@ struct CustomModel {
   // The outputs the model marks (nn.output), by name: values of the predictions graph of the stage
   // that makes them (known once that graph was built).
   std::function<std::vector<std::string>()> outputs;
+  // Its MoE layers, in layer order (known once the graphs holding them were built): their router
+  // statistics go into the metrics as the built-in MoE's do.
+  std::function<std::vector<CustomMoe>()> moe_layers;
   // The parameter both the first and the last stage hold (a head tied to the embedding), whose
   // gradients the pipeline sums; "" for none. Known once a graph was built.
   std::function<std::string()> tied;

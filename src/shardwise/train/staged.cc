@@ -182,6 +182,10 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
       if (!model.is_moe_layer(l)) continue;
       for (const std::string& name : moe_stat_names(l)) spec.stats.push_back(name);
     }
+    for (const CustomMoe& moe : model.custom && spec.training ? model.custom->moe_layers() : std::vector<CustomMoe>{}) {
+      if (!g.find(moe.op)) continue;  // another stage's
+      for (int i = 1; i <= 4; ++i) spec.stats.push_back(fmt::format("{}:{}", moe.op, i));
+    }
     if (fed(model_in)) {
       for (const std::string& name : model_in.custom->feeds)
         if (g.find(name)) spec.feeds.push_back(name);
@@ -314,14 +318,20 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
 // Every MoE layer's sums from the stages that hold it: the ranks of a stage hold the same (R)
 // values, the others zeros, and every figure is >= 0, so one all-reduce (max) gives them to all.
 std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::vector<double>>& sums) {
+  // Each MoE layer: its index, experts and statistics' names (a custom model's from its moe_mlp nodes).
+  std::vector<std::tuple<int64_t, size_t, std::array<std::string, 4>>> layers;
+  if (model_.custom) {
+    for (const CustomMoe& m : model_.custom->moe_layers())
+      layers.emplace_back(m.layer, static_cast<size_t>(m.experts),
+                          std::array<std::string, 4>{m.op + ":1", m.op + ":2", m.op + ":3", m.op + ":4"});
+  } else if (model_.is_llama() && model_.experts > 0) {
+    for (int64_t l = 0; l < model_.layers; ++l)
+      if (model_.is_moe_layer(l)) layers.emplace_back(l, static_cast<size_t>(model_.experts), moe_stat_names(l));
+  }
   std::vector<MoeLayerSums> out;
-  if (!model_.is_llama() || model_.experts == 0) return out;
-  const auto E = static_cast<size_t>(model_.experts), width = 3 + E;
   std::vector<double> flat;
-  for (int64_t l = 0; l < model_.layers; ++l) {
-    if (!model_.is_moe_layer(l)) continue;
+  for (const auto& [l, E, names] : layers) {
     out.push_back(MoeLayerSums{l, 0, 0, 0, {}});
-    const std::array<std::string, 4> names = moe_stat_names(l);
     for (size_t i = 0; i < names.size(); ++i) {
       auto it = sums.find(names[i]);
       const size_t n = i < 3 ? 1 : E;
@@ -331,11 +341,14 @@ std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::v
       else flat.insert(flat.end(), it->second.begin(), it->second.end());
     }
   }
+  if (out.empty()) return out;
   world_->all_reduce(flat.data(), flat.data(), static_cast<int64_t>(flat.size()), DType::F64, comm::Reduce::Max);
+  const double* f = flat.data();
   for (size_t k = 0; k < out.size(); ++k) {
-    const double* f = flat.data() + k * width;
+    const size_t E = std::get<1>(layers[k]);
     out[k].aux_loss = f[0], out[k].z_loss = f[1], out[k].dropped = f[2];
-    out[k].expert_tokens.assign(f + 3, f + width);
+    out[k].expert_tokens.assign(f + 3, f + 3 + E);
+    f += 3 + E;
   }
   return out;
 }
