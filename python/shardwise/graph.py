@@ -16,7 +16,7 @@ from . import _core
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The mesh dims shardwise knows (mesh/strategy.h): a placement for one of them that the mesh lacks is
 # ignored, so that one model runs on any mesh; any other name is an error.
-MESH_DIMS = ("dp", "tp", "pp", "ep")
+MESH_DIMS = ("dp", "tp", "pp", "ep", "cp")
 
 
 def user_site():
@@ -257,8 +257,10 @@ def placements_for(graph, placements, site):
 
 def activation_placements(graph, on_tp):
     """An activation's placements over `graph`'s mesh, as the built-in models annotate them
-    (Strategy::placements): `on_tp` on tp, the batch Shard(0) over the data dims dp and ep."""
-    return ",".join(on_tp if d == "tp" else "S(0)" if d in ("dp", "ep") else "R" for d in graph.mesh_dims)
+    (Strategy::placements): `on_tp` on tp, the batch Shard(0) over the data dims dp and ep, the
+    sequence Shard(1) over cp."""
+    dims = {"tp": on_tp, "dp": "S(0)", "ep": "S(0)", "cp": "S(1)"}
+    return ",".join(dims.get(d, "R") for d in graph.mesh_dims)
 
 
 def sequence_parallel():

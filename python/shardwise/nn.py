@@ -25,7 +25,8 @@ from .graph import apply, current_graph, ops, place_activation, placements_for, 
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
            "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss", "split_sequence",
-           "sequence_parallel", "output"]
+           "sequence_parallel", "output",
+           "positions", "context_parallel"]
 
 
 class Parameter:
@@ -337,11 +338,17 @@ def dropout(x, p, site):
 
 def attention(q, k, v, scale=None, dropout=0.0, site="attn.dropout"):
     """Causal attention on [B, heads, S, D] with the fused kernel (flash_attention): softmax(q k^T *
-    scale) v, scale 1/sqrt(D) by default; attention dropout p keyed by `site` while training."""
+    scale) v, scale 1/sqrt(D) by default; attention dropout p keyed by `site` while training. On a
+    cp mesh the sequence is in cp's balanced order (balanced_ranks) and, with --cp-attention ring
+    (the default), the kernel is ring_attention, as the built-in models'."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     attrs = {"scale": float(scale)}
     attrs.update(_dropout_attrs(dropout, site) or {})
-    return apply("flash_attention", [q, k, v], attrs)[0]
+    op, cp = "flash_attention", context_parallel()
+    if cp > 1:  # the sequence in cp's balanced order; "ring": k and v blocks travel the cp ring
+        attrs["balanced_ranks"] = cp
+        op = "ring_attention" if current_graph().native.cp_attention == "ring" else op
+    return apply(op, [q, k, v], attrs)[0]
 
 
 def constant(name, value):
@@ -351,10 +358,21 @@ def constant(name, value):
 
 
 def rotary(x, theta=10000.0):
-    """x [B, heads, S, D] rotated by its positions 0..S-1 (rotary_embedding: Llama's rotate-half
-    form, frequencies theta^(-2i/D))."""
-    positions = constant("positions", np.arange(x.shape[2], dtype=np.int64))
-    return apply("rotary_embedding", [x, positions], {"theta": float(theta)})
+    """x [B, heads, S, D] rotated by its positions (positions(S): 0..S-1, cp's order on a cp mesh;
+    rotary_embedding: Llama's rotate-half form, frequencies theta^(-2i/D))."""
+    return apply("rotary_embedding", [x, positions(x.shape[2])], {"theta": float(theta)})
+
+
+def context_parallel():
+    """The cp dim's size of the graph being traced (1: no cp): its sequences are split over cp ranks."""
+    return int(current_graph().native.cp_size)
+
+
+def positions(seq):
+    """The original position of each stored token of a sequence of `seq` tokens, [seq] i64: 0 .. seq-1,
+    or on a cp mesh (whose sequences are stored in cp's balanced order) each token's own; look a
+    position embedding up with it (``ops.embedding(nn.positions(S), wpe)``) for a model to run on cp."""
+    return constant("positions", np.asarray(current_graph().native.positions(seq), dtype=np.int64))
 
 
 @contextlib.contextmanager

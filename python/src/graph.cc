@@ -14,6 +14,7 @@
 #include "arrays.h"
 #include "errors.h"
 #include "layouts.h"
+#include "shardwise/mesh/cp_order.h"
 #include "shardwise/mesh/dist_attr.h"
 
 namespace shardwise::py {
@@ -58,7 +59,8 @@ struct PyModel {
     {
       nb::gil_scoped_acquire gil;
       try {
-        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}});
+        nb::object py = nb::cast(
+            PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}, c.cp_attention});
         nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
         using Moe = std::tuple<int64_t, std::string, int64_t>;
         auto [loss, input, output, output_grad, extra_loss, tied_name, named, moe_layers] =
@@ -183,6 +185,11 @@ void bind_graph(nb::module_& m) {
       .def_prop_ro("param_dtype", [](const PyGraph& pg) { return std::string(dtype_name(pg.param_dtype)); })
       .def_prop_ro("seed", [](const PyGraph& pg) { return pg.seed; })
       .def_prop_ro("sequence_parallel", [](const PyGraph& pg) { return pg.strategy.sequence_parallel; })
+      .def_prop_ro("cp_size", [](const PyGraph& pg) { return pg.strategy.cp_size(); })
+      .def_prop_ro("cp_attention", [](const PyGraph& pg) { return pg.cp_attention; })
+      .def("positions", [](const PyGraph& pg, int64_t seq) {
+        return raising(ErrorKind::Usage, [&] { return mesh::cp_balanced_order(seq, pg.strategy.cp_size()); });
+      }, nb::arg("seq"), "The original position of each stored token of a sequence: 0 .. seq-1, or cp's balanced order.")
       .def_prop_ro("nodes", [](const PyGraph& pg) {
         std::vector<std::string> out;
         for (const graph::Node& n : pg.g->nodes()) out.push_back(n.to_string(*pg.g));

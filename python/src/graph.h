@@ -26,6 +26,7 @@ struct PyGraph {
   uint64_t seed = 0;               // the run's dropout seed
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;  // inputs bound once (copies of the caller's arrays)
+  std::string cp_attention = "ring";        // the run's --cp-attention: ring (k, v travel) or gathered
 };
 
 // The batch a Python model's inputs are fed from (CustomModel::feeds): set by Trainer.step between

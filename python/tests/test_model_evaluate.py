@@ -106,6 +106,9 @@ def test_evaluate_errors_name_the_problem(tmp_path):
             trainer.evaluate({"tokens": IDS})
         with pytest.raises(sw.UsageError, match=r"'ids' must be i64 of shape \(5, 12\)"):
             trainer.evaluate({"ids": IDS[:, :4]})
+    with sw.Trainer(model=gpt2(), mesh="cp=2", steps=1, run_dir=tmp_path / "cp", **RUN) as trainer:
+        with pytest.raises(sw.Error, match=r"evaluate\(batch\) on a mesh with a cp dim is not built yet"):
+            trainer.evaluate({"ids": IDS})
     with sw.Trainer(steps=1, run_dir=tmp_path / "builtin", **RUN, **SIZE) as trainer:
         with pytest.raises(sw.UsageError, match=r"return_logits=True"):
             trainer.evaluate({"ids": IDS})

@@ -73,3 +73,27 @@ def test_sp_leaves_the_curve_of_a_model_of_its_own_unchanged(tmp_path):
     plain = curve(tmp_path, "plain", model=Net(), mesh="tp=2")
     split = curve(tmp_path, "sp", model=Net(), mesh="tp=2", sp=True)
     assert [l for l, _ in split] == pytest.approx([l for l, _ in plain], abs=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["ring", "gather"])
+def test_python_gpt2_on_cp_equals_the_builtin_cp_run(tmp_path, attention):
+    # cp=2 stores each sequence in cp's balanced order: GPT-2's position embedding is looked up by
+    # nn.positions() and nn.attention is ring_attention (or, with --cp-attention gather, the fused
+    # kernel on the gathered keys) with balanced_ranks, as the built-in model's.
+    for mesh in ("cp=2", "dp=2,cp=2"):
+        builtin = curve(tmp_path, "builtin", mesh=mesh, cp_attention=attention, **SIZE)
+        model = GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE)
+        assert curve(tmp_path, "python", model=model, mesh=mesh, cp_attention=attention) == builtin, mesh
+
+
+def test_python_llama_on_cp_equals_the_builtin_cp_run(tmp_path):
+    # Rotary positions follow cp's order (nn.rotary's positions).
+    builtin = curve(tmp_path, "builtin", model="llama", mesh="cp=2", **LLAMA)
+    python = curve(tmp_path, "python", model=Llama(vocab=RUN["vocab"], **LLAMA), mesh="cp=2")
+    assert python == builtin
+
+
+def test_python_gpt2_on_cp_gives_its_single_rank_curve(tmp_path):
+    single = curve(tmp_path, "single", model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), mesh="dp=1")
+    on_cp = curve(tmp_path, "cp", model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), mesh="cp=2")
+    assert [l for l, _ in on_cp] == pytest.approx([l for l, _ in single], abs=1e-5)

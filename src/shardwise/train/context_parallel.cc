@@ -5,6 +5,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/mesh/cp_order.h"
+#include "shardwise/models/custom.h"
 
 namespace shardwise::train {
 namespace {
@@ -35,9 +36,9 @@ void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, int
            "context parallelism (cp) does not compose with mixture-of-experts layers yet (--experts {}{}): train MoE "
            "models without a cp dim",
            model.experts, s.ep < 0 ? "" : ", an ep dim");
-  SW_CHECK(model.custom == nullptr,
-           "context parallelism (cp) does not compose with a model built outside the builders (a Python model) yet: "
-           "its attention and positions do not follow cp's balanced order; train it without a cp dim");
+  SW_CHECK(model.custom == nullptr || model.custom->feeds.empty(),
+           "context parallelism (cp) does not compose with a Python model fed batches of its own yet (only token "
+           "ids are put in cp's order): train it without a cp dim");
   SW_CHECK(sharding_stage != 3,
            "context parallelism (cp) does not compose with --sharding-stage 3 yet: use stage 0, 1 or 2 with a cp dim");
   SW_CHECK(cp == 1 || model.seq % (2 * cp) == 0,

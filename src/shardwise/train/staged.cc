@@ -566,6 +566,8 @@ std::map<std::string, Tensor> StagedGpt::predict(const std::map<std::string, Ten
   SW_CHECK(model_.custom && model_.custom->predictions, "evaluate(batch) gives the outputs of a model written in "
            "Python (nn.output); the built-in model's logits come from generate");
   SW_CHECK(!batch.empty() && batch.begin()->second.shape().ndim() >= 1, "evaluate(batch): the batch holds no input");
+  SW_CHECK(model_.cp_order <= 1, "evaluate(batch) on a mesh with a cp dim is not built yet (its outputs would be in "
+           "cp's order): evaluate on a mesh without cp");
   const int64_t rows = batch.begin()->second.shape()[0], B = sequences_;
   for (const auto& [name, t] : batch)
     SW_CHECK(t.shape().ndim() >= 1 && t.shape()[0] == rows && rows >= 1, "evaluate(batch): the batch's '{}' has shape "
