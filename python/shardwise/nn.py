@@ -24,9 +24,9 @@ from . import _core
 from .graph import apply, current_graph, ops, place_activation, placements_for, sequence_parallel, shard, user_site
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
-           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss", "split_sequence",
-           "sequence_parallel", "output",
-           "positions", "context_parallel"]
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant",
+           "recompute", "dropout", "MoE", "add_loss", "with_extra_loss", "output", "positions", "split_sequence",
+           "sequence_parallel", "context_parallel"]
 
 
 class Parameter:
