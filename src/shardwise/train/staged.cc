@@ -90,6 +90,12 @@ void bind_fed(runtime::Runtime& rt, const CustomModel& custom, const pipeline::S
 
 bool fed(const GptConfig& model) { return model.custom && !model.custom->feeds.empty(); }
 
+// A custom model's MoE layers (none when it lists none, or `when` is false).
+std::vector<CustomMoe> custom_moe_layers(const GptConfig& model, bool when) {
+  if (!when || !model.custom || !model.custom->moe_layers) return {};
+  return model.custom->moe_layers();
+}
+
 }  // namespace
 
 StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
@@ -173,7 +179,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (gpt.output >= 0) spec.output = g.value(gpt.output).name, spec.output_grad = g.value(gpt.output_grad).name;
     if (gpt.loss >= 0) spec.loss = g.value(what == StageGraph::Loss ? gpt.loss_sum : gpt.loss).name;
     if (gpt.predictions >= 0) spec.results.push_back(g.value(gpt.predictions).name);
-    if (what == StageGraph::Predictions && model_in.custom) {  // a Python model's outputs (nn.output) the stage makes
+    if (what == StageGraph::Predictions && model_in.custom && model_in.custom->outputs) {  // nn.output's, made here
       for (const std::string& name : model_in.custom->outputs())
         if (g.find(name)) spec.results.push_back(name);
     }
@@ -182,7 +188,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
       if (!model.is_moe_layer(l)) continue;
       for (const std::string& name : moe_stat_names(l)) spec.stats.push_back(name);
     }
-    for (const CustomMoe& moe : model.custom && spec.training ? model.custom->moe_layers() : std::vector<CustomMoe>{}) {
+    for (const CustomMoe& moe : custom_moe_layers(model, spec.training)) {
       if (!g.find(moe.op)) continue;  // another stage's
       for (int i = 1; i <= 4; ++i) spec.stats.push_back(fmt::format("{}:{}", moe.op, i));
     }
@@ -321,7 +327,7 @@ std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::v
   // Each MoE layer: its index, experts and statistics' names (a custom model's from its moe_mlp nodes).
   std::vector<std::tuple<int64_t, size_t, std::array<std::string, 4>>> layers;
   if (model_.custom) {
-    for (const CustomMoe& m : model_.custom->moe_layers())
+    for (const CustomMoe& m : custom_moe_layers(model_, true))
       layers.emplace_back(m.layer, static_cast<size_t>(m.experts),
                           std::array<std::string, 4>{m.op + ":1", m.op + ":2", m.op + ":3", m.op + ":4"});
   } else if (model_.is_llama() && model_.experts > 0) {
