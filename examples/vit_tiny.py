@@ -74,8 +74,9 @@ class ViT(nn.Decoder):
         return self.encoder
 
     def head(self, x, labels):
-        pooled = nn.ops.mean(self.ln_f(x), axis=[1])          # [B, hidden]: the tokens mean-pooled
-        out = self.classifier(pooled)                          # [B, classes] or [B, 1]
+        # [B, hidden], the tokens mean-pooled, and [B, classes] or [B, 1]: Trainer.evaluate(batch)'s outputs
+        pooled = nn.output("pooled", nn.ops.mean(self.ln_f(x), axis=[1]))
+        out = nn.output(self.head_loss, self.classifier(pooled))
         if self.head_loss == "classes":
             return nn.cross_entropy(out, labels)
         error = out.reshape(labels.shape[0]) - labels

@@ -16,7 +16,7 @@ from . import _core
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The mesh dims shardwise knows (mesh/strategy.h): a placement for one of them that the mesh lacks is
 # ignored, so that one model runs on any mesh; any other name is an error.
-MESH_DIMS = ("dp", "tp", "pp", "ep")
+MESH_DIMS = ("dp", "tp", "pp", "ep", "cp")
 
 
 def user_site():
@@ -91,6 +91,10 @@ class Graph:
         self.annotated = {}  # value name -> 'file:line' of the user's shard() of it
         self.constants = {}  # name -> Tensor: inputs bound once (constant())
         self.training = True  # False: the loss-only graph (no dropout)
+        self.predicting = False  # the predictions graph (Trainer.evaluate(batch)): nn.output marks its outputs
+        self.rows = None  # the micro-batch's rows (an output's dim 0)
+        self.outputs = {}  # name -> Tensor: the outputs nn.output marked
+        self.moe = []  # (layer, moe_mlp's first output's name, experts) of each nn.MoE applied
         self.extra_loss = None  # the terms nn.add_loss() collected (router losses)
 
     @property
@@ -249,6 +253,27 @@ def placements_for(graph, placements, site):
     if not any(d in dims for d in placements):
         return None
     return ",".join(_placement_text(placements.get(d, "R")) for d in dims)
+
+
+def activation_placements(graph, on_tp):
+    """An activation's placements over `graph`'s mesh, as the built-in models annotate them
+    (Strategy::placements): `on_tp` on tp, the batch Shard(0) over the data dims dp and ep, the
+    sequence Shard(1) over cp."""
+    dims = {"tp": on_tp, "dp": "S(0)", "ep": "S(0)", "cp": "S(1)"}
+    return ",".join(dims.get(d, "R") for d in graph.mesh_dims)
+
+
+def sequence_parallel():
+    """Whether the graph being traced runs sequence-parallel (``Trainer(sp=True)``, ``--sp``)."""
+    return bool(current_graph().native.sequence_parallel)
+
+
+def place_activation(x, on_tp):
+    """Annotates the activation x [B, S, ...]: `on_tp` on tp, the batch over the data dims; x."""
+    graph = current_graph()
+    if graph.mesh_dims:
+        graph.native.annotate(x.id, activation_placements(graph, on_tp))
+    return x
 
 
 def shard(value, placements=None, **by_dim):

@@ -7,6 +7,13 @@ Parameters are stored as the C++ builders store them: a Linear's weight is [in, 
 parallelism is a placement by mesh dim name on the parameters (``parallel="column"``: the weight
 ``Shard(1)`` on tp, its bias ``Shard(0)``; ``"row"``: the weight ``Shard(0)``); dims the mesh lacks are
 ignored, so one model runs on any mesh.
+
+Sequence parallelism (``Trainer(sp=True)``, the built-in models' ``--sp``) is Megatron's: between
+the tensor-parallel regions the residual stream [B, S, H] is split over tp on its sequence. The
+layers mark the regions' edges as Megatron's layers do: a norm's output is gathered whole (the tp
+region starts: "g"), a row-parallel Linear's product is reduce-scattered onto the sequence (it ends:
+"g-bar"), and a Decoder's embedding output starts the split stream. A model of other layers marks its
+residual stream itself: ``shard(x, tp=Shard(1))``.
 """
 import contextlib
 import math
@@ -14,10 +21,12 @@ import math
 import numpy as np
 
 from . import _core
-from .graph import apply, current_graph, ops, placements_for, shard, user_site
+from .graph import apply, current_graph, ops, place_activation, placements_for, sequence_parallel, shard, user_site
 
 __all__ = ["Parameter", "Module", "Decoder", "ModuleList", "Linear", "Embedding", "LayerNorm", "RMSNorm", "MLP", "SwiGLU",
-           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant", "recompute", "dropout", "MoE", "add_loss", "with_extra_loss"]
+           "attention", "split_heads", "merge_heads", "lm_head_loss", "cross_entropy", "shard", "ops", "rotary", "constant",
+           "recompute", "dropout", "MoE", "add_loss", "with_extra_loss", "output", "positions", "split_sequence",
+           "sequence_parallel", "context_parallel"]
 
 
 class Parameter:
@@ -110,7 +119,7 @@ class Decoder(Module):
         return block(x)
 
     def forward(self, ids, labels):
-        x = self.embed(ids)
+        x = split_sequence(self.embed(ids))
         for index, block in enumerate(self.blocks()):
             x = self.run_block(index, block, x)
         return self.head(x, labels)
@@ -141,7 +150,7 @@ class Linear(Module):
     def __init__(self, n_in, n_out, bias=True, std=0.02, parallel=None, out_in=False):
         if parallel not in (None, "column", "row"):
             raise _core.UsageError(f"{user_site()}: Linear parallel='{parallel}' is not None, 'column' or 'row'")
-        self.out_in = out_in
+        self.out_in, self.parallel = out_in, parallel
         self.weight = Parameter((n_out, n_in) if out_in else (n_in, n_out), std=std)
         if parallel:
             output_dim = 0 if out_in else 1
@@ -155,6 +164,8 @@ class Linear(Module):
         w = self.weight()
         b = self.bias() if hasattr(self, "bias") else None
         y = apply("matmul", [x, w], {"trans_y": True} if self.out_in else None)
+        if self.parallel == "row" and y.ndim >= 3:
+            y = split_sequence(y)  # reduce-scattered onto the sequence under sp (else all-reduced)
         return y if b is None else y + b
 
 
@@ -180,7 +191,7 @@ class LayerNorm(Module):
 
     def forward(self, x):
         attrs = {"begin_norm_axis": -1, "epsilon": float(self.eps)}
-        return apply("layer_norm", [x, self.weight(), self.bias()], attrs)[0]
+        return _gathered(apply("layer_norm", [x, self.weight(), self.bias()], attrs)[0])
 
 
 class RMSNorm(Module):
@@ -191,7 +202,7 @@ class RMSNorm(Module):
         self.eps = eps
 
     def forward(self, x):
-        return apply("rms_norm", [x, self.weight()], {"begin_norm_axis": -1, "epsilon": float(self.eps)})[0]
+        return _gathered(apply("rms_norm", [x, self.weight()], {"begin_norm_axis": -1, "epsilon": float(self.eps)})[0])
 
 
 class MLP(Module):
@@ -222,7 +233,9 @@ class MoE(Module):
     """Mixtral's sparse MLP on x [B, S, H] (the moe_mlp op: each token to its top_k experts, each a
     SwiGLU MLP of `width`): the router gate [E, H] whole, the experts' stacked w1, w3 [E, width, H]
     and w2 [E, H, width] split over ep on E. Its weighted load-balancing (aux_loss) and z (z_loss)
-    losses join the model's loss through add_loss()."""
+    losses join the model's loss through add_loss(). Its router statistics (each expert's tokens,
+    the aux and z losses) go into the run's metrics ("moe") as the built-in MoE's, under the layer
+    its name holds ("model.layers.3.block_sparse_moe": 3; else its order in the traced graph)."""
 
     def __init__(self, hidden, width, experts, top_k=2, aux_loss=0.0, z_loss=0.0, std=0.02):
         self.top_k, self.aux_loss, self.z_loss = top_k, aux_loss, z_loss
@@ -238,12 +251,47 @@ class MoE(Module):
         b, s, h = x.shape
         tokens = x.reshape(b * s, h)
         e = self.experts
-        out = apply("moe_mlp", [tokens, self.gate.weight(), e.w1(), e.w3(), e.w2()], {"top_k": self.top_k})
+        path = self.gate.weight.name[: -len(".gate.weight")]
+        out = apply("moe_mlp", [tokens, self.gate.weight(), e.w1(), e.w3(), e.w2()], {"top_k": self.top_k}, path + ".moe")
+        graph = current_graph()
+        digits = [int(part) for part in path.split(".") if part.isdigit()]
+        graph.moe.append((digits[0] if digits else len(graph.moe), out[0].name, e.w1.shape[0]))
         if self.aux_loss > 0:
             add_loss(apply("scale", [out[1]], {"scale": float(self.aux_loss), "bias": 0.0}))
         if self.z_loss > 0:
             add_loss(apply("scale", [out[2]], {"scale": float(self.z_loss), "bias": 0.0}))
         return out[0].reshape(b, s, h)
+
+
+def split_sequence(x):
+    """Under sequence parallelism (``Trainer(sp=True)``) the activation x [B, S, ...] split over tp
+    on its sequence (Shard(1)), the batch over the data dims; x as it is otherwise."""
+    return place_activation(x, "S(1)") if sequence_parallel() else x
+
+
+def _gathered(x):
+    # A norm's output under sp: whole on tp, for the column-parallel layers that read it.
+    return place_activation(x, "R") if sequence_parallel() else x
+
+
+def output(name, x):
+    """Marks x [batch, ...] as the model's output `name`: Trainer.evaluate(batch) returns it whole, a
+    NumPy array of its global shape, from the forward without dropout on any mesh. The loss and
+    training graphs are unchanged (x itself). Returns x."""
+    graph = current_graph()
+    if not graph.predicting:
+        return x
+    site = user_site()
+    if name in graph.outputs:
+        raise _core.UsageError(f"{site}: the output '{name}' is marked twice")
+    if graph.rows is not None and (not x.shape or x.shape[0] != graph.rows):
+        raise _core.UsageError(f"{site}: the output '{name}' has shape {x.shape}: an output's dim 0 is the batch "
+                               f"(its {graph.rows} rows)")
+    marked = apply("reshape", [x], {"shape": list(x.shape)}, name)  # the value named as the output
+    if marked.name != name:
+        raise _core.UsageError(f"{site}: the output '{name}' is named as another value of the model: choose another name")
+    graph.outputs[name] = marked
+    return x
 
 
 def add_loss(term):
@@ -290,11 +338,17 @@ def dropout(x, p, site):
 
 def attention(q, k, v, scale=None, dropout=0.0, site="attn.dropout"):
     """Causal attention on [B, heads, S, D] with the fused kernel (flash_attention): softmax(q k^T *
-    scale) v, scale 1/sqrt(D) by default; attention dropout p keyed by `site` while training."""
+    scale) v, scale 1/sqrt(D) by default; attention dropout p keyed by `site` while training. On a
+    cp mesh the sequence is in cp's balanced order (balanced_ranks) and, with --cp-attention ring
+    (the default), the kernel is ring_attention, as the built-in models'."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     attrs = {"scale": float(scale)}
     attrs.update(_dropout_attrs(dropout, site) or {})
-    return apply("flash_attention", [q, k, v], attrs)[0]
+    op, cp = "flash_attention", context_parallel()
+    if cp > 1:  # the sequence in cp's balanced order; "ring": k and v blocks travel the cp ring
+        attrs["balanced_ranks"] = cp
+        op = "ring_attention" if current_graph().native.cp_attention == "ring" else op
+    return apply(op, [q, k, v], attrs)[0]
 
 
 def constant(name, value):
@@ -304,10 +358,21 @@ def constant(name, value):
 
 
 def rotary(x, theta=10000.0):
-    """x [B, heads, S, D] rotated by its positions 0..S-1 (rotary_embedding: Llama's rotate-half
-    form, frequencies theta^(-2i/D))."""
-    positions = constant("positions", np.arange(x.shape[2], dtype=np.int64))
-    return apply("rotary_embedding", [x, positions], {"theta": float(theta)})
+    """x [B, heads, S, D] rotated by its positions (positions(S): 0..S-1, cp's order on a cp mesh;
+    rotary_embedding: Llama's rotate-half form, frequencies theta^(-2i/D))."""
+    return apply("rotary_embedding", [x, positions(x.shape[2])], {"theta": float(theta)})
+
+
+def context_parallel():
+    """The cp dim's size of the graph being traced (1: no cp): its sequences are split over cp ranks."""
+    return int(current_graph().native.cp_size)
+
+
+def positions(seq):
+    """The original position of each stored token of a sequence of `seq` tokens, [seq] i64: 0 .. seq-1,
+    or on a cp mesh (whose sequences are stored in cp's balanced order) each token's own; look a
+    position embedding up with it (``ops.embedding(nn.positions(S), wpe)``) for a model to run on cp."""
+    return constant("positions", np.asarray(current_graph().native.positions(seq), dtype=np.int64))
 
 
 @contextlib.contextmanager
@@ -332,8 +397,11 @@ def _sum_scale(x):
 def lm_head_loss(x, weight, labels):
     """The mean next-token cross-entropy of the logits x weight^T (x [B, S, H], weight [V, H]) with
     the fused head (the logits made and dropped in row chunks; vocab-parallel on a mesh with tp), as
-    the built-in models' training loss: the summed loss over B x S tokens, scaled."""
+    the built-in models' training loss: the summed loss over B x S tokens, scaled. In the predictions
+    graph the logits [B, S, V] are made and marked as the output "logits"."""
     graph = current_graph()
+    if graph.predicting:  # the logits made whole, an output ("logits")
+        return cross_entropy(output("logits", apply("matmul", [x, weight], {"trans_y": True})), labels)
     op = "vocab_parallel_lm_head_cross_entropy" if graph.has_dim("tp") else "lm_head_cross_entropy"
     scale = _sum_scale(x)
     attrs = {"reduction": "sum"}

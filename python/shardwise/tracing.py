@@ -12,17 +12,20 @@ import traceback
 import numpy as np
 
 from . import _core
-from .graph import Graph, tracing
-
-
-def _batch_placements(graph):
-    return ",".join("S(0)" if d in ("dp", "ep") else "R" for d in graph.mesh_dims)
+from .graph import Graph, activation_placements, tracing
 
 
 def _boundary(graph, t):
-    """A pipeline stage boundary's layout: the batch over the data dims, whole elsewhere."""
+    """An input's layout: the batch over the data dims, whole elsewhere."""
     if graph.mesh_dims:
-        graph.native.annotate(t.id, _batch_placements(graph))
+        graph.native.annotate(t.id, activation_placements(graph, "R"))
+    return t
+
+
+def _stage_boundary(graph, t):
+    """The activation between pipeline stages: as an input's, split on the sequence over tp under sp."""
+    if graph.mesh_dims:
+        graph.native.annotate(t.id, activation_placements(graph, "S(1)" if graph.native.sequence_parallel else "R"))
     return t
 
 
@@ -155,6 +158,8 @@ def trace_stage(graph, model, sequences, seq, training, part, inputs=None):
     """Blocks [first, end) of a Decoder as a pipeline stage's graph (with the embedding on the first,
     the head on the last; a fed model's inputs on the stage whose embed() or head() takes them):
     (loss, input, output, output_grad, extra_loss, tied) as the native Trainer takes them."""
+    from .nn import split_sequence
+
     first, end, embeddings, head = part
     model = _decoder(model)
     model.name_parameters()
@@ -163,9 +168,9 @@ def trace_stage(graph, model, sequences, seq, training, part, inputs=None):
     loss = x_in = x_out = x_grad = None
     with tracing(graph):
         if embeddings:
-            x = _call_with(model.embed, graph, feeds[0], fed)
+            x = split_sequence(_call_with(model.embed, graph, feeds[0], fed))
         else:
-            x = x_in = _boundary(graph, graph.input("stage_input", shape, dtype))
+            x = x_in = _stage_boundary(graph, graph.input("stage_input", shape, dtype))
             graph.native.set_requires_grad(x.id, training)
         blocks = list(model.blocks())
         for index in range(first, end):
@@ -174,8 +179,8 @@ def trace_stage(graph, model, sequences, seq, training, part, inputs=None):
         if head:
             loss = _call_with(model.head, graph, feeds[1], fed, x)
         else:  # the stage's own loss terms (nn.add_loss: MoE router losses) go in its extra loss
-            x_out = _boundary(graph, x)
-            x_grad = _boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
+            x_out = _stage_boundary(graph, x)
+            x_grad = _stage_boundary(graph, graph.input(x.name + "@grad_in", shape, dtype))
             extra = graph.extra_loss if training else None
     return tuple(-1 if t is None else t.id for t in (loss, x_in, x_out, x_grad, extra)) + (tied,)
 
@@ -185,17 +190,43 @@ def model_builder(model, inputs=None):
     `inputs` ({name: (per-sample shape, dtype)}) for a model fed batches of its own."""
     graphs = []  # kept for error sites: value name -> user's line
 
-    def build(native, sequences, seq, training, part):
+    def build(native, sequences, seq, training, part, predicting=False):
         graph = Graph(native=native)
-        graph.training = training
+        graph.training, graph.predicting, graph.rows = training and not predicting, predicting, sequences
         graphs.append(graph)
-        model.training = training
+        model.training = graph.training
         if part[2] and part[3]:  # the whole model: one stage
-            return (trace_into(graph, model, sequences, seq, inputs).id, -1, -1, -1, -1, "")
-        return trace_stage(graph, model, sequences, seq, training, part, inputs)
+            ids = (trace_into(graph, model, sequences, seq, inputs).id, -1, -1, -1, -1, "")
+        else:
+            ids = trace_stage(graph, model, sequences, seq, graph.training, part, inputs)
+        if predicting:  # no loss read: the outputs
+            ids = (-1,) + ids[1:4] + (-1,) + ids[5:]
+        return ids + (list(graph.outputs), graph.moe)
 
     build.graphs = graphs
     return build
+
+
+def eval_batch(batch, specs, seq):
+    """Trainer.evaluate's batch checked: the model's inputs by name (a token model's "ids" and
+    "labels" [rows, seq] i64), any number of rows (the same for each), as contiguous arrays; an input
+    the batch lacks (labels) is zeros."""
+    if specs is None:
+        specs = {"ids": ((seq,), "i64"), "labels": ((seq,), "i64")}
+    if not isinstance(batch, dict) or not batch or not set(batch) <= set(specs):
+        got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise _core.UsageError(f"evaluate(batch): a batch is a dict of arrays by input name, of the inputs "
+                               f"{sorted(specs)}; got {got}")
+    rows = len(np.asarray(next(iter(batch.values()))))
+    out = {}
+    for name, (shape, dtype) in specs.items():
+        zeros = np.zeros((rows,) + shape, dtype=next(k for k, v in _DTYPES.items() if v == dtype))
+        array = np.ascontiguousarray(batch[name]) if name in batch else zeros
+        if array.ndim < 1 or array.shape != (rows,) + shape or _DTYPES.get(array.dtype) != dtype or rows < 1:
+            raise _core.UsageError(f"evaluate(batch): the batch's '{name}' must be {dtype} of shape ({rows}, "
+                                   f"{', '.join(map(str, shape))}) (rows, ...), got {array.dtype} of shape {array.shape}")
+        out[name] = array
+    return out
 
 
 def _source_of(model):

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core
 from .graph import with_user_site
-from .tracing import check_batch, describe, input_specs, model_builder
+from .tracing import check_batch, describe, eval_batch, input_specs, model_builder
 
 
 def _word(value):
@@ -123,11 +123,22 @@ def _config(config, kwargs):
     return config
 
 
-def train(config=None, on_step=None, **kwargs):
+def train(config=None, on_step=None, model=None, model_config=None, data=None, inputs=None, **kwargs):
     """Runs `shardwise train` with these options: run directory, checkpoints, metrics.jsonl, the
     header, progress lines and summary on stdout. on_step(metrics) is called on every step, in
     order, as its line reaches metrics.jsonl. Ctrl-C stops the run after its step (saving it when
-    the run saves), prints the summary and raises KeyboardInterrupt. Returns a TrainResult."""
+    the run saves), prints the summary and raises KeyboardInterrupt. Returns a TrainResult.
+
+    `model`, `model_config`, `data` and `inputs` as Trainer's: a model written in Python (a
+    shardwise.nn Module) is trained as Trainer(model=...) stepped to the end."""
+    if model is not None and not isinstance(model, str):
+        return _train_model(config, on_step, dict(kwargs, model=model, model_config=model_config, data=data,
+                                                  inputs=inputs))
+    for name, value in (("model", model), ("data", data)):
+        if value is not None:
+            kwargs[name] = value
+    if model_config is not None or inputs is not None:
+        raise _core.UsageError("model_config= and inputs= are for a model written in Python (model=a shardwise.nn Module)")
     config = _config(config, kwargs)
     metrics = []
 
@@ -141,6 +152,25 @@ def train(config=None, on_step=None, **kwargs):
     if outcome["status"] != 0:
         raise KeyboardInterrupt(f"shardwise train stopped after step {outcome['steps_done']}")
     return TrainResult(outcome, metrics)
+
+
+def _train_model(config, on_step, kwargs):
+    """train() of a model written in Python: its Trainer stepped to the end, then closed."""
+    metrics = []
+    with Trainer(config, **kwargs) as trainer:
+        while not trainer.done:
+            m = trainer.step()
+            metrics.append(m)
+            if on_step is not None:
+                on_step(m)
+    return TrainResult({"run_dir": trainer.run_dir, "newest_checkpoint": trainer.checkpoint or "",
+                        "steps_done": trainer.steps, "status": 0}, metrics)
+
+
+def _is_decoder(model):
+    from .nn import Decoder
+
+    return isinstance(model, Decoder)
 
 
 _open_trainers = weakref.WeakSet()
@@ -185,7 +215,7 @@ class Trainer:
             kwargs["data"], data = data, None
         if isinstance(model, str):  # `--model gpt2|llama`: the built-in architecture by name
             kwargs["model"], model = model, None
-        if model is not None and config is None and hasattr(model, "blocks"):
+        if config is None and _is_decoder(model):
             kwargs.setdefault("layers", len(model.blocks()))  # a pp mesh splits the blocks evenly
         self.config = _config(config, kwargs)
         self._data, self._next = data, None
@@ -244,9 +274,23 @@ class Trainer:
                 raise
             raise sited from None
 
-    def evaluate(self):
-        """The held-out exact-match accuracy (the embedded addition task)."""
-        return self._stopping(self._run.evaluate)
+    def evaluate(self, batch=None):
+        """The held-out exact-match accuracy (the embedded addition task); with `batch`, the outputs a
+        model written in Python marks (nn.output; nn.lm_head_loss marks "logits") by name, NumPy
+        arrays of their global shape [rows, ...], from its forward without dropout on the run's mesh:
+        no gradient, no step. `batch`: its inputs by name, any number of rows (a token model's "ids"
+        [rows, seq] int64, "labels" optional)."""
+        if batch is None:
+            return self._stopping(self._run.evaluate)
+        if self._builder is None:
+            raise _core.UsageError("evaluate(batch) gives the outputs of a model written in Python (nn.output); the "
+                                   "built-in model's logits: shardwise.generate(..., return_logits=True)")
+        arrays = eval_batch(batch, self._specs, self.config["seq"])
+        outputs = self._stopping(lambda: self._sited(self._run.predict, arrays))
+        if not outputs:
+            raise _core.UsageError(f"{self._description}: the model marks no output: mark one in forward with "
+                                   "nn.output(name, x)")
+        return outputs
 
     def validate(self, data=None):
         """The validation loss (--val-data or --val-fraction). A model fed batches of its own is

@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "arrays.h"
 #include "errors.h"
 #include "layouts.h"
+#include "shardwise/mesh/cp_order.h"
 #include "shardwise/mesh/dist_attr.h"
 
 namespace shardwise::py {
@@ -36,28 +38,41 @@ struct PyModel {
   nb::handle build;  // borrowed: the Python Trainer keeps it alive
   std::string description;
   std::mutex mu;
-  std::map<std::tuple<std::string, int64_t, int64_t, bool, int64_t, int64_t, bool, bool, DType, uint64_t>,
+  std::map<std::tuple<std::string, int64_t, int64_t, int, int64_t, int64_t, bool, bool, DType, uint64_t>,
            train::GptGraph>
       traced;
+  std::vector<std::string> outputs;  // the names nn.output gave, in every predictions graph traced
+  std::vector<train::CustomMoe> moe;  // the nn.MoE layers of every graph traced, in layer order
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;
   std::string tied;
 
-  train::GptGraph trace(const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, bool training,
+  // `mode`: 0 the loss graph, 1 the training graph, 2 the predictions graph.
+  train::GptGraph trace(const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, int mode,
                         const train::GptPart& part) {
     std::lock_guard lock(mu);
     const int64_t seq = c.seq;
-    auto key = std::make_tuple(s.to_string(), sequences, seq, training, part.first_layer, part.end_layer,
+    auto key = std::make_tuple(s.to_string(), sequences, seq, mode, part.first_layer, part.end_layer,
                                part.embeddings, part.head, c.param_dtype, c.dropout_seed);
     if (auto it = traced.find(key); it != traced.end()) return it->second;
     train::GptGraph out;
     {
       nb::gil_scoped_acquire gil;
       try {
-        nb::object py = nb::cast(PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}});
+        nb::object py = nb::cast(
+            PyGraph{std::make_shared<graph::Graph>(), s, c.param_dtype, c.dropout_seed, {}, {}, c.cp_attention});
         nb::tuple part_tuple = nb::make_tuple(part.first_layer, part.end_layer, part.embeddings, part.head);
-        auto [loss, input, output, output_grad, extra_loss, tied_name] =
-            nb::cast<std::tuple<int, int, int, int, int, std::string>>(build(py, sequences, seq, training, part_tuple));
+        using Moe = std::tuple<int64_t, std::string, int64_t>;
+        auto [loss, input, output, output_grad, extra_loss, tied_name, named, moe_layers] =
+            nb::cast<std::tuple<int, int, int, int, int, std::string, std::vector<std::string>, std::vector<Moe>>>(
+                build(py, sequences, seq, mode == 1, part_tuple, mode == 2));
+        for (const std::string& name : named)
+          if (std::find(outputs.begin(), outputs.end(), name) == outputs.end()) outputs.push_back(name);
+        for (const auto& [layer, op, experts] : moe_layers) {
+          auto known = [&](const train::CustomMoe& m) { return m.op == op; };
+          if (std::find_if(moe.begin(), moe.end(), known) == moe.end()) moe.push_back({layer, op, experts});
+        }
+        std::sort(moe.begin(), moe.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
         PyGraph& pg = nb::cast<PyGraph&>(py);
         out.g = *pg.g;
         out.loss = loss, out.input = input, out.output = output, out.output_grad = output_grad;
@@ -88,7 +103,17 @@ std::shared_ptr<const train::CustomModel> python_model(nb::handle build, std::st
   custom->description = std::move(description);
   if (!config_json.empty()) custom->config = nlohmann::json::parse(config_json);
   custom->build = [model](const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences, bool training,
-                          const train::GptPart& part) { return model->trace(c, s, sequences, training, part); };
+                          const train::GptPart& part) { return model->trace(c, s, sequences, training ? 1 : 0, part); };
+  custom->predictions = [model](const train::GptConfig& c, const mesh::Strategy& s, int64_t sequences,
+                                const train::GptPart& part) { return model->trace(c, s, sequences, 2, part); };
+  custom->outputs = [model] {
+    std::lock_guard lock(model->mu);
+    return model->outputs;
+  };
+  custom->moe_layers = [model] {
+    std::lock_guard lock(model->mu);
+    return model->moe;
+  };
   custom->tied = [model] {
     std::lock_guard lock(model->mu);
     return model->tied;
@@ -160,6 +185,11 @@ void bind_graph(nb::module_& m) {
       .def_prop_ro("param_dtype", [](const PyGraph& pg) { return std::string(dtype_name(pg.param_dtype)); })
       .def_prop_ro("seed", [](const PyGraph& pg) { return pg.seed; })
       .def_prop_ro("sequence_parallel", [](const PyGraph& pg) { return pg.strategy.sequence_parallel; })
+      .def_prop_ro("cp_size", [](const PyGraph& pg) { return pg.strategy.cp_size(); })
+      .def_prop_ro("cp_attention", [](const PyGraph& pg) { return pg.cp_attention; })
+      .def("positions", [](const PyGraph& pg, int64_t seq) {
+        return raising(ErrorKind::Usage, [&] { return mesh::cp_balanced_order(seq, pg.strategy.cp_size()); });
+      }, nb::arg("seq"), "The original position of each stored token of a sequence: 0 .. seq-1, or cp's balanced order.")
       .def_prop_ro("nodes", [](const PyGraph& pg) {
         std::vector<std::string> out;
         for (const graph::Node& n : pg.g->nodes()) out.push_back(n.to_string(*pg.g));

@@ -26,6 +26,7 @@ struct PyGraph {
   uint64_t seed = 0;               // the run's dropout seed
   std::map<std::string, train::ParamInit> inits;
   std::map<std::string, Tensor> constants;  // inputs bound once (copies of the caller's arrays)
+  std::string cp_attention = "ring";        // the run's --cp-attention: ring (k, v travel) or gathered
 };
 
 // The batch a Python model's inputs are fed from (CustomModel::feeds): set by Trainer.step between
@@ -37,8 +38,10 @@ struct FedBatch {
 
 // A CustomModel whose graphs come from `build(graph: _Graph (with the run's parameter dtype and
 // dropout seed), sequences: int, seq: int, training: bool, part: (first_layer, end_layer,
-// embeddings, head)) -> (loss, input, output, output_grad, extra_loss, tied)` (value ids, -1 where
-// absent; extra_loss: a stage's own loss terms before the last; the tied parameter's name or ""),
+// embeddings, head), predicting: bool) -> (loss, input, output, output_grad, extra_loss, tied,
+// outputs, moe)` (value ids, -1 where absent; extra_loss: a stage's own loss terms before the last; the
+// tied parameter's name or ""; the names of the values nn.output marked, in a predictions graph;
+// the graph's nn.MoE layers as (layer, moe_mlp's first output, experts)),
 // a Python callable the caller keeps alive while the model is in use; each graph is traced once
 // (under the GIL) and copied for every rank after.
 // `config_json`: its checkpoints' config.json (JSON text; "" for none). `feeds`: the inputs fed

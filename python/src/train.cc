@@ -79,7 +79,7 @@ std::string train_run(const std::vector<std::string>& args, nb::object on_step) 
 // close() waits for them.
 class StepwiseRun {
  public:
-  enum class Op { Setup, Step, Evaluate, Validate, Save, Interrupt, Finish };
+  enum class Op { Setup, Step, Evaluate, Validate, Predict, Save, Interrupt, Finish };
   static constexpr std::chrono::milliseconds kSignalPoll{20};
 
   // `model`: a Python model's builder (python_model), or None for the built-in model the options name.
@@ -121,6 +121,20 @@ class StepwiseRun {
     });
     stopping(Op::Validate);
     return value_;
+  }
+  // A Python model's outputs on `batch` (arrays read in place, alive during the call), by name: those
+  // of every rank of this process (each output is whole on the ranks of the stage that makes it).
+  nb::dict predict(const std::map<std::string, AnyArray>& batch) {
+    raising(ErrorKind::Usage, [&] {
+      predict_in_.clear(), predicted_.clear();
+      for (const auto& [name, array] : batch) predict_in_[name] = tensor_from(array, name);
+    });
+    stopping(Op::Predict);
+    predict_in_.clear();
+    nb::dict out;
+    for (const auto& [name, t] : predicted_) out[name.c_str()] = array_from(t);
+    predicted_.clear();
+    return out;
   }
   std::string save() {
     stopping(Op::Save);
@@ -281,6 +295,12 @@ class StepwiseRun {
       }
       case Op::Evaluate: value_ = run.evaluate(); break;
       case Op::Validate: value_ = run.validate(); break;
+      case Op::Predict: {
+        std::map<std::string, Tensor> outs = run.predict(predict_in_);
+        std::lock_guard lock(mu_);
+        for (auto& [name, t] : outs) predicted_.try_emplace(name, std::move(t));
+        break;
+      }
       case Op::Save: {
         const std::string dir = run.save();
         if (report) saved_ = dir;
@@ -295,6 +315,7 @@ class StepwiseRun {
   cli::ParsedTrain parsed_;
   cli::PreparedRun run_;
   std::shared_ptr<FedBatch> fed_ = std::make_shared<FedBatch>();
+  std::map<std::string, Tensor> predict_in_, predicted_;  // Trainer.evaluate(batch)'s inputs and outputs
   int ranks_ = 1;
   std::thread runner_;
   std::mutex mu_;
@@ -349,6 +370,7 @@ void bind_train(nb::module_& m) {
       .def("step", &StepwiseRun::step, nb::arg("batch") = std::map<std::string, AnyArray>{})
       .def("evaluate", &StepwiseRun::evaluate)
       .def("validate", &StepwiseRun::validate, nb::arg("batch") = std::map<std::string, AnyArray>{})
+      .def("predict", &StepwiseRun::predict, nb::arg("batch"))
       .def("save", &StepwiseRun::save)
       .def("interrupt", &StepwiseRun::interrupt)
       .def("close", &StepwiseRun::close)

@@ -1,5 +1,6 @@
 """A mistake in a model written in Python is one shardwise.Error whose message starts with the file
 and line of the mistake (the user's line, not shardwise's), while tracing or from the Trainer."""
+import numpy as np
 import pytest
 
 import shardwise as sw
@@ -84,11 +85,20 @@ def test_a_pipeline_needs_a_decoder(tmp_path):
                    progress="none", run_dir=tmp_path / "run")
 
 
-def test_a_cp_mesh_is_refused_by_name(tmp_path):
-    # The trainer stores each sequence in cp's balanced order, which a Python model's attention and
-    # positions do not follow: a cp mesh is refused rather than trained wrong.
+def test_a_cp_mesh_is_refused_to_a_fed_model_by_name(tmp_path):
+    # The trainer stores token ids in cp's balanced order (nn follows it); a model fed batches of its
+    # own is not put in that order: a cp mesh is refused rather than trained wrong.
+    class Fed(nn.Module):
+        def __init__(self):
+            self.w = nn.Parameter((4, 1), std=0.1)
+
+        def forward(self, x, y):
+            error = (x @ self.w()).reshape(y.shape[0]) - y
+            return nn.ops.mean(error * error)
+
+    batch = {"x": np.ones((4, 4), np.float32), "y": np.zeros(4, np.float32)}
     with pytest.raises(sw.Error) as e:
-        trainer = sw.Trainer(model=Tiny(vocab=128), mesh="cp=2", digits=2, seq=12, vocab=128, steps=1,
-                             global_batch=4, progress="none", run_dir=tmp_path / "run")
+        trainer = sw.Trainer(model=Fed(), data=[batch], mesh="cp=2", seq=12, steps=1, global_batch=4,
+                             progress="none", run_dir=tmp_path / "run")
         trainer.step()
-    assert "context parallelism (cp) does not compose with a model built outside the builders" in str(e.value)
+    assert "context parallelism (cp) does not compose with a Python model fed batches of its own" in str(e.value)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import shardwise as sw
+from shardwise import nn
 from shardwise.models import GPT2, Llama
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -70,6 +71,24 @@ def test_python_mixtral_equals_the_builtin_bit_for_bit(tmp_path, mesh):
     builtin = curve(tmp_path, "builtin", model="llama", mesh=mesh, intermediate_size=48, experts=4, top_k=2,
                     aux_loss=0.02, router_z_loss=0.001, **size)
     python = curve(tmp_path, "python", model=Llama(vocab=RUN["vocab"], width=48, moe=MOE, **size), mesh=mesh)
+    assert python == builtin
+
+
+@pytest.mark.parametrize("mesh", ["dp=1", "ep=2", "pp=2"])
+def test_python_mixtral_metrics_carry_the_builtin_router_statistics(tmp_path, mesh):
+    # Each MoE layer's expert loads (min, mean, max tokens), dropped tokens, aux and z losses in the
+    # metrics equal --experts 4's; the old code logged none for the Python model.
+    size = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2}
+    options = dict(RUN, mesh=mesh, steps=2)
+
+    def moe(tag, model, **more):
+        with sw.Trainer(model=model, run_dir=tmp_path / tag, **options, **more) as trainer:
+            return [trainer.step().to_dict().get("moe") for _ in range(2)]
+
+    builtin = moe("builtin", "llama", intermediate_size=48, experts=4, top_k=2, aux_loss=0.02, router_z_loss=0.001,
+                  **size)
+    python = moe("python", Llama(vocab=RUN["vocab"], width=48, moe=MOE, **size))
+    assert [len(step) for step in builtin] == [2, 2] and builtin[0][1]["layer"] == 1
     assert python == builtin
 
 
@@ -203,3 +222,52 @@ def test_plan_and_explain_of_a_traced_model(cli):
     assert "all_reduce" in graph.plan()
     why = graph.explain("transformer.h.0.mlp.c_fc.weight", graph.loss.name)
     assert "transformer.h.0.mlp.c_fc.weight (param f32 32x128): [R,S(1)]" in why and graph.loss.name in why
+
+
+def test_train_takes_a_python_model(tmp_path):
+    # shardwise.train(config, model=...) is Trainer(model=...) stepped to the end: the same losses,
+    # every step's metrics (on_step in order), and the built-in model's losses for the Python GPT-2.
+    seen = []
+    config = sw.TrainConfig(mesh="dp=2", steps=3, save_every=3, run_dir=tmp_path / "call", **RUN)
+    result = sw.train(config, model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), on_step=seen.append)
+    assert result.steps == 3 and [m.step for m in result.metrics] == [1, 2, 3] and seen == result.metrics
+    assert result.run_dir == str(tmp_path / "call") and result.checkpoint.endswith("checkpoint-3")
+    stepped = curve(tmp_path, "stepped", model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), steps=3, mesh="dp=2")
+    builtin = sw.train(mesh="dp=2", steps=3, run_dir=tmp_path / "builtin", **RUN, **SIZE)
+    assert [(m.loss, m.grad_norm) for m in result.metrics] == stepped
+    assert [m.loss for m in builtin.metrics] == [m.loss for m in result.metrics]
+
+
+def test_only_a_decoder_is_cut_into_pipeline_stages(tmp_path):
+    # A Module that merely has a `blocks` attribute is no Decoder: the Trainer leaves --layers alone
+    # (it used to take len(model.blocks()), failing for a non-callable attribute).
+    class NotADecoder(nn.Module):
+        def __init__(self):
+            self.blocks = nn.ModuleList([nn.Linear(4, 4)])
+            self.emb = nn.Embedding(RUN["vocab"], RUN["vocab"])
+
+        def forward(self, ids, labels):
+            return nn.cross_entropy(self.emb(ids), labels)
+
+    with sw.Trainer(model=NotADecoder(), steps=1, run_dir=tmp_path / "x", **RUN) as trainer:
+        assert trainer.config["layers"] == sw.TrainConfig()["layers"]
+        assert np.isfinite(trainer.step().loss)
+
+
+def test_the_run_header_describes_the_python_model_and_its_data(tmp_path, capfd):
+    # The options' layers, hidden and heads are not a Python model's (the defaults, 128 and 4, were
+    # printed); a model fed batches of its own reads no tokens (the header named the addition task).
+    with sw.Trainer(model=GPT2(seq=RUN["seq"], vocab=RUN["vocab"], **SIZE), steps=1, run_dir=tmp_path / "g", **RUN):
+        pass
+    header = capfd.readouterr().out.splitlines()
+    assert header[0].startswith("shardwise train: python: GPT2 (") and "gpt2.py), seq 12, vocab 128: " in header[0]
+    assert "hidden" not in header[0] and "head" not in header[0]
+    vit_tiny = load_example("vit_tiny")
+    model = vit_tiny.ViT(patches=4, patch_dim=12, hidden=16, heads=2, layers=1, classes=4)
+    with sw.Trainer(model=model, data=vit_tiny.synthetic_batches(model, 8, 1), global_batch=8, steps=1,
+                    progress="none", run_dir=tmp_path / "v"):
+        pass
+    header = capfd.readouterr().out.splitlines()
+    assert header[0].startswith("shardwise train: python: ViT") and "seq" not in header[0] and "hidden" not in header[0]
+    assert "  data: the batches given from Python (inputs patches, labels)" in header
+    assert not any("addition" in line for line in header)

@@ -55,7 +55,10 @@ class GPT2(nn.Decoder):
 
     def embed(self, ids):
         t = self.transformer
-        return nn.dropout(nn.ops.embedding(ids, t.wte.weight()) + t.wpe.weight(), self.dropout, "emb.dropout")
+        wpe = t.wpe.weight()
+        if nn.context_parallel() > 1:  # the tokens in cp's order: each one's own position
+            wpe = nn.ops.embedding(nn.positions(ids.shape[1]), wpe)
+        return nn.dropout(nn.ops.embedding(ids, t.wte.weight()) + wpe, self.dropout, "emb.dropout")
 
     def blocks(self):
         return self.transformer.h

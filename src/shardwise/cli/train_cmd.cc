@@ -11,6 +11,8 @@
 #include <iostream>
 #include <tuple>
 
+#include <fmt/ranges.h>
+
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/data_defaults.h"
@@ -21,6 +23,7 @@
 #include "shardwise/cli/train_run.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
+#include "shardwise/models/custom.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/gemm.h"
@@ -299,17 +302,20 @@ struct Progress {
 void print_header(const train::Trainer& trainer, const TrainOptions& o, const train::ParameterCounts& counts,
                   comm::Communicator& world_ref, const std::string& run_dir, std::ostream& out) {
   const auto& c = trainer.config();
-  out << fmt::format("shardwise train: {} {}, hidden {}, {}, seq {}, vocab {}: {} parameters on {} ({}, {})\n",
-                     train::describe_architecture(c.model), counted(c.model.layers, "layer"), c.model.hidden,
-                     counted(c.model.heads, "head"),
-                     c.model.seq, c.model.vocab, count_text(counts.trained + counts.frozen),
-                     trainer.strategy().to_string(), counted(world_ref.size(), "rank"), world_ref.backend());
+  const bool fed = c.model.custom && !c.model.custom->feeds.empty();  // a Python model's own batches: no tokens read
+  out << fmt::format("shardwise train: {}: {} parameters on {} ({}, {})\n", train::describe_model(c.model, true),
+                     count_text(counts.trained + counts.frozen), trainer.strategy().to_string(),
+                     counted(world_ref.size(), "rank"), world_ref.backend());
   if (!o.options_line.empty()) out << "  options: " << o.options_line << "\n";
   if (!o.auto_line.empty()) out << "  " << o.auto_line << "\n";
   out << fmt::format("  run directory: {}\n", run_dir);
   if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
   const train::Strategy& s = trainer.strategy();
-  out << fmt::format("  data: {}\n", trainer.data_description());
+  if (fed) {
+    out << fmt::format("  data: the batches given from Python (inputs {})\n", fmt::join(c.model.custom->feeds, ", "));
+  } else {
+    out << fmt::format("  data: {}\n", trainer.data_description());
+  }
   for (const std::string& line : o.data_notes) out << "  " << line << "\n";
   out << fmt::format("  batch: {} = micro-batch {} x accumulation {} x dp {}{}; {}, lr {} "
                      "(warm-up {}, cosine to {})\n",
@@ -532,6 +538,9 @@ bool RankRun::stop_if_asked() {
 }
 
 void check_evaluates(const train::TrainConfig& c) {
+  SW_CHECK(!c.model.custom, "evaluate() without a batch is the held-out accuracy of the embedded addition task, "
+           "which {} does not answer: evaluate(batch) gives the outputs it marks (nn.output)",
+           c.model.custom ? c.model.custom->description : "");
   SW_CHECK(c.data.files.empty(), "evaluate() is the held-out accuracy of the embedded addition task; this run trains on "
            "--data {} (validate() gives its validation loss with --val-data or --val-fraction)", c.data.files);
 }
@@ -549,6 +558,10 @@ double RankRun::evaluate() {
 double RankRun::validate() {
   check_validates(s_->config);
   return s_->trainer->validate().loss;
+}
+
+std::map<std::string, Tensor> RankRun::predict(const std::map<std::string, Tensor>& batch) {
+  return s_->trainer->predict(batch);
 }
 
 std::string RankRun::save() {

@@ -6,6 +6,7 @@
 // shardwise.train / shardwise.Trainer drive the same code.
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -16,6 +17,7 @@
 
 #include "shardwise/cli/commands.h"
 #include "shardwise/comm/communicator.h"
+#include "shardwise/tensor/tensor.h"
 #include "shardwise/train/metrics.h"
 
 namespace shardwise::cli {
@@ -90,6 +92,8 @@ class RankRun {
   bool stop_if_asked();
   double evaluate();  // the held-out exact-match accuracy (the addition task)
   double validate();  // the validation loss (--val-data, --val-fraction)
+  // A Python model's outputs on `batch`, by name (train::StagedGpt::predict): those this rank's stages make.
+  std::map<std::string, Tensor> predict(const std::map<std::string, Tensor>& batch);
   // A checkpoint of this step now, in the run's save directory; its directory ("" for an async save
   // until finish()).
   std::string save();

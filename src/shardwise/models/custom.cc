@@ -5,8 +5,13 @@
 namespace shardwise::train {
 
 GptGraph build_custom(const GptConfig& c, const Strategy& s, int64_t sequences, bool training, const GptPart& part) {
-  SW_CHECK(training, "a model written in Python ({}) has a loss graph only: predictions (the addition task's "
-           "evaluation) are not built for it", c.custom->description);
+  if (!training) {
+    SW_CHECK(c.custom->predictions != nullptr, "{} has a loss graph only: predictions are not built for it",
+             c.custom->description);
+    GptGraph out = c.custom->predictions(c, s, sequences, part);
+    out.sequences = sequences;
+    return out;
+  }
   // The loss-only graph (validation) is built with head_grads_in_forward off (train/staged.cc).
   GptGraph out = c.custom->build(c, s, sequences, c.head_grads_in_forward, part);
   SW_CHECK(out.loss >= 0 || !part.head, "{}: the model gave no loss", c.custom->description);

@@ -27,6 +27,15 @@ struct ParamInit {
   double std = 0, value = 0;
 };
 
+// An MoE layer of a custom model (nn.MoE): its moe_mlp node's first output `op` (its statistics are
+// the outputs op:1 .. op:4, as the built-in model's moe_stat_names), the layer the metrics name
+// and its experts.
+struct CustomMoe {
+  int64_t layer = 0;
+  std::string op;
+  int64_t experts = 0;
+};
+
 struct CustomModel {
   std::string description;  // for the run header ("python: GPT2 (examples/gpt2.py)")
   // The graph of one micro-batch of `sequences` sequences of config.seq tokens on `strategy`'s mesh,
@@ -37,6 +46,16 @@ struct CustomModel {
   std::function<GptGraph(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                          const GptPart& part)>
       build;
+  // The predictions graph (Trainer.evaluate(batch)): the forward without dropout, no loss read and no
+  // backward, its outputs the values named by outputs(); null: the model builds none.
+  std::function<GptGraph(const GptConfig& config, const Strategy& strategy, int64_t sequences, const GptPart& part)>
+      predictions;
+  // The outputs the model marks (nn.output), by name: values of the predictions graph of the stage
+  // that makes them (known once that graph was built).
+  std::function<std::vector<std::string>()> outputs;
+  // Its MoE layers, in layer order (known once the graphs holding them were built): their router
+  // statistics go into the metrics as the built-in MoE's do.
+  std::function<std::vector<CustomMoe>()> moe_layers;
   // The parameter both the first and the last stage hold (a head tied to the embedding), whose
   // gradients the pipeline sums; "" for none. Known once a graph was built.
   std::function<std::string()> tied;
@@ -58,8 +77,8 @@ struct CustomModel {
 // A custom model whose inputs the caller feeds (CustomModel::feeds): no loader reads for it.
 inline bool fed_batches(const GptConfig& config) { return config.custom && !config.custom->feeds.empty(); }
 
-// build_model for a custom model: refuses what it does not build (the predictions graph) with an
-// error naming it.
+// build_model for a custom model: the loss graph (`training`), or the predictions graph when the
+// model builds one (else an error naming the model).
 GptGraph build_custom(const GptConfig& config, const Strategy& strategy, int64_t sequences, bool training,
                       const GptPart& part);
 // The config.json a custom model's checkpoints carry: the model's own, with "shardwise_model" (its

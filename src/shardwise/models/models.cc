@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "shardwise/core/plural.h"
 #include "shardwise/models/custom.h"
 #include "shardwise/models/llama.h"
 #include "shardwise/models/llama_decode.h"
@@ -118,6 +121,13 @@ std::string describe_architecture(const GptConfig& m) {
   if (!m.is_llama()) return "GPT";
   return fmt::format("Llama ({} kv heads, intermediate {}, rope theta {}, {} head)", m.key_value_heads(), m.mlp_width(),
                      m.rope_theta, m.tie_word_embeddings ? "tied" : "untied");
+}
+
+std::string describe_model(const GptConfig& m, bool heads) {
+  if (m.custom && !m.custom->feeds.empty()) return m.custom->description;
+  if (m.custom) return fmt::format("{}, seq {}, vocab {}", m.custom->description, m.seq, m.vocab);
+  return fmt::format("{} {}, hidden {}{}, seq {}, vocab {}", describe_architecture(m), counted(m.layers, "layer"),
+                     m.hidden, heads ? ", " + counted(m.heads, "head") : "", m.seq, m.vocab);
 }
 
 }  // namespace shardwise::train

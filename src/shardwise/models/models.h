@@ -47,5 +47,9 @@ std::pair<std::string, double> largest_parameter(const GptConfig& config);
 
 // "GPT-2" or "Llama" (with its kv heads and head), for reports.
 std::string describe_architecture(const GptConfig& config);
+// The model as a run's header and memory plan name it: the architecture, its layers, hidden size (and
+// `heads`), seq and vocab; a model written in Python by its own description, with the run's seq and
+// vocab unless it is fed batches of its own (the options' layers, hidden and heads are not its).
+std::string describe_model(const GptConfig& config, bool heads);
 
 }  // namespace shardwise::train

@@ -128,7 +128,7 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
           l->last_action = k;
     }
     if (!l->spec.loss.empty()) l->rt->keep(l->spec.loss);
-    if (!l->spec.result.empty()) l->rt->keep(l->spec.result);
+    for (const std::string& name : l->spec.results) l->rt->keep(name);
     for (const std::string& name : l->spec.stats) l->rt->keep(name);
     if (!l->spec.extra_loss.empty()) l->rt->keep(l->spec.extra_loss);
     locals_.push_back(std::move(l));
@@ -184,7 +184,7 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
   if (!l.spec.loss.empty()) {
     stats.loss_sum += rt.gather(l.spec.loss).at(0);  // kept (a scalar): its gradient node reads it
   }
-  if (!l.spec.result.empty() && on_result) on_result(s, mb, rt);
+  if (!l.spec.results.empty() && on_result) on_result(s, mb, rt);
   if (!l.spec.extra_loss.empty()) stats.extra_loss_sums[s] += rt.gather(l.spec.extra_loss).at(0);
   for (const std::string& name : l.spec.stats) {
     Tensor t = rt.gather(name);

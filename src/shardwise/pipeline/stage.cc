@@ -91,7 +91,8 @@ CompiledStage compile_stage(StageSpec& spec, const mesh::ProcessMesh& mesh, bool
   // is made in it: an annotated value the rule lays out otherwise is resharded into its slot, and
   // that reshard must not wait for a backward consumer of the same layout (a residual stream whose
   // add yields P(sum) on tp, annotated R at the stage boundary, read R by the add's gradient).
-  std::vector<const std::string*> read = {&spec.output, &spec.loss, &spec.result, &spec.extra_loss};
+  std::vector<const std::string*> read = {&spec.output, &spec.loss, &spec.extra_loss};
+  for (const std::string& name : spec.results) read.push_back(&name);
   for (const std::string& name : spec.stats) read.push_back(&name);
   for (const std::string* name : read) {
     if (name->empty()) continue;

@@ -24,7 +24,8 @@ struct StageSpec {
   std::string output;       // the activation sent to the next stage ("" on the last)
   std::string output_grad;  // the input that receives d(loss)/d(output) (with `output`)
   std::string loss;         // the last stage's scalar loss (training)
-  std::string result;       // a value the caller reads after the forward (evaluation: predictions)
+  // Values the caller reads after the forward (evaluation: predictions; a Python model's outputs).
+  std::vector<std::string> results;
   // Small values (made in the forward, e.g. an MoE layer's expert counts) read after every
   // micro-batch's forward and summed over the micro-batches into StepStats::stat_sums.
   std::vector<std::string> stats;

@@ -5,6 +5,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/mesh/cp_order.h"
+#include "shardwise/models/custom.h"
 
 namespace shardwise::train {
 namespace {
@@ -31,9 +32,9 @@ Tensor move_columns(const Tensor& rows, int64_t ranks, bool forward) {
 void check_context_parallel(const mesh::Strategy& s, const GptConfig& model, bool packed) {
   if (s.cp < 0) return;
   const int64_t cp = s.cp_size();
-  SW_CHECK(model.custom == nullptr,
-           "context parallelism (cp) does not compose with a model built outside the builders (a Python model) yet: "
-           "its attention and positions do not follow cp's balanced order; train it without a cp dim");
+  SW_CHECK(model.custom == nullptr || model.custom->feeds.empty(),
+           "context parallelism (cp) does not compose with a Python model fed batches of its own yet (only token "
+           "ids are put in cp's order): train it without a cp dim");
   SW_CHECK(cp == 1 || model.seq % (2 * cp) == 0,
            "--seq {} does not split over cp={}: context parallelism's balanced order cuts each sequence into 2 x cp = "
            "{} equal chunks (make --seq a multiple of {})",

@@ -339,9 +339,8 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   MemoryPlan plan;
   plan.threads = threads;
   plan.description = fmt::format(
-      "{} {}, hidden {}, seq {}, vocab {}{}; mesh {}; micro-batch {} x {}; sharding stage {}{}; "
-      "recompute {}{}{}",
-      describe_architecture(c.model), counted(c.model.layers, "layer"), c.model.hidden, c.model.seq, c.model.vocab, c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
+      "{}{}; mesh {}; micro-batch {} x {}; sharding stage {}{}; recompute {}{}{}",
+      describe_model(c.model, false), c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
       c.optimizer.micro_batch, counted(c.optimizer.accumulation, "micro-batch"), c.parallel.sharding.stage, c.parallel.sharding.shards_optimizer() ? " " + c.parallel.sharding.layout : "",
       c.model.recompute, c.model.recompute_layers >= 0 ? fmt::format(" (first {})", counted(c.model.recompute_layers, "layer")) : "",
       strategy.pp >= 0 ? fmt::format("; schedule {}", schedule.name) : "");

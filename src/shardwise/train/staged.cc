@@ -88,6 +88,12 @@ void bind_fed(runtime::Runtime& rt, const CustomModel& custom, const pipeline::S
   }
 }
 
+// A custom model's MoE layers (none when it lists none, or `when` is false).
+std::vector<CustomMoe> custom_moe_layers(const GptConfig& model, bool when) {
+  if (!when || !model.custom || !model.custom->moe_layers) return {};
+  return model.custom->moe_layers();
+}
+
 }  // namespace
 
 StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
@@ -170,18 +176,26 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     if (gpt.input >= 0) spec.input = g.value(gpt.input).name;
     if (gpt.output >= 0) spec.output = g.value(gpt.output).name, spec.output_grad = g.value(gpt.output_grad).name;
     if (gpt.loss >= 0) spec.loss = g.value(what == StageGraph::Loss ? gpt.loss_sum : gpt.loss).name;
-    if (gpt.predictions >= 0) spec.result = g.value(gpt.predictions).name;
+    if (gpt.predictions >= 0) spec.results.push_back(g.value(gpt.predictions).name);
+    if (what == StageGraph::Predictions && model_in.custom && model_in.custom->outputs) {  // nn.output's, made here
+      for (const std::string& name : model_in.custom->outputs())
+        if (g.find(name)) spec.results.push_back(name);
+    }
     if (spec.training && gpt.extra_loss >= 0) spec.extra_loss = g.value(gpt.extra_loss).name;
     for (int64_t l = range.begin; l < range.end && spec.training; ++l) {
       if (!model.is_moe_layer(l)) continue;
       for (const std::string& name : moe_stat_names(l)) spec.stats.push_back(name);
+    }
+    for (const CustomMoe& moe : custom_moe_layers(model, spec.training)) {
+      if (!g.find(moe.op)) continue;  // another stage's
+      for (int i = 1; i <= 4; ++i) spec.stats.push_back(fmt::format("{}:{}", moe.op, i));
     }
     if (fed_batches(model_in)) {
       for (const std::string& name : model_in.custom->feeds)
         if (g.find(name)) spec.feeds.push_back(name);
     } else {
       if (s == 0) spec.feeds.push_back("ids");
-      if (s == S - 1 && with_loss) spec.feeds.push_back("labels");
+      if (s == S - 1 && (with_loss || (model_in.custom && g.find("labels")))) spec.feeds.push_back("labels");
     }
     for (const std::string& name : model_constant_names(model_in))  // GPT-2's cp positions: the first stage's only
       if (g.find(name)) spec.constants.push_back(name);
@@ -308,14 +322,20 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
 // Every MoE layer's sums from the stages that hold it: the ranks of a stage hold the same (R)
 // values, the others zeros, and every figure is >= 0, so one all-reduce (max) gives them to all.
 std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::vector<double>>& sums) {
+  // Each MoE layer: its index, experts and statistics' names (a custom model's from its moe_mlp nodes).
+  std::vector<std::tuple<int64_t, size_t, std::array<std::string, 4>>> layers;
+  if (model_.custom) {
+    for (const CustomMoe& m : custom_moe_layers(model_, true))
+      layers.emplace_back(m.layer, static_cast<size_t>(m.experts),
+                          std::array<std::string, 4>{m.op + ":1", m.op + ":2", m.op + ":3", m.op + ":4"});
+  } else if (model_.is_llama() && model_.experts > 0) {
+    for (int64_t l = 0; l < model_.layers; ++l)
+      if (model_.is_moe_layer(l)) layers.emplace_back(l, static_cast<size_t>(model_.experts), moe_stat_names(l));
+  }
   std::vector<MoeLayerSums> out;
-  if (!model_.is_llama() || model_.experts == 0) return out;
-  const auto E = static_cast<size_t>(model_.experts), width = 3 + E;
   std::vector<double> flat;
-  for (int64_t l = 0; l < model_.layers; ++l) {
-    if (!model_.is_moe_layer(l)) continue;
+  for (const auto& [l, E, names] : layers) {
     out.push_back(MoeLayerSums{l, 0, 0, 0, {}});
-    const std::array<std::string, 4> names = moe_stat_names(l);
     for (size_t i = 0; i < names.size(); ++i) {
       auto it = sums.find(names[i]);
       const size_t n = i < 3 ? 1 : E;
@@ -325,11 +345,14 @@ std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::v
       else flat.insert(flat.end(), it->second.begin(), it->second.end());
     }
   }
+  if (out.empty()) return out;
   world_->all_reduce(flat.data(), flat.data(), static_cast<int64_t>(flat.size()), DType::F64, comm::Reduce::Max);
+  const double* f = flat.data();
   for (size_t k = 0; k < out.size(); ++k) {
-    const double* f = flat.data() + k * width;
+    const size_t E = std::get<1>(layers[k]);
     out[k].aux_loss = f[0], out[k].z_loss = f[1], out[k].dropped = f[2];
-    out[k].expert_tokens.assign(f + 3, f + width);
+    out[k].expert_tokens.assign(f + 3, f + 3 + E);
+    f += 3 + E;
   }
   return out;
 }
@@ -469,7 +492,7 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
     rt.set_global("ids", to_cp_order(ids, model_.cp_order));
   };
   auto read = [&](int, int mb, runtime::Runtime& rt) {
-    Tensor pred = from_cp_order(rt.gather(eval_->spec(eval_->schedule().stages() - 1).result), model_.cp_order);
+    Tensor pred = from_cp_order(rt.gather(eval_->spec(eval_->schedule().stages() - 1).results.at(0)), model_.cp_order);
     for (int64_t i = 0; i < batch && mb * batch + i < samples; ++i) {
       const auto& p = problems[static_cast<size_t>(mb * batch + i)];
       bool exact = true;
@@ -520,6 +543,77 @@ double StagedGpt::fed_loss() {
   double sum = val_->run(feed).loss_sum;  // the micro-batches' mean losses, summed
   world_->broadcast(&sum, 1, DType::F64, root_of_stage(val_->schedule().stages() - 1));
   return sum / m;
+}
+
+namespace {
+
+// `t`'s rows [0, rows) followed by copies of its row 0 up to `padded` rows.
+Tensor padded_rows(const Tensor& t, int64_t rows, int64_t padded) {
+  if (padded == rows) return t;
+  Shape shape = t.shape();
+  shape[0] = padded;
+  Tensor out = Tensor::uninitialized(t.dtype(), shape);
+  const size_t row = t.nbytes() / static_cast<size_t>(rows);
+  std::memcpy(out.raw(), t.raw(), t.nbytes());
+  for (int64_t r = rows; r < padded; ++r) std::memcpy(out.raw() + static_cast<size_t>(r) * row, t.raw(), row);
+  return out;
+}
+
+// The first `rows` rows of the micro-batches' parts, one after the other.
+Tensor joined_rows(const std::vector<Tensor>& parts, int64_t rows, const std::string& name) {
+  const Tensor& first = parts.at(0);
+  SW_CHECK(first.shape().ndim() >= 1 && first.shape()[0] >= 1, "the output '{}' has shape [{}]: an output's dim 0 is "
+           "the batch", name, first.shape().to_string());
+  Shape shape = first.shape();
+  shape[0] = rows;
+  Tensor out = Tensor::uninitialized(first.dtype(), shape);
+  const size_t row = first.nbytes() / static_cast<size_t>(first.shape()[0]);
+  size_t at = 0;
+  for (const Tensor& p : parts) {
+    const size_t n = std::min(p.nbytes(), out.nbytes() - at);
+    std::memcpy(out.raw() + at, p.raw(), n);
+    at += n;
+  }
+  SW_CHECK(at == static_cast<size_t>(rows) * row, "the output '{}' gave {} rows of {}", name, at / row, rows);
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> StagedGpt::predict(const std::map<std::string, Tensor>& batch) {
+  SW_CHECK(model_.custom && model_.custom->predictions, "evaluate(batch) gives the outputs of a model written in "
+           "Python (nn.output); the built-in model's logits come from generate");
+  SW_CHECK(!batch.empty() && batch.begin()->second.shape().ndim() >= 1, "evaluate(batch): the batch holds no input");
+  SW_CHECK(model_.cp_order <= 1, "evaluate(batch) on a mesh with a cp dim is not built yet (its outputs would be in "
+           "cp's order): evaluate on a mesh without cp");
+  const int64_t rows = batch.begin()->second.shape()[0], B = sequences_;
+  for (const auto& [name, t] : batch)
+    SW_CHECK(t.shape().ndim() >= 1 && t.shape()[0] == rows && rows >= 1, "evaluate(batch): the batch's '{}' has shape "
+             "[{}], not the {} rows of '{}'", name, t.shape().to_string(), rows, batch.begin()->first);
+  const int m = static_cast<int>((rows + B - 1) / B);
+  std::map<std::string, Tensor> padded;
+  for (const auto& [name, t] : batch) padded[name] = padded_rows(t, rows, m * B);
+  if (!predict_ || predict_->schedule().micro_batches != m) predict_ = forward_runner(m, StageGraph::Predictions);
+  bind(*predict_);
+  auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
+    for (const std::string& name : predict_->spec(stage).feeds) {
+      auto it = padded.find(name);
+      SW_CHECK(it != padded.end(), "evaluate(batch): the batch has no '{}', an input of the model", name);
+      bind_block(rt, name, it->second, -mb * B);  // micro-batch row r is row mb x B + r
+    }
+  };
+  std::map<std::string, std::vector<Tensor>> parts;
+  auto read = [&](int stage, int mb, runtime::Runtime& rt) {
+    for (const std::string& name : predict_->spec(stage).results) {
+      std::vector<Tensor>& p = parts[name];
+      p.resize(static_cast<size_t>(m));
+      p[static_cast<size_t>(mb)] = rt.gather(name);
+    }
+  };
+  predict_->run(feed, read);
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, p] : parts) out[name] = joined_rows(p, rows, name);
+  return out;
 }
 
 Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor>* blocks) {

@@ -140,6 +140,11 @@ class StagedGpt {
   // training step would report it (the mean of its micro-batches' losses, the training micro-batches),
   // forward only and without dropout, on every rank; the parameters and the training runner untouched.
   double fed_loss();
+  // A Python model's outputs (CustomModel::outputs) on `batch` (each input of the predictions graph
+  // by name, [rows, ...] whole), by name, whole: [rows, ...], its micro-batches' rows in order (the
+  // last one padded with copies of row 0, cut off after). The forward without dropout on this run's
+  // mesh, reading the parameters only. Each rank gets those its stages make (the last stage's on pp).
+  std::map<std::string, Tensor> predict(const std::map<std::string, Tensor>& batch);
   // The whole parameter (its fp32 master; a frozen one in f32) on every rank (collective); with
   // `blocks` (per params(), e.g. the gradients of a step) the whole of the parameter's block there.
   Tensor gather_param(const std::string& name, const std::vector<Tensor>* blocks = nullptr);
@@ -177,7 +182,7 @@ class StagedGpt {
   std::shared_ptr<comm::Communicator> world_;
   std::vector<mesh::ProcessMesh> meshes_;  // per stage
   std::vector<pipeline::LayerRange> layers_;
-  std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_;
+  std::unique_ptr<pipeline::PipelineRunner> runner_, eval_, val_, predict_;
   std::unique_ptr<BatchLoader> loader_;  // the training step's batches
   std::unique_ptr<BatchLoader> val_loader_;  // validation's, for val_'s micro-batches
   std::unique_ptr<reshard::Resharder> tied_;  // the tied embedding's gradient exchange

@@ -4,6 +4,7 @@
 // every mesh: the model runs as pipeline stages (StagedGpt: one stage without pp).
 // Its configuration, TrainConfig, is in train_config.h.
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,8 @@ class Trainer {
   // fed from the caller (CustomModel::feeds) instead gives the loss of the batch it was handed, as
   // a step would report it (StagedGpt::fed_loss), its count the global batch's rows.
   ValidationResult validate();
+  // A Python model's outputs on `batch` (StagedGpt::predict): forward only, as validate().
+  std::map<std::string, Tensor> predict(const std::map<std::string, Tensor>& batch) { return model_->predict(batch); }
   bool has_validation() const { return c_.data.has_validation(); }
 
   // The data files are opened only on the ranks that read batches (StagedGpt::reads_data; every
