@@ -274,15 +274,23 @@ AttentionGrads backward_typed(const Tensor& q, const Tensor& k, const Tensor& v,
   const C scale = static_cast<C>(pl.args.scale);
   const C keep_scale = static_cast<C>(pl.args.dropout() ? 1.0 / (1.0 - pl.args.p) : 1.0);
   const size_t n = static_cast<size_t>(SD), nk = static_cast<size_t>(TD);
+  // Where the gradients' dtype is the compute type (f32, f64), dq, dk and dv are summed straight
+  // into the outputs (each thread's blocks are its own): a thread's scratch is then q·scale and
+  // delta alone, not 4 [S, D] buffers (8 MiB a thread at 8 K tokens, D = 64), with the same
+  // arithmetic in the same order.
+  const bool direct = dt == dtype_v<C>;
   // (batch, kv head) blocks over the rank's threads: each writes its own dq heads, dk and dv.
   parallel_for(d.B * d.G, 1, [&](int64_t bg0, int64_t bg1) {
-    std::vector<C> kb, vb, qb, ob, gb, qs(n), dqs(n), dk(nk), dv(nk), delta(static_cast<size_t>(d.S));
+    std::vector<C> kb, vb, qb, ob, gb, qs(n), dqs(direct ? 0 : n), dk(direct ? 0 : nk), dv(direct ? 0 : nk),
+        delta(static_cast<size_t>(d.S));
     for (int64_t bg = bg0; bg < bg1; ++bg) {
       const int64_t b = bg / d.G, g = bg % d.G;
       const C* K = compute_copy<C>(k.raw() + bg * TD * es, dt, TD, kb);
       const C* V = compute_copy<C>(v.raw() + bg * TD * es, dt, TD, vb);
-      std::fill(dk.begin(), dk.end(), C(0));
-      std::fill(dv.begin(), dv.end(), C(0));
+      C* dK = direct ? static_cast<C*>(static_cast<void*>(r.dk.raw())) + bg * TD : dk.data();
+      C* dV = direct ? static_cast<C*>(static_cast<void*>(r.dv.raw())) + bg * TD : dv.data();
+      std::fill(dK, dK + TD, C(0));
+      std::fill(dV, dV + TD, C(0));
       for (int64_t r0 = 0; r0 < d.R; ++r0) {
         const int64_t head = bg * d.R + r0;
         const C* Q = compute_copy<C>(q.raw() + head * SD * es, dt, SD, qb);
@@ -294,13 +302,19 @@ AttentionGrads backward_typed(const Tensor& q, const Tensor& k, const Tensor& v,
           for (int64_t c = 0; c < d.D; ++c) acc += static_cast<double>(dO[i * d.D + c]) * static_cast<double>(O[i * d.D + c]);
           delta[static_cast<size_t>(i)] = static_cast<C>(acc);
         }
+        C* dQ = direct ? static_cast<C*>(static_cast<void*>(r.dq.raw())) + head * SD : dqs.data();
         backward_head<C>(qs.data(), K, V, dO, lse.data<C>() + head * d.S, delta.data(),
-                         tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.T, d.D, keep_scale, dqs.data(),
-                         dk.data(), dv.data());
-        store<C>(dqs.data(), r.dq.raw(), dt, SD, head * SD, scale);
+                         tile_keys(pl, rng, doc_data(doc), b, g, r0), d.S, d.T, d.D, keep_scale, dQ, dK, dV);
+        if (direct) {
+          for (int64_t e = 0; e < SD; ++e) dQ[e] = dQ[e] * scale;
+        } else {
+          store<C>(dqs.data(), r.dq.raw(), dt, SD, head * SD, scale);
+        }
       }
-      store<C>(dk.data(), r.dk.raw(), dt, TD, bg * TD);
-      store<C>(dv.data(), r.dv.raw(), dt, TD, bg * TD);
+      if (!direct) {
+        store<C>(dk.data(), r.dk.raw(), dt, TD, bg * TD);
+        store<C>(dv.data(), r.dv.raw(), dt, TD, bg * TD);
+      }
     }
   });
   return r;
