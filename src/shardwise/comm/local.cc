@@ -52,6 +52,11 @@ struct LocalWorld::Group {
     size_t bytes = 0;
     State state = State::Waiting;
     int64_t got = -1;
+    // Delivers a message of `n` bytes: copied into `out`, or (another size) only its size kept.
+    void take(const void* in, size_t n) {
+      if (n != bytes) got = static_cast<int64_t>(n);
+      else if (n) std::memcpy(out, in, n);
+    }
   };
   // Point to point, per (source group rank, destination group rank, tag): the messages that came
   // before their receive, or the receives posted before their message (never both), in order.
@@ -237,8 +242,7 @@ class LocalComm final : public Communicator {
     ch.posted.pop_front();
     to->state = Group::Posted::State::Claimed;
     lock.unlock();
-    if (to->bytes != n) to->got = static_cast<int64_t>(n);
-    else if (n) std::memcpy(to->out, in, n);
+    to->take(in, n);
     lock.lock();
     to->state = Group::Posted::State::Done;
     g.cv.notify_all();
@@ -528,8 +532,7 @@ std::unique_ptr<Request> LocalComm::start_recv(void* out, int64_t count, DType d
     std::vector<std::byte> message = std::move(ch.messages.front());
     ch.messages.pop_front();
     lock.unlock();
-    if (message.size() != posted->bytes) posted->got = static_cast<int64_t>(message.size());
-    else if (!message.empty()) std::memcpy(out, message.data(), message.size());
+    posted->take(message.data(), message.size());
     posted->state = Group::Posted::State::Done;
   }
   return std::make_unique<RecvRequest>(*this, std::move(posted), ch, count, dtype, peer, tag);
