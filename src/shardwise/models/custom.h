@@ -28,7 +28,7 @@ struct ParamInit {
 };
 
 // An MoE layer of a custom model (nn.MoE): its moe_mlp node's first output `op` (its statistics are
-// the outputs op:1 .. op:4, as the built-in model's moe_stat_names), the layer the metrics name
+// the outputs op:1 .. op:4, moe_op_stat_names), the layer the metrics name
 // and its experts.
 struct CustomMoe {
   int64_t layer = 0;

@@ -427,10 +427,14 @@ Tensor init_llama_param_block(const GptConfig& c, const std::string& name, const
   return init_param_block(c, name, shape, offset, block, seed);
 }
 
-std::array<std::string, 4> moe_stat_names(int64_t layer) {
+std::array<std::string, 4> moe_op_stat_names(const std::string& op) {
   std::array<std::string, 4> out;
-  for (size_t i = 0; i < out.size(); ++i) out[i] = fmt::format("model.layers.{}.block_sparse_moe.moe:{}", layer, i + 1);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = fmt::format("{}:{}", op, i + 1);
   return out;
+}
+
+std::array<std::string, 4> moe_stat_names(int64_t layer) {
+  return moe_op_stat_names(fmt::format("model.layers.{}.block_sparse_moe.moe", layer));
 }
 
 Tensor position_ids(int64_t seq, int64_t cp_order) {

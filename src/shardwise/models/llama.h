@@ -51,6 +51,8 @@ Tensor init_llama_param_block(const GptConfig& config, const std::string& name, 
 // The values of MoE layer `layer`'s router statistics in its graph: moe_mlp's outputs aux_loss,
 // z_loss, dropped and expert_tokens (the training metrics read them).
 std::array<std::string, 4> moe_stat_names(int64_t layer);
+// The statistics outputs of the moe_mlp node whose first output is `op`: op:1 .. op:4.
+std::array<std::string, 4> moe_op_stat_names(const std::string& op);
 
 // The [S] i64 positions 0 .. S-1 (the graph input "positions"); with cp_order c > 1 each stored
 // token's original position in cp's balanced order over c ranks (mesh/cp_order.h).

@@ -188,7 +188,7 @@ std::vector<pipeline::StageSpec> stage_specs(const GptConfig& model_in, const St
     }
     for (const CustomMoe& moe : custom_moe_layers(model, spec.training)) {
       if (!g.find(moe.op)) continue;  // another stage's
-      for (int i = 1; i <= 4; ++i) spec.stats.push_back(fmt::format("{}:{}", moe.op, i));
+      for (const std::string& name : moe_op_stat_names(moe.op)) spec.stats.push_back(name);
     }
     if (fed_batches(model_in)) {
       for (const std::string& name : model_in.custom->feeds)
@@ -326,8 +326,7 @@ std::vector<MoeLayerSums> StagedGpt::moe_sums(const std::map<std::string, std::v
   std::vector<std::tuple<int64_t, size_t, std::array<std::string, 4>>> layers;
   if (model_.custom) {
     for (const CustomMoe& m : custom_moe_layers(model_, true))
-      layers.emplace_back(m.layer, static_cast<size_t>(m.experts),
-                          std::array<std::string, 4>{m.op + ":1", m.op + ":2", m.op + ":3", m.op + ":4"});
+      layers.emplace_back(m.layer, static_cast<size_t>(m.experts), moe_op_stat_names(m.op));
   } else if (model_.is_llama() && model_.experts > 0) {
     for (int64_t l = 0; l < model_.layers; ++l)
       if (model_.is_moe_layer(l)) layers.emplace_back(l, static_cast<size_t>(model_.experts), moe_stat_names(l));
