@@ -61,7 +61,11 @@ uint64_t direct_read_bytes();
 struct LoadTuning {
   int reader_threads = 2;
   size_t piece_bytes = size_t{8} << 20;
-  bool huge_pages = true;
+  // Off: where the guest hands free 2 MiB blocks back to its host (virtio-balloon free page
+  // reporting, page_reporting_order 9, as on the dev VM), a fresh huge page is backed again on its
+  // first touch, and clearing it cost 2-4x the CPU of the same bytes in 4 KiB pages (BENCHMARKS.md,
+  // "huge pages off", 2026-11-29).
+  bool huge_pages = false;
   bool will_need = true;  // posix_fadvise(WILLNEED) over the box's file span before reading it (not direct)
   // O_DIRECT reads (pread_ranges_direct) for boxes whose runs average at least direct_min_run
   // bytes (whole tensors, row blocks); shorter runs (column blocks) share the page cache.
