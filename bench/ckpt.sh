@@ -55,12 +55,13 @@ for r in $(seq 1 "$rounds"); do
   drop; echo -n "dd read (bs=64M): "; dd if="$dir/dd.bin" of=/dev/null bs=64M 2>&1 | tail -1
   # load ARGS: RANKS READERS HUGE_PAGES WILLNEED DIRECT [SPAN_CACHE_MIB] (the defaults: O_DIRECT
   # with 8 requests in flight for whole tensors and row blocks; column blocks of ranks sharing a
-  # process through the 64 MiB span cache; 2 buffered readers, huge pages, WILLNEED otherwise).
+  # process through the 64 MiB span cache; 2 buffered readers, 4 KiB pages, WILLNEED otherwise;
+  # huge pages were the default until 2026-11-29, one load still measures them).
   # One list of every load, peers included, its order rotated by round, so no load is always first
   # or last. LOADS=short keeps the default loads, the tp=4 page-cache one and the peers.
-  loads=("r1 1 2 1 1 8" "dptp 4 2 1 1 8" "dptp 4 1 1 1 8 0" "st" "torch" "dptp 1 2 1 1 8")
+  loads=("r1 1 2 0 1 8" "dptp 4 2 0 1 8" "dptp 4 1 0 1 8 0" "st" "torch" "dptp 1 2 0 1 8")
   if [ "$which_loads" != short ]; then
-    loads+=("r1 1 2 1 1 4" "r1 1 2 1 1 2" "r1 1 2 0 1 8" "r1 1 2 1 1 0" "r1 1 1 1 1 0" "dptp 4 2 1 1 8 0")
+    loads+=("r1 1 2 0 1 4" "r1 1 2 0 1 2" "r1 1 2 1 1 8" "r1 1 2 0 1 0" "r1 1 1 0 1 0" "dptp 4 2 0 1 8 0")
   fi
   for i in "${!loads[@]}"; do
     set -- ${loads[$(( (i + r - 1) % ${#loads[@]} ))]}
