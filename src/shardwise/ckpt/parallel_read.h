@@ -64,7 +64,7 @@ struct LoadTuning {
   // Off: where the guest hands free 2 MiB blocks back to its host (virtio-balloon free page
   // reporting, page_reporting_order 9, as on the dev VM), a fresh huge page is backed again on its
   // first touch, and clearing it cost 2-4x the CPU of the same bytes in 4 KiB pages (BENCHMARKS.md,
-  // "huge pages off", 2026-11-29).
+  // "load destinations in 4 KiB pages", 2026-11-29).
   bool huge_pages = false;
   bool will_need = true;  // posix_fadvise(WILLNEED) over the box's file span before reading it (not direct)
   // O_DIRECT reads (pread_ranges_direct) for boxes whose runs average at least direct_min_run
