@@ -2,6 +2,7 @@
 // in float like the CPU kernels (ops/unary, train/optimizer.cc).
 #include <cuda_runtime.h>
 
+#include "shardwise/cuda/activation.cuh"
 #include "shardwise/cuda/block_reduce.cuh"
 #include "shardwise/cuda/launchers.h"
 
@@ -9,20 +10,10 @@ namespace shardwise::cuda::launch {
 
 namespace {
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluC = 0.044715f;
-
-__device__ float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluC * x * x * x))); }
-__device__ float gelu_grad(float x) {
-  const float t = tanhf(kSqrt2OverPi * (x + kGeluC * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
-}
-__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ float silu(float x) { return x * sigmoid(x); }
-__device__ float silu_grad(float x) {
-  const float s = sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
+using detail::gelu;
+using detail::gelu_grad;
+using detail::silu;
+using detail::silu_grad;
 
 template <Activation kOp>
 __global__ void forward_kernel(const float* x, float* y, long long n) {
