@@ -4,6 +4,9 @@
 // against ops::cross_entropy_local_max / _local_sums on a block of the classes. Skipped without a GPU.
 #include "cuda_test_util.h"
 
+#include <barrier>
+#include <thread>
+
 #include "shardwise/cuda/lm_head.h"
 #include "shardwise/ops/softmax/lm_head.h"
 #include "shardwise/ops/unary/kernels.h"
@@ -89,6 +92,54 @@ TEST_F(CudaLmHead, VocabBlockPiecesEqualTheCpuRowFunctions) {
       EXPECT_EQ(tg.data<double>()[r], want.target[static_cast<size_t>(r)]) << "block " << i << " row " << r;
     }
   }
+}
+
+// Two vocab blocks on two threads sharing the GPU, their row statistics combined through the host
+// (max, then sum, in rank order) as a collective would: each rank's loss is the whole loss, the
+// ranks' dh add up to the whole dh and each dW is its block of the whole dW.
+TEST_F(CudaLmHead, TwoVocabBlocksCombinedEqualTheWholeHead) {
+  const int64_t split = 400;
+  const Tensor h = random_f32(Shape{kRows, kHidden}, 54, -1.f, 1.f), w = random_f32(Shape{kVocab, kHidden}, 55, -1.f, 1.f);
+  const Tensor labels = labels_for(kRows, kVocab);
+  ops::LmHeadArgs args;
+  args.chunk_bytes = 16 * kVocab * 4;
+  args.forward_grads = 3;
+  const std::vector<Tensor> ref = ops::lm_head_cross_entropy_outputs(h, w, labels, args);
+  const int64_t starts[2][2] = {{0, 0}, {split, 0}};
+  const int64_t rows_of[2] = {split, kVocab - split};
+  std::barrier sync(2);
+  std::vector<double> shared[2];
+  cuda::LmHeadResult got[2];
+  auto rank = [&](int r) {
+    cuda::LmHeadOptions o;
+    o.chunk_bytes = args.chunk_bytes;
+    o.grads = true;
+    o.classes = kVocab;
+    o.offset = starts[r][0];
+    o.combine = [&, r](Tensor& stats, bool is_max) {
+      const Tensor mine = to_host(stats);
+      shared[r].assign(mine.data<double>(), mine.data<double>() + mine.numel());
+      sync.arrive_and_wait();
+      std::vector<double> all = shared[0];
+      for (size_t i = 0; i < all.size(); ++i) all[i] = is_max ? std::max(all[i], shared[1][i]) : all[i] + shared[1][i];
+      sync.arrive_and_wait();
+      stats = to_device(Tensor::from<double>(stats.shape(), all), kGpu);
+    };
+    got[r] = cuda::lm_head_cross_entropy(to_device(h, kGpu), to_device(w.slice(starts[r], Shape{rows_of[r], kHidden}), kGpu),
+                                         to_device(labels, kGpu), o);
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  for (int r = 0; r < 2; ++r) {
+    expect_close(got[r].loss, ref[0], 1e-5, 1e-6, "rank " + std::to_string(r) + " loss");
+    expect_close(got[r].dw, ref[2].slice(starts[r], Shape{rows_of[r], kHidden}), 1e-4, 1e-6, "rank " + std::to_string(r) + " dW");
+  }
+  const Tensor dh = to_host(got[0].dh), dh1 = to_host(got[1].dh);
+  std::vector<float> sum(static_cast<size_t>(dh.numel()));
+  for (int64_t i = 0; i < dh.numel(); ++i) sum[static_cast<size_t>(i)] = dh.data<float>()[i] + dh1.data<float>()[i];
+  const CompareResult c = compare(Tensor::from<float>(dh.shape(), sum), ref[1], 1e-4, 1e-6);
+  EXPECT_TRUE(c.equal) << "dh summed over the ranks: " << c.message;
 }
 
 TEST_F(CudaLmHead, ForwardGradientsWithoutAReductionAreANamedError) {

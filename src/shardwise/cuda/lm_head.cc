@@ -70,7 +70,9 @@ LmHeadResult lm_head_cross_entropy(const Tensor& h_in, const Tensor& w_in, const
   const Tensor h = half ? cast(h_in, DType::F32, stream) : h_in;
   const Tensor w = half ? cast(w_in, DType::F32, stream) : w_in;
   const int64_t rows = a.rows.rows, V = a.vocab, H = a.hidden;
-  const int64_t chunk = std::max<int64_t>(1, o.chunk_bytes / (std::max<int64_t>(a.classes, 1) * 4));
+  // As ops::lm_head_chunk_rows: the budget over the global vocabulary's rows in h's element size.
+  const auto elem = static_cast<int64_t>(dtype_size(h_in.dtype()));
+  const int64_t chunk = std::max<int64_t>(1, o.chunk_bytes / (std::max<int64_t>(a.classes, 1) * elem));
   Tensor loss_rows = zeros_on(DType::F32, Shape{rows}, d, stream);
   Tensor count = label_count(labels, rows, o.ignore_index, stream);
   LmHeadResult out;

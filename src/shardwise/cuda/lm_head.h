@@ -1,7 +1,7 @@
 #pragma once
 // ops::lm_head_cross_entropy_outputs on device tensors: loss(h, W, labels) = cross_entropy(h Wᵀ,
 // labels) without the [N, V] logits existing whole. Rows run in chunks of chunk_bytes / (classes
-// * 4) rows (from the GLOBAL vocabulary, as the CPU op, so every rank of a vocab-parallel group runs
+// * element size) rows (from the GLOBAL vocabulary, as the CPU op, so every rank of a vocab-parallel group runs
 // the same chunks): each chunk's f32 logits are one cuBLASLt GEMM, reduced to the row max, then the
 // sum of exponentials and the target logit (combined across the vocab blocks by the caller's
 // `combine` between the two steps when there is one), then the loss; with `grads` the chunk becomes

@@ -17,6 +17,7 @@ using detail::block_reduce;
 using detail::kBlock;
 using detail::from_float;
 using detail::to_float;
+using detail::with_elem;
 
 template <class T>
 __global__ void layer_norm_fwd(const T* x, const T* scale, const T* bias, T* out, float* mean_out,
@@ -91,16 +92,6 @@ __global__ void rms_norm_fwd(const T* x, const T* scale, T* out, float* inv_out,
 }
 
 cudaStream_t raw(void* s) { return static_cast<cudaStream_t>(s); }
-
-// Calls fn(T{}) for the element type (f32 or bf16).
-template <class Fn>
-int with_elem(Elem t, Fn&& fn) {
-  switch (t) {
-    case Elem::F32: return fn(float{});
-    case Elem::BF16: return fn(__nv_bfloat16{});
-    default: return cudaErrorInvalidValue;
-  }
-}
 
 template <class T>
 int dparams(const void* x, const float* mean, const float* rstd, const void* dout, void* dscale, void* dbias,

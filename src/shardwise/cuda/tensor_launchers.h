@@ -49,6 +49,14 @@ int fill(int bytes, uint64_t bits, void* out, int64_t n, void* s);
 // (operand 0: x's strides). One thread per output, summing in a fixed order: deterministic.
 int reduce_sum(Elem t, const void* x, void* out, const Walk& kept, const Walk& reduced, double divisor, void* s);
 
+// Dropout: element i of the walk (operand 0: its GLOBAL row-major index in the whole tensor) is kept
+// iff Philox-4x32-10 (seed, stream)'s uniform at that index is >= p (core/philox.h's draw);
+// mask[i] = kept, out[i] = x[i] * (kept ? scale : 0) in float. x, out and mask are contiguous.
+int dropout_forward(Elem t, const void* x, void* out, uint8_t* mask, const Walk& global, uint64_t seed,
+                    uint64_t stream, double p, float scale, void* s);
+// out[i] = x[i] * (mask[i] ? scale : 0) in float (dropout's backward).
+int dropout_apply(Elem t, const void* x, const uint8_t* mask, void* out, int64_t n, float scale, void* s);
+
 // dst[w 1] = src[w 0] over the walk, elements of `bytes` (1, 2, 4 or 8) bytes.
 int strided_copy(int bytes, const void* src, void* dst, const Walk& w, void* s);
 

@@ -86,17 +86,6 @@ __global__ void fill_kernel(T value, T* out, long long n) {
 
 cudaStream_t raw(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Calls fn(T{}) with T the element type of `t`.
-template <class Fn>
-int with_elem(Elem t, Fn&& fn) {
-  switch (t) {
-    case Elem::F32: return fn(float{});
-    case Elem::BF16: return fn(__nv_bfloat16{});
-    case Elem::F16: return fn(__half{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 int unary_forward(Unary op, Elem t, const void* x, void* out, int64_t n, void* s) {
