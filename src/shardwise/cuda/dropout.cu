@@ -29,8 +29,8 @@ __device__ uint32_t philox_lane(unsigned long long g, unsigned long long seed, u
     c2 = hi0 ^ c3 ^ k1;
     c3 = lo0;
   }
-  const uint32_t lanes[4] = {c0, c1, c2, c3};
-  return lanes[g & 3];
+  const unsigned lane = static_cast<unsigned>(g & 3);  // no array: it would live in local memory
+  return lane == 0 ? c0 : lane == 1 ? c1 : lane == 2 ? c2 : c3;
 }
 
 template <class T>
