@@ -4,6 +4,7 @@
 #include "cuda_test_util.h"
 
 #include "shardwise/cuda/elementwise.h"
+#include "shardwise/ops/activation/kernels.h"
 #include "shardwise/ops/binary/kernels.h"
 #include "shardwise/ops/unary/kernels.h"
 
@@ -75,6 +76,23 @@ TEST_F(CudaElementwise, UnaryOpsAndTheirGradientsEqualTheCpuKernels) {
         expect_close(cuda::unary_backward(gop, gx, to_device(out, kGpu), to_device(dy, kGpu)),
                      ops::unary_backward(cop, x, out, dy), rtol, 1e-6, what + " backward");
       }
+    }
+  }
+}
+
+// SwiGLU: expf against the CPU's exp in a branch-free sigmoid: a few ulp (bf16: one bf16 ulp).
+TEST_F(CudaElementwise, SwigluAndItsGradientsEqualTheCpuKernels) {
+  for (DType t : {DType::F32, DType::BF16}) {
+    const double rtol = t == DType::BF16 ? 8e-3 : 1e-5;
+    for (int64_t n : {1, 1000, (1 << 20) + 3}) {
+      const std::string what = "swiglu " + std::string(dtype_name(t)) + " n=" + std::to_string(n);
+      const Tensor gate = random_of(t, Shape{n}, 7, -8.f, 8.f), up = random_of(t, Shape{n}, 8), dout = random_of(t, Shape{n}, 9);
+      const Tensor ggate = to_device(gate, kGpu), gup = to_device(up, kGpu);
+      expect_close(cuda::swiglu(ggate, gup), ops::swiglu(gate, up), rtol, 1e-6, what);
+      const ops::SwigluGrads want = ops::swiglu_backward(gate, up, dout);
+      const cuda::SwigluGrads got = cuda::swiglu_backward(ggate, gup, to_device(dout, kGpu));
+      expect_close(got.dgate, want.dgate, rtol, 1e-6, what + " dgate");
+      expect_close(got.dup, want.dup, rtol, 1e-6, what + " dup");
     }
   }
 }

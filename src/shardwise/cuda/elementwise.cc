@@ -71,6 +71,27 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& out, const Tensor
   return dx;
 }
 
+Tensor swiglu(const Tensor& gate, const Tensor& up, Stream stream) {
+  const launch::Elem t = elem_of("swiglu", "gate", gate);
+  need_like("swiglu", "up", up, gate, gate.shape());
+  Tensor out = empty_on(gate.dtype(), gate.shape(), gate.device(), stream);
+  check(launch::swiglu_forward(t, gate.device_ptr(), up.device_ptr(), out.device_ptr(), gate.numel(), stream.handle),
+        "swiglu kernel");
+  return out;
+}
+
+SwigluGrads swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Stream stream) {
+  const launch::Elem t = elem_of("swiglu_backward", "gate", gate);
+  need_like("swiglu_backward", "up", up, gate, gate.shape());
+  need_like("swiglu_backward", "dout", dout, gate, gate.shape());
+  SwigluGrads g{empty_on(gate.dtype(), gate.shape(), gate.device(), stream),
+                empty_on(gate.dtype(), gate.shape(), gate.device(), stream)};
+  check(launch::swiglu_backward(t, gate.device_ptr(), up.device_ptr(), dout.device_ptr(), g.dgate.device_ptr(),
+                                g.dup.device_ptr(), gate.numel(), stream.handle),
+        "swiglu_backward kernel");
+  return g;
+}
+
 Tensor scale(const Tensor& x, double scale, double bias, bool bias_after_scale, Stream stream) {
   const launch::Elem t = elem_of("scale", "x", x);
   Tensor out = empty_on(x.dtype(), x.shape(), x.device(), stream);

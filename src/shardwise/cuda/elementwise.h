@@ -22,6 +22,13 @@ Tensor unary(Unary op, const Tensor& x, Stream stream = {});
 // is read from it, as the CPU kernel does).
 Tensor unary_backward(Unary op, const Tensor& x, const Tensor& out, const Tensor& dy, Stream stream = {});
 
+// ops::swiglu / swiglu_backward: silu(gate) * up (Llama's MLP), gate and up of one shape and dtype.
+Tensor swiglu(const Tensor& gate, const Tensor& up, Stream stream = {});
+struct SwigluGrads {
+  Tensor dgate, dup;
+};
+SwigluGrads swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Stream stream = {});
+
 // scale * x + bias (bias_after_scale) or scale * (x + bias); its gradient is scale(dy, s, 0).
 Tensor scale(const Tensor& x, double scale, double bias, bool bias_after_scale, Stream stream = {});
 // x converted to `dtype` (f32, bf16, f16: the nearest value).

@@ -37,6 +37,10 @@ enum class Unary : uint8_t { Neg, Exp, Log, Sqrt, Rsqrt, Reciprocal, Tanh, Sigmo
 int unary_forward(Unary op, Elem t, const void* x, void* out, int64_t n, void* s);
 // dx = dy * f'(x), from x and out = f(x) as ops::unary_backward takes them.
 int unary_backward(Unary op, Elem t, const void* x, const void* out, const void* dy, void* dx, int64_t n, void* s);
+// SwiGLU: out = silu(gate) * up; its backward dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+int swiglu_forward(Elem t, const void* gate, const void* up, void* out, int64_t n, void* s);
+int swiglu_backward(Elem t, const void* gate, const void* up, const void* dout, void* dgate, void* dup, int64_t n,
+                    void* s);
 // out = scale * x + bias (bias_after_scale) or scale * (x + bias), in float.
 int scale(Elem t, const void* x, void* out, int64_t n, float scale, float bias, bool bias_after_scale, void* s);
 // out = x converted (nearest, through float).

@@ -1,5 +1,5 @@
 // The unary elementwise ops and their gradients (as ops/unary: dx from x or from out = f(x), the
-// same formula), scale, casts between f32 / bf16 / f16, and fill: grid-stride loops in float.
+// same formula), SwiGLU (ops/activation), scale, casts between f32 / bf16 / f16, and fill: grid-stride loops in float.
 #include <cstdint>
 
 #include "shardwise/cuda/activation.cuh"
@@ -66,6 +66,20 @@ __global__ void backward_kernel(Unary op, const T* x, const T* out, const T* dy,
 }
 
 template <class T>
+__global__ void swiglu_kernel(const T* gate, const T* up, T* out, long long n) {
+  for (long long i = first_index(); i < n; i += grid_step()) out[i] = from_float<T>(silu(to_float(gate[i])) * to_float(up[i]));
+}
+
+template <class T>
+__global__ void swiglu_grad_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup, long long n) {
+  for (long long i = first_index(); i < n; i += grid_step()) {
+    const float g = to_float(gate[i]), d = to_float(dout[i]);
+    dgate[i] = from_float<T>(d * to_float(up[i]) * silu_grad(g));
+    dup[i] = from_float<T>(d * silu(g));
+  }
+}
+
+template <class T>
 __global__ void scale_kernel(const T* x, T* y, long long n, float scale, float bias, bool after) {
   for (long long i = first_index(); i < n; i += grid_step()) {
     const float v = to_float(x[i]);
@@ -103,6 +117,28 @@ int unary_backward(Unary op, Elem t, const void* x, const void* out, const void*
     using T = decltype(v);
     backward_kernel<T><<<grid_for(n), kBlock, 0, raw(s)>>>(op, static_cast<const T*>(x), static_cast<const T*>(out),
                                                            static_cast<const T*>(dy), static_cast<T*>(dx), n);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int swiglu_forward(Elem t, const void* gate, const void* up, void* out, int64_t n, void* s) {
+  if (n == 0) return cudaSuccess;
+  return with_elem(t, [&](auto v) {
+    using T = decltype(v);
+    swiglu_kernel<T><<<grid_for(n), kBlock, 0, raw(s)>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                         static_cast<T*>(out), n);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int swiglu_backward(Elem t, const void* gate, const void* up, const void* dout, void* dgate, void* dup, int64_t n,
+                    void* s) {
+  if (n == 0) return cudaSuccess;
+  return with_elem(t, [&](auto v) {
+    using T = decltype(v);
+    swiglu_grad_kernel<T><<<grid_for(n), kBlock, 0, raw(s)>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                              static_cast<const T*>(dout), static_cast<T*>(dgate),
+                                                              static_cast<T*>(dup), n);
     return static_cast<int>(cudaGetLastError());
   });
 }
