@@ -65,6 +65,20 @@ TEST_F(CudaKernels, AdamWEqualsTheCpuUpdateOverThreeSteps) {
   expect_close(gv, v, 1e-6, 1e-12, "adamw v");
 }
 
+// A bf16 parameter with an f32 master: the same update, and the parameter is the master rounded
+// to bf16 (train::AdamW::step's p.master.to(bf16)), bit for bit.
+TEST_F(CudaKernels, AdamWWritesTheBf16CopyOfItsF32Master) {
+  const int64_t n = 4099;
+  Tensor w = random_f32(Shape{n}, 2), m = Tensor(DType::F32, Shape{n}), v = Tensor(DType::F32, Shape{n});
+  Tensor gw = to_device(w, kGpu), gm = to_device(m, kGpu), gv = to_device(v, kGpu);
+  Tensor param = zeros_on(DType::BF16, Shape{n}, kGpu);
+  const Tensor g = random_f32(Shape{n}, 3, -0.1f, 0.1f);
+  adamw_reference(w, m, v, g, 1e-3, 1);
+  cuda::adamw_update(gw, gm, gv, to_device(g, kGpu), {.lr = 1e-3, .step = 1}, {}, &param);
+  expect_close(gw, w, 1e-6, 1e-7, "adamw w");
+  EXPECT_TRUE(bit_equal(param, to_host(gw).to(DType::BF16)));
+}
+
 // Norms: each row in double on both sides, rounded once to float; only the order of the double
 // sums differs: 1e-6 relative (atol 1e-6 for dx and the parameter sums, which cancel).
 constexpr double kNormRtol = 1e-6, kNormAtol = 1e-6;
@@ -106,6 +120,32 @@ TEST_F(CudaKernels, RmsNormForwardAndBackwardEqualTheCpuKernels) {
     const cuda::RmsNormGradResult g = cuda::rms_norm_backward(gx, gscale, out.inv_rms, to_device(dout, kGpu));
     expect_close(g.dx, grads.dx, kNormRtol, kNormAtol, what + " dx");
     expect_close(g.dscale, grads.dscale, kNormRtol, kNormAtol, what + " dscale");
+  }
+}
+
+// bf16 x and parameters (f32 statistics): the same double rows, rounded once to bf16 on the CPU and
+// through float on the GPU: one bf16 ulp (2^-8).
+TEST_F(CudaKernels, Bf16NormsEqualTheCpuKernels) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 5}, {17, 1023}, {2, 4097}}) {
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    const Tensor x = random_f32(Shape{rows, cols}, 61).to(DType::BF16), scale = random_f32(Shape{cols}, 62).to(DType::BF16),
+                 bias = random_f32(Shape{cols}, 63).to(DType::BF16), dout = random_f32(Shape{rows, cols}, 64).to(DType::BF16);
+    const Tensor gx = to_device(x, kGpu), gscale = to_device(scale, kGpu), gdout = to_device(dout, kGpu);
+    const ops::LayerNormOutputs ln = ops::layer_norm(x, scale, bias, -1, 1e-5);
+    const ops::LayerNormGrads lg = ops::layer_norm_backward(x, scale, ln.mean, ln.rstd, dout, -1);
+    const cuda::LayerNormResult gln = cuda::layer_norm(gx, gscale, to_device(bias, kGpu), 1e-5);
+    expect_close(gln.out, ln.out, 8e-3, 1e-6, "bf16 layer_norm " + what);
+    const cuda::LayerNormGradResult glg = cuda::layer_norm_backward(gx, gscale, gln.mean, gln.rstd, gdout);
+    expect_close(glg.dx, lg.dx, 8e-3, 1e-5, "bf16 layer_norm dx " + what);
+    expect_close(glg.dscale, lg.dscale, 8e-3, 1e-5, "bf16 layer_norm dscale " + what);
+    expect_close(glg.dbias, lg.dbias, 8e-3, 1e-5, "bf16 layer_norm dbias " + what);
+    const ops::RmsNormOutputs rn = ops::rms_norm(x, scale, -1, 1e-6);
+    const ops::RmsNormGrads rg = ops::rms_norm_backward(x, scale, rn.inv_rms, dout, -1);
+    const cuda::RmsNormResult grn = cuda::rms_norm(gx, gscale, 1e-6);
+    expect_close(grn.out, rn.out, 8e-3, 1e-6, "bf16 rms_norm " + what);
+    const cuda::RmsNormGradResult grg = cuda::rms_norm_backward(gx, gscale, grn.inv_rms, gdout);
+    expect_close(grg.dx, rg.dx, 8e-3, 1e-5, "bf16 rms_norm dx " + what);
+    expect_close(grg.dscale, rg.dscale, 8e-3, 1e-5, "bf16 rms_norm dscale " + what);
   }
 }
 

@@ -1,7 +1,10 @@
-// GELU (tanh approximation, GPT-2), SiLU and the AdamW update: elementwise, a grid-stride loop,
+// GELU (tanh approximation, GPT-2), SiLU and the AdamW update (and the bf16 copy of the updated
+// f32 master, when the parameter is bf16): elementwise, a grid-stride loop,
 // in float like the CPU kernels (ops/unary, train/optimizer.cc).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "shardwise/cuda/activation.cuh"
 #include "shardwise/cuda/block_reduce.cuh"
 #include "shardwise/cuda/launchers.h"
 
@@ -9,20 +12,10 @@ namespace shardwise::cuda::launch {
 
 namespace {
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluC = 0.044715f;
-
-__device__ float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluC * x * x * x))); }
-__device__ float gelu_grad(float x) {
-  const float t = tanhf(kSqrt2OverPi * (x + kGeluC * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
-}
-__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ float silu(float x) { return x * sigmoid(x); }
-__device__ float silu_grad(float x) {
-  const float s = sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
+using detail::gelu;
+using detail::gelu_grad;
+using detail::silu;
+using detail::silu_grad;
 
 template <Activation kOp>
 __global__ void forward_kernel(const float* x, float* y, long long n) {
@@ -40,7 +33,8 @@ __global__ void backward_kernel(const float* x, const float* dy, float* dx, long
   }
 }
 
-__global__ void adamw_kernel(float* w, float* m, float* v, const float* g, long long n, AdamWScalars c) {
+__global__ void adamw_kernel(float* w, float* m, float* v, const float* g, __nv_bfloat16* param, long long n,
+                             AdamWScalars c) {
   for (long long j = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; j < n;
        j += static_cast<long long>(gridDim.x) * blockDim.x) {
     const float mj = c.beta1 * m[j] + (1.0f - c.beta1) * g[j];
@@ -48,6 +42,7 @@ __global__ void adamw_kernel(float* w, float* m, float* v, const float* g, long 
     m[j] = mj;
     v[j] = vj;
     w[j] = w[j] * c.decay - c.step_size * mj / (sqrtf(vj) * c.inv_bc2_sqrt + c.eps);
+    if (param != nullptr) param[j] = __float2bfloat16_rn(w[j]);
   }
 }
 
@@ -77,9 +72,10 @@ int activation_backward(Activation op, const float* x, const float* dy, float* d
   return cudaGetLastError();
 }
 
-int adamw(float* w, float* m, float* v, const float* g, int64_t n, AdamWScalars c, void* s) {
+int adamw(float* w, float* m, float* v, const float* g, void* param_bf16, int64_t n, AdamWScalars c, void* s) {
   if (n == 0) return cudaSuccess;
-  adamw_kernel<<<detail::grid_for(n), detail::kBlock, 0, static_cast<cudaStream_t>(s)>>>(w, m, v, g, n, c);
+  adamw_kernel<<<detail::grid_for(n), detail::kBlock, 0, static_cast<cudaStream_t>(s)>>>(
+      w, m, v, g, static_cast<__nv_bfloat16*>(param_bf16), n, c);
   return cudaGetLastError();
 }
 

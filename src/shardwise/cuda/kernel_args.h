@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "shardwise/cuda/tensor_launchers.h"
 #include "shardwise/tensor/tensor.h"
 
 namespace shardwise::cuda::detail {
@@ -29,18 +30,32 @@ struct Rows {
   int64_t rows, cols;
   Shape leading;
 };
-// x (an f32 device tensor of rank >= 1, the argument `name`) as rows over its last dim.
-inline Rows rows_of(std::string_view kernel, const Tensor& x, std::string_view name = "x") {
-  need(kernel, name, x, DType::F32, x.device());
+// x (a device tensor of `dtype` and rank >= 1, the argument `name`) as rows over its last dim.
+inline Rows rows_of(std::string_view kernel, const Tensor& x, std::string_view name = "x", DType dtype = DType::F32) {
+  need(kernel, name, x, dtype, x.device());
   SW_CHECK(x.ndim() >= 1, "cuda {}: {} must have at least one dim", kernel, name);
   const Shape leading(x.shape().span().first(x.shape().size() - 1));
   return {leading.numel(), x.shape().back(), leading};
 }
+// A norm's x (f32 or bf16) as rows, and its element type.
+inline Rows norm_rows(std::string_view kernel, const Tensor& x, launch::Elem& elem) {
+  SW_CHECK(x.defined() && (x.dtype() == DType::F32 || x.dtype() == DType::BF16), "cuda {}: x must be f32 or bf16, got {}",
+           kernel, x.defined() ? x.to_string(0) : std::string("an undefined tensor"));
+  elem = x.dtype() == DType::F32 ? launch::Elem::F32 : launch::Elem::BF16;
+  return rows_of(kernel, x, "x", x.dtype());
+}
+// A parameter or gradient of a norm: x's dtype and device, `shape`.
+inline void need_like(std::string_view kernel, std::string_view arg, const Tensor& t, const Tensor& x,
+                      const Shape& shape) {
+  need(kernel, arg, t, x.dtype(), x.device());
+  need_shape(kernel, arg, t, shape);
+}
 // A norm's backward: x as rows, scale [cols] and dout like x on x's device.
-inline Rows norm_grad_rows(std::string_view kernel, const Tensor& x, const Tensor& scale, const Tensor& dout) {
-  const Rows r = rows_of(kernel, x);
-  need_f32(kernel, "scale", scale, x.device(), Shape{r.cols});
-  need_f32(kernel, "dout", dout, x.device(), x.shape());
+inline Rows norm_grad_rows(std::string_view kernel, const Tensor& x, const Tensor& scale, const Tensor& dout,
+                           launch::Elem& elem) {
+  const Rows r = norm_rows(kernel, x, elem);
+  need_like(kernel, "scale", scale, x, Shape{r.cols});
+  need_like(kernel, "dout", dout, x, x.shape());
   return r;
 }
 

@@ -28,7 +28,8 @@ Tensor activation_backward(Activation op, const Tensor& x, const Tensor& dy, Str
   return dx;
 }
 
-void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWArgs& a, Stream stream) {
+void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWArgs& a, Stream stream,
+                  Tensor* bf16_param) {
   SW_CHECK(a.step >= 1, "cuda adamw: steps count from 1, got {}", a.step);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&w, &m, &v, &g}) {
     need_f32("adamw", "every argument", *t, w.device(), w.shape());
@@ -39,18 +40,25 @@ void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWA
                                static_cast<float>(a.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
                                static_cast<float>(a.epsilon),
                                a.decay ? static_cast<float>(1.0 - a.lr * a.weight_decay) : 1.0f};
-  check(launch::adamw(f(w), f(m), f(v), f(g), w.numel(), c, stream.handle), "adamw kernel");
+  void* param = nullptr;
+  if (bf16_param != nullptr) {
+    need("adamw", "the bf16 parameter", *bf16_param, DType::BF16, w.device());
+    need_shape("adamw", "the bf16 parameter", *bf16_param, w.shape());
+    param = bf16_param->device_ptr();
+  }
+  check(launch::adamw(f(w), f(m), f(v), f(g), param, w.numel(), c, stream.handle), "adamw kernel");
 }
 
 LayerNormResult layer_norm(const Tensor& x, const Tensor& scale, const Tensor& bias, double epsilon, Stream stream) {
   const Device d = x.device();
-  const Rows r = rows_of("layer_norm", x);
-  need_f32("layer_norm", "scale", scale, d, Shape{r.cols});
-  need_f32("layer_norm", "bias", bias, d, Shape{r.cols});
-  LayerNormResult out{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, r.leading, d, stream),
+  launch::Elem t{};
+  const Rows r = norm_rows("layer_norm", x, t);
+  need_like("layer_norm", "scale", scale, x, Shape{r.cols});
+  need_like("layer_norm", "bias", bias, x, Shape{r.cols});
+  LayerNormResult out{empty_on(x.dtype(), x.shape(), d, stream), empty_on(DType::F32, r.leading, d, stream),
                       empty_on(DType::F32, r.leading, d, stream)};
-  check(launch::layer_norm_forward(f(x), f(scale), f(bias), f(out.out), f(out.mean), f(out.rstd), r.rows, r.cols,
-                                   epsilon, stream.handle),
+  check(launch::layer_norm_forward(t, x.device_ptr(), scale.device_ptr(), bias.device_ptr(), out.out.device_ptr(),
+                                   f(out.mean), f(out.rstd), r.rows, r.cols, epsilon, stream.handle),
         "layer_norm kernel");
   return out;
 }
@@ -58,23 +66,27 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& scale, const Tensor& b
 LayerNormGradResult layer_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& mean, const Tensor& rstd,
                                         const Tensor& dout, Stream stream) {
   const Device d = x.device();
-  const Rows r = norm_grad_rows("layer_norm_backward", x, scale, dout);
+  launch::Elem t{};
+  const Rows r = norm_grad_rows("layer_norm_backward", x, scale, dout, t);
   need_f32("layer_norm_backward", "mean", mean, d, r.leading);
   need_f32("layer_norm_backward", "rstd", rstd, d, r.leading);
-  LayerNormGradResult g{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, Shape{r.cols}, d, stream),
-                        empty_on(DType::F32, Shape{r.cols}, d, stream)};
-  check(launch::layer_norm_backward(f(x), f(scale), f(mean), f(rstd), f(dout), f(g.dx), f(g.dscale), f(g.dbias),
-                                    r.rows, r.cols, stream.handle),
+  LayerNormGradResult g{empty_on(x.dtype(), x.shape(), d, stream), empty_on(x.dtype(), Shape{r.cols}, d, stream),
+                        empty_on(x.dtype(), Shape{r.cols}, d, stream)};
+  check(launch::layer_norm_backward(t, x.device_ptr(), scale.device_ptr(), f(mean), f(rstd), dout.device_ptr(),
+                                    g.dx.device_ptr(), g.dscale.device_ptr(), g.dbias.device_ptr(), r.rows, r.cols,
+                                    stream.handle),
         "layer_norm_backward kernel");
   return g;
 }
 
 RmsNormResult rms_norm(const Tensor& x, const Tensor& scale, double epsilon, Stream stream) {
   const Device d = x.device();
-  const Rows r = rows_of("rms_norm", x);
-  need_f32("rms_norm", "scale", scale, d, Shape{r.cols});
-  RmsNormResult out{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, r.leading, d, stream)};
-  check(launch::rms_norm_forward(f(x), f(scale), f(out.out), f(out.inv_rms), r.rows, r.cols, epsilon, stream.handle),
+  launch::Elem t{};
+  const Rows r = norm_rows("rms_norm", x, t);
+  need_like("rms_norm", "scale", scale, x, Shape{r.cols});
+  RmsNormResult out{empty_on(x.dtype(), x.shape(), d, stream), empty_on(DType::F32, r.leading, d, stream)};
+  check(launch::rms_norm_forward(t, x.device_ptr(), scale.device_ptr(), out.out.device_ptr(), f(out.inv_rms), r.rows,
+                                 r.cols, epsilon, stream.handle),
         "rms_norm kernel");
   return out;
 }
@@ -82,10 +94,12 @@ RmsNormResult rms_norm(const Tensor& x, const Tensor& scale, double epsilon, Str
 RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
                                     Stream stream) {
   const Device d = x.device();
-  const Rows r = norm_grad_rows("rms_norm_backward", x, scale, dout);
+  launch::Elem t{};
+  const Rows r = norm_grad_rows("rms_norm_backward", x, scale, dout, t);
   need_f32("rms_norm_backward", "inv_rms", inv_rms, d, r.leading);
-  RmsNormGradResult g{empty_on(DType::F32, x.shape(), d, stream), empty_on(DType::F32, Shape{r.cols}, d, stream)};
-  check(launch::rms_norm_backward(f(x), f(scale), f(inv_rms), f(dout), f(g.dx), f(g.dscale), r.rows, r.cols, stream.handle),
+  RmsNormGradResult g{empty_on(x.dtype(), x.shape(), d, stream), empty_on(x.dtype(), Shape{r.cols}, d, stream)};
+  check(launch::rms_norm_backward(t, x.device_ptr(), scale.device_ptr(), f(inv_rms), dout.device_ptr(),
+                                  g.dx.device_ptr(), g.dscale.device_ptr(), r.rows, r.cols, stream.handle),
         "rms_norm_backward kernel");
   return g;
 }

@@ -1,9 +1,10 @@
 #pragma once
-// CUDA kernels on device tensors (tensor/device_copy.h), f32 only for now, each the CUDA twin of a
-// CPU kernel: the same function, compared against it on random inputs by tests/cuda (run only on a
-// GPU machine: docs/gpu.md says which have run). Outputs come from the device allocator on
-// `stream`; the launches are asynchronous on it. Every input must be an f32 tensor on one device
-// (i64 labels), else an Error naming the kernel and the argument.
+// CUDA kernels on device tensors (tensor/device_copy.h), f32 (the norms also bf16), each the CUDA
+// twin of a CPU kernel: the same function, compared against it on random inputs by tests/cuda (run
+// only on a GPU machine: docs/gpu.md says which have run). Outputs come from the device allocator on
+// `stream`; the launches are asynchronous on it. Every input must be a tensor of the dtype named on
+// one device (i64 labels), else an Error naming the kernel and the argument. The elementwise family
+// (bf16 GELU / SiLU among it) is in elementwise.h, GEMMs in matmul.h, the LM head in lm_head.h.
 #include <cstdint>
 
 #include "shardwise/cuda/launchers.h"
@@ -24,10 +25,14 @@ struct AdamWArgs {
   int64_t step = 1;
   bool decay = true;
 };
-void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWArgs& args, Stream stream = {});
+// bf16_param (optional): a bf16 parameter whose f32 master is w gets w rounded to bf16 (what
+// train::AdamW::step does with p.master.to(bf16)), in the same kernel.
+void adamw_update(Tensor& w, Tensor& m, Tensor& v, const Tensor& g, const AdamWArgs& args, Stream stream = {},
+                  Tensor* bf16_param = nullptr);
 
-// ops::layer_norm / rms_norm over the last dim (begin_norm_axis -1) and their backward; the
-// statistics have x's leading shape.
+// ops::layer_norm / rms_norm over the last dim (begin_norm_axis -1) and their backward, f32 or bf16
+// (x, the parameters, the output and the gradients of one dtype; math in double); the statistics
+// are f32 of x's leading shape.
 struct LayerNormResult {
   Tensor out, mean, rstd;
 };

@@ -5,6 +5,8 @@
 // kernels.h wraps them for device tensors; its comments say what each computes.
 #include <cstdint>
 
+#include "shardwise/cuda/tensor_launchers.h"
+
 namespace shardwise::cuda::launch {
 
 enum class Activation : uint8_t { Gelu, Silu };
@@ -14,17 +16,19 @@ int activation_backward(Activation op, const float* x, const float* dy, float* d
 struct AdamWScalars {
   float beta1, beta2, step_size, inv_bc2_sqrt, eps, decay;
 };
-int adamw(float* w, float* m, float* v, const float* g, int64_t n, AdamWScalars c, void* s);
+// param_bf16 (nullable): gets the updated w rounded to bf16 (the kernels' copy of an f32 master).
+int adamw(float* w, float* m, float* v, const float* g, void* param_bf16, int64_t n, AdamWScalars c, void* s);
 
-// Rows of `cols` values; statistics are one per row, parameters one per column.
-int layer_norm_forward(const float* x, const float* scale, const float* bias, float* out, float* mean, float* rstd,
-                       int64_t rows, int64_t cols, double eps, void* s);
-int layer_norm_backward(const float* x, const float* scale, const float* mean, const float* rstd, const float* dout,
-                        float* dx, float* dscale, float* dbias, int64_t rows, int64_t cols, void* s);
-int rms_norm_forward(const float* x, const float* scale, float* out, float* inv_rms, int64_t rows, int64_t cols,
+// Rows of `cols` values; statistics (f32) are one per row, parameters one per column. x, the
+// parameters, out and the gradients are of the element type `t` (f32 or bf16).
+int layer_norm_forward(Elem t, const void* x, const void* scale, const void* bias, void* out, float* mean,
+                       float* rstd, int64_t rows, int64_t cols, double eps, void* s);
+int layer_norm_backward(Elem t, const void* x, const void* scale, const float* mean, const float* rstd,
+                        const void* dout, void* dx, void* dscale, void* dbias, int64_t rows, int64_t cols, void* s);
+int rms_norm_forward(Elem t, const void* x, const void* scale, void* out, float* inv_rms, int64_t rows, int64_t cols,
                      double eps, void* s);
-int rms_norm_backward(const float* x, const float* scale, const float* inv_rms, const float* dout, float* dx,
-                      float* dscale, int64_t rows, int64_t cols, void* s);
+int rms_norm_backward(Elem t, const void* x, const void* scale, const float* inv_rms, const void* dout, void* dx,
+                      void* dscale, int64_t rows, int64_t cols, void* s);
 
 // Cross-entropy per row (loss 0 on ignored rows); `bad` (one int64, zero on entry) gets 1 + the
 // first row whose label is neither ignore_index nor in [0, classes).

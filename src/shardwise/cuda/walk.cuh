@@ -1,0 +1,56 @@
+#pragma once
+// Device helpers of the elementwise, reduction and layout kernels: loads and stores of f32 / bf16 /
+// f16 through float, the offsets of a walk (tensor_launchers.h) for a flat index, grid-stride loops,
+// and the dispatch of a launcher on the element type.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "shardwise/cuda/tensor_launchers.h"
+
+namespace shardwise::cuda::detail {
+
+__device__ inline float to_float(float v) { return v; }
+__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float to_float(__half v) { return __half2float(v); }
+template <class T>
+__device__ T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) { return v; }
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Operand k's element of flat index i of the walk.
+template <int kOperands>
+struct Offsets {
+  long long at[kOperands];
+};
+template <int kOperands>
+__device__ inline Offsets<kOperands> walk_offsets(const launch::Walk& w, long long i) {
+  Offsets<kOperands> o;
+  for (int k = 0; k < kOperands; ++k) o.at[k] = w.offset[k];
+  for (int d = w.ndim - 1; d >= 0; --d) {
+    const long long idx = i % w.shape[d];
+    i /= w.shape[d];
+    for (int k = 0; k < kOperands; ++k) o.at[k] += idx * w.stride[k][d];
+  }
+  return o;
+}
+
+// Calls fn(T{}) with T the element type of `t` (host side of a launcher).
+template <class Fn>
+int with_elem(launch::Elem t, Fn&& fn) {
+  switch (t) {
+    case launch::Elem::F32: return fn(float{});
+    case launch::Elem::BF16: return fn(__nv_bfloat16{});
+    case launch::Elem::F16: return fn(__half{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+__device__ inline long long first_index() { return blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; }
+__device__ inline long long grid_step() { return static_cast<long long>(gridDim.x) * blockDim.x; }
+
+}  // namespace shardwise::cuda::detail
