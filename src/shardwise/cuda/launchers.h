@@ -41,4 +41,19 @@ int cross_entropy_backward(const float* logits, const int64_t* labels, const flo
                            float* dlogits, int64_t rows, int64_t classes, int64_t ignore_index, Reduction reduction,
                            void* s);
 
+// Fused causal attention (attention_forward.cu, attention_backward.cu): q [B, G, R, S, D] (query
+// head h = g R + r reads kv head g), k, v [B, G, S, D], doc [B, S] document ids or null, out and
+// the gradients of their inputs' element type, lse [B, G, R, S] f32; D <= 128.
+enum class Elem : uint8_t { F32, BF16 };
+struct AttentionShape {
+  int64_t batch, groups, reps, seq, head_dim;
+  float scale;
+};
+int attention_forward(Elem e, const void* q, const void* k, const void* v, const int64_t* doc, void* out, float* lse,
+                      const AttentionShape& a, void* s);
+// delta: scratch of B G R S floats.
+int attention_backward(Elem e, const void* q, const void* k, const void* v, const int64_t* doc, const void* out,
+                       const float* lse, const void* dout, float* delta, void* dq, void* dk, void* dv,
+                       const AttentionShape& a, void* s);
+
 }  // namespace shardwise::cuda::launch
