@@ -2,11 +2,12 @@
 // What the fused attention kernels (attention_forward.cu, attention_backward.cu) share: 64 x 64
 // tiles of query rows and keys in shared memory as float (rows padded to D + 1 floats against bank
 // conflicts), 256 threads a block (two warp groups: the 4 threads of a warp that share a tile row
-// split its columns), the causal and document mask, and the float <-> element conversions. No
+// split its columns) and the causal and document mask. No
 // tensor cores in this first version: every product is a float FMA.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "shardwise/cuda/element.cuh"
 #include "shardwise/cuda/launchers.h"
 
 namespace shardwise::cuda::detail {
@@ -16,15 +17,6 @@ inline constexpr int kAttnThreads = 256;  // kRowThreads per tile row
 inline constexpr int kRowThreads = 4;
 inline constexpr int kColsPerThread = kAttnTile / kRowThreads;  // 16 columns of a row's 64
 inline constexpr int kScoreLd = kAttnTile + 1;                  // a [64, 64] score tile's row stride
-
-__device__ inline float to_f(float x) { return x; }
-__device__ inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <class T>
-__device__ T from_f(float x);
-template <>
-__device__ inline float from_f<float>(float x) { return x; }
-template <>
-__device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // exp(d) for d = x - max <= 0, 0 below e^-80 as the CPU kernel's exp_of (ops/attention).
 __device__ inline float exp_of(float d) { return d < -80.0f ? 0.0f : expf(d); }

@@ -1,5 +1,5 @@
 #pragma once
-// CUDA kernels on device tensors (tensor/device_copy.h), f32 only for now, each the CUDA twin of a
+// CUDA kernels on device tensors (tensor/device_copy.h), f32 unless a kernel says otherwise, each the CUDA twin of a
 // CPU kernel: the same function, compared against it on random inputs by tests/cuda (run only on a
 // GPU machine: docs/gpu.md says which have run). Outputs come from the device allocator on
 // `stream`; the launches are asynchronous on it. Every input must be an f32 tensor on one device
@@ -55,5 +55,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
                      Stream stream = {});
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
                               Reduction reduction, Stream stream = {});
+
+// ops::rotary_embedding / rotary_embedding_backward (ops/rotary/kernels.h's layout and angles):
+// x f32 or bf16 [..., S, D], D even; positions i64 or i32, [S] or [x's dim 0, S]. The backward
+// rotates dout back.
+Tensor rotary_embedding(const Tensor& x, const Tensor& positions, double theta, Stream stream = {});
+Tensor rotary_embedding_backward(const Tensor& dout, const Tensor& positions, double theta, Stream stream = {});
 
 }  // namespace shardwise::cuda

@@ -56,4 +56,14 @@ int attention_backward(Elem e, const void* q, const void* k, const void* v, cons
                        const float* lse, const void* dout, float* delta, void* dq, void* dk, void* dv,
                        const AttentionShape& a, void* s);
 
+// Rotary embedding (rotary.cu): `rows` rows of head_dim values, row r at sequence index r % seq;
+// positions [seq] (per_batch 0) or [B, seq] with per_batch rows a batch row; theta as float (the
+// CPU rounds it so); sign -1 rotates back (the gradient).
+struct RotaryShape {
+  int64_t rows, seq, head_dim, per_batch;
+  float theta;
+};
+int rotary(Elem e, const void* x, void* out, const void* positions, bool positions_i32, const RotaryShape& r, int sign,
+           void* s);
+
 }  // namespace shardwise::cuda::launch
