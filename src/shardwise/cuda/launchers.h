@@ -3,6 +3,7 @@
 // cudaStream_t, as Stream::handle holds it), no tensors, so the .cu files need nothing but the CUDA
 // runtime and C++17 (CMake 3.25 gives nvcc no C++20). Each returns the launch's cudaError_t (as int).
 // kernels.h wraps them for device tensors; its comments say what each computes.
+#include <cstddef>
 #include <cstdint>
 
 namespace shardwise::cuda::launch {
@@ -65,5 +66,20 @@ struct RotaryShape {
 };
 int rotary(Elem e, const void* x, void* out, const void* positions, bool positions_i32, const RotaryShape& r, int sign,
            void* s);
+
+// Embedding (embedding.cu): ids (n of them, i64 or i32) index the block of `rows` rows of `hidden`
+// values starting at vocab row `offset`; an id outside the block gives (takes) a zero row.
+// embedding_check_ids: bad (one int64, zero on entry) gets n - the first position whose id is
+// outside [0, vocab_size). embedding_backward (f32) needs `scratch` of
+// embedding_backward_scratch_bytes(n, vocab_size) bytes; n < 2^31.
+struct EmbeddingShape {
+  int64_t rows, hidden, offset;
+};
+int embedding_check_ids(const void* ids, bool ids_i32, int64_t n, int64_t vocab_size, int64_t* bad, void* s);
+int embedding_forward(Elem el, const void* ids, bool ids_i32, int64_t n, const void* weight, void* out,
+                      const EmbeddingShape& e, void* s);
+size_t embedding_backward_scratch_bytes(int64_t n, int64_t vocab_size);
+int embedding_backward(const void* ids, bool ids_i32, int64_t n, const float* dout, float* dweight,
+                       const EmbeddingShape& e, int64_t vocab_size, void* scratch, void* s);
 
 }  // namespace shardwise::cuda::launch
