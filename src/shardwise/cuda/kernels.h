@@ -48,6 +48,10 @@ struct RmsNormGradResult {
 RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
                                     Stream stream = {});
 
+// ops::softmax(x, -1) and ops::softmax_backward(out, dout, -1).
+Tensor softmax(const Tensor& x, Stream stream = {});
+Tensor softmax_backward(const Tensor& out, const Tensor& dout, Stream stream = {});
+
 // ops::cross_entropy / cross_entropy_backward over the last dim, i64 labels. A label outside
 // [0, C) that is not ignore_index is an Error naming its row: the forward reads one flag back to
 // the host for that (a synchronisation of `stream`).

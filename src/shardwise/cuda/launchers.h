@@ -27,6 +27,10 @@ int rms_norm_forward(const float* x, const float* scale, float* out, float* inv_
 int rms_norm_backward(const float* x, const float* scale, const float* inv_rms, const float* dout, float* dx,
                       float* dscale, int64_t rows, int64_t cols, void* s);
 
+// Softmax over rows of `cols` values (softmax.cu); the backward from the output y.
+int softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, void* s);
+int softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, void* s);
+
 // Cross-entropy per row (loss 0 on ignored rows); `bad` (one int64, zero on entry) gets 1 + the
 // first row whose label is neither ignore_index nor in [0, classes).
 enum class Reduction : uint8_t { None, Sum, Mean };
