@@ -86,4 +86,36 @@ size_t embedding_backward_scratch_bytes(int64_t n, int64_t vocab_size);
 int embedding_backward(const void* ids, bool ids_i32, int64_t n, const float* dout, float* dweight,
                        const EmbeddingShape& e, int64_t vocab_size, void* scratch, void* s);
 
+// MoE routing and dispatch on one device (moe_routing.cu, moe_dispatch.cu; moe.h says what each
+// computes): f32 tokens x [tokens, hidden], gate [experts, hidden], router values in f64 as the
+// CPU's; assignment a = t top_k + s. capacity < 0: dropless. pos[a]: a's row among the experts'
+// rows, -1 when dropped; experts <= 1024.
+struct MoeDims {
+  int64_t tokens, hidden, experts, top_k;
+};
+int moe_route(const float* x, const float* gate, double* logits, double* probs, double* lse, int64_t* expert,
+              double* weight, const MoeDims& m, bool normalize, bool sigmoid, void* s);
+int moe_capacity(const int64_t* expert, uint8_t* kept, int64_t* counts, int64_t* dropped, float* aux, float* z,
+                 const double* probs, const double* lse, int64_t capacity, const MoeDims& m, void* s);
+int moe_plan(const int64_t* expert, const uint8_t* kept, int64_t* pos, int64_t* expert_rows, const MoeDims& m,
+             void* s);
+int moe_gather(const float* x, const int64_t* pos, float* rows, const MoeDims& m, void* s);
+int moe_combine(const float* rows, const int64_t* pos, const double* weight, float* out, const MoeDims& m, void* s);
+int moe_combine_backward(const float* dout, const float* rows, const int64_t* pos, const double* weight,
+                         float* drows, double* dweight, const MoeDims& m, void* s);
+int moe_gather_backward(const float* drows, const int64_t* pos, double* dx, const MoeDims& m, void* s);
+// daux, dz: device scalars or null (0); dl: scratch [tokens, experts]; dx: the experts' share of
+// x's gradient (f64), dx_out = it plus the router's.
+struct MoeRouterGrad {
+  const float *x, *gate;
+  const double *logits, *probs, *lse;
+  const int64_t *expert, *counts;
+  const double* dweight;
+  const float *daux, *dz;
+  double* dl;
+  const double* dx;
+  float *dgate, *dx_out;
+};
+int moe_router_backward(const MoeRouterGrad& g, const MoeDims& m, bool normalize, bool sigmoid, void* s);
+
 }  // namespace shardwise::cuda::launch
