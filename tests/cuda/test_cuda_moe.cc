@@ -37,7 +37,7 @@ double silu(double v) { return v / (1.0 + std::exp(-v)); }
 double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
 // Expert e's SwiGLU on its rows (host, double): forward y, or backward dx from dy (backward true).
-void expert_rows(const Layer& l, int64_t e, const float* x, const float* dy, float* out, int64_t m, bool backward) {
+void expert_rows_of(const Layer& l, int64_t e, const float* x, const float* dy, float* out, int64_t m, bool backward) {
   const float *w1 = l.w1.data<float>() + e * l.F * l.d, *w3 = l.w3.data<float>() + e * l.F * l.d,
               *w2 = l.w2.data<float>() + e * l.d * l.F;
   for (int64_t i = 0; i < m; ++i) {
@@ -66,18 +66,68 @@ void expert_rows(const Layer& l, int64_t e, const float* x, const float* dy, flo
   }
 }
 
-// Every expert over its rows of `rows` (expert-major, d.expert_rows each), on the host.
-Tensor experts(const Layer& l, const cuda::MoeDispatch& d, const Tensor& rows, const Tensor& dy, bool backward) {
-  const Tensor x = to_host(rows), g = backward ? to_host(dy) : Tensor();
+// Every expert over its rows of x (host, expert-major, expert_rows each); dy: the output
+// gradient (backward) or undefined (forward).
+Tensor host_experts(const Layer& l, const std::vector<int64_t>& expert_rows, const Tensor& x, const Tensor& dy) {
+  const bool backward = dy.defined();
   Tensor out(DType::F32, x.shape());
   int64_t at = 0;
   for (int64_t e = 0; e < l.E; ++e) {
-    const int64_t m = d.expert_rows[static_cast<size_t>(e)];
-    expert_rows(l, e, x.data<float>() + at * l.d, backward ? g.data<float>() + at * l.d : nullptr,
-                out.data<float>() + at * l.d, m, backward);
+    const int64_t m = expert_rows[static_cast<size_t>(e)];
+    expert_rows_of(l, e, x.data<float>() + at * l.d, backward ? dy.data<float>() + at * l.d : nullptr,
+                   out.data<float>() + at * l.d, m, backward);
     at += m;
   }
-  return to_device(out, kGpu);
+  return out;
+}
+Tensor experts(const Layer& l, const cuda::MoeDispatch& d, const Tensor& rows, const Tensor& dy) {
+  return to_device(host_experts(l, d.expert_rows, to_host(rows), dy.defined() ? to_host(dy) : Tensor()), kGpu);
+}
+
+// The reference itself: routed by the CPU router, the host experts and the combine's formula give
+// ops::moe_forward's output (so a GPU mismatch is the kernels', not this file's). Runs everywhere.
+TEST(CudaMoeReference, HostExpertsAndCombineReproduceTheCpuOp) {
+  const Layer l = layer(false);
+  const ops::MoeConfig cfg{2, 0.5, true, false};
+  const ops::moe_detail::Routing r = ops::moe_detail::route(l.x, l.gate, l.E, cfg, {});
+  const ops::moe_detail::DispatchPlan plan = ops::moe_detail::plan_dispatch(r, l.E, {});
+  const auto rows = static_cast<int64_t>(plan.order.size());
+  Tensor x_rows(DType::F32, Shape{rows, l.d});
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < l.d; ++c)
+      x_rows.data<float>()[i * l.d + c] = l.x.data<float>()[(plan.order[static_cast<size_t>(i)] / 2) * l.d + c];
+  const Tensor y = host_experts(l, plan.expert_rows, x_rows, Tensor());
+  std::vector<double> out(static_cast<size_t>(l.N * l.d), 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t a = plan.order[static_cast<size_t>(i)];
+    for (int64_t c = 0; c < l.d; ++c)
+      out[static_cast<size_t>((a / 2) * l.d + c)] += r.weight[static_cast<size_t>(a)] * y.data<float>()[i * l.d + c];
+  }
+  const std::vector<Tensor> ref = ops::moe_forward(std::vector<Tensor>{l.x, l.gate, l.w1, l.w3, l.w2}, cfg, {});
+  const CompareResult c = compare(Tensor::from<double>(Shape{l.N, l.d}, out).to(DType::F32), ref[0], 1e-5, 1e-6);
+  EXPECT_TRUE(c.equal) << c.message;
+  EXPECT_GT(r.dropped, 0);  // capacity 0.5 drops some: the reference covers dropped slots
+}
+
+// The host experts' backward is their forward's gradient: sum(y(x) * g) by central differences.
+TEST(CudaMoeReference, HostExpertBackwardIsTheForwardsGradient) {
+  const Layer l = layer(false);
+  const std::vector<int64_t> rows{2, 0, 1, 0, 0};
+  const Tensor x = random_f32(Shape{3, l.d}, 97, -1.f, 1.f), g = random_f32(Shape{3, l.d}, 98);
+  const Tensor dx = host_experts(l, rows, x, g);
+  auto loss = [&](const Tensor& at) {
+    const Tensor y = host_experts(l, rows, at, Tensor());
+    double s = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) s += double(y.data<float>()[i]) * g.data<float>()[i];
+    return s;
+  };
+  for (int64_t i : {0, 5, 17, 40}) {
+    Tensor hi = x.clone(), lo = x.clone();
+    hi.data<float>()[i] += 1e-2f;
+    lo.data<float>()[i] -= 1e-2f;
+    const double fd = (loss(hi) - loss(lo)) / (double(hi.data<float>()[i]) - lo.data<float>()[i]);
+    EXPECT_NEAR(dx.data<float>()[i], fd, 1e-3 + 1e-3 * std::abs(fd)) << "element " << i;
+  }
 }
 
 void check_routing(const Layer& l, const cuda::MoeRouterConfig& c, const std::string& what) {
@@ -123,11 +173,11 @@ void check_layer(const Layer& l, const cuda::MoeRouterConfig& c, const std::stri
   const cuda::MoeRouting r = cuda::moe_route(gx, ggate, c);
   const cuda::MoeDispatch d = cuda::moe_plan(r);
   const Tensor rows = cuda::moe_gather(gx, d);
-  const Tensor y = experts(l, d, rows, Tensor(), false);
+  const Tensor y = experts(l, d, rows, Tensor());
   const Tensor out = cuda::moe_combine(y, d, r);
   expect_close(out, ref[0], 1e-5, 1e-6, what + " out");
   const cuda::MoeCombineGrad cg = cuda::moe_combine_backward(gdout, y, d, r);
-  const Tensor dx_rows = experts(l, d, rows, cg.dy, true);
+  const Tensor dx_rows = experts(l, d, rows, cg.dy);
   const cuda::MoeRouterGradResult g =
       cuda::moe_router_backward(gx, ggate, r, d, dx_rows, cg.dweight, to_device(daux, kGpu), to_device(dz, kGpu));
   expect_close(g.dx, grads.dx, 1e-5, 1e-6, what + " dx");
