@@ -149,6 +149,25 @@ TEST_F(CudaKernels, Bf16NormsEqualTheCpuKernels) {
   }
 }
 
+// Softmax: float exponentials on both sides (expf against the CPU's fast_expf, a few ulp each),
+// sums in double: 2e-6 relative. The backward from the CPU's output on both sides: only the
+// double sums' order differs: 1e-6 relative. Rows with a causal mask's -1e9 entries too.
+TEST_F(CudaKernels, SoftmaxForwardAndBackwardEqualTheCpuKernels) {
+  for (auto [rows, cols] : kNormSizes) {
+    const std::string what = "softmax " + std::to_string(rows) + "x" + std::to_string(cols);
+    Tensor x = random_f32(Shape{rows, cols}, 81, -20.f, 20.f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = r + 1; c < cols; c += 2) x.data<float>()[r * cols + c] = -1e9f;
+    const Tensor dout = random_f32(Shape{rows, cols}, 82);
+    const Tensor out = ops::softmax(x, -1);
+    const Tensor gout = cuda::softmax(to_device(x, kGpu));
+    expect_close(gout, out, 2e-6, 1e-9, what);
+    const Tensor gdx = cuda::softmax_backward(to_device(out, kGpu), to_device(dout, kGpu));
+    expect_close(gdx, ops::softmax_backward(out, dout, -1), 1e-6, 1e-9, what + " backward");
+    EXPECT_TRUE(bit_equal(gout, cuda::softmax(to_device(x, kGpu)))) << what << ": not deterministic";
+  }
+}
+
 // Cross-entropy: the CPU's f32 rows take float exponentials (fast_expf, a few ulp) with double
 // sums; the GPU takes double exponentials: 1e-5 relative, atol 1e-6 on dlogits.
 TEST_F(CudaKernels, CrossEntropyForwardAndBackwardEqualTheCpuKernels) {

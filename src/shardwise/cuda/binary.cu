@@ -34,7 +34,7 @@ template <class T>
 __global__ void forward_kernel(Binary op, const T* x, const T* y, T* out, long long n, Walk w) {
   for (long long i = first_index(); i < n; i += grid_step()) {
     const Offsets<3> o = walk_offsets<3>(w, i);
-    out[o.at[2]] = from_float<T>(apply(op, to_float(x[o.at[0]]), to_float(y[o.at[1]])));
+    out[o.at[2]] = from_f<T>(apply(op, to_f(x[o.at[0]]), to_f(y[o.at[1]])));
   }
 }
 
@@ -42,7 +42,7 @@ template <class T>
 __global__ void backward_kernel(Binary op, const T* x, const T* y, const T* dout, T* gx, T* gy, long long n, Walk w) {
   for (long long i = first_index(); i < n; i += grid_step()) {
     const Offsets<2> o = walk_offsets<2>(w, i);
-    const float a = to_float(x[o.at[0]]), b = to_float(y[o.at[1]]), g = to_float(dout[i]);
+    const float a = to_f(x[o.at[0]]), b = to_f(y[o.at[1]]), g = to_f(dout[i]);
     float da = g, db = g;
     switch (op) {
       case Binary::Add: break;
@@ -57,8 +57,8 @@ __global__ void backward_kernel(Binary op, const T* x, const T* y, const T* dout
         break;
       }
     }
-    gx[i] = from_float<T>(da);
-    gy[i] = from_float<T>(db);
+    gx[i] = from_f<T>(da);
+    gy[i] = from_f<T>(db);
   }
 }
 

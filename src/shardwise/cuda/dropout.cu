@@ -41,14 +41,14 @@ __global__ void dropout_kernel(const T* x, T* out, uint8_t* mask, long long n, W
     const float u = static_cast<float>(philox_lane(g, seed, stream) >> 8) * (1.0f / 16777216.0f);
     const bool keep = static_cast<double>(u) >= p;
     mask[i] = keep ? 1 : 0;
-    out[i] = from_float<T>(to_float(x[i]) * (keep ? scale : 0.0f));
+    out[i] = from_f<T>(to_f(x[i]) * (keep ? scale : 0.0f));
   }
 }
 
 template <class T>
 __global__ void apply_kernel(const T* x, const uint8_t* mask, T* out, long long n, float scale) {
   for (long long i = first_index(); i < n; i += grid_step()) {
-    out[i] = from_float<T>(to_float(x[i]) * (mask[i] ? scale : 0.0f));
+    out[i] = from_f<T>(to_f(x[i]) * (mask[i] ? scale : 0.0f));
   }
 }
 

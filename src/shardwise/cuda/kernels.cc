@@ -104,4 +104,19 @@ RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const 
   return g;
 }
 
+Tensor softmax(const Tensor& x, Stream stream) {
+  const Rows r = rows_of("softmax", x);
+  Tensor y = empty_on(DType::F32, x.shape(), x.device(), stream);
+  check(launch::softmax_forward(f(x), f(y), r.rows, r.cols, stream.handle), "softmax kernel");
+  return y;
+}
+
+Tensor softmax_backward(const Tensor& out, const Tensor& dout, Stream stream) {
+  const Rows r = rows_of("softmax_backward", out, "out");
+  need_f32("softmax_backward", "dout", dout, out.device(), out.shape());
+  Tensor dx = empty_on(DType::F32, out.shape(), out.device(), stream);
+  check(launch::softmax_backward(f(out), f(dout), f(dx), r.rows, r.cols, stream.handle), "softmax_backward kernel");
+  return dx;
+}
+
 }  // namespace shardwise::cuda

@@ -4,7 +4,8 @@
 // only on a GPU machine: docs/gpu.md says which have run). Outputs come from the device allocator on
 // `stream`; the launches are asynchronous on it. Every input must be a tensor of the dtype named on
 // one device (i64 labels), else an Error naming the kernel and the argument. The elementwise family
-// (bf16 GELU / SiLU among it) is in elementwise.h, GEMMs in matmul.h, the LM head in lm_head.h.
+// (bf16 GELU / SiLU among it) is in elementwise.h, GEMMs in matmul.h, the LM head in lm_head.h, the
+// fused attention in attention.h, MoE in moe.h.
 #include <cstdint>
 
 #include "shardwise/cuda/launchers.h"
@@ -53,6 +54,10 @@ struct RmsNormGradResult {
 RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
                                     Stream stream = {});
 
+// ops::softmax(x, -1) and ops::softmax_backward(out, dout, -1).
+Tensor softmax(const Tensor& x, Stream stream = {});
+Tensor softmax_backward(const Tensor& out, const Tensor& dout, Stream stream = {});
+
 // ops::cross_entropy / cross_entropy_backward over the last dim, i64 labels. A label outside
 // [0, C) that is not ignore_index is an Error naming its row: the forward reads one flag back to
 // the host for that (a synchronisation of `stream`).
@@ -60,5 +65,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_
                      Stream stream = {});
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dloss, int64_t ignore_index,
                               Reduction reduction, Stream stream = {});
+
+// ops::rotary_embedding / rotary_embedding_backward (ops/rotary/kernels.h's layout and angles):
+// x f32 or bf16 [..., S, D], D even; positions i64 or i32, [S] or [x's dim 0, S]. The backward
+// rotates dout back.
+Tensor rotary_embedding(const Tensor& x, const Tensor& positions, double theta, Stream stream = {});
+Tensor rotary_embedding_backward(const Tensor& dout, const Tensor& positions, double theta, Stream stream = {});
+
+// ops::embedding / embedding_backward: weight (f32 or bf16; the gradient f32) is the block of rows
+// [vocab_offset, vocab_offset + rows) of a vocab of vocab_size (one device: 0 and its rows); ids
+// i64 or i32 of any shape. An id outside [0, vocab_size) is an Error naming it and its position
+// (one flag read back: a synchronisation of `stream`); an id outside the block gives a zero row and
+// takes no gradient. The gradient adds duplicates in position order, as the CPU does: the same bits.
+Tensor embedding(const Tensor& ids, const Tensor& weight, int64_t vocab_offset, int64_t vocab_size, Stream stream = {});
+Tensor embedding_backward(const Tensor& ids, const Tensor& dout, const Shape& weight_shape, int64_t vocab_offset,
+                          int64_t vocab_size, Stream stream = {});
 
 }  // namespace shardwise::cuda

@@ -15,8 +15,8 @@ namespace {
 
 using detail::block_reduce;
 using detail::kBlock;
-using detail::from_float;
-using detail::to_float;
+using detail::from_f;
+using detail::to_f;
 using detail::with_elem;
 
 template <class T>
@@ -24,14 +24,14 @@ __global__ void layer_norm_fwd(const T* x, const T* scale, const T* bias, T* out
                                float* rstd_out, long long cols, double eps) {
   const T* xr = x + blockIdx.x * cols;
   double sum = 0;
-  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sum += to_float(xr[c]);
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sum += to_f(xr[c]);
   const double mean = block_reduce(sum) / static_cast<double>(cols);
   double sq = 0;
-  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sq += (to_float(xr[c]) - mean) * (to_float(xr[c]) - mean);
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sq += (to_f(xr[c]) - mean) * (to_f(xr[c]) - mean);
   const double rstd = 1.0 / sqrt(block_reduce(sq) / static_cast<double>(cols) + eps);
   T* o = out + blockIdx.x * cols;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
-    o[c] = from_float<T>(static_cast<float>((to_float(xr[c]) - mean) * rstd * to_float(scale[c]) + to_float(bias[c])));
+    o[c] = from_f<T>(static_cast<float>((to_f(xr[c]) - mean) * rstd * to_f(scale[c]) + to_f(bias[c])));
   }
   if (threadIdx.x == 0) {
     mean_out[blockIdx.x] = static_cast<float>(mean);
@@ -48,16 +48,16 @@ __global__ void norm_dx(const T* x, const T* scale, const float* mean, const flo
   const double mu = has_mean ? mean[blockIdx.x] : 0.0, r = rstd[blockIdx.x];
   double sg = 0, sgx = 0;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
-    const double g = static_cast<double>(to_float(dout[off + c])) * to_float(scale[c]);
+    const double g = static_cast<double>(to_f(dout[off + c])) * to_f(scale[c]);
     sg += g;
-    sgx += g * (to_float(x[off + c]) - mu) * r;
+    sgx += g * (to_f(x[off + c]) - mu) * r;
   }
   const double mg = has_mean ? block_reduce(sg) / static_cast<double>(cols) : 0.0;
   const double mgx = block_reduce(sgx) / static_cast<double>(cols);
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
-    const double g = static_cast<double>(to_float(dout[off + c])) * to_float(scale[c]);
-    const double xhat = (to_float(x[off + c]) - mu) * r;
-    dx[off + c] = from_float<T>(static_cast<float>(r * (g - mg - xhat * mgx)));
+    const double g = static_cast<double>(to_f(dout[off + c])) * to_f(scale[c]);
+    const double xhat = (to_f(x[off + c]) - mu) * r;
+    dx[off + c] = from_f<T>(static_cast<float>(r * (g - mg - xhat * mgx)));
   }
 }
 
@@ -69,24 +69,24 @@ __global__ void norm_dparams(const T* x, const float* mean, const float* rstd, c
   if (c >= cols) return;
   double ds = 0, db = 0;
   for (long long r = 0; r < rows; ++r) {
-    const double d = to_float(dout[r * cols + c]);
+    const double d = to_f(dout[r * cols + c]);
     const double mu = mean != nullptr ? mean[r] : 0.0;
-    ds += d * (to_float(x[r * cols + c]) - mu) * rstd[r];
+    ds += d * (to_f(x[r * cols + c]) - mu) * rstd[r];
     db += d;
   }
-  dscale[c] = from_float<T>(static_cast<float>(ds));
-  if (dbias != nullptr) dbias[c] = from_float<T>(static_cast<float>(db));
+  dscale[c] = from_f<T>(static_cast<float>(ds));
+  if (dbias != nullptr) dbias[c] = from_f<T>(static_cast<float>(db));
 }
 
 template <class T>
 __global__ void rms_norm_fwd(const T* x, const T* scale, T* out, float* inv_out, long long cols, double eps) {
   const T* xr = x + blockIdx.x * cols;
   double sq = 0;
-  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sq += static_cast<double>(to_float(xr[c])) * to_float(xr[c]);
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sq += static_cast<double>(to_f(xr[c])) * to_f(xr[c]);
   const double inv = 1.0 / sqrt(block_reduce(sq) / static_cast<double>(cols) + eps);
   T* o = out + blockIdx.x * cols;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
-    o[c] = from_float<T>(static_cast<float>(to_float(xr[c]) * inv * to_float(scale[c])));
+    o[c] = from_f<T>(static_cast<float>(to_f(xr[c]) * inv * to_f(scale[c])));
   }
   if (threadIdx.x == 0) inv_out[blockIdx.x] = static_cast<float>(inv);
 }

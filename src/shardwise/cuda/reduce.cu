@@ -19,8 +19,8 @@ __global__ void sum_kernel(const T* x, T* out, long long outputs, Walk kept, Wal
   for (long long j = first_index(); j < outputs; j += grid_step()) {
     const long long base = walk_offsets<1>(kept, j).at[0];
     double sum = 0;
-    for (long long r = 0; r < count; ++r) sum += to_float(x[base + walk_offsets<1>(reduced, r).at[0]]);
-    out[j] = from_float<T>(static_cast<float>(sum / divisor));
+    for (long long r = 0; r < count; ++r) sum += to_f(x[base + walk_offsets<1>(reduced, r).at[0]]);
+    out[j] = from_f<T>(static_cast<float>(sum / divisor));
   }
 }
 

@@ -54,43 +54,43 @@ __device__ float grad(Unary op, float v, float o, float g) {
 
 template <class T>
 __global__ void forward_kernel(Unary op, const T* x, T* y, long long n) {
-  for (long long i = first_index(); i < n; i += grid_step()) y[i] = from_float<T>(apply(op, to_float(x[i])));
+  for (long long i = first_index(); i < n; i += grid_step()) y[i] = from_f<T>(apply(op, to_f(x[i])));
 }
 
 template <class T>
 __global__ void backward_kernel(Unary op, const T* x, const T* out, const T* dy, T* dx, long long n) {
   for (long long i = first_index(); i < n; i += grid_step()) {
-    const float v = x != nullptr ? to_float(x[i]) : 0.0f, o = out != nullptr ? to_float(out[i]) : 0.0f;
-    dx[i] = from_float<T>(grad(op, v, o, to_float(dy[i])));
+    const float v = x != nullptr ? to_f(x[i]) : 0.0f, o = out != nullptr ? to_f(out[i]) : 0.0f;
+    dx[i] = from_f<T>(grad(op, v, o, to_f(dy[i])));
   }
 }
 
 template <class T>
 __global__ void swiglu_kernel(const T* gate, const T* up, T* out, long long n) {
-  for (long long i = first_index(); i < n; i += grid_step()) out[i] = from_float<T>(silu(to_float(gate[i])) * to_float(up[i]));
+  for (long long i = first_index(); i < n; i += grid_step()) out[i] = from_f<T>(silu(to_f(gate[i])) * to_f(up[i]));
 }
 
 template <class T>
 __global__ void swiglu_grad_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup, long long n) {
   for (long long i = first_index(); i < n; i += grid_step()) {
-    const float g = to_float(gate[i]), d = to_float(dout[i]);
-    dgate[i] = from_float<T>(d * to_float(up[i]) * silu_grad(g));
-    dup[i] = from_float<T>(d * silu(g));
+    const float g = to_f(gate[i]), d = to_f(dout[i]);
+    dgate[i] = from_f<T>(d * to_f(up[i]) * silu_grad(g));
+    dup[i] = from_f<T>(d * silu(g));
   }
 }
 
 template <class T>
 __global__ void scale_kernel(const T* x, T* y, long long n, float scale, float bias, bool after) {
   for (long long i = first_index(); i < n; i += grid_step()) {
-    const float v = to_float(x[i]);
+    const float v = to_f(x[i]);
     // No contraction into an FMA: the CPU's -ffp-contract=off rounds the product first.
-    y[i] = from_float<T>(after ? __fadd_rn(__fmul_rn(scale, v), bias) : __fmul_rn(scale, __fadd_rn(v, bias)));
+    y[i] = from_f<T>(after ? __fadd_rn(__fmul_rn(scale, v), bias) : __fmul_rn(scale, __fadd_rn(v, bias)));
   }
 }
 
 template <class From, class To>
 __global__ void cast_kernel(const From* x, To* y, long long n) {
-  for (long long i = first_index(); i < n; i += grid_step()) y[i] = from_float<To>(to_float(x[i]));
+  for (long long i = first_index(); i < n; i += grid_step()) y[i] = from_f<To>(to_f(x[i]));
 }
 
 template <class T>

@@ -1,26 +1,15 @@
 #pragma once
-// Device helpers of the elementwise, reduction and layout kernels: loads and stores of f32 / bf16 /
-// f16 through float, the offsets of a walk (tensor_launchers.h) for a flat index, grid-stride loops,
-// and the dispatch of a launcher on the element type.
+// Device helpers of the elementwise, reduction and layout kernels (loads and stores of f32 / bf16 /
+// f16 through float are element.cuh's): the offsets of a walk (tensor_launchers.h) for a flat
+// index, grid-stride loops, and the dispatch of a launcher on the element type.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "shardwise/cuda/element.cuh"
 #include "shardwise/cuda/tensor_launchers.h"
 
 namespace shardwise::cuda::detail {
-
-__device__ inline float to_float(float v) { return v; }
-__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-template <class T>
-__device__ T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) { return v; }
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // Operand k's element of flat index i of the walk.
 template <int kOperands>
