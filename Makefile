@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm bench-ckpt-dcp gpu-debs gpu-deps-check gpu-check clean
+.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm bench-ckpt-dcp gpu-debs gpu-deps-check gpu-check gpu-bench-smoke clean
 
 all: build
 
@@ -192,6 +192,11 @@ gpu-deps-check: gpu-debs
 
 gpu-check:
 	tools/gpu_check.sh $(GPU_OUT)
+# bench/gpu_vs_torch.py's PyTorch rows at tiny shapes on the CPU (eager and torch.compile; minutes
+# on a busy machine): the GPU benchmark runs before the GPU machine does. TORCH_PYTHON needs PyTorch 2.x.
+TORCH_PYTHON ?= python3
+gpu-bench-smoke:
+	$(TORCH_PYTHON) bench/gpu_vs_torch.py --cpu-smoke --budget 900 --steps 2 --warmup 1 --shardwise $(BUILD)/bin/shardwise
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -4,14 +4,26 @@
 # (the gtest binaries labelled gpu), runs them, and writes under OUTDIR:
 #   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log, and
 #   summary.txt (each step's status and time, the tests passed / failed / skipped, which skipped),
-# printing the summary last. Sized for 8 minutes on 16 cores: the build stops at 5, the tests at 2.
-#   tools/gpu_check.sh OUTDIR   (env: GPU_DEBS=.gpu_debs GPU_BUILD=/tmp/shardwise-gpu JOBS=nproc GPU_BUILD_TIMEOUT=300)
+# printing the summary last. Then the device hooks and the benchmark, each with its log:
+#   verify_cuda (the verifier on the CUDA kernels) and curves (tools/gpu_curves.py: 20-step curves
+#   on the GPU against the CPU), run when the shardwise binary has `verify --device` / `train
+#   --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
+#   sources have a --device option); bench (bench/gpu_vs_torch.py: PyTorch eager and
+#   torch.compile against `shardwise train --device cuda`), its table appended to summary.txt.
+# Sized for 8 minutes on 16 cores (GPU_CHECK_BUDGET=470 s for all steps): the GPU tests' build stops
+# at 200 s, their run at 60; the binary's build and the hooks get what is left before the
+# benchmark's GPU_BENCH_BUDGET (150 s), which gets what is left after them.
+#   tools/gpu_check.sh OUTDIR   (env: GPU_DEBS=.gpu_debs GPU_BUILD=/tmp/shardwise-gpu JOBS=nproc
+#                                GPU_BUILD_TIMEOUT=200 GPU_CHECK_BUDGET=470 GPU_BENCH_BUDGET=150 PYTHON=python3)
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUTDIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 debs=${GPU_DEBS:-$root/.gpu_debs}
 build=${GPU_BUILD:-/tmp/shardwise-gpu}
 jobs=${JOBS:-$(nproc)}
+budget=${GPU_CHECK_BUDGET:-470}
+bench_budget=${GPU_BENCH_BUDGET:-150}
+python=${PYTHON:-python3}
 mkdir -p "$out"
 summary=$out/summary.txt
 : > "$summary"
@@ -51,8 +63,8 @@ step configure "$root/tools/gpu_deps.sh" configure "$root" "$build/cmake" || fin
 grep -E 'shardwise: (cuda layer|nccl backend)' "$out/configure.log" | sed 's/^-- //' >> "$summary"
 targets=(test_cuda)
 grep -q '^build tests/test_comm_nccl:' "$build/cmake/build.ninja" && targets+=(test_comm_nccl)
-step build timeout "${GPU_BUILD_TIMEOUT:-300}" cmake --build "$build/cmake" -j "$jobs" --target "${targets[@]}" || finish 1
-step tests timeout 120 ctest --test-dir "$build/cmake" -L gpu --output-on-failure --timeout 60 -j 4
+step build timeout "${GPU_BUILD_TIMEOUT:-200}" cmake --build "$build/cmake" -j "$jobs" --target "${targets[@]}" || finish 1
+step tests timeout 60 ctest --test-dir "$build/cmake" -L gpu --output-on-failure --timeout 50 -j 4
 tests_rc=$?
 {
   grep -E 'tests passed|tests failed' "$out/tests.log" || echo "no ctest result line"
@@ -60,4 +72,45 @@ tests_rc=$?
   [ -n "$skipped" ] && { echo "skipped (on a GPU machine each is a finding):"; echo "$skipped"; }
   grep -E '\*\*\*Failed|\*\*\*Exception|Timeout' "$out/tests.log" | sed 's/^ */failed: /' || true
 } >> "$summary"
+
+# The device hooks: the shardwise binary is built only when the CLI's sources name a --device
+# option, in the time left before the benchmark's share; each hook runs when the binary has it.
+bin=$build/cmake/bin/shardwise
+left() { echo $((budget - SECONDS - bench_budget)); }
+if grep -q '"--device"' "$root"/src/shardwise/cli/*.cc; then
+  if [ "$(left)" -ge 60 ]; then
+    step build_cli timeout $(($(left) - 30)) cmake --build "$build/cmake" -j "$jobs" --target shardwise || tests_rc=1
+  else
+    echo "build_cli: skipped, $(left) s left before the benchmark" >> "$summary"
+  fi
+fi
+has_device() {  # has_device COMMAND: whether `shardwise COMMAND --help` lists --device
+  [ -x "$bin" ] && "$bin" "$1" --help 2>/dev/null | grep -qE '^ *--device\b'
+}
+hook() {  # hook NAME COMMAND WHY-NOT RUN...: the step when `shardwise COMMAND` has --device
+  local name=$1 cmd=$2 why=$3
+  shift 3
+  if ! has_device "$cmd"; then
+    echo "$name: not built yet ($why)" >> "$summary"
+  elif [ "$(left)" -lt 10 ]; then
+    echo "$name: skipped, $(left) s left before the benchmark" >> "$summary"
+  else
+    step "$name" timeout "$(left)" "$@" || tests_rc=1
+    grep -E 'ok|FAILED|failures' "$out/$name.log" | tail -8 >> "$summary"
+  fi
+}
+hook verify_cuda verify "shardwise verify has no --device option" "$bin" verify --device cuda --quiet
+hook curves train "shardwise train has no --device option" "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
+
+# The benchmark against PyTorch, in what is left of the budget (its rows stop, saying so, past it).
+bench_left=$((budget - SECONDS))
+if ! "$python" -c 'import torch' > /dev/null 2>&1; then
+  echo "bench: skipped, no PyTorch in $python" >> "$summary"
+elif [ "$bench_left" -lt 20 ]; then
+  echo "bench: skipped, $bench_left s left of the $budget s budget" >> "$summary"
+else
+  step bench timeout $((bench_left + 15)) "$python" "$root/bench/gpu_vs_torch.py" --budget "$bench_left" \
+    --shardwise "$bin" --summary "$out/bench.txt" || tests_rc=1
+  cat "$out/bench.txt" >> "$summary" 2> /dev/null
+fi
 finish "$tests_rc"

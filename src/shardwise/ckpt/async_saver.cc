@@ -1,6 +1,5 @@
 #include "shardwise/ckpt/async_saver.h"
 
-#include <cstring>
 #include <iostream>
 
 #include "shardwise/ckpt/save_plan.h"
@@ -37,14 +36,9 @@ void AsyncSaver::save(comm::Communicator& comm, const fs::path& root, const Chec
   finish();  // the previous save's error surfaces here
   detail::SavePlan plan = detail::plan_save(comm, root, content, options_);
   detail::Sources sources = detail::sources_in(plan, content, comm.rank());
-  // Host copies of the blocks this rank writes, into buffers kept from earlier saves.
-  for (auto& [key, src] : sources) {
-    const DistTensor& t = content.groups[key.first].tensors[key.second];
-    std::vector<std::byte>& buf = staging_[content.groups[key.first].name + "/" + t.name];
-    buf.resize(t.local.nbytes());
-    if (!buf.empty()) std::memcpy(buf.data(), t.local.raw(), buf.size());
-    src.data = buf.data();
-  }
+  // Host copies of the blocks this rank writes (device blocks copied from the device), into
+  // buffers kept from earlier saves; the caller may change its tensors once save() returns.
+  detail::stage_blocks(content, sources, staging_, true);
   worker_ = std::thread([this, &comm, plan = std::move(plan), sources = std::move(sources)] {
     try {
       done_ = detail::execute_save(comm, plan, sources);

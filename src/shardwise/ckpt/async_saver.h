@@ -1,8 +1,9 @@
 #pragma once
 // Asynchronous checkpoint saves. save() runs the checks and the plan with the caller (collective,
 // so every rank's Error is the same and raised at once), copies this rank's blocks into host
-// buffers that are kept and reused by later saves, and returns; a background thread writes and
-// commits. The next save() (or finish()) waits for the one in flight and raises its error: a
+// buffers that are kept and reused by later saves (a block in device memory by one device-to-host
+// copy into a staging buffer, device_staging.h), and returns; a background thread writes and
+// commits from those copies. The next save() (or finish()) waits for the one in flight and raises its error: a
 // writer error is never swallowed. A crash during a background save leaves the previous complete
 // checkpoint as the one resume() finds (commit protocol, commit.h).
 //
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/ckpt/device_staging.h"
 
 namespace shardwise::ckpt {
 
@@ -42,7 +44,7 @@ class AsyncSaver {
   std::thread worker_;
   std::exception_ptr error_;
   std::optional<fs::path> done_;
-  std::map<std::string, std::vector<std::byte>> staging_;  // "group/name" -> this rank's block
+  StagingBuffers staging_;  // "group/name" -> this rank's block
   std::chrono::duration<double> blocked_{0};
 };
 

@@ -116,6 +116,9 @@ struct LoadOptions {
   // Where the asked tensors lie in the files (key_map.h); a tensor it does not name is stored whole
   // under its own name.
   KeyMap keys;
+  // Where the loaded blocks live: a device's blocks are read on the host and copied into device
+  // memory through a staging buffer (device_staging.h), one counted copy each.
+  Device device = Device::host();
 };
 
 // This process's blocks of the group's tensors (an undefined Tensor where the process is not in

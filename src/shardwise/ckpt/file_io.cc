@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "shardwise/core/error.h"
@@ -25,6 +27,7 @@ namespace {
 std::atomic<int64_t> g_kill_at{0};
 std::atomic<CrashAction> g_action{CrashAction::Kill};
 std::atomic<int64_t> g_points{0};
+std::atomic<int64_t> g_armed{0};  // arm_crash_point calls so far: a held point waits for the next
 std::atomic<uint64_t> g_temp_counter{0};
 
 }  // namespace
@@ -241,11 +244,17 @@ void crash_point(std::string_view what) {
   int64_t k = g_kill_at.load();
   if (k > 0 && n == k) {
     if (g_action.load() == CrashAction::Kill) ::raise(SIGKILL);
+    if (g_action.load() == CrashAction::Hold) {
+      const int64_t armed = g_armed.load();
+      while (g_armed.load() == armed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
     fail("injected failure at crash point {} ({})", k, what);
   }
 }
 
 void arm_crash_point(int64_t k, CrashAction action) {
+  g_armed.fetch_add(1);  // releases a point held by the last arming
   g_points.store(0);
   g_action.store(action);
   g_kill_at.store(k);

@@ -89,9 +89,10 @@ void rename_path(const fs::path& from, const fs::path& to);
 
 // Crash points: every durable step of a save (a file written, fsync'ed, renamed) calls
 // crash_point(). A test that called arm_crash_point(k, action) makes the k-th one (k >= 1, counted
-// from the call) raise SIGKILL on the process or throw an Error; 0 disarms.
+// from the call) raise SIGKILL on the process, throw an Error, or wait (Hold) until the next
+// arm_crash_point call (a test holding a background save mid-way); 0 disarms.
 // crash_points_passed() counts the points reached since the last arm_crash_point.
-enum class CrashAction { Kill, Throw };
+enum class CrashAction { Kill, Throw, Hold };
 void crash_point(std::string_view what);
 void arm_crash_point(int64_t k, CrashAction action = CrashAction::Kill);
 int64_t crash_points_passed();

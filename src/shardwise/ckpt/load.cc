@@ -7,6 +7,7 @@
 #include <set>
 
 #include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/ckpt/device_staging.h"
 #include "shardwise/ckpt/fp8.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/ckpt/span_cache.h"
@@ -172,7 +173,8 @@ std::map<std::string, Tensor> load_group(const fs::path& dir, std::string_view g
     if (!block.defined()) {  // an empty block meets no part
       block = Tensor::uninitialized(*stored, s.range ? Shape{s.range->count} : box.shape);
     }
-    out[s.name] = block.dtype() == s.dtype ? block : block.to(s.dtype);
+    if (block.dtype() != s.dtype) block = block.to(s.dtype);
+    out[s.name] = options.device.is_host() ? block : to_device_staged(block, options.device);
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "shardwise/ckpt/commit.h"
+#include "shardwise/ckpt/device_staging.h"
 #include "shardwise/ckpt/direct_write.h"
 #include "shardwise/ckpt/manifest.h"
 #include "shardwise/ckpt/save_plan.h"
@@ -354,7 +355,10 @@ fs::path execute_save(comm::Communicator& comm, const SavePlan& plan, const Sour
 fs::path save_checkpoint(comm::Communicator& comm, const fs::path& root, const CheckpointContent& content,
                          const SaveOptions& options) {
   detail::SavePlan plan = detail::plan_save(comm, root, content, options);
-  return detail::execute_save(comm, plan, detail::sources_in(plan, content, comm.rank()));
+  detail::Sources sources = detail::sources_in(plan, content, comm.rank());
+  StagingBuffers staged;  // host copies of device blocks, back to the staging pool after the write
+  detail::stage_blocks(content, sources, staged, false);
+  return detail::execute_save(comm, plan, sources);
 }
 
 }  // namespace shardwise::ckpt

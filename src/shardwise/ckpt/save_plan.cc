@@ -443,7 +443,8 @@ Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int r
     auto coords = t.layout.mesh.coords(t.layout.mesh.rank_index_of_process(rank));
     // The block in the named tensor's coordinates (pieces carry the stored tensor's region); a rank
     // holding a range of it keeps only those elements, from flat_begin on.
-    out[{p.group, p.tensor}] = {t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords)),
+    // A device block has no host data yet: the save stages it (device_staging.h).
+    out[{p.group, p.tensor}] = {t.local.on_device() ? nullptr : t.local.raw(), Region::of(reshard::block_at(t.global_shape, t.layout, coords)),
                                 t.range ? t.range->begin : 0};
   }
   return out;

@@ -9,6 +9,7 @@
 
 #include "shardwise/ckpt/box_runs.h"
 #include "shardwise/ckpt/checkpoint.h"
+#include "shardwise/ckpt/device_staging.h"
 #include "shardwise/ckpt/safetensors_writer.h"
 
 namespace shardwise::ckpt::detail {
@@ -54,8 +55,14 @@ struct BlockSource {
   int64_t flat_begin = 0;
 };
 using Sources = std::map<std::pair<size_t, size_t>, BlockSource>;  // (group, tensor) -> block
-// The blocks of `content` this rank writes pieces of (pointing into the content's tensors).
+// The blocks of `content` this rank writes pieces of (pointing into the content's host tensors;
+// a device block's data is null until detail::stage_blocks copies it to the host).
 Sources sources_in(const SavePlan& plan, const CheckpointContent& content, int rank);
+
+// Points the sources of this rank's device blocks (every block with `host_too`) at host copies in
+// `buffers` (a buffer big enough is reused): one device-to-host copy per device block
+// (device_staging.cc).
+void stage_blocks(const CheckpointContent& content, Sources& sources, StagingBuffers& buffers, bool host_too);
 
 // Writes the pieces, fsyncs, digests, writes the manifest and commits. Uses only tagged
 // point-to-point messages with rank 0, so it can run on a background thread while the caller

@@ -39,6 +39,20 @@ class CudaMemory : public DeviceMemory {
     use();
     check(cudaFree(ptr), "cudaFree");
   }
+  // Page-locked host memory for the staging pool (tensor/staging_pool.h), portable to every device;
+  // nullptr when the host has none left to lock (the pool then uses pageable memory).
+  void* allocate_pinned(size_t bytes) override {
+    use();
+    void* p = nullptr;
+    const cudaError_t status = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    check(status, "cudaHostAlloc");
+    return p;
+  }
+  void free_pinned(void* ptr) override { check(cudaFreeHost(ptr), "cudaFreeHost"); }
   void copy_to_device(void* dst, const void* src, size_t bytes, Stream s) override {
     copy(dst, src, bytes, cudaMemcpyHostToDevice, s);
   }

@@ -38,25 +38,40 @@ Tensor to_device(const Tensor& host, Device device, Stream stream) {
   SW_CHECK(!host.on_device(), "to_device: the {} {} tensor is already on {}", dtype_name(host.dtype()),
            host.shape().to_string(), host.device().to_string());
   Tensor t = empty_on(host.dtype(), host.shape(), device, stream);
-  DeviceMemory& memory = device_memory(device);
-  memory.copy_to_device(t.device_ptr(), host.raw(), host.nbytes(), stream);
-  memory.synchronize(stream);
-  counters().to_device_copies += 1;
-  counters().to_device_bytes += static_cast<int64_t>(host.nbytes());
+  copy_from_host(std::span<const std::byte>(host.raw(), host.nbytes()), t, stream);
   return t;
 }
 
 Tensor to_host(const Tensor& t, Stream stream) {
   SW_CHECK(t.defined(), "to_host: the tensor is undefined");
-  SW_CHECK(t.on_device(), "to_host: the {} {} tensor is already on the host", dtype_name(t.dtype()),
-           t.shape().to_string());
   Tensor host = Tensor::uninitialized(t.dtype(), t.shape());
-  DeviceMemory& memory = device_memory(t.device());
-  memory.copy_to_host(host.raw(), t.device_ptr(), t.nbytes(), stream);
+  copy_to_host(t, std::span<std::byte>(host.raw(), host.nbytes()), stream);
+  return host;
+}
+
+// The backend of device tensor `t`, once `t` and a host buffer of `host_bytes` suit a copy `what`.
+static DeviceMemory& memory_for(const Tensor& t, size_t host_bytes, const char* what) {
+  SW_CHECK(t.defined(), "{}: the tensor is undefined", what);
+  SW_CHECK(t.on_device(), "{}: the {} {} tensor is on the host", what, dtype_name(t.dtype()), t.shape().to_string());
+  SW_CHECK(host_bytes == t.nbytes(), "{}: the {} {} tensor on {} has {} bytes, the host buffer {}", what,
+           dtype_name(t.dtype()), t.shape().to_string(), t.device().to_string(), t.nbytes(), host_bytes);
+  return device_memory(t.device());
+}
+
+void copy_to_host(const Tensor& t, std::span<std::byte> dst, Stream stream) {
+  DeviceMemory& memory = memory_for(t, dst.size(), "copy to host");
+  memory.copy_to_host(dst.data(), t.device_ptr(), t.nbytes(), stream);
   memory.synchronize(stream);
   counters().to_host_copies += 1;
   counters().to_host_bytes += static_cast<int64_t>(t.nbytes());
-  return host;
+}
+
+void copy_from_host(std::span<const std::byte> src, Tensor& t, Stream stream) {
+  DeviceMemory& memory = memory_for(t, src.size(), "copy to device");
+  memory.copy_to_device(t.device_ptr(), src.data(), t.nbytes(), stream);
+  memory.synchronize(stream);
+  counters().to_device_copies += 1;
+  counters().to_device_bytes += static_cast<int64_t>(t.nbytes());
 }
 
 DeviceCopyStats device_copy_stats() {

@@ -5,6 +5,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/device_allocator.h"
+#include "shardwise/tensor/staging_pool.h"
 
 namespace shardwise {
 
@@ -43,6 +44,7 @@ void register_device_memory(std::unique_ptr<DeviceMemory> memory) {
   SW_CHECK(memory != nullptr, "register_device_memory: no backend");
   const Device device = memory->device();
   SW_CHECK(device.kind == DeviceKind::Cuda, "register_device_memory: {} is not a device", device.to_string());
+  empty_staging_pool(device);  // its pinned blocks go back to the backend that gave them
   std::lock_guard lock(registry_mutex());
   Registered& r = registry()[device.index];
   r.allocator.reset();

@@ -19,6 +19,10 @@ class DeviceMemory {
   // empties its cache and asks once more). free() takes only what allocate() gave.
   virtual void* allocate(size_t bytes) = 0;
   virtual void free(void* ptr) = 0;
+  // Page-locked host memory for staging copies (staging_pool.h), or nullptr where the backend has
+  // none (the staging pool then uses plain host memory). free_pinned takes only what allocate_pinned gave.
+  virtual void* allocate_pinned(size_t /*bytes*/) { return nullptr; }
+  virtual void free_pinned(void* /*ptr*/) {}
   // Copies queued on `stream`; they have finished once synchronize(stream) returns.
   virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) = 0;
@@ -33,7 +37,8 @@ class DeviceMemory {
 };
 
 // Installs the backend of its device (replacing any earlier one; the device's allocator is
-// rebuilt, so no tensor of the old backend may still be alive).
+// rebuilt and its staging pool emptied, so no tensor or staging buffer of the old backend may
+// still be alive).
 void register_device_memory(std::unique_ptr<DeviceMemory> memory);
 // The backend of `device`; a clear error when none is registered (a build without CUDA, or no GPU).
 DeviceMemory& device_memory(Device device);
