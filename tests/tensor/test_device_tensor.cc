@@ -109,5 +109,48 @@ TEST_F(DeviceTensor, BadRequestsAreClearErrors) {
   }
 }
 
+// The access windows the fake device's kernels run in: nested opens of one block keep it open until
+// the last close, and it is PROT_NONE again after.
+TEST_F(DeviceTensor, HostWindowsNestAndCloseAfterTheLast) {
+  const Tensor host = random_host(Shape{16}, 5);
+  const Tensor dev = to_device(host, kFake);
+  const float* p = static_cast<const float*>(dev.device_ptr());
+  EXPECT_TRUE(fake_->owns(p + 3));
+  EXPECT_FALSE(fake_->owns(host.data<float>()));
+  fake_->open_for_host(p, dev.nbytes());
+  fake_->open_for_host(p + 4, 4 * sizeof(float));
+  fake_->close_for_host(p + 4);
+  EXPECT_EQ(p[5], host.data<float>()[5]);  // still open: one window left
+  fake_->close_for_host(p);
+  const volatile float* q = p;
+  EXPECT_DEATH({ [[maybe_unused]] float x = q[5]; }, "");
+  EXPECT_THROW(fake_->open_for_host(host.data<float>(), 4), Error);  // not device memory
+}
+
+// Streams and events as the runtime uses them, in the fake device's log.
+TEST_F(DeviceTensor, StreamsAndEventsAreLogged) {
+  fake_->clear_stream_log();
+  const Stream a = fake_->create_stream(), b = fake_->create_stream();
+  EXPECT_NE(a, b);
+  EXPECT_NE(a.handle, nullptr);
+  const uint64_t e = fake_->record_event(a);
+  fake_->wait_event(b, e);
+  fake_->release_event(e);
+  EXPECT_THROW(fake_->wait_event(b, e), Error);  // released
+  fake_->note_launch(b);
+  (void)to_host(to_device(random_host(Shape{2}, 6), kFake, b), b);
+  using K = FakeDeviceMemory::StreamEvent::Kind;
+  const std::vector<FakeDeviceMemory::StreamEvent> log = fake_->stream_log();
+  const std::vector<K> kinds = {K::Record, K::Wait, K::Launch, K::CopyToDevice, K::Synchronize, K::CopyToHost,
+                                K::Synchronize};
+  ASSERT_EQ(log.size(), kinds.size());
+  for (size_t i = 0; i < kinds.size(); ++i) EXPECT_EQ(log[i].kind, kinds[i]) << i;
+  EXPECT_EQ(log[0].stream, a.handle);
+  EXPECT_EQ(log[1].stream, b.handle);
+  EXPECT_EQ(log[1].event, log[0].event);
+  fake_->destroy_stream(a);
+  fake_->destroy_stream(b);
+}
+
 }  // namespace
 }  // namespace shardwise

@@ -86,6 +86,12 @@ class CudaMemory : public DeviceMemory {
   void release_event(uint64_t event) override {
     check(cudaEventDestroy(reinterpret_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
+  void wait_event(Stream s, uint64_t event) override {
+    use();
+    check(cudaStreamWaitEvent(raw(s), reinterpret_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
+  }
+  Stream create_stream() override { return cuda::create_stream(device()); }
+  void destroy_stream(Stream s) override { cuda::destroy_stream(device(), s); }
 
  private:
   void use() const { check(cudaSetDevice(index_), "cudaSetDevice"); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/device_kernels.h"
 
 namespace shardwise::ops {
 
@@ -100,9 +101,14 @@ void check_inputs_computable(const OpDef& op, std::span<const TensorMeta> inputs
 
 }  // namespace
 
+// A tensor on a device sends the call to that device kind's kernel (device_kernels.h): never the CPU
+// kernel on device memory. The host path pays one device check per input.
 std::vector<Tensor> run_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
                                 const KernelContext* context) {
   check_inputs_computable(op, inputs);
+  if (const Tensor* d = first_on_device(inputs)) [[unlikely]] {
+    return run_device_forward(op, d->device(), inputs, attrs, context);
+  }
   if (op.forward_in_context) {
     if (context) return op.forward_in_context(inputs, attrs, *context);
     return op.forward_in_context(inputs, attrs, KernelContext::single_device(inputs));
@@ -125,6 +131,10 @@ std::vector<Tensor> run_backward(const OpDef& op, std::span<const Tensor> inputs
   check_inputs_computable(op, inputs);
   SW_CHECK(wanted.empty() || wanted.size() == inputs.size(), "op '{}': {} gradient flags for {} inputs", op.name,
            wanted.size(), inputs.size());
+  const Tensor* d = first_on_device(inputs);
+  if (!d) d = first_on_device(outputs);
+  if (!d) d = first_on_device(out_grads);
+  if (d) [[unlikely]] return run_device_backward(op, d->device(), inputs, outputs, out_grads, attrs, context, wanted);
   if (!wanted.empty() && op.backward_partial) return op.backward_partial(inputs, outputs, out_grads, attrs, wanted);
   if (op.backward_in_context) {
     if (context) return op.backward_in_context(inputs, outputs, out_grads, attrs, *context);

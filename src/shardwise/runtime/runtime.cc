@@ -7,10 +7,14 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/graph/prefetch.h"
+#include "shardwise/ops/device_kernels.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/profiler.h"
 #include "shardwise/runtime/stand_in.h"
 #include "shardwise/tensor/allocator.h"
+#include "shardwise/tensor/current_stream.h"
+#include "shardwise/tensor/device_allocator.h"
+#include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::runtime {
 
@@ -29,6 +33,15 @@ void keep_freed_memory() {
     return true;
   }();
   (void)done;
+}
+
+// The device of a run: where its bound tensors are (the first one on a device), else the host. A
+// run's Fill instructions make their tensors there.
+Device run_device(const std::vector<Tensor>& buffers) {
+  for (const Tensor& t : buffers) {
+    if (t.on_device()) [[unlikely]] return t.device();
+  }
+  return Device::host();
 }
 
 }  // namespace
@@ -92,7 +105,44 @@ Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr
   }
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  if (!streams_) return;
+  DeviceMemory& memory = device_memory(streams_->device);
+  memory.destroy_stream(streams_->compute);
+  memory.destroy_stream(streams_->comm);
+}
+
+void Runtime::use_device(Device device) {
+  if (streams_) {
+    SW_CHECK(streams_->device == device, "runtime: a run on {} after runs on {}; one runtime runs on one device",
+             device.to_string(), streams_->device.to_string());
+    return;
+  }
+  DeviceMemory& memory = device_memory(device);
+  streams_ = DeviceStreams{device, memory.create_stream(), memory.create_stream()};
+}
+
+Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
+  if (!in.on_device()) return resharder_.run(plan, in);
+  use_device(in.device());
+  DeviceMemory& memory = device_memory(in.device());
+  const uint64_t ready = memory.record_event(streams_->compute);  // the input is written
+  memory.wait_event(streams_->comm, ready);
+  memory.release_event(ready);
+  Tensor out;
+  {
+    StreamScope scope(streams_->comm);
+    auto on_host = [&](std::span<const Tensor> host) { return std::vector<Tensor>{resharder_.run(plan, host[0])}; };
+    out = ops::run_on_host_views(in.device(), std::span<const Tensor>(&in, 1), on_host, "a reshard")[0];
+  }
+  const uint64_t done = memory.record_event(streams_->comm);  // the output is written
+  memory.wait_event(streams_->compute, done);
+  memory.release_event(done);
+  // Made on the communication stream, read on the compute stream: its block is not reused on the
+  // former before the latter's work queued now has run.
+  if (out.device_ptr() != in.device_ptr()) device_allocator(in.device()).record_use(out.device_ptr(), streams_->compute);
+  return out;
+}
 
 bool Runtime::reads_value(const graph::Instr& ins, size_t k) const {
   if (!options_.release_shape_only_reads || ins.kind != InstrKind::Backward) return true;
@@ -111,9 +161,10 @@ Tensor shape_only_tensor(DType dtype, const Shape& shape) {
   return Tensor::adopt(dtype, shape, std::move(storage));
 }
 
-Tensor Runtime::stand_in(int slot) const {
+Tensor Runtime::stand_in(int slot, Device device) const {
   const graph::Slot& s = p_.slots[static_cast<size_t>(slot)];
   Shape local = mesh::local_shape(s.meta.shape, s.dist, p_.mesh, coords_);
+  if (!device.is_host()) return empty_on(s.meta.dtype, local, device, current_stream());  // never read
   if (options_.poison_stand_ins && is_floating(s.meta.dtype)) return Tensor::full(s.meta.dtype, local, std::nan(""));
   return shape_only_tensor(s.meta.dtype, local);
 }
@@ -221,6 +272,13 @@ void Runtime::run(size_t begin, size_t end) {
     prefetch = &it->second;
   }
   started_.clear();
+  const Device device = run_device(buffers_);
+  std::optional<StreamScope> on_stream;
+  if (!device.is_host()) {
+    use_device(device);
+    on_stream.emplace(streams_->compute);
+    prefetch = nullptr;  // a device run's gathers block at their position (no prefetch on streams yet)
+  }
   for (size_t i = begin; i < end; ++i) {
     const graph::Instr& ins = p_.instrs[static_cast<size_t>(order_[i])];
     const int64_t started = profile ? profile->now_ns() : 0;
@@ -243,7 +301,7 @@ void Runtime::run(size_t begin, size_t end) {
       int s = ins.in[k];
       const Tensor& t = buffers_[static_cast<size_t>(s)];
       if (!t.defined() && (!reads_value(ins, k) || unproduced_[static_cast<size_t>(s)])) {
-        in.push_back(stand_in(s));  // released: the kernel reads its shape only
+        in.push_back(stand_in(s, device));  // released: the kernel reads its shape only
         continue;
       }
       SW_CHECK(t.defined(), "'{}' is not set: bind every input and parameter before run()",
@@ -258,12 +316,14 @@ void Runtime::run(size_t begin, size_t end) {
       started_.erase(it);
       ++stats_.reshards;
     } else if (ins.kind == InstrKind::Reshard) {
-      out.push_back(resharder_.run(ins.plan, in[0]));
+      out.push_back(reshard(ins.plan, in[0]));
       ++stats_.reshards;
     } else if (ins.kind == InstrKind::Fill) {
       const graph::Slot& s = p_.slots[static_cast<size_t>(ins.out[0])];
       Shape local = mesh::local_shape(s.meta.shape, s.dist, p_.mesh, coords_);
-      out.push_back(Tensor::full(s.meta.dtype, local, g_.node(ins.node).attrs.get_float("value", 0.0)));
+      const double value = g_.node(ins.node).attrs.get_float("value", 0.0);
+      out.push_back(device.is_host() ? Tensor::full(s.meta.dtype, local, value)
+                                     : ops::fill_on_device(s.meta.dtype, local, value, device));
     } else {
       const graph::Node& n = g_.node(ins.node);
       const ops::OpDef& def = ops::op_registry().get(n.op);
@@ -370,7 +430,7 @@ Tensor Runtime::gather_slot(int s) {
   const graph::Slot& slot = p_.slots[static_cast<size_t>(s)];
   reshard::Plan plan = reshard::plan_reshard(slot.meta.shape, slot.meta.dtype, {p_.mesh, slot.dist},
                                              {p_.mesh, mesh::DistAttr(p_.mesh.ndim())});
-  return resharder_.run(plan, buffers_[static_cast<size_t>(s)]);
+  return reshard(plan, buffers_[static_cast<size_t>(s)]);
 }
 
 Tensor Runtime::gather(std::string_view name) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -93,13 +94,26 @@ class Runtime {
   // Collective (every rank calls it): the whole global value, on every rank.
   Tensor gather(std::string_view name);
   Tensor gather_grad(std::string_view param);
+  // A run on a device (its bound tensors are there; ops run their device kernels, device_kernels.h):
+  // its kernels go on this rank's compute stream and its reshards on its communication stream, each
+  // ordered after the other's work with an event; the host waits for neither. Read a result with
+  // to_host(t, stream()). Both {} (the default stream) on the host and before the first device run.
+  Stream stream() const { return streams_ ? streams_->compute : Stream{}; }
+  Stream comm_stream() const { return streams_ ? streams_->comm : Stream{}; }
   int value_slot(std::string_view name) const;  // the slot of a value in its completed distribution
   int grad_slot(std::string_view param) const;  // Error unless a parameter whose gradient is held
 
  private:
   bool reads_value(const graph::Instr& ins, size_t k) const;  // does input k's value matter
-  Tensor stand_in(int slot) const;
+  Tensor stand_in(int slot, Device device) const;
   Tensor gather_slot(int slot);
+  // A reshard of `in`; on a device, on the communication stream between two events.
+  Tensor reshard(const reshard::Plan& plan, const Tensor& in);
+  struct DeviceStreams {
+    Device device;
+    Stream compute, comm;
+  };
+  void use_device(Device device);  // creates the streams at the first device run
   ops::KernelContext context(const std::vector<int>& slots) const;
   void bind(int slot, Tensor t);
   // --profile: one event for the instruction just run (profiler.h).
@@ -129,6 +143,7 @@ class Runtime {
   std::map<std::pair<size_t, size_t>, std::vector<std::vector<size_t>>> prefetch_starts_;
   std::map<size_t, std::unique_ptr<reshard::StartedReshard>> started_;  // by position, during run()
   uint64_t profile_of_text_ = 0;  // RankProfile::serial()
+  std::optional<DeviceStreams> streams_;
 };
 
 }  // namespace shardwise::runtime

@@ -34,6 +34,11 @@ class DeviceMemory {
   virtual uint64_t record_event(Stream stream) = 0;
   virtual bool event_done(uint64_t event) = 0;
   virtual void release_event(uint64_t event) = 0;
+  // Work queued on `stream` after this call waits for `event` (the host does not wait).
+  virtual void wait_event(Stream stream, uint64_t event) = 0;
+  // A stream of its own (work on it runs in order, concurrently with other streams' work).
+  virtual Stream create_stream() = 0;
+  virtual void destroy_stream(Stream stream) = 0;
 };
 
 // Installs the backend of its device (replacing any earlier one; the device's allocator is

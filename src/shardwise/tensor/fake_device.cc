@@ -43,30 +43,58 @@ void FakeDeviceMemory::free(void* ptr) {
   blocks_.erase(it);
 }
 
-void FakeDeviceMemory::open(const void* ptr, size_t bytes) {
+std::map<std::byte*, FakeDeviceMemory::Mapping>::iterator FakeDeviceMemory::block_of(const void* ptr) {
   auto* p = static_cast<std::byte*>(const_cast<void*>(ptr));
   auto it = blocks_.upper_bound(p);
   SW_CHECK(it != blocks_.begin(), "fake device: {} is not device memory", ptr);
   --it;
-  SW_CHECK(p + bytes <= it->first + it->second.length, "fake device: [{}, +{}) runs past its block", ptr, bytes);
-  if (options_.guard) mprotect(it->first, it->second.length, PROT_READ | PROT_WRITE);
+  SW_CHECK(p < it->first + it->second.length, "fake device: {} is not device memory", ptr);
+  return it;
+}
+
+void FakeDeviceMemory::open(const void* ptr, size_t bytes) {
+  auto it = block_of(ptr);
+  SW_CHECK(static_cast<const std::byte*>(ptr) + bytes <= it->first + it->second.length,
+           "fake device: [{}, +{}) runs past its block", ptr, bytes);
+  if (options_.guard && it->second.opened++ == 0) mprotect(it->first, it->second.length, PROT_READ | PROT_WRITE);
 }
 
 void FakeDeviceMemory::close(const void* ptr) {
   if (!options_.guard) return;
-  auto it = --blocks_.upper_bound(static_cast<std::byte*>(const_cast<void*>(ptr)));
-  mprotect(it->first, it->second.length, PROT_NONE);
+  auto it = block_of(ptr);
+  if (--it->second.opened == 0) mprotect(it->first, it->second.length, PROT_NONE);
 }
 
-void FakeDeviceMemory::copy_to_device(void* dst, const void* src, size_t bytes, Stream) {
+void FakeDeviceMemory::open_for_host(const void* ptr, size_t bytes) {
   std::lock_guard lock(mutex_);
+  open(ptr, bytes);
+}
+
+void FakeDeviceMemory::close_for_host(const void* ptr) {
+  std::lock_guard lock(mutex_);
+  close(ptr);
+}
+
+bool FakeDeviceMemory::owns(const void* ptr) const {
+  std::lock_guard lock(mutex_);
+  auto* p = static_cast<std::byte*>(const_cast<void*>(ptr));
+  auto it = blocks_.upper_bound(p);
+  if (it == blocks_.begin()) return false;
+  --it;
+  return p < it->first + it->second.length;
+}
+
+void FakeDeviceMemory::copy_to_device(void* dst, const void* src, size_t bytes, Stream stream) {
+  std::lock_guard lock(mutex_);
+  log_.push_back({StreamEvent::Kind::CopyToDevice, stream.handle, 0});
   open(dst, bytes);
   std::memcpy(dst, src, bytes);
   close(dst);
 }
 
-void FakeDeviceMemory::copy_to_host(void* dst, const void* src, size_t bytes, Stream) {
+void FakeDeviceMemory::copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) {
   std::lock_guard lock(mutex_);
+  log_.push_back({StreamEvent::Kind::CopyToHost, stream.handle, 0});
   open(src, bytes);
   std::memcpy(dst, src, bytes);
   close(src);
@@ -90,6 +118,7 @@ void FakeDeviceMemory::fill_zero(void* dst, size_t bytes, Stream) {
 
 void FakeDeviceMemory::synchronize(Stream stream) {
   std::lock_guard lock(mutex_);
+  log_.push_back({StreamEvent::Kind::Synchronize, stream.handle, 0});
   for (auto& [id, e] : events_) {
     if (e.first == stream.handle) e.second = true;
   }
@@ -98,6 +127,7 @@ void FakeDeviceMemory::synchronize(Stream stream) {
 uint64_t FakeDeviceMemory::record_event(Stream stream) {
   std::lock_guard lock(mutex_);
   events_[next_event_] = {stream.handle, !hold_};
+  log_.push_back({StreamEvent::Kind::Record, stream.handle, next_event_});
   return next_event_++;
 }
 
@@ -111,6 +141,36 @@ bool FakeDeviceMemory::event_done(uint64_t event) {
 void FakeDeviceMemory::release_event(uint64_t event) {
   std::lock_guard lock(mutex_);
   events_.erase(event);
+}
+
+void FakeDeviceMemory::wait_event(Stream stream, uint64_t event) {
+  std::lock_guard lock(mutex_);
+  SW_CHECK(events_.contains(event), "fake device: a wait for event {}, which is not recorded (or released)", event);
+  log_.push_back({StreamEvent::Kind::Wait, stream.handle, event});
+}
+
+Stream FakeDeviceMemory::create_stream() {
+  std::lock_guard lock(mutex_);
+  return Stream{reinterpret_cast<void*>(next_stream_++)};
+}
+
+void FakeDeviceMemory::destroy_stream(Stream stream) {
+  SW_CHECK(stream.handle != nullptr, "fake device: the default stream is not destroyed");
+}
+
+void FakeDeviceMemory::note_launch(Stream stream) {
+  std::lock_guard lock(mutex_);
+  log_.push_back({StreamEvent::Kind::Launch, stream.handle, 0});
+}
+
+std::vector<FakeDeviceMemory::StreamEvent> FakeDeviceMemory::stream_log() const {
+  std::lock_guard lock(mutex_);
+  return log_;
+}
+
+void FakeDeviceMemory::clear_stream_log() {
+  std::lock_guard lock(mutex_);
+  log_.clear();
 }
 
 void FakeDeviceMemory::hold_events(bool hold) {

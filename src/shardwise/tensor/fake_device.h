@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "shardwise/tensor/device_memory.h"
 
@@ -36,6 +37,30 @@ class FakeDeviceMemory : public DeviceMemory {
   uint64_t record_event(Stream stream) override;
   bool event_done(uint64_t event) override;
   void release_event(uint64_t event) override;
+  void wait_event(Stream stream, uint64_t event) override;
+  Stream create_stream() override;
+  void destroy_stream(Stream stream) override;
+
+  // What was asked of its streams, in order (the ordering rules of the runtime on streams are
+  // tested on these): kernels launched (note_launch, by the fake kernel table), events recorded and
+  // waited for, host synchronisations, host copies.
+  struct StreamEvent {
+    enum class Kind { Launch, Record, Wait, Synchronize, CopyToHost, CopyToDevice };
+    Kind kind;
+    void* stream = nullptr;  // Stream::handle
+    uint64_t event = 0;      // Record, Wait
+  };
+  void note_launch(Stream stream);
+  std::vector<StreamEvent> stream_log() const;
+  void clear_stream_log();
+
+  // Opens the block holding [ptr, ptr + bytes) for host access until as many close_for_host calls
+  // (windows nest and may overlap across threads): the fake device's kernels run CPU kernels on its
+  // memory inside such a window (ops/fake_device_kernels.h). A clear error when it is no block's.
+  void open_for_host(const void* ptr, size_t bytes);
+  void close_for_host(const void* ptr);
+  // Whether `ptr` lies in one of its blocks.
+  bool owns(const void* ptr) const;
 
   void hold_events(bool hold);
   void complete_events();
@@ -45,10 +70,12 @@ class FakeDeviceMemory : public DeviceMemory {
  private:
   struct Mapping {
     size_t length = 0;
+    int opened = 0;  // open() calls without their close()
   };
   // The block holding [ptr, ptr + bytes) (a clear error when none does), opened for the call.
   void open(const void* ptr, size_t bytes);
   void close(const void* ptr);
+  std::map<std::byte*, Mapping>::iterator block_of(const void* ptr);
 
   Options options_;
   mutable std::mutex mutex_;
@@ -57,6 +84,8 @@ class FakeDeviceMemory : public DeviceMemory {
   bool hold_ = false;
   uint64_t next_event_ = 1;
   std::map<uint64_t, std::pair<void*, bool>> events_;  // id -> (stream handle, done)
+  uintptr_t next_stream_ = 1;
+  std::vector<StreamEvent> log_;
 };
 
 // Registers a fake device as cuda:`index` (device_memory.h) and returns it (owned by the registry).
