@@ -57,6 +57,9 @@ struct PlanOptions {
   int64_t top = 5;           // with auto: candidates shown
   double memory_margin = 0.1;
   int64_t max_micro_batch = 0;
+  // with predict or auto on this machine's calibration: the backend the run's ranks use, whose
+  // collectives it is predicted with ("threads", "mpi"; "auto": mpi under mpirun, else threads)
+  std::string backend = "auto";
 };
 
 // `shardwise pipeline`'s bounds: stages, micro-batches, and stages x virtual x micro-batches.
@@ -146,7 +149,7 @@ int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& o
 int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
 // `shardwise plan --predict` (cli/plan/plan_predict.cc): the step time the model predicts for the run,
 // on `cluster` (a file) or this machine's calibration, with its shares, tokens/s and MFU.
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, bool analytic, std::ostream& out);
+int cmd_plan_predict(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // `plan --auto`: the search's top candidates (cli/plan/plan_auto.cc).
 int cmd_plan_auto(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan

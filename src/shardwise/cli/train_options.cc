@@ -120,6 +120,12 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                  "with --auto: the share of each device's memory kept free (the memory rule)")
       ->group(group);
   cmd.add_option("--max-micro-batch", plan.max_micro_batch, "with --auto: the largest micro-batch tried (0: any)")->group(group);
+  cmd.add_option("--backend", plan.backend,
+                 "with --predict or --auto on this machine's calibration: the ranks as threads or MPI processes, "
+                 "predicted with that backend's calibrated collectives (auto: mpi under mpirun)")
+      ->check(CLI::IsMember({"auto", "threads", "mpi"}))
+      ->capture_default_str()
+      ->group(group);
   cmd.add_option("--cluster", plan.cluster,
                  "with --predict or --auto: a cluster description (examples/clusters/*.json); default: this machine as "
                  "`shardwise calibrate` cached it")

@@ -26,10 +26,14 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& plan_options, std::
   SW_CHECK(o.cluster.empty() || o.predict || o.auto_search, "--cluster goes with --predict or --auto");
   SW_CHECK(o.predict + o.memory + o.auto_search <= 1, "--predict, --memory and --auto: choose one");
   SW_CHECK(o.auto_search || (o.devices == 0 && o.max_micro_batch == 0), "--devices and --max-micro-batch go with --auto");
+  SW_CHECK(o.backend == "auto" || o.predict || o.auto_search, "--backend goes with --predict or --auto");
+  SW_CHECK(o.cluster.empty() || o.backend == "auto",
+           "--backend {} is for this machine's calibration: a cluster description ({}) has its own links", o.backend,
+           o.cluster);
   if (o.auto_search) return cmd_plan_auto(options, o, out);
   if (o.memory) return cmd_plan_memory(options, o.check, out);
   SW_CHECK(!o.analytic || o.predict || o.auto_search, "--analytic goes with --predict or --auto");
-  if (o.predict) return cmd_plan_predict(options, o.cluster, o.analytic, out);
+  if (o.predict) return cmd_plan_predict(options, o, out);
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);  // train's checks and derived sizes
   const train::GptConfig c = train::kernel_model(tc);
