@@ -97,6 +97,10 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                "--memory-limit, \"does not fit\" with the largest cause and the change that fixes it")
       ->group(group);
   cmd.add_flag("--check", plan.check, "with --memory: exit 2 when the plan does not fit --memory-limit")->group(group);
+  cmd.add_flag("--symmetric", plan.symmetric,
+               "with --memory: plan only the first rank of each pipeline rank, each standing for its pipeline rank's "
+               "ranks (the same shapes when every sharded dim divides evenly): for meshes of thousands of ranks")
+      ->group(group);
   cmd.add_option("--explain", plan.explain,
                  "value names (as the plan shows them): say which rule and neighbour placed them")
       ->delimiter(',')
