@@ -28,19 +28,25 @@ both tables (the H100 reuses the A100's: the share of its peak the GEMMs reach i
 `memory` and `network` stay 1. A row is "within 15%" when its predicted TFLOP/s per GPU is. Then
 `plan --auto --analytic` searches each row's job on its GPUs (memory within 90% of 80 GB): its best,
 its TFLOP/s by the same formula, whether it predicts at least the paper's configuration, and what it
-changed.
+changed. Beside the analytic memory, each row's memory from the compiled programs: `plan --memory
+--symmetric` on the paper's configuration (each stage of the first rank of every pipeline rank
+compiled, shapes only, and its memory plan's peak; the other ranks hold the same shapes), the
+largest rank's peak and the seconds it took; rows over MEMORY_SECONDS (default 300) say so.
 
-    python3 bench/megatron_table1.py [BUILD_DIR=build]   (a few minutes: plan --auto over each row)
+    python3 bench/megatron_table1.py [BUILD_DIR=build] [MEMORY_SECONDS=300]
+    (several minutes: plan --auto and the compiled memory plan of each row)
 """
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 SW = os.path.join(BUILD, "bin", "shardwise")
+MEMORY_SECONDS = float(sys.argv[2]) if len(sys.argv) > 2 else 300
 A100 = os.path.join(ROOT, "examples", "clusters", "a100-80gb-dgx.json")
 H100 = os.path.join(ROOT, "examples", "clusters", "h100-80gb.json")
 FIT_ROW = "18.4B"
@@ -151,6 +157,23 @@ def changed(paper, auto):
     return "; ".join(out) or "nothing"
 
 
+def compiled_memory(row):
+    """The largest rank's peak (GiB) of the paper configuration's compiled programs and the seconds it
+    took, or None and why not."""
+    args = [SW, "plan", "--memory", "--symmetric", "--json", "--memory-limit", "none", "--ranks", str(row.gpus)]
+    args += row.model + options_list(row.paper_options)
+    start = time.monotonic()
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=MEMORY_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None, f"over {MEMORY_SECONDS:.0f} s"
+    seconds = time.monotonic() - start
+    if r.returncode != 0:
+        return None, (r.stderr.strip().splitlines() or ["failed"])[-1][:60]
+    peak = max(rank["peak"] for rank in json.loads(r.stdout)["ranks"])
+    return peak / 2**30, f"{seconds:.1f} s"
+
+
 def auto_best(row, cluster):
     j = run_json(["plan", "--auto", "--analytic", "--json", "--top", "1", "--cluster", cluster, "--devices",
                   str(row.gpus)] + row.model)
@@ -163,8 +186,8 @@ def shares(j):
 
 
 def report(rows, cluster, fitted=None):
-    print(f"{'row':>10} {'GPUs':>5} {'paper':>5} {'model':>6} {'error':>7} {'GiB':>5}  {' '.join(p[:8] for p in PARTS)}  "
-          f"{'auto':>6} {'GiB':>5}  auto's choice: what it changed")
+    print(f"{'row':>10} {'GPUs':>5} {'paper':>5} {'model':>6} {'error':>7} {'GiB':>5} {'plan GiB':>15}  "
+          f"{' '.join(p[:8] for p in PARTS)}  {'auto':>6} {'GiB':>5}  auto's choice: what it changed")
     within, at_least = 0, 0
     for row in rows:
         t, j = predict(row, cluster)
@@ -172,7 +195,10 @@ def report(rows, cluster, fitted=None):
         within += row.name != fitted and abs(err) <= 0.15
         auto, best, search = auto_best(row, cluster)
         at_least += auto >= t * (1 - 1e-9)
-        print(f"{row.name:>10} {row.gpus:>5} {row.paper:>5} {t:>6.1f} {err:>+7.1%} {j['memory_bytes'] / 2**30:>5.1f}  "
+        planned, note = compiled_memory(row)
+        planned = f"{planned:.1f} ({note})" if planned is not None else f"- ({note})"
+        print(f"{row.name:>10} {row.gpus:>5} {row.paper:>5} {t:>6.1f} {err:>+7.1%} {j['memory_bytes'] / 2**30:>5.1f} "
+              f"{planned:>15}  "
               f"{shares(j)}  {auto:>6.1f} {best['memory_bytes'] / 2**30:>5.1f}  "
               f"{changed(row.paper_options, parse_options(best['train_options']))}"
               f" ({search['searched']} combinations, {search['seconds']:.1f} s)" + ("  (fitted)" if row.name == fitted else ""))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The step-time model against measured steps on this machine (docs/planner.md; issue 33's first
-# proof): `shardwise calibrate` first (this machine as it is now: calibrate takes medians), then for
-# each configuration `shardwise plan --predict` on that calibration and a short `shardwise train`
+# proof): `shardwise calibrate --mpi` first (this machine as it is now: calibrate takes medians; the
+# MPI collectives between 2 processes too), then for each configuration `shardwise plan --predict`
+# on that calibration (`--backend mpi` for the MPI rows) and a short `shardwise train`
 # (threads, or MPI processes under mpirun), whose step time is the median difference of
 # metrics.jsonl's elapsed_s between consecutive steps after the first 3. One kernel thread a rank
 # (OPENBLAS_NUM_THREADS=1), as calibrate measures it. Each row records the load average (1 min) when
@@ -46,7 +47,7 @@ configs=(
 export OPENBLAS_NUM_THREADS=1
 if [ "$CAL" != "--no-calibrate" ] || ! "$sw" calibrate --show > /dev/null 2>&1; then
   echo "calibrate at $(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  "$sw" calibrate | tail -2
+  "$sw" calibrate --mpi | tail -3
 fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -72,8 +73,9 @@ rows="$dir/rows.tsv"
 printf "%-8s %-82s %11s %11s %8s %5s\n" "ranks as" "configuration" "predicted s" "measured s" "error" "load"
 for entry in "${configs[@]}"; do
   launcher=${entry%%|*}; c=${entry#*|}
+  backend=$([ "$launcher" = mpi ] && echo mpi || echo threads)
   # shellcheck disable=SC2086
-  pred=$("$sw" plan --predict --json $base $c | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_time_s"])')
+  pred=$("$sw" plan --predict --json --backend "$backend" $base $c | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_time_s"])')
   load=$(cut -d' ' -f1 /proc/loadavg)
   meas=$(measure "$launcher" "$c")
   printf "%s\t%s\t%s\t%s\t%s\n" "$launcher" "$c" "$pred" "$meas" "$load" >> "$rows"

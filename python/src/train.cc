@@ -343,7 +343,7 @@ std::string memory_plan(const std::vector<std::string>& args, nb::handle model, 
   parsed.options.logging.json = true;
   std::ostringstream out;
   nb::gil_scoped_release release;
-  raising(ErrorKind::Usage, [&] { cli::cmd_plan_memory(parsed.options, false, out); });
+  raising(ErrorKind::Usage, [&] { cli::cmd_plan_memory(parsed.options, cli::PlanOptions{}, out); });
   return out.str();
 }
 

@@ -1,6 +1,7 @@
 // `shardwise calibrate`: the measurement is cached per machine as a cluster description and read
 // back unchanged, a corrupt or foreign cache is refused naming the file, and the values are
-// positive and self-consistent (each collective's alpha-beta fit reproduces its two points).
+// positive and self-consistent (each collective's alpha-beta fit reproduces its end points); under
+// mpirun MPI's collectives are added, and `--mpi` launches mpirun itself.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -80,9 +81,10 @@ TEST(CliCalibrate, ValuesArePositiveAndTheFitsReproduceTheirPoints) {
     const json& c = j["calibration"]["collectives"][kind];
     ASSERT_TRUE(c.is_object()) << kind;
     EXPECT_EQ(c["ranks"], 3);
-    for (const auto& p : c["points"]) {
-      const double bytes = p[0].get<double>(), seconds = p[1].get<double>();
-      EXPECT_GT(seconds, 0) << kind;
+    ASSERT_EQ(c["points"].size(), 3u) << kind;  // 4 KB, a mid size and the largest
+    for (const auto& p : c["points"]) EXPECT_GT(p[1].get<double>(), 0) << kind;
+    for (size_t i : {0, 2}) {  // the line through the smallest and the largest
+      const double bytes = c["points"][i][0].get<double>(), seconds = c["points"][i][1].get<double>();
       EXPECT_NEAR(c["a"].get<double>() + c["b"].get<double>() * bytes, seconds, 1e-9 + 1e-9 * seconds) << kind;
     }
   }
@@ -126,4 +128,84 @@ TEST(CliCalibrate, CorruptOrForeignOrMissingCacheIsRefusedNamingTheFile) {
   r = sw(cache, "calibrate --show");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.out.find("was measured on another machine"), std::string::npos) << r.out;
+}
+
+namespace {
+
+// The JSON object a command printed (under mpirun, another process's stderr may come first).
+json json_from(const Result& r) {
+  const size_t at = r.out.find('{');
+  json j = json::parse(at == std::string::npos ? std::string() : r.out.substr(at), nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+const char* kTp2 = "--layers 1 --hidden 32 --heads 2 --seq 16 --vocab 64 --global-batch 2 --mesh tp=2";
+
+}  // namespace
+
+// Under mpirun, calibrate measures MPI's collectives between its processes (three sizes each, the
+// line through the smallest and largest inverted as the threads' are) and adds them to the cached
+// calibration; `plan --predict --backend mpi` then times a run's collectives on that link: with
+// MPI's all-reduce made 10 ms at every size (the reshard fit and rank factors set to 1), a tp=2
+// step's all-reduces (at least 2) make it more than 20 ms slower than on threads. Without MPI collectives `--backend mpi` is refused,
+// naming the fix.
+TEST(CliCalibrate, UnderMpirunTheMpiCollectivesAreCachedAndPredictMpiRunsWithThem) {
+  fs::path cache = fresh_cache("mpi");
+  ASSERT_EQ(sw(cache, "calibrate --quick").status, 0);
+  Result r = sw(cache, std::string("plan --predict --json --backend mpi ") + kTp2);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("has no MPI collectives: run `shardwise calibrate --mpi`"), std::string::npos) << r.out;
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  r = shardwise_cli_test::run_command("XDG_CACHE_HOME=" + cache.string() + " " + SHARDWISE_MPIRUN_LINE + " -np 2 " + bin +
+                                      " calibrate --quick --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json mpi = json_from(r)["calibration"]["mpi"];
+  ASSERT_TRUE(mpi.is_object()) << r.out;
+  EXPECT_EQ(mpi["ranks"], 2);
+  for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+    const json& c = mpi["collectives"][kind];
+    ASSERT_EQ(c["points"].size(), 3u) << kind;
+    for (const auto& p : c["points"]) EXPECT_GT(p[1].get<double>(), 0) << kind;
+    for (size_t i : {0, 2}) {  // the fit's line through the smallest and the largest point
+      const double bytes = c["points"][i][0].get<double>(), seconds = c["points"][i][1].get<double>();
+      EXPECT_NEAR(c["a"].get<double>() + c["b"].get<double>() * bytes, seconds, 1e-9 + 1e-9 * seconds) << kind;
+    }
+  }
+  EXPECT_DOUBLE_EQ(mpi["link"]["latency"].get<double>(), std::max(0.0, mpi["collectives"]["all_reduce"]["latency"].get<double>()));
+  r = sw(cache, "calibrate --show");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("mpi all_reduce"), std::string::npos) << r.out;
+  // A 10 ms MPI link: the mpi prediction pays it, the threads one does not.
+  const std::string file = (cache / "shardwise" / "calibration.json").string();
+  json j = json::parse(std::ifstream(file));
+  j["calibration"]["mpi"]["link"] = {{"bandwidth", 1e12}, {"latency", 0.01}};
+  j["calibration"]["mpi"]["collectives"]["all_reduce"]["points"] = {{4096, 0.01}, {16777216, 0.01}};
+  // the reshards timed as modelled, no rank factor: the quick fits would scale the link away
+  j["calibration"]["kernels"]["reshard"] = {{"overhead_s", 0}, {"scale", 1}};
+  j["calibration"]["rank_factors"] = {{"2", 1.0}};
+  j["calibration"]["mesh_factors"] = json::object();
+  std::ofstream(file) << j.dump();
+  const json threads = parse_json(sw(cache, std::string("plan --predict --json --backend threads ") + kTp2));
+  const json on_mpi = parse_json(sw(cache, std::string("plan --predict --json --backend mpi ") + kTp2));
+  EXPECT_EQ(threads["backend"], "threads");
+  EXPECT_EQ(on_mpi["backend"], "mpi");
+  EXPECT_GT(on_mpi["step_time_s"].get<double>(), threads["step_time_s"].get<double>() + 0.02) << on_mpi.dump() << threads.dump();
+}
+
+// `calibrate --mpi` measures the threads, caches them, then runs itself under mpirun
+// ($SHARDWISE_MPIRUN: the test suite's launcher) for MPI's collectives.
+TEST(CliCalibrate, TheMpiOptionLaunchesMpirunItself) {
+  fs::path cache = fresh_cache("mpi_option");
+  Result r = shardwise_cli_test::run_command("SHARDWISE_MPIRUN='" + std::string(SHARDWISE_MPIRUN_LINE) + "' XDG_CACHE_HOME=" +
+                                             cache.string() + " " + std::getenv("SHARDWISE_BIN") + " calibrate --quick --mpi --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = json_from(r);
+  EXPECT_TRUE(j["calibration"]["collectives"].contains("all_reduce")) << r.out;
+  EXPECT_EQ(j["calibration"]["mpi"]["ranks"], 2) << r.out;
+  r = shardwise_cli_test::run_command("SHARDWISE_MPIRUN=/nonexistent/mpirun XDG_CACHE_HOME=" + cache.string() + " " +
+                                      std::getenv("SHARDWISE_BIN") + " calibrate --quick --mpi");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("calibrate --mpi: `/nonexistent/mpirun -np 2"), std::string::npos) << r.out;
 }

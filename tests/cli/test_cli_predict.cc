@@ -57,6 +57,24 @@ TEST(CliPredict, RefusesAMeshLargerThanTheClusterAndAClusterWithoutPredict) {
   EXPECT_NE(r.out.find("--cluster goes with --predict"), std::string::npos) << r.out;
 }
 
+// --backend is the calibration's (a cluster description has its own links) and goes with --predict or
+// --auto; --symmetric goes with --memory: each misplaced one is refused, naming it.
+TEST(CliPredict, TheBackendAndSymmetricOptionsAreRefusedWhereTheyMeanNothing) {
+  const std::string cluster = " --cluster " + compute_only_cluster(1e9);
+  Result r = run("plan --predict --backend mpi " + kModel + " --mesh dp=2" + cluster);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--backend mpi is for this machine's calibration: a cluster description"), std::string::npos) << r.out;
+  r = run("plan --memory --backend threads " + kModel);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--backend goes with --predict or --auto"), std::string::npos) << r.out;
+  r = run("plan --predict --symmetric " + kModel + cluster);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.out.find("--symmetric goes with --memory"), std::string::npos) << r.out;
+  r = run("plan --predict --backend fast " + kModel + cluster);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--backend"), std::string::npos) << r.out;
+}
+
 TEST(CliPredict, APipelineAddsTheSchedulesBubble) {
   // pp=2, GPipe over 4 micro-batches on a compute-only cluster: the bubble is the simulator's idle
   // time of the slowest rank, and the shares add up to the step.

@@ -139,3 +139,28 @@ TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
   j["calibration"]["rank_factors"]["2"] = 0;
   EXPECT_EQ(error_of(j), "toy.json: key 'calibration.rank_factors.2' expects a positive number, got 0");
 }
+
+// calibration.mpi.link (the collectives `calibrate` measured between MPI processes) is read, and
+// for_backend(c, true) gives a run of MPI processes that link on both levels; threads, or a
+// description without one, keep their own links.
+TEST(Cluster, ACalibrationsMpiLinkIsWhatAnMpiRunIsPredictedWith) {
+  json j = minimal();
+  j["calibration"] = {{"mpi", {{"ranks", 2}, {"collectives", json::object()}, {"link", {{"bandwidth", 3e9}, {"latency", 7e-6}}}}}};
+  const ClusterSpec c = parse_cluster(j, "toy.json");
+  EXPECT_DOUBLE_EQ(c.mpi_link.bandwidth, 3e9);
+  EXPECT_DOUBLE_EQ(c.mpi_link.latency, 7e-6);
+  const ClusterSpec mpi = for_backend(c, true);
+  for (const LinkSpec& l : {mpi.intra_node, mpi.inter_node}) {
+    EXPECT_DOUBLE_EQ(l.bandwidth, 3e9);
+    EXPECT_DOUBLE_EQ(l.latency, 7e-6);
+  }
+  const ClusterSpec threads = for_backend(c, false);
+  EXPECT_DOUBLE_EQ(threads.intra_node.bandwidth, 1e10);
+  EXPECT_DOUBLE_EQ(threads.inter_node.latency, 1e-5);
+  const ClusterSpec none = for_backend(parse_cluster(minimal(), "toy.json"), true);  // nothing measured
+  EXPECT_DOUBLE_EQ(none.intra_node.bandwidth, 1e10);
+  j["calibration"]["mpi"]["link"]["bandwidth"] = 0;
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.mpi.link.bandwidth' expects a positive number, got 0");
+  j["calibration"]["mpi"] = "fast";
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.mpi' expects an object with a link {bandwidth, latency}");
+}

@@ -156,3 +156,26 @@ TEST(Cost, AMeasuredRankFactorReplacesTheCoreFormula) {
   EXPECT_EQ(mesh_factor(c, "[pp=2]", 2), 2.5);  // measured on that mesh
   EXPECT_EQ(mesh_factor(c, "[dp=2]", 2), 1.7);  // not: the factor of its size
 }
+
+// A calibration's measured all-reduce over 2 ranks (4 KB: 10 us, 512 KB: 60 us, 16 MB: 7000 us):
+// a buffer between two sizes is timed on the line between them, beyond the ends on the nearest two
+// points' line; a group of another size, one across nodes, or a kind not measured takes the ring
+// formula on its link.
+TEST(Cost, AMeasuredCollectiveIsTimedBetweenTheSizesAroundItsBuffer) {
+  ClusterSpec c = toy();
+  c.measured_collectives["all_reduce"] = {2, {{4096, 10e-6}, {524288, 60e-6}, {16777216, 7000e-6}}};
+  const std::vector<int> pair = {0, 1}, across = {0, 4}, four = {0, 1, 2, 3};
+  auto at = [&](double bytes, std::span<const int> group, CollectiveKind kind = CollectiveKind::AllReduce) {
+    return group_collective_seconds(c, kind, bytes, group);
+  };
+  EXPECT_NEAR(at(262144, pair), 10e-6 + 50e-6 * (262144.0 - 4096) / (524288 - 4096), 1e-15);
+  EXPECT_NEAR(at(1 << 20, pair), 60e-6 + 6940e-6 * ((1 << 20) - 524288.0) / (16777216 - 524288), 1e-15);
+  EXPECT_NEAR(at(1 << 25, pair), 60e-6 + 6940e-6 * ((1 << 25) - 524288.0) / (16777216 - 524288), 1e-12);
+  EXPECT_NEAR(at(2048, pair), std::max(0.0, 10e-6 - 50e-6 * 2048 / (524288 - 4096)), 1e-15);
+  EXPECT_DOUBLE_EQ(at(262144, four), collective_seconds(CollectiveKind::AllReduce, 262144, 4, c.intra_node));
+  EXPECT_DOUBLE_EQ(at(262144, across), collective_seconds(CollectiveKind::AllReduce, 262144, 2, c.inter_node));
+  EXPECT_DOUBLE_EQ(at(262144, pair, CollectiveKind::AllGather),
+                   collective_seconds(CollectiveKind::AllGather, 262144, 2, c.intra_node));
+  EXPECT_DOUBLE_EQ(ring_share(CollectiveKind::AllReduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(ring_share(CollectiveKind::AllGather, 4), 0.75);
+}

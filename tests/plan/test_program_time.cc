@@ -153,3 +153,66 @@ TEST(ProgramTime, TheMoeMlpCountsItsExpertsGemmFlops) {
     if (ins.kind == graph::InstrKind::Kernel && g.node(ins.node).op == "moe_mlp") flops += instr_flops(g, p, ins, coords);
   EXPECT_DOUBLE_EQ(flops, forward);
 }
+
+TEST(ProgramTime, TheVocabParallelHeadsOwnAllReducesAreTimedOnItsGroupsLink) {
+  // The vocab-parallel head over x [32, 32] and w [64, 32] sharded on its vocabulary over 2 ranks (32
+  // classes a rank), chunks of 20 rows (chunk_bytes 20 rows x 32 classes x 4 bytes): rows 0-19 and
+  // 20-31. The forward all-reduces each chunk's row max (8 bytes a row) and its sums with the target
+  // logits (16); the backward (the forward formed dh only, so it recomputes the logits for dW) the
+  // max and the sums again (8 + 8). On 2 ranks a ring all-reduce of B bytes is 2 latencies + B /
+  // bandwidth.
+  graph::Graph g;
+  auto x = g.param("x", Shape{32, 32});
+  auto w = g.param("w", Shape{64, 32});
+  g.annotate(w, "S(0)");
+  auto labels = g.input("labels", Shape{32}, DType::I64);
+  Attrs head{{"reduction", std::string("sum")}};
+  head.set("forward_grads", int64_t{1}), head.set("grad_scale", 1.0), head.set("chunk_bytes", int64_t{20 * 32 * 4});
+  auto loss = g.op1("vocab_parallel_lm_head_cross_entropy", {x, w, labels}, std::move(head), "loss");
+  graph::append_backward(g, loss);
+  graph::Program p = graph::lower(g, graph::complete(g, mesh::ProcessMesh(Shape{2})));
+  const std::vector<int64_t> coords = {0};
+  std::map<std::string, std::vector<double>> bytes;
+  for (const graph::Instr& ins : p.instrs) {
+    if (ins.kind != graph::InstrKind::Kernel && ins.kind != graph::InstrKind::Backward) continue;
+    HeadCollectives h = head_collectives(g, p, ins, coords);
+    if (h.bytes.empty()) continue;
+    EXPECT_EQ(h.mesh_dims, std::vector<int>{0});
+    bytes[ins.kind == graph::InstrKind::Backward ? "backward" : "forward"] = h.bytes;
+  }
+  EXPECT_EQ(bytes["forward"], (std::vector<double>{160, 320, 96, 192})) << p.to_string(g);
+  EXPECT_EQ(bytes["backward"], (std::vector<double>{160, 160, 96, 96})) << p.to_string(g);
+  // Each instruction's time is its GEMMs' (the forward 2 of 2 N h V_local: logits and dh; the
+  // backward 2: logits again and dW) and its all-reduces.
+  const ProgramTime t = program_time(g, p, 0, toy(1, 2), "f32");
+  const double gemm = 2.0 * 32 * 32 * 32 / 1e9;
+  EXPECT_NEAR(t.by_op.at("vocab_parallel_lm_head_cross_entropy"), 2 * gemm + 4 * 2e-6 + 768 / 1e9, 1e-15);
+  EXPECT_NEAR(t.by_op.at("vocab_parallel_lm_head_cross_entropy_grad"), 2 * gemm + 4 * 2e-6 + 512 / 1e9, 1e-15);
+  EXPECT_GE(t.collective_s.at("all_reduce"), 8 * 2e-6 + 1280 / 1e9 - 1e-15);
+  // Both gradients formed in the forward: the backward has no GEMM and no all-reduce.
+  graph::Graph g2;
+  auto x2 = g2.param("x", Shape{32, 32});
+  auto w2 = g2.param("w", Shape{64, 32});
+  g2.annotate(w2, "S(0)");
+  Attrs both{{"reduction", std::string("sum")}};
+  both.set("forward_grads", int64_t{3}), both.set("grad_scale", 1.0);
+  graph::append_backward(g2, g2.op1("vocab_parallel_lm_head_cross_entropy", {x2, w2, g2.input("labels", Shape{32}, DType::I64)},
+                                    std::move(both), "loss"));
+  graph::Program p2 = graph::lower(g2, graph::complete(g2, mesh::ProcessMesh(Shape{2})));
+  for (const graph::Instr& ins : p2.instrs) {
+    if (ins.kind == graph::InstrKind::Backward) {
+      EXPECT_TRUE(head_collectives(g2, p2, ins, coords).bytes.empty());
+    }
+  }
+}
+
+TEST(ProgramTime, AReshardOnACalibratedMachineTakesItsMeasuredCollectiveByBuffer) {
+  // The all-reduce of the row-sharded GEMM (y: 8 x 4 f32 = 128 bytes a rank over 4 ranks; the
+  // reshard planner counts the busiest rank's 2 (4-1)/4 x 128 = 192 bytes sent) on a machine that
+  // measured all_reduce over 4 ranks at 64 and 256 bytes: 1 us + 2 us x (128 - 64) / (256 - 64).
+  graph::Graph g;
+  graph::Program p = row_sharded_gemm(g);
+  ClusterSpec c = toy(1, 4);
+  c.measured_collectives["all_reduce"] = {4, {{64, 1e-6}, {256, 3e-6}}};
+  EXPECT_NEAR(program_time(g, p, 0, c, "f32").collective_s["all_reduce"], 1e-6 + 2e-6 * 64 / 192, 1e-15);
+}

@@ -297,3 +297,35 @@ TEST(MemoryPlan, StageThreeOnCpShardsParametersOverDpTimesCp) {
 
 }  // namespace
 }  // namespace shardwise::train
+
+namespace shardwise::train {
+namespace {
+
+// --symmetric plans the first rank of each pipeline rank only: on pp=2 x dp=2 x tp=2 (stage 1:
+// the state sharded over the data ranks, each rank's share the same size) those two ranks' rows
+// equal the full plan's, each stands for the 4 ranks of its pipeline rank, and the threads' total
+// is the full plan's.
+TEST(MemoryPlan, TheSymmetricPlanIsTheFirstRankOfEachPipelineRankAndStandsForTheRest) {
+  TrainConfig c = config("pp=2,dp=2,tp=2", 1, "v2");
+  c.optimizer.global_batch = 8, c.optimizer.micro_batch = 0, c.optimizer.accumulation = 2;
+  c.check(8, false);
+  const MemoryPlan full = plan_memory(c, true), symmetric = plan_memory(c, true, true);
+  ASSERT_EQ(full.ranks.size(), 8u);
+  ASSERT_EQ(symmetric.ranks.size(), 2u);
+  EXPECT_TRUE(symmetric.symmetric);
+  EXPECT_EQ(symmetric.ranks_each, 4);
+  for (const RankMemory& r : symmetric.ranks) {
+    const RankMemory& same = full.ranks[static_cast<size_t>(r.rank)];
+    EXPECT_EQ(r.pipeline_rank, same.pipeline_rank);
+    EXPECT_EQ(r.peak(), same.peak()) << r.rank;
+    EXPECT_EQ(r.optimizer, same.optimizer) << r.rank;
+  }
+  EXPECT_EQ(symmetric.ranks[0].rank, 0);
+  EXPECT_EQ(symmetric.ranks[1].pipeline_rank, 1);
+  EXPECT_EQ(symmetric.per_process(), full.per_process());
+  EXPECT_EQ(symmetric.largest().peak(), full.largest().peak());
+  EXPECT_EQ(symmetric.to_json()["ranks_each"], 4);
+}
+
+}  // namespace
+}  // namespace shardwise::train

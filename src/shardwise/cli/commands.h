@@ -49,6 +49,7 @@ struct PlanOptions {
   bool summary = false;
   bool memory = false;  // the per-rank memory plan instead of the program
   bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
+  bool symmetric = false;  // with memory: only the first rank of each pipeline rank (train::plan_memory)
   bool predict = false;  // the predicted step time (plan/program_time.h) instead of the program
   std::string cluster;   // with predict or auto: a cluster description (plan/cluster.h); "": this machine's calibration
   bool analytic = false;     // with predict: the analytic per-layer model (plan/analytic.h) instead of the programs
@@ -57,6 +58,9 @@ struct PlanOptions {
   int64_t top = 5;           // with auto: candidates shown
   double memory_margin = 0.1;
   int64_t max_micro_batch = 0;
+  // with predict or auto on this machine's calibration: the backend the run's ranks use, whose
+  // collectives it is predicted with ("threads", "mpi"; "auto": mpi under mpirun, else threads)
+  std::string backend = "auto";
 };
 
 // `shardwise pipeline`'s bounds: stages, micro-batches, and stages x virtual x micro-batches.
@@ -143,16 +147,17 @@ int cmd_plan(const TrainOptions& train, const PlanOptions& plan, std::ostream& o
 // `shardwise plan --memory` (and `train --dry-run`): the plan of the run `options` describe, as a
 // table or JSON; over --memory-limit "does not fit" with its largest cause and the change that fixes
 // it (train/memory_advice.h), then an Error (exit 2) only with `check`.
-int cmd_plan_memory(const TrainOptions& options, bool check, std::ostream& out);
+int cmd_plan_memory(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // `shardwise plan --predict` (cli/plan/plan_predict.cc): the step time the model predicts for the run,
 // on `cluster` (a file) or this machine's calibration, with its shares, tokens/s and MFU.
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster, bool analytic, std::ostream& out);
+int cmd_plan_predict(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // `plan --auto`: the search's top candidates (cli/plan/plan_auto.cc).
 int cmd_plan_auto(const TrainOptions& options, const PlanOptions& plan, std::ostream& out);
 // Plans a checked run (ranks as threads of one process, or one MPI rank a process), prints the plan
-// when `print`, and with `refuse` refuses (Error) a plan over --memory-limit.
+// when `print`, and with `refuse` refuses (Error) a plan over --memory-limit; `symmetric`: the first
+// rank of each pipeline rank only (train::plan_memory).
 void check_run_memory(const train::TrainConfig& config, const TrainOptions& options, bool threads, bool print,
-                      std::ostream& out, bool refuse = true);
+                      std::ostream& out, bool refuse = true, bool symmetric = false);
 // --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
 // given on the command line or in --config that contradicts it is an Error naming both values.
 void apply_init_from(CLI::App& cmd, TrainOptions& options);

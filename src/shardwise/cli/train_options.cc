@@ -97,6 +97,10 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                "--memory-limit, \"does not fit\" with the largest cause and the change that fixes it")
       ->group(group);
   cmd.add_flag("--check", plan.check, "with --memory: exit 2 when the plan does not fit --memory-limit")->group(group);
+  cmd.add_flag("--symmetric", plan.symmetric,
+               "with --memory: plan only the first rank of each pipeline rank, each standing for its pipeline rank's "
+               "ranks (the same shapes when every sharded dim divides evenly): for meshes of thousands of ranks")
+      ->group(group);
   cmd.add_option("--explain", plan.explain,
                  "value names (as the plan shows them): say which rule and neighbour placed them")
       ->delimiter(',')
@@ -120,6 +124,12 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                  "with --auto: the share of each device's memory kept free (the memory rule)")
       ->group(group);
   cmd.add_option("--max-micro-batch", plan.max_micro_batch, "with --auto: the largest micro-batch tried (0: any)")->group(group);
+  cmd.add_option("--backend", plan.backend,
+                 "with --predict or --auto on this machine's calibration: the ranks as threads or MPI processes, "
+                 "predicted with that backend's calibrated collectives (auto: mpi under mpirun)")
+      ->check(CLI::IsMember({"auto", "threads", "mpi"}))
+      ->capture_default_str()
+      ->group(group);
   cmd.add_option("--cluster", plan.cluster,
                  "with --predict or --auto: a cluster description (examples/clusters/*.json); default: this machine as "
                  "`shardwise calibrate` cached it")

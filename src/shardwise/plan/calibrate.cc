@@ -59,46 +59,72 @@ json measure_memory(const CalibrateOptions& o) {
   return {{"op", "add"}, {"elements", n}, {"bytes", bytes}, {"seconds", t}, {"bytes_per_s", bytes / t}};
 }
 
-// Seconds of one `kind` over `ranks` threads with a per-rank buffer of `bytes`: rank 0's median of
-// `reps`, each started after a barrier (the median: a collective waits for every rank to be
-// scheduled, which on a shared machine is part of what it costs).
-double time_collective(CollectiveKind kind, int ranks, int64_t bytes, int reps) {
+// Rank 0's seconds of `reps` calls of `kind` on `c` with a per-rank buffer of `bytes`, each started
+// after a barrier, after one warm-up call (every rank returns its own; the median is taken of rank
+// 0's: a collective waits for every rank to be scheduled, which on a shared machine is part of
+// what it costs).
+std::vector<double> collective_times(comm::Communicator& c, CollectiveKind kind, int64_t bytes, int reps) {
   std::vector<double> times;
   const int64_t count = bytes / 4;
-  comm::LocalWorld::run(ranks, [&](comm::Communicator& c) {
-    std::vector<float> in(count, 1.0f), out(count, 0.0f);
-    for (int r = 0; r <= reps; ++r) {
-      c.barrier();
-      auto t0 = Clock::now();
-      switch (kind) {
-        case CollectiveKind::AllReduce: c.all_reduce(in.data(), out.data(), count, DType::F32, comm::Reduce::Sum); break;
-        case CollectiveKind::AllGather: c.all_gather(in.data(), out.data(), count / ranks, DType::F32); break;
-        case CollectiveKind::ReduceScatter:
-          c.reduce_scatter(in.data(), out.data(), count / ranks, DType::F32, comm::Reduce::Sum);
-          break;
-        case CollectiveKind::AllToAll: c.all_to_all(in.data(), out.data(), count / ranks, DType::F32); break;
-        case CollectiveKind::SendRecv: break;
-      }
-      if (c.rank() == 0 && r > 0) times.push_back(seconds_since(t0));  // r = 0: the warm-up
+  const int ranks = c.size();
+  std::vector<float> in(static_cast<size_t>(count), 1.0f), out(static_cast<size_t>(count), 0.0f);
+  for (int r = 0; r <= reps; ++r) {
+    c.barrier();
+    auto t0 = Clock::now();
+    switch (kind) {
+      case CollectiveKind::AllReduce: c.all_reduce(in.data(), out.data(), count, DType::F32, comm::Reduce::Sum); break;
+      case CollectiveKind::AllGather: c.all_gather(in.data(), out.data(), count / ranks, DType::F32); break;
+      case CollectiveKind::ReduceScatter:
+        c.reduce_scatter(in.data(), out.data(), count / ranks, DType::F32, comm::Reduce::Sum);
+        break;
+      case CollectiveKind::AllToAll: c.all_to_all(in.data(), out.data(), count / ranks, DType::F32); break;
+      case CollectiveKind::SendRecv: break;
     }
-  });
-  return median_of(std::move(times));
+    if (r > 0) times.push_back(seconds_since(t0));  // r = 0: the warm-up
+  }
+  return times;
 }
 
-json measure_collectives(const CalibrateOptions& o, LinkSpec& all_reduce_link) {
-  const double n1 = 4096, n2 = o.quick ? (1 << 18) : (1 << 24);
-  const int reps = o.quick ? 2 : 9;
+// The message sizes each collective is measured at (bytes a rank): a small one for the latency, the
+// tensor-parallel all-reduces' size of the benchmark's steps, and a large one for the bandwidth.
+std::vector<double> collective_sizes(bool quick) {
+  return quick ? std::vector<double>{4096, 1 << 16, 1 << 18} : std::vector<double>{4096, 1 << 19, 1 << 24};
+}
+
+// Each collective on `c` at collective_sizes: {kind: {ranks, points: [[bytes, seconds] ...], a, b,
+// latency, bandwidth, note}}, the line through the smallest and the largest point inverted through
+// the ring formula (plan/cost.h). Every rank of `c` must call it; rank 0's times are the ones kept.
+// `measure` runs one timing on every rank and returns rank 0's times.
+template <class Measure>
+json measure_collectives_with(bool quick, int ranks, int reps, Measure measure, LinkSpec& all_reduce_link) {
+  const std::vector<double> sizes = collective_sizes(quick);
   json out = json::object();
   for (auto kind : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
                     CollectiveKind::AllToAll}) {
-    const double t1 = time_collective(kind, o.ranks, static_cast<int64_t>(n1), reps);
-    const double t2 = time_collective(kind, o.ranks, static_cast<int64_t>(n2), reps);
-    AlphaBeta f = fit_alpha_beta(kind, o.ranks, n1, t1, n2, t2);
+    json points = json::array();
+    std::vector<double> t;
+    for (double n : sizes) {
+      t.push_back(median_of(measure(kind, static_cast<int64_t>(n), reps)));
+      points.push_back({n, t.back()});
+    }
+    AlphaBeta f = fit_alpha_beta(kind, ranks, sizes.front(), t.front(), sizes.back(), t.back());
     if (kind == CollectiveKind::AllReduce) all_reduce_link = f.link;
-    out[collective_name(kind)] = {{"ranks", o.ranks}, {"points", {{n1, t1}, {n2, t2}}}, {"a", f.a}, {"b", f.b},
+    out[collective_name(kind)] = {{"ranks", ranks}, {"points", points}, {"a", f.a}, {"b", f.b},
                                   {"latency", f.link.latency}, {"bandwidth", f.link.bandwidth}, {"note", f.note}};
   }
   return out;
+}
+
+json measure_collectives(const CalibrateOptions& o, LinkSpec& all_reduce_link) {
+  auto threads = [&](CollectiveKind kind, int64_t bytes, int reps) {
+    std::vector<double> rank0;
+    comm::LocalWorld::run(o.ranks, [&](comm::Communicator& c) {
+      std::vector<double> t = collective_times(c, kind, bytes, reps);
+      if (c.rank() == 0) rank0 = std::move(t);
+    });
+    return rank0;
+  };
+  return measure_collectives_with(o.quick, o.ranks, o.quick ? 2 : 9, threads, all_reduce_link);
 }
 
 // The cores this process may run on (its affinity mask; the ranks' threads share them).
@@ -109,6 +135,18 @@ int64_t available_cores() {
 }
 
 }  // namespace
+
+json calibrate_mpi_collectives(comm::Communicator& world, bool quick) {
+  SW_CHECK(world.size() >= 2, "calibrate: MPI's collectives need at least 2 processes (mpirun -np 2), got {}",
+           world.size());
+  set_blas_threads(1);
+  auto mpi = [&](CollectiveKind kind, int64_t bytes, int reps) { return collective_times(world, kind, bytes, reps); };
+  LinkSpec link;
+  json collectives = measure_collectives_with(quick, world.size(), quick ? 2 : 9, mpi, link);
+  if (!std::isfinite(link.bandwidth)) link.bandwidth = 1e15;  // unmeasurably fast: a finite stand-in
+  return {{"ranks", world.size()}, {"collectives", collectives},
+          {"link", {{"bandwidth", link.bandwidth}, {"latency", std::max(0.0, link.latency)}}}};
+}
 
 json calibrate_machine(const CalibrateOptions& o) {
   SW_CHECK(o.ranks >= 2 && o.ranks <= 64, "calibrate: --ranks {} (the collectives need 2 to 64 ranks)", o.ranks);

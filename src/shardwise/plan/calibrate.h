@@ -7,11 +7,18 @@
 //                (tf32 is f32 here: a CPU has no TF32)
 //   memory:      {op: "add", elements, bytes, seconds, bytes_per_s} the op registry's add over large
 //                tensors (2 read + 1 written): memory_bandwidth
-//   collectives: {kind: {ranks, points: [[bytes, seconds], [bytes, seconds]], a, b, latency, bandwidth,
-//                note}} each collective on `ranks` threads at two sizes, fitted t = a + b bytes and
-//                inverted through the ring formula (plan/cost.h); links.intra_node is all_reduce's
-//                fit, and links.inter_node the same (one node: there is no other link here).
+//   collectives: {kind: {ranks, points: [[bytes, seconds] x 3], a, b, latency, bandwidth, note}} each
+//                collective on `ranks` threads at three sizes (4 KB, 512 KB, 16 MB a rank), the line
+//                t = a + b bytes through the smallest and largest inverted through the ring formula
+//                (plan/cost.h); links.intra_node is all_reduce's fit, and links.inter_node the same
+//                (one node: there is no other link here).
+//   mpi:         (calibrate_mpi_collectives, under mpirun) {ranks, collectives: as above on MPI
+//                processes, link: all_reduce's {bandwidth, latency}}: what MPI runs are predicted with.
 #include <nlohmann/json.hpp>
+
+namespace shardwise::comm {
+class Communicator;
+}
 
 namespace shardwise::plan {
 
@@ -21,5 +28,9 @@ struct CalibrateOptions {
 };
 
 nlohmann::json calibrate_machine(const CalibrateOptions& options);
+
+// The collectives on the processes of `world` (an MPI world of at least 2 processes; every rank
+// calls it): {ranks, collectives, link} as calibration.mpi holds them, rank 0's measurements.
+nlohmann::json calibrate_mpi_collectives(comm::Communicator& world, bool quick);
 
 }  // namespace shardwise::plan

@@ -1,6 +1,7 @@
 #include "shardwise/plan/cluster.h"
 
 #include <cmath>
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -62,6 +63,30 @@ struct Reader {
   }
 };
 
+// calibration.collectives (or calibration.mpi.collectives, `path`): {kind: {ranks, points: [[bytes,
+// seconds], ...]}}; points sorted by bytes.
+std::map<std::string, MeasuredCollective> parse_measured(const json& collectives, const Reader& r, const std::string& path) {
+  std::map<std::string, MeasuredCollective> out;
+  SW_CHECK(collectives.is_object(), "{}: key '{}' expects an object of kind -> measurement", r.where, path);
+  for (auto it = collectives.begin(); it != collectives.end(); ++it) {
+    const std::string key = path + "." + it.key();
+    const json& m = it.value();
+    SW_CHECK(m.is_object() && m.contains("points") && m["points"].is_array(), "{}: key '{}' expects {{ranks, points}}",
+             r.where, key);
+    MeasuredCollective mc;
+    mc.ranks = static_cast<int>(r.count(m, "ranks"));
+    for (const json& p : m["points"]) {
+      SW_CHECK(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number() && p[0].get<double>() > 0 &&
+                   p[1].get<double>() > 0,
+               "{}: key '{}.points' expects [bytes, seconds] pairs of positive numbers, got {}", r.where, key, p.dump());
+      mc.points.emplace_back(p[0].get<double>(), p[1].get<double>());
+    }
+    std::sort(mc.points.begin(), mc.points.end());
+    out[it.key()] = mc;
+  }
+  return out;
+}
+
 // calibration.kernels ({type: {overhead_s, scale}}), calibration.step_overhead_s, instruction_gap_s,
 // cores, rank_factors and mesh_factors.
 void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
@@ -89,6 +114,18 @@ void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
       c.rank_factors[std::stoll(it.key())] = v;
     }
   }
+  if (cal.contains("mpi")) {
+    SW_CHECK(cal["mpi"].is_object() && cal["mpi"].contains("link") && cal["mpi"]["link"].is_object(),
+             "{}: key 'calibration.mpi' expects an object with a link {{bandwidth, latency}}", r.where);
+    const json& link = cal["mpi"]["link"];
+    c.mpi_link.bandwidth = r.positive(link, "bandwidth", "calibration.mpi.link.bandwidth");
+    SW_CHECK(link.contains("latency") && link["latency"].is_number() && link["latency"].get<double>() >= 0,
+             "{}: key 'calibration.mpi.link.latency' expects seconds (a number >= 0)", r.where);
+    c.mpi_link.latency = link["latency"].get<double>();
+    if (cal["mpi"].contains("collectives"))
+      c.mpi_collectives = parse_measured(cal["mpi"]["collectives"], r, "calibration.mpi.collectives");
+  }
+  if (cal.contains("collectives")) c.measured_collectives = parse_measured(cal["collectives"], r, "calibration.collectives");
   if (cal.contains("mesh_factors")) {
     SW_CHECK(cal["mesh_factors"].is_object(), "{}: key 'calibration.mesh_factors' expects an object of mesh -> factor", r.where);
     for (auto it = cal["mesh_factors"].begin(); it != cal["mesh_factors"].end(); ++it)
@@ -163,6 +200,11 @@ ClusterSpec load_cluster(const std::string& path) {
   json j = json::parse(in, nullptr, false, true);  // comments allowed
   SW_CHECK(!j.is_discarded(), "{}: not valid JSON", path);
   return parse_cluster(j, path);
+}
+
+ClusterSpec for_backend(ClusterSpec c, bool mpi) {
+  if (mpi && c.mpi_link.bandwidth > 0) c.intra_node = c.inter_node = c.mpi_link, c.measured_collectives = c.mpi_collectives;
+  return c;
 }
 
 json cluster_json(const ClusterSpec& c) {

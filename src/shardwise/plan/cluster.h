@@ -37,6 +37,13 @@ struct KernelFit {
   double scale = 1;       // measured / modelled seconds of its work
 };
 
+// A calibration's measured collective of one kind (calibration.collectives.<kind>): seconds of a
+// buffer of `bytes` a rank over `ranks` ranks of this machine, at a few sizes, smallest first.
+struct MeasuredCollective {
+  int ranks = 0;
+  std::vector<std::pair<double, double>> points;  // (bytes, seconds)
+};
+
 struct ClusterSpec {
   std::string name;
   int64_t nodes = 1, devices_per_node = 1;
@@ -69,6 +76,14 @@ struct ClusterSpec {
   // calibration.mesh_factors): a pipeline's or an expert mesh's ranks wait for each other otherwise
   // than a data-parallel pair.
   std::map<std::string, double> mesh_factors;
+  // A calibration's MPI collectives between processes of this machine (calibration.mpi.link: the
+  // all-reduce's fit on `mpirun -np 2`; bandwidth 0: not measured).
+  LinkSpec mpi_link;
+  // A calibration's measured collectives by kind ("all_reduce", ...; calibration.collectives, and
+  // calibration.mpi.collectives for MPI processes): a group of their ranks on one node is timed
+  // between the measured sizes around its buffer instead of by the link's line (plan/cost.h
+  // group_collective_seconds).
+  std::map<std::string, MeasuredCollective> measured_collectives, mpi_collectives;
 
   int64_t devices() const { return nodes * devices_per_node; }
   double factor(const std::string& name) const;
@@ -84,6 +99,11 @@ inline constexpr const char* kEfficiencyNames[] = {"compute", "memory", "network
 // otherwise leave a default in place).
 ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where);
 ClusterSpec load_cluster(const std::string& path);
+
+// The machine as a run of MPI processes meets it: with `mpi` and a measured mpi_link, both links
+// are that link and the measured collectives MPI's (the ranks are processes of this machine);
+// otherwise `c` as it is (the threads' links, or a cluster description's).
+ClusterSpec for_backend(ClusterSpec c, bool mpi);
 nlohmann::json cluster_json(const ClusterSpec& c);
 
 }  // namespace shardwise::plan

@@ -125,6 +125,23 @@ double collective_seconds(CollectiveKind kind, double bytes, int ranks, const Li
   return steps * link.latency + share * bytes / link.bandwidth;
 }
 
+double ring_share(CollectiveKind kind, int ranks) { return ring_terms(kind, ranks).second; }
+
+double group_collective_seconds(const ClusterSpec& c, CollectiveKind kind, double bytes, std::span<const int> group) {
+  const int p = static_cast<int>(group.size());
+  auto it = c.measured_collectives.find(collective_name(kind));
+  const bool one_node = c.devices_per_node > 0 && !group.empty() &&
+                        std::all_of(group.begin(), group.end(), [&](int r) { return r / c.devices_per_node == group[0] / c.devices_per_node; });
+  if (p < 2 || it == c.measured_collectives.end() || it->second.ranks != p || it->second.points.size() < 2 || !one_node)
+    return collective_seconds(kind, bytes, std::max(p, 1), group_link(c, group));
+  const auto& pts = it->second.points;
+  size_t i = 0;  // the segment [i, i + 1] around bytes, or the end one nearest it
+  while (i + 2 < pts.size() && bytes > pts[i + 1].first) ++i;
+  const auto [b0, t0] = pts[i];
+  const auto [b1, t1] = pts[i + 1];
+  return std::max(0.0, t0 + (t1 - t0) * (bytes - b0) / (b1 - b0));
+}
+
 AlphaBeta fit_alpha_beta(CollectiveKind kind, int ranks, double n1, double t1, double n2, double t2) {
   SW_CHECK(ranks >= 2 || kind == CollectiveKind::SendRecv, "fit_alpha_beta: {} over {} rank(s) moves nothing",
            collective_name(kind), ranks);

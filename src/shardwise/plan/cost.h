@@ -61,6 +61,18 @@ LinkSpec group_link(const ClusterSpec& c, std::span<const int> ranks);
 // A group of one rank costs nothing.
 double collective_seconds(CollectiveKind kind, double bytes, int ranks, const LinkSpec& link);
 
+// A collective of `kind` over `group` (global ranks) with a buffer of `bytes` a rank (as
+// collective_seconds): where the cluster measured that kind over as many ranks (a calibration,
+// MeasuredCollective) and the group sits on one node, the line between the two measured sizes
+// around `bytes` (beyond the smallest or the largest, the nearest two's line, at least 0): a
+// calibration measures 4 KB, 512 KB and 16 MB, and a mid-sized buffer (a tensor-parallel
+// all-reduce) runs far off the line through the ends (in cache, 2026-11-29: 65 us at 512 KB where
+// that line said 242); otherwise collective_seconds on the group's link.
+double group_collective_seconds(const ClusterSpec& c, CollectiveKind kind, double bytes, std::span<const int> group);
+// The bandwidth share of a ring collective: the bytes the busiest rank sends over its buffer's
+// (all_reduce 2 (p-1)/p, send_recv 1, the others (p-1)/p).
+double ring_share(CollectiveKind kind, int ranks);
+
 // t = a + b n through two measured points (n1, t1), (n2, t2) with n1 != n2, and the link of a
 // ring collective of `kind` over `ranks` that gives it (inverting collective_seconds): b <= 0
 // (the larger message was not slower) or a < 0 is clamped (bandwidth infinite / latency 0) and said

@@ -1,9 +1,11 @@
 #include "shardwise/plan/program_time.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/ops/matmul/kernels.h"
+#include "shardwise/ops/softmax/lm_head.h"
 #include "shardwise/plan/cost.h"
 
 namespace shardwise::plan {
@@ -38,6 +40,18 @@ double latency_steps(reshard::StepKind kind, double k) {
   }
 }
 
+// The ring collective a reshard step is (a redistribute is none of them).
+std::optional<CollectiveKind> collective_of(reshard::StepKind kind) {
+  switch (kind) {
+    case reshard::StepKind::AllReduce: return CollectiveKind::AllReduce;
+    case reshard::StepKind::AllGather: return CollectiveKind::AllGather;
+    case reshard::StepKind::ReduceScatter: return CollectiveKind::ReduceScatter;
+    case reshard::StepKind::AllToAll: return CollectiveKind::AllToAll;
+    case reshard::StepKind::SendRecv: return CollectiveKind::SendRecv;
+    default: return std::nullopt;
+  }
+}
+
 // A reshard's collective steps on their groups' links; with a calibration's "reshard" fit, the
 // instruction's seconds fitted (plan/cost.h fitted_seconds) and shared among its steps' kinds.
 void add_reshard(const graph::Program& p, const graph::Instr& ins, int64_t process, const ClusterSpec& c, ProgramTime& t) {
@@ -48,9 +62,12 @@ void add_reshard(const graph::Program& p, const graph::Instr& ins, int64_t proce
     if (st.kind == reshard::StepKind::Partialize) continue;
     std::vector<int> group = step_group(p, st, process);
     if (group.size() < 2) continue;
-    LinkSpec link = group_link(c, group);
-    const double sec = latency_steps(st.kind, static_cast<double>(group.size())) * link.latency +
-                       static_cast<double>(st.bytes) / link.bandwidth;
+    const std::optional<CollectiveKind> kind = collective_of(st.kind);
+    const LinkSpec link = group_link(c, group);
+    const int k = static_cast<int>(group.size());
+    // st.bytes: what the busiest rank sends; the measured collectives are timed by each rank's buffer
+    const double sec = kind ? group_collective_seconds(c, *kind, static_cast<double>(st.bytes) / ring_share(*kind, k), group)
+                            : latency_steps(st.kind, k) * link.latency + static_cast<double>(st.bytes) / link.bandwidth;
     kinds[std::string(reshard::step_kind_name(st.kind))] += sec;
     total += sec;
   }
@@ -63,6 +80,31 @@ void add_reshard(const graph::Program& p, const graph::Instr& ins, int64_t proce
 }
 
 }  // namespace
+
+HeadCollectives head_collectives(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
+                                 std::span<const int64_t> coords) {
+  HeadCollectives h;
+  const graph::Node& n = g.node(ins.node);
+  if (n.op != "vocab_parallel_lm_head_cross_entropy" || ins.in.size() < 2 || ins.in[0] < 0 || ins.in[1] < 0) return h;
+  if (ins.kind != graph::InstrKind::Kernel && ins.kind != graph::InstrKind::Backward) return h;
+  const mesh::DistAttr& w = p.slots[static_cast<size_t>(ins.in[1])].dist;
+  for (int d = 0; d < w.mesh_ndim(); ++d)
+    if (w[d].is_shard() && w[d].dim == 0) h.mesh_dims.push_back(d);
+  if (h.mesh_dims.empty()) return h;
+  const Shape x = local(p, ins.in[0], coords), wl = local(p, ins.in[1], coords);
+  const int64_t hidden = wl[wl.ndim() - 1], v_local = wl.numel() / std::max<int64_t>(hidden, 1);
+  const int64_t rows = x.numel() / std::max<int64_t>(hidden, 1);
+  const int64_t chunk = ops::lm_head_chunk_rows(v_local, DType::F32, n.attrs.get_int("chunk_bytes", ops::kLmHeadChunkBytes));
+  const int64_t bits = n.attrs.get_int("forward_grads", 0);
+  const bool forward = ins.kind == graph::InstrKind::Kernel;
+  if (!forward && bits == (ops::kLmHeadGradH | ops::kLmHeadGradW)) return h;  // the forward formed both gradients
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const double rc = static_cast<double>(std::min(chunk, rows - r0));
+    h.bytes.push_back(8 * rc);                   // the rows' max
+    h.bytes.push_back((forward ? 16 : 8) * rc);  // their sum of exponentials (and the forward's target logit)
+  }
+  return h;
+}
 
 double ProgramTime::collectives() const {
   double s = 0;
@@ -134,6 +176,21 @@ double instr_flops(const graph::Graph& g, const graph::Program& p, const graph::
   return instr_work(g, p, ins, coords).flops;
 }
 
+namespace {
+
+// Seconds of the head's own all-reduces on its vocab group's link, each its ring time.
+double head_collective_seconds(const HeadCollectives& h, const graph::Program& p, int64_t process, const ClusterSpec& c) {
+  if (h.bytes.empty()) return 0;
+  std::vector<int64_t> members = p.mesh.processes_along(process, std::span<const int>(h.mesh_dims));
+  if (members.size() < 2) return 0;
+  const std::vector<int> group(members.begin(), members.end());
+  double sec = 0;
+  for (double b : h.bytes) sec += group_collective_seconds(c, CollectiveKind::AllReduce, b, group);
+  return sec;
+}
+
+}  // namespace
+
 ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t process, const ClusterSpec& c,
                          const std::string& dtype, std::span<const int> order) {
   ProgramTime t;
@@ -160,9 +217,14 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
     const InstrWork w = instr_work(g, p, ins, coords);
     t.flops += w.flops;
     const std::string type = ins.kind == graph::InstrKind::Fill ? "fill" : ins.kind == graph::InstrKind::Backward ? op + "_grad" : op;
-    const double sec = fitted_seconds(
-        c, type, std::max(w.flops > 0 ? gemm_seconds(c, w.flops, dtype, w.m, w.n, w.k) : 0.0, memory_seconds(c, bytes)));
-    t.compute_s += sec;
+    const double kernel = std::max(w.flops > 0 ? gemm_seconds(c, w.flops, dtype, w.m, w.n, w.k) : 0.0, memory_seconds(c, bytes));
+    // An instruction's own collectives (the vocab-parallel head's) are part of its time, fitted with
+    // it, and shown as all_reduce.
+    const double inside = head_collective_seconds(head_collectives(g, p, ins, coords), p, process, c);
+    const double sec = fitted_seconds(c, type, kernel + inside);
+    const double collective = inside > 0 ? sec * inside / (kernel + inside) : 0.0;
+    if (collective > 0) t.collective_s["all_reduce"] += collective;
+    t.compute_s += sec - collective;
     t.by_op[type] += sec;
     t.count_by_op[type] += 1;
   }

@@ -6,6 +6,7 @@
 //     (memory-bound); the rate: the measured GEMM shape nearest to its own (a calibration) or the
 //     peak (plan/cost.h gemm_seconds); its bytes: its operands' and results' local blocks;
 //   a fill writes its result;
+//   the vocab-parallel head's own all-reduces (head_collectives) run on its group's link;
 //   a reshard's steps run on the links their groups sit on (plan/cost.h), each step's bytes as the
 //     reshard planner counts them (the ring's share sent by the busiest rank) plus its latency steps.
 // A calibration's kernel fit of the instruction's type (ClusterSpec::kernel_fits) turns a kernel's or
@@ -13,7 +14,9 @@
 // Instructions run one after another (no overlap inside a program).
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "shardwise/graph/program.h"
 #include "shardwise/plan/cluster.h"
@@ -47,6 +50,19 @@ struct InstrWork {
 };
 InstrWork instr_work(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
                      std::span<const int64_t> coords);
+// The all-reduces the vocab-parallel fused head (`vocab_parallel_lm_head_cross_entropy`) makes
+// inside its kernel over the ranks holding the other vocabulary blocks (ops/softmax/lm_head.cc):
+// for every chunk of rows (chunk_bytes of f32 logits, ops::lm_head_chunk_rows) the forward
+// all-reduces the rows' max (8 bytes a row) and then their sums of exponentials with the target
+// logits (16 bytes a row); a backward that recomputes the logits (the forward formed not both
+// gradients) the max and the sums again (8 + 8). `bytes`: each all-reduce's buffer; `mesh_dims`:
+// the mesh dims sharding the weight's vocabulary. Empty for every other instruction.
+struct HeadCollectives {
+  std::vector<double> bytes;
+  std::vector<int> mesh_dims;
+};
+HeadCollectives head_collectives(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
+                                 std::span<const int64_t> coords);
 // instr_work's FLOPs.
 double instr_flops(const graph::Graph& g, const graph::Program& p, const graph::Instr& ins,
                    std::span<const int64_t> coords);

@@ -29,7 +29,7 @@ bool try_change(const std::string& what, TrainConfig alt, const MemoryPlan& plan
   } catch (const Error&) {
     return false;
   }
-  const int64_t need = plan_memory(alt, plan.threads).per_process();
+  const int64_t need = plan_memory(alt, plan.threads, plan.symmetric).per_process();
   out.push_back({what, need, need <= limit});
   return true;
 }

@@ -286,7 +286,7 @@ int64_t block_bytes(const graph::Slot& s, const mesh::ProcessMesh& mesh, const s
 
 int64_t MemoryPlan::per_process() const {
   int64_t total = 0;
-  for (const RankMemory& r : ranks) total = threads ? total + r.peak() : std::max(total, r.peak());
+  for (const RankMemory& r : ranks) total = threads ? total + r.peak() * ranks_each : std::max(total, r.peak());
   return total;
 }
 
@@ -314,6 +314,9 @@ std::string MemoryPlan::table() const {
     out += fmt::format("  stage 3: params are each rank's dp shards; working includes up to {} of all-gathered parameter "
                        "copies (rank {})\n",
                        human(l.gathered), l.rank);
+  if (symmetric)
+    out += fmt::format("  the first rank of each pipeline rank only (--symmetric): each stands for the {} ranks of its pipeline rank\n",
+                       ranks_each);
   out += fmt::format("per process ({}): {}\n", threads ? "threads: every rank in one process" : "MPI: one rank a process",
                      human(per_process()));
   return out;
@@ -327,10 +330,12 @@ nlohmann::json MemoryPlan::to_json() const {
                     {"activations", r.activations}, {"micro_batches_in_flight", r.in_flight},
                     {"working", r.working}, {"gathered_params", r.gathered}, {"comm", r.comm}, {"peak", r.peak()}});
   }
-  return {{"description", description}, {"threads", threads}, {"per_process", per_process()}, {"ranks", rows}};
+  nlohmann::json j = {{"description", description}, {"threads", threads}, {"per_process", per_process()}, {"ranks", rows}};
+  if (symmetric) j["ranks_each"] = ranks_each;
+  return j;
 }
 
-MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
+MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric) {
   const Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel);
   const GptConfig model = kernel_model(c);
   const PipelineConfig pc = pipeline_config(c);
@@ -338,6 +343,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   const pipeline::Schedule& schedule = layout.schedule;
   MemoryPlan plan;
   plan.threads = threads;
+  plan.symmetric = symmetric;
   plan.description = fmt::format(
       "{}{}; mesh {}; micro-batch {} x {}; sharding stage {}{}; recompute {}{}{}",
       describe_model(c.model, false), c.bf16 ? ", bf16" : "", strategy.mesh.to_string(),
@@ -358,11 +364,14 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads) {
   // runtime's working bytes lose the gradients and `grads` is what the buckets hold at most.
   const bool early_free = c.parallel.sharding.stage == 2 && c.parallel.overlap_grad_reduce == "on" && schedule.micro_batches == 1 &&
                           strategy.pp < 0 && layout.stage_strategy.data_size() > 1;
+  if (symmetric) plan.ranks_each = strategy.mesh.size() / pp;
+  std::set<int> planned;  // symmetric: the pipeline ranks whose first rank is planned
   for (int64_t process = 0; process < strategy.mesh.size(); ++process) {
     RankMemory rm;
     rm.rank = process;
     const auto world_coords = strategy.mesh.coords(strategy.mesh.rank_index_of_process(process));
     rm.pipeline_rank = strategy.pp < 0 ? 0 : static_cast<int>(world_coords[static_cast<size_t>(strategy.pp)]);
+    if (symmetric && !planned.insert(rm.pipeline_rank).second) continue;
     std::map<int, StageBytes> stages;
     std::vector<int64_t> numels;  // per trained parameter (params() order, each once)
     std::vector<std::vector<int>> data_dims;  // per trained parameter: its data group's dims (sharding.h)

@@ -62,7 +62,11 @@ struct RankMemory {
 };
 
 struct MemoryPlan {
-  std::vector<RankMemory> ranks;  // every rank of the mesh, by process index
+  std::vector<RankMemory> ranks;  // every rank of the mesh, by process index (symmetric: see below)
+  // Only the first rank of each pipeline rank planned, each standing for the `ranks_each` ranks of
+  // its pipeline rank (plan_memory's `symmetric`).
+  bool symmetric = false;
+  int64_t ranks_each = 1;
   bool threads = true;            // ranks as threads of one process (else one rank per MPI process)
   std::string description;        // model, mesh, batch, sharding, recompute, schedule
   // The bytes one process needs: every rank's peak together under threads, the largest rank's under MPI.
@@ -73,8 +77,11 @@ struct MemoryPlan {
 };
 
 // `c` must have passed TrainConfig::check (batch sizes resolved). `threads`: the ranks run as
-// threads of one process.
-MemoryPlan plan_memory(const TrainConfig& c, bool threads);
+// threads of one process. `symmetric`: plan only the first rank of each pipeline rank (every stage
+// is compiled once either way; planning each rank's blocks is what grows with the ranks: seconds a
+// rank for a large model), for meshes whose other ranks hold blocks of the same shapes (every
+// sharded dim dividing evenly, as plan --auto's rules require).
+MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric = false);
 
 // The machine's available memory (/proc/meminfo MemAvailable; physical memory where absent).
 int64_t available_memory();

@@ -5,6 +5,7 @@
 
 #include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/plan/predict.h"
+#include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/mesh/strategy.h"
 #include "shardwise/plan/analytic.h"
@@ -17,7 +18,7 @@ namespace {
 // The cluster searched: a description as given (its first `devices` devices), or this machine's
 // calibration with `devices` ranks sharing its memory on one node.
 plan::ClusterSpec searched_cluster(const AutoOptions& o) {
-  plan::ClusterSpec c = o.cluster.empty() ? load_calibration() : plan::load_cluster(o.cluster);
+  plan::ClusterSpec c = o.cluster.empty() ? load_calibration(o.mpi) : plan::load_cluster(o.cluster);
   if (o.cluster.empty() && o.devices > 0) {
     const double machine = c.memory_bytes * static_cast<double>(c.devices());
     c.nodes = 1, c.devices_per_node = o.devices, c.memory_bytes = machine / static_cast<double>(o.devices);
@@ -114,7 +115,7 @@ std::string choose_for_train(const nlohmann::json& given, train::TrainConfig& c,
            "--auto chooses the mesh, --sp, --sharding-stage, --recompute, the batch split, the schedule and "
            "--overlap-grad-reduce: leave out {} (or leave out --auto)",
            fmt::join(chosen_given, ", "));
-  const AutoSearch s = auto_search(c, AutoOptions{ranks, "", 0.1, 0, false});
+  const AutoSearch s = auto_search(c, AutoOptions{ranks, "", 0.1, 0, false, comm::launched_by_mpirun()});
   const RankedCandidate& best = s.ranked.front();
   const train::TrainConfig tc = candidate_config(c, best.candidate);
   c.parallel = tc.parallel;

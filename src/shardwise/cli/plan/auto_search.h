@@ -24,6 +24,7 @@ struct AutoOptions {
   double memory_margin = 0.1;  // the share of a device's memory kept free
   int64_t max_micro_batch = 0;  // 0: every divisor of a data rank's share
   bool analytic = false;        // the analytic model whatever the devices
+  bool mpi = false;             // this machine's ranks as MPI processes (calibration.mpi's collectives)
 };
 
 struct RankedCandidate {

@@ -1,10 +1,14 @@
 #include "shardwise/cli/plan/calibrate_cmd.h"
 
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include "shardwise/cli/plan/kernel_calibrate.h"
 #include "shardwise/cli/plan/machine_cache.h"
+#include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/table.h"
 #include "shardwise/core/timing.h"
@@ -47,7 +51,16 @@ void print_table(const json& j, std::ostream& out) {
               it.value()["bandwidth"].is_number() ? fmt::format("{:.2f}", it.value()["bandwidth"].get<double>() / 1e9)
                                                   : std::string("unbounded"),
               it.value()["note"].get<std::string>()});
+  if (cal.contains("mpi")) {
+    for (auto it = cal["mpi"]["collectives"].begin(); it != cal["mpi"]["collectives"].end(); ++it)
+      coll.row({"mpi " + it.key(), std::to_string(it.value()["ranks"].get<int>()),
+                fmt::format("{:.2f}", it.value()["latency"].get<double>() * 1e6),
+                it.value()["bandwidth"].is_number() ? fmt::format("{:.2f}", it.value()["bandwidth"].get<double>() / 1e9)
+                                                    : std::string("unbounded"),
+                it.value()["note"].get<std::string>()});
+  }
   out << coll.str();
+  if (!cal.contains("mpi")) out << "MPI collectives: not measured (`shardwise calibrate --mpi`, or `calibrate` under mpirun)\n";
   if (cal.contains("kernels"))
     out << fmt::format("kernel fits: {} instruction types over {} reference runs; {:.3g} ms a step outside them, {} cores\n",
                        cal["kernels"].size(), cal["references"].size(), cal.value("step_overhead_s", 0.0) * 1e3,
@@ -78,6 +91,9 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateCliOptions& o) {
   cmd->add_option("--ranks", o.ranks, "threads the collectives run on (2 to 64)")->capture_default_str();
   cmd->add_flag("--show", o.show, "print the cached calibration of this machine, measure nothing");
   cmd->add_flag("--json", o.json, "print the calibration as JSON (a cluster description, --cluster's format)");
+  cmd->add_flag("--mpi", o.mpi,
+                "then measure MPI's collectives between --ranks processes (runs mpirun; $SHARDWISE_MPIRUN replaces "
+                "the launcher); under mpirun, calibrate measures only those and adds them to the cached calibration");
   return cmd;
 }
 
@@ -102,11 +118,56 @@ json load_calibration_json() {
   return j;
 }
 
-plan::ClusterSpec load_calibration() {
-  return plan::parse_cluster(load_calibration_json(), machine_cache_path(kCacheFile).string());
+plan::ClusterSpec load_calibration(bool mpi, bool require_mpi) {
+  plan::ClusterSpec c = plan::parse_cluster(load_calibration_json(), machine_cache_path(kCacheFile).string());
+  SW_CHECK(!mpi || !require_mpi || c.mpi_link.bandwidth > 0,
+           "the calibration {} has no MPI collectives: run `shardwise calibrate --mpi`",
+           machine_cache_path(kCacheFile).string());
+  return plan::for_backend(c, mpi);
 }
 
+bool predicts_mpi(const std::string& backend) {
+  SW_CHECK(backend == "auto" || backend == "threads" || backend == "mpi", "--backend '{}': use auto, threads or mpi",
+           backend);
+  return backend == "mpi" || (backend == "auto" && comm::launched_by_mpirun());
+}
+
+namespace {
+
+// Under mpirun: MPI's collectives between the job's processes, added to this machine's cached
+// calibration by the first process (the threads' measurements are `calibrate` without mpirun: its
+// ranks would otherwise measure the machine twice at once).
+int calibrate_mpi(const CalibrateCliOptions& o, std::ostream& out) {
+  json j = load_calibration_json();  // every process: the same error when there is none
+  auto world = comm::mpi_world();
+  const json mpi = plan::calibrate_mpi_collectives(*world, o.quick);
+  if (world->rank() != 0) return 0;
+  j["calibration"]["mpi"] = mpi;
+  j["sources"]["calibration.mpi"] = "the collectives between MPI processes (calibrate under mpirun): MPI runs' links";
+  write_machine_cache(machine_cache_path(kCacheFile), j.dump(1) + "\n", "calibration cache");
+  if (o.json) out << j.dump(1) << "\n";
+  else print_table(j, out);
+  return 0;
+}
+
+// `calibrate --mpi` after the threads' measurements are cached: the same program's calibrate on
+// `ranks` MPI processes ($SHARDWISE_MPIRUN or mpirun, as root with --allow-run-as-root).
+void launch_mpi_calibration(const CalibrateCliOptions& o) {
+  const char* env = std::getenv("SHARDWISE_MPIRUN");
+  std::string launcher = env != nullptr && *env != '\0' ? env
+                         : ::geteuid() == 0       ? "mpirun --allow-run-as-root --oversubscribe --bind-to none"
+                                                  : "mpirun --oversubscribe --bind-to none";
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string command = fmt::format("{} -np {} '{}' calibrate{} > /dev/null", launcher, o.ranks, self,
+                                          o.quick ? " --quick" : "");
+  const int rc = std::system(command.c_str());
+  SW_CHECK(rc == 0, "calibrate --mpi: `{}` failed (exit status {}): is MPI installed and mpirun on PATH?", command, rc);
+}
+
+}  // namespace
+
 int cmd_calibrate(const CalibrateCliOptions& o, std::ostream& out) {
+  if (comm::launched_by_mpirun() && !o.show) return calibrate_mpi(o, out);
   json j;
   if (o.show) {
     j = load_calibration_json();
@@ -120,6 +181,10 @@ int cmd_calibrate(const CalibrateCliOptions& o, std::ostream& out) {
     j["calibration"]["key"] = machine_cache_key();
     j["calibration"]["measured"] = today();
     write_machine_cache(machine_cache_path(kCacheFile), j.dump(1) + "\n", "calibration cache");
+    if (o.mpi) {
+      launch_mpi_calibration(o);
+      j = load_calibration_json();
+    }
   }
   if (o.json) {
     out << j.dump(1) << "\n";

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "shardwise/cli/plan/predict.h"
@@ -35,7 +36,8 @@ std::vector<std::string> references(bool quick) {
           "--model llama --layers 1 --hidden 192 --heads 3 --experts 4 --seq 160 --global-batch 4"};
 }
 
-// Multi-rank references (2 and 4 ranks: dp, tp, pp, ep, dp x tp) for the reshards' fit and the
+// Multi-rank references (2 and 4 ranks: dp, tp, pp, ep, dp x tp) for the reshards' fit, the fits of
+// the types only they run (the vocab-parallel head), and the
 // rank and mesh factors: the threads' collectives inside a step, where a rank waits for its peer
 // to reach the same collective (on a shared machine, for it to be scheduled).
 std::vector<std::string> multi_rank_references(bool quick) {
@@ -156,11 +158,13 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
   std::map<std::string, std::vector<plan::KernelSample>> samples;
   std::vector<plan::KernelSample> step_samples;
   json refs = json::array();
+  std::set<std::string> single_rank_types;
   for (const std::string& ref : references(quick)) {
     const Reference r = run_reference(ref + " --mesh dp=1 --ranks 1", data, warm, steps, machine);
     double instructions = 0;
     for (const auto& [type, n] : r.modelled.count_by_op) {
       instructions += n;
+      single_rank_types.insert(type);
       if (type != "reshard") samples[type].push_back({n, r.modelled.by_op.at(type), r.measured("type " + type)});
     }
     step_samples.push_back({1, instructions, r.measured("outside")});
@@ -171,8 +175,11 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
   for (const std::string& ref : multi_rank_references(quick)) {
     multi.push_back(run_reference(ref, data, warm, steps, machine));
     const Reference& r = multi.back();
-    auto n = r.modelled.count_by_op.find("reshard");
-    if (n != r.modelled.count_by_op.end()) samples["reshard"].push_back({n->second, r.modelled.by_op.at("reshard"), r.measured("type reshard")});
+    // The reshards, and the types no single-rank reference runs (the vocab-parallel head, whose
+    // time holds its own all-reduces): fitted on the multi-rank references that run them.
+    for (const auto& [type, n] : r.modelled.count_by_op)
+      if (type == "reshard" || !single_rank_types.contains(type))
+        samples[type].push_back({n, r.modelled.by_op.at(type), r.measured("type " + type)});
     refs.push_back({{"options", ref}, {"ranks", r.ranks}, {"measured_step_s", r.measured("step")}});
   }
   json kernels = json::object();

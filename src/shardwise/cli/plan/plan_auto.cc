@@ -5,6 +5,7 @@
 
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/plan/auto_search.h"
+#include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/plan/predict.h"
 #include "shardwise/train/memory_plan.h"
 
@@ -54,7 +55,8 @@ std::string removed_text(const AutoSearch& s) {
 }  // namespace
 
 int cmd_plan_auto(const TrainOptions& options, const PlanOptions& o, std::ostream& out) {
-  const AutoOptions ao{o.devices, o.cluster, o.memory_margin, o.max_micro_batch, o.analytic};
+  const AutoOptions ao{o.devices, o.cluster, o.memory_margin, o.max_micro_batch, o.analytic,
+                        o.cluster.empty() && predicts_mpi(o.backend)};
   const AutoSearch s = auto_search(options.config, ao);
   const size_t top = std::min(s.ranked.size(), static_cast<size_t>(std::max<int64_t>(o.top, 1)));
   const char* model = s.analytic ? "analytic per-layer model" : "compiled programs";

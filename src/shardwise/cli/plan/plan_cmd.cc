@@ -26,10 +26,15 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& plan_options, std::
   SW_CHECK(o.cluster.empty() || o.predict || o.auto_search, "--cluster goes with --predict or --auto");
   SW_CHECK(o.predict + o.memory + o.auto_search <= 1, "--predict, --memory and --auto: choose one");
   SW_CHECK(o.auto_search || (o.devices == 0 && o.max_micro_batch == 0), "--devices and --max-micro-batch go with --auto");
+  SW_CHECK(o.memory || !o.symmetric, "--symmetric goes with --memory");
+  SW_CHECK(o.backend == "auto" || o.predict || o.auto_search, "--backend goes with --predict or --auto");
+  SW_CHECK(o.cluster.empty() || o.backend == "auto",
+           "--backend {} is for this machine's calibration: a cluster description ({}) has its own links", o.backend,
+           o.cluster);
   if (o.auto_search) return cmd_plan_auto(options, o, out);
-  if (o.memory) return cmd_plan_memory(options, o.check, out);
+  if (o.memory) return cmd_plan_memory(options, o, out);
   SW_CHECK(!o.analytic || o.predict || o.auto_search, "--analytic goes with --predict or --auto");
-  if (o.predict) return cmd_plan_predict(options, o.cluster, o.analytic, out);
+  if (o.predict) return cmd_plan_predict(options, o, out);
   train::TrainConfig tc = options.config;
   tc.check(options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size(), false);  // train's checks and derived sizes
   const train::GptConfig c = train::kernel_model(tc);
@@ -85,10 +90,10 @@ int64_t memory_limit_bytes(const std::string& text) {
 }
 
 void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool threads, bool print, std::ostream& out,
-                      bool refuse) {
+                      bool refuse, bool symmetric) {
   const int64_t limit = memory_limit_bytes(o.memory_limit);  // a bad value is refused before the plan
   if (!print && limit == 0) return;
-  const train::MemoryPlan plan = train::plan_memory(c, threads);
+  const train::MemoryPlan plan = train::plan_memory(c, threads, symmetric);
   const train::MoeTraffic moe = train::moe_traffic(c);  // an MoE model's all-to-alls
   const bool fits = limit == 0 || plan.per_process() <= limit;
   if (print && o.logging.json) {
@@ -107,11 +112,11 @@ void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool t
   if (refuse) train::check_memory_limit(c, plan, limit, o.memory_limit);
 }
 
-int cmd_plan_memory(const TrainOptions& o, bool check, std::ostream& out) {
+int cmd_plan_memory(const TrainOptions& o, const PlanOptions& plan, std::ostream& out) {
   train::TrainConfig c = o.config;
   const int64_t ranks = o.ranks > 0 ? o.ranks : mesh::parse_mesh(c.parallel.mesh).size();
   c.check(ranks, false);
-  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out, check);
+  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out, plan.check, plan.symmetric);
   return 0;
 }
 

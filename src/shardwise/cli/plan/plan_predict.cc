@@ -99,7 +99,7 @@ void add_data_sync(const train::TrainConfig& tc, const train::StageLayout& layou
   auto synced = [&](plan::CollectiveKind kind, double bytes, double calls) {
     calls = std::max(1.0, calls);
     return calls * plan::fitted_seconds(cluster, "reshard",
-                                        plan::collective_seconds(kind, bytes / calls, d, plan::group_link(cluster, group)));
+                                        d > 1 ? plan::group_collective_seconds(cluster, kind, bytes / calls, group) : 0.0);
   };
   double grad_sync = 0;
   if (d > 1 && w.grad_numel > 0) {  // the buckets (--overlap-grad-reduce), else one call a gradient
@@ -142,7 +142,7 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
     const double bytes = static_cast<double>(tc.optimizer.micro_batch * c.seq * c.hidden) * (tc.bf16 ? 2 : 4);
     std::vector<int> pair = {static_cast<int>(layout.meshes[0].process_ids().front()),
                              static_cast<int>(layout.meshes[1].process_ids().front())};
-    send = plan::collective_seconds(plan::CollectiveKind::SendRecv, bytes, 2, plan::group_link(cluster, pair));
+    send = plan::group_collective_seconds(cluster, plan::CollectiveKind::SendRecv, bytes, pair);
   }
   const plan::PipelineTime pipe = plan::pipeline_time(layout.schedule.name, pp, layout.schedule.micro_batches,
                                                       layout.schedule.virtual_stages, slowest.forward,
@@ -191,7 +191,9 @@ std::vector<std::pair<std::string, double>> ordered_parts(const plan::StepEstima
   return out;
 }
 
-int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_file, bool analytic, std::ostream& out) {
+int cmd_plan_predict(const TrainOptions& options, const PlanOptions& plan_options, std::ostream& out) {
+  const std::string& cluster_file = plan_options.cluster;
+  const bool analytic = plan_options.analytic;
   train::TrainConfig tc = options.config;
   const int64_t ranks = options.ranks > 0 ? options.ranks : mesh::parse_mesh(tc.parallel.mesh).size();
   if (analytic && tc.parallel.virtual_stages > 1) {
@@ -206,7 +208,9 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
   } else {
     tc.check(ranks, false);
   }
-  plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration() : plan::load_cluster(cluster_file);
+  const bool mpi = predicts_mpi(plan_options.backend);
+  plan::ClusterSpec cluster = cluster_file.empty() ? load_calibration(mpi, plan_options.backend == "mpi")
+                                                   : plan::load_cluster(cluster_file);
   if (cluster_file.empty()) {  // this machine: every rank of the mesh runs on it
     cluster.nodes = 1;
     cluster.devices_per_node = std::max(cluster.devices_per_node, mesh::parse_mesh(tc.parallel.mesh).size());
@@ -216,7 +220,9 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
   if (options.logging.json) {
     nlohmann::json shares = nlohmann::json::object();
     for (const auto& [name, sec] : parts) shares[name] = sec / r.step;
-    out << nlohmann::json({{"cluster", cluster.name}, {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
+    out << nlohmann::json({{"cluster", cluster.name},
+                           {"backend", cluster_file.empty() ? (mpi ? "mpi" : "threads") : "cluster"},
+                           {"step_time_s", r.step}, {"tokens_per_s", r.tokens_per_s},
                            {"mfu", r.mfu}, {"flops_per_rank", r.flops}, {"shares", shares}, {"by_op", r.by_op},
                            {"memory_bytes", r.memory},
                            {"instructions", instruction_count(r)},
@@ -225,8 +231,9 @@ int cmd_plan_predict(const TrainOptions& options, const std::string& cluster_fil
         << "\n";
     return 0;
   }
-  out << fmt::format("predicted on {}{}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (counted FLOPs of a rank {:.4g})\n",
-                     cluster.name, analytic ? " by the analytic model" : "", r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
+  out << fmt::format("predicted on {}{}{}: step {:.4g} s, {:.4g} tokens/s, MFU {:.1f}% (counted FLOPs of a rank {:.4g})\n",
+                     cluster.name, cluster_file.empty() && mpi ? " (MPI processes)" : "",
+                     analytic ? " by the analytic model" : "", r.step, r.tokens_per_s, 100 * r.mfu, r.flops);
   for (const auto& [name, sec] : parts) out << fmt::format("  {:<24} {:>10.4g} s  {:>5.1f}%\n", name, sec, 100 * sec / r.step);
   return 0;
 }
