@@ -189,7 +189,7 @@ void bind_rules(nb::module_& m) {
     std::vector<Tensor> in;
     Attrs a;
     raising(ErrorKind::Usage, [&] {
-      for (size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from(inputs[i], fmt::format("{} input {}", name, i)));
+      for (size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from(inputs[i], fmt::format("{} input {}", name, i), "run_op (CPU kernels)"));
       a = attrs_of(attrs);
     });
     std::vector<Tensor> out = raising(ErrorKind::Usage, [&] {
