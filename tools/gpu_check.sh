@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The one script a GPU machine runs (docs/gpu.md): unpacks the carried Debian libraries
 # (.gpu_debs, from `make gpu-debs`) into a prefix, configures with CUDA on, builds the GPU tests
-# (the gtest binaries labelled gpu), runs them, and writes under OUTDIR:
-#   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log, and
-#   summary.txt (each step's status and time, the tests passed / failed / skipped, which skipped),
-# printing the summary last. Sized for 8 minutes on 16 cores: the build stops at 5, the tests at 2.
-#   tools/gpu_check.sh OUTDIR   (env: GPU_DEBS=.gpu_debs GPU_BUILD=/tmp/shardwise-gpu JOBS=nproc GPU_BUILD_TIMEOUT=300)
+# (the gtest binaries labelled gpu), runs them, then builds the Python package with CUDA into a venv
+# (the carried wheels, .gpu_debs/wheels, installed offline) and runs its GPU tests
+# (python/tests_gpu: torch CUDA tensors in and out without copies), and writes under OUTDIR:
+#   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log,
+#   pyvenv.log, pybuild.log, pytests.log, and summary.txt (each step's status and time, the tests
+#   passed / failed / skipped, which skipped), printing the summary last. Sized for 8 minutes on 16
+# cores (the build stops at 5, the tests at 2) plus at most 6 for the Python package (its build, of
+# every layer below it, stops at 5, its tests at 1).
+#   tools/gpu_check.sh OUTDIR   (env: GPU_DEBS=.gpu_debs GPU_BUILD=/tmp/shardwise-gpu JOBS=nproc GPU_BUILD_TIMEOUT=300
+#                                GPU_PY_BUILD_TIMEOUT=300)
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUTDIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,4 +65,23 @@ tests_rc=$?
   [ -n "$skipped" ] && { echo "skipped (on a GPU machine each is a finding):"; echo "$skipped"; }
   grep -E '\*\*\*Failed|\*\*\*Exception|Timeout' "$out/tests.log" | sed 's/^ */failed: /' || true
 } >> "$summary"
-finish "$tests_rc"
+
+# The Python package, built over the same build folder (scikit-build-core reuses it), its GPU tests
+# and the fake-device ones.
+py=$build/pyvenv/bin/python
+py_rc=1
+if step pyvenv "$root/tools/gpu_deps.sh" pyvenv "$debs" "$build/pyvenv" &&
+   step pybuild timeout "${GPU_PY_BUILD_TIMEOUT:-300}" "$py" -m pip install --no-index --no-build-isolation --no-deps \
+     -Cbuild-dir="$build/cmake" -Ccmake.define.SHARDWISE_WITH_CUDA=ON "$root"; then
+  grep 'from the system' "$out/pyvenv.log" | sed 's/^gpu_deps: /python: /' >> "$summary"
+  (cd "$build" && step pytests timeout 60 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/tests_gpu" \
+     "$root/python/tests/test_device_arrays.py")
+  py_rc=$?
+  {
+    tail -1 "$out/pytests.log" | sed 's/^/python tests: /'
+    grep -E '^SKIPPED' "$out/pytests.log" | sed 's/^/python skipped (on a GPU machine each is a finding): /' || true
+    grep -E '^FAILED' "$out/pytests.log" | sed 's/^/python failed: /' || true
+  } >> "$summary"
+fi
+[ "$tests_rc" -eq 0 ] && [ "$py_rc" -eq 0 ]
+finish $?

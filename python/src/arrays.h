@@ -42,4 +42,8 @@ nb::object array_from(const Tensor& tensor);
 bool cuda_built();
 void register_cuda_devices();
 
+// run_op with an input on a device: the op's CUDA kernel where one is bound (gelu, silu, in a CUDA
+// build), its outputs on the device; otherwise an Error naming the op, the input and its device.
+nb::object run_device_op(const std::string& op, const std::vector<AnyArray>& inputs);
+
 }  // namespace shardwise::py

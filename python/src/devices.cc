@@ -2,6 +2,7 @@
 // through tensor/device_copy.h; none when the array is already where it is asked to be), the
 // GPUs' registration in a CUDA build, and shardwise._core._testing, the test-only hooks that make
 // fake-device arrays (tensor/fake_device.h) so `make test` proves the device plumbing without a GPU.
+#include <fmt/format.h>
 #include <nanobind/stl/vector.h>
 
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "shardwise/tensor/fake_device.h"
 #ifdef SHARDWISE_PY_CUDA
 #include "shardwise/cuda/cuda_memory.h"
+#include "shardwise/cuda/kernels.h"
 #endif
 
 namespace shardwise::py {
@@ -31,6 +33,32 @@ void register_cuda_devices() {
   static std::once_flag once;
   std::call_once(once, [] { cuda::register_devices(); });
 #endif
+}
+
+nb::object run_device_op(const std::string& op, const std::vector<AnyArray>& inputs) {
+  return raising(ErrorKind::Usage, [&]() -> nb::object {
+    const bool bound = cuda_built() && (op == "gelu" || op == "silu") && inputs.size() == 1;
+    for (size_t i = 0; i < inputs.size() && !bound; ++i) {
+      const std::string where = device_name(inputs[i]);
+      SW_CHECK(where == "host", "run_op: {} runs its CPU kernel here (no CUDA kernel of it is bound in the Python "
+               "package{}), and input {} is on {}; copy it to the host first (x.cpu(), shardwise.to_host(x))",
+               op, cuda_built() ? ": gelu and silu have one" : ", built without CUDA", i, where);
+    }
+    Tensor x = tensor_on_device(inputs[0], fmt::format("{} input 0", op));
+#ifdef SHARDWISE_PY_CUDA
+    Tensor y;
+    {
+      nb::gil_scoped_release release;
+      y = cuda::activation(op == "gelu" ? cuda::Activation::Gelu : cuda::Activation::Silu, x);
+      cuda::synchronize(y.device());
+    }
+    nb::list result;
+    result.append(array_from(y));
+    return result;
+#else
+    fail("run_op: {} has no CUDA kernel in this package (input on {})", op, x.device().to_string());
+#endif
+  });
 }
 
 namespace {

@@ -72,8 +72,10 @@ def test_a_non_contiguous_device_array_is_refused():
 
 def test_host_only_apis_refuse_a_device_array_by_name(tmp_path):
     d = sw.to_device(host_values(), FAKE)
-    with pytest.raises(sw.Error, match=rf"run_op \(CPU kernels\) reads host memory.*cuda:{FAKE}.*x\.cpu\(\)"):
+    with pytest.raises(sw.Error, match=rf"run_op: add runs its CPU kernel here .*input 0 is on cuda:{FAKE}.*x\.cpu\(\)"):
         sw.run_op("add", [d, d])
+    with pytest.raises(sw.Error, match=rf"run_op: add .*input 1 is on cuda:{FAKE}"):
+        sw.run_op("add", [host_values(), d])
     with pytest.raises(sw.Error, match=rf"checkpoint\.save reads host memory.*cuda:{FAKE}"):
         sw.checkpoint.save_all_ranks([{"w": d}], tmp_path, {"dp": 1}, [sw.Replicate()])
 
@@ -83,7 +85,7 @@ def test_a_cuda_array_shardwise_has_no_device_for_is_a_clear_error():
     reason = "built without CUDA" if not sw.built_with_cuda else "sees no such GPU"
     with pytest.raises(sw.Error, match=rf"cuda:5, but .*{reason}.*x\.cpu\(\)"):
         sw.to_host(a)
-    with pytest.raises(sw.Error, match=r"run_op \(CPU kernels\) reads host memory.*cuda:5"):
+    with pytest.raises(sw.Error, match=r"run_op: add runs its CPU kernel here .*input 0 is on cuda:5"):
         sw.run_op("add", [a, a])
 
 
@@ -93,3 +95,12 @@ def test_to_device_names_what_it_cannot_do():
         sw.to_device(d, 5)
     with pytest.raises(sw.Error, match="shardwise has no cuda:6"):
         sw.to_device(host_values(), 6)
+
+
+def test_an_op_with_a_cuda_kernel_needs_a_package_with_cuda():
+    if sw.built_with_cuda:
+        pytest.skip("this package has CUDA: gelu on the fake device would launch a real kernel on fake memory; "
+                    "python/tests_gpu runs it on a GPU")
+    d = sw.to_device(host_values(), FAKE)
+    with pytest.raises(sw.Error, match=rf"run_op: gelu runs its CPU kernel here .*built without CUDA.*cuda:{FAKE}"):
+        sw.run_op("gelu", [d])

@@ -55,10 +55,19 @@ def test_non_contiguous_and_host_only_uses_are_refused(torch):
     x = torch.ones(3, 4, device="cuda")
     with pytest.raises(sw.Error, match="not C-contiguous"):
         sw.to_device(x.t(), 0)
-    with pytest.raises(sw.Error, match=r"run_op \(CPU kernels\) reads host memory.*cuda:0"):
+    with pytest.raises(sw.Error, match=r"run_op: add runs its CPU kernel here .*input 0 is on cuda:0"):
         sw.run_op("add", [x, x])
 
 
-def test_a_round_trip_through_an_op_with_a_cuda_kernel(torch):
-    pytest.skip("no shardwise op has a CUDA kernel bound in the Python package yet: run_op runs CPU kernels "
-                "(src/shardwise/cuda's kernels are reached from C++ only)")
+def test_a_round_trip_through_ops_with_a_cuda_kernel(torch):
+    x = torch.randn(7, 1023, device="cuda")
+    (y,) = sw.run_op("gelu", [x])            # the CUDA kernel: in and out on the GPU
+    assert y.__dlpack_device__() == (2, x.device.index)
+    (z,) = sw.run_op("silu", [y])            # a device output goes straight back in
+    yt, zt = torch.from_dlpack(y), torch.from_dlpack(z)
+    assert yt.is_cuda and zt.is_cuda and tuple(zt.shape) == (7, 1023)
+    (y_cpu,) = sw.run_op("gelu", [x.cpu().numpy()])   # the CPU kernels: the reference
+    (z_cpu,) = sw.run_op("silu", [yt.cpu().numpy()])
+    # docs/gpu.md's tolerances for these kernels: float both sides, tanhf / expf on the GPU.
+    np.testing.assert_allclose(yt.cpu().numpy(), y_cpu, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(zt.cpu().numpy(), z_cpu, rtol=1e-5, atol=1e-6)
