@@ -31,8 +31,10 @@ wheels() {
   mkdir -p "$dir"
   python3 -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.10 \
     --implementation py --abi none -d "$dir" -r "$here/gpu_wheels.txt"
-  local wrong
-  wrong=$(ls "$dir" | grep -v -- '-py3-none-any\.whl$\|-py2\.py3-none-any\.whl$' || true)
+  local wrong="" w
+  for w in "$dir"/*; do
+    case "$w" in *-none-any.whl) ;; *) wrong="$wrong $(basename "$w")" ;; esac
+  done
   [ -z "$wrong" ] || { echo "gpu_deps: not pure-Python wheels: $wrong" >&2; exit 1; }
   echo "gpu_deps: $(ls "$dir"/*.whl | wc -l) wheels, $(du -sh "$dir" | cut -f1) in $dir"
 }
