@@ -179,13 +179,15 @@ bench-ckpt-dcp: build $(HF_VENV)/bin/python
 	$(HF_VENV)/bin/python bench/ckpt_dcp.py --dir $(BUILD)/ckpt_dcp
 
 # The GPU machine (docs/gpu.md) fetches nothing: `gpu-debs` downloads the Debian packages its build
-# needs (tools/gpu_debs.txt) into .gpu_debs, the folder a device run carries; `gpu-deps-check`
+# needs (tools/gpu_debs.txt) into .gpu_debs and the Python wheels of its package build
+# (tools/gpu_wheels.txt) into .gpu_debs/wheels, the folder a device run carries; `gpu-deps-check`
 # proves here that they suffice (unpacked into a prefix, the project configured with this machine's
 # copies hidden, a few targets built); `gpu-check` is what the GPU machine runs (logs in GPU_OUT).
 GPU_DEBS ?= .gpu_debs
 GPU_OUT  ?= gpu-check-out
 gpu-debs:
 	@[ -n "$$(ls $(GPU_DEBS)/*.deb 2>/dev/null)" ] || tools/gpu_deps.sh download $(GPU_DEBS)
+	@[ -n "$$(ls $(GPU_DEBS)/wheels/*.whl 2>/dev/null)" ] || tools/gpu_deps.sh wheels $(GPU_DEBS)
 
 gpu-deps-check: gpu-debs
 	tools/gpu_deps.sh selftest $(GPU_DEBS) build-gpudeps

@@ -4,17 +4,21 @@
 # (the gtest binaries labelled gpu), runs them, and writes under OUTDIR:
 #   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log, and
 #   summary.txt (each step's status and time, the tests passed / failed / skipped, which skipped),
-# printing the summary last. Then the device hooks and the benchmark, each with its log:
-#   verify_cuda (the verifier on the CUDA kernels) and curves (tools/gpu_curves.py: 20-step curves
-#   on the GPU against the CPU), run when the shardwise binary has `verify --device` / `train
+# printing the summary last. Then the device hooks, the Python package and the benchmark, each with
+# its log: verify_cuda (the verifier on the CUDA kernels) and curves (tools/gpu_curves.py: 20-step
+#   curves on the GPU against the CPU), run when the shardwise binary has `verify --device` / `train
 #   --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
-#   sources have a --device option); bench (bench/gpu_vs_torch.py: PyTorch eager and
-#   torch.compile against `shardwise train --device cuda`), its table appended to summary.txt.
+#   sources have a --device option); pyvenv, pybuild, pytests (the Python package built with CUDA
+#   over the same build folder, the carried wheels of .gpu_debs/wheels installed offline, and its
+#   GPU tests, python/tests_gpu: torch CUDA tensors in and out without copies); bench
+#   (bench/gpu_vs_torch.py: PyTorch eager and torch.compile against `shardwise train --device
+#   cuda`), its table appended to summary.txt.
 # Sized for 8 minutes on 16 cores (GPU_CHECK_BUDGET=470 s for all steps): the GPU tests' build stops
-# at 200 s, their run at 60; the binary's build and the hooks get what is left before the
-# benchmark's GPU_BENCH_BUDGET (150 s), which gets what is left after them.
+# at 200 s, their run at 60; the binary's build, the hooks and the Python package get what is left
+# before the benchmark's GPU_BENCH_BUDGET (150 s), which gets what is left after them.
 #   tools/gpu_check.sh OUTDIR   (env: GPU_DEBS=.gpu_debs GPU_BUILD=/tmp/shardwise-gpu JOBS=nproc
-#                                GPU_BUILD_TIMEOUT=200 GPU_CHECK_BUDGET=470 GPU_BENCH_BUDGET=150 PYTHON=python3)
+#                                GPU_BUILD_TIMEOUT=200 GPU_CHECK_BUDGET=470 GPU_BENCH_BUDGET=150
+#                                GPU_PY_BUILD_TIMEOUT=300 PYTHON=python3)
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUTDIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -102,6 +106,32 @@ hook() {  # hook NAME COMMAND WHY-NOT RUN...: the step when `shardwise COMMAND` 
 hook verify_cuda verify "shardwise verify has no --device option" "$bin" verify --device cuda --quiet
 hook curves train "shardwise train has no --device option" "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
 
+# The Python package, built over the same build folder (scikit-build-core reuses it), its GPU tests
+# and the fake-device ones.
+py=$build/pyvenv/bin/python
+py_build_limit() { local l=$(($(left) - 30)) c=${GPU_PY_BUILD_TIMEOUT:-300}; echo $((l < c ? l : c)); }
+py_rc=1
+if [ "$(left)" -lt 90 ]; then
+  echo "python: skipped, $(left) s left before the benchmark" >> "$summary"
+  py_rc=0
+else
+  step pyvenv "$root/tools/gpu_deps.sh" pyvenv "$debs" "$build/pyvenv" &&
+    grep 'from the system' "$out/pyvenv.log" | sed 's/^gpu_deps: /python: /' >> "$summary"
+  # The package's build needs the Python headers (python3-dev); pybuild.log says when they are missing.
+  if [ -x "$py" ] && step pybuild timeout "$(py_build_limit)" "$py" -m pip install --no-index \
+       --no-build-isolation --no-deps -Cbuild-dir="$build/cmake" -Ccmake.define.SHARDWISE_WITH_CUDA=ON "$root"; then
+    (cd "$build" && step pytests timeout 60 "$py" -m pytest -q -rs -p no:cacheprovider "$root/python/tests_gpu" \
+       "$root/python/tests/test_device_arrays.py")
+    py_rc=$?
+    {
+      tail -1 "$out/pytests.log" | sed 's/^/python tests: /'
+      # test_device_arrays.py's one test for packages without CUDA skips here by design.
+      grep -E '^SKIPPED.*tests_gpu' "$out/pytests.log" | sed 's/^/python skipped (on a GPU machine each is a finding): /' || true
+      grep -E '^FAILED' "$out/pytests.log" | sed 's/^/python failed: /' || true
+    } >> "$summary"
+  fi
+fi
+
 # The benchmark against PyTorch, in what is left of the budget (its rows stop, saying so, past it).
 bench_left=$((budget - SECONDS))
 if ! "$python" -c 'import torch' > /dev/null 2>&1; then
@@ -113,4 +143,5 @@ else
     --shardwise "$bin" --summary "$out/bench.txt" || tests_rc=1
   cat "$out/bench.txt" >> "$summary" 2> /dev/null
 fi
-finish "$tests_rc"
+[ "$tests_rc" -eq 0 ] && [ "$py_rc" -eq 0 ]
+finish $?

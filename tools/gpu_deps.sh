@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The project's Debian libraries for the GPU machine, which fetches nothing (docs/gpu.md):
 #   tools/gpu_deps.sh download [DEBDIR]     apt-get download tools/gpu_debs.txt's packages (default .gpu_debs)
+#   tools/gpu_deps.sh wheels [DEBDIR]       pip download tools/gpu_wheels.txt's pure-Python wheels into DEBDIR/wheels
+#   tools/gpu_deps.sh pyvenv DEBDIR VENV    a venv seeing the system's packages (torch) with those wheels
+#                                           installed offline (pip install --no-index --find-links)
 #   tools/gpu_deps.sh unpack DEBDIR PREFIX  dpkg -x each .deb into PREFIX (never /) and write PREFIX/env.sh,
 #                                           which sets the search paths into PREFIX and SHARDWISE_DEPS_CMAKE_ARGS
 #   tools/gpu_deps.sh check PREFIX          every shared library the build links finds each library it
@@ -21,6 +24,33 @@ download() {
   pkgs=$(grep -v '^#' "$here/gpu_debs.txt" | grep -v '^$')
   (cd "$dir" && apt-get download -q $pkgs)
   echo "gpu_deps: $(ls "$dir"/*.deb | wc -l) packages, $(du -sh "$dir" | cut -f1) in $dir"
+}
+
+wheels() {
+  local dir=${1:-.gpu_debs}/wheels
+  mkdir -p "$dir"
+  python3 -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.10 \
+    --implementation py --abi none -d "$dir" -r "$here/gpu_wheels.txt"
+  local wrong="" w
+  for w in "$dir"/*; do
+    case "$w" in *-none-any.whl) ;; *) wrong="$wrong $(basename "$w")" ;; esac
+  done
+  [ -z "$wrong" ] || { echo "gpu_deps: not pure-Python wheels: $wrong" >&2; exit 1; }
+  echo "gpu_deps: $(ls "$dir"/*.whl | wc -l) wheels, $(du -sh "$dir" | cut -f1) in $dir"
+}
+
+pyvenv() {
+  local debdir=$1 venv=$2
+  ls "$debdir"/wheels/*.whl >/dev/null 2>&1 || { echo "gpu_deps: no wheels in $debdir/wheels (run: make gpu-debs)" >&2; exit 2; }
+  "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install -q --no-index --find-links "$debdir/wheels" -r "$here/gpu_wheels.txt"
+  "$venv/bin/python" - <<'PY'
+import importlib.util, sys
+import nanobind, pytest, scikit_build_core
+have = {m: importlib.util.find_spec(m) is not None for m in ("numpy", "torch")}
+print(f"gpu_deps: venv {sys.prefix}: nanobind {nanobind.__version__}, scikit-build-core {scikit_build_core.__version__}, "
+      f"pytest {pytest.__version__}; from the system: " + ", ".join(f"{m} {'yes' if h else 'MISSING'}" for m, h in have.items()))
+PY
 }
 
 unpack() {
@@ -121,9 +151,11 @@ selftest() {
 
 case "${1:-}" in
   download) download "${2:-}" ;;
+  wheels) wheels "${2:-}" ;;
+  pyvenv) [ $# -eq 3 ] || { echo "usage: $0 pyvenv DEBDIR VENV" >&2; exit 2; }; pyvenv "$2" "$3" ;;
   unpack) [ $# -eq 3 ] || { echo "usage: $0 unpack DEBDIR PREFIX" >&2; exit 2; }; unpack "$2" "$3" ;;
   check) [ $# -eq 2 ] || { echo "usage: $0 check PREFIX" >&2; exit 2; }; check "$2" ;;
   selftest) [ $# -eq 3 ] || { echo "usage: $0 selftest DEBDIR BUILD" >&2; exit 2; }; selftest "$2" "$3" ;;
   configure) shift; configure "$@" ;;
-  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac

@@ -37,7 +37,10 @@ from ._core import (  # noqa: F401
     local_block,
     local_shape,
     plan_reshard,
+    built_with_cuda,
     run_op,
+    to_device,
+    to_host,
 )
 from .graph import Tensor, ops, shard  # noqa: F401  (ops: every registered op, ops() lists them)
 from .tracing import trace  # noqa: F401

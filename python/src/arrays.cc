@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/device_memory.h"
 
 namespace shardwise::py {
 namespace {
@@ -56,7 +57,22 @@ DType dtype_of(const AnyArray& array, std::string_view what) {
        dl_name(d));
 }
 
-Tensor tensor_from(const AnyArray& array, std::string_view what) {
+std::string device_name(const AnyArray& array) {
+  const int type = array.device_type(), id = array.device_id();
+  if (type == nb::device::cpu::value || type == nb::device::cuda_host::value) return "host";
+  if (type == nb::device::cuda::value || type == nb::device::cuda_managed::value) return Device::cuda(id).to_string();
+  return fmt::format("dlpack device {}:{}", type, id);
+}
+
+namespace {
+
+bool on_cuda(const AnyArray& array) {
+  return array.device_type() == nb::device::cuda::value || array.device_type() == nb::device::cuda_managed::value;
+}
+
+// The array's dtype and shape, checked as every array is: a known dtype, at most kMaxDims dims,
+// C-contiguous (an Error naming `what` otherwise; nothing is read).
+std::pair<DType, Shape> checked_layout(const AnyArray& array, std::string_view what) {
   DType dtype = dtype_of(array, what);
   SW_CHECK(array.ndim() <= static_cast<size_t>(kMaxDims), "{}: {} dims; shardwise tensors have at most {}", what,
            array.ndim(), kMaxDims);
@@ -72,19 +88,58 @@ Tensor tensor_from(const AnyArray& array, std::string_view what) {
   if (!contiguous) {
     std::vector<int64_t> strides(array.ndim());
     for (size_t i = 0; i < array.ndim(); ++i) strides[i] = array.stride(i);
-    fail("{}: the array of shape {} is not C-contiguous (strides in elements: {}); shardwise reads arrays "
+    const std::string where = device_name(array);
+    fail("{}: the array of shape {} is not C-contiguous (strides in elements: {}{}); shardwise reads arrays "
          "without copying them, so pass a contiguous one (numpy.ascontiguousarray(x), x.contiguous())",
-         what, shape.to_string(), fmt::join(strides, ","));
+         what, shape.to_string(), fmt::join(strides, ","), where == "host" ? "" : "; on " + where);
   }
+  return {dtype, shape};
+}
+
+std::shared_ptr<std::byte[]> owned_memory(const AnyArray& array) {
   auto* data = static_cast<std::byte*>(const_cast<void*>(array.data()));
-  return Tensor::adopt(dtype, shape, std::shared_ptr<std::byte[]>(data, ArrayOwner{array}));
+  return std::shared_ptr<std::byte[]>(data, ArrayOwner{array});
+}
+
+}  // namespace
+
+Tensor tensor_from(const AnyArray& array, std::string_view what, std::string_view api) {
+  if (device_name(array) != "host") {
+    fail("{}: {} reads host memory, and this array is on {}; copy it to the host first (x.cpu(), "
+         "shardwise.to_host(x))", what, api, device_name(array));
+  }
+  auto [dtype, shape] = checked_layout(array, what);
+  return Tensor::adopt(dtype, shape, owned_memory(array));
+}
+
+Tensor tensor_on_device(const AnyArray& array, std::string_view what) {
+  const std::string where = device_name(array);
+  if (where == "host") return tensor_from(array, what, "");
+  SW_CHECK(on_cuda(array), "{}: the array is on {}, which shardwise does not know (host and CUDA arrays only); "
+           "copy it to the host first (x.cpu())", what, where);
+  const Device device = Device::cuda(array.device_id());
+  if (!has_device_memory(device)) register_cuda_devices();
+  if (!has_device_memory(device)) {
+    fail("{}: the array is on {}, but {}; copy it to the host first (x.cpu(), or shardwise.to_host(x) where "
+         "shardwise has the device)", what, where, cuda_built() ? "shardwise sees no such GPU" : "this shardwise "
+         "package was built without CUDA (rebuild it where the CUDA toolkit is found)");
+  }
+  auto [dtype, shape] = checked_layout(array, what);
+  return Tensor::adopt_device(dtype, shape, device, owned_memory(array));
 }
 
 nb::object array_from(const Tensor& tensor) {
   SW_CHECK(tensor.defined(), "no tensor to return (undefined)");
-  auto* keep = new std::shared_ptr<std::byte[]>(tensor.storage());
-  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<std::byte[]>*>(p); });
+  // A handle on the tensor keeps its storage (host or device) alive as long as the array lives.
+  auto* keep = new Tensor(tensor);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
   std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
+  if (tensor.on_device()) {
+    // No NumPy here: an array object that speaks DLPack (torch.from_dlpack, cupy.from_dlpack).
+    return nb::cast(nb::ndarray<nb::array_api>(keep->device_ptr(), shape.size(), shape.data(), owner, nullptr,
+                                               dl_dtype(tensor.dtype()), nb::device::cuda::value,
+                                               tensor.device().index));
+  }
   nb::ndarray<> array(const_cast<std::byte*>(tensor.raw()), shape.size(), shape.data(), owner, nullptr,
                       dl_dtype(tensor.dtype()), nb::device::cpu::value);
   if (tensor.dtype() == DType::BF16) {

@@ -66,7 +66,7 @@ std::vector<Group> groups_of(nb::handle groups, const ProcessMesh& mm) {
       auto e = nb::cast<nb::tuple>(entry);
       Item item{nb::cast<std::string>(e[0]), {}, {}, std::nullopt};
       std::string what = fmt::format("'{}'", item.name);
-      item.local = tensor_from(nb::cast<AnyArray>(e[1]), what);
+      item.local = tensor_from(nb::cast<AnyArray>(e[1]), what, "checkpoint.save");
       item.dist = dist_of(e[2], mm.ndim(), what);
       if (!e[3].is_none()) item.shape = shape_of(e[3], what + " shape");
       group.items.push_back(std::move(item));

@@ -159,7 +159,7 @@ void bind_graph(nb::module_& m) {
            "A trained parameter, initialised to normal(0, std) by name (std > 0) or to `value`.")
       .def("constant", [](PyGraph& pg, const std::string& name, const AnyArray& value) {
         return raising(ErrorKind::Usage, [&] {
-          Tensor t = tensor_from(value, name).clone();
+          Tensor t = tensor_from(value, name, "Graph.constant").clone();
           graph::ValueId v = pg.g->input(name, t.shape(), t.dtype());
           pg.constants[name] = std::move(t);
           return v;

@@ -12,6 +12,7 @@ void bind_generate(nb::module_& m);
 void bind_graph(nb::module_& m);
 void bind_reference(nb::module_& m);
 void bind_explain(nb::module_& m);
+void bind_devices(nb::module_& m);
 }  // namespace shardwise::py
 
 NB_MODULE(_core, m) {
@@ -27,4 +28,5 @@ NB_MODULE(_core, m) {
   shardwise::py::bind_graph(m);
   shardwise::py::bind_reference(m);
   shardwise::py::bind_explain(m);
+  shardwise::py::bind_devices(m);
 }

@@ -186,10 +186,13 @@ void bind_rules(nb::module_& m) {
         "default the same mesh): its steps, bytes and estimated cost, as `shardwise plan-reshard`.");
   m.def("run_op", [](const std::string& name, const std::vector<AnyArray>& inputs, nb::handle attrs) {
     const ops::OpDef& op = raising(ErrorKind::Usage, [&]() -> const ops::OpDef& { return ops::op_registry().get(name); });
+    for (const AnyArray& array : inputs) {
+      if (device_name(array) != "host") return run_device_op(name, inputs);
+    }
     std::vector<Tensor> in;
     Attrs a;
     raising(ErrorKind::Usage, [&] {
-      for (size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from(inputs[i], fmt::format("{} input {}", name, i)));
+      for (size_t i = 0; i < inputs.size(); ++i) in.push_back(tensor_from(inputs[i], fmt::format("{} input {}", name, i), "run_op (CPU kernels)"));
       a = attrs_of(attrs);
     });
     std::vector<Tensor> out = raising(ErrorKind::Usage, [&] {
@@ -201,10 +204,11 @@ void bind_rules(nb::module_& m) {
     });
     nb::list result;
     for (const Tensor& t : out) result.append(array_from(t));
-    return result;
+    return nb::object(result);
   }, nb::arg("op"), nb::arg("inputs"), nb::arg("attrs") = nb::none(),
         "Runs an op's CPU kernel on one device. Inputs are read in place (contiguous arrays, no copy); the outputs "
-        "are NumPy arrays over shardwise's buffers (no copy).");
+        "are NumPy arrays over shardwise's buffers (no copy). Inputs on a GPU run the op's CUDA kernel where the "
+        "package has one (gelu, silu), giving outputs on that GPU; other ops refuse them.");
 }
 
 }  // namespace shardwise::py

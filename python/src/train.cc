@@ -127,7 +127,7 @@ class StepwiseRun {
   nb::dict predict(const std::map<std::string, AnyArray>& batch) {
     raising(ErrorKind::Usage, [&] {
       predict_in_.clear(), predicted_.clear();
-      for (const auto& [name, array] : batch) predict_in_[name] = tensor_from(array, name);
+      for (const auto& [name, array] : batch) predict_in_[name] = tensor_from(array, name, "Trainer.predict");
     });
     stopping(Op::Predict);
     predict_in_.clear();
@@ -169,7 +169,7 @@ class StepwiseRun {
   void hand(const std::map<std::string, AnyArray>& batch) {
     std::lock_guard lock(fed_->mu);
     fed_->tensors.clear();
-    for (const auto& [name, array] : batch) fed_->tensors[name] = tensor_from(array, name);
+    for (const auto& [name, array] : batch) fed_->tensors[name] = tensor_from(array, name, "Trainer.step / validate");
   }
   // The checks before a run (the GIL released), then the ranks on a thread of their own.
   void start() {
