@@ -5,6 +5,7 @@
 // trains bit for bit the losses without.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -401,4 +402,23 @@ TEST(TrainMpi, AUsageErrorIsPrintedOnceWithStatus2) {
   shardwise_cli_test::Result typo = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin +
                                                                     " train --stesp 3");
   EXPECT_NE(typo.out.find("shardwise: error: unknown option '--stesp'"), std::string::npos) << typo.out;
+}
+
+// A process of an mpirun job other than the first says nothing of a usage error and waits before it
+// exits with 2, so that mpirun, which stops the job when one process exits non-zero, does not stop
+// the first before it has printed the error (the test above failed so under load: 0 lines).
+TEST(TrainMpi, AUsageErrorWaitsOnTheOtherProcessesForTheFirstToSayIt) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  shardwise_cli_test::Result r =
+      shardwise_cli_test::run_command(std::string("OMPI_COMM_WORLD_RANK=1 ") + bin + " train --stesp 3");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out.find("shardwise: error:"), std::string::npos) << r.out;
+  EXPECT_GE(waited, 4.5);
+  shardwise_cli_test::Result first =
+      shardwise_cli_test::run_command(std::string("OMPI_COMM_WORLD_RANK=0 ") + bin + " train --stesp 3");
+  EXPECT_EQ(first.status, 2) << first.out;
+  EXPECT_NE(first.out.find("shardwise: error: unknown option '--stesp'"), std::string::npos) << first.out;
 }

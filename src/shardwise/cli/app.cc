@@ -393,7 +393,7 @@ int run(int argc, char** argv) {
     // Under mpirun every rank checks the same input before training starts: rank 0 alone says so.
     // One write, so that mpirun's own notice cannot land inside the line.
     if (reports_errors()) std::cerr << fmt::format("shardwise: error: {}\n", e.what()) << std::flush;
-    return 2;
+    return usage_error_status();
   }
   return 0;
 }

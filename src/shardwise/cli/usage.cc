@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "shardwise/core/error.h"
 
@@ -287,6 +289,11 @@ bool reports_errors() {
   return true;
 }
 
+int usage_error_status() {
+  if (!reports_errors()) std::this_thread::sleep_for(std::chrono::seconds(5));
+  return 2;
+}
+
 int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv, std::ostream& err) {
   if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
   const std::vector<CLI::App*> chain = chosen_chain(app);
@@ -313,7 +320,7 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char**
   }
   // One write: under mpirun a line written in pieces can come out with mpirun's own notice inside it.
   err << fmt::format("shardwise: error: {} (see `{} --help`)\n", line, name) << std::flush;
-  return 2;
+  return usage_error_status();
 }
 
 }  // namespace shardwise::cli

@@ -43,4 +43,10 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char**
 // mpirun job is printed once, not once per process. The exit status is the same on every process.
 bool reports_errors();
 
+// The exit status of a usage error, 2. A process that does not report it (reports_errors()) first
+// waits up to 5 s: mpirun stops a job's other processes when one exits non-zero, which could stop
+// the first process before it has said what went wrong; the first exits at once, and mpirun then
+// ends the waiting ones.
+int usage_error_status();
+
 }  // namespace shardwise::cli
