@@ -1,0 +1,48 @@
+// The CUDA bindings' argument checks that run before any CUDA launch (cuda_ops/families.h), on a
+// fake device registered as cuda:7 (no GPU needed, and no real GPU's index taken): a view op runs
+// on the device tensor as it is, and an attribute combination the CUDA kernels lack is an Error
+// naming the op and the attribute, never a launch. The kernels themselves run only on a GPU
+// (test_cuda_program.cc and the per-kernel tests).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "shardwise/cuda_ops/bind.h"
+#include "shardwise/tensor/device_copy.h"
+#include "shardwise/tensor/fake_device.h"
+#include "tests/support/error_of.h"
+
+namespace shardwise {
+namespace {
+
+const Device kFake = Device::cuda(7);
+
+class CudaBindings : public testing::Test {
+ protected:
+  void SetUp() override {
+    register_fake_device({.index = 7});
+    previous_ = ops::install_device_kernels(DeviceKind::Cuda, cuda_ops::cuda_kernel_table());
+  }
+  void TearDown() override { ops::install_device_kernels(DeviceKind::Cuda, previous_); }
+  std::shared_ptr<const ops::DeviceKernelTable> previous_;
+};
+
+Tensor on_fake(const Shape& shape) { return to_device(Tensor::full(DType::F32, shape, 0.5), kFake); }
+
+std::string forward_error(const std::string& op, std::vector<Tensor> in, const Attrs& attrs) {
+  return error_of([&] { ops::run_forward(ops::op_registry().get(op), in, attrs); });
+}
+
+void expect_names(const std::string& e, const std::string& op, const std::string& what) {
+  EXPECT_NE(e.find("op '" + op + "' on cuda:7"), std::string::npos) << e;
+  EXPECT_NE(e.find(what), std::string::npos) << e;
+}
+
+TEST_F(CudaBindings, SoftmaxOverAnotherDimThanTheLastIsRefusedNamingTheAxis) {
+  expect_names(forward_error("softmax", {on_fake(Shape{3, 4})}, Attrs{{"axis", int64_t{0}}}), "softmax",
+               "axis 0 (the CUDA kernel: the last dim only)");
+}
+
+}  // namespace
+}  // namespace shardwise
