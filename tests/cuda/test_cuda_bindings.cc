@@ -44,5 +44,24 @@ TEST_F(CudaBindings, SoftmaxOverAnotherDimThanTheLastIsRefusedNamingTheAxis) {
                "axis 0 (the CUDA kernel: the last dim only)");
 }
 
+TEST_F(CudaBindings, ReshapeIsAViewOfTheDeviceTensorForwardAndBack) {
+  const Tensor x = on_fake(Shape{2, 6});
+  reset_device_copy_stats();
+  const ops::OpDef& op = ops::op_registry().get("reshape");
+  const Attrs attrs{{"shape", std::vector<int64_t>{3, 4}}};
+  const std::vector<Tensor> in{x};
+  const std::vector<Tensor> y = ops::run_forward(op, in, attrs);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].shape(), (Shape{3, 4}));
+  EXPECT_EQ(y[0].device(), kFake);
+  EXPECT_EQ(y[0].device_ptr(), x.device_ptr());  // the same memory: no kernel, no copy
+  const std::vector<Tensor> dx = ops::run_backward(op, in, y, y, attrs);
+  ASSERT_EQ(dx.size(), 1u);
+  EXPECT_EQ(dx[0].shape(), (Shape{2, 6}));
+  EXPECT_EQ(dx[0].device_ptr(), x.device_ptr());
+  const DeviceCopyStats c = device_copy_stats();
+  EXPECT_EQ(c.to_host_copies + c.to_device_copies, 0);
+}
+
 }  // namespace
 }  // namespace shardwise

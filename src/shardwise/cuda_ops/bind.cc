@@ -104,6 +104,7 @@ std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
     bind_cross_entropy(*t);
     bind_elementwise(*t);
     bind_reductions(*t);
+    bind_layout(*t);
     t->set_fill(cuda_fill);
     return t;
   }();

@@ -27,5 +27,7 @@ cuda::launch::Reduction cuda_reduction(ops::LossReduction r);
 void bind_elementwise(ops::DeviceKernelTable& t);
 // sum, mean (reduce.cc).
 void bind_reductions(ops::DeviceKernelTable& t);
+// reshape, squeeze, unsqueeze, flatten (views), transpose, expand, concat (layout.cc).
+void bind_layout(ops::DeviceKernelTable& t);
 
 }  // namespace shardwise::cuda_ops
