@@ -105,6 +105,7 @@ std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
     bind_elementwise(*t);
     bind_reductions(*t);
     bind_layout(*t);
+    bind_dense(*t);
     t->set_fill(cuda_fill);
     return t;
   }();

@@ -29,5 +29,7 @@ void bind_elementwise(ops::DeviceKernelTable& t);
 void bind_reductions(ops::DeviceKernelTable& t);
 // reshape, squeeze, unsqueeze, flatten (views), transpose, expand, concat (layout.cc).
 void bind_layout(ops::DeviceKernelTable& t);
+// matmul, rotary_embedding, embedding (dense.cc).
+void bind_dense(ops::DeviceKernelTable& t);
 
 }  // namespace shardwise::cuda_ops
