@@ -63,5 +63,26 @@ TEST_F(CudaBindings, ReshapeIsAViewOfTheDeviceTensorForwardAndBack) {
   EXPECT_EQ(c.to_host_copies + c.to_device_copies, 0);
 }
 
+std::vector<Tensor> qkv() { return {on_fake(Shape{1, 2, 4, 8}), on_fake(Shape{1, 2, 4, 8}), on_fake(Shape{1, 2, 4, 8})}; }
+
+TEST_F(CudaBindings, AttentionDropoutIsRefusedNamingIt) {
+  const Attrs a{{"scale", 0.25}, {"p", 0.1}, {"seed", int64_t{3}}};
+  expect_names(forward_error("flash_attention", qkv(), a), "flash_attention", "attention dropout (p = 0.1 while training)");
+  // Not training: no dropout, so nothing to refuse there (the kernel would run; not here without a GPU).
+}
+
+TEST_F(CudaBindings, ContextParallelBalancedOrderIsRefusedNamingIt) {
+  const Attrs a{{"scale", 0.25}, {"balanced_ranks", int64_t{2}}};
+  expect_names(forward_error("flash_attention", qkv(), a), "flash_attention", "balanced_ranks 2");
+}
+
+TEST_F(CudaBindings, KeysOtherThanTheWholeSequenceAreRefused) {
+  std::vector<Tensor> in = qkv();
+  in[1] = on_fake(Shape{1, 2, 2, 8}), in[2] = on_fake(Shape{1, 2, 2, 8});
+  expect_names(error_of([&] { ops::run_device_forward(ops::op_registry().get("flash_attention"), kFake, in,
+                                                      Attrs{{"scale", 0.25}}, nullptr); }),
+               "flash_attention", "keys other than q's whole sequence");
+}
+
 }  // namespace
 }  // namespace shardwise

@@ -106,6 +106,7 @@ std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
     bind_reductions(*t);
     bind_layout(*t);
     bind_dense(*t);
+    bind_attention(*t);
     t->set_fill(cuda_fill);
     return t;
   }();

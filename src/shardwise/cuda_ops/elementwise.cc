@@ -59,7 +59,7 @@ void bind_swiglu(ops::DeviceKernelTable& t) {
 // The CUDA softmax runs over the last dim only.
 void need_last(const OpDef& op, const Attrs& attrs, const Tensor& x) {
   const int axis = ops::softmax_axis(attrs, x.ndim(), op.name);
-  if (axis != x.ndim() - 1) unsupported(op, x, "axis " + std::to_string(axis) + " (the CUDA kernel: the last dim only)");
+  if (axis != x.ndim() - 1) unsupported(op, x, fmt::format("axis {} (the CUDA kernel: the last dim only)", axis));
 }
 
 void bind_softmax(ops::DeviceKernelTable& t) {

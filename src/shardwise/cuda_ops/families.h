@@ -31,5 +31,7 @@ void bind_reductions(ops::DeviceKernelTable& t);
 void bind_layout(ops::DeviceKernelTable& t);
 // matmul, rotary_embedding, embedding (dense.cc).
 void bind_dense(ops::DeviceKernelTable& t);
+// flash_attention, flash_attention_docs (attention.cc).
+void bind_attention(ops::DeviceKernelTable& t);
 
 }  // namespace shardwise::cuda_ops
