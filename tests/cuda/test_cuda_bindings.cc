@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "shardwise/comm/local.h"
 #include "shardwise/cuda_ops/bind.h"
+#include "shardwise/mesh/dist_attr.h"
+#include "shardwise/mesh/process_mesh.h"
 #include "shardwise/tensor/device_copy.h"
 #include "shardwise/tensor/fake_device.h"
 #include "tests/support/error_of.h"
@@ -82,6 +85,43 @@ TEST_F(CudaBindings, KeysOtherThanTheWholeSequenceAreRefused) {
   expect_names(error_of([&] { ops::run_device_forward(ops::op_registry().get("flash_attention"), kFake, in,
                                                       Attrs{{"scale", 0.25}}, nullptr); }),
                "flash_attention", "keys other than q's whole sequence");
+}
+
+TEST_F(CudaBindings, TheHeadsGradientForReductionNoneIsRefused) {
+  const Tensor h = on_fake(Shape{4, 8}), w = on_fake(Shape{16, 8});
+  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
+  const Tensor loss = on_fake(Shape{4});
+  const std::vector<Tensor> in{h, w, labels}, out{loss}, dout{loss};
+  const ops::OpDef& op = ops::op_registry().get("lm_head_cross_entropy");
+  const std::string e = error_of([&] {
+    ops::run_device_backward(op, kFake, in, out, dout, Attrs{{"reduction", std::string("none")}}, nullptr, {});
+  });
+  expect_names(e, "lm_head_cross_entropy", "the gradient of reduction 'none'");
+}
+
+// On two ranks (threads) with W split on its vocab dim: the row statistics' all-reduce on device
+// memory is not built, so the binding refuses before any launch, naming that collective.
+TEST_F(CudaBindings, TheVocabParallelHeadWithPeersNamesTheMissingCollective) {
+  const mesh::ProcessMesh pm = mesh::parse_mesh("tp=2");
+  const Tensor h = on_fake(Shape{4, 8}), w = on_fake(Shape{8, 8});
+  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
+  std::vector<std::string> errors(2);
+  comm::LocalWorld::run(2, [&](comm::Communicator& world) {
+    comm::MeshComm mesh_comm(pm, world.group(world.members()));
+    ops::KernelContext ctx;
+    ctx.mesh_comm = &mesh_comm;
+    const mesh::DistAttr rep = mesh::parse_dist("R", 1), split = mesh::parse_dist("S(0)", 1);
+    ctx.tensors = {{Shape{4, 8}, {}, rep}, {Shape{16, 8}, {8 * world.rank(), 0}, split}, {Shape{4}, {}, rep}};
+    const std::vector<Tensor> in{h, w, labels};
+    errors[static_cast<size_t>(world.rank())] = error_of([&] {
+      ops::run_device_forward(ops::op_registry().get("vocab_parallel_lm_head_cross_entropy"), kFake, in,
+                              Attrs{{"reduction", std::string("sum")}}, &ctx);
+    });
+  });
+  for (const std::string& e : errors) {
+    expect_names(e, "vocab_parallel_lm_head_cross_entropy", "vocab-parallel all-reduce");
+    EXPECT_NE(e.find("no collective on CUDA device memory"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

@@ -107,6 +107,7 @@ std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
     bind_layout(*t);
     bind_dense(*t);
     bind_attention(*t);
+    bind_lm_head(*t);
     t->set_fill(cuda_fill);
     return t;
   }();

@@ -33,5 +33,7 @@ void bind_layout(ops::DeviceKernelTable& t);
 void bind_dense(ops::DeviceKernelTable& t);
 // flash_attention, flash_attention_docs (attention.cc).
 void bind_attention(ops::DeviceKernelTable& t);
+// lm_head_cross_entropy, vocab_parallel_lm_head_cross_entropy (lm_head.cc).
+void bind_lm_head(ops::DeviceKernelTable& t);
 
 }  // namespace shardwise::cuda_ops
