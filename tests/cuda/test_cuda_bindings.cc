@@ -124,5 +124,33 @@ TEST_F(CudaBindings, TheVocabParallelHeadWithPeersNamesTheMissingCollective) {
   }
 }
 
+// Tokens and experts split over two ranks (threads): the CPU kernel's all-gathers and all_to_all_v
+// on device memory are not built, so the binding refuses before any launch, naming them.
+TEST_F(CudaBindings, MoeWithTokensOrExpertsOnOtherRanksNamesTheMissingCollectives) {
+  const mesh::ProcessMesh pm = mesh::parse_mesh("ep=2");
+  const std::vector<Tensor> in{on_fake(Shape{2, 4}), on_fake(Shape{2, 4}), on_fake(Shape{1, 3, 4}),
+                               on_fake(Shape{1, 3, 4}), on_fake(Shape{1, 4, 3})};
+  std::vector<std::string> errors(2);
+  comm::LocalWorld::run(2, [&](comm::Communicator& world) {
+    comm::MeshComm mesh_comm(pm, world.group(world.members()));
+    ops::KernelContext ctx;
+    ctx.mesh_comm = &mesh_comm;
+    const mesh::DistAttr rep = mesh::parse_dist("R", 1), split = mesh::parse_dist("S(0)", 1);
+    const int64_t r = world.rank();
+    ctx.tensors = {{Shape{4, 4}, {2 * r, 0}, split},
+                   {Shape{2, 4}, {}, rep},
+                   {Shape{2, 3, 4}, {r, 0, 0}, split},
+                   {Shape{2, 3, 4}, {r, 0, 0}, split},
+                   {Shape{2, 4, 3}, {r, 0, 0}, split}};
+    errors[static_cast<size_t>(r)] = error_of([&] {
+      ops::run_device_forward(ops::op_registry().get("moe_mlp"), kFake, in, Attrs{{"top_k", int64_t{1}}}, &ctx);
+    });
+  });
+  for (const std::string& e : errors) {
+    expect_names(e, "moe_mlp", "tokens or experts split over ranks");
+    EXPECT_NE(e.find("all_to_all_v"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace shardwise

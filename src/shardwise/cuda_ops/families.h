@@ -35,5 +35,7 @@ void bind_dense(ops::DeviceKernelTable& t);
 void bind_attention(ops::DeviceKernelTable& t);
 // lm_head_cross_entropy, vocab_parallel_lm_head_cross_entropy (lm_head.cc).
 void bind_lm_head(ops::DeviceKernelTable& t);
+// moe_mlp (moe.cc).
+void bind_moe(ops::DeviceKernelTable& t);
 
 }  // namespace shardwise::cuda_ops
