@@ -5,6 +5,7 @@
 // (test_cuda_program.cc and the per-kernel tests).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,53 +100,53 @@ TEST_F(CudaBindings, TheHeadsGradientForReductionNoneIsRefused) {
   expect_names(e, "lm_head_cross_entropy", "the gradient of reduction 'none'");
 }
 
-// On two ranks (threads) with W split on its vocab dim: the row statistics' all-reduce on device
-// memory is not built, so the binding refuses before any launch, naming that collective.
-TEST_F(CudaBindings, TheVocabParallelHeadWithPeersNamesTheMissingCollective) {
+// The error of `op` on `in` (the same fake-device tensors for both) on each of two ranks (threads) of
+// a 1-D mesh, each with the context entries `entries` gives for its rank (R: "R", split: "S(0)").
+using Entries = std::function<std::vector<ops::ShardInfo>(int64_t rank, const mesh::DistAttr& rep,
+                                                         const mesh::DistAttr& split)>;
+std::vector<std::string> errors_on_two_ranks(const std::string& op, const std::vector<Tensor>& in, const Attrs& attrs,
+                                             const Entries& entries) {
   const mesh::ProcessMesh pm = mesh::parse_mesh("tp=2");
-  const Tensor h = on_fake(Shape{4, 8}), w = on_fake(Shape{8, 8});
-  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
   std::vector<std::string> errors(2);
   comm::LocalWorld::run(2, [&](comm::Communicator& world) {
     comm::MeshComm mesh_comm(pm, world.group(world.members()));
     ops::KernelContext ctx;
     ctx.mesh_comm = &mesh_comm;
-    const mesh::DistAttr rep = mesh::parse_dist("R", 1), split = mesh::parse_dist("S(0)", 1);
-    ctx.tensors = {{Shape{4, 8}, {}, rep}, {Shape{16, 8}, {8 * world.rank(), 0}, split}, {Shape{4}, {}, rep}};
-    const std::vector<Tensor> in{h, w, labels};
-    errors[static_cast<size_t>(world.rank())] = error_of([&] {
-      ops::run_device_forward(ops::op_registry().get("vocab_parallel_lm_head_cross_entropy"), kFake, in,
-                              Attrs{{"reduction", std::string("sum")}}, &ctx);
-    });
+    ctx.tensors = entries(world.rank(), mesh::parse_dist("R", 1), mesh::parse_dist("S(0)", 1));
+    errors[static_cast<size_t>(world.rank())] =
+        error_of([&] { ops::run_device_forward(ops::op_registry().get(op), kFake, in, attrs, &ctx); });
   });
+  return errors;
+}
+
+// W split on its vocab dim: the row statistics' all-reduce on device memory is not built, so the
+// binding refuses before any launch, naming that collective.
+TEST_F(CudaBindings, TheVocabParallelHeadWithPeersNamesTheMissingCollective) {
+  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
+  const std::vector<std::string> errors = errors_on_two_ranks(
+      "vocab_parallel_lm_head_cross_entropy", {on_fake(Shape{4, 8}), on_fake(Shape{8, 8}), labels},
+      Attrs{{"reduction", std::string("sum")}}, [](int64_t r, const mesh::DistAttr& rep, const mesh::DistAttr& split) {
+        return std::vector<ops::ShardInfo>{{Shape{4, 8}, {}, rep}, {Shape{16, 8}, {8 * r, 0}, split}, {Shape{4}, {}, rep}};
+      });
   for (const std::string& e : errors) {
     expect_names(e, "vocab_parallel_lm_head_cross_entropy", "vocab-parallel all-reduce");
     EXPECT_NE(e.find("no collective on CUDA device memory"), std::string::npos) << e;
   }
 }
 
-// Tokens and experts split over two ranks (threads): the CPU kernel's all-gathers and all_to_all_v
-// on device memory are not built, so the binding refuses before any launch, naming them.
+// Tokens and experts split over the ranks: the CPU kernel's all-gathers and all_to_all_v on device
+// memory are not built, so the binding refuses before any launch, naming them.
 TEST_F(CudaBindings, MoeWithTokensOrExpertsOnOtherRanksNamesTheMissingCollectives) {
-  const mesh::ProcessMesh pm = mesh::parse_mesh("ep=2");
   const std::vector<Tensor> in{on_fake(Shape{2, 4}), on_fake(Shape{2, 4}), on_fake(Shape{1, 3, 4}),
                                on_fake(Shape{1, 3, 4}), on_fake(Shape{1, 4, 3})};
-  std::vector<std::string> errors(2);
-  comm::LocalWorld::run(2, [&](comm::Communicator& world) {
-    comm::MeshComm mesh_comm(pm, world.group(world.members()));
-    ops::KernelContext ctx;
-    ctx.mesh_comm = &mesh_comm;
-    const mesh::DistAttr rep = mesh::parse_dist("R", 1), split = mesh::parse_dist("S(0)", 1);
-    const int64_t r = world.rank();
-    ctx.tensors = {{Shape{4, 4}, {2 * r, 0}, split},
-                   {Shape{2, 4}, {}, rep},
-                   {Shape{2, 3, 4}, {r, 0, 0}, split},
-                   {Shape{2, 3, 4}, {r, 0, 0}, split},
-                   {Shape{2, 4, 3}, {r, 0, 0}, split}};
-    errors[static_cast<size_t>(r)] = error_of([&] {
-      ops::run_device_forward(ops::op_registry().get("moe_mlp"), kFake, in, Attrs{{"top_k", int64_t{1}}}, &ctx);
-    });
-  });
+  const std::vector<std::string> errors = errors_on_two_ranks(
+      "moe_mlp", in, Attrs{{"top_k", int64_t{1}}}, [](int64_t r, const mesh::DistAttr& rep, const mesh::DistAttr& split) {
+        return std::vector<ops::ShardInfo>{{Shape{4, 4}, {2 * r, 0}, split},
+                                           {Shape{2, 4}, {}, rep},
+                                           {Shape{2, 3, 4}, {r, 0, 0}, split},
+                                           {Shape{2, 3, 4}, {r, 0, 0}, split},
+                                           {Shape{2, 4, 3}, {r, 0, 0}, split}};
+      });
   for (const std::string& e : errors) {
     expect_names(e, "moe_mlp", "tokens or experts split over ranks");
     EXPECT_NE(e.find("all_to_all_v"), std::string::npos) << e;
