@@ -61,7 +61,7 @@ void bind_expand(ops::DeviceKernelTable& t) {
                               std::span<const bool>) {
     SW_CHECK(ctx != nullptr || in[0].defined(), "op '{}' on {}: the backward needs the kernel context or x", op.name,
              dout[0].device().to_string());
-    const ExpandShapes g = expand_shapes(ctx, ctx != nullptr ? Shape{} : in[0].shape(), attrs);
+    const ExpandShapes g = expand_shapes(ctx, in[0].defined() ? in[0].shape() : Shape{}, attrs);
     Shape local = g.in;
     const int lead = g.out.ndim() - g.in.ndim();
     for (int d = 0; d < g.in.ndim(); ++d) {
