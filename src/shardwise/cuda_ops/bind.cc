@@ -1,7 +1,9 @@
 #include "shardwise/cuda_ops/bind.h"
 
 #include "shardwise/core/error.h"
+#include "shardwise/cuda/elementwise.h"
 #include "shardwise/cuda/kernels.h"
+#include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/norm/kernels.h"
 #include "shardwise/ops/softmax/kernels.h"
 #include "shardwise/tensor/current_stream.h"
@@ -11,11 +13,6 @@ namespace shardwise::cuda_ops {
 
 namespace {
 
-using ops::KernelContext;
-using ops::OpDef;
-using Tensors = std::vector<Tensor>;
-using In = std::span<const Tensor>;
-
 // The CUDA kernels normalize over the last dim only.
 void need_last_axis(const OpDef& op, const Attrs& attrs, const Tensor& x) {
   const int k = ops::norm_begin_axis(attrs, x.ndim(), op.name);
@@ -24,12 +21,7 @@ void need_last_axis(const OpDef& op, const Attrs& attrs, const Tensor& x) {
 }
 
 cuda::Reduction reduction_of(const Attrs& attrs) {
-  switch (ops::loss_reduction(attrs, "cross_entropy")) {
-    case ops::LossReduction::None: return cuda::Reduction::None;
-    case ops::LossReduction::Sum: return cuda::Reduction::Sum;
-    case ops::LossReduction::Mean: return cuda::Reduction::Mean;
-  }
-  fail("cross_entropy: unknown reduction");
+  return cuda_reduction(ops::loss_reduction(attrs, "cross_entropy"));
 }
 
 void bind_activation(ops::DeviceKernelTable& t, const char* name, cuda::Activation a) {
@@ -78,14 +70,30 @@ void bind_cross_entropy(ops::DeviceKernelTable& t) {
   });
 }
 
-// Zeros only: a fill of another value needs a fill kernel, which does not exist yet.
+// Zeros by a memset; any other value by the fill kernel (cuda::full).
 Tensor cuda_fill(DType dtype, const Shape& shape, double value, Device device) {
-  SW_CHECK(value == 0.0, "no CUDA fill kernel for the value {} ({} {} on {}); only zeros are filled on CUDA", value,
-           dtype_name(dtype), shape.to_string(), device.to_string());
-  return zeros_on(dtype, shape, device, current_stream());
+  if (value == 0.0) return zeros_on(dtype, shape, device, current_stream());
+  return cuda::full(dtype, shape, value, device, current_stream());
 }
 
 }  // namespace
+
+cuda::launch::Reduction cuda_reduction(ops::LossReduction r) {
+  switch (r) {
+    case ops::LossReduction::None: return cuda::Reduction::None;
+    case ops::LossReduction::Sum: return cuda::Reduction::Sum;
+    case ops::LossReduction::Mean: return cuda::Reduction::Mean;
+  }
+  fail("cuda_reduction: unknown loss reduction {}", static_cast<int>(r));
+}
+
+KernelContext context_or_single(const KernelContext* ctx, In tensors) {
+  return ctx != nullptr ? *ctx : KernelContext::single_device(tensors);
+}
+
+void unsupported(const OpDef& op, const Tensor& on, std::string_view what) {
+  fail("op '{}' on {}: the CUDA kernel does not compute {}", op.name, on.device().to_string(), what);
+}
 
 std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
   static const std::shared_ptr<const ops::DeviceKernelTable> table = [] {
@@ -94,6 +102,13 @@ std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
     bind_activation(*t, "silu", cuda::Activation::Silu);
     bind_norms(*t);
     bind_cross_entropy(*t);
+    bind_elementwise(*t);
+    bind_reductions(*t);
+    bind_layout(*t);
+    bind_dense(*t);
+    bind_attention(*t);
+    bind_lm_head(*t);
+    bind_moe(*t);
     t->set_fill(cuda_fill);
     return t;
   }();

@@ -10,8 +10,8 @@
 
 namespace shardwise::cuda_ops {
 
-// The table (name "cuda"): GELU and SiLU, layer_norm, rms_norm and cross_entropy, forward and
-// gradient, f32; the fill of zeros. Built once.
+// The table (name "cuda"): GELU and SiLU, layer_norm, rms_norm and cross_entropy (bind.cc) and the
+// op families of families.h, forward and gradient; the fill of any value. Built once.
 std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table();
 // install_device_kernels(DeviceKind::Cuda, cuda_kernel_table()).
 void install_cuda_kernels();

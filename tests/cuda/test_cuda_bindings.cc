@@ -1,0 +1,157 @@
+// The CUDA bindings' argument checks that run before any CUDA launch (cuda_ops/families.h), on a
+// fake device registered as cuda:7 (no GPU needed, and no real GPU's index taken): a view op runs
+// on the device tensor as it is, and an attribute combination the CUDA kernels lack is an Error
+// naming the op and the attribute, never a launch. The kernels themselves run only on a GPU
+// (test_cuda_program.cc and the per-kernel tests).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/cuda_ops/bind.h"
+#include "shardwise/mesh/dist_attr.h"
+#include "shardwise/mesh/process_mesh.h"
+#include "shardwise/tensor/device_copy.h"
+#include "shardwise/tensor/fake_device.h"
+#include "tests/support/error_of.h"
+
+namespace shardwise {
+namespace {
+
+const Device kFake = Device::cuda(7);
+
+class CudaBindings : public testing::Test {
+ protected:
+  void SetUp() override {
+    register_fake_device({.index = 7});
+    previous_ = ops::install_device_kernels(DeviceKind::Cuda, cuda_ops::cuda_kernel_table());
+  }
+  void TearDown() override { ops::install_device_kernels(DeviceKind::Cuda, previous_); }
+  std::shared_ptr<const ops::DeviceKernelTable> previous_;
+};
+
+Tensor on_fake(const Shape& shape) { return to_device(Tensor::full(DType::F32, shape, 0.5), kFake); }
+
+std::string forward_error(const std::string& op, std::vector<Tensor> in, const Attrs& attrs) {
+  return error_of([&] { ops::run_forward(ops::op_registry().get(op), in, attrs); });
+}
+
+void expect_names(const std::string& e, const std::string& op, const std::string& what) {
+  EXPECT_NE(e.find("op '" + op + "' on cuda:7"), std::string::npos) << e;
+  EXPECT_NE(e.find(what), std::string::npos) << e;
+}
+
+TEST_F(CudaBindings, SoftmaxOverAnotherDimThanTheLastIsRefusedNamingTheAxis) {
+  expect_names(forward_error("softmax", {on_fake(Shape{3, 4})}, Attrs{{"axis", int64_t{0}}}), "softmax",
+               "axis 0 (the CUDA kernel: the last dim only)");
+}
+
+TEST_F(CudaBindings, ReshapeIsAViewOfTheDeviceTensorForwardAndBack) {
+  const Tensor x = on_fake(Shape{2, 6});
+  reset_device_copy_stats();
+  const ops::OpDef& op = ops::op_registry().get("reshape");
+  const Attrs attrs{{"shape", std::vector<int64_t>{3, 4}}};
+  const std::vector<Tensor> in{x};
+  const std::vector<Tensor> y = ops::run_forward(op, in, attrs);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].shape(), (Shape{3, 4}));
+  EXPECT_EQ(y[0].device(), kFake);
+  EXPECT_EQ(y[0].device_ptr(), x.device_ptr());  // the same memory: no kernel, no copy
+  const std::vector<Tensor> dx = ops::run_backward(op, in, y, y, attrs);
+  ASSERT_EQ(dx.size(), 1u);
+  EXPECT_EQ(dx[0].shape(), (Shape{2, 6}));
+  EXPECT_EQ(dx[0].device_ptr(), x.device_ptr());
+  const DeviceCopyStats c = device_copy_stats();
+  EXPECT_EQ(c.to_host_copies + c.to_device_copies, 0);
+}
+
+std::vector<Tensor> qkv() { return {on_fake(Shape{1, 2, 4, 8}), on_fake(Shape{1, 2, 4, 8}), on_fake(Shape{1, 2, 4, 8})}; }
+
+TEST_F(CudaBindings, AttentionDropoutIsRefusedNamingIt) {
+  const Attrs a{{"scale", 0.25}, {"p", 0.1}, {"seed", int64_t{3}}};
+  expect_names(forward_error("flash_attention", qkv(), a), "flash_attention", "attention dropout (p = 0.1 while training)");
+  // Not training: no dropout, so nothing to refuse there (the kernel would run; not here without a GPU).
+}
+
+TEST_F(CudaBindings, ContextParallelBalancedOrderIsRefusedNamingIt) {
+  const Attrs a{{"scale", 0.25}, {"balanced_ranks", int64_t{2}}};
+  expect_names(forward_error("flash_attention", qkv(), a), "flash_attention", "balanced_ranks 2");
+}
+
+TEST_F(CudaBindings, KeysOtherThanTheWholeSequenceAreRefused) {
+  std::vector<Tensor> in = qkv();
+  in[1] = on_fake(Shape{1, 2, 2, 8}), in[2] = on_fake(Shape{1, 2, 2, 8});
+  expect_names(error_of([&] { ops::run_device_forward(ops::op_registry().get("flash_attention"), kFake, in,
+                                                      Attrs{{"scale", 0.25}}, nullptr); }),
+               "flash_attention", "keys other than q's whole sequence");
+}
+
+TEST_F(CudaBindings, TheHeadsGradientForReductionNoneIsRefused) {
+  const Tensor h = on_fake(Shape{4, 8}), w = on_fake(Shape{16, 8});
+  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
+  const Tensor loss = on_fake(Shape{4});
+  const std::vector<Tensor> in{h, w, labels}, out{loss}, dout{loss};
+  const ops::OpDef& op = ops::op_registry().get("lm_head_cross_entropy");
+  const std::string e = error_of([&] {
+    ops::run_device_backward(op, kFake, in, out, dout, Attrs{{"reduction", std::string("none")}}, nullptr, {});
+  });
+  expect_names(e, "lm_head_cross_entropy", "the gradient of reduction 'none'");
+}
+
+// The error of `op` on `in` (the same fake-device tensors for both) on each of two ranks (threads) of
+// a 1-D mesh, each with the context entries `entries` gives for its rank (R: "R", split: "S(0)").
+using Entries = std::function<std::vector<ops::ShardInfo>(int64_t rank, const mesh::DistAttr& rep,
+                                                         const mesh::DistAttr& split)>;
+std::vector<std::string> errors_on_two_ranks(const std::string& op, const std::vector<Tensor>& in, const Attrs& attrs,
+                                             const Entries& entries) {
+  const mesh::ProcessMesh pm = mesh::parse_mesh("tp=2");
+  std::vector<std::string> errors(2);
+  comm::LocalWorld::run(2, [&](comm::Communicator& world) {
+    comm::MeshComm mesh_comm(pm, world.group(world.members()));
+    ops::KernelContext ctx;
+    ctx.mesh_comm = &mesh_comm;
+    ctx.tensors = entries(world.rank(), mesh::parse_dist("R", 1), mesh::parse_dist("S(0)", 1));
+    errors[static_cast<size_t>(world.rank())] =
+        error_of([&] { ops::run_device_forward(ops::op_registry().get(op), kFake, in, attrs, &ctx); });
+  });
+  return errors;
+}
+
+// W split on its vocab dim: the row statistics' all-reduce on device memory is not built, so the
+// binding refuses before any launch, naming that collective.
+TEST_F(CudaBindings, TheVocabParallelHeadWithPeersNamesTheMissingCollective) {
+  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
+  const std::vector<std::string> errors = errors_on_two_ranks(
+      "vocab_parallel_lm_head_cross_entropy", {on_fake(Shape{4, 8}), on_fake(Shape{8, 8}), labels},
+      Attrs{{"reduction", std::string("sum")}}, [](int64_t r, const mesh::DistAttr& rep, const mesh::DistAttr& split) {
+        return std::vector<ops::ShardInfo>{{Shape{4, 8}, {}, rep}, {Shape{16, 8}, {8 * r, 0}, split}, {Shape{4}, {}, rep}};
+      });
+  for (const std::string& e : errors) {
+    expect_names(e, "vocab_parallel_lm_head_cross_entropy", "vocab-parallel all-reduce");
+    EXPECT_NE(e.find("no collective on CUDA device memory"), std::string::npos) << e;
+  }
+}
+
+// Tokens and experts split over the ranks: the CPU kernel's all-gathers and all_to_all_v on device
+// memory are not built, so the binding refuses before any launch, naming them.
+TEST_F(CudaBindings, MoeWithTokensOrExpertsOnOtherRanksNamesTheMissingCollectives) {
+  const std::vector<Tensor> in{on_fake(Shape{2, 4}), on_fake(Shape{2, 4}), on_fake(Shape{1, 3, 4}),
+                               on_fake(Shape{1, 3, 4}), on_fake(Shape{1, 4, 3})};
+  const std::vector<std::string> errors = errors_on_two_ranks(
+      "moe_mlp", in, Attrs{{"top_k", int64_t{1}}}, [](int64_t r, const mesh::DistAttr& rep, const mesh::DistAttr& split) {
+        return std::vector<ops::ShardInfo>{{Shape{4, 4}, {2 * r, 0}, split},
+                                           {Shape{2, 4}, {}, rep},
+                                           {Shape{2, 3, 4}, {r, 0, 0}, split},
+                                           {Shape{2, 3, 4}, {r, 0, 0}, split},
+                                           {Shape{2, 4, 3}, {r, 0, 0}, split}};
+      });
+  for (const std::string& e : errors) {
+    expect_names(e, "moe_mlp", "tokens or experts split over ranks");
+    EXPECT_NE(e.find("all_to_all_v"), std::string::npos) << e;
+  }
+}
+
+}  // namespace
+}  // namespace shardwise

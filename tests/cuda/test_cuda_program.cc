@@ -1,0 +1,79 @@
+// Whole training programs on a GPU: the GPT-2 and Llama tiny programs of the fake-device test
+// (tests/support/device_steps.h) with parameters, inputs and every activation and gradient on
+// cuda:0, run by the CUDA kernels bound in cuda_ops, for 3 steps of SGD: the losses and gradient
+// norms equal the CPU run's within 1e-4 relative (f32 throughout; TF32 off, the CUDA bindings'
+// default; the CUDA kernels sum in other orders than the CPU's, so not bit for bit). The host
+// reads what the fake device's run reads (the loss and the gradient norm each step) plus the CUDA
+// kernels' check flags (one i64 per embedding forward and gradient and per cross_entropy forward).
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "shardwise/cuda_ops/bind.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/support/device_steps.h"
+
+namespace shardwise::train {
+namespace {
+
+constexpr double kRelTol = 1e-4;
+
+// The kernels of the program's step that read one i64 check flag back: embedding's forward and
+// gradient (the ids), cross_entropy's forward (the labels).
+int64_t flag_reads(const GptConfig& model) {
+  GptGraph gpt = build_model(model, Strategy::from_mesh(mesh::parse_mesh("dp=1"), false), kBatch);
+  graph::append_backward(gpt.g, gpt.loss);
+  int64_t n = 0;
+  for (const graph::Node& node : gpt.g.nodes()) {
+    const bool fwd = node.kind == graph::NodeKind::Forward, bwd = node.kind == graph::NodeKind::Backward;
+    if ((node.op == "embedding" && (fwd || bwd)) || (node.op == "cross_entropy" && fwd)) ++n;
+  }
+  return n;
+}
+
+class CudaProgram : public cuda_test::Gpu, public testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    cuda_test::Gpu::SetUp();
+    if (IsSkipped()) return;
+    previous_ = ops::install_device_kernels(DeviceKind::Cuda, cuda_ops::cuda_kernel_table());
+    installed_ = true;
+  }
+  void TearDown() override {
+    if (installed_) ops::install_device_kernels(DeviceKind::Cuda, previous_);
+  }
+  std::shared_ptr<const ops::DeviceKernelTable> previous_;
+  bool installed_ = false;
+};
+
+void expect_relative(float got, float want, const std::string& what) {
+  EXPECT_LE(std::abs(double(got) - double(want)), kRelTol * std::abs(double(want))) << what << ": " << got << " vs "
+                                                                                    << want;
+}
+
+TEST_P(CudaProgram, GpuStepsEqualTheCpuWithinTolerance) {
+  const GptConfig model = model_of(GetParam());
+  const StepsRun cpu = run_steps(model, "dp=1", Device::host());
+  reset_device_copy_stats();
+  const StepsRun dev = run_steps(model, "dp=1", cuda_test::kGpu);
+  ASSERT_EQ(dev.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_TRUE(dev.all_on_device);
+  for (int s = 0; s < kSteps; ++s) {
+    expect_relative(dev.losses[s], cpu.losses[s], "loss of step " + std::to_string(s));
+    expect_relative(dev.norms[s], cpu.norms[s], "gradient norm of step " + std::to_string(s));
+  }
+  EXPECT_LT(dev.losses.back(), dev.losses.front());  // the steps train
+  const int64_t flags = kSteps * flag_reads(model);
+  ASSERT_GT(flags, 0);
+  EXPECT_EQ(dev.copies.to_host_copies, kSteps * 2 + flags);
+  EXPECT_EQ(dev.copies.to_host_bytes, kSteps * 2 * 4 + flags * 8);
+  EXPECT_EQ(dev.copies.to_device_copies, dev.params + dev.constants + 2 * kSteps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaProgram, testing::Values("gpt2", "llama"),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace shardwise::train
