@@ -98,6 +98,13 @@ TEST(CliCalibrate, ValuesArePositiveAndTheFitsReproduceTheirPoints) {
   }
   EXPECT_GE(j["calibration"]["cores"].get<int64_t>(), 1);
   EXPECT_GE(j["calibration"]["step_overhead_s"].get<double>(), 0);
+  // The multi-rank references' measured over predicted steps are recorded, not applied: a
+  // calibration sets no rank or mesh factor, so a prediction takes ranks / cores beyond the cores.
+  const json& ratios = j["calibration"]["reference_ratios"];
+  EXPECT_TRUE(ratios["by_ranks"].contains("2")) << ratios.dump();
+  EXPECT_TRUE(ratios["by_mesh"].contains("[dp=2]")) << ratios.dump();
+  EXPECT_FALSE(j["calibration"].contains("rank_factors"));
+  EXPECT_FALSE(j["calibration"].contains("mesh_factors"));
   // links.intra_node is all_reduce's fit (its latency clamped at 0 when the intercept was negative).
   EXPECT_DOUBLE_EQ(j["links"]["intra_node"]["latency"].get<double>(),
                    std::max(0.0, j["calibration"]["collectives"]["all_reduce"]["latency"].get<double>()));

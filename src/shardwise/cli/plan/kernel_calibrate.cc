@@ -36,10 +36,10 @@ std::vector<std::string> references(bool quick) {
           "--model llama --layers 1 --hidden 192 --heads 3 --experts 4 --seq 160 --global-batch 4"};
 }
 
-// Multi-rank references (2 and 4 ranks: dp, tp, pp, ep, dp x tp) for the reshards' fit, the fits of
-// the types only they run (the vocab-parallel head), and the
-// rank and mesh factors: the threads' collectives inside a step, where a rank waits for its peer
-// to reach the same collective (on a shared machine, for it to be scheduled).
+// Multi-rank references (2 and 4 ranks: dp, tp, pp, ep, dp x tp) for the reshards' fit (the threads'
+// collectives inside a step, where a rank waits for its peer to reach the same collective) and the
+// fits of the types only they run (the vocab-parallel head); their measured steps over the model's
+// are recorded as reference ratios (a diagnostic, not applied: see measure_kernels).
 std::vector<std::string> multi_rank_references(bool quick) {
   if (quick) return {"--mesh dp=2 --layers 1 --hidden 32 --heads 2 --seq 16 --global-batch 4",
                      "--mesh tp=2 --layers 1 --hidden 64 --heads 2 --seq 32 --global-batch 2"};
@@ -190,8 +190,11 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
     kernels[type] = {{"overhead_s", f.overhead_s}, {"scale", f.scale}, {"samples", pts}};
   }
   const plan::KernelFit step = plan::fit_kernel(step_samples);
-  // The rank factors: each multi-rank reference's measured step over the model's with the fits,
-  // the median by ranks.
+  // The reference ratios: each multi-rank reference's measured step over the model's with the fits,
+  // the median by ranks and by mesh. Recorded, not applied: scaling predictions by them (as rank and
+  // mesh factors, before 2026-11-29) reordered the validated configurations (Spearman 0.73-0.83
+  // against 0.86-0.91 without; BENCHMARKS.md): ratios of one-layer references do not carry over to
+  // other sizes. A cluster file may still set calibration.rank_factors / mesh_factors by hand.
   plan::ClusterSpec fitted = machine;
   for (auto it = kernels.begin(); it != kernels.end(); ++it)
     fitted.kernel_fits[it.key()] = {it.value()["overhead_s"].get<double>(), it.value()["scale"].get<double>()};
@@ -211,8 +214,7 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
           {"kernels", kernels},
           {"step_overhead_s", step.overhead_s},
           {"instruction_gap_s", step.scale},
-          {"rank_factors", factors},
-          {"mesh_factors", mesh_factors}};
+          {"reference_ratios", {{"by_ranks", factors}, {"by_mesh", mesh_factors}}}};
 }
 
 }  // namespace shardwise::cli
