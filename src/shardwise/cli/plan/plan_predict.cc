@@ -162,8 +162,8 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
   r.step = pipe.step + r.parts["grad_sync"] + r.parts["optimizer"] + outside;
   r.by_op["optimizer adamw"] = r.parts["optimizer"];
   // Every part is work of the ranks' threads on this machine's cores: slower by their contention
-  // (a calibration's factor measured on this mesh or for this many ranks, else ranks / cores beyond
-  // the cores).
+  // (ranks / cores beyond the cores, unless the cluster file sets a factor for this mesh or this
+  // many ranks; calibrate sets none).
   const double contention = plan::mesh_factor(cluster, s.mesh.to_string(), s.mesh.size());
   r.step *= contention;
   for (auto& [name, sec] : r.parts) sec *= contention;
