@@ -105,6 +105,16 @@ TEST(CliCalibrate, ValuesArePositiveAndTheFitsReproduceTheirPoints) {
   EXPECT_TRUE(ratios["by_mesh"].contains("[dp=2]")) << ratios.dump();
   EXPECT_FALSE(j["calibration"].contains("rank_factors"));
   EXPECT_FALSE(j["calibration"].contains("mesh_factors"));
+  // With a rank on every core in the two-rank references (this machine's 2 cores), each type both
+  // they and the single-rank references run has a busy scale, measured over fitted.
+  if (j["calibration"]["cores"].get<int64_t>() == 2) {
+    const json& busy = j["calibration"]["busy_kernel_scales"];
+    for (const char* type : {"matmul", "layer_norm"}) {
+      ASSERT_TRUE(busy.contains(type)) << type << " " << busy.dump();
+      EXPECT_GT(busy[type].get<double>(), 0) << type;
+    }
+    EXPECT_FALSE(busy.contains("reshard"));
+  }
   // links.intra_node is all_reduce's fit (its latency clamped at 0 when the intercept was negative).
   EXPECT_DOUBLE_EQ(j["links"]["intra_node"]["latency"].get<double>(),
                    std::max(0.0, j["calibration"]["collectives"]["all_reduce"]["latency"].get<double>()));

@@ -120,7 +120,8 @@ TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
   json j = minimal();
   j["calibration"] = {{"kernels", {{"layer_norm", {{"overhead_s", 2e-6}, {"scale", 3.5}, {"samples", json::array()}}}}},
                       {"step_overhead_s", 1e-3}, {"instruction_gap_s", 4e-6}, {"cores", 2},
-                      {"rank_factors", {{"2", 1.5}, {"4", 2.5}}}, {"mesh_factors", {{"[pp=2]", 3.0}}}};
+                      {"rank_factors", {{"2", 1.5}, {"4", 2.5}}}, {"mesh_factors", {{"[pp=2]", 3.0}}},
+                      {"busy_kernel_scales", {{"flash_attention", 1.25}}}};
   ClusterSpec c = parse_cluster(j, "toy.json");
   ASSERT_EQ(c.kernel_fits.count("layer_norm"), 1u);
   EXPECT_DOUBLE_EQ(c.kernel_fits["layer_norm"].overhead_s, 2e-6);
@@ -130,6 +131,7 @@ TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
   EXPECT_EQ(c.cores, 2);
   EXPECT_EQ(c.rank_factors, (std::map<int64_t, double>{{2, 1.5}, {4, 2.5}}));
   EXPECT_EQ(c.mesh_factors, (std::map<std::string, double>{{"[pp=2]", 3.0}}));
+  EXPECT_EQ(c.busy_kernel_scales, (std::map<std::string, double>{{"flash_attention", 1.25}}));
   j["calibration"]["kernels"]["layer_norm"]["scale"] = -1;
   EXPECT_EQ(error_of(j), "toy.json: key 'calibration.kernels.layer_norm' expects {overhead_s, scale}, two numbers >= 0");
   j["calibration"]["kernels"]["layer_norm"]["scale"] = 1;
@@ -138,6 +140,9 @@ TEST(Cluster, ACalibrationsKernelFitsOverheadsAndCoresAreRead) {
   j["calibration"]["step_overhead_s"] = 0;
   j["calibration"]["rank_factors"]["2"] = 0;
   EXPECT_EQ(error_of(j), "toy.json: key 'calibration.rank_factors.2' expects a positive number, got 0");
+  j["calibration"]["rank_factors"]["2"] = 1;
+  j["calibration"]["busy_kernel_scales"]["flash_attention"] = 0;
+  EXPECT_EQ(error_of(j), "toy.json: key 'calibration.busy_kernel_scales.flash_attention' expects a positive number, got 0");
 }
 
 // calibration.mpi.link (the collectives `calibrate` measured between MPI processes) is read, and

@@ -135,6 +135,24 @@ TEST(ProgramTime, AReshardFitTimesTheCollectiveInstruction) {
   EXPECT_EQ(t.count_by_op["reshard"], 1);
 }
 
+// A calibration's busy scale (plan/cluster.h) slows its type's kernels only where the program's
+// ranks are at least the cores; reshards are not kernels and keep their time.
+TEST(ProgramTime, EveryCoreHoldingARankSlowsEachTypeByItsBusyScale) {
+  graph::Graph g;
+  graph::Program p = row_sharded_gemm(g);
+  ClusterSpec c = toy(1, 4);
+  const ProgramTime base = program_time(g, p, 0, c, "f32");
+  ASSERT_GT(base.by_op.at("matmul"), 0);
+  c.busy_kernel_scales["matmul"] = 1.5;
+  c.cores = 8;  // 4 ranks on 8 cores: some idle
+  EXPECT_DOUBLE_EQ(program_time(g, p, 0, c, "f32").by_op.at("matmul"), base.by_op.at("matmul"));
+  c.cores = 4;
+  const ProgramTime busy = program_time(g, p, 0, c, "f32");
+  EXPECT_DOUBLE_EQ(busy.by_op.at("matmul"), 1.5 * base.by_op.at("matmul"));
+  EXPECT_DOUBLE_EQ(busy.compute_s, base.compute_s + 0.5 * base.by_op.at("matmul"));
+  EXPECT_DOUBLE_EQ(busy.collective_s.at("all_reduce"), base.collective_s.at("all_reduce"));
+}
+
 TEST(ProgramTime, TheMoeMlpCountsItsExpertsGemmFlops) {
   // 24 tokens of hidden 8, 4 experts of width 16, top 2: each token through 2 experts' three GEMMs
   // (2 x 8 x 16 each), plus the router's 2 x 24 x 4 x 8; the backward twice that.

@@ -88,7 +88,7 @@ std::map<std::string, MeasuredCollective> parse_measured(const json& collectives
 }
 
 // calibration.kernels ({type: {overhead_s, scale}}), calibration.step_overhead_s, instruction_gap_s,
-// cores, rank_factors and mesh_factors.
+// cores, busy_kernel_scales, rank_factors and mesh_factors.
 void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
   if (cal.contains("kernels")) {
     SW_CHECK(cal["kernels"].is_object(), "{}: key 'calibration.kernels' expects an object of type -> fit", r.where);
@@ -107,6 +107,12 @@ void parse_calibration_fits(const json& cal, const Reader& r, ClusterSpec& c) {
     *field = cal[key].get<double>();
   }
   if (cal.contains("cores")) c.cores = r.count(cal, "cores");
+  if (cal.contains("busy_kernel_scales")) {
+    const json& b = cal["busy_kernel_scales"];
+    SW_CHECK(b.is_object(), "{}: key 'calibration.busy_kernel_scales' expects an object of type -> scale", r.where);
+    for (auto it = b.begin(); it != b.end(); ++it)
+      c.busy_kernel_scales[it.key()] = r.positive(b, it.key(), "calibration.busy_kernel_scales." + it.key());
+  }
   if (cal.contains("rank_factors")) {
     SW_CHECK(cal["rank_factors"].is_object(), "{}: key 'calibration.rank_factors' expects an object of ranks -> factor", r.where);
     for (auto it = cal["rank_factors"].begin(); it != cal["rank_factors"].end(); ++it) {

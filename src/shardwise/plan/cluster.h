@@ -61,6 +61,11 @@ struct ClusterSpec {
   double optimizer_elements_per_s = 0;
   // A calibration's kernel fits by instruction type (empty: the model's seconds as they are).
   std::map<std::string, KernelFit> kernel_fits;
+  // A calibration's slowdown of each instruction type when every core holds a rank (the kernels of
+  // calibrate's two-rank references, measured over their fits; calibration.busy_kernel_scales): the
+  // fits come from one rank on an otherwise idle machine, and memory-bound kernels and attention
+  // lose most when both cores run ranks. Applied where a program's ranks are at least the cores.
+  std::map<std::string, double> busy_kernel_scales;
   // A calibration's seconds a step outside the instructions and the optimizer (the trainer's own
   // work: the loader, the loss, zeroing gradients), the runtime's time between two instructions
   // (calibration.instruction_gap_s), and the cores the machine gives its ranks

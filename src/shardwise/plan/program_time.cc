@@ -200,6 +200,8 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
     for (size_t i = 0; i < p.instrs.size(); ++i) all.push_back(static_cast<int>(i));
     order = all;
   }
+  // Every core holds a rank: each type's kernels slow down by the calibration's busy scale.
+  const bool all_cores_busy = c.cores > 0 && p.mesh.size() >= c.cores;
   for (int i : order) {
     const graph::Instr& ins = p.instrs[static_cast<size_t>(i)];
     if (ins.kind == graph::InstrKind::Reshard) {
@@ -221,7 +223,9 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
     // An instruction's own collectives (the vocab-parallel head's) are part of its time, fitted with
     // it, and shown as all_reduce.
     const double inside = head_collective_seconds(head_collectives(g, p, ins, coords), p, process, c);
-    const double sec = fitted_seconds(c, type, kernel + inside);
+    double busy = 1.0;
+    if (auto it = c.busy_kernel_scales.find(type); all_cores_busy && it != c.busy_kernel_scales.end()) busy = it->second;
+    const double sec = fitted_seconds(c, type, kernel + inside) * busy;
     const double collective = inside > 0 ? sec * inside / (kernel + inside) : 0.0;
     if (collective > 0) t.collective_s["all_reduce"] += collective;
     t.compute_s += sec - collective;

@@ -176,7 +176,8 @@ int cmd_calibrate(const CalibrateCliOptions& o, std::ostream& out) {
     j["calibration"]["optimizer"] = measure_optimizer(o.quick);
     j["sources"]["calibration.optimizer"] = "AdamW::update over one f32 block: the optimizer's time a step (plan --predict)";
     json k = measure_kernels(plan::parse_cluster(j, "calibrate"), o.quick);
-    for (const char* key : {"kernels", "references", "step_overhead_s", "instruction_gap_s", "reference_ratios"})
+    for (const char* key : {"kernels", "references", "step_overhead_s", "instruction_gap_s", "busy_kernel_scales",
+                            "reference_ratios"})
       j["calibration"][key] = k[key];
     j["sources"]["calibration.kernels"] = "reference training runs on one rank, profiled: each instruction type's fit";
     j["calibration"]["key"] = machine_cache_key();

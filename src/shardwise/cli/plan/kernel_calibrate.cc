@@ -190,8 +190,24 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
     kernels[type] = {{"overhead_s", f.overhead_s}, {"scale", f.scale}, {"samples", pts}};
   }
   const plan::KernelFit step = plan::fit_kernel(step_samples);
-  // The reference ratios: each multi-rank reference's measured step over the model's with the fits,
-  // the median by ranks and by mesh. Recorded, not applied: scaling predictions by them (as rank and
+  // The busy scales: on the multi-rank references with a rank on every core, each type the
+  // single-rank references fitted, measured over its fit (count x overhead + scale x modelled),
+  // summed over those references (plan/cluster.h busy_kernel_scales).
+  std::map<std::string, std::pair<double, double>> busy;  // type -> measured, fitted
+  for (const Reference& r : multi) {
+    if (machine.cores <= 0 || r.ranks != machine.cores) continue;
+    for (const auto& [type, n] : r.modelled.count_by_op) {
+      if (type == "reshard" || !single_rank_types.contains(type) || !kernels.contains(type)) continue;
+      busy[type].first += r.measured("type " + type);
+      busy[type].second += n * kernels[type]["overhead_s"].get<double>() +
+                           kernels[type]["scale"].get<double>() * r.modelled.by_op.at(type);
+    }
+  }
+  json busy_scales = json::object();
+  for (const auto& [type, mf] : busy)
+    if (mf.first > 0 && mf.second > 0) busy_scales[type] = mf.first / mf.second;
+  // The reference ratios: each multi-rank reference's measured step over the model's with the fits
+  // and busy scales, the median by ranks and by mesh. Recorded, not applied: scaling predictions by them (as rank and
   // mesh factors, before 2026-11-29) reordered the validated configurations (Spearman 0.73-0.83
   // against 0.86-0.91 without; BENCHMARKS.md): ratios of one-layer references do not carry over to
   // other sizes. A cluster file may still set calibration.rank_factors / mesh_factors by hand.
@@ -199,7 +215,7 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
   for (auto it = kernels.begin(); it != kernels.end(); ++it)
     fitted.kernel_fits[it.key()] = {it.value()["overhead_s"].get<double>(), it.value()["scale"].get<double>()};
   fitted.step_overhead_s = step.overhead_s, fitted.instruction_gap_s = step.scale;
-  fitted.cores = 0;
+  for (auto it = busy_scales.begin(); it != busy_scales.end(); ++it) fitted.busy_kernel_scales[it.key()] = it.value();
   std::map<std::string, std::vector<double>> by_ranks, by_mesh;
   for (const Reference& r : multi) {
     fitted.devices_per_node = std::max<int64_t>(fitted.devices_per_node, r.ranks);
@@ -214,6 +230,7 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
           {"kernels", kernels},
           {"step_overhead_s", step.overhead_s},
           {"instruction_gap_s", step.scale},
+          {"busy_kernel_scales", busy_scales},
           {"reference_ratios", {{"by_ranks", factors}, {"by_mesh", mesh_factors}}}};
 }
 
