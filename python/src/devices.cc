@@ -14,8 +14,8 @@
 #include "shardwise/tensor/device_memory.h"
 #include "shardwise/tensor/fake_device.h"
 #ifdef SHARDWISE_PY_CUDA
-#include "shardwise/cuda/cuda_memory.h"
-#include "shardwise/cuda/kernels.h"
+#include "shardwise/cuda/memory/cuda_memory.h"
+#include "shardwise/cuda/layers/kernels.h"
 #endif
 
 namespace shardwise::py {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shardwise/cuda/cuda_memory.h"
+#include "shardwise/cuda/memory/cuda_memory.h"
 #include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::cuda_test {

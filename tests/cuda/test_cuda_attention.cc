@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "shardwise/cuda/attention.h"
+#include "shardwise/cuda/layers/attention.h"
 #include "shardwise/ops/attention/kernels.h"
 
 namespace shardwise::cuda_test {

@@ -3,7 +3,7 @@
 // and not training. Skipped without a GPU.
 #include "cuda_test_util.h"
 
-#include "shardwise/cuda/dropout.h"
+#include "shardwise/cuda/tensor_ops/dropout.h"
 #include "shardwise/ops/misc/kernels.h"
 
 namespace shardwise::cuda_test {

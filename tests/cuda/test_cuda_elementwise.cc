@@ -3,7 +3,7 @@
 // unary ops and their gradients, scale, casts, fill. Skipped without a GPU.
 #include "cuda_test_util.h"
 
-#include "shardwise/cuda/elementwise.h"
+#include "shardwise/cuda/tensor_ops/elementwise.h"
 #include "shardwise/ops/activation/kernels.h"
 #include "shardwise/ops/binary/kernels.h"
 #include "shardwise/ops/unary/kernels.h"

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "shardwise/cuda/kernels.h"
+#include "shardwise/cuda/layers/kernels.h"
 #include "shardwise/ops/norm/kernels.h"
 #include "shardwise/ops/softmax/kernels.h"
 #include "shardwise/ops/unary/kernels.h"

@@ -4,7 +4,7 @@
 // run twice for the same bits. Skipped without a GPU.
 #include "cuda_test_util.h"
 
-#include "shardwise/cuda/layout.h"
+#include "shardwise/cuda/tensor_ops/layout.h"
 #include "shardwise/ops/reduction/kernels.h"
 #include "shardwise/ops/shape/kernels.h"
 #include "shardwise/ops/unary/kernels.h"

@@ -7,7 +7,7 @@
 #include <barrier>
 #include <thread>
 
-#include "shardwise/cuda/lm_head.h"
+#include "shardwise/cuda/loss/lm_head.h"
 #include "shardwise/ops/softmax/lm_head.h"
 #include "shardwise/ops/unary/kernels.h"
 

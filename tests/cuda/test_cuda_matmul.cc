@@ -4,8 +4,8 @@
 // each run twice for the same bits, and the heuristic asked once per shape. Skipped without a GPU.
 #include "cuda_test_util.h"
 
-#include "shardwise/cuda/blas.h"
-#include "shardwise/cuda/matmul.h"
+#include "shardwise/cuda/gemm/blas.h"
+#include "shardwise/cuda/gemm/matmul.h"
 #include "shardwise/ops/matmul/kernels.h"
 #include "shardwise/ops/unary/kernels.h"
 

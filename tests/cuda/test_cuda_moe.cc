@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "shardwise/cuda/moe.h"
+#include "shardwise/cuda/layers/moe.h"
 #include "shardwise/ops/moe/kernels.h"
 #include "shardwise/ops/moe/routing.h"
 

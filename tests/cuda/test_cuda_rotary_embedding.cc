@@ -4,7 +4,7 @@
 // with the reason, where no GPU is present.
 #include "cuda_test_util.h"
 
-#include "shardwise/cuda/kernels.h"
+#include "shardwise/cuda/layers/kernels.h"
 #include "shardwise/ops/rotary/kernels.h"
 
 namespace shardwise::cuda_test {

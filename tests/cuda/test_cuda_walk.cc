@@ -6,7 +6,7 @@
 
 #include <array>
 
-#include "shardwise/cuda/walk.h"
+#include "shardwise/cuda/common/walk.h"
 #include "shardwise/tensor/broadcast.h"
 
 namespace shardwise::cuda_test {

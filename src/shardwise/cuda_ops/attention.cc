@@ -4,7 +4,7 @@
 // (p > 0 while training), cp's balanced order (balanced_ranks > 1) and a sequence-sharded q (its
 // first row not query 0, or keys not the whole sequence).
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/attention.h"
+#include "shardwise/cuda/layers/attention.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/attention/kernels.h"
 #include "shardwise/tensor/current_stream.h"

@@ -1,8 +1,8 @@
 #include "shardwise/cuda_ops/bind.h"
 
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/elementwise.h"
-#include "shardwise/cuda/kernels.h"
+#include "shardwise/cuda/tensor_ops/elementwise.h"
+#include "shardwise/cuda/layers/kernels.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/norm/kernels.h"
 #include "shardwise/ops/softmax/kernels.h"

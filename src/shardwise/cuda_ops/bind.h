@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA kernels (src/shardwise/cuda/kernels.h) bound to the ops they compute: the device kernel
+// The CUDA kernels (src/shardwise/cuda/layers/kernels.h) bound to the ops they compute: the device kernel
 // table of DeviceKind::Cuda (ops/device_kernels.h). A layer of its own above ops and cuda (the ops
 // layer knows nothing of CUDA), built only where CUDA is. An op without a binding here fails on CUDA
 // tensors naming itself; tests/cuda/test_cuda_coverage.cc lists which ops of a training step are

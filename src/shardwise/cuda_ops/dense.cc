@@ -1,8 +1,8 @@
 // matmul (cuBLASLt, TF32 off: the CPU's f32 results), rotary_embedding and embedding on CUDA, each
 // read as its CPU kernel reads its inputs and attributes.
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/kernels.h"
-#include "shardwise/cuda/matmul.h"
+#include "shardwise/cuda/layers/kernels.h"
+#include "shardwise/cuda/gemm/matmul.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/rotary/kernels.h"
 #include "shardwise/tensor/current_stream.h"

@@ -1,9 +1,9 @@
 // add, scale, swiglu and softmax on CUDA (cuda/elementwise.h, cuda/kernels.h), each read as its CPU
 // kernel reads its inputs and attributes.
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/elementwise.h"
-#include "shardwise/cuda/kernels.h"
-#include "shardwise/cuda/layout.h"
+#include "shardwise/cuda/tensor_ops/elementwise.h"
+#include "shardwise/cuda/layers/kernels.h"
+#include "shardwise/cuda/tensor_ops/layout.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/softmax/kernels.h"
 #include "shardwise/tensor/current_stream.h"

@@ -4,7 +4,7 @@
 #include <string_view>
 #include <vector>
 
-#include "shardwise/cuda/launchers.h"
+#include "shardwise/cuda/common/launchers.h"
 #include "shardwise/ops/device_kernels.h"
 #include "shardwise/ops/softmax/kernels.h"
 

@@ -2,7 +2,7 @@
 // kernel runs on the device tensor as it is; transpose, expand and concat copy through
 // cuda/layout.h, with the local extents the CPU kernels (ops/shape/kernels.h) give.
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/layout.h"
+#include "shardwise/cuda/tensor_ops/layout.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/shape/kernels.h"
 #include "shardwise/tensor/current_stream.h"

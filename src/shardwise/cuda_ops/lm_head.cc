@@ -4,8 +4,8 @@
 // all-reduce of the row statistics on device memory, which is not built: with a group of more than
 // one rank it is an Error naming that collective (with none it runs as the plain head).
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/elementwise.h"
-#include "shardwise/cuda/lm_head.h"
+#include "shardwise/cuda/tensor_ops/elementwise.h"
+#include "shardwise/cuda/loss/lm_head.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/softmax/lm_head.h"
 #include "shardwise/tensor/current_stream.h"

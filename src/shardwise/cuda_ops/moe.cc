@@ -4,10 +4,10 @@
 // over ranks need the all-gathers and all_to_all_v of the CPU kernel on device memory, which are not
 // built: an Error naming them. The backward recomputes the routing and the experts' hidden values.
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/elementwise.h"
-#include "shardwise/cuda/layout.h"
-#include "shardwise/cuda/matmul.h"
-#include "shardwise/cuda/moe.h"
+#include "shardwise/cuda/tensor_ops/elementwise.h"
+#include "shardwise/cuda/tensor_ops/layout.h"
+#include "shardwise/cuda/gemm/matmul.h"
+#include "shardwise/cuda/layers/moe.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/moe/kernels.h"
 #include "shardwise/tensor/current_stream.h"

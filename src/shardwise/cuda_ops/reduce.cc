@@ -2,8 +2,8 @@
 // keepdim read by ops::reduce_axes_mask / reduce_keepdim. Gradients: dout broadcast back to x's
 // shape; mean's divided by the reduced count first (a correctly rounded division, as the CPU's).
 #include "shardwise/core/error.h"
-#include "shardwise/cuda/elementwise.h"
-#include "shardwise/cuda/layout.h"
+#include "shardwise/cuda/tensor_ops/elementwise.h"
+#include "shardwise/cuda/tensor_ops/layout.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/reduction/kernels.h"
 #include "shardwise/tensor/current_stream.h"

@@ -1,7 +1,7 @@
 #pragma once
 // The few calls the device allocator and the copies need from a device, so their logic runs on a
 // fake device (fake_device.h: host memory pretending to be device memory) in `make test`, and on
-// CUDA (src/shardwise/cuda/cuda_memory.cc) where the toolkit is found. One backend per device,
+// CUDA (src/shardwise/cuda/memory/cuda_memory.cc) where the toolkit is found. One backend per device,
 // registered once per process (register_device_memory); nothing is registered by default.
 #include <cstddef>
 #include <cstdint>

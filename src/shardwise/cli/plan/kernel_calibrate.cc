@@ -223,15 +223,15 @@ json measure_kernels(const plan::ClusterSpec& machine, bool quick) {
     by_ranks[std::to_string(r.ranks)].push_back(ratio);
     by_mesh[mesh::parse_mesh(r.config.parallel.mesh).to_string()].push_back(ratio);
   }
-  json factors = json::object(), mesh_factors = json::object();
-  for (const auto& [ranks, v] : by_ranks) factors[ranks] = median_of(v);
-  for (const auto& [m, v] : by_mesh) mesh_factors[m] = median_of(v);
+  json ratios_by_ranks = json::object(), ratios_by_mesh = json::object();
+  for (const auto& [ranks, v] : by_ranks) ratios_by_ranks[ranks] = median_of(v);
+  for (const auto& [m, v] : by_mesh) ratios_by_mesh[m] = median_of(v);
   return {{"references", refs},
           {"kernels", kernels},
           {"step_overhead_s", step.overhead_s},
           {"instruction_gap_s", step.scale},
           {"busy_kernel_scales", busy_scales},
-          {"reference_ratios", {{"by_ranks", factors}, {"by_mesh", mesh_factors}}}};
+          {"reference_ratios", {{"by_ranks", ratios_by_ranks}, {"by_mesh", ratios_by_mesh}}}};
 }
 
 }  // namespace shardwise::cli
