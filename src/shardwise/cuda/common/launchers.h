@@ -53,9 +53,14 @@ int cross_entropy_backward(const float* logits, const int64_t* labels, const flo
 // Fused causal attention (attention_forward.cu, attention_backward.cu): q [B, G, R, S, D] (query
 // head h = g R + r reads kv head g), k, v [B, G, S, D], doc [B, S] document ids or null, out and
 // the gradients of their inputs' element type, lse [B, G, R, S] f32; D <= 128.
+// path: Auto takes the tensor-core kernels (attention_mma_*.cu) for bf16 with head dim 64 or 128
+// and 16-byte aligned pointers, the FMA kernels otherwise; Fma and TensorCore force one (the tests
+// compare them; TensorCore where it does not apply is cudaErrorInvalidValue).
+enum class AttentionPath : uint8_t { Auto, Fma, TensorCore };
 struct AttentionShape {
   int64_t batch, groups, reps, seq, head_dim;
   float scale;
+  AttentionPath path = AttentionPath::Auto;
 };
 int attention_forward(Elem e, const void* q, const void* k, const void* v, const int64_t* doc, void* out, float* lse,
                       const AttentionShape& a, void* s);
