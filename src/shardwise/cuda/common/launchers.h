@@ -31,9 +31,10 @@ int rms_norm_forward(Elem t, const void* x, const void* scale, void* out, float*
 int rms_norm_backward(Elem t, const void* x, const void* scale, const float* inv_rms, const void* dout, void* dx,
                       void* dscale, int64_t rows, int64_t cols, void* s);
 
-// Softmax over rows of `cols` values (softmax.cu); the backward from the output y.
-int softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, void* s);
-int softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, void* s);
+// Softmax over rows of `cols` values (softmax.cu), f32 or bf16 (f32 math); the backward from the
+// output y.
+int softmax_forward(Elem e, const void* x, void* y, int64_t rows, int64_t cols, void* s);
+int softmax_backward(Elem e, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, void* s);
 
 // Cross-entropy per row (loss 0 on ignored rows); `bad` (one int64, zero on entry) gets 1 + the
 // first row whose label is neither ignore_index nor in [0, classes).

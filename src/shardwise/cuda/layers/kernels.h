@@ -54,7 +54,8 @@ struct RmsNormGradResult {
 RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
                                     Stream stream = {});
 
-// ops::softmax(x, -1) and ops::softmax_backward(out, dout, -1).
+// ops::softmax(x, -1) and ops::softmax_backward(out, dout, -1), f32 or bf16 (f32 math; dout of
+// out's dtype).
 Tensor softmax(const Tensor& x, Stream stream = {});
 Tensor softmax_backward(const Tensor& out, const Tensor& dout, Stream stream = {});
 
