@@ -140,8 +140,8 @@ TEST(CudaDtypeCoverage, TheBoundKernelsAcceptEveryDtypeOfTheProgramsOrTheChecked
 }
 
 // Kernels no program above reaches yet (`train --bf16` computes in f32 after its casts) that take
-// bf16 all the same: softmax forward and backward reach their launch.
-TEST(CudaDtypeCoverage, Bf16SoftmaxReachesItsLaunch) {
+// bf16 all the same: softmax forward and backward, and the embedding gradient, reach their launch.
+TEST(CudaDtypeCoverage, Bf16SoftmaxAndEmbeddingGradientReachTheirLaunch) {
   std::string why;
   if (!hide_the_gpus(why)) GTEST_SKIP() << "CUDA started before this test and sees a GPU: run it alone";
   register_fake_device({.index = 7});
@@ -153,6 +153,12 @@ TEST(CudaDtypeCoverage, Bf16SoftmaxReachesItsLaunch) {
   EXPECT_EQ(reached, "CUDA: softmax kernel");
   EXPECT_EQ(classify([&] { ops::run_backward(op, x, x, x, {}); }, reached), "");
   EXPECT_EQ(reached, "CUDA: softmax_backward kernel");
+  const ops::OpDef& emb = ops::op_registry().get("embedding");
+  const std::vector<Tensor> ew{zeros_on(DType::I64, Shape{2, 3}, kFake), zeros_on(DType::BF16, Shape{11, 4}, kFake)};
+  const std::vector<Tensor> dy{zeros_on(DType::BF16, Shape{2, 3, 4}, kFake)};
+  const bool wanted[2] = {false, true};
+  EXPECT_EQ(classify([&] { ops::run_backward(emb, ew, dy, dy, {}, nullptr, wanted); }, reached), "");
+  EXPECT_EQ(reached, "CUDA: embedding id check kernel");
   ops::install_device_kernels(DeviceKind::Cuda, previous);
 }
 

@@ -83,7 +83,7 @@ int rotary(Elem e, const void* x, void* out, const void* positions, bool positio
 // Embedding (embedding.cu): ids (n of them, i64 or i32) index the block of `rows` rows of `hidden`
 // values starting at vocab row `offset`; an id outside the block gives (takes) a zero row.
 // embedding_check_ids: bad (one int64, zero on entry) gets n - the first position whose id is
-// outside [0, vocab_size). embedding_backward (f32) needs `scratch` of
+// outside [0, vocab_size). embedding_backward (f32, or bf16 summed in f32) needs `scratch` of
 // embedding_backward_scratch_bytes(n, vocab_size) bytes; n < 2^31.
 struct EmbeddingShape {
   int64_t rows, hidden, offset;
@@ -92,7 +92,7 @@ int embedding_check_ids(const void* ids, bool ids_i32, int64_t n, int64_t vocab_
 int embedding_forward(Elem el, const void* ids, bool ids_i32, int64_t n, const void* weight, void* out,
                       const EmbeddingShape& e, void* s);
 size_t embedding_backward_scratch_bytes(int64_t n, int64_t vocab_size);
-int embedding_backward(const void* ids, bool ids_i32, int64_t n, const float* dout, float* dweight,
+int embedding_backward(Elem el, const void* ids, bool ids_i32, int64_t n, const void* dout, void* dweight,
                        const EmbeddingShape& e, int64_t vocab_size, void* scratch, void* s);
 
 // MoE routing and dispatch on one device (moe_routing.cu, moe_dispatch.cu; moe.h says what each
