@@ -4,6 +4,7 @@
 #include "cuda_test_util.h"
 
 #include "shardwise/cuda/tensor_ops/elementwise.h"
+#include "shardwise/cuda_ops/bind.h"
 #include "shardwise/ops/activation/kernels.h"
 #include "shardwise/ops/binary/kernels.h"
 #include "shardwise/ops/unary/kernels.h"
@@ -114,6 +115,24 @@ TEST_F(CudaElementwise, ScaleCastAndFullEqualTheCpuBitForBit) {
   }
   EXPECT_TRUE(bit_equal(cuda::full(DType::I64, Shape{9}, 42, kGpu),
                         Tensor::from<int64_t>(Shape{9}, std::vector<int64_t>(9, 42))));
+}
+
+// The cast op through the CUDA table (cuda_ops/elementwise.cc): `train --bf16`'s bf16 -> f32 after
+// each parameter and its gradient f32 -> bf16, as the CPU op computes them.
+TEST_F(CudaElementwise, TheCastOpOnCudaEqualsTheCpuOpForwardAndGradientBitForBit) {
+  const auto previous = ops::install_device_kernels(DeviceKind::Cuda, cuda_ops::cuda_kernel_table());
+  const ops::OpDef& op = ops::op_registry().get("cast");
+  const Attrs to_f32{{"dtype", std::string("f32")}};
+  const Tensor w = random_of(DType::BF16, Shape{7, 129}, 8), dy = random_f32(Shape{7, 129}, 9);
+  const std::vector<Tensor> in{w}, gin{to_device(w, kGpu)};
+  const std::vector<Tensor> y = ops::run_forward(op, in, to_f32), gy = ops::run_forward(op, gin, to_f32);
+  EXPECT_TRUE(bit_equal(gy[0], y[0])) << "cast bf16 -> f32";
+  const std::vector<Tensor> dout{dy}, gdout{to_device(dy, kGpu)};
+  const std::vector<Tensor> dx = ops::run_backward(op, in, y, dout, to_f32);
+  const std::vector<Tensor> gdx = ops::run_backward(op, gin, gy, gdout, to_f32);
+  EXPECT_EQ(gdx[0].dtype(), DType::BF16);
+  EXPECT_TRUE(bit_equal(gdx[0], dx[0])) << "its gradient f32 -> bf16";
+  ops::install_device_kernels(DeviceKind::Cuda, previous);
 }
 
 TEST_F(CudaElementwise, MismatchedOperandsAreNamedErrors) {

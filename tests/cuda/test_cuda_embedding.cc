@@ -1,7 +1,7 @@
 // Embedding (cuda::embedding) against ops::embedding and its backward: repeated ids (a padding id
 // on a third of the positions), i64 and i32 ids, a vocab-parallel block with ids outside it, odd
-// hidden sizes, f32 and bf16 weights. The gradient adds duplicates in the CPU's order, so both are
-// compared bit for bit; and run twice, the same bits. Skipped, with the reason, where no GPU is present.
+// hidden sizes, f32 and bf16 weights. The gradient adds duplicates in the CPU's order (bf16: in f32,
+// rounded once), so both are compared bit for bit; and run twice, the same bits. Skipped, with the reason, where no GPU is present.
 #include "cuda_test_util.h"
 
 #include "shardwise/cuda/layers/kernels.h"
@@ -27,12 +27,15 @@ void check_embedding(const Shape& ids_shape, DType ids_dtype, int64_t vocab, int
   const Tensor gids = to_device(ids, kGpu);
   expect_close(cuda::embedding(gids, to_device(weight, kGpu), offset, vocab), ops::embedding(ids, weight, offset, vocab),
                0, 0, what);
-  if (dtype != DType::F32) return;
   Shape out_shape = ids_shape;
   out_shape.push_back(hidden);
-  const Tensor dout = random_f32(out_shape, 72), gdout = to_device(dout, kGpu);
+  const Tensor dout = random_f32(out_shape, 72).to(dtype), gdout = to_device(dout, kGpu);
   const Tensor dw = cuda::embedding_backward(gids, gdout, weight.shape(), offset, vocab);
-  expect_close(dw, ops::embedding_backward(ids, dout, weight.shape(), offset, vocab), 0, 0, what + " dweight");
+  ASSERT_EQ(dw.dtype(), dtype) << what;
+  // bf16: the CPU's f32 gradient of the same (exactly widened) dout, rounded once; the CPU's own bf16
+  // gradient rounds after every add instead.
+  const Tensor ref = ops::embedding_backward(ids, dout.to(DType::F32), weight.shape(), offset, vocab).to(dtype);
+  EXPECT_TRUE(bit_equal(dw, ref)) << what << " dweight";
   EXPECT_TRUE(bit_equal(dw, cuda::embedding_backward(gids, gdout, weight.shape(), offset, vocab)))
       << what << ": not deterministic";
 }
@@ -43,6 +46,8 @@ TEST_F(CudaEmbedding, ForwardAndGradientEqualTheCpuKernelBitForBit) {
   check_embedding(Shape{4, 129}, DType::I64, 50257, 0, 50257, 64, DType::F32);
   check_embedding(Shape{5, 31}, DType::I64, 50, 20, 25, 7, DType::F32);  // vocab-parallel: ids outside the block
   check_embedding(Shape{5, 31}, DType::I64, 50, 0, 50, 130, DType::BF16);
+  check_embedding(Shape{2000}, DType::I32, 1000, 0, 1000, 257, DType::BF16);  // runs of repeated ids
+  check_embedding(Shape{5, 31}, DType::I64, 50, 20, 25, 7, DType::BF16);
   check_embedding(Shape{1}, DType::I64, 1, 0, 1, 1, DType::F32);
 }
 

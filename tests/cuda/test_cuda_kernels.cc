@@ -149,15 +149,21 @@ TEST_F(CudaKernels, Bf16NormsEqualTheCpuKernels) {
   }
 }
 
+// Random rows in [-20, 20] with a causal mask's -1e9 entries (every other column past the row's index).
+Tensor masked_rows(int64_t rows, int64_t cols, unsigned seed) {
+  Tensor x = random_f32(Shape{rows, cols}, seed, -20.f, 20.f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = r + 1; c < cols; c += 2) x.data<float>()[r * cols + c] = -1e9f;
+  return x;
+}
+
 // Softmax: float exponentials on both sides (expf against the CPU's fast_expf, a few ulp each),
 // sums in double: 2e-6 relative. The backward from the CPU's output on both sides: only the
 // double sums' order differs: 1e-6 relative. Rows with a causal mask's -1e9 entries too.
 TEST_F(CudaKernels, SoftmaxForwardAndBackwardEqualTheCpuKernels) {
   for (auto [rows, cols] : kNormSizes) {
     const std::string what = "softmax " + std::to_string(rows) + "x" + std::to_string(cols);
-    Tensor x = random_f32(Shape{rows, cols}, 81, -20.f, 20.f);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = r + 1; c < cols; c += 2) x.data<float>()[r * cols + c] = -1e9f;
+    const Tensor x = masked_rows(rows, cols, 81);
     const Tensor dout = random_f32(Shape{rows, cols}, 82);
     const Tensor out = ops::softmax(x, -1);
     const Tensor gout = cuda::softmax(to_device(x, kGpu));
@@ -165,6 +171,27 @@ TEST_F(CudaKernels, SoftmaxForwardAndBackwardEqualTheCpuKernels) {
     const Tensor gdx = cuda::softmax_backward(to_device(out, kGpu), to_device(dout, kGpu));
     expect_close(gdx, ops::softmax_backward(out, dout, -1), 1e-6, 1e-9, what + " backward");
     EXPECT_TRUE(bit_equal(gout, cuda::softmax(to_device(x, kGpu)))) << what << ": not deterministic";
+  }
+}
+
+// Softmax in bf16 (f32 math on bf16 rows; the CPU computes bf16 rows in double): one bf16 ulp
+// (2^-8) apart at most, 8e-3 relative; the backward's double sums differ in order only, rounded once
+// to bf16 on both sides: 8e-3. Rows with a causal mask's -1e9 entries too (-1e9 is a bf16 value
+// to 2^-8).
+TEST_F(CudaKernels, SoftmaxBf16ForwardAndBackwardEqualTheCpuKernels) {
+  for (auto [rows, cols] : kNormSizes) {
+    const std::string what = "bf16 softmax " + std::to_string(rows) + "x" + std::to_string(cols);
+    const Tensor x = masked_rows(rows, cols, 83).to(DType::BF16);
+    const Tensor dout = random_f32(Shape{rows, cols}, 84).to(DType::BF16);
+    const Tensor out = ops::softmax(x, -1);
+    const Tensor gout = cuda::softmax(to_device(x, kGpu));
+    ASSERT_EQ(gout.dtype(), DType::BF16);
+    expect_close(gout, out, 8e-3, 1e-9, what);
+    const Tensor gdx = cuda::softmax_backward(to_device(out, kGpu), to_device(dout, kGpu));
+    expect_close(gdx, ops::softmax_backward(out, dout, -1), 8e-3, 1e-9, what + " backward");
+    EXPECT_TRUE(bit_equal(gout, cuda::softmax(to_device(x, kGpu)))) << what << ": not deterministic";
+    EXPECT_TRUE(bit_equal(gdx, cuda::softmax_backward(to_device(out, kGpu), to_device(dout, kGpu))))
+        << what << " backward: not deterministic";
   }
 }
 

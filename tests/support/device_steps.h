@@ -1,6 +1,7 @@
 #pragma once
 // A few training steps of the GPT-2 or Llama tiny programs with every tensor on one device (the host
-// for the CPU run), shared by the fake-device test (tests/train/test_device_program.cc) and the GPU
+// for the CPU run), with the model's parameter dtype (bf16 parameters: `train --bf16`'s program, the
+// SGD update in bf16 and the gradient norm in f32), shared by the fake-device test (tests/train/test_device_program.cc) and the GPU
 // test (tests/cuda/test_cuda_program.cc): plain SGD written with ops on one batch, rank 0's losses
 // and gradient norms, the device copies and the runtime's streams.
 #include <map>
@@ -70,7 +71,7 @@ inline StepsRun run_steps(const GptConfig& model, const std::string& mesh, Devic
     std::map<std::string, Tensor> params;
     for (graph::ValueId v : gpt.g.params()) {
       const auto& val = gpt.g.value(v);
-      bind(val.name, init_model_param(model, val.name, val.meta.shape, 7));
+      bind(val.name, init_model_param(model, val.name, val.meta.shape, 7).to(val.meta.dtype));  // bf16 with --bf16
       params[val.name] = rt.local(val.name);
     }
     const auto constants = model_constants(model);
@@ -87,7 +88,8 @@ inline StepsRun run_steps(const GptConfig& model, const std::string& mesh, Devic
       Tensor norm2;
       for (auto& [name, w] : params) {
         const Tensor g = rt.local_grad(name);
-        const Tensor sq = op("sum", op("multiply", {g, g}))[0];
+        const Tensor g32 = g.dtype() == DType::F32 ? g : op("cast", {g}, Attrs{{"dtype", std::string("f32")}})[0];
+        const Tensor sq = op("sum", op("multiply", {g32, g32}))[0];
         norm2 = norm2.defined() ? op("add", {norm2, sq})[0] : sq;
         w = op("add", {w, op("scale", {g}, Attrs{{"scale", -kLr}})[0]})[0];
       }

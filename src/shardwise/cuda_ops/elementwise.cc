@@ -1,5 +1,6 @@
-// add, scale, swiglu and softmax on CUDA (cuda/elementwise.h, cuda/kernels.h), each read as its CPU
+// add, scale, swiglu, softmax and cast on CUDA (cuda/elementwise.h, cuda/kernels.h), each read as its CPU
 // kernel reads its inputs and attributes.
+#include "shardwise/core/dtype.h"
 #include "shardwise/core/error.h"
 #include "shardwise/cuda/tensor_ops/elementwise.h"
 #include "shardwise/cuda/layers/kernels.h"
@@ -74,6 +75,18 @@ void bind_softmax(ops::DeviceKernelTable& t) {
   });
 }
 
+// cast between the floating dtypes (what `train --bf16` puts after every bf16 parameter: bf16 -> f32
+// forward, its gradient f32 -> bf16); the gradient is dout cast back to x's dtype, as the CPU's.
+void bind_cast(ops::DeviceKernelTable& t) {
+  t.add_forward("cast", [](const OpDef& op, In in, const Attrs& attrs, const KernelContext*) {
+    SW_CHECK(attrs.has("dtype"), "op '{}' on {}: attribute dtype is required", op.name, in[0].device().to_string());
+    return Tensors{cuda::cast(in[0], parse_dtype(attrs.get_string("dtype", "")), current_stream())};
+  });
+  t.add_backward("cast", [](const OpDef&, In in, In, In dout, const Attrs&, const KernelContext*, std::span<const bool>) {
+    return Tensors{cuda::cast(dout[0], in[0].dtype(), current_stream())};
+  });
+}
+
 }  // namespace
 
 void bind_elementwise(ops::DeviceKernelTable& t) {
@@ -84,6 +97,7 @@ void bind_elementwise(ops::DeviceKernelTable& t) {
   bind_scale(t);
   bind_swiglu(t);
   bind_softmax(t);
+  bind_cast(t);
 }
 
 }  // namespace shardwise::cuda_ops

@@ -23,7 +23,7 @@ KernelContext context_or_single(const KernelContext* ctx, In tensors);
 // The CUDA kernels' reduction of a loss reduction.
 cuda::launch::Reduction cuda_reduction(ops::LossReduction r);
 
-// add, subtract, multiply, divide, scale, swiglu, softmax (elementwise.cc).
+// add, subtract, multiply, divide, scale, swiglu, softmax, cast (elementwise.cc).
 void bind_elementwise(ops::DeviceKernelTable& t);
 // sum, mean (reduce.cc).
 void bind_reductions(ops::DeviceKernelTable& t);

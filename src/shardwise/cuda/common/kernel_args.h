@@ -37,12 +37,12 @@ inline Rows rows_of(std::string_view kernel, const Tensor& x, std::string_view n
   const Shape leading(x.shape().span().first(x.shape().size() - 1));
   return {leading.numel(), x.shape().back(), leading};
 }
-// A norm's x (f32 or bf16) as rows, and its element type.
-inline Rows norm_rows(std::string_view kernel, const Tensor& x, launch::Elem& elem) {
-  SW_CHECK(x.defined() && (x.dtype() == DType::F32 || x.dtype() == DType::BF16), "cuda {}: x must be f32 or bf16, got {}",
-           kernel, x.defined() ? x.to_string(0) : std::string("an undefined tensor"));
+// A norm's (or softmax's) x (f32 or bf16; the argument `name`) as rows, and its element type.
+inline Rows norm_rows(std::string_view kernel, const Tensor& x, launch::Elem& elem, std::string_view name = "x") {
+  SW_CHECK(x.defined() && (x.dtype() == DType::F32 || x.dtype() == DType::BF16), "cuda {}: {} must be f32 or bf16, got {}",
+           kernel, name, x.defined() ? x.to_string(0) : std::string("an undefined tensor"));
   elem = x.dtype() == DType::F32 ? launch::Elem::F32 : launch::Elem::BF16;
-  return rows_of(kernel, x, "x", x.dtype());
+  return rows_of(kernel, x, name, x.dtype());
 }
 // A parameter or gradient of a norm: x's dtype and device, `shape`.
 inline void need_like(std::string_view kernel, std::string_view arg, const Tensor& t, const Tensor& x,

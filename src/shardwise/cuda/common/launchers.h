@@ -31,9 +31,10 @@ int rms_norm_forward(Elem t, const void* x, const void* scale, void* out, float*
 int rms_norm_backward(Elem t, const void* x, const void* scale, const float* inv_rms, const void* dout, void* dx,
                       void* dscale, int64_t rows, int64_t cols, void* s);
 
-// Softmax over rows of `cols` values (softmax.cu); the backward from the output y.
-int softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, void* s);
-int softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, void* s);
+// Softmax over rows of `cols` values (softmax.cu), f32 or bf16 (f32 math); the backward from the
+// output y.
+int softmax_forward(Elem e, const void* x, void* y, int64_t rows, int64_t cols, void* s);
+int softmax_backward(Elem e, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, void* s);
 
 // Cross-entropy per row (loss 0 on ignored rows); `bad` (one int64, zero on entry) gets 1 + the
 // first row whose label is neither ignore_index nor in [0, classes).
@@ -53,9 +54,14 @@ int cross_entropy_backward(const float* logits, const int64_t* labels, const flo
 // Fused causal attention (attention_forward.cu, attention_backward.cu): q [B, G, R, S, D] (query
 // head h = g R + r reads kv head g), k, v [B, G, S, D], doc [B, S] document ids or null, out and
 // the gradients of their inputs' element type, lse [B, G, R, S] f32; D <= 128.
+// path: Auto takes the tensor-core kernels (attention_mma_*.cu) for bf16 with head dim 64 or 128
+// and 16-byte aligned pointers, the FMA kernels otherwise; Fma and TensorCore force one (the tests
+// compare them; TensorCore where it does not apply is cudaErrorInvalidValue).
+enum class AttentionPath : uint8_t { Auto, Fma, TensorCore };
 struct AttentionShape {
   int64_t batch, groups, reps, seq, head_dim;
   float scale;
+  AttentionPath path = AttentionPath::Auto;
 };
 int attention_forward(Elem e, const void* q, const void* k, const void* v, const int64_t* doc, void* out, float* lse,
                       const AttentionShape& a, void* s);
@@ -77,7 +83,7 @@ int rotary(Elem e, const void* x, void* out, const void* positions, bool positio
 // Embedding (embedding.cu): ids (n of them, i64 or i32) index the block of `rows` rows of `hidden`
 // values starting at vocab row `offset`; an id outside the block gives (takes) a zero row.
 // embedding_check_ids: bad (one int64, zero on entry) gets n - the first position whose id is
-// outside [0, vocab_size). embedding_backward (f32) needs `scratch` of
+// outside [0, vocab_size). embedding_backward (f32, or bf16 summed in f32) needs `scratch` of
 // embedding_backward_scratch_bytes(n, vocab_size) bytes; n < 2^31.
 struct EmbeddingShape {
   int64_t rows, hidden, offset;
@@ -86,7 +92,7 @@ int embedding_check_ids(const void* ids, bool ids_i32, int64_t n, int64_t vocab_
 int embedding_forward(Elem el, const void* ids, bool ids_i32, int64_t n, const void* weight, void* out,
                       const EmbeddingShape& e, void* s);
 size_t embedding_backward_scratch_bytes(int64_t n, int64_t vocab_size);
-int embedding_backward(const void* ids, bool ids_i32, int64_t n, const float* dout, float* dweight,
+int embedding_backward(Elem el, const void* ids, bool ids_i32, int64_t n, const void* dout, void* dweight,
                        const EmbeddingShape& e, int64_t vocab_size, void* scratch, void* s);
 
 // MoE routing and dispatch on one device (moe_routing.cu, moe_dispatch.cu; moe.h says what each

@@ -1,10 +1,13 @@
 #include "shardwise/cuda/layers/attention.h"
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include "shardwise/cuda/memory/cuda_memory.h"
 #include "shardwise/cuda/common/kernel_args.h"
 #include "shardwise/cuda/common/launchers.h"
+#include "shardwise/cuda/layers/attention_mma_plan.h"
 #include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::cuda {
@@ -38,6 +41,21 @@ launch::AttentionShape check_inputs(std::string_view kernel, const Tensor& q, co
   return a;
 }
 
+// The path asked for, an Error naming why when TensorCore does not apply.
+launch::AttentionShape with_path(std::string_view kernel, launch::AttentionShape a, AttentionPath path,
+                                 std::initializer_list<const Tensor*> tensors) {
+  if (path == AttentionPath::TensorCore) {
+    bool aligned = true;
+    for (const Tensor* t : tensors) aligned = aligned && reinterpret_cast<uintptr_t>(t->device_ptr()) % 16 == 0;
+    SW_CHECK(tensors.begin()[0]->dtype() == DType::BF16 && mma_plan::supported_head_dim(a.head_dim) && aligned,
+             "cuda {}: the tensor-core kernel takes bf16 with head dim 64 or 128 and 16-byte aligned tensors; got {} "
+             "with head dim {}{}",
+             kernel, dtype_name(tensors.begin()[0]->dtype()), a.head_dim, aligned ? "" : ", a tensor not 16-byte aligned");
+  }
+  a.path = path;
+  return a;
+}
+
 launch::Elem elem_of(const Tensor& q) { return q.dtype() == DType::F32 ? launch::Elem::F32 : launch::Elem::BF16; }
 const int64_t* doc_of(const Tensor& doc) {
   return doc.defined() ? static_cast<const int64_t*>(doc.device_ptr()) : nullptr;
@@ -47,10 +65,11 @@ Shape lse_shape(const Shape& q) { return Shape(q.span().first(q.size() - 1)); }
 }  // namespace
 
 AttentionResult flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc, double scale,
-                                Stream stream) {
-  const launch::AttentionShape a = check_inputs("flash_attention", q, k, v, doc, scale);
+                                Stream stream, AttentionPath path) {
+  launch::AttentionShape a = check_inputs("flash_attention", q, k, v, doc, scale);
   AttentionResult r{empty_on(q.dtype(), q.shape(), q.device(), stream),
                     empty_on(DType::F32, lse_shape(q.shape()), q.device(), stream)};
+  a = with_path("flash_attention", a, path, {&q, &k, &v, &r.out});
   check(launch::attention_forward(elem_of(q), q.device_ptr(), k.device_ptr(), v.device_ptr(), doc_of(doc),
                                   r.out.device_ptr(), f(r.lse), a, stream.handle),
         "flash_attention kernel");
@@ -59,8 +78,8 @@ AttentionResult flash_attention(const Tensor& q, const Tensor& k, const Tensor& 
 
 AttentionGradResult flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc,
                                              const Tensor& out, const Tensor& lse, const Tensor& dout, double scale,
-                                             Stream stream) {
-  const launch::AttentionShape a = check_inputs("flash_attention_backward", q, k, v, doc, scale);
+                                             Stream stream, AttentionPath path) {
+  launch::AttentionShape a = check_inputs("flash_attention_backward", q, k, v, doc, scale);
   need("flash_attention_backward", "out", out, q.dtype(), q.device());
   need_shape("flash_attention_backward", "out", out, q.shape());
   need("flash_attention_backward", "dout", dout, q.dtype(), q.device());
@@ -70,6 +89,7 @@ AttentionGradResult flash_attention_backward(const Tensor& q, const Tensor& k, c
                         empty_on(q.dtype(), k.shape(), q.device(), stream),
                         empty_on(q.dtype(), v.shape(), q.device(), stream)};
   Tensor delta = empty_on(DType::F32, lse.shape(), q.device(), stream);
+  a = with_path("flash_attention_backward", a, path, {&q, &k, &v, &dout, &g.dq, &g.dk, &g.dv});
   check(launch::attention_backward(elem_of(q), q.device_ptr(), k.device_ptr(), v.device_ptr(), doc_of(doc),
                                    out.device_ptr(), f(lse), dout.device_ptr(), f(delta), g.dq.device_ptr(),
                                    g.dk.device_ptr(), g.dv.device_ptr(), a, stream.handle),

@@ -6,6 +6,7 @@
 //           at or after its keys (causal), dv += p^T dO and dk += dS^T (q scale) in registers;
 //   dq:     one block per (query head, 64 rows), over the key tiles at or before its rows,
 //           dq += dS k, times scale at the end.
+#include "shardwise/cuda/layers/attention_mma.cuh"
 #include "shardwise/cuda/layers/attention_tile.cuh"
 
 #include "shardwise/cuda/common/block_reduce.cuh"
@@ -158,10 +159,11 @@ struct BackwardPtrs {
 };
 
 template <class T, int kMaxD>
-int launch_backward(const BackwardPtrs& p, const AttnDims& a, cudaStream_t stream) {
+int launch_backward(const BackwardPtrs& p, const AttnDims& a, bool mma, cudaStream_t stream) {
   auto c = [](const void* x) { return static_cast<const T*>(x); };
   const long long rows = a.heads() * a.S;
   attn_delta<T><<<grid_for(rows * 32), kBlock, 0, stream>>>(c(p.out), c(p.dout), p.delta, rows, a.D);
+  if (mma) return attention_backward_mma(p.q, p.k, p.v, p.doc, p.lse, p.delta, p.dout, p.dq, p.dk, p.dv, a, stream);
   const unsigned tiles = static_cast<unsigned>((a.S + kAttnTile - 1) / kAttnTile);
   const size_t kv_bytes = 4 * attn_tile_bytes(a.D) + 2 * attn_score_bytes() + 2 * kAttnTile * sizeof(float);
   const size_t q_bytes = 4 * attn_tile_bytes(a.D) + attn_score_bytes() + 2 * kAttnTile * sizeof(float);
@@ -179,10 +181,10 @@ int launch_backward(const BackwardPtrs& p, const AttnDims& a, cudaStream_t strea
 }
 
 template <class T>
-int backward_for(const BackwardPtrs& p, const AttnDims& a, cudaStream_t s) {
-  if (a.D <= 32) return launch_backward<T, 32>(p, a, s);
-  if (a.D <= 64) return launch_backward<T, 64>(p, a, s);
-  return launch_backward<T, 128>(p, a, s);
+int backward_for(const BackwardPtrs& p, const AttnDims& a, bool mma, cudaStream_t s) {
+  if (a.D <= 32) return launch_backward<T, 32>(p, a, false, s);
+  if (a.D <= 64) return launch_backward<T, 64>(p, a, mma, s);
+  return launch_backward<T, 128>(p, a, mma, s);
 }
 
 }  // namespace
@@ -195,7 +197,10 @@ int attention_backward(Elem e, const void* q, const void* k, const void* v, cons
   if (a.D > 128) return cudaErrorInvalidValue;
   const BackwardPtrs p{q, k, v, out, dout, reinterpret_cast<const long long*>(doc), lse, delta, dq, dk, dv};
   auto stream = static_cast<cudaStream_t>(s);
-  return e == Elem::F32 ? backward_for<float>(p, a, stream) : backward_for<__nv_bfloat16>(p, a, stream);
+  const bool mma = mma_plan::use_tensor_cores(e == Elem::BF16, a.D, {q, k, v, dout, dq, dk, dv});
+  if (shape.path == AttentionPath::TensorCore && !mma) return cudaErrorInvalidValue;
+  const bool use = mma && shape.path != AttentionPath::Fma;  // f32 never takes it: backward_for<float> is told no
+  return e == Elem::F32 ? backward_for<float>(p, a, false, stream) : backward_for<__nv_bfloat16>(p, a, use, stream);
 }
 
 }  // namespace shardwise::cuda::launch

@@ -3,6 +3,7 @@
 // an online softmax (running max m, running sum l, the accumulator rescaled by exp(m_old - m_new))
 // as the CPU kernel (ops/attention/kernels.cc) computes it, and lse = m + log(l). Each thread owns
 // one tile row's every 4th column and every 4th output dim: no atomics, the same bits every run.
+#include "shardwise/cuda/layers/attention_mma.cuh"
 #include "shardwise/cuda/layers/attention_tile.cuh"
 
 #include <cfloat>
@@ -116,6 +117,9 @@ int attention_forward(Elem e, const void* q, const void* k, const void* v, const
   if (a.heads() == 0 || a.S == 0 || a.D == 0) return cudaSuccess;
   if (a.D > 128) return cudaErrorInvalidValue;
   auto stream = static_cast<cudaStream_t>(s);
+  const bool mma = mma_plan::use_tensor_cores(e == Elem::BF16, a.D, {q, k, v, out});
+  if (shape.path == AttentionPath::TensorCore && !mma) return cudaErrorInvalidValue;
+  if (mma && shape.path != AttentionPath::Fma) return attention_forward_mma(q, k, v, doc, out, lse, a, stream);
   return e == Elem::F32 ? forward_for<float>(q, k, v, doc, out, lse, a, stream)
                         : forward_for<__nv_bfloat16>(q, k, v, doc, out, lse, a, stream);
 }

@@ -67,13 +67,18 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, const Shape& we
   SW_CHECK(weight_shape.ndim() == 2, "cuda embedding_backward: weight must be 2-D [vocab, hidden], got {}",
            weight_shape.to_string());
   const launch::EmbeddingShape e{weight_shape[0], weight_shape[1], vocab_offset};
-  need_f32("embedding_backward", "dout", dout, dout.device(), out_shape(ids, e.hidden));
+  SW_CHECK(dout.defined() && (dout.dtype() == DType::F32 || dout.dtype() == DType::BF16),
+           "cuda embedding_backward: dout must be f32 or bf16, got {}",
+           dout.defined() ? dout.to_string(0) : std::string("an undefined tensor"));
+  need("embedding_backward", "dout", dout, dout.dtype(), dout.device());
+  need_shape("embedding_backward", "dout", dout, out_shape(ids, e.hidden));
   check_ids("embedding_backward", ids, dout.device(), vocab_offset, e.rows, vocab_size, stream);
-  Tensor dw = empty_on(DType::F32, weight_shape, dout.device(), stream);
+  Tensor dw = empty_on(dout.dtype(), weight_shape, dout.device(), stream);
+  const launch::Elem el = dout.dtype() == DType::F32 ? launch::Elem::F32 : launch::Elem::BF16;
   const int64_t n = ids.numel();
   Tensor scratch = empty_on(DType::U8, Shape{static_cast<int64_t>(launch::embedding_backward_scratch_bytes(n, vocab_size))},
                             dout.device(), stream);
-  check(launch::embedding_backward(ids.device_ptr(), ids_i32(ids), n, f(dout), f(dw), e, vocab_size,
+  check(launch::embedding_backward(el, ids.device_ptr(), ids_i32(ids), n, dout.device_ptr(), dw.device_ptr(), e, vocab_size,
                                    scratch.device_ptr(), stream.handle),
         "embedding_backward kernel");
   return dw;

@@ -2,13 +2,15 @@
 // id's row of this rank's vocab block (zeros for an id outside the block); the gradient sorts the
 // (id, position) pairs with CUB's stable radix sort, then each id's run adds its positions' dout
 // rows in position order, one thread per column: the CPU's sums in the CPU's order, with no
-// atomics, so the same bits as the CPU and on every run. A first pass flags the first id outside
+// atomics, so the same bits as the CPU and on every run. A bf16 gradient sums the same way in float
+// and rounds once (the CPU's f32 gradient of the same dout, rounded to bf16). A first pass flags the first id outside
 // [0, vocab_size).
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "shardwise/cuda/common/block_reduce.cuh"
+#include "shardwise/cuda/common/element.cuh"
 #include "shardwise/cuda/common/launchers.h"
 
 namespace shardwise::cuda::launch {
@@ -51,15 +53,17 @@ __global__ void make_pairs(const void* ids, bool i32, long long n, long long* ke
 
 // Block k (grid-stride) takes sorted entry k when it starts a run of equal ids in this block of
 // rows; its threads sum the run's dout rows column by column, in position order.
-__global__ void sum_runs(const long long* keys, const long long* positions, const float* dout, float* dw, long long n,
+// bf16: the same float sums of the rows read as float, rounded once to bf16.
+template <class T>
+__global__ void sum_runs(const long long* keys, const long long* positions, const T* dout, T* dw, long long n,
                          EmbeddingShape e) {
   for (long long k = blockIdx.x; k < n; k += gridDim.x) {
     const long long id = keys[k], r = id - e.offset;
     if ((k > 0 && keys[k - 1] == id) || r < 0 || r >= e.rows) continue;
     for (long long c = threadIdx.x; c < e.hidden; c += blockDim.x) {
       float sum = 0.0f;
-      for (long long m = k; m < n && keys[m] == id; ++m) sum += dout[positions[m] * e.hidden + c];
-      dw[r * e.hidden + c] = sum;
+      for (long long m = k; m < n && keys[m] == id; ++m) sum += detail::to_f(dout[positions[m] * e.hidden + c]);
+      dw[r * e.hidden + c] = detail::from_f<T>(sum);
     }
   }
 }
@@ -106,10 +110,11 @@ size_t embedding_backward_scratch_bytes(int64_t n, int64_t vocab_size) {
   return sort_bytes(n, vocab_size) + 4 * sizeof(long long) * static_cast<size_t>(n);
 }
 
-int embedding_backward(const void* ids, bool ids_i32, int64_t n, const float* dout, float* dweight,
+int embedding_backward(Elem el, const void* ids, bool ids_i32, int64_t n, const void* dout, void* dweight,
                        const EmbeddingShape& e, int64_t vocab_size, void* scratch, void* s) {
   auto stream = static_cast<cudaStream_t>(s);
-  cudaError_t err = cudaMemsetAsync(dweight, 0, sizeof(float) * static_cast<size_t>(e.rows * e.hidden), stream);
+  const size_t elem_bytes = el == Elem::F32 ? sizeof(float) : sizeof(__nv_bfloat16);
+  cudaError_t err = cudaMemsetAsync(dweight, 0, elem_bytes * static_cast<size_t>(e.rows * e.hidden), stream);
   if (err != cudaSuccess || n == 0 || e.hidden == 0) return err;
   size_t temp = sort_bytes(n, vocab_size);
   auto* keys = reinterpret_cast<long long*>(static_cast<char*>(scratch) + temp);
@@ -119,7 +124,13 @@ int embedding_backward(const void* ids, bool ids_i32, int64_t n, const float* do
                                         static_cast<int>(n), 0, bits_for(vocab_size), stream);
   if (err != cudaSuccess) return err;
   const unsigned grid = static_cast<unsigned>(n < 65536 * 8 ? n : 65536 * 8);
-  sum_runs<<<grid, 128, 0, stream>>>(sorted_keys, sorted_positions, dout, dweight, n, e);
+  if (el == Elem::F32) {
+    sum_runs<<<grid, 128, 0, stream>>>(sorted_keys, sorted_positions, static_cast<const float*>(dout),
+                                       static_cast<float*>(dweight), n, e);
+  } else {
+    sum_runs<<<grid, 128, 0, stream>>>(sorted_keys, sorted_positions, static_cast<const __nv_bfloat16*>(dout),
+                                       static_cast<__nv_bfloat16*>(dweight), n, e);
+  }
   return cudaGetLastError();
 }
 

@@ -105,17 +105,20 @@ RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const 
 }
 
 Tensor softmax(const Tensor& x, Stream stream) {
-  const Rows r = rows_of("softmax", x);
-  Tensor y = empty_on(DType::F32, x.shape(), x.device(), stream);
-  check(launch::softmax_forward(f(x), f(y), r.rows, r.cols, stream.handle), "softmax kernel");
+  launch::Elem t{};
+  const Rows r = norm_rows("softmax", x, t);
+  Tensor y = empty_on(x.dtype(), x.shape(), x.device(), stream);
+  check(launch::softmax_forward(t, x.device_ptr(), y.device_ptr(), r.rows, r.cols, stream.handle), "softmax kernel");
   return y;
 }
 
 Tensor softmax_backward(const Tensor& out, const Tensor& dout, Stream stream) {
-  const Rows r = rows_of("softmax_backward", out, "out");
-  need_f32("softmax_backward", "dout", dout, out.device(), out.shape());
-  Tensor dx = empty_on(DType::F32, out.shape(), out.device(), stream);
-  check(launch::softmax_backward(f(out), f(dout), f(dx), r.rows, r.cols, stream.handle), "softmax_backward kernel");
+  launch::Elem t{};
+  const Rows r = norm_rows("softmax_backward", out, t, "out");
+  need_like("softmax_backward", "dout", dout, out, out.shape());
+  Tensor dx = empty_on(out.dtype(), out.shape(), out.device(), stream);
+  check(launch::softmax_backward(t, out.device_ptr(), dout.device_ptr(), dx.device_ptr(), r.rows, r.cols, stream.handle),
+        "softmax_backward kernel");
   return dx;
 }
 

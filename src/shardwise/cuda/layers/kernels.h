@@ -54,7 +54,8 @@ struct RmsNormGradResult {
 RmsNormGradResult rms_norm_backward(const Tensor& x, const Tensor& scale, const Tensor& inv_rms, const Tensor& dout,
                                     Stream stream = {});
 
-// ops::softmax(x, -1) and ops::softmax_backward(out, dout, -1).
+// ops::softmax(x, -1) and ops::softmax_backward(out, dout, -1), f32 or bf16 (f32 math; dout of
+// out's dtype).
 Tensor softmax(const Tensor& x, Stream stream = {});
 Tensor softmax_backward(const Tensor& out, const Tensor& dout, Stream stream = {});
 
@@ -72,7 +73,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& labels, const 
 Tensor rotary_embedding(const Tensor& x, const Tensor& positions, double theta, Stream stream = {});
 Tensor rotary_embedding_backward(const Tensor& dout, const Tensor& positions, double theta, Stream stream = {});
 
-// ops::embedding / embedding_backward: weight (f32 or bf16; the gradient f32) is the block of rows
+// ops::embedding / embedding_backward: weight (f32 or bf16; the gradient of dout's dtype, f32 or
+// bf16, summed in f32 and rounded once: the CPU's bf16 gradient rounds after each add) is the block of rows
 // [vocab_offset, vocab_offset + rows) of a vocab of vocab_size (one device: 0 and its rows); ids
 // i64 or i32 of any shape. An id outside [0, vocab_size) is an Error naming it and its position
 // (one flag read back: a synchronisation of `stream`); an id outside the block gives a zero row and
