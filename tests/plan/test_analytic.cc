@@ -198,5 +198,23 @@ TEST(Analytic, MemoryIsTheStateAndTheActivationsByHand) {
   EXPECT_EQ(analytic_memory(toy(), z3, 2, "f32"), static_cast<int64_t>(16 * params / 2 + layer + head + 2 * 4 * layer_params));
 }
 
+// bf16 stores the parameters in 16 bits, but shardwise's kernels compute and keep activations in f32
+// (the compiled programs' memory plan, BENCHMARKS.md): the activations are the f32 run's, and
+// without recompute each micro-batch also keeps the f32 copy of its layer's weights.
+TEST(Analytic, Bf16KeepsF32ActivationsAndWithoutRecomputeTheWeightsF32Copies) {
+  const double params = 8 * 24 + 64 + 2 * 8 * 32 + 2 * 8 + 16 * 8;
+  const double layer_params = 8 * 24 + 64 + 2 * 8 * 32 + 2 * 8;
+  const double sbh = 4 * 8, layer = sbh * 34 * 4 / 2, head = 4 * 4 * 16;
+  // 2 (parameters) + 4 (f32 gradients) + 8 (moments) + 4 (f32 masters) bytes a parameter.
+  const double state = 18 * params;
+  EXPECT_EQ(analytic_memory(toy(), one(2, 1, 1, 1), 2, "bf16"),
+            static_cast<int64_t>(state + layer + 4 * layer_params + head));
+  // Full recompute: the layer's f32 input (sbh x 4 bytes) kept, one layer's activations while it
+  // is recomputed (its weights cast inside the recomputed layer).
+  Candidate full = one(2, 1, 1, 1);
+  full.recompute = "full";
+  EXPECT_EQ(analytic_memory(toy(), full, 2, "bf16"), static_cast<int64_t>(state + sbh * 4 + layer + head));
+}
+
 }  // namespace
 }  // namespace shardwise::plan
