@@ -216,5 +216,16 @@ TEST(Analytic, Bf16KeepsF32ActivationsAndWithoutRecomputeTheWeightsF32Copies) {
   EXPECT_EQ(analytic_memory(toy(), full, 2, "bf16"), static_cast<int64_t>(state + sbh * 4 + layer + head));
 }
 
+// Sequence parallelism on tp=2: K eq. 5's activations, all of them split over tp (sbh 34 / 2 at 2
+// bytes), and the two all-gathered matmul inputs the runtime keeps whole (2 sbh x 1/2 more than
+// their shards), at 4 bytes; the head's logits over tp.
+TEST(Analytic, SequenceParallelKeepsTheGatheredMatmulInputsWhole) {
+  Candidate c = one(1, 2, 1, 1);
+  c.sequence_parallel = true;
+  const double params = (8 * 24 + 64 + 2 * 8 * 32) / 2.0 + 2 * 8 + 16 * 8 / 2.0;
+  const double sbh = 4 * 8, layer = sbh * 34 / 2 * 4 / 2 + 2 * sbh * (1 - 0.5) * 4, head = 4 * 4 * 16 / 2;
+  EXPECT_EQ(analytic_memory(toy(), c, 1, "f32"), static_cast<int64_t>(16 * params + layer + head));
+}
+
 }  // namespace
 }  // namespace shardwise::plan

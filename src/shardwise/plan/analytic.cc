@@ -99,7 +99,10 @@ int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_b
                        4 * z.params / (c.sharding_stage >= 2 ? static_cast<double>(z.grads) : 1) +
                        (8 + (dtype == "bf16" ? 4 : 0)) * z.params / state_share;
   const double sbh = z.s * z.b * z.h, a = kActivationBytes;
-  const double full_layer = layer_activations(m, c, z, a);
+  // With sequence parallelism the runtime keeps the all-gathered inputs of the column-parallel
+  // matmuls (q/k/v's and the MLP's first) whole for their backward, where K counts their shards.
+  const double gathered_inputs = c.sequence_parallel ? 2 * sbh * (1 - 1 / z.t) * a : 0;
+  const double full_layer = layer_activations(m, c, z, a) + gathered_inputs;
   // Without recompute a 16-bit run's frame also keeps the f32 copy of each weight the backward reads.
   const double weight_copies = dtype == "f32" ? 0 : 4 * z.layer_params;
   const double kept_layer = z.recompute ? sbh * a / (c.sequence_parallel ? z.t : 1) : full_layer + weight_copies;

@@ -44,7 +44,9 @@
 //     only; the memory-bound traffic above stays at the dtype's bytes, as Megatron-LM moves them);
 //     without recompute and with 16-bit parameters, each micro-batch in flight also keeps the f32
 //     copy of its layers' weights that their backward reads (the cast the kernels read), 4 bytes a
-//     parameter (the compiled programs' memory plan holds both; BENCHMARKS.md).
+//     parameter; with sequence parallelism the all-gathered inputs of the q/k/v and the MLP's first
+//     matmuls are kept whole, 2 sbh (1 - 1/t) more than K's shards (the compiled programs' memory
+//     plan holds all three; BENCHMARKS.md).
 // A pipeline rank holds ceil(layers / (pp x virtual)) layers a virtual stage (the slowest rank's,
 // as Llama 3's 126 layers on 16 stages); the schedule is simulated with those layers' times, and
 // the last stage's head adds its time once per micro-batch (in the steady state the last stage
