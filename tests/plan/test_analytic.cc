@@ -216,6 +216,21 @@ TEST(Analytic, Bf16KeepsF32ActivationsAndWithoutRecomputeTheWeightsF32Copies) {
   EXPECT_EQ(analytic_memory(toy(), full, 2, "bf16"), static_cast<int64_t>(state + sbh * 4 + layer + head));
 }
 
+// Interleaved on pp=2 x 2 virtual stages (4 layers: 2 a rank): the first rank holds p (1 + (p - 1) /
+// p v) = 2.5 stages' micro-batches in flight with 4 micro-batches, but with 2 no more than both (the
+// warm-up's 4 chunks are every chunk of the step), as the schedule's action list holds them.
+TEST(Analytic, InterleavedHoldsAtMostEveryMicroBatchInFlight) {
+  ModelSize m = toy();
+  m.layers = 4;
+  auto memory = [&](int64_t accumulation) {
+    Candidate c = one(1, 1, 1, accumulation);
+    c.pp = 2, c.schedule = "interleaved", c.virtual_stages = 2;
+    return analytic_memory(m, c, accumulation, "f32");
+  };
+  const double layer = 4 * 8 * 34 * 4 / 2;  // sbh (10 + 24) x 2 bytes a layer, f32
+  EXPECT_EQ(memory(4) - memory(2), static_cast<int64_t>((2.5 - 2) * 2 * layer));
+}
+
 // Sequence parallelism on tp=2: K eq. 5's activations, all of them split over tp (sbh 34 / 2 at 2
 // bytes), and the two all-gathered matmul inputs the runtime keeps whole (2 sbh x 1/2 more than
 // their shards), at 4 bytes; the head's logits over tp.
