@@ -17,8 +17,9 @@
    TP8 CP16 PP16 DP8 at 128 K (380); 16 M tokens a batch. Set where the table is silent: micro-batch 1,
    no recompute (section 3.3.2 trains 8 K without activation checkpointing), sequence parallelism,
    the optimizer states sharded over the data ranks (stage 1), fused (flash) attention, and the
-   interleaved schedule with 4 virtual stages (126 layers: 2 a chunk, the slowest rank 8, as Llama 3's
-   middle stages; 2 virtual stages are printed beside it). TFLOP/s per GPU is model FLOPs:
+   interleaved schedule with 4 virtual stages (126 layers: 2 a chunk but 1 in the first and the last,
+   as train splits them: 8 on the middle ranks, 7 on the first and last, as Llama 3's stages; 2
+   virtual stages are printed beside it). TFLOP/s per GPU is model FLOPs:
    6 x (the matmul parameters, the head included) + 6 l s h (causal attention) a token, no recompute.
 
 One efficiency factor, `compute`, is fitted by bisection on one named row, FIT_ROW (18.4 B: the
@@ -186,7 +187,7 @@ def shares(j):
 
 
 def report(rows, cluster, fitted=None):
-    print(f"{'row':>10} {'GPUs':>5} {'paper':>5} {'model':>6} {'error':>7} {'GiB':>5} {'plan GiB':>15}  "
+    print(f"{'row':>10} {'GPUs':>5} {'paper':>5} {'model':>6} {'error':>7} {'GiB':>5} {'plan GiB (x analytic)':>24}  "
           f"{' '.join(p[:8] for p in PARTS)}  {'auto':>6} {'GiB':>5}  auto's choice: what it changed")
     within, at_least = 0, 0
     for row in rows:
@@ -196,9 +197,10 @@ def report(rows, cluster, fitted=None):
         auto, best, search = auto_best(row, cluster)
         at_least += auto >= t * (1 - 1e-9)
         planned, note = compiled_memory(row)
-        planned = f"{planned:.1f} ({note})" if planned is not None else f"- ({note})"
+        ratio = f"{planned * 2**30 / j['memory_bytes']:.2f}x, " if planned is not None else ""
+        planned = f"{planned:.1f} ({ratio}{note})" if planned is not None else f"- ({note})"
         print(f"{row.name:>10} {row.gpus:>5} {row.paper:>5} {t:>6.1f} {err:>+7.1%} {j['memory_bytes'] / 2**30:>5.1f} "
-              f"{planned:>15}  "
+              f"{planned:>24}  "
               f"{shares(j)}  {auto:>6.1f} {best['memory_bytes'] / 2**30:>5.1f}  "
               f"{changed(row.paper_options, parse_options(best['train_options']))}"
               f" ({search['searched']} combinations, {search['seconds']:.1f} s)" + ("  (fitted)" if row.name == fitted else ""))

@@ -172,8 +172,8 @@ TEST(CliPredict, TheAnalyticModelCountsALayersFlopsByHand) {
   EXPECT_NEAR(j["step_time_s"].get<double>(), flops / 1e9, 1e-9);
   Result r = run("plan --analytic " + kModel);
   EXPECT_NE(r.out.find("--analytic goes with --predict or --auto"), std::string::npos) << r.out;
-  // Uneven stages, interleaved too (train interleaves equal chunks only): the slowest rank's layers,
-  // 3 layers on pp=2 as 4 on pp=2; 5 on pp=2 x 2 virtual as 8.
+  // Uneven stages, interleaved too: ceil(layers / chunks) a chunk (an upper bound: split_layers
+  // gives the extras to the middle chunks), 3 layers on pp=2 as 4 on pp=2; 5 on pp=2 x 2 virtual as 8.
   const std::string uneven = "plan --predict --analytic --json --hidden 64 --heads 4 --seq 32 --global-batch 8 --cluster " +
                              compute_only_cluster(1e9);
   EXPECT_DOUBLE_EQ(shardwise_cli_test::run_json(uneven + " --layers 3 --mesh pp=2")["step_time_s"].get<double>(),

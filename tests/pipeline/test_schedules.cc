@@ -151,8 +151,7 @@ TEST(Schedules, ImpossibleConfigurationsAreRefusedWithTheNumbers) {
   EXPECT_NE(message([] { make_schedule(ScheduleKind::OneFOneB, 2, 4, 2); }).find("needs the interleaved schedule"),
             std::string::npos);
   EXPECT_NE(message([] { parse_schedule_kind("2f2b"); }).find("unknown pipeline schedule '2f2b'"), std::string::npos);
-  EXPECT_NE(message([] { split_layers(6, 4, 2); }).find("6 layers do not divide into 4 stages (2 ranks x 2 virtual"),
-            std::string::npos);
+  EXPECT_NE(message([] { split_layers(6, 3, 2); }).find("3 stages do not make 2 virtual stages"), std::string::npos);
   EXPECT_NE(message([] { split_layers(3, 4); }).find("3 layers cannot fill 4 pipeline stages"), std::string::npos);
 }
 
@@ -169,6 +168,28 @@ TEST(Schedules, LayersAreBalancedWithExtrasInTheMiddle) {
   auto r = split_layers(8, 4, 2);
   EXPECT_EQ(r.back().end, 8);
   EXPECT_EQ(r[1].begin, 2);
+  // Interleaved chunks take the same rule: 6 layers in 2 ranks x 2 virtual stages.
+  EXPECT_EQ(sizes(split_layers(6, 4, 2)), (std::vector<int>{1, 2, 2, 1}));
+}
+
+// Llama 3 405B (arXiv 2407.21783, section 3.3.2): 126 layers on 16 pipeline ranks x 4 virtual
+// stages, one layer fewer on the first stage and on the last: 7 layers on rank 0 and rank 15, 8 on
+// each other rank.
+TEST(Schedules, Llama3sUnevenInterleavedSplitHasFewerLayersOnTheFirstAndLastStage) {
+  const std::vector<LayerRange> r = split_layers(126, 64, 4);
+  ASSERT_EQ(r.size(), 64u);
+  EXPECT_EQ(r.front().begin, 0);
+  EXPECT_EQ(r.back().end, 126);
+  for (size_t s = 0; s < r.size(); ++s) {
+    EXPECT_EQ(r[s].end - r[s].begin, s == 0 || s == 63 ? 1 : 2) << "chunk " << s;
+    if (s > 0) { EXPECT_EQ(r[s].begin, r[s - 1].end); }
+  }
+  const Schedule sched = interleaved_1f1b(16, 4, 16);
+  for (int rank = 0; rank < 16; ++rank) {
+    int held = 0;
+    for (int s : sched.stages_of(rank)) held += r[static_cast<size_t>(s)].end - r[static_cast<size_t>(s)].begin;
+    EXPECT_EQ(held, rank == 0 || rank == 15 ? 7 : 8) << "rank " << rank;
+  }
 }
 
 TEST(Schedules, TimelinePictureHasABoxPerComputeAction) {

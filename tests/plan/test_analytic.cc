@@ -198,5 +198,49 @@ TEST(Analytic, MemoryIsTheStateAndTheActivationsByHand) {
   EXPECT_EQ(analytic_memory(toy(), z3, 2, "f32"), static_cast<int64_t>(16 * params / 2 + layer + head + 2 * 4 * layer_params));
 }
 
+// bf16 stores the parameters in 16 bits, but shardwise's kernels compute and keep activations in f32
+// (the compiled programs' memory plan, BENCHMARKS.md): the activations are the f32 run's, and
+// without recompute each micro-batch also keeps the f32 copy of its layer's weights.
+TEST(Analytic, Bf16KeepsF32ActivationsAndWithoutRecomputeTheWeightsF32Copies) {
+  const double params = 8 * 24 + 64 + 2 * 8 * 32 + 2 * 8 + 16 * 8;
+  const double layer_params = 8 * 24 + 64 + 2 * 8 * 32 + 2 * 8;
+  const double sbh = 4 * 8, layer = sbh * 34 * 4 / 2, head = 4 * 4 * 16;
+  // 2 (parameters) + 4 (f32 gradients) + 8 (moments) + 4 (f32 masters) bytes a parameter.
+  const double state = 18 * params;
+  EXPECT_EQ(analytic_memory(toy(), one(2, 1, 1, 1), 2, "bf16"),
+            static_cast<int64_t>(state + layer + 4 * layer_params + head));
+  // Full recompute: the layer's f32 input (sbh x 4 bytes) kept, one layer's activations while it
+  // is recomputed (its weights cast inside the recomputed layer).
+  Candidate full = one(2, 1, 1, 1);
+  full.recompute = "full";
+  EXPECT_EQ(analytic_memory(toy(), full, 2, "bf16"), static_cast<int64_t>(state + sbh * 4 + layer + head));
+}
+
+// Interleaved on pp=2 x 2 virtual stages (4 layers: 2 a rank): the first rank holds p (1 + (p - 1) /
+// p v) = 2.5 stages' micro-batches in flight with 4 micro-batches, but with 2 no more than both (the
+// warm-up's 4 chunks are every chunk of the step), as the schedule's action list holds them.
+TEST(Analytic, InterleavedHoldsAtMostEveryMicroBatchInFlight) {
+  ModelSize m = toy();
+  m.layers = 4;
+  auto memory = [&](int64_t accumulation) {
+    Candidate c = one(1, 1, 1, accumulation);
+    c.pp = 2, c.schedule = "interleaved", c.virtual_stages = 2;
+    return analytic_memory(m, c, accumulation, "f32");
+  };
+  const double layer = 4 * 8 * 34 * 4 / 2;  // sbh (10 + 24) x 2 bytes a layer, f32
+  EXPECT_EQ(memory(4) - memory(2), static_cast<int64_t>((2.5 - 2) * 2 * layer));
+}
+
+// Sequence parallelism on tp=2: K eq. 5's activations, all of them split over tp (sbh 34 / 2 at 2
+// bytes), and the two all-gathered matmul inputs the runtime keeps whole (2 sbh x 1/2 more than
+// their shards), at 4 bytes; the head's logits over tp.
+TEST(Analytic, SequenceParallelKeepsTheGatheredMatmulInputsWhole) {
+  Candidate c = one(1, 2, 1, 1);
+  c.sequence_parallel = true;
+  const double params = (8 * 24 + 64 + 2 * 8 * 32) / 2.0 + 2 * 8 + 16 * 8 / 2.0;
+  const double sbh = 4 * 8, layer = sbh * 34 / 2 * 4 / 2 + 2 * sbh * (1 - 0.5) * 4, head = 4 * 4 * 16 / 2;
+  EXPECT_EQ(analytic_memory(toy(), c, 1, "f32"), static_cast<int64_t>(16 * params + layer + head));
+}
+
 }  // namespace
 }  // namespace shardwise::plan

@@ -54,13 +54,17 @@ TEST(Search, EachRuleRemovesWhatItNamesAndKeepsTheFixedCandidate) {
   interleaved = candidate(4, 1, 2);
   interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
   EXPECT_EQ(rejecting_rule(s, interleaved), "");
-  // Uneven stages (3 layers on pp=2) are kept for 1F1B, as train cuts them, but not interleaved.
+  // Uneven stages are kept, as train cuts them: 3 layers on pp=2 for 1F1B, 5 layers in pp=2 x 2
+  // interleaved chunks; 3 layers cannot fill 4 chunks.
   SearchSpace three = s;
   three.layers = 3;
   EXPECT_EQ(rejecting_rule(three, candidate(4, 1, 2)), "");
   interleaved = candidate(4, 1, 2);
   interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
   EXPECT_EQ(rejecting_rule(three, interleaved), "pp-layers");
+  SearchSpace five = s;
+  five.layers = 5;
+  EXPECT_EQ(rejecting_rule(five, interleaved), "");
   // ep-experts: ep on a dense model; on 4 experts ep=2 is kept, on 3 refused
   EXPECT_EQ(rejecting_rule(s, candidate(2, 2, 1, 2)), "ep-experts");
   SearchSpace moe = s;

@@ -122,6 +122,34 @@ TEST(MemoryPlan, ActivationBytesFollowTheMeasuredPeakForEveryRecomputeModeAndSch
   }
 }
 
+// --bf16 stores the parameters in bf16 and casts each to f32 for the kernels. The cast's gradient
+// needs only its input's dtype, so its f32 output goes after its last forward use: with full
+// recompute a bf16 run's frames hold what an f32 run's hold (the kernels compute in f32 either
+// way), but for the final norm's scale, which its backward reads. Before, the first stage kept an
+// f32 copy of the token and position embeddings in every micro-batch in flight (1 T on Table 1's
+// layout: 185 GiB planned instead of 82).
+TEST(MemoryPlan, ABf16RunsFramesKeepNoF32CopyOfTheEmbeddingsWithFullRecompute) {
+  for (const char* schedule : {"1f1b", "interleaved"}) {
+    TrainConfig c = config("pp=2");
+    c.model.layers = 4, c.model.seq = 16, c.model.recompute = "full";
+    c.parallel.schedule = schedule;
+    if (std::string(schedule) == "interleaved") c.parallel.virtual_stages = 2;
+    c.optimizer.global_batch = 8, c.optimizer.accumulation = 4;
+    const MemoryPlan f32 = plan_of(c);
+    c.bf16 = true;
+    const MemoryPlan bf16 = plan_of(c);
+    const std::vector<HeldBytes> got = measure(c);
+    for (size_t r = 0; r < got.size(); ++r) {
+      SCOPED_TRACE(fmt::format("{} rank {}: bf16 plan {} measured {}, f32 plan {}", schedule, r,
+                               bf16.ranks[r].activations, got[r].activations, f32.ranks[r].activations));
+      EXPECT_EQ(bf16.ranks[r].activations, got[r].activations);
+      // The last stage keeps the final norm's f32 scale (its backward reads it, outside every
+      // recomputed layer): hidden x 4 bytes for its one micro-batch in flight at the peak.
+      EXPECT_EQ(bf16.ranks[r].activations - f32.ranks[r].activations, r == 0 ? 0 : 4 * c.model.hidden);
+    }
+  }
+}
+
 // One micro-batch: a forward and a backward action. StepStats::peak_bytes is the most either held
 // (RunStats::peak_bytes counts every buffer, the shared parameters and constants too); the plan's
 // working peak is the rest. Usually the backward's; at stage 3 on this small model the forward's,

@@ -112,9 +112,7 @@ TEST(PipelineTopology, ImpossibleConfigurationsAreRefusedBeforeTheStart) {
   few.optimizer.accumulation = 2, few.optimizer.global_batch = 4;
   EXPECT_NE(message(few).find("zbh1: 2 micro-batches for 4 pipeline ranks"), std::string::npos) << message(few);
   EXPECT_NE(message(small("pp=4", "interleaved")).find("4 layers cannot fill 8 pipeline stages"), std::string::npos);
-  EXPECT_NE(message(small("pp=2", "interleaved", 6)).find("6 layers do not divide into 4 stages (2 ranks x 2 virtual"),
-            std::string::npos)
-      << message(small("pp=2", "interleaved", 6));
+  EXPECT_EQ(message(small("pp=2", "interleaved", 6)), "no error");  // uneven chunks: test_pipeline_uneven.cc
   EXPECT_NE(message(small("pp=4", "1f1b", 3)).find("3 layers cannot fill 4 pipeline stages"), std::string::npos);
   EXPECT_NE(message(small("pp=2", "2f2b")).find("unknown pipeline schedule '2f2b'"), std::string::npos);
 }

@@ -305,11 +305,12 @@ std::vector<LayerRange> split_layers(int layers, int stages, int virtual_stages)
            "{} layers cannot fill {} pipeline stages: every stage needs at least one layer (use fewer stages or more "
            "layers)",
            layers, stages);
-  SW_CHECK(virtual_stages <= 1 || layers % stages == 0,
-           "{} layers do not divide into {} stages ({} ranks x {} virtual stages): interleaving needs equal chunks",
-           layers, stages, stages / virtual_stages, virtual_stages);
+  SW_CHECK(virtual_stages >= 1 && stages % virtual_stages == 0,
+           "{} stages do not make {} virtual stages on each pipeline rank", stages, virtual_stages);
   std::vector<int> count(static_cast<size_t>(stages), layers / stages);
   // Extra layers: middle stages first, then the first (embeddings are cheap), the last (head) last.
+  // Interleaved, the stages are the p x v chunks in pipeline order: Llama 3's 126 layers in 16 x 4
+  // chunks leave one layer to the first chunk (rank 0's) and the last (rank 15's), two to the others.
   std::vector<int> order;
   for (int s = 1; s + 1 < stages; ++s) order.push_back(s);
   order.push_back(0);

@@ -82,9 +82,10 @@ Schedule forward_only(int ranks, int virtual_stages, int micro_batches);
 // every pair of ranks sees its messages in the same order.
 void add_communication(Schedule& s);
 
-// The layers [begin, end) of each of `stages` stages: balanced; the remainder goes to the middle
-// stages first (the first stage also holds the embeddings, the last the head and loss). Error when
-// a stage would get no layer, or (virtual stages > 1) when the stages do not divide the layers.
+// The layers [begin, end) of each of `stages` stages (with virtual stages, the p x v chunks in
+// pipeline order): balanced; the remainder goes to the middle stages first (the first stage also
+// holds the embeddings, the last the head and loss), so the first and the last stage hold fewer, as
+// Llama 3's 126 layers on 16 ranks x 4 virtual stages. Error when a stage would get no layer.
 struct LayerRange {
   int begin = 0, end = 0;
 };

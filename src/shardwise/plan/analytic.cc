@@ -34,7 +34,10 @@ double in_flight(const Candidate& c, int64_t micro_batches) {
   if (c.pp == 1) return 1;
   if (c.schedule == "fthenb") return static_cast<double>(micro_batches);
   const double pp = static_cast<double>(std::min(c.pp, micro_batches));
-  if (c.schedule == "interleaved") return pp * (1 + (pp - 1) / (pp * c.virtual_stages));  // Narayanan et al. 2021
+  // Narayanan et al. 2021: the warm-up's 2 (p - 1) + (v - 1) p + 1 chunks of 1/v stage; at most
+  // every micro-batch (Llama 3's 16 micro-batches on 16 ranks x 4 chunks: all 64 chunks, not 79).
+  if (c.schedule == "interleaved")
+    return std::min(static_cast<double>(micro_batches), pp * (1 + (pp - 1) / (pp * c.virtual_stages)));
   return pp;
 }
 
@@ -80,12 +83,13 @@ Sizes sizes(const ModelSize& m, const Candidate& c, int64_t global_batch, const 
   return z;
 }
 
-// A layer's activation bytes on a device (K eq. 2 / 5 at 2 bytes, scaled to the dtype; analytic.h).
-double layer_activations(const ModelSize& m, const Candidate& c, const Sizes& z) {
+// A layer's activation bytes on a device (K eq. 2 / 5 at 2 bytes, scaled to `bytes` an element:
+// the dtype's for the memory-bound traffic, kActivationBytes for the memory; analytic.h).
+double layer_activations(const ModelSize& m, const Candidate& c, const Sizes& z, double bytes) {
   const double sbh = z.s * z.b * z.h, split = 8 + (m.swiglu ? 8 : 4) * static_cast<double>(m.mlp_width) / z.h;
   const double per_sbh = c.sequence_parallel ? (10 + split) / z.t : 10 + split / z.t;
   const double scores = m.fused_attention ? 0 : 5 * static_cast<double>(m.heads) * z.s * static_cast<double>(m.seq) * z.b / z.t;
-  return (sbh * per_sbh + scores) * z.e / 2;
+  return (sbh * per_sbh + scores) * bytes / 2;
 }
 
 }  // namespace
@@ -97,9 +101,14 @@ int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_b
   const double state = z.e * z.params / (c.sharding_stage == 3 ? static_cast<double>(z.grads) : 1) +
                        4 * z.params / (c.sharding_stage >= 2 ? static_cast<double>(z.grads) : 1) +
                        (8 + (dtype == "bf16" ? 4 : 0)) * z.params / state_share;
-  const double sbh = z.s * z.b * z.h;
-  const double full_layer = layer_activations(m, c, z);
-  const double kept_layer = z.recompute ? sbh * z.e / (c.sequence_parallel ? z.t : 1) : full_layer;
+  const double sbh = z.s * z.b * z.h, a = kActivationBytes;
+  // With sequence parallelism the runtime keeps the all-gathered inputs of the column-parallel
+  // matmuls (q/k/v's and the MLP's first) whole for their backward, where K counts their shards.
+  const double gathered_inputs = c.sequence_parallel ? 2 * sbh * (1 - 1 / z.t) * a : 0;
+  const double full_layer = layer_activations(m, c, z, a) + gathered_inputs;
+  // Without recompute a 16-bit run's frame also keeps the f32 copy of each weight the backward reads.
+  const double weight_copies = dtype == "f32" ? 0 : 4 * z.layer_params;
+  const double kept_layer = z.recompute ? sbh * a / (c.sequence_parallel ? z.t : 1) : full_layer + weight_copies;
   const double first = in_flight(c, z.micro_batches) * z.layers * kept_layer + (z.recompute ? full_layer : 0);
   const double last = z.layers * kept_layer + (z.recompute ? full_layer : 0) + 4 * z.b * z.s * static_cast<double>(m.vocab) / z.t;
   const double gathered = c.sharding_stage == 3 ? 2 * z.e * z.layer_params : 0;  // a layer's gathered copy, prefetched
@@ -136,7 +145,7 @@ MicroBatch micro_batch(const ClusterSpec& cl, const ModelSize& m, const Candidat
   const double rc = z.recompute ? 1 : 0;
   r.flops_fwd = layers * layer_flops, r.flops_bwd = (2 + rc) * layers * layer_flops;
   r.compute_fwd = compute_seconds(cl, r.flops_fwd, dtype), r.compute_bwd = compute_seconds(cl, r.flops_bwd, dtype);
-  const double traffic = 2 * layers * layer_activations(m, c, z);  // written once, read once
+  const double traffic = 2 * layers * layer_activations(m, c, z, z.e);  // written once, read once
   r.memory_fwd = memory_seconds(cl, traffic), r.memory_bwd = (2 + rc) * r.memory_fwd;
   const double act = b * s * h * e;
   const double tp_one = ring(cl, CollectiveKind::AllReduce, act, c.tp, 1);

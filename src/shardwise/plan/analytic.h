@@ -39,7 +39,14 @@
 //     sbh (10 + (8 + 4 f / h) / t) a layer, 8 f / h for SwiGLU's three MLP outputs and product,
 //     sbh (18 + 4 f / h) / t with sequence parallelism (K eq. 5), plus 5 a s^2 b / t for the unfused
 //     core's scores, mask and probabilities; full recompute keeps a layer's input only, sbh, plus
-//     one layer's activations while it is recomputed), scaled to the dtype.
+//     one layer's activations while it is recomputed), at kActivationBytes an element whatever the
+//     dtype: shardwise's kernels compute and keep activations in f32 (--bf16 stores the parameters
+//     only; the memory-bound traffic above stays at the dtype's bytes, as Megatron-LM moves them);
+//     without recompute and with 16-bit parameters, each micro-batch in flight also keeps the f32
+//     copy of its layers' weights that their backward reads (the cast the kernels read), 4 bytes a
+//     parameter; with sequence parallelism the all-gathered inputs of the q/k/v and the MLP's first
+//     matmuls are kept whole, 2 sbh (1 - 1/t) more than K's shards (the compiled programs' memory
+//     plan holds all three; BENCHMARKS.md).
 // A pipeline rank holds ceil(layers / (pp x virtual)) layers a virtual stage (the slowest rank's,
 // as Llama 3's 126 layers on 16 stages); the schedule is simulated with those layers' times, and
 // the last stage's head adds its time once per micro-batch (in the steady state the last stage
@@ -59,6 +66,8 @@ namespace shardwise::plan {
 // Meshes of at most this many devices are searched with the compiled programs, larger ones with
 // the analytic model.
 inline constexpr int64_t kExactSearchDevices = 64;
+// Bytes of an activation element in memory: shardwise's kernels compute in f32 under --bf16 too.
+inline constexpr double kActivationBytes = 4;
 
 struct ModelSize {
   int64_t layers = 1, heads = 1, kv_heads = 1, head_dim = 1, hidden = 1, mlp_width = 1, vocab = 1, seq = 1;

@@ -25,8 +25,7 @@ std::string rejecting_rule(const SearchSpace& s, const Candidate& c) {
   if (s.heads % c.tp != 0 || s.kv_heads % c.tp != 0) return "tp-heads";
   if (s.vocab % c.tp != 0 || s.hidden % c.tp != 0 || s.mlp_width % c.tp != 0) return "tp-sizes";
   if (s.devices_per_node % c.tp != 0) return "tp-node";
-  if (c.pp * c.virtual_stages > s.layers || (c.virtual_stages > 1 && s.layers % (c.pp * c.virtual_stages) != 0))
-    return "pp-layers";
+  if (c.pp * c.virtual_stages > s.layers) return "pp-layers";
   if (c.ep > 1 && (s.experts == 0 || s.experts % c.ep != 0)) return "ep-experts";
   if (c.sequence_parallel && (c.tp == 1 || s.seq % c.tp != 0)) return "sp-tp";
   if (c.cp > 1 && (s.seq % (2 * c.cp) != 0 || s.experts > 0 || c.sharding_stage == 3 || s.seq / c.cp < kMinCpTokens))

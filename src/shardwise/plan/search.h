@@ -9,9 +9,9 @@
 //   tp-sizes     tp divides the vocabulary, the hidden size and the MLP width (even shards)
 //   tp-node      tp divides the devices of a node (a tp group inside one node: its all-reduces run
 //                every layer, over the fast link)
-//   pp-layers    every stage holds a layer (pp x virtual at most the layers), and interleaved chunks
-//                are equal (pp x virtual divides the layers), as train cuts them; other schedules take
-//                uneven stages (Llama 3's 126 layers on 16)
+//   pp-layers    every stage holds a layer (pp x virtual at most the layers); uneven stages and
+//                interleaved chunks are kept, as train cuts them (pipeline::split_layers: the middle
+//                ones take the extra layers, as Llama 3's 126 layers on 16 ranks x 4 chunks)
 //   ep-experts   ep > 1 only on an MoE model, and ep divides the experts
 //   sp-tp        sequence parallelism only with tp > 1, and tp divides the sequence
 //   cp           context parallelism (cp > 1) only where train runs it: the sequence cuts into 2 x cp
