@@ -128,7 +128,7 @@ void Runtime::use_device(Device device) {
 // goes on after an event of the communication stream. A process outside the plan's source mesh
 // (no input block) of a device run gets its block on the run's device.
 Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
-  if (!in.on_device() && !streams_) [[likely]] return resharder_.run(plan, in);
+  if (!in.on_device() && (in.defined() || !streams_)) [[likely]] return resharder_.run(plan, in);
   const Device device = in.defined() ? in.device() : streams_->device;
   use_device(device);
   DeviceMemory& memory = device_memory(device);
