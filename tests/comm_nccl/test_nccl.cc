@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "../comm/collective_checks.h"
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/nccl.h"
 #include "shardwise/core/error.h"
@@ -176,6 +177,34 @@ TEST(NcclComm, MismatchesAreTheSameErrorOnEveryRank) {
     EXPECT_NE(broadcast_errors[r].find("broadcast: rank 0 uses root 0 but rank 1 uses root 1"), std::string::npos)
         << "rank " << r << ": " << broadcast_errors[r];
   }
+}
+
+// Under a DeviceBuffers scope the calls queue on the caller's stream and return at once: the
+// result, read after that stream, equals the synchronous call's.
+TEST(NcclComm, CallsOnTheCallersStreamGiveTheSynchronousResult) {
+  std::string reason;
+  int gpus = gpus_or_skip_reason(reason);
+  if (gpus == 0) GTEST_SKIP() << reason;
+  LocalWorld::run(gpus, [](Communicator& c) {
+    NcclComm nccl(c.group(c.members()), c.rank());
+    const int64_t n = 1001;
+    std::vector<float> in(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) in[static_cast<size_t>(i)] = static_cast<float>(i % 97) * (c.rank() + 1);
+    Staged a(in.data(), bytes(n, DType::F32)), sync_out(nullptr, bytes(n, DType::F32)), async_out(nullptr, bytes(n, DType::F32));
+    nccl.all_reduce(a.get(), sync_out.get(), n, DType::F32, Reduce::Sum);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    {
+      DeviceBuffers scope(Device::cuda(nccl.device()), Stream{stream});
+      nccl.all_reduce(a.get(), async_out.get(), n, DType::F32, Reduce::Sum);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    sync_out.copy_to(x.data());
+    async_out.copy_to(y.data());
+    EXPECT_EQ(x, y);
+    cudaStreamDestroy(stream);
+  });
 }
 
 }  // namespace

@@ -61,9 +61,12 @@ TEST_P(DeviceProgram, FakeDeviceStepsEqualTheCpuBitForBitReadingTwoValuesPerStep
 
   // The streams: every kernel on a compute stream; each reshard on a communication stream after an
   // event of the compute stream, and the compute stream after an event of the communication stream;
-  // the host waits only for its copies, and only on compute streams.
+  // the collectives' steps: a communication stream after its peers' communication streams; the host
+  // waits only for its copies, and only on compute streams. No reshard opens device memory for the
+  // host (its boxes and collectives move with device copies and reductions): no host window is
+  // opened on a communication stream.
   std::map<uint64_t, void*> recorded_on;
-  int64_t launches = 0, comm_waits = 0, compute_waits = 0, syncs = 0;
+  int64_t launches = 0, comm_waits = 0, peer_waits = 0, compute_waits = 0, syncs = 0, host_opens = 0;
   using K = FakeDeviceMemory::StreamEvent::Kind;
   for (const FakeDeviceMemory::StreamEvent& e : fake_->stream_log()) {
     switch (e.kind) {
@@ -74,7 +77,10 @@ TEST_P(DeviceProgram, FakeDeviceStepsEqualTheCpuBitForBitReadingTwoValuesPerStep
       case K::Record: recorded_on[e.event] = e.stream; break;
       case K::Wait:
         ASSERT_TRUE(recorded_on.contains(e.event));
-        if (dev.comm.contains(e.stream)) {
+        if (dev.comm.contains(e.stream) && dev.comm.contains(recorded_on[e.event])) {
+          ++peer_waits;
+          EXPECT_NE(recorded_on[e.event], e.stream) << "a stream waits for its peers, not itself";
+        } else if (dev.comm.contains(e.stream)) {
           ++comm_waits;
           EXPECT_TRUE(dev.compute.contains(recorded_on[e.event]));
         } else {
@@ -87,14 +93,20 @@ TEST_P(DeviceProgram, FakeDeviceStepsEqualTheCpuBitForBitReadingTwoValuesPerStep
         ++syncs;
         EXPECT_TRUE(dev.compute.contains(e.stream) || e.stream == nullptr) << "a host wait on stream " << e.stream;
         break;
+      case K::HostOpen:
+        ++host_opens;
+        EXPECT_FALSE(dev.comm.contains(e.stream)) << "a reshard opened device memory for the host";
+        break;
       default: break;
     }
   }
   EXPECT_GT(launches, 0);
+  EXPECT_GT(host_opens, 0);
   EXPECT_EQ(comm_waits, dev.reshards);
   EXPECT_EQ(compute_waits, dev.reshards);
   if (ranks > 1) {
     EXPECT_GT(dev.reshards, 0);
+    EXPECT_GT(peer_waits, 0);
   }
   EXPECT_EQ(syncs, dev.copies.to_host_copies + dev.copies.to_device_copies);
   EXPECT_EQ(dev.compute.size(), static_cast<size_t>(ranks));

@@ -4,7 +4,10 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
+#include <utility>
 
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::comm {
@@ -39,21 +42,27 @@ void Communicator::all_reduce(const Tensor& in, Tensor& out, Reduce op) {
 
 namespace {
 
-// Completes at wait(), by making the blocking call then (once).
+// Completes at wait(), by making the blocking call then (once), on the buffers' memory of its start
+// (comm/device_buffers.h: a DeviceBuffers scope of the start holds at the wait too).
 class DeferredRequest final : public Request {
  public:
-  explicit DeferredRequest(std::function<void()> call) : call_(std::move(call)) {}
+  explicit DeferredRequest(std::function<void()> call) : call_(std::move(call)) {
+    if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] device_ = {d->device, d->stream};
+  }
   // One never waited for (a step unwinding from an error) never makes its call: nothing started.
   void wait() override {
     if (!call_) return;
     auto call = std::move(call_);
     call_ = nullptr;
+    if (!device_) [[likely]] return call();
+    DeviceBuffers scope(device_->first, device_->second);
     call();
   }
   bool test() override { return !call_; }
 
  private:
   std::function<void()> call_;
+  std::optional<std::pair<Device, Stream>> device_;
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "shardwise/comm/call_check.h"
+#include "shardwise/comm/local_moves.h"
 #include "shardwise/comm/reduce_kernels.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/rank_failure.h"
@@ -35,6 +36,10 @@ struct LocalWorld::Group {
     std::span<const int64_t> recv_counts;  // all_to_all_v
     const Pieces* send_pieces = nullptr;   // all_to_all_pieces
     const std::byte* part = nullptr;       // all_reduce: the chunk this rank reduced
+    // Device buffers (comm/device_buffers.h): the device's index (-1: host buffers) and, for each
+    // device step of the call (LocalComm::device_step), the event after this rank's work of it.
+    int device = -1;
+    std::array<uint64_t, 3> events{};
   };
   static Slot slot(Collective op, const void* in, void* out, int64_t count, DType dtype, int root = -1,
                    Reduce reduce = Reduce::Sum) {
@@ -52,16 +57,40 @@ struct LocalWorld::Group {
     size_t bytes = 0;
     State state = State::Waiting;
     int64_t got = -1;
-    // Delivers a message of `n` bytes: copied into `out`, or (another size) only its size kept.
-    void take(const void* in, size_t n) {
+    // Device receives: the receiver's device (-1: host) and the event after which `out` may be
+    // written; `done` the event after the sender's copy; `sender_device` the sender's (its error).
+    int device = -1;
+    uint64_t ready = 0, done = 0;
+    int sender_device = -1;
+    // Delivers a message of `n` bytes from the sender's buffers at `from` (`in`: host or device
+    // memory, device: queued on `from`'s stream after `ready`): copied into `out`, or (another size
+    // or another kind of memory) only its size kept.
+    void take(const void* in, size_t n, const Moves& from) {
+      sender_device = from.device;
+      if (from.device != device) [[unlikely]] return;
       if (n != bytes) got = static_cast<int64_t>(n);
-      else if (n) std::memcpy(out, in, n);
+      else if (!from.memory) std::memcpy(out, in, n);
+      else done = from.copy_after(std::exchange(ready, 0), out, in, n);
+    }
+    // Delivers a message queued before the receive (at `to`, the receiver's memory).
+    void take(Message& message, const Moves& to) {
+      sender_device = message.device;
+      if (message.device != device) [[unlikely]] return;
+      if (message.size != bytes) {
+        got = static_cast<int64_t>(message.size);
+      } else if (!to.memory) {
+        if (bytes) std::memcpy(out, message.bytes.data(), bytes);
+      } else {
+        done = to.copy_after(std::exchange(message.done, 0), out, message.bytes.data(), bytes);
+        device_allocator(to.device_of()).record_use(message.bytes.device.device_ptr(), to.stream);
+      }
+      if (message.done) to.memory->release_event(message.done);
     }
   };
   // Point to point, per (source group rank, destination group rank, tag): the messages that came
   // before their receive, or the receives posted before their message (never both), in order.
   struct Channel {
-    std::deque<std::vector<std::byte>> messages;
+    std::deque<Message> messages;
     std::deque<std::shared_ptr<Posted>> posted;
   };
   std::map<std::tuple<int, int, int>, Channel> channels;
@@ -103,41 +132,44 @@ class LocalComm final : public Communicator {
     // Each rank reduces one chunk of every input, in rank order, into a private buffer (peers may
     // still read our input if out == in); then every rank copies every chunk. Every element is
     // reduced once, by one rank, so all get the same bits. `part` outlives the collective's end.
-    std::vector<std::byte> part;
+    const Moves m = Moves::current();
+    Scratch part;
     collective(Group::slot(Collective::AllReduce, in, out, count, dtype, -1, op), [&] {
       const int64_t n = size(), per = (count + n - 1) / n;
       const int64_t first = std::min(count, per * rank_), mine = std::min(count, first + per) - first;
-      part.resize(bytes(mine, dtype));
-      reduce_block(first, mine, dtype, op, part.data());
+      part.resize(m, bytes(mine, dtype));
+      reduce_block(m, first, mine, dtype, op, part.data());
       group_->slots[static_cast<size_t>(rank_)].part = part.data();
-      step();
+      device_step(m);
       for (int64_t r = 0; r < n; ++r) {
         const int64_t at = std::min(count, per * r), len = std::min(count, at + per) - at;
-        if (len) std::memcpy(static_cast<std::byte*>(out) + bytes(at, dtype), group_->slots[static_cast<size_t>(r)].part, bytes(len, dtype));
+        if (len) m.copy(static_cast<std::byte*>(out) + bytes(at, dtype), group_->slots[static_cast<size_t>(r)].part, bytes(len, dtype));
       }
-    });
+    }, m);
   }
 
   void reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) override {
     check_root("reduce", root);
     // The root reduces into a private buffer (its `out` may be its input) and copies it once the
     // collective has ended.
-    std::vector<std::byte> result;
+    const Moves m = Moves::current();
+    Scratch result;
     collective(Group::slot(Collective::Reduce, in, out, count, dtype, root, op), [&] {
       if (rank_ != root) return;
-      result.resize(bytes(count, dtype));
-      reduce_block(0, count, dtype, op, result.data());
-    });
-    if (rank_ == root && count) std::memcpy(out, result.data(), result.size());
+      result.resize(m, bytes(count, dtype));
+      reduce_block(m, 0, count, dtype, op, result.data());
+    }, m);
+    if (rank_ == root && count) m.copy(out, result.data(), bytes(count, dtype));
   }
 
   void all_gather(const void* in, void* out, int64_t count, DType dtype) override {
+    const Moves m = Moves::current();
     collective(Group::slot(Collective::AllGather, in, out, count, dtype, -1), [&] {
       size_t b = bytes(count, dtype);
       for (size_t r = 0; r < group_->slots.size(); ++r) {
-        if (b) std::memcpy(static_cast<std::byte*>(out) + r * b, group_->slots[r].in, b);
+        if (b) m.copy(static_cast<std::byte*>(out) + r * b, group_->slots[r].in, b);
       }
-    });
+    }, m);
   }
 
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype) override {
@@ -145,20 +177,22 @@ class LocalComm final : public Communicator {
     Group::Slot s = Group::slot(Collective::AllGatherV, in, out, counts[static_cast<size_t>(rank_)], dtype, -1);
     s.counts = counts;
     s.call.same_count = 0;
+    const Moves m = Moves::current();
     collective(s, [&] {
       check_same_counts();
       size_t at = 0;
       for (size_t r = 0; r < group_->slots.size(); ++r) {
         size_t b = bytes(counts[r], dtype);
-        if (b) std::memcpy(static_cast<std::byte*>(out) + at, group_->slots[r].in, b);
+        if (b) m.copy(static_cast<std::byte*>(out) + at, group_->slots[r].in, b);
         at += b;
       }
-    });
+    }, m);
   }
 
   void reduce_scatter(const void* in, void* out, int64_t count, DType dtype, Reduce op) override {
+    const Moves m = Moves::current();
     collective(Group::slot(Collective::ReduceScatter, in, out, count, dtype, -1, op),
-               [&] { reduce_block(count * rank_, count, dtype, op, out); });
+               [&] { reduce_block(m, count * rank_, count, dtype, op, out); }, m);
   }
 
   void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype,
@@ -166,35 +200,38 @@ class LocalComm final : public Communicator {
     check_counts("reduce_scatter_v", counts);
     Group::Slot s = Group::slot(Collective::ReduceScatterV, in, out, sum_of(counts, counts.size()), dtype, -1, op);
     s.counts = counts;
+    const Moves m = Moves::current();
     collective(s, [&] {
       check_same_counts();
       auto r = static_cast<size_t>(rank_);
-      reduce_block(sum_of(counts, r), counts[r], dtype, op, out);
-    });
+      reduce_block(m, sum_of(counts, r), counts[r], dtype, op, out);
+    }, m);
   }
 
   void all_to_all(const void* in, void* out, int64_t count, DType dtype) override {
+    const Moves m = Moves::current();
     collective(Group::slot(Collective::AllToAll, in, out, count, dtype, -1), [&] {
       size_t b = bytes(count, dtype);
       for (size_t p = 0; p < group_->slots.size(); ++p) {
-        if (b) std::memcpy(static_cast<std::byte*>(out) + p * b,
-                           static_cast<const std::byte*>(group_->slots[p].in) + static_cast<size_t>(rank_) * b, b);
+        if (b) m.copy(static_cast<std::byte*>(out) + p * b,
+                      static_cast<const std::byte*>(group_->slots[p].in) + static_cast<size_t>(rank_) * b, b);
       }
-    });
+    }, m);
   }
 
   void all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                     std::span<const int64_t> recv_counts, DType dtype) override {
     check_counts("all_to_all_v (send counts)", send_counts);
     check_counts("all_to_all_v (receive counts)", recv_counts);
-    all_to_all_collective(in, out, send_counts, recv_counts, nullptr, dtype, [&] {
+    const Moves m = Moves::current();
+    all_to_all_collective(in, out, send_counts, recv_counts, nullptr, dtype, m, [&] {
       auto me = static_cast<size_t>(rank_);
       const auto& slots = group_->slots;
       size_t at = 0;
       for (size_t p = 0; p < slots.size(); ++p) {
         size_t b = bytes(recv_counts[p], dtype);
         size_t from = bytes(sum_of(slots[p].counts, me), dtype);
-        if (b) std::memcpy(static_cast<std::byte*>(out) + at, static_cast<const std::byte*>(slots[p].in) + from, b);
+        if (b) m.copy(static_cast<std::byte*>(out) + at, static_cast<const std::byte*>(slots[p].in) + from, b);
         at += b;
       }
     });
@@ -206,18 +243,20 @@ class LocalComm final : public Communicator {
     const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
     const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
     fill_every_peer(*this, fill);  // the peers read every piece once all have met
-    all_to_all_collective(in, out, send_counts, recv_counts, &send, dtype, [&] {
+    const Moves m = Moves::current();
+    all_to_all_collective(in, out, send_counts, recv_counts, &send, dtype, m, [&] {
       const auto& slots = group_->slots;
-      for (size_t p = 0; p < slots.size(); ++p) copy_pieces(*slots[p].send_pieces, slots[p].in, p, out, recv, dtype);
+      for (size_t p = 0; p < slots.size(); ++p) copy_pieces(m, *slots[p].send_pieces, slots[p].in, p, out, recv, dtype);
     });
   }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     check_root("broadcast", root);
+    const Moves m = Moves::current();
     collective(Group::slot(Collective::Broadcast, buffer, buffer, count, dtype, root), [&] {
       size_t b = bytes(count, dtype);
-      if (rank_ != root && b) std::memcpy(buffer, group_->slots[static_cast<size_t>(root)].in, b);
-    });
+      if (rank_ != root && b) m.copy(buffer, group_->slots[static_cast<size_t>(root)].in, b);
+    }, m);
   }
 
   void send(const void* in, int64_t count, DType dtype, int peer, int tag) override {
@@ -225,27 +264,42 @@ class LocalComm final : public Communicator {
     SW_CHECK(count >= 0, "send: negative count {}", count);
     Group& g = *group_;
     const size_t n = bytes(count, dtype);
+    const Moves m = Moves::current();
     std::unique_lock lock(g.mu);
     Group::Channel& ch = g.channels[{rank_, peer, tag}];
     if (ch.posted.empty()) {
       lock.unlock();
-      std::vector<std::byte> message(n);
-      if (n) std::memcpy(message.data(), in, n);
+      Message message;
+      message.size = n, message.device = m.device;
+      message.bytes.resize(m, n);
+      if (m.memory) [[unlikely]] message.done = m.copy_after(0, message.bytes.data(), in, n);
+      else if (n) std::memcpy(message.bytes.data(), in, n);
       lock.lock();
       if (ch.posted.empty()) {  // (a receive posted meanwhile takes the copy below)
         ch.messages.push_back(std::move(message));
         g.cv.notify_all();
         return;
       }
+      if (message.done) m.memory->release_event(message.done);
     }
     std::shared_ptr<Group::Posted> to = ch.posted.front();
     ch.posted.pop_front();
     to->state = Group::Posted::State::Claimed;
     lock.unlock();
-    to->take(in, n);
+    to->take(in, n, m);
+    const int receiver_device = to->device;
     lock.lock();
     to->state = Group::Posted::State::Done;
     g.cv.notify_all();
+    lock.unlock();
+    if (receiver_device != m.device) [[unlikely]] fail_memory("send", peer, m.device, receiver_device);
+  }
+
+  // The Error of a send and its receive of which one passed device buffers and the other not.
+  [[noreturn]] void fail_memory(const char* what, int peer, int mine, int theirs) const {
+    auto where = [](int d) { return d < 0 ? std::string("host buffers") : fmt::format("device buffers of cuda:{}", d); };
+    fail("{} on rank {}: it passes {} and its peer, rank {}, {}", what, members()[static_cast<size_t>(rank_)],
+         where(mine), members()[static_cast<size_t>(peer)], where(theirs));
   }
 
   void recv(void* out, int64_t count, DType dtype, int peer, int tag) override {
@@ -297,15 +351,21 @@ class LocalComm final : public Communicator {
   // throw one naming the failed member and its error. So no member leaves, and frees the buffers
   // its slot points to, while a peer may still read them; the meetings inside ignore the world's
   // abort (every member is past the start, busy with its own copies, and comes).
+  // Device buffers (`m`): the first device step is the call's start (an event after the work queued
+  // before it, which every peer's stream waits for before reading this rank's buffers) and the last
+  // follows `body` (this rank's stream goes on only after every peer's reads and writes of the call).
   template <class Body>
-  void collective(const Group::Slot& slot, Body&& body) {
+  void collective(const Group::Slot& slot, Body&& body, const Moves& m = {}) {
     const auto me = static_cast<size_t>(rank_);
     SW_CHECK(slot.call.count >= 0, "{}: negative count {}", collective_name(slot.call.op), slot.call.count);
     {
       std::lock_guard lock(group_->mu);
       if (group_->slots.size() != group_->members.size()) group_->slots.resize(group_->members.size());
       group_->slots[me] = slot;
+      group_->slots[me].device = m.device;
     }
+    DeviceSteps steps(m, group_->slots[me].events);
+    if (m.memory) [[unlikely]] steps.record();
     rendezvous();
     std::exception_ptr error;
     std::string message;
@@ -316,7 +376,10 @@ class LocalComm final : public Communicator {
       std::vector<CallSignature> calls;
       for (const auto& s : group_->slots) calls.push_back(s.call);
       check_alike(calls, group_->members);  // every rank finds the same Error
+      check_same_memory(slot.call.op);
+      if (m.memory) [[unlikely]] wait_for_starts(m);
       body();
+      if (m.memory) [[unlikely]] device_step(m);
     } catch (PeerFailed& f) {
       failed = {f.rank, std::move(f.message)}, over = true;
     } catch (const std::exception& e) {
@@ -342,6 +405,41 @@ class LocalComm final : public Communicator {
     if (rank >= 0) throw PeerFailed{rank, std::move(message)};
   }
 
+  // A meeting inside a collective that, on device buffers, also orders the ranks' streams: this
+  // rank's event after its work so far, then its stream waits for every peer's (so a peer's later
+  // work on its buffers comes after this rank's reads of them, and this rank reads what they wrote).
+  void device_step(const Moves& m) {
+    if (!m.memory) return step();
+    auto& mine = group_->slots[static_cast<size_t>(rank_)];
+    const size_t k = DeviceSteps::record_next(m, mine.events);
+    step();
+    for (size_t p = 0; p < group_->slots.size(); ++p) {
+      if (p != static_cast<size_t>(rank_)) m.memory->wait_event(m.stream, group_->slots[p].events[k]);
+    }
+  }
+
+  // Every rank passes host buffers, or device buffers of one device: an Error naming both ranks
+  // otherwise (the same on every rank).
+  void check_same_memory(Collective op) {
+    const auto& slots = group_->slots;
+    for (size_t p = 1; p < slots.size(); ++p) {
+      if (slots[p].device != slots[0].device) {
+        auto where = [](int d) { return d < 0 ? std::string("host buffers") : fmt::format("device buffers of cuda:{}", d); };
+        fail("{}: rank {} passes {} and rank {} {} (the threads backend moves device buffers between ranks on one "
+             "device)",
+             collective_name(op), group_->members[0], where(slots[0].device), group_->members[p], where(slots[p].device));
+      }
+    }
+  }
+
+  // Device buffers: this rank's stream waits for every peer's start.
+  void wait_for_starts(const Moves& m) {
+    const auto& slots = group_->slots;
+    for (size_t p = 0; p < slots.size(); ++p) {
+      if (p != static_cast<size_t>(rank_)) m.memory->wait_event(m.stream, slots[p].events[0]);
+    }
+  }
+
   // Waits until every member has arrived at this meeting inside a collective, without a timeout or
   // the world's abort (see collective()). `failure`: this rank's error (null: none). Returns the
   // first failed member of the meeting and its error (rank -1: none failed).
@@ -365,10 +463,10 @@ class LocalComm final : public Communicator {
   }
 
   // Reduction of the elements [offset, offset + count) of every rank's input, in rank order.
-  void reduce_block(int64_t offset, int64_t count, DType dtype, Reduce op, void* out) {
+  void reduce_block(const Moves& m, int64_t offset, int64_t count, DType dtype, Reduce op, void* out) {
     std::vector<const void*> inputs;
     for (auto& s : group_->slots) inputs.push_back(static_cast<const std::byte*>(s.in) + bytes(offset, dtype));
-    if (count) reduce_buffers(inputs, out, count, dtype, op);
+    if (count) m.reduce(inputs, out, count, dtype, op);
   }
 
   template <class Ready>
@@ -412,7 +510,8 @@ class LocalComm final : public Communicator {
   // matrix, so all of them raise the same Error, before `body`.
   template <class Body>
   void all_to_all_collective(const void* in, void* out, std::span<const int64_t> send_counts,
-                             std::span<const int64_t> recv_counts, const Pieces* pieces, DType dtype, Body&& body) {
+                             std::span<const int64_t> recv_counts, const Pieces* pieces, DType dtype, const Moves& m,
+                             Body&& body) {
     Group::Slot s = Group::slot(pieces ? Collective::AllToAllPieces : Collective::AllToAllV, in, out, 0, dtype, -1);
     s.counts = send_counts;
     s.recv_counts = recv_counts;
@@ -428,12 +527,13 @@ class LocalComm final : public Communicator {
         }
       }
       body();
-    });
+    }, m);
   }
 
   // all_to_all_pieces: what peer `p` sends this rank (its pieces `from` of its buffer `in`) into
   // this rank's receive pieces `recv` of `out`.
-  void copy_pieces(const Pieces& from, const void* in, size_t p, void* out, const Pieces& recv, DType dtype) const {
+  void copy_pieces(const Moves& m, const Pieces& from, const void* in, size_t p, void* out, const Pieces& recv,
+                   DType dtype) const {
     const auto me = static_cast<size_t>(rank_);
     const auto* src = static_cast<const std::byte*>(in);
     auto i = static_cast<size_t>(from.first[me]), j = static_cast<size_t>(recv.first[p]);
@@ -441,8 +541,8 @@ class LocalComm final : public Communicator {
     while (i < static_cast<size_t>(from.first[me + 1]) && j < static_cast<size_t>(recv.first[p + 1])) {
       const int64_t n = std::min(from.count[i] - used_i, recv.count[j] - used_j);
       if (n) {
-        std::memcpy(static_cast<std::byte*>(out) + bytes(recv.offset[j] + used_j, dtype),
-                    src + bytes(from.offset[i] + used_i, dtype), bytes(n, dtype));
+        m.copy(static_cast<std::byte*>(out) + bytes(recv.offset[j] + used_j, dtype),
+               src + bytes(from.offset[i] + used_i, dtype), bytes(n, dtype));
       }
       used_i += n, used_j += n;
       if (used_i == from.count[i]) ++i, used_i = 0;
@@ -467,8 +567,9 @@ class LocalComm final : public Communicator {
 class RecvRequest final : public Request {
  public:
   RecvRequest(LocalComm& comm, std::shared_ptr<Group::Posted> posted, Group::Channel& channel, int64_t count,
-              DType dtype, int peer, int tag)
-      : comm_(comm), posted_(std::move(posted)), channel_(channel), count_(count), dtype_(dtype), peer_(peer), tag_(tag) {}
+              DType dtype, int peer, int tag, const Moves& m)
+      : comm_(comm), posted_(std::move(posted)), channel_(channel), count_(count), dtype_(dtype), peer_(peer), tag_(tag),
+        m_(m) {}
   // Unwinding without a wait: the receive leaves its channel, or (a sender copying into it) is
   // waited for, so no sender writes into a freed buffer.
   ~RecvRequest() override {
@@ -489,7 +590,13 @@ class RecvRequest final : public Request {
     g.cv.wait(lock, [&] { return posted_->state == Group::Posted::State::Done; });  // a copy under way ends
     const int64_t got = posted_->got;
     const size_t want = posted_->bytes;
+    if (m_.memory) [[unlikely]] {  // this stream goes on after the sender's copy
+      if (posted_->done) m_.memory->wait_event(m_.stream, posted_->done), m_.memory->release_event(posted_->done);
+      if (posted_->ready) m_.memory->release_event(posted_->ready);  // (no copy came)
+    }
+    const int sender_device = posted_->sender_device;
     posted_.reset();
+    if (sender_device != m_.device) [[unlikely]] comm_.fail_memory("recv", peer_, m_.device, sender_device);
     if (got >= 0) {
       fail_recv_size(g.members[static_cast<size_t>(comm_.rank_)], count_, dtype_, static_cast<int64_t>(want),
                      g.members[static_cast<size_t>(peer_)], tag_, got);
@@ -514,6 +621,7 @@ class RecvRequest final : public Request {
   int64_t count_;
   DType dtype_;
   int peer_, tag_;
+  Moves m_;  // the receive's memory
 };
 
 // A message already queued is taken at once (its size Error left to the wait); otherwise the
@@ -524,18 +632,21 @@ std::unique_ptr<Request> LocalComm::start_recv(void* out, int64_t count, DType d
   Group& g = *group_;
   auto posted = std::make_shared<Group::Posted>();
   posted->out = out, posted->bytes = bytes(count, dtype);
+  const Moves m = Moves::current();
+  posted->device = m.device;
+  if (m.memory) [[unlikely]] posted->ready = m.memory->record_event(m.stream);
   std::unique_lock lock(g.mu);
   Group::Channel& ch = g.channels[{peer, rank_, tag}];
   if (ch.messages.empty()) {
     ch.posted.push_back(posted);
   } else {
-    std::vector<std::byte> message = std::move(ch.messages.front());
+    Message message = std::move(ch.messages.front());
     ch.messages.pop_front();
     lock.unlock();
-    posted->take(message.data(), message.size());
+    posted->take(message, m);
     posted->state = Group::Posted::State::Done;
   }
-  return std::make_unique<RecvRequest>(*this, std::move(posted), ch, count, dtype, peer, tag);
+  return std::make_unique<RecvRequest>(*this, std::move(posted), ch, count, dtype, peer, tag, m);
 }
 
 }  // namespace

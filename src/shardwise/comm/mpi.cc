@@ -4,21 +4,18 @@
 #include <climits>
 #include <cstdio>
 #include <algorithm>
-#include <thread>
-#include <chrono>
-#include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <mutex>
 
 #include "shardwise/comm/call_check.h"
+#include "shardwise/comm/device_staging.h"
 #include "shardwise/comm/reduce_kernels.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::comm {
-namespace {
 
+// (mpi_world.cc uses it too.)
 void check_mpi(int code, const char* call) {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
@@ -26,6 +23,8 @@ void check_mpi(int code, const char* call) {
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
   fail("{} failed: {} (MPI error code {})", call, std::string_view(text, static_cast<size_t>(length)), code);
 }
+
+namespace {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
@@ -317,6 +316,7 @@ void MpiComm::reduce_chunks(const void* in, void* out, int64_t count, DType dtyp
 }
 
 void MpiComm::all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_reduce(*this, *d, in, out, count, dtype, op);
   check_call(signature(Collective::AllReduce, count, dtype, op));
   reduce_chunks(in, out, count, dtype, op, -1);
   if (op == Reduce::Avg) divide_by(out, count, dtype, size());
@@ -412,6 +412,7 @@ class PointRequest final : public Request {
 }  // namespace
 
 std::unique_ptr<Request> MpiComm::start_all_reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_reduce(*this, *d, in, out, count, dtype, op), std::make_unique<DoneRequest>();
   check_call(signature(Collective::StartAllReduce, count, dtype, op));
   if (count > max_count_) {  // every rank takes this branch alike (the same count)
     reduce_chunks(in, out, count, dtype, op, -1);
@@ -427,6 +428,7 @@ std::unique_ptr<Request> MpiComm::start_all_reduce(const void* in, void* out, in
 
 std::unique_ptr<Request> MpiComm::start_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                                          DType dtype, Reduce op) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::reduce_scatter_v(*this, *d, in, out, counts, dtype, op), std::make_unique<DoneRequest>();
   check_counts("start_reduce_scatter_v", counts);
   const int64_t total = total_of(counts), mine = counts[static_cast<size_t>(rank_)];
   CallSignature call = signature(Collective::StartReduceScatterV, total, dtype, op);
@@ -456,6 +458,7 @@ std::unique_ptr<Request> MpiComm::start_reduce_scatter_v(const void* in, void* o
 
 std::unique_ptr<Request> MpiComm::start_all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
                                                      DType dtype) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_gather_v(*this, *d, in, out, counts, dtype), std::make_unique<DoneRequest>();
   check_counts("start_all_gather_v", counts);
   CallSignature call = signature(Collective::StartAllGatherV, counts[static_cast<size_t>(rank_)], dtype);
   call.same_count = 0;
@@ -481,6 +484,7 @@ std::unique_ptr<Request> MpiComm::start_all_gather_v(const void* in, void* out, 
 }
 
 void MpiComm::reduce(const void* in, void* out, int64_t count, DType dtype, Reduce op, int root) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::reduce(*this, *d, in, out, count, dtype, op, root);
   check_root("reduce", root);
   check_call(signature(Collective::Reduce, count, dtype, op, root));
   reduce_chunks(in, out, count, dtype, op, root);
@@ -488,6 +492,7 @@ void MpiComm::reduce(const void* in, void* out, int64_t count, DType dtype, Redu
 }
 
 void MpiComm::broadcast(void* buffer, int64_t count, DType dtype, int root) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::broadcast(*this, *d, buffer, count, dtype, root);
   check_root("broadcast", root);
   check_call(signature(Collective::Broadcast, count, dtype, Reduce::Sum, root));
   Block block(count, dtype, max_count_);
@@ -495,12 +500,14 @@ void MpiComm::broadcast(void* buffer, int64_t count, DType dtype, int root) {
 }
 
 void MpiComm::all_gather(const void* in, void* out, int64_t count, DType dtype) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_gather(*this, *d, in, out, count, dtype);
   check_call(signature(Collective::AllGather, count, dtype));
   Block block(count, dtype, max_count_);
   check_mpi(MPI_Allgather(in, block.count(), block.type(), out, block.count(), block.type(), comm_), "MPI_Allgather");
 }
 
 void MpiComm::all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_gather_v(*this, *d, in, out, counts, dtype);
   check_counts("all_gather_v", counts);
   CallSignature call = signature(Collective::AllGatherV, counts[static_cast<size_t>(rank_)], dtype);
   call.same_count = 0;
@@ -527,6 +534,7 @@ void MpiComm::all_gather_v(const void* in, void* out, std::span<const int64_t> c
 }
 
 void MpiComm::reduce_scatter(const void* in, void* out, int64_t count, DType dtype, Reduce op) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::reduce_scatter(*this, *d, in, out, count, dtype, op);
   check_call(signature(Collective::ReduceScatter, count, dtype, op));
   if (count * size() <= max_count_) {
     check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), mpi_type(dtype), mpi_op(dtype, op), comm_),
@@ -538,6 +546,7 @@ void MpiComm::reduce_scatter(const void* in, void* out, int64_t count, DType dty
 }
 
 void MpiComm::reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType dtype, Reduce op) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::reduce_scatter_v(*this, *d, in, out, counts, dtype, op);
   check_counts("reduce_scatter_v", counts);
   int64_t total = total_of(counts);
   CallSignature call = signature(Collective::ReduceScatterV, total, dtype, op);
@@ -559,6 +568,7 @@ void MpiComm::reduce_scatter_v(const void* in, void* out, std::span<const int64_
 }
 
 void MpiComm::all_to_all(const void* in, void* out, int64_t count, DType dtype) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_to_all(*this, *d, in, out, count, dtype);
   check_call(signature(Collective::AllToAll, count, dtype));
   Block block(count, dtype, max_count_);
   check_mpi(MPI_Alltoall(in, block.count(), block.type(), out, block.count(), block.type(), comm_), "MPI_Alltoall");
@@ -566,6 +576,7 @@ void MpiComm::all_to_all(const void* in, void* out, int64_t count, DType dtype) 
 
 void MpiComm::all_to_all_v(const void* in, std::span<const int64_t> send_counts, void* out,
                            std::span<const int64_t> recv_counts, DType dtype) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_to_all_v(*this, *d, in, send_counts, out, recv_counts, dtype);
   check_counts("all_to_all_v (send counts)", send_counts);
   check_counts("all_to_all_v (receive counts)", recv_counts);
   check_call(signature(Collective::AllToAllV, 0, dtype), {}, send_counts, recv_counts);
@@ -598,6 +609,7 @@ void MpiComm::all_to_all_v(const void* in, std::span<const int64_t> send_counts,
 
 void MpiComm::all_to_all_pieces(const void* in, const Pieces& send, void* out, const Pieces& recv, DType dtype,
                                 const FillPieces& fill) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::all_to_all_pieces(*this, *d, in, send, out, recv, dtype, fill);
   const std::vector<int64_t> send_counts = check_pieces("all_to_all_pieces (send)", send);
   const std::vector<int64_t> recv_counts = check_pieces("all_to_all_pieces (receive)", recv);
   check_call(signature(Collective::AllToAllPieces, 0, dtype), {}, send_counts, recv_counts);
@@ -668,12 +680,14 @@ void MpiComm::check_point(const char* op, int64_t count, int peer, int tag) cons
 }
 
 void MpiComm::send(const void* in, int64_t count, DType dtype, int peer, int tag) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::send(*this, *d, in, count, dtype, peer, tag);
   check_point("send", count, peer, tag);
   Block block(count, dtype, max_count_);
   check_mpi(MPI_Send(in, block.count(), block.type(), peer, tag, comm_), "MPI_Send");
 }
 
 void MpiComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
+  if (const DeviceBuffers* d = DeviceBuffers::current()) [[unlikely]] return staged::recv(*this, *d, out, count, dtype, peer, tag);
   check_point("recv", count, peer, tag);
   MPI_Status status;
   check_mpi(MPI_Probe(peer, tag, comm_, &status), "MPI_Probe");
@@ -692,6 +706,7 @@ void MpiComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
 }
 
 std::unique_ptr<Request> MpiComm::start_send(const void* in, int64_t count, DType dtype, int peer, int tag) {
+  if (DeviceBuffers::current()) [[unlikely]] return Communicator::start_send(in, count, dtype, peer, tag);  // staged at its wait
   check_point("send", count, peer, tag);
   auto request = std::make_unique<PointRequest>(std::nullopt);
   Block block(count, dtype, max_count_);  // (a derived type may be freed once the send has started)
@@ -700,6 +715,7 @@ std::unique_ptr<Request> MpiComm::start_send(const void* in, int64_t count, DTyp
 }
 
 std::unique_ptr<Request> MpiComm::start_recv(void* out, int64_t count, DType dtype, int peer, int tag) {
+  if (DeviceBuffers::current()) [[unlikely]] return Communicator::start_recv(out, count, dtype, peer, tag);  // staged at its wait
   check_point("recv", count, peer, tag);
   auto request = std::make_unique<PointRequest>(PointRequest::Receive{
       members_[static_cast<size_t>(rank_)], members_[static_cast<size_t>(peer)], tag, count, dtype});
@@ -711,89 +727,6 @@ std::unique_ptr<Request> MpiComm::start_recv(void* out, int64_t count, DType dty
 void MpiComm::barrier() {
   check_call(signature(Collective::Barrier, 0, DType::U8));
   check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
-}
-
-bool launched_by_mpirun() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE"}) {
-    if (std::getenv(name)) return true;
-  }
-  return false;
-}
-
-namespace {
-void finalize_mpi() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  try {
-    mpi_world()->free_shared();  // (initialised: this runs only once mpi_world made the world)
-  } catch (const Error&) {
-  }
-  MPI_Finalize();
-}
-}  // namespace
-
-std::shared_ptr<MpiComm> mpi_world() {
-  static std::shared_ptr<MpiComm> world;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int initialized = 0;
-    check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
-    if (!initialized) {
-      int provided = 0;
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
-      std::atexit(finalize_mpi);
-    }
-    check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    // A duplicate keeps shardwise's messages apart from the program's own use of MPI_COMM_WORLD.
-    MPI_Comm dup;
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
-    int size = 0;
-    check_mpi(MPI_Comm_size(dup, &size), "MPI_Comm_size");
-    std::vector<int> members(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) members[static_cast<size_t>(r)] = r;
-    world = std::make_shared<MpiComm>(dup, std::move(members));
-  });
-  return world;
-}
-
-namespace {
-[[noreturn]] void abort_job(int rank, const char* message) {
-  if (rank < 0) {
-    const char* env = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (!env) env = std::getenv("PMI_RANK");
-    rank = env ? std::atoi(env) : 0;
-  }
-  // When every rank fails alike (a check all ranks make), one line is enough: the lowest failing
-  // rank prints and aborts the job first, the others wait in proportion to their rank and are
-  // usually ended by that abort before they print. A rank that fails alone still prints, late.
-  // mpirun ends the others with SIGTERM: a handler of the program's (train's Ctrl-C) must not keep
-  // a failing rank alive to print a second line.
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGINT, SIG_DFL);
-  if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 * std::min(rank, 8)));
-  std::fprintf(stderr, "shardwise: error: rank %d: %s\n", rank, message);
-  std::fflush(stderr);
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
-}
-}  // namespace
-
-int run_mpi_main(const std::function<void(Communicator&)>& fn) {
-  int rank = -1;
-  try {
-    auto world = mpi_world();
-    rank = world->rank();
-    fn(*world);
-  } catch (const std::exception& e) {
-    abort_job(rank, e.what());
-  } catch (...) {
-    abort_job(rank, "an exception that is not a std::exception");
-  }
-  return 0;
 }
 
 }  // namespace shardwise::comm

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "shardwise/comm/call_check.h"
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
 
 namespace shardwise::comm {
@@ -78,19 +79,30 @@ struct NcclComm::State {
   cudaStream_t stream = nullptr;
   int device = 0;
 
-  // Runs `enqueue` (NCCL calls on `stream`) inside one NCCL group and waits for the stream.
+  // Runs `enqueue` (NCCL calls on `stream`) inside one NCCL group and waits for the stream; under a
+  // DeviceBuffers scope (comm/device_buffers.h), `stream` is the caller's for the call, and the
+  // call returns once its work is queued there.
   template <class Enqueue>
   void run(const char* what, Enqueue enqueue) {
+    const DeviceBuffers* caller = DeviceBuffers::current();
+    const cudaStream_t own = stream;
+    if (caller) {
+      SW_CHECK(caller->device == Device::cuda(device), "nccl: {}: device buffers of {} on the communicator of cuda:{}",
+               what, caller->device.to_string(), device);
+      stream = static_cast<cudaStream_t>(caller->stream.handle);
+    }
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     try {
       enqueue();
     } catch (...) {
       (void)ncclGroupEnd();
+      stream = own;
       throw;
     }
+    stream = own;
     check_nccl(ncclGroupEnd(), what, comm);
-    check_cuda(cudaStreamSynchronize(stream), what);
+    if (!caller) check_cuda(cudaStreamSynchronize(stream), what);
   }
 };
 
@@ -104,7 +116,10 @@ NcclComm::NcclComm(std::shared_ptr<Communicator> host, int device)
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   ncclUniqueId id{};
   if (host_->rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  host_->broadcast(&id, static_cast<int64_t>(sizeof id), DType::U8, 0);
+  {
+    HostBuffers host;
+    host_->broadcast(&id, static_cast<int64_t>(sizeof id), DType::U8, 0);
+  }
   check_nccl(ncclCommInitRank(&state_->comm, host_->size(), id, host_->rank()), "ncclCommInitRank");
   check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
 }
@@ -125,9 +140,13 @@ void NcclComm::check_call(const CallSignature& call, std::span<const int64_t> co
   if (!checks_ || CheckedByCaller::active(this)) return;
   CheckExchange exchange{
       [this](const void* mine, void* all, size_t bytes) {
+        HostBuffers host;  // (host signatures, whatever the caller's buffers)
         host_->all_gather(mine, all, static_cast<int64_t>(bytes), DType::U8);
       },
-      [this](const int64_t* send, int64_t* recv) { host_->all_to_all(send, recv, 1, DType::I64); }};
+      [this](const int64_t* send, int64_t* recv) {
+        HostBuffers host;
+        host_->all_to_all(send, recv, 1, DType::I64);
+      }};
   comm::check_call(exchange, call, members(), counts, a2a_send, a2a_recv);
 }
 
@@ -140,6 +159,7 @@ std::shared_ptr<NcclComm> NcclComm::split(int color, int key) {
   // The host communicator of the new group: every rank learns every rank's (color, key).
   int64_t mine[2] = {color, key};
   std::vector<int64_t> all(static_cast<size_t>(2 * size()));
+  HostBuffers host;
   host_->all_gather(mine, all.data(), 2, DType::I64);
   std::vector<std::tuple<int64_t, int, int>> order;  // (key, rank, global rank) of my color
   for (int r = 0; r < size(); ++r) {
@@ -291,6 +311,7 @@ void NcclComm::send(const void* in, int64_t count, DType dtype, int peer, int ta
   SW_CHECK(count >= 0, "send: negative count {}", count);
   if (checks_) {
     int64_t header = static_cast<int64_t>(bytes_of(count, dtype));
+    HostBuffers host;
     host_->send(&header, 1, DType::I64, peer, tag);
   }
   if (count == 0) return;
@@ -305,7 +326,10 @@ void NcclComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
   SW_CHECK(count >= 0, "recv: negative count {}", count);
   auto want = static_cast<int64_t>(bytes_of(count, dtype));
   int64_t got = want;
-  if (checks_) host_->recv(&got, 1, DType::I64, peer, tag);
+  if (checks_) {
+    HostBuffers host;
+    host_->recv(&got, 1, DType::I64, peer, tag);
+  }
   if (got != want && got == 0) {
     fail_recv_size(members()[static_cast<size_t>(rank())], count, dtype, want, members()[static_cast<size_t>(peer)], tag, 0);
   }
@@ -336,7 +360,12 @@ void NcclComm::recv(void* out, int64_t count, DType dtype, int peer, int tag) {
 
 void NcclComm::barrier() {
   check_call(signature(Collective::Barrier, 0, DType::U8));
-  // Every NCCL call here has completed before it returned: the host barrier is the GPU barrier.
+  // Every NCCL call here has completed before it returned (under a DeviceBuffers scope: once the
+  // caller's stream has run): the host barrier is the GPU barrier.
+  if (const DeviceBuffers* d = DeviceBuffers::current()) {
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(d->stream.handle)), "cudaStreamSynchronize");
+  }
+  HostBuffers host;
   host_->barrier();
 }
 

@@ -3,8 +3,13 @@
 // (CMake option SHARDWISE_WITH_NCCL=AUTO|ON|OFF); link shardwise_comm_nccl to use it.
 //
 // - Every buffer pointer is a device pointer on this rank's GPU (counts, as everywhere, in
-//   elements). Calls are synchronous: each returns once its result is in `out` (the work runs on
-//   the communicator's own stream, which the call waits for).
+//   elements). Without a DeviceBuffers scope (comm/device_buffers.h) calls are synchronous: each
+//   returns once its result is in `out` (the work runs on the communicator's own stream, which the
+//   call waits for). Under a DeviceBuffers(cuda:device, stream) scope the work is queued on the
+//   caller's `stream` and the call returns at once (the other backends' device-buffer contract).
+// - An mpirun job's CUDA world: `auto nccl = std::make_shared<NcclComm>(mpi_world(), local_rank)`
+//   (MPI carries the unique id, the call checks and the size headers); `MeshComm(mesh, nccl)` gives
+//   the groups along mesh dims (each a new NCCL communicator over an MPI sub-group).
 // - An NcclComm is built from a host Communicator (local threads, one GPU per thread, or MPI
 //   processes) over the same ranks: host rank 0 creates the NCCL id and broadcasts it. The host
 //   communicator also carries the call checks (SHARDWISE_COMM_CHECKS, call_check.h) and the size

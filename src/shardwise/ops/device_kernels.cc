@@ -125,13 +125,4 @@ Tensor fill_on_device(DType dtype, const Shape& shape, double value, Device devi
   return (*table->fill())(dtype, shape, value, device);
 }
 
-std::vector<Tensor> run_on_host_views(Device device, std::span<const Tensor> tensors, const HostCode& f,
-                                      std::string_view what) {
-  const auto table = device_kernels(device.kind);
-  SW_CHECK(table != nullptr && table->host_views() != nullptr,
-           "{} on {}: no collectives on this device's memory yet (only the fake device of the tests runs them)", what,
-           device.to_string());
-  return (*table->host_views())(tensors, f);
-}
-
 }  // namespace shardwise::ops

@@ -25,11 +25,6 @@ using DeviceBackwardFn = std::function<std::vector<Tensor>(
     const Attrs&, const KernelContext*, std::span<const bool> wanted)>;
 // A tensor of `shape` filled with `value` on `device` (the runtime's Fill instructions).
 using DeviceFillFn = std::function<Tensor(DType, const Shape&, double value, Device)>;
-// Runs host code `f` (the threads backend's reshards and collectives) on host views of device
-// tensors and returns its results on the device. Only the fake device has it (its device memory is
-// host memory, opened for the call); a real device moves its buffers with device copies instead.
-using HostCode = std::function<std::vector<Tensor>(std::span<const Tensor>)>;
-using DeviceHostViewsFn = std::function<std::vector<Tensor>(std::span<const Tensor> tensors, const HostCode& f)>;
 
 class DeviceKernelTable {
  public:
@@ -41,11 +36,9 @@ class DeviceKernelTable {
   // For every op without a kernel of its own (the fake table runs each op's CPU kernel).
   void set_fallback(DeviceForwardFn forward, DeviceBackwardFn backward);
   void set_fill(DeviceFillFn fill) { fill_ = std::move(fill); }
-  void set_host_views(DeviceHostViewsFn fn) { host_views_ = std::move(fn); }
   const DeviceForwardFn* forward(std::string_view op) const;    // null when none
   const DeviceBackwardFn* backward(std::string_view op) const;  // null when none
   const DeviceFillFn* fill() const { return fill_ ? &fill_ : nullptr; }
-  const DeviceHostViewsFn* host_views() const { return host_views_ ? &host_views_ : nullptr; }
   // The ops with a kernel of their own (not the fallback's), sorted.
   std::vector<std::string> forward_ops() const;
   std::vector<std::string> backward_ops() const;
@@ -57,7 +50,6 @@ class DeviceKernelTable {
   DeviceForwardFn fallback_forward_;
   DeviceBackwardFn fallback_backward_;
   DeviceFillFn fill_;
-  DeviceHostViewsFn host_views_;
 };
 
 // Installs the table of a device kind (null removes it); returns the one it replaces. Done before
@@ -84,9 +76,5 @@ std::vector<Tensor> run_device_backward(const OpDef& op, Device device, std::spa
                                         const Attrs& attrs, const KernelContext* context, std::span<const bool> wanted);
 // A filled tensor on `device` through its table's fill (Error naming the device when none).
 Tensor fill_on_device(DType dtype, const Shape& shape, double value, Device device);
-// `f` on host views of `tensors` (all on `device`) through its table's host_views; an Error naming
-// `what` and the device when it has none (CUDA: collectives on device memory are not built yet).
-std::vector<Tensor> run_on_host_views(Device device, std::span<const Tensor> tensors, const HostCode& f,
-                                      std::string_view what);
 
 }  // namespace shardwise::ops

@@ -66,14 +66,6 @@ class HostWindow {
   std::vector<const void*> opened_;
 };
 
-std::vector<Tensor> fake_host_views(std::span<const Tensor> tensors, const HostCode& f) {
-  const Tensor* d = first_on_device(tensors);
-  SW_CHECK(d != nullptr, "fake device: host code on host views of no device tensor");
-  HostWindow w(d->device());
-  std::vector<Tensor> views = w.views(tensors);
-  return w.to_device(f(views));
-}
-
 // Runs the op's own (CPU) dispatch on host views; run_forward does not come back here (no view is on a device).
 std::vector<Tensor> fake_forward(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
                                  const KernelContext* context) {
@@ -107,7 +99,6 @@ std::shared_ptr<const DeviceKernelTable> fake_device_kernels() {
   auto table = std::make_shared<DeviceKernelTable>("fake");
   table->set_fallback(fake_forward, fake_backward);
   table->set_fill(fake_fill);
-  table->set_host_views(fake_host_views);
   return table;
 }
 

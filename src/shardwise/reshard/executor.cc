@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
 #include "shardwise/reshard/blocks.h"
+#include "shardwise/reshard/device_blocks.h"
+#include "shardwise/tensor/current_stream.h"
 
 namespace shardwise::reshard {
 namespace {
@@ -46,6 +50,29 @@ Tensor view(const Tensor& packed, int64_t first, const Shape& shape) {
   return out;
 }
 
+// Where a run's blocks are: the device of this thread's DeviceBuffers scope, else the host.
+Device blocks_device() {
+  const comm::DeviceBuffers* d = comm::DeviceBuffers::current();
+  return d ? d->device : Device::host();
+}
+
+// A new block where the run's blocks are (zero-filled when `zeroed`; on the host always).
+Tensor make(DType dtype, const Shape& shape, bool zeroed) {
+  const Device device = blocks_device();
+  if (device.is_host()) [[likely]] return Tensor(dtype, shape);
+  return zeroed ? device_blocks::zeros(dtype, shape, device) : device_blocks::empty(dtype, shape, device);
+}
+
+// Writes the elements from `first` of `packed` (the box `inner`) into `out`, which holds `outer`.
+void unpack(Tensor& out, const Box& outer, const Tensor& packed, int64_t first, const Box& inner) {
+  if (!out.on_device()) [[likely]] return put(out, outer, view(packed, first, inner.shape), inner);
+  device_blocks::put(out, outer, packed, inner, first);
+}
+
+// A tensor's bytes for a collective: host memory, or device memory (under the run's DeviceBuffers
+// scope).
+void* bytes_of(Tensor& t) { return t.on_device() ? t.device_ptr() : t.raw(); }
+
 std::vector<int64_t> with_coord(std::span<const int64_t> coords, int m, int64_t v) {
   std::vector<int64_t> c(coords.begin(), coords.end());
   c[static_cast<size_t>(m)] = v;
@@ -69,6 +96,11 @@ comm::Communicator& Resharder::group(const mesh::ProcessMesh& mesh, std::span<co
 }
 
 Tensor Resharder::run(const Plan& plan, const Tensor& local) {
+  const Device device = blocks_device();
+  SW_CHECK(!local.defined() || local.device() == device,
+           "reshard: rank {} passes a block on {} to a reshard of blocks on {} (a comm::DeviceBuffers scope says "
+           "where the blocks are)",
+           me_, local.defined() ? local.device().to_string() : "", device.to_string());
   Tensor t;
   if (plan.from.mesh.contains(me_)) {
     auto coords = plan.from.mesh.coords(plan.from.mesh.rank_index_of_process(me_));
@@ -96,26 +128,30 @@ Tensor Resharder::run_step(const Step& step, const Plan& plan, Tensor t) {
   const int m = step.mesh_dim;
   const DType dtype = plan.dtype;
   const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const bool host = blocks_device().is_host();
   Box before = block_at(plan.shape, step.before, coords), after = block_at(plan.shape, step.after, coords);
   switch (step.kind) {
     case StepKind::AllReduce: {
       comm::Communicator& g = group(mesh, coords, std::span<const int>(&m, 1));
-      Tensor out(dtype, t.shape());
-      g.all_reduce(t.raw(), out.raw(), t.numel(), dtype, comm::to_reduce(step.op));
+      Tensor out = make(dtype, t.shape(), false);
+      g.all_reduce(bytes_of(t), bytes_of(out), t.numel(), dtype, comm::to_reduce(step.op));
       bytes_sent_ += 2 * (g.size() - 1) * t.numel() * elem / g.size();
       return out;
     }
     case StepKind::ReduceScatter: {
       comm::Communicator& g = group(mesh, coords, std::span<const int>(&m, 1));
       std::vector<Tensor> pieces;
+      std::vector<Box> boxes;
       std::vector<int64_t> counts;
       for (int64_t p = 0; p < mesh.dim_size(m); ++p) {
         Box b = block_at(plan.shape, step.after, with_coord(coords, m, p));
-        pieces.push_back(cut(t, before, b));
+        if (host) [[likely]] pieces.push_back(cut(t, before, b));
+        boxes.push_back(b);
         counts.push_back(b.numel());
       }
-      Tensor packed = pack(pieces, dtype), out(dtype, after.shape);
-      g.reduce_scatter_v(packed.raw(), out.raw(), counts, dtype, comm::to_reduce(step.op));
+      Tensor packed = host ? pack(pieces, dtype) : device_blocks::pack(t, before, boxes);
+      Tensor out = make(dtype, after.shape, false);
+      g.reduce_scatter_v(bytes_of(packed), bytes_of(out), counts, dtype, comm::to_reduce(step.op));
       bytes_sent_ += (packed.numel() - out.numel()) * elem;
       return out;
     }
@@ -129,11 +165,11 @@ Tensor Resharder::run_step(const Step& step, const Plan& plan, Tensor t) {
         counts.push_back(boxes.back().numel());
         total += counts.back();
       }
-      Tensor packed(dtype, Shape{total}), out(dtype, after.shape);
-      g.all_gather_v(t.raw(), packed.raw(), counts, dtype);
+      Tensor packed = make(dtype, Shape{total}, false), out = make(dtype, after.shape, true);
+      g.all_gather_v(bytes_of(t), bytes_of(packed), counts, dtype);
       int64_t at = 0;
       for (size_t p = 0; p < boxes.size(); ++p) {
-        put(out, after, view(packed, at, boxes[p].shape), boxes[p]);
+        unpack(out, after, packed, at, boxes[p]);
         at += counts[p];
       }
       bytes_sent_ += (g.size() - 1) * t.numel() * elem;
@@ -141,9 +177,9 @@ Tensor Resharder::run_step(const Step& step, const Plan& plan, Tensor t) {
     }
     case StepKind::AllToAll: return exchange(step, plan, t, std::span<const int>(&m, 1));
     case StepKind::Redistribute: return exchange(step, plan, t, step.group_dims);
-    case StepKind::LocalSlice: return cut(t, before, after);
+    case StepKind::LocalSlice: return host ? cut(t, before, after) : device_blocks::cut(t, before, after);
     case StepKind::Partialize:
-      if (step.op == mesh::ReduceOp::Sum && coords[static_cast<size_t>(m)] != 0) return Tensor(dtype, t.shape());
+      if (step.op == mesh::ReduceOp::Sum && coords[static_cast<size_t>(m)] != 0) return make(dtype, t.shape(), true);
       return t;
     case StepKind::SendRecv: break;
   }
@@ -157,6 +193,8 @@ bool Resharder::can_start(const Plan& plan) const {
 
 std::unique_ptr<StartedReshard> Resharder::start(const Plan& plan, const Tensor& local) {
   SW_CHECK(can_start(plan), "internal: reshard::start of a plan that is not one all-gather ({})", plan.to_string());
+  SW_CHECK(blocks_device().is_host() && !local.on_device(),
+           "reshard: a started reshard of device blocks (a device run's gathers run at their position)");
   const Step& step = plan.steps[0];
   const mesh::ProcessMesh& mesh = step.before.mesh;
   auto coords = mesh.coords(mesh.rank_index_of_process(me_));
@@ -214,13 +252,14 @@ Tensor Resharder::exchange(const Step& step, const Plan& plan, const Tensor& t, 
   const mesh::ProcessMesh& mesh = step.before.mesh;
   auto coords = mesh.coords(mesh.rank_index_of_process(me_));
   comm::Communicator& g = group(mesh, coords, dims);
+  const bool host = blocks_device().is_host();
   auto src = holders(plan.shape, step.before, coords, dims), dst = holders(plan.shape, step.after, coords, dims);
   std::vector<Transfer> transfers = plan_transfers(src, dst);
   Box before = block_at(plan.shape, step.before, coords), after = block_at(plan.shape, step.after, coords);
   const auto n = static_cast<size_t>(g.size());
   std::vector<int64_t> send(n, 0), recv(n, 0);
   std::vector<Tensor> pieces(n);
-  std::vector<const Transfer*> incoming(n, nullptr);
+  std::vector<const Transfer*> incoming(n, nullptr), outgoing(n, nullptr);
   auto index_of = [&](int64_t process) {
     for (size_t i = 0; i < n; ++i) {
       if (src[i].process == process) return i;
@@ -230,7 +269,8 @@ Tensor Resharder::exchange(const Step& step, const Plan& plan, const Tensor& t, 
   for (const Transfer& tr : transfers) {
     if (tr.src == me_) {
       size_t p = index_of(tr.dst);
-      pieces[p] = cut(t, before, tr.box);
+      if (host) [[likely]] pieces[p] = cut(t, before, tr.box);
+      else outgoing[p] = &tr;
       send[p] = tr.box.numel();
       if (tr.dst != me_) bytes_sent_ += send[p] * static_cast<int64_t>(dtype_size(plan.dtype));
     }
@@ -240,19 +280,28 @@ Tensor Resharder::exchange(const Step& step, const Plan& plan, const Tensor& t, 
       recv[p] = tr.box.numel();
     }
   }
-  std::vector<Tensor> nonempty;
-  for (auto& piece : pieces) {
-    if (piece.defined()) nonempty.push_back(piece);
+  Tensor packed;
+  if (host) [[likely]] {
+    std::vector<Tensor> nonempty;
+    for (auto& piece : pieces) {
+      if (piece.defined()) nonempty.push_back(piece);
+    }
+    packed = pack(nonempty, plan.dtype);
+  } else {
+    std::vector<Box> boxes;
+    for (const Transfer* tr : outgoing) {
+      if (tr) boxes.push_back(tr->box);
+    }
+    packed = device_blocks::pack(t, before, boxes);
   }
-  Tensor packed = pack(nonempty, plan.dtype);
   int64_t total = 0;
   for (int64_t c : recv) total += c;
-  Tensor received(plan.dtype, Shape{total}), out(plan.dtype, after.shape);
-  g.all_to_all_v(packed.raw(), send, received.raw(), recv, plan.dtype);
+  Tensor received = make(plan.dtype, Shape{total}, false), out = make(plan.dtype, after.shape, true);
+  g.all_to_all_v(bytes_of(packed), send, bytes_of(received), recv, plan.dtype);
   int64_t at = 0;
   for (size_t p = 0; p < n; ++p) {
     if (!incoming[p]) continue;
-    put(out, after, view(received, at, incoming[p]->box.shape), incoming[p]->box);
+    unpack(out, after, received, at, incoming[p]->box);
     at += recv[p];
   }
   return out;
@@ -261,6 +310,7 @@ Tensor Resharder::exchange(const Step& step, const Plan& plan, const Tensor& t, 
 Tensor Resharder::send_recv(const Step& step, const Plan& plan, const Tensor& t) {
   const Layout &from = step.before, &to = step.after;
   bool in_from = from.mesh.contains(me_), in_to = to.mesh.contains(me_);
+  const bool host = blocks_device().is_host();
   if (!in_from && !in_to) return Tensor();
   std::vector<Transfer> transfers;
   if (from.dist == to.dist && from.mesh.shape() == to.mesh.shape()) {
@@ -289,7 +339,7 @@ Tensor Resharder::send_recv(const Step& step, const Plan& plan, const Tensor& t)
   Tensor out;
   if (in_to) {
     mine_to = block_at(plan.shape, to, to.mesh.coords(to.mesh.rank_index_of_process(me_)));
-    out = Tensor(plan.dtype, mine_to.shape);
+    out = make(plan.dtype, mine_to.shape, true);
   }
   auto peer = [&](int64_t process) {
     const auto& m = world_->members();
@@ -299,15 +349,16 @@ Tensor Resharder::send_recv(const Step& step, const Plan& plan, const Tensor& t)
   };
   for (const Transfer& tr : transfers) {
     if (tr.src == me_ && tr.dst == me_) {
-      put(out, mine_to, cut(t, mine_from, tr.box), tr.box);
+      if (host) put(out, mine_to, cut(t, mine_from, tr.box), tr.box);
+      else device_blocks::put(out, mine_to, device_blocks::cut(t, mine_from, tr.box), tr.box);
     } else if (tr.src == me_) {
-      Tensor piece = cut(t, mine_from, tr.box);
-      world_->send(piece.raw(), piece.numel(), plan.dtype, peer(tr.dst), 0);
+      Tensor piece = host ? cut(t, mine_from, tr.box) : device_blocks::cut(t, mine_from, tr.box);
+      world_->send(bytes_of(piece), piece.numel(), plan.dtype, peer(tr.dst), 0);
       bytes_sent_ += static_cast<int64_t>(piece.nbytes());
     } else if (tr.dst == me_) {
-      Tensor piece(plan.dtype, tr.box.shape);
-      world_->recv(piece.raw(), piece.numel(), plan.dtype, peer(tr.src), 0);
-      put(out, mine_to, piece, tr.box);
+      Tensor piece = make(plan.dtype, tr.box.shape, false);
+      world_->recv(bytes_of(piece), piece.numel(), plan.dtype, peer(tr.src), 0);
+      unpack(out, mine_to, piece, 0, tr.box);
     }
   }
   return out;

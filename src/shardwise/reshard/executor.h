@@ -36,6 +36,10 @@ class Resharder {
   // This process's block under plan.to, from its block `local` under plan.from. A process outside
   // plan.from passes an undefined tensor; outside plan.to it gets one. Every process of either
   // mesh must call run with the same plan. `local` is never modified.
+  // Device blocks: under a comm::DeviceBuffers scope (comm/device_buffers.h) the blocks are device
+  // tensors of its device (a process outside plan.from gets its block there); the boxes move with
+  // the device's 2-D copies (device_blocks.h), the collectives take device pointers, all on the
+  // scope's stream; the result is ready for the work queued on that stream after the call.
   Tensor run(const Plan& plan, const Tensor& local);
 
   // Whether start() can run `plan` without blocking: one all-gather step (sharding stage 3's

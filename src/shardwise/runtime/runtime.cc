@@ -7,6 +7,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/graph/prefetch.h"
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/ops/device_kernels.h"
 #include "shardwise/mesh/shard_math.h"
 #include "shardwise/runtime/profiler.h"
@@ -122,25 +123,33 @@ void Runtime::use_device(Device device) {
   streams_ = DeviceStreams{device, memory.create_stream(), memory.create_stream()};
 }
 
+// A reshard of device blocks runs the resharder on them (device copies, collectives on device
+// pointers) on the communication stream, after an event of the compute stream; the compute stream
+// goes on after an event of the communication stream. A process outside the plan's source mesh
+// (no input block) of a device run gets its block on the run's device.
 Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
-  if (!in.on_device()) return resharder_.run(plan, in);
-  use_device(in.device());
-  DeviceMemory& memory = device_memory(in.device());
+  if (!in.on_device() && (in.defined() || !streams_)) [[likely]] return resharder_.run(plan, in);
+  const Device device = in.defined() ? in.device() : streams_->device;
+  use_device(device);
+  DeviceMemory& memory = device_memory(device);
   const uint64_t ready = memory.record_event(streams_->compute);  // the input is written
   memory.wait_event(streams_->comm, ready);
   memory.release_event(ready);
   Tensor out;
   {
     StreamScope scope(streams_->comm);
-    auto on_host = [&](std::span<const Tensor> host) { return std::vector<Tensor>{resharder_.run(plan, host[0])}; };
-    out = ops::run_on_host_views(in.device(), std::span<const Tensor>(&in, 1), on_host, "a reshard")[0];
+    comm::DeviceBuffers on_device(device, streams_->comm);
+    out = resharder_.run(plan, in);
   }
   const uint64_t done = memory.record_event(streams_->comm);  // the output is written
   memory.wait_event(streams_->compute, done);
   memory.release_event(done);
   // Made on the communication stream, read on the compute stream: its block is not reused on the
-  // former before the latter's work queued now has run.
-  if (out.device_ptr() != in.device_ptr()) device_allocator(in.device()).record_use(out.device_ptr(), streams_->compute);
+  // former before the latter's work queued now has run. (The input and the peers' reads of it are
+  // covered by the compute stream's wait: the collectives' last step waits for every peer.)
+  if (out.defined() && (!in.defined() || out.device_ptr() != in.device_ptr())) {
+    device_allocator(device).record_use(out.device_ptr(), streams_->compute);
+  }
   return out;
 }
 

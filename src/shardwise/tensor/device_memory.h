@@ -6,7 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
+#include "shardwise/core/dtype.h"
+#include "shardwise/tensor/buffer_reduce.h"
 #include "shardwise/tensor/device.h"
 
 namespace shardwise {
@@ -28,6 +31,18 @@ class DeviceMemory {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) = 0;
   virtual void fill_zero(void* dst, size_t bytes, Stream stream) = 0;
+  // `rows` rows of `row_bytes` bytes from device memory `src` (rows `src_pitch` bytes apart) to
+  // device memory `dst` (rows `dst_pitch` apart), queued on `stream` (cudaMemcpy2DAsync); the
+  // pitches are at least `row_bytes` when there is more than one row. The boxes a reshard packs
+  // and unpacks are made of such copies.
+  virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+                       Stream stream) = 0;
+  // out[i] = the reduction of inputs[0][i], inputs[1][i], ... in that order (device memory, `count`
+  // elements of `dtype` each), queued on `stream`: buffer_reduce.h's arithmetic, the same bits as
+  // the host's reduce_buffers. `out` may be inputs[0], no other input. The collectives on device
+  // memory reduce with it.
+  virtual void reduce(std::span<const void* const> inputs, void* out, int64_t count, DType dtype, BufferReduce op,
+                      Stream stream) = 0;
   virtual void synchronize(Stream stream) = 0;
   // Events mark a point in a stream: done() is true once the work queued before it has run.
   // An event is released with release_event once nobody waits on it.

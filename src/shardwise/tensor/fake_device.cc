@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/current_stream.h"
 
 namespace shardwise {
 
@@ -66,7 +67,9 @@ void FakeDeviceMemory::close(const void* ptr) {
 }
 
 void FakeDeviceMemory::open_for_host(const void* ptr, size_t bytes) {
+  const Stream stream = current_stream();
   std::lock_guard lock(mutex_);
+  log_.push_back({StreamEvent::Kind::HostOpen, stream.handle, 0});
   open(ptr, bytes);
 }
 
@@ -114,6 +117,38 @@ void FakeDeviceMemory::fill_zero(void* dst, size_t bytes, Stream) {
   open(dst, bytes);
   std::memset(dst, 0, bytes);
   close(dst);
+}
+
+void FakeDeviceMemory::copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                               size_t rows, Stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  SW_CHECK(rows == 1 || (dst_pitch >= row_bytes && src_pitch >= row_bytes),
+           "fake device: a 2-D copy of rows of {} bytes with pitches {} (destination) and {} (source)", row_bytes,
+           dst_pitch, src_pitch);
+  const size_t dst_span = (rows - 1) * dst_pitch + row_bytes, src_span = (rows - 1) * src_pitch + row_bytes;
+  std::lock_guard lock(mutex_);
+  open(src, src_span);
+  open(dst, dst_span);
+  for (size_t r = 0; r < rows; ++r) {
+    std::memmove(static_cast<std::byte*>(dst) + r * dst_pitch, static_cast<const std::byte*>(src) + r * src_pitch,
+                 row_bytes);
+  }
+  close(dst);
+  close(src);
+}
+
+void FakeDeviceMemory::reduce(std::span<const void* const> inputs, void* out, int64_t count, DType dtype,
+                              BufferReduce op, Stream) {
+  SW_CHECK(!inputs.empty(), "fake device: a reduction of no buffers");
+  SW_CHECK(count >= 0, "fake device: a reduction of {} elements", count);
+  if (count == 0) return;
+  const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  std::lock_guard lock(mutex_);
+  for (const void* in : inputs) open(in, bytes);
+  open(out, bytes);
+  reduce_buffers(inputs, out, count, dtype, op);
+  close(out);
+  for (const void* in : inputs) close(in);
 }
 
 void FakeDeviceMemory::synchronize(Stream stream) {

@@ -1,7 +1,7 @@
 #pragma once
 // A fake device for tests without a GPU: host memory pretending to be device memory. With `guard`
 // (the default) every block it hands out is mapped PROT_NONE and opened only inside its own copy
-// calls, so host code that dereferences device memory dies with SIGSEGV on the CPU: `make test`
+// and reduction calls (the host loops of the CUDA backend's copies and kernels), so host code that dereferences device memory dies with SIGSEGV on the CPU: `make test`
 // guards the host/device boundary without a GPU. Copies run at once, whatever the stream; events
 // pass at once unless hold_events(true), then when complete_events() or synchronize() of their
 // stream says so (how the allocator's stream ordering is tested).
@@ -33,6 +33,10 @@ class FakeDeviceMemory : public DeviceMemory {
   void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) override;
   void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) override;
   void fill_zero(void* dst, size_t bytes, Stream stream) override;
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+               Stream stream) override;
+  void reduce(std::span<const void* const> inputs, void* out, int64_t count, DType dtype, BufferReduce op,
+              Stream stream) override;
   void synchronize(Stream stream) override;
   uint64_t record_event(Stream stream) override;
   bool event_done(uint64_t event) override;
@@ -43,9 +47,10 @@ class FakeDeviceMemory : public DeviceMemory {
 
   // What was asked of its streams, in order (the ordering rules of the runtime on streams are
   // tested on these): kernels launched (note_launch, by the fake kernel table), events recorded and
-  // waited for, host synchronisations, host copies.
+  // waited for, host synchronisations, host copies, and host windows opened (open_for_host, on the
+  // opening thread's current stream: which work looked at device memory from the host).
   struct StreamEvent {
-    enum class Kind { Launch, Record, Wait, Synchronize, CopyToHost, CopyToDevice };
+    enum class Kind { Launch, Record, Wait, Synchronize, CopyToHost, CopyToDevice, HostOpen };
     Kind kind;
     void* stream = nullptr;  // Stream::handle
     uint64_t event = 0;      // Record, Wait

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "shardwise/core/error.h"
+#include "shardwise/cuda/memory/buffer_reduce.h"
 #include "shardwise/tensor/device_memory.h"
 
 namespace shardwise::cuda {
@@ -19,6 +20,23 @@ void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 namespace {
 
 cudaStream_t raw(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+launch::ReduceElem reduce_elem(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return launch::ReduceElem::F32;
+    case DType::F64: return launch::ReduceElem::F64;
+    case DType::F16: return launch::ReduceElem::F16;
+    case DType::BF16: return launch::ReduceElem::BF16;
+    case DType::I64: return launch::ReduceElem::I64;
+    case DType::I32: return launch::ReduceElem::I32;
+    case DType::I8: return launch::ReduceElem::I8;
+    case DType::U8: return launch::ReduceElem::U8;
+    case DType::Bool: return launch::ReduceElem::Bool;
+    default: fail("CUDA: no reduction of {} on a device", dtype_name(dtype));
+  }
+}
+static_assert(static_cast<int>(BufferReduce::Prod) == static_cast<int>(launch::ReduceOp::Prod) &&
+              static_cast<int>(BufferReduce::Avg) == static_cast<int>(launch::ReduceOp::Avg));
 
 class CudaMemory : public DeviceMemory {
  public:
@@ -65,6 +83,23 @@ class CudaMemory : public DeviceMemory {
   void fill_zero(void* dst, size_t bytes, Stream s) override {
     use();
     check(cudaMemsetAsync(dst, 0, bytes, raw(s)), "cudaMemsetAsync");
+  }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
+               Stream s) override {
+    if (rows == 0 || row_bytes == 0) return;
+    use();
+    if (rows == 1) dst_pitch = src_pitch = row_bytes;  // (cudaMemcpy2D wants pitches >= the width)
+    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, raw(s)),
+          "cudaMemcpy2DAsync");
+  }
+  void reduce(std::span<const void* const> inputs, void* out, int64_t count, DType dtype, BufferReduce op,
+              Stream s) override {
+    SW_CHECK(!inputs.empty() && inputs.size() <= launch::kMaxReduceInputs,
+             "CUDA: a reduction of {} buffers (1 to {} a launch)", inputs.size(), launch::kMaxReduceInputs);
+    use();
+    check(launch::reduce_buffers(inputs.data(), static_cast<int>(inputs.size()), out, count, reduce_elem(dtype),
+                                 static_cast<launch::ReduceOp>(op), raw(s)),
+          "the reduction kernel");
   }
   void synchronize(Stream s) override {
     use();

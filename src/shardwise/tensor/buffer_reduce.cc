@@ -1,11 +1,12 @@
-#include "shardwise/comm/reduce_kernels.h"
+#include "shardwise/tensor/buffer_reduce.h"
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "shardwise/core/error.h"
 
-namespace shardwise::comm {
+namespace shardwise {
 namespace {
 
 // Sum/avg of float or double: the same additions in the same order as the general loop below
@@ -25,9 +26,9 @@ void sum_buffers(std::span<const void* const> inputs, T* out, int64_t count, boo
 }
 
 template <class T>
-void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Reduce op) {
+void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, BufferReduce op) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (op == Reduce::Sum || op == Reduce::Avg) return sum_buffers(inputs, out, count, op == Reduce::Avg);
+    if (op == BufferReduce::Sum || op == BufferReduce::Avg) return sum_buffers(inputs, out, count, op == BufferReduce::Avg);
   }
   using C = std::conditional_t<std::is_same_v<T, bool>, bool, compute_t<T>>;
   auto at = [&](size_t r, int64_t i) { return static_cast<C>(static_cast<const T*>(inputs[r])[i]); };
@@ -36,16 +37,16 @@ void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Re
     for (size_t r = 1; r < inputs.size(); ++r) {
       C v = at(r, i);
       switch (op) {
-        case Reduce::Sum:
-        case Reduce::Avg:
+        case BufferReduce::Sum:
+        case BufferReduce::Avg:
           if constexpr (std::is_same_v<C, bool>) acc = acc || v;
           else acc = static_cast<C>(acc + v);
           break;
-        case Reduce::Prod:
+        case BufferReduce::Prod:
           if constexpr (std::is_same_v<C, bool>) acc = acc && v;
           else acc = static_cast<C>(acc * v);
           break;
-        case Reduce::Max:
+        case BufferReduce::Max:
           if constexpr (std::is_floating_point_v<C>) {
             if (std::isnan(v) || std::isnan(acc)) { acc = std::numeric_limits<C>::quiet_NaN(); break; }
             // max(-0, +0) = +0 in either order: the result must not depend on the operand order.
@@ -53,7 +54,7 @@ void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Re
           }
           acc = v > acc ? v : acc;
           break;
-        case Reduce::Min:
+        case BufferReduce::Min:
           if constexpr (std::is_floating_point_v<C>) {
             if (std::isnan(v) || std::isnan(acc)) { acc = std::numeric_limits<C>::quiet_NaN(); break; }
             if (v == acc && std::signbit(v)) acc = v;  // min(-0, +0) = -0 in either order
@@ -62,7 +63,7 @@ void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Re
           break;
       }
     }
-    if (op == Reduce::Avg) {
+    if (op == BufferReduce::Avg) {
       if constexpr (!std::is_same_v<C, bool>) acc = static_cast<C>(acc / static_cast<C>(inputs.size()));
     }
     out[i] = static_cast<T>(acc);
@@ -71,9 +72,9 @@ void reduce_typed(std::span<const void* const> inputs, T* out, int64_t count, Re
 
 }  // namespace
 
-void reduce_buffers(std::span<const void* const> inputs, void* out, int64_t count, DType dtype, Reduce op) {
+void reduce_buffers(std::span<const void* const> inputs, void* out, int64_t count, DType dtype, BufferReduce op) {
   SW_CHECK(!inputs.empty(), "reduce of no buffers");
   SW_DISPATCH(dtype, [&] { reduce_typed<T>(inputs, static_cast<T*>(out), count, op); });
 }
 
-}  // namespace shardwise::comm
+}  // namespace shardwise
