@@ -1,6 +1,6 @@
 // `shardwise train --device`: `--device fake` (the tests' device standing in for cuda:0) writes the
 // losses and gradient norms of `--device cpu` bit for bit, with the addition task's evaluation and a
-// checkpoint that `--device cpu` resumes; the header and metrics.jsonl name the device; what a
+// checkpoint that `--device cpu` resumes, validation, packed documents, Mixtral's router and sp; the header and metrics.jsonl name the device; what a
 // device cannot run yet, an unknown device, cuda without a GPU or a CUDA build, and a device under
 // mpirun are usage errors (status 2) naming the option, before any work.
 #include <gtest/gtest.h>
@@ -65,6 +65,24 @@ TEST(TrainDevice, FakeWritesTheCpuCurveAndACheckpointTheCpuResumes) {
       EXPECT_EQ(std::vector<std::string>(rest.end() - 2, rest.end()), std::vector<std::string>(all.begin() + 2, all.end()))
           << model << " " << mesh;
     }
+  }
+}
+
+TEST(TrainDevice, FakeValidatesAndPacksDocumentsAsTheCpu) {
+  const std::string data = std::string(SHARDWISE_SOURCE_DIR) + "/tests/data/fables.txt";
+  for (const std::string extra : {"--mesh dp=2 --val-fraction 0.1 --eval-every 2",
+                                  "--model llama --experts 4 --top-k 2 --mesh tp=2 --sp --eos-id 10 --no-cross-document-attention"}) {
+    TempDir cpu("sw_dev_val_cpu"), dev("sw_dev_val_fake");
+    const std::string args = "train --layers 2 --hidden 32 --heads 4 --steps 4 --seq 32 --vocab 256 --global-batch 8 --data " +
+                             data + " --data-format bytes " + extra + " ";
+    const Result a = run(args + "--run-dir " + cpu.path.string());
+    ASSERT_EQ(a.status, 0) << a.out;
+    const Result b = run(args + "--device fake --run-dir " + dev.path.string());
+    ASSERT_EQ(b.status, 0) << b.out;
+    for (const std::string key : {"loss", "grad_norm", "val_loss", "moe"})
+      EXPECT_EQ(field_of(dev.path / "metrics.jsonl", key), field_of(cpu.path / "metrics.jsonl", key)) << extra << ": " << key;
+    const bool validates = extra.find("--val-fraction") != std::string::npos;
+    EXPECT_EQ(field_of(dev.path / "metrics.jsonl", validates ? "val_loss" : "moe").size(), validates ? 2u : 4u) << extra;
   }
 }
 

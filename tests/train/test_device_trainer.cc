@@ -1,9 +1,10 @@
 // The Trainer on the fake device (TrainConfig::device, `train --device fake`): parameters, AdamW's
 // moments and masters, every step's tensors in fake-device memory (PROT_NONE outside its copies and
 // kernel windows), the optimizer through the device's kernel table. Its losses and gradient norms
-// equal the CPU's bit for bit on 1 rank, dp=2 and tp=2 threads, GPT-2 and Llama, f32 and --bf16;
-// the host reads the loss (one copy a micro-batch) and the gradients' sums of squares (one copy a
-// step) and nothing else; each micro-batch's ids and labels are the only copies to the device.
+// equal the CPU's bit for bit on 1 rank, dp=2 and tp=2 (sp) threads, GPT-2, Llama and Mixtral, f32
+// and --bf16; the host reads the loss (one copy a micro-batch, with MoE the router's statistics) and
+// the gradients' sums of squares (one copy a step) and nothing else; each micro-batch's ids and
+// labels are the only copies to the device.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -25,8 +26,14 @@ struct Case {
   friend void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " on " << c.mesh << (c.bf16 ? " bf16" : ""); }
 };
 
+// gpt2, llama, or mixtral (Llama with 4 experts, top 2); a mesh with ",sp": sequence parallelism.
 TrainConfig config_of(const Case& k) {
-  TrainConfig c = k.model == "llama" ? llama_test_config(k.mesh, 5) : small_config(k.mesh, 5);
+  std::string mesh = k.mesh;
+  const bool sp = mesh.ends_with(",sp");
+  if (sp) mesh.resize(mesh.size() - 3);
+  TrainConfig c = k.model == "gpt2" ? small_config(mesh, 5) : llama_test_config(mesh, 5);
+  if (k.model == "mixtral") c.model.experts = 4, c.model.top_k = 2;
+  c.parallel.sequence_parallel = sp;
   c.bf16 = k.bf16;
   return c;
 }
@@ -46,10 +53,10 @@ TEST_P(DeviceTrainer, FakeDeviceEqualsTheCpuBitForBitReadingTheLossAndTheNormOnl
   }
   EXPECT_LT(cpu.losses.back(), cpu.losses.front());  // it trains
   EXPECT_EQ(cpu.copies.to_host_copies + cpu.copies.to_device_copies, 0);
-  // Per step and rank: the loss of each micro-batch and one vector of sums of squares to the host;
-  // each micro-batch's ids and labels to the device.
-  const int64_t micro = dev.accumulation;
-  EXPECT_EQ(dev.copies.to_host_copies, 5 * ranks * (micro + 1));
+  // Per step and rank: the loss of each micro-batch (and an MoE layer's four router statistics) and
+  // one vector of sums of squares to the host; each micro-batch's ids and labels to the device.
+  const int64_t micro = dev.accumulation, stats = c.model.experts > 0 ? 4 * c.model.layers : 0;
+  EXPECT_EQ(dev.copies.to_host_copies, 5 * ranks * (micro * (1 + stats) + 1));
   EXPECT_EQ(dev.copies.to_device_copies, 5 * ranks * micro * 2);
   for (const auto& [name, whole] : cpu.params) {  // the masters after the last update
     ASSERT_TRUE(dev.params.contains(name)) << name;
@@ -60,10 +67,12 @@ TEST_P(DeviceTrainer, FakeDeviceEqualsTheCpuBitForBitReadingTheLossAndTheNormOnl
 INSTANTIATE_TEST_SUITE_P(Runs, DeviceTrainer,
                          testing::Values(Case{"gpt2", "dp=1"}, Case{"llama", "dp=1"}, Case{"gpt2", "dp=2"},
                                          Case{"llama", "dp=2"}, Case{"gpt2", "tp=2"}, Case{"llama", "tp=2"},
-                                         Case{"gpt2", "dp=1", true}, Case{"llama", "tp=2", true}),
+                                         Case{"gpt2", "dp=1", true}, Case{"llama", "tp=2", true},
+                                         Case{"mixtral", "dp=2"}, Case{"gpt2", "tp=2,sp"}),
                          [](const testing::TestParamInfo<Case>& info) {
                            std::string mesh = info.param.mesh;
                            mesh.erase(mesh.find('='), 1);
+                           if (const size_t comma = mesh.find(','); comma != std::string::npos) mesh[comma] = '_';
                            return info.param.model + "_" + mesh + (info.param.bf16 ? "_bf16" : "");
                          });
 
