@@ -66,9 +66,8 @@ SelectedDevice select_train_device(const std::string& text, int64_t ranks, bool 
   if (text == "cpu") return {};
   const bool cuda = text == "cuda" || text.starts_with("cuda:");
   SW_CHECK(cuda || text == "fake", "--device '{}': use cpu, cuda, cuda:N or fake (the tests' device)", text);
-  // The world communicator of MPI processes on devices: NCCL for --device cuda (each process on
-  // cuda:(local rank % device count)), MPI staging through the host for --device fake. Not built yet:
-  // this is the place to choose it.
+  // MPI processes on a device need their world communicator on device memory, chosen in run_ranks
+  // (train_run.cc): not built yet.
   SW_CHECK(!mpi, "--device {} under mpirun: MPI processes on a device need collectives on device memory outside the "
            "graph (NCCL, or MPI staging through the host; not built yet); run the ranks as threads of one process "
            "(without mpirun), or --device cpu", text);

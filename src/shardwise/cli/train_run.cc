@@ -154,6 +154,9 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
 }
 
 void run_ranks(const PreparedRun& run, const RankFn& rank_fn) {
+  // THE WORLD COMMUNICATOR is chosen here. MPI processes talk through MPI on host memory; a device
+  // run under mpirun (refused by select_train_device until then) takes NCCL for --device cuda, each
+  // process on cuda:(local rank % device count), or MPI staging through the host for --device fake.
   if (run.mpi) {
     comm::run_mpi_main([&](comm::Communicator& world) { rank_fn(world, comm::mpi_world()); });
   } else {
