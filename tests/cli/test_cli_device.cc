@@ -99,7 +99,6 @@ TEST(TrainDevice, WhatADeviceCannotRunIsAUsageErrorNamingTheOption) {
       {"--device fake --mesh cp=2", "cp dim in --mesh"},
       {"--device fake --model llama --experts 2 --mesh ep=2", "ep dim in --mesh"},
       {"--device fake --mesh dp=2 --sharding-stage 2", "--sharding-stage 2"},
-      {"--device fake --mesh dp=2 --overlap-grad-reduce on", "--overlap-grad-reduce on"},
   };
   for (const Refusal& r : refusals) {
     const Result res = run("train --layers 1 --hidden 32 --steps 1 " + r.args + " --run-dir " + shardwise_cli_test::tmp("sw_dev_refused"));

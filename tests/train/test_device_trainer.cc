@@ -23,7 +23,10 @@ namespace {
 struct Case {
   std::string model, mesh;
   bool bf16 = false;
-  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " on " << c.mesh << (c.bf16 ? " bf16" : ""); }
+  std::string overlap = "off";  // --overlap-grad-reduce: the dp reduce by gradient buckets on the device
+  friend void PrintTo(const Case& c, std::ostream* os) {
+    *os << c.model << " on " << c.mesh << (c.bf16 ? " bf16" : "") << " overlap " << c.overlap;
+  }
 };
 
 // gpt2, llama, or mixtral (Llama with 4 experts, top 2); a mesh with ",sp": sequence parallelism.
@@ -34,6 +37,8 @@ TrainConfig config_of(const Case& k) {
   TrainConfig c = k.model == "gpt2" ? small_config(mesh, 5) : llama_test_config(mesh, 5);
   if (k.model == "mixtral") c.model.experts = 4, c.model.top_k = 2;
   c.parallel.sequence_parallel = sp;
+  c.parallel.overlap_grad_reduce = k.overlap;
+  c.parallel.grad_bucket_mb = 0.01;  // several buckets
   c.bf16 = k.bf16;
   return c;
 }
@@ -68,12 +73,14 @@ INSTANTIATE_TEST_SUITE_P(Runs, DeviceTrainer,
                          testing::Values(Case{"gpt2", "dp=1"}, Case{"llama", "dp=1"}, Case{"gpt2", "dp=2"},
                                          Case{"llama", "dp=2"}, Case{"gpt2", "tp=2"}, Case{"llama", "tp=2"},
                                          Case{"gpt2", "dp=1", true}, Case{"llama", "tp=2", true},
-                                         Case{"mixtral", "dp=2"}, Case{"gpt2", "tp=2,sp"}),
+                                         Case{"mixtral", "dp=2"}, Case{"gpt2", "tp=2,sp"},
+                                         Case{"gpt2", "dp=2", false, "on"}, Case{"llama", "dp=2,tp=2", true, "after"}),
                          [](const testing::TestParamInfo<Case>& info) {
                            std::string mesh = info.param.mesh;
-                           mesh.erase(mesh.find('='), 1);
                            if (const size_t comma = mesh.find(','); comma != std::string::npos) mesh[comma] = '_';
-                           return info.param.model + "_" + mesh + (info.param.bf16 ? "_bf16" : "");
+                           std::erase(mesh, '=');
+                           return info.param.model + "_" + mesh + (info.param.bf16 ? "_bf16" : "") +
+                                  (info.param.overlap == "off" ? "" : "_overlap_" + info.param.overlap);
                          });
 
 // What a device run does not support is an Error naming the option and what it needs, from the
@@ -89,7 +96,6 @@ TEST_F(FakeDeviceTest, UnsupportedOptionsAreRefusedNamingTheOption) {
       {"cp=2", [](TrainConfig& c) { c.model.seq = 12; }, "cp dim in --mesh"},
       {"ep=2", [](TrainConfig& c) { c.model.model_type = "llama", c.model.experts = 2; }, "ep dim in --mesh"},
       {"dp=2", [](TrainConfig& c) { c.parallel.sharding.stage = 1; }, "--sharding-stage 1"},
-      {"dp=2", [](TrainConfig& c) { c.parallel.overlap_grad_reduce = "on"; }, "--overlap-grad-reduce on"},
       {"dp=1", [](TrainConfig& c) { c.model.lora.rank = 4; }, "--lora-rank 4"},
   };
   for (const Refused& r : cases) {

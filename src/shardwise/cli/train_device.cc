@@ -45,14 +45,13 @@ SelectedDevice select_cuda(const std::string& text, int64_t ranks) {
   SW_CHECK(count > 0, "--device {}: no GPU is visible to this process ({})", text, why.empty() ? "CUDA found none" : why);
   SW_CHECK(index < count, "--device {}: this process sees {} GPU{} (cuda:0{})", text, count, count == 1 ? "" : "s",
            count == 1 ? "" : fmt::format(" to cuda:{}", count - 1));
-  // Rank threads share the one GPU (how multi-rank logic is tested on one GPU); their reshards are
-  // device copies once collectives on CUDA memory exist (comm/, h-devcomm).
-  SW_CHECK(ranks == 1, "--device {} with {} rank threads: the ranks' reshards need collectives on CUDA memory (not "
-           "built yet); run one rank (--mesh dp=1), or try the mesh on --device fake", text, ranks);
+  // Rank threads share the one GPU (how multi-rank logic is tested on one GPU): their reshards and
+  // collectives are device copies and reductions on it (comm/device_buffers.h).
   cuda::register_devices();
   cuda_ops::install_cuda_kernels();
   const Device d = Device::cuda(index);
-  return {d, d.to_string(), fmt::format("device: {} (parameters, optimizer state and activations in its memory)", d.to_string())};
+  return {d, d.to_string(), fmt::format("device: {} (parameters, optimizer state and activations in its memory; {})",
+                                        d.to_string(), ranks == 1 ? "1 rank" : fmt::format("{} rank threads on it", ranks))};
 #else
   (void)index, (void)ranks;
   fail("--device {}: this shardwise was built without CUDA (configure on a machine with the CUDA toolkit, "

@@ -24,9 +24,6 @@ void check_device_run(const TrainConfig& c, const mesh::Strategy& s) {
   SW_CHECK(!c.parallel.sharding.enabled(), "--device {} with --sharding-stage {}: the sharded optimizer reduce-scatters "
            "and gathers outside the graph, which needs {}; use --sharding-stage 0, or --device cpu", dev,
            c.parallel.sharding.stage, kOutsideGraph);
-  SW_CHECK(c.parallel.overlap_grad_reduce == "off", "--device {} with --overlap-grad-reduce {}: the bucketed gradient "
-           "reduce runs outside the graph, which needs {}; use --overlap-grad-reduce off (the graph reduces the "
-           "gradients), or --device cpu", dev, c.parallel.overlap_grad_reduce, kOutsideGraph);
   SW_CHECK(c.model.lora.rank == 0, "--device {} with --lora-rank {}: LoRA on a device is not built yet; use --device cpu",
            dev, c.model.lora.rank);
   SW_CHECK(c.model.custom == nullptr, "a model built in Python on {}: its batches are fed on the host (not built on a "
