@@ -62,11 +62,16 @@ def long_functions(path):
 
 
 def layer_deps(root):
-    """{layer: set of layers it may include} from the shardwise_layer(...) calls."""
+    """{layer: set of layers it may include} from the shardwise_layer(...) calls and the layers'
+    target_link_libraries(shardwise_<layer> ...) calls."""
     text = open(os.path.join(root, 'src', 'CMakeLists.txt'), encoding='utf-8').read()
     direct = {}
     for m in re.finditer(r'shardwise_layer\((\w+)([^)]*)\)', text):
         direct[m.group(1)] = set(re.findall(r'shardwise_(\w+)', m.group(2)))
+    # A layer linked to another outside its call (where an optional layer is built: cli -> cuda_ops).
+    for m in re.finditer(r'target_link_libraries\(shardwise_(\w+)\s([^)]*)\)', text):
+        if m.group(1) in direct:
+            direct[m.group(1)] |= set(re.findall(r'shardwise_(\w+)', m.group(2)))
     closed = {}
 
     def close(layer):

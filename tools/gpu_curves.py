@@ -7,8 +7,9 @@ curve differs or a run fails.
 
     python3 tools/gpu_curves.py build/bin/shardwise            # host against cuda
     python3 tools/gpu_curves.py build/bin/shardwise --b host   # host against host: the harness alone
+    python3 tools/gpu_curves.py build/bin/shardwise --b fake --tol 0   # the tests' fake device: bit for bit
 
-"host" runs without --device; any other name runs with --device NAME.
+"host" runs without --device; any other name runs with --device NAME (cuda, cuda:N, fake).
 """
 import argparse
 import json

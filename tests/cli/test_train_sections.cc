@@ -22,8 +22,8 @@ std::set<std::string> changed_sections(const TrainOptions& a, const TrainOptions
   const auto& x = a.config;
   const auto& y = b.config;
   if (!(x.model == y.model) || x.dropout != y.dropout || x.bf16 != y.bf16) out.insert("model");
-  if (!(x.parallel == y.parallel) || a.ranks != b.ranks || a.gemm != b.gemm || a.memory_limit != b.memory_limit ||
-      a.auto_plan != b.auto_plan)
+  if (!(x.parallel == y.parallel) || a.ranks != b.ranks || a.gemm != b.gemm || a.device != b.device ||
+      a.memory_limit != b.memory_limit || a.auto_plan != b.auto_plan)
     out.insert("parallel");
   if (!(x.optimizer == y.optimizer) || a.epochs != b.epochs || a.tokens != b.tokens) out.insert("optimizer");
   if (!(x.data == y.data)) out.insert("data");
@@ -45,7 +45,7 @@ const std::map<std::string, std::string>& values() {
       {"lora-alpha", "16"}, {"lora-targets", "c_proj"}, {"lora-dropout", "0.1"}, {"lora-rslora", ""},
       {"auto", ""}, {"mesh", "dp=4"}, {"ranks", "4"}, {"sp", ""}, {"schedule", "fthenb"}, {"virtual", "2"},
       {"micro-batches", "4"}, {"sharding-stage", "1"}, {"sharding-layout", "v2"}, {"prefetch-params", "1"},
-      {"overlap-grad-reduce", "on"}, {"grad-bucket-mb", "8"}, {"gemm", "openblas"}, {"memory-limit", "none"},
+      {"overlap-grad-reduce", "on"}, {"grad-bucket-mb", "8"}, {"gemm", "openblas"}, {"device", "fake"}, {"memory-limit", "none"},
       {"steps", "9"}, {"epochs", "2"}, {"tokens", "4096"}, {"global-batch", "32"}, {"micro-batch", "4"},
       {"accumulation", "2"}, {"lr", "0.001"}, {"min-lr", "0.00001"}, {"warmup", "5"}, {"weight-decay", "0.1"},
       {"beta1", "0.8"}, {"beta2", "0.99"}, {"clip", "0.5"}, {"seed", "7"}, {"skip-nonfinite-steps", ""},

@@ -122,6 +122,7 @@ struct TrainOptions {
   LoggingOptions logging;
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
   std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
+  std::string device = "cpu";  // --device: cpu, cuda, cuda:N or fake (cli/train_device.h)
   std::string memory_limit = "auto";  // auto (MemAvailable), none, or a size: refuse a plan over it
   double epochs = 0;       // --epochs E: steps for E passes over the training tokens
   int64_t tokens = 0;      // --tokens N: steps for N training tokens
@@ -129,6 +130,7 @@ struct TrainOptions {
   bool auto_plan = false;   // --auto: the mesh and options plan --auto finds fastest here (cli/plan/auto_search.h)
   // Set by the command, not options:
   std::string gemm_line;      // the run header's line, set by cmd_train
+  std::string device_name, device_line;  // metrics.jsonl's "device" and the header's line (none for cpu), set by cmd_train
   int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
   std::string options_line;   // the run header's options that differ from the defaults (run_header.h), set by app.cc
   std::vector<std::string> command_line;  // the program and its arguments, for the resume command

@@ -15,7 +15,7 @@ namespace {
 // Options that describe one invocation (or one machine), not the run: never stored, never restored.
 bool per_invocation(const std::string& name) {
   static const std::set<std::string> names = {"help",       "resume", "config",       "dry-run", "json",
-                                              "no-verify-resume", "skip-optimizer", "ranks", "gemm", "memory-limit"};
+                                              "no-verify-resume", "skip-optimizer", "ranks", "gemm", "device", "memory-limit"};
   return names.count(name) > 0;
 }
 

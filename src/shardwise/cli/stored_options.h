@@ -14,7 +14,7 @@ namespace shardwise::cli {
 // The options of `cmd` that were given (on the command line, in --config, or taken from a
 // checkpoint), by long name: {"lr": ["0.002"], ...}. Leaves out what describes this invocation
 // rather than the run: --resume, --config, --dry-run, --json, --no-verify-resume, and the machine's
-// --ranks, --gemm and --memory-limit.
+// --ranks, --gemm, --device and --memory-limit (a checkpoint loads on any device).
 nlohmann::json stored_run_options(const CLI::App& cmd);
 
 // --resume: the options stored in the checkpoint it names (--resume DIR, or for --resume auto the

@@ -310,6 +310,7 @@ void print_header(const train::Trainer& trainer, const TrainOptions& o, const tr
   if (!o.auto_line.empty()) out << "  " << o.auto_line << "\n";
   out << fmt::format("  run directory: {}\n", run_dir);
   if (!o.gemm_line.empty()) out << "  " << o.gemm_line << "\n";
+  if (!o.device_line.empty()) out << "  " << o.device_line << "\n";
   const train::Strategy& s = trainer.strategy();
   if (fed) {
     out << fmt::format("  data: the batches given from Python (inputs {})\n", fmt::join(c.model.custom->feeds, ", "));
@@ -500,7 +501,7 @@ train::StepRecord RankRun::step() {
     if (trainer.has_validation()) val = trainer.validate().loss;
   }
   const double elapsed = p.elapsed(), tps = static_cast<double>(p.tokens) / std::max(elapsed, 1e-9);
-  const train::StepRecord record{last, elapsed, tps, acc, val};
+  const train::StepRecord record{last, elapsed, tps, acc, val, o.device_name};
   // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
   if (s.report) s.log->add(record);
   const bool due = o.checkpoint.save_every > 0 && (last.step % o.checkpoint.save_every == 0 || last.step == config.optimizer.steps);

@@ -16,7 +16,7 @@ const std::vector<OptionSection>& train_option_sections() {
         "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "recompute", "recompute-layers",
         "attention", "cp-attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},
       {"parallel", "Parallelism",
-       {"auto", "mesh", "ranks", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
+       {"auto", "mesh", "ranks", "device", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",
         "prefetch-params", "overlap-grad-reduce", "grad-bucket-mb", "gemm", "memory-limit"}},
       {"optimizer", "Optimizer",
        {"steps", "epochs", "tokens", "global-batch", "micro-batch", "accumulation", "lr", "min-lr", "warmup", "weight-decay", "beta1",

@@ -8,6 +8,7 @@
 #include "shardwise/cli/plan/auto_search.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/cli/stored_options.h"
+#include "shardwise/cli/train_device.h"
 #include "shardwise/cli/train_options.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/comm/local.h"
@@ -132,6 +133,9 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
              "router and no shared expert: run without --save-every, --resume and --init-from, or with --router softmax "
              "and no --shared-expert-width", c.model.router, c.model.shared_expert_width);
     if (o.auto_plan) o.auto_line = choose_for_train(o.given, c, ranks);
+    // --device: known, present and registered before the checks, which refuse what it cannot run.
+    const SelectedDevice device = select_train_device(o.device, ranks, mpi);
+    c.device = device.device, o.device_name = device.name, o.device_line = device.line;
     // Every check before anything starts. Under mpirun the data's are the Trainer's, on the processes
     // that read it (one that reads no batch never opens a data file); ranks as threads are one process.
     c.check(ranks, !mpi);
@@ -150,6 +154,9 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
 }
 
 void run_ranks(const PreparedRun& run, const RankFn& rank_fn) {
+  // THE WORLD COMMUNICATOR is chosen here. MPI processes talk through MPI on host memory; a device
+  // run under mpirun (refused by select_train_device until then) takes NCCL for --device cuda, each
+  // process on cuda:(local rank % device count), or MPI staging through the host for --device fake.
   if (run.mpi) {
     comm::run_mpi_main([&](comm::Communicator& world) { rank_fn(world, comm::mpi_world()); });
   } else {

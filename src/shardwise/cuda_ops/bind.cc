@@ -109,6 +109,7 @@ std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {
     bind_attention(*t);
     bind_lm_head(*t);
     bind_moe(*t);
+    bind_train(*t);
     t->set_fill(cuda_fill);
     return t;
   }();

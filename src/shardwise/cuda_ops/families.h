@@ -37,5 +37,7 @@ void bind_attention(ops::DeviceKernelTable& t);
 void bind_lm_head(ops::DeviceKernelTable& t);
 // moe_mlp (moe.cc).
 void bind_moe(ops::DeviceKernelTable& t);
+// The optimizer's kernels: adamw, sums of squares, scale, gradient sums (train.cc).
+void bind_train(ops::DeviceKernelTable& t);
 
 }  // namespace shardwise::cuda_ops

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardwise/ops/op.h"
+#include "shardwise/ops/train_kernels.h"
 
 namespace shardwise::ops {
 
@@ -36,6 +37,9 @@ class DeviceKernelTable {
   // For every op without a kernel of its own (the fake table runs each op's CPU kernel).
   void set_fallback(DeviceForwardFn forward, DeviceBackwardFn backward);
   void set_fill(DeviceFillFn fill) { fill_ = std::move(fill); }
+  // The optimizer's kernels (train_kernels.h): AdamW, sums of squares, scaling, gradient sums.
+  void set_train_kernels(DeviceTrainKernels kernels) { train_ = std::move(kernels); }
+  const DeviceTrainKernels& train_kernels() const { return train_; }
   const DeviceForwardFn* forward(std::string_view op) const;    // null when none
   const DeviceBackwardFn* backward(std::string_view op) const;  // null when none
   const DeviceFillFn* fill() const { return fill_ ? &fill_ : nullptr; }
@@ -50,6 +54,7 @@ class DeviceKernelTable {
   DeviceForwardFn fallback_forward_;
   DeviceBackwardFn fallback_backward_;
   DeviceFillFn fill_;
+  DeviceTrainKernels train_;
 };
 
 // Installs the table of a device kind (null removes it); returns the one it replaces. Done before

@@ -1,5 +1,6 @@
 #include "shardwise/ops/fake_device_kernels.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "shardwise/core/error.h"
@@ -93,12 +94,63 @@ Tensor fake_fill(DType dtype, const Shape& shape, double value, Device device) {
   return w.to_device(Tensor::full(dtype, shape, value));
 }
 
+// The optimizer's CPU kernels (train_kernels.h) on host views of the fake device's memory: the
+// CPU's bits, in place.
+void fake_adamw(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWHyper& h,
+                Tensor* bf16_param) {
+  HostWindow w(master.device());
+  w.note_launch();
+  Tensor wv = w.view(master), m = w.view(exp_avg), v = w.view(exp_avg_sq), g = w.view(grad);
+  adamw_update(wv.data<float>(), m.data<float>(), v.data<float>(), g.data<float>(), wv.numel(), h);
+  if (bf16_param) {
+    Tensor p = w.view(*bf16_param);
+    const Tensor rounded = wv.to(p.dtype());
+    std::copy_n(rounded.raw(), rounded.nbytes(), p.raw());
+  }
+}
+
+Tensor fake_squares(std::span<const Tensor> grads) {
+  HostWindow w(grads[0].device());
+  w.note_launch();
+  std::vector<double> sums;
+  for (const Tensor& g : grads) {
+    Tensor v = w.view(g);
+    sums.push_back(sum_of_squares(v.data<float>(), v.numel()));
+  }
+  return w.to_device(Tensor::from<double>(Shape{static_cast<int64_t>(sums.size())}, sums));
+}
+
+void fake_scale(Tensor& t, float s) {
+  HostWindow w(t.device());
+  w.note_launch();
+  Tensor v = w.view(t);
+  scale_in_place(v.data<float>(), v.numel(), s);
+}
+
+// As pipeline::accumulate_grad: an f32 copy of the first, then f32 sums in index order.
+void fake_accumulate(Tensor& sum, const Tensor& g) {
+  HostWindow w(g.device());
+  w.note_launch();
+  const Tensor add = g.dtype() == DType::F32 ? w.view(g) : w.view(g).to(DType::F32);
+  if (!sum.defined()) {  // a copy in fresh device memory (a view would alias g)
+    sum = w.to_device(g.dtype() == DType::F32 ? add.clone() : add);
+    return;
+  }
+  Tensor acc = w.view(sum);
+  SW_CHECK(acc.dtype() == DType::F32 && acc.numel() == add.numel(), "gradient sum: {} {} += {} {}",
+           dtype_name(acc.dtype()), acc.shape().to_string(), dtype_name(g.dtype()), g.shape().to_string());
+  float* a = acc.data<float>();
+  const float* in = add.data<float>();
+  for (int64_t j = 0; j < add.numel(); ++j) a[j] += in[j];
+}
+
 }  // namespace
 
 std::shared_ptr<const DeviceKernelTable> fake_device_kernels() {
   auto table = std::make_shared<DeviceKernelTable>("fake");
   table->set_fallback(fake_forward, fake_backward);
   table->set_fill(fake_fill);
+  table->set_train_kernels({fake_adamw, fake_squares, fake_scale, fake_accumulate});
   return table;
 }
 

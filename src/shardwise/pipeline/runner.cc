@@ -7,7 +7,9 @@
 #include <type_traits>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/train_kernels.h"
 #include "shardwise/reshard/plan.h"
+#include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::pipeline {
 
@@ -22,7 +24,7 @@ struct PipelineRunner::Local {
   std::vector<bool> handed;                    // this step: grads[i] given to grad_ready_
   std::vector<std::vector<size_t>> grads_at;  // per execution position: the parameters whose gradient it writes
   size_t last_action = SIZE_MAX;               // the stage's last backward action (its sums complete there)
-  std::unordered_set<const std::byte*> held;   // add_to_sum, one micro-batch: storage not to take
+  std::unordered_set<const void*> held;   // add_to_sum, one micro-batch: storage not to take
   int accumulated = 0;
   reshard::Plan to_next, from_prev, grad_to_prev, grad_from_next;
 };
@@ -47,9 +49,18 @@ Tensor take(std::map<std::pair<int, int>, Tensor>& box, int stage, int mb, const
   return t;
 }
 
+// Where a tensor's bytes are (host or device memory): what two tensors share.
+const void* storage_of(const Tensor& t) { return t.on_device() ? t.device_ptr() : static_cast<const void*>(t.raw()); }
+
+// A scalar the host needs (a loss): from a device in one copy on the rank's compute stream.
+double host_value(runtime::Runtime& rt, const Tensor& t) {
+  return (t.on_device() ? to_host(t, rt.stream()) : t).at(0);
+}
+
 }  // namespace
 
 void accumulate_grad(Tensor& sum, const Tensor& g) {
+  if (g.on_device()) return ops::accumulate_on_device(sum, g);  // the device's kernel, the same sums
   if (!sum.defined()) {
     sum = g.dtype() == DType::F32 ? g.clone() : g.to(DType::F32);  // bf16 parameters: the update is in f32
     return;
@@ -161,7 +172,7 @@ int64_t PipelineRunner::frame_bytes(const Local& l, const std::vector<Tensor>& f
   int64_t bytes = 0;
   for (size_t i = 0; i < frame.size(); ++i) {
     const Tensor& t = frame[i];
-    bool shared = i < l.shared.size() && l.shared[i].defined() && t.raw() == l.shared[i].raw();
+    bool shared = i < l.shared.size() && l.shared[i].defined() && storage_of(t) == storage_of(l.shared[i]);
     if (t.defined() && !shared) bytes += static_cast<int64_t>(t.nbytes());
   }
   return bytes;
@@ -182,12 +193,13 @@ void PipelineRunner::forward(Local& l, int mb, const Feed& feed, const Feed& on_
   if (feed) feed(s, mb, rt);
   rt.run(0, l.compiled.forward_end);
   if (!l.spec.loss.empty()) {
-    stats.loss_sum += rt.gather(l.spec.loss).at(0);  // kept (a scalar): its gradient node reads it
+    stats.loss_sum += host_value(rt, rt.gather(l.spec.loss));  // kept (a scalar): its gradient node reads it
   }
   if (!l.spec.results.empty() && on_result) on_result(s, mb, rt);
-  if (!l.spec.extra_loss.empty()) stats.extra_loss_sums[s] += rt.gather(l.spec.extra_loss).at(0);
+  if (!l.spec.extra_loss.empty()) stats.extra_loss_sums[s] += host_value(rt, rt.gather(l.spec.extra_loss));
   for (const std::string& name : l.spec.stats) {
     Tensor t = rt.gather(name);
+    if (t.on_device()) t = to_host(t, rt.stream());  // one copy of the statistic (MoE routing)
     std::vector<double>& sum = stats.stat_sums[name];
     sum.resize(static_cast<size_t>(t.numel()), 0.0);
     for (int64_t i = 0; i < t.numel(); ++i) sum[static_cast<size_t>(i)] += t.at(i);
@@ -217,7 +229,7 @@ void PipelineRunner::add_to_sum(Local& l, size_t i) {
   // backward's buffers right after (set_buffers(l.shared)), so an f32 gradient is taken, not
   // copied, unless its storage is also held by a kept buffer (a parameter, a constant) or by a
   // gradient taken already (the caller scales and clips the sums in place).
-  if (schedule_.micro_batches == 1 && g.dtype() == DType::F32 && g.numel() > 0 && l.held.insert(g.raw()).second) {
+  if (schedule_.micro_batches == 1 && g.dtype() == DType::F32 && g.numel() > 0 && l.held.insert(storage_of(g)).second) {
     l.grads[i] = g;
     return;
   }
@@ -228,7 +240,7 @@ void PipelineRunner::hand_over(Local& l, size_t i) {
   if (l.handed[i]) return;
   add_to_sum(l, i);
   l.handed[i] = true;
-  const std::byte* storage = l.grads[i].raw();
+  const void* storage = storage_of(l.grads[i]);
   grad_ready_(l.spec.stage, i, l.grads[i]);
   if (!l.grads[i].defined()) l.held.erase(storage);  // the callee's now: once it lets go, a later gradient may reuse it
   // The gradient's buffer goes now rather than at the action's end: what is still needed is the
@@ -257,7 +269,7 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
   l.held.clear();  // add_to_sum: the storage of the kept buffers, then of the gradients taken
   if (schedule_.micro_batches == 1) {
     for (const Tensor& t : l.shared) {
-      if (t.defined()) l.held.insert(t.raw());
+      if (t.defined()) l.held.insert(storage_of(t));
     }
   }
   // The stage's last backward action (a split schedule's last weight gradient: the input gradient

@@ -365,7 +365,38 @@ Tensor grown_weights(const ckpt::fs::path& dir, const ParamState& p, int64_t old
 
 }  // namespace
 
+namespace {
+
+// A device run's state goes to the host for the load's host code and back after (counted copies).
+template <class Load>
+auto load_on_host(Trainer& trainer, Load&& load) {
+  trainer.move_state(Device::host());
+  auto result = load();
+  trainer.move_state(trainer.config().device);
+  return result;
+}
+
+void load_trainer_here(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir, bool skip_optimizer);
+int64_t init_from_model_here(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
+                             const std::vector<std::string>& ignore_keys);
+
+}  // namespace
+
 void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir, bool skip_optimizer) {
+  load_on_host(trainer, [&] {
+    load_trainer_here(trainer, world, dir, skip_optimizer);
+    return 0;
+  });
+}
+
+int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
+                        const std::vector<std::string>& ignore_keys) {
+  return load_on_host(trainer, [&] { return init_from_model_here(trainer, world, dir, ignore_keys); });
+}
+
+namespace {
+
+void load_trainer_here(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir, bool skip_optimizer) {
   check_same_model(trainer, dir);
   const bool has_moments = ckpt::GroupReader::exists(dir, "optimizer");
   SW_CHECK(has_moments || skip_optimizer, "checkpoint {} holds no optimizer state (saved with --save-model-only): "
@@ -439,8 +470,8 @@ void load_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::p
   trainer.restore_position(step, state.at("consumed_samples").get<int64_t>(), optimizer_steps);
 }
 
-int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
-                        const std::vector<std::string>& ignore_keys) {
+int64_t init_from_model_here(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir,
+                             const std::vector<std::string>& ignore_keys) {
   const GptConfig saved = read_model_config(dir), &mine = trainer.config().model;
   // A vocabulary the run grows (TrainConfig::init_vocab) is the directory's model with more rows.
   GptConfig grown = saved;
@@ -500,6 +531,8 @@ int64_t init_from_model(Trainer& trainer, comm::Communicator& world, const ckpt:
   trainer.set_base_model({dir.string(), model_fingerprint(dir)});
   return static_cast<int64_t>(stored.size());
 }
+
+}  // namespace
 
 int64_t load_adapter(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& dir) {
   const GptConfig& model = trainer.config().model;

@@ -2,7 +2,11 @@
 
 #include <cstring>
 
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/current_stream.h"
+#include "shardwise/tensor/device_copy.h"
+#include "shardwise/tensor/device_memory.h"
 
 namespace shardwise::train {
 
@@ -68,10 +72,46 @@ void GradBuckets::close(size_t group) {
   ++early_;
 }
 
+namespace {
+
+// Copies `bytes` between device tensors' memory at byte offsets, on the thread's current stream.
+void copy_bytes(const Tensor& dst, size_t dst_at, const Tensor& src, size_t src_at, size_t bytes) {
+  if (bytes == 0) return;
+  device_memory(dst.device()).copy_on_device(static_cast<std::byte*>(const_cast<void*>(dst.device_ptr())) + dst_at,
+                                             static_cast<const std::byte*>(src.device_ptr()) + src_at, bytes,
+                                             current_stream());
+}
+
+}  // namespace
+
+// Sums on a device (all-reduce buckets): packed by device copies on the caller's stream (the
+// backward's compute stream), reduced by the group's collective on device memory.
+void GradBuckets::start_on_device(Bucket& b, int64_t total) {
+  const Device d = b.sums.front().device();
+  b.buffer = empty_on(DType::F32, Shape{total}, d, current_stream());
+  hold(static_cast<int64_t>(b.buffer.nbytes()));
+  size_t at = 0;
+  for (const Tensor& s : b.sums) {
+    SW_CHECK(s.device() == d, "gradient buckets: sums on {} and {}", d.to_string(), s.device().to_string());
+    copy_bytes(b.buffer, at, s, 0, s.nbytes());
+    at += s.nbytes();
+  }
+  b.sums.clear();
+  hold(-b.bytes);
+  const comm::DeviceBuffers on_device(d, current_stream());
+  void* buffer = b.buffer.device_ptr();
+  b.request = g_.comms[b.group]->start_all_reduce(buffer, buffer, total, DType::F32, comm::Reduce::Sum);
+}
+
 void GradBuckets::start(Bucket& b) {
   comm::Communicator& group = *g_.comms[b.group];
   int64_t total = 0;
   for (const Tensor& s : b.sums) total += s.numel();
+  if (b.sums.front().on_device()) {
+    SW_CHECK(!plan_, "gradient buckets: reduce-scatter buckets (sharding stage 2) on {} are not built yet",
+             b.sums.front().device().to_string());
+    return start_on_device(b, total);
+  }
   b.buffer = Tensor::uninitialized(DType::F32, Shape{total});
   hold(static_cast<int64_t>(b.buffer.nbytes()));
   float* dst = b.buffer.data<float>();
@@ -110,6 +150,18 @@ void GradBuckets::wait_oldest() {
   closed_.pop_front();
   --started_;
   b->request->wait();
+  if (b->buffer.on_device()) {  // each parameter's reduced sum copied out of the bucket on the device
+    size_t at = 0;
+    for (size_t k = 0; k < b->params.size(); ++k) {
+      Tensor& r = results_[b->params[k]];
+      r = empty_on(DType::F32, b->shapes[k], b->buffer.device(), current_stream());
+      copy_bytes(r, 0, b->buffer, at, r.nbytes());
+      at += r.nbytes();
+      hold(static_cast<int64_t>(r.nbytes()));
+    }
+    hold(-static_cast<int64_t>(b->buffer.nbytes()));
+    return;
+  }
   const float* src = (plan_ ? b->out : b->buffer).data<float>();
   for (size_t k = 0; k < b->params.size(); ++k) {
     const size_t p = b->params[k];

@@ -70,6 +70,7 @@ class GradBuckets {
   struct Bucket;
   void close(size_t group);  // starts the group's open bucket's reduction
   void start(Bucket& b);    // packs and starts
+  void start_on_device(Bucket& b, int64_t total);  // the same for sums on a device (all-reduce only)
   void wait_oldest();       // waits for the oldest bucket in flight and unpacks it
   DataGroups g_;
   const ShardPlan* plan_;

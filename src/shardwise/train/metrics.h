@@ -18,6 +18,7 @@ struct StepRecord {
   double elapsed_s = 0, tokens_per_s = 0;
   std::optional<double> accuracy;
   std::optional<double> val_loss;  // metrics.jsonl also gets val_ppl = exp(val_loss)
+  std::string device;  // --device off the CPU ("cuda:0", "fake"); "" (not written) on the CPU
 };
 
 // A step's line of metrics.jsonl (without the newline).

@@ -8,6 +8,7 @@
 #include "shardwise/comm/communicator.h"
 #include "shardwise/mesh/dist_attr.h"
 #include "shardwise/mesh/process_mesh.h"
+#include "shardwise/ops/train_kernels.h"
 #include "shardwise/tensor/tensor.h"
 
 namespace shardwise::train {
@@ -39,15 +40,22 @@ struct ParamState {
   bool decay = false;
 };
 
+// Whether `p` holds an fp32 master apart from the kernels' copy (bf16 parameters); an f32
+// parameter is its own master. On the host or a device.
+bool has_own_master(const ParamState& p);
+
 class AdamW {
  public:
   explicit AdamW(AdamWConfig config) : c_(config) {}
-  // One update of every parameter with `grads` (f32 blocks, same order); step counts from 1.
+  // One update of every parameter with `grads` (f32 blocks, same order); step counts from 1. State on
+  // a device updates there (ops::adamw_on_device), a bf16 parameter's copy in the same kernel.
   void step(std::vector<ParamState>& params, const std::vector<Tensor>& grads, double lr, int64_t step) const;
   // The update of `n` elements in place (master `w`, moments `m`, `v`, gradient `g`): what step()
   // does to each parameter, for callers that own a part of one (the sharded optimizer).
   void update(float* w, float* m, float* v, const float* g, int64_t n, bool decay, double lr, int64_t step) const;
   const AdamWConfig& config() const { return c_; }
+  // The kernel's numbers for one update (ops/train_kernels.h).
+  ops::AdamWHyper hyper(bool decay, double lr, int64_t step) const;
 
  private:
   AdamWConfig c_;
@@ -61,6 +69,8 @@ class AdamW {
 double global_grad_norm(const std::vector<ParamState>& params, const std::vector<Tensor>& grads,
                         const mesh::ProcessMesh& mesh, comm::Communicator& world,
                         const std::vector<int>& disjoint_dims = {});
+// g *= scale for every gradient (f32, on the host or a device): the mean over micro-batches, clipping.
+void scale_grads(std::vector<Tensor>& grads, float scale);
 // Scales the gradients so that their global norm is at most `max_norm` (<= 0: no clipping).
 // Returns the norm before clipping.
 double clip_grad_norm(std::vector<Tensor>& grads, double norm, double max_norm);

@@ -10,6 +10,7 @@
 #include "shardwise/models/llama.h"
 #include "shardwise/models/models.h"
 #include "shardwise/data/packing.h"
+#include "shardwise/tensor/device_copy.h"
 #include "shardwise/train/context_parallel.h"
 
 namespace shardwise::train {
@@ -33,19 +34,30 @@ pipeline::Schedule training_schedule(const Strategy& s, const PipelineConfig& c,
 
 // The graph's constant inputs (the causal mask, unless packed documents bring theirs with each
 // micro-batch; Llama's positions) on every local stage.
-void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, const Tensor& mask) {
+// On a device, each rank's block of them is copied there once.
+void bind_constants(pipeline::PipelineRunner& runner, const GptConfig& model, const Tensor& mask, Device device) {
   std::map<std::string, Tensor> constants = model_constants(model);
   if (constants.contains("causal_mask")) constants["causal_mask"] = mask;
   for (int s : runner.local_stages()) {
     const std::vector<std::string>& here = runner.spec(s).constants;
-    for (const auto& [name, value] : constants)
-      if (std::find(here.begin(), here.end(), name) != here.end()) runner.runtime(s).set_global(name, value);
+    runtime::Runtime& rt = runner.runtime(s);
+    for (const auto& [name, value] : constants) {
+      if (std::find(here.begin(), here.end(), name) == here.end()) continue;
+      if (device.is_host()) {
+        rt.set_global(name, value);
+      } else {
+        const mesh::LocalBlock b = rt.local_block(name);
+        rt.set_local(name, to_device(value.slice(b.offsets(), b.shape), device, rt.stream()));
+      }
+    }
   }
 }
 
 // Binds this rank's block of `name` from `rows`, the rows [row0, row0 + rows) of the micro-batch
 // (the same block set_global would cut from the whole micro-batch).
-void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows, int64_t row0) {
+// On a device, the block is copied there (one counted copy).
+void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows, int64_t row0,
+                Device device = Device::host()) {
   mesh::LocalBlock b = rt.local_block(name);
   std::vector<int64_t> offsets(b.offsets().begin(), b.offsets().end());
   offsets[0] -= row0;
@@ -53,25 +65,26 @@ void bind_block(runtime::Runtime& rt, std::string_view name, const Tensor& rows,
            "loader: '{}' needs rows [{}, {}) of the micro-batch on this rank, but its data-parallel block holds [{}, "
            "{}): the input is not sharded S(0) over dp",
            name, b.offset[0], b.offset[0] + b.shape[0], row0, row0 + rows.shape()[0]);
-  rt.set_local(name, rows.slice(offsets, b.shape));
+  const Tensor block = rows.slice(offsets, b.shape);
+  rt.set_local(name, device.is_host() ? block : to_device(block, device, rt.stream()));
 }
 
 // Binds this rank's rows of a micro-batch: ids on the first stage, labels on the last, and with
 // packed documents the attention mask on every stage and the position ids on the first (GPT-2's
 // position embedding) or on every stage (Llama's rotary embedding in every layer). With cp, each
 // [rows, S] input in cp's order (context_parallel.h), whose S(1) block over cp bind_block cuts.
-void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const RowBatch& b) {
+void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool last, const RowBatch& b, Device device) {
   const int64_t cp = model.cp_order;
-  if (first) bind_block(rt, "ids", to_cp_order(b.ids, cp), b.row0);
-  if (last) bind_block(rt, "labels", to_cp_order(b.labels, cp), b.row0);
+  if (first) bind_block(rt, "ids", to_cp_order(b.ids, cp), b.row0, device);
+  if (last) bind_block(rt, "labels", to_cp_order(b.labels, cp), b.row0, device);
   if (!model.document_mask) return;
   DocumentInputs d = document_inputs(b.ids, model.eos_id, !model.fused_attention());  // row by row: the rows' own
   if (model.fused_attention()) {
-    bind_block(rt, "document_ids", to_cp_order(d.document_ids, cp), b.row0);
+    bind_block(rt, "document_ids", to_cp_order(d.document_ids, cp), b.row0, device);
   } else {
-    bind_block(rt, "attention_mask", d.attention_mask, b.row0);
+    bind_block(rt, "attention_mask", d.attention_mask, b.row0, device);
   }
-  if (first || model.is_llama()) bind_block(rt, "position_ids", to_cp_order(d.position_ids, cp), b.row0);
+  if (first || model.is_llama()) bind_block(rt, "position_ids", to_cp_order(d.position_ids, cp), b.row0, device);
 }
 
 // A model fed from the caller (CustomModel::feeds): this rank's rows of micro-batch `mb` of each
@@ -96,6 +109,19 @@ std::vector<CustomMoe> custom_moe_layers(const GptConfig& model, bool when) {
 
 }  // namespace
 
+void move_param_state(ParamState& p, Device device) {
+  const bool own_master = has_own_master(p);
+  auto move = [&](Tensor& t) {
+    if (!t.defined() || t.device() == device) return;
+    t = device.is_host() ? to_host(t) : to_device(t, device);
+  };
+  move(p.master);
+  move(p.exp_avg);
+  move(p.exp_avg_sq);
+  if (p.master.defined() && !own_master) p.param = p.master;  // f32: the kernels read the master itself
+  else move(p.param);
+}
+
 StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const PipelineConfig& config,
                      int64_t sequences_per_micro_batch, int micro_batches, uint64_t seed, const Tensor& causal_mask,
                      std::shared_ptr<comm::Communicator> world)
@@ -118,7 +144,7 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins, config_.prefetch_params};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
-  bind_constants(*runner_, model_, mask_);
+  bind_constants(*runner_, model_, mask_, config_.device);
   loader_ = make_loader(micro_batches, config_.loader);
 }
 
@@ -253,6 +279,7 @@ void StagedGpt::init_params(int64_t process) {
           q.decay = slot.meta.shape.ndim() >= 2;
           counted_.push_back(name != tied_embedding(model_) || first_here);
         }
+        if (!config_.device.is_host()) move_param_state(q, config_.device);
         states.push_back(std::move(q));
       }
     }
@@ -284,7 +311,7 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
     rt.set_sample_offset(first + mb * sequences_);  // dropout masks follow the samples, not the mesh
     if (fed_batches(model_)) return bind_fed(rt, *model_.custom, runner_->spec(stage), mb * sequences_, sequences_);
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
-    bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
+    bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)], config_.device);
   };
   bind(*runner_);
   remaining_ = copies_;
@@ -469,7 +496,7 @@ std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_ba
   std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
   auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
                                                            pipeline::RunnerOptions{true, false, config_.prefetch_params});
-  bind_constants(*runner, model_, mask_);
+  bind_constants(*runner, model_, mask_, config_.device);
   return runner;
 }
 
@@ -488,10 +515,13 @@ EvalResult StagedGpt::evaluate(const AdditionTask& task, int64_t samples) {
       const auto& t = problems[static_cast<size_t>(mb * batch + i)].tokens;
       std::copy(t.begin(), t.end() - 1, ids.data<int64_t>() + i * S_len);
     }
-    rt.set_global("ids", to_cp_order(ids, model_.cp_order));
+    if (config_.device.is_host()) rt.set_global("ids", to_cp_order(ids, model_.cp_order));
+    else bind_block(rt, "ids", to_cp_order(ids, model_.cp_order), 0, config_.device);
   };
   auto read = [&](int, int mb, runtime::Runtime& rt) {
-    Tensor pred = from_cp_order(rt.gather(eval_->spec(eval_->schedule().stages() - 1).results.at(0)), model_.cp_order);
+    Tensor pred = rt.gather(eval_->spec(eval_->schedule().stages() - 1).results.at(0));
+    if (pred.on_device()) pred = to_host(pred, rt.stream());
+    pred = from_cp_order(pred, model_.cp_order);
     for (int64_t i = 0; i < batch && mb * batch + i < samples; ++i) {
       const auto& p = problems[static_cast<size_t>(mb * batch + i)];
       bool exact = true;
@@ -522,7 +552,7 @@ double StagedGpt::validation_loss(const Dataset* data, int64_t count) {
   std::vector<RowBatch> batches = val_loader_->take(data, 0, count);  // before the run's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
-    bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)]);
+    bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)], config_.device);
   };
   bind(*val_);
   double sum = val_->run(feed).loss_sum;  // the micro-batches' summed cross-entropies, in order
@@ -636,8 +666,10 @@ Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor
     } else {
       it = std::find_if(frozen_.begin(), frozen_.end(), named);
       SW_CHECK(it != frozen_.end() && !blocks, "no {}parameter named '{}'", blocks ? "trained " : "", name);
-      mine = it->param.dtype() == DType::F32 ? it->param : it->param.to(DType::F32);
+      mine = it->param;
     }
+    if (mine.on_device()) mine = to_host(mine);  // a device run's block, for host code (tests, exports)
+    if (mine.dtype() != DType::F32) mine = mine.to(DType::F32);
     reshard::Plan plan = reshard::plan_reshard(it->shape, DType::F32, {m, it->dist}, {m, mesh::DistAttr(m.ndim())});
     Tensor whole = reshard::Resharder(world_).run(plan, mine);
     std::vector<int64_t> header = {it->shape.ndim()};

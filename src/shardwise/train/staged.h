@@ -44,7 +44,14 @@ struct PipelineConfig {
   // each rank's ParamState is its shard, gathered before each use; no ShardedOptimizer.
   bool shard_params = false;
   int prefetch_params = 0;  // with shard_params: layers whose gathers start ahead (pipeline::RunnerOptions)
+  // Where the parameters, the optimizer state, the constants and each micro-batch's inputs live (the
+  // host, or a device: TrainConfig::device).
+  Device device;
 };
+
+// Moves a parameter's state to `device` or the host (counted copies), an f32 parameter still its
+// own master.
+void move_param_state(ParamState& p, Device device);
 
 // What a runner's stages compute: the training step, the loss only (validation), or predictions.
 enum class StageGraph { Training, Loss, Predictions };
@@ -151,6 +158,9 @@ class StagedGpt {
 
   const pipeline::Schedule& schedule() const { return runner_->schedule(); }
   const pipeline::PipelineRunner& runner() const { return *runner_; }
+  // The stream this rank's training kernels run on (its first local stage's compute stream; the
+  // default stream on the host).
+  Stream stream() { return runner_->runtime(runner_->local_stages().front()).stream(); }
   // The [S, S] causal mask its graphs read (undefined when none does: fused attention).
   const Tensor& causal_mask() const { return mask_; }
   // This rank's last step: timeline, peak activation bytes, per-stage frame bytes.

@@ -16,6 +16,7 @@
 #include "shardwise/data/data.h"
 #include "shardwise/models/gpt.h"
 #include "shardwise/models/model_io.h"
+#include "shardwise/tensor/device.h"
 #include "shardwise/train/optimizer.h"
 #include "shardwise/train/sharding.h"
 
@@ -121,6 +122,9 @@ struct TrainConfig {
   ParallelConfig parallel;
   OptimizerConfig optimizer;
   DataConfig data;
+  // Where the parameters, the optimizer state and every step's tensors live (--device): the host,
+  // or a device whose memory and kernels are registered (train/device_checks.h says what runs there).
+  Device device;
 
   // Every check a run makes before it starts (mesh vs. ranks, heads vs. tp, batch sizes, the data
   // file, the vocabulary): one Error with what is wrong. Fills the derived batch number. Without

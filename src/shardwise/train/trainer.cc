@@ -14,10 +14,12 @@
 #include "shardwise/runtime/profiler.h"
 #include "shardwise/train/context_parallel.h"
 #include "shardwise/train/data_defaults.h"
+#include "shardwise/train/device_checks.h"
 #include "shardwise/models/custom.h"
 #include "shardwise/models/models.h"
 #include "shardwise/core/plural.h"
 #include "shardwise/core/rank_failure.h"
+#include "shardwise/tensor/current_stream.h"
 
 namespace shardwise::train {
 
@@ -174,6 +176,7 @@ void TrainConfig::check(int64_t ranks, bool open_data) {
   SW_CHECK(optimizer.warmup >= 0, "warm-up steps must not be negative, got {}", optimizer.warmup);
   check_text_options(*this);
   parallel.sharding.check();
+  check_device_run(*this, s);
   check_bucket_options(parallel.overlap_grad_reduce, parallel.grad_bucket_mb);
   SW_CHECK(parallel.overlap_grad_reduce == "off" || !parallel.sharding.shards_params(),
            "--overlap-grad-reduce {} does not combine with --sharding-stage 3: stage 3 reduce-scatters each gradient "
@@ -266,7 +269,8 @@ PipelineConfig pipeline_config(const TrainConfig& c) {
   return PipelineConfig{c.parallel.schedule, c.parallel.virtual_stages, c.parallel.pipeline_release, false,
                         LoaderOptions{c.data.loader_sync, c.data.loader_prefetch},
                         c.parallel.sharding.stage == 2 || (c.parallel.overlap_grad_reduce != "off" && !c.parallel.sharding.shards_params()),
-                        c.parallel.sharding.shards_optimizer(), c.parallel.sharding.shards_params(), c.parallel.sharding.prefetch_params};
+                        c.parallel.sharding.shards_optimizer(), c.parallel.sharding.shards_params(), c.parallel.sharding.prefetch_params,
+                        c.device};
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
@@ -351,11 +355,7 @@ namespace {
 
 void scale_grads(std::vector<Tensor>& grads, int64_t accumulation) {
   if (accumulation <= 1) return;  // the mean over the micro-batches
-  const float inv = 1.0f / static_cast<float>(accumulation);
-  for (Tensor& g : grads) {
-    float* p = g.data<float>();
-    for (int64_t j = 0; j < g.numel(); ++j) p[j] *= inv;
-  }
+  train::scale_grads(grads, 1.0f / static_cast<float>(accumulation));
 }
 
 }  // namespace
@@ -385,6 +385,7 @@ std::vector<Tensor> Trainer::reduce_grads(std::vector<Tensor>& grads) {
 
 StepResult Trainer::step() {
   StagedGpt::Result fb = model_->forward_backward(data_.get(), consumed_);
+  StreamScope on_compute(model_->stream());  // on a device, the update's kernels follow the step's
   std::vector<Tensor>& grads = fb.grads;
   grads = reduce_grads(grads);
   last_grad_bytes_ = 0;
@@ -454,7 +455,7 @@ int64_t Trainer::optimizer_state_bytes() const {
   int64_t bytes = 0;
   for (const ParamState& p : model_->params()) {
     bytes += static_cast<int64_t>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
-    if (p.master.defined() && p.master.raw() != p.param.raw()) bytes += static_cast<int64_t>(p.master.nbytes());
+    if (has_own_master(p)) bytes += static_cast<int64_t>(p.master.nbytes());
   }
   return bytes;
 }
@@ -513,6 +514,12 @@ ParameterCounts Trainer::count_parameters() {
   out.optimizer_bytes = optimizer_state_bytes();
   world_->all_reduce(&out.optimizer_bytes, &out.optimizer_bytes, 1, DType::I64, comm::Reduce::Sum);
   return out;
+}
+
+void Trainer::move_state(Device device) {
+  if (c_.device.is_host()) return;
+  for (ParamState& p : model_->params()) move_param_state(p, device);
+  for (ParamState& p : model_->frozen()) move_param_state(p, device);
 }
 
 void Trainer::restore_position(int64_t step, int64_t consumed, int64_t optimizer_steps) {

@@ -170,6 +170,9 @@ class Trainer {
   // `optimizer_steps` of them taken by the moments the trainer now holds (-1: all `step`; 0: fresh
   // moments, whose bias correction starts again at t = 1 as a new torch optimizer's does).
   void restore_position(int64_t step, int64_t consumed, int64_t optimizer_steps = -1);
+  // A device run's parameter state (trained and frozen) to `device`, or to the host and back:
+  // checkpoint loads write it with host code (counted copies; nothing on a host run).
+  void move_state(Device device);
   // The stages this rank runs (one without pp): schedule, last step's timeline and activations.
   const StagedGpt& stages() const { return *model_; }
 

@@ -1,0 +1,128 @@
+// `shardwise train --device`: `--device fake` (the tests' device standing in for cuda:0) writes the
+// losses and gradient norms of `--device cpu` bit for bit, with the addition task's evaluation and a
+// checkpoint that `--device cpu` resumes, validation, packed documents, Mixtral's router and sp; the header and metrics.jsonl name the device; what a
+// device cannot run yet, an unknown device, cuda without a GPU or a CUDA build, and a device under
+// mpirun are usage errors (status 2) naming the option, before any work.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using shardwise_cli_test::metrics_losses;
+using shardwise_cli_test::Result;
+using shardwise_cli_test::run;
+using shardwise_cli_test::TempDir;
+
+// metrics.jsonl's values of `key` by line, as written (text: compares bit for bit).
+std::vector<std::string> field_of(const fs::path& metrics, const std::string& key) {
+  std::vector<std::string> out;
+  std::ifstream f(metrics);
+  const std::string tag = "\"" + key + "\":";
+  for (std::string line; std::getline(f, line);) {
+    const size_t at = line.find(tag);
+    if (at == std::string::npos) continue;
+    const size_t from = at + tag.size();
+    out.push_back(line.substr(from, line.find_first_of(",}", from) - from));
+  }
+  return out;
+}
+
+const std::string kTiny = " --layers 2 --hidden 32 --heads 4 --global-batch 8 --lr 0.003 --warmup 2 --eval-every 4 ";
+
+TEST(TrainDevice, FakeWritesTheCpuCurveAndACheckpointTheCpuResumes) {
+  for (const std::string model : {"gpt2", "llama"}) {
+    for (const std::string mesh : {"dp=1", "dp=2", "tp=2"}) {
+      TempDir cpu("sw_dev_cpu"), dev("sw_dev_fake");
+      const std::string args = "train --model " + model + " --mesh " + mesh + kTiny + "--steps 4 --save-every 2 ";
+      const Result a = run(args + "--run-dir " + cpu.path.string());
+      ASSERT_EQ(a.status, 0) << a.out;
+      const Result b = run(args + "--device fake --run-dir " + dev.path.string());
+      ASSERT_EQ(b.status, 0) << b.out;
+      EXPECT_NE(b.out.find("device: fake"), std::string::npos) << b.out;
+      EXPECT_EQ(a.out.find("device:"), std::string::npos) << a.out;
+      const fs::path ma = cpu.path / "metrics.jsonl", mb = dev.path / "metrics.jsonl";
+      EXPECT_EQ(metrics_losses(mb), metrics_losses(ma)) << model << " " << mesh;
+      EXPECT_EQ(field_of(mb, "grad_norm"), field_of(ma, "grad_norm")) << model << " " << mesh;
+      EXPECT_EQ(field_of(mb, "accuracy"), field_of(ma, "accuracy")) << model << " " << mesh;
+      EXPECT_EQ(field_of(mb, "device"), std::vector<std::string>(4, "\"fake\""));
+      EXPECT_TRUE(field_of(ma, "device").empty());
+      // The fake run's checkpoint of step 2, resumed on the CPU: the CPU's steps 3 and 4.
+      TempDir resumed("sw_dev_resumed");
+      const Result c = run("train --resume " + (dev.path / "checkpoints" / "checkpoint-2").string() + " --run-dir " +
+                           resumed.path.string());
+      ASSERT_EQ(c.status, 0) << c.out;
+      const std::vector<std::string> all = metrics_losses(ma), rest = metrics_losses(resumed.path / "metrics.jsonl");
+      ASSERT_GE(rest.size(), 2u) << c.out;
+      ASSERT_EQ(all.size(), 4u);
+      EXPECT_EQ(std::vector<std::string>(rest.end() - 2, rest.end()), std::vector<std::string>(all.begin() + 2, all.end()))
+          << model << " " << mesh;
+    }
+  }
+}
+
+TEST(TrainDevice, FakeValidatesAndPacksDocumentsAsTheCpu) {
+  const std::string data = std::string(SHARDWISE_SOURCE_DIR) + "/tests/data/fables.txt";
+  for (const std::string extra : {"--mesh dp=2 --val-fraction 0.1 --eval-every 2",
+                                  "--model llama --experts 4 --top-k 2 --mesh tp=2 --sp --eos-id 10 --no-cross-document-attention"}) {
+    TempDir cpu("sw_dev_val_cpu"), dev("sw_dev_val_fake");
+    const std::string args = "train --layers 2 --hidden 32 --heads 4 --steps 4 --seq 32 --vocab 256 --global-batch 8 --data " +
+                             data + " --data-format bytes " + extra + " ";
+    const Result a = run(args + "--run-dir " + cpu.path.string());
+    ASSERT_EQ(a.status, 0) << a.out;
+    const Result b = run(args + "--device fake --run-dir " + dev.path.string());
+    ASSERT_EQ(b.status, 0) << b.out;
+    for (const std::string key : {"loss", "grad_norm", "val_loss", "moe"})
+      EXPECT_EQ(field_of(dev.path / "metrics.jsonl", key), field_of(cpu.path / "metrics.jsonl", key)) << extra << ": " << key;
+    const bool validates = extra.find("--val-fraction") != std::string::npos;
+    EXPECT_EQ(field_of(dev.path / "metrics.jsonl", validates ? "val_loss" : "moe").size(), validates ? 2u : 4u) << extra;
+  }
+}
+
+struct Refusal {
+  std::string args, says;
+};
+
+TEST(TrainDevice, WhatADeviceCannotRunIsAUsageErrorNamingTheOption) {
+  const char* cuda_said[] = {"no GPU is visible", "built without CUDA"};
+  const std::vector<Refusal> refusals = {
+      {"--device tpu", "--device 'tpu': use cpu, cuda, cuda:N or fake"},
+      {"--device cuda:x", "--device cuda:x: a GPU is cuda or cuda:N"},
+      {"--device fake --mesh pp=2", "--device cuda:0 with a pp dim in --mesh [pp=2]"},
+      {"--device fake --mesh cp=2", "cp dim in --mesh"},
+      {"--device fake --model llama --experts 2 --mesh ep=2", "ep dim in --mesh"},
+      {"--device fake --mesh dp=2 --sharding-stage 2", "--sharding-stage 2"},
+  };
+  for (const Refusal& r : refusals) {
+    const Result res = run("train --layers 1 --hidden 32 --steps 1 " + r.args + " --run-dir " + shardwise_cli_test::tmp("sw_dev_refused"));
+    EXPECT_EQ(res.status, 2) << r.args << ": " << res.out;
+    EXPECT_NE(res.out.find(r.says), std::string::npos) << r.args << ": " << res.out;
+    EXPECT_EQ(res.out.find("step 1"), std::string::npos) << r.args << ": it trained: " << res.out;
+  }
+  // This machine has no GPU: a CUDA build says so, a build without CUDA says that.
+  const Result cuda = run("train --layers 1 --hidden 32 --steps 1 --device cuda --run-dir " + shardwise_cli_test::tmp("sw_dev_cuda"));
+  EXPECT_EQ(cuda.status, 2) << cuda.out;
+  EXPECT_TRUE(cuda.out.find(cuda_said[0]) != std::string::npos || cuda.out.find(cuda_said[1]) != std::string::npos) << cuda.out;
+  EXPECT_NE(cuda.out.find("--device cuda"), std::string::npos) << cuda.out;
+}
+
+TEST(TrainDevice, UnderMpirunADeviceIsAUsageError) {
+  const char* bin = std::getenv("SHARDWISE_BIN");
+  ASSERT_NE(bin, nullptr);
+  const std::string line = std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin +
+                           " train --mesh dp=2 --layers 1 --hidden 32 --steps 1 --device fake --run-dir " +
+                           shardwise_cli_test::tmp("sw_dev_mpi");
+  const Result r = shardwise_cli_test::run_command(line);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("--device fake under mpirun: MPI processes on a device need collectives on device memory"),
+            std::string::npos) << r.out;
+}
+
+}  // namespace
