@@ -67,6 +67,9 @@ def layer_deps(root):
     direct = {}
     for m in re.finditer(r'shardwise_layer\((\w+)([^)]*)\)', text):
         direct[m.group(1)] = set(re.findall(r'shardwise_(\w+)', m.group(2)))
+    # Links a layer gets where an option builds them (cli links cuda_ops where CUDA is built).
+    for m in re.finditer(r'target_link_libraries\(shardwise_(\w+)([^)]*)\)', text):
+        direct.setdefault(m.group(1), set()).update(re.findall(r'shardwise_(\w+)', m.group(2)))
     closed = {}
 
     def close(layer):

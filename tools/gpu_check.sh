@@ -91,20 +91,25 @@ fi
 has_device() {  # has_device COMMAND: whether `shardwise COMMAND --help` lists --device
   [ -x "$bin" ] && "$bin" "$1" --help 2>/dev/null | grep -qE '^ *--device\b'
 }
-hook() {  # hook NAME COMMAND WHY-NOT RUN...: the step when `shardwise COMMAND` has --device
-  local name=$1 cmd=$2 why=$3
-  shift 3
+hook() {  # hook NAME COMMAND WHY-NOT PATTERN RUN...: the step when `shardwise COMMAND` has --device;
+  # the last 8 lines of its log matching PATTERN go into the summary
+  local name=$1 cmd=$2 why=$3 pattern=$4
+  shift 4
   if ! has_device "$cmd"; then
     echo "$name: not built yet ($why)" >> "$summary"
   elif [ "$(left)" -lt 10 ]; then
     echo "$name: skipped, $(left) s left before the benchmark" >> "$summary"
   else
     step "$name" timeout "$(left)" "$@" || tests_rc=1
-    grep -E 'ok|FAILED|failures' "$out/$name.log" | tail -8 >> "$summary"
+    grep -E "$pattern" "$out/$name.log" | tail -8 >> "$summary"
   fi
 }
-hook verify_cuda verify "shardwise verify has no --device option" "$bin" verify --device cuda --quiet
-hook curves train "shardwise train has no --device option" "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
+# verify's summary line counts the checks run on the GPU and those skipped, with why (ops without a
+# CUDA kernel, attributes the bindings refuse); its FAIL lines name each failing op.
+hook verify_cuda verify "shardwise verify has no --device option" '^(total:|FAIL )' \
+  "$bin" verify --device cuda --quiet
+hook curves train "shardwise train has no --device option" 'ok|FAILED|failures' \
+  "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
 
 # The Python package, built over the same build folder (scikit-build-core reuses it), its GPU tests
 # and the fake-device ones.

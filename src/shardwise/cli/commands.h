@@ -30,6 +30,7 @@ struct VerifyCliOptions {
   std::vector<std::string> ops;
   std::vector<std::string> meshes;
   bool quiet = false;
+  std::string device = "cpu";  // cli/device_option.h
 };
 int cmd_verify(const VerifyCliOptions& options, std::ostream& out);
 
