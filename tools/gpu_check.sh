@@ -5,9 +5,10 @@
 #   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log, and
 #   summary.txt (each step's status and time, the tests passed / failed / skipped, which skipped),
 # printing the summary last. Then the device hooks, the Python package and the benchmark, each with
-# its log: verify_cuda (the verifier on the CUDA kernels) and curves (tools/gpu_curves.py: 20-step
-#   curves on the GPU against the CPU), run when the shardwise binary has `verify --device` / `train
-#   --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
+# its log: verify_cuda (the verifier on the CUDA kernels), generate_cuda (tools/gpu_generate_check.sh:
+#   the tiny checkpoints' tokens on the GPU against the CPU) and curves (tools/gpu_curves.py: 20-step
+#   curves on the GPU against the CPU), run when the shardwise binary has `verify --device` /
+#   `generate --device` / `train --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
 #   sources have a --device option); pyvenv, pybuild, pytests (the Python package built with CUDA
 #   over the same build folder, the carried wheels of .gpu_debs/wheels installed offline, and its
 #   GPU tests, python/tests_gpu: torch CUDA tensors in and out without copies); bench
@@ -108,6 +109,8 @@ hook() {  # hook NAME COMMAND WHY-NOT PATTERN RUN...: the step when `shardwise C
 # CUDA kernel, attributes the bindings refuse); its FAIL lines name each failing op.
 hook verify_cuda verify "shardwise verify has no --device option" '^(total:|FAIL )' \
   "$bin" verify --device cuda --quiet
+hook generate_cuda generate "shardwise generate has no --device option" '^(gpt2|llama)_tiny:' \
+  "$root/tools/gpu_generate_check.sh" "$bin" "$root" cuda
 hook curves train "shardwise train has no --device option" 'ok|FAILED|failures' \
   "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
 

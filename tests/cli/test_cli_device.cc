@@ -1,15 +1,26 @@
 // --device on the commands that run kernels (cli/device_option.h): `verify --device fake` checks
-// what `--device cpu` checks, every check run on the device; `--device cuda` without CUDA or a GPU
-// is an error before any work, saying which.
+// what `--device cpu` checks, every check run on the device; `generate --device fake` gives the
+// CPU's tokens and logits (and transformers' greedy tokens) for the GPT-2 and Llama tiny checkpoints
+// of tests/golden/hf; `--device cuda` without CUDA or a GPU is an error before any work, saying which.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <regex>
 
+#include "json_line.h"
 #include "run_cli.h"
 
 namespace {
 
+using shardwise_cli_test::Result;
 using shardwise_cli_test::run;
+using shardwise_cli_test::tmp;
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
 
 // The numbers of the summary line's "N forward, N grad, N reverse" and failures.
 std::string counts(const std::string& out) {
@@ -46,6 +57,47 @@ TEST(CliDevice, VerifyOnCudaWithoutCudaOrAGpuIsAnErrorBeforeAnyWork) {
   EXPECT_TRUE(no_build || no_gpu) << r.out;
   EXPECT_EQ(r.out.find("total:"), std::string::npos) << r.out;  // nothing verified
   EXPECT_EQ(r.out.find("forward"), std::string::npos) << r.out;
+}
+
+TEST(CliDevice, GenerateOnTheFakeDeviceGivesTheCpuTokensAndLogits) {
+  const std::string golden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/";
+  for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
+    const shardwise_cli_test::GoldenGreedy want = shardwise_cli_test::golden_greedy(golden, name);
+    for (const std::string sampling : {"", " --top-k 20 --seed 7"}) {
+      const std::string args = "generate --checkpoint " + golden + name + " --prompt-ids '" + want.prompt_ids +
+                               ";3,4' --max-new-tokens 6 --eos-id -1 --json" + sampling;
+      const std::string what = name + sampling;
+      Result cpu = run(args + " --device cpu --logits-out " + tmp("cpu.safetensors"));
+      Result fake = run(args + " --device fake --logits-out " + tmp("fake.safetensors"));
+      ASSERT_EQ(cpu.status, 0) << cpu.out;
+      ASSERT_EQ(fake.status, 0) << fake.out;
+      const nlohmann::json c = shardwise_cli_test::json_of(cpu), d = shardwise_cli_test::json_of(fake);
+      EXPECT_EQ(c["device"], "host") << what;
+      EXPECT_EQ(d["device"], "cuda:0") << what;
+      EXPECT_EQ(d["sequences"], c["sequences"]) << what;
+      EXPECT_EQ(file_bytes(tmp("fake.safetensors")), file_bytes(tmp("cpu.safetensors"))) << what << ": the logits";
+      EXPECT_NE(fake.out.find("on fake (cuda:0))"), std::string::npos) << fake.out;
+      if (!sampling.empty()) continue;
+      std::vector<int64_t> greedy = want.prompt;
+      const auto got = d["sequences"][0]["new_ids"].get<std::vector<int64_t>>();
+      greedy.insert(greedy.end(), got.begin(), got.end());
+      ASSERT_LE(greedy.size(), want.greedy.size()) << what;
+      EXPECT_EQ(greedy, std::vector<int64_t>(want.greedy.begin(), want.greedy.begin() + std::ssize(greedy)))
+          << what << ": transformers";
+    }
+  }
+}
+
+TEST(CliDevice, GenerateRefusesWhatItCannotRunOnADeviceBeforeAnyWork) {
+  const std::string golden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/llama_tiny";
+  auto pp = run("generate --checkpoint " + golden + " --prompt-ids 1,2 --mesh pp=2 --device fake");
+  EXPECT_EQ(pp.status, 2) << pp.out;
+  EXPECT_NE(pp.out.find("--device fake: pp meshes generate on the CPU only"), std::string::npos) << pp.out;
+  auto cuda = run("generate --checkpoint " + golden + " --prompt-ids 1,2 --device cuda");
+  if (cuda.status == 0) GTEST_SKIP() << "a GPU is visible here";
+  EXPECT_EQ(cuda.status, 2) << cuda.out;
+  EXPECT_NE(cuda.out.find("--device cuda: "), std::string::npos) << cuda.out;
+  EXPECT_EQ(cuda.out.find(" | "), std::string::npos) << cuda.out;  // nothing generated
 }
 
 TEST(CliDevice, AnUnknownDeviceNamesTheChoices) {

@@ -267,6 +267,10 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--tokenizer", o.tokenizer,
                  "a SentencePiece tokenizer.model: text prompts are encoded with it and the output decoded (its eos "
                  "stops a sequence unless --eos-id); default: the checkpoint's tokenizer.model when it has one");
+  cmd.add_option("--device", o.device,
+                 fmt::format("where the weights, the KV cache and the kernels are: {}; the host reads the logits "
+                             "once a step (not with a pp mesh)", kDeviceNames))
+      ->check(CLI::IsMember({"cpu", "fake", "cuda"}));
   cmd.add_option("--logits-out", o.logits_out,
                  "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");
 }
