@@ -5,9 +5,10 @@
 #   env.txt (date, card, driver, compilers), deps.log, configure.log, build.log, tests.log, and
 #   summary.txt (each step's status and time, the tests passed / failed / skipped, which skipped),
 # printing the summary last. Then the device hooks, the Python package and the benchmark, each with
-# its log: verify_cuda (the verifier on the CUDA kernels) and curves (tools/gpu_curves.py: 20-step
-#   curves on the GPU against the CPU), run when the shardwise binary has `verify --device` / `train
-#   --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
+# its log: verify_cuda (the verifier on the CUDA kernels), generate_cuda (tools/gpu_generate_check.sh:
+#   the tiny checkpoints' tokens on the GPU against the CPU) and curves (tools/gpu_curves.py: 20-step
+#   curves on the GPU against the CPU), run when the shardwise binary has `verify --device` /
+#   `generate --device` / `train --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
 #   sources have a --device option); pyvenv, pybuild, pytests (the Python package built with CUDA
 #   over the same build folder, the carried wheels of .gpu_debs/wheels installed offline, and its
 #   GPU tests, python/tests_gpu: torch CUDA tensors in and out without copies); bench
@@ -91,20 +92,27 @@ fi
 has_device() {  # has_device COMMAND: whether `shardwise COMMAND --help` lists --device
   [ -x "$bin" ] && "$bin" "$1" --help 2>/dev/null | grep -qE '^ *--device\b'
 }
-hook() {  # hook NAME COMMAND WHY-NOT RUN...: the step when `shardwise COMMAND` has --device
-  local name=$1 cmd=$2 why=$3
-  shift 3
+hook() {  # hook NAME COMMAND WHY-NOT PATTERN RUN...: the step when `shardwise COMMAND` has --device;
+  # the last 8 lines of its log matching PATTERN go into the summary
+  local name=$1 cmd=$2 why=$3 pattern=$4
+  shift 4
   if ! has_device "$cmd"; then
     echo "$name: not built yet ($why)" >> "$summary"
   elif [ "$(left)" -lt 10 ]; then
     echo "$name: skipped, $(left) s left before the benchmark" >> "$summary"
   else
     step "$name" timeout "$(left)" "$@" || tests_rc=1
-    grep -E 'ok|FAILED|failures' "$out/$name.log" | tail -8 >> "$summary"
+    grep -E "$pattern" "$out/$name.log" | tail -8 >> "$summary"
   fi
 }
-hook verify_cuda verify "shardwise verify has no --device option" "$bin" verify --device cuda --quiet
-hook curves train "shardwise train has no --device option" "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
+# verify's summary line counts the checks run on the GPU and those skipped, with why (ops without a
+# CUDA kernel, attributes the bindings refuse); its FAIL lines name each failing op.
+hook verify_cuda verify "shardwise verify has no --device option" '^(total:|FAIL )' \
+  "$bin" verify --device cuda --quiet
+hook generate_cuda generate "shardwise generate has no --device option" '^(gpt2|llama)_tiny:' \
+  "$root/tools/gpu_generate_check.sh" "$bin" "$root" cuda
+hook curves train "shardwise train has no --device option" 'ok|FAILED|failures' \
+  "$python" "$root/tools/gpu_curves.py" "$bin" --b cuda
 
 # The Python package, built over the same build folder (scikit-build-core reuses it), its GPU tests
 # and the fake-device ones.

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "json_line.h"
 #include "run_cli.h"
 
 namespace {
@@ -47,14 +48,7 @@ std::string generate(const std::string& args) { return "generate --checkpoint " 
 
 // The JSON object of a --json run: its line starting with '{' (the summary goes to stderr after it,
 // but under mpirun the forwarded stderr may arrive first).
-nlohmann::json json_of(const Result& r) {
-  std::istringstream lines(r.out);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind('{', 0) == 0) return nlohmann::json::parse(line);
-  }
-  ADD_FAILURE() << "no JSON line in: " << r.out;
-  return nlohmann::json::object({{"sequences", nlohmann::json::array()}});
-}
+using shardwise_cli_test::json_of;
 
 std::vector<std::vector<int64_t>> new_ids(const nlohmann::json& j) {
   std::vector<std::vector<int64_t>> out;
@@ -124,11 +118,8 @@ TEST(CliGenerate, APipelineMeshOfTwoMpiProcessesGivesTheOneRankTokens) {
   ASSERT_NE(bin, nullptr);
   const std::string golden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/";
   for (const std::string name : {"llama_tiny", "mixtral_tiny"}) {
-    std::ifstream f(golden + name + "_expected.json");
-    const nlohmann::json want = nlohmann::json::parse(f);
-    std::string prompt;
-    for (const auto& id : want["greedy_prompt"]) prompt += (prompt.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
-    const std::string args = "generate --checkpoint " + golden + name + " --prompt-ids " + prompt +
+    const shardwise_cli_test::GoldenGreedy want = shardwise_cli_test::golden_greedy(golden, name);
+    const std::string args = "generate --checkpoint " + golden + name + " --prompt-ids " + want.prompt_ids +
                              " --max-new-tokens 8 --json ";
     Result one = run(args);
     ASSERT_EQ(one.status, 0) << one.out;
@@ -138,11 +129,11 @@ TEST(CliGenerate, APipelineMeshOfTwoMpiProcessesGivesTheOneRankTokens) {
     EXPECT_NE(mpi.out.find("\"mesh\":\"[pp=2]\""), std::string::npos) << mpi.out;
     EXPECT_NE(mpi.out.find("2 ranks, mpi"), std::string::npos) << mpi.out;
     EXPECT_EQ(new_ids(json_of(mpi)), new_ids(json_of(one))) << name;
-    std::vector<int64_t> greedy = want["greedy_prompt"].get<std::vector<int64_t>>();
+    std::vector<int64_t> greedy = want.prompt;
     const std::vector<std::vector<int64_t>> got = new_ids(json_of(mpi));
     ASSERT_EQ(got.size(), 1u) << mpi.out;
     greedy.insert(greedy.end(), got[0].begin(), got[0].end());
-    EXPECT_EQ(greedy, want["greedy"].get<std::vector<int64_t>>()) << name;
+    EXPECT_EQ(greedy, want.greedy) << name;
   }
 }
 

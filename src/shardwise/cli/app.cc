@@ -11,6 +11,7 @@
 
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/device_option.h"
 #include "shardwise/cli/plan/calibrate_cmd.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/help_format.h"
@@ -270,6 +271,10 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
   cmd.add_option("--tokenizer", o.tokenizer,
                  "a SentencePiece tokenizer.model: text prompts are encoded with it and the output decoded (its eos "
                  "stops a sequence unless --eos-id); default: the checkpoint's tokenizer.model when it has one");
+  cmd.add_option("--device", o.device,
+                 fmt::format("where the weights, the KV cache and the kernels are: {}; the host reads the logits "
+                             "once a step (not with a pp mesh)", kDeviceNames))
+      ->check(CLI::IsMember({"cpu", "fake", "cuda"}));
   cmd.add_option("--logits-out", o.logits_out,
                  "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");
 }
@@ -306,6 +311,12 @@ int run(int argc, char** argv) {
   verify_cmd->add_option("--op", verify_opts.ops, "ops to verify (none: all)")->delimiter(',');
   verify_cmd->add_option("--mesh", verify_opts.meshes, "meshes (none: 2 3 2,2 2,3)");
   verify_cmd->add_flag("--quiet", verify_opts.quiet, "print only the summary line");
+  verify_cmd->add_option("--device", verify_opts.device,
+                         fmt::format("where the ranks' kernels run: {}; the reference stays the CPU kernel on one "
+                                     "device, checks the device does not compute are counted as skipped (cuda: "
+                                     "f64 cases run in f32)", kDeviceNames))
+      ->check(CLI::IsMember({"cpu", "fake", "cuda"}))
+      ->capture_default_str();
 
   PlanReshardOptions reshard_opts;
   auto* reshard_cmd = app.add_subcommand("plan-reshard", "Show how a tensor moves from one layout to another, and its cost");

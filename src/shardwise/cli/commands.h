@@ -30,6 +30,7 @@ struct VerifyCliOptions {
   std::vector<std::string> ops;
   std::vector<std::string> meshes;
   bool quiet = false;
+  std::string device = "cpu";  // cli/device_option.h
 };
 int cmd_verify(const VerifyCliOptions& options, std::ostream& out);
 
@@ -195,6 +196,7 @@ struct GenerateOptions {
   std::string logits_out;          // a .safetensors file: "logits.<i>" [new tokens, vocab] f32 per prompt
   std::string tokenizer;           // a SentencePiece model: text prompts encoded, output decoded
   bool keep_logits = false;        // each new token's logits in the result (run_generate)
+  std::string device = "cpu";      // --device: cpu, fake or cuda (cli/device_option.h)
 };
 int cmd_generate(const GenerateOptions& options, std::ostream& out);
 // The ranks of a run (train, generate): mpirun's process count under mpirun (Error when --ranks

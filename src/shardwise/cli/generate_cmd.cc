@@ -11,6 +11,7 @@
 
 #include "shardwise/ckpt/safetensors_writer.h"
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/device_option.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/run_header.h"
 #include "shardwise/comm/local.h"
@@ -166,6 +167,7 @@ struct Run {
   train::GenerateConfig config;
   std::filesystem::path dir;
   TextCodec codec;
+  Device device;  // --device (cli/device_option.h)
 };
 
 void print_text(const Run& run, const train::GenerateResult& r, std::ostream& out) {
@@ -197,6 +199,7 @@ void print_json(const Run& run, const train::GenerateResult& r, const std::strin
   nlohmann::json j = {
       {"model", run.dir.string()},
       {"mesh", run.strategy.mesh.to_string()},
+      {"device", run.device.to_string()},
       {"ranks", world},
       {"kv_cache", run.config.kv_cache},
       {"sequences", std::move(seqs)},
@@ -226,7 +229,7 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
   RankThreads threads(o.kernel_threads);  // this rank's kernel threads (tensor/parallel.h)
   const int64_t process = world->members()[static_cast<size_t>(world->rank())];
   train::Generator gen(run.model, run.strategy, world,
-                       train::checkpoint_weights(run.dir, run.model, process, run.strategy.pp >= 0));
+                       train::checkpoint_weights(run.dir, run.model, process, run.strategy.pp >= 0), run.device);
   train::GenerateResult r = gen.generate(run.prompts, run.config);
   if (world_ref.rank() != 0) return;
   if (result) {  // the caller's, not printed
@@ -249,12 +252,13 @@ void generate_rank(const Run& run, const GenerateOptions& o, comm::Communicator&
   }
   const auto& st = r.stats;
   std::cerr << fmt::format("shardwise generate: {} for {} in {:.3g} s ({:.1f} tokens/s; decode "
-                           "{:.1f} tokens/s; {}; planning {:.3g} s) on {} ({})\n",
+                           "{:.1f} tokens/s; {}; planning {:.3g} s) on {} ({}{})\n",
                            counted(st.new_tokens, "new token"), counted(static_cast<int64_t>(r.sequences.size()), "prompt"),
                            st.prefill_seconds + st.decode_seconds,
                            st.tokens_per_second(), st.decode_tokens_per_second(),
                            run.config.kv_cache ? "KV cache" : "recomputing the prefix", st.plan_seconds,
-                           run.strategy.to_string(), ranks);
+                           run.strategy.to_string(), ranks,
+                           run.device.is_host() ? "" : ", on " + device_label(o.device, run.device));
   if (!o.gemm_line.empty()) std::cerr << "  " << o.gemm_line << "\n";
 }
 
@@ -309,6 +313,9 @@ int run_generate(const GenerateOptions& options, std::ostream& out, train::Gener
   run.config.eos_id = eos.front();
   run.config.more_eos_ids.assign(eos.begin() + 1, eos.end());
   run.config.validate(run.model);
+  SW_CHECK(o.device == "cpu" || run.strategy.pp < 0, "--device {}: pp meshes generate on the CPU only (the stages "
+           "hand the residual stream over host memory); use a mesh without pp ({})", o.device, o.mesh);
+  run.device = use_device(o.device);  // registers it: before any work
   // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
   o.gemm_line = choose_gemm(o.gemm);
   set_blas_threads(mpi || ranks > 1 ? 1 : 0);

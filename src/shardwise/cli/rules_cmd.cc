@@ -4,6 +4,7 @@
 #include <map>
 
 #include "shardwise/cli/commands.h"
+#include "shardwise/cli/device_option.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/spmd/rule.h"
 #include "shardwise/verify/verifier.h"
@@ -42,6 +43,9 @@ int cmd_rules(const RulesOptions& options, std::ostream& out) {
 int cmd_verify(const VerifyCliOptions& options, std::ostream& out) {
   verify::VerifyOptions vo;
   for (const auto& m : options.meshes) vo.meshes.push_back(mesh::parse_mesh(m));
+  for (const auto& name : options.ops) ops::op_registry().get(name);  // an unknown op: an error before any work
+  vo.device = use_device(options.device);
+  vo.f64_as_f32 = options.device == "cuda";  // the CUDA kernels compute f32 and bf16
   verify::Report report = verify::verify_ops(options.ops, vo);
   std::string table = report.table();
   if (options.quiet) table = table.substr(table.rfind("total:"));

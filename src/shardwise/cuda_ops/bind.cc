@@ -16,8 +16,9 @@ namespace {
 // The CUDA kernels normalize over the last dim only.
 void need_last_axis(const OpDef& op, const Attrs& attrs, const Tensor& x) {
   const int k = ops::norm_begin_axis(attrs, x.ndim(), op.name);
-  SW_CHECK(k == x.ndim() - 1, "op '{}' on {}: the CUDA kernel normalizes the last dim only (begin_norm_axis {} of {} dims)",
-           op.name, x.device().to_string(), k, x.ndim());
+  if (k != x.ndim() - 1) {
+    unsupported(op, x, fmt::format("begin_norm_axis {} of {} dims (it normalizes the last dim only)", k, x.ndim()));
+  }
 }
 
 cuda::Reduction reduction_of(const Attrs& attrs) {
@@ -92,7 +93,9 @@ KernelContext context_or_single(const KernelContext* ctx, In tensors) {
 }
 
 void unsupported(const OpDef& op, const Tensor& on, std::string_view what) {
-  fail("op '{}' on {}: the CUDA kernel does not compute {}", op.name, on.device().to_string(), what);
+  throw ops::UnsupportedOnDevice(
+      fmt::format("op '{}' on {}: the CUDA kernel does not compute {}", op.name, on.device().to_string(), what),
+      fmt::format("the CUDA kernel does not compute {}", what));
 }
 
 std::shared_ptr<const ops::DeviceKernelTable> cuda_kernel_table() {

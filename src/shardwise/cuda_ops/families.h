@@ -17,7 +17,8 @@ using In = std::span<const Tensor>;
 
 // ctx, or the single-device context of `tensors` when the runtime gave none.
 KernelContext context_or_single(const KernelContext* ctx, In tensors);
-// An Error naming the op, the device and the attribute combination the CUDA kernel lacks.
+// An UnsupportedOnDevice (ops/device_kernels.h) naming the op, the device and the attribute
+// combination the CUDA kernel lacks: the verifier counts it as skipped on CUDA.
 [[noreturn]] void unsupported(const OpDef& op, const Tensor& on, std::string_view what);
 
 // The CUDA kernels' reduction of a loss reduction.

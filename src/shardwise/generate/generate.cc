@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shardwise/core/error.h"
+#include "shardwise/generate/device_cache.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/graph/program.h"
 #include "shardwise/mesh/shard_math.h"
@@ -11,6 +12,7 @@
 #include "shardwise/runtime/runtime.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/models/models.h"
+#include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::train {
 namespace {
@@ -125,8 +127,11 @@ struct Generator::Batch {
 };
 
 Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
-                     WeightSource weights)
-    : model_(model), strategy_(strategy), world_(std::move(world)), weights_(std::move(weights)) {
+                     WeightSource weights, Device device)
+    : model_(model), device_(device), strategy_(strategy), world_(std::move(world)), weights_(std::move(weights)) {
+  SW_CHECK(device_.is_host() || strategy.pp < 0,
+           "generating on {} with a pp mesh ({}) is not built: the stages hand the residual stream over host memory; "
+           "use a mesh without pp", device_.to_string(), strategy.mesh.to_string());
   model_.param_dtype = DType::F32;
   model_.dropout = 0;
   process_ = world_->members()[static_cast<size_t>(world_->rank())];
@@ -171,7 +176,7 @@ Generator::Compiled& Generator::compile(std::map<std::pair<int64_t, int64_t>, st
   for (const auto* names : {&c->graph.present_k, &c->graph.present_v})
     for (const std::string& n : *names) c->runtime->keep(n);
   if (!c->graph.hidden.empty()) c->runtime->keep(c->graph.hidden);
-  for (const auto& [name, value] : c->graph.constants) c->runtime->set_global(name, value);
+  for (const auto& [name, value] : c->graph.constants) bind_input(*c->runtime, name, value);
   bind_weights(*c);
   plan_seconds_ += since(start);
   return *cache.emplace(key, std::move(c)).first->second;
@@ -204,7 +209,7 @@ void Generator::bind_weights(Compiled& c) {
     for (size_t i = 0; i < specs.size(); ++i) {
       auto it = got.find(specs[i].name);
       SW_CHECK(it != got.end() && it->second.defined(), "the weights hold no '{}'", specs[i].name);
-      loaded_[keys[i]] = it->second;
+      loaded_[keys[i]] = device_.is_host() ? it->second : to_device(it->second, device_);
     }
   }
   for (size_t i = 0; i < specs.size(); ++i) c.runtime->set_local(specs[i].name, loaded_.at(keys[i]));
@@ -221,10 +226,16 @@ void Generator::run_prefill(Compiled& c, Batch& b) {
     last.data<float>()[i * T + len - 1] = 1.0f;
   }
   runtime::Runtime& rt = *c.runtime;
-  if (part_.embeddings) rt.set_global("ids", ids);
-  if (c.graph.g.find("positions") && !c.graph.constants.count("positions")) rt.set_global("positions", positions);  // GPT-2's [B, T]
-  if (part_.head) rt.set_global("last", last);
+  if (part_.embeddings) bind_input(rt, "ids", ids);
+  if (c.graph.g.find("positions") && !c.graph.constants.count("positions")) bind_input(rt, "positions", positions);  // GPT-2's [B, T]
+  if (part_.head) bind_input(rt, "last", last);
   run_stage(c);
+}
+
+void Generator::bind_input(runtime::Runtime& rt, std::string_view name, const Tensor& global) const {
+  if (device_.is_host()) return rt.set_global(name, global);
+  const mesh::LocalBlock b = rt.local_block(name);
+  rt.set_local(name, to_device(global.slice(b.offsets(), b.shape), device_, rt.stream()));
 }
 
 // This stage's turn: the stream from the previous stage, the graph, the stream to the next.
@@ -259,9 +270,9 @@ void Generator::run_decode(Compiled& c, Batch& b) {
     row[C] = 0.0f;                  // itself
   }
   runtime::Runtime& rt = *c.runtime;
-  if (part_.embeddings) rt.set_global("ids", ids);
-  if (c.graph.g.find("positions")) rt.set_global("positions", positions);
-  rt.set_global("cache_mask", mask);
+  if (part_.embeddings) bind_input(rt, "ids", ids);
+  if (c.graph.g.find("positions")) bind_input(rt, "positions", positions);
+  bind_input(rt, "cache_mask", mask);
   run_stage(c);
 }
 
@@ -272,6 +283,13 @@ void Generator::write_cache(Compiled& c, Batch& b, bool prefill, const std::vect
   for (size_t l = 0; l < b.cache_k.size(); ++l) {
     for (auto [name, cache] : {std::pair{&c.graph.present_k[l], &b.cache_k[l]}, {&c.graph.present_v[l], &b.cache_v[l]}}) {
       Tensor block = rt.local(*name);  // [rows, heads/tp, T, head_dim]
+      if (block.on_device()) {  // device-to-device copies on the graph's stream
+        for (int64_t r = 0; r < b.rows; ++r) {
+          const auto seq = static_cast<size_t>(b.first_row + r);
+          if (prefill || !b.done[seq]) paste_rows_on_device(*cache, block, r, prefill ? 0 : fed_position[seq], rt.stream());
+        }
+        continue;
+      }
       if (prefill) {
         cache->paste(block, std::vector<int64_t>{0, 0, 0, 0});
         continue;
@@ -290,9 +308,19 @@ void Generator::write_cache(Compiled& c, Batch& b, bool prefill, const std::vect
 // Every rank gathers the logits [B, 1, V] (the same bits everywhere; on a pp mesh the last stage's
 // ranks gather them and its first process broadcasts them), so every rank chooses the same tokens
 // and stops at the same step.
+Tensor Generator::host_logits(Compiled& c) {
+  runtime::Runtime& rt = *c.runtime;
+  if (device_.is_host()) return rt.gather(c.graph.logits);
+  // On a device: this rank's block when it is the whole (no reshard), then one copy to the host.
+  const graph::Program& p = c.program;
+  const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(c.graph.g.get(c.graph.logits))])];
+  const Tensor logits = slot.dist.is_replicated() ? rt.local(c.graph.logits) : rt.gather(c.graph.logits);
+  return to_host(logits, rt.stream());
+}
+
 void Generator::next_tokens(Compiled& c, Batch& b) {
   const int64_t V = model_.vocab;
-  Tensor logits = part_.head ? c.runtime->gather(c.graph.logits) : Tensor(DType::F32, Shape{b.size(), 1, V});
+  Tensor logits = part_.head ? host_logits(c) : Tensor(DType::F32, Shape{b.size(), 1, V});
   if (pp_ > 1) world_->broadcast(logits.raw(), logits.numel(), DType::F32, last_root_);
   const GenerateConfig& config = *b.config;
   for (size_t i = 0; i < b.tokens.size(); ++i) {
@@ -347,7 +375,7 @@ GenerateResult Generator::generate(const std::vector<std::vector<int64_t>>& prom
       for (auto [name, into] : {std::pair{&step.graph.past_k[l], &b.cache_k}, {&step.graph.past_v[l], &b.cache_v}}) {
         const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(step.graph.g.get(*name))])];
         mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, p.mesh, coords);
-        into->push_back(Tensor(DType::F32, block.shape));
+        into->push_back(device_.is_host() ? Tensor(DType::F32, block.shape) : zeros_on(DType::F32, block.shape, device_));
         step.runtime->set_local(*name, into->back());  // shared storage: written in place below
         b.first_row = block.offset[0], b.rows = block.shape[0];
       }

@@ -30,6 +30,15 @@
 // A sequence stops after `max_new_tokens`, after its eos token (kept in the output), or when it
 // reaches positions + 1 tokens (the last token is predicted from the last position and never fed
 // back). Sampling: sampling.h, keyed by (seed, prompt index, position).
+//
+// On a device (Generator's `device`: the fake device of the tests, or a GPU): the weights, the
+// constants and the KV cache live there (each copied once), each step's ids, positions and masks
+// are copied there, the graphs run the device's kernels (ops/device_kernels.h) on the runtime's
+// compute stream, the step's keys and values are written into the cache with device-to-device
+// copies, and the host reads one thing a step: the logits [B, 1, V] its sampling needs (one counted
+// device-to-host copy per rank and step). Ranks as threads on one device reshard through what device
+// tensors have (runtime.h); pp meshes are refused on a device (the stages hand the residual stream
+// over host memory).
 #include <chrono>
 #include <functional>
 #include <map>
@@ -42,6 +51,11 @@
 #include "shardwise/comm/communicator.h"
 #include "shardwise/models/gpt_decode.h"
 #include "shardwise/generate/sampling.h"
+#include "shardwise/tensor/device.h"
+
+namespace shardwise::runtime {
+class Runtime;
+}  // namespace shardwise::runtime
 
 namespace shardwise::train {
 
@@ -113,8 +127,9 @@ class Generator {
   // A cp dim replicates: the ranks of a cp group each run the whole prompts and cache (the graphs
   // are built with no cp, so nothing is sharded on it), so a model trained on a cp mesh generates
   // on that mesh; the sequence is not split (prefill by the ring is not built).
+  // `device`: where the weights, the cache and the graphs' tensors live (the host by default; see above).
   Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
-            WeightSource weights);
+            WeightSource weights, Device device = {});
   ~Generator();
 
   GenerateResult generate(const std::vector<std::vector<int64_t>>& prompts, const GenerateConfig& config);
@@ -135,8 +150,13 @@ class Generator {
   void write_cache(Compiled& c, Batch& b, bool prefill, const std::vector<int64_t>& fed_position);
   void cut_stages(const Strategy& whole);
   void run_stage(Compiled& c);
+  // Binds an input from its global value: this rank's block, copied to the device when there is one.
+  void bind_input(runtime::Runtime& rt, std::string_view name, const Tensor& global) const;
+  // The logits [B, 1, V] on the host, the same on every rank of the stage.
+  Tensor host_logits(Compiled& c);
 
   GptConfig model_;
+  Device device_;
   Strategy strategy_;  // this process's stage's mesh (the whole mesh without pp)
   std::shared_ptr<comm::Communicator> world_;
   WeightSource weights_;

@@ -99,8 +99,11 @@ std::vector<Tensor> run_device_forward(const OpDef& op, Device device, std::span
   check_on(op, device, inputs, "input");
   const auto table = table_for(op, device);
   const DeviceForwardFn* fn = table->forward(op.name);
-  SW_CHECK(fn != nullptr, "op '{}' has no {} kernel for its inputs on {} (the ops with one: {})", op.name,
-           table->name(), device.to_string(), fmt::join(table->forward_ops(), ", "));
+  if (fn == nullptr) {
+    throw UnsupportedOnDevice(fmt::format("op '{}' has no {} kernel for its inputs on {} (the ops with one: {})", op.name,
+                                          table->name(), device.to_string(), fmt::join(table->forward_ops(), ", ")),
+                              fmt::format("no {} kernel", table->name()));
+  }
   return (*fn)(op, inputs, attrs, context);
 }
 
@@ -112,8 +115,12 @@ std::vector<Tensor> run_device_backward(const OpDef& op, Device device, std::spa
   check_on(op, device, out_grads, "output gradient");
   const auto table = table_for(op, device);
   const DeviceBackwardFn* fn = table->backward(op.name);
-  SW_CHECK(fn != nullptr, "op '{}' has no {} gradient kernel for its tensors on {} (the ops with one: {})", op.name,
-           table->name(), device.to_string(), fmt::join(table->backward_ops(), ", "));
+  if (fn == nullptr) {
+    throw UnsupportedOnDevice(fmt::format("op '{}' has no {} gradient kernel for its tensors on {} (the ops with one: {})",
+                                          op.name, table->name(), device.to_string(),
+                                          fmt::join(table->backward_ops(), ", ")),
+                              fmt::format("no {} gradient kernel", table->name()));
+  }
   return (*fn)(op, inputs, outputs, out_grads, attrs, context, wanted);
 }
 

@@ -12,10 +12,25 @@
 #include <string_view>
 #include <vector>
 
+#include "shardwise/core/error.h"
 #include "shardwise/ops/op.h"
 #include "shardwise/ops/train_kernels.h"
 
 namespace shardwise::ops {
+
+// What a device's kernels do not compute, said before any launch: an op without a kernel in the
+// table, or an attribute or layout its kernel refuses (the CUDA bindings name them). The verifier
+// counts a check that meets one as skipped on the device, never as passed or failed. `reason()`
+// is the message without the op and the device ("no cuda kernel", "the CUDA kernel does not
+// compute ...").
+class UnsupportedOnDevice : public Error {
+ public:
+  UnsupportedOnDevice(const std::string& message, std::string reason) : Error(message), reason_(std::move(reason)) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
 
 // A device kernel takes the op (so one function can serve many ops: the fake table's fallback) and
 // the same arguments as run_forward / run_backward; every defined tensor is on one device.
@@ -72,8 +87,8 @@ inline const Tensor* first_on_device(std::span<const Tensor> tensors) {
 }
 
 // The device kernel of `op` for `device` run on `inputs`: an Error naming the op and the device when
-// its kind has no table or the table no kernel for the op, or naming the tensor when the tensors are
-// not all on `device`.
+// its kind has no table (an UnsupportedOnDevice when the table has no kernel for the op), or naming
+// the tensor when the tensors are not all on `device`.
 std::vector<Tensor> run_device_forward(const OpDef& op, Device device, std::span<const Tensor> inputs,
                                        const Attrs& attrs, const KernelContext* context);
 std::vector<Tensor> run_device_backward(const OpDef& op, Device device, std::span<const Tensor> inputs,

@@ -4,11 +4,14 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <unordered_map>
 
 #include "shardwise/comm/local.h"
 #include "shardwise/mesh/shard_math.h"
+#include "shardwise/ops/device_kernels.h"
 #include "shardwise/spmd/rule.h"
+#include "shardwise/tensor/device_copy.h"
 #include "shardwise/verify/sim_mesh.h"
 
 namespace shardwise::verify {
@@ -110,8 +113,31 @@ std::string dist_list(const std::vector<DistAttr>& dists) {
 
 struct LocalRun {
   std::string error;                         // set when the local kernels could not run
-  std::vector<std::vector<Tensor>> outputs;  // per rank
+  std::string skipped;                       // set when the device does not compute them (the reason)
+  std::vector<std::vector<Tensor>> outputs;  // per rank, on the host
 };
+
+// A check's outcome: passed (both empty), failed (error) or skipped on the device (the reason).
+struct Verdict {
+  std::string error, skipped;
+};
+
+// Each defined tensor copied to `device` (counted copies); the host: unchanged.
+std::vector<Tensor> on_device(std::vector<Tensor> tensors, Device device) {
+  if (device.is_host()) return tensors;
+  for (Tensor& t : tensors) {
+    if (t.defined()) t = to_device(t, device);
+  }
+  return tensors;
+}
+
+// Each defined device tensor copied back to the host (counted copies).
+std::vector<Tensor> on_host(std::vector<Tensor> tensors) {
+  for (Tensor& t : tensors) {
+    if (t.defined() && t.on_device()) t = to_host(t);
+  }
+  return tensors;
+}
 
 std::string layout_key(const char* part, const std::vector<DistAttr>& dists) {
   std::string key = part;
@@ -137,6 +163,7 @@ class OpVerifier {
       for (size_t ci = 0; ci < op_.cases.size(); ++ci) run_case(mesh, ci, row);
       report_.rows.push_back(row);
     }
+    for (const auto& [key, checks] : skips_) report_.skips.push_back({op_.name, key.first, key.second, checks});
   }
 
  private:
@@ -155,6 +182,21 @@ class OpVerifier {
     report_.failures.push_back({op_.name, mesh.to_string(), part, describe(specs), std::move(message)});
   }
 
+  void skip(Coverage& row, const char* part, const std::string& reason, int64_t checks = 1) {
+    row.skipped += checks;
+    skips_[{part, reason}] += checks;
+  }
+
+  // On a device whose table has no kernel for the op's forward (forward and reverse checks) or
+  // gradient: the reason, else "". Each such check is skipped without asking the rule.
+  std::string missing_kernel(bool gradient) const {
+    if (options_.device.is_host()) return {};
+    const auto table = ops::device_kernels(options_.device.kind);
+    if (!table) return {};  // run_forward names the missing table in every check's failure
+    if (gradient ? table->backward(op_.name) != nullptr : table->forward(op_.name) != nullptr) return {};
+    return fmt::format("no {} {}kernel", table->name(), gradient ? "gradient " : "");
+  }
+
   void run_case(const ProcessMesh& mesh, size_t ci, Coverage& row) {
     const ops::VerifyCase& vc = op_.cases[ci];
     CaseData data;
@@ -162,6 +204,7 @@ class OpVerifier {
     bool even_case = true;
     for (size_t i = 0; i < vc.shapes.size(); ++i) {
       DType dtype = i < vc.dtypes.size() ? vc.dtypes[i] : DType::F64;
+      if (options_.f64_as_f32 && dtype == DType::F64) dtype = DType::F32;
       ops::ValueGen gen = i < vc.values.size() ? vc.values[i] : ops::ValueGen{};
       Philox rng(options_.seed, stream_id(op_.name) + ci * 131 + i);
       data.inputs.push_back(random_tensor(vc.shapes[i], dtype, gen, rng));
@@ -200,28 +243,45 @@ class OpVerifier {
   }
 
   // Runs `kernel` on every rank's shards (cut from `globals` as `required` says) and compares
-  // each assembled output (laid out as `claimed` says) with `expected`. Returns "" on success.
+  // each assembled output (laid out as `claimed` says) with `expected`: the verdict (passed when
+  // neither error nor skipped is set).
   template <class Kernel>
-  std::string run_sharded(const ProcessMesh& mesh, const char* part, const std::vector<Tensor>& globals,
-                          const std::vector<DistAttr>& required, const std::vector<DistAttr>& claimed,
-                          const std::vector<Tensor>& expected, Kernel&& kernel) {
+  Verdict run_sharded(const ProcessMesh& mesh, const char* part, const std::vector<Tensor>& globals,
+                      const std::vector<DistAttr>& required, const std::vector<DistAttr>& claimed,
+                      const std::vector<Tensor>& expected, Coverage& row, Kernel&& kernel) {
     if (required.size() != globals.size() || claimed.size() != expected.size()) {
-      return fmt::format("the rule returned {} input and {} output distributions; the op has {} and {}",
-                         required.size(), claimed.size(), globals.size(), expected.size());
+      return {fmt::format("the rule returned {} input and {} output distributions; the op has {} and {}",
+                          required.size(), claimed.size(), globals.size(), expected.size()), {}};
     }
     std::string run_key = layout_key(part, required);
     std::string verdict_key = run_key + "->" + layout_key("", claimed);
     if (auto it = verdicts_.find(verdict_key); it != verdicts_.end()) return it->second;
     std::shared_ptr<LocalRun>& run = runs_[run_key];
-    if (!run) run = run_locally(mesh, globals, required, expected.size(), kernel);
-    std::string verdict = run->error.empty() ? compare_outputs(mesh, *run, claimed, expected) : run->error;
+    if (!run) run = run_locally(mesh, globals, required, expected.size(), row, kernel);
+    Verdict verdict{run->error, run->skipped};
+    if (verdict.error.empty() && verdict.skipped.empty()) verdict.error = compare_outputs(mesh, *run, claimed, expected);
     verdicts_.emplace(std::move(verdict_key), verdict);
     return verdict;
   }
 
+  // One rank's kernel on its local inputs, on the options' device: the inputs copied there and the
+  // outputs back; a refusal of the device sets `skipped` (the rank's own: ranks may be threads).
+  template <class Kernel>
+  std::vector<Tensor> run_rank(std::string& skipped, const std::vector<Tensor>& in, const ops::KernelContext& context,
+                               Kernel&& kernel) {
+    if (options_.device.is_host()) return kernel(in, context);
+    try {
+      return on_host(kernel(on_device(in, options_.device), context));
+    } catch (const ops::UnsupportedOnDevice& e) {
+      skipped = e.reason();
+      return {};
+    }
+  }
+
   template <class Kernel>
   std::shared_ptr<LocalRun> run_locally(const ProcessMesh& mesh, const std::vector<Tensor>& globals,
-                                        const std::vector<DistAttr>& required, size_t num_outputs, Kernel&& kernel) {
+                                        const std::vector<DistAttr>& required, size_t num_outputs, Coverage& row,
+                                        Kernel&& kernel) {
     auto run = std::make_shared<LocalRun>();
     auto n = static_cast<size_t>(mesh.size());
     std::vector<std::vector<Tensor>> local_in(n);
@@ -248,6 +308,7 @@ class OpVerifier {
       return run;
     }
     run->outputs.resize(n);
+    std::vector<std::string> skipped(n);  // per rank
     if (op_.collective) {
       // Ranks run as threads so the kernels' collectives can meet.
       try {
@@ -255,7 +316,7 @@ class OpVerifier {
           auto r = static_cast<size_t>(world.rank());
           comm::MeshComm mesh_comm(mesh, world.group(world.members()));
           contexts[r].mesh_comm = &mesh_comm;
-          run->outputs[r] = kernel(local_in[r], contexts[r]);
+          run->outputs[r] = run_rank(skipped[r], local_in[r], contexts[r], kernel);
           contexts[r].mesh_comm = nullptr;
         }, std::chrono::seconds(60));
       } catch (const Error& e) {
@@ -265,9 +326,13 @@ class OpVerifier {
     }
     for (size_t r = 0; r < n; ++r) {
       try {
-        if (!op_.collective) run->outputs[r] = kernel(local_in[r], contexts[r]);
+        if (!op_.collective) run->outputs[r] = run_rank(skipped[r], local_in[r], contexts[r], kernel);
       } catch (const Error& e) {
         run->error = fmt::format("the local kernel failed on rank {}: {}", r, e.what());
+        return run;
+      }
+      if (!skipped[r].empty()) {
+        run->skipped = skipped[r];
         return run;
       }
       if (run->outputs[r].size() != num_outputs) {
@@ -275,6 +340,7 @@ class OpVerifier {
         return run;
       }
     }
+    if (!options_.device.is_host()) row.device_runs += static_cast<int64_t>(n);
     return run;
   }
 
@@ -302,7 +368,8 @@ class OpVerifier {
     return {};
   }
 
-  void check(const ProcessMesh& mesh, Coverage& row, const char* part, const std::vector<TensorSpec>& specs,
+  // One check; false when the device does not compute it (skipped, not counted as checked).
+  bool check(const ProcessMesh& mesh, Coverage& row, const char* part, const std::vector<TensorSpec>& specs,
              const std::function<SpmdResult()>& ask, const std::vector<Tensor>& globals,
              const std::vector<Tensor>& expected,
              const std::function<std::vector<Tensor>(const std::vector<Tensor>&, const ops::KernelContext&)>& kernel) {
@@ -311,18 +378,23 @@ class OpVerifier {
       result = ask();
     } catch (const Error& e) {
       record(row, mesh, part, specs, fmt::format("the rule threw on valid input: {}", e.what()));
-      return;
+      return true;
     }
-    std::string error;
+    Verdict verdict;
     try {
-      error = run_sharded(mesh, part, globals, result.inputs, result.outputs, expected, kernel);
+      verdict = run_sharded(mesh, part, globals, result.inputs, result.outputs, expected, row, kernel);
     } catch (const Error& e) {
-      error = e.what();
+      verdict.error = e.what();
     }
-    if (!error.empty()) {
-      record(row, mesh, part, specs,
-             fmt::format("rule requires {} and claims {}: {}", dist_list(result.inputs), dist_list(result.outputs), error));
+    if (!verdict.skipped.empty()) {
+      skip(row, part, verdict.skipped);
+      return false;
     }
+    if (!verdict.error.empty()) {
+      record(row, mesh, part, specs, fmt::format("rule requires {} and claims {}: {}", dist_list(result.inputs),
+                                                 dist_list(result.outputs), verdict.error));
+    }
+    return true;
   }
 
   void check_forward(const ProcessMesh& mesh, const CaseData& data, Coverage& row, size_t ci) {
@@ -332,11 +404,12 @@ class OpVerifier {
     auto kernel = [&](const std::vector<Tensor>& in, const ops::KernelContext& ctx) {
       return ops::run_forward(op_, in, *data.attrs, &ctx);
     };
-    for (int64_t idx : en.indices(options_.max_forward_combinations)) {
+    const std::vector<int64_t> indices = en.indices(options_.max_forward_combinations);
+    if (std::string why = missing_kernel(false); !why.empty()) return skip(row, "forward", why, std::ssize(indices));
+    for (int64_t idx : indices) {
       std::vector<TensorSpec> specs = specs_of(data.in_meta, en.at(idx));
-      check(mesh, row, "forward", specs, [&] { return rule_.forward(mesh, specs, *data.attrs); }, data.inputs,
-            data.outputs, kernel);
-      ++row.forward;
+      row.forward += check(mesh, row, "forward", specs, [&] { return rule_.forward(mesh, specs, *data.attrs); },
+                           data.inputs, data.outputs, kernel);
     }
   }
 
@@ -349,11 +422,13 @@ class OpVerifier {
     auto kernel = [&](const std::vector<Tensor>& in, const ops::KernelContext& ctx) {
       return ops::run_forward(op_, in, *data.attrs, &ctx);
     };
-    for (int64_t idx : en.indices(options_.max_combinations)) {
+    const std::vector<int64_t> indices = en.indices(options_.max_combinations);
+    if (std::string why = missing_kernel(false); !why.empty()) return skip(row, "reverse", why, std::ssize(indices));
+    for (int64_t idx : indices) {
       std::vector<TensorSpec> out_specs = specs_of(data.out_meta, en.at(idx));
-      check(mesh, row, "reverse", out_specs, [&] { return rule_.reverse(mesh, in_specs, out_specs, *data.attrs); },
-            data.inputs, data.outputs, kernel);
-      ++row.reverse;
+      row.reverse += check(mesh, row, "reverse", out_specs,
+                           [&] { return rule_.reverse(mesh, in_specs, out_specs, *data.attrs); }, data.inputs,
+                           data.outputs, kernel);
     }
   }
 
@@ -386,7 +461,9 @@ class OpVerifier {
       return ops::run_backward(op_, all.subspan(0, nin), all.subspan(nin, nout), all.subspan(nin + nout, nout),
                                *data.attrs, &ctx);
     };
-    for (int64_t idx : en.indices(options_.max_combinations)) {
+    const std::vector<int64_t> indices = en.indices(options_.max_combinations);
+    if (std::string why = missing_kernel(true); !why.empty()) return skip(row, "grad", why, std::ssize(indices));
+    for (int64_t idx : indices) {
       std::vector<DistAttr> dists = en.at(idx);
       std::vector<TensorSpec> in_specs = specs_of(data.in_meta, dists);
       std::vector<TensorSpec> specs = in_specs;
@@ -401,8 +478,8 @@ class OpVerifier {
       std::vector<TensorSpec> grad_specs = specs_of(data.out_meta, dists, nin);
       specs.insert(specs.end(), out_specs.begin(), out_specs.end());
       specs.insert(specs.end(), grad_specs.begin(), grad_specs.end());
-      check(mesh, row, "grad", specs, [&] { return rule_.grad(mesh, specs, *data.attrs); }, globals, ref, kernel);
-      ++row.grad;
+      row.grad += check(mesh, row, "grad", specs, [&] { return rule_.grad(mesh, specs, *data.attrs); }, globals, ref,
+                        kernel);
     }
   }
 
@@ -415,19 +492,34 @@ class OpVerifier {
   // verdict for each distinct (required, claimed) pair. Every combination still asks the rule;
   // each distinct answer is run and compared once.
   std::unordered_map<std::string, std::shared_ptr<LocalRun>> runs_;
-  std::unordered_map<std::string, std::string> verdicts_;
+  std::unordered_map<std::string, Verdict> verdicts_;
+  std::map<std::pair<std::string, std::string>, int64_t> skips_;  // (part, reason) -> checks skipped
 };
 
 }  // namespace
 
-Report verify_op(const ops::OpDef& op, const VerifyOptions& options) {
+namespace {
+
+Report report_on(Device device) {
   Report report;
+  report.device = device;
+  if (!device.is_host()) {
+    const auto table = ops::device_kernels(device.kind);
+    report.kernels = table ? table->name() : "no";
+  }
+  return report;
+}
+
+}  // namespace
+
+Report verify_op(const ops::OpDef& op, const VerifyOptions& options) {
+  Report report = report_on(options.device);
   OpVerifier(op, op.rule, options, report).run();
   return report;
 }
 
 Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& options) {
-  Report report;
+  Report report = report_on(options.device);
   std::vector<const ops::OpDef*> selected;
   if (names.empty()) {
     selected = ops::op_registry().all();
@@ -438,9 +530,22 @@ Report verify_ops(const std::vector<std::string>& names, const VerifyOptions& op
     Report one = verify_op(*op, options);
     report.rows.insert(report.rows.end(), one.rows.begin(), one.rows.end());
     report.failures.insert(report.failures.end(), one.failures.begin(), one.failures.end());
+    report.skips.insert(report.skips.end(), one.skips.begin(), one.skips.end());
     report.total_failures += one.total_failures;
   }
   return report;
+}
+
+int64_t Report::checks() const {
+  int64_t n = 0;
+  for (const Coverage& c : rows) n += c.forward + c.grad + c.reverse;
+  return n;
+}
+
+int64_t Report::skipped() const {
+  int64_t n = 0;
+  for (const Coverage& c : rows) n += c.skipped;
+  return n;
 }
 
 std::string Report::table() const {
@@ -460,8 +565,27 @@ std::string Report::table() const {
     g += c.grad;
     r += c.reverse;
   }
-  out += fmt::format("total: {} forward, {} grad, {} reverse placement combinations checked; {} failures\n", f, g, r,
+  out += fmt::format("total: {} forward, {} grad, {} reverse placement combinations checked; {} failures", f, g, r,
                      total_failures);
+  if (!device.is_host()) {
+    int64_t runs = 0;
+    for (const Coverage& c : rows) runs += c.device_runs;
+    out += fmt::format("; on {} ({} kernels): {} checks ran on the device ({} local kernel runs), {} skipped",
+                       device.to_string(), kernels, checks(), runs, skipped());
+    // Why, by reason: the checks and the ops (each op's own line follows).
+    std::map<std::string, std::pair<int64_t, std::set<std::string>>> why;
+    for (const Skip& s : skips) {
+      why[s.reason].first += s.checks;
+      why[s.reason].second.insert(s.op);
+    }
+    std::vector<std::string> reasons;
+    for (const auto& [reason, n] : why) reasons.push_back(fmt::format("{}: {} checks of {} ops", reason, n.first, n.second.size()));
+    if (!reasons.empty()) out += fmt::format(" ({})", fmt::join(reasons, "; "));
+  }
+  out += '\n';
+  for (const Skip& s : skips) {
+    out += fmt::format("skipped on {}: {} {}: {} checks: {}\n", device.to_string(), s.op, s.part, s.checks, s.reason);
+  }
   for (const Failure& fl : failures) {
     out += fmt::format("FAIL {} on {} ({}): inputs {}: {}\n", fl.op, fl.mesh, fl.part, fl.inputs, fl.message);
   }

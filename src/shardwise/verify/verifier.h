@@ -17,6 +17,7 @@
 
 #include "shardwise/mesh/process_mesh.h"
 #include "shardwise/ops/op.h"
+#include "shardwise/tensor/device.h"
 
 namespace shardwise::verify {
 
@@ -32,6 +33,17 @@ struct VerifyOptions {
   int64_t max_combinations = 20000;
   uint64_t seed = 20261122;
   int max_failures_per_op = 5;  // stop recording (not checking) after this many
+  // Where the ranks' local kernels run: the host, or a device whose kernel table is installed
+  // (ops/device_kernels.h). On a device each rank's inputs are copied there (counted copies,
+  // tensor/device_copy.h), the op runs through run_forward / run_backward on them (so the device
+  // kind's kernel table is used: the CUDA bindings on CUDA) and the outputs are copied back and
+  // checked by the same rules; the reference stays the CPU kernel on one device, so on CUDA each
+  // check is also a kernel-against-CPU check. A check whose kernel the device does not compute
+  // (ops::UnsupportedOnDevice: no kernel, or an attribute or layout it refuses) is skipped:
+  // counted in Coverage::skipped and Report::skips with the reason, never passed.
+  Device device;
+  // The cases' f64 tensors are made f32 (CUDA's kernels compute f32 and bf16), the reference too.
+  bool f64_as_f32 = false;
 };
 
 struct Failure {
@@ -43,16 +55,34 @@ struct Failure {
 struct Coverage {
   std::string op, mesh;
   int64_t forward = 0, grad = 0, reverse = 0;  // placement combinations whose rule answer was checked
+  int64_t skipped = 0;  // combinations not checked: the device does not compute the op there
+  int64_t device_runs = 0;  // local kernels run on the device (one per rank and distinct layout)
   int64_t layouts = 0;  // distinct (required inputs, claimed outputs) answers run on the simulated mesh
   bool even = false, uneven = false, empty_shards = false;
   int64_t failures = 0;
 };
 
+// Checks skipped on a device, by op, part and reason.
+struct Skip {
+  std::string op, part, reason;
+  int64_t checks = 0;
+};
+
 struct Report {
+  Device device;        // where the local kernels ran
+  std::string kernels;  // on a device: the name of its kernel table ("cuda", "fake")
   std::vector<Coverage> rows;
   std::vector<Failure> failures;
+  std::vector<Skip> skips;
   int64_t total_failures = 0;
-  std::string table() const;  // op x mesh x cases checked, with even/uneven/empty columns
+  // The placement combinations checked (forward, grad, reverse), skipped, and checked without a
+  // failure recorded (each failure is one check).
+  int64_t checks() const;
+  int64_t skipped() const;
+  int64_t passes() const { return checks() - total_failures; }
+  // op x mesh x cases checked, with even/uneven/empty columns; the summary line ("total: ...") and,
+  // on a device, the checks run there and those skipped, by op with the reason.
+  std::string table() const;
   bool ok() const { return total_failures == 0; }
 };
 

@@ -1,0 +1,115 @@
+// Generation on a device (Generator's `device`): on the fake device (tensor/fake_device.h: guarded
+// memory, its kernel table running the CPU kernels) the transformers-written GPT-2 and Llama tiny
+// checkpoints of tests/golden/hf give the CPU run's tokens and logits bit for bit, greedy and
+// sampled, on one rank and on dp=2 and tp=2 threads; the host reads one thing a step, the logits
+// sampling needs (the device-to-host copies counted); a pp mesh is refused on a device.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "shardwise/comm/local.h"
+#include "shardwise/generate/generate.h"
+#include "shardwise/models/model_io.h"
+#include "shardwise/tensor/device_copy.h"
+#include "tests/support/error_of.h"
+#include "tests/support/on_fake_device.h"
+
+namespace shardwise::train {
+namespace {
+
+std::string golden(const std::string& name) { return std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/" + name; }
+
+// Prompts of different lengths (each sequence at its own positions in a decode step).
+const std::vector<std::vector<int64_t>> kPrompts = {{5, 17, 42, 8, 99}, {3, 64}, {11, 12, 13}, {120}};
+
+struct DeviceRun {
+  GenerateResult result;  // rank 0's
+  DeviceCopyStats copies;  // every rank's
+};
+
+DeviceRun generate_from(const std::string& name, const std::string& mesh, Device device, const GenerateConfig& config) {
+  const std::string dir = golden(name);
+  const GptConfig model = read_model_config(dir);
+  const mesh::ProcessMesh pm = mesh::parse_mesh(mesh);
+  DeviceRun out;
+  std::mutex mu;
+  reset_device_copy_stats();
+  comm::LocalWorld::run(static_cast<int>(pm.size()), [&](comm::Communicator& w) {
+    auto world = w.group(w.members());
+    const int64_t process = world->members()[static_cast<size_t>(world->rank())];
+    Generator gen(model, Strategy::from_mesh(pm, false), world, checkpoint_weights(dir, model, process), device);
+    GenerateResult r = gen.generate(kPrompts, config);
+    std::lock_guard lock(mu);
+    if (w.rank() == 0) out.result = std::move(r);
+  });
+  out.copies = device_copy_stats();
+  return out;
+}
+
+GenerateConfig greedy() {
+  GenerateConfig c;
+  c.max_new_tokens = 6;
+  c.keep_logits = true;
+  return c;
+}
+
+GenerateConfig sampled() {
+  GenerateConfig c = greedy();
+  c.sampling.temperature = 0.9;
+  c.sampling.top_k = 20;
+  c.sampling.seed = 7;
+  return c;
+}
+
+using GenerateDevice = OnFakeDevice;
+
+void expect_same(const GenerateResult& got, const GenerateResult& want, const std::string& what) {
+  ASSERT_EQ(got.sequences.size(), want.sequences.size()) << what;
+  for (size_t i = 0; i < want.sequences.size(); ++i) {
+    EXPECT_EQ(got.sequences[i].tokens, want.sequences[i].tokens) << what << ", prompt " << i;
+    EXPECT_EQ(got.sequences[i].logits, want.sequences[i].logits) << what << ", prompt " << i << " (bit for bit)";
+    EXPECT_EQ(got.sequences[i].stop, want.sequences[i].stop) << what << ", prompt " << i;
+  }
+}
+
+TEST_F(GenerateDevice, TheFakeDeviceGivesTheCpuTokensAndLogitsBitForBit) {
+  for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
+    for (const std::string mesh : {"dp=1", "dp=2", "tp=2"}) {
+      for (const auto& [how, config] : {std::pair{"greedy", greedy()}, {"sampled", sampled()}}) {
+        const std::string what = fmt::format("{} on {}, {}", name, mesh, how);
+        const DeviceRun cpu = generate_from(name, mesh, Device::host(), config);
+        const DeviceRun fake = generate_from(name, mesh, kFake, config);
+        EXPECT_EQ(cpu.copies.to_device_copies + cpu.copies.to_host_copies, 0) << what;
+        EXPECT_GT(fake.copies.to_device_copies, 0) << what;
+        expect_same(fake.result, cpu.result, what);
+        EXPECT_EQ(fake.result.sequences[0].tokens.size(), 6u) << what;
+      }
+    }
+  }
+}
+
+TEST_F(GenerateDevice, TheHostReadsTheLogitsOnceAStepAndNothingElse) {
+  for (const bool cache : {true, false}) {
+    GenerateConfig config = greedy();
+    config.kv_cache = cache;
+    const DeviceRun r = generate_from("llama_tiny", "dp=1", kFake, config);
+    const int64_t rows = std::ssize(kPrompts), vocab = read_model_config(golden("llama_tiny")).vocab;
+    EXPECT_EQ(r.copies.to_host_copies, r.result.stats.steps) << "kv cache " << cache;
+    EXPECT_EQ(r.copies.to_host_bytes, r.result.stats.steps * rows * vocab * 4) << "kv cache " << cache;
+    EXPECT_GT(r.result.stats.steps, 1);
+  }
+}
+
+TEST_F(GenerateDevice, APipelineMeshIsRefusedOnADevice) {
+  const GptConfig model = read_model_config(golden("llama_tiny"));
+  const std::string e = error_of([&] {
+    comm::LocalWorld::run(2, [&](comm::Communicator& w) {
+      Generator gen(model, Strategy::from_mesh(mesh::parse_mesh("pp=2"), false), w.group(w.members()),
+                    checkpoint_weights(golden("llama_tiny"), model, w.rank(), true), kFake);
+    });
+  });
+  EXPECT_NE(e.find("generating on cuda:0 with a pp mesh"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace shardwise::train
