@@ -49,6 +49,11 @@ std::set<std::string> step_ops() {
       train::GptGraph gpt = train::build_model(c, s, 2);
       graph::append_backward(gpt.g, gpt.loss);
       add_ops(gpt.g, used);
+      GptConfig bf16 = c;  // --compute bf16: the ops' bf16 forms (step_dtype_ops lists them by dtype)
+      bf16.compute_dtype = DType::BF16;
+      train::GptGraph b = train::build_model(bf16, s, 2);
+      graph::append_backward(b.g, b.loss);
+      add_ops(b.g, used);
       add_ops(train::build_model_prefill(c, s, 2, c.seq).g, used);
       add_ops(train::build_model_decode_step(c, s, 2, c.seq).g, used);
     }

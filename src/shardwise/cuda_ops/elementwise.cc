@@ -1,4 +1,4 @@
-// add, scale, swiglu and softmax on CUDA (cuda/elementwise.h, cuda/kernels.h), each read as its CPU
+// add, scale, cast, swiglu and softmax on CUDA (cuda/elementwise.h, cuda/kernels.h), each read as its CPU
 // kernel reads its inputs and attributes.
 #include "shardwise/core/error.h"
 #include "shardwise/cuda/tensor_ops/elementwise.h"
@@ -46,6 +46,17 @@ void bind_scale(ops::DeviceKernelTable& t) {
   });
 }
 
+// cast (bf16 parameters read in f32, --compute bf16's operands and products): f32 / bf16 / f16 each
+// way (cuda::cast names another dtype); the gradient cast back to the input's dtype, as the CPU's.
+void bind_cast(ops::DeviceKernelTable& t) {
+  t.add_forward("cast", [](const OpDef&, In in, const Attrs& attrs, const KernelContext*) {
+    return Tensors{cuda::cast(in[0], parse_dtype(attrs.get_string("dtype", "")), current_stream())};
+  });
+  t.add_backward("cast", [](const OpDef&, In in, In, In dout, const Attrs&, const KernelContext*, std::span<const bool>) {
+    return Tensors{cuda::cast(dout[0], in[0].dtype(), current_stream())};
+  });
+}
+
 void bind_swiglu(ops::DeviceKernelTable& t) {
   t.add_forward("swiglu", [](const OpDef&, In in, const Attrs&, const KernelContext*) {
     return Tensors{cuda::swiglu(in[0], in[1], current_stream())};
@@ -82,6 +93,7 @@ void bind_elementwise(ops::DeviceKernelTable& t) {
   bind_binary(t, "multiply", cuda::Binary::Mul);
   bind_binary(t, "divide", cuda::Binary::Div);
   bind_scale(t);
+  bind_cast(t);
   bind_swiglu(t);
   bind_softmax(t);
 }
