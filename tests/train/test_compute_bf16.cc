@@ -1,8 +1,8 @@
 // train --compute bf16 (models/compute.h): the GEMMs and attention of GPT-2 and Llama read bf16
 // operands; the curve is the same on every mesh as on one rank, and stays near the f32 curve.
 //
-// Tolerances. Meshes: the first step (before any update: the same weights) within 2e-6 relative,
-// as the f32 path's layouts (measured: 0 on pp=2, 5e-8 on dp=2, 1.2e-6 on tp=2, whose partial
+// Tolerances. Meshes: the first step (before any update: the same weights) within 5e-6 relative
+// (measured: 0 on pp=2, 5e-8 on dp=2, 1.2e-6 on tp=2 and 3.1e-6 on Mixtral's tp=2, whose partial
 // products sum in another order before their bf16 rounding); the 20 steps within 5e-4, as the
 // bf16-parameter tests (test_topology, test_pipeline_bf16): masters that differ in the last float
 // bit (dp's gradient sums, tp's partial sums) round to neighbouring bf16 operands (2^-8 apart)
@@ -23,7 +23,7 @@
 namespace shardwise::train {
 namespace {
 
-constexpr double kFirstStepRtol = 2e-6, kMeshRtol = 5e-4, kF32Rtol = 3e-3;
+constexpr double kFirstStepRtol = 5e-6, kMeshRtol = 5e-4, kF32Rtol = 3e-3;
 
 TrainConfig gpt(const std::string& mesh, DType compute = DType::BF16) {
   TrainConfig c = small_config(mesh, 20);
@@ -35,6 +35,13 @@ TrainConfig gpt(const std::string& mesh, DType compute = DType::BF16) {
 TrainConfig llama(const std::string& mesh, DType compute = DType::BF16) {
   TrainConfig c = llama_test_config(mesh, 20);
   c.model.compute_dtype = compute;
+  return c;
+}
+
+// Llama's with a Mixtral MoE MLP in every layer (4 experts, top-2, dropless).
+TrainConfig mixtral(const std::string& mesh, DType compute = DType::BF16) {
+  TrainConfig c = llama(mesh, compute);
+  c.model.experts = 4, c.model.top_k = 2;
   return c;
 }
 
@@ -125,6 +132,9 @@ void expect_meshes_follow(TrainConfig (*config)(const std::string&, DType), cons
 TEST(ComputeBf16, Gpt2CurveIsTheSameOnEveryMeshAndNearF32) { expect_meshes_follow(gpt, "gpt2"); }
 
 TEST(ComputeBf16, LlamaCurveIsTheSameOnEveryMeshAndNearF32) { expect_meshes_follow(llama, "llama"); }
+
+// The experts' GEMMs read bf16-rounded tokens and weights (moe_mlp computes in f32).
+TEST(ComputeBf16, MixtralCurveIsTheSameOnEveryMeshAndNearF32) { expect_meshes_follow(mixtral, "mixtral"); }
 
 }  // namespace
 }  // namespace shardwise::train
