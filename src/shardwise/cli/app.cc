@@ -134,7 +134,8 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
        "--compute", [&c](const std::string& dtype) { c.model.compute_dtype = parse_dtype(dtype); },
        "the GEMMs' and attention's operands: f32 (default) or bf16 (f32 accumulation; norms, softmax, the loss and "
        "the residual stream stay f32, as autocast)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->default_str("f32");
   add_sharding_options(t, c);
   t->add_flag("--skip-nonfinite-steps", c.optimizer.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");
