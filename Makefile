@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev
 # Only `make fuzz` needs clang; only `make golden` needs PyTorch (Debian's 1.13).
 FUZZ_PACKAGES := clang
 
-.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden demo llama-demo bench bench-comm bench-ckpt-dcp gpu-debs gpu-deps-check gpu-check gpu-bench-smoke clean
+.PHONY: all deps build test check-layout test-asan fuzz parity hf-parity hf-golden golden llama-golden bf16-golden demo llama-demo bench bench-comm bench-ckpt-dcp gpu-debs gpu-deps-check gpu-check gpu-bench-smoke clean
 
 all: build
 
@@ -160,6 +160,13 @@ moe-golden: build $(HF_VENV)/bin/python
 	$(BUILD)/tests/golden_export $(BUILD)/moe_golden_inputs.safetensors moe
 	$(HF_VENV)/bin/python tests/golden/llama_parity.py $(BUILD)/moe_golden_inputs.safetensors \
 	  tests/golden/moe_losses.json
+
+# GPT-2 with --compute bf16 against PyTorch's CPU autocast to bf16 (the same venv's torch):
+# tests/golden/gpt_bf16_losses.json, replayed by tests/models/test_bf16_golden.cc.
+bf16-golden: build $(HF_VENV)/bin/python
+	$(BUILD)/tests/golden_export $(BUILD)/bf16_golden_inputs.safetensors gpt2-bf16
+	$(HF_VENV)/bin/python tests/golden/bf16_autocast_parity.py $(BUILD)/bf16_golden_inputs.safetensors \
+	  tests/golden/gpt_bf16_losses.json
 
 bench: build
 	@bash bench/run.sh $(BUILD)

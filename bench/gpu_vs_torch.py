@@ -12,7 +12,9 @@ Models (plain PyTorch modules here, no transformers needed):
   llama-1b:  Llama 3.2 1B's shape: 16 layers, 32 heads, 8 key/value heads, hidden 2048, SwiGLU
              8192, vocab 128256, tied head, rotary theta 500000, seq 2048, batch 4 (1.24B parameters).
 A step: forward, cross-entropy, backward, gradient clipping at 1.0 and AdamW (fused on CUDA), with
-fp32 weights and optimizer state and bf16 autocast (PyTorch's usual mixed precision). Each row
+fp32 weights and optimizer state and bf16 autocast (PyTorch's usual mixed precision); shardwise's
+rows run `--bf16 --compute bf16` (bf16 weights with fp32 masters, bf16 GEMM and attention operands,
+f32 accumulation, norms, softmax and loss: docs/gpu.md). Each row
 runs in a process of its own (clean peak memory, and a row past the time left is stopped, saying
 so): --warmup steps (torch.compile compiles there) then --steps timed steps.
 
@@ -207,7 +209,7 @@ def shardwise_row(o, name, timeout):
     run_dir = tempfile.mkdtemp(prefix="sw_bench_")
     cmd = [o.shardwise, "train", "--model", c["arch"], "--layers", str(c["layers"]), "--heads", str(c["heads"]),
            "--hidden", str(c["hidden"]), "--vocab", str(c["vocab"]), "--seq", str(c["seq"]),
-           "--global-batch", str(c["batch"]), "--steps", str(o.warmup + o.steps), "--bf16", "--run-dir", run_dir]
+           "--global-batch", str(c["batch"]), "--steps", str(o.warmup + o.steps), "--bf16", "--compute", "bf16", "--run-dir", run_dir]
     if c["arch"] == "llama":
         cmd += ["--kv-heads", str(c["kv_heads"]), "--intermediate-size", str(c["ffn"])]
     if not o.cpu_smoke:

@@ -40,7 +40,7 @@ const std::map<std::string, std::string>& values() {
       {"kv-heads", "2"}, {"head-dim", "16"}, {"intermediate-size", "96"}, {"tied-head", "--untied-head"}, {"rope-theta", "500000"},
       {"rms-norm-eps", "1e-5"}, {"experts", "4"}, {"top-k", "1"}, {"moe-layers", "1"}, {"aux-loss", "0.01"},
       {"aux-loss-scope", "model"}, {"router-z-loss", "0.001"}, {"capacity-factor", "1.5"}, {"router", "sigmoid"},
-      {"shared-expert-width", "32"}, {"dropout", "0.1"}, {"bf16", ""}, {"recompute", "full"},
+      {"shared-expert-width", "32"}, {"dropout", "0.1"}, {"bf16", ""}, {"compute", "bf16"}, {"recompute", "full"},
       {"recompute-layers", "1"}, {"attention", "unfused"}, {"cp-attention", "gather"}, {"lm-head", "unfused"}, {"lora-rank", "4"},
       {"lora-alpha", "16"}, {"lora-targets", "c_proj"}, {"lora-dropout", "0.1"}, {"lora-rslora", ""},
       {"auto", ""}, {"mesh", "dp=4"}, {"ranks", "4"}, {"sp", ""}, {"schedule", "fthenb"}, {"virtual", "2"},

@@ -3,7 +3,8 @@
 // training steps (forward and backward, dp=1 and tp=2: tp's programs use the vocab-parallel head)
 // and generation's prefill and decode step, each with f32 parameters and with bf16 parameters (what
 // `train --bf16` builds: parameters stored bf16, cast to f32 for the kernels, fp32 masters kept by
-// the optimizer outside the graph).
+// the optimizer outside the graph), and the training steps of `--compute bf16` (GEMM and attention
+// operands cast to bf16).
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -45,6 +46,11 @@ inline std::vector<StepProgram> step_programs() {
         out.push_back({name + " train", std::move(gpt.g)});
         out.push_back({name + " prefill", train::build_model_prefill(c, s, 2, c.seq).g});
         out.push_back({name + " decode", train::build_model_decode_step(c, s, 2, c.seq).g});
+        train::GptConfig compute = c;
+        compute.compute_dtype = DType::BF16;
+        train::GptGraph b = train::build_model(compute, s, 2);
+        graph::append_backward(b.g, b.loss);
+        out.push_back({name + " compute-bf16 train", std::move(b.g)});
       }
     }
   }

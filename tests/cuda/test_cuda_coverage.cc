@@ -1,5 +1,5 @@
 // Which ops of a training step have no CUDA kernel bound yet (cuda_ops/bind.h): the forward and
-// gradient ops of the GPT-2, Llama and Mixtral training programs (f32 and bf16 parameters, dp=1 and
+// gradient ops of the GPT-2, Llama and Mixtral training programs (f32 and bf16 parameters, --compute bf16, dp=1 and
 // tp=2; step_programs.h) and of generation's prefill and decode step, against the CUDA table. A
 // static listing (nothing runs on a GPU): it must equal tests/cuda/missing_cuda_kernels.txt, so the
 // list shrinks only deliberately, as kernels are bound. Built only where CUDA is (test_cuda).

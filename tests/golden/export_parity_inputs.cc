@@ -3,7 +3,8 @@
 // shardwise initializes them, the batches of every step, and the configuration (safetensors
 // __metadata__ "config", JSON).
 //
-//   build/tests/golden_export OUT.safetensors [gpt2|llama|moe]   (`make golden`, `make llama-golden`)
+//   build/tests/golden_export OUT.safetensors [gpt2|llama|moe|gpt2-bf16]
+//   (`make golden`, `make llama-golden`, `make bf16-golden`)
 #include <iostream>
 
 #include "shardwise/ckpt/safetensors_writer.h"
@@ -14,13 +15,14 @@
 int main(int argc, char** argv) {
   using namespace shardwise;
   const std::string kind = argc == 3 ? argv[2] : "gpt2";
-  if ((argc != 2 && argc != 3) || (kind != "gpt2" && kind != "llama" && kind != "moe")) {
-    std::cerr << "usage: golden_export OUT.safetensors [gpt2|llama|moe]\n";
+  if ((argc != 2 && argc != 3) || (kind != "gpt2" && kind != "llama" && kind != "moe" && kind != "gpt2-bf16")) {
+    std::cerr << "usage: golden_export OUT.safetensors [gpt2|llama|moe|gpt2-bf16]\n";
     return 2;
   }
-  train::TrainConfig c = kind == "moe"     ? golden::moe_parity_config()
-                         : kind == "llama" ? golden::llama_parity_config()
-                                           : golden::parity_config();
+  train::TrainConfig c = kind == "moe"         ? golden::moe_parity_config()
+                         : kind == "llama"     ? golden::llama_parity_config()
+                         : kind == "gpt2-bf16" ? golden::bf16_parity_config()
+                                               : golden::parity_config();
   c.check(1);
   train::GptGraph model =
       train::build_model(c.model, train::Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), false), c.optimizer.global_batch);

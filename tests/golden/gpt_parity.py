@@ -76,17 +76,11 @@ def train_steps(cfg, params, batches, forward):
     return losses
 
 
-def main():
-    inputs, out_path = sys.argv[1], sys.argv[2]
-    t, meta = read_safetensors(inputs)
-    cfg = json.loads(meta["config"])
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
+def gpt_forward(cfg, p):
+    """forward(ids, labels) -> the mean loss of shardwise's GPT-2 on the parameters p (by name)."""
     L, NH, H, S, V = cfg["layers"], cfg["heads"], cfg["hidden"], cfg["seq"], cfg["vocab"]
     HD = H // NH
     eps = cfg["layer_norm_epsilon"]
-    params = {k: torch.tensor(v, requires_grad=True) for k, v in t.items() if not k.startswith("batch.")}
-    p = params
 
     def ln(x, name):
         return torch.nn.functional.layer_norm(x, (H,), p[name + ".weight"], p[name + ".bias"], eps)
@@ -116,11 +110,27 @@ def main():
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="sum")
         return loss / (B * S)
 
-    losses = train_steps(cfg, p, t, forward)
+    return forward
+
+
+def run(forward_of, generator, check_config=lambda cfg: None):
+    """argv: INPUTS.safetensors OUT.json. Trains forward_of(cfg, params) and writes the golden file."""
+    inputs, out_path = sys.argv[1], sys.argv[2]
+    t, meta = read_safetensors(inputs)
+    cfg = json.loads(meta["config"])
+    check_config(cfg)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in t.items() if not k.startswith("batch.")}
+    losses = train_steps(cfg, p, t, forward_of(cfg, p))
     with open(out_path, "w") as f:
-        json.dump({"generator": "tests/golden/gpt_parity.py with torch " + torch.__version__,
-                   "config": cfg, "losses": losses}, f, indent=1)
+        json.dump({"generator": generator + " with torch " + torch.__version__, "config": cfg, "losses": losses},
+                  f, indent=1)
         f.write("\n")
+
+
+def main():
+    run(gpt_forward, "tests/golden/gpt_parity.py")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,25 @@ inline train::TrainConfig moe_parity_config() {
   return c;
 }
 
-// What the PyTorch script reads (safetensors metadata "config").
+// The GPT-2 run compared with PyTorch's CPU autocast to bf16 (tests/golden/bf16_autocast_parity.py,
+// tests/golden/gpt_bf16_losses.json, tests/models/test_bf16_golden.cc): --compute bf16 with the
+// unfused attention and head, the ops autocast runs (its logits are a bf16 GEMM's output).
+inline train::TrainConfig bf16_parity_config() {
+  train::TrainConfig c = parity_config();
+  c.model.compute_dtype = DType::BF16;
+  c.model.attention = "unfused", c.model.lm_head = "unfused";
+  return c;
+}
+
+// What the PyTorch script reads (safetensors metadata "config"): "compute" only for bf16 compute.
 inline nlohmann::json parity_config_json(const train::TrainConfig& c) {
+  if (c.model.compute_dtype != DType::F32) {
+    train::TrainConfig f32 = c;
+    f32.model.compute_dtype = DType::F32;
+    nlohmann::json j = parity_config_json(f32);
+    j["compute"] = std::string(dtype_name(c.model.compute_dtype));
+    return j;
+  }
   if (c.model.is_llama()) {
     train::TrainConfig common = c;
     common.model.model_type = "gpt2";  // the fields both share

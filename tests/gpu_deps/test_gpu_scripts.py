@@ -7,7 +7,7 @@ PyTorch rows' own CPU run is `make gpu-bench-smoke`):
   MFU is tokens/s x FLOPs per token / peak;
 - its shardwise rows: "shardwise: not yet supported" when `train --help` lacks --device, and
   otherwise the median tokens/s after the warm-up from metrics.jsonl of a (fake) binary, run with
-  --device cuda;
+  --device cuda and --bf16 --compute bf16 (bf16 GEMMs and attention, as PyTorch's autocast rows);
 - tools/gpu_curves.py passes equal curves and fails, naming the run, curves that differ by more
   than the tolerance.
 
@@ -25,7 +25,8 @@ ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.pat
 
 # A shardwise stand-in: `train --help` lists --device when FAKE_DEVICE is set; `train ... --run-dir
 # D --steps N` writes N metrics rows (tokens/s 1000 x step, doubled with --device cuda; loss 1/step,
-# plus FAKE_SHIFT with --device).
+# plus FAKE_SHIFT with --device); a --bf16 run without --compute bf16 (bf16 storage, f32 kernels: no
+# GPU figure) fails.
 FAKE = textwrap.dedent("""\
     #!/usr/bin/env python3
     import json, os, sys
@@ -34,6 +35,8 @@ FAKE = textwrap.dedent("""\
         print("Options:\\n  --steps INT\\n" + ("  --device TEXT   where the run's tensors live\\n" if os.environ.get("FAKE_DEVICE") else ""))
         sys.exit(0)
     d, n = a[a.index("--run-dir") + 1], int(a[a.index("--steps") + 1])
+    if "--bf16" in a and ("--compute" not in a or a[a.index("--compute") + 1] != "bf16"):
+        sys.exit("fake shardwise: --bf16 without --compute bf16 computes in f32")
     shift = float(os.environ.get("FAKE_SHIFT", "0")) if "--device" in a else 0.0
     with open(os.path.join(d, "metrics.jsonl"), "w") as f:
         for s in range(1, n + 1):

@@ -108,9 +108,14 @@ inline StepsRun run_steps(const GptConfig& model, const std::string& mesh, Devic
   return out;
 }
 
-// The GPT-2 tiny model ("gpt2") or the Llama one ("llama") of the trainer tests, dp=1.
+// The GPT-2 tiny model ("gpt2") or the Llama one ("llama") of the trainer tests, dp=1; with the
+// suffix "_bf16" under --compute bf16 (models/compute.h).
 inline GptConfig model_of(const std::string& name) {
-  return name == "llama" ? llama_test_config("dp=1").model : small_config("dp=1", 1).model;
+  const bool bf16 = name.ends_with("_bf16");
+  const std::string base = bf16 ? name.substr(0, name.size() - 5) : name;
+  GptConfig c = base == "llama" ? llama_test_config("dp=1").model : small_config("dp=1", 1).model;
+  if (bf16) c.compute_dtype = DType::BF16;
+  return c;
 }
 
 }  // namespace shardwise::train

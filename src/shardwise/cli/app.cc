@@ -134,7 +134,13 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--lm-head", c.model.lm_head,
                 "the training and validation head: fused (default; the [B*T, V] logits computed in row chunks of ~64 MiB "
                 "and dropped, recomputed in backward) or unfused (the logits whole, then cross-entropy)");
-  t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; kernels compute in f32)");
+  t->add_flag("--bf16", c.bf16, "parameters stored in bf16 (fp32 masters; the kernels' dtype is --compute's)");
+  t->add_option_function<std::string>(
+       "--compute", [&c](const std::string& dtype) { c.model.compute_dtype = parse_dtype(dtype); },
+       "the GEMMs' and attention's operands: f32 (default) or bf16 (f32 accumulation; norms, softmax, the loss and "
+       "the residual stream stay f32, as autocast)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->default_str("f32");
   add_sharding_options(t, c);
   t->add_flag("--skip-nonfinite-steps", c.optimizer.skip_nonfinite,
               "skip a step whose loss or gradient norm is not finite (counted) instead of stopping the run");

@@ -13,7 +13,7 @@ const std::vector<OptionSection>& train_option_sections() {
       {"model", "Model",
        {"model", "layers", "heads", "hidden", "seq", "vocab", "kv-heads", "head-dim", "intermediate-size", "tied-head", "rope-theta",
         "rms-norm-eps", "experts", "top-k", "moe-layers", "aux-loss", "aux-loss-scope", "router-z-loss",
-        "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "recompute", "recompute-layers",
+        "capacity-factor", "router", "shared-expert-width", "dropout", "bf16", "compute", "recompute", "recompute-layers",
         "attention", "cp-attention", "lm-head", "lora-rank", "lora-alpha", "lora-targets", "lora-dropout", "lora-rslora"}},
       {"parallel", "Parallelism",
        {"auto", "mesh", "ranks", "device", "sp", "schedule", "virtual", "micro-batches", "sharding-stage", "sharding-layout",

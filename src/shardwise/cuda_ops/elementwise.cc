@@ -75,8 +75,8 @@ void bind_softmax(ops::DeviceKernelTable& t) {
   });
 }
 
-// cast between the floating dtypes (what `train --bf16` puts after every bf16 parameter: bf16 -> f32
-// forward, its gradient f32 -> bf16); the gradient is dout cast back to x's dtype, as the CPU's.
+// cast between the floating dtypes (what `train --bf16` puts after every bf16 parameter, bf16 -> f32,
+// and `--compute bf16` before and after its GEMMs and attention; the gradient the other way); the gradient is dout cast back to x's dtype, as the CPU's.
 void bind_cast(ops::DeviceKernelTable& t) {
   t.add_forward("cast", [](const OpDef& op, In in, const Attrs& attrs, const KernelContext*) {
     SW_CHECK(attrs.has("dtype"), "op '{}' on {}: attribute dtype is required", op.name, in[0].device().to_string());

@@ -6,6 +6,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
 #include "shardwise/mesh/cp_order.h"
+#include "shardwise/models/compute.h"
 #include "shardwise/models/llama.h"
 
 namespace shardwise::train {
@@ -36,6 +37,8 @@ void GptConfig::validate() const {
   SW_CHECK(seq >= 1, "sequence length must be at least 1, got {}", seq);
   SW_CHECK(vocab >= 2, "vocabulary must hold at least 2 tokens, got {}", vocab);
   SW_CHECK(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got {}", dropout);
+  SW_CHECK(compute_dtype == DType::F32 || compute_dtype == DType::BF16,
+           "--compute {}: the GEMMs and attention compute in f32 or bf16 (f32 accumulation)", dtype_name(compute_dtype));
   SW_CHECK(model_type == "gpt2" || model_type == "llama", "model '{}' is not one shardwise builds (gpt2, llama)",
            model_type);
   if (is_llama()) validate_llama(*this);
@@ -75,10 +78,10 @@ graph::ValueId unfused_attention(graph::Graph& g, const GptConfig& c, bool train
                                  graph::ValueId v, graph::ValueId mask, const std::string& prefix, bool selective) {
   auto q_scaled = g.scale(q, 1.0 / std::sqrt(static_cast<double>(c.head_size())), 0.0, prefix + ".q.scaled");
   if (selective) g.begin_segment();
-  auto scores = g.matmul(q_scaled, k, true, prefix + ".scores");
+  auto scores = compute_matmul(g, c, q_scaled, k, true, prefix + ".scores");
   auto masked = g.add(scores, mask, prefix + ".masked");
   auto probs = dropout_at(g, c, training, g.softmax(masked, -1, prefix + ".probs"), prefix + ".dropout", c.dropout);
-  auto ctx_heads = g.matmul(probs, v, false, prefix + ".ctx.heads");
+  auto ctx_heads = compute_matmul(g, c, probs, v, false, prefix + ".ctx.heads");
   if (selective) g.end_segment();
   return ctx_heads;
 }
@@ -93,11 +96,13 @@ graph::ValueId fused_attention(graph::Graph& g, const GptConfig& c, bool trainin
     a.set("seed", static_cast<int64_t>(c.dropout_seed));
     a.set("stream", static_cast<int64_t>(stream_id(dropout_site) >> 1));
   }
-  std::vector<graph::ValueId> in{q, k, v};
+  std::vector<graph::ValueId> in{compute_operand(g, c, q), compute_operand(g, c, k), compute_operand(g, c, v)};
   if (doc >= 0) in.push_back(doc);
-  if (c.cp_order > 1 && c.cp_attention == "ring")  // q, k, v stay sequence-sharded: k, v blocks travel the ring
-    return g.op(doc >= 0 ? "ring_attention_docs" : "ring_attention", std::move(in), std::move(a), name)[0];
-  return g.op(doc >= 0 ? "flash_attention_docs" : "flash_attention", std::move(in), std::move(a), name)[0];
+  const bool ring = c.cp_order > 1 && c.cp_attention == "ring";  // q, k, v stay sequence-sharded: k, v blocks travel the ring
+  const char* op = ring ? (doc >= 0 ? "ring_attention_docs" : "ring_attention")
+                        : (doc >= 0 ? "flash_attention_docs" : "flash_attention");
+  if (!computes_bf16(c)) return g.op(op, std::move(in), std::move(a), name)[0];
+  return compute_result(g, g.op(op, std::move(in), std::move(a), name + ".bf16")[0], name);
 }
 
 namespace {
@@ -143,7 +148,8 @@ class Builder {
     const LoraModule& m = it->second;
     auto a = param(lora_a_name(module), Shape{c_.lora.rank, m.in}, m.column ? nullptr : "S(1)");
     auto x = drop(in, module + ".lora_dropout", c_.lora.dropout);
-    auto u = g_.scale(g_.matmul(x, a, true, module + ".lora_A.out"), c_.lora.scale(), 0.0, module + ".lora.scaled");
+    auto u = g_.scale(compute_matmul(g_, c_, x, a, true, module + ".lora_A.out"), c_.lora.scale(), 0.0,
+                      module + ".lora.scaled");
     // Row-parallel: reduced here, at r / in of the base product's size, so that u B^T is whole and
     // the sum with x W needs no second all-reduce, forward or backward.
     if (!m.column) annotate(u, s_.placements("R", "S(0)"));
@@ -156,11 +162,11 @@ class Builder {
                         graph::ValueId lora = -1) {
     auto w = base_param(name + ".weight", Shape{n_in, n_out}, column ? "S(1)" : "S(0)");
     auto b = base_param(name + ".bias", Shape{n_out}, column ? "S(0)" : nullptr);
-    auto mm = g_.matmul(in, w, false, name + ".mm");
+    auto mm = compute_matmul(g_, c_, in, w, false, name + ".mm");
     if (!column && s_.sequence_parallel) annotate(mm, s_.placements("S(1)", "S(0)"));  // reduce-scatter onto the sequence
     if (lora >= 0) {  // a row-parallel adapter's product is whole (lora_hidden): sliced, or added before the reduce
       auto B = param(lora_b_name(name), Shape{n_out, c_.lora.rank}, column ? "S(0)" : nullptr);
-      mm = g_.add(mm, g_.matmul(lora, B, true, name + ".lora_B.out"), name + ".mm+lora");
+      mm = g_.add(mm, compute_matmul(g_, c_, lora, B, true, name + ".lora_B.out"), name + ".mm+lora");
     }
     return g_.add(mm, b, name + ".out");
   }
@@ -287,7 +293,7 @@ void head_loss(graph::Graph& g, const GptConfig& c, const Strategy& s, graph::Va
                bool training, GptGraph& out, const std::string& loss_name) {
   const int64_t B = g.value(x).meta.shape[0], S = g.value(x).meta.shape[1];
   const bool fused = training && c.lm_head == "fused";
-  graph::ValueId logits = fused ? -1 : g.matmul(x, w, true, "logits");
+  graph::ValueId logits = fused ? -1 : compute_matmul(g, c, x, w, true, "logits");
   if (!training) {
     out.predictions = g.op1("argmax", {logits}, {{"axis", int64_t{-1}}}, "predictions");
     return;
@@ -300,7 +306,11 @@ void head_loss(graph::Graph& g, const GptConfig& c, const Strategy& s, graph::Va
   // logits exist one chunk of rows at a time (ops/softmax/lm_head.h).
   const char* op = fused ? (s.tp >= 0 ? "vocab_parallel_lm_head_cross_entropy" : "lm_head_cross_entropy")
                          : (s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy");
-  std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{x, w, labels}
+  // Under bf16 compute the fused head reads h and W rounded to bf16 but held in f32: its kernel
+  // computes a bf16 head in f32 anyway (h and W widened once, f32 chunks, softmax and loss), and so
+  // the loss and the gradients it forms stay f32 instead of being rounded to bf16 on the way out.
+  std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{bf16_rounded(g, c, x, "ln_f.bf16_rounded"),
+                                                                       bf16_rounded(g, c, w, "lm_head.bf16_rounded"), labels}
                                          : std::vector<graph::ValueId>{logits, labels};
   // Fused, the head's gradients for the dloss this scale gives it come out of its forward (extra
   // outputs "loss_sum:1", ":2"; only those of inputs that take a gradient: a frozen LoRA head none).

@@ -33,7 +33,10 @@ struct GptConfig {
   int64_t vocab = 256;
   double layer_norm_epsilon = 1e-5;
   double init_std = 0.02;
-  DType param_dtype = DType::F32;  // f32, or bf16 (kernels still compute in f32; fp32 masters)
+  DType param_dtype = DType::F32;  // f32, or bf16 (fp32 masters kept by the optimizer)
+  // The GEMMs' and attention's operand dtype (--compute): f32, or bf16 with f32 accumulation and
+  // f32 between the GEMMs (models/compute.h says what runs in which dtype and why).
+  DType compute_dtype = DType::F32;
   // Dropout on the embeddings, the attention probabilities and both residual branches (GPT-2's
   // embd/attn/resid_pdrop) while training; masks keyed by (dropout_seed, site, sample, position).
   double dropout = 0.0;

@@ -8,6 +8,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/core/philox.h"
 #include "shardwise/mesh/cp_order.h"
+#include "shardwise/models/compute.h"
 #include "shardwise/ops/moe/kernels.h"
 
 namespace shardwise::train {
@@ -94,7 +95,7 @@ class LlamaBuilder {
   graph::ValueId linear(graph::ValueId x, const std::string& name, int64_t in, int64_t out, bool column,
                         bool replicated = false) {
     auto w = param(name + ".weight", Shape{out, in}, replicated ? "R" : column ? "S(0)" : "S(1)");
-    auto y = g_.matmul(x, w, true, name + ".out");
+    auto y = compute_matmul(g_, c_, x, w, true, name + ".out");
     if (!column && s_.sequence_parallel) annotate(y, placements("S(1)", "S(0)"));
     if (!lora_.contains(name)) return y;
     return g_.add(y, adapter(x, name, in, out, column, replicated), name + ".out+lora");
@@ -110,10 +111,11 @@ class LlamaBuilder {
     const int64_t r = c_.lora.rank;
     auto a = param(lora_a_name(name), Shape{r, in}, column ? "R" : "S(1)", true);
     auto dropped = dropout_at(g_, c_, training_, x, name + ".lora_dropout", c_.lora.dropout);
-    auto u = g_.scale(g_.matmul(dropped, a, true, name + ".lora_A.out"), c_.lora.scale(), 0.0, name + ".lora.scaled");
+    auto u = g_.scale(compute_matmul(g_, c_, dropped, a, true, name + ".lora_A.out"), c_.lora.scale(), 0.0,
+                      name + ".lora.scaled");
     if (!column) annotate(u, placements("R", "S(0)"));
     auto b = param(lora_b_name(name), Shape{out, r}, column && !replicated ? "S(0)" : "R", true);
-    return g_.matmul(u, b, true, name + ".lora_B.out");
+    return compute_matmul(g_, c_, u, b, true, name + ".lora_B.out");
   }
 
   // A column-parallel q/k/v projection of the hidden states, plus its bias [out] (Qwen2), sharded
@@ -243,10 +245,18 @@ class LlamaBuilder {
     auto w1 = w13[0], w3 = w13[1];
     auto w2 = expert_adapted({expert(p + ".experts.w2", Shape{E, H_, I})}, fused + ".down_proj", on_ep)[0];
     auto tokens = moe_tokens(h, p);
+    // Under bf16 compute the experts' GEMMs read bf16-rounded tokens and weights (moe_mlp computes
+    // in f32: the products of a bf16 GEMM before its output's rounding). The router reads the same
+    // rounded tokens with the gate in f32 and routes in f64 (moe/kernels.h), Megatron's
+    // moe_router_dtype fp32: top-k choices are sensitive to rounding.
+    auto expert_tokens = bf16_rounded(g_, c_, tokens, p + ".tokens.bf16_rounded");
     Attrs a{{"top_k", c_.top_k}};
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
     if (c_.router != "softmax") a.set("router", c_.router);
-    std::vector<graph::ValueId> o = g_.op("moe_mlp", {tokens, gate, w1, w3, w2}, a, p + ".moe");
+    w1 = bf16_rounded(g_, c_, w1, p + ".experts.w1.bf16_rounded");
+    w3 = bf16_rounded(g_, c_, w3, p + ".experts.w3.bf16_rounded");
+    w2 = bf16_rounded(g_, c_, w2, p + ".experts.w2.bf16_rounded");
+    std::vector<graph::ValueId> o = g_.op("moe_mlp", {expert_tokens, gate, w1, w3, w2}, a, p + ".moe");
     if (c_.aux_loss > 0 && c_.aux_loss_scope == "model") {
       pool_router_statistics(tokens, gate, o[4], p);
     } else if (c_.aux_loss > 0) {

@@ -174,6 +174,37 @@ void blas_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
   }
 }
 
+// One stored matrix (rows x cols, row stride ld) of 16-bit floats as packed f32 (exact).
+template <class T>
+void widen(const T* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = static_cast<float>(src[i * ld + j]);
+}
+
+// bf16 and f16 on the f32 backend: each batch item's A and B widened to packed f32 (exact; once for
+// a repeated matrix, stride 0), multiplied by the f32 GEMM (f32 accumulation, blocked and split as
+// f32's), C rounded once to the 16-bit type (read widened first when beta != 0). The bits are the
+// f32 GEMM's of the same values, then one rounding: the same on every split of the rank's pool.
+template <class T>
+void half_gemm(const GemmArgs& g, const T* a, const T* b, T* c) {
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  std::vector<float> fa(static_cast<size_t>(a_rows * a_cols)), fb(static_cast<size_t>(b_rows * b_cols));
+  std::vector<float> fc(static_cast<size_t>(g.m * g.n));
+  GemmArgs f = gemm_args(g.trans_a, g.trans_b, g.m, g.n, g.k, g.beta);
+  f.alpha = g.alpha;
+  f = resolve_gemm_args(f);
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    if (bi == 0 || g.stride_a != 0) widen(a + bi * g.stride_a, a_rows, a_cols, g.lda, fa.data());
+    if (bi == 0 || g.stride_b != 0) widen(b + bi * g.stride_b, b_rows, b_cols, g.ldb, fb.data());
+    T* cb = c + bi * g.stride_c;
+    if (g.beta != 0) widen(cb, g.m, g.n, g.ldc, fc.data());
+    blas_gemm(f, fa.data(), fb.data(), fc.data());
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) cb[i * g.ldc + j] = static_cast<T>(fc[static_cast<size_t>(i * g.n + j)]);
+  }
+}
+
 template <class T>
 void gemm_typed(const GemmArgs& g, const T* a, const T* b, T* c) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;
@@ -185,6 +216,8 @@ void gemm_typed(const GemmArgs& g, const T* a, const T* b, T* c) {
   SW_CHECK(a != nullptr && b != nullptr, "gemm: A or B is null for m={} n={} k={}", g.m, g.n, g.k);
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     blas_gemm(g, a, b, c);
+  } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+    half_gemm(g, a, b, c);
   } else {
     naive_gemm(g, a, b, c);
   }

@@ -5,7 +5,7 @@
 //
 // op(X) is X or X^T; op(A) is m x k, op(B) is k x n, C is m x n. f32 runs on the GEMM backend
 // (tensor/gemm_backend.h: OpenBLAS, BLIS or oneDNN), f64 on OpenBLAS;
-// f16 / bf16 accumulate in float; i32 / i64 accumulate in 64-bit two's complement (exact unless
+// f16 / bf16 run the f32 backend on their values widened to f32 (f32 accumulation, one rounding of C); i32 / i64 accumulate in 64-bit two's complement (exact unless
 // the true result overflows int64, in which case it wraps). beta == 0 overwrites C without
 // reading it (a NaN in C does not survive). k == 0 gives beta * C (zeros for beta == 0).
 // Batches run in order, so stride_c == 0 with beta == 1 accumulates the sum over the batch.

@@ -93,6 +93,7 @@ OpDef make_attention(bool docs) {
                 attention_case(5, 7, 4, 3, 0, true),
                 attention_case(1, 2, 6, 2, 0, true), attention_case(6, 6, 5, 2, 3, true),
                 attention_case(4, 6, 7, 2, 6, true, DType::F64, 0.3), attention_case(2, 4, 3, 2, 2, true, DType::F32),
+                attention_case(2, 4, 5, 2, 2, true, DType::BF16),
                 attention_case(2, 2, 6, 2, 0, true, DType::F64, 0.0, 3)};
   } else {
     op.cases = {attention_case(12, 12, 12, 12, 0, false),
@@ -104,6 +105,7 @@ OpDef make_attention(bool docs) {
                 attention_case(6, 6, 7, 2, 0, false, DType::F64, 0.3),
                 attention_case(2, 6, 4, 2, 3, false, DType::F64, 0.25),
                 attention_case(3, 4, 5, 2, 0, false, DType::F32),
+                attention_case(2, 6, 5, 2, 2, false, DType::BF16),  // --compute bf16: f32 math, bf16 out
                 attention_case(2, 4, 8, 2, 2, false, DType::F64, 0.2, 2)};
   }
   return op;
@@ -153,7 +155,8 @@ OpDef make_ring(bool docs) {
               attention_case(6, 12, 4, 2, 6, docs),
               attention_case(6, 6, 7, 2, 0, docs, DType::F64, 0.3),
               attention_case(2, 4, 12, 2, 2, docs, DType::F64, 0.2, 3),
-              attention_case(3, 4, 5, 2, 0, docs, DType::F32)};
+              attention_case(3, 4, 5, 2, 0, docs, DType::F32),
+              attention_case(3, 4, 5, 2, 0, docs, DType::BF16)};
   return op;
 }
 

@@ -57,7 +57,8 @@ void register_matmul_ops(OpRegistry& registry) {
   op.rule = rules_of<matmul_rules>().matmul;
   op.summary =
       "matmul(x, y; trans_x, trans_y): x [..., m, k] * y [..., k, n] with broadcast batch dims; 1-D x / y are "
-      "row / column vectors (their m / n dim dropped); f32/f64 via OpenBLAS, f16/bf16/i32/i64 reference loops";
+      "row / column vectors (their m / n dim dropped); f32/f64 via OpenBLAS, f16/bf16 widened onto the f32 GEMM (f32 "
+      "accumulation, one rounding), i32/i64 reference loops";
   op.num_inputs = 2;
   op.num_outputs = 1;
   op.infer = matmul_infer;
