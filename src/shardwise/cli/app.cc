@@ -91,6 +91,25 @@ constexpr const char* kAutoHelp =
     "as `plan --auto` finds fastest on --ranks devices of this machine's calibration (docs/planner.md); the run "
     "header names the choice";
 
+namespace {
+
+// train's LoRA options (add_train_options).
+void add_lora_options(CLI::App* t, TrainOptions& o) {
+  auto& lora = o.config.model.lora;
+  t->add_option("--lora-rank", lora.rank,
+                "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
+  t->add_option("--lora-alpha", lora.alpha, "LoRA's alpha: the update is scaled by alpha / r");
+  t->add_option("--lora-targets", lora.targets, kLoraTargetsHelp)
+      ->delimiter(',');
+  t->add_option("--lora-dropout", lora.dropout, "dropout on the adapters' input while training");
+  t->add_flag("--lora-rslora", lora.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r)");
+  t->add_option("--lora-from", o.checkpoint.lora_from,
+                "continue training the adapters of a PEFT adapter directory (its adapter_config.json sets the "
+                "--lora-* options; a LoRA checkpoint is one)");
+}
+
+}  // namespace
+
 // `shardwise train`'s options, bound to `o` (the help shows the struct's defaults).
 void add_train_options(CLI::App& cmd, TrainOptions& o) {
   auto& c = o.config;
@@ -234,17 +253,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
                 "memory), none, or a size (24GiB, 1.5GB)");
   t->add_flag("--dry-run", o.logging.dry_run, "print the per-rank memory plan (plan --memory) and stop before training");
   t->add_flag("--json", o.logging.json, "with --dry-run / plan --memory: the plan as JSON");
-  auto& lora = c.model.lora;
-  t->add_option("--lora-rank", lora.rank,
-                "train LoRA adapters of rank R on the --init-from model, whose weights stay frozen (0: no LoRA)");
-  t->add_option("--lora-alpha", lora.alpha, "LoRA's alpha: the update is scaled by alpha / r");
-  t->add_option("--lora-targets", lora.targets, kLoraTargetsHelp)
-      ->delimiter(',');
-  t->add_option("--lora-dropout", lora.dropout, "dropout on the adapters' input while training");
-  t->add_flag("--lora-rslora", lora.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(r)");
-  t->add_option("--lora-from", o.checkpoint.lora_from,
-                "continue training the adapters of a PEFT adapter directory (its adapter_config.json sets the "
-                "--lora-* options; a LoRA checkpoint is one)");
+  add_lora_options(t, o);
 }
 
 namespace {

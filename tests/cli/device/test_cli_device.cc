@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "run_cli.h"
+#include "../run_cli.h"
 
 namespace {
 

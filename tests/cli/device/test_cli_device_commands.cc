@@ -8,8 +8,8 @@
 #include <iterator>
 #include <regex>
 
-#include "json_line.h"
-#include "run_cli.h"
+#include "../json_line.h"
+#include "../run_cli.h"
 
 namespace {
 
