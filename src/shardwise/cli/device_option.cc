@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <mutex>
 
 #include "shardwise/core/error.h"
@@ -16,16 +17,30 @@ namespace shardwise::cli {
 
 namespace {
 
+// The GPU of "cuda" (0) or "cuda:N".
+int cuda_index(std::string_view name, std::string_view option) {
+  if (name == "cuda") return 0;
+  int index = -1;
+  const char* begin = name.data() + 5;
+  const char* end = name.data() + name.size();
+  const auto [at, ec] = std::from_chars(begin, end, index);
+  SW_CHECK(ec == std::errc() && at == end && index >= 0, "{} {}: a GPU is cuda or cuda:N (N from 0)", option, name);
+  return index;
+}
+
 Device use_fake() {
   static std::once_flag once;
   std::call_once(once, [] {
-    register_fake_device({.index = 0});
+    // Every rank's parameters, state and activations share it (address space only until used):
+    // room for the tiny and small models of the tests and the docs.
+    register_fake_device({.index = 0, .capacity = size_t{16} << 30});
     ops::install_device_kernels(DeviceKind::Cuda, ops::fake_device_kernels());
   });
   return Device::cuda(0);
 }
 
-Device use_cuda(std::string_view option) {
+Device use_cuda(std::string_view name, std::string_view option) {
+  const int index = cuda_index(name, option);
 #ifdef SHARDWISE_CLI_CUDA
   static std::once_flag once;
   static std::string why;
@@ -37,11 +52,15 @@ Device use_cuda(std::string_view option) {
       cuda_ops::install_cuda_kernels();
     }
   });
-  SW_CHECK(gpus > 0, "{} cuda: no GPU is visible to this process ({})", option, why.empty() ? "CUDA found none" : why);
-  return Device::cuda(0);
+  SW_CHECK(gpus > 0, "{} {}: no GPU is visible to this process ({})", option, name,
+           why.empty() ? "CUDA found none" : why);
+  SW_CHECK(index < gpus, "{} {}: this process sees {} GPU{} (cuda:0{})", option, name, gpus, gpus == 1 ? "" : "s",
+           gpus == 1 ? "" : fmt::format(" to cuda:{}", gpus - 1));
+  return Device::cuda(index);
 #else
-  fail("{} cuda: this shardwise was built without CUDA (configure where nvcc and the CUDA toolkit are found, "
-       "-DSHARDWISE_WITH_CUDA=ON to insist); use {} cpu", option, option);
+  (void)index;
+  fail("{} {}: this shardwise was built without CUDA (configure where nvcc and the CUDA toolkit are found, "
+       "-DSHARDWISE_WITH_CUDA=ON to insist); use {} cpu", option, name, option);
 #endif
 }
 
@@ -50,7 +69,7 @@ Device use_cuda(std::string_view option) {
 Device use_device(std::string_view name, std::string_view option) {
   if (name == "cpu") return Device::host();
   if (name == "fake") return use_fake();
-  if (name == "cuda") return use_cuda(option);
+  if (name == "cuda" || name.starts_with("cuda:")) return use_cuda(name, option);
   fail("{} {}: unknown device; use {}", option, name, kDeviceNames);
 }
 

@@ -12,9 +12,9 @@
 namespace shardwise::cli {
 
 // The names --device takes, for help texts and CLI11's IsMember.
-inline constexpr std::string_view kDeviceNames = "cpu, fake (the test device) or cuda";
+inline constexpr std::string_view kDeviceNames = "cpu, fake (the test device), cuda or cuda:N";
 
-// The device `name` ("cpu", "fake", "cuda") made ready: registered with its kernel table installed
+// The device `name` ("cpu", "fake", "cuda", "cuda:N") made ready: registered with its kernel table installed
 // (once per process). An Error naming `option` before any work for another name, and for "cuda"
 // when this shardwise was built without CUDA or no GPU is visible (saying which).
 Device use_device(std::string_view name, std::string_view option = "--device");
