@@ -12,7 +12,7 @@
 namespace shardwise::cli {
 
 // The names --device takes, for help texts and CLI11's IsMember.
-inline constexpr std::string_view kDeviceNames = "cpu, fake (the test device), cuda or cuda:N";
+inline constexpr std::string_view kDeviceNames = "cpu, fake (the test device) or cuda";
 
 // The device `name` ("cpu", "fake", "cuda", "cuda:N") made ready: registered with its kernel table installed
 // (once per process). An Error naming `option` before any work for another name, and for "cuda"

@@ -11,11 +11,12 @@ SelectedDevice select_train_device(const std::string& text, int64_t ranks, bool 
   if (text == "cpu") return {};
   const bool cuda = text == "cuda" || text.starts_with("cuda:");
   SW_CHECK(cuda || text == "fake", "--device '{}': use cpu, cuda, cuda:N or fake (the tests' device)", text);
-  // MPI processes on a device need their world communicator on device memory, chosen in run_ranks
-  // (train_run.cc): not built yet.
-  SW_CHECK(!mpi, "--device {} under mpirun: MPI processes on a device need collectives on device memory outside the "
-           "graph (NCCL, or MPI staging through the host; not built yet); run the ranks as threads of one process "
-           "(without mpirun), or --device cpu", text);
+  // MPI processes on the fake device reach each other through MPI, which stages device buffers through
+  // the host (comm/device_staging.h). On GPUs an mpirun job needs NCCL as its world communicator
+  // (comm/nccl.h), chosen in run_ranks (train_run.cc): not wired yet.
+  SW_CHECK(!mpi || !cuda, "--device {} under mpirun: MPI processes on GPUs need NCCL as their communicator, which "
+           "train does not use yet; run the ranks as threads of one process sharing the GPU (without mpirun), or "
+           "--device cpu", text);
   // Registers the device and installs its kernel table (device_option.h); rank threads share it: on
   // a GPU their reshards and collectives are device copies and reductions on it (comm/device_buffers.h).
   const Device d = use_device(text, "--device");
