@@ -82,7 +82,7 @@ tests_rc=$?
 # option, in the time left before the benchmark's share; each hook runs when the binary has it.
 bin=$build/cmake/bin/shardwise
 left() { echo $((budget - SECONDS - bench_budget)); }
-if grep -q '"--device"' "$root"/src/shardwise/cli/*.cc; then
+if grep -rq --include='*.cc' '"--device"' "$root"/src/shardwise/cli; then
   if [ "$(left)" -ge 60 ]; then
     step build_cli timeout $(($(left) - 30)) cmake --build "$build/cmake" -j "$jobs" --target shardwise || tests_rc=1
   else

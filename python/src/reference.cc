@@ -8,7 +8,7 @@
 #include "arrays.h"
 #include "errors.h"
 #include "layouts.h"
-#include "shardwise/cli/train_run.h"
+#include "shardwise/cli/train/train_run.h"
 #include "shardwise/core/philox.h"
 #include "shardwise/models/custom.h"
 #include "shardwise/train/trainer.h"

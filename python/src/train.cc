@@ -1,5 +1,5 @@
 // Training from Python (python/shardwise/training.py wraps these): `shardwise train`'s options parsed
-// by the command's own parser (cli/train_run.h), a whole run as the command runs it, and a run driven
+// by the command's own parser (cli/train/train_run.h), a whole run as the command runs it, and a run driven
 // step by step. Ranks are threads of this process (or this process's rank under mpirun); the GIL is
 // released while they run, and the interpreter's signal handlers run meanwhile (Ctrl-C).
 #include <nanobind/stl/map.h>
@@ -19,9 +19,9 @@
 
 #include "arrays.h"
 #include "errors.h"
-#include "shardwise/cli/interrupt.h"
+#include "shardwise/cli/train/interrupt.h"
 #include "graph.h"
-#include "shardwise/cli/train_run.h"
+#include "shardwise/cli/train/train_run.h"
 
 namespace shardwise::py {
 namespace {

@@ -1,4 +1,4 @@
-// `shardwise train`'s options in sections (cli/train_options.h): the --help groups and the tables
+// `shardwise train`'s options in sections (cli/train/train_options.h): the --help groups and the tables
 // of a --config file are the same sections; a key in another section is refused naming its own;
 // every option is a config key; a file's value is checked even where the command line wins;
 // input paths in a file resolve from the file's directory (examples/llama_tiny.toml runs alone).
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "run_cli.h"
-#include "shardwise/cli/train_options.h"
+#include "shardwise/cli/train/train_options.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/core/error.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "run_cli.h"
-#include "shardwise/cli/progress.h"
+#include "shardwise/cli/train/progress.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "shardwise/cli/run_header.h"
+#include "shardwise/cli/train/run_header.h"
 
 namespace shardwise::cli {
 namespace {

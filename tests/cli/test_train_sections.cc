@@ -1,5 +1,5 @@
 // The train command's options come in sections (--help's groups, a config file's [model] ...
-// [logging] tables: cli/train_options.cc train_option_sections), and so does the configuration
+// [logging] tables: cli/train/train_options.cc train_option_sections), and so does the configuration
 // they fill (train/train_config.h TrainConfig, cli/commands.h TrainOptions). Each option given
 // alone must change its own section's struct and no other, so the two groupings cannot drift.
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "shardwise/cli/train_options.h"
-#include "shardwise/cli/train_run.h"
+#include "shardwise/cli/train/train_options.h"
+#include "shardwise/cli/train/train_run.h"
 
 namespace {
 

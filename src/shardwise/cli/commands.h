@@ -123,7 +123,7 @@ struct TrainOptions {
   LoggingOptions logging;
   int64_t ranks = 0;  // 0: the mesh's size (threads), or mpirun's process count
   std::string gemm = "auto";  // --gemm: auto or a backend (cli/gemm_cmd.h)
-  std::string device = "cpu";  // --device: cpu, cuda, cuda:N or fake (cli/train_device.h)
+  std::string device = "cpu";  // --device: cpu, cuda, cuda:N or fake (cli/train/train_device.h)
   std::string memory_limit = "auto";  // auto (MemAvailable), none, or a size: refuse a plan over it
   double epochs = 0;       // --epochs E: steps for E passes over the training tokens
   int64_t tokens = 0;      // --tokens N: steps for N training tokens
@@ -135,10 +135,10 @@ struct TrainOptions {
   int kernel_threads = 1;     // threads of each rank's kernel pool (tensor/parallel.h), set by cmd_train
   std::string options_line;   // the run header's options that differ from the defaults (run_header.h), set by app.cc
   std::vector<std::string> command_line;  // the program and its arguments, for the resume command
-  // --data runs (cli/data_defaults.h): the vocabulary and the steps come from the data unless given.
+  // --data runs (cli/train/data_defaults.h): the vocabulary and the steps come from the data unless given.
   bool vocab_given = true, steps_given = true;  // set by the command line (the option, --config, a checkpoint)
-  nlohmann::json given;    // the options given (cli/stored_options.h): the checkpoints' run_options.json
-  std::vector<std::string> data_notes;    // what the run took from its data (cli/data_defaults.h)
+  nlohmann::json given;    // the options given (cli/train/stored_options.h): the checkpoints' run_options.json
+  std::vector<std::string> data_notes;    // what the run took from its data (cli/train/data_defaults.h)
   std::string auto_line;  // --auto: the run header's line naming the chosen candidate
   std::vector<std::string> resume_notes;  // options a --resume took from its checkpoint, and the overrides
 };

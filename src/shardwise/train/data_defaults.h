@@ -1,6 +1,6 @@
 #pragma once
 // Settings a --data run takes from its data when they are not given (the command line applies them:
-// cli/data_defaults.h):
+// cli/train/data_defaults.h):
 //   - the vocabulary: the tokenizer's size, or the token files' largest id + 1 (the validation
 //     set's too), rounded up to a multiple of kVocabMultiple. Why 64: the vocab-parallel embedding
 //     and cross-entropy split the vocabulary over tp, and a multiple of 64 divides evenly over any

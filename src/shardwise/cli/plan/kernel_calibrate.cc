@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "shardwise/cli/plan/predict.h"
-#include "shardwise/cli/train_run.h"
+#include "shardwise/cli/train/train_run.h"
 #include "shardwise/core/error.h"
 #include "shardwise/core/timing.h"
 #include "shardwise/mesh/process_mesh.h"

@@ -6,7 +6,7 @@
 #include "shardwise/cli/ckpt_cmd.h"
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/plan/plan_names.h"
-#include "shardwise/cli/run_header.h"
+#include "shardwise/cli/train/run_header.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"

@@ -13,7 +13,7 @@
 #include "shardwise/cli/commands.h"
 #include "shardwise/cli/device_option.h"
 #include "shardwise/cli/gemm_cmd.h"
-#include "shardwise/cli/run_header.h"
+#include "shardwise/cli/train/run_header.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"

@@ -1,4 +1,4 @@
-#include "shardwise/cli/data_defaults.h"
+#include "shardwise/cli/train/data_defaults.h"
 
 #include "shardwise/core/error.h"
 #include "shardwise/train/data_defaults.h"

@@ -35,8 +35,8 @@ void group_train_options(CLI::App& cmd);
 void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan);
 
 // What sets a run's options besides the command line, in order: the --config file, the resumed
-// checkpoint's run_options.json (cli/stored_options.h), --init-from's config.json, the --lora-*
-// options (apply_lora); and whether --vocab and --steps were set (cli/data_defaults.h). `lora_needs_base` false (`plan`, of the program or its memory):
+// checkpoint's run_options.json (cli/train/stored_options.h), --init-from's config.json, the --lora-*
+// options (apply_lora); and whether --vocab and --steps were set (cli/train/data_defaults.h). `lora_needs_base` false (`plan`, of the program or its memory):
 // --lora-rank without --init-from plans the adapters on a freshly initialised base.
 void apply_run_sources(CLI::App& cmd, TrainOptions& options, bool lora_needs_base = true);
 

@@ -1,15 +1,15 @@
-#include "shardwise/cli/train_run.h"
+#include "shardwise/cli/train/train_run.h"
 
 #include <cstdlib>
 #include <sstream>
 
-#include "shardwise/cli/data_defaults.h"
+#include "shardwise/cli/train/data_defaults.h"
 #include "shardwise/cli/gemm_cmd.h"
 #include "shardwise/cli/plan/auto_search.h"
-#include "shardwise/cli/run_header.h"
-#include "shardwise/cli/stored_options.h"
-#include "shardwise/cli/train_device.h"
-#include "shardwise/cli/train_options.h"
+#include "shardwise/cli/train/run_header.h"
+#include "shardwise/cli/train/stored_options.h"
+#include "shardwise/cli/train/train_device.h"
+#include "shardwise/cli/train/train_options.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"

@@ -1,4 +1,4 @@
-#include "shardwise/cli/tokenize_cmd.h"
+#include "shardwise/cli/generate/tokenize_cmd.h"
 
 #include <filesystem>
 #include <fstream>

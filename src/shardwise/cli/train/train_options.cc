@@ -1,9 +1,9 @@
-#include "shardwise/cli/train_options.h"
+#include "shardwise/cli/train/train_options.h"
 
 #include <fmt/format.h>
 
 #include "shardwise/cli/help_format.h"
-#include "shardwise/cli/stored_options.h"
+#include "shardwise/cli/train/stored_options.h"
 #include "shardwise/cli/usage.h"
 
 namespace shardwise::cli {

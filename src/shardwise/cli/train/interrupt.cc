@@ -1,4 +1,4 @@
-#include "shardwise/cli/interrupt.h"
+#include "shardwise/cli/train/interrupt.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "shardwise/cli/run_header.h"
+#include "shardwise/cli/train/run_header.h"
 
 namespace shardwise::cli {
 

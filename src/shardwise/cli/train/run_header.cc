@@ -1,4 +1,4 @@
-#include "shardwise/cli/run_header.h"
+#include "shardwise/cli/train/run_header.h"
 
 #include <fmt/format.h>
 

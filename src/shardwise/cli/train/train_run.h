@@ -79,14 +79,14 @@ class RankRun {
   RankRun(const RankRun&) = delete;
   RankRun& operator=(const RankRun&) = delete;
 
-  // Every step ran, the ranks agreed to stop on a signal (SIGINT, SIGTERM: cli/interrupt.h), or a
+  // Every step ran, the ranks agreed to stop on a signal (SIGINT, SIGTERM: cli/train/interrupt.h), or a
   // resumed run had nothing left to do.
   bool done() const;
   // One step as `shardwise train` runs it: the evaluation when due, the metrics line, a checkpoint
   // when due, the progress line; then whether a signal stops the run (saving the step with
   // --save-on-interrupt). Error when done().
   train::StepRecord step();
-  // Whether any rank's process was asked to stop (a signal, or request_stop: cli/interrupt.h); if
+  // Whether any rank's process was asked to stop (a signal, or request_stop: cli/train/interrupt.h); if
   // so, saves this step with --save-on-interrupt (unless saved already) and the run is done. Nothing
   // when done(). step() calls it after every step but the last.
   bool stop_if_asked();
@@ -110,7 +110,7 @@ class RankRun {
 
 // `shardwise train` (cmd_train) with a hook on rank 0 after each step's metrics line; `outcome`
 // (when given) gets rank 0's TrainOutcome. Returns the exit status: 0, or 130 when a signal stopped
-// the run (cli/interrupt.h).
+// the run (cli/train/interrupt.h).
 int run_train(const TrainOptions& options, std::ostream& out, const RankRun::StepHook& on_step,
               TrainOutcome* outcome);
 

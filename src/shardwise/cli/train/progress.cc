@@ -1,4 +1,4 @@
-#include "shardwise/cli/progress.h"
+#include "shardwise/cli/train/progress.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "shardwise/cli/train_device.h"
+#include "shardwise/cli/train/train_device.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "shardwise/cli/stored_options.h"
+#include "shardwise/cli/train/stored_options.h"
 
 #include <algorithm>
 #include <set>
