@@ -34,7 +34,9 @@ class Lowerer {
       for (size_t i = 0; i < params.size(); ++i)
         if (g_.value(params[i]).grad >= 0) grad_of[g_.value(params[i]).grad] = i;
     }
+    const std::vector<bool> dead = dead_param_casts();
     auto lower_and_reduce = [&](const Node& n) {
+      if (dead[static_cast<size_t>(n.id)]) return;
       lower(n);
       // Stage 3: a gradient is reduce-scattered as soon as it is complete, so the full sum does not
       // wait for the end of the backward (every full gradient would be alive there at once).
@@ -54,6 +56,21 @@ class Lowerer {
   }
 
  private:
+  // Casts of a stored parameter whose result no node reads: a --bf16 parameter's f32 copy where
+  // every reader takes the bf16 parameter itself (bf16 compute's GEMMs). Not lowered, so no frame
+  // holds a copy no one reads.
+  std::vector<bool> dead_param_casts() const {
+    std::vector<bool> read(g_.values().size(), false), dead(g_.nodes().size(), false);
+    for (const Node& n : g_.nodes())
+      for (ValueId v : n.inputs)
+        if (v >= 0) read[static_cast<size_t>(v)] = true;
+    for (const Node& n : g_.nodes())
+      dead[static_cast<size_t>(n.id)] = n.kind == NodeKind::Forward && n.op == "cast" && n.inputs.size() == 1 &&
+                                         g_.value(n.inputs[0]).producer < 0 && n.outputs.size() == 1 &&
+                                         !read[static_cast<size_t>(n.outputs[0])];
+    return dead;
+  }
+
   // The slot of parameter p's gradient in p's distribution (Partial kept on partial_dims_).
   int reduce_grad(ValueId p) {
     const ValueId grad = g_.value(p).grad;

@@ -133,7 +133,7 @@ OpDef make_cast() {
   };
   def.backward = [](std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
                     const Attrs&) { return std::vector<Tensor>{cast_backward(dout[0], in[0].dtype())}; };
-  def.backward_reads = std::vector<int>{0};  // the input (its dtype); not the output
+  def.backward_reads = std::vector<int>{};  // neither: the input's dtype only, which its stand-in has
   auto to = [](const char* name) { return Attrs{{"dtype", std::string(name)}}; };
   ValueGen uniform{};
   ValueGen wide{Kind::Uniform, -300, 300};  // crosses the i8 / u8 ranges: saturation and wraparound
