@@ -124,6 +124,11 @@ void expect_meshes_follow(TrainConfig (*config)(const std::string&, DType), cons
     expect_near(got, ref, kMeshRtol, model + " " + mesh);
     EXPECT_NEAR(got[0], ref[0], kFirstStepRtol * ref[0]) << model << " " << mesh << ": the first step";
   }
+  // Sequence parallelism: Llama casts each norm output to bf16 on its sequence shard, gathers it,
+  // and gathers it again for the backward (the matmuls in a recompute segment).
+  TrainConfig sp = config("tp=2", DType::BF16);
+  sp.parallel.sequence_parallel = true;
+  expect_near(curve(sp), ref, kMeshRtol, model + " tp=2 sp");
   TrainConfig params = config("dp=1", DType::BF16);
   params.bf16 = true;
   expect_near(curve(params), f32, kF32Rtol, model + " bf16 params and compute against f32");

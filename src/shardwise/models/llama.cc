@@ -1,7 +1,7 @@
 #include "shardwise/models/llama.h"
 
 #include <algorithm>
-
+#include <array>
 #include <cmath>
 #include <map>
 
@@ -85,7 +85,9 @@ class LlamaBuilder {
   graph::ValueId rms_norm(graph::ValueId x, const std::string& name) {
     auto w = param(name + ".weight", Shape{H_}, "R");
     auto y = g_.op1("rms_norm", {x, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".out");
-    if (s_.sequence_parallel) annotate(y, placements("R", "S(0)"));  // gathered before the column-parallel matmuls
+    // Gathered before the column-parallel matmuls; where on_gathered casts it to bf16 first, on its
+    // sequence shard (the shard the norm computed).
+    if (s_.sequence_parallel) annotate(y, placements(regathers() ? "S(1)" : "R", "S(0)"));
     return y;
   }
 
@@ -181,11 +183,42 @@ class LlamaBuilder {
     return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
   }
 
+  // With sequence parallelism under bf16 compute, the column-parallel matmuls' input `h` (a norm's
+  // output on its sequence shard) is cast to bf16 on the shard, then all-gathered: half the bytes
+  // of gathering f32. `body` (the matmuls reading it) runs in a recompute segment, so their
+  // backward gathers the shard again instead of every frame keeping the gathered copy whole: what
+  // Megatron-LM's sequence parallelism keeps (K section 4.2.2), at one more all-gather a matmul
+  // group in the backward. Not inside a fully recomputed layer (segments do not nest) nor with
+  // LoRA (its adapters would be recomputed too).
+  bool regathers() const {
+    return training_ && s_.sequence_parallel && computes_bf16(c_) && !c_.lora.enabled() && g_.open_segment() < 0;
+  }
+  template <class Body>
+  auto on_gathered(graph::ValueId h, Body body) {
+    if (!regathers()) return body(h);
+    g_.begin_segment();
+    auto cast = compute_operand(g_, c_, h);
+    annotate(cast, placements("S(1)", "S(0)"));
+    // The gathered copy the matmuls read: a reshape to its own shape (its gradient reads no value),
+    // laid out whole on tp, so the all-gather lands between the two and is redone in the backward.
+    const Shape& shape = g_.value(cast).meta.shape;
+    auto gathered = g_.reshape(cast, std::vector<int64_t>(shape.begin(), shape.end()), g_.value(cast).name + ".gathered");
+    annotate(gathered, placements("R", "S(0)"));
+    auto out = body(gathered);
+    g_.end_segment();
+    return out;
+  }
+
   graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
-    auto q = heads(projection(h, p + ".q_proj", NH_ * HD_, false), NH_, p + ".q", true);
-    auto k = heads(projection(h, p + ".k_proj", kv_width, !kv_sharded_), KV_, p + ".k", true);
-    auto v = heads(projection(h, p + ".v_proj", kv_width, !kv_sharded_), KV_, p + ".v", false);
+    auto qkv = on_gathered(h, [&](graph::ValueId x) {
+      return std::array<graph::ValueId, 3>{projection(x, p + ".q_proj", NH_ * HD_, false),
+                                           projection(x, p + ".k_proj", kv_width, !kv_sharded_),
+                                           projection(x, p + ".v_proj", kv_width, !kv_sharded_)};
+    });
+    auto q = heads(qkv[0], NH_, p + ".q", true);
+    auto k = heads(qkv[1], KV_, p + ".k", true);
+    auto v = heads(qkv[2], KV_, p + ".v", false);
     if (c_.fused_attention()) return linear(fused(q, k, v, p), p + ".o_proj", NH_ * HD_, H_, false);
     k = repeat_kv(k, p + ".k");
     v = repeat_kv(v, p + ".v");
@@ -335,9 +368,10 @@ class LlamaBuilder {
 
   graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {
     const int64_t I = width > 0 ? width : c_.mlp_width();
-    auto gate = linear(h, p + ".gate_proj", H_, I, true);
-    auto up = linear(h, p + ".up_proj", H_, I, true);
-    return linear(g_.op1("swiglu", {gate, up}, {}, p + ".act"), p + ".down_proj", I, H_, false);
+    auto gate_up = on_gathered(h, [&](graph::ValueId x) {
+      return std::array<graph::ValueId, 2>{linear(x, p + ".gate_proj", H_, I, true), linear(x, p + ".up_proj", H_, I, true)};
+    });
+    return linear(g_.op1("swiglu", {gate_up[0], gate_up[1]}, {}, p + ".act"), p + ".down_proj", I, H_, false);
   }
 
   // Layer l, the stage's layer number `index` (which ones recompute).
