@@ -46,4 +46,23 @@ graph::ValueId bf16_rounded(graph::Graph& g, const GptConfig& config, graph::Val
   return compute_result(g, compute_operand(g, config, v), name);
 }
 
+bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, bool training, bool sequence_parallel) {
+  return training && sequence_parallel && computes_bf16(config) && !config.lora.enabled() && g.open_segment() < 0;
+}
+
+std::vector<graph::ValueId> on_gathered_bf16(graph::Graph& g, const GptConfig& config, graph::ValueId h,
+                                             const std::string& shard, const std::string& whole, bool recompute_cast,
+                                             const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls) {
+  if (recompute_cast) g.begin_segment();
+  auto cast = compute_operand(g, config, h);
+  g.annotate(cast, shard);
+  if (!recompute_cast) g.begin_segment();
+  const Shape& shape = g.value(cast).meta.shape;
+  auto gathered = g.reshape(cast, std::vector<int64_t>(shape.begin(), shape.end()), g.value(cast).name + ".gathered");
+  g.annotate(gathered, whole);
+  std::vector<graph::ValueId> out = matmuls(gathered);
+  g.end_segment();
+  return out;
+}
+
 }  // namespace shardwise::train

@@ -7,7 +7,9 @@
 // fp32 list and Megatron keep it: the residual stream (Megatron's fp32_residual_connection), the
 // norms' statistics and outputs, biases, activations, softmax, the router and the loss. Parameters
 // may be stored in f32 (cast to bf16 where a GEMM reads them) or bf16 (--bf16: read as stored).
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "shardwise/graph/graph.h"
 #include "shardwise/models/gpt.h"
@@ -34,5 +36,24 @@ graph::ValueId compute_matmul(graph::Graph& g, const GptConfig& config, graph::V
 // f32 only (moe_mlp's expert GEMMs), the products of bf16-rounded operands, as a bf16 GEMM with f32
 // accumulation forms them before its output's rounding. `v` itself in f32 compute.
 graph::ValueId bf16_rounded(graph::Graph& g, const GptConfig& config, graph::ValueId v, const std::string& name);
+
+// Sequence parallelism under bf16 compute (training, no LoRA, outside a fully recomputed layer):
+// a norm's output is cast to bf16 on its sequence shard and gathered after the cast (half the
+// bytes of gathering f32), and the column-parallel matmuls reading it run in a recompute segment
+// (Graph::begin_segment), so their backward gathers the shard again instead of every frame
+// keeping the whole-sequence copy: what Megatron-LM's sequence parallelism keeps (Korthikanti et
+// al. section 4.2.2), at one more all-gather per matmul group in the backward.
+bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, bool training, bool sequence_parallel);
+
+// Under regathers_sp_inputs: `h` cast to bf16 laid out as `shard` (its sequence shard), then a
+// reshape of it to its own shape (a gradient that reads no value) laid out as `whole` (whole on
+// tp), which `matmuls` read, the reshape and the matmuls in a recompute segment: the all-gather
+// lands between the cast and the reshape and is redone before the matmuls' backward. With
+// `recompute_cast` the cast is in the segment too (recomputed from `h`, for a norm whose f32
+// output its own gradient keeps: RMSNorm's); else the frame keeps the bf16 shard (LayerNorm's
+// gradient reads its input, not its output).
+std::vector<graph::ValueId> on_gathered_bf16(graph::Graph& g, const GptConfig& config, graph::ValueId h,
+                                             const std::string& shard, const std::string& whole, bool recompute_cast,
+                                             const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls);
 
 }  // namespace shardwise::train

@@ -1,7 +1,6 @@
 #include "shardwise/models/llama.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <map>
 
@@ -183,38 +182,21 @@ class LlamaBuilder {
     return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
   }
 
-  // With sequence parallelism under bf16 compute, the column-parallel matmuls' input `h` (a norm's
-  // output on its sequence shard) is cast to bf16 on the shard, then all-gathered: half the bytes
-  // of gathering f32. `body` (the matmuls reading it) runs in a recompute segment, so their
-  // backward gathers the shard again instead of every frame keeping the gathered copy whole: what
-  // Megatron-LM's sequence parallelism keeps (K section 4.2.2), at one more all-gather a matmul
-  // group in the backward. Not inside a fully recomputed layer (segments do not nest) nor with
-  // LoRA (its adapters would be recomputed too).
-  bool regathers() const {
-    return training_ && s_.sequence_parallel && computes_bf16(c_) && !c_.lora.enabled() && g_.open_segment() < 0;
-  }
-  template <class Body>
-  auto on_gathered(graph::ValueId h, Body body) {
-    if (!regathers()) return body(h);
-    g_.begin_segment();
-    auto cast = compute_operand(g_, c_, h);
-    annotate(cast, placements("S(1)", "S(0)"));
-    // The gathered copy the matmuls read: a reshape to its own shape (its gradient reads no value),
-    // laid out whole on tp, so the all-gather lands between the two and is redone in the backward.
-    const Shape& shape = g_.value(cast).meta.shape;
-    auto gathered = g_.reshape(cast, std::vector<int64_t>(shape.begin(), shape.end()), g_.value(cast).name + ".gathered");
-    annotate(gathered, placements("R", "S(0)"));
-    auto out = body(gathered);
-    g_.end_segment();
-    return out;
+  // The column-parallel matmuls `body` on a norm's output `h`; with sequence parallelism under
+  // bf16 compute gathered in bf16 and again for their backward (compute.h: regathers_sp_inputs).
+  bool regathers() const { return regathers_sp_inputs(g_, c_, training_, s_.sequence_parallel); }
+  std::vector<graph::ValueId> on_gathered(graph::ValueId h,
+                                          const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls) {
+    if (!regathers()) return matmuls(h);
+    return on_gathered_bf16(g_, c_, h, placements("S(1)", "S(0)"), placements("R", "S(0)"), true, matmuls);
   }
 
   graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
     auto qkv = on_gathered(h, [&](graph::ValueId x) {
-      return std::array<graph::ValueId, 3>{projection(x, p + ".q_proj", NH_ * HD_, false),
-                                           projection(x, p + ".k_proj", kv_width, !kv_sharded_),
-                                           projection(x, p + ".v_proj", kv_width, !kv_sharded_)};
+      return std::vector<graph::ValueId>{projection(x, p + ".q_proj", NH_ * HD_, false),
+                                         projection(x, p + ".k_proj", kv_width, !kv_sharded_),
+                                         projection(x, p + ".v_proj", kv_width, !kv_sharded_)};
     });
     auto q = heads(qkv[0], NH_, p + ".q", true);
     auto k = heads(qkv[1], KV_, p + ".k", true);
@@ -369,7 +351,7 @@ class LlamaBuilder {
   graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {
     const int64_t I = width > 0 ? width : c_.mlp_width();
     auto gate_up = on_gathered(h, [&](graph::ValueId x) {
-      return std::array<graph::ValueId, 2>{linear(x, p + ".gate_proj", H_, I, true), linear(x, p + ".up_proj", H_, I, true)};
+      return std::vector<graph::ValueId>{linear(x, p + ".gate_proj", H_, I, true), linear(x, p + ".up_proj", H_, I, true)};
     });
     return linear(g_.op1("swiglu", {gate_up[0], gate_up[1]}, {}, p + ".act"), p + ".down_proj", I, H_, false);
   }
