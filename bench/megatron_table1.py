@@ -90,7 +90,8 @@ class Table1Row:
     def __init__(self, row):
         self.name, heads, hidden, layers, self.tp, self.pp, self.gpus, self.batch, self.paper = row
         self.model = ["--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads), "--seq", "2048",
-                      "--vocab", "51200", "--global-batch", str(self.batch), "--bf16", "--attention", "unfused"]
+                      "--vocab", "51200", "--global-batch", str(self.batch), "--bf16", "--compute", "bf16",
+                      "--attention", "unfused"]
         self.flops = 96 * self.batch * 2048 * layers * hidden ** 2 * (1 + 2048 / (6 * hidden) + 51200 / (16 * layers * hidden))
         dp = self.gpus // (self.tp * self.pp)
         self.paper_options = {"--mesh": ",".join(f"{k}={v}" for k, v in (("pp", self.pp), ("dp", dp), ("tp", self.tp))
@@ -105,7 +106,8 @@ class Table4Row:
         m = LLAMA
         self.model = ["--model", "llama", "--layers", str(m["layers"]), "--hidden", str(m["hidden"]), "--heads",
                       str(m["heads"]), "--kv-heads", str(m["kv"]), "--intermediate-size", str(m["ffn"]), "--vocab",
-                      str(m["vocab"]), "--untied-head", "--seq", str(seq), "--global-batch", str(self.batch), "--bf16"]
+                      str(m["vocab"]), "--untied-head", "--seq", str(seq), "--global-batch", str(self.batch), "--bf16",
+                      "--compute", "bf16"]
         d = m["hidden"] // m["heads"]
         matmul = m["layers"] * (m["hidden"] * d * (m["heads"] + 2 * m["kv"]) + m["heads"] * d * m["hidden"] +
                                 3 * m["hidden"] * m["ffn"]) + m["vocab"] * m["hidden"]

@@ -52,6 +52,11 @@ double AnalyticTimer::step(const std::string& schedule, int stages, int micro_ba
   return it->second;
 }
 
+std::string gemm_dtype(const ModelSize& m, const std::string& dtype) {
+  if (m.bf16_compute) return "bf16";
+  return dtype == "bf16" ? "f32" : dtype;
+}
+
 int64_t ModelSize::params() const {
   const int64_t mlp = experts > 0 ? experts * mlp_params(*this) + hidden * experts : mlp_params(*this);
   return layers * (attention_params(*this) + mlp + 2 * hidden) + vocab * hidden * (tied ? 1 : 2);
@@ -92,6 +97,29 @@ double layer_activations(const ModelSize& m, const Candidate& c, const Sizes& z,
   return (sbh * per_sbh + scores) * bytes / 2;
 }
 
+// A layer's bytes a frame keeps under bf16 compute, tensor by tensor as the runtime keeps them
+// (the compiled programs' memory plan; tests/plan/test_analytic_bf16.cc), in units of the
+// device's tokens x hidden (sbh): Llama (SwiGLU, RMSNorm) keeps q, the attention's output and the
+// output projection's input in bf16 (6 a d / h, over t), k and v in bf16 (4 kv d / h), the MLP's
+// gate and up in f32 and their product in bf16 (10 f / h), the layer input and the attention
+// residual in f32 (8) and both norms' f32 outputs (8: RMSNorm's gradient reads them); GPT-2
+// (LayerNorm, GELU) q, k, v, the output and the projection's input in bf16 (10 a d / h), the
+// first MLP matmul's f32 output and the GELU's bf16 output (6 f / h), the stream (8) and both norms'
+// outputs in bf16 only (4: LayerNorm's gradient reads its input). Without sequence parallelism the
+// stream and the norms' outputs are whole on tp, and Llama keeps the norms' bf16 copies whole too
+// (4); with it every tensor is split over tp and the gathered matmul inputs are gathered again in
+// the backward. The unfused core's scores at kActivationBytes, as under f32 compute.
+double bf16_compute_activations(const ModelSize& m, const Candidate& c, const Sizes& z) {
+  const double sbh = z.s * z.b * z.h, h = z.h, f = static_cast<double>(m.mlp_width);
+  const double ad = static_cast<double>(m.heads * m.head_dim), kvd = static_cast<double>(m.kv_heads * m.head_dim);
+  const double split = m.swiglu ? 6 * ad / h + 4 * kvd / h + 10 * f / h : 10 * ad / h + 6 * f / h;
+  const double stream = m.swiglu ? 16 : 12;  // the stream and the norms' outputs
+  const double whole = c.sequence_parallel ? 0 : stream + (m.swiglu ? 4 : 0);
+  const double per_t = split + (c.sequence_parallel ? stream : 0);
+  const double scores = m.fused_attention ? 0 : 5 * static_cast<double>(m.heads) * z.s * static_cast<double>(m.seq) * z.b / z.t;
+  return sbh * (whole + per_t / z.t) + scores * kActivationBytes / 2;
+}
+
 }  // namespace
 
 int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_batch, const std::string& dtype) {
@@ -105,9 +133,13 @@ int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_b
   // With sequence parallelism the runtime keeps the all-gathered inputs of the column-parallel
   // matmuls (q/k/v's and the MLP's first) whole for their backward, where K counts their shards.
   const double gathered_inputs = c.sequence_parallel ? 2 * sbh * (1 - 1 / z.t) * a : 0;
-  const double full_layer = layer_activations(m, c, z, a) + gathered_inputs;
-  // Without recompute a 16-bit run's frame also keeps the f32 copy of each weight the backward reads.
-  const double weight_copies = dtype == "f32" ? 0 : 4 * z.layer_params;
+  const double full_layer =
+      m.bf16_compute ? bf16_compute_activations(m, c, z) : layer_activations(m, c, z, a) + gathered_inputs;
+  // Without recompute a frame also keeps the copy of each weight the backward reads where the
+  // kernels read the weights in another dtype than stored: f32 copies of bf16 parameters under
+  // f32 compute, bf16 copies of f32 ones under bf16 compute.
+  const double weight_copies =
+      m.bf16_compute ? (dtype == "bf16" ? 0 : 2 * z.layer_params) : (dtype == "f32" ? 0 : 4 * z.layer_params);
   const double kept_layer = z.recompute ? sbh * a / (c.sequence_parallel ? z.t : 1) : full_layer + weight_copies;
   const double first = in_flight(c, z.micro_batches) * z.layers * kept_layer + (z.recompute ? full_layer : 0);
   const double last = z.layers * kept_layer + (z.recompute ? full_layer : 0) + 4 * z.b * z.s * static_cast<double>(m.vocab) / z.t;
@@ -144,7 +176,8 @@ MicroBatch micro_batch(const ClusterSpec& cl, const ModelSize& m, const Candidat
   const double layer_flops = (2 * b * s * (static_cast<double>(attention_params(m)) + active_mlp) + core) / t;
   const double rc = z.recompute ? 1 : 0;
   r.flops_fwd = layers * layer_flops, r.flops_bwd = (2 + rc) * layers * layer_flops;
-  r.compute_fwd = compute_seconds(cl, r.flops_fwd, dtype), r.compute_bwd = compute_seconds(cl, r.flops_bwd, dtype);
+  const std::string gemm = gemm_dtype(m, dtype);
+  r.compute_fwd = compute_seconds(cl, r.flops_fwd, gemm), r.compute_bwd = compute_seconds(cl, r.flops_bwd, gemm);
   const double traffic = 2 * layers * layer_activations(m, c, z, z.e);  // written once, read once
   r.memory_fwd = memory_seconds(cl, traffic), r.memory_bwd = (2 + rc) * r.memory_fwd;
   const double act = b * s * h * e;
@@ -161,7 +194,7 @@ MicroBatch micro_batch(const ClusterSpec& cl, const ModelSize& m, const Candidat
   }
   r.send = pipeline_send(cl, c, z, act);
   r.head_flops = 3 * 2 * b * s * h * static_cast<double>(m.vocab) / t;
-  r.head = compute_seconds(cl, r.head_flops, dtype);
+  r.head = compute_seconds(cl, r.head_flops, gemm);
   return r;
 }
 
@@ -208,7 +241,7 @@ StepEstimate analytic_estimate(const ClusterSpec& cl, const ModelSize& m, const 
   r.step = with_send + mbs * u.head + r.parts["grad_sync"] + r.parts["optimizer"];
   r.flops = mbs * (u.flops_fwd + u.flops_bwd + u.head_flops);
   r.tokens_per_s = static_cast<double>(global_batch) * static_cast<double>(m.seq) / r.step;
-  r.mfu = r.flops / r.step / cl.peak(dtype);
+  r.mfu = r.flops / r.step / cl.peak(gemm_dtype(m, dtype));
   r.memory = analytic_memory(m, c, global_batch, dtype);
   return r;
 }

@@ -40,13 +40,18 @@
 //     sbh (18 + 4 f / h) / t with sequence parallelism (K eq. 5), plus 5 a s^2 b / t for the unfused
 //     core's scores, mask and probabilities; full recompute keeps a layer's input only, sbh, plus
 //     one layer's activations while it is recomputed), at kActivationBytes an element whatever the
-//     dtype: shardwise's kernels compute and keep activations in f32 (--bf16 stores the parameters
-//     only; the memory-bound traffic above stays at the dtype's bytes, as Megatron-LM moves them);
-//     without recompute and with 16-bit parameters, each micro-batch in flight also keeps the f32
-//     copy of its layers' weights that their backward reads (the cast the kernels read), 4 bytes a
-//     parameter; with sequence parallelism the all-gathered inputs of the q/k/v and the MLP's first
-//     matmuls are kept whole, 2 sbh (1 - 1/t) more than K's shards (the compiled programs' memory
-//     plan holds all three; BENCHMARKS.md).
+//     dtype under f32 compute: shardwise's kernels then compute and keep activations in f32
+//     (--bf16 stores the parameters only; the memory-bound traffic above stays at the dtype's
+//     bytes, as Megatron-LM moves them); without recompute and with 16-bit parameters, each
+//     micro-batch in flight also keeps the f32 copy of its layers' weights that their backward
+//     reads (the cast the kernels read), 4 bytes a parameter; with sequence parallelism the
+//     all-gathered inputs of the q/k/v and the MLP's first matmuls are kept whole, 2 sbh (1 - 1/t)
+//     more than K's shards (the compiled programs' memory plan holds all three; BENCHMARKS.md).
+//     Under bf16 compute what the runtime's frames keep, counted tensor by tensor (analytic.cc:
+//     bf16_compute_activations): the GEMMs' operands in bf16, the residual stream, the norms'
+//     kept outputs and the MLP's activation input in f32, no weight copy (bf16 parameters are read
+//     as stored; f32 ones keep a bf16 copy, 2 bytes a parameter), and with sequence parallelism
+//     no gathered input (gathered again in the backward).
 // A pipeline rank holds ceil(layers / (pp x virtual)) layers a virtual stage (the slowest rank's,
 // as Llama 3's 126 layers on 16 stages); the schedule is simulated with those layers' times, and
 // the last stage's head adds its time once per micro-batch (in the steady state the last stage
@@ -76,8 +81,16 @@ struct ModelSize {
   // The attention core: fused (flash attention: the causal tiles only, nothing [s, s] kept) or
   // unfused (the whole [s, s] scores computed, and their softmax and dropout kept: --attention unfused).
   bool fused_attention = true;
+  // --compute bf16: the GEMMs' and attention's operands in bf16 (their rate is the bf16 peak's,
+  // and a frame keeps those operands in bf16; analytic.cc: bf16_compute_activations); else they
+  // compute in f32 whatever the parameters' dtype.
+  bool bf16_compute = false;
   int64_t params() const;  // every parameter of the model
 };
+
+// The dtype whose rate the GEMMs run at: bf16 under bf16 compute, else f32 (`dtype` when it is
+// not bf16: the parameters' dtype names the cluster's f32-class peak, "f32" or "tf32").
+std::string gemm_dtype(const ModelSize& m, const std::string& dtype);
 
 // The peak bytes of a device (the first or the last pipeline stage's, the larger).
 int64_t analytic_memory(const ModelSize& m, const Candidate& c, int64_t global_batch, const std::string& dtype);

@@ -46,6 +46,7 @@ plan::ModelSize model_size(const train::GptConfig& m) {
   z.hidden = m.hidden, z.mlp_width = m.mlp_width(), z.vocab = m.vocab, z.seq = m.seq;
   z.experts = m.experts, z.top_k = m.top_k, z.swiglu = m.is_llama(), z.tied = !m.is_llama() || m.tie_word_embeddings;
   z.fused_attention = m.fused_attention();
+  z.bf16_compute = m.compute_dtype == DType::BF16;
   return z;
 }
 
