@@ -162,6 +162,9 @@ TEST(Cluster, ACalibrationsMpiLinkIsWhatAnMpiRunIsPredictedWith) {
   const ClusterSpec threads = for_backend(c, false);
   EXPECT_DOUBLE_EQ(threads.intra_node.bandwidth, 1e10);
   EXPECT_DOUBLE_EQ(threads.inter_node.latency, 1e-5);
+  // MPI processes poll in their collectives (their waits hold a core); threads block.
+  EXPECT_TRUE(mpi.waits_hold_cores);
+  EXPECT_FALSE(threads.waits_hold_cores);
   const ClusterSpec none = for_backend(parse_cluster(minimal(), "toy.json"), true);  // nothing measured
   EXPECT_DOUBLE_EQ(none.intra_node.bandwidth, 1e10);
   j["calibration"]["mpi"]["link"]["bandwidth"] = 0;

@@ -210,6 +210,7 @@ ClusterSpec load_cluster(const std::string& path) {
 
 ClusterSpec for_backend(ClusterSpec c, bool mpi) {
   if (mpi && c.mpi_link.bandwidth > 0) c.intra_node = c.inter_node = c.mpi_link, c.measured_collectives = c.mpi_collectives;
+  c.waits_hold_cores = mpi;
   return c;
 }
 

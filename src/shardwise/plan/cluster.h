@@ -81,6 +81,11 @@ struct ClusterSpec {
   // calibration.mesh_factors): a pipeline's or an expert mesh's ranks wait for each other otherwise
   // than a data-parallel pair.
   std::map<std::string, double> mesh_factors;
+  // Whether a rank waiting in a collective holds its core (MPI processes: Open MPI polls), so that
+  // ranks sharing the cores slow the collectives as they slow the kernels (for_backend sets it for
+  // MPI). The threads backend waits on a condition variable and gives its core to a computing rank:
+  // its collectives are not slowed by the contention (plan_predict.cc).
+  bool waits_hold_cores = false;
   // A calibration's MPI collectives between processes of this machine (calibration.mpi.link: the
   // all-reduce's fit on `mpirun -np 2`; bandwidth 0: not measured).
   LinkSpec mpi_link;
@@ -106,8 +111,9 @@ ClusterSpec parse_cluster(const nlohmann::json& j, const std::string& where);
 ClusterSpec load_cluster(const std::string& path);
 
 // The machine as a run of MPI processes meets it: with `mpi` and a measured mpi_link, both links
-// are that link and the measured collectives MPI's (the ranks are processes of this machine);
-// otherwise `c` as it is (the threads' links, or a cluster description's).
+// are that link and the measured collectives MPI's (the ranks are processes of this machine), and
+// with `mpi` its waits hold their cores; otherwise `c` as it is (the threads' links, or a cluster
+// description's).
 ClusterSpec for_backend(ClusterSpec c, bool mpi);
 nlohmann::json cluster_json(const ClusterSpec& c);
 

@@ -120,6 +120,13 @@ void add_data_sync(const train::TrainConfig& tc, const train::StageLayout& layou
                                                                : plan::memory_seconds(cluster, 7 * 4.0 * numel);
 }
 
+// A part that is a collective's time (a kind of collective, or the gradient sync), not a rank's
+// own work.
+bool is_collective_part(const std::string& name) {
+  return name != "compute" && name != "memory_bound" && name != "bubble" && name != "optimizer" &&
+         name != "step_overhead";
+}
+
 }  // namespace
 
 plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::ClusterSpec& cluster) {
@@ -161,12 +168,18 @@ plan::StepEstimate predict_program(const train::TrainConfig& tc, const plan::Clu
   if (outside > 0) r.parts["step_overhead"] = outside;
   r.step = pipe.step + r.parts["grad_sync"] + r.parts["optimizer"] + outside;
   r.by_op["optimizer adamw"] = r.parts["optimizer"];
-  // Every part is work of the ranks' threads on this machine's cores: slower by their contention
-  // (ranks / cores beyond the cores, unless the cluster file sets a factor for this mesh or this
-  // many ranks; calibrate sets none).
+  // The ranks' work on this machine's cores is slower by their contention (ranks / cores beyond
+  // the cores, unless the cluster file sets a factor for this mesh or this many ranks; calibrate
+  // sets none): the kernels, the optimizer, the trainer's own work and the bubble (the other
+  // stages' slower work), and the collectives where a waiting rank holds its core (MPI's polling);
+  // the threads' collectives wait on a condition variable and leave their core to a computing rank.
   const double contention = plan::mesh_factor(cluster, s.mesh.to_string(), s.mesh.size());
-  r.step *= contention;
-  for (auto& [name, sec] : r.parts) sec *= contention;
+  double waits = 0;
+  for (auto& [name, sec] : r.parts) {
+    if (!cluster.waits_hold_cores && is_collective_part(name)) waits += sec;
+    else sec *= contention;
+  }
+  r.step = (r.step - waits) * contention + waits;
   for (auto& [op, sec] : r.by_op) sec *= contention;
   r.tokens_per_s = static_cast<double>(tc.optimizer.global_batch * c.seq) / r.step;
   r.mfu = r.flops / r.step / cluster.peak(dtype);
