@@ -79,3 +79,40 @@ TEST(CliMemory, ARunOverTheMemoryLimitIsRefusedBeforeTrainingWithWhatWouldFit) {
 }
 
 }  // namespace
+
+// `plan --memory --kept N`: what one micro-batch's frame keeps for its backward, tensor by tensor.
+// With one micro-batch on one stage the kept tensors are the frame: their bytes sum to the plan's
+// activations (an independent count: the runtime-replayed peak). A Llama with sequence parallelism
+// under bf16 compute keeps SwiGLU's gate and up for its gradient and no gathered matmul input.
+TEST(CliMemory, KeptListsTheTensorsAFrameKeepsAndWhoReadsThem) {
+  const std::string llama = "--model llama --layers 1 --hidden 64 --heads 4 --kv-heads 2 --seq 32 --vocab 128 "
+                            "--global-batch 2 --micro-batch 1 --accumulation 1 --mesh dp=2,tp=2 --sp --bf16 --compute bf16 "
+                            "--memory-limit none";
+  Result r = run("plan --memory --json --kept 3 " + llama);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const auto& rank : j["ranks"]) {
+    int64_t sum = 0;
+    bool gate = false;
+    for (const auto& k : rank["kept"]) {
+      sum += k["bytes"].get<int64_t>();
+      const std::string name = k["name"];
+      EXPECT_EQ(name.find(".gathered"), std::string::npos) << name;
+      if (name != "model.layers.0.mlp.gate_proj.out") continue;
+      gate = true;
+      EXPECT_EQ(k["read_by"], "swiglu backward");
+    }
+    EXPECT_TRUE(gate) << rank.dump();
+    EXPECT_EQ(sum, rank["activations"].get<int64_t>()) << rank.dump();
+  }
+  const std::vector<std::pair<std::string, std::string>> shown = {
+      {"plan --memory --kept 3 ", "rank 0 stage 0: a micro-batch keeps"},
+      {"plan --memory --kept 3 ", "<- swiglu backward"},
+      {"plan --memory --kept 3 ", "  the other "},
+      {"plan --kept 3 ", "--kept goes with --memory"}};
+  for (const auto& [command, text] : shown) {
+    Result out = run(command + llama);
+    EXPECT_EQ(out.status != 0, command.find("--memory") == std::string::npos) << out.out;
+    EXPECT_NE(out.out.find(text), std::string::npos) << text << "\n" << out.out;
+  }
+}

@@ -51,6 +51,7 @@ struct PlanOptions {
   bool memory = false;  // the per-rank memory plan instead of the program
   bool check = false;   // with memory: exit 2 (an Error) when the plan does not fit --memory-limit
   bool symmetric = false;  // with memory: only the first rank of each pipeline rank (train::plan_memory)
+  int kept = 0;  // with memory: the largest tensors a micro-batch keeps for its backward (0: none shown)
   bool predict = false;  // the predicted step time (plan/program_time.h) instead of the program
   std::string cluster;   // with predict or auto: a cluster description (plan/cluster.h); "": this machine's calibration
   bool analytic = false;     // with predict: the analytic per-layer model (plan/analytic.h) instead of the programs
@@ -160,7 +161,7 @@ int cmd_plan_auto(const TrainOptions& options, const PlanOptions& plan, std::ost
 // when `print`, and with `refuse` refuses (Error) a plan over --memory-limit; `symmetric`: the first
 // rank of each pipeline rank only (train::plan_memory).
 void check_run_memory(const train::TrainConfig& config, const TrainOptions& options, bool threads, bool print,
-                      std::ostream& out, bool refuse = true, bool symmetric = false);
+                      std::ostream& out, bool refuse = true, bool symmetric = false, int kept = 0);
 // --init-from: the model configuration comes from the directory's config.json; an option of `cmd`
 // given on the command line or in --config that contradicts it is an Error naming both values.
 void apply_init_from(CLI::App& cmd, TrainOptions& options);

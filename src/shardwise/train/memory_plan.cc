@@ -233,6 +233,26 @@ class Frame {
     return b;
   }
   int64_t gathered_peak() const { return gathered_peak_; }  // the most held(true) seen by run()
+  // The tensors held now (after a forward: what the frame keeps for the backward) and the first
+  // instruction after the forward that reads each.
+  std::vector<KeptTensor> kept(int stage) const {
+    const graph::Program& p = m_.compiled.program;
+    const graph::Graph& g = *m_.spec.graph;
+    std::vector<KeptTensor> out;
+    for (int s : live_) {
+      if (m_.shared[static_cast<size_t>(s)]) continue;
+      KeptTensor k{p.slots[static_cast<size_t>(s)].name, bytes_[static_cast<size_t>(s)], "", stage};
+      for (size_t pos = m_.compiled.forward_end; pos < m_.compiled.order.size() && k.read_by.empty(); ++pos) {
+        const graph::Instr& ins = p.instrs[static_cast<size_t>(m_.compiled.order[pos])];
+        if (std::find(ins.in.begin(), ins.in.end(), s) == ins.in.end()) continue;
+        if (ins.kind == graph::InstrKind::Reshard) k.read_by = "reshard";
+        else if (ins.kind == graph::InstrKind::Backward) k.read_by = g.node(ins.node).op + " backward";
+        else k.read_by = g.node(ins.node).op + (ins.kind == graph::InstrKind::Kernel ? " recomputed" : "");
+      }
+      out.push_back(std::move(k));
+    }
+    return out;
+  }
 
  private:
   const StageModel& m_;
@@ -255,7 +275,7 @@ struct StageBytes {
 };
 
 StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, bool release,
-                       BucketSim* buckets = nullptr) {
+                       BucketSim* buckets = nullptr, std::vector<KeptTensor>* kept = nullptr) {
   StageBytes out;
   const size_t fe = m.compiled.forward_end, ie = m.compiled.input_grad_end, end = m.compiled.order.size();
   Frame f(m, bytes);
@@ -263,6 +283,10 @@ StageBytes stage_bytes(const StageModel& m, const std::vector<int64_t>& bytes, b
   out.forward_peak = f.run(0, fe);
   if (m.output >= 0 && release) f.drop(m.output);
   out.frame = f.held();
+  if (kept) {
+    std::vector<KeptTensor> k = f.kept(m.spec.stage);
+    kept->insert(kept->end(), k.begin(), k.end());
+  }
   Frame whole = f;  // the whole backward
   if (m.output_grad >= 0) whole.bind(m.output_grad);
   whole.hand_to(buckets);
@@ -322,6 +346,31 @@ std::string MemoryPlan::table() const {
   return out;
 }
 
+std::string MemoryPlan::kept_table(int top) const {
+  std::string out;
+  for (const RankMemory& r : ranks) {
+    if (r.kept.empty()) continue;
+    std::map<int, std::vector<const KeptTensor*>> by_stage;
+    for (const KeptTensor& k : r.kept) by_stage[k.stage].push_back(&k);
+    for (auto& [stage, kept] : by_stage) {
+      std::stable_sort(kept.begin(), kept.end(), [](const KeptTensor* a, const KeptTensor* b) { return a->bytes > b->bytes; });
+      int64_t total = 0;
+      for (const KeptTensor* k : kept) total += k->bytes;
+      out += fmt::format("rank {} stage {}: a micro-batch keeps {} in {} tensors for its backward{}\n", r.rank, stage,
+                         human(total), kept.size(), kept.size() > static_cast<size_t>(top) ? fmt::format(", the {} largest:", top) : ":");
+      int64_t shown = 0;
+      for (size_t i = 0; i < kept.size() && i < static_cast<size_t>(top); ++i) {
+        out += fmt::format("  {:>11}  {}  <- {}\n", human(kept[i]->bytes), kept[i]->name,
+                           kept[i]->read_by.empty() ? "kept to the end of the step" : kept[i]->read_by);
+        shown += kept[i]->bytes;
+      }
+      if (kept.size() > static_cast<size_t>(top))
+        out += fmt::format("  {:>11}  the other {}\n", human(total - shown), kept.size() - static_cast<size_t>(top));
+    }
+  }
+  return out;
+}
+
 nlohmann::json MemoryPlan::to_json() const {
   nlohmann::json rows = nlohmann::json::array();
   for (const RankMemory& r : ranks) {
@@ -329,13 +378,18 @@ nlohmann::json MemoryPlan::to_json() const {
                     {"grad_shards", r.grad_shards}, {"optimizer", r.optimizer}, {"masters", r.masters},
                     {"activations", r.activations}, {"micro_batches_in_flight", r.in_flight},
                     {"working", r.working}, {"gathered_params", r.gathered}, {"comm", r.comm}, {"peak", r.peak()}});
+    if (r.kept.empty()) continue;
+    nlohmann::json kept = nlohmann::json::array();
+    for (const KeptTensor& k : r.kept)
+      kept.push_back({{"name", k.name}, {"bytes", k.bytes}, {"read_by", k.read_by}, {"stage", k.stage}});
+    rows.back()["kept"] = kept;
   }
   nlohmann::json j = {{"description", description}, {"threads", threads}, {"per_process", per_process()}, {"ranks", rows}};
   if (symmetric) j["ranks_each"] = ranks_each;
   return j;
 }
 
-MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric) {
+MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric, bool list_kept) {
   const Strategy strategy = Strategy::from_mesh(mesh::parse_mesh(c.parallel.mesh), c.parallel.sequence_parallel);
   const GptConfig model = kernel_model(c);
   const PipelineConfig pc = pipeline_config(c);
@@ -386,7 +440,7 @@ MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric) {
       const graph::Program& p = m.compiled.program;
       std::vector<int64_t> bytes;
       for (const graph::Slot& s : p.slots) bytes.push_back(block_bytes(s, mesh, coords, s.meta.dtype));
-      stages[m.spec.stage] = stage_bytes(m, bytes, pc.release);
+      stages[m.spec.stage] = stage_bytes(m, bytes, pc.release, nullptr, list_kept ? &rm.kept : nullptr);
       if (early_free) only = &m, only_bytes = bytes;
       rm.gathered = std::max(rm.gathered, stages[m.spec.stage].gathered);
       for (bool trained : {true, false}) {

@@ -42,6 +42,14 @@
 
 namespace shardwise::train {
 
+// A tensor one micro-batch's frame keeps from its forward for its backward (`plan --memory --kept`).
+struct KeptTensor {
+  std::string name;     // the value's name
+  int64_t bytes = 0;    // this rank's block of it
+  std::string read_by;  // its first reader after the forward: "<op> backward", "<op> recomputed" or "reshard"
+  int stage = 0;        // the pipeline stage (interleaved: the chunk) whose frame keeps it
+};
+
 struct RankMemory {
   int64_t rank = 0;           // process index in the mesh
   int pipeline_rank = 0;
@@ -59,6 +67,9 @@ struct RankMemory {
   // last_peak_bytes: sums, packed copies, received and reduced ranges).
   bool grads_bucketed = false;
   int64_t peak() const { return params + (grads_in_working ? 0 : grads) + optimizer + masters + working + comm; }
+  // With plan_memory's `list_kept`: what one micro-batch's frame of each local stage keeps after
+  // its forward (its `frame`: parameters and constants excluded), largest first.
+  std::vector<KeptTensor> kept;
 };
 
 struct MemoryPlan {
@@ -73,6 +84,9 @@ struct MemoryPlan {
   int64_t per_process() const;
   const RankMemory& largest() const;  // the rank with the largest peak
   std::string table() const;          // one row per rank, sizes in MiB/GiB
+  // Per planned rank with `kept`: a micro-batch's frame, its `top` largest tensors and who reads
+  // each, and the rest summed.
+  std::string kept_table(int top) const;
   nlohmann::json to_json() const;
 };
 
@@ -81,7 +95,8 @@ struct MemoryPlan {
 // is compiled once either way; planning each rank's blocks is what grows with the ranks: seconds a
 // rank for a large model), for meshes whose other ranks hold blocks of the same shapes (every
 // sharded dim dividing evenly, as plan --auto's rules require).
-MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric = false);
+// `list_kept`: also list each rank's kept tensors (RankMemory::kept).
+MemoryPlan plan_memory(const TrainConfig& c, bool threads, bool symmetric = false, bool list_kept = false);
 
 // The machine's available memory (/proc/meminfo MemAvailable; physical memory where absent).
 int64_t available_memory();

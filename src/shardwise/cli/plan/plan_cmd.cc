@@ -27,6 +27,8 @@ int cmd_plan(const TrainOptions& options, const PlanOptions& plan_options, std::
   SW_CHECK(o.predict + o.memory + o.auto_search <= 1, "--predict, --memory and --auto: choose one");
   SW_CHECK(o.auto_search || (o.devices == 0 && o.max_micro_batch == 0), "--devices and --max-micro-batch go with --auto");
   SW_CHECK(o.memory || !o.symmetric, "--symmetric goes with --memory");
+  SW_CHECK(o.memory || o.kept == 0, "--kept goes with --memory");
+  SW_CHECK(o.kept >= 0, "--kept {}: give how many tensors to show (a count of 1 or more)", o.kept);
   SW_CHECK(o.backend == "auto" || o.predict || o.auto_search, "--backend goes with --predict or --auto");
   SW_CHECK(o.cluster.empty() || o.backend == "auto",
            "--backend {} is for this machine's calibration: a cluster description ({}) has its own links", o.backend,
@@ -90,10 +92,10 @@ int64_t memory_limit_bytes(const std::string& text) {
 }
 
 void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool threads, bool print, std::ostream& out,
-                      bool refuse, bool symmetric) {
+                      bool refuse, bool symmetric, int kept) {
   const int64_t limit = memory_limit_bytes(o.memory_limit);  // a bad value is refused before the plan
   if (!print && limit == 0) return;
-  const train::MemoryPlan plan = train::plan_memory(c, threads, symmetric);
+  const train::MemoryPlan plan = train::plan_memory(c, threads, symmetric, kept > 0);
   const train::MoeTraffic moe = train::moe_traffic(c);  // an MoE model's all-to-alls
   const bool fits = limit == 0 || plan.per_process() <= limit;
   if (print && o.logging.json) {
@@ -104,7 +106,7 @@ void check_run_memory(const train::TrainConfig& c, const TrainOptions& o, bool t
     if (!fits) j["advice"] = train::advise_memory(c, plan, limit).to_json();
     out << j.dump(2) << "\n";
   } else if (print) {
-    out << plan.table() << moe.table();
+    out << plan.table() << moe.table() << (kept > 0 ? plan.kept_table(kept) : "");
     if (fits && limit > 0) out << fmt::format("--memory-limit {} ({} bytes): fits\n", o.memory_limit, limit);
     if (!fits) out << train::does_not_fit(plan, train::advise_memory(c, plan, limit), limit, o.memory_limit);
   }
@@ -116,7 +118,7 @@ int cmd_plan_memory(const TrainOptions& o, const PlanOptions& plan, std::ostream
   train::TrainConfig c = o.config;
   const int64_t ranks = o.ranks > 0 ? o.ranks : mesh::parse_mesh(c.parallel.mesh).size();
   c.check(ranks, false);
-  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out, plan.check, plan.symmetric);
+  check_run_memory(c, o, !comm::launched_by_mpirun(), true, out, plan.check, plan.symmetric, plan.kept);
   return 0;
 }
 

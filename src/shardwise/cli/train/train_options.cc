@@ -101,6 +101,10 @@ void add_plan_options(CLI::App& cmd, TrainOptions& run, PlanOptions& plan) {
                "with --memory: plan only the first rank of each pipeline rank, each standing for its pipeline rank's "
                "ranks (the same shapes when every sharded dim divides evenly): for meshes of thousands of ranks")
       ->group(group);
+  cmd.add_option("--kept", plan.kept,
+                 "with --memory: on each planned rank, the N largest tensors one micro-batch keeps from its forward "
+                 "for its backward, and the instruction that reads each (--json: every one)")
+      ->group(group);
   cmd.add_option("--explain", plan.explain,
                  "value names (as the plan shows them): say which rule and neighbour placed them")
       ->delimiter(',')
