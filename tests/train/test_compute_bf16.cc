@@ -66,16 +66,19 @@ bool widened_bf16(const graph::Graph& g, graph::ValueId v) {
   return n.op == "cast" && g.value(n.inputs[0]).meta.dtype == DType::BF16;
 }
 
-// Every matmul and attention core of the graph reads `dtype` operands; under bf16 the fused head
-// reads bf16 values widened to f32 (its kernel computes in f32; its loss and gradients stay f32).
+// Every matmul, attention core and fused head of the graph reads `dtype` operands (the fused head's
+// loss f32 either way: its kernel computes in f32, ops/softmax/lm_head.h); no operand is a bf16
+// value widened to f32 (a GEMM computing in f32 on rounded values).
 void expect_operands(const GptConfig& c, DType dtype, const std::string& what, const std::string& mesh = "dp=1") {
   const GptGraph gg = build_model(c, Strategy::from_mesh(mesh::parse_mesh(mesh), false), 2, true);
   int checked = 0;
   for (const graph::Node& n : gg.g.nodes()) {
     if (n.kind != graph::NodeKind::Forward) continue;
-    if (n.op == "lm_head_cross_entropy") {
-      for (size_t i = 0; i < 2; ++i)
-        EXPECT_EQ(widened_bf16(gg.g, n.inputs[i]), dtype == DType::BF16) << what << ": " << n.to_string(gg.g);
+    if (n.op == "lm_head_cross_entropy" || n.op == "vocab_parallel_lm_head_cross_entropy") {
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(gg.g.value(n.inputs[i]).meta.dtype, dtype) << what << ": " << n.to_string(gg.g);
+        EXPECT_FALSE(widened_bf16(gg.g, n.inputs[i])) << what << ": " << n.to_string(gg.g);
+      }
       EXPECT_EQ(gg.g.value(n.outputs[0]).meta.dtype, DType::F32) << what;
       ++checked;
     }
