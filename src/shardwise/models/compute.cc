@@ -41,9 +41,4 @@ graph::ValueId compute_matmul(graph::Graph& g, const GptConfig& config, graph::V
   return compute_result(g, product, name);
 }
 
-graph::ValueId bf16_rounded(graph::Graph& g, const GptConfig& config, graph::ValueId v, const std::string& name) {
-  if (!computes_bf16(config) || bf16_source(g, v) >= 0) return v;  // bf16 values already
-  return compute_result(g, compute_operand(g, config, v), name);
-}
-
 }  // namespace shardwise::train
