@@ -7,10 +7,12 @@
 // back, the SGD update in bf16): a gradient a summation order apart may round to a neighbouring bf16
 // value, and the update moves the parameters by it, so the losses and norms are held to 1e-3. The host
 // reads what the fake device's run reads (the loss and the gradient norm each step) plus the CUDA
-// kernels' check flags (one i64 per embedding forward and gradient and per cross_entropy forward).
-// The --compute bf16 programs ("gpt2_bf16", "llama_bf16": bf16 cuBLASLt GEMMs, bf16 attention and
-// head; a binding that refuses bf16 fails naming itself) within 2e-3: the GPU's f32 sums differ from
-// the CPU's in the last bits, which flips some roundings of bf16 products (2^-8 apart).
+// kernels' check flags (one i64 per embedding forward and gradient and per cross_entropy forward)
+// and moe_plan's expert row counts. The --compute bf16 programs ("gpt2_bf16", "llama_bf16",
+// "mixtral_bf16": bf16 cuBLASLt GEMMs, bf16 attention, head and expert GEMMs; a binding that
+// refuses bf16 fails naming itself) within 2e-3: the GPU's f32 sums differ from the CPU's in the
+// last bits, which flips some roundings of bf16 products (2^-8 apart). "mixtral" (f32) and
+// "mixtral_bf16" were added without a GPU to run them.
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -28,17 +30,22 @@ namespace {
 
 constexpr double kRelTol = 1e-4, kBf16ParamsRelTol = 1e-3, kBf16ComputeRelTol = 2e-3;
 
-// The kernels of the program's step that read one i64 check flag back: embedding's forward and
-// gradient (the ids), cross_entropy's forward (the labels).
-int64_t flag_reads(const GptConfig& model) {
+// What the kernels of the program's step read back, copies and bytes: one i64 check flag each for
+// embedding's forward and gradient (the ids) and cross_entropy's forward (the labels); the experts'
+// row counts ([E] i64, cuda::moe_plan) for moe_mlp's forward and gradient.
+struct HostReads {
+  int64_t copies = 0, bytes = 0;
+};
+HostReads kernel_reads(const GptConfig& model) {
   GptGraph gpt = build_model(model, Strategy::from_mesh(mesh::parse_mesh("dp=1"), false), kBatch);
   graph::append_backward(gpt.g, gpt.loss);
-  int64_t n = 0;
+  HostReads r;
   for (const graph::Node& node : gpt.g.nodes()) {
     const bool fwd = node.kind == graph::NodeKind::Forward, bwd = node.kind == graph::NodeKind::Backward;
-    if ((node.op == "embedding" && (fwd || bwd)) || (node.op == "cross_entropy" && fwd)) ++n;
+    if ((node.op == "embedding" && (fwd || bwd)) || (node.op == "cross_entropy" && fwd)) ++r.copies, r.bytes += 8;
+    if (node.op == "moe_mlp" && (fwd || bwd)) ++r.copies, r.bytes += 8 * model.experts;
   }
-  return n;
+  return r;
 }
 
 class CudaProgram : public cuda_test::Gpu, public testing::WithParamInterface<std::string> {
@@ -61,8 +68,9 @@ void expect_relative(float got, float want, double tol, const std::string& what)
                                                                                << want;
 }
 
-// "gpt2", "llama" (f32), "gpt2_params_bf16", "llama_params_bf16" (bf16 parameters: `train --bf16`'s
-// program), "gpt2_bf16", "llama_bf16" (`--compute bf16`: GEMM and attention operands in bf16).
+// "gpt2", "llama", "mixtral" (f32), "gpt2_params_bf16", "llama_params_bf16" (bf16 parameters:
+// `train --bf16`'s program), "gpt2_bf16", "llama_bf16", "mixtral_bf16" (`--compute bf16`: GEMM,
+// attention and expert operands in bf16).
 GptConfig model_of_param(const std::string& param) {
   const std::string suffix = "_params_bf16";
   if (!param.ends_with(suffix)) return model_of(param);
@@ -86,10 +94,10 @@ TEST_P(CudaProgram, GpuStepsEqualTheCpuWithinTolerance) {
     expect_relative(dev.norms[s], cpu.norms[s], tol, "gradient norm of step " + std::to_string(s));
   }
   EXPECT_LT(dev.losses.back(), dev.losses.front());  // the steps train
-  const int64_t flags = kSteps * flag_reads(model);
-  ASSERT_GT(flags, 0);
-  EXPECT_EQ(dev.copies.to_host_copies, kSteps * 2 + flags);
-  EXPECT_EQ(dev.copies.to_host_bytes, kSteps * 2 * 4 + flags * 8);
+  const HostReads reads = kernel_reads(model);
+  ASSERT_GT(reads.copies, 0);
+  EXPECT_EQ(dev.copies.to_host_copies, kSteps * (2 + reads.copies));
+  EXPECT_EQ(dev.copies.to_host_bytes, kSteps * (2 * 4 + reads.bytes));
   EXPECT_EQ(dev.copies.to_device_copies, dev.params + dev.constants + 2 * kSteps);
 }
 
@@ -114,8 +122,8 @@ TEST(CudaProgramOnTheFakeDevice, Bf16ProgramsEqualTheCpuWithTheGpuTestsCopyCount
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaProgram,
-                         testing::Values("gpt2", "llama", "gpt2_params_bf16", "llama_params_bf16", "gpt2_bf16",
-                                         "llama_bf16"),
+                         testing::Values("gpt2", "llama", "mixtral", "gpt2_params_bf16", "llama_params_bf16",
+                                         "gpt2_bf16", "llama_bf16", "mixtral_bf16"),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

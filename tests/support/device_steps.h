@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shardwise/comm/local.h"
+#include "shardwise/core/error.h"
 #include "shardwise/graph/autodiff.h"
 #include "shardwise/graph/completion.h"
 #include "shardwise/models/models.h"
@@ -108,12 +109,15 @@ inline StepsRun run_steps(const GptConfig& model, const std::string& mesh, Devic
   return out;
 }
 
-// The GPT-2 tiny model ("gpt2") or the Llama one ("llama") of the trainer tests, dp=1; with the
-// suffix "_bf16" under --compute bf16 (models/compute.h).
+// The GPT-2 tiny model ("gpt2") or the Llama one ("llama") of the trainer tests, or that Llama with
+// a Mixtral MoE MLP in every layer ("mixtral": 4 experts, top-2, dropless), dp=1; with the suffix
+// "_bf16" under --compute bf16 (models/compute.h).
 inline GptConfig model_of(const std::string& name) {
   const bool bf16 = name.ends_with("_bf16");
   const std::string base = bf16 ? name.substr(0, name.size() - 5) : name;
-  GptConfig c = base == "llama" ? llama_test_config("dp=1").model : small_config("dp=1", 1).model;
+  SW_CHECK(base == "gpt2" || base == "llama" || base == "mixtral", "model_of: unknown model '{}'", name);
+  GptConfig c = base == "gpt2" ? small_config("dp=1", 1).model : llama_test_config("dp=1").model;
+  if (base == "mixtral") c.experts = 4, c.top_k = 2;
   if (bf16) c.compute_dtype = DType::BF16;
   return c;
 }

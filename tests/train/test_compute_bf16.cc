@@ -66,16 +66,28 @@ bool widened_bf16(const graph::Graph& g, graph::ValueId v) {
   return n.op == "cast" && g.value(n.inputs[0]).meta.dtype == DType::BF16;
 }
 
-// Every matmul and attention core of the graph reads `dtype` operands; under bf16 the fused head
-// reads bf16 values widened to f32 (its kernel computes in f32; its loss and gradients stay f32).
+// Every matmul, attention core, fused head and MoE layer of the graph reads `dtype` operands (the
+// fused head's loss and moe_mlp's output f32 either way: ops/softmax/lm_head.h, ops/moe/kernels.h);
+// no operand is a bf16 value widened to f32 (a GEMM computing in f32 on rounded values).
 void expect_operands(const GptConfig& c, DType dtype, const std::string& what, const std::string& mesh = "dp=1") {
   const GptGraph gg = build_model(c, Strategy::from_mesh(mesh::parse_mesh(mesh), false), 2, true);
   int checked = 0;
   for (const graph::Node& n : gg.g.nodes()) {
     if (n.kind != graph::NodeKind::Forward) continue;
-    if (n.op == "lm_head_cross_entropy") {
-      for (size_t i = 0; i < 2; ++i)
-        EXPECT_EQ(widened_bf16(gg.g, n.inputs[i]), dtype == DType::BF16) << what << ": " << n.to_string(gg.g);
+    if (n.op == "lm_head_cross_entropy" || n.op == "vocab_parallel_lm_head_cross_entropy") {
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(gg.g.value(n.inputs[i]).meta.dtype, dtype) << what << ": " << n.to_string(gg.g);
+        EXPECT_FALSE(widened_bf16(gg.g, n.inputs[i])) << what << ": " << n.to_string(gg.g);
+      }
+      EXPECT_EQ(gg.g.value(n.outputs[0]).meta.dtype, DType::F32) << what;
+      ++checked;
+    }
+    if (n.op == "moe_mlp") {  // x and the experts in `dtype`, the router's gate f32; out f32
+      for (size_t i : {0u, 2u, 3u, 4u}) {
+        EXPECT_EQ(gg.g.value(n.inputs[i]).meta.dtype, dtype) << what << ": " << n.to_string(gg.g);
+        EXPECT_FALSE(widened_bf16(gg.g, n.inputs[i])) << what << ": " << n.to_string(gg.g);
+      }
+      EXPECT_EQ(gg.g.value(n.inputs[1]).meta.dtype, DType::F32) << what;
       EXPECT_EQ(gg.g.value(n.outputs[0]).meta.dtype, DType::F32) << what;
       ++checked;
     }
@@ -88,12 +100,13 @@ void expect_operands(const GptConfig& c, DType dtype, const std::string& what, c
   EXPECT_EQ(gg.g.value(gg.loss).meta.dtype, DType::F32) << what;
 }
 
-TEST(ComputeBf16, GemmsAttentionAndHeadReadBf16Operands) {
-  for (bool llama_model : {false, true}) {
+TEST(ComputeBf16, GemmsAttentionHeadAndExpertsReadBf16Operands) {
+  for (const char* model : {"gpt2", "llama", "mixtral"}) {
     for (bool bf16_params : {false, true}) {
-      TrainConfig c = llama_model ? llama("dp=1") : gpt("dp=1");
+      const std::string name = model;
+      TrainConfig c = name == "gpt2" ? gpt("dp=1") : name == "llama" ? llama("dp=1") : mixtral("dp=1");
       c.model.param_dtype = bf16_params ? DType::BF16 : DType::F32;
-      const std::string what = std::string(llama_model ? "llama" : "gpt2") + (bf16_params ? " bf16 params" : "");
+      const std::string what = name + (bf16_params ? " bf16 params" : "");
       for (const char* mesh : {"dp=1", "dp=2", "tp=2"}) expect_operands(c.model, DType::BF16, what + " " + mesh, mesh);
       c.model.lm_head = "unfused", c.model.attention = "unfused";
       expect_operands(c.model, DType::BF16, what + " unfused");
@@ -138,7 +151,7 @@ TEST(ComputeBf16, Gpt2CurveIsTheSameOnEveryMeshAndNearF32) { expect_meshes_follo
 
 TEST(ComputeBf16, LlamaCurveIsTheSameOnEveryMeshAndNearF32) { expect_meshes_follow(llama, "llama"); }
 
-// The experts' GEMMs read bf16-rounded tokens and weights (moe_mlp computes in f32).
+// The experts' GEMMs read bf16 tokens and weights (moe_mlp: f32 sums, bf16 operands).
 TEST(ComputeBf16, MixtralCurveIsTheSameOnEveryMeshAndNearF32) { expect_meshes_follow(mixtral, "mixtral"); }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // with ops, give the CPU run's losses and gradient norms bit for bit, and the only device-to-host
 // copies per step are the two values the host needs: the loss and the gradient norm. On dp=2 and
 // tp=2 (threads) too, with the ordering rules of streams checked from the fake device's log; and
-// the --compute bf16 programs (bf16 GEMM, attention and head operands), bit for bit too.
+// the --compute bf16 programs (bf16 GEMM, attention, head and expert operands), bit for bit too.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Models, DeviceProgram,
                          testing::Values(Case{"gpt2", "dp=1"}, Case{"llama", "dp=1"}, Case{"gpt2", "dp=2"},
                                          Case{"gpt2", "tp=2"}, Case{"llama", "tp=2"}, Case{"gpt2_bf16", "dp=1"},
                                          Case{"llama_bf16", "dp=1"}, Case{"gpt2_bf16", "tp=2"},
-                                         Case{"llama_bf16", "dp=2"}),
+                                         Case{"llama_bf16", "dp=2"}, Case{"mixtral_bf16", "dp=1"}),
                          [](const testing::TestParamInfo<Case>& info) {
                            std::string mesh = info.param.mesh;
                            mesh.erase(mesh.find('='), 1);

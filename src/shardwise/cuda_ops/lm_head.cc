@@ -53,11 +53,14 @@ std::array<Tensor, 2> saved_grads(const ops::LmHeadArgs& a, In out) {
 }
 
 // g times dloss / formed on the device (formed: `scale` in dloss's dtype), so dloss is never read
-// back; dloss equal to it gives the factor 1 exactly and g unchanged, as the CPU's shortcut.
+// back; dloss equal to it gives the factor 1 exactly and g unchanged, as the CPU's shortcut. A bf16
+// g (bf16 h and W: dloss is f32, the loss's dtype) is scaled in f32 and rounded back, as the CPU's.
 Tensor rescaled(const Tensor& g, const Tensor& dloss, double scale) {
   const Tensor formed = cuda::full(dloss.dtype(), Shape{}, scale, dloss.device(), current_stream());
   const Tensor factor = cuda::binary(cuda::Binary::Div, dloss, formed, current_stream());
-  return cuda::binary(cuda::Binary::Mul, g, factor, current_stream());
+  if (g.dtype() == factor.dtype()) return cuda::binary(cuda::Binary::Mul, g, factor, current_stream());
+  const Tensor wide = cuda::cast(g, factor.dtype(), current_stream());
+  return cuda::cast(cuda::binary(cuda::Binary::Mul, wide, factor, current_stream()), g.dtype(), current_stream());
 }
 
 Tensors head_forward(const OpDef& op, In in, const Attrs& attrs, const KernelContext* ctx) {

@@ -1,12 +1,16 @@
 // moe_mlp on CUDA: the router, dispatch plan, row gather and weighted combine of cuda/moe.h with
-// each expert's SwiGLU chain as cuBLASLt GEMMs (cuda/matmul.h) and swiglu (cuda/elementwise.h) over
-// its rows, as ops::moe_forward / moe_backward compute them on one device. Tokens or experts split
-// over ranks need the all-gathers and all_to_all_v of the CPU kernel on device memory, which are not
-// built: an Error naming them. The backward recomputes the routing and the experts' hidden values.
+// each expert's SwiGLU chain as cuBLASLt GEMMs (cuda/blas.h) and swiglu (cuda/elementwise.h) over
+// its rows, as ops::moe_forward / moe_backward compute them on one device. bf16 x, w1, w3, w2 with
+// an f32 gate (--compute bf16): the router, gather and combine run on x widened to f32 (exact), and
+// every expert GEMM reads bf16 operands with f32 compute and writes f32 (a, dy, dh1, dh3 rounded to
+// bf16 where a GEMM reads them; dx and the experts' gradients rounded once at the end): the CPU
+// op's rounding points (ops/moe/kernels.h). Tokens or experts split over ranks need the all-gathers
+// and all_to_all_v of the CPU kernel on device memory, which are not built: an Error naming them.
+// The backward recomputes the routing and the experts' hidden values.
 #include "shardwise/core/error.h"
+#include "shardwise/cuda/gemm/blas.h"
 #include "shardwise/cuda/tensor_ops/elementwise.h"
 #include "shardwise/cuda/tensor_ops/layout.h"
-#include "shardwise/cuda/gemm/matmul.h"
 #include "shardwise/cuda/layers/moe.h"
 #include "shardwise/cuda_ops/families.h"
 #include "shardwise/ops/moe/kernels.h"
@@ -28,6 +32,31 @@ cuda::MoeRouterConfig router_config(const OpDef& op, In in, const Attrs& attrs, 
   return {c.top_k, c.capacity_factor, c.normalize, c.sigmoid};
 }
 
+// The five inputs' dtypes checked as the CPU op checks them (ops::check_moe_dtypes), before any launch.
+void check_inputs(In in) {
+  ops::check_moe_dtypes(std::array<DType, 5>{in[0].dtype(), in[1].dtype(), in[2].dtype(), in[3].dtype(), in[4].dtype()});
+}
+
+// x as the router, gather and combine read it: bf16 x widened to f32 (exact); others as they are.
+Tensor router_x(const Tensor& x) { return x.dtype() == DType::BF16 ? cuda::cast(x, DType::F32, current_stream()) : x; }
+
+// t as an expert GEMM's operand in the experts' dtype `in` (f32, or bf16: rounded once).
+Tensor operand(const Tensor& t, DType in) { return t.dtype() == in ? t : cuda::cast(t, in, current_stream()); }
+
+// c [m, n] f32 = op(a) op(b) (+ c when `accumulate`): a and b of one dtype (f32, or bf16 with f32
+// compute), row-major, a stored [k, m] when ta, b stored [n, k] when tb.
+void gemm_into(const Tensor& a, const Tensor& b, bool ta, bool tb, Tensor& c, int64_t k, bool accumulate) {
+  const int64_t m = c.shape()[0], n = c.shape()[1];
+  const cuda::GemmSpec spec{.in = a.dtype(), .out = DType::F32, .trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k,
+                            .beta = accumulate ? 1.0f : 0.0f};
+  cuda::gemm(a.device(), current_stream(), spec, a.device_ptr(), b.device_ptr(), c.device_ptr());
+}
+Tensor gemm(const Tensor& a, const Tensor& b, bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
+  Tensor c = empty_on(DType::F32, Shape{m, n}, a.device(), current_stream());
+  gemm_into(a, b, ta, tb, c, k, false);
+  return c;
+}
+
 // Expert e's [F, d] (w1, w3) or [d, F] (w2) matrix of the stacked weights [E, ., .].
 Tensor expert_matrix(const Tensor& w, int64_t e) {
   const Shape& s = w.shape();
@@ -35,30 +64,32 @@ Tensor expert_matrix(const Tensor& w, int64_t e) {
   return cuda::slice(w, starts, sizes, current_stream()).reshaped(Shape{s[1], s[2]});
 }
 
-// One expert's forward on its rows X: h1 = X w1ᵀ, h3 = X w3ᵀ, a = silu(h1) * h3, y = a w2ᵀ.
+// One expert's forward on its rows X (the operand dtype): h1 = X w1ᵀ, h3 = X w3ᵀ (f32),
+// a = silu(h1) * h3 (f32; `a_in` its operand), y = a w2ᵀ (f32).
 struct ExpertPass {
-  Tensor x, w1, w3, w2, h1, h3, a, y;
+  Tensor x, w1, w3, w2, h1, h3, a_in, y;
+  int64_t m = 0, d = 0, f = 0;
 };
 ExpertPass expert_forward(const Tensor& rows, int64_t r0, int64_t m, In in, int64_t e) {
-  const cuda::MatmulOptions t{.trans_y = true};
   ExpertPass p;
-  const std::array<int64_t, 2> starts{r0, 0}, sizes{m, rows.shape()[1]};
+  p.m = m, p.d = rows.shape()[1], p.f = in[2].shape()[1];
+  const std::array<int64_t, 2> starts{r0, 0}, sizes{m, p.d};
   p.x = cuda::slice(rows, starts, sizes, current_stream());
   p.w1 = expert_matrix(in[2], e), p.w3 = expert_matrix(in[3], e), p.w2 = expert_matrix(in[4], e);
-  p.h1 = cuda::matmul(p.x, p.w1, t, current_stream());
-  p.h3 = cuda::matmul(p.x, p.w3, t, current_stream());
-  p.a = cuda::swiglu(p.h1, p.h3, current_stream());
-  p.y = cuda::matmul(p.a, p.w2, t, current_stream());
+  p.h1 = gemm(p.x, p.w1, false, true, m, p.f, p.d);
+  p.h3 = gemm(p.x, p.w3, false, true, m, p.f, p.d);
+  p.a_in = operand(cuda::swiglu(p.h1, p.h3, current_stream()), rows.dtype());
+  p.y = gemm(p.a_in, p.w2, false, true, m, p.d, p.f);
   return p;
 }
 
-// `parts` joined along dim 0, or an empty [0, cols] tensor when there are none.
-Tensor joined(const Tensors& parts, const Tensor& like, int64_t cols) {
-  if (parts.empty()) return empty_on(like.dtype(), Shape{0, cols}, like.device(), current_stream());
+// `parts` joined along dim 0, or an empty [0, cols] tensor of `dtype` when there are none.
+Tensor joined(const Tensors& parts, DType dtype, Device device, int64_t cols) {
+  if (parts.empty()) return empty_on(dtype, Shape{0, cols}, device, current_stream());
   return cuda::concat(parts, 0, current_stream());
 }
 
-// The rows each expert's forward gave, in the plan's order (experts in order).
+// The rows each expert's forward gave (f32), in the plan's order (experts in order).
 Tensor experts_output(const cuda::MoeDispatch& d, const Tensor& rows, In in) {
   Tensors ys;
   int64_t r0 = 0;
@@ -68,29 +99,42 @@ Tensor experts_output(const cuda::MoeDispatch& d, const Tensor& rows, In in) {
     ys.push_back(expert_forward(rows, r0, m, in, static_cast<int64_t>(e)).y);
     r0 += m;
   }
-  return joined(ys, rows, rows.shape()[1]);
+  return joined(ys, DType::F32, rows.device(), rows.shape()[1]);
+}
+
+// The experts' input rows [rows, d] in the experts' dtype (bf16 rows: gathered from f32 x, exact).
+Tensor expert_rows(const Tensor& x32, const cuda::MoeDispatch& d, DType in) {
+  return operand(cuda::moe_gather(x32, d, current_stream()), in);
 }
 
 Tensors moe_forward(const OpDef& op, In in, const Attrs& attrs, const KernelContext* ctx) {
-  const cuda::MoeRouting r = cuda::moe_route(in[0], in[1], router_config(op, in, attrs, ctx), current_stream());
+  const cuda::MoeRouterConfig config = router_config(op, in, attrs, ctx);
+  check_inputs(in);
+  const Tensor x32 = router_x(in[0]);
+  const cuda::MoeRouting r = cuda::moe_route(x32, in[1], config, current_stream());
   const cuda::MoeDispatch d = cuda::moe_plan(r, current_stream());
-  const Tensor y = experts_output(d, cuda::moe_gather(in[0], d, current_stream()), in);
+  const Tensor y = experts_output(d, expert_rows(x32, d, in[0].dtype()), in);
   return Tensors{cuda::moe_combine(y, d, r, current_stream()), r.aux_loss, r.z_loss, r.dropped, r.expert_tokens};
 }
 
-// The experts' weight gradients [E, ., .] and their input rows' gradient [rows, d].
+// The experts' weight gradients [1, ., .] each (f32) and their input rows' gradient [rows, d] (f32).
 struct ExpertGrads {
   Tensors dw1, dw3, dw2, dx;
 };
 void expert_backward(const ExpertPass& p, const Tensor& dy, ExpertGrads& g) {
-  const cuda::MatmulOptions t{.trans_y = true};
-  const cuda::MatmulGrads g2 = cuda::matmul_backward(p.a, p.w2, dy, t, true, true, current_stream());
-  const cuda::SwigluGrads gs = cuda::swiglu_backward(p.h1, p.h3, g2.dx, current_stream());
-  const cuda::MatmulGrads g1 = cuda::matmul_backward(p.x, p.w1, gs.dgate, t, true, true, current_stream());
-  const cuda::MatmulGrads g3 = cuda::matmul_backward(p.x, p.w3, gs.dup, t, true, true, current_stream());
+  const DType in = p.x.dtype();
+  const Tensor dy_in = operand(dy, in);
+  const Tensor da = gemm(dy_in, p.w2, false, false, p.m, p.f, p.d);        // da = dy w2
+  Tensor dw2 = gemm(dy_in, p.a_in, true, false, p.d, p.f, p.m);            // dw2 = dyᵀ a
+  const cuda::SwigluGrads gs = cuda::swiglu_backward(p.h1, p.h3, da, current_stream());
+  const Tensor dh1 = operand(gs.dgate, in), dh3 = operand(gs.dup, in);
+  Tensor dw1 = gemm(dh1, p.x, true, false, p.f, p.d, p.m);                 // dw1 = dh1ᵀ x
+  Tensor dw3 = gemm(dh3, p.x, true, false, p.f, p.d, p.m);                 // dw3 = dh3ᵀ x
+  Tensor dx = gemm(dh1, p.w1, false, false, p.m, p.d, p.f);                // dx = dh1 w1
+  gemm_into(dh3, p.w3, false, false, dx, p.f, true);                       //    + dh3 w3
   auto stacked = [](const Tensor& w) { return w.reshaped(Shape{1, w.shape()[0], w.shape()[1]}); };
-  g.dw1.push_back(stacked(g1.dy)), g.dw3.push_back(stacked(g3.dy)), g.dw2.push_back(stacked(g2.dy));
-  g.dx.push_back(cuda::binary(cuda::Binary::Add, g1.dx, g3.dx, current_stream()));
+  g.dw1.push_back(stacked(dw1)), g.dw3.push_back(stacked(dw3)), g.dw2.push_back(stacked(dw2));
+  g.dx.push_back(dx);
 }
 
 ExpertGrads experts_backward(const cuda::MoeDispatch& d, const Tensor& rows, const Tensor& dy, In in) {
@@ -101,7 +145,7 @@ ExpertGrads experts_backward(const cuda::MoeDispatch& d, const Tensor& rows, con
     if (m == 0) {  // an expert without rows: zero weight gradients
       for (auto [w, list] : {std::pair{&in[2], &g.dw1}, std::pair{&in[3], &g.dw3}, std::pair{&in[4], &g.dw2}}) {
         const Shape& s = w->shape();
-        list->push_back(zeros_on(w->dtype(), Shape{1, s[1], s[2]}, w->device(), current_stream()));
+        list->push_back(zeros_on(DType::F32, Shape{1, s[1], s[2]}, w->device(), current_stream()));
       }
       continue;
     }
@@ -113,19 +157,27 @@ ExpertGrads experts_backward(const cuda::MoeDispatch& d, const Tensor& rows, con
   return g;
 }
 
+// An f32 gradient in the dtype of the input it belongs to (bf16: rounded once).
+Tensor as_input(const Tensor& g, const Tensor& input) { return operand(g, input.dtype()); }
+
 Tensors moe_backward(const OpDef& op, In in, In, In dout, const Attrs& attrs, const KernelContext* ctx,
                      std::span<const bool>) {
-  const cuda::MoeRouting r = cuda::moe_route(in[0], in[1], router_config(op, in, attrs, ctx), current_stream());
+  const cuda::MoeRouterConfig config = router_config(op, in, attrs, ctx);
+  check_inputs(in);
+  const Tensor x32 = router_x(in[0]);
+  const cuda::MoeRouting r = cuda::moe_route(x32, in[1], config, current_stream());
   const cuda::MoeDispatch d = cuda::moe_plan(r, current_stream());
-  const Tensor rows = cuda::moe_gather(in[0], d, current_stream());
+  const Tensor rows = expert_rows(x32, d, in[0].dtype());
   const cuda::MoeCombineGrad cg = cuda::moe_combine_backward(dout[0], experts_output(d, rows, in), d, r, current_stream());
   ExpertGrads g = experts_backward(d, rows, cg.dy, in);
-  const Tensor dx_rows = joined(g.dx, rows, rows.shape()[1]);
-  const cuda::MoeRouterGradResult rg = cuda::moe_router_backward(in[0], in[1], r, d, dx_rows, cg.dweight,
+  const Tensor dx_rows = joined(g.dx, DType::F32, rows.device(), rows.shape()[1]);
+  const cuda::MoeRouterGradResult rg = cuda::moe_router_backward(x32, in[1], r, d, dx_rows, cg.dweight,
                                                                  dout.size() > 1 ? dout[1] : Tensor(),
                                                                  dout.size() > 2 ? dout[2] : Tensor(), current_stream());
-  return Tensors{rg.dx, rg.dgate, cuda::concat(g.dw1, 0, current_stream()), cuda::concat(g.dw3, 0, current_stream()),
-                 cuda::concat(g.dw2, 0, current_stream())};
+  auto stacked = [&](const Tensors& parts, const Tensor& w) {
+    return as_input(cuda::concat(parts, 0, current_stream()), w);
+  };
+  return Tensors{as_input(rg.dx, in[0]), rg.dgate, stacked(g.dw1, in[2]), stacked(g.dw3, in[3]), stacked(g.dw2, in[4])};
 }
 
 }  // namespace

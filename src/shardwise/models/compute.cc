@@ -41,11 +41,6 @@ graph::ValueId compute_matmul(graph::Graph& g, const GptConfig& config, graph::V
   return compute_result(g, product, name);
 }
 
-graph::ValueId bf16_rounded(graph::Graph& g, const GptConfig& config, graph::ValueId v, const std::string& name) {
-  if (!computes_bf16(config) || bf16_source(g, v) >= 0) return v;  // bf16 values already
-  return compute_result(g, compute_operand(g, config, v), name);
-}
-
 bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, bool training, bool sequence_parallel) {
   return training && sequence_parallel && computes_bf16(config) && !config.lora.enabled() && g.open_segment() < 0;
 }

@@ -1,9 +1,11 @@
 #pragma once
 // The compute dtype of the model builders (GptConfig::compute_dtype, `train --compute`): f32, or
 // bf16 the way PyTorch's autocast and Megatron-LM's bf16 runs compute: the operands of every GEMM
-// (attention projections, MLPs, the LM head, LoRA's adapters) and of the attention core (q, k, v)
-// in bf16, each product accumulated in f32 by its kernel and rounded once to bf16 (autocast's
-// output dtype), then taken back to f32. Everything between the GEMMs stays f32, as autocast's
+// (attention projections, MLPs, the LM head, MoE experts, LoRA's adapters) and of the attention
+// core (q, k, v) in bf16, each product accumulated in f32 by its kernel and rounded once to bf16
+// (autocast's output dtype), then taken back to f32; the fused LM head and moe_mlp keep their
+// products f32 between their GEMMs and give f32 losses and outputs (their headers say where they
+// round to bf16). Everything between the GEMMs stays f32, as autocast's
 // fp32 list and Megatron keep it: the residual stream (Megatron's fp32_residual_connection), the
 // norms' statistics and outputs, biases, activations, softmax, the router and the loss. Parameters
 // may be stored in f32 (cast to bf16 where a GEMM reads them) or bf16 (--bf16: read as stored).
@@ -31,11 +33,6 @@ graph::ValueId compute_result(graph::Graph& g, graph::ValueId v, const std::stri
 // compute) back in f32 as `name`.
 graph::ValueId compute_matmul(graph::Graph& g, const GptConfig& config, graph::ValueId x, graph::ValueId y,
                               bool trans_y, const std::string& name);
-
-// Under bf16 compute, an f32 operand rounded to bf16 and back (`name`): for an op that computes in
-// f32 only (moe_mlp's expert GEMMs), the products of bf16-rounded operands, as a bf16 GEMM with f32
-// accumulation forms them before its output's rounding. `v` itself in f32 compute.
-graph::ValueId bf16_rounded(graph::Graph& g, const GptConfig& config, graph::ValueId v, const std::string& name);
 
 // Sequence parallelism under bf16 compute (training, no LoRA, outside a fully recomputed layer):
 // a norm's output is cast to bf16 on its sequence shard and gathered after the cast (half the

@@ -322,11 +322,10 @@ void head_loss(graph::Graph& g, const GptConfig& c, const Strategy& s, graph::Va
   // logits exist one chunk of rows at a time (ops/softmax/lm_head.h).
   const char* op = fused ? (s.tp >= 0 ? "vocab_parallel_lm_head_cross_entropy" : "lm_head_cross_entropy")
                          : (s.tp >= 0 ? "vocab_parallel_cross_entropy" : "cross_entropy");
-  // Under bf16 compute the fused head reads h and W rounded to bf16 but held in f32: its kernel
-  // computes a bf16 head in f32 anyway (h and W widened once, f32 chunks, softmax and loss), and so
-  // the loss and the gradients it forms stay f32 instead of being rounded to bf16 on the way out.
-  std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{bf16_rounded(g, c, x, "ln_f.bf16_rounded"),
-                                                                       bf16_rounded(g, c, w, "lm_head.bf16_rounded"), labels}
+  // Under bf16 compute the fused head reads bf16 h and W (its GEMMs on bf16 operands, f32
+  // accumulation; ops/softmax/lm_head.h): its loss is f32, its gradients bf16, widened by the casts'
+  // backward.
+  std::vector<graph::ValueId> in = fused ? std::vector<graph::ValueId>{compute_operand(g, c, x), compute_operand(g, c, w), labels}
                                          : std::vector<graph::ValueId>{logits, labels};
   // Fused, the head's gradients for the dloss this scale gives it come out of its forward (extra
   // outputs "loss_sum:1", ":2"; only those of inputs that take a gradient: a frozen LoRA head none).

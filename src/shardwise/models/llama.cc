@@ -260,17 +260,15 @@ class LlamaBuilder {
     auto w1 = w13[0], w3 = w13[1];
     auto w2 = expert_adapted({expert(p + ".experts.w2", Shape{E, H_, I})}, fused + ".down_proj", on_ep)[0];
     auto tokens = moe_tokens(h, p);
-    // Under bf16 compute the experts' GEMMs read bf16-rounded tokens and weights (moe_mlp computes
-    // in f32: the products of a bf16 GEMM before its output's rounding). The router reads the same
-    // rounded tokens with the gate in f32 and routes in f64 (moe/kernels.h), Megatron's
-    // moe_router_dtype fp32: top-k choices are sensitive to rounding.
-    auto expert_tokens = bf16_rounded(g_, c_, tokens, p + ".tokens.bf16_rounded");
+    // Under bf16 compute the experts' GEMMs read bf16 tokens and weights (f32 sums; out, the aux
+    // and z losses f32: ops/moe/kernels.h). The router reads the same bf16 tokens widened, with the
+    // gate in f32, and routes in f64, Megatron's moe_router_dtype fp32: top-k choices are sensitive
+    // to rounding.
+    auto expert_tokens = compute_operand(g_, c_, tokens);
     Attrs a{{"top_k", c_.top_k}};
     if (c_.capacity_factor > 0) a.set("capacity_factor", c_.capacity_factor);
     if (c_.router != "softmax") a.set("router", c_.router);
-    w1 = bf16_rounded(g_, c_, w1, p + ".experts.w1.bf16_rounded");
-    w3 = bf16_rounded(g_, c_, w3, p + ".experts.w3.bf16_rounded");
-    w2 = bf16_rounded(g_, c_, w2, p + ".experts.w2.bf16_rounded");
+    w1 = compute_operand(g_, c_, w1), w3 = compute_operand(g_, c_, w3), w2 = compute_operand(g_, c_, w2);
     std::vector<graph::ValueId> o = g_.op("moe_mlp", {expert_tokens, gate, w1, w3, w2}, a, p + ".moe");
     if (c_.aux_loss > 0 && c_.aux_loss_scope == "model") {
       pool_router_statistics(tokens, gate, o[4], p);

@@ -219,6 +219,64 @@ TEST(LmHeadCrossEntropy, ForwardGradsOfOneInputRecomputeTheOther) {
   EXPECT_FALSE(run_backward(op, in, out, dout, attrs, nullptr, only_h)[1].defined());
 }
 
+// --compute bf16's head: bf16 h and W against the f32 op on the same values widened. The loss has
+// the same rounding points (f32 products of the same values in the same f32 chunks, softmax and
+// loss f32): the same bits, in f32. The gradients are bf16, rounded once at the end (2^-9 of |g|),
+// and each chunk's dlogits dz·w are rounded to bf16 before the two gradient GEMMs where the f32 op
+// keeps them f32 (2^-9 of each |dz·w·W| term): the bound below is twice both; the forward's
+// gradients (forward_grads) are the recomputing backward's bits.
+TEST(LmHeadCrossEntropy, Bf16InputsGiveTheF32LossAndBf16GradientsOfTheF32Op) {
+  Fixture f;
+  const Tensor hb = f.h.to(DType::BF16), wb = f.w.to(DType::BF16);
+  const Tensor h32 = hb.to(DType::F32), w32 = wb.to(DType::F32);
+  const Ref ref = reference(h32, w32, f.ids, 0);
+  const OpDef& op = op_registry().get("lm_head_cross_entropy");
+  for (const char* r : {"none", "sum", "mean"}) {
+    SCOPED_TRACE(r);
+    Attrs attrs{{"reduction", std::string(r)}, {"ignore_index", int64_t{0}}, {"chunk_bytes", int64_t{3 * 11 * 4}}};
+    std::vector<Tensor> in{hb, wb, f.labels}, in32{h32, w32, f.labels};
+    std::vector<TensorMeta> in_meta{{hb.shape(), DType::BF16}, {wb.shape(), DType::BF16}, {f.labels.shape(), DType::I64}};
+    EXPECT_EQ(infer_checked(op, in_meta, attrs)[0].dtype, DType::F32);
+    std::vector<Tensor> loss = run_forward(op, in, attrs), loss32 = run_forward(op, in32, attrs);
+    ASSERT_EQ(loss[0].dtype(), DType::F32);
+    CompareResult same = compare(loss[0], loss32[0], 0, 0);
+    EXPECT_TRUE(same.equal) << same.message;
+    const bool none = std::string(r) == "none";
+    const Tensor dloss = none ? random_t(DType::F32, {7}, 9) : Tensor::from<float>({}, {1.7f});
+    std::vector<Tensor> dout{dloss};
+    std::vector<Tensor> g = run_backward(op, in, loss, dout, attrs), g32 = run_backward(op, in32, loss32, dout, attrs);
+    ASSERT_EQ(g[0].dtype(), DType::BF16);
+    ASSERT_EQ(g[1].dtype(), DType::BF16);
+    std::vector<double> wrow(7);
+    for (int64_t i = 0; i < 7; ++i) {
+      wrow[static_cast<size_t>(i)] = (none ? dloss.at(i) : dloss.at(0)) / (std::string(r) == "mean" ? static_cast<double>(ref.count) : 1.0);
+    }
+    // |term| sums: dh (i, k) over the classes, dW (c, k) over the rows.
+    auto bound = [](double want, double terms) { return 2 * std::ldexp(std::abs(want) + terms, -9) + 1e-6 * terms; };
+    for (int64_t i = 0; i < 7; ++i) {
+      for (int64_t k = 0; k < 5; ++k) {
+        double terms = 0;
+        for (int64_t c = 0; c < 11; ++c) terms += std::abs(ref.dz[static_cast<size_t>(i * 11 + c)] * wrow[static_cast<size_t>(i)] * w32.at(c * 5 + k));
+        EXPECT_NEAR(g[0].at(i * 5 + k), g32[0].at(i * 5 + k), bound(g32[0].at(i * 5 + k), terms)) << "dh " << i << "," << k;
+      }
+    }
+    for (int64_t c = 0; c < 11; ++c) {
+      for (int64_t k = 0; k < 5; ++k) {
+        double terms = 0;
+        for (int64_t i = 0; i < 7; ++i) terms += std::abs(ref.dz[static_cast<size_t>(i * 11 + c)] * wrow[static_cast<size_t>(i)] * h32.at(i * 5 + k));
+        EXPECT_NEAR(g[1].at(c * 5 + k), g32[1].at(c * 5 + k), bound(g32[1].at(c * 5 + k), terms)) << "dW " << c << "," << k;
+      }
+    }
+    if (none) continue;
+    attrs.set("forward_grads", int64_t{3});
+    attrs.set("grad_scale", 1.7);
+    std::vector<Tensor> fwd = run_forward(op, in, attrs);
+    ASSERT_EQ(fwd.size(), 3u);
+    EXPECT_TRUE(compare(fwd[0], loss[0], 0, 0).equal);
+    for (size_t t = 0; t < 2; ++t) EXPECT_TRUE(compare(fwd[t + 1], g[t], 0, 0).equal) << t;
+  }
+}
+
 TEST(LmHeadCrossEntropy, EveryLabelIgnoredGivesZeroGradientsAndPyTorchsMean) {
   Fixture f;
   Tensor labels = Tensor::from<int64_t>({7}, std::vector<int64_t>(7, 0));

@@ -56,22 +56,31 @@ Tensor label_count(const Tensor& labels, int64_t rows, int64_t ignore_index, Str
   return count;
 }
 
-GemmSpec spec(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float beta, bool tf32) {
-  return {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .beta = beta, .tf32 = tf32};
+// A GEMM with `in` operands (f32, or bf16: f32 compute) writing f32.
+GemmSpec spec(DType in, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float beta, bool tf32) {
+  return {.in = in, .out = DType::F32, .trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .beta = beta,
+          .tf32 = tf32 && in == DType::F32};
+}
+
+// Element `i` of a row-major f32 or bf16 device tensor.
+const void* at(const Tensor& t, int64_t i) {
+  return static_cast<const std::byte*>(t.device_ptr()) + i * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 
 }  // namespace
 
-LmHeadResult lm_head_cross_entropy(const Tensor& h_in, const Tensor& w_in, const Tensor& labels,
-                                   const LmHeadOptions& o, Stream stream) {
-  const Args a = check_args(h_in, w_in, labels, o);
-  const Device d = h_in.device();
-  const bool half = h_in.dtype() != DType::F32;
-  const Tensor h = half ? cast(h_in, DType::F32, stream) : h_in;
-  const Tensor w = half ? cast(w_in, DType::F32, stream) : w_in;
+LmHeadResult lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& labels, const LmHeadOptions& o,
+                                   Stream stream) {
+  const Args a = check_args(h, w, labels, o);
+  const Device d = h.device();
+  // bf16 h and W stay bf16: the three GEMMs read bf16 operands (the chunk's dlogits rounded to bf16
+  // first) and write f32, as the CPU op's f32 GEMMs on the widened values.
+  const DType in = h.dtype();
+  const bool half = in != DType::F32;
   const int64_t rows = a.rows.rows, V = a.vocab, H = a.hidden;
-  // As ops::lm_head_chunk_rows: the budget over the global vocabulary's rows in h's element size.
-  const auto elem = static_cast<int64_t>(dtype_size(h_in.dtype()));
+  // As ops::lm_head_chunk_rows: the budget over the global vocabulary's rows of f32 logits (the CPU
+  // op's compute dtype for f32 and bf16 h alike), so both run the same chunks.
+  const auto elem = static_cast<int64_t>(sizeof(float));
   const int64_t chunk = std::max<int64_t>(1, o.chunk_bytes / (std::max<int64_t>(a.classes, 1) * elem));
   Tensor loss_rows = zeros_on(DType::F32, Shape{rows}, d, stream);
   Tensor count = label_count(labels, rows, o.ignore_index, stream);
@@ -80,12 +89,14 @@ LmHeadResult lm_head_cross_entropy(const Tensor& h_in, const Tensor& w_in, const
     out.dh = zeros_on(DType::F32, h.shape(), d, stream);
     out.dw = zeros_on(DType::F32, w.shape(), d, stream);
   }
-  Tensor logits = empty_on(DType::F32, Shape{std::min(chunk, std::max<int64_t>(rows, 1)), V}, d, stream);
+  const int64_t buffer_rows = std::min(chunk, std::max<int64_t>(rows, 1));
+  Tensor logits = empty_on(DType::F32, Shape{buffer_rows, V}, d, stream);
+  Tensor dlogits = half && o.grads ? empty_on(in, Shape{buffer_rows, V}, d, stream) : logits;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t rc = std::min(chunk, rows - r0);
-    const float* hc = f(h) + r0 * H;
+    const void* hc = at(h, r0 * H);
     const int64_t* lc = ids(labels) + r0;
-    gemm(d, stream, spec(false, true, rc, V, H, 0.0f, o.tf32), hc, f(w), f(logits));
+    gemm(d, stream, spec(in, false, true, rc, V, H, 0.0f, o.tf32), hc, w.device_ptr(), f(logits));
     Tensor mx = empty_on(DType::F64, Shape{rc}, d, stream);
     check(launch::lm_head_row_max(f(logits), f64(mx), rc, V, stream.handle), "lm_head row max kernel");
     if (o.combine) o.combine(mx, true);
@@ -99,8 +110,15 @@ LmHeadResult lm_head_cross_entropy(const Tensor& h_in, const Tensor& w_in, const
                                      o.reduction == launch::Reduction::Mean, f64(count), stream.handle),
           "lm_head row finish kernel");
     if (!o.grads) continue;
-    gemm(d, stream, spec(false, false, rc, H, V, 0.0f, o.tf32), f(logits), f(w), f(out.dh) + r0 * H);
-    gemm(d, stream, spec(true, false, V, H, rc, r0 == 0 ? 0.0f : 1.0f, o.tf32), f(logits), hc, f(out.dw));
+    if (half) {
+      check(launch::cast(launch::Elem::F32, launch::Elem::BF16, logits.device_ptr(), dlogits.device_ptr(), rc * V,
+                         stream.handle),
+            "lm_head dlogits cast kernel");
+    }
+    gemm(d, stream, spec(in, false, false, rc, H, V, 0.0f, o.tf32), dlogits.device_ptr(), w.device_ptr(),
+         f(out.dh) + r0 * H);
+    gemm(d, stream, spec(in, true, false, V, H, rc, r0 == 0 ? 0.0f : 1.0f, o.tf32), dlogits.device_ptr(), hc,
+         f(out.dw));
   }
   if (o.reduction == launch::Reduction::None) {
     out.loss = loss_rows.reshaped(a.rows.leading);
@@ -110,12 +128,9 @@ LmHeadResult lm_head_cross_entropy(const Tensor& h_in, const Tensor& w_in, const
                                        o.reduction, stream.handle),
           "lm_head reduce kernel");
   }
-  if (half) {
-    out.loss = cast(out.loss, h_in.dtype(), stream);
-    if (o.grads) {
-      out.dh = cast(out.dh, h_in.dtype(), stream);
-      out.dw = cast(out.dw, h_in.dtype(), stream);
-    }
+  if (half && o.grads) {  // the loss stays f32 (ops::lm_head_loss_dtype)
+    out.dh = cast(out.dh, in, stream);
+    out.dw = cast(out.dw, in, stream);
   }
   return out;
 }

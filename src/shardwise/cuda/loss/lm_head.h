@@ -6,8 +6,10 @@
 // sum of exponentials and the target logit (combined across the vocab blocks by the caller's
 // `combine` between the two steps when there is one), then the loss; with `grads` the chunk becomes
 // its dlogits in place and two GEMMs form dh_c = dlogits W and dW += dlogitsᵀ h_c right there, for
-// dloss = grad_scale (reduction sum or mean). bf16 h and W compute in f32 (converted once) and the
-// gradients are rounded to bf16 once at the end, as the CPU op does.
+// dloss = grad_scale (reduction sum or mean). bf16 h and W (--compute bf16) stay bf16: the three
+// GEMMs are cuBLASLt bf16 GEMMs with f32 compute writing f32 (the logits from bf16 h and W, the
+// gradients from the chunk's dlogits rounded to bf16), the loss is f32 and dh, dW are rounded to
+// bf16 once at the end: the CPU op's rounding points (ops/softmax/lm_head.h).
 #include <functional>
 
 #include "shardwise/cuda/common/launchers.h"
@@ -32,7 +34,8 @@ struct LmHeadOptions {
 struct LmHeadResult {
   Tensor loss, dh, dw;  // dh, dw only with `grads`
 };
-// h [..., H], W [V_local, H] (f32 or bf16, one dtype), labels [...] i64.
+// h [..., H], W [V_local, H] (f32 or bf16, one dtype), labels [...] i64; the loss f32, dh and dW
+// in h's dtype.
 LmHeadResult lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& labels,
                                    const LmHeadOptions& options, Stream stream = {});
 

@@ -26,6 +26,12 @@ T sigmoid_of(T v) {
   return v >= 0 ? T(1) / (T(1) + std::exp(-v)) : std::exp(v) / (T(1) + std::exp(v));
 }
 
+// v's values rounded to bf16, held in T: the operand a bf16 GEMM reads (bf16 inputs only, T float).
+template <class T>
+void round_to_bf16(std::vector<T>& v) {
+  for (T& e : v) e = static_cast<T>(static_cast<float>(bf16(static_cast<float>(e))));
+}
+
 // C [m, n] (= or +=) op(A) op(B) with packed row-major operands.
 template <class T>
 void mm(const T* a, const T* b, T* c, int64_t m, int64_t n, int64_t k, bool ta, bool tb, double beta = 0.0) {
@@ -53,7 +59,7 @@ void expert_hidden(const T* x, const T* w1, const T* w3, int64_t m, ExpertDims d
 // expert's rows once its two input GEMMs have read them.
 template <class T>
 void experts_forward(const DispatchPlan& plan, T* rows, const Tensor& w1, const Tensor& w3, const Tensor& w2,
-                     ExpertDims dm) {
+                     ExpertDims dm, bool bf16_operands) {
   std::vector<T> h1, h3, a;
   int64_t row = 0;
   for (int64_t j = 0; j < plan.local_experts; ++j) {
@@ -61,13 +67,15 @@ void experts_forward(const DispatchPlan& plan, T* rows, const Tensor& w1, const 
     if (m == 0) continue;  // an empty expert costs nothing
     const int64_t wo = j * dm.f * dm.d;
     expert_hidden<T>(rows + row * dm.d, w1.data<T>() + wo, w3.data<T>() + wo, m, dm, h1, h3, a);
+    if (bf16_operands) round_to_bf16(a);
     mm<T>(a.data(), w2.data<T>() + wo, rows + row * dm.d, m, dm.d, dm.f, false, true);
     row += m;
   }
 }
 
 template <class T>
-std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& cfg, const MoeShard& shard) {
+std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& cfg, const MoeShard& shard,
+                                  bool bf16_operands) {
   const Tensor& x = in[0];
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
   Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
@@ -77,7 +85,7 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
     const T* src = x.data<T>() + (plan.order[static_cast<size_t>(i)] / r.top_k) * dm.d;
     std::copy(src, src + dm.d, dst);
   });
-  experts_forward<T>(plan, rows, in[2], in[3], in[4], dm);
+  experts_forward<T>(plan, rows, in[2], in[3], in[4], dm, bf16_operands);
   const std::vector<const T*> back = exchange.combine();
   // Combine in slot order per token, whatever the send order.
   std::vector<int64_t> pos(r.expert.size(), -1);
@@ -109,7 +117,8 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
 // later expert's rows: out row i ends before in row i does); the weight gradients of the local
 // experts accumulated into g.
 template <class T>
-void experts_backward(const DispatchPlan& plan, T* rows, std::span<const Tensor> in, ExpertDims dm, MoeGrads& g) {
+void experts_backward(const DispatchPlan& plan, T* rows, std::span<const Tensor> in, ExpertDims dm, MoeGrads& g,
+                      bool bf16_operands) {
   const int64_t win = 2 * dm.d + 1, wout = dm.d + 1;
   T* out = rows;
   std::vector<T> x, dout, h1, h3, a, y, dy, da, dh1, dh3, dx;
@@ -130,6 +139,7 @@ void experts_backward(const DispatchPlan& plan, T* rows, std::span<const Tensor>
     const int64_t wo = j * dm.f * dm.d;
     const T *w1 = in[2].data<T>() + wo, *w3 = in[3].data<T>() + wo, *w2 = in[4].data<T>() + wo;
     expert_hidden<T>(x.data(), w1, w3, m, dm, h1, h3, a);
+    if (bf16_operands) round_to_bf16(a), round_to_bf16(dy);
     mm<T>(a.data(), w2, y.data(), m, dm.d, dm.f, false, true);
     da.resize(mf), dh1.resize(mf), dh3.resize(mf);
     mm<T>(dy.data(), w2, da.data(), m, dm.f, dm.d, false, false);                      // da = dy w2
@@ -139,6 +149,7 @@ void experts_backward(const DispatchPlan& plan, T* rows, std::span<const Tensor>
       dh1[i] = da[i] * h3[i] * (s * (T(1) + h1[i] * (T(1) - s)));
       dh3[i] = da[i] * h1[i] * s;
     }
+    if (bf16_operands) round_to_bf16(dh1), round_to_bf16(dh3);
     mm<T>(dh1.data(), x.data(), g.dw1.data<T>() + wo, dm.f, dm.d, m, true, false, 1.0);  // dw1 += dh1^T x
     mm<T>(dh3.data(), x.data(), g.dw3.data<T>() + wo, dm.f, dm.d, m, true, false, 1.0);  // dw3 += dh3^T x
     mm<T>(dh1.data(), w1, dx.data(), m, dm.d, dm.f, false, false);                       // dx = dh1 w1
@@ -207,7 +218,7 @@ double scalar_of(const Tensor& t) {
 
 template <class T>
 MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double daux, double dz, const MoeConfig& cfg,
-                        const MoeShard& shard) {
+                        const MoeShard& shard, bool bf16_operands) {
   const Tensor& x = in[0];
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
   Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
@@ -225,7 +236,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
     std::copy(dout.data<T>() + t * dm.d, dout.data<T>() + (t + 1) * dm.d, row + dm.d);
     row[2 * dm.d] = static_cast<T>(r.weight[static_cast<size_t>(a)]);
   });
-  experts_backward<T>(plan, rows, in, dm, g);
+  experts_backward<T>(plan, rows, in, dm, g, bf16_operands);
   const std::vector<const T*> back = exchange.combine();
   std::vector<int64_t> pos(r.expert.size(), -1);
   for (size_t i = 0; i < plan.order.size(); ++i) pos[static_cast<size_t>(plan.order[i])] = static_cast<int64_t>(i);
@@ -253,21 +264,40 @@ void check_local(std::span<const Tensor> in, const MoeShard& shard) {
            in[2].shape().ndim() == 3 ? in[2].shape()[0] : -1, experts);
 }
 
+// bf16 inputs (x, w1, w3, w2; the gate is f32) widened to f32: exact.
+std::vector<Tensor> widened(std::span<const Tensor> in) {
+  std::vector<Tensor> out(in.begin(), in.end());
+  for (Tensor& t : out) {
+    if (t.dtype() == DType::BF16) t = t.to(DType::F32);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Tensor> moe_forward(std::span<const Tensor> in, const MoeConfig& cfg, const MoeShard& shard) {
   check_local(in, shard);
-  if (in[0].dtype() == DType::F32) return forward_typed<float>(in, cfg, shard);
-  return forward_typed<double>(in, cfg, shard);
+  if (in[0].dtype() == DType::BF16) return forward_typed<float>(widened(in), cfg, shard, true);
+  if (in[0].dtype() == DType::F32) return forward_typed<float>(in, cfg, shard, false);
+  return forward_typed<double>(in, cfg, shard, false);
 }
 
 MoeGrads moe_backward(std::span<const Tensor> in, const Tensor& dout, const Tensor& daux, const Tensor& dz,
                       const MoeConfig& cfg, const MoeShard& shard) {
   check_local(in, shard);
-  SW_CHECK(dout.defined() && dout.shape() == in[0].shape() && dout.dtype() == in[0].dtype(),
-           "moe_mlp: the output gradient must match x ({} {})", dtype_name(in[0].dtype()), in[0].shape().to_string());
-  if (in[0].dtype() == DType::F32) return backward_typed<float>(in, dout, scalar_of(daux), scalar_of(dz), cfg, shard);
-  return backward_typed<double>(in, dout, scalar_of(daux), scalar_of(dz), cfg, shard);
+  const DType out_dtype = moe_output_dtype(in[0].dtype());
+  SW_CHECK(dout.defined() && dout.shape() == in[0].shape() && dout.dtype() == out_dtype,
+           "moe_mlp: the output gradient must be {} {} (out's dtype and x's shape)", dtype_name(out_dtype),
+           in[0].shape().to_string());
+  if (in[0].dtype() == DType::BF16) {
+    MoeGrads g = backward_typed<float>(widened(in), dout, scalar_of(daux), scalar_of(dz), cfg, shard, true);
+    for (Tensor* t : {&g.dx, &g.dw1, &g.dw3, &g.dw2}) *t = t->to(DType::BF16);  // rounded once; dgate stays f32
+    return g;
+  }
+  if (in[0].dtype() == DType::F32) {
+    return backward_typed<float>(in, dout, scalar_of(daux), scalar_of(dz), cfg, shard, false);
+  }
+  return backward_typed<double>(in, dout, scalar_of(daux), scalar_of(dz), cfg, shard, false);
 }
 
 }  // namespace shardwise::ops

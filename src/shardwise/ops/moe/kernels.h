@@ -21,6 +21,13 @@
 // the assignments the router gave expert i over every token (before capacity; they sum to N *
 // top_k): the load-balance figure of the training metrics. dropped and expert_tokens have no gradient.
 //
+// bf16 x, w1, w3, w2 with an f32 gate (`--compute bf16`): every expert GEMM reads bf16 operands and
+// sums in f32, as cuBLASLt's bf16 GEMM with f32 output: h1, h3, y and the gradient GEMMs' results are
+// f32, a = silu(h1) * h3 is rounded to bf16 before y's GEMM, and backward dy = dout * weight and
+// dh1, dh3 before theirs. The router widens x to f32 (exact) with the gate f32; out, aux_loss and
+// z_loss are f32 (moe_output_dtype; dout too), dx, dw1, dw3, dw2 rounded once to bf16, dgate f32.
+// The CPU widens the bf16 inputs to f32 and runs the f32 kernel with those roundings.
+//
 // Sharding (the rule in rules.cc): x may be split on its token dim over mesh dims T; the experts
 // on their expert dim over mesh dims X, a subset of T (ep over the token ranks). The kernel
 // all-gathers each token block's per-expert counts and probability sums over T (the aux loss and
@@ -49,9 +56,14 @@ struct MoeConfig {
 // the default, or "sigmoid"); Error on bad values.
 MoeConfig moe_config(const Attrs& attrs, int64_t experts);
 
-// Checks shapes and dtypes (f32 or f64, all the same); Error names the input and what is allowed.
+// Checks shapes and dtypes (f32 or f64, all the same; or x, w1, w3, w2 bf16 with an f32 gate);
+// Error names the input and what is allowed.
 void check_moe_inputs(const Shape& x, const Shape& gate, const Shape& w1, const Shape& w3, const Shape& w2,
                       std::span<const DType> dtypes);
+// Its dtype part alone (x, gate, w1, w3, w2), for kernels on local blocks.
+void check_moe_dtypes(std::span<const DType> dtypes);
+// The dtype of out, aux_loss and z_loss (and of their gradients): f32 for bf16 x, else x's.
+DType moe_output_dtype(DType x_dtype);
 
 // How the expert group's rows travel. Messages: all_to_all_pieces (any backend). Shared: each
 // rank writes its rows straight into the node-shared region of the rank owning their expert and

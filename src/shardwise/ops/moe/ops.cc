@@ -65,12 +65,15 @@ VerifyCase moe_case(int64_t n, int64_t d, int64_t e, int64_t f, int64_t k, doubl
 // cases drop assignments (dropped > 0); one f32 case without renormalisation. Skewed: a constant
 // gate ties every expert, so every token picks experts 0 and 1 (the lower index wins a tie): the
 // ranks holding the other experts receive nothing, and with capacity 0.5 those two drop half. One
-// sigmoid-gated case with capacity.
+// sigmoid-gated case with capacity. One bf16 case (--compute bf16: bf16 x and experts, f32 gate;
+// f32 out and losses), uneven with capacity.
 std::vector<VerifyCase> moe_cases() {
   const DType f64 = DType::F64;
   VerifyCase skewed = moe_case(6, 3, 4, 2, 2, 0.0, f64), skewed_capacity = moe_case(6, 3, 4, 2, 2, 0.5, f64);
   skewed.values = skewed_capacity.values = {ValueGen{}, ValueGen{ValueGen::Kind::Uniform, 0.5, 0.5}};
-  return {
+  VerifyCase bf16 = moe_case(5, 3, 4, 2, 2, 0.75, DType::BF16);
+  bf16.dtypes[1] = DType::F32;
+  return {bf16,
       skewed, skewed_capacity,
       moe_case(12, 4, 6, 3, 2, 0.0, f64),   moe_case(5, 3, 4, 2, 2, 0.75, f64), moe_case(2, 3, 3, 2, 1, 0.0, f64),
       moe_case(1, 2, 2, 2, 1, 1.0, f64),    moe_case(12, 12, 12, 12, 3, 0.5, f64),
@@ -97,9 +100,10 @@ OpDef make_moe_mlp() {
     std::array<DType, 5> dtypes{in[0].dtype, in[1].dtype, in[2].dtype, in[3].dtype, in[4].dtype};
     check_moe_inputs(in[0].shape, in[1].shape, in[2].shape, in[3].shape, in[4].shape, dtypes);
     moe_config(attrs, in[1].shape[0]);
-    return std::vector<TensorMeta>{in[0],
-                                   {Shape{}, in[0].dtype},
-                                   {Shape{}, in[0].dtype},
+    const DType out = moe_output_dtype(in[0].dtype);
+    return std::vector<TensorMeta>{{in[0].shape, out},
+                                   {Shape{}, out},
+                                   {Shape{}, out},
                                    {Shape{}, DType::I64},
                                    {Shape{in[1].shape[0]}, DType::I64}};
   };

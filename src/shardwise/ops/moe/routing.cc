@@ -40,12 +40,22 @@ void check_moe_inputs(const Shape& x, const Shape& gate, const Shape& w1, const 
   SW_CHECK(w3 == w1, "moe_mlp: w3 {} must have w1's shape {}", w3.to_string(), w1.to_string());
   SW_CHECK(w2.ndim() == 3 && w2[0] == e && w2[1] == d && w2[2] == f,
            "moe_mlp: w2 must be [experts = {}, hidden = {}, ffn = {}], got {}", e, d, f, w2.to_string());
+  check_moe_dtypes(dtypes);
+}
+
+void check_moe_dtypes(std::span<const DType> dtypes) {
+  SW_CHECK(dtypes.size() == 5, "moe_mlp: takes the dtypes of 5 inputs, got {}", dtypes.size());
+  const bool bf16 = dtypes[0] == DType::BF16;  // --compute bf16: the experts' operands bf16, the gate f32
   for (size_t i = 0; i < dtypes.size(); ++i) {
-    SW_CHECK(dtypes[i] == dtypes[0] && (dtypes[0] == DType::F32 || dtypes[0] == DType::F64),
-             "moe_mlp: every input must be f32 or f64 and of one dtype; input {} is {}, x is {}", i,
-             dtype_name(dtypes[i]), dtype_name(dtypes[0]));
+    const DType want = bf16 && i == 1 ? DType::F32 : dtypes[0];
+    SW_CHECK(dtypes[i] == want && (bf16 || dtypes[0] == DType::F32 || dtypes[0] == DType::F64),
+             "moe_mlp: the inputs must be all f32 or all f64, or x, w1, w3, w2 bf16 with an f32 gate; input {} is {}, "
+             "x is {}",
+             i, dtype_name(dtypes[i]), dtype_name(dtypes[0]));
   }
 }
+
+DType moe_output_dtype(DType x_dtype) { return x_dtype == DType::BF16 ? DType::F32 : x_dtype; }
 
 namespace moe_detail {
 

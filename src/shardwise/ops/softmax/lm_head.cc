@@ -88,6 +88,17 @@ CrossEntropyRowSums chunk_rows(const Tensor& logits, const Tensor& labels, const
 // t (in the compute dtype) in `dtype`: rounded once where they differ.
 Tensor in_dtype(const Tensor& t, DType dtype) { return t.defined() && t.dtype() != dtype ? t.to(dtype) : t; }
 
+// A chunk's f32 dlogits rounded to the half type `half` (f16 / bf16 inputs; others: unchanged) and
+// held in f32: the operand the gradient GEMMs of a half-type GEMM read (as autocast's matmul
+// backward and cuBLASLt's bf16 GEMM read them); products of half values summed in f32 after that.
+void round_to_input_dtype(Tensor& dlogits, DType half) {
+  if (half != DType::F16 && half != DType::BF16) return;
+  float* d = dlogits.data<float>();
+  for (int64_t i = 0; i < dlogits.numel(); ++i) {
+    d[i] = half == DType::BF16 ? static_cast<float>(bf16(d[i])) : static_cast<float>(f16(d[i]));
+  }
+}
+
 // v rounded to `dtype` (as a tensor of it would hold it), back in double.
 double rounded(DType dtype, double v) { return Tensor::full(dtype, Shape{}, v).at(0); }
 
@@ -127,6 +138,7 @@ std::array<Tensor, 2> recomputed_grads(const Tensor& h, const Tensor& w, const T
     Tensor g_c = chunk_reduction == LossReduction::None ? rows_of(g, r0, rc, 1, false) : g;
     Tensor dlogits = cross_entropy_backward_from_rows(logits, labels_c, g_c, row_max, s.sum_exp, args.ignore_index,
                                                       chunk_reduction, args.shard);
+    round_to_input_dtype(dlogits, h.dtype());
     if (p.v_local == 0) continue;  // dh stays 0, dW is empty
     if (want_grad[0]) {
       // dh_c = dlogits · W
@@ -164,6 +176,8 @@ LmHeadArgs lm_head_args(const Attrs& attrs, std::string_view op) {
   return a;
 }
 
+DType lm_head_loss_dtype(DType h_dtype) { return compute_dtype(h_dtype); }
+
 int lm_head_num_outputs(const LmHeadArgs& args) {
   return 1 + ((args.forward_grads & kLmHeadGradH) ? 1 : 0) + ((args.forward_grads & kLmHeadGradW) ? 1 : 0);
 }
@@ -194,8 +208,8 @@ std::vector<Tensor> lm_head_cross_entropy_outputs(const Tensor& h, const Tensor&
   Plan p = make_plan(h, w, labels, args);
   const bool gh = (args.forward_grads & kLmHeadGradH) != 0, gw = (args.forward_grads & kLmHeadGradW) != 0;
   // The dlogits weight: cross_entropy_backward_from_rows' for dloss = grad_scale (rounded as the
-  // backward would see it: to h's dtype, then the compute dtype, and / count in it for "mean").
-  double weight = rounded(p.ct, rounded(h.dtype(), args.grad_scale));
+  // backward would see it: to the loss's dtype, the compute dtype, and / count in it for "mean").
+  double weight = rounded(p.ct, args.grad_scale);
   if (args.reduction == LossReduction::Mean) weight = rounded(p.ct, weight / static_cast<double>(p.count));
   const bool no_classes = p.v_local == 0;  // nothing to multiply: dh is 0, dW is empty
   Tensor dh = gh ? (no_classes ? Tensor(p.ct, Shape{p.n, p.hidden}) : Tensor::uninitialized(p.ct, Shape{p.n, p.hidden}))
@@ -225,6 +239,7 @@ std::vector<Tensor> lm_head_cross_entropy_outputs(const Tensor& h, const Tensor&
     // The chunk's dlogits in the logits' buffer, then its share of both gradients.
     cross_entropy_grad_in_place(logits, labels_c, weight, chunk_max, std::span<const double>(buf.data(), buf.size() / 2),
                                 exp_rows, args.ignore_index, args.shard);
+    round_to_input_dtype(logits, h.dtype());
     if (gh) {  // dh_c = dlogits · W
       gemm(p.ct, gemm_args(false, false, rc, p.hidden, p.v_local), logits.raw(), p.w.raw(), row_ptr(dh, r0, p.hidden));
     }
@@ -235,7 +250,7 @@ std::vector<Tensor> lm_head_cross_entropy_outputs(const Tensor& h, const Tensor&
     }
   }
   if (gw && !dw_written) dw = Tensor(p.ct, p.w.shape());  // no rows: dW is 0
-  std::vector<Tensor> out{cross_entropy_from_rows(labels, h.dtype(), row_max, all, args.ignore_index, args.reduction)};
+  std::vector<Tensor> out{cross_entropy_from_rows(labels, p.ct, row_max, all, args.ignore_index, args.reduction)};
   if (gh) out.push_back(in_dtype(dh, h.dtype()).reshaped(h.shape()));
   if (gw) out.push_back(in_dtype(dw, h.dtype()));
   return out;
@@ -252,8 +267,9 @@ std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tens
                                                      std::array<bool, 2> want_grad, const std::array<Tensor, 2>& saved) {
   SW_CHECK(h.defined() && labels.defined(), "{} backward: h or labels is undefined", kOp);
   const Shape want = cross_entropy_loss_shape(labels.shape(), args.reduction);
-  SW_CHECK(dloss.defined() && dloss.shape() == want && dloss.dtype() == h.dtype(),
-           "{} backward: dloss must be {} {}, got {} {}", kOp, dtype_name(h.dtype()), want.to_string(),
+  const DType loss_dtype = lm_head_loss_dtype(h.dtype());
+  SW_CHECK(dloss.defined() && dloss.shape() == want && dloss.dtype() == loss_dtype,
+           "{} backward: dloss must be {} {} (the loss's dtype), got {} {}", kOp, dtype_name(loss_dtype), want.to_string(),
            dloss.defined() ? dtype_name(dloss.dtype()) : "undefined", dloss.shape().to_string());
   std::array<Tensor, 2> out;
   std::array<bool, 2> recompute{};
@@ -262,7 +278,7 @@ std::array<Tensor, 2> lm_head_cross_entropy_backward(const Tensor& h, const Tens
     if (!want_grad[k] || recompute[k]) continue;
     // The forward formed it for dloss = grad_scale: as it is when that is the dloss here.
     const DType ct = compute_dtype(h.dtype());
-    const double g = dloss.to(ct).at(0), formed = rounded(ct, rounded(h.dtype(), args.grad_scale));
+    const double g = dloss.to(ct).at(0), formed = rounded(ct, args.grad_scale);
     out[k] = g == formed ? saved[k] : scaled(saved[k], g / formed, ct);
   }
   if (recompute[0] || recompute[1]) {

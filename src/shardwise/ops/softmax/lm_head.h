@@ -25,9 +25,15 @@
 //   backward without them: per chunk, the logits are recomputed (one GEMM), the row statistics with
 //   them, dlogits = (softmax - onehot) * w formed in the chunk (cross_entropy_backward_from_rows),
 //   then dh_c = dlogits · W and dW += dlogitsᵀ · h_c (two GEMMs). Under vocab parallelism dh is this
-//   block's part (the rule makes it Partial(sum)); dW is the local block. f16 / bf16 inputs compute
-//   in f32 (the chunk's logits are not rounded to the half type) and the gradients are rounded once
-//   at the end.
+//   block's part (the rule makes it Partial(sum)); dW is the local block.
+//
+//   f16 / bf16 h and W (`--compute bf16`: the head's GEMMs on half operands, f32 accumulation) are
+//   widened to f32 and run the f32 chunks: each chunk's logits h_c · Wᵀ are f32 products of the half
+//   values (not rounded to the half type), the softmax and the loss f32, and the loss is f32
+//   (lm_head_loss_dtype; dloss too), as autocast's cross-entropy. Each chunk's dlogits are rounded to
+//   the half type before the two gradient GEMMs (the operand a half-type GEMM reads: autocast's
+//   matmul backward, cuBLASLt's bf16 GEMM on CUDA), whose f32 sums dh and dW are rounded once to
+//   h's dtype at the end.
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -62,6 +68,8 @@ inline constexpr int kLmHeadGradH = 1, kLmHeadGradW = 2;
 LmHeadArgs lm_head_args(const Attrs& attrs, std::string_view op);
 // The op's outputs: loss, then dh and dW where forward_grads asks for them.
 int lm_head_num_outputs(const LmHeadArgs& args);
+// The loss's dtype: f32 for f16 / bf16 h (the dtype the head computes in), else h's.
+DType lm_head_loss_dtype(DType h_dtype);
 
 // Rows per chunk: chunk_bytes / (classes * element size), at least 1.
 int64_t lm_head_chunk_rows(int64_t classes, DType dtype, int64_t chunk_bytes);
@@ -77,7 +85,7 @@ Tensor lm_head_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& lab
 // for dloss = grad_scale.
 std::vector<Tensor> lm_head_cross_entropy_outputs(const Tensor& h, const Tensor& w, const Tensor& labels,
                                                   const LmHeadArgs& args);
-// {dh, dW}; dloss has cross_entropy_loss_shape and h's dtype. want[0] / want[1] false: that
+// {dh, dW}; dloss has cross_entropy_loss_shape and the loss's dtype (lm_head_loss_dtype). want[0] / want[1] false: that
 // gradient is left undefined and its GEMM skipped (a frozen head weight, zero-bubble's split).
 // `saved`: the forward's extra outputs ({dh, dW}, undefined where not computed): a wanted gradient
 // found there is returned scaled by dloss / grad_scale (as is when they are equal); the others are
