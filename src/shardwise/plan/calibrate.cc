@@ -1,5 +1,7 @@
 #include "shardwise/plan/calibrate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -108,12 +110,29 @@ json measure_collectives_with(bool quick, int ranks, int reps, Measure measure, 
       points.push_back({n, t.back()});
     }
     AlphaBeta f = fit_alpha_beta(kind, ranks, sizes.front(), t.front(), sizes.back(), t.back());
+    if (const std::string noisy = noisy_collective_note(sizes, t); !noisy.empty())
+      f.note = f.note.empty() ? noisy : f.note + "; " + noisy;
     if (kind == CollectiveKind::AllReduce) all_reduce_link = f.link;
     out[collective_name(kind)] = {{"ranks", ranks}, {"points", points}, {"a", f.a}, {"b", f.b},
                                   {"latency", f.link.latency}, {"bandwidth", f.link.bandwidth}, {"note", f.note}};
   }
   return out;
 }
+
+}  // namespace
+
+std::string noisy_collective_note(const std::vector<double>& bytes, const std::vector<double>& seconds) {
+  if (!seconds.empty() && seconds.front() > 1e-3)
+    return fmt::format("measured noisily ({:.0f} B took {:.1f} ms): calibrate again on a quiet machine", bytes.front(),
+                       1e3 * seconds.front());
+  for (size_t i = 1; i < seconds.size(); ++i)
+    if (seconds[i] < 0.5 * seconds[i - 1])
+      return fmt::format("measured noisily ({:.0f} B took {:.3g} ms, {:.0f} B {:.3g} ms): calibrate again on a quiet machine",
+                         bytes[i - 1], 1e3 * seconds[i - 1], bytes[i], 1e3 * seconds[i]);
+  return "";
+}
+
+namespace {
 
 json measure_collectives(const CalibrateOptions& o, LinkSpec& all_reduce_link) {
   auto threads = [&](CollectiveKind kind, int64_t bytes, int reps) {

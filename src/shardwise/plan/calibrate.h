@@ -15,6 +15,8 @@
 //   mpi:         (calibrate_mpi_collectives, under mpirun) {ranks, collectives: as above on MPI
 //                processes, link: all_reduce's {bandwidth, latency}}: what MPI runs are predicted with.
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace shardwise::comm {
 class Communicator;
@@ -32,5 +34,12 @@ nlohmann::json calibrate_machine(const CalibrateOptions& options);
 // The collectives on the processes of `world` (an MPI world of at least 2 processes; every rank
 // calls it): {ranks, collectives, link} as calibration.mpi holds them, rank 0's measurements.
 nlohmann::json calibrate_mpi_collectives(comm::Communicator& world, bool quick);
+
+// A collective's measured seconds at increasing message sizes as a busy machine leaves them: ""
+// when they look like one machine's collective (the smallest message within 1 ms, no message less
+// than half the time of a smaller one), else a note saying which point is off and to calibrate
+// again on a quiet machine (other ranks' work preempting the measured ranks: an MPI process that
+// polls for 4 KiB on a loaded 2-core machine was measured at 48 ms, 2026-11-29).
+std::string noisy_collective_note(const std::vector<double>& bytes, const std::vector<double>& seconds);
 
 }  // namespace shardwise::plan
