@@ -2,10 +2,12 @@
 // Trainer runs on the fake device (tensor/fake_device.h registered as cuda:0, its kernel table
 // installed for CUDA) or the host, shared by the device trainer tests: rank 0's losses and gradient
 // norms, the host-device copies of the steps alone, the masters after the last step, with a load
-// before and a save after.
+// before and a save after; checkpoint directories compared file by file.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,8 +40,11 @@ class FakeDeviceTest : public testing::Test {
 struct Curve {
   std::vector<double> losses, norms;  // rank 0's
   DeviceCopyStats copies;             // during the steps, every rank
-  std::map<std::string, Tensor> params;  // every trained parameter's master, whole, after the last step
+  // Every trained parameter's master, whole, after the last step (none on a pp mesh, whose ranks
+  // hold their stages' parameters only: compare its checkpoint).
+  std::map<std::string, Tensor> params;
   int64_t accumulation = 0;              // micro-batches per step (as the trainer resolved them)
+  int64_t activation_bytes = 0;          // rank 0's peak of saved activations in the last step
 };
 
 struct CurveIo {
@@ -64,13 +69,14 @@ inline Curve run_curve(const TrainConfig& c, int64_t steps, const CurveIo& io = 
       if (w.rank() == 0) out.losses.push_back(r.loss), out.norms.push_back(r.grad_norm);
     }
     world->barrier();
-    if (w.rank() == 0) out.copies = device_copy_stats();
+    if (w.rank() == 0) out.copies = device_copy_stats(), out.activation_bytes = t.held_bytes().activations;
     world->barrier();
     if (!io.save.empty()) {
       CheckpointSchedule schedule(io.save, steps, io.async, {});
       schedule.after_step(t, *world, true);
       schedule.finish();
     }
+    if (c.parallel.mesh.find("pp=") != std::string::npos) return;
     for (ParamState& p : t.params()) {
       Tensor whole = t.gather_param(p.name);
       std::lock_guard lock(mu);
@@ -78,6 +84,27 @@ inline Curve run_curve(const TrainConfig& c, int64_t steps, const CurveIo& io = 
     }
   });
   return out;
+}
+
+inline std::string bytes_of(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Every file under `a` has a twin under `b` with the same bytes, and no other file is in `b`.
+inline void expect_same_files(const std::filesystem::path& a, const std::filesystem::path& b) {
+  int64_t files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file()) continue;
+    const std::filesystem::path rel = std::filesystem::relative(e.path(), a);
+    ++files;
+    ASSERT_TRUE(std::filesystem::exists(b / rel)) << rel;
+    EXPECT_TRUE(bytes_of(e.path()) == bytes_of(b / rel)) << rel << " differs";
+  }
+  int64_t other = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(b)) other += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(other, files);
+  EXPECT_GT(files, 3);
 }
 
 }  // namespace shardwise::train

@@ -121,7 +121,7 @@ void add_train_options(CLI::App& cmd, TrainOptions& o) {
   t->add_option("--device", o.device,
                 "where the parameters, optimizer state and every step's tensors live: cpu, cuda or cuda:N (a GPU of a "
                 "CUDA build), or fake (the tests' device: host memory standing in for cuda:0, the CPU's kernels; "
-                "docs/gpu.md). Off the CPU: one rank, or dp / tp ranks as threads (fake: MPI processes too)");
+                "docs/gpu.md). Off the CPU: one rank, or dp / tp / pp ranks as threads (fake: MPI processes too)");
   t->add_option("--schedule", c.parallel.schedule, "pipeline schedule on a pp mesh: fthenb, 1f1b, interleaved, zbh1");
   t->add_option("--virtual", c.parallel.virtual_stages, "interleaved schedule: stages per pipeline rank");
   t->add_option("--micro-batches", c.optimizer.accumulation, "pipeline micro-batches per step (the same as --accumulation)");

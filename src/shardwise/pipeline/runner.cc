@@ -9,6 +9,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/ops/train_kernels.h"
 #include "shardwise/reshard/plan.h"
+#include "shardwise/tensor/current_stream.h"
 #include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::pipeline {
@@ -103,6 +104,10 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
     ro.poison_stand_ins = options_.poison_stand_ins;
     ro.prefetch_params = options_.prefetch_params;
     l->rt = std::make_unique<runtime::Runtime>(*l->spec.graph, l->compiled.program, world, ro);
+    if (!options_.device.is_host()) {  // one pair of streams for the rank's stages
+      if (locals_.empty()) l->rt->use_device(options_.device);
+      else l->rt->share_streams(*locals_.front()->rt);
+    }
     const graph::Program& p = l->compiled.program;
     auto slot = [&](const std::string& name) -> const graph::Slot& {
       return p.slots[static_cast<size_t>(l->rt->value_slot(name))];
@@ -300,9 +305,16 @@ void PipelineRunner::backward(Local& l, int mb, ActionKind kind, StepStats& stat
       return;
     }
   }
-  accumulate(l);
+  {
+    StreamScope on_compute(rt.stream());  // a device's sums follow the backward's kernels
+    accumulate(l);
+  }
   l.sample_offsets.erase(mb);
   rt.set_buffers(l.shared);
+}
+
+Tensor PipelineRunner::send_or_receive(Local& l, const reshard::Plan& plan, const Tensor& t) {
+  return l.rt->transfer(resharder_, plan, t, options_.device);
 }
 
 StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
@@ -325,16 +337,18 @@ StepStats PipelineRunner::run(const Feed& feed, const Feed& on_result) {
       case ActionKind::BackwardInput:
       case ActionKind::BackwardWeight: backward(local(a.stage), a.micro_batch, a.kind, stats); break;
       case ActionKind::SendActivation:
-        resharder_.run(local(a.stage).to_next, take(outbox_act_, a.stage, a.micro_batch, "output activation"));
+        send_or_receive(local(a.stage), local(a.stage).to_next,
+                        take(outbox_act_, a.stage, a.micro_batch, "output activation"));
         break;
       case ActionKind::RecvActivation:
-        inbox_act_[{a.stage, a.micro_batch}] = resharder_.run(local(a.stage).from_prev, Tensor());
+        inbox_act_[{a.stage, a.micro_batch}] = send_or_receive(local(a.stage), local(a.stage).from_prev, Tensor());
         break;
       case ActionKind::SendGrad:
-        resharder_.run(local(a.stage).grad_to_prev, take(outbox_grad_, a.stage, a.micro_batch, "input gradient"));
+        send_or_receive(local(a.stage), local(a.stage).grad_to_prev,
+                        take(outbox_grad_, a.stage, a.micro_batch, "input gradient"));
         break;
       case ActionKind::RecvGrad:
-        inbox_grad_[{a.stage, a.micro_batch}] = resharder_.run(local(a.stage).grad_from_next, Tensor());
+        inbox_grad_[{a.stage, a.micro_batch}] = send_or_receive(local(a.stage), local(a.stage).grad_from_next, Tensor());
         break;
       case ActionKind::OptimizerStep: break;  // the caller's, after run()
     }

@@ -5,7 +5,8 @@
 // then weight gradient) empties it, and its parameter gradients are summed over micro-batches in
 // the order the schedule computes them. Activations and gradients move between stages as reshard
 // plans between the two sub-meshes, fixed before the first step (layouts and shapes are the
-// stages' annotations: no per-step handshake).
+// stages' annotations: no per-step handshake); on a device (RunnerOptions::device) through the
+// sending or receiving stage's runtime (runtime::Runtime::transfer), on its streams.
 //
 // Release: with `release`, the runtime frees every forward tensor the gradient kernels do not read
 // (OpDef::backward_reads) as soon as the forward no longer needs it, and a stage's output once it
@@ -30,6 +31,11 @@ struct RunnerOptions {
   bool release = true;
   bool poison_stand_ins = false;  // tests: a wrongly released tensor shows up as NaN
   int prefetch_params = 0;        // runtime::RuntimeOptions::prefetch_params
+  // Where the stages run (the host, or a device: their bound tensors are there). On a device a
+  // pipeline rank's stages share one compute and one communication stream (the first local
+  // stage's), and activations and gradients move between pipeline ranks as device tensors on them
+  // (collectives on device memory: copies between threads' buffers, MPI staged through the host).
+  Device device;
 };
 
 struct ActionTime {
@@ -109,6 +115,8 @@ class PipelineRunner {
   void accumulate(Local& l);
   void add_to_sum(Local& l, size_t i);  // the backward's gradient i into its sum
   void hand_over(Local& l, size_t i);
+  // A send or receive between stages (this process's side), on the local stage `l`'s streams.
+  Tensor send_or_receive(Local& l, const reshard::Plan& plan, const Tensor& t);
   int64_t frame_bytes(const Local& l, const std::vector<Tensor>& frame) const;
   int64_t activation_bytes() const;
 

@@ -106,12 +106,7 @@ Runtime::Runtime(const graph::Graph& g, const graph::Program& p, std::shared_ptr
   }
 }
 
-Runtime::~Runtime() {
-  if (!streams_) return;
-  DeviceMemory& memory = device_memory(streams_->device);
-  memory.destroy_stream(streams_->compute);
-  memory.destroy_stream(streams_->comm);
-}
+Runtime::~Runtime() = default;
 
 void Runtime::use_device(Device device) {
   if (streams_) {
@@ -120,16 +115,32 @@ void Runtime::use_device(Device device) {
     return;
   }
   DeviceMemory& memory = device_memory(device);
-  streams_ = DeviceStreams{device, memory.create_stream(), memory.create_stream()};
+  streams_ = std::shared_ptr<const DeviceStreams>(
+      new DeviceStreams{device, memory.create_stream(), memory.create_stream()}, [](const DeviceStreams* s) {
+        DeviceMemory& m = device_memory(s->device);
+        m.destroy_stream(s->compute);
+        m.destroy_stream(s->comm);
+        delete s;
+      });
+}
+
+void Runtime::share_streams(const Runtime& other) {
+  SW_CHECK(other.streams_, "runtime: share_streams with a runtime that has no streams (no device run yet)");
+  SW_CHECK(!streams_ || streams_ == other.streams_, "runtime: share_streams after runs on its own streams");
+  streams_ = other.streams_;
+}
+
+Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
+  if (!in.on_device() && (in.defined() || !streams_)) [[likely]] return resharder_.run(plan, in);
+  return transfer(resharder_, plan, in, in.defined() ? in.device() : streams_->device);
 }
 
 // A reshard of device blocks runs the resharder on them (device copies, collectives on device
 // pointers) on the communication stream, after an event of the compute stream; the compute stream
 // goes on after an event of the communication stream. A process outside the plan's source mesh
 // (no input block) of a device run gets its block on the run's device.
-Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
-  if (!in.on_device() && (in.defined() || !streams_)) [[likely]] return resharder_.run(plan, in);
-  const Device device = in.defined() ? in.device() : streams_->device;
+Tensor Runtime::transfer(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in, Device device) {
+  if (device.is_host()) return resharder.run(plan, in);
   use_device(device);
   DeviceMemory& memory = device_memory(device);
   const uint64_t ready = memory.record_event(streams_->compute);  // the input is written
@@ -139,7 +150,7 @@ Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
   {
     StreamScope scope(streams_->comm);
     comm::DeviceBuffers on_device(device, streams_->comm);
-    out = resharder_.run(plan, in);
+    out = resharder.run(plan, in);
   }
   const uint64_t done = memory.record_event(streams_->comm);  // the output is written
   memory.wait_event(streams_->compute, done);

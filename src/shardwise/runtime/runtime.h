@@ -100,6 +100,19 @@ class Runtime {
   // to_host(t, stream()). Both {} (the default stream) on the host and before the first device run.
   Stream stream() const { return streams_ ? streams_->compute : Stream{}; }
   Stream comm_stream() const { return streams_ ? streams_->comm : Stream{}; }
+  // Creates the streams on `device` now, as the first device run does (a pipeline stage receives
+  // its input before its first run); an Error if they are another device's.
+  void use_device(Device device);
+  // Runs on `other`'s streams from now on (its own first: a device run's): a pipeline rank's stages
+  // run on one compute and one communication stream, so what one stage makes another stage, or the
+  // optimizer on stream(), reads in order. The streams go with the last runtime holding them.
+  void share_streams(const Runtime& other);
+  // A reshard run by another resharder (a pipeline's transfers between stages, on its own
+  // communicator) as this runtime runs its own: on a device, on the communication stream after an
+  // event of the compute stream, the compute stream going on after an event of the communication
+  // stream. `device`: the run's (a process outside the plan's source mesh gets its block there);
+  // the host runs the plan plainly.
+  Tensor transfer(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in, Device device);
   int value_slot(std::string_view name) const;  // the slot of a value in its completed distribution
   int grad_slot(std::string_view param) const;  // Error unless a parameter whose gradient is held
 
@@ -113,7 +126,6 @@ class Runtime {
     Device device;
     Stream compute, comm;
   };
-  void use_device(Device device);  // creates the streams at the first device run
   ops::KernelContext context(const std::vector<int>& slots) const;
   void bind(int slot, Tensor t);
   // --profile: one event for the instruction just run (profiler.h).
@@ -143,7 +155,7 @@ class Runtime {
   std::map<std::pair<size_t, size_t>, std::vector<std::vector<size_t>>> prefetch_starts_;
   std::map<size_t, std::unique_ptr<reshard::StartedReshard>> started_;  // by position, during run()
   uint64_t profile_of_text_ = 0;  // RankProfile::serial()
-  std::optional<DeviceStreams> streams_;
+  std::shared_ptr<const DeviceStreams> streams_;  // shared by a pipeline rank's stages (share_streams)
 };
 
 }  // namespace shardwise::runtime

@@ -1,6 +1,6 @@
 #pragma once
 // What a run on a device (TrainConfig::device other than the host) supports, checked before any
-// work: one rank, or dp / tp (and sp) ranks as threads whose gradients are reduced in the graph or
+// work: one rank, or dp / tp (and sp) / pp ranks as threads whose gradients are reduced in the graph or
 // by gradient buckets (--overlap-grad-reduce on|after: collectives on device memory), GPT-2, Llama
 // and Mixtral with ep=1, --bf16, validation and evaluation. Everything that moves
 // device memory outside the graph, or is not built on a device yet, is an Error naming the option

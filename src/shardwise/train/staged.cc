@@ -10,6 +10,7 @@
 #include "shardwise/models/llama.h"
 #include "shardwise/models/models.h"
 #include "shardwise/data/packing.h"
+#include "shardwise/tensor/current_stream.h"
 #include "shardwise/tensor/device_copy.h"
 #include "shardwise/train/context_parallel.h"
 
@@ -141,7 +142,7 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   std::vector<pipeline::StageSpec> specs = local_specs(schedule, StageGraph::Training);
   // Release on every mesh: even when each backward follows its forward at once, a forward tensor
   // the gradients read the shape of only (and, with recompute, a segment's values) need not wait.
-  pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins, config_.prefetch_params};
+  pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins, config_.prefetch_params, config_.device};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
   init_params(my_process(*world_));
   bind_constants(*runner_, model_, mask_, config_.device);
@@ -432,8 +433,11 @@ void StagedGpt::exchange_tied(std::vector<Tensor>& grads) {
   const bool on_first = a.contains(my_process(*world_));
   reshard::Plan ab = reshard::plan_reshard(it->shape, DType::F32, {a, dist}, {b, dist});
   reshard::Plan ba = reshard::plan_reshard(it->shape, DType::F32, {b, dist}, {a, dist});
-  Tensor from_first = tied_->run(ab, on_first ? mine : Tensor());
-  Tensor from_last = tied_->run(ba, on_first ? Tensor() : mine);
+  // On a device: device tensors, on the rank's streams (its stages share them), as the runner's sends.
+  runtime::Runtime& rt = runner_->runtime(runner_->local_stages().front());
+  Tensor from_first = rt.transfer(*tied_, ab, on_first ? mine : Tensor(), config_.device);
+  Tensor from_last = rt.transfer(*tied_, ba, on_first ? Tensor() : mine, config_.device);
+  StreamScope on_compute(rt.stream());
   pipeline::accumulate_grad(mine, on_first ? from_last : from_first);
 }
 
@@ -495,7 +499,7 @@ std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_ba
   pipeline::Schedule sch = pipeline::forward_only(static_cast<int>(pp_), runner_->schedule().virtual_stages, micro_batches);
   std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
   auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
-                                                           pipeline::RunnerOptions{true, false, config_.prefetch_params});
+                                                           pipeline::RunnerOptions{true, false, config_.prefetch_params, config_.device});
   bind_constants(*runner, model_, mask_, config_.device);
   return runner;
 }
