@@ -5,8 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "shardwise/ckpt/commit.h"
@@ -19,33 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fresh(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("shardwise-device-resume-" + name);
-  fs::remove_all(d);
-  return d;
-}
-
-std::string bytes_of(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-// Every file under `a` has a twin under `b` with the same bytes, and no other file is in `b`.
-void expect_same_files(const fs::path& a, const fs::path& b) {
-  int64_t files = 0;
-  for (const auto& e : fs::recursive_directory_iterator(a)) {
-    if (!e.is_regular_file()) continue;
-    const fs::path rel = fs::relative(e.path(), a);
-    ++files;
-    ASSERT_TRUE(fs::exists(b / rel)) << rel;
-    EXPECT_TRUE(bytes_of(e.path()) == bytes_of(b / rel)) << rel << " differs";
-  }
-  int64_t other = 0;
-  for (const auto& e : fs::recursive_directory_iterator(b)) other += e.is_regular_file() ? 1 : 0;
-  EXPECT_EQ(other, files);
-  EXPECT_GT(files, 3);
-}
-
 class DeviceResume : public FakeDeviceTest, public testing::WithParamInterface<std::string> {};
 
 TEST_P(DeviceResume, SavedFromTheDeviceAsFromTheCpuAndLoadedOnEitherTheCurveGoesOn) {
@@ -54,7 +25,8 @@ TEST_P(DeviceResume, SavedFromTheDeviceAsFromTheCpuAndLoadedOnEitherTheCurveGoes
   TrainConfig dev = host;
   dev.device = kFake;
   const Curve whole = run_curve(host, 5);
-  const fs::path on_cpu = fresh(GetParam() + "-cpu"), on_dev = fresh(GetParam() + "-dev"), async = fresh(GetParam() + "-async");
+  const std::string name = "resume-" + GetParam();
+  const fs::path on_cpu = fresh_dir(name + "-cpu"), on_dev = fresh_dir(name + "-dev"), async = fresh_dir(name + "-async");
   run_curve(host, 3, {.load = {}, .save = on_cpu});
   const Curve first = run_curve(dev, 3, {.load = {}, .save = on_dev});
   run_curve(dev, 3, {.load = {}, .save = async, .async = true});
