@@ -100,7 +100,6 @@ TEST(TrainDevice, WhatADeviceCannotRunIsAUsageErrorNamingTheOption) {
       {"--device fake --mesh pp=2", "--device cuda:0 with a pp dim in --mesh [pp=2]"},
       {"--device fake --mesh cp=2", "cp dim in --mesh"},
       {"--device fake --model llama --experts 2 --mesh ep=2", "ep dim in --mesh"},
-      {"--device fake --mesh dp=2 --sharding-stage 2", "--sharding-stage 2"},
   };
   for (const Refusal& r : refusals) {
     const Result res = run("train --layers 1 --hidden 32 --steps 1 " + r.args + " --run-dir " + shardwise_cli_test::tmp("sw_dev_refused"));
@@ -122,11 +121,14 @@ std::string bytes_of(const fs::path& p) {
 }
 
 // MPI processes on the fake device: their collectives stage device buffers through the host
-// (comm/device_staging.h), and give the CPU processes' curve and checkpoint bit for bit.
+// (comm/device_staging.h), and give the CPU processes' curve and checkpoint bit for bit; dp with
+// gradient buckets, tp under bf16 compute, sharding stage 2 (reduce-scatter buckets) and stage 3.
 TEST(TrainDevice, MpiProcessesOnTheFakeDeviceWriteTheCpuProcessesCurveAndCheckpoint) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
-  for (const std::string args : {"--mesh dp=2 --overlap-grad-reduce on", "--mesh tp=2 --model llama --bf16 --compute bf16"}) {
+  for (const std::string args : {"--mesh dp=2 --overlap-grad-reduce on", "--mesh tp=2 --model llama --bf16 --compute bf16",
+                                 "--mesh dp=2 --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on --bf16",
+                                 "--mesh dp=2 --model llama --sharding-stage 3 --prefetch-params 1"}) {
     TempDir cpu("sw_dev_mpi_cpu"), dev("sw_dev_mpi_fake");
     const std::string line = std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin + " train " + args +
                              " --layers 2 --hidden 32 --heads 4 --steps 4 --save-every 2 --run-dir ";
