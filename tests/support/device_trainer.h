@@ -2,7 +2,7 @@
 // Trainer runs on the fake device (tensor/fake_device.h registered as cuda:0, its kernel table
 // installed for CUDA) or the host, shared by the device trainer tests: rank 0's losses and gradient
 // norms, the host-device copies of the steps alone, the masters after the last step, with a load
-// before and a save after; checkpoint directories compared file by file.
+// (or an --init-from) before and a save after; checkpoint directories compared file by file.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -28,10 +28,11 @@ inline const Device kFake = Device::cuda(0);
 class FakeDeviceTest : public testing::Test {
  protected:
   void SetUp() override {
-    register_fake_device({.index = 0, .capacity = size_t{4} << 30});
+    fake_ = &register_fake_device({.index = 0, .capacity = size_t{4} << 30});
     previous_ = ops::install_device_kernels(DeviceKind::Cuda, ops::fake_device_kernels());
   }
   void TearDown() override { ops::install_device_kernels(DeviceKind::Cuda, previous_); }
+  FakeDeviceMemory* fake_ = nullptr;  // its stream log
 
  private:
   std::shared_ptr<const ops::DeviceKernelTable> previous_;
@@ -45,10 +46,12 @@ struct Curve {
   std::map<std::string, Tensor> params;
   int64_t accumulation = 0;              // micro-batches per step (as the trainer resolved them)
   int64_t activation_bytes = 0;          // rank 0's peak of saved activations in the last step
+  std::vector<HeldBytes> held;           // per world rank, what its Trainer holds after the last step
 };
 
 struct CurveIo {
   std::filesystem::path load, save;  // before the steps / after them (empty: none)
+  std::filesystem::path init_from = {};  // init_from_model before the steps (a transformers directory; empty: none)
   bool async = false;                // the save through CheckpointSchedule's background saver
 };
 
@@ -56,10 +59,13 @@ struct CurveIo {
 inline Curve run_curve(const TrainConfig& c, int64_t steps, const CurveIo& io = {}) {
   Curve out;
   std::mutex mu;
-  comm::LocalWorld::run(static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size()), [&](comm::Communicator& w) {
+  const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
+  out.held.resize(static_cast<size_t>(ranks));
+  comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
     auto world = w.group(w.members());
     Trainer t(c, world);
     if (w.rank() == 0) out.accumulation = t.config().optimizer.accumulation;
+    if (!io.init_from.empty()) init_from_model(t, *world, io.init_from);
     if (!io.load.empty()) load_trainer(t, *world, io.load);
     world->barrier();
     if (w.rank() == 0) reset_device_copy_stats();
@@ -70,6 +76,7 @@ inline Curve run_curve(const TrainConfig& c, int64_t steps, const CurveIo& io = 
     }
     world->barrier();
     if (w.rank() == 0) out.copies = device_copy_stats(), out.activation_bytes = t.held_bytes().activations;
+    out.held[static_cast<size_t>(w.rank())] = t.held_bytes();
     world->barrier();
     if (!io.save.empty()) {
       CheckpointSchedule schedule(io.save, steps, io.async, {});
@@ -86,6 +93,13 @@ inline Curve run_curve(const TrainConfig& c, int64_t steps, const CurveIo& io = 
   return out;
 }
 
+// An empty path under the test's scratch directory: "shardwise-device-<name>".
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  std::filesystem::path d = std::filesystem::temp_directory_path() / ("shardwise-device-" + name);
+  std::filesystem::remove_all(d);
+  return d;
+}
+
 inline std::string bytes_of(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -93,16 +107,17 @@ inline std::string bytes_of(const std::filesystem::path& p) {
 
 // Every file under `a` has a twin under `b` with the same bytes, and no other file is in `b`.
 inline void expect_same_files(const std::filesystem::path& a, const std::filesystem::path& b) {
+  namespace fs = std::filesystem;
   int64_t files = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(a)) {
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
     if (!e.is_regular_file()) continue;
-    const std::filesystem::path rel = std::filesystem::relative(e.path(), a);
+    const fs::path rel = fs::relative(e.path(), a);
     ++files;
-    ASSERT_TRUE(std::filesystem::exists(b / rel)) << rel;
+    ASSERT_TRUE(fs::exists(b / rel)) << rel;
     EXPECT_TRUE(bytes_of(e.path()) == bytes_of(b / rel)) << rel << " differs";
   }
   int64_t other = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(b)) other += e.is_regular_file() ? 1 : 0;
+  for (const auto& e : fs::recursive_directory_iterator(b)) other += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(other, files);
   EXPECT_GT(files, 3);
 }

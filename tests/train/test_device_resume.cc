@@ -17,12 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fresh(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("shardwise-device-resume-" + name);
-  fs::remove_all(d);
-  return d;
-}
-
 class DeviceResume : public FakeDeviceTest, public testing::WithParamInterface<std::string> {};
 
 TEST_P(DeviceResume, SavedFromTheDeviceAsFromTheCpuAndLoadedOnEitherTheCurveGoesOn) {
@@ -31,7 +25,8 @@ TEST_P(DeviceResume, SavedFromTheDeviceAsFromTheCpuAndLoadedOnEitherTheCurveGoes
   TrainConfig dev = host;
   dev.device = kFake;
   const Curve whole = run_curve(host, 5);
-  const fs::path on_cpu = fresh(GetParam() + "-cpu"), on_dev = fresh(GetParam() + "-dev"), async = fresh(GetParam() + "-async");
+  const std::string name = "resume-" + GetParam();
+  const fs::path on_cpu = fresh_dir(name + "-cpu"), on_dev = fresh_dir(name + "-dev"), async = fresh_dir(name + "-async");
   run_curve(host, 3, {.load = {}, .save = on_cpu});
   const Curve first = run_curve(dev, 3, {.load = {}, .save = on_dev});
   run_curve(dev, 3, {.load = {}, .save = async, .async = true});

@@ -94,8 +94,6 @@ TEST_F(FakeDeviceTest, UnsupportedOptionsAreRefusedNamingTheOption) {
   const std::vector<Refused> cases = {
       {"cp=2", [](TrainConfig& c) { c.model.seq = 12; }, "cp dim in --mesh"},
       {"ep=2", [](TrainConfig& c) { c.model.model_type = "llama", c.model.experts = 2; }, "ep dim in --mesh"},
-      {"dp=2", [](TrainConfig& c) { c.parallel.sharding.stage = 1; }, "--sharding-stage 1"},
-      {"dp=1", [](TrainConfig& c) { c.model.lora.rank = 4; }, "--lora-rank 4"},
   };
   for (const Refused& r : cases) {
     TrainConfig c = small_config(r.mesh, 2);

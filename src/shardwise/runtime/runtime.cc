@@ -141,27 +141,42 @@ Tensor Runtime::reshard(const reshard::Plan& plan, const Tensor& in) {
 // (no input block) of a device run gets its block on the run's device.
 Tensor Runtime::transfer(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in, Device device) {
   if (device.is_host()) return resharder.run(plan, in);
+  Prefetched queued = reshard_on_comm(resharder, plan, in, device);
+  return wait_on_compute(queued);
+}
+
+Runtime::Prefetched Runtime::reshard_on_comm(const reshard::Plan& plan, const Tensor& in) {
+  return reshard_on_comm(resharder_, plan, in, in.defined() ? in.device() : streams_->device);
+}
+
+Runtime::Prefetched Runtime::reshard_on_comm(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in,
+                                             Device device) {
   use_device(device);
   DeviceMemory& memory = device_memory(device);
   const uint64_t ready = memory.record_event(streams_->compute);  // the input is written
   memory.wait_event(streams_->comm, ready);
   memory.release_event(ready);
-  Tensor out;
+  Prefetched out;
   {
     StreamScope scope(streams_->comm);
     comm::DeviceBuffers on_device(device, streams_->comm);
-    out = resharder.run(plan, in);
+    out.out = resharder.run(plan, in);
   }
-  const uint64_t done = memory.record_event(streams_->comm);  // the output is written
-  memory.wait_event(streams_->compute, done);
-  memory.release_event(done);
+  out.done = memory.record_event(streams_->comm);  // the output is written
+  out.fresh = out.out.defined() && (!in.defined() || out.out.device_ptr() != in.device_ptr());
+  return out;
+}
+
+Tensor Runtime::wait_on_compute(Prefetched& queued) {
+  if (queued.host) return queued.host->wait();
+  DeviceMemory& memory = device_memory(streams_->device);
+  memory.wait_event(streams_->compute, queued.done);
+  memory.release_event(queued.done);
   // Made on the communication stream, read on the compute stream: its block is not reused on the
   // former before the latter's work queued now has run. (The input and the peers' reads of it are
   // covered by the compute stream's wait: the collectives' last step waits for every peer.)
-  if (out.defined() && (!in.defined() || out.device_ptr() != in.device_ptr())) {
-    device_allocator(device).record_use(out.device_ptr(), streams_->compute);
-  }
-  return out;
+  if (queued.fresh) device_allocator(streams_->device).record_use(queued.out.device_ptr(), streams_->compute);
+  return std::move(queued.out);
 }
 
 bool Runtime::reads_value(const graph::Instr& ins, size_t k) const {
@@ -297,7 +312,6 @@ void Runtime::run(size_t begin, size_t end) {
   if (!device.is_host()) {
     use_device(device);
     on_stream.emplace(streams_->compute);
-    prefetch = nullptr;  // a device run's gathers block at their position (no prefetch on streams yet)
   }
   for (size_t i = begin; i < end; ++i) {
     const graph::Instr& ins = p_.instrs[static_cast<size_t>(order_[i])];
@@ -308,9 +322,13 @@ void Runtime::run(size_t begin, size_t end) {
         const Tensor& shard = buffers_[static_cast<size_t>(gather.in[0])];
         SW_CHECK(shard.defined(), "'{}' is not set: bind every input and parameter before run()",
                  p_.slots[static_cast<size_t>(gather.in[0])].name);
-        auto& r = started_[q] = resharder_.start(gather.plan, shard);
-        live_ += r->nbytes();
-        gathered += r->nbytes();
+        // On a device the gather runs now on the communication stream; the compute stream waits for
+        // it where it is used.
+        Prefetched& r = started_[q];
+        if (device.is_host()) r.host = resharder_.start(gather.plan, shard);
+        else r = reshard_on_comm(gather.plan, shard);
+        live_ += r.nbytes();
+        gathered += r.nbytes();
         ++stats_.prefetched;
       }
       stats_.peak_bytes = std::max(stats_.peak_bytes, live_);
@@ -330,9 +348,10 @@ void Runtime::run(size_t begin, size_t end) {
     }
     std::vector<Tensor> out;
     if (auto it = started_.find(i); it != started_.end()) {
-      out.push_back(it->second->wait());
-      live_ -= it->second->nbytes();  // counted at its start; counted again as it is stored below
-      gathered -= it->second->nbytes();
+      const int64_t bytes = it->second.nbytes();
+      out.push_back(wait_on_compute(it->second));
+      live_ -= bytes;  // counted at its start; counted again as it is stored below
+      gathered -= bytes;
       started_.erase(it);
       ++stats_.reshards;
     } else if (ins.kind == InstrKind::Reshard) {

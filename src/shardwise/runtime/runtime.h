@@ -42,7 +42,8 @@ struct RuntimeOptions {
   bool poison_stand_ins = false;
   // Sharding stage 3: the parameters' all-gathers of this many layers ahead are started (non-
   // blocking) at the first gather of a layer (graph/prefetch.h); 0: each gather blocks at its
-  // position. The gathered copy's bytes count from its start.
+  // position. The gathered copy's bytes count from its start. On a device the gathers are queued
+  // on the communication stream at their start, and the compute stream waits for each at its use.
   int prefetch_params = 0;
 };
 
@@ -122,6 +123,21 @@ class Runtime {
   Tensor gather_slot(int slot);
   // A reshard of `in`; on a device, on the communication stream between two events.
   Tensor reshard(const reshard::Plan& plan, const Tensor& in);
+  // A gather started ahead of its use (prefetch_params): on the host a started all-gather; on a
+  // device the reshard queued on the communication stream now (`done`: its event), the compute
+  // stream waiting for it where it is used (wait_on_compute).
+  struct Prefetched {
+    std::unique_ptr<reshard::StartedReshard> host;
+    Tensor out;
+    uint64_t done = 0;
+    bool fresh = false;  // `out` is new device memory (not the input's)
+    int64_t nbytes() const { return host ? host->nbytes() : static_cast<int64_t>(out.nbytes()); }
+  };
+  // reshard()'s halves on a device: queued on the communication stream after the compute stream's
+  // work so far; then the compute stream's wait for it. wait_on_compute also waits for a host start.
+  Prefetched reshard_on_comm(const reshard::Plan& plan, const Tensor& in);
+  Prefetched reshard_on_comm(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in, Device device);
+  Tensor wait_on_compute(Prefetched& queued);
   struct DeviceStreams {
     Device device;
     Stream compute, comm;
@@ -153,7 +169,7 @@ class Runtime {
   std::vector<std::pair<int32_t, int32_t>> profile_text_;
   // prefetch_params: per run range, the positions whose gathers start at each position.
   std::map<std::pair<size_t, size_t>, std::vector<std::vector<size_t>>> prefetch_starts_;
-  std::map<size_t, std::unique_ptr<reshard::StartedReshard>> started_;  // by position, during run()
+  std::map<size_t, Prefetched> started_;  // by position, during run()
   uint64_t profile_of_text_ = 0;  // RankProfile::serial()
   std::shared_ptr<const DeviceStreams> streams_;  // shared by a pipeline rank's stages (share_streams)
 };

@@ -6,7 +6,7 @@
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/current_stream.h"
 #include "shardwise/tensor/device_copy.h"
-#include "shardwise/tensor/device_memory.h"
+#include "shardwise/train/device_ranges.h"
 
 namespace shardwise::train {
 
@@ -74,74 +74,56 @@ void GradBuckets::close(size_t group) {
 
 namespace {
 
-// Copies `bytes` between device tensors' memory at byte offsets, on the thread's current stream.
-void copy_bytes(const Tensor& dst, size_t dst_at, const Tensor& src, size_t src_at, size_t bytes) {
-  if (bytes == 0) return;
-  device_memory(dst.device()).copy_on_device(static_cast<std::byte*>(const_cast<void*>(dst.device_ptr())) + dst_at,
-                                             static_cast<const std::byte*>(src.device_ptr()) + src_at, bytes,
-                                             current_stream());
+// Copies `n` floats of `src` from element `from` into `dst` at element `to`: a memcpy on the host, a
+// copy on the device (current stream) for device tensors.
+void copy_floats(Tensor& dst, int64_t to, const Tensor& src, int64_t from, int64_t n) {
+  const auto f = sizeof(float);
+  if (dst.on_device()) return copy_device_bytes(dst, static_cast<size_t>(to) * f, src, static_cast<size_t>(from) * f, static_cast<size_t>(n) * f);
+  if (n > 0) std::memcpy(dst.data<float>() + to, src.data<float>() + from, static_cast<size_t>(n) * f);
 }
 
 }  // namespace
 
-// Sums on a device (all-reduce buckets): packed by device copies on the caller's stream (the
-// backward's compute stream), reduced by the group's collective on device memory.
-void GradBuckets::start_on_device(Bucket& b, int64_t total) {
-  const Device d = b.sums.front().device();
-  b.buffer = empty_on(DType::F32, Shape{total}, d, current_stream());
-  hold(static_cast<int64_t>(b.buffer.nbytes()));
-  size_t at = 0;
-  for (const Tensor& s : b.sums) {
-    SW_CHECK(s.device() == d, "gradient buckets: sums on {} and {}", d.to_string(), s.device().to_string());
-    copy_bytes(b.buffer, at, s, 0, s.nbytes());
-    at += s.nbytes();
-  }
-  b.sums.clear();
-  hold(-b.bytes);
-  const comm::DeviceBuffers on_device(d, current_stream());
-  void* buffer = b.buffer.device_ptr();
-  b.request = g_.comms[b.group]->start_all_reduce(buffer, buffer, total, DType::F32, comm::Reduce::Sum);
-}
-
+// Packs the sums into one buffer (by device copies on the caller's stream, the backward's compute
+// stream, for sums on a device) and starts the group's collective on it (on device memory there).
 void GradBuckets::start(Bucket& b) {
   comm::Communicator& group = *g_.comms[b.group];
+  const Device d = b.sums.front().device();
   int64_t total = 0;
-  for (const Tensor& s : b.sums) total += s.numel();
-  if (b.sums.front().on_device()) {
-    SW_CHECK(!plan_, "gradient buckets: reduce-scatter buckets (sharding stage 2) on {} are not built yet",
-             b.sums.front().device().to_string());
-    return start_on_device(b, total);
+  for (const Tensor& s : b.sums) {
+    SW_CHECK(s.device() == d, "gradient buckets: sums on {} and {}", d.to_string(), s.device().to_string());
+    total += s.numel();
   }
-  b.buffer = Tensor::uninitialized(DType::F32, Shape{total});
+  b.buffer = uninitialized_like(b.sums.front(), DType::F32, Shape{total});
   hold(static_cast<int64_t>(b.buffer.nbytes()));
-  float* dst = b.buffer.data<float>();
-  if (!plan_) {
-    for (const Tensor& s : b.sums) {
-      std::memcpy(dst, s.data<float>(), s.nbytes());
-      dst += s.numel();
+  int64_t at = 0;
+  // All-reduce: the sums one after another. Reduce-scatter: rank r's block is its range of each
+  // parameter, in bucket order.
+  std::vector<int64_t> counts(static_cast<size_t>(group.size()), 0);
+  for (size_t r = 0; r < (plan_ ? counts.size() : 1); ++r) {
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      int64_t begin = 0, n = b.sums[k].numel();
+      if (plan_) {
+        const std::vector<int64_t>& c = plan_->counts[b.params[k]];
+        for (size_t q = 0; q < r; ++q) begin += c[q];
+        n = c[r];
+        counts[r] += n;
+      }
+      copy_floats(b.buffer, at, b.sums[k], begin, n);
+      at += n;
     }
-    b.sums.clear();  // the full sums go once packed
-    hold(-b.bytes);
-    b.request = group.start_all_reduce(b.buffer.raw(), b.buffer.raw(), total, DType::F32, comm::Reduce::Sum);
+  }
+  b.sums.clear();  // the full sums go once packed
+  hold(-b.bytes);
+  const BuffersOf on_device(b.buffer);
+  void* buffer = buffer_of(b.buffer);
+  if (!plan_) {
+    b.request = group.start_all_reduce(buffer, buffer, total, DType::F32, comm::Reduce::Sum);
     return;
   }
-  // Rank r's block: its range of each parameter, in bucket order.
-  std::vector<int64_t> counts(static_cast<size_t>(group.size()), 0);
-  for (size_t r = 0; r < counts.size(); ++r) {
-    for (size_t k = 0; k < b.params.size(); ++k) {
-      const std::vector<int64_t>& c = plan_->counts[b.params[k]];
-      int64_t begin = 0;
-      for (size_t q = 0; q < r; ++q) begin += c[q];
-      std::memcpy(dst, b.sums[k].data<float>() + begin, static_cast<size_t>(c[r]) * sizeof(float));
-      dst += c[r];
-      counts[r] += c[r];
-    }
-  }
-  b.sums.clear();
-  hold(-b.bytes);
-  b.out = Tensor::uninitialized(DType::F32, Shape{counts[static_cast<size_t>(group.rank())]});
+  b.out = uninitialized_like(b.buffer, DType::F32, Shape{counts[static_cast<size_t>(group.rank())]});
   hold(static_cast<int64_t>(b.out.nbytes()));
-  b.request = group.start_reduce_scatter_v(b.buffer.raw(), b.out.raw(), counts, DType::F32, comm::Reduce::Sum);
+  b.request = group.start_reduce_scatter_v(buffer, buffer_of(b.out), counts, DType::F32, comm::Reduce::Sum);
 }
 
 void GradBuckets::wait_oldest() {
@@ -150,25 +132,14 @@ void GradBuckets::wait_oldest() {
   closed_.pop_front();
   --started_;
   b->request->wait();
-  if (b->buffer.on_device()) {  // each parameter's reduced sum copied out of the bucket on the device
-    size_t at = 0;
-    for (size_t k = 0; k < b->params.size(); ++k) {
-      Tensor& r = results_[b->params[k]];
-      r = empty_on(DType::F32, b->shapes[k], b->buffer.device(), current_stream());
-      copy_bytes(r, 0, b->buffer, at, r.nbytes());
-      at += r.nbytes();
-      hold(static_cast<int64_t>(r.nbytes()));
-    }
-    hold(-static_cast<int64_t>(b->buffer.nbytes()));
-    return;
-  }
-  const float* src = (plan_ ? b->out : b->buffer).data<float>();
+  // Each parameter's reduced sum (or range) copied out of the bucket, on the device for device sums.
+  const Tensor& reduced = plan_ ? b->out : b->buffer;
+  int64_t at = 0;
   for (size_t k = 0; k < b->params.size(); ++k) {
     const size_t p = b->params[k];
-    const Shape shape = plan_ ? Shape{plan_->count(p)} : b->shapes[k];
-    results_[p] = Tensor::uninitialized(DType::F32, shape);
-    std::memcpy(results_[p].raw(), src, results_[p].nbytes());
-    src += results_[p].numel();
+    results_[p] = uninitialized_like(reduced, DType::F32, plan_ ? Shape{plan_->count(p)} : b->shapes[k]);
+    copy_floats(results_[p], 0, reduced, at, results_[p].numel());
+    at += results_[p].numel();
     hold(static_cast<int64_t>(results_[p].nbytes()));
   }
   hold(-static_cast<int64_t>(b->buffer.nbytes() + (b->out.defined() ? b->out.nbytes() : 0)));

@@ -20,7 +20,8 @@
 //
 // Every rank of a data group holds the same blocks and runs the same programs and schedule, so it
 // sees the same hand-over sequence, forms the same buckets and starts the same collectives in the
-// same order. With `overlap` false the same buckets are started in finish(), after the backward:
+// same order. Sums on a device are packed and unpacked by device copies on the caller's stream and
+// reduced by the collectives on device memory (comm/device_buffers.h), both kinds. With `overlap` false the same buckets are started in finish(), after the backward:
 // the same collectives on the same buffers, so the same bits (the overlap's reference).
 #include <algorithm>
 #include <cstdint>
@@ -70,7 +71,6 @@ class GradBuckets {
   struct Bucket;
   void close(size_t group);  // starts the group's open bucket's reduction
   void start(Bucket& b);    // packs and starts
-  void start_on_device(Bucket& b, int64_t total);  // the same for sums on a device (all-reduce only)
   void wait_oldest();       // waits for the oldest bucket in flight and unpacks it
   DataGroups g_;
   const ShardPlan* plan_;

@@ -5,12 +5,20 @@
 #include <numeric>
 
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/current_stream.h"
+#include "shardwise/tensor/device_copy.h"
+#include "shardwise/train/device_ranges.h"
 
 namespace shardwise::train {
 
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
-  Tensor out = Tensor::uninitialized(t.dtype(), Shape{n});
   const size_t bytes = dtype_size(t.dtype());
+  if (t.on_device()) {  // a device copy on the current stream
+    Tensor out = empty_on(t.dtype(), Shape{n}, t.device(), current_stream());
+    copy_device_bytes(out, 0, t, static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
+    return out;
+  }
+  Tensor out = Tensor::uninitialized(t.dtype(), Shape{n});
   if (n > 0) std::memcpy(out.raw(), t.raw() + static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
   return out;
 }
@@ -132,8 +140,12 @@ ShardedOptimizer::ShardedOptimizer(ShardingConfig config, std::vector<ParamState
     // Fresh moments are zero: allocated here at the shard's size when the model left them out.
     ParamState& p = params[i];
     const int64_t n = plan_.count(i), b = plan_.begin(i);
-    p.exp_avg = p.exp_avg.defined() ? flat_range(p.exp_avg, b, n) : Tensor(DType::F32, Shape{n});
-    p.exp_avg_sq = p.exp_avg_sq.defined() ? flat_range(p.exp_avg_sq, b, n) : Tensor(DType::F32, Shape{n});
+    auto fresh = [&] {  // where the parameter lives
+      return p.param.on_device() ? zeros_on(DType::F32, Shape{n}, p.param.device(), current_stream())
+                                 : Tensor(DType::F32, Shape{n});
+    };
+    p.exp_avg = p.exp_avg.defined() ? flat_range(p.exp_avg, b, n) : fresh();
+    p.exp_avg_sq = p.exp_avg_sq.defined() ? flat_range(p.exp_avg_sq, b, n) : fresh();
     p.master = p.param.dtype() == DType::F32 ? Tensor() : flat_range(p.master, b, n);
   }
 }
@@ -144,9 +156,11 @@ std::vector<Tensor> ShardedOptimizer::reduce(std::vector<Tensor>& grads, const s
   std::vector<Tensor> owned(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const int64_t n = plan_.count(i);
-    if (c_.stage >= 2 && partial[i]) {
-      owned[i] = Tensor::uninitialized(DType::F32, Shape{n});
-      group_of(i).reduce_scatter_v(grads[i].raw(), owned[i].raw(), plan_.counts[i], DType::F32, comm::Reduce::Sum);
+    if (c_.stage >= 2 && partial[i]) {  // a device's sums on the device, queued on the current stream
+      owned[i] = uninitialized_like(grads[i], DType::F32, Shape{n});
+      const BuffersOf on_device(grads[i]);
+      group_of(i).reduce_scatter_v(buffer_of(grads[i]), buffer_of(owned[i]), plan_.counts[i], DType::F32,
+                                   comm::Reduce::Sum);
       grads[i] = Tensor();  // the full sum goes as soon as it is reduced
     } else {
       owned[i] = flat_range(grads[i], plan_.begin(i), n);
@@ -161,6 +175,10 @@ void ShardedOptimizer::step(const AdamW& adamw, std::vector<ParamState>& params,
   SW_CHECK(step >= 1, "AdamW: steps count from 1, got {}", step);
   for (size_t i = 0; i < params.size(); ++i) {
     ParamState& p = params[i];
+    if (p.param.on_device()) {
+      step_on_device(adamw, i, p, owned[i], lr, step);
+      continue;
+    }
     const int64_t n = plan_.count(i), b = plan_.begin(i);
     const bool f32 = p.param.dtype() == DType::F32;
     if (n > 0) {
@@ -175,9 +193,27 @@ void ShardedOptimizer::step(const AdamW& adamw, std::vector<ParamState>& params,
   }
 }
 
+// The same numbers on a device: an f32 parameter's range is copied out of `param`, updated by the
+// device's AdamW kernel and gathered back into `param` (the host updates it in place, then gathers a
+// copy of it); a bf16 parameter's master range is updated with its bf16 copy in the same kernel.
+void ShardedOptimizer::step_on_device(const AdamW& adamw, size_t i, ParamState& p, const Tensor& owned, double lr,
+                                      int64_t step) {
+  const int64_t n = plan_.count(i);
+  const bool f32 = p.param.dtype() == DType::F32;
+  const Device d = p.param.device();
+  Tensor master = f32 ? flat_range(p.param, plan_.begin(i), n) : p.master;
+  Tensor piece = f32 ? master : empty_on(p.param.dtype(), Shape{n}, d, current_stream());
+  if (n > 0) ops::adamw_on_device(master, p.exp_avg, p.exp_avg_sq, owned, adamw.hyper(p.decay, lr, step), f32 ? nullptr : &piece);
+  Tensor out = f32 ? p.param : empty_on(p.param.dtype(), p.param.shape(), d, current_stream());
+  const BuffersOf on_device(out);
+  group_of(i).all_gather_v(piece.device_ptr(), out.device_ptr(), plan_.counts[i], p.param.dtype());
+  p.param = out;
+}
+
 Tensor ShardedOptimizer::whole(size_t i, const Tensor& piece, const Shape& block_shape) {
-  Tensor out = Tensor::uninitialized(piece.dtype(), block_shape);
-  group_of(i).all_gather_v(piece.raw(), out.raw(), plan_.counts[i], piece.dtype());
+  Tensor out = uninitialized_like(piece, piece.dtype(), block_shape), in = piece;
+  const BuffersOf on_device(piece);
+  group_of(i).all_gather_v(buffer_of(in), buffer_of(out), plan_.counts[i], piece.dtype());
   return out;
 }
 
@@ -187,6 +223,8 @@ void ShardedOptimizer::gather_params(std::vector<ParamState>& params) {
   for (size_t i = 0; i < params.size(); ++i) {
     ParamState& p = params[i];
     if (p.param.dtype() == DType::F32) continue;
+    SW_CHECK(!p.master.on_device(), "sharding: '{}' on {}: a checkpoint load rebuilds the parameters on the host "
+             "(load_on_host), before the state goes back to the device", p.name, p.master.device().to_string());
     SW_CHECK(p.master.numel() == plan_.count(i), "sharding: '{}' holds {} master elements, its range has {}", p.name,
              p.master.numel(), plan_.count(i));
     Tensor out = Tensor::uninitialized(p.param.dtype(), p.param.shape());

@@ -23,6 +23,9 @@
 // reduce-scatters them into the ranges, dropping the full sums. The norm counts each element once
 // (global_grad_norm with dp as the disjoint dim); each rank updates its ranges (AdamW::update) and
 // the parameters are all-gathered over dp (v1: the owner's whole block, a broadcast).
+// State on a device stays there: the ranges are device copies, the collectives run on device memory
+// (comm::DeviceBuffers on the current stream) and the update is the device's AdamW kernel, the same
+// bits as the host's. A checkpoint load runs on the host (gather_params refuses device state).
 #include <memory>
 #include <span>
 #include <string>
@@ -65,7 +68,8 @@ struct ShardPlan {
   int64_t count(size_t i) const { return counts[i][static_cast<size_t>(ranks[i])]; }
   int64_t owned_elements() const;            // over every parameter
 };
-// A 1-D copy of elements [begin, begin + n) of `t` (row-major).
+// A 1-D copy of elements [begin, begin + n) of `t` (row-major), where `t` is (a device copy on the
+// current stream for a device tensor).
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n);
 
 // `numels`: each parameter's block size on this rank; one group of `dp` ranks, this one `rank`.
@@ -110,6 +114,8 @@ class ShardedOptimizer {
 
  private:
   comm::Communicator& group_of(size_t i) { return *g_.comms[static_cast<size_t>(g_.of[i])]; }
+  // step() of parameter i whose state is on a device.
+  void step_on_device(const AdamW& adamw, size_t i, ParamState& p, const Tensor& owned, double lr, int64_t step);
   ShardingConfig c_;
   DataGroups g_;
   ShardPlan plan_;

@@ -99,7 +99,6 @@ TEST(TrainDevice, WhatADeviceCannotRunIsAUsageErrorNamingTheOption) {
       {"--device cuda:x", "--device cuda:x: a GPU is cuda or cuda:N"},
       {"--device fake --mesh cp=2", "--device cuda:0 with a cp dim in --mesh [cp=2]"},
       {"--device fake --model llama --experts 2 --mesh ep=2", "ep dim in --mesh"},
-      {"--device fake --mesh dp=2 --sharding-stage 2", "--sharding-stage 2"},
   };
   for (const Refusal& r : refusals) {
     const Result res = run("train --layers 1 --hidden 32 --steps 1 " + r.args + " --run-dir " + shardwise_cli_test::tmp("sw_dev_refused"));
@@ -148,10 +147,13 @@ void expect_mpi_fake_equals_cpu(const std::string& args) {
 }
 
 // MPI processes on the fake device: their collectives stage device buffers through the host
-// (comm/device_staging.h), and give the CPU processes' curve and checkpoint bit for bit.
+// (comm/device_staging.h), and give the CPU processes' curve and checkpoint bit for bit; dp with
+// gradient buckets, tp under bf16 compute, sharding stage 2 (reduce-scatter buckets) and stage 3.
 TEST(TrainDevice, MpiProcessesOnTheFakeDeviceWriteTheCpuProcessesCurveAndCheckpoint) {
   for (const std::string args : {"--mesh dp=2 --overlap-grad-reduce on --layers 2",
-                                 "--mesh tp=2 --model llama --bf16 --compute bf16 --layers 2"})
+                                 "--mesh tp=2 --model llama --bf16 --compute bf16 --layers 2",
+                                 "--mesh dp=2 --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on --bf16 --layers 2",
+                                 "--mesh dp=2 --model llama --sharding-stage 3 --prefetch-params 1 --layers 2"})
     expect_mpi_fake_equals_cpu(args);
 }
 
