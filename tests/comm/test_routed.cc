@@ -140,7 +140,7 @@ TEST_F(Routing, DeviceBufferCallsGoToTheDeviceSideAndTheRestToTheHostWithTheHost
   }
 }
 
-TEST_F(Routing, StartedCallsGoWhereTheirStartWas) {
+TEST_F(Routing, StartedCallsAndThePiecesExchangeGoWhereTheirBuffersAre) {
   LocalWorld::run(2, [&](Communicator& world) {
     Routed r(world);
     DeviceMemory& memory = device_memory(kFake);
@@ -157,6 +157,27 @@ TEST_F(Routing, StartedCallsGoWhereTheirStartWas) {
     EXPECT_TRUE(r.host->empty());
     EXPECT_EQ(floats(to_host(d, stream)), (std::vector<float>{2, 4, 6, 8}));
     memory.destroy_stream(stream);
+    // The other started forms and the pieces exchange, on host buffers: each once on the host side.
+    r.clear();
+    const int peer = 1 - world.rank();
+    std::vector<float> in = {1, 2}, out(1);
+    const std::vector<int64_t> ones = {1, 1};
+    r.comm->start_reduce_scatter_v(in.data(), out.data(), ones, DType::F32, Reduce::Sum)->wait();
+    EXPECT_EQ(out[0], 2 * in[static_cast<size_t>(world.rank())]);
+    float mine = float(world.rank()), theirs = -1;
+    auto received = r.comm->start_recv(&theirs, 1, DType::F32, peer);
+    r.comm->start_send(&mine, 1, DType::F32, peer)->wait();
+    received->wait();
+    EXPECT_EQ(theirs, float(peer));
+    const std::vector<int64_t> first = {0, 1, 2}, offset = {0, 1}, count = {1, 1};
+    const Pieces pieces{first, offset, count};
+    std::vector<float> got(2);
+    r.comm->all_to_all_pieces(in.data(), pieces, got.data(), pieces, DType::F32);
+    EXPECT_EQ(got[static_cast<size_t>(peer)], in[static_cast<size_t>(world.rank())]);
+    std::vector<std::string> names;
+    for (const Call& c : *r.host) names.push_back(c.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"start_reduce_scatter_v", "start_recv", "start_send", "all_to_all_pieces"}));
+    EXPECT_TRUE(r.device->empty());
   });
 }
 
