@@ -9,6 +9,7 @@
 
 #include "../comm/device_cases.h"
 #include "shardwise/comm/mpi.h"
+#include "shardwise/comm/routed.h"
 #include "shardwise/tensor/fake_device.h"
 
 namespace shardwise::comm {
@@ -42,6 +43,29 @@ TEST(MpiDevice, AStagedAllReduceSumsEveryRanksValues) {
   const int n = world.size();
   EXPECT_EQ(got.at(0), n);
   EXPECT_EQ(got.at(2), n * (n - 1) / 2);
+}
+
+// The world of `train --device cuda` under mpirun with MPI standing in for NCCL (comm/routed.h): the
+// world and a duplicate of it (MpiComm::dup: the same ranks, its own messages). Every case's device
+// buffers go to the duplicate, its host buffers to the world, each with the host path's bits.
+TEST(MpiDevice, ARoutedWorldSendsDeviceBuffersToItsDeviceSideWithTheHostBuffersBits) {
+  static FakeDeviceMemory& fake = register_fake_device({.index = 3});
+  (void)fake;
+  std::shared_ptr<MpiComm> world = mpi_world(), copy = world->dup();
+  EXPECT_NE(copy->native(), world->native());
+  EXPECT_EQ(copy->members(), world->members());
+  RoutedComm routed(world, copy);
+  EXPECT_EQ(routed.backend(), "mpi+mpi");
+  for (const device_cases::Case& c : device_cases::cases()) {
+    const int64_t device_calls = routed.routes().device.load(), host_calls = routed.routes().host.load();
+    const Tensor host = device_cases::run_case(routed, c, Device::host());
+    EXPECT_EQ(routed.routes().device.load(), device_calls) << c.name;
+    const Tensor device = device_cases::run_case(routed, c, kFake);
+    EXPECT_GT(routed.routes().device.load(), device_calls) << c.name;
+    EXPECT_EQ(routed.routes().host.load(), host_calls + (routed.routes().device.load() - device_calls)) << c.name << ": as many each way";
+    ASSERT_EQ(host.nbytes(), device.nbytes()) << c.name;
+    EXPECT_EQ(std::memcmp(host.raw(), device.raw(), host.nbytes()), 0) << c.name << " on rank " << world->rank();
+  }
 }
 
 }  // namespace

@@ -255,6 +255,15 @@ void MpiComm::free_shared() {
   check_mpi(MPI_Win_free(&window_), "MPI_Win_free");
 }
 
+std::shared_ptr<MpiComm> MpiComm::dup() const {
+  MPI_Comm copy = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(comm_, &copy), "MPI_Comm_dup");
+  auto out = std::make_shared<MpiComm>(copy, members_);
+  out->checks_ = checks_;
+  out->max_count_ = max_count_;
+  return out;
+}
+
 void MpiComm::set_max_count(int64_t max_count) {
   SW_CHECK(max_count >= 1 && max_count <= INT_MAX, "mpi: max count {} is outside 1 .. {}", max_count, INT_MAX);
   max_count_ = max_count;

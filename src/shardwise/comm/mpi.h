@@ -96,6 +96,9 @@ class MpiComm final : public Communicator {
   using Communicator::send;
 
   MPI_Comm native() const { return comm_; }
+  // A new communicator over the same ranks (MPI_Comm_dup, collective), with this one's checks and
+  // max count: its messages never meet this one's (a second carrier beside it, comm/routed.h).
+  std::shared_ptr<MpiComm> dup() const;
   // Call checks on this communicator (default: call_checks_default()); set alike on every rank.
   void set_checks(bool on) { checks_ = on; }
   bool checks() const { return checks_; }
@@ -122,6 +125,10 @@ class MpiComm final : public Communicator {
 
 // True when this process was started by mpirun/mpiexec (OpenMPI, MPICH/PMI or PMIx variables).
 bool launched_by_mpirun();
+// This process's rank among the job's processes on its node, from the launcher's environment
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID); -1 when
+// none is set.
+int mpi_local_rank();
 
 // The world communicator. Initializes MPI on first use (MPI_THREAD_MULTIPLE requested) unless the
 // program already did, and then finalizes it at exit. A process started without mpirun is a world

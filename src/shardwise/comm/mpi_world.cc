@@ -20,6 +20,13 @@ bool launched_by_mpirun() {
   return false;
 }
 
+int mpi_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return -1;
+}
+
 namespace {
 void finalize_mpi() {
   int finalized = 0;

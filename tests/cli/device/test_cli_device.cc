@@ -2,10 +2,12 @@
 // losses and gradient norms of `--device cpu` bit for bit, with the addition task's evaluation and a
 // checkpoint that `--device cpu` resumes, validation, packed documents, Mixtral's router and sp; the header and metrics.jsonl name the device; what a
 // device cannot run yet, an unknown device, cuda without a GPU or a CUDA build, and GPUs under mpirun
-// are usage errors (status 2) naming the option, before any work. MPI processes on the fake device
-// write the CPU processes' curve and checkpoint.
+// without NCCL or with one GPU for two processes are usage errors (status 2) naming the option, before
+// any work. MPI processes on the fake device write the CPU processes' curve and checkpoint, through a
+// world routed as MPI + NCCL's (the test switch) too.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -119,40 +121,80 @@ std::string bytes_of(const fs::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+// "routed world: rank R: D calls on the device side (mpi), H on the host side (mpi)" of each rank
+// in `out`, as {D, H} by rank.
+std::vector<std::pair<long, long>> routes_of(const std::string& out) {
+  std::vector<std::pair<long, long>> by_rank;
+  for (size_t at = out.find("routed world: rank "); at != std::string::npos; at = out.find("routed world: rank ", at + 1)) {
+    int rank = -1;
+    long device = -1, host = -1;
+    if (std::sscanf(out.c_str() + at, "routed world: rank %d: %ld calls on the device side (mpi), %ld on the host side (mpi)",
+                    &rank, &device, &host) != 3 || rank < 0)
+      continue;
+    if (by_rank.size() <= static_cast<size_t>(rank)) by_rank.resize(static_cast<size_t>(rank) + 1, {-1, -1});
+    by_rank[static_cast<size_t>(rank)] = {device, host};
+  }
+  return by_rank;
+}
+
 // `args` (with --steps 4 --save-every 2) as 2 MPI processes on the CPU and on the fake device:
-// the same losses and gradient norms, and checkpoint-4's safetensors files byte for byte.
-void expect_mpi_fake_equals_cpu(const std::string& args) {
+// the same losses and gradient norms, and checkpoint-4's safetensors files byte for byte. With
+// `routed`, again with the test switch SHARDWISE_TEST_ROUTE_DEVICE_COMM=1 (cli/train/train_world.h):
+// the world is a RoutedComm of the MPI world and a duplicate of it, the CPU's stand-in for MPI +
+// NCCL on GPUs; the same bits prove that every device-buffer call is made under a DeviceBuffers
+// scope (an unscoped one would reach the host side with PROT_NONE fake-device memory and die), and
+// each rank's routes show calls on both sides.
+void expect_mpi_fake_equals_cpu(const std::string& args, bool routed = false) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
-  TempDir cpu("sw_dev_mpi_cpu"), dev("sw_dev_mpi_fake");
-  const std::string line = std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin + " train " + args +
-                           " --hidden 32 --heads 4 --steps 4 --save-every 2 --run-dir ";
+  TempDir cpu("sw_dev_mpi_cpu"), dev("sw_dev_mpi_fake"), via("sw_dev_mpi_routed");
+  const std::string tail = " -np 2 " + std::string(bin) + " train " + args + " --hidden 32 --heads 4 --steps 4 --save-every 2 --run-dir ";
+  const std::string line = std::string(SHARDWISE_MPIRUN_LINE) + tail;
   const Result a = shardwise_cli_test::run_command(line + cpu.path.string());
   ASSERT_EQ(a.status, 0) << a.out;
   const Result b = shardwise_cli_test::run_command(line + dev.path.string() + " --device fake");
   ASSERT_EQ(b.status, 0) << b.out;
-  const fs::path ma = cpu.path / "metrics.jsonl", mb = dev.path / "metrics.jsonl";
-  ASSERT_EQ(metrics_losses(ma).size(), 4u) << args;
-  EXPECT_EQ(metrics_losses(mb), metrics_losses(ma)) << args;
-  EXPECT_EQ(field_of(mb, "grad_norm"), field_of(ma, "grad_norm")) << args;
-  EXPECT_EQ(field_of(mb, "device"), std::vector<std::string>(4, "\"fake\"")) << args;
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(cpu.path / "checkpoints" / "checkpoint-4")) {
-    if (e.path().extension() != ".safetensors") continue;
-    ++files;
-    EXPECT_EQ(bytes_of(dev.path / "checkpoints" / "checkpoint-4" / e.path().filename()), bytes_of(e.path()))
-        << args << ": " << e.path().filename();
+  EXPECT_TRUE(routes_of(b.out).empty()) << b.out;
+  std::vector<fs::path> runs = {dev.path};
+  if (routed) {
+    const Result c = shardwise_cli_test::run_command(std::string(SHARDWISE_MPIRUN_LINE) +
+                                                     " -x SHARDWISE_TEST_ROUTE_DEVICE_COMM=1" + tail + via.path.string() +
+                                                     " --device fake");
+    ASSERT_EQ(c.status, 0) << c.out;
+    const std::vector<std::pair<long, long>> routes = routes_of(c.out);
+    ASSERT_EQ(routes.size(), 2u) << c.out;
+    for (const auto& [device, host] : routes) {
+      EXPECT_GT(device, 0) << args << ": calls on the device side\n" << c.out;
+      EXPECT_GT(host, 0) << args << ": calls on the host side\n" << c.out;
+    }
+    runs.push_back(via.path);
   }
-  EXPECT_GT(files, 0) << args;
+  const fs::path ma = cpu.path / "metrics.jsonl";
+  ASSERT_EQ(metrics_losses(ma).size(), 4u) << args;
+  for (const fs::path& run : runs) {
+    const fs::path mb = run / "metrics.jsonl";
+    EXPECT_EQ(metrics_losses(mb), metrics_losses(ma)) << args << ": " << run;
+    EXPECT_EQ(field_of(mb, "grad_norm"), field_of(ma, "grad_norm")) << args << ": " << run;
+    EXPECT_EQ(field_of(mb, "device"), std::vector<std::string>(4, "\"fake\"")) << args << ": " << run;
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(cpu.path / "checkpoints" / "checkpoint-4")) {
+      if (e.path().extension() != ".safetensors") continue;
+      ++files;
+      EXPECT_EQ(bytes_of(run / "checkpoints" / "checkpoint-4" / e.path().filename()), bytes_of(e.path()))
+          << args << ": " << run << ": " << e.path().filename();
+    }
+    EXPECT_GT(files, 0) << args;
+  }
 }
 
 // MPI processes on the fake device: their collectives stage device buffers through the host
 // (comm/device_staging.h), and give the CPU processes' curve and checkpoint bit for bit; dp with
-// gradient buckets, tp under bf16 compute, sharding stage 2 (reduce-scatter buckets) and stage 3.
+// gradient buckets and tp under bf16 compute (these two also through the routed world), sharding
+// stage 2 (reduce-scatter buckets) and stage 3.
 TEST(TrainDevice, MpiProcessesOnTheFakeDeviceWriteTheCpuProcessesCurveAndCheckpoint) {
-  for (const std::string args : {"--mesh dp=2 --overlap-grad-reduce on --layers 2",
-                                 "--mesh tp=2 --model llama --bf16 --compute bf16 --layers 2",
-                                 "--mesh dp=2 --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on --bf16 --layers 2",
+  expect_mpi_fake_equals_cpu("--mesh dp=2 --overlap-grad-reduce on --layers 2", true);
+  expect_mpi_fake_equals_cpu("--mesh tp=2 --model llama --bf16 --compute bf16 --layers 2", true);
+  for (const std::string args : {"--mesh dp=2 --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on --bf16 --layers 2",
                                  "--mesh dp=2 --model llama --sharding-stage 3 --prefetch-params 1 --layers 2"})
     expect_mpi_fake_equals_cpu(args);
 }
@@ -166,16 +208,29 @@ TEST(TrainDevice, MpiPipelineOnTheFakeDeviceWritesTheCpuProcessesCurveAndCheckpo
     expect_mpi_fake_equals_cpu(args);
 }
 
-// GPUs under mpirun need NCCL as the world communicator, which train does not use yet.
-TEST(TrainDevice, UnderMpirunAGpuIsAUsageErrorNamingNccl) {
+// GPUs under mpirun: where NCCL is built, each process takes its node's GPU of its local rank
+// (--device cuda; this machine has none: use_device's refusal) and cuda:N, one GPU, is refused for
+// two processes; a build without NCCL refuses the run naming SHARDWISE_WITH_NCCL.
+TEST(TrainDevice, UnderMpirunAGpuNeedsNcclAndOneGpuAProcess) {
   const char* bin = std::getenv("SHARDWISE_BIN");
   ASSERT_NE(bin, nullptr);
-  const std::string line = std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin +
-                           " train --mesh dp=2 --layers 1 --hidden 32 --steps 1 --device cuda --run-dir " +
-                           shardwise_cli_test::tmp("sw_dev_mpi");
-  const Result r = shardwise_cli_test::run_command(line);
-  EXPECT_NE(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("--device cuda under mpirun: MPI processes on GPUs need NCCL"), std::string::npos) << r.out;
+  for (const std::string device : {"cuda", "cuda:1"}) {
+    const std::string line = std::string(SHARDWISE_MPIRUN_LINE) + " -np 2 " + bin +
+                             " train --mesh dp=2 --layers 1 --hidden 32 --steps 1 --device " + device + " --run-dir " +
+                             shardwise_cli_test::tmp("sw_dev_mpi");
+    const Result r = shardwise_cli_test::run_command(line);
+    EXPECT_NE(r.status, 0) << r.out;
+    EXPECT_EQ(r.out.find("step 1"), std::string::npos) << device << ": it trained: " << r.out;
+#ifdef SHARDWISE_TEST_CLI_NCCL
+    const std::string says = device == "cuda" ? "--device cuda: no GPU is visible"
+                                              : "--device cuda:1 under mpirun: cuda:N names one GPU, but each of the 2 "
+                                                "processes needs its own; use --device cuda";
+#else
+    const std::string says = "--device " + device + " under mpirun: MPI processes on GPUs need NCCL as their "
+                             "communicator, and this shardwise was built without it (SHARDWISE_WITH_NCCL";
+#endif
+    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "shardwise/cli/train/train_run.h"
 
 #include <cstdlib>
+#include <iostream>
 #include <sstream>
 
 #include "shardwise/cli/train/data_defaults.h"
@@ -10,6 +11,7 @@
 #include "shardwise/cli/train/stored_options.h"
 #include "shardwise/cli/train/train_device.h"
 #include "shardwise/cli/train/train_options.h"
+#include "shardwise/cli/train/train_world.h"
 #include "shardwise/cli/usage.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/comm/mpi.h"
@@ -154,11 +156,15 @@ PreparedRun prepare_train_run(const TrainOptions& options, std::ostream& out) {
 }
 
 void run_ranks(const PreparedRun& run, const RankFn& rank_fn) {
-  // THE WORLD COMMUNICATOR is chosen here. MPI processes talk through MPI on host memory; a device
-  // run under mpirun (refused by select_train_device until then) takes NCCL for --device cuda, each
-  // process on cuda:(local rank % device count), or MPI staging through the host for --device fake.
+  // THE WORLD COMMUNICATOR is chosen here. MPI processes talk through MPI on host memory, staging a
+  // fake device's buffers through the host; on GPUs the world routes device-buffer calls to NCCL and
+  // host-buffer calls to MPI (train_world.h). Rank threads share one LocalWorld.
   if (run.mpi) {
-    comm::run_mpi_main([&](comm::Communicator& world) { rank_fn(world, comm::mpi_world()); });
+    comm::run_mpi_main([&](comm::Communicator&) {
+      std::shared_ptr<comm::Communicator> world = mpi_train_world(run);
+      rank_fn(*world, world);
+      report_routes(*world, std::cerr);
+    });
   } else {
     comm::LocalWorld::run(static_cast<int>(run.ranks), [&](comm::Communicator& world) {
       auto self = world.group(world.members());
