@@ -3,19 +3,12 @@
 #include <cmath>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/sigmoid.h"
 #include "shardwise/tensor/parallel.h"
 
 namespace shardwise::ops {
 
 namespace {
-
-template <class C>
-C sigmoid_of(C x) {
-  // Both branches exponentiate a non-positive number only: no overflow.
-  if (x >= 0) return C(1) / (C(1) + std::exp(-x));
-  C e = std::exp(x);
-  return e / (C(1) + e);
-}
 
 template <class T>
 void swiglu_typed(const T* g, const T* u, T* o, int64_t n) {

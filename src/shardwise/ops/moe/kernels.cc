@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/sigmoid.h"
 #include "shardwise/ops/moe/dispatch.h"
 #include "shardwise/ops/moe/routing.h"
 #include "shardwise/tensor/gemm.h"
@@ -18,12 +19,7 @@ namespace {
 
 template <class T>
 T silu_of(T v) {
-  const T s = v >= 0 ? T(1) / (T(1) + std::exp(-v)) : std::exp(v) / (T(1) + std::exp(v));
-  return v * s;
-}
-template <class T>
-T sigmoid_of(T v) {
-  return v >= 0 ? T(1) / (T(1) + std::exp(-v)) : std::exp(v) / (T(1) + std::exp(v));
+  return v * sigmoid_of(v);
 }
 
 // v's values rounded to bf16, held in T: the operand a bf16 GEMM reads (bf16 inputs only, T float).

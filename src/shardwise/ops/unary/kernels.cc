@@ -1,5 +1,7 @@
 #include "shardwise/ops/unary/kernels.h"
 
+#include "shardwise/ops/sigmoid.h"
+
 #include "shardwise/tensor/fast_math.h"
 #include "shardwise/tensor/parallel.h"
 
@@ -30,13 +32,6 @@ void map_floats(const T* x, T* y, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(f(static_cast<C>(x[i])));
 }
 
-template <class C>
-C sigmoid_of(C x) {
-  // Both branches only ever exponentiate a non-positive number: no overflow.
-  if (x >= 0) return C(1) / (C(1) + std::exp(-x));
-  C e = std::exp(x);
-  return e / (C(1) + e);
-}
 
 template <class C>
 C sign_of(C x) {
