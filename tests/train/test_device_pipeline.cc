@@ -129,5 +129,28 @@ TEST_F(FakeDeviceTest, APipelineRankRunsItsStagesOnOneComputeStream) {
   }
 }
 
+// Evaluation between steps runs on the training runner's streams: the optimizer's writes to the
+// parameters on the compute stream come before the evaluation's reads of them (its own streams
+// would read them with no event between). Before, the evaluation launched on two more streams.
+TEST_F(FakeDeviceTest, EvaluationRunsOnTheTrainingRunnersStreams) {
+  auto& fake = dynamic_cast<FakeDeviceMemory&>(device_memory(kFake));
+  for (const char* mesh : {"dp=1", "pp=2"}) {
+    TrainConfig c = config_of(Case{"gpt2", mesh, "1f1b"});
+    c.device = kFake;
+    const int ranks = static_cast<int>(mesh::parse_mesh(c.parallel.mesh).size());
+    fake.clear_stream_log();
+    comm::LocalWorld::run(ranks, [&](comm::Communicator& w) {
+      Trainer t(c, w.group(w.members()));
+      t.step();
+      (void)t.evaluate();
+      t.step();
+    });
+    std::set<void*> launched_on;
+    for (const FakeDeviceMemory::StreamEvent& e : fake.stream_log())
+      if (e.kind == FakeDeviceMemory::StreamEvent::Kind::Launch) launched_on.insert(e.stream);
+    EXPECT_EQ(launched_on.size(), static_cast<size_t>(ranks)) << mesh;  // each rank's compute stream
+  }
+}
+
 }  // namespace
 }  // namespace shardwise::train

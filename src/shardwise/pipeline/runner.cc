@@ -105,8 +105,9 @@ PipelineRunner::PipelineRunner(Schedule schedule, std::vector<mesh::ProcessMesh>
     ro.prefetch_params = options_.prefetch_params;
     l->rt = std::make_unique<runtime::Runtime>(*l->spec.graph, l->compiled.program, world, ro);
     if (!options_.device.is_host()) {  // one pair of streams for the rank's stages
-      if (locals_.empty()) l->rt->use_device(options_.device);
-      else l->rt->share_streams(*locals_.front()->rt);
+      if (!locals_.empty()) l->rt->share_streams(*locals_.front()->rt);
+      else if (options_.streams_of) l->rt->share_streams(*options_.streams_of);
+      else l->rt->use_device(options_.device);
     }
     const graph::Program& p = l->compiled.program;
     auto slot = [&](const std::string& name) -> const graph::Slot& {

@@ -36,6 +36,9 @@ struct RunnerOptions {
   // stage's), and activations and gradients move between pipeline ranks as device tensors on them
   // (collectives on device memory: copies between threads' buffers, MPI staged through the host).
   Device device;
+  // On a device: run on this runtime's streams instead of new ones (an evaluation runner on the
+  // training runner's, so the optimizer's writes on its compute stream come before the reads).
+  const runtime::Runtime* streams_of = nullptr;
 };
 
 struct ActionTime {

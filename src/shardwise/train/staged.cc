@@ -498,8 +498,10 @@ double StagedGpt::grad_norm(const std::vector<Tensor>& grads, bool sharded) {
 std::unique_ptr<pipeline::PipelineRunner> StagedGpt::forward_runner(int micro_batches, StageGraph what) {
   pipeline::Schedule sch = pipeline::forward_only(static_cast<int>(pp_), runner_->schedule().virtual_stages, micro_batches);
   std::vector<pipeline::StageSpec> specs = local_specs(sch, what);
-  auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_,
-                                                           pipeline::RunnerOptions{true, false, config_.prefetch_params, config_.device});
+  // On a device, on the training runner's streams: the optimizer's last writes come first.
+  pipeline::RunnerOptions ro{true, false, config_.prefetch_params, config_.device};
+  if (!config_.device.is_host()) ro.streams_of = &runner_->runtime(runner_->local_stages().front());
+  auto runner = std::make_unique<pipeline::PipelineRunner>(std::move(sch), meshes_, std::move(specs), world_, ro);
   bind_constants(*runner, model_, mask_, config_.device);
   return runner;
 }
