@@ -41,20 +41,25 @@ graph::ValueId compute_matmul(graph::Graph& g, const GptConfig& config, graph::V
   return compute_result(g, product, name);
 }
 
-bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, bool training, bool sequence_parallel) {
-  return training && sequence_parallel && computes_bf16(config) && !config.lora.enabled() && g.open_segment() < 0;
+bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, const Strategy& s, bool training) {
+  return training && s.sequence_parallel && computes_bf16(config) && !config.lora.enabled() && g.open_segment() < 0;
 }
 
-std::vector<graph::ValueId> on_gathered_bf16(graph::Graph& g, const GptConfig& config, graph::ValueId h,
-                                             const std::string& shard, const std::string& whole, bool recompute_cast,
-                                             const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls) {
+std::string sp_norm_placements(const graph::Graph& g, const GptConfig& config, const Strategy& s, bool training) {
+  return s.placements(regathers_sp_inputs(g, config, s, training) ? "S(1)" : "R", "S(0)");
+}
+
+std::vector<graph::ValueId> on_gathered(graph::Graph& g, const GptConfig& config, const Strategy& s, bool training,
+                                        graph::ValueId h, bool recompute_cast,
+                                        const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls) {
+  if (!regathers_sp_inputs(g, config, s, training)) return matmuls(h);
   if (recompute_cast) g.begin_segment();
   auto cast = compute_operand(g, config, h);
-  g.annotate(cast, shard);
+  g.annotate(cast, s.placements("S(1)", "S(0)"));
   if (!recompute_cast) g.begin_segment();
   const Shape& shape = g.value(cast).meta.shape;
   auto gathered = g.reshape(cast, std::vector<int64_t>(shape.begin(), shape.end()), g.value(cast).name + ".gathered");
-  g.annotate(gathered, whole);
+  g.annotate(gathered, s.placements("R", "S(0)"));
   std::vector<graph::ValueId> out = matmuls(gathered);
   g.end_segment();
   return out;

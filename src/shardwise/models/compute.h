@@ -40,17 +40,21 @@ graph::ValueId compute_matmul(graph::Graph& g, const GptConfig& config, graph::V
 // (Graph::begin_segment), so their backward gathers the shard again instead of every frame
 // keeping the whole-sequence copy: what Megatron-LM's sequence parallelism keeps (Korthikanti et
 // al. section 4.2.2), at one more all-gather per matmul group in the backward.
-bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, bool training, bool sequence_parallel);
+bool regathers_sp_inputs(const graph::Graph& g, const GptConfig& config, const Strategy& s, bool training);
 
-// Under regathers_sp_inputs: `h` cast to bf16 laid out as `shard` (its sequence shard), then a
-// reshape of it to its own shape (a gradient that reads no value) laid out as `whole` (whole on
-// tp), which `matmuls` read, the reshape and the matmuls in a recompute segment: the all-gather
-// lands between the cast and the reshape and is redone before the matmuls' backward. With
-// `recompute_cast` the cast is in the segment too (recomputed from `h`, for a norm whose f32
-// output its own gradient keeps: RMSNorm's); else the frame keeps the bf16 shard (LayerNorm's
-// gradient reads its input, not its output).
-std::vector<graph::ValueId> on_gathered_bf16(graph::Graph& g, const GptConfig& config, graph::ValueId h,
-                                             const std::string& shard, const std::string& whole, bool recompute_cast,
-                                             const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls);
+// Under sequence parallelism, a norm output's placements: whole on tp (gathered for the
+// column-parallel matmuls), or its sequence shard where regathers_sp_inputs casts it first.
+std::string sp_norm_placements(const graph::Graph& g, const GptConfig& config, const Strategy& s, bool training);
+
+// The column-parallel matmuls `matmuls` on a norm's output `h`: matmuls(h), or under
+// regathers_sp_inputs `h` cast to bf16 on its sequence shard, then a reshape of it to its own
+// shape (a gradient that reads no value) laid out whole on tp, which `matmuls` read, the reshape
+// and the matmuls in a recompute segment: the all-gather lands between the cast and the reshape
+// and is redone before the matmuls' backward. With `recompute_cast` the cast is in the segment
+// too (recomputed from `h`, for a norm whose f32 output its own gradient keeps: RMSNorm's); else
+// the frame keeps the bf16 shard (LayerNorm's gradient reads its input, not its output).
+std::vector<graph::ValueId> on_gathered(graph::Graph& g, const GptConfig& config, const Strategy& s, bool training,
+                                        graph::ValueId h, bool recompute_cast,
+                                        const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls);
 
 }  // namespace shardwise::train

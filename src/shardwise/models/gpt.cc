@@ -178,18 +178,10 @@ class Builder {
     auto y = g_.layer_norm(in, w, b, -1, c_.layer_norm_epsilon, name + ".out");
     // Gathered before the column-parallel matmuls; where on_gathered casts it to bf16 first, on its
     // sequence shard (the shard the norm computed).
-    if (s_.sequence_parallel) annotate(y, s_.placements(regathers() ? "S(1)" : "R", "S(0)"));
+    if (s_.sequence_parallel) annotate(y, sp_norm_placements(g_, c_, s_, training_));
     return y;
   }
 
-  // The column-parallel matmuls `body` on a norm's output `h`; with sequence parallelism under
-  // bf16 compute gathered in bf16 and again for their backward (compute.h: regathers_sp_inputs).
-  bool regathers() const { return regathers_sp_inputs(g_, c_, training_, s_.sequence_parallel); }
-  std::vector<graph::ValueId> on_gathered(graph::ValueId h,
-                                          const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls) {
-    if (!regathers()) return matmuls(h);
-    return on_gathered_bf16(g_, c_, h, s_.placements("S(1)", "S(0)"), s_.placements("R", "S(0)"), false, matmuls);
-  }
 
   // One transformer block on the residual stream x [B, S, H]; `index` among the stage's blocks
   // (which ones recompute).
@@ -203,7 +195,7 @@ class Builder {
       return g_.transpose(g_.reshape(t, {B, S, NH, HD}, name + ".split"), {0, 2, 1, 3}, name + ".heads");
     };
     auto qkv_lora = lora_hidden(h, p + ".attn.c_attn");
-    auto qkv = on_gathered(h, [&](graph::ValueId x) {
+    auto qkv = on_gathered(g_, c_, s_, training_, h, false, [&](graph::ValueId x) {
       return std::vector<graph::ValueId>{linear(x, p + ".attn.q_proj", H, H, true, qkv_lora),
                                          linear(x, p + ".attn.k_proj", H, H, true, qkv_lora),
                                          linear(x, p + ".attn.v_proj", H, H, true, qkv_lora)};
@@ -223,7 +215,9 @@ class Builder {
     auto h2 = layer_norm(x, p + ".ln_2");
     const std::string fc = p + ".mlp.c_fc", mlp_proj = p + ".mlp.c_proj";
     auto fc_lora = lora_hidden(h2, fc);
-    auto fc_out = on_gathered(h2, [&](graph::ValueId x) { return std::vector<graph::ValueId>{linear(x, fc, H, 4 * H, true, fc_lora)}; });
+    auto fc_out = on_gathered(g_, c_, s_, training_, h2, false, [&](graph::ValueId x) {
+      return std::vector<graph::ValueId>{linear(x, fc, H, 4 * H, true, fc_lora)};
+    });
     auto act = g_.gelu(fc_out[0], p + ".mlp.act");
     auto m = linear(act, mlp_proj, 4 * H, H, false, lora_hidden(act, mlp_proj));
     auto out = g_.add(x, drop(m, p + ".mlp.dropout"), p + ".mlp.residual");

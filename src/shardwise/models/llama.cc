@@ -86,7 +86,7 @@ class LlamaBuilder {
     auto y = g_.op1("rms_norm", {x, w}, {{"begin_norm_axis", int64_t{-1}}, {"epsilon", c_.rms_norm_eps}}, name + ".out");
     // Gathered before the column-parallel matmuls; where on_gathered casts it to bf16 first, on its
     // sequence shard (the shard the norm computed).
-    if (s_.sequence_parallel) annotate(y, placements(regathers() ? "S(1)" : "R", "S(0)"));
+    if (s_.sequence_parallel) annotate(y, sp_norm_placements(g_, c_, s_, training_));
     return y;
   }
 
@@ -182,18 +182,10 @@ class LlamaBuilder {
     return g_.reshape(rep, {B_, NH_, S_, HD_}, name + ".repeat");
   }
 
-  // The column-parallel matmuls `body` on a norm's output `h`; with sequence parallelism under
-  // bf16 compute gathered in bf16 and again for their backward (compute.h: regathers_sp_inputs).
-  bool regathers() const { return regathers_sp_inputs(g_, c_, training_, s_.sequence_parallel); }
-  std::vector<graph::ValueId> on_gathered(graph::ValueId h,
-                                          const std::function<std::vector<graph::ValueId>(graph::ValueId)>& matmuls) {
-    if (!regathers()) return matmuls(h);
-    return on_gathered_bf16(g_, c_, h, placements("S(1)", "S(0)"), placements("R", "S(0)"), true, matmuls);
-  }
 
   graph::ValueId attention(graph::ValueId h, const std::string& p, bool selective) {
     const int64_t kv_width = KV_ * HD_;
-    auto qkv = on_gathered(h, [&](graph::ValueId x) {
+    auto qkv = on_gathered(g_, c_, s_, training_, h, true, [&](graph::ValueId x) {
       return std::vector<graph::ValueId>{projection(x, p + ".q_proj", NH_ * HD_, false),
                                          projection(x, p + ".k_proj", kv_width, !kv_sharded_),
                                          projection(x, p + ".v_proj", kv_width, !kv_sharded_)};
@@ -348,7 +340,7 @@ class LlamaBuilder {
 
   graph::ValueId mlp(graph::ValueId h, const std::string& p, int64_t width = 0) {
     const int64_t I = width > 0 ? width : c_.mlp_width();
-    auto gate_up = on_gathered(h, [&](graph::ValueId x) {
+    auto gate_up = on_gathered(g_, c_, s_, training_, h, true, [&](graph::ValueId x) {
       return std::vector<graph::ValueId>{linear(x, p + ".gate_proj", H_, I, true), linear(x, p + ".up_proj", H_, I, true)};
     });
     return linear(g_.op1("swiglu", {gate_up[0], gate_up[1]}, {}, p + ".act"), p + ".down_proj", I, H_, false);
