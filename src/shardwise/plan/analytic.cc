@@ -52,10 +52,7 @@ double AnalyticTimer::step(const std::string& schedule, int stages, int micro_ba
   return it->second;
 }
 
-std::string gemm_dtype(const ModelSize& m, const std::string& dtype) {
-  if (m.bf16_compute) return "bf16";
-  return dtype == "bf16" ? "f32" : dtype;
-}
+std::string gemm_dtype(const ModelSize& m, const std::string& dtype) { return gemm_rate_dtype(m.bf16_compute, dtype); }
 
 int64_t ModelSize::params() const {
   const int64_t mlp = experts > 0 ? experts * mlp_params(*this) + hidden * experts : mlp_params(*this);

@@ -88,8 +88,7 @@ struct ModelSize {
   int64_t params() const;  // every parameter of the model
 };
 
-// The dtype whose rate the GEMMs run at: bf16 under bf16 compute, else f32 (`dtype` when it is
-// not bf16: the parameters' dtype names the cluster's f32-class peak, "f32" or "tf32").
+// The dtype whose rate the GEMMs run at (cost.h: gemm_rate_dtype of bf16 compute).
 std::string gemm_dtype(const ModelSize& m, const std::string& dtype);
 
 // The peak bytes of a device (the first or the last pipeline stage's, the larger).

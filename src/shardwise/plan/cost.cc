@@ -20,6 +20,11 @@ std::string collective_name(CollectiveKind kind) {
   return "?";
 }
 
+std::string gemm_rate_dtype(bool bf16_operands, const std::string& dtype) {
+  if (bf16_operands) return "bf16";
+  return dtype == "bf16" ? "f32" : dtype;
+}
+
 double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype) {
   return flops / (c.peak(dtype) * c.factor("compute"));
 }

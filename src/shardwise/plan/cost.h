@@ -15,6 +15,9 @@ namespace shardwise::plan {
 enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, AllToAll, SendRecv };
 std::string collective_name(CollectiveKind kind);  // "all_reduce", ...
 
+// The dtype whose rate a GEMM runs at: bf16 for bf16 operands (bf16 compute), else f32 whatever
+// the parameters' dtype `dtype` (which names the f32-class peak, "f32" or "tf32", unless it is bf16).
+std::string gemm_rate_dtype(bool bf16_operands, const std::string& dtype);
 // Seconds of `flops` FLOPs in `dtype` at the device's peak times the compute efficiency.
 double compute_seconds(const ClusterSpec& c, double flops, const std::string& dtype);
 // Seconds of a GEMM-like kernel of `flops` whose product is m x k by k x n: at the rate of the

@@ -219,10 +219,9 @@ ProgramTime program_time(const graph::Graph& g, const graph::Program& p, int64_t
     const InstrWork w = instr_work(g, p, ins, coords);
     t.flops += w.flops;
     const std::string type = ins.kind == graph::InstrKind::Fill ? "fill" : ins.kind == graph::InstrKind::Backward ? op + "_grad" : op;
-    // A GEMM runs at its operands' rate: bf16 ones (bf16 compute) at bf16's, f32 ones at f32's
-    // whatever the parameters' dtype (`dtype` names the f32-class rate unless it is bf16).
+    // A GEMM runs at its operands' rate (cost.h: gemm_rate_dtype).
     const bool bf16_operands = !ins.in.empty() && ins.in[0] >= 0 && p.slots[static_cast<size_t>(ins.in[0])].meta.dtype == DType::BF16;
-    const std::string gemm = bf16_operands ? "bf16" : dtype == "bf16" ? "f32" : dtype;
+    const std::string gemm = gemm_rate_dtype(bf16_operands, dtype);
     const double kernel = std::max(w.flops > 0 ? gemm_seconds(c, w.flops, gemm, w.m, w.n, w.k) : 0.0, memory_seconds(c, bytes));
     // An instruction's own collectives (the vocab-parallel head's) are part of its time, fitted with
     // it, and shown as all_reduce.
