@@ -1,5 +1,7 @@
 #include "shardwise/train/device_ranges.h"
 
+#include <cstring>
+
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/current_stream.h"
 #include "shardwise/tensor/device_copy.h"
@@ -7,13 +9,16 @@
 
 namespace shardwise::train {
 
-void copy_device_bytes(const Tensor& dst, size_t dst_at, const Tensor& src, size_t src_at, size_t bytes) {
+void copy_bytes(const Tensor& dst, size_t dst_at, const Tensor& src, size_t src_at, size_t bytes) {
   if (bytes == 0) return;
-  SW_CHECK(dst.on_device() && src.on_device() && dst.device() == src.device(),
-           "device copy: from {} to {}; both must be on one device", src.device().to_string(), dst.device().to_string());
+  SW_CHECK(dst.device() == src.device(), "copy: from {} to {}; both must be on one device", src.device().to_string(),
+           dst.device().to_string());
   SW_CHECK(dst_at + bytes <= dst.nbytes() && src_at + bytes <= src.nbytes(),
-           "device copy: {} bytes from byte {} of {} into byte {} of {}", bytes, src_at, src.nbytes(), dst_at,
-           dst.nbytes());
+           "copy: {} bytes from byte {} of {} into byte {} of {}", bytes, src_at, src.nbytes(), dst_at, dst.nbytes());
+  if (!dst.on_device()) {
+    std::memcpy(const_cast<Tensor&>(dst).raw() + dst_at, src.raw() + src_at, bytes);
+    return;
+  }
   device_memory(dst.device()).copy_on_device(static_cast<std::byte*>(const_cast<void*>(dst.device_ptr())) + dst_at,
                                              static_cast<const std::byte*>(src.device_ptr()) + src_at, bytes,
                                              current_stream());

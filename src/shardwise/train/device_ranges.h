@@ -9,9 +9,10 @@
 
 namespace shardwise::train {
 
-// Copies `bytes` from device tensor `src` at byte `src_at` into device tensor `dst` at byte
-// `dst_at`, queued on the thread's current stream (nothing when `bytes` is 0).
-void copy_device_bytes(const Tensor& dst, size_t dst_at, const Tensor& src, size_t src_at, size_t bytes);
+// Copies `bytes` from `src` at byte `src_at` into `dst` at byte `dst_at`: a memcpy for host
+// tensors, for device tensors (both on one device) a device copy queued on the thread's current
+// stream (nothing when `bytes` is 0).
+void copy_bytes(const Tensor& dst, size_t dst_at, const Tensor& src, size_t src_at, size_t bytes);
 
 // An uninitialized tensor where `like` lives: on the host, or on its device (current stream).
 Tensor uninitialized_like(const Tensor& like, DType dtype, const Shape& shape);

@@ -1,6 +1,5 @@
 #include "shardwise/train/grad_buckets.h"
 
-#include <cstring>
 
 #include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
@@ -74,12 +73,10 @@ void GradBuckets::close(size_t group) {
 
 namespace {
 
-// Copies `n` floats of `src` from element `from` into `dst` at element `to`: a memcpy on the host, a
-// copy on the device (current stream) for device tensors.
+// Copies `n` floats of `src` from element `from` into `dst` at element `to` (device_ranges.h).
 void copy_floats(Tensor& dst, int64_t to, const Tensor& src, int64_t from, int64_t n) {
   const auto f = sizeof(float);
-  if (dst.on_device()) return copy_device_bytes(dst, static_cast<size_t>(to) * f, src, static_cast<size_t>(from) * f, static_cast<size_t>(n) * f);
-  if (n > 0) std::memcpy(dst.data<float>() + to, src.data<float>() + from, static_cast<size_t>(n) * f);
+  copy_bytes(dst, static_cast<size_t>(to) * f, src, static_cast<size_t>(from) * f, static_cast<size_t>(n) * f);
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "shardwise/train/sharding.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "shardwise/core/error.h"
@@ -13,13 +12,8 @@ namespace shardwise::train {
 
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
   const size_t bytes = dtype_size(t.dtype());
-  if (t.on_device()) {  // a device copy on the current stream
-    Tensor out = empty_on(t.dtype(), Shape{n}, t.device(), current_stream());
-    copy_device_bytes(out, 0, t, static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
-    return out;
-  }
-  Tensor out = Tensor::uninitialized(t.dtype(), Shape{n});
-  if (n > 0) std::memcpy(out.raw(), t.raw() + static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
+  Tensor out = uninitialized_like(t, t.dtype(), Shape{n});  // on a device, a copy on the current stream
+  copy_bytes(out, 0, t, static_cast<size_t>(begin) * bytes, static_cast<size_t>(n) * bytes);
   return out;
 }
 
