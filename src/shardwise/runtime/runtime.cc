@@ -145,10 +145,6 @@ Tensor Runtime::transfer(reshard::Resharder& resharder, const reshard::Plan& pla
   return wait_on_compute(queued);
 }
 
-Runtime::Prefetched Runtime::reshard_on_comm(const reshard::Plan& plan, const Tensor& in) {
-  return reshard_on_comm(resharder_, plan, in, in.defined() ? in.device() : streams_->device);
-}
-
 Runtime::Prefetched Runtime::reshard_on_comm(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in,
                                              Device device) {
   use_device(device);
@@ -326,7 +322,7 @@ void Runtime::run(size_t begin, size_t end) {
         // it where it is used.
         Prefetched& r = started_[q];
         if (device.is_host()) r.host = resharder_.start(gather.plan, shard);
-        else r = reshard_on_comm(gather.plan, shard);
+        else r = reshard_on_comm(resharder_, gather.plan, shard, device);
         live_ += r.nbytes();
         gathered += r.nbytes();
         ++stats_.prefetched;

@@ -135,7 +135,6 @@ class Runtime {
   };
   // reshard()'s halves on a device: queued on the communication stream after the compute stream's
   // work so far; then the compute stream's wait for it. wait_on_compute also waits for a host start.
-  Prefetched reshard_on_comm(const reshard::Plan& plan, const Tensor& in);
   Prefetched reshard_on_comm(reshard::Resharder& resharder, const reshard::Plan& plan, const Tensor& in, Device device);
   Tensor wait_on_compute(Prefetched& queued);
   struct DeviceStreams {
