@@ -11,6 +11,7 @@
 
 #include "shardwise/comm/local.h"
 #include "shardwise/cuda_ops/bind.h"
+#include "shardwise/cuda_ops/families.h"
 #include "shardwise/mesh/dist_attr.h"
 #include "shardwise/mesh/process_mesh.h"
 #include "shardwise/tensor/device_copy.h"
@@ -119,18 +120,44 @@ std::vector<std::string> errors_on_two_ranks(const std::string& op, const std::v
   return errors;
 }
 
-// W split on its vocab dim: the row statistics' all-reduce on device memory is not built, so the
-// binding refuses before any launch, naming that collective.
-TEST_F(CudaBindings, TheVocabParallelHeadWithPeersNamesTheMissingCollective) {
-  const Tensor labels = to_device(Tensor::full(DType::I64, Shape{4}, 1.0), kFake);
-  const std::vector<std::string> errors = errors_on_two_ranks(
-      "vocab_parallel_lm_head_cross_entropy", {on_fake(Shape{4, 8}), on_fake(Shape{8, 8}), labels},
-      Attrs{{"reduction", std::string("sum")}}, [](int64_t r, const mesh::DistAttr& rep, const mesh::DistAttr& split) {
-        return std::vector<ops::ShardInfo>{{Shape{4, 8}, {}, rep}, {Shape{16, 8}, {8 * r, 0}, split}, {Shape{4}, {}, rep}};
-      });
-  for (const std::string& e : errors) {
-    expect_names(e, "vocab_parallel_lm_head_cross_entropy", "vocab-parallel all-reduce");
-    EXPECT_NE(e.find("no collective on CUDA device memory"), std::string::npos) << e;
+std::vector<double> host_values(const Tensor& t) {
+  const Tensor h = to_host(t);
+  return {h.data<double>(), h.data<double>() + h.numel()};
+}
+
+// W split on its vocab dim: the binding's combine all-reduces each chunk's f64 row statistics in
+// place over the vocab peers on device memory (a DeviceBuffers scope on the current stream): the
+// max, then the sums, of the ranks' values, as the CPU op's host all-reduce; a host tensor is an
+// Error naming what it expected.
+TEST_F(CudaBindings, TheVocabParallelHeadsCombineAllReducesTheRowStatisticsOnDeviceMemory) {
+  const std::vector<std::vector<double>> values{{1.5, -2.0, 7.25, 0.0, 3.0, -1.0}, {0.5, 4.0, -3.0, 0.0, 2.5, 8.0}};
+  std::vector<std::vector<double>> maxes(2), sums(2);
+  std::vector<std::string> host_errors(2);
+  comm::LocalWorld::run(2, [&](comm::Communicator& world) {
+    const auto r = static_cast<size_t>(world.rank());
+    const std::function<void(Tensor&, bool)> combine = cuda_ops::vocab_stats_all_reduce(&world);
+    Tensor mx = to_device(Tensor::from<double>(Shape{6}, values[r]), kFake);
+    Tensor sm = to_device(Tensor::from<double>(Shape{2, 3}, values[r]), kFake);
+    // The copy counts are the process's: rank 0 reads them while no rank copies anything else.
+    world.barrier();
+    if (r == 0) reset_device_copy_stats();
+    world.barrier();
+    combine(mx, true);
+    combine(sm, false);
+    world.barrier();
+    if (r == 0) EXPECT_EQ(device_copy_stats().to_host_copies, 0);  // no staging through the host
+    world.barrier();
+    maxes[r] = host_values(mx);
+    sums[r] = host_values(sm);
+    Tensor on_host = Tensor::from<double>(Shape{6}, values[r]);
+    host_errors[r] = error_of([&] { combine(on_host, true); });
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(maxes[r][i], std::max(values[0][i], values[1][i])) << r << " " << i;
+      EXPECT_EQ(sums[r][i], values[0][i] + values[1][i]) << r << " " << i;
+    }
+    EXPECT_NE(host_errors[r].find("f64 device memory expected, got f64 on host"), std::string::npos) << host_errors[r];
   }
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 // The op families' CUDA bindings (one file each), added to the table by cuda_kernel_table (bind.cc).
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
 
+#include "shardwise/comm/communicator.h"
 #include "shardwise/cuda/common/launchers.h"
 #include "shardwise/ops/device_kernels.h"
 #include "shardwise/ops/softmax/kernels.h"
@@ -36,6 +38,10 @@ void bind_dense(ops::DeviceKernelTable& t);
 void bind_attention(ops::DeviceKernelTable& t);
 // lm_head_cross_entropy, vocab_parallel_lm_head_cross_entropy (lm_head.cc).
 void bind_lm_head(ops::DeviceKernelTable& t);
+// The vocab-parallel head's combine (cuda::LmHeadOptions::combine): an all-reduce (max, or sum) of
+// a device tensor of f64 row statistics in place over `group`, on device memory queued on the
+// current stream (lm_head.cc).
+std::function<void(Tensor&, bool)> vocab_stats_all_reduce(comm::Communicator* group);
 // moe_mlp (moe.cc).
 void bind_moe(ops::DeviceKernelTable& t);
 // The optimizer's kernels: adamw, sums of squares, scale, gradient sums (train.cc).

@@ -1,8 +1,10 @@
 // lm_head_cross_entropy and vocab_parallel_lm_head_cross_entropy on CUDA (cuda/lm_head.h), the
 // attributes read by ops::lm_head_args and W's vocab block from the context, as the CPU op reads
-// them. The vocab-parallel op's group (the ranks holding the other vocab blocks) needs an
-// all-reduce of the row statistics on device memory, which is not built: with a group of more than
-// one rank it is an Error naming that collective (with none it runs as the plain head).
+// them. The vocab-parallel op's group (the ranks holding the other vocab blocks of the same rows)
+// all-reduces each chunk's row statistics (the max, then the sums of exponentials with the target
+// logits: f64, in place) on device memory, under a comm::DeviceBuffers scope on the current
+// stream, as the CPU op all-reduces its host vectors; without a group it runs as the plain head.
+#include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
 #include "shardwise/cuda/tensor_ops/elementwise.h"
 #include "shardwise/cuda/loss/lm_head.h"
@@ -20,18 +22,14 @@ struct Head {
 };
 
 // The op's arguments (W's vocab block from the context's entry of input 1, as the CPU op's
-// head_args) and the CUDA options they give; an Error naming the collective when W's vocab block
-// has peers.
-Head head_of(const OpDef& op, const Attrs& attrs, const KernelContext* ctx, const Tensor& on) {
+// head_args) and the CUDA options they give, with the all-reduce over W's vocab peers when it has
+// any.
+Head head_of(const OpDef& op, const Attrs& attrs, const KernelContext* ctx) {
   Head h;
   h.args = ops::lm_head_args(attrs, op.name);
   if (ctx != nullptr && ctx->tensors.size() >= 2 && ctx->tensors[1].global_shape.ndim() == 2) {
     h.args.shard = {ctx->tensors[1].global_shape[0], ctx->tensors[1].offset[0]};
-    if (ctx->group_sharding(1, 1u, op.name) != nullptr) {
-      unsupported(op, on,
-                  "the vocab-parallel all-reduce (max, then sum) of the row statistics over the ranks holding the "
-                  "other vocab blocks: no collective on CUDA device memory is built");
-    }
+    if (comm::Communicator* group = ctx->group_sharding(1, 1u, op.name)) h.options.combine = vocab_stats_all_reduce(group);
   }
   cuda::LmHeadOptions& o = h.options;
   o.ignore_index = h.args.ignore_index;
@@ -64,7 +62,7 @@ Tensor rescaled(const Tensor& g, const Tensor& dloss, double scale) {
 }
 
 Tensors head_forward(const OpDef& op, In in, const Attrs& attrs, const KernelContext* ctx) {
-  Head h = head_of(op, attrs, ctx, in[0]);
+  Head h = head_of(op, attrs, ctx);
   h.options.grads = h.args.forward_grads != 0;
   cuda::LmHeadResult r = cuda::lm_head_cross_entropy(in[0], in[1], in[2], h.options, current_stream());
   Tensors out{r.loss};
@@ -77,7 +75,7 @@ Tensors head_forward(const OpDef& op, In in, const Attrs& attrs, const KernelCon
 // scaled by dloss (sum and mean: dloss is one number).
 Tensors head_backward(const OpDef& op, In in, In out, In dout, const Attrs& attrs, const KernelContext* ctx,
                       std::span<const bool> wanted) {
-  Head h = head_of(op, attrs, ctx, dout[0]);
+  Head h = head_of(op, attrs, ctx);
   const std::array<Tensor, 2> saved = saved_grads(h.args, out);
   Tensors grads{Tensor(), Tensor(), Tensor()};
   bool recompute = false;
@@ -102,6 +100,17 @@ Tensors head_backward(const OpDef& op, In in, In out, In dout, const Attrs& attr
 }
 
 }  // namespace
+
+std::function<void(Tensor&, bool)> vocab_stats_all_reduce(comm::Communicator* group) {
+  return [group](Tensor& stats, bool is_max) {
+    SW_CHECK(stats.dtype() == DType::F64 && !stats.device().is_host(),
+             "the vocab-parallel head's row statistics: f64 device memory expected, got {} on {}",
+             dtype_name(stats.dtype()), stats.device().to_string());
+    const comm::DeviceBuffers scope(stats.device(), current_stream());
+    group->all_reduce(stats.device_ptr(), stats.device_ptr(), stats.numel(), DType::F64,
+                      is_max ? comm::Reduce::Max : comm::Reduce::Sum);
+  };
+}
 
 void bind_lm_head(ops::DeviceKernelTable& t) {
   for (const char* name : {"lm_head_cross_entropy", "vocab_parallel_lm_head_cross_entropy"}) {
