@@ -164,6 +164,37 @@ TEST_F(FakeDeviceTest, PrefetchedGathersRunAheadOnTheCommunicationStream) {
   }
 }
 
+// The sharded optimizer's fresh moments are zero-filled where the update reads them: on the
+// compute stream. Before, they were filled on the default stream, which a CUDA compute stream
+// (non-blocking) does not wait for, with no host wait between.
+TEST_F(FakeDeviceTest, TheShardedOptimizersMomentsAreFilledOnTheComputeStream) {
+  TrainConfig c = small_config("dp=2", 1);
+  c.parallel.sharding = {1, "v1"};
+  c.device = kFake;
+  fake_->clear_stream_log();
+  run_curve(c, 1);
+  using K = FakeDeviceMemory::StreamEvent::Kind;
+  const std::vector<FakeDeviceMemory::StreamEvent> log = fake_->stream_log();
+  std::set<void*> compute;
+  for (const auto& e : log)
+    if (e.kind == K::Launch) compute.insert(e.stream);
+  int64_t fills = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    if (log[i].kind != K::Fill) continue;
+    ++fills;
+    if (compute.contains(log[i].stream)) continue;
+    // Elsewhere, the host must wait for that stream before any compute stream launches.
+    bool waited = false;
+    for (size_t j = i + 1; j < log.size() && !waited; ++j) {
+      if (log[j].kind == K::Synchronize && log[j].stream == log[i].stream) waited = true;
+      if (log[j].kind == K::Launch) break;
+    }
+    EXPECT_TRUE(waited) << "a zero fill on stream " << log[i].stream << " (log entry " << i
+                        << ") that no compute stream waits for";
+  }
+  EXPECT_GT(fills, 0);  // the moments
+}
+
 // LoRA: the base from a transformers directory (--init-from) frozen on the device, the adapters
 // trained there; the saved adapter (PEFT's files) is the CPU run's byte for byte.
 struct Lora {

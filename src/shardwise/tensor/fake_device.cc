@@ -112,8 +112,9 @@ void FakeDeviceMemory::copy_on_device(void* dst, const void* src, size_t bytes, 
   close(src);
 }
 
-void FakeDeviceMemory::fill_zero(void* dst, size_t bytes, Stream) {
+void FakeDeviceMemory::fill_zero(void* dst, size_t bytes, Stream stream) {
   std::lock_guard lock(mutex_);
+  log_.push_back({StreamEvent::Kind::Fill, stream.handle, 0});
   open(dst, bytes);
   std::memset(dst, 0, bytes);
   close(dst);

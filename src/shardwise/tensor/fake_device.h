@@ -46,11 +46,11 @@ class FakeDeviceMemory : public DeviceMemory {
   void destroy_stream(Stream stream) override;
 
   // What was asked of its streams, in order (the ordering rules of the runtime on streams are
-  // tested on these): kernels launched (note_launch, by the fake kernel table), events recorded and
-  // waited for, host synchronisations, host copies, and host windows opened (open_for_host, on the
+  // tested on these): kernels launched (note_launch, by the fake kernel table), zero fills, events
+  // recorded and waited for, host synchronisations, host copies, and host windows opened (open_for_host, on the
   // opening thread's current stream: which work looked at device memory from the host).
   struct StreamEvent {
-    enum class Kind { Launch, Record, Wait, Synchronize, CopyToHost, CopyToDevice, HostOpen };
+    enum class Kind { Launch, Fill, Record, Wait, Synchronize, CopyToHost, CopyToDevice, HostOpen };
     Kind kind;
     void* stream = nullptr;  // Stream::handle
     uint64_t event = 0;      // Record, Wait

@@ -287,6 +287,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<comm::Communicator> world)
                                        c_.optimizer.micro_batch * strategy_.data_size(), static_cast<int>(c_.optimizer.accumulation), c_.optimizer.seed,
                                        reads_mask ? causal_mask(c_.model.seq, strategy_.cp_size()) : Tensor(), world_);
   if (c_.parallel.sharding.shards_optimizer()) {  // each parameter's state over its data group (dense dp x ep, experts dp)
+    StreamScope on_compute(model_->stream());  // on a device, its fresh moments are filled where the update reads them
     sharded_ = std::make_unique<ShardedOptimizer>(c_.parallel.sharding, model_->params(), model_->data_groups());
     partial_grads_ = model_->grads_partial();
   }
