@@ -18,6 +18,7 @@
 #include "shardwise/ops/fake_device_kernels.h"
 #include "shardwise/tensor/device_copy.h"
 #include "shardwise/tensor/fake_device.h"
+#include "tests/support/on_fake_device.h"
 #include "shardwise/train/checkpointing.h"
 
 namespace shardwise::train {
@@ -31,7 +32,12 @@ class FakeDeviceTest : public testing::Test {
     fake_ = &register_fake_device({.index = 0, .capacity = size_t{4} << 30});
     previous_ = ops::install_device_kernels(DeviceKind::Cuda, ops::fake_device_kernels());
   }
-  void TearDown() override { ops::install_device_kernels(DeviceKind::Cuda, previous_); }
+  // No access on one stream to memory another stream used without an event or host wait between:
+  // a race on a GPU (FakeDeviceMemory::stream_races).
+  void TearDown() override {
+    ops::install_device_kernels(DeviceKind::Cuda, previous_);
+    expect_no_stream_races(*fake_);
+  }
   FakeDeviceMemory* fake_ = nullptr;  // its stream log
 
  private:

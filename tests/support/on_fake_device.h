@@ -2,9 +2,12 @@
 // A test fixture with a fake device (tensor/fake_device.h) registered as cuda:0 and its kernel
 // table (ops/fake_device_kernels.h) installed for DeviceKind::Cuda; the table before it comes back
 // after the test.
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "shardwise/ops/device_kernels.h"
 #include "shardwise/ops/fake_device_kernels.h"
@@ -12,16 +15,27 @@
 
 namespace shardwise {
 
+// No access on one stream to memory another stream used without an event or host wait between:
+// a race on a GPU (FakeDeviceMemory::stream_races).
+inline void expect_no_stream_races(const FakeDeviceMemory& fake) {
+  const std::vector<std::string> races = fake.stream_races();
+  EXPECT_TRUE(races.empty()) << races.size() << " stream races:\n" << fmt::format("{}", fmt::join(races, "\n"));
+}
+
 class OnFakeDevice : public testing::Test {
  protected:
   static constexpr Device kFake{DeviceKind::Cuda, 0};  // cuda:0
   void SetUp() override {
-    register_fake_device({.index = 0});
+    fake_ = &register_fake_device({.index = 0});
     previous_ = ops::install_device_kernels(DeviceKind::Cuda, ops::fake_device_kernels());
   }
-  void TearDown() override { ops::install_device_kernels(DeviceKind::Cuda, previous_); }
+  void TearDown() override {
+    ops::install_device_kernels(DeviceKind::Cuda, previous_);
+    expect_no_stream_races(*fake_);
+  }
 
  private:
+  FakeDeviceMemory* fake_ = nullptr;
   std::shared_ptr<const ops::DeviceKernelTable> previous_;
 };
 

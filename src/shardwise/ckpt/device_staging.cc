@@ -4,6 +4,7 @@
 
 #include "shardwise/ckpt/save_plan.h"
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/current_stream.h"
 #include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::ckpt {
@@ -24,7 +25,7 @@ void copy_into_device(const Tensor& host, Tensor& dst) {
            host.shape().to_string(), dst.device().to_string(), dtype_name(dst.dtype()), dst.shape().to_string());
   StagingBuffer buf = staging_buffer(dst.device(), host.nbytes());
   if (host.nbytes() > 0) std::memcpy(buf.data(), host.raw(), host.nbytes());
-  copy_from_host(buf.bytes(), dst);
+  copy_from_host(buf.bytes(), dst, current_stream());
 }
 
 namespace detail {
@@ -42,7 +43,7 @@ void stage_blocks(const CheckpointContent& content, Sources& sources, StagingBuf
       buf = staging_buffer(t.local.device(), t.local.nbytes());
     }
     if (device) {
-      copy_to_host(t.local, buf.bytes());
+      copy_to_host(t.local, buf.bytes(), current_stream());  // after the caller's work on its stream
     } else if (buf.size() > 0) {
       std::memcpy(buf.data(), t.local.raw(), buf.size());
     }

@@ -1,8 +1,11 @@
 #include "shardwise/cli/device_option.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "shardwise/core/error.h"
@@ -28,13 +31,27 @@ int cuda_index(std::string_view name, std::string_view option) {
   return index;
 }
 
+FakeDeviceMemory* the_fake = nullptr;
+
+// At exit: a run on the fake device whose streams raced (work on one stream on memory another
+// stream used, with no event or host wait between: a race on a GPU) fails, naming them.
+void fail_on_stream_races() {
+  const std::vector<std::string> races = the_fake->stream_races();
+  if (races.empty()) return;
+  fmt::print(stderr, "shardwise: {} stream race(s) on the fake device, each a race on a GPU:\n{}\n", races.size(),
+             fmt::join(races, "\n"));
+  std::fflush(stderr);
+  std::_Exit(70);
+}
+
 Device use_fake() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Every rank's parameters, state and activations share it (address space only until used):
     // room for the tiny and small models of the tests and the docs.
-    register_fake_device({.index = 0, .capacity = size_t{16} << 30});
+    the_fake = &register_fake_device({.index = 0, .capacity = size_t{16} << 30});
     ops::install_device_kernels(DeviceKind::Cuda, ops::fake_device_kernels());
+    std::atexit(fail_on_stream_races);
   });
   return Device::cuda(0);
 }

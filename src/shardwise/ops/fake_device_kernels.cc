@@ -30,11 +30,12 @@ class HostWindow {
   // A kernel launched on the thread's current stream (the fake device's stream log).
   void note_launch() { fake_->note_launch(current_stream()); }
 
-  // A host tensor over a device tensor's memory (it keeps the device tensor alive).
-  Tensor view(const Tensor& t) {
+  // A host tensor over a device tensor's memory (it keeps the device tensor alive); `write`: the
+  // kernel writes it (the stream check's access kind).
+  Tensor view(const Tensor& t, bool write) {
     if (!t.on_device()) return t;  // undefined
     const void* p = t.device_ptr();
-    fake_->open_for_host(p, t.nbytes());
+    fake_->open_for_host(p, t.nbytes(), write);
     opened_.push_back(p);
     auto* bytes = static_cast<std::byte*>(const_cast<void*>(p));
     return Tensor::adopt(t.dtype(), t.shape(), std::shared_ptr<std::byte[]>(std::make_shared<Tensor>(t), bytes));
@@ -42,7 +43,7 @@ class HostWindow {
   std::vector<Tensor> views(std::span<const Tensor> ts) {
     std::vector<Tensor> out;
     out.reserve(ts.size());
-    for (const Tensor& t : ts) out.push_back(view(t));
+    for (const Tensor& t : ts) out.push_back(view(t, false));  // an op's inputs: read only
     return out;
   }
 
@@ -53,7 +54,7 @@ class HostWindow {
     if (!host.defined() || host.on_device()) return host;
     if (fake_->owns(host.raw())) return Tensor::adopt_device(host.dtype(), host.shape(), device_, host.storage());
     Tensor d = empty_on(host.dtype(), host.shape(), device_, current_stream());
-    if (host.nbytes() > 0) fake_->copy_to_device(d.device_ptr(), host.raw(), host.nbytes(), {});
+    if (host.nbytes() > 0) fake_->copy_to_device(d.device_ptr(), host.raw(), host.nbytes(), current_stream());
     return d;
   }
   std::vector<Tensor> to_device(std::vector<Tensor> hosts) {
@@ -100,10 +101,10 @@ void fake_adamw(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tenso
                 Tensor* bf16_param) {
   HostWindow w(master.device());
   w.note_launch();
-  Tensor wv = w.view(master), m = w.view(exp_avg), v = w.view(exp_avg_sq), g = w.view(grad);
+  Tensor wv = w.view(master, true), m = w.view(exp_avg, true), v = w.view(exp_avg_sq, true), g = w.view(grad, false);
   adamw_update(wv.data<float>(), m.data<float>(), v.data<float>(), g.data<float>(), wv.numel(), h);
   if (bf16_param) {
-    Tensor p = w.view(*bf16_param);
+    Tensor p = w.view(*bf16_param, true);
     const Tensor rounded = wv.to(p.dtype());
     std::copy_n(rounded.raw(), rounded.nbytes(), p.raw());
   }
@@ -114,7 +115,7 @@ Tensor fake_squares(std::span<const Tensor> grads) {
   w.note_launch();
   std::vector<double> sums;
   for (const Tensor& g : grads) {
-    Tensor v = w.view(g);
+    Tensor v = w.view(g, false);
     sums.push_back(sum_of_squares(v.data<float>(), v.numel()));
   }
   return w.to_device(Tensor::from<double>(Shape{static_cast<int64_t>(sums.size())}, sums));
@@ -123,7 +124,7 @@ Tensor fake_squares(std::span<const Tensor> grads) {
 void fake_scale(Tensor& t, float s) {
   HostWindow w(t.device());
   w.note_launch();
-  Tensor v = w.view(t);
+  Tensor v = w.view(t, true);
   scale_in_place(v.data<float>(), v.numel(), s);
 }
 
@@ -131,12 +132,12 @@ void fake_scale(Tensor& t, float s) {
 void fake_accumulate(Tensor& sum, const Tensor& g) {
   HostWindow w(g.device());
   w.note_launch();
-  const Tensor add = g.dtype() == DType::F32 ? w.view(g) : w.view(g).to(DType::F32);
+  const Tensor add = g.dtype() == DType::F32 ? w.view(g, false) : w.view(g, false).to(DType::F32);
   if (!sum.defined()) {  // a copy in fresh device memory (a view would alias g)
     sum = w.to_device(g.dtype() == DType::F32 ? add.clone() : add);
     return;
   }
-  Tensor acc = w.view(sum);
+  Tensor acc = w.view(sum, true);
   SW_CHECK(acc.dtype() == DType::F32 && acc.numel() == add.numel(), "gradient sum: {} {} += {} {}",
            dtype_name(acc.dtype()), acc.shape().to_string(), dtype_name(g.dtype()), g.shape().to_string());
   float* a = acc.data<float>();

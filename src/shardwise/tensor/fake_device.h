@@ -10,9 +10,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "shardwise/tensor/device_memory.h"
+#include "shardwise/tensor/stream_order.h"
 
 namespace shardwise {
 
@@ -22,6 +24,7 @@ class FakeDeviceMemory : public DeviceMemory {
     int index = 0;
     size_t capacity = size_t{1} << 30;  // allocate() answers nullptr beyond this many bytes
     bool guard = true;                  // blocks PROT_NONE outside the copy calls
+    bool check_streams = true;          // stream_races(): accesses no event or host wait orders
   };
   explicit FakeDeviceMemory(Options options);
   ~FakeDeviceMemory() override;
@@ -62,10 +65,16 @@ class FakeDeviceMemory : public DeviceMemory {
   // Opens the block holding [ptr, ptr + bytes) for host access until as many close_for_host calls
   // (windows nest and may overlap across threads): the fake device's kernels run CPU kernels on its
   // memory inside such a window (ops/fake_device_kernels.h). A clear error when it is no block's.
-  void open_for_host(const void* ptr, size_t bytes);
+  // `write`: the host may write there (a read-only window is checked as a read by stream_races).
+  void open_for_host(const void* ptr, size_t bytes, bool write = true);
   void close_for_host(const void* ptr);
   // Whether `ptr` lies in one of its blocks.
   bool owns(const void* ptr) const;
+
+  // Accesses on one stream to memory another stream used, with no event or host wait between
+  // (tensor/stream_order.h): races on a GPU. With Options::check_streams.
+  std::vector<std::string> stream_races() const;
+  void clear_stream_races();
 
   void hold_events(bool hold);
   void complete_events();
@@ -80,6 +89,8 @@ class FakeDeviceMemory : public DeviceMemory {
   // The block holding [ptr, ptr + bytes) (a clear error when none does), opened for the call.
   void open(const void* ptr, size_t bytes);
   void close(const void* ptr);
+  // An access for the race check (Options::check_streams), under the lock.
+  void note_access(Stream stream, const void* ptr, size_t bytes, bool write, const char* what);
   std::map<std::byte*, Mapping>::iterator block_of(const void* ptr);
 
   Options options_;
@@ -91,6 +102,7 @@ class FakeDeviceMemory : public DeviceMemory {
   std::map<uint64_t, std::pair<void*, bool>> events_;  // id -> (stream handle, done)
   uintptr_t next_stream_ = 1;
   std::vector<StreamEvent> log_;
+  StreamOrder order_;
 };
 
 // Registers a fake device as cuda:`index` (device_memory.h) and returns it (owned by the registry).

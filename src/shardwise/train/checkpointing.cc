@@ -8,6 +8,7 @@
 #include <set>
 
 #include "shardwise/ckpt/checksum.h"
+#include "shardwise/tensor/current_stream.h"
 #include "shardwise/ckpt/group_reader.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
@@ -255,6 +256,7 @@ ckpt::CheckpointContent checkpoint_content(Trainer& trainer, comm::Communicator&
 
 ckpt::fs::path save_trainer(Trainer& trainer, comm::Communicator& world, const ckpt::fs::path& root,
                             const ckpt::SaveOptions& options, bool model_only) {
+  StreamScope on_compute(trainer.compute_stream());  // the staging copies follow the last update's kernels
   return ckpt::save_checkpoint(world, root, checkpoint_content(trainer, world, model_only), options);
 }
 
@@ -370,6 +372,7 @@ namespace {
 // A device run's state goes to the host for the load's host code and back after (counted copies).
 template <class Load>
 auto load_on_host(Trainer& trainer, Load&& load) {
+  StreamScope on_compute(trainer.compute_stream());  // the copies follow (and precede) the steps' kernels
   trainer.move_state(Device::host());
   auto result = load();
   trainer.move_state(trainer.config().device);
@@ -581,6 +584,7 @@ CheckpointSchedule::CheckpointSchedule(ckpt::fs::path root, int64_t every, bool 
 
 std::optional<ckpt::fs::path> CheckpointSchedule::after_step(Trainer& trainer, comm::Communicator& world, bool force) {
   if (!force && (every_ <= 0 || trainer.steps_done() % every_ != 0)) return std::nullopt;
+  StreamScope on_compute(trainer.compute_stream());  // the staging copies follow the last update's kernels
   std::optional<ckpt::fs::path> dir;
   const auto start = std::chrono::steady_clock::now();
   if (async_) {

@@ -114,7 +114,7 @@ void move_param_state(ParamState& p, Device device) {
   const bool own_master = has_own_master(p);
   auto move = [&](Tensor& t) {
     if (!t.defined() || t.device() == device) return;
-    t = device.is_host() ? to_host(t) : to_device(t, device);
+    t = device.is_host() ? to_host(t, current_stream()) : to_device(t, device, current_stream());
   };
   move(p.master);
   move(p.exp_avg);
@@ -144,7 +144,10 @@ StagedGpt::StagedGpt(const GptConfig& model, const Strategy& strategy, const Pip
   // the gradients read the shape of only (and, with recompute, a segment's values) need not wait.
   pipeline::RunnerOptions ro{config_.release, config_.poison_stand_ins, config_.prefetch_params, config_.device};
   runner_ = std::make_unique<pipeline::PipelineRunner>(std::move(schedule), meshes_, std::move(specs), world_, ro);
-  init_params(my_process(*world_));
+  {
+    StreamScope on_compute(stream());  // a device run's state lives (and is freed) on its compute stream
+    init_params(my_process(*world_));
+  }
   bind_constants(*runner_, model_, mask_, config_.device);
   loader_ = make_loader(micro_batches, config_.loader);
 }
@@ -674,7 +677,7 @@ Tensor StagedGpt::gather_param(const std::string& name, const std::vector<Tensor
       SW_CHECK(it != frozen_.end() && !blocks, "no {}parameter named '{}'", blocks ? "trained " : "", name);
       mine = it->param;
     }
-    if (mine.on_device()) mine = to_host(mine);  // a device run's block, for host code (tests, exports)
+    if (mine.on_device()) mine = to_host(mine, stream());  // a device run's block, after its updates on the compute stream
     if (mine.dtype() != DType::F32) mine = mine.to(DType::F32);
     reshard::Plan plan = reshard::plan_reshard(it->shape, DType::F32, {m, it->dist}, {m, mesh::DistAttr(m.ndim())});
     Tensor whole = reshard::Resharder(world_).run(plan, mine);

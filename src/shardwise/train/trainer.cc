@@ -473,6 +473,7 @@ HeldBytes Trainer::held_bytes() const {
 }
 
 Tensor Trainer::gather_state(const std::string& name, Tensor ParamState::*field) {
+  StreamScope on_compute(model_->stream());  // a device run's gathers follow the last update's kernels
   std::vector<ParamState>& params = model_->params();
   auto it = std::find_if(params.begin(), params.end(), [&](const ParamState& p) { return p.name == name; });
   std::vector<Tensor> blocks(params.size());
@@ -489,6 +490,7 @@ Tensor Trainer::gather_state(const std::string& name, Tensor ParamState::*field)
 }
 
 Tensor Trainer::gather_grad(const std::string& name) {
+  StreamScope on_compute(model_->stream());  // a device run's gathers follow the step's kernels
   SW_CHECK(keep_grads_ && step_ > 0,
            "gather_grad('{}'): no gradients kept; call keep_gradients(true) before the step", name);
   if (!sharded_) return model_->gather_param(name, &last_grads_);

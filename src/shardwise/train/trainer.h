@@ -160,6 +160,9 @@ class Trainer {
     std::string dir, fingerprint;
   };
   const BaseModel& base_model() const { return base_model_; }
+  // The stream this rank's kernels and updates run on (on the host: the default stream). Host code
+  // that reads or writes the trainer's device tensors between steps (checkpoints) does so on it.
+  Stream compute_stream() { return model_->stream(); }
   void set_base_model(BaseModel base) { base_model_ = std::move(base); }
   // The options the run was given ({"name": ["value", ...]}), which its checkpoints keep in
   // run_options.json (run_options.h); null: none written.
