@@ -21,6 +21,7 @@
 #include "shardwise/tensor/device_allocator.h"
 #include "shardwise/tensor/device_copy.h"
 #include "shardwise/tensor/fake_device.h"
+#include "tests/support/stream_races.h"
 
 namespace shardwise::comm {
 namespace {
@@ -41,6 +42,7 @@ std::vector<Tensor> outputs(const Case& c, int n, bool device) {
 class LocalDevice : public testing::Test {
  protected:
   void SetUp() override { fake_ = &register_fake_device({.index = 5}); }
+  void TearDown() override { expect_no_stream_races(*fake_); }
   FakeDeviceMemory* fake_ = nullptr;
 };
 

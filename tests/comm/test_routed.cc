@@ -16,6 +16,7 @@
 #include "shardwise/comm/routed.h"
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/fake_device.h"
+#include "tests/support/stream_races.h"
 
 namespace shardwise::comm {
 namespace {
@@ -112,7 +113,9 @@ std::vector<float> floats(const Tensor& t) { return {t.data<float>(), t.data<flo
 
 class Routing : public testing::Test {
  protected:
-  void SetUp() override { register_fake_device({.index = 5}); }
+  void SetUp() override { fake_ = &register_fake_device({.index = 5}); }
+  void TearDown() override { expect_no_stream_races(*fake_); }
+  FakeDeviceMemory* fake_ = nullptr;
 };
 
 TEST_F(Routing, DeviceBufferCallsGoToTheDeviceSideAndTheRestToTheHostWithTheHostPathsBits) {

@@ -17,6 +17,7 @@
 #include "shardwise/tensor/device_copy.h"
 #include "shardwise/tensor/fake_device.h"
 #include "shardwise/verify/sim_mesh.h"
+#include "tests/support/stream_races.h"
 
 namespace shardwise::reshard {
 namespace {
@@ -51,7 +52,9 @@ std::vector<int64_t> ids(std::initializer_list<int64_t> v) { return v; }
 
 class DeviceReshard : public testing::TestWithParam<int> {
  protected:
-  void SetUp() override { register_fake_device({.index = 4}); }
+  void SetUp() override { fake_ = &register_fake_device({.index = 4}); }
+  void TearDown() override { expect_no_stream_races(*fake_); }
+  FakeDeviceMemory* fake_ = nullptr;
 };
 
 TEST_P(DeviceReshard, EveryRanksBlockEqualsTheHostPathsBitForBit) {
@@ -105,7 +108,9 @@ INSTANTIATE_TEST_SUITE_P(Meshes, DeviceReshard, testing::Values(0, 1, 2, 3));
 // A block on a device without a scope saying so is a clear error, not a host read.
 class DeviceReshardErrors : public testing::Test {
  protected:
-  void SetUp() override { register_fake_device({.index = 4}); }
+  void SetUp() override { fake_ = &register_fake_device({.index = 4}); }
+  void TearDown() override { expect_no_stream_races(*fake_); }
+  FakeDeviceMemory* fake_ = nullptr;
 };
 
 TEST_F(DeviceReshardErrors, ADeviceBlockWithoutItsScopeIsAnError) {

@@ -2,25 +2,16 @@
 // A test fixture with a fake device (tensor/fake_device.h) registered as cuda:0 and its kernel
 // table (ops/fake_device_kernels.h) installed for DeviceKind::Cuda; the table before it comes back
 // after the test.
-#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "shardwise/ops/device_kernels.h"
 #include "shardwise/ops/fake_device_kernels.h"
 #include "shardwise/tensor/fake_device.h"
+#include "tests/support/stream_races.h"
 
 namespace shardwise {
-
-// No access on one stream to memory another stream used without an event or host wait between:
-// a race on a GPU (FakeDeviceMemory::stream_races).
-inline void expect_no_stream_races(const FakeDeviceMemory& fake) {
-  const std::vector<std::string> races = fake.stream_races();
-  EXPECT_TRUE(races.empty()) << races.size() << " stream races:\n" << fmt::format("{}", fmt::join(races, "\n"));
-}
 
 class OnFakeDevice : public testing::Test {
  protected:

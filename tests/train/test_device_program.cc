@@ -14,6 +14,7 @@
 #include "shardwise/ops/fake_device_kernels.h"
 #include "shardwise/tensor/fake_device.h"
 #include "tests/support/device_steps.h"
+#include "tests/support/stream_races.h"
 
 namespace shardwise::train {
 namespace {
@@ -31,7 +32,10 @@ class DeviceProgram : public testing::TestWithParam<Case> {
     fake_ = &register_fake_device({.index = 0});
     previous_ = ops::install_device_kernels(DeviceKind::Cuda, ops::fake_device_kernels());
   }
-  void TearDown() override { ops::install_device_kernels(DeviceKind::Cuda, previous_); }
+  void TearDown() override {
+    ops::install_device_kernels(DeviceKind::Cuda, previous_);
+    expect_no_stream_races(*fake_);
+  }
   FakeDeviceMemory* fake_ = nullptr;
   std::shared_ptr<const ops::DeviceKernelTable> previous_;
 };
