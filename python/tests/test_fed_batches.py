@@ -27,13 +27,13 @@ def vit_tiny():
     return module
 
 
-def vit_curve(tmp_path, mesh, head="classes", **options):
+def vit_curve(tmp_path, mesh, head="classes", steps=STEPS, **options):
     vit = vit_tiny()
     model = vit.ViT(**SIZE, head_loss=head)
-    data = vit.synthetic_batches(model, RUN["global_batch"], STEPS)
-    with sw.Trainer(model=model, data=data, mesh=mesh, steps=STEPS, run_dir=tmp_path / mesh, **RUN,
+    data = vit.synthetic_batches(model, RUN["global_batch"], steps)
+    with sw.Trainer(model=model, data=data, mesh=mesh, steps=steps, run_dir=tmp_path / mesh, **RUN,
                     **options) as trainer:
-        return [trainer.step().loss for _ in range(STEPS)]
+        return [trainer.step().loss for _ in range(steps)]
 
 
 @pytest.fixture(scope="module", params=["classes", "reward"])
@@ -129,3 +129,11 @@ def test_a_batch_for_a_model_on_token_ids_is_refused(tmp_path):
         with pytest.raises(sw.UsageError, match="for a model fed batches of its own"):
             trainer.step(batch={"x": np.zeros((8, 2), np.float32)})
         assert trainer.step().step == 1
+
+
+@pytest.mark.parametrize("mesh", ["dp=1", "dp=2", "tp=2", "pp=2"])
+def test_a_python_model_on_the_fake_device_gives_the_cpu_curve_bit_for_bit(tmp_path, mesh):
+    # device="fake": the parameters, state and every step's tensors in the fake device's memory
+    # (host memory closed to the host outside explicit copies), each micro-batch's fed rows copied in.
+    cpu = vit_curve(tmp_path / "cpu", mesh, steps=4)
+    assert vit_curve(tmp_path / "dev", mesh, steps=4, device="fake") == cpu

@@ -19,8 +19,6 @@ void check_device_run(const TrainConfig& c, const mesh::Strategy& s) {
   SW_CHECK(s.ep < 0, "--device {} with an ep dim in --mesh {}: expert parallelism over ranks moves tokens between ranks "
            "outside the graph, which needs {}; use a mesh without ep (the experts on every rank), or --device cpu",
            dev, s.mesh.to_string(), kOutsideGraph);
-  SW_CHECK(c.model.custom == nullptr, "a model built in Python on {}: its batches are fed on the host (not built on a "
-           "device yet)", dev);
 }
 
 }  // namespace shardwise::train

@@ -91,14 +91,14 @@ void bind_rows(runtime::Runtime& rt, const GptConfig& model, bool first, bool la
 // A model fed from the caller (CustomModel::feeds): this rank's rows of micro-batch `mb` of each
 // feed the stage's graph takes, cut from the step's whole batch.
 void bind_fed(runtime::Runtime& rt, const CustomModel& custom, const pipeline::StageSpec& spec, int64_t row0,
-              int64_t rows) {
+              int64_t rows, Device device) {
   for (const std::string& name : custom.feeds) {
     if (std::find(spec.feeds.begin(), spec.feeds.end(), name) == spec.feeds.end()) continue;
     const Tensor whole = custom.batch(name);
     SW_CHECK(whole.shape().ndim() >= 1 && whole.shape()[0] >= row0 + rows,
              "the batch's '{}' has shape [{}]; micro-batch rows [{}, {}) are missing", name, whole.shape().to_string(),
              row0, row0 + rows);
-    bind_block(rt, name, whole, -row0);  // the whole batch's rows: micro-batch row r is row row0 + r
+    bind_block(rt, name, whole, -row0, device);  // the whole batch's rows: micro-batch row r is row row0 + r
   }
 }
 
@@ -313,7 +313,9 @@ StagedGpt::Result StagedGpt::forward_backward(const Dataset* data, int64_t first
   std::vector<RowBatch> batches = loader_->take(data, first);  // before the step's collectives
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     rt.set_sample_offset(first + mb * sequences_);  // dropout masks follow the samples, not the mesh
-    if (fed_batches(model_)) return bind_fed(rt, *model_.custom, runner_->spec(stage), mb * sequences_, sequences_);
+    if (fed_batches(model_)) {
+      return bind_fed(rt, *model_.custom, runner_->spec(stage), mb * sequences_, sequences_, config_.device);
+    }
     if (stage != 0 && stage != S - 1 && !model_.document_mask) return;
     bind_rows(rt, model_, stage == 0, stage == S - 1, batches[static_cast<size_t>(mb)], config_.device);
   };
@@ -575,7 +577,7 @@ double StagedGpt::fed_loss() {
   if (!val_ || val_->schedule().micro_batches != m) val_ = forward_runner(m, StageGraph::Loss);
   auto feed = [&](int stage, int mb, runtime::Runtime& rt) {
     rt.set_sample_offset(mb * sequences_);
-    bind_fed(rt, *model_.custom, val_->spec(stage), mb * sequences_, sequences_);
+    bind_fed(rt, *model_.custom, val_->spec(stage), mb * sequences_, sequences_, config_.device);
   };
   bind(*val_);
   double sum = val_->run(feed).loss_sum;  // the micro-batches' mean losses, summed
