@@ -2,15 +2,19 @@
 // memory, its kernel table running the CPU kernels) the transformers-written GPT-2 and Llama tiny
 // checkpoints of tests/golden/hf give the CPU run's tokens and logits bit for bit, greedy and
 // sampled, on one rank and on dp=2 and tp=2 threads; the host reads one thing a step, the logits
-// sampling needs (the device-to-host copies counted); a pp mesh is refused on a device.
+// sampling needs (the device-to-host copies counted); a pp mesh is refused on a device; a
+// process's graphs all run on one compute stream.
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <set>
 
 #include "shardwise/comm/local.h"
 #include "shardwise/generate/generate.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/tensor/device_copy.h"
+#include "shardwise/tensor/device_memory.h"
+#include "shardwise/tensor/fake_device.h"
 #include "tests/support/error_of.h"
 #include "tests/support/on_fake_device.h"
 
@@ -109,6 +113,21 @@ TEST_F(GenerateDevice, APipelineMeshIsRefusedOnADevice) {
     });
   });
   EXPECT_NE(e.find("generating on cuda:0 with a pp mesh"), std::string::npos) << e;
+}
+
+// The prefill's and the decode steps' graphs run on one compute stream per process, so a step's
+// cache writes come before the next step's reads whether or not the host waits between them: the
+// kernels launch on as many streams as there are ranks.
+TEST_F(GenerateDevice, EveryGraphOfAProcessRunsOnOneComputeStream) {
+  auto& fake = static_cast<FakeDeviceMemory&>(device_memory(kFake));
+  for (const auto& [mesh, ranks] : {std::pair{"dp=1", 1u}, {"dp=2", 2u}}) {
+    fake.clear_stream_log();
+    generate_from("gpt2_tiny", mesh, kFake, greedy());
+    std::set<void*> launched_on;
+    for (const FakeDeviceMemory::StreamEvent& e : fake.stream_log())
+      if (e.kind == FakeDeviceMemory::StreamEvent::Kind::Launch) launched_on.insert(e.stream);
+    EXPECT_EQ(launched_on.size(), ranks) << mesh;
+  }
 }
 
 }  // namespace

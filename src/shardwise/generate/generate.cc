@@ -161,6 +161,13 @@ void Generator::cut_stages(const Strategy& whole) {
   last_root_ = rank_of(stage(pp_ - 1).process_ids()[0]);
 }
 
+void Generator::share_streams(runtime::Runtime& rt) {
+  if (device_.is_host()) return;
+  if (streams_of_) return rt.share_streams(*streams_of_);
+  rt.use_device(device_);
+  streams_of_ = &rt;
+}
+
 Generator::~Generator() = default;
 
 Generator::Compiled& Generator::compile(std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Compiled>>& cache,
@@ -173,6 +180,7 @@ Generator::Compiled& Generator::compile(std::map<std::pair<int64_t, int64_t>, st
                     : build_model_prefill(model_, strategy_, key.first, key.second, part_);
   c->program = graph::lower(c->graph.g, graph::complete(c->graph.g, strategy_.mesh));
   c->runtime = std::make_unique<runtime::Runtime>(c->graph.g, c->program, world_);
+  share_streams(*c->runtime);
   for (const auto* names : {&c->graph.present_k, &c->graph.present_v})
     for (const std::string& n : *names) c->runtime->keep(n);
   if (!c->graph.hidden.empty()) c->runtime->keep(c->graph.hidden);

@@ -38,7 +38,8 @@
 // copies, and the host reads one thing a step: the logits [B, 1, V] its sampling needs (one counted
 // device-to-host copy per rank and step). Ranks as threads on one device reshard through what device
 // tensors have (runtime.h); pp meshes are refused on a device (the stages hand the residual stream
-// over host memory).
+// over host memory). A process's graphs all run on one pair of streams (the first graph's), so a
+// step's cache writes come before the next step's reads whether its host waits or not.
 #include <chrono>
 #include <functional>
 #include <map>
@@ -149,6 +150,8 @@ class Generator {
   void next_tokens(Compiled& c, Batch& b);
   void write_cache(Compiled& c, Batch& b, bool prefill, const std::vector<int64_t>& fed_position);
   void cut_stages(const Strategy& whole);
+  // Runs `c` on this process's one pair of streams (device: the first graph's; host: nothing).
+  void share_streams(runtime::Runtime& rt);
   void run_stage(Compiled& c);
   // Binds an input from its global value: this rank's block, copied to the device when there is one.
   void bind_input(runtime::Runtime& rt, std::string_view name, const Tensor& global) const;
@@ -164,6 +167,7 @@ class Generator {
   std::map<std::string, Tensor> loaded_;  // "<name>|<placements>" -> this process's block
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Compiled>> prefill_, decode_;
   double plan_seconds_ = 0;
+  runtime::Runtime* streams_of_ = nullptr;  // on a device: the runtime whose streams every graph runs on
   // On a pp mesh: pp ranks, this stage, its part of the model, the world ranks that hand it the
   // residual stream and take it (-1: none), and the last stage's first process (the logits' root).
   int64_t pp_ = 1, stage_ = 0;
