@@ -288,7 +288,7 @@ void add_generate_options(CLI::App& cmd, GenerateOptions& o) {
                  "stops a sequence unless --eos-id); default: the checkpoint's tokenizer.model when it has one");
   cmd.add_option("--device", o.device,
                  fmt::format("where the weights, the KV cache and the kernels are: {}; the host reads the logits "
-                             "once a step (not with a pp mesh)", kDeviceNames))
+                             "once a step (on a pp mesh: the last stage's ranks)", kDeviceNames))
       ->check(CLI::IsMember({"cpu", "fake", "cuda"}));
   cmd.add_option("--logits-out", o.logits_out,
                  "write the logits each new token came from to a .safetensors file (\"logits.<prompt>\" [new, vocab])");

@@ -12,6 +12,7 @@
 #include "shardwise/runtime/runtime.h"
 #include "shardwise/models/model_io.h"
 #include "shardwise/models/models.h"
+#include "shardwise/reshard/executor.h"
 #include "shardwise/tensor/device_copy.h"
 
 namespace shardwise::train {
@@ -106,6 +107,7 @@ struct Generator::Compiled {
   DecoderGraph graph;
   graph::Program program;
   std::unique_ptr<runtime::Runtime> runtime;
+  reshard::Plan from_prev, to_next;  // on a pp mesh: the residual stream from the previous stage, to the next
 };
 
 // The sequences of one generate() call: the prompts, then the padding to a multiple of dp x ep.
@@ -129,9 +131,6 @@ struct Generator::Batch {
 Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shared_ptr<comm::Communicator> world,
                      WeightSource weights, Device device)
     : model_(model), device_(device), strategy_(strategy), world_(std::move(world)), weights_(std::move(weights)) {
-  SW_CHECK(device_.is_host() || strategy.pp < 0,
-           "generating on {} with a pp mesh ({}) is not built: the stages hand the residual stream over host memory; "
-           "use a mesh without pp", device_.to_string(), strategy.mesh.to_string());
   model_.param_dtype = DType::F32;
   model_.dropout = 0;
   process_ = world_->members()[static_cast<size_t>(world_->rank())];
@@ -140,8 +139,8 @@ Generator::Generator(const GptConfig& model, const Strategy& strategy, std::shar
 }
 
 // A pp mesh: this process's stage (its layers, embeddings on the first, the head on the last, as
-// training cuts them), the stage's mesh (the other dims), and the world ranks of the processes at
-// the same place in the neighbouring stages and of the last stage's first process.
+// training cuts them), the stage's mesh (the other dims), the neighbouring stages' meshes, the
+// world rank of the last stage's first process, and the resharder for the stream between stages.
 void Generator::cut_stages(const Strategy& whole) {
   const mesh::ProcessMesh& m = whole.mesh;
   pp_ = m.dim_size(whole.pp);
@@ -151,14 +150,19 @@ void Generator::cut_stages(const Strategy& whole) {
   part_ = {r.begin, r.end, stage_ == 0, stage_ == pp_ - 1};
   auto stage = [&](int64_t s) { return pipeline::stage_mesh(m, whole.pp, s, "dp"); };
   strategy_ = Strategy::from_mesh(stage(stage_), false);
-  const int64_t index = strategy_.mesh.rank_index_of_process(process_);
-  auto rank_of = [&](int64_t process) {
-    const std::vector<int>& members = world_->members();
-    return static_cast<int>(std::find(members.begin(), members.end(), process) - members.begin());
-  };
-  if (stage_ > 0) prev_ = rank_of(stage(stage_ - 1).process_ids()[static_cast<size_t>(index)]);
-  if (stage_ < pp_ - 1) next_ = rank_of(stage(stage_ + 1).process_ids()[static_cast<size_t>(index)]);
-  last_root_ = rank_of(stage(pp_ - 1).process_ids()[0]);
+  if (stage_ > 0) prev_mesh_ = stage(stage_ - 1);
+  if (stage_ < pp_ - 1) next_mesh_ = stage(stage_ + 1);
+  const std::vector<int>& members = world_->members();
+  const int64_t root = stage(pp_ - 1).process_ids()[0];
+  last_root_ = static_cast<int>(std::find(members.begin(), members.end(), root) - members.begin());
+  resharder_ = std::make_unique<reshard::Resharder>(world_->group(members));  // collective: every rank
+}
+
+void Generator::share_streams(runtime::Runtime& rt) {
+  if (device_.is_host()) return;
+  if (streams_of_) return rt.share_streams(*streams_of_);
+  rt.use_device(device_);
+  streams_of_ = &rt;
 }
 
 Generator::~Generator() = default;
@@ -173,6 +177,14 @@ Generator::Compiled& Generator::compile(std::map<std::pair<int64_t, int64_t>, st
                     : build_model_prefill(model_, strategy_, key.first, key.second, part_);
   c->program = graph::lower(c->graph.g, graph::complete(c->graph.g, strategy_.mesh));
   c->runtime = std::make_unique<runtime::Runtime>(c->graph.g, c->program, world_);
+  share_streams(*c->runtime);
+  // The stream keeps its layout from stage to stage (the stages' meshes have one shape).
+  auto between = [&](const std::string& name, const mesh::ProcessMesh& from, const mesh::ProcessMesh& to) {
+    const graph::Slot& slot = c->program.slots[static_cast<size_t>(c->runtime->value_slot(name))];
+    return reshard::plan_reshard(slot.meta.shape, slot.meta.dtype, {from, slot.dist}, {to, slot.dist});
+  };
+  if (prev_mesh_) c->from_prev = between("hidden", *prev_mesh_, strategy_.mesh);
+  if (next_mesh_) c->to_next = between(c->graph.hidden, strategy_.mesh, *next_mesh_);
   for (const auto* names : {&c->graph.present_k, &c->graph.present_v})
     for (const std::string& n : *names) c->runtime->keep(n);
   if (!c->graph.hidden.empty()) c->runtime->keep(c->graph.hidden);
@@ -238,21 +250,13 @@ void Generator::bind_input(runtime::Runtime& rt, std::string_view name, const Te
   rt.set_local(name, to_device(global.slice(b.offsets(), b.shape), device_, rt.stream()));
 }
 
-// This stage's turn: the stream from the previous stage, the graph, the stream to the next.
+// This stage's turn: the stream from the previous stage, the graph, the stream to the next (on a
+// device as device tensors, on the communication stream: Runtime::transfer).
 void Generator::run_stage(Compiled& c) {
   runtime::Runtime& rt = *c.runtime;
-  if (prev_ >= 0) {
-    const graph::Program& p = c.program;
-    const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(c.graph.g.get("hidden"))])];
-    Tensor in(DType::F32, mesh::local_block(slot.meta.shape, slot.dist, p.mesh, coords_of(p.mesh, process_)).shape);
-    world_->recv(in.raw(), in.numel(), DType::F32, prev_);
-    rt.set_local("hidden", in);
-  }
+  if (prev_mesh_) rt.set_local("hidden", rt.transfer(*resharder_, c.from_prev, Tensor(), device_));
   rt.run();
-  if (next_ >= 0) {
-    const Tensor out = rt.local(c.graph.hidden);
-    world_->send(out.raw(), out.numel(), DType::F32, next_);
-  }
+  if (next_mesh_) rt.transfer(*resharder_, c.to_next, rt.local(c.graph.hidden), device_);
 }
 
 // Feeds each active sequence's last token at its position (done ones: token 0 at 0, unread).

@@ -10,8 +10,10 @@
 // (and so the KV cache) and the vocabulary, ep the MoE experts (and the batch, with dp). pp cuts
 // the model into stages by layer as training does (embeddings on the first, the head on the last):
 // each process plans its stage's graphs on its stage's mesh (the other dims) and holds its layers'
-// cache; for each token the stages run in turn, each handing the residual stream [B, T, H] to the
-// process at its place in the next stage, and the last stage's logits are broadcast to every rank.
+// cache; for each token the stages run in turn, each handing its block of the residual stream
+// [B, T, H] to the process at its place in the next stage (a reshard plan from one stage's mesh to
+// the next's, run by Runtime::transfer as training's pipeline does), and the last stage's logits
+// are broadcast to every rank.
 // Each graph is planned once per shape and kept.
 //
 // With the KV cache (the default): one prefill over the prompts, then one decode step per new
@@ -36,13 +38,17 @@
 // are copied there, the graphs run the device's kernels (ops/device_kernels.h) on the runtime's
 // compute stream, the step's keys and values are written into the cache with device-to-device
 // copies, and the host reads one thing a step: the logits [B, 1, V] its sampling needs (one counted
-// device-to-host copy per rank and step). Ranks as threads on one device reshard through what device
-// tensors have (runtime.h); pp meshes are refused on a device (the stages hand the residual stream
-// over host memory).
+// device-to-host copy per rank and step; on a pp mesh per rank of the last stage, whose first process
+// broadcasts them over host memory). Ranks as threads on one device reshard through what device
+// tensors have (runtime.h). On a pp mesh each stage's cache is on its ranks' device and the residual
+// stream goes from stage to stage as device tensors (Runtime::transfer, on the communication
+// stream). A process's graphs all run on one pair of streams (the first graph's), so a step's
+// cache writes come before the next step's reads on every stage, whether its host waits or not.
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +62,10 @@
 namespace shardwise::runtime {
 class Runtime;
 }  // namespace shardwise::runtime
+
+namespace shardwise::reshard {
+class Resharder;
+}  // namespace shardwise::reshard
 
 namespace shardwise::train {
 
@@ -149,6 +159,8 @@ class Generator {
   void next_tokens(Compiled& c, Batch& b);
   void write_cache(Compiled& c, Batch& b, bool prefill, const std::vector<int64_t>& fed_position);
   void cut_stages(const Strategy& whole);
+  // Runs `c` on this process's one pair of streams (device: the first graph's; host: nothing).
+  void share_streams(runtime::Runtime& rt);
   void run_stage(Compiled& c);
   // Binds an input from its global value: this rank's block, copied to the device when there is one.
   void bind_input(runtime::Runtime& rt, std::string_view name, const Tensor& global) const;
@@ -164,11 +176,15 @@ class Generator {
   std::map<std::string, Tensor> loaded_;  // "<name>|<placements>" -> this process's block
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Compiled>> prefill_, decode_;
   double plan_seconds_ = 0;
-  // On a pp mesh: pp ranks, this stage, its part of the model, the world ranks that hand it the
-  // residual stream and take it (-1: none), and the last stage's first process (the logits' root).
+  runtime::Runtime* streams_of_ = nullptr;  // on a device: the runtime whose streams every graph runs on
+  // On a pp mesh: pp ranks, this stage, its part of the model, the meshes of the stages that hand
+  // it the residual stream and take it (empty: none), the last stage's first process (the logits'
+  // root), and the resharder moving the stream (on its own communicator over the world).
   int64_t pp_ = 1, stage_ = 0;
   DecodePart part_;
-  int prev_ = -1, next_ = -1, last_root_ = 0;
+  std::optional<mesh::ProcessMesh> prev_mesh_, next_mesh_;
+  int last_root_ = 0;
+  std::unique_ptr<reshard::Resharder> resharder_;
 };
 
 }  // namespace shardwise::train

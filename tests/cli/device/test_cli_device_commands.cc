@@ -1,7 +1,8 @@
 // --device on the commands that run kernels (cli/device_option.h): `verify --device fake` checks
 // what `--device cpu` checks, every check run on the device; `generate --device fake` gives the
 // CPU's tokens and logits (and transformers' greedy tokens) for the GPT-2 and Llama tiny checkpoints
-// of tests/golden/hf; `--device cuda` without CUDA or a GPU is an error before any work, saying which.
+// of tests/golden/hf, on one rank and on a pp=2 mesh; `--device cuda` without CUDA or a GPU is an
+// error before any work, saying which.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -59,25 +60,34 @@ TEST(CliDevice, VerifyOnCudaWithoutCudaOrAGpuIsAnErrorBeforeAnyWork) {
   EXPECT_EQ(r.out.find("forward"), std::string::npos) << r.out;
 }
 
+// `generate <args>` on the CPU and on the fake device: the same sequences and the same logits file
+// (bit for bit); the fake run's JSON.
+nlohmann::json expect_fake_as_cpu(const std::string& args, const std::string& what) {
+  Result cpu = run(args + " --device cpu --logits-out " + tmp("cpu.safetensors"));
+  Result fake = run(args + " --device fake --logits-out " + tmp("fake.safetensors"));
+  EXPECT_EQ(cpu.status, 0) << cpu.out;
+  EXPECT_EQ(fake.status, 0) << fake.out;
+  if (cpu.status != 0 || fake.status != 0) return {};
+  const nlohmann::json c = shardwise_cli_test::json_of(cpu), d = shardwise_cli_test::json_of(fake);
+  EXPECT_EQ(c["device"], "host") << what;
+  EXPECT_EQ(d["device"], "cuda:0") << what;
+  EXPECT_EQ(d["sequences"], c["sequences"]) << what;
+  EXPECT_EQ(file_bytes(tmp("fake.safetensors")), file_bytes(tmp("cpu.safetensors"))) << what << ": the logits";
+  EXPECT_NE(fake.out.find("on fake (cuda:0))"), std::string::npos) << fake.out;
+  return d;
+}
+
+const std::string kGolden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/";
+
 TEST(CliDevice, GenerateOnTheFakeDeviceGivesTheCpuTokensAndLogits) {
-  const std::string golden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/";
   for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
-    const shardwise_cli_test::GoldenGreedy want = shardwise_cli_test::golden_greedy(golden, name);
+    const shardwise_cli_test::GoldenGreedy want = shardwise_cli_test::golden_greedy(kGolden, name);
     for (const std::string sampling : {"", " --top-k 20 --seed 7"}) {
-      const std::string args = "generate --checkpoint " + golden + name + " --prompt-ids '" + want.prompt_ids +
+      const std::string args = "generate --checkpoint " + kGolden + name + " --prompt-ids '" + want.prompt_ids +
                                ";3,4' --max-new-tokens 6 --eos-id -1 --json" + sampling;
       const std::string what = name + sampling;
-      Result cpu = run(args + " --device cpu --logits-out " + tmp("cpu.safetensors"));
-      Result fake = run(args + " --device fake --logits-out " + tmp("fake.safetensors"));
-      ASSERT_EQ(cpu.status, 0) << cpu.out;
-      ASSERT_EQ(fake.status, 0) << fake.out;
-      const nlohmann::json c = shardwise_cli_test::json_of(cpu), d = shardwise_cli_test::json_of(fake);
-      EXPECT_EQ(c["device"], "host") << what;
-      EXPECT_EQ(d["device"], "cuda:0") << what;
-      EXPECT_EQ(d["sequences"], c["sequences"]) << what;
-      EXPECT_EQ(file_bytes(tmp("fake.safetensors")), file_bytes(tmp("cpu.safetensors"))) << what << ": the logits";
-      EXPECT_NE(fake.out.find("on fake (cuda:0))"), std::string::npos) << fake.out;
-      if (!sampling.empty()) continue;
+      const nlohmann::json d = expect_fake_as_cpu(args, what);
+      if (!sampling.empty() || d.is_null()) continue;
       std::vector<int64_t> greedy = want.prompt;
       const auto got = d["sequences"][0]["new_ids"].get<std::vector<int64_t>>();
       greedy.insert(greedy.end(), got.begin(), got.end());
@@ -88,12 +98,21 @@ TEST(CliDevice, GenerateOnTheFakeDeviceGivesTheCpuTokensAndLogits) {
   }
 }
 
-TEST(CliDevice, GenerateRefusesWhatItCannotRunOnADeviceBeforeAnyWork) {
-  const std::string golden = std::string(SHARDWISE_SOURCE_DIR) + "/tests/golden/hf/llama_tiny";
-  auto pp = run("generate --checkpoint " + golden + " --prompt-ids 1,2 --mesh pp=2 --device fake");
-  EXPECT_EQ(pp.status, 2) << pp.out;
-  EXPECT_NE(pp.out.find("--device fake: pp meshes generate on the CPU only"), std::string::npos) << pp.out;
-  auto cuda = run("generate --checkpoint " + golden + " --prompt-ids 1,2 --device cuda");
+// A pp=2 mesh on the fake device (each stage's cache there, the residual stream handed over as
+// device tensors) gives the CPU's pp=2 run, greedy and sampled.
+TEST(CliDevice, GenerateOnAPpMeshOnTheFakeDeviceGivesTheCpuTokensAndLogits) {
+  for (const std::string name : {"gpt2_tiny", "llama_tiny"}) {
+    for (const std::string sampling : {"", " --top-k 20 --seed 7"}) {
+      const std::string args = "generate --checkpoint " + kGolden + name +
+                               " --prompt-ids '5,17,42;3,4' --max-new-tokens 6 --eos-id -1 --json --mesh pp=2" +
+                               sampling;
+      expect_fake_as_cpu(args, name + " on pp=2" + sampling);
+    }
+  }
+}
+
+TEST(CliDevice, GenerateOnCudaWithoutCudaOrAGpuIsAnErrorBeforeAnyWork) {
+  auto cuda = run("generate --checkpoint " + kGolden + "llama_tiny --prompt-ids 1,2 --device cuda");
   if (cuda.status == 0) GTEST_SKIP() << "a GPU is visible here";
   EXPECT_EQ(cuda.status, 2) << cuda.out;
   EXPECT_NE(cuda.out.find("--device cuda: "), std::string::npos) << cuda.out;

@@ -313,8 +313,6 @@ int run_generate(const GenerateOptions& options, std::ostream& out, train::Gener
   run.config.eos_id = eos.front();
   run.config.more_eos_ids.assign(eos.begin() + 1, eos.end());
   run.config.validate(run.model);
-  SW_CHECK(o.device == "cpu" || run.strategy.pp < 0, "--device {}: pp meshes generate on the CPU only (the stages "
-           "hand the residual stream over host memory); use a mesh without pp ({})", o.device, o.mesh);
   run.device = use_device(o.device);  // registers it: before any work
   // Before any GEMM (fixes the library's core type); printed on stderr after the summary line.
   o.gemm_line = choose_gemm(o.gemm);
