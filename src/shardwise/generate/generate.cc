@@ -379,7 +379,9 @@ GenerateResult Generator::generate(const std::vector<std::vector<int64_t>>& prom
       for (auto [name, into] : {std::pair{&step.graph.past_k[l], &b.cache_k}, {&step.graph.past_v[l], &b.cache_v}}) {
         const graph::Slot& slot = p.slots[static_cast<size_t>(p.value_slot[static_cast<size_t>(step.graph.g.get(*name))])];
         mesh::LocalBlock block = mesh::local_block(slot.meta.shape, slot.dist, p.mesh, coords);
-        into->push_back(device_.is_host() ? Tensor(DType::F32, block.shape) : zeros_on(DType::F32, block.shape, device_));
+        // On a device, zeroed on the compute stream that writes and reads it (not the default stream).
+        into->push_back(device_.is_host() ? Tensor(DType::F32, block.shape)
+                                          : zeros_on(DType::F32, block.shape, device_, step.runtime->stream()));
         step.runtime->set_local(*name, into->back());  // shared storage: written in place below
         b.first_row = block.offset[0], b.rows = block.shape[0];
       }
