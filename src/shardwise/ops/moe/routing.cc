@@ -130,6 +130,7 @@ void gather_block_sums(Routing& r, int64_t local_experts, const MoeShard& shard)
     return;
   }
   r.block_sums.resize(width * static_cast<size_t>(r.blocks));
+  if (shard.moves) return shard.moves->gather_sums(*shard.token_group, mine, r.block_sums);
   shard.token_group->all_gather(mine.data(), r.block_sums.data(), static_cast<int64_t>(width), DType::F64);
 }
 
