@@ -3,7 +3,8 @@
 // expert 5 is never chosen; capacity drops rows): every collective the kernel makes is a
 // device-buffer call (a comm::DeviceBuffers scope, both buffers fake-device memory), the host
 // reads one thing a call (the gathered counts: one counted copy), and forward and backward give
-// the host kernel's bits.
+// the host kernel's bits. And the plan a router on a device (CUDA's) makes from the gathered counts
+// alone (moe_detail::plan_sizes, sum_blocks).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "shardwise/ops/fake_device_moe.h"
 #include "shardwise/ops/fake_host_window.h"
 #include "shardwise/ops/moe/kernels.h"
+#include "shardwise/ops/moe/routing.h"
 #include "tests/comm/forwarder.h"
 #include "tests/ops/random_inputs.h"
 #include "tests/support/on_fake_device.h"
@@ -153,6 +155,54 @@ TEST_F(MoeOnFakeDevice, SharedExchangeOnADeviceIsAnError) {
     }
   });
   EXPECT_NE(message.find("the rows are device memory"), std::string::npos) << message;
+}
+
+// A router whose decisions stay on a device (CUDA's over ranks, cuda_ops/moe_ranks.h) plans from
+// the gathered counts alone: moe_detail::plan_sizes gives plan_dispatch's sizes on 4 uneven ranks
+// (rank 3 with no tokens or experts, an expert never chosen), and sum_blocks the route's global
+// sums. Experts held out of rank order are an Error naming the rank (its rows go in expert order).
+TEST(MoePlanSizes, TheGatheredCountsGiveTheDispatchPlansSizes) {
+  const int64_t d = 3, f = 2, E = 6, N = 11;
+  Tensor x = testing::random_f64({N, d}, 70), gate = testing::random_f64({E, d}, 71);
+  for (int64_t c = 0; c < d; ++c) gate.set_at(5 * d + c, -10.0);
+  const int64_t token_first[5] = {0, 4, 8, 11, 11}, expert_first[5] = {0, 2, 5, 6, 6};
+  const MoeConfig cfg{2, 0.0, true, false};
+  std::string out_of_order;
+  comm::LocalWorld::run(4, [&](comm::Communicator& world) {
+    const auto r = static_cast<size_t>(world.rank());
+    const Tensor mine = x.slice(std::vector<int64_t>{token_first[r], 0}, Shape{token_first[r + 1] - token_first[r], d});
+    const int64_t local = expert_first[r + 1] - expert_first[r];
+    const MoeShard shard{token_first[r], N, expert_first[r], &world, &world};
+    const moe_detail::Routing full = moe_detail::route(mine, gate, local, cfg, shard);
+    const moe_detail::DispatchPlan want = moe_detail::plan_dispatch(full, local, shard);
+    moe_detail::Routing counts;  // what a device's router leaves on the host: the gathered rows
+    counts.tokens = full.tokens, counts.experts = E, counts.top_k = 2, counts.tokens_total = N;
+    counts.block_sums = full.block_sums, counts.blocks = full.blocks;
+    moe_detail::sum_blocks(counts);
+    EXPECT_EQ(counts.count_total, full.count_total);
+    EXPECT_EQ(counts.prob_total, full.prob_total);
+    EXPECT_EQ(counts.z_total, full.z_total);
+    const moe_detail::DispatchPlan got = moe_detail::plan_sizes(counts, local, shard);
+    EXPECT_TRUE(got.order.empty());
+    EXPECT_EQ(got.send_rows, want.send_rows) << "rank " << r;
+    EXPECT_EQ(got.send_first, want.send_first) << "rank " << r;
+    EXPECT_EQ(got.send_expert_rows, want.send_expert_rows) << "rank " << r;
+    EXPECT_EQ(got.recv_rows, want.recv_rows) << "rank " << r;
+    EXPECT_EQ(got.rows_from, want.rows_from) << "rank " << r;
+    EXPECT_EQ(got.expert_rows, want.expert_rows) << "rank " << r;
+    // Ranks 0 and 1 swap their expert ranges (rank 0: experts 2-4, rank 1: 0-1; 5 with rank 2).
+    const int64_t swapped_first[4] = {2, 0, 5, 6}, swapped_local[4] = {3, 2, 1, 0};
+    const MoeShard swapped{token_first[r], N, swapped_first[r], &world, &world};
+    moe_detail::Routing other = moe_detail::route(mine, gate, swapped_local[r], cfg, swapped);
+    other.expert.clear(), other.kept.clear();
+    try {
+      moe_detail::plan_sizes(other, swapped_local[r], swapped);
+    } catch (const Error& e) {
+      if (r == 0) out_of_order = e.what();
+    }
+  });
+  EXPECT_NE(out_of_order.find("rank 0 of the expert group holds experts from 2, not 0"), std::string::npos)
+      << out_of_order;
 }
 
 }  // namespace
