@@ -68,7 +68,7 @@ Tensor exchange(const MoeRouted& routed, const Tensor& from, const md::RowPieces
 MoeRouted moe_route_call(const OpDef& op, In in, const Tensor& x32,
                          const cuda::MoeRouterConfig& config, const KernelContext* ctx) {
   MoeRouted out;
-  const ops::MoeShard shard = ctx ? ops::moe_shard_of(*ctx) : ops::MoeShard{};
+  const ops::MoeShard shard = ops::moe_device_shard_of(ctx);
   if (!shard.token_group && !shard.expert_group) {
     out.r = cuda::moe_route(x32, in[1], config, current_stream());
     out.d = cuda::moe_plan(out.r, current_stream());

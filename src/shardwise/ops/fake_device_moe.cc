@@ -64,9 +64,9 @@ class FakeMoves : public MoeMoves {
   Device device_;
 };
 
-// The call's shard (as the op's CPU entry computes it) with the device's moves.
+// The call's shard (moe_device_shard_of: groups of one rank dropped) with the device's moves.
 MoeShard shard_on(const KernelContext* ctx, const MoeMoves& moves) {
-  MoeShard s = ctx ? moe_shard_of(*ctx) : MoeShard{};
+  MoeShard s = moe_device_shard_of(ctx);
   s.moves = &moves;
   return s;
 }

@@ -94,6 +94,9 @@ struct KernelContext;
 // The shard of a call in context (ops.cc): x's token block and w1's expert block with their groups
 // (the expert-sharding mesh dims must also split the tokens: an Error otherwise). No moves.
 MoeShard moe_shard_of(const KernelContext& ctx);
+// The same for a device's binding: no context, one device; a group of one rank dropped (nothing to
+// gather or move, so nothing for the host to read; the CPU kernel gives the same numbers either way).
+MoeShard moe_device_shard_of(const KernelContext* ctx);
 
 struct MoeGrads {
   Tensor dx, dgate, dw1, dw3, dw2;

@@ -117,6 +117,14 @@ MoeShard moe_shard_of(const KernelContext& ctx) {
   return s;
 }
 
+MoeShard moe_device_shard_of(const KernelContext* ctx) {
+  MoeShard s = ctx ? moe_shard_of(*ctx) : MoeShard{};
+  for (comm::Communicator** group : {&s.token_group, &s.expert_group}) {
+    if (*group && (*group)->size() == 1) *group = nullptr;
+  }
+  return s;
+}
+
 void register_moe_ops(OpRegistry& registry) { registry.add(make_moe_mlp()); }
 
 }  // namespace shardwise::ops
