@@ -60,6 +60,41 @@ inline int64_t sum(const std::vector<int64_t>& v) {
   return s;
 }
 
+// all_to_all_pieces' pieces for rank `me` of `n`: two a peer q (1 element, then (me + q) % 3),
+// the second before the first in the buffer; the receive side lays its peers out in reverse order.
+struct PieceLists {
+  std::vector<int64_t> first{0}, offset, count;
+  Pieces view() const { return {first, offset, count}; }
+};
+inline PieceLists piece_lists(int me, int n, bool receive) {
+  std::vector<int64_t> start(static_cast<size_t>(n));
+  int64_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    const int q = receive ? n - 1 - i : i;
+    start[static_cast<size_t>(q)] = at;
+    at += (me + q) % 3 + 1;
+  }
+  PieceLists l;
+  for (int q = 0; q < n; ++q) {
+    const int64_t a = (me + q) % 3, s = start[static_cast<size_t>(q)];
+    l.offset.insert(l.offset.end(), {s + a, s});
+    l.count.insert(l.count.end(), {1, a});
+    l.first.push_back(static_cast<int64_t>(l.offset.size()));
+  }
+  return l;
+}
+inline int64_t piece_elements(int me, int n) {
+  int64_t s = 0;
+  for (int q = 0; q < n; ++q) s += (me + q) % 3 + 1;
+  return s;
+}
+inline Case pieces_case() {
+  return {"all_to_all_pieces", DType::F32, piece_elements, piece_elements, [](Communicator& c, const void* in, void* out) {
+            const PieceLists send = piece_lists(c.rank(), c.size(), false), recv = piece_lists(c.rank(), c.size(), true);
+            c.all_to_all_pieces(in, send.view(), out, recv.view(), DType::F32);
+          }};
+}
+
 inline std::vector<Case> cases() {
   std::vector<Case> cs;
   auto fixed = [](int64_t k) { return [k](int, int) { return k; }; };
@@ -96,6 +131,7 @@ inline std::vector<Case> cases() {
                 [](Communicator& c, const void* in, void* out) {
                   c.all_to_all_v(in, sends(c.rank(), c.size()), out, receives(c.rank(), c.size()), DType::F32);
                 }});
+  cs.push_back(pieces_case());
   cs.push_back({"broadcast from the last rank", DType::F32, fixed(7), fixed(7), [](Communicator& c, const void* in, void* out) {
                   c.all_reduce(in, out, 7, DType::F32, Reduce::Max);
                   c.broadcast(out, 7, DType::F32, c.size() - 1);

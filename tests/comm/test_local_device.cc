@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_cases.h"
+#include "forwarder.h"
 #include "shardwise/comm/device_buffers.h"
 #include "shardwise/comm/local.h"
 #include "shardwise/core/error.h"
@@ -62,6 +63,28 @@ TEST_F(LocalDevice, EveryCollectiveGivesTheHostPathsBitsOn2To4Ranks) {
 }
 
 // Exact values: rank r's bf16 element i is (r + 1) * 2^-8 + (i == 0): three ranks' sums round once.
+// The base class's all_to_all_pieces (NCCL's: pack, all_to_all_v, unpack; here under a
+// forwarder to the threads backend) on device buffers packs and unpacks with the device's copies:
+// the host path's bits (before, a host memcpy of device memory).
+TEST_F(LocalDevice, TheDefaultAllToAllPiecesPacksOnTheDevice) {
+  const Case c = pieces_case();
+  for (int n = 2; n <= 4; ++n) {
+    std::vector<Tensor> host(static_cast<size_t>(n)), device(static_cast<size_t>(n));
+    LocalWorld::run(n, [&](Communicator& comm) {
+      Forwarder plain(comm);
+      const auto r = static_cast<size_t>(comm.rank());
+      host[r] = run_case(plain, c, Device::host());
+      device[r] = run_case(plain, c, kFake);
+    });
+    for (int r = 0; r < n; ++r) {
+      const Tensor &h = host[static_cast<size_t>(r)], &d = device[static_cast<size_t>(r)];
+      ASSERT_EQ(h.nbytes(), d.nbytes());
+      EXPECT_GT(h.numel(), 0);
+      EXPECT_EQ(std::memcmp(h.raw(), d.raw(), h.nbytes()), 0) << n << " ranks, rank " << r;
+    }
+  }
+}
+
 TEST_F(LocalDevice, AllReduceOfBf16SumsInFloatAndRoundsOnce) {
   LocalWorld::run(3, [&](Communicator& c) {
     const Tensor in = to_device(Tensor::from<double>(Shape{2}, {1.0, (c.rank() + 1) / 256.0}).to(DType::BF16), kFake);

@@ -1,7 +1,8 @@
 // The MoE routing and dispatch (cuda/moe.h) against ops/moe: the router's decisions against
 // moe_detail::route and plan_dispatch (ties, capacity drops, sigmoid gating), and the whole layer
 // against ops::moe_forward / moe_backward, with the experts' SwiGLU between gather and combine
-// computed here on the host in double (the GEMMs are cuBLASLt's, not these kernels'). Run twice,
+// computed here on the host in double (the GEMMs are cuBLASLt's, not these kernels'); the block's
+// row of the router's sums that ranks all-gather against the CPU router's. Run twice,
 // the same bits. Skipped, with the reason, where no GPU is present.
 #include "cuda_test_util.h"
 
@@ -192,6 +193,24 @@ TEST_F(CudaMoe, TheLayerWithHostExpertsEqualsTheCpuOpForwardAndBackward) {
   check_layer(layer(false), {.top_k = 2}, "softmax top-2");
   check_layer(layer(false), {.top_k = 2, .capacity_factor = 0.5}, "capacity 0.5");
   check_layer(layer(false), {.top_k = 3, .normalize = false, .sigmoid = true}, "sigmoid top-3 unnormalised");
+}
+
+// The block's row of the router's sums that the ranks all-gather (cuda_ops/moe_ranks.h): the CPU
+// router's row (moe_detail::route on one rank keeps its own row in block_sums), counts exactly,
+// the f64 sums of p and lse^2 to 1e-12 (the GPU's probabilities are the CPU's to that).
+TEST_F(CudaMoe, TheBlockSumsAreTheCpuRoutersRow) {
+  const Layer l = layer(false);
+  ops::MoeShard shard;
+  shard.token_offset = 7, shard.expert_offset = 1;
+  const ops::moe_detail::Routing ref = ops::moe_detail::route(l.x, l.gate, 3, ops::MoeConfig{2, 0.0, true, false}, shard);
+  const cuda::MoeRouting r = cuda::moe_route(to_device(l.x, kGpu), to_device(l.gate, kGpu), {.top_k = 2});
+  const Tensor got = to_host(cuda::moe_block_sums(r, 7, 1, 3));
+  ASSERT_EQ(static_cast<size_t>(got.numel()), ref.block_sums.size());
+  const size_t counts_end = 3 + static_cast<size_t>(2 * l.E);
+  for (size_t i = 0; i < ref.block_sums.size(); ++i) {
+    if (i < counts_end) EXPECT_EQ(got.data<double>()[i], ref.block_sums[i]) << "value " << i;
+    else EXPECT_NEAR(got.data<double>()[i], ref.block_sums[i], 1e-12 * std::abs(ref.block_sums[i]) + 1e-12) << "value " << i;
+  }
 }
 
 TEST_F(CudaMoe, TopKOutsideTheExpertsIsAnError) {

@@ -99,6 +99,18 @@ inline Curve run_curve(const TrainConfig& c, int64_t steps, const CurveIo& io = 
   return out;
 }
 
+// The device run's losses and gradient norms equal the CPU run's bit for bit, `steps` of them; the
+// CPU run trains and copies nothing between host and device.
+inline void expect_same_curve(const Curve& dev, const Curve& cpu, int64_t steps) {
+  ASSERT_EQ(dev.losses.size(), static_cast<size_t>(steps));
+  for (size_t s = 0; s < static_cast<size_t>(steps); ++s) {
+    EXPECT_EQ(dev.losses[s], cpu.losses[s]) << "step " << s + 1;
+    EXPECT_EQ(dev.norms[s], cpu.norms[s]) << "step " << s + 1;
+  }
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front());  // it trains
+  EXPECT_EQ(cpu.copies.to_host_copies + cpu.copies.to_device_copies, 0);
+}
+
 // An empty path under the test's scratch directory: "shardwise-device-<name>".
 inline std::filesystem::path fresh_dir(const std::string& name) {
   std::filesystem::path d = std::filesystem::temp_directory_path() / ("shardwise-device-" + name);

@@ -2,8 +2,9 @@
 // moments and masters, every step's tensors in fake-device memory (PROT_NONE outside its copies and
 // kernel windows), the optimizer through the device's kernel table. Its losses and gradient norms
 // equal the CPU's bit for bit on 1 rank, dp=2 and tp=2 (sp) threads, GPT-2, Llama and Mixtral, f32
-// and --bf16; the host reads the loss (one copy a micro-batch, with MoE the router's statistics) and
-// the gradients' sums of squares (one copy a step) and nothing else; each micro-batch's ids and
+// and --bf16; the host reads the loss (one copy a micro-batch, with MoE the router's statistics and,
+// tokens split over ranks, each MoE call's gathered counts) and the gradients' sums of squares (one
+// copy a step) and nothing else; each micro-batch's ids and
 // labels are the only copies to the device.
 #include <gtest/gtest.h>
 
@@ -58,9 +59,11 @@ TEST_P(DeviceTrainer, FakeDeviceEqualsTheCpuBitForBitReadingTheLossAndTheNormOnl
   }
   EXPECT_LT(cpu.losses.back(), cpu.losses.front());  // it trains
   EXPECT_EQ(cpu.copies.to_host_copies + cpu.copies.to_device_copies, 0);
-  // Per step and rank: the loss of each micro-batch (and an MoE layer's four router statistics) and
+  // Per step and rank: the loss of each micro-batch (and an MoE layer's four router statistics, and
+  // on dp=2 the counts its forward and backward all-gather over the token ranks on the device) and
   // one vector of sums of squares to the host; each micro-batch's ids and labels to the device.
-  const int64_t micro = dev.accumulation, stats = c.model.experts > 0 ? 4 * c.model.layers : 0;
+  const int64_t micro = dev.accumulation;
+  const int64_t stats = c.model.experts > 0 ? (ranks > 1 ? 6 : 4) * c.model.layers : 0;
   EXPECT_EQ(dev.copies.to_host_copies, 5 * ranks * (micro * (1 + stats) + 1));
   EXPECT_EQ(dev.copies.to_device_copies, 5 * ranks * micro * 2);
   for (const auto& [name, whole] : cpu.params) {  // the masters after the last update
@@ -93,7 +96,6 @@ TEST_F(FakeDeviceTest, UnsupportedOptionsAreRefusedNamingTheOption) {
   };
   const std::vector<Refused> cases = {
       {"cp=2", [](TrainConfig& c) { c.model.seq = 12; }, "cp dim in --mesh"},
-      {"ep=2", [](TrainConfig& c) { c.model.model_type = "llama", c.model.experts = 2; }, "ep dim in --mesh"},
   };
   for (const Refused& r : cases) {
     TrainConfig c = small_config(r.mesh, 2);

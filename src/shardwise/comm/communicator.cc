@@ -9,6 +9,8 @@
 
 #include "shardwise/comm/device_buffers.h"
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/device_copy.h"
+#include "shardwise/tensor/device_memory.h"
 
 namespace shardwise::comm {
 
@@ -173,19 +175,36 @@ void Communicator::all_to_all_pieces(const void* in, const Pieces& send, void* o
   const std::vector<int64_t> rc = check_pieces("all_to_all_pieces (receive)", recv);
   fill_every_peer(*this, fill);
   const size_t es = dtype_size(dtype);
-  auto gather = [es](const std::byte* from, const Pieces& p, std::byte* to, bool into_pieces) {
+  // Device buffers (a DeviceBuffers scope): packed and unpacked by the device's copies on the
+  // scope's stream, through device scratch.
+  const DeviceBuffers* device = DeviceBuffers::current();
+  auto gather = [es, device](const std::byte* from, const Pieces& p, std::byte* to, bool into_pieces) {
     size_t at = 0;
     for (size_t i = 0; i < p.offset.size(); ++i) {
       const size_t b = static_cast<size_t>(p.count[i]) * es, o = static_cast<size_t>(p.offset[i]) * es;
-      if (b) std::memcpy(into_pieces ? to + o : to + at, into_pieces ? from + at : from + o, b);
+      std::byte* dst = into_pieces ? to + o : to + at;
+      const std::byte* src = into_pieces ? from + at : from + o;
+      if (b && device) device_memory(device->device).copy_on_device(dst, src, b, device->stream);
+      else if (b) std::memcpy(dst, src, b);
       at += b;
     }
   };
-  std::vector<std::byte> packed(static_cast<size_t>(std::accumulate(sc.begin(), sc.end(), int64_t{0})) * es);
-  std::vector<std::byte> got(static_cast<size_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0})) * es);
-  gather(static_cast<const std::byte*>(in), send, packed.data(), false);
-  all_to_all_v(packed.data(), sc, got.data(), rc, dtype);
-  gather(got.data(), recv, static_cast<std::byte*>(out), true);
+  auto scratch = [device, es](const std::vector<int64_t>& counts, std::vector<std::byte>& host, Tensor& on_device) {
+    const auto bytes = static_cast<int64_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}) * static_cast<int64_t>(es));
+    if (!device) {
+      host.resize(static_cast<size_t>(bytes));
+      return host.data();
+    }
+    on_device = empty_on(DType::U8, Shape{bytes}, device->device, device->stream);
+    return static_cast<std::byte*>(on_device.device_ptr());
+  };
+  std::vector<std::byte> packed_host, got_host;
+  Tensor packed_device, got_device;
+  std::byte* packed = scratch(sc, packed_host, packed_device);
+  std::byte* got = scratch(rc, got_host, got_device);
+  gather(static_cast<const std::byte*>(in), send, packed, false);
+  all_to_all_v(packed, sc, got, rc, dtype);
+  gather(got, recv, static_cast<std::byte*>(out), true);
 }
 
 void Communicator::check_root(const char* op, int root) const {

@@ -4,15 +4,19 @@
 // an f32 gate (--compute bf16): the router, gather and combine run on x widened to f32 (exact), and
 // every expert GEMM reads bf16 operands with f32 compute and writes f32 (a, dy, dh1, dh3 rounded to
 // bf16 where a GEMM reads them; dx and the experts' gradients rounded once at the end): the CPU
-// op's rounding points (ops/moe/kernels.h). Tokens or experts split over ranks need the all-gathers
-// and all_to_all_v of the CPU kernel on device memory, which are not built: an Error naming them.
-// The backward recomputes the routing and the experts' hidden values.
+// op's rounding points (ops/moe/kernels.h). Tokens or experts split over ranks (moe_ranks.h): the
+// counts all-gathered on device memory and read on the host once, the rows moved to the experts'
+// ranks and back by all_to_all_pieces on device buffers; the backward moves x's rows out, the
+// experts' outputs back (the combine's gradient needs them where the tokens are), the output
+// gradient's rows out and the input gradient's rows back. Compiled, never run on a GPU. The
+// backward recomputes the routing and the experts' hidden values.
 #include "shardwise/core/error.h"
 #include "shardwise/cuda/gemm/blas.h"
 #include "shardwise/cuda/tensor_ops/elementwise.h"
 #include "shardwise/cuda/tensor_ops/layout.h"
 #include "shardwise/cuda/layers/moe.h"
 #include "shardwise/cuda_ops/families.h"
+#include "shardwise/cuda_ops/moe_ranks.h"
 #include "shardwise/ops/moe/kernels.h"
 #include "shardwise/tensor/current_stream.h"
 #include "shardwise/tensor/device_copy.h"
@@ -21,13 +25,7 @@ namespace shardwise::cuda_ops {
 
 namespace {
 
-cuda::MoeRouterConfig router_config(const OpDef& op, In in, const Attrs& attrs, const KernelContext* ctx) {
-  if (ctx != nullptr && ctx->tensors.size() >= 5 &&
-      (ctx->group_sharding(0, 1u, op.name) != nullptr || ctx->group_sharding(2, 1u, op.name) != nullptr)) {
-    unsupported(op, in[0],
-                "tokens or experts split over ranks (the all-gathers of the router's counts and the all_to_all_v "
-                "of the rows): no collective on CUDA device memory is built");
-  }
+cuda::MoeRouterConfig router_config(In in, const Attrs& attrs) {
   const ops::MoeConfig c = ops::moe_config(attrs, in[1].shape()[0]);
   return {c.top_k, c.capacity_factor, c.normalize, c.sigmoid};
 }
@@ -89,12 +87,12 @@ Tensor joined(const Tensors& parts, DType dtype, Device device, int64_t cols) {
   return cuda::concat(parts, 0, current_stream());
 }
 
-// The rows each expert's forward gave (f32), in the plan's order (experts in order).
-Tensor experts_output(const cuda::MoeDispatch& d, const Tensor& rows, In in) {
+// The rows each local expert's forward gave (f32), expert-major (each expert's `expert_rows`).
+Tensor experts_output(const std::vector<int64_t>& expert_rows, const Tensor& rows, In in) {
   Tensors ys;
   int64_t r0 = 0;
-  for (size_t e = 0; e < d.expert_rows.size(); ++e) {
-    const int64_t m = d.expert_rows[e];
+  for (size_t e = 0; e < expert_rows.size(); ++e) {
+    const int64_t m = expert_rows[e];
     if (m == 0) continue;
     ys.push_back(expert_forward(rows, r0, m, in, static_cast<int64_t>(e)).y);
     r0 += m;
@@ -102,19 +100,19 @@ Tensor experts_output(const cuda::MoeDispatch& d, const Tensor& rows, In in) {
   return joined(ys, DType::F32, rows.device(), rows.shape()[1]);
 }
 
-// The experts' input rows [rows, d] in the experts' dtype (bf16 rows: gathered from f32 x, exact).
-Tensor expert_rows(const Tensor& x32, const cuda::MoeDispatch& d, DType in) {
-  return operand(cuda::moe_gather(x32, d, current_stream()), in);
+// The local experts' input rows [rows, d] in the experts' dtype, expert-major (gathered from f32 x
+// and moved as f32; bf16 rows: exact).
+Tensor expert_rows(const Tensor& x32, const MoeRouted& routed, DType in) {
+  return operand(moe_to_experts(routed, cuda::moe_gather(x32, routed.d, current_stream())), in);
 }
 
 Tensors moe_forward(const OpDef& op, In in, const Attrs& attrs, const KernelContext* ctx) {
-  const cuda::MoeRouterConfig config = router_config(op, in, attrs, ctx);
   check_inputs(in);
   const Tensor x32 = router_x(in[0]);
-  const cuda::MoeRouting r = cuda::moe_route(x32, in[1], config, current_stream());
-  const cuda::MoeDispatch d = cuda::moe_plan(r, current_stream());
-  const Tensor y = experts_output(d, expert_rows(x32, d, in[0].dtype()), in);
-  return Tensors{cuda::moe_combine(y, d, r, current_stream()), r.aux_loss, r.z_loss, r.dropped, r.expert_tokens};
+  const MoeRouted routed = moe_route_call(op, in, x32, router_config(in, attrs), ctx);
+  const Tensor y = moe_from_experts(routed, experts_output(routed.expert_rows, expert_rows(x32, routed, in[0].dtype()), in));
+  const cuda::MoeRouting& r = routed.r;
+  return Tensors{cuda::moe_combine(y, routed.d, r, current_stream()), r.aux_loss, r.z_loss, r.dropped, r.expert_tokens};
 }
 
 // The experts' weight gradients [1, ., .] each (f32) and their input rows' gradient [rows, d] (f32).
@@ -137,11 +135,11 @@ void expert_backward(const ExpertPass& p, const Tensor& dy, ExpertGrads& g) {
   g.dx.push_back(dx);
 }
 
-ExpertGrads experts_backward(const cuda::MoeDispatch& d, const Tensor& rows, const Tensor& dy, In in) {
+ExpertGrads experts_backward(const std::vector<int64_t>& expert_rows, const Tensor& rows, const Tensor& dy, In in) {
   ExpertGrads g;
   int64_t r0 = 0;
-  for (size_t e = 0; e < d.expert_rows.size(); ++e) {
-    const int64_t m = d.expert_rows[e];
+  for (size_t e = 0; e < expert_rows.size(); ++e) {
+    const int64_t m = expert_rows[e];
     if (m == 0) {  // an expert without rows: zero weight gradients
       for (auto [w, list] : {std::pair{&in[2], &g.dw1}, std::pair{&in[3], &g.dw3}, std::pair{&in[4], &g.dw2}}) {
         const Shape& s = w->shape();
@@ -162,15 +160,16 @@ Tensor as_input(const Tensor& g, const Tensor& input) { return operand(g, input.
 
 Tensors moe_backward(const OpDef& op, In in, In, In dout, const Attrs& attrs, const KernelContext* ctx,
                      std::span<const bool>) {
-  const cuda::MoeRouterConfig config = router_config(op, in, attrs, ctx);
   check_inputs(in);
   const Tensor x32 = router_x(in[0]);
-  const cuda::MoeRouting r = cuda::moe_route(x32, in[1], config, current_stream());
-  const cuda::MoeDispatch d = cuda::moe_plan(r, current_stream());
-  const Tensor rows = expert_rows(x32, d, in[0].dtype());
-  const cuda::MoeCombineGrad cg = cuda::moe_combine_backward(dout[0], experts_output(d, rows, in), d, r, current_stream());
-  ExpertGrads g = experts_backward(d, rows, cg.dy, in);
-  const Tensor dx_rows = joined(g.dx, DType::F32, rows.device(), rows.shape()[1]);
+  const MoeRouted routed = moe_route_call(op, in, x32, router_config(in, attrs), ctx);
+  const cuda::MoeRouting& r = routed.r;
+  const cuda::MoeDispatch& d = routed.d;
+  const Tensor rows = expert_rows(x32, routed, in[0].dtype());
+  const Tensor y = moe_from_experts(routed, experts_output(routed.expert_rows, rows, in));
+  const cuda::MoeCombineGrad cg = cuda::moe_combine_backward(dout[0], y, d, r, current_stream());
+  ExpertGrads g = experts_backward(routed.expert_rows, rows, moe_to_experts(routed, cg.dy), in);
+  const Tensor dx_rows = moe_from_experts(routed, joined(g.dx, DType::F32, rows.device(), rows.shape()[1]));
   const cuda::MoeRouterGradResult rg = cuda::moe_router_backward(x32, in[1], r, d, dx_rows, cg.dweight,
                                                                  dout.size() > 1 ? dout[1] : Tensor(),
                                                                  dout.size() > 2 ? dout[2] : Tensor(), current_stream());

@@ -5,20 +5,11 @@
 
 namespace shardwise::train {
 
-namespace {
-
-constexpr const char* kOutsideGraph = "collectives on device memory outside the graph (not built yet)";
-
-}  // namespace
-
 void check_device_run(const TrainConfig& c, const mesh::Strategy& s) {
   if (c.device.is_host()) return;
   const std::string dev = c.device.to_string();
   SW_CHECK(s.cp < 0, "--device {} with a cp dim in --mesh {}: context-parallel attention on device memory is not built "
            "yet; use a mesh without cp, or --device cpu", dev, s.mesh.to_string());
-  SW_CHECK(s.ep < 0, "--device {} with an ep dim in --mesh {}: expert parallelism over ranks moves tokens between ranks "
-           "outside the graph, which needs {}; use a mesh without ep (the experts on every rank), or --device cpu",
-           dev, s.mesh.to_string(), kOutsideGraph);
 }
 
 }  // namespace shardwise::train

@@ -100,7 +100,6 @@ TEST(TrainDevice, WhatADeviceCannotRunIsAUsageErrorNamingTheOption) {
       {"--device tpu", "--device 'tpu': use cpu, cuda, cuda:N or fake"},
       {"--device cuda:x", "--device cuda:x: a GPU is cuda or cuda:N"},
       {"--device fake --mesh cp=2", "--device cuda:0 with a cp dim in --mesh [cp=2]"},
-      {"--device fake --model llama --experts 2 --mesh ep=2", "ep dim in --mesh"},
   };
   for (const Refusal& r : refusals) {
     const Result res = run("train --layers 1 --hidden 32 --steps 1 " + r.args + " --run-dir " + shardwise_cli_test::tmp("sw_dev_refused"));
@@ -197,6 +196,15 @@ TEST(TrainDevice, MpiProcessesOnTheFakeDeviceWriteTheCpuProcessesCurveAndCheckpo
   for (const std::string args : {"--mesh dp=2 --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on --bf16 --layers 2",
                                  "--mesh dp=2 --model llama --sharding-stage 3 --prefetch-params 1 --layers 2"})
     expect_mpi_fake_equals_cpu(args);
+}
+
+// Expert parallelism over 2 MPI processes on the fake device (Mixtral tiny: Llama with 4 experts,
+// top 2): the MoE kernel's counts all-gathered and rows moved by all_to_all_v on device buffers,
+// staged through the host by MPI, and through the routed world (every such call under a
+// DeviceBuffers scope); f32 and --bf16 --compute bf16: the CPU processes' curve and checkpoint.
+TEST(TrainDevice, MpiExpertParallelOnTheFakeDeviceWritesTheCpuProcessesCurveAndCheckpoint) {
+  expect_mpi_fake_equals_cpu("--mesh ep=2 --model llama --experts 4 --top-k 2 --layers 2", true);
+  expect_mpi_fake_equals_cpu("--mesh ep=2 --model llama --experts 4 --top-k 2 --bf16 --compute bf16 --layers 2");
 }
 
 // A pipeline of 2 MPI processes on the fake device: each stage's activations and gradients go to

@@ -119,6 +119,7 @@ struct MoeRouterGrad {
   const float *x, *gate;
   const double *logits, *probs, *lse;
   const int64_t *expert, *counts;
+  double tokens_total;  // the N of the losses' gradients: every rank's tokens (one device: m.tokens)
   const double* dweight;
   const float *daux, *dz;
   double* dl;
@@ -126,5 +127,13 @@ struct MoeRouterGrad {
   float *dgate, *dx_out;
 };
 int moe_router_backward(const MoeRouterGrad& g, const MoeDims& m, bool normalize, bool sigmoid, void* s);
+// This token block's row of the router's sums (ops/moe/routing.cc's gather_block_sums): out[0..3) =
+// head, then counts [top_k][experts] of the chosen experts, the sums over tokens of p [experts] and
+// the sum of lse^2, each summed over the tokens in order (one thread a value).
+struct MoeBlockHead {
+  double token_offset, expert_offset, local_experts;
+};
+int moe_block_sums(const int64_t* expert, const double* probs, const double* lse, MoeBlockHead head, double* out,
+                   const MoeDims& m, void* s);
 
 }  // namespace shardwise::cuda::launch

@@ -1,6 +1,7 @@
 #include "shardwise/cuda/layers/moe.h"
 
 #include <cmath>
+#include <utility>
 
 #include "shardwise/cuda/memory/cuda_memory.h"
 #include "shardwise/cuda/common/kernel_args.h"
@@ -73,7 +74,10 @@ MoeRouting moe_route(const Tensor& x, const Tensor& gate, const MoeRouterConfig&
   return r;
 }
 
-MoeDispatch moe_plan(const MoeRouting& r, Stream stream) {
+namespace {
+
+// The plan kernel: d.pos, and each expert's rows on the device.
+std::pair<MoeDispatch, Tensor> plan_on_device(const MoeRouting& r, Stream stream) {
   const launch::MoeDims m = dims_of(r, 0);
   const Device dev = r.expert.device();
   MoeDispatch d{empty_on(DType::I64, r.expert.shape(), dev, stream), {}, 0};
@@ -81,10 +85,37 @@ MoeDispatch moe_plan(const MoeRouting& r, Stream stream) {
   check(launch::moe_plan(i64(r.expert), static_cast<const uint8_t*>(r.kept.device_ptr()), i64(d.pos), i64(rows), m,
                          stream.handle),
         "moe_plan kernel");
+  return {std::move(d), std::move(rows)};
+}
+
+}  // namespace
+
+MoeDispatch moe_plan(const MoeRouting& r, Stream stream) {
+  auto [d, rows] = plan_on_device(r, stream);
   const Tensor host = to_host(rows, stream);
-  d.expert_rows.assign(host.data<int64_t>(), host.data<int64_t>() + m.experts);
+  d.expert_rows.assign(host.data<int64_t>(), host.data<int64_t>() + rows.numel());
   for (int64_t n : d.expert_rows) d.rows += n;
   return d;
+}
+
+MoeDispatch moe_plan(const MoeRouting& r, std::vector<int64_t> expert_rows, Stream stream) {
+  SW_CHECK(static_cast<int64_t>(expert_rows.size()) == r.probs.shape()[1], "cuda moe_plan: {} expert sizes for {} experts",
+           expert_rows.size(), r.probs.shape()[1]);
+  MoeDispatch d = plan_on_device(r, stream).first;
+  d.expert_rows = std::move(expert_rows);
+  for (int64_t n : d.expert_rows) d.rows += n;
+  return d;
+}
+
+Tensor moe_block_sums(const MoeRouting& r, int64_t token_offset, int64_t expert_offset, int64_t local_experts,
+                      Stream stream) {
+  const launch::MoeDims m = dims_of(r, 0);
+  Tensor out = empty_on(DType::F64, Shape{3 + m.top_k * m.experts + m.experts + 1}, r.expert.device(), stream);
+  const launch::MoeBlockHead head{static_cast<double>(token_offset), static_cast<double>(expert_offset),
+                                  static_cast<double>(local_experts)};
+  check(launch::moe_block_sums(i64(r.expert), f64(r.probs), f64(r.lse), head, f64(out), m, stream.handle),
+        "moe_block_sums kernel");
+  return out;
 }
 
 Tensor moe_gather(const Tensor& x, const MoeDispatch& d, Stream stream) {
@@ -135,7 +166,8 @@ MoeRouterGradResult moe_router_backward(const Tensor& x, const Tensor& gate, con
   MoeRouterGradResult g{empty_on(DType::F32, x.shape(), dev, stream), empty_on(DType::F32, gate.shape(), dev, stream)};
   check(launch::moe_gather_backward(f(dx_rows), i64(d.pos), f64(dx), m, stream.handle), "moe_gather_backward kernel");
   const launch::MoeRouterGrad a{f(x), f(gate), f64(r.logits), f64(r.probs), f64(r.lse), i64(r.expert),
-                                i64(r.expert_tokens), f64(dweight),
+                                i64(r.expert_tokens),
+                                static_cast<double>(r.tokens_total >= 0 ? r.tokens_total : m.tokens), f64(dweight),
                                 scalar_or_null("moe_router_backward", "daux", daux, dev),
                                 scalar_or_null("moe_router_backward", "dz", dz, dev), f64(dl), f64(dx), f(g.dgate),
                                 f(g.dx)};

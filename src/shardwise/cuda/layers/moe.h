@@ -30,6 +30,9 @@ struct MoeRouting {
   Tensor expert_tokens;       // i64 [E]
   Tensor dropped;             // i64 []
   Tensor aux_loss, z_loss;    // f32 []
+  // The tokens the losses' gradients divide by (moe_router_backward): every rank's when the tokens
+  // are split over ranks (expert_tokens then the global counts too); -1: x's.
+  int64_t tokens_total = -1;
 };
 MoeRouting moe_route(const Tensor& x, const Tensor& gate, const MoeRouterConfig& config, Stream stream = {});
 
@@ -41,6 +44,14 @@ struct MoeDispatch {
   int64_t rows = 0;                  // their sum
 };
 MoeDispatch moe_plan(const MoeRouting& r, Stream stream = {});
+// The same plan with expert_rows known on the host (from the gathered counts, tokens over ranks):
+// nothing is read back.
+MoeDispatch moe_plan(const MoeRouting& r, std::vector<int64_t> expert_rows, Stream stream = {});
+// This token block's row of the router's sums over ranks (ops/moe/routing.h, Routing::block_sums):
+// f64 [3 + top_k E + E + 1] = [token offset, expert offset, local experts, counts [top_k][E],
+// sums of p [E], sum of lse^2], each summed over the tokens in the CPU's order.
+Tensor moe_block_sums(const MoeRouting& r, int64_t token_offset, int64_t expert_offset, int64_t local_experts,
+                      Stream stream = {});
 // The experts' input rows [rows, d]: x's row of each kept assignment.
 Tensor moe_gather(const Tensor& x, const MoeDispatch& d, Stream stream = {});
 // out[t] = sum over t's kept slots, in slot order and double, of weight * y[pos] (y [rows, d]).

@@ -107,12 +107,12 @@ __global__ void losses_of(const double* probs, const double* lse, const long lon
 
 // One thread per token: dl[t, e] = d loss / d logit (ops/moe/kernels.cc's router_backward).
 __global__ void router_dlogits(const double* logits, const double* probs, const double* lse, const long long* expert,
-                               const double* dweight, const long long* counts, const float* daux, const float* dz,
-                               double* dl, MoeDims m, bool normalize, bool sigmoid) {
+                               const double* dweight, const long long* counts, double tokens_total, const float* daux,
+                               const float* dz, double* dl, MoeDims m, bool normalize, bool sigmoid) {
   const long long t = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
   if (t >= m.tokens) return;
   const long long E = m.experts, k = m.top_k;
-  const double n = static_cast<double>(m.tokens), ga = daux ? *daux : 0.0, gz = dz ? *dz : 0.0;
+  const double n = tokens_total, ga = daux ? *daux : 0.0, gz = dz ? *dz : 0.0;
   const double* p = probs + t * E;
   double* d = dl + t * E;
   for (long long e = 0; e < E; ++e) d[e] = ga * static_cast<double>(E) * static_cast<double>(counts[e]) / (n * n);
@@ -156,6 +156,31 @@ __global__ void router_dx(const float* gate, const double* dl, const double* dx,
   }
 }
 
+// One thread per value of the block's row: the head copied; counts[s][e] (the tokens whose slot s
+// chose e), the sums of p over the tokens, the sum of lse^2, each over the tokens in order as the
+// CPU's loop adds them.
+__global__ void block_sums(const long long* expert, const double* probs, const double* lse, MoeBlockHead head,
+                           double* out, MoeDims m) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  const long long E = m.experts, k = m.top_k, counts = k * E;
+  if (i >= 3 + counts + E + 1) return;
+  if (i < 3) {
+    out[i] = i == 0 ? head.token_offset : i == 1 ? head.expert_offset : head.local_experts;
+    return;
+  }
+  const long long j = i - 3;
+  double v = 0.0;
+  if (j < counts) {
+    const long long s = j / E, e = j % E;
+    for (long long t = 0; t < m.tokens; ++t) v += expert[t * k + s] == e ? 1.0 : 0.0;
+  } else if (j < counts + E) {
+    for (long long t = 0; t < m.tokens; ++t) v += probs[t * E + (j - counts)];
+  } else {
+    for (long long t = 0; t < m.tokens; ++t) v += __dmul_rn(lse[t], lse[t]);  // rounded, then added: no FMA
+  }
+  out[i] = v;
+}
+
 cudaStream_t raw(void* s) { return static_cast<cudaStream_t>(s); }
 long long* ll(int64_t* p) { return reinterpret_cast<long long*>(p); }
 const long long* ll(const int64_t* p) { return reinterpret_cast<const long long*>(p); }
@@ -180,10 +205,18 @@ int moe_capacity(const int64_t* expert, uint8_t* kept, int64_t* counts, int64_t*
 int moe_router_backward(const MoeRouterGrad& g, const MoeDims& m, bool normalize, bool sigmoid, void* s) {
   if (m.tokens > 0) {
     router_dlogits<<<grid_for(m.tokens), kBlock, 0, raw(s)>>>(g.logits, g.probs, g.lse, ll(g.expert), g.dweight,
-                                                              ll(g.counts), g.daux, g.dz, g.dl, m, normalize, sigmoid);
+                                                              ll(g.counts), g.tokens_total, g.daux, g.dz, g.dl, m,
+                                                              normalize, sigmoid);
   }
   router_dgate<<<grid_for(m.experts * m.hidden), kBlock, 0, raw(s)>>>(g.x, g.dl, g.dgate, m);
   if (m.tokens > 0) router_dx<<<grid_for(m.tokens * m.hidden), kBlock, 0, raw(s)>>>(g.gate, g.dl, g.dx, g.dx_out, m);
+  return cudaGetLastError();
+}
+
+int moe_block_sums(const int64_t* expert, const double* probs, const double* lse, MoeBlockHead head, double* out,
+                   const MoeDims& m, void* s) {
+  block_sums<<<grid_for(3 + m.top_k * m.experts + m.experts + 1), kBlock, 0, raw(s)>>>(ll(expert), probs, lse, head,
+                                                                                     out, m);
   return cudaGetLastError();
 }
 

@@ -4,14 +4,17 @@
 // assignment) while the earlier peers' travel, one all_to_all_pieces within the expert group that
 // lands them expert-major (each local expert's rows from every source, in source order: where its
 // GEMMs read them), and the inverse that returns the results in send order. The buffers are kept
-// by the calling thread.
+// by the calling thread; on a device (MoeShard::moves, moves.h) they are device memory of the call
+// and the two exchanges device-buffer calls.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
 #include "shardwise/core/error.h"
+#include "shardwise/ops/moe/moves.h"
 #include "shardwise/ops/moe/routing.h"
 
 namespace shardwise::ops::moe_detail {
@@ -84,6 +87,18 @@ inline int64_t total_rows(const std::vector<int64_t>& rows) {
   return s;
 }
 
+// One call's row buffers on a device (MoeShard::moves): the packed rows (then the combine's
+// results) and the experts' rows, held until the call has read its results.
+struct DeviceRows {
+  const MoeMoves& moves;
+  std::unique_ptr<MoeMoves::Rows> send, experts, back;
+  template <class T>
+  static T* in(std::unique_ptr<MoeMoves::Rows>& held, const MoeMoves& moves, int64_t elements) {
+    held = moves.rows(static_cast<size_t>(elements) * sizeof(T));
+    return reinterpret_cast<T*>(held->data());
+  }
+};
+
 // Dispatch: the kept rows, `width` elements each (write_row(i, dst) writes send-order row i, that
 // is assignment plan.order[i], at dst), to the ranks owning their experts; returns this rank's
 // experts' rows, expert-major (kExpertRows). Each peer's rows are packed into the send buffer
@@ -93,10 +108,14 @@ inline int64_t total_rows(const std::vector<int64_t>& rows) {
 // Called after route()'s all_gather of the same op call, which the backends checked and which
 // gave every rank every peer's counts: the exchanges agree by construction, so they skip the call
 // checks (CheckedByCaller; MPI still checks each received piece's size). So does the combine.
+// On a device (`device`): the buffers its memory, every peer's rows packed before one exchange of
+// the same pieces on device buffers (the rows written, in the same order, before the copies read them).
 template <class T, class WriteRow>
-T* dispatch_rows(comm::Communicator* group, const DispatchPlan& plan, int64_t width, WriteRow write_row) {
-  T* send = scratch<T>(kSendBuffer, plan.order.size() * static_cast<size_t>(width));
-  T* to = scratch<T>(kExpertRows, static_cast<size_t>(total_rows(plan.recv_rows) * width));
+T* dispatch_rows(comm::Communicator* group, const DispatchPlan& plan, int64_t width, WriteRow write_row,
+                 DeviceRows* device = nullptr) {
+  const auto sent = static_cast<int64_t>(plan.order.size()) * width, got = total_rows(plan.recv_rows) * width;
+  T* send = device ? DeviceRows::in<T>(device->send, device->moves, sent) : scratch<T>(kSendBuffer, static_cast<size_t>(sent));
+  T* to = device ? DeviceRows::in<T>(device->experts, device->moves, got) : scratch<T>(kExpertRows, static_cast<size_t>(got));
   RowPieces senders = send_order(plan, width), experts = expert_major(plan, width);
   const auto me = static_cast<size_t>(group ? group->rank() : 0);
   auto fill = [&](int peer) {
@@ -115,6 +134,11 @@ T* dispatch_rows(comm::Communicator* group, const DispatchPlan& plan, int64_t wi
   for (auto i = static_cast<size_t>(senders.first[me]); i < static_cast<size_t>(senders.first[me + 1]); ++i) senders.count[i] = 0;
   for (auto j = static_cast<size_t>(experts.first[me]); j < static_cast<size_t>(experts.first[me + 1]); ++j) experts.count[j] = 0;
   comm::CheckedByCaller checked(group);
+  if (device) {
+    for (int p = 0; p < group->size(); ++p) fill(p);
+    device->moves.exchange(*group, send, senders.view(), to, experts.view(), dtype_v<T>);
+    return to;
+  }
   group->all_to_all_pieces(send, senders.view(), to, experts.view(), dtype_v<T>, fill);
   return to;
 }
@@ -123,12 +147,15 @@ T* dispatch_rows(comm::Communicator* group, const DispatchPlan& plan, int64_t wi
 // returns them in this rank's send order (kSendBuffer). One rank: `from` itself, whose two
 // orders are the same.
 template <class T>
-T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, int64_t width) {
+T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, int64_t width,
+                DeviceRows* device = nullptr) {
   if (!group) return from;
-  T* to = scratch<T>(kSendBuffer, plan.order.size() * static_cast<size_t>(width));
+  const auto back = static_cast<int64_t>(plan.order.size()) * width;
+  T* to = device ? DeviceRows::in<T>(device->back, device->moves, back) : scratch<T>(kSendBuffer, static_cast<size_t>(back));
   const RowPieces senders = send_order(plan, width), experts = expert_major(plan, width);
   comm::CheckedByCaller checked(group);
-  group->all_to_all_pieces(from, experts.view(), to, senders.view(), dtype_v<T>);
+  if (device) device->moves.exchange(*group, from, experts.view(), to, senders.view(), dtype_v<T>);
+  else group->all_to_all_pieces(from, experts.view(), to, senders.view(), dtype_v<T>);
   return to;
 }
 
@@ -148,11 +175,20 @@ T* combine_rows(comm::Communicator* group, const DispatchPlan& plan, T* from, in
 template <class T>
 class RowExchange {
  public:
+  // moves: the rows' buffers and exchanges on a device (messages only; null: the host's).
   RowExchange(comm::Communicator* group, const DispatchPlan& plan, MoeExchange exchange, int64_t width_in,
-              int64_t width_out)
+              int64_t width_out, const MoeMoves* moves = nullptr)
       : group_(group), plan_(plan), width_in_(width_in), width_out_(width_out) {
     for (int64_t n : plan.send_expert_rows) piece_row_.push_back(piece_row_.back() + n);
     const MoeExchange wanted = group_ ? exchange_wanted(exchange) : MoeExchange::Messages;
+    if (moves && group_) {
+      SW_CHECK(wanted != MoeExchange::Shared,
+               "moe_mlp: the shared-memory exchange was asked for (MoeExchange::Shared or SHARDWISE_MOE_EXCHANGE=shared), "
+               "but the rows are device memory: on a device they move by all_to_all_v on device buffers (unset it, "
+               "or set it to messages)");
+      device_.emplace(DeviceRows{*moves, {}, {}, {}});
+      return;
+    }
     if (wanted == MoeExchange::Messages) return;
     int64_t rows = 0;
     for (int64_t n : plan.peer_rows) rows = std::max(rows, n);
@@ -174,7 +210,7 @@ class RowExchange {
   // The rows of this rank's experts, expert-major (write_row(i, dst): send-order row i at dst).
   template <class WriteRow>
   T* dispatch(WriteRow write_row) {
-    if (!shared()) return from_ = dispatch_rows<T>(group_, plan_, width_in_, write_row);
+    if (!shared()) return from_ = dispatch_rows<T>(group_, plan_, width_in_, write_row, device_ ? &*device_ : nullptr);
     const int me = group_->rank();
     // The bytes dispatch_rows' all_to_all_pieces counts: the rows for the other ranks (this
     // rank's own go straight into place on both paths).
@@ -196,7 +232,7 @@ class RowExchange {
   std::vector<const T*> combine() {
     std::vector<const T*> at(plan_.order.size());
     if (!shared()) {
-      const T* back = combine_rows<T>(group_, plan_, from_, width_out_);
+      const T* back = combine_rows<T>(group_, plan_, from_, width_out_, device_ ? &*device_ : nullptr);
       for (size_t i = 0; i < at.size(); ++i) at[i] = back + static_cast<int64_t>(i) * width_out_;
       return at;
     }
@@ -220,6 +256,7 @@ class RowExchange {
   std::vector<T*> regions_;  // this call's half of every member's region
   std::vector<int64_t> piece_row_{0};  // send piece i's first row in send order
   T* from_ = nullptr;  // messages: the experts' rows
+  std::optional<DeviceRows> device_;  // on a device: the call's buffers
 };
 
 }  // namespace shardwise::ops::moe_detail

@@ -76,7 +76,7 @@ std::vector<Tensor> forward_typed(std::span<const Tensor> in, const MoeConfig& c
   const ExpertDims dm{x.shape()[1], in[2].shape()[1]};
   Routing r = moe_detail::route(x, in[1], in[2].shape()[0], cfg, shard);
   DispatchPlan plan = moe_detail::plan_dispatch(r, in[2].shape()[0], shard);
-  moe_detail::RowExchange<T> exchange(shard.expert_group, plan, shard.exchange, dm.d, dm.d);
+  moe_detail::RowExchange<T> exchange(shard.expert_group, plan, shard.exchange, dm.d, dm.d, shard.moves);
   T* rows = exchange.dispatch([&](int64_t i, T* dst) {
     const T* src = x.data<T>() + (plan.order[static_cast<size_t>(i)] / r.top_k) * dm.d;
     std::copy(src, src + dm.d, dst);
@@ -225,7 +225,7 @@ MoeGrads backward_typed(std::span<const Tensor> in, const Tensor& dout, double d
   g.dw3 = Tensor::full(x.dtype(), in[3].shape(), 0.0);
   g.dw2 = Tensor::full(x.dtype(), in[4].shape(), 0.0);
   const int64_t win = 2 * dm.d + 1, wout = dm.d + 1;
-  moe_detail::RowExchange<T> exchange(shard.expert_group, plan, shard.exchange, win, wout);
+  moe_detail::RowExchange<T> exchange(shard.expert_group, plan, shard.exchange, win, wout, shard.moves);
   T* rows = exchange.dispatch([&](int64_t i, T* row) {
     const int64_t a = plan.order[static_cast<size_t>(i)], t = a / r.top_k;
     std::copy(x.data<T>() + t * dm.d, x.data<T>() + (t + 1) * dm.d, row);

@@ -42,6 +42,7 @@
 
 #include "shardwise/comm/communicator.h"
 #include "shardwise/core/attrs.h"
+#include "shardwise/ops/moe/moves.h"
 #include "shardwise/tensor/tensor.h"
 
 namespace shardwise::ops {
@@ -86,7 +87,16 @@ struct MoeShard {
   comm::Communicator* token_group = nullptr;   // the ranks holding the other token blocks
   comm::Communicator* expert_group = nullptr;  // the ranks holding the other expert blocks
   MoeExchange exchange = MoeExchange::Auto;    // the same on every rank of the expert group
+  const MoeMoves* moves = nullptr;             // null: host buffers; else the exchanges on a device's (moves.h)
 };
+
+struct KernelContext;
+// The shard of a call in context (ops.cc): x's token block and w1's expert block with their groups
+// (the expert-sharding mesh dims must also split the tokens: an Error otherwise). No moves.
+MoeShard moe_shard_of(const KernelContext& ctx);
+// The same for a device's binding: no context, one device; a group of one rank dropped (nothing to
+// gather or move, so nothing for the host to read; the CPU kernel gives the same numbers either way).
+MoeShard moe_device_shard_of(const KernelContext* ctx);
 
 struct MoeGrads {
   Tensor dx, dgate, dw1, dw3, dw2;

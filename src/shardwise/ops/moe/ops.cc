@@ -17,33 +17,13 @@ namespace {
 
 constexpr std::string_view kMoe = "moe_mlp";
 
-// Where this rank's blocks sit (ctx.tensors: x at 0, w1 at 2, forward and backward alike) and its
-// groups; the expert-sharding mesh dims must also split the tokens.
-MoeShard shard_of(const KernelContext& ctx) {
-  MoeShard s;
-  if (ctx.tensors.size() < 5 || ctx.tensors[0].global_shape.ndim() != 2) return s;
-  s.token_offset = ctx.tensors[0].offset[0];
-  s.tokens_total = ctx.tensors[0].global_shape[0];
-  s.expert_offset = ctx.tensors[2].offset[0];
-  s.token_group = ctx.group_sharding(0, 1u, kMoe);
-  s.expert_group = ctx.group_sharding(2, 1u, kMoe);
-  const mesh::MeshDimList tokens = ctx.tensors[0].dist.mesh_dims_of(0);
-  for (int8_t m : ctx.tensors[2].dist.mesh_dims_of(0)) {
-    SW_CHECK(tokens.contains(m),
-             "{}: the experts are split over mesh dim {} but the tokens are not (x {}, w1 {}); split x's token dim "
-             "there too",
-             kMoe, m, ctx.tensors[0].dist.to_string(), ctx.tensors[2].dist.to_string());
-  }
-  return s;
-}
-
 std::vector<Tensor> forward(std::span<const Tensor> in, const Attrs& attrs, const KernelContext& ctx) {
-  return moe_forward(in, moe_config(attrs, in[1].shape()[0]), shard_of(ctx));
+  return moe_forward(in, moe_config(attrs, in[1].shape()[0]), moe_shard_of(ctx));
 }
 
 std::vector<Tensor> backward(std::span<const Tensor> in, std::span<const Tensor>, std::span<const Tensor> dout,
                              const Attrs& attrs, const KernelContext& ctx) {
-  MoeGrads g = moe_backward(in, dout[0], dout[1], dout[2], moe_config(attrs, in[1].shape()[0]), shard_of(ctx));
+  MoeGrads g = moe_backward(in, dout[0], dout[1], dout[2], moe_config(attrs, in[1].shape()[0]), moe_shard_of(ctx));
   return {g.dx, g.dgate, g.dw1, g.dw3, g.dw2};
 }
 
@@ -116,6 +96,34 @@ OpDef make_moe_mlp() {
 }
 
 }  // namespace
+
+// Where this rank's blocks sit (ctx.tensors: x at 0, w1 at 2, forward and backward alike) and its
+// groups; the expert-sharding mesh dims must also split the tokens.
+MoeShard moe_shard_of(const KernelContext& ctx) {
+  MoeShard s;
+  if (ctx.tensors.size() < 5 || ctx.tensors[0].global_shape.ndim() != 2) return s;
+  s.token_offset = ctx.tensors[0].offset[0];
+  s.tokens_total = ctx.tensors[0].global_shape[0];
+  s.expert_offset = ctx.tensors[2].offset[0];
+  s.token_group = ctx.group_sharding(0, 1u, kMoe);
+  s.expert_group = ctx.group_sharding(2, 1u, kMoe);
+  const mesh::MeshDimList tokens = ctx.tensors[0].dist.mesh_dims_of(0);
+  for (int8_t m : ctx.tensors[2].dist.mesh_dims_of(0)) {
+    SW_CHECK(tokens.contains(m),
+             "{}: the experts are split over mesh dim {} but the tokens are not (x {}, w1 {}); split x's token dim "
+             "there too",
+             kMoe, m, ctx.tensors[0].dist.to_string(), ctx.tensors[2].dist.to_string());
+  }
+  return s;
+}
+
+MoeShard moe_device_shard_of(const KernelContext* ctx) {
+  MoeShard s = ctx ? moe_shard_of(*ctx) : MoeShard{};
+  for (comm::Communicator** group : {&s.token_group, &s.expert_group}) {
+    if (*group && (*group)->size() == 1) *group = nullptr;
+  }
+  return s;
+}
 
 void register_moe_ops(OpRegistry& registry) { registry.add(make_moe_mlp()); }
 

@@ -130,6 +130,7 @@ void gather_block_sums(Routing& r, int64_t local_experts, const MoeShard& shard)
     return;
   }
   r.block_sums.resize(width * static_cast<size_t>(r.blocks));
+  if (shard.moves) return shard.moves->gather_sums(*shard.token_group, mine, r.block_sums);
   shard.token_group->all_gather(mine.data(), r.block_sums.data(), static_cast<int64_t>(width), DType::F64);
 }
 
@@ -216,6 +217,12 @@ Routing route(const Tensor& x, const Tensor& gate, int64_t local_experts, const 
   }
   choose_top_k(r, cfg.normalize);
   gather_block_sums(r, local_experts, shard);
+  sum_blocks(r);
+  if (cfg.capacity_factor > 0) apply_capacity(r, cfg.capacity_factor, shard.token_offset);
+  return r;
+}
+
+void sum_blocks(Routing& r) {
   const size_t width = row_width(r);
   r.count_total.assign(static_cast<size_t>(r.experts), 0.0);
   r.prob_total.assign(static_cast<size_t>(r.experts), 0.0);
@@ -229,8 +236,6 @@ Routing route(const Tensor& x, const Tensor& gate, int64_t local_experts, const 
     }
     r.z_total += row[width - 1];
   }
-  if (cfg.capacity_factor > 0) apply_capacity(r, cfg.capacity_factor, shard.token_offset);
-  return r;
 }
 
 double aux_loss_of(const Routing& r) {
@@ -265,11 +270,15 @@ std::vector<int> peer_blocks(const MoeShard& shard, int peers) {
 
 }  // namespace
 
-DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard) {
+namespace {
+
+// plan_dispatch, or with `sizes_only` plan_sizes: this rank's rows for each expert from its
+// gathered counts, no order.
+DispatchPlan plan_of(const Routing& r, int64_t local_experts, const MoeShard& shard, bool sizes_only) {
   DispatchPlan plan;
   plan.local_experts = local_experts;
   std::vector<std::vector<int64_t>> bucket(static_cast<size_t>(r.experts));
-  for (size_t a = 0; a < r.expert.size(); ++a) {
+  for (size_t a = 0; a < r.expert.size() && !sizes_only; ++a) {
     if (r.kept[a]) bucket[static_cast<size_t>(r.expert[a])].push_back(static_cast<int64_t>(a));
   }
   plan.peers = shard.expert_group ? shard.expert_group->size() : 1;
@@ -296,23 +305,29 @@ DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeSha
   std::vector<std::vector<int64_t>> kept_of(static_cast<size_t>(plan.peers));  // [peer][expert]
   for (int p = 0; p < plan.peers; ++p) kept_of[static_cast<size_t>(p)] = kept_counts_of_block(r, blocks[static_cast<size_t>(p)]);
   const int me = shard.expert_group ? shard.expert_group->rank() : 0;
+  int64_t next = 0;  // sizes_only: the experts in send order are the experts in order
   for (int p = 0; p < plan.peers; ++p) {
     const double* row = block_row(r, blocks[static_cast<size_t>(p)]);
     const auto lo = static_cast<int64_t>(row[1]), n = static_cast<int64_t>(row[2]);
+    SW_CHECK(!sizes_only || lo == next,
+             "moe_mlp: rank {} of the expert group holds experts from {}, not {}: a router on a device sends its "
+             "rows in expert order, which needs the ranks to hold the experts in rank order", p, lo, next);
+    next = lo + n;
     int64_t& at = plan.peer_rows[static_cast<size_t>(p)];  // expert e's first row in p's rows, then their total
     for (int64_t e = lo; e < lo + n; ++e) {
       const auto& b = bucket[static_cast<size_t>(e)];
       plan.order.insert(plan.order.end(), b.begin(), b.end());
-      plan.send_rows[static_cast<size_t>(p)] += static_cast<int64_t>(b.size());
-      plan.send_expert_rows.push_back(static_cast<int64_t>(b.size()));
+      const int64_t mine = sizes_only ? kept_of[static_cast<size_t>(me)][static_cast<size_t>(e)] : static_cast<int64_t>(b.size());
+      plan.send_rows[static_cast<size_t>(p)] += mine;
+      plan.send_expert_rows.push_back(mine);
       int64_t before = 0, total = 0;  // rows for e from the peers before this rank, from all
       for (int q = 0; q < plan.peers; ++q) {
         const int64_t c = kept_of[static_cast<size_t>(q)][static_cast<size_t>(e)];
         before += q < me ? c : 0;
         total += c;
       }
-      SW_CHECK(kept_of[static_cast<size_t>(me)][static_cast<size_t>(e)] == static_cast<int64_t>(b.size()),
-               "moe_mlp: this rank keeps {} rows for expert {} but its gathered counts say {}", b.size(), e,
+      SW_CHECK(kept_of[static_cast<size_t>(me)][static_cast<size_t>(e)] == mine,
+               "moe_mlp: this rank keeps {} rows for expert {} but its gathered counts say {}", mine, e,
                kept_of[static_cast<size_t>(me)][static_cast<size_t>(e)]);
       plan.send_at.push_back(at + before);
       at += total;
@@ -327,6 +342,16 @@ DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeSha
     }
   }
   return plan;
+}
+
+}  // namespace
+
+DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard) {
+  return plan_of(r, local_experts, shard, false);
+}
+
+DispatchPlan plan_sizes(const Routing& r, int64_t local_experts, const MoeShard& shard) {
+  return plan_of(r, local_experts, shard, true);
 }
 
 MoeExchange exchange_wanted(MoeExchange exchange) {

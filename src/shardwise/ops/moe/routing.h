@@ -33,6 +33,10 @@ struct Routing {
 // and counts: plan_dispatch needs no collective of its own).
 Routing route(const Tensor& x, const Tensor& gate, int64_t local_experts, const MoeConfig& cfg, const MoeShard& shard);
 
+// count_total, prob_total and z_total: the sums of r.block_sums' rows in group-rank order (every
+// rank sums alike). route() calls it; a router on a device, after gathering its rows.
+void sum_blocks(Routing& r);
+
 // The aux loss and z-loss from the global sums (0 when there are no tokens).
 double aux_loss_of(const Routing& r);
 double z_loss_of(const Routing& r);
@@ -56,6 +60,9 @@ struct DispatchPlan {
 // No collective: each expert-group peer's expert range and kept counts per expert come from its
 // token block's row in r.block_sums (the expert group is within the token group).
 DispatchPlan plan_dispatch(const Routing& r, int64_t local_experts, const MoeShard& shard);
+// Its sizes alone (order empty): this rank's rows for each expert from its own gathered counts,
+// for a router whose decisions stay on a device (r.expert and r.kept empty; dropless: r.capacity -1).
+DispatchPlan plan_sizes(const Routing& r, int64_t local_experts, const MoeShard& shard);
 
 // The exchange a call asks for: `exchange` unless Auto, else SHARDWISE_MOE_EXCHANGE's (messages,
 // shared; unset or empty: Auto, i.e. shared where available). Error on another value.
