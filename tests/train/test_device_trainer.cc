@@ -92,7 +92,6 @@ TEST_F(FakeDeviceTest, UnsupportedOptionsAreRefusedNamingTheOption) {
     std::string says;
   };
   const std::vector<Refused> cases = {
-      {"cp=2", [](TrainConfig& c) { c.model.seq = 12; }, "cp dim in --mesh"},
       {"ep=2", [](TrainConfig& c) { c.model.model_type = "llama", c.model.experts = 2; }, "ep dim in --mesh"},
   };
   for (const Refused& r : cases) {

@@ -2,7 +2,9 @@
 // What a run on a device (TrainConfig::device other than the host) supports, checked before any
 // work: one rank, or dp / tp (and sp) / pp ranks as threads whose gradients are reduced in the graph or
 // by gradient buckets (--overlap-grad-reduce on|after: collectives on device memory), sharding
-// stages 1-3, LoRA, GPT-2, Llama and Mixtral with ep=1, --bf16, validation and evaluation. Everything that moves
+// stages 1-3, LoRA, GPT-2, Llama and Mixtral with ep=1, --bf16, validation and evaluation; cp ranks
+// where the device's kernel table has ring_attention kernels of its own (the fake device's; not
+// CUDA's yet, which is refused naming the kernel). Everything that moves
 // device memory outside the graph, or is not built on a device yet, is an Error naming the option
 // and what it needs (docs/gpu.md).
 #include "shardwise/mesh/strategy.h"
