@@ -99,7 +99,6 @@ TEST(TrainDevice, WhatADeviceCannotRunIsAUsageErrorNamingTheOption) {
   const std::vector<Refusal> refusals = {
       {"--device tpu", "--device 'tpu': use cpu, cuda, cuda:N or fake"},
       {"--device cuda:x", "--device cuda:x: a GPU is cuda or cuda:N"},
-      {"--device fake --mesh cp=2", "--device cuda:0 with a cp dim in --mesh [cp=2]"},
       {"--device fake --model llama --experts 2 --mesh ep=2", "ep dim in --mesh"},
   };
   for (const Refusal& r : refusals) {
@@ -197,6 +196,13 @@ TEST(TrainDevice, MpiProcessesOnTheFakeDeviceWriteTheCpuProcessesCurveAndCheckpo
   for (const std::string args : {"--mesh dp=2 --sharding-stage 2 --sharding-layout v2 --overlap-grad-reduce on --bf16 --layers 2",
                                  "--mesh dp=2 --model llama --sharding-stage 3 --prefetch-params 1 --layers 2"})
     expect_mpi_fake_equals_cpu(args);
+}
+
+// Context parallelism over 2 MPI processes on the fake device: ring attention's blocks go to the
+// other process as device buffers staged through the host (and, through the routed world, on its
+// device side); the CPU processes' curve and checkpoint bit for bit.
+TEST(TrainDevice, MpiContextParallelOnTheFakeDeviceWritesTheCpuProcessesCurveAndCheckpoint) {
+  expect_mpi_fake_equals_cpu("--mesh cp=2 --model llama --bf16 --seq 16 --layers 2", true);
 }
 
 // A pipeline of 2 MPI processes on the fake device: each stage's activations and gradients go to
