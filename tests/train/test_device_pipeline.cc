@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "shardwise/ckpt/commit.h"
-#include "tests/support/device_trainer.h"
+#include "tests/support/device_curves.h"
 #include "tests/support/llama_config.h"
 #include "tests/support/small_config.h"
 
@@ -54,33 +54,21 @@ TrainConfig config_of(const Case& k) {
   return c;
 }
 
-fs::path fresh(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("shardwise-device-pipeline-" + name);
-  fs::remove_all(d);
-  return d;
-}
-
 class DevicePipeline : public FakeDeviceTest, public testing::WithParamInterface<Case> {};
 
 TEST_P(DevicePipeline, FakeDeviceEqualsTheCpuBitForBitCurveAndCheckpoint) {
   TrainConfig c = config_of(GetParam());
   const int64_t ranks = mesh::parse_mesh(c.parallel.mesh).size(), stage_ranks = ranks / 2;
-  std::string name = testing::UnitTest::GetInstance()->current_test_info()->name();
-  std::replace(name.begin(), name.end(), '/', '-');
-  const fs::path on_cpu = fresh(name + "-cpu"), on_dev = fresh(name + "-dev");
-  const Curve cpu = run_curve(c, kSteps, {.load = {}, .save = on_cpu});
-  c.device = kFake;
-  const Curve dev = run_curve(c, kSteps, {.load = {}, .save = on_dev});
-  expect_same_curve(dev, cpu, kSteps);
+  const CpuAndFake r = expect_fake_curve_is_the_cpus(c, kSteps, "pipeline");
+  const Curve &cpu = r.cpu, &dev = r.dev;
   EXPECT_EQ(dev.activation_bytes, cpu.activation_bytes);
   EXPECT_GT(cpu.activation_bytes, 0);
   const int64_t micro = dev.accumulation;
   ASSERT_EQ(micro, 4);
   EXPECT_EQ(dev.copies.to_host_copies, kSteps * (stage_ranks * micro + ranks));
   EXPECT_EQ(dev.copies.to_device_copies, kSteps * ranks * micro);
-  expect_same_files(ckpt::find_resume(on_cpu)->dir, ckpt::find_resume(on_dev)->dir);
-  fs::remove_all(on_cpu);
-  fs::remove_all(on_dev);
+  expect_same_files(ckpt::find_resume(r.dirs[0])->dir, ckpt::find_resume(r.dirs[1])->dir);
+  for (const fs::path& d : r.dirs) fs::remove_all(d);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -86,36 +86,5 @@ INSTANTIATE_TEST_SUITE_P(Runs, DeviceTrainer,
                                   (info.param.overlap == "off" ? "" : "_overlap_" + info.param.overlap);
                          });
 
-// What a device run does not support is an Error naming the option and what it needs, from the
-// configuration's check, before anything is built.
-TEST_F(FakeDeviceTest, UnsupportedOptionsAreRefusedNamingTheOption) {
-  struct Refused {
-    std::string mesh;
-    std::function<void(TrainConfig&)> set;
-    std::string says;
-  };
-  const std::vector<Refused> cases = {
-      {"cp=2", [](TrainConfig& c) { c.model.seq = 12; }, "cp dim in --mesh"},
-  };
-  for (const Refused& r : cases) {
-    TrainConfig c = small_config(r.mesh, 2);
-    if (r.set) r.set(c);
-    c.device = kFake;
-    try {
-      c.check(mesh::parse_mesh(r.mesh).size(), false);
-      ADD_FAILURE() << r.says << ": no error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(r.says), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("--device cuda:0"), std::string::npos) << e.what();  // the fake device is cuda:0
-    }
-    c.device = Device::host();  // the same configuration on the host is not refused for the device
-    try {
-      c.check(mesh::parse_mesh(r.mesh).size(), false);
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).find("--device"), std::string::npos) << e.what();
-    }
-  }
-}
-
 }  // namespace
 }  // namespace shardwise::train

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "shardwise/core/error.h"
+#include "shardwise/ops/attention/ring.h"
 #include "shardwise/ops/fake_device_moe.h"
 #include "shardwise/ops/fake_host_window.h"
 #include "shardwise/tensor/current_stream.h"
@@ -90,6 +91,70 @@ void fake_accumulate(Tensor& sum, const Tensor& g) {
   for (int64_t j = 0; j < add.numel(); ++j) a[j] += in[j];
 }
 
+// Ring attention's pieces (ops/attention/ring.h) on the fake device: each a launch of the CPU
+// piece on host views of the fake device's memory (the CPU's bits), the blocks passed between the
+// ranks as device buffers by the ring itself.
+RingKernels fake_ring_kernels(Device device) {
+  RingKernels k;
+  k.device = device;
+  k.forward = [](const Tensor& q, const Tensor& kb, const Tensor& vb, const Tensor& doc, const AttentionArgs& a,
+                 const AttentionCoords& c) {
+    HostWindow w(q.device());
+    w.note_launch();
+    const std::vector<Tensor> in = w.views(std::vector<Tensor>{q, kb, vb, doc});
+    const AttentionOutputs o = flash_attention(in[0], in[1], in[2], in[3], a, c);
+    return AttentionOutputs{w.to_device(o.out), w.to_device(o.lse)};
+  };
+  k.backward = [](const Tensor& q, const Tensor& kb, const Tensor& vb, const Tensor& doc, const Tensor& out,
+                  const Tensor& lse, const Tensor& dout, const AttentionArgs& a, const AttentionCoords& c) {
+    HostWindow w(q.device());
+    w.note_launch();
+    const std::vector<Tensor> in = w.views(std::vector<Tensor>{q, kb, vb, doc, out, lse, dout});
+    const AttentionGrads g = flash_attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], a, c);
+    return AttentionGrads{w.to_device(g.dq), w.to_device(g.dk), w.to_device(g.dv)};
+  };
+  k.merge = [](Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+    HostWindow w(out.device());
+    w.note_launch();
+    Tensor o = w.view(out, true), l = w.view(lse, true);
+    merge_block(o, l, w.view(out_b, false), w.view(lse_b, false));
+  };
+  k.add = [](Tensor& acc, const Tensor& x) {
+    HostWindow w(acc.device());
+    w.note_launch();
+    Tensor a = w.view(acc, true);
+    add_block(a, w.view(x, false));
+  };
+  k.cast = [](const Tensor& t, DType dtype) {
+    HostWindow w(t.device());
+    w.note_launch();
+    return w.to_device(w.view(t, false).to(dtype));
+  };
+  k.full = [device](DType dtype, const Shape& shape, double value) { return fake_fill(dtype, shape, value, device); };
+  return k;
+}
+
+void add_fake_ring(DeviceKernelTable& table, const char* name, bool docs) {
+  table.add_forward(name, [docs](const OpDef&, std::span<const Tensor> in, const Attrs& attrs,
+                                 const KernelContext* ctx) {
+    const RingPlace at = ring_place(in, ctx);
+    const AttentionOutputs r = ring_attention(in[0], in[1], in[2], docs ? in[3] : Tensor(), attention_args(attrs),
+                                              at.coords, at.ring, fake_ring_kernels(in[0].device()));
+    return std::vector<Tensor>{r.out, r.lse};
+  });
+  table.add_backward(name, [docs](const OpDef&, std::span<const Tensor> in, std::span<const Tensor> out,
+                                  std::span<const Tensor> dout, const Attrs& attrs, const KernelContext* ctx,
+                                  std::span<const bool>) {
+    const RingPlace at = ring_place(in, ctx);
+    const AttentionGrads g = ring_attention_backward(in[0], in[1], in[2], docs ? in[3] : Tensor(), out[0], out[1],
+                                                     dout[0], attention_args(attrs), at.coords, at.ring,
+                                                     fake_ring_kernels(in[0].device()));
+    std::vector<Tensor> r{g.dq, g.dk, g.dv};
+    if (docs) r.emplace_back();
+    return r;
+  });
+}
+
 }  // namespace
 
 std::shared_ptr<const DeviceKernelTable> fake_device_kernels() {
@@ -98,6 +163,8 @@ std::shared_ptr<const DeviceKernelTable> fake_device_kernels() {
   bind_fake_moe(*table);
   table->set_fill(fake_fill);
   table->set_train_kernels({fake_adamw, fake_squares, fake_scale, fake_accumulate});
+  add_fake_ring(*table, "ring_attention", false);
+  add_fake_ring(*table, "ring_attention_docs", true);
   return table;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The fake device's kernel table (tensor/fake_device.h): every op runs its CPU kernel on the fake
-// device's memory, opened for the kernel's duration only (an access window, not a counted copy), so
+// device's memory, opened for the kernel's duration only (an access window, not a counted copy;
+// ring_attention(_docs): ring.h's ring on device tensors, its pieces so and its transfers device-buffer calls), so
 // a whole program can run with every tensor on the fake device and the copies between host and
 // device (device_copy_stats) are exactly the ones the program asks for. How device plumbing is
 // proved on a machine without a GPU.

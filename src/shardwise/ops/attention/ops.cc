@@ -123,26 +123,17 @@ OpDef make_ring(bool docs) {
                       "sharded alike on the sequence; k/v blocks pass around the ring of ranks sharding it "
                       "(send/recv), the blocks' outputs merged by their lse; the backward sends dk/dv around";
   op.collective = true;
-  auto ring_of = [](const KernelContext& ctx) {
-    const int dim = ctx.tensors[0].global_shape.ndim() - 2;  // q's sequence
-    return ctx.group_sharding(0, 1u << dim, "ring_attention");
-  };
-  auto coords = [](const KernelContext& ctx) {
-    AttentionCoords c = coords_of(ctx);
-    c.seq = ctx.tensors[0].global_shape[ctx.tensors[0].global_shape.ndim() - 2];
-    return c;
-  };
-  op.forward_in_context = [docs, ring_of, coords](std::span<const Tensor> in, const Attrs& attrs,
-                                                  const KernelContext& ctx) {
-    AttentionOutputs r = ring_attention(in[0], in[1], in[2], docs ? in[3] : Tensor(), attention_args(attrs),
-                                        coords(ctx), ring_of(ctx));
+  op.forward_in_context = [docs](std::span<const Tensor> in, const Attrs& attrs, const KernelContext& ctx) {
+    const RingPlace at = ring_place(in, &ctx);
+    AttentionOutputs r = ring_attention(in[0], in[1], in[2], docs ? in[3] : Tensor(), attention_args(attrs), at.coords,
+                                        at.ring);
     return std::vector<Tensor>{r.out, r.lse};
   };
-  op.backward_in_context = [docs, ring_of, coords](std::span<const Tensor> in, std::span<const Tensor> out,
-                                                   std::span<const Tensor> dout, const Attrs& attrs,
-                                                   const KernelContext& ctx) {
+  op.backward_in_context = [docs](std::span<const Tensor> in, std::span<const Tensor> out,
+                                   std::span<const Tensor> dout, const Attrs& attrs, const KernelContext& ctx) {
+    const RingPlace at = ring_place(in, &ctx);
     AttentionGrads g = ring_attention_backward(in[0], in[1], in[2], docs ? in[3] : Tensor(), out[0], out[1], dout[0],
-                                               attention_args(attrs), coords(ctx), ring_of(ctx));
+                                               attention_args(attrs), at.coords, at.ring);
     std::vector<Tensor> r{g.dq, g.dk, g.dv};
     if (docs) r.emplace_back();
     return r;
@@ -161,6 +152,16 @@ OpDef make_ring(bool docs) {
 }
 
 }  // namespace
+
+// The group sharding q's sequence, and the whole sequence's length from q's global shape.
+RingPlace ring_place(std::span<const Tensor> inputs, const KernelContext* ctx) {
+  const KernelContext single = ctx ? KernelContext{} : KernelContext::single_device(inputs);
+  const KernelContext& c = ctx ? *ctx : single;
+  const Shape& q = c.tensors.at(0).global_shape;
+  RingPlace at{coords_of(c), c.group_sharding(0, 1u << (q.ndim() - 2), "ring_attention")};
+  at.coords.seq = q[q.ndim() - 2];
+  return at;
+}
 
 void register_attention_ops(OpRegistry& registry) {
   registry.add(make_attention(false));
