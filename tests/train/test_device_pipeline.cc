@@ -106,8 +106,12 @@ TEST_F(FakeDeviceTest, APipelineRankRunsItsStagesOnOneComputeStream) {
   EXPECT_EQ(launched_on.size(), 2u);
   for (const FakeDeviceMemory::StreamEvent& e : log) {  // the default stream: the state's moves at the start
     const bool allowed = launched_on.contains(e.stream) || e.stream == nullptr;
-    if (e.kind == K::Synchronize) EXPECT_TRUE(allowed) << "a host wait on " << e.stream;
-    if (e.kind == K::HostOpen) EXPECT_TRUE(allowed) << "a host window on " << e.stream;
+    if (e.kind == K::Synchronize) {
+      EXPECT_TRUE(allowed) << "a host wait on " << e.stream;
+    }
+    if (e.kind == K::HostOpen) {
+      EXPECT_TRUE(allowed) << "a host window on " << e.stream;
+    }
   }
 }
 
