@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../run_cli.h"
+#include "shardwise/cli/train/train_device.h"
 
 namespace {
 
@@ -245,6 +246,17 @@ TEST(TrainDevice, UnderMpirunAGpuNeedsNcclAndOneGpuAProcess) {
 #endif
     EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
   }
+}
+
+// Rank threads share one GPU: where the process sees several, the header says the others stay idle
+// and how to use them (a process each under mpirun); with one GPU, or one rank, it says nothing more.
+TEST(TrainDevice, RankThreadsOnOneOfSeveralGpusSayTheOthersStayIdle) {
+  EXPECT_EQ(shardwise::cli::threads_on_one_gpu(4, 1), "4 rank threads on it");
+  EXPECT_EQ(shardwise::cli::threads_on_one_gpu(1, 8), "1 rank on it");
+  const std::string eight = shardwise::cli::threads_on_one_gpu(4, 8);
+  EXPECT_NE(eight.find("4 rank threads on it; the other 7 GPUs this process sees stay idle"), std::string::npos) << eight;
+  EXPECT_NE(eight.find("mpirun -np 4 shardwise train --device cuda"), std::string::npos) << eight;
+  EXPECT_NE(shardwise::cli::threads_on_one_gpu(16, 8).find("mpirun -np 8 "), std::string::npos);
 }
 
 }  // namespace

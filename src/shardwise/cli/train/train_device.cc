@@ -2,9 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "shardwise/cli/device_option.h"
 #include "shardwise/comm/mpi.h"
 #include "shardwise/core/error.h"
+#ifdef SHARDWISE_CLI_CUDA
+#include "shardwise/cuda/memory/cuda_memory.h"
+#endif
 #ifdef SHARDWISE_CLI_NCCL
 #include "shardwise/comm/nccl.h"
 #endif
@@ -17,6 +22,15 @@ namespace {
 // --device cuda is cuda:(local rank % the GPUs the process sees), so CUDA_VISIBLE_DEVICES chooses the
 // node's GPUs (one each, or all of them). cuda:N names one GPU: a job of one process only. NCCL is
 // the communicator between the processes' GPUs (run_ranks, train_world.h).
+// The GPUs this process sees (0 without CUDA or a GPU).
+int visible_gpus() {
+#ifdef SHARDWISE_CLI_CUDA
+  return std::max(cuda::device_count(), 0);
+#else
+  return 0;
+#endif
+}
+
 std::string mpi_process_gpu(const std::string& text, int64_t ranks) {
 #ifndef SHARDWISE_CLI_NCCL
   (void)ranks;
@@ -38,6 +52,13 @@ std::string mpi_process_gpu(const std::string& text, int64_t ranks) {
 
 }  // namespace
 
+std::string threads_on_one_gpu(int64_t ranks, int gpus) {
+  std::string on = ranks == 1 ? "1 rank on it" : fmt::format("{} rank threads on it", ranks);
+  if (gpus <= 1 || ranks <= 1) return on;
+  return fmt::format("{}; the other {} GPUs this process sees stay idle: `mpirun -np {} shardwise train --device cuda "
+                     "...` runs a process on each", on, gpus - 1, std::min<int64_t>(ranks, gpus));
+}
+
 SelectedDevice select_train_device(const std::string& text, int64_t ranks, bool mpi) {
   if (text == "cpu") return {};
   const bool cuda = text == "cuda" || text.starts_with("cuda:");
@@ -49,7 +70,7 @@ SelectedDevice select_train_device(const std::string& text, int64_t ranks, bool 
   // Registers the device and installs its kernel table (device_option.h); rank threads share it: on
   // a GPU their reshards and collectives are device copies and reductions on it (comm/device_buffers.h).
   const Device d = use_device(name, "--device");
-  const std::string on = !mpi ? (ranks == 1 ? "1 rank on it" : fmt::format("{} rank threads on it", ranks))
+  const std::string on = !mpi ? threads_on_one_gpu(ranks, cuda ? visible_gpus() : 0)
                          : cuda ? fmt::format("one of the {} MPI processes' GPUs, NCCL between them", ranks)
                                 : fmt::format("{} MPI processes on it, MPI between them", ranks);
   if (!cuda) {

@@ -18,4 +18,8 @@ struct SelectedDevice {
 // `text` as --device gives it, for a run of `ranks` ranks (threads, or `mpi` processes).
 SelectedDevice select_train_device(const std::string& text, int64_t ranks, bool mpi);
 
+// The header's account of `ranks` rank threads of one process on one GPU of the `gpus` it sees:
+// with more than one GPU visible, that the others stay idle and how to use them (a process each).
+std::string threads_on_one_gpu(int64_t ranks, int gpus);
+
 }  // namespace shardwise::cli
