@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The GPU-against-CPU curve check of issue 34 (docs/gpu.md), run by tools/gpu_check.sh: 20 steps of
-a small GPT-2 and a small Llama on one rank, dp=2 and tp=2 (rank threads; on the GPU all sharing
-one card), once on the host and once with `--device cuda`; every step's loss must agree within
+a small GPT-2, a small Llama and a small Mixtral (Llama with 4 experts, top 2) on one rank, dp=2 and
+tp=2, and the Mixtral on ep=2 (its experts and tokens over 2 ranks) (rank threads; on the GPU all
+sharing one card), once on the host and once with `--device cuda`; every step's loss must agree within
 --tol (1e-4; TF32 stays off, shardwise's default). Prints one line per run and exits 1 when a
 curve differs or a run fails.
 
@@ -22,8 +23,11 @@ import tempfile
 MODELS = {
     "gpt2": ["--model", "gpt2", "--layers", "2", "--heads", "4", "--hidden", "64", "--vocab", "128"],
     "llama": ["--model", "llama", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--hidden", "64", "--vocab", "128"],
+    "mixtral": ["--model", "llama", "--experts", "4", "--top-k", "2", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                "--hidden", "64", "--vocab", "128"],
 }
-MESHES = {"1": [], "dp=2": ["--mesh", "dp=2"], "tp=2": ["--mesh", "tp=2"]}
+MESHES = {"1": [], "dp=2": ["--mesh", "dp=2"], "tp=2": ["--mesh", "tp=2"], "ep=2": ["--mesh", "ep=2"]}
+MOE = {"mixtral"}  # the models an ep mesh takes (the others' pairs with ep are left out)
 
 
 def losses(binary, model, mesh, device, steps, timeout):
@@ -49,8 +53,8 @@ def main():
     a.add_argument("--b", default="cuda", help="the device checked against it")
     a.add_argument("--steps", type=int, default=20)
     a.add_argument("--tol", type=float, default=1e-4)
-    a.add_argument("--models", default="gpt2,llama")
-    a.add_argument("--meshes", default="1,dp=2,tp=2")
+    a.add_argument("--models", default="gpt2,llama,mixtral")
+    a.add_argument("--meshes", default="1,dp=2,tp=2,ep=2")
     a.add_argument("--timeout", type=float, default=60, help="seconds per run")
     o = a.parse_args()
     bad = [m for m in o.models.split(",") if m not in MODELS] + [m for m in o.meshes.split(",") if m not in MESHES]
@@ -60,6 +64,8 @@ def main():
     failed = 0
     for model in o.models.split(","):
         for mesh in o.meshes.split(","):
+            if mesh.startswith("ep=") and model not in MOE:
+                continue
             label = f"curve {model} mesh {mesh}: {o.b} against {o.a}"
             try:
                 ref = losses(o.shardwise, model, mesh, o.a, o.steps, o.timeout)
