@@ -11,7 +11,8 @@
 #   `generate --device` / `train --device`, and reported "not built yet" otherwise (the binary is built only when the CLI's
 #   sources have a --device option); pyvenv, pybuild, pytests (the Python package built with CUDA
 #   over the same build folder, the carried wheels of .gpu_debs/wheels installed offline, and its
-#   GPU tests, python/tests_gpu: torch CUDA tensors in and out without copies); bench
+#   GPU tests, python/tests_gpu: torch CUDA tensors in and out without copies, and a checkpoint
+#   crossing between the GPU and the host bit for bit, both ways); bench
 #   (bench/gpu_vs_torch.py: PyTorch eager and torch.compile against `shardwise train --device
 #   cuda`), its table appended to summary.txt.
 # Sized for 8 minutes on 16 cores (GPU_CHECK_BUDGET=470 s for all steps): the GPU tests' build stops
