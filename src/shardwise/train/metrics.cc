@@ -82,6 +82,7 @@ nlohmann::json record_json(const StepRecord& r) {
                       {"loader_read_s", r.step.loader_read_s}};
   if (r.accuracy) j["accuracy"] = *r.accuracy;
   if (!r.device.empty()) j["device"] = r.device;
+  if (r.device_peak_bytes) j["device_peak_bytes"] = *r.device_peak_bytes;
   if (r.val_loss) j["val_loss"] = *r.val_loss, j["val_ppl"] = std::exp(*r.val_loss);
   for (const MoeStepStats& m : r.step.moe) {
     j["moe"].push_back({{"layer", m.layer},

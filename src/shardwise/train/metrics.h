@@ -19,6 +19,9 @@ struct StepRecord {
   std::optional<double> accuracy;
   std::optional<double> val_loss;  // metrics.jsonl also gets val_ppl = exp(val_loss)
   std::string device;  // --device off the CPU ("cuda:0", "fake"); "" (not written) on the CPU
+  // Off the CPU: the device allocator's peak bytes in use since the run started (this process's
+  // ranks on the device together; as torch.cuda.max_memory_allocated), "device_peak_bytes".
+  std::optional<int64_t> device_peak_bytes;
 };
 
 // A step's line of metrics.jsonl (without the newline).

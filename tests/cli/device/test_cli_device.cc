@@ -59,6 +59,19 @@ TEST(TrainDevice, FakeWritesTheCpuCurveAndACheckpointTheCpuResumes) {
       EXPECT_EQ(field_of(mb, "accuracy"), field_of(ma, "accuracy")) << model << " " << mesh;
       EXPECT_EQ(field_of(mb, "device"), std::vector<std::string>(4, "\"fake\""));
       EXPECT_TRUE(field_of(ma, "device").empty());
+      // The device allocator's peak in use, every step: never falling, at least the parameters and
+      // AdamW's two moments (f32: over twice the saved model file), none on the CPU.
+      const std::vector<std::string> peaks = field_of(mb, "device_peak_bytes");
+      ASSERT_EQ(peaks.size(), 4u) << model << " " << mesh;
+      const auto model_file = static_cast<int64_t>(
+          fs::file_size(dev.path / "checkpoints" / "checkpoint-2" / "model-00001-of-00001.safetensors"));
+      for (size_t k = 0; k < peaks.size(); ++k) {
+        EXPECT_GT(std::stoll(peaks[k]), 2 * model_file) << model << " " << mesh << " step " << k + 1;
+        if (k > 0) {
+          EXPECT_GE(std::stoll(peaks[k]), std::stoll(peaks[k - 1])) << model << " " << mesh;
+        }
+      }
+      EXPECT_TRUE(field_of(ma, "device_peak_bytes").empty());
       // The fake run's checkpoint of step 2, resumed on the CPU: the CPU's steps 3 and 4.
       TempDir resumed("sw_dev_resumed");
       const Result c = run("train --resume " + (dev.path / "checkpoints" / "checkpoint-2").string() + " --run-dir " +

@@ -26,6 +26,7 @@
 #include "shardwise/models/custom.h"
 #include "shardwise/comm/objects.h"
 #include "shardwise/core/error.h"
+#include "shardwise/tensor/device_allocator.h"
 #include "shardwise/tensor/gemm.h"
 #include "shardwise/tensor/parallel.h"
 #include "shardwise/ckpt/commit.h"
@@ -501,7 +502,8 @@ train::StepRecord RankRun::step() {
     if (trainer.has_validation()) val = trainer.validate().loss;
   }
   const double elapsed = p.elapsed(), tps = static_cast<double>(p.tokens) / std::max(elapsed, 1e-9);
-  const train::StepRecord record{last, elapsed, tps, acc, val, o.device_name};
+  train::StepRecord record{last, elapsed, tps, acc, val, o.device_name, std::nullopt};
+  if (!config.device.is_host()) record.device_peak_bytes = device_allocator(config.device).stats().peak_in_use_bytes;
   // Saved after the metrics line: a kill between the two leaves a line that the resume drops, never a gap.
   if (s.report) s.log->add(record);
   const bool due = o.checkpoint.save_every > 0 && (last.step % o.checkpoint.save_every == 0 || last.step == config.optimizer.steps);
