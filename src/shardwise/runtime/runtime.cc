@@ -392,7 +392,15 @@ void Runtime::run(size_t begin, size_t end) {
       live_ += held(static_cast<size_t>(s)) - before;
       if (gathered_[static_cast<size_t>(s)]) gathered += held(static_cast<size_t>(s)) - before;
     }
-    if (profile) record_instr(*profile, i, ins, in, out, started);
+    if (profile) {
+      // On a device the launches return before the work is done: the host waits for both streams,
+      // so an instruction's time is its kernels' and collectives' (profiling serialises them).
+      if (!device.is_host()) {
+        device_memory(device).synchronize(streams_->compute);
+        device_memory(device).synchronize(streams_->comm);
+      }
+      record_instr(*profile, i, ins, in, out, started);
+    }
     stats_.peak_bytes = std::max(stats_.peak_bytes, live_);
     stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, gathered);
     for (int s : ins.in) {
