@@ -11,6 +11,7 @@
 
 #include "shardwise/core/error.h"
 #include "shardwise/tensor/allocator.h"
+#include "shardwise/tensor/device_allocator.h"
 #include "shardwise/core/plural.h"
 #include "shardwise/core/table.h"
 
@@ -42,9 +43,17 @@ nlohmann::json to_json(const RankProfile& p) {
   }
   nlohmann::json totals = nlohmann::json::object();
   for (const auto& [k, t] : p.totals()) totals[k] = {t.count, t.ns, t.bytes};
-  const AllocatorStats a = allocator_stats();
+  nlohmann::json alloc;
+  if (p.device().is_host()) {
+    const AllocatorStats a = allocator_stats();
+    alloc = {a.reserved_bytes, a.peak_in_use_bytes, a.cached_bytes, a.in_use_bytes};
+  } else {
+    const DeviceAllocatorStats a = device_allocator(p.device()).stats();
+    alloc = {a.reserved_bytes, a.peak_in_use_bytes, a.cached_bytes, a.in_use_bytes};
+  }
   return {{"rank", p.rank()}, {"events", events}, {"texts", p.texts()}, {"totals", totals}, {"minflt", minflt},
-          {"majflt", majflt}, {"alloc", {a.reserved_bytes, a.peak_in_use_bytes, a.cached_bytes, a.in_use_bytes}}};
+          {"majflt", majflt}, {"alloc", alloc},
+          {"device", p.device().is_host() ? std::string() : p.device().to_string()}};
 }
 
 std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
@@ -143,6 +152,7 @@ ProfileReport gather_profile(const RankProfile& p, comm::Communicator& world) {
     s.step_majflt = j["majflt"].get<std::vector<int64_t>>();
     const auto& a = j["alloc"];
     s.reserved_bytes = a[0], s.peak_in_use_bytes = a[1], s.cached_bytes = a[2], s.in_use_bytes = a[3];
+    s.device = j["device"].get<std::string>();
     std::vector<ProfileEvent> events;
     for (const auto& e : j["events"]) {
       events.push_back({kKinds[e[0].get<int>()], e[1], e[2], e[3], e[4], e[5], e[6], e[7]});
@@ -246,7 +256,8 @@ std::string format_profile(const ProfileReport& r) {
   const RankSummary* a = &r.ranks[0];
   for (const RankSummary& s : r.ranks)
     if (s.reserved_bytes > a->reserved_bytes) a = &s;
-  out += fmt::format("  allocator{}: reserved {}, peak in use {}, cached {}\n",
+  out += fmt::format("  {}{}: reserved {}, peak in use {}, cached {}\n",
+                     a->device.empty() ? std::string("allocator") : fmt::format("device allocator ({})", a->device),
                      r.one_process ? "" : fmt::format(" (largest of {} processes: rank {})", r.ranks.size(), a->rank),
                      mib(a->reserved_bytes), mib(a->peak_in_use_bytes), mib(a->cached_bytes));
   const double later = steps > 1 ? static_cast<double>(later_min) / static_cast<double>(steps - 1) : 0.0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardwise/comm/communicator.h"
+#include "shardwise/tensor/device.h"
 
 namespace shardwise::runtime {
 
@@ -43,6 +44,10 @@ class RankProfile {
  public:
   explicit RankProfile(int rank);
   int rank() const { return rank_; }
+  // The device a device run keeps its tensors on: the summary's allocator line is its allocator's
+  // (the host's otherwise).
+  void set_device(Device device) { device_ = device; }
+  Device device() const { return device_; }
   uint64_t serial() const { return serial_; }  // unique in the process (caches of interned ids key on it)
   // Collective: every rank agrees on the time origin (the earliest rank's steady clock now).
   void start(comm::Communicator& world);
@@ -60,6 +65,7 @@ class RankProfile {
 
  private:
   int rank_;
+  Device device_;
   uint64_t serial_;
   int64_t origin_ns_ = 0;
   std::deque<ProfileEvent> events_;  // grows without moving what it holds
@@ -105,6 +111,7 @@ struct RankSummary {
   std::map<std::string, TypeTotal> totals;
   std::vector<int64_t> step_minflt, step_majflt;  // per step, in order
   int64_t reserved_bytes = 0, peak_in_use_bytes = 0, cached_bytes = 0, in_use_bytes = 0;  // allocator_stats()
+  std::string device;  // the device whose allocator those are ("" : the host's)
 };
 
 struct ProfileReport {

@@ -5,6 +5,7 @@
 // without NCCL or with one GPU for two processes are usage errors (status 2) naming the option, before
 // any work. MPI processes on the fake device write the CPU processes' curve and checkpoint, through a
 // world routed as MPI + NCCL's (the test switch) too.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -270,6 +271,26 @@ TEST(TrainDevice, RankThreadsOnOneOfSeveralGpusSayTheOthersStayIdle) {
   EXPECT_NE(eight.find("4 rank threads on it; the other 7 GPUs this process sees stay idle"), std::string::npos) << eight;
   EXPECT_NE(eight.find("mpirun -np 4 shardwise train --device cuda"), std::string::npos) << eight;
   EXPECT_NE(shardwise::cli::threads_on_one_gpu(16, 8).find("mpirun -np 8 "), std::string::npos);
+}
+
+// --profile on the fake device: the op table as on the CPU, and the allocator line is the device
+// allocator's (its peak in use as metrics.jsonl's device_peak_bytes), not the host's.
+TEST(TrainDevice, TheProfileOfADeviceRunShowsTheDevicesAllocator) {
+  TempDir cpu("sw_prof_cpu"), dev("sw_prof_fake");
+  const std::string args = "train --layers 1 --hidden 32 --steps 2 --profile --run-dir ";
+  const Result a = run(args + cpu.path.string());
+  ASSERT_EQ(a.status, 0) << a.out;
+  const Result b = run(args + dev.path.string() + " --device fake");
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_NE(a.out.find("  allocator: reserved"), std::string::npos) << a.out;
+  EXPECT_NE(b.out.find("op matmul"), std::string::npos) << b.out;
+  const size_t at = b.out.find("  device allocator (cuda:0): reserved ");
+  ASSERT_NE(at, std::string::npos) << b.out;
+  const std::vector<std::string> peaks = field_of(dev.path / "metrics.jsonl", "device_peak_bytes");
+  ASSERT_EQ(peaks.size(), 2u);
+  const double mib = static_cast<double>(std::stoll(peaks.back())) / (1 << 20);
+  const std::string line = b.out.substr(at, b.out.find('\n', at) - at);
+  EXPECT_NE(line.find(fmt::format("peak in use {:.1f} MiB", mib)), std::string::npos) << line;
 }
 
 }  // namespace

@@ -412,6 +412,7 @@ RankRun::RankRun(const TrainOptions& options, const train::TrainConfig& config, 
   // --profile: the Trainer's collectives go through a recording communicator; events are kept
   // only while a training step runs (runtime/profiler.h).
   if (o.logging.profile) s.profile = std::make_unique<runtime::RankProfile>(world_ref.rank());
+  if (s.profile) s.profile->set_device(config.device);
   if (s.profile) s.world = std::make_shared<runtime::ProfiledCommunicator>(s.world);
   s.trainer = std::make_unique<train::Trainer>(config, s.world);
   train::Trainer& trainer = *s.trainer;
