@@ -11,7 +11,7 @@ namespace shardwise::ckpt {
 
 Tensor to_device_staged(const Tensor& host, Device device) {
   SW_CHECK(host.defined(), "copy to {}: the tensor is undefined", device.to_string());
-  Tensor out = empty_on(host.dtype(), host.shape(), device);
+  Tensor out = empty_on(host.dtype(), host.shape(), device, current_stream());  // the stream that copies into it
   copy_into_device(host, out);
   return out;
 }
