@@ -10,18 +10,11 @@
 #ifdef SHARDWISE_CLI_CUDA
 #include "shardwise/cuda/memory/cuda_memory.h"
 #endif
-#ifdef SHARDWISE_CLI_NCCL
-#include "shardwise/comm/nccl.h"
-#endif
 
 namespace shardwise::cli {
 
 namespace {
 
-// Under mpirun each process takes one GPU of its node, by its rank on the node (comm::mpi_local_rank):
-// --device cuda is cuda:(local rank % the GPUs the process sees), so CUDA_VISIBLE_DEVICES chooses the
-// node's GPUs (one each, or all of them). cuda:N names one GPU: a job of one process only. NCCL is
-// the communicator between the processes' GPUs (run_ranks, train_world.h).
 // The GPUs this process sees (0 without CUDA or a GPU).
 int visible_gpus() {
 #ifdef SHARDWISE_CLI_CUDA
@@ -31,6 +24,10 @@ int visible_gpus() {
 #endif
 }
 
+// Under mpirun each process takes one GPU of its node, by its rank on the node (comm::mpi_local_rank):
+// --device cuda is cuda:(local rank % the GPUs the process sees), so CUDA_VISIBLE_DEVICES chooses the
+// node's GPUs (one each, or all of them). cuda:N names one GPU: a job of one process only. NCCL is
+// the communicator between the processes' GPUs (run_ranks, train_world.h).
 std::string mpi_process_gpu(const std::string& text, int64_t ranks) {
 #ifndef SHARDWISE_CLI_NCCL
   (void)ranks;
@@ -46,7 +43,7 @@ std::string mpi_process_gpu(const std::string& text, int64_t ranks) {
   const int local = comm::mpi_local_rank();
   SW_CHECK(local >= 0, "--device cuda under mpirun: this process's rank on its node is unknown (none of "
            "OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID is set)");
-  return fmt::format("cuda:{}", local % comm::cuda_device_count());
+  return fmt::format("cuda:{}", local % visible_gpus());
 #endif
 }
 
